@@ -1,0 +1,114 @@
+"""Which MoE architectures stream, and how their checkpoints name expert tensors.
+
+Architectures themselves come from mlx-lm (`mlx_lm.models.<model_type>`); this module only knows
+how to find their expert containers and how each download convention names expert weights.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
+from mlx_lm.utils import _get_classes, infer_quant_config
+
+from .errors import StreamerError
+
+EXPERT_CONTAINERS = (SwitchGLU, SwitchMLP)
+EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    num_experts_field: str
+    # Hugging Face per-expert projection name -> mlx-lm's stacked projection name
+    hf_projections: dict[str, str]
+
+
+_GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
+SUPPORTED: dict[str, Architecture] = {
+    "qwen3_moe": Architecture("num_experts", _GLU),
+    "qwen2_moe": Architecture("num_experts", _GLU),
+    "olmoe": Architecture("num_experts", _GLU),
+    "mixtral": Architecture("num_local_experts", {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
+}
+
+# `{parent}.experts.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
+HF_EXPERT_KEY = re.compile(r"^(?P<parent>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<kind>[^.]+)$")
+
+
+def architecture(config: dict, where: Path | str) -> Architecture:
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED:
+        raise StreamerError(
+            f"{where}: model_type {model_type!r} is not supported for expert streaming. "
+            f"Supported: {', '.join(sorted(SUPPORTED))}."
+        )
+    return SUPPORTED[model_type]
+
+
+def normalize_config(config: dict) -> dict:
+    """Accept newer transformers spellings that mlx-lm's model args do not read yet."""
+    config = dict(config)
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict):
+        if "rope_theta" not in config and "rope_theta" in rope:
+            config["rope_theta"] = rope["rope_theta"]
+        if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
+            config["rope_scaling"] = rope
+    if "torch_dtype" not in config and "dtype" in config:
+        config["torch_dtype"] = config["dtype"]
+    return config
+
+
+def build_model(config: dict, where: Path | str) -> nn.Module:
+    """An mlx-lm model for `config` with lazily initialised (never evaluated) weights."""
+    architecture(config, where)
+    model_class, args_class = _get_classes(config)
+    try:
+        return model_class(args_class.from_dict(config))
+    except TypeError as e:
+        raise StreamerError(f"{where}: config.json does not describe a {config['model_type']} model: {e}") from e
+
+
+def expert_containers(model: nn.Module) -> dict[str, nn.Module]:
+    """Module path -> expert container (SwitchGLU / SwitchMLP), in layer order."""
+    found = [(path, m) for path, m in model.named_modules() if isinstance(m, EXPERT_CONTAINERS)]
+    found.sort(key=lambda item: [int(t) if t.isdigit() else t for t in item[0].split(".")])
+    if not found:
+        raise StreamerError("the model has no MoE layers: nothing to stream.")
+    return dict(found)
+
+
+def container_projections(container: nn.Module) -> list[str]:
+    return [name for name, child in container.children().items() if isinstance(child, EXPERT_PROJECTIONS)]
+
+
+def replace_modules(model: nn.Module, replacements: dict[str, nn.Module]) -> None:
+    model.update_modules(tree_unflatten(list(replacements.items())))
+
+
+def quantize_like_mlx_lm(model: nn.Module, config: dict, weights: dict[str, mx.array]) -> None:
+    """Quantize `model`'s layers exactly as `mlx_lm.utils.load_model` would for these weights."""
+    quantization = config.get("quantization")
+    if quantization is None:
+        return
+
+    def predicate(path: str, module: nn.Module):
+        if path in quantization:
+            return quantization[path]
+        if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
+            return False
+        return infer_quant_config(path, module, weights)
+
+    nn.quantize(
+        model,
+        group_size=quantization["group_size"],
+        bits=quantization["bits"],
+        mode=quantization.get("mode", "affine"),
+        class_predicate=predicate,
+    )

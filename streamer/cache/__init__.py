@@ -1,0 +1,1 @@
+"""What stays in memory: page-cache residency telemetry for the expert store."""

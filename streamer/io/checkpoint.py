@@ -1,0 +1,109 @@
+"""A downloaded checkpoint folder: config.json plus safetensors shards (with or without an index)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import mlx.core as mx
+
+from ..errors import StreamerError
+from .safetensors import TensorInfo, read_header
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_json(path: Path, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise StreamerError(f"{path} is missing: {what}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StreamerError(f"{path} cannot be read as JSON ({e}); download it again.") from e
+    if not isinstance(data, dict):
+        raise StreamerError(f"{path} is not a JSON object; download it again.")
+    return data
+
+
+class Checkpoint:
+    """Tensor table of a checkpoint folder. Reads bytes with pread; never loads a whole shard."""
+
+    def __init__(self, folder: Path | str):
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise StreamerError(f"{self.folder} is not a folder: give the folder of a downloaded checkpoint.")
+        self.config = read_json(
+            self.folder / "config.json",
+            "point at the folder that holds the model's config.json and *.safetensors files.",
+        )
+        self.tensors = self._tensor_table()
+        self._fds: dict[Path, int] = {}
+        self._lazy_shards: dict[Path, dict[str, mx.array]] = {}
+
+    def _shards(self) -> list[Path]:
+        index_path = self.folder / INDEX_FILE
+        if index_path.exists():
+            weight_map = read_json(index_path, "").get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise StreamerError(f"{index_path} has no weight_map; download it again.")
+            shards = sorted({self.folder / name for name in weight_map.values()})
+            for shard in shards:
+                if not shard.exists():
+                    raise StreamerError(
+                        f"{index_path} names shard {shard.name}, which is missing from {self.folder}: "
+                        "the download is incomplete; fetch that file."
+                    )
+            self._weight_map = weight_map
+            return shards
+        self._weight_map = None
+        shards = sorted(self.folder.glob("model*.safetensors"))
+        if not shards:
+            raise StreamerError(f"{self.folder} holds no model*.safetensors files: nothing to repack.")
+        return shards
+
+    def _tensor_table(self) -> dict[str, TensorInfo]:
+        table: dict[str, TensorInfo] = {}
+        for shard in self._shards():
+            for name, info in read_header(shard).items():
+                if name in table:
+                    raise StreamerError(f"tensor '{name}' appears in both {table[name].path.name} and {shard.name}.")
+                table[name] = info
+        if self._weight_map is not None:
+            for name, shard_name in self._weight_map.items():
+                if name not in table:
+                    raise StreamerError(
+                        f"{self.folder / INDEX_FILE} places tensor '{name}' in {shard_name}, which does not "
+                        "contain it: the shard is incomplete; download it again."
+                    )
+        return table
+
+    def lazy(self, name: str) -> mx.array:
+        """A lazily loaded tensor (mx.load reads no data until evaluated)."""
+        path = self.tensors[name].path
+        if path not in self._lazy_shards:
+            self._lazy_shards[path] = mx.load(str(path))
+        return self._lazy_shards[path][name]
+
+    def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
+        """`length` bytes of a tensor from byte `start` within it (whole tensor by default)."""
+        length = info.nbytes - start if length is None else length
+        fd = self._fds.get(info.path)
+        if fd is None:
+            fd = self._fds[info.path] = os.open(info.path, os.O_RDONLY)
+        data = os.pread(fd, length, info.start + start)
+        if len(data) != length:
+            raise StreamerError(f"{info.path}: short read in tensor '{info.name}'; the file changed or is truncated.")
+        return data
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,175 @@
+"""Safetensors headers, read with validation, and a writer that streams one tensor at a time.
+
+The safetensors library needs every tensor in memory to save and has no numpy bf16 type, so the
+engine parses headers itself: it needs byte ranges (to copy an expert's rows without reading the
+whole stacked tensor) and it must reject hostile headers with a message naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import StreamerError
+
+# safetensors dtype -> (numpy storage dtype, mlx dtype). bf16 is stored as uint16 in numpy.
+DTYPES: dict[str, tuple[np.dtype, mx.Dtype]] = {
+    "F64": (np.dtype("<f8"), mx.float64),
+    "F32": (np.dtype("<f4"), mx.float32),
+    "F16": (np.dtype("<f2"), mx.float16),
+    "BF16": (np.dtype("<u2"), mx.bfloat16),
+    "I64": (np.dtype("<i8"), mx.int64),
+    "I32": (np.dtype("<i4"), mx.int32),
+    "I16": (np.dtype("<i2"), mx.int16),
+    "I8": (np.dtype("i1"), mx.int8),
+    "U64": (np.dtype("<u8"), mx.uint64),
+    "U32": (np.dtype("<u4"), mx.uint32),
+    "U16": (np.dtype("<u2"), mx.uint16),
+    "U8": (np.dtype("u1"), mx.uint8),
+    "BOOL": (np.dtype("?"), mx.bool_),
+}
+MLX_TO_SAFETENSORS = {mlx: name for name, (_, mlx) in DTYPES.items()}
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
+LFS_POINTER_PREFIX = b"version https://git-lfs"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor's bytes live: `start`/`end` are absolute offsets in `path`."""
+
+    name: str
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+def itemsize(dtype: str) -> int:
+    return DTYPES[dtype][0].itemsize
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Parse and validate a safetensors header; raise StreamerError naming the file on any defect."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(len(LFS_POINTER_PREFIX))
+            if head.startswith(LFS_POINTER_PREFIX):
+                raise StreamerError(
+                    f"{path} is a git-LFS pointer file, not weights: run `git lfs pull` in "
+                    "that folder (or download the file again) before repacking."
+                )
+            if len(head) < 8:
+                raise StreamerError(f"{path} is truncated: {size} bytes, too short for a safetensors file.")
+            head = head[:8]
+            f.seek(8)
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or n > size - 8:
+                raise StreamerError(
+                    f"{path}: header length {n} is impossible for a {size}-byte file; the file is "
+                    "truncated or not safetensors. Download it again."
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise StreamerError(f"cannot read {path}: {e.strerror or e}") from e
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StreamerError(f"{path}: header is not valid JSON ({e}); the file is corrupt.") from e
+    if not isinstance(header, dict):
+        raise StreamerError(f"{path}: header is not a JSON object; the file is corrupt.")
+    data_start = 8 + n
+    data_size = size - data_start
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        tensors[name] = _tensor_info(path, name, entry, data_start, data_size)
+    _check_no_overlap(path, tensors.values())
+    return tensors
+
+
+def _tensor_info(path: Path, name: str, entry: object, data_start: int, data_size: int) -> TensorInfo:
+    def bad(why: str) -> StreamerError:
+        return StreamerError(f"{path}: tensor '{name}': {why}; the file is corrupt or truncated.")
+
+    if not isinstance(entry, dict):
+        raise bad("header entry is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPES:
+        raise bad(f"unsupported dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise bad(f"invalid shape {shape!r}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise bad(f"invalid data_offsets {offsets!r}")
+    if offsets[1] > data_size:
+        raise bad(f"data ends at byte {offsets[1]} but the file holds only {data_size} data bytes")
+    expected = math.prod(shape) * itemsize(dtype)
+    if offsets[1] - offsets[0] != expected:
+        raise bad(f"{offsets[1] - offsets[0]} bytes for shape {shape} of {dtype} (expected {expected})")
+    return TensorInfo(name, path, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
+
+
+def _check_no_overlap(path: Path, tensors: Iterable[TensorInfo]) -> None:
+    ordered = sorted((t for t in tensors if t.nbytes), key=lambda t: t.start)
+    for a, b in zip(ordered, ordered[1:]):
+        if b.start < a.end:
+            raise StreamerError(f"{path}: tensors '{a.name}' and '{b.name}' overlap; the file is corrupt.")
+
+
+def to_mlx(raw: np.ndarray | memoryview | bytes, dtype: str, shape: tuple[int, ...]) -> mx.array:
+    """Bytes of one tensor -> an mx.array (copies once)."""
+    storage, mlx_dtype = DTYPES[dtype]
+    arr = mx.array(np.frombuffer(raw, dtype=storage).reshape(shape))
+    return arr.view(mlx_dtype) if arr.dtype != mlx_dtype else arr
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, mx.array]], metadata: dict[str, str] | None = None) -> dict[str, int]:
+    """Write tensors one at a time (each evaluated just before it is written); return crc32 per name.
+
+    The header is computed from lazy shapes and dtypes, so peak memory is one tensor, not the file.
+    """
+    header: dict[str, object] = {"__metadata__": metadata or {"format": "mlx"}}
+    offset = 0
+    for name, arr in tensors:
+        if arr.dtype not in MLX_TO_SAFETENSORS:
+            raise StreamerError(f"cannot write tensor '{name}' of dtype {arr.dtype} to {path}")
+        header[name] = {
+            "dtype": MLX_TO_SAFETENSORS[arr.dtype],
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + arr.nbytes],
+        }
+        offset += arr.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned, as the format recommends
+    checksums = {}
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for name, arr in tensors:
+            mx.eval(arr)
+            data = memoryview(mx.contiguous(arr)).cast("B")
+            checksums[name] = zlib.crc32(data)
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return checksums

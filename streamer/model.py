@@ -1,0 +1,69 @@
+"""Model assembly: an mlx-lm model whose MoE layers stream their experts from a repacked folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_tokenizer
+
+from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
+from .errors import StreamerError
+from .experts import StreamingExperts
+from .io.expert_store import ExpertStore
+from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
+from .io.safetensors import read_header
+from .stats import ExpertStats
+
+
+def default_dtype() -> mx.Dtype | None:
+    """float32 on the CPU backend (its gather_mm is float32-only and its quantized matmuls are
+    several times faster with float32 activations); the checkpoint's own dtype on a GPU."""
+    return mx.float32 if mx.default_device() == mx.cpu else None
+
+
+def load(path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype | None = None) -> tuple[nn.Module, TokenizerWrapper]:
+    """Load a repacked model: non-expert weights resident, experts streamed from disk.
+
+    Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer.
+    """
+    folder = Path(path)
+    manifest = read_manifest(folder)
+    config = manifest.config
+    model = build_model(config, folder / MANIFEST_FILE)
+    containers = expert_containers(model)
+    modules = [layer.module for layer in manifest.layers]
+    if list(containers) != modules:
+        raise StreamerError(
+            f"{folder / MANIFEST_FILE} lists MoE layers {modules[:3]}... but the model has "
+            f"{list(containers)[:3]}...: the manifest does not match its config; repack the model."
+        )
+    dtype = dtype if dtype is not None else default_dtype()
+    store = ExpertStore(folder, manifest)
+    stats = ExpertStats(moe_layers=len(containers))
+    streaming = {}
+    for index, (module_path, container) in enumerate(containers.items()):
+        for projection, params in manifest.layers[index].quantization.items():
+            if params:
+                container[projection] = container[projection].to_quantized(**params)
+        streaming[module_path] = StreamingExperts(container, store, index, stats, dtype)
+    replace_modules(model, streaming)
+
+    resident_path = folder / RESIDENT_FILE
+    read_header(resident_path)  # clear errors for a truncated or corrupt file before mlx reads it
+    weights = mx.load(str(resident_path))
+    quantize_like_mlx_lm(model, config, weights)
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise StreamerError(f"{resident_path} does not match the model: {e}; repack the model.") from e
+    if dtype is not None:
+        model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    model.eval()
+    model.expert_store = store
+    model.expert_stats = stats
+    tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
+    return model, tokenizer

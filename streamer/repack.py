@@ -1,0 +1,351 @@
+"""The repacker: a downloaded checkpoint -> the streaming layout (see streamer/io/manifest.py).
+
+It works expert by expert: peak memory is one expert plus the resident (non-expert) weights,
+which are written one tensor at a time. Output goes to a hidden `.NAME.partial` folder that is
+renamed into place only when complete, so an interrupted repack never leaves a folder that looks
+valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map_with_path
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+from mlx_lm.utils import quantize_model
+
+from .architectures import (
+    HF_EXPERT_KEY,
+    Architecture,
+    architecture,
+    build_model,
+    container_projections,
+    expert_containers,
+    normalize_config,
+    quantize_like_mlx_lm,
+)
+from .errors import StreamerError
+from .io.checkpoint import INDEX_FILE, Checkpoint
+from .io.manifest import (
+    MANIFEST_FILE,
+    PAGE_SIZE,
+    RESIDENT_FILE,
+    TENSOR_ALIGN,
+    ExpertTensor,
+    Manifest,
+    MoeLayer,
+    align,
+    write_manifest,
+)
+from .io.safetensors import MLX_TO_SAFETENSORS, TensorInfo, to_mlx, write_safetensors
+
+KIND_ORDER = ("weight", "scales", "biases", "bias")
+CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
+
+
+@dataclass
+class Quantize:
+    bits: int
+    group_size: int = 64
+
+
+def repack(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    quantize: Quantize | None = None,
+    force: bool = False,
+    log=lambda msg: print(msg, file=sys.stderr, flush=True),
+) -> Manifest:
+    """Repack checkpoint folder `src` into streaming folder `dst`; return the written manifest."""
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and not force:
+        raise StreamerError(f"{dst} already exists: choose another destination or pass --force to replace it.")
+    if dst.resolve() == src.resolve():
+        raise StreamerError(f"{dst} is the source folder: choose another destination.")
+    with Checkpoint(src) as ckpt:
+        plan = _Plan(ckpt, quantize)
+        partial = dst.parent / f".{dst.name}.partial"
+        if partial.exists():
+            shutil.rmtree(partial)
+        (partial / "experts").mkdir(parents=True)
+        try:
+            manifest = plan.write(partial, log)
+            _publish(partial, dst)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+    log(f"[repack] done: {dst} ({manifest.expert_bytes / 1e9:.2f} GB of experts in {len(manifest.layers)} MoE layers)")
+    return manifest
+
+
+def _publish(partial: Path, dst: Path) -> None:
+    _fsync_dir(partial / "experts")
+    _fsync_dir(partial)
+    old = dst.parent / f".{dst.name}.old"
+    if dst.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dst, old)
+    os.replace(partial, dst)
+    _fsync_dir(dst.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Plan:
+    """What goes where: the source tensors of each expert and the resident weights to write."""
+
+    def __init__(self, ckpt: Checkpoint, quantize: Quantize | None):
+        self.ckpt = ckpt
+        self.quantize = quantize
+        where = ckpt.folder / "config.json"
+        config = normalize_config(ckpt.config)
+        self.arch: Architecture = architecture(config, where)
+        if "quantization" not in config and "quantization_config" in config:
+            raise StreamerError(
+                f"{where}: quantization_config ({config['quantization_config'].get('quant_method', '?')}) is not "
+                "supported; repack the bf16/fp16 checkpoint (optionally with --quantize) or an MLX-quantized one."
+            )
+        if quantize and "quantization" in config:
+            raise StreamerError(f"{where}: the checkpoint is already quantized; repack it without --quantize.")
+        self.model = build_model(config, where)
+        self.containers = expert_containers(self.model)
+        self.num_experts = int(config[self.arch.num_experts_field])
+        self._classify()
+        resident = {name: ckpt.lazy(name) for name in self.resident_names}
+        if hasattr(self.model, "sanitize"):
+            resident = self.model.sanitize(resident)
+        stacked = {f"{c}.{p}.{k}": ckpt.lazy(info.name) for (c, p, k), info in self.stacked.items()}
+        quantize_like_mlx_lm(self.model, config, {**resident, **stacked})
+        self._check_resident(resident)
+        self.model.load_weights(list(resident.items()), strict=False)
+        self.cast = None
+        if quantize:
+            config = self._quantize_model(config, quantize)
+        self.config = config
+
+    # -- which source tensors are experts ------------------------------------------------------
+    def _classify(self) -> None:
+        parents = {path.rsplit(".", 1)[0]: path for path in self.containers}
+        self.stacked: dict[tuple[str, str, str], TensorInfo] = {}
+        self.per_expert: dict[tuple[str, str, str], dict[int, TensorInfo]] = {}
+        self.resident_names: list[str] = []
+        for name, info in self.ckpt.tensors.items():
+            prefix, _, _ = name.rsplit(".", 2) if name.count(".") >= 2 else (name, "", "")
+            match = HF_EXPERT_KEY.match(name)
+            if prefix in self.containers:
+                _, proj, kind = name.rsplit(".", 2)
+                self.stacked[(prefix, proj, kind)] = info
+            elif match and match["parent"] in parents and match["proj"] in self.arch.hf_projections:
+                key = (parents[match["parent"]], self.arch.hf_projections[match["proj"]], match["kind"])
+                self.per_expert.setdefault(key, {})[int(match["expert"])] = info
+            else:
+                self.resident_names.append(name)
+
+    def _check_resident(self, resident: dict[str, mx.array]) -> None:
+        expected = {
+            name: arr for name, arr in tree_flatten(self.model.parameters()) if not self._in_container(name)
+        }
+        where = self.ckpt.folder
+        missing = sorted(set(expected) - set(resident))
+        if missing:
+            raise StreamerError(
+                f"{where}: the checkpoint lacks {len(missing)} non-expert tensor(s), e.g. '{missing[0]}': "
+                "the download is incomplete or config.json belongs to another model."
+            )
+        unexpected = sorted(set(resident) - set(expected))
+        if unexpected:
+            raise StreamerError(
+                f"{where}: tensor '{unexpected[0]}' (and {len(unexpected) - 1} more) is not part of a "
+                f"{self.ckpt.config.get('model_type')} model with this config.json."
+            )
+        for name, arr in resident.items():
+            if tuple(arr.shape) != tuple(expected[name].shape):
+                raise StreamerError(
+                    f"{where}: tensor '{name}' has shape {tuple(arr.shape)} but config.json implies "
+                    f"{tuple(expected[name].shape)}."
+                )
+
+    def _in_container(self, name: str) -> bool:
+        return any(name.startswith(c + ".") for c in self.containers)
+
+    def _quantize_model(self, config: dict, quantize: Quantize) -> dict:
+        """Quantize resident weights as `mlx_lm.convert --quantize` does; experts follow in `_expert`."""
+        self.cast = CONVERSION_DTYPES.get(config.get("torch_dtype"))
+        if self.cast is not None:
+            keep = getattr(self.model, "cast_predicate", lambda _: True)
+            self.model.update(
+                tree_map_with_path(
+                    lambda k, v: v.astype(self.cast) if keep(k) and mx.issubdtype(v.dtype, mx.floating) else v,
+                    self.model.parameters(),
+                )
+            )
+        with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
+            _, config = quantize_model(self.model, config, quantize.group_size, quantize.bits)
+        return config
+
+    # -- writing --------------------------------------------------------------------------------
+    def write(self, out: Path, log) -> Manifest:
+        resident_items = [
+            (name, arr) for name, arr in tree_flatten(self.model.parameters()) if not self._in_container(name)
+        ]
+        self._check_disk(out, resident_items)
+        log(f"[repack] {self.ckpt.folder} -> {len(self.containers)} MoE layers x {self.num_experts} experts")
+        resident_crc = write_safetensors(out / RESIDENT_FILE, resident_items)
+        layers = []
+        start = time.perf_counter()
+        written = 0
+        for index, (module, container) in enumerate(self.containers.items()):
+            layer = self._write_layer(out, index, module, container)
+            layers.append(layer)
+            written += layer.file_bytes
+            rate = written / max(time.perf_counter() - start, 1e-9) / 1e6
+            log(f"[repack] layer {index + 1}/{len(self.containers)} {module}: {layer.file_bytes / 1e6:.1f} MB ({rate:.0f} MB/s)")
+        _copy_side_files(self.ckpt.folder, out)
+        _write_config(out, self.config)
+        manifest = Manifest(self.config, resident_crc, tuple(layers))
+        write_manifest(out, manifest)
+        return manifest
+
+    def _check_disk(self, out: Path, resident_items) -> None:
+        first_module, first = next(iter(self.containers.items()))
+        record = align(sum(align(len(b), TENSOR_ALIGN) for *_, b in self._expert(first_module, first, 0)), PAGE_SIZE)
+        needed = record * self.num_experts * len(self.containers) + sum(a.nbytes for _, a in resident_items)
+        free = shutil.disk_usage(out).free
+        if needed > free:
+            raise StreamerError(
+                f"not enough disk space in {out.parent}: the repacked model needs about {needed / 1e9:.2f} GB, "
+                f"{free / 1e9:.2f} GB is free."
+            )
+
+    def _write_layer(self, out: Path, index: int, module: str, container: nn.Module) -> MoeLayer:
+        rel = f"experts/{index:03d}.bin"
+        tensors: tuple[ExpertTensor, ...] = ()
+        record_bytes = 0
+        offsets, crcs = [], []
+        with open(out / rel, "wb") as f:
+            for expert in range(self.num_experts):
+                parts = self._expert(module, container, expert)
+                if expert == 0:
+                    tensors, record_bytes = _layout(parts)
+                record = bytearray(record_bytes)
+                expert_crc = []
+                for tensor, (name, dtype, shape, data) in zip(tensors, parts):
+                    if (name, dtype, shape) != (tensor.name, tensor.dtype, tensor.shape):
+                        raise StreamerError(
+                            f"{self.ckpt.folder}: {module} expert {expert} tensor {name} is {dtype}{list(shape)}, "
+                            f"but expert 0 has {tensor.dtype}{list(tensor.shape)}."
+                        )
+                    record[tensor.offset : tensor.offset + tensor.nbytes] = data
+                    expert_crc.append(zlib.crc32(data))
+                offsets.append(expert * record_bytes)
+                crcs.append(tuple(expert_crc))
+                f.write(record)
+            f.flush()
+            os.fsync(f.fileno())
+        quantization = {
+            proj: (
+                {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}
+                if isinstance(m := container[proj], QuantizedSwitchLinear)
+                else None
+            )
+            for proj in container_projections(container)
+        }
+        return MoeLayer(module, rel, self.num_experts, record_bytes, quantization, tensors, tuple(offsets), tuple(crcs))
+
+    def _expert(self, module: str, container: nn.Module, expert: int) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+        """(name, dtype, shape, bytes) of each of one expert's tensors, in record order."""
+        parts = []
+        for proj in container_projections(container):
+            target = container[proj]
+            kinds = [k for k in KIND_ORDER if k in target and target[k] is not None]
+            if self.quantize is None:
+                for kind in kinds:
+                    info, data = self._source(module, proj, kind, expert, tuple(target[kind].shape[1:]))
+                    parts.append((f"{proj}.{kind}", info.dtype, tuple(target[kind].shape[1:]), data))
+                continue
+            produced = {}
+            src_shape = (target.output_dims, target.input_dims)
+            info, data = self._source(module, proj, "weight", expert, src_shape)
+            weight = self._cast(to_mlx(data, info.dtype, src_shape))
+            if isinstance(target, QuantizedSwitchLinear):
+                q = mx.quantize(weight, target.group_size, target.bits, mode=target.mode)
+                produced.update(zip(("weight", "scales", "biases"), q))
+            else:
+                produced["weight"] = weight
+            if "bias" in kinds:
+                info, data = self._source(module, proj, "bias", expert, (target.output_dims,))
+                produced["bias"] = self._cast(to_mlx(data, info.dtype, (target.output_dims,)))
+            for kind in kinds:
+                arr = mx.contiguous(produced[kind])
+                mx.eval(arr)
+                parts.append((f"{proj}.{kind}", MLX_TO_SAFETENSORS[arr.dtype], tuple(arr.shape), bytes(memoryview(arr).cast("B"))))
+        return parts
+
+    def _cast(self, arr: mx.array) -> mx.array:
+        return arr.astype(self.cast) if self.cast is not None else arr
+
+    def _source(self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...]) -> tuple[TensorInfo, bytes]:
+        """The bytes of one expert's `proj.kind`, from a stacked tensor or a per-expert tensor."""
+        key = (module, proj, kind)
+        if key in self.stacked:
+            info = self.stacked[key]
+            if info.shape != (self.num_experts, *shape):
+                raise StreamerError(
+                    f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected "
+                    f"{[self.num_experts, *shape]} from config.json."
+                )
+            per = info.nbytes // self.num_experts
+            return info, self.ckpt.read(info, expert * per, per)
+        info = self.per_expert.get(key, {}).get(expert)
+        if info is None:
+            parent = module.rsplit(".", 1)[0]
+            hf_name = next((h for h, m in self.arch.hf_projections.items() if m == proj), proj)
+            raise StreamerError(
+                f"{self.ckpt.folder}: tensor '{parent}.experts.{expert}.{hf_name}.{kind}' (or stacked "
+                f"'{module}.{proj}.{kind}') is missing: the download is incomplete."
+            )
+        if info.shape != shape:
+            raise StreamerError(
+                f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected {list(shape)} from config.json."
+            )
+        return info, self.ckpt.read(info)
+
+
+def _layout(parts) -> tuple[tuple[ExpertTensor, ...], int]:
+    tensors, offset = [], 0
+    for name, dtype, shape, data in parts:
+        tensors.append(ExpertTensor(name, dtype, shape, offset, len(data)))
+        offset = align(offset + len(data), TENSOR_ALIGN)
+    return tuple(tensors), align(max(offset, 1), PAGE_SIZE)
+
+
+def _copy_side_files(src: Path, out: Path) -> None:
+    """Tokenizer, generation config, chat template...: every small file that is not weights."""
+    for path in src.iterdir():
+        if path.is_file() and path.name not in ("config.json", INDEX_FILE) and not path.name.endswith(WEIGHT_SUFFIXES):
+            shutil.copy2(path, out / path.name)
+
+
+def _write_config(out: Path, config: dict) -> None:
+    with open(out / "config.json", "w", encoding="utf-8") as f:
+        json.dump(dict(sorted(config.items())), f, indent=2)

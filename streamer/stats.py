@@ -1,0 +1,45 @@
+"""Counters of expert traffic, split into prompt processing and decoding."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ExpertTraffic:
+    layer_calls: int = 0  # MoE layer invocations
+    syncs: int = 0  # host syncs (one per MoE layer call that needs routed indices on the host)
+    experts_read: int = 0  # expert records read (one read call each)
+    bytes_read: int = 0  # expert bytes copied out of the store
+    bytes_in_page_cache: int = 0  # of bytes_read, how many were resident before the read
+    bytes_measured: int = 0  # of bytes_read, how many had their residency measured
+    read_seconds: float = 0.0
+
+    @property
+    def page_cache_hit_rate(self) -> float | None:
+        return self.bytes_in_page_cache / self.bytes_measured if self.bytes_measured else None
+
+
+@dataclass
+class ExpertStats:
+    moe_layers: int
+    prefill: ExpertTraffic = field(default_factory=ExpertTraffic)
+    decode: ExpertTraffic = field(default_factory=ExpertTraffic)
+
+    def reset(self) -> None:
+        self.prefill, self.decode = ExpertTraffic(), ExpertTraffic()
+
+    def phase(self, tokens: int) -> ExpertTraffic:
+        """Single-token calls are decode steps; anything wider is prompt processing."""
+        return self.decode if tokens == 1 else self.prefill
+
+    @property
+    def decode_tokens(self) -> int:
+        return self.decode.layer_calls // self.moe_layers
+
+
+def peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
