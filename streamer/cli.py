@@ -1,0 +1,154 @@
+"""`streamer` command line: repack, generate, info, demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import StreamerError
+
+
+def _repack(args: argparse.Namespace) -> None:
+    from .repack import Quantize, repack
+
+    quantize = Quantize(args.quantize, args.group_size) if args.quantize else None
+    repack(args.src, args.dst, quantize=quantize, force=args.force)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    if args.model is None:
+        raise StreamerError(
+            "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` and pass "
+            "--model DST, or run `streamer demo` to see the whole pipeline on a built-in model."
+        )
+    from .model import load
+
+    model, tokenizer = load(args.model, memory_budget=args.memory_budget)
+    prompt = args.prompt
+    if args.chat and tokenizer.chat_template is not None:
+        messages = [{"role": "user", "content": prompt}]
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return _stream(model, tokenizer, prompt, args)
+
+
+def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
+    from .generate import run_stats, stream_generate
+
+    stats = None
+    try:
+        for response in stream_generate(
+            model, tokenizer, prompt, args.max_tokens, temp=args.temp, top_p=args.top_p, seed=args.seed
+        ):
+            print(response.text, end="", flush=True)
+            stats = response.stats
+    except KeyboardInterrupt:
+        print("\n[interrupted]", file=sys.stderr)
+        print((stats or run_stats(model)).line(), file=sys.stderr)
+        return 130
+    print()
+    if stats is not None:
+        print(stats.line(), file=sys.stderr)
+    return 0
+
+
+def _info(args: argparse.Namespace) -> None:
+    from .io.manifest import RESIDENT_FILE, read_manifest
+
+    folder = Path(args.dir)
+    manifest = read_manifest(folder)
+    config = manifest.config
+    layers = manifest.layers
+    top_k = int(config.get("num_experts_per_tok", 0))
+    resident = (folder / RESIDENT_FILE).stat().st_size
+    active = sum(layer.record_bytes for layer in layers) * top_k
+    quant = config.get("quantization")
+    print(f"model_type        {config.get('model_type')}")
+    print(f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)")
+    print(f"experts           {layers[0].num_experts} per layer, {top_k} routed per token")
+    quant_text = f"{quant['bits']}-bit, group {quant['group_size']}" if quant else "none"
+    print(f"quantization      {quant_text}")
+    print(f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)")
+    print(f"expert bytes      {manifest.expert_bytes / 1e9:.3f} GB (streamed from disk)")
+    print(f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .model import load
+    from .repack import Quantize, repack
+    from .synthetic import tiny_config, write_hf_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="streamer-demo-") as tmp:
+        work = Path(args.keep) if args.keep else Path(tmp)
+        src, dst = work / "checkpoint", work / "streaming"
+        print(f"[demo] writing a tiny qwen3_moe checkpoint (Hugging Face format, bf16) to {src}", file=sys.stderr)
+        write_hf_checkpoint(src, tiny_config("qwen3_moe"))
+        repack(src, dst, quantize=Quantize(4), force=True)
+        model, tokenizer = load(dst)
+        print(f"[demo] generating (random weights: expect noise, but real streaming)", file=sys.stderr)
+        return _stream(model, tokenizer, args.prompt, args)
+
+
+def _add_sampling(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
+    p.add_argument("--prompt", default=prompt_default, required=prompt_default is None, help="text to continue")
+    p.add_argument("--max-tokens", type=int, default=100)
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="streamer", description="Run MoE LLMs larger than RAM by streaming experts from SSD.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("repack", help="convert a downloaded checkpoint into the streaming layout")
+    p.add_argument("src", help="checkpoint folder (config.json + safetensors)")
+    p.add_argument("dst", help="output folder")
+    p.add_argument("--quantize", type=int, choices=(2, 3, 4, 5, 6, 8), help="quantize to this many bits (affine)")
+    p.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.set_defaults(run=_repack)
+
+    p = sub.add_parser("generate", help="generate text from a repacked model")
+    p.add_argument("--model", help="a folder written by `streamer repack`")
+    _add_sampling(p, None)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--memory-budget", type=_size, default=None, help="bytes of experts to keep resident, e.g. 4G")
+    p.set_defaults(run=_generate)
+
+    p = sub.add_parser("info", help="describe a repacked model")
+    p.add_argument("dir")
+    p.set_defaults(run=_info)
+
+    p = sub.add_parser("demo", help="write a tiny MoE checkpoint, repack it and generate (offline)")
+    _add_sampling(p, "The function returns")
+    p.add_argument("--keep", metavar="DIR", help="keep the demo checkpoint and repacked model in DIR")
+    p.set_defaults(run=_demo, max_tokens=40)
+    return ap
+
+
+def _size(text: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    text = text.strip().upper().removesuffix("B")
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "")
+    try:
+        return int(float(number) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 8G or 512M") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except StreamerError as e:
+        print(f"streamer: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nstreamer: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Text generation in the style of mlx-lm, with expert-streaming statistics on every response."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .errors import StreamerError
+from .stats import ExpertStats, peak_rss_bytes
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """What one generation cost. Per-token figures are for decode steps (prompt excluded)."""
+
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_rss_bytes: int
+    peak_mlx_bytes: int
+    expert_bytes_per_token: float
+    expert_reads_per_token: float
+    syncs_per_token: float
+    page_cache_hit_rate: float | None  # share of expert bytes already in the page cache when read
+    prefill_expert_bytes: int
+
+    def line(self) -> str:
+        hit = "n/a" if self.page_cache_hit_rate is None else f"{self.page_cache_hit_rate:.0%}"
+        return (
+            f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
+            f"decode: {self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s | "
+            f"experts: {self.expert_bytes_per_token / 1e6:.2f} MB/token, {self.expert_reads_per_token:.1f} reads/token, "
+            f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "
+            f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB"
+        )
+
+
+@dataclass(frozen=True)
+class Response:
+    """One streamed piece of text; `stats` covers the run so far."""
+
+    text: str
+    token: int
+    finish_reason: str | None
+    stats: RunStats
+
+
+def run_stats(model: nn.Module, prompt_tokens: int = 0, prompt_tps: float = 0.0, generation_tokens: int = 0, generation_tps: float = 0.0) -> RunStats:
+    stats: ExpertStats = model.expert_stats
+    decode = stats.decode
+    steps = max(stats.decode_tokens, 1)
+    return RunStats(
+        prompt_tokens=prompt_tokens,
+        prompt_tps=prompt_tps,
+        generation_tokens=generation_tokens,
+        generation_tps=generation_tps,
+        peak_rss_bytes=peak_rss_bytes(),
+        peak_mlx_bytes=mx.get_peak_memory(),
+        expert_bytes_per_token=decode.bytes_read / steps,
+        expert_reads_per_token=decode.experts_read / steps,
+        syncs_per_token=decode.syncs / steps,
+        page_cache_hit_rate=decode.page_cache_hit_rate,
+        prefill_expert_bytes=stats.prefill.bytes_read,
+    )
+
+
+def stream_generate(
+    model: nn.Module,
+    tokenizer: TokenizerWrapper,
+    prompt: str | list[int],
+    max_tokens: int = 256,
+    *,
+    temp: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    **kwargs,
+) -> Iterator[Response]:
+    """Yield text as it is generated. Extra keyword arguments go to mlx_lm.generate_step."""
+    if max_tokens <= 0:
+        raise StreamerError(f"max_tokens must be at least 1 (got {max_tokens}).")
+    if not prompt:
+        raise StreamerError("the prompt is empty: give some text to continue.")
+    if seed is not None:
+        mx.random.seed(seed)
+    kwargs.setdefault("sampler", make_sampler(temp=temp, top_p=top_p))
+    model.expert_stats.reset()
+    mx.reset_peak_memory()
+    for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs):
+        stats = run_stats(model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps)
+        yield Response(r.text, r.token, r.finish_reason, stats)
+
+
+def generate(
+    model: nn.Module,
+    tokenizer: TokenizerWrapper,
+    prompt: str | list[int],
+    max_tokens: int = 256,
+    *,
+    verbose: bool = False,
+    **kwargs,
+) -> str:
+    """The generated text; with `verbose`, print it as it streams and then the stats line."""
+    text = []
+    response = None
+    for response in stream_generate(model, tokenizer, prompt, max_tokens, **kwargs):
+        text.append(response.text)
+        if verbose:
+            print(response.text, end="", flush=True)
+    if verbose and response is not None:
+        print("\n" + response.stats.line())
+    return "".join(text)
