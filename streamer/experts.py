@@ -17,6 +17,9 @@ from .io.safetensors import DTYPES
 from .stats import ExpertStats
 
 
+_EMPTY = mx.zeros((0,))
+
+
 class StreamingExperts(nn.Module):
     def __init__(self, container: nn.Module, store: ExpertStore, layer_index: int, stats: ExpertStats, dtype: mx.Dtype | None):
         super().__init__()
@@ -30,8 +33,7 @@ class StreamingExperts(nn.Module):
         self._layer_index = layer_index
         self._stats = stats
         self._dtype = dtype
-        for projection, kind in self._slots:
-            container[projection][kind] = mx.zeros((0,))
+        self._release()
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         routed = np.array(indices)  # the layer's one host sync: evaluates attention and router
@@ -48,4 +50,10 @@ class StreamingExperts(nn.Module):
                 tensor = tensor.astype(self._dtype)
             self._container[projection][kind] = tensor
         local = mx.array(local.reshape(routed.shape).astype(np.uint32))
-        return self._container(x, local)
+        out = self._container(x, local)
+        self._release()  # the output's graph holds the experts until it is evaluated, nothing after
+        return out
+
+    def _release(self) -> None:
+        for projection, kind in self._slots:
+            self._container[projection][kind] = _EMPTY

@@ -1,0 +1,59 @@
+"""Checkpoints for the tests, made once per session: every architecture in both download conventions.
+
+- "hf": Hugging Face per-expert tensors in bf16, sharded with an index (as published on the hub).
+- "mlx": the same model converted by mlx-lm's own `mlx_lm.convert(quantize=True)` (4-bit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+from mlx_lm.utils import load_model
+
+from streamer.architectures import SUPPORTED
+from streamer.repack import repack
+from streamer.synthetic import tiny_config, write_hf_checkpoint
+
+ARCHS = sorted(SUPPORTED)
+
+
+class Checkpoints:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def hf(self, arch: str, dtype: str = "bfloat16") -> Path:
+        path = self.root / f"hf-{arch}-{dtype}"
+        if not path.exists():
+            write_hf_checkpoint(path, tiny_config(arch), dtype=dtype)
+        return path
+
+    def mlx(self, arch: str, bits: int = 4, group_size: int = 64) -> Path:
+        path = self.root / f"mlx-{arch}-{bits}-{group_size}"
+        if not path.exists():
+            with contextlib.redirect_stdout(io.StringIO()):
+                mlx_lm.convert(str(self.hf(arch)), str(path), quantize=True, q_bits=bits, q_group_size=group_size)
+        return path
+
+    def repacked(self, src: Path, **kwargs) -> Path:
+        name = src.name + "".join(f"-{k}{v}" for k, v in sorted(kwargs.items()))
+        dst = self.root / "repacked" / name
+        if not dst.exists():
+            repack(src, dst, log=lambda _: None, **kwargs)
+        return dst
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> Checkpoints:
+    return Checkpoints(tmp_path_factory.mktemp("checkpoints"))
+
+
+def reference_model(path: Path):
+    """mlx-lm's own model, fully resident, computing in float32 like streamer does on CPU."""
+    model, _ = load_model(Path(path))
+    model.set_dtype(mx.float32)
+    return model

@@ -1,0 +1,137 @@
+"""Bad input gets a clear error naming the file and what to do, and nothing is written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import streamer
+from streamer.errors import StreamerError
+from streamer.repack import repack
+
+
+def copy_checkpoint(src, tmp_path):
+    dst = tmp_path / "src"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def assert_refused(src, tmp_path, *patterns: str, **kwargs) -> None:
+    dst = tmp_path / "out"
+    with pytest.raises(StreamerError) as err:
+        repack(src, dst, log=lambda _: None, **kwargs)
+    message = str(err.value)
+    for pattern in patterns:
+        assert pattern in message, message
+    assert not dst.exists()
+    assert not list(tmp_path.glob(".out*")), "a partial output was left behind"
+
+
+def test_missing_config(checkpoints, tmp_path):
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    (src / "config.json").unlink()
+    assert_refused(src, tmp_path, "config.json is missing")
+
+
+def test_unknown_and_non_moe_model_types(checkpoints, tmp_path):
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    for model_type in ("llama", "not_a_model"):
+        config = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+        assert_refused(src, tmp_path, f"'{model_type}' is not supported", "qwen3_moe", "mixtral")
+
+
+def test_truncated_shard(checkpoints, tmp_path):
+    src = copy_checkpoint(checkpoints.hf("mixtral"), tmp_path)
+    shard = sorted(src.glob("model-*.safetensors"))[-1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 1000])
+    assert_refused(src, tmp_path, shard.name, "truncated")
+
+
+def test_missing_expert_tensor(checkpoints, tmp_path):
+    from streamer.io.safetensors import read_header, to_mlx, write_safetensors
+
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    missing = "model.layers.1.mlp.experts.5.up_proj.weight"
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    shard = src / index["weight_map"].pop(missing)
+    header = read_header(shard)
+    data = shard.read_bytes()
+    kept = [(n, to_mlx(data[i.start : i.end], i.dtype, i.shape)) for n, i in header.items() if n != missing]
+    write_safetensors(shard, kept)
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert_refused(src, tmp_path, missing, "incomplete")
+
+
+def test_index_naming_a_missing_shard(checkpoints, tmp_path):
+    src = copy_checkpoint(checkpoints.hf("olmoe"), tmp_path)
+    shard = sorted(src.glob("model-*.safetensors"))[0]
+    shard.unlink()
+    assert_refused(src, tmp_path, shard.name, "model.safetensors.index.json", "missing")
+
+
+def test_git_lfs_pointer_in_place_of_a_shard(checkpoints, tmp_path):
+    src = copy_checkpoint(checkpoints.hf("olmoe"), tmp_path)
+    shard = sorted(src.glob("model-*.safetensors"))[0]
+    shard.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n")
+    assert_refused(src, tmp_path, shard.name, "git-LFS pointer", "git lfs pull")
+
+
+def test_shape_mismatch_with_config(checkpoints, tmp_path):
+    src = copy_checkpoint(checkpoints.hf("qwen2_moe"), tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 32}))
+    assert_refused(src, tmp_path, "shape", "config.json")
+
+
+def test_existing_destination_is_refused_unless_forced(checkpoints, tmp_path):
+    src = checkpoints.hf("qwen3_moe")
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "precious.txt").write_text("keep me")
+    with pytest.raises(StreamerError, match="already exists.*--force"):
+        repack(src, dst, log=lambda _: None)
+    assert (dst / "precious.txt").read_text() == "keep me"
+    repack(src, dst, force=True, log=lambda _: None)
+    assert (dst / "manifest.json").exists() and not (dst / "precious.txt").exists()
+
+
+def test_already_quantized_checkpoint_with_quantize(checkpoints, tmp_path):
+    from streamer.repack import Quantize
+
+    assert_refused(checkpoints.mlx("qwen3_moe"), tmp_path, "already quantized", quantize=Quantize(4))
+
+
+def test_manifest_of_a_newer_format_version(checkpoints, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
+    with pytest.raises(StreamerError, match="format version 99.*upgrade streamer"):
+        streamer.load(folder)
+
+
+def test_loading_a_folder_that_was_not_repacked(checkpoints):
+    src = checkpoints.hf("qwen3_moe")
+    with pytest.raises(StreamerError, match="not a repacked model.*streamer repack"):
+        streamer.load(src)
+
+
+def test_truncated_expert_file(checkpoints, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("mixtral")), folder)
+    expert_file = folder / "experts" / "001.bin"
+    expert_file.write_bytes(expert_file.read_bytes()[:-4096])
+    with pytest.raises(StreamerError, match="001.bin.*truncated"):
+        streamer.load(folder)
+
+
+def test_bad_generation_arguments(checkpoints):
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    with pytest.raises(StreamerError, match="max_tokens"):
+        streamer.generate(model, tokenizer, "hello", max_tokens=0)
+    with pytest.raises(StreamerError, match="empty"):
+        streamer.generate(model, tokenizer, "", max_tokens=4)
