@@ -26,6 +26,7 @@ def _generate(args: argparse.Namespace) -> int:
     from .model import load
 
     model, tokenizer = load(args.model, memory_budget=args.memory_budget)
+    print(f"[streamer] {model.residency}", file=sys.stderr)
     prompt = args.prompt
     if args.chat and tokenizer.chat_template is not None:
         messages = [{"role": "user", "content": prompt}]
@@ -85,7 +86,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"[demo] writing a tiny qwen3_moe checkpoint (Hugging Face format, bf16) to {src}", file=sys.stderr)
         write_hf_checkpoint(src, tiny_config("qwen3_moe"))
         repack(src, dst, quantize=Quantize(4), force=True)
-        model, tokenizer = load(dst)
+        model, tokenizer = load(dst, memory_budget=0)  # stream every layer, to show the mechanism
         print(f"[demo] generating (random weights: expect noise, but real streaming)", file=sys.stderr)
         return _stream(model, tokenizer, args.prompt, args)
 

@@ -10,6 +10,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
 from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
+from .cache.resident_layers import default_budget, resident_layers
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .io.expert_store import ExpertStore
@@ -27,8 +28,13 @@ def default_dtype() -> mx.Dtype | None:
 def load(path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype | None = None) -> tuple[nn.Module, TokenizerWrapper]:
     """Load a repacked model: non-expert weights resident, experts streamed from disk.
 
+    `memory_budget`: bytes of experts to keep in memory (whole layers, first layers first);
+    0 streams every layer; None keeps all experts if they fit in half the available memory,
+    else streams them all. `model.residency` says what was chosen.
     Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer.
     """
+    if memory_budget is not None and memory_budget < 0:
+        raise StreamerError(f"memory_budget must be 0 (stream every expert) or more bytes, not {memory_budget}.")
     folder = Path(path)
     manifest = read_manifest(folder)
     config = manifest.config
@@ -43,7 +49,7 @@ def load(path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype 
     dtype = dtype if dtype is not None else default_dtype()
     store = ExpertStore(folder, manifest)
     stats = ExpertStats(moe_layers=len(containers))
-    streaming = {}
+    streaming: dict[str, StreamingExperts] = {}
     for index, (module_path, container) in enumerate(containers.items()):
         for projection, params in manifest.layers[index].quantization.items():
             if params:
@@ -63,7 +69,20 @@ def load(path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype 
         model.set_dtype(dtype)
     mx.eval(model.parameters())
     model.eval()
+    model.residency = _apply_budget(manifest, streaming, memory_budget, dtype)
     model.expert_store = store
     model.expert_stats = stats
     tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
     return model, tokenizer
+
+
+def _apply_budget(manifest, streaming: dict[str, StreamingExperts], budget: int | None, dtype) -> str:
+    if budget is None:
+        budget, why = default_budget(manifest, dtype)
+    else:
+        why = f"memory budget {budget / 1e9:.2f} GB"
+    layers = list(streaming.values())
+    chosen = resident_layers(manifest, budget, dtype)
+    for index in chosen:
+        layers[index].make_resident()
+    return f"{len(chosen)} of {len(layers)} MoE layers resident, the rest stream ({why})"

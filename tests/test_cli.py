@@ -19,9 +19,14 @@ def test_repack_info_generate(checkpoints, tmp_path):
     assert "layer 2/2" in result.stderr and "done" in result.stderr
     info = run("info", str(dst)).stdout
     assert "qwen3_moe" in info and "16 per layer, 4 routed per token" in info and "4-bit, group 64" in info
-    result = run("generate", "--model", str(dst), "--prompt", "The file", "--max-tokens", "8", "--seed", "1", "--temp", "0.7")
-    assert result.stdout.strip()
-    assert "decode: 8 tokens" in result.stderr and "syncs/token 2.0" in result.stderr
+    args = ("generate", "--model", str(dst), "--prompt", "The file", "--max-tokens", "8", "--seed", "1", "--temp", "0.7")
+    streamed = run(*args, "--memory-budget", "0")
+    assert streamed.stdout.strip()
+    assert "0 of 2 MoE layers resident" in streamed.stderr
+    assert "decode: 8 tokens" in streamed.stderr and "syncs/token 2.0" in streamed.stderr
+    resident = run(*args)  # the tiny model fits in memory: by default every layer is resident
+    assert "2 of 2 MoE layers resident" in resident.stderr and "syncs/token 0.0" in resident.stderr
+    assert resident.stdout == streamed.stdout  # same seed, same text
 
 
 def test_demo_runs_offline():

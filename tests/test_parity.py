@@ -21,7 +21,7 @@ def greedy_tokens(model, prompt: mx.array, n: int = 64) -> list[int]:
 
 
 def compare(streamed_path, reference, tolerance: float) -> None:
-    model, tokenizer = streamer.load(streamed_path)
+    model, tokenizer = streamer.load(streamed_path, memory_budget=0)
     prompt = mx.array(tokenizer.encode(PROMPT))
     diff = mx.abs(model(prompt[None]) - reference(prompt[None])).max().item()
     assert diff <= tolerance, f"max abs logit difference {diff}"
@@ -63,7 +63,33 @@ def test_8bit_group_32(checkpoints):
 def test_mlx_lm_generate_runs_unchanged_on_a_streamed_model(checkpoints):
     import mlx_lm
 
-    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen2_moe")))
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen2_moe")), memory_budget=0)
     ours = streamer.generate(model, tokenizer, PROMPT, max_tokens=16)
     theirs = mlx_lm.generate(model, tokenizer, PROMPT, max_tokens=16)
     assert ours == theirs and len(tokenizer.encode(ours)) > 0
+
+
+@pytest.mark.parametrize("budget", ["all", "one layer", "default"])
+def test_resident_layers_within_a_memory_budget(checkpoints, budget):
+    from streamer.cache.resident_layers import layer_bytes
+    from streamer.io.manifest import read_manifest
+
+    src = checkpoints.mlx("qwen3_moe")
+    folder = checkpoints.repacked(src)
+    one_layer = layer_bytes(read_manifest(folder).layers[0], mx.float32)
+    memory_budget = {"all": 1 << 40, "one layer": one_layer, "default": None}[budget]
+    model, tokenizer = streamer.load(folder, memory_budget=memory_budget)
+    expected_resident = {"all": 2, "one layer": 1, "default": 2}[budget]  # tiny model: default keeps all
+    assert model.residency.startswith(f"{expected_resident} of 2 MoE layers resident")
+    reference = reference_model(src)
+    prompt = mx.array(tokenizer.encode(PROMPT))
+    assert mx.array_equal(model(prompt[None]), reference(prompt[None]))
+    assert greedy_tokens(model, prompt, 16) == greedy_tokens(reference, prompt, 16)
+    decode = model.expert_stats.decode
+    assert decode.syncs == decode.layer_calls // 2 * (2 - expected_resident)
+    assert decode.experts_read <= decode.syncs * 4
+
+
+def test_negative_budget_is_refused(checkpoints):
+    with pytest.raises(streamer.StreamerError, match="memory_budget"):
+        streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")), memory_budget=-1)

@@ -1,4 +1,4 @@
-"""Page-cache residency of mapped memory, via mincore(2) (Linux and macOS)."""
+"""Page-cache residency of mapped expert records, via mincore(2) (Linux and macOS)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+
+import numpy as np
+
+from ..stats import ExpertTraffic
 
 PAGE = mmap.PAGESIZE  # the OS page: 4 KiB on Linux x86, 16 KiB on Apple silicon
 
@@ -18,20 +22,29 @@ try:
 except (OSError, AttributeError, TypeError):  # no libc mincore (e.g. Windows)
     _mincore = None
 
-AVAILABLE = _mincore is not None
 
+class Residency:
+    """Asks the OS which pages of one mapped file's records are in the page cache."""
 
-def resident_bytes(address: int, length: int) -> int | None:
-    """Bytes of [address, address+length) in the page cache; None where the OS cannot tell.
+    def __init__(self, mapped: mmap.mmap, record_bytes: int):
+        self._base = np.frombuffer(mapped, dtype=np.uint8).ctypes.data if len(mapped) else 0
+        self._length = record_bytes
+        self._vec = np.zeros(-(-record_bytes // PAGE), dtype=np.uint8)
 
-    `address` must be page-aligned (expert records start on 16 KiB boundaries, so they are).
-    """
-    if _mincore is None or length <= 0:
-        return None
-    pages = -(-length // PAGE)
-    vec = (ctypes.c_ubyte * pages)()
-    if _mincore(address, length, vec) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mincore failed: {os.strerror(err)}")
-    resident = sum(1 for v in bytes(vec) if v & 1)
-    return min(resident * PAGE, length)
+    def resident_bytes(self, offset: int) -> int | None:
+        """Bytes of the record at `offset` in the page cache; None where the OS cannot tell."""
+        if _mincore is None:
+            return None
+        if _mincore(self._base + offset, self._length, self._vec.ctypes.data) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mincore failed: {os.strerror(err)}")
+        return min(int(np.count_nonzero(self._vec & 1)) * PAGE, self._length)
+
+    def is_resident(self, offset: int, traffic: ExpertTraffic) -> bool:
+        """Whether the whole record is cached; counts the answer in `traffic`."""
+        resident = self.resident_bytes(offset)
+        if resident is None:
+            return True  # unknown: read it plainly
+        traffic.bytes_in_page_cache += resident
+        traffic.bytes_measured += self._length
+        return resident == self._length

@@ -1,74 +1,142 @@
-"""The expert store: experts read from the repacked layer files through mmap.
+"""The expert store: routed experts read from the repacked layer files into an MLX arena.
 
-The OS page cache is the cache: a warm expert is a memcpy out of mapped pages, a cold one is
-faulted in from disk. Each read copies the routed experts' tensors into stacked arrays shaped
-like mlx-lm's stacked expert tensors, but holding only the experts asked for.
+The OS page cache is the cache. Each layer file is mapped (mmap) so residency can be asked with
+mincore and cold records announced with madvise(WILLNEED), which lets the kernel read them all at
+once in large requests; then each expert is read with one preadv straight into the slots of a
+preallocated MLX buffer (one copy, no page faults). Measured on this machine (8 experts of 2.6 MB):
+cold page faults through mmap 0.35 GB/s, preadv 1.0-1.2 GB/s, WILLNEED then preadv 1.6-1.7 GB/s;
+warm preadv 4-6 GB/s versus 2 GB/s for mmap copy plus conversion to mx.array.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import time
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 
-from ..cache.residency import resident_bytes
+from ..cache.residency import Residency
 from ..errors import StreamerError
 from ..stats import ExpertTraffic
 from .manifest import Manifest, MoeLayer
 from .safetensors import DTYPES
 
 
+class Arena:
+    """A reusable MLX byte buffer that reads are written into.
+
+    Arrays handed out are views of it, so before it is overwritten the last computation that read
+    it must have finished: `guard` records that computation and `take` evaluates it first.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = mx.zeros((0,), dtype=mx.uint8)
+        self._host = np.zeros(0, dtype=np.uint8)
+        self._pending: mx.array | None = None
+
+    def take(self, nbytes: int) -> tuple[mx.array, np.ndarray]:
+        if self._pending is not None:
+            mx.eval(self._pending)
+            self._pending = None
+        if nbytes > self._buffer.size:
+            self._buffer = mx.zeros((max(nbytes, 2 * self._buffer.size),), dtype=mx.uint8)
+            mx.eval(self._buffer)
+            self._host = np.asarray(memoryview(self._buffer))
+            if not self._host.flags.writeable:
+                raise RuntimeError("this MLX build does not expose writable array buffers")
+        return self._buffer, self._host
+
+    def guard(self, result: mx.array) -> None:
+        self._pending = result
+
+
 class ExpertStore:
     def __init__(self, folder: Path, manifest: Manifest):
         self.folder = Path(folder)
         self.layers = manifest.layers
-        self._maps: list[mmap.mmap] = []
-        self._views: list[np.ndarray] = []
-        for layer in self.layers:
-            mm = self._map(layer)
-            self._maps.append(mm)
-            self._views.append(np.frombuffer(mm, dtype=np.uint8))
+        self.arena = Arena()
+        self._files: list[tuple[int, mmap.mmap, Residency]] = []
+        try:
+            for layer in self.layers:
+                self._files.append(self._open(layer))
+        except BaseException:
+            self.close()
+            raise
+        self._pad = np.zeros(max(_gap for layer in self.layers for _gap in _gaps(layer)) or 1, dtype=np.uint8)
 
-    def _map(self, layer: MoeLayer) -> mmap.mmap:
+    def _open(self, layer: MoeLayer) -> tuple[int, mmap.mmap, Residency]:
         path = self.folder / layer.file
         try:
-            with open(path, "rb") as f:
-                size = path.stat().st_size
-                if size != layer.file_bytes:
-                    raise StreamerError(
-                        f"{path} holds {size} bytes but the manifest expects {layer.file_bytes} for "
-                        f"{layer.module}: the file is truncated or was changed; repack the model."
-                    )
-                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            fd = os.open(path, os.O_RDONLY)
         except OSError as e:
             raise StreamerError(f"cannot open expert file {path}: {e.strerror or e}; repack the model.") from e
+        size = os.fstat(fd).st_size
+        if size != layer.file_bytes:
+            os.close(fd)
+            raise StreamerError(
+                f"{path} holds {size} bytes but the manifest expects {layer.file_bytes} for "
+                f"{layer.module}: the file is truncated or was changed; repack the model."
+            )
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        return fd, mapped, Residency(mapped, layer.record_bytes)
 
-    def read(self, layer_index: int, experts: np.ndarray, traffic: ExpertTraffic) -> list[np.ndarray]:
-        """One [len(experts), *shape] array per tensor of the layer, in manifest order."""
-        layer = self.layers[layer_index]
-        view = self._views[layer_index]
+    def read(self, layer_index: int, experts: np.ndarray, traffic: ExpertTraffic) -> list[mx.array]:
+        """One [len(experts), *shape] array per tensor of the layer (manifest order), in the arena."""
         start = time.perf_counter()
-        out = [np.empty((len(experts), *t.shape), dtype=DTYPES[t.dtype][0]) for t in layer.tensors]
-        payload = 0
-        for slot, expert in enumerate(experts.tolist()):
-            base = layer.expert_offsets[expert]
-            resident = resident_bytes(view.ctypes.data + base, layer.record_bytes)
-            if resident is not None:
-                traffic.bytes_in_page_cache += resident
-                traffic.bytes_measured += layer.record_bytes
-            for tensor, dest in zip(layer.tensors, out):
-                begin = base + tensor.offset
-                dest[slot] = view[begin : begin + tensor.nbytes].view(dest.dtype).reshape(tensor.shape)
-            payload += layer.record_bytes
-        traffic.experts_read += len(experts)
-        traffic.bytes_read += payload
+        layer = self.layers[layer_index]
+        fd, mapped, residency = self._files[layer_index]
+        k = len(experts)
+        buffer, host = self.arena.take(k * sum(t.nbytes for t in layer.tensors))
+        slots, arrays, cursor = [], [], 0
+        for t in layer.tensors:
+            nbytes = k * t.nbytes
+            slots.append(host[cursor : cursor + nbytes].reshape(k, t.nbytes))
+            storage, dtype = DTYPES[t.dtype]
+            array = buffer[cursor : cursor + nbytes]
+            arrays.append((array if dtype == mx.uint8 else array.view(dtype)).reshape(k, *t.shape))
+            cursor += nbytes
+        offsets = [layer.expert_offsets[e] for e in experts.tolist()]
+        cold = [off for off in offsets if not residency.is_resident(off, traffic)]
+        for off in cold:  # announce every cold record before reading any: the kernel reads in parallel
+            mapped.madvise(mmap.MADV_WILLNEED, off, layer.record_bytes)
+        gaps = _gaps(layer)
+        span = layer.tensors[-1].offset + layer.tensors[-1].nbytes
+        for slot, off in enumerate(offsets):
+            views = []
+            for t, dest, gap in zip(layer.tensors, slots, gaps):
+                views.append(dest[slot])
+                if gap:
+                    views.append(self._pad[:gap])
+            if os.preadv(fd, views, off) != span:
+                raise StreamerError(
+                    f"{self.folder / layer.file}: short read of expert {experts[slot]} of {layer.module}: "
+                    "the file changed or is truncated; repack the model."
+                )
+        traffic.experts_read += k
+        traffic.bytes_read += k * span
         traffic.read_seconds += time.perf_counter() - start
-        return out
+        return arrays
+
+    def read_layer(self, layer_index: int) -> list[mx.array]:
+        """Every expert of a layer as stacked [num_experts, *shape] arrays, in fresh memory."""
+        layer = self.layers[layer_index]
+        arrays = self.read(layer_index, np.arange(layer.num_experts), ExpertTraffic())
+        copies = [mx.array(a) for a in arrays]  # out of the arena, which the next read reuses
+        mx.eval(copies)
+        return copies
 
     def close(self) -> None:
-        self._views.clear()
-        for mm in self._maps:
-            mm.close()
-        self._maps.clear()
+        for fd, mapped, _ in self._files:
+            mapped.close()
+            os.close(fd)
+        self._files.clear()
+
+
+def _gaps(layer: MoeLayer) -> list[int]:
+    """Padding bytes after each tensor of a record, up to the next tensor (0 after the last)."""
+    ends = [t.offset + t.nbytes for t in layer.tensors]
+    starts = [t.offset for t in layer.tensors[1:]]
+    return [s - e for s, e in zip(starts, ends)] + [0]
