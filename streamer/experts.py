@@ -9,6 +9,8 @@ A layer made resident holds all its experts and runs like mlx-lm's: no sync, no 
 
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -44,16 +46,24 @@ class StreamingExperts(nn.Module):
         if self.resident:
             self._stats.phase(indices.size // indices.shape[-1]).layer_calls += 1
             return self._container(x, indices)
+        start = time.perf_counter()
         routed = np.array(indices)  # the layer's one host sync: evaluates attention and router
+        synced = time.perf_counter()
         traffic = self._stats.phase(routed.size // routed.shape[-1])
         traffic.layer_calls += 1
         traffic.syncs += 1
+        traffic.sync_seconds += synced - start
         experts, local = np.unique(routed, return_inverse=True)
         self._install(self._store.read(self._layer_index, experts, traffic))
         local = mx.array(local.reshape(routed.shape).astype(np.uint32))
         out = self._container(x, local)
         self._store.arena.guard(out)
         self._release()  # the output's graph holds the experts until it is evaluated, nothing after
+        if self._stats.profile:
+            computed = time.perf_counter()
+            mx.eval(out)
+            traffic.compute_seconds += time.perf_counter() - computed
+        traffic.layer_seconds += time.perf_counter() - start
         return out
 
     def _install(self, arrays: list[mx.array]) -> None:

@@ -15,7 +15,10 @@ class ExpertTraffic:
     bytes_read: int = 0  # expert bytes copied out of the store
     bytes_in_page_cache: int = 0  # of bytes_read, how many were resident before the read
     bytes_measured: int = 0  # of bytes_read, how many had their residency measured
-    read_seconds: float = 0.0
+    read_seconds: float = 0.0  # inside the store: residency checks, WILLNEED hints, preadv
+    sync_seconds: float = 0.0  # blocked on the routing sync (attention, router, earlier expert compute)
+    compute_seconds: float = 0.0  # expert compute, measured only when profiling (it adds a sync)
+    layer_seconds: float = 0.0  # wall time inside the expert layer, all of the above included
 
     @property
     def page_cache_hit_rate(self) -> float | None:
@@ -25,6 +28,7 @@ class ExpertTraffic:
 @dataclass
 class ExpertStats:
     moe_layers: int
+    profile: bool = False  # evaluate each layer's expert output on its own to time the compute
     prefill: ExpertTraffic = field(default_factory=ExpertTraffic)
     decode: ExpertTraffic = field(default_factory=ExpertTraffic)
 
@@ -34,6 +38,12 @@ class ExpertStats:
     def phase(self, tokens: int) -> ExpertTraffic:
         """Single-token calls are decode steps; anything wider is prompt processing."""
         return self.decode if tokens == 1 else self.prefill
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Decode wall time in the layer not spent syncing, reading or (when profiled) computing."""
+        d = self.decode
+        return d.layer_seconds - d.sync_seconds - d.read_seconds - d.compute_seconds
 
     @property
     def decode_tokens(self) -> int:

@@ -93,3 +93,19 @@ def test_resident_layers_within_a_memory_budget(checkpoints, budget):
 def test_negative_budget_is_refused(checkpoints):
     with pytest.raises(streamer.StreamerError, match="memory_budget"):
         streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")), memory_budget=-1)
+
+
+def test_newer_transformers_config_spelling(checkpoints, tmp_path):
+    """transformers 5 writes rope_parameters and dtype instead of rope_theta and torch_dtype."""
+    import json
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(checkpoints.hf("qwen3_moe"), src)
+    config = json.loads((src / "config.json").read_text())
+    theta = config.pop("rope_theta")
+    config["rope_parameters"] = {"rope_theta": theta, "rope_type": "default"}
+    config["dtype"] = config.pop("torch_dtype")
+    (src / "config.json").write_text(json.dumps(config))
+    streamer.repack.repack(src, tmp_path / "dst", log=lambda _: None)
+    compare(tmp_path / "dst", reference_model(checkpoints.hf("qwen3_moe")), tolerance=1e-4)
