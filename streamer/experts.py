@@ -53,9 +53,10 @@ class StreamingExperts(nn.Module):
         traffic.layer_calls += 1
         traffic.syncs += 1
         traffic.sync_seconds += synced - start
-        experts, local = np.unique(routed, return_inverse=True)
+        # np.unique costs ~9 us on a handful of ids; a set and searchsorted ~2 us
+        experts = np.array(sorted(set(routed.ravel().tolist())), dtype=routed.dtype)
         self._install(self._store.read(self._layer_index, experts, traffic))
-        local = mx.array(local.reshape(routed.shape).astype(np.uint32))
+        local = mx.array(np.searchsorted(experts, routed).astype(np.uint32))
         out = self._container(x, local)
         self._store.arena.guard(out)
         self._release()  # the output's graph holds the experts until it is evaluated, nothing after

@@ -30,12 +30,13 @@ class Residency:
         self._base = np.frombuffer(mapped, dtype=np.uint8).ctypes.data if len(mapped) else 0
         self._length = record_bytes
         self._vec = np.zeros(-(-record_bytes // PAGE), dtype=np.uint8)
+        self._vec_address = self._vec.ctypes.data
 
     def resident_bytes(self, offset: int) -> int | None:
         """Bytes of the record at `offset` in the page cache; None where the OS cannot tell."""
         if _mincore is None:
             return None
-        if _mincore(self._base + offset, self._length, self._vec.ctypes.data) != 0:
+        if _mincore(self._base + offset, self._length, self._vec_address) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"mincore failed: {os.strerror(err)}")
         return min(int(np.count_nonzero(self._vec & 1)) * PAGE, self._length)

@@ -58,6 +58,8 @@ class ExpertStore:
         self.folder = Path(folder)
         self.layers = manifest.layers
         self.arena = Arena()
+        self._view_cache: dict[tuple[int, int], tuple[list[np.ndarray], list[mx.array]]] = {}
+        self._viewed_buffer: mx.array | None = None
         self._files: list[tuple[int, mmap.mmap, Residency]] = []
         try:
             for layer in self.layers:
@@ -89,15 +91,7 @@ class ExpertStore:
         layer = self.layers[layer_index]
         fd, mapped, residency = self._files[layer_index]
         k = len(experts)
-        buffer, host = self.arena.take(k * sum(t.nbytes for t in layer.tensors))
-        slots, arrays, cursor = [], [], 0
-        for t in layer.tensors:
-            nbytes = k * t.nbytes
-            slots.append(host[cursor : cursor + nbytes].reshape(k, t.nbytes))
-            storage, dtype = DTYPES[t.dtype]
-            array = buffer[cursor : cursor + nbytes]
-            arrays.append((array if dtype == mx.uint8 else array.view(dtype)).reshape(k, *t.shape))
-            cursor += nbytes
+        slots, arrays = self._views(layer_index, k)
         offsets = [layer.expert_offsets[e] for e in experts.tolist()]
         cold = [off for off in offsets if not residency.is_resident(off, traffic)]
         for off in cold:  # announce every cold record before reading any: the kernel reads in parallel
@@ -119,6 +113,26 @@ class ExpertStore:
         traffic.bytes_read += k * span
         traffic.read_seconds += time.perf_counter() - start
         return arrays
+
+    def _views(self, layer_index: int, k: int) -> tuple[list[np.ndarray], list[mx.array]]:
+        """Host slots and MLX views of the arena for k experts of a layer, laid out tensor-major."""
+        layer = self.layers[layer_index]
+        buffer, host = self.arena.take(k * sum(t.nbytes for t in layer.tensors))
+        if buffer is not self._viewed_buffer:  # the arena grew: views of the old buffer are stale
+            self._view_cache.clear()
+            self._viewed_buffer = buffer
+        key = (layer_index, k)
+        if key not in self._view_cache:
+            slots, arrays, cursor = [], [], 0
+            for t in layer.tensors:
+                nbytes = k * t.nbytes
+                slots.append(host[cursor : cursor + nbytes].reshape(k, t.nbytes))
+                dtype = DTYPES[t.dtype][1]
+                array = buffer[cursor : cursor + nbytes]
+                arrays.append((array if dtype == mx.uint8 else array.view(dtype)).reshape(k, *t.shape))
+                cursor += nbytes
+            self._view_cache[key] = (slots, arrays)
+        return self._view_cache[key]
 
     def read_layer(self, layer_index: int) -> list[mx.array]:
         """Every expert of a layer as stacked [num_experts, *shape] arrays, in fresh memory."""
