@@ -2,9 +2,10 @@
 
 It keeps the call contract `(x [..., D], indices [..., k]) -> [..., k, D]`, so every architecture's
 router and score code runs unchanged. Per call: one host sync to learn the routed experts, one
-read of each distinct expert (a whole prompt chunk shares them), then mlx-lm's own container code
-computes on stacked tensors that hold just those experts, with indices remapped to them.
-A layer made resident holds all its experts and runs like mlx-lm's: no sync, no reads.
+read of each distinct expert not in the hot-expert cache (a whole prompt chunk shares them), then
+mlx-lm's own container code computes on stacked tensors that hold just those experts, with
+indices remapped to them. A layer made resident holds all its experts and runs like mlx-lm's:
+no sync, no reads.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from .cache.expert_cache import ExpertCache
 from .io.expert_store import ExpertStore
-from .stats import ExpertStats
+from .stats import ExpertStats, ExpertTraffic
 
 _EMPTY = mx.zeros((0,))
 
@@ -31,14 +33,16 @@ class StreamingExperts(nn.Module):
         object.__setattr__(self, "_slots", [tuple(t.name.split(".")) for t in layer.tensors])
         self._store = store
         self._layer_index = layer_index
+        self._num_experts = layer.num_experts
         self._stats = stats
         self._dtype = dtype
+        self.cache: ExpertCache | None = None
         self.resident = False
         self._release()
 
     def make_resident(self) -> None:
         """Keep every expert of this layer in memory from now on."""
-        self._install(self._store.read_layer(self._layer_index))
+        self._install([self._convert(a) for a in self._store.read_layer(self._layer_index)])
         mx.eval([self._container[p][k] for p, k in self._slots])
         self.resident = True
 
@@ -53,12 +57,15 @@ class StreamingExperts(nn.Module):
         traffic.layer_calls += 1
         traffic.syncs += 1
         traffic.sync_seconds += synced - start
-        # np.unique costs ~9 us on a handful of ids; a set and searchsorted ~2 us
-        experts = np.array(sorted(set(routed.ravel().tolist())), dtype=routed.dtype)
-        self._install(self._store.read(self._layer_index, experts, traffic))
-        local = mx.array(np.searchsorted(experts, routed).astype(np.uint32))
-        out = self._container(x, local)
-        self._store.arena.guard(out)
+        experts = sorted(set(routed.ravel().tolist()))
+        if self._stats.trace is not None and traffic is self._stats.decode:
+            self._stats.trace.append((self._layer_index, tuple(experts)))
+        order, tensors, cached = self._gather(experts, traffic)
+        self._install(tensors)
+        position = np.zeros(self._num_experts, dtype=np.uint32)
+        position[order] = np.arange(len(order), dtype=np.uint32)
+        out = self._container(x, mx.array(position[routed]))
+        self._store.arena.guard([out, *cached])
         self._release()  # the output's graph holds the experts until it is evaluated, nothing after
         if self._stats.profile:
             computed = time.perf_counter()
@@ -67,10 +74,39 @@ class StreamingExperts(nn.Module):
         traffic.layer_seconds += time.perf_counter() - start
         return out
 
-    def _install(self, arrays: list[mx.array]) -> None:
-        for (projection, kind), tensor in zip(self._slots, arrays):
-            if self._dtype is not None and mx.issubdtype(tensor.dtype, mx.floating):
-                tensor = tensor.astype(self._dtype)
+    def _gather(self, experts: list[int], traffic: ExpertTraffic) -> tuple[list[int], list[mx.array], list[mx.array]]:
+        """(expert order, stacked tensors in that order, tensors newly cached from the arena)."""
+        if self.cache is None:
+            arrays = self._store.read(self._layer_index, np.array(experts), traffic)
+            return experts, [self._convert(a) for a in arrays], []
+        hits, misses, admit = [], [], []
+        for expert in experts:
+            tensors, admitted = self.cache.access(self._layer_index, expert)
+            if tensors is not None:
+                hits.append((expert, tensors))
+            else:
+                misses.append(expert)
+                admit.append(admitted)
+        traffic.cache_hits += len(hits)
+        stacked = [mx.stack(parts) for parts in zip(*(t for _, t in hits))] if hits else []
+        newly_cached = []
+        if misses:
+            read = [self._convert(a) for a in self._store.read(self._layer_index, np.array(misses), traffic)]
+            for slot, (expert, admitted) in enumerate(zip(misses, admit)):
+                if admitted:
+                    copies = [mx.array(t[slot]) for t in read]  # out of the arena
+                    self.cache.put(self._layer_index, expert, copies)
+                    newly_cached += copies
+            stacked = [mx.concatenate([h, m]) for h, m in zip(stacked, read)] if hits else read
+        return [e for e, _ in hits] + misses, stacked, newly_cached
+
+    def _convert(self, tensor: mx.array) -> mx.array:
+        if self._dtype is not None and mx.issubdtype(tensor.dtype, mx.floating):
+            return tensor.astype(self._dtype)
+        return tensor
+
+    def _install(self, tensors: list[mx.array]) -> None:
+        for (projection, kind), tensor in zip(self._slots, tensors):
             self._container[projection][kind] = tensor
 
     def _release(self) -> None:

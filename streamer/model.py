@@ -10,7 +10,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
 from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
-from .cache.resident_layers import default_budget, resident_layers
+from .cache.budget import all_experts_bytes, check_budget, default_budget, expert_bytes
+from .cache.expert_cache import ExpertCache
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .io.expert_store import ExpertStore
@@ -28,13 +29,12 @@ def default_dtype() -> mx.Dtype | None:
 def load(path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype | None = None) -> tuple[nn.Module, TokenizerWrapper]:
     """Load a repacked model: non-expert weights resident, experts streamed from disk.
 
-    `memory_budget`: bytes of experts to keep in memory (whole layers, first layers first);
-    0 streams every layer; None keeps all experts if they fit in half the available memory,
-    else streams them all. `model.residency` says what was chosen.
+    `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
+    resident (no syncs, no reads); less: the hottest experts are cached (LFU with aging) and the
+    rest stream; 0: everything streams through the page cache. None: all experts if they fit in
+    half the available memory, else 0. `model.residency` says what was chosen.
     Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer.
     """
-    if memory_budget is not None and memory_budget < 0:
-        raise StreamerError(f"memory_budget must be 0 (stream every expert) or more bytes, not {memory_budget}.")
     folder = Path(path)
     manifest = read_manifest(folder)
     config = manifest.config
@@ -47,6 +47,8 @@ def load(path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype 
             f"{list(containers)[:3]}...: the manifest does not match its config; repack the model."
         )
     dtype = dtype if dtype is not None else default_dtype()
+    if memory_budget is not None:
+        check_budget(manifest, memory_budget, dtype)
     store = ExpertStore(folder, manifest)
     stats = ExpertStats(moe_layers=len(containers))
     streaming: dict[str, StreamingExperts] = {}
@@ -82,7 +84,13 @@ def _apply_budget(manifest, streaming: dict[str, StreamingExperts], budget: int 
     else:
         why = f"memory budget {budget / 1e9:.2f} GB"
     layers = list(streaming.values())
-    chosen = resident_layers(manifest, budget, dtype)
-    for index in chosen:
-        layers[index].make_resident()
-    return f"{len(chosen)} of {len(layers)} MoE layers resident, the rest stream ({why})"
+    if budget >= all_experts_bytes(manifest, dtype):
+        for layer in layers:
+            layer.make_resident()
+        return f"all experts resident, no streaming ({why})"
+    if budget == 0:
+        return f"experts stream from disk, page cache only ({why})"
+    cache = ExpertCache(budget, expert_bytes(manifest, dtype))
+    for layer in layers:
+        layer.cache = cache
+    return f"experts stream from disk; up to {cache.slots} hot experts kept in memory, LFU with aging ({why})"

@@ -12,6 +12,7 @@ class ExpertTraffic:
     layer_calls: int = 0  # MoE layer invocations
     syncs: int = 0  # host syncs (one per MoE layer call that needs routed indices on the host)
     experts_read: int = 0  # expert records read (one read call each)
+    cache_hits: int = 0  # routed experts served from the hot-expert cache instead
     bytes_read: int = 0  # expert bytes copied out of the store
     bytes_in_page_cache: int = 0  # of bytes_read, how many were resident before the read
     bytes_measured: int = 0  # of bytes_read, how many had their residency measured
@@ -29,6 +30,7 @@ class ExpertTraffic:
 class ExpertStats:
     moe_layers: int
     profile: bool = False  # evaluate each layer's expert output on its own to time the compute
+    trace: list[tuple[int, tuple[int, ...]]] | None = None  # set to [] to record decode routing
     prefill: ExpertTraffic = field(default_factory=ExpertTraffic)
     decode: ExpertTraffic = field(default_factory=ExpertTraffic)
 
