@@ -37,9 +37,12 @@ class Arena:
         self._host = np.zeros(0, dtype=np.uint8)
         self._pending: mx.array | None = None
 
-    def take(self, nbytes: int) -> tuple[mx.array, np.ndarray]:
+    def take(self, nbytes: int, traffic: ExpertTraffic) -> tuple[mx.array, np.ndarray]:
         if self._pending is not None:
+            # usually done already; after a token boundary it is the last layer's compute
+            start = time.perf_counter()
             mx.eval(self._pending)
+            traffic.sync_seconds += time.perf_counter() - start
             self._pending = None
         if nbytes > self._buffer.size:
             self._buffer = mx.zeros((max(nbytes, 2 * self._buffer.size),), dtype=mx.uint8)
@@ -87,11 +90,11 @@ class ExpertStore:
 
     def read(self, layer_index: int, experts: np.ndarray, traffic: ExpertTraffic) -> list[mx.array]:
         """One [len(experts), *shape] array per tensor of the layer (manifest order), in the arena."""
-        start = time.perf_counter()
         layer = self.layers[layer_index]
         fd, mapped, residency = self._files[layer_index]
         k = len(experts)
-        slots, arrays = self._views(layer_index, k)
+        slots, arrays = self._views(layer_index, k, traffic)  # may wait: counted as sync
+        start = time.perf_counter()
         offsets = [layer.expert_offsets[e] for e in experts.tolist()]
         cold = [off for off in offsets if not residency.is_resident(off, traffic)]
         for off in cold:  # announce every cold record before reading any: the kernel reads in parallel
@@ -114,10 +117,10 @@ class ExpertStore:
         traffic.read_seconds += time.perf_counter() - start
         return arrays
 
-    def _views(self, layer_index: int, k: int) -> tuple[list[np.ndarray], list[mx.array]]:
+    def _views(self, layer_index: int, k: int, traffic: ExpertTraffic) -> tuple[list[np.ndarray], list[mx.array]]:
         """Host slots and MLX views of the arena for k experts of a layer, laid out tensor-major."""
         layer = self.layers[layer_index]
-        buffer, host = self.arena.take(k * sum(t.nbytes for t in layer.tensors))
+        buffer, host = self.arena.take(k * sum(t.nbytes for t in layer.tensors), traffic)
         if buffer is not self._viewed_buffer:  # the arena grew: views of the old buffer are stale
             self._view_cache.clear()
             self._viewed_buffer = buffer
