@@ -8,7 +8,9 @@ like mlx-lm's stacked expert tensors, but holding only the experts asked for.
 from __future__ import annotations
 
 import mmap
+import os
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,9 @@ class ExpertStore:
             mm = self._map(layer)
             self._maps.append(mm)
             self._views.append(np.frombuffer(mm, dtype=np.uint8))
+        self.verify_reads = False  # load(verify_reads=True): crc32 of each expert on its first read
+        self._verified = [np.zeros(layer.num_experts, dtype=bool) for layer in self.layers]
+        self._fds = [os.open(self.folder / layer.file, os.O_RDONLY) for layer in self.layers]
 
     def _map(self, layer: MoeLayer) -> mmap.mmap:
         path = self.folder / layer.file
@@ -49,6 +54,7 @@ class ExpertStore:
         """One [len(experts), *shape] array per tensor of the layer, in manifest order."""
         layer = self.layers[layer_index]
         view = self._views[layer_index]
+        self._check_experts(layer_index, experts)
         start = time.perf_counter()
         out = [np.empty((len(experts), *t.shape), dtype=DTYPES[t.dtype][0]) for t in layer.tensors]
         payload = 0
@@ -67,7 +73,36 @@ class ExpertStore:
         traffic.read_seconds += time.perf_counter() - start
         return out
 
+    def _check_experts(self, layer_index: int, experts: np.ndarray) -> None:
+        """Never compute with partial or corrupt data. Refuse experts that a file truncated since load
+        no longer holds (touching them through the map would kill the process with SIGBUS) and, with
+        `verify_reads`, check each expert's crc32 the first time it is read."""
+        layer = self.layers[layer_index]
+        size = os.fstat(self._fds[layer_index]).st_size
+        where = f"{self.folder / layer.file} (MoE layer {layer_index}, {layer.module})"
+        for expert in experts.tolist():
+            base = layer.expert_offsets[expert]
+            if base + layer.record_bytes > size:
+                raise StreamerError(
+                    f"{where} shrank to {size} bytes while the model was loaded: expert {expert} lies past its "
+                    "end. The file was truncated or overwritten; repack the model."
+                )
+            if not self.verify_reads or self._verified[layer_index][expert]:
+                continue
+            view = self._views[layer_index]
+            for tensor, crc in zip(layer.tensors, layer.expert_crc32[expert]):
+                begin = base + tensor.offset
+                if zlib.crc32(view[begin : begin + tensor.nbytes]) != crc:
+                    raise StreamerError(
+                        f"{where}: expert {expert} tensor {tensor.name} does not match its checksum: the file is "
+                        f"corrupt. Run `streamer verify {self.folder}` to list every bad tensor, then repack."
+                    )
+            self._verified[layer_index][expert] = True
+
     def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
         self._views.clear()
         for mm in self._maps:
             mm.close()
