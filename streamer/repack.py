@@ -249,8 +249,9 @@ class _Plan:
                 )
             if not _compatible(arr.dtype, expected[name].dtype):
                 raise StreamerError(
-                    f"{where}: tensor '{name}' is {arr.dtype} but config.json implies {expected[name].dtype}: "
-                    "the checkpoint is corrupt or config.json belongs to another model."
+                    f"{where}: tensor '{name}' is {MLX_TO_SAFETENSORS.get(arr.dtype, arr.dtype)} but config.json "
+                    f"implies {_describe(expected[name].dtype)}: the checkpoint is corrupt or config.json belongs "
+                    "to another model."
                 )
 
     def _in_container(self, name: str) -> bool:
@@ -441,10 +442,14 @@ def _compatible(got: mx.Dtype, expected: mx.Dtype) -> bool:
     return got == expected
 
 
+def _describe(dtype: mx.Dtype) -> str:
+    return "a floating-point tensor" if mx.issubdtype(dtype, mx.floating) else MLX_TO_SAFETENSORS.get(dtype, str(dtype))
+
+
 def _check_dtype(info: TensorInfo, expected: mx.Dtype) -> None:
     if not _compatible(DTYPES[info.dtype][1], expected):
         raise StreamerError(
-            f"{info.path}: tensor '{info.name}' is {info.dtype} but config.json implies {expected}: "
+            f"{info.path}: tensor '{info.name}' is {info.dtype} but config.json implies {_describe(expected)}: "
             "the checkpoint is corrupt or config.json belongs to another model."
         )
 

@@ -149,7 +149,10 @@ def layer_from_json(entry: dict, path: Path) -> MoeLayer:
 
 def _parse(data: dict, path: Path) -> Manifest:
     if data.get("format") != FORMAT:
-        raise StreamerError(f"{path} is not a streamer manifest (format {data.get('format')!r}).")
+        raise StreamerError(
+            f"{path} is not a streamer manifest (format {data.get('format')!r}): point at a folder written by "
+            "`streamer repack`, or repack the model."
+        )
     version = data["format_version"]
     if type(version) is int and version > FORMAT_VERSION:
         raise StreamerError(

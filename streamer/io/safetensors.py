@@ -86,7 +86,10 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
                 )
             raw = f.read(n)
     except OSError as e:
-        raise StreamerError(f"cannot read {path}: {e.strerror or e}") from e
+        link = f" (a symbolic link to {os.readlink(path)})" if path.is_symlink() else ""
+        raise StreamerError(
+            f"cannot read {path}{link}: {e.strerror or e}. Fix or download that file again."
+        ) from e
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
