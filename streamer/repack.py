@@ -96,37 +96,51 @@ def repack(
         readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads dst
         partial_fd, progress = _open_partial(partial, identity, resume, log)
         try:
-            manifest = plan.write(partial, log, progress)
-            progress.remove()
-            _publish(partial, dst)
-        except BaseException as e:
-            failure = _failed(e, partial, progress, plan, log)
-            if failure is e:
-                raise
-            raise failure from e
+            plan.check_disk(partial, progress)  # a refusal here keeps resumable work as it is
+            manifest = _write_and_publish(plan, partial, dst, progress, log)
+        except StreamerError:
+            if not progress.started:
+                shutil.rmtree(partial, ignore_errors=True)  # nothing written: leave nothing behind
+            raise
         finally:
-            os.close(partial_fd)
+            if partial_fd is not None:
+                os.close(partial_fd)
             if readers is not None:
                 readers.release()
     log(f"[repack] done: {dst} ({manifest.expert_bytes / 1e9:.2f} GB of experts in {len(manifest.layers)} MoE layers)")
     return manifest
 
 
-def _open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int, Progress]:
+def _write_and_publish(plan: "_Plan", partial: Path, dst: Path, progress: Progress, log) -> Manifest:
+    try:
+        manifest = plan.write(partial, log, progress)
+        progress.remove()
+        _publish(partial, dst)
+    except BaseException as e:
+        failure = _failed(e, partial, progress, plan, log)
+        if failure is e:
+            raise
+        raise failure from e
+    return manifest
+
+
+def _open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int | None, Progress]:
     """Lock the `.DST.partial` folder against other repacks and pick up its progress if resuming."""
     if partial.exists():
         fd = lock_directory(partial, "writing the same destination")
         try:
             progress = Progress.load(partial, identity) if resume else None
         except BaseException:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
             raise
         if progress is not None:
             log(f"[repack] resuming {partial}: {len(progress.layers)} MoE layer(s) already done")
             return fd, progress
         log(f"[repack] removing the unfinished repack in {partial}" + ("" if resume else " (--resume continues one)"))
         shutil.rmtree(partial)
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     elif resume:
         log("[repack] nothing to resume: starting from the beginning")
     (partial / "experts").mkdir(parents=True)
@@ -134,16 +148,16 @@ def _open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int,
 
 
 def _failed(error: BaseException, partial: Path, progress: Progress, plan: "_Plan", log) -> BaseException:
-    """Keep the finished work after an interruption or an I/O error (disk full...) so that --resume
-    continues it; delete it after anything else (bad input: nothing worth keeping)."""
-    keep = isinstance(error, (KeyboardInterrupt, OSError)) and progress.started and partial.exists()
+    """Keep the finished work after an interruption, an I/O error (disk full...) or a crash so that
+    --resume continues it; delete it after a StreamerError (bad input: nothing worth keeping)."""
+    keep = not isinstance(error, StreamerError) and progress.started and partial.exists()
     if not keep:
         shutil.rmtree(partial, ignore_errors=True)
         return error
     done = f"{len(progress.layers)}/{len(plan.containers)} MoE layers are kept in {partial}"
     again = f"run the same command with --resume to continue (or delete {partial} to reclaim its space)"
-    if isinstance(error, KeyboardInterrupt):
-        log(f"[repack] interrupted: {done}; {again}.")
+    if not isinstance(error, OSError):
+        log(f"[repack] {'interrupted' if isinstance(error, KeyboardInterrupt) else 'failed'}: {done}; {again}.")
         return error
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return StreamerError(
@@ -273,11 +287,11 @@ class _Plan:
         return config
 
     # -- writing --------------------------------------------------------------------------------
+    def resident_items(self) -> list[tuple[str, mx.array]]:
+        return [(name, arr) for name, arr in tree_flatten(self.model.parameters()) if not self._in_container(name)]
+
     def write(self, out: Path, log, progress: Progress) -> Manifest:
-        resident_items = [
-            (name, arr) for name, arr in tree_flatten(self.model.parameters()) if not self._in_container(name)
-        ]
-        self._check_disk(out, resident_items, progress)
+        resident_items = self.resident_items()
         self._log, self._nonfinite = log, 0
         log(f"[repack] {self.ckpt.folder} -> {len(self.containers)} MoE layers x {self.num_experts} experts")
         if progress.resident is None:
@@ -309,11 +323,11 @@ class _Plan:
         write_manifest(out, manifest)
         return manifest
 
-    def _check_disk(self, out: Path, resident_items, progress: Progress) -> None:
+    def check_disk(self, out: Path, progress: Progress) -> None:
         """Refuse up front when the disk cannot hold what is left to write (all of it unless resuming)."""
         first_module, first = next(iter(self.containers.items()))
         record = align(sum(align(len(b), TENSOR_ALIGN) for *_, b in self._expert(first_module, first, 0)), PAGE_SIZE)
-        resident = sum(a.nbytes for _, a in resident_items)
+        resident = sum(a.nbytes for _, a in self.resident_items())
         self.needed_bytes = record * self.num_experts * len(self.containers) + resident
         left = record * self.num_experts * (len(self.containers) - len(progress.layers))
         left += resident if progress.resident is None else 0

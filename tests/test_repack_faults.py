@@ -114,6 +114,30 @@ def test_disk_full_keeps_finished_layers_and_resume_completes(source, reference,
     assert snapshot(source) == before
 
 
+def test_not_enough_disk_space_is_refused_up_front(source, tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    dst, partial = tmp_path / "model", tmp_path / ".model.partial"
+    monkeypatch.setattr("streamer.repack.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6))
+    with pytest.raises(StreamerError, match=r"not enough disk space in .*needs about 0.04 GB more, 0.00 GB is free"):
+        repack(source, dst, **QUIET)
+    assert not dst.exists() and not partial.exists()
+    # a resume that cannot finish keeps the work already done
+    monkeypatch.undo()
+
+    def interrupt(msg):
+        if "layer 3/6" in msg:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        repack(source, dst, log=interrupt)
+    monkeypatch.setattr("streamer.repack.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6))
+    with pytest.raises(StreamerError, match="GB more"):  # three layers left: about half the space
+        repack(source, dst, resume=True, **QUIET)
+    assert (partial / "progress.json").exists()
+
+
 def run_repack(source: Path, dst: Path) -> subprocess.Popen:
     command = [sys.executable, "-m", "streamer", "repack", str(source), str(dst)]
     return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
