@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .io.integrity import Problem, data_files, file_stat, verify_folder
+from .io.integrity import Problem, data_files, file_stat, stat_change, verify_folder
 from .io.lock import lock_for_replacing
 from .io.manifest import Manifest, read_manifest, write_manifest
 
@@ -20,7 +20,7 @@ def verify(folder: str | Path, *, refresh: bool = False, log=lambda msg: print(m
     folder = Path(folder)
     manifest = read_manifest(folder)
     problems = verify_folder(folder, manifest, log)
-    stale = [name for name, recorded in manifest.files.items() if _stat(folder / name) != recorded]
+    stale = [name for name, recorded in manifest.files.items() if stat_change(recorded, _stat(folder / name))]
     if stale and refresh and not problems:
         lock = lock_for_replacing(folder)  # no model may be loaded from it while its manifest changes
         try:

@@ -20,9 +20,23 @@ from .manifest import RESIDENT_FILE, Manifest, MoeLayer
 from .safetensors import read_header
 
 
+# FAT/exFAT keep file times to 2 s, and a disk remounted later reports the rounded time: a file
+# is "changed" when its size differs or its time moved by more than that.
+MTIME_TOLERANCE_NS = 2_000_000_000
+
+
 def file_stat(path: Path) -> dict[str, int]:
     st = os.stat(path)
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def stat_change(recorded: dict[str, int], now: dict[str, int] | None) -> str | None:
+    """What differs between a file's recorded and current size/time ("size", "modification time")."""
+    if now is None or now["size"] != recorded["size"]:
+        return "size"
+    if abs(now["mtime_ns"] - recorded["mtime_ns"]) > MTIME_TOLERANCE_NS:
+        return "modification time"
+    return None
 
 
 def data_files(manifest: Manifest) -> list[str]:
@@ -43,9 +57,8 @@ def check_files(folder: Path, manifest: Manifest) -> None:
             )
     _size(folder / RESIDENT_FILE, "the non-expert weights")
     for name, recorded in manifest.files.items():
-        now = file_stat(folder / name)
-        if now != recorded:
-            what = "size" if now["size"] != recorded["size"] else "modification time"
+        what = stat_change(recorded, file_stat(folder / name))
+        if what:
             raise StreamerError(
                 f"{folder / name} changed after it was repacked (its {what} differs from the one recorded in "
                 f"manifest.json). If you copied the folder without keeping file times, run `streamer verify "

@@ -27,16 +27,20 @@ class FolderLock:
 
 
 def _lock(path: Path, mode: int) -> FolderLock | None:
-    """An flock on `path` (None if `path` does not exist); BlockingIOError if another holds it."""
+    """An flock on `path`; BlockingIOError if another holds it. None if `path` does not exist or the
+    file system has no flock (some network mounts): the locks only guard against mistakes."""
     try:
         file = open(path, "rb")
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
         fcntl.flock(file.fileno(), mode | fcntl.LOCK_NB)
-    except BaseException:
+    except BlockingIOError:
         file.close()
         raise
+    except OSError:
+        file.close()
+        return None
     return FolderLock(file)
 
 
@@ -61,12 +65,16 @@ def lock_for_replacing(folder: Path) -> FolderLock | None:
         ) from None
 
 
-def lock_directory(path: Path, what: str) -> int:
-    """An exclusive flock on a directory itself (returns the fd to close), e.g. a repack's .partial folder."""
+def lock_directory(path: Path, what: str) -> int | None:
+    """An exclusive flock on a directory itself, e.g. a repack's .partial folder: the fd to close,
+    or None where directories cannot be locked."""
     fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise StreamerError(f"{path} is in use by another `streamer repack` ({what}): wait for it to finish.") from None
+    except OSError:
+        os.close(fd)
+        return None
     return fd
