@@ -21,7 +21,7 @@ def verify(folder: str | Path, *, refresh: bool = False, log=lambda msg: print(m
     manifest = read_manifest(folder)
     problems = verify_folder(folder, manifest, log)
     stale = [name for name, recorded in manifest.files.items() if stat_change(recorded, _stat(folder / name))]
-    if stale and refresh and not problems:
+    if refresh and not problems and (stale or not manifest.files):  # older manifests have no record yet
         lock = lock_for_replacing(folder)  # no model may be loaded from it while its manifest changes
         try:
             files = {name: file_stat(folder / name) for name in data_files(manifest)}
@@ -29,7 +29,7 @@ def verify(folder: str | Path, *, refresh: bool = False, log=lambda msg: print(m
         finally:
             if lock is not None:
                 lock.release()
-        log(f"[verify] recorded the current size and time of {len(stale)} file(s) in manifest.json")
+        log(f"[verify] recorded the current size and time of {len(files)} file(s) in manifest.json")
     elif stale:
         problems += [
             Problem(name, "changed after repack (size or time differs from manifest.json); if its checksums "

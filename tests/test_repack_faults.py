@@ -23,7 +23,6 @@ import pytest
 
 import streamer
 from streamer.errors import StreamerError
-from streamer.io.manifest import read_manifest
 from streamer.repack import repack
 from streamer.synthetic import tiny_config, write_hf_checkpoint
 from streamer.verify import verify
