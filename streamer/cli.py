@@ -1,8 +1,10 @@
-"""`streamer` command line: repack, generate, info, demo."""
+"""`streamer` command line: repack, generate, verify, info, demo."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -14,7 +16,42 @@ def _repack(args: argparse.Namespace) -> None:
     from .repack import Quantize, repack
 
     quantize = Quantize(args.quantize, args.group_size) if args.quantize else None
-    repack(args.src, args.dst, quantize=quantize, force=args.force)
+    repack(args.src, args.dst, quantize=quantize, force=args.force, resume=args.resume)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .verify import verify
+
+    problems = verify(args.dir, refresh=args.refresh)
+    for problem in problems:
+        print(f"streamer: bad: {problem}", file=sys.stderr)
+    if problems:
+        print(f"streamer: {len(problems)} problem(s) in {args.dir}: repack the model from its source.", file=sys.stderr)
+        return 1
+    print(f"[verify] {args.dir}: every checksum matches", file=sys.stderr)
+    return 0
+
+
+def _prompt(args: argparse.Namespace) -> str:
+    """The prompt as UTF-8 text, from --prompt or (with `--prompt -`) from stdin's bytes.
+
+    Arguments reach Python as text decoded with surrogate escapes; os.fsencode recovers the bytes
+    the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
+    An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
+    """
+    raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StreamerError(
+            f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): pass UTF-8 text "
+            "(check the file's or terminal's encoding)."
+        ) from None
+    if not text:
+        raise StreamerError("the prompt is empty: give some text to continue with --prompt (or `--prompt -` for stdin).")
+    if args.max_tokens <= 0:
+        raise StreamerError(f"--max-tokens must be at least 1 (got {args.max_tokens}).")
+    return text
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -23,11 +60,11 @@ def _generate(args: argparse.Namespace) -> int:
             "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` and pass "
             "--model DST, or run `streamer demo` to see the whole pipeline on a built-in model."
         )
+    prompt = _prompt(args)  # before the slow imports: bad input fails fast
     from .model import load
 
-    model, tokenizer = load(args.model, memory_budget=args.memory_budget)
+    model, tokenizer = load(args.model, memory_budget=args.memory_budget, verify_reads=args.verify_reads)
     print(f"[streamer] {model.residency}", file=sys.stderr)
-    prompt = args.prompt
     if args.chat and tokenizer.chat_template is not None:
         messages = [{"role": "user", "content": prompt}]
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -80,6 +117,7 @@ def _demo(args: argparse.Namespace) -> int:
     from .repack import Quantize, repack
     from .synthetic import tiny_config, write_hf_checkpoint
 
+    prompt = _prompt(args)
     with tempfile.TemporaryDirectory(prefix="streamer-demo-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         src, dst = work / "checkpoint", work / "streaming"
@@ -88,11 +126,11 @@ def _demo(args: argparse.Namespace) -> int:
         repack(src, dst, quantize=Quantize(4), force=True)
         model, tokenizer = load(dst, memory_budget=0)  # stream every layer, to show the mechanism
         print(f"[demo] generating (random weights: expect noise, but real streaming)", file=sys.stderr)
-        return _stream(model, tokenizer, args.prompt, args)
+        return _stream(model, tokenizer, prompt, args)
 
 
 def _add_sampling(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
-    p.add_argument("--prompt", default=prompt_default, required=prompt_default is None, help="text to continue")
+    p.add_argument("--prompt", default=prompt_default, required=prompt_default is None, help="text to continue ('-': read stdin)")
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -109,13 +147,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", type=int, choices=(2, 3, 4, 5, 6, 8), help="quantize to this many bits (affine)")
     p.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted repack into DST from its last finished layer")
     p.set_defaults(run=_repack)
+
+    p = sub.add_parser("verify", help="check every checksum of a repacked model; names each bad tensor")
+    p.add_argument("dir")
+    p.add_argument("--refresh", action="store_true", help="if every checksum passes, record the files' current times (after a copy)")
+    p.set_defaults(run=_verify)
 
     p = sub.add_parser("generate", help="generate text from a repacked model")
     p.add_argument("--model", help="a folder written by `streamer repack`")
     _add_sampling(p, None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--memory-budget", type=_size, default=None, help="bytes of experts to keep resident, e.g. 4G")
+    p.add_argument("--verify-reads", action="store_true", help="check each expert's crc32 the first time it is read")
     p.set_defaults(run=_generate)
 
     p = sub.add_parser("info", help="describe a repacked model")
@@ -134,9 +179,12 @@ def _size(text: str) -> int:
     text = text.strip().upper().removesuffix("B")
     number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "")
     try:
-        return int(float(number) * units[unit])
+        value = float(number) * units[unit]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 8G or 512M") from None
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 8G or 512M")
+    return int(value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,6 +87,7 @@ def stream_generate(
         raise StreamerError(f"max_tokens must be at least 1 (got {max_tokens}).")
     if not prompt:
         raise StreamerError("the prompt is empty: give some text to continue.")
+    prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     if seed is not None:
         mx.random.seed(seed)
     kwargs.setdefault("sampler", make_sampler(temp=temp, top_p=top_p))
@@ -95,6 +96,30 @@ def stream_generate(
     for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs):
         stats = run_stats(model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps)
         yield Response(r.text, r.token, r.finish_reason, stats)
+
+
+def _prompt_tokens(model: nn.Module, tokenizer: TokenizerWrapper, prompt: str | list[int], max_tokens: int) -> list[int]:
+    """Tokenize once here, to refuse a prompt (plus max_tokens) longer than the model's context
+    with the numbers; beyond its trained positions a model degrades into plausible nonsense."""
+    if isinstance(prompt, str):
+        # as mlx-lm does: no second BOS when the text already starts with one
+        bos = tokenizer.bos_token
+        tokens = tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
+    else:
+        tokens = list(prompt)
+    context = getattr(model, "context_length", None)
+    if context and len(tokens) > context:
+        raise StreamerError(
+            f"the prompt is {len(tokens)} tokens but the model's context is {context} tokens "
+            "(max_position_embeddings in config.json): shorten the prompt."
+        )
+    if context and len(tokens) + max_tokens > context:
+        raise StreamerError(
+            f"the prompt is {len(tokens)} tokens and max_tokens is {max_tokens}, but the model's context is "
+            f"{context} tokens (max_position_embeddings in config.json): lower max_tokens to at most "
+            f"{context - len(tokens)} or shorten the prompt."
+        )
+    return tokens
 
 
 def generate(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
@@ -15,8 +16,10 @@ from .cache.expert_cache import ExpertCache
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .io.expert_store import ExpertStore
-from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
-from .io.safetensors import read_header
+from .io.integrity import check_files, verify_resident
+from .io.lock import lock_for_reading
+from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, MoeLayer, read_manifest
+from .io.safetensors import DTYPES, read_header
 from .stats import ExpertStats
 
 
@@ -26,7 +29,9 @@ def default_dtype() -> mx.Dtype | None:
     return mx.float32 if mx.default_device() == mx.cpu else None
 
 
-def load(path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype | None = None) -> tuple[nn.Module, TokenizerWrapper]:
+def load(
+    path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype | None = None, verify_reads: bool = False
+) -> tuple[nn.Module, TokenizerWrapper]:
     """Load a repacked model: non-expert weights resident, experts streamed from disk.
 
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
@@ -34,9 +39,13 @@ def load(path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype 
     rest stream; 0: everything streams through the page cache. None: all experts if they fit in
     half the available memory, else 0. `model.residency` says what was chosen.
     Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer.
+    Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of
+    the non-expert weights now and of each expert the first time it is read.
     """
     folder = Path(path)
     manifest = read_manifest(folder)
+    folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
+    check_files(folder, manifest)
     config = manifest.config
     model = build_model(config, folder / MANIFEST_FILE)
     containers = expert_containers(model)
@@ -55,12 +64,20 @@ def load(path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype 
     for index, (module_path, container) in enumerate(containers.items()):
         for projection, params in manifest.layers[index].quantization.items():
             if params:
-                container[projection] = container[projection].to_quantized(**params)
+                container[projection] = _quantized(container, projection, params, folder)
+        _check_layout(folder, index, manifest.layers[index], container)
         streaming[module_path] = StreamingExperts(container, store, index, stats, dtype)
     replace_modules(model, streaming)
+    store.verify_reads = verify_reads
 
     resident_path = folder / RESIDENT_FILE
-    read_header(resident_path)  # clear errors for a truncated or corrupt file before mlx reads it
+    names = read_header(resident_path)  # clear errors for a truncated or corrupt file before mlx reads it
+    if set(names) != set(manifest.resident_crc32):
+        raise StreamerError(f"{resident_path} holds other tensors than manifest.json lists; repack the model.")
+    if verify_reads:
+        problems = verify_resident(folder, manifest)
+        if problems:
+            raise StreamerError(f"{folder / problems[0].file}: {problems[0].what}: the file is corrupt; repack the model.")
     weights = mx.load(str(resident_path))
     quantize_like_mlx_lm(model, config, weights)
     try:
@@ -74,6 +91,8 @@ def load(path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype 
     model.residency = _apply_budget(manifest, streaming, memory_budget, dtype)
     model.expert_store = store
     model.expert_stats = stats
+    model.folder_lock = folder_lock
+    model.context_length = config.get("max_position_embeddings")
     tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
     return model, tokenizer
 
@@ -94,3 +113,29 @@ def _apply_budget(manifest, streaming: dict[str, StreamingExperts], budget: int 
     for layer in layers:
         layer.cache = cache
     return f"experts stream from disk; up to {cache.slots} hot experts kept in memory, LFU with aging ({why})"
+
+
+def _quantized(container: nn.Module, projection: str, params: dict, folder: Path) -> nn.Module:
+    try:
+        return container[projection].to_quantized(**params)
+    except (TypeError, ValueError) as e:
+        raise StreamerError(f"{folder / MANIFEST_FILE}: quantization {params} of {projection} is invalid ({e}); repack the model.") from e
+
+
+def _check_layout(folder: Path, index: int, layer: MoeLayer, container: nn.Module) -> None:
+    """The manifest's expert record must hold exactly the tensors the model expects, in its shapes:
+    a hand-edited or mismatched manifest is refused here rather than computing with garbage."""
+    expected = dict(tree_flatten(container.parameters()))
+    for tensor in layer.tensors:
+        param = expected.pop(tensor.name, None)
+        floating = mx.issubdtype(DTYPES[tensor.dtype][1], mx.floating)
+        if param is None or tuple(param.shape) != (layer.num_experts, *tensor.shape) or floating != mx.issubdtype(param.dtype, mx.floating):
+            want = "no such tensor" if param is None else f"{list(param.shape)} ({param.dtype})"
+            raise StreamerError(
+                f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) tensor {tensor.name} is "
+                f"{layer.num_experts} x {list(tensor.shape)} {tensor.dtype} but the model expects {want}; repack the model."
+            )
+    if expected:
+        raise StreamerError(
+            f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) lacks tensor {next(iter(expected))}; repack the model."
+        )

@@ -3,12 +3,14 @@
 It works expert by expert: peak memory is one expert plus the resident (non-expert) weights,
 which are written one tensor at a time. Output goes to a hidden `.NAME.partial` folder that is
 renamed into place only when complete, so an interrupted repack never leaves a folder that looks
-valid.
+valid. An interruption (Ctrl-C, a full disk, a kill) keeps the finished layers there, and
+`resume=True` continues from them (see streamer/resume.py). The source is only ever read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -37,6 +39,8 @@ from .architectures import (
 )
 from .errors import StreamerError
 from .io.checkpoint import INDEX_FILE, Checkpoint
+from .io.integrity import file_stat
+from .io.lock import lock_directory, lock_for_replacing
 from .io.manifest import (
     MANIFEST_FILE,
     PAGE_SIZE,
@@ -46,13 +50,16 @@ from .io.manifest import (
     Manifest,
     MoeLayer,
     align,
+    read_manifest,
     write_manifest,
 )
-from .io.safetensors import MLX_TO_SAFETENSORS, TensorInfo, to_mlx, write_safetensors
+from .io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo, nonfinite_count, read_header, to_mlx, write_safetensors
+from .resume import Progress, source_identity
 
 KIND_ORDER = ("weight", "scales", "biases", "bias")
 CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
+MAX_NONFINITE_WARNINGS = 20
 
 
 @dataclass
@@ -67,28 +74,98 @@ def repack(
     *,
     quantize: Quantize | None = None,
     force: bool = False,
+    resume: bool = False,
     log=lambda msg: print(msg, file=sys.stderr, flush=True),
 ) -> Manifest:
-    """Repack checkpoint folder `src` into streaming folder `dst`; return the written manifest."""
+    """Repack checkpoint folder `src` into streaming folder `dst`; return the written manifest.
+
+    With `resume`, continue an interrupted repack into `dst` from its last finished layer.
+    """
     src, dst = Path(src), Path(dst)
+    partial = dst.parent / f".{dst.name}.partial"
+    if resume and dst.exists() and not partial.exists():
+        log(f"[repack] {dst} is complete: nothing to resume")
+        return read_manifest(dst)
     if dst.exists() and not force:
         raise StreamerError(f"{dst} already exists: choose another destination or pass --force to replace it.")
     if dst.resolve() == src.resolve():
         raise StreamerError(f"{dst} is the source folder: choose another destination.")
     with Checkpoint(src) as ckpt:
         plan = _Plan(ckpt, quantize)
-        partial = dst.parent / f".{dst.name}.partial"
-        if partial.exists():
-            shutil.rmtree(partial)
-        (partial / "experts").mkdir(parents=True)
+        identity = source_identity(ckpt, {"quantize": quantize and [quantize.bits, quantize.group_size]})
+        readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads dst
+        partial_fd, progress = _open_partial(partial, identity, resume, log)
         try:
-            manifest = plan.write(partial, log)
-            _publish(partial, dst)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
+            plan.check_disk(partial, progress)  # a refusal here keeps resumable work as it is
+            manifest = _write_and_publish(plan, partial, dst, progress, log)
+        except StreamerError:
+            if not progress.started:
+                shutil.rmtree(partial, ignore_errors=True)  # nothing written: leave nothing behind
             raise
+        finally:
+            if partial_fd is not None:
+                os.close(partial_fd)
+            if readers is not None:
+                readers.release()
     log(f"[repack] done: {dst} ({manifest.expert_bytes / 1e9:.2f} GB of experts in {len(manifest.layers)} MoE layers)")
     return manifest
+
+
+def _write_and_publish(plan: "_Plan", partial: Path, dst: Path, progress: Progress, log) -> Manifest:
+    try:
+        manifest = plan.write(partial, log, progress)
+        progress.remove()
+        _publish(partial, dst)
+    except BaseException as e:
+        failure = _failed(e, partial, progress, plan, log)
+        if failure is e:
+            raise
+        raise failure from e
+    return manifest
+
+
+def _open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int | None, Progress]:
+    """Lock the `.DST.partial` folder against other repacks and pick up its progress if resuming."""
+    if partial.exists():
+        fd = lock_directory(partial, "writing the same destination")
+        try:
+            progress = Progress.load(partial, identity) if resume else None
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        if progress is not None:
+            log(f"[repack] resuming {partial}: {len(progress.layers)} MoE layer(s) already done")
+            return fd, progress
+        log(f"[repack] removing the unfinished repack in {partial}" + ("" if resume else " (--resume continues one)"))
+        shutil.rmtree(partial)
+        if fd is not None:
+            os.close(fd)
+    elif resume:
+        log("[repack] nothing to resume: starting from the beginning")
+    (partial / "experts").mkdir(parents=True)
+    return lock_directory(partial, "writing the same destination"), Progress(partial, identity)
+
+
+def _failed(error: BaseException, partial: Path, progress: Progress, plan: "_Plan", log) -> BaseException:
+    """Keep the finished work after an interruption, an I/O error (disk full...) or a crash so that
+    --resume continues it; delete it after a StreamerError (bad input: nothing worth keeping)."""
+    keep = not isinstance(error, StreamerError) and progress.started and partial.exists()
+    if not keep:
+        shutil.rmtree(partial, ignore_errors=True)
+        return error
+    done = f"{len(progress.layers)}/{len(plan.containers)} MoE layers are kept in {partial}"
+    again = f"run the same command with --resume to continue (or delete {partial} to reclaim its space)"
+    if not isinstance(error, OSError):
+        log(f"[repack] {'interrupted' if isinstance(error, KeyboardInterrupt) else 'failed'}: {done}; {again}.")
+        return error
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StreamerError(
+            f"the disk holding {partial.parent} is full: the repacked model needs about "
+            f"{plan.needed_bytes / 1e9:.2f} GB in all. Free space, then {again}. ({done}.)"
+        )
+    where = f" ({error.filename})" if error.filename else ""
+    return StreamerError(f"repacking failed with an I/O error: {error.strerror or error}{where}. {done}; {again}.")
 
 
 def _publish(partial: Path, dst: Path) -> None:
@@ -184,6 +261,12 @@ class _Plan:
                     f"{where}: tensor '{name}' has shape {tuple(arr.shape)} but config.json implies "
                     f"{tuple(expected[name].shape)}."
                 )
+            if not _compatible(arr.dtype, expected[name].dtype):
+                raise StreamerError(
+                    f"{where}: tensor '{name}' is {MLX_TO_SAFETENSORS.get(arr.dtype, arr.dtype)} but config.json "
+                    f"implies {_describe(expected[name].dtype)}: the checkpoint is corrupt or config.json belongs "
+                    "to another model."
+                )
 
     def _in_container(self, name: str) -> bool:
         return any(name.startswith(c + ".") for c in self.containers)
@@ -204,38 +287,70 @@ class _Plan:
         return config
 
     # -- writing --------------------------------------------------------------------------------
-    def write(self, out: Path, log) -> Manifest:
-        resident_items = [
-            (name, arr) for name, arr in tree_flatten(self.model.parameters()) if not self._in_container(name)
-        ]
-        self._check_disk(out, resident_items)
+    def resident_items(self) -> list[tuple[str, mx.array]]:
+        return [(name, arr) for name, arr in tree_flatten(self.model.parameters()) if not self._in_container(name)]
+
+    def write(self, out: Path, log, progress: Progress) -> Manifest:
+        resident_items = self.resident_items()
+        self._log, self._nonfinite = log, 0
         log(f"[repack] {self.ckpt.folder} -> {len(self.containers)} MoE layers x {self.num_experts} experts")
-        resident_crc = write_safetensors(out / RESIDENT_FILE, resident_items)
+        if progress.resident is None:
+            progress.record_resident(write_safetensors(out / RESIDENT_FILE, resident_items))
+            self._check_resident_finite(out / RESIDENT_FILE)
         layers = []
         start = time.perf_counter()
         written = 0
         for index, (module, container) in enumerate(self.containers.items()):
+            layer = progress.layers.get(index)
+            if layer is not None:
+                layers.append(layer)
+                log(f"[repack] layer {index + 1}/{len(self.containers)} {module}: kept from the interrupted run")
+                continue
             layer = self._write_layer(out, index, module, container)
+            progress.record_layer(index, layer)
             layers.append(layer)
             written += layer.file_bytes
             rate = written / max(time.perf_counter() - start, 1e-9) / 1e6
             log(f"[repack] layer {index + 1}/{len(self.containers)} {module}: {layer.file_bytes / 1e6:.1f} MB ({rate:.0f} MB/s)")
+        if self._nonfinite:
+            log(f"[repack] warning: {self._nonfinite} tensor(s) hold NaN/Inf values (listed above, up to "
+                f"{MAX_NONFINITE_WARNINGS}); this checkpoint will produce garbage. Check or download it again.")
         _copy_side_files(self.ckpt.folder, out)
         _write_config(out, self.config)
-        manifest = Manifest(self.config, resident_crc, tuple(layers))
+        # sizes and times as written: load refuses a file changed after this point
+        files = {name: file_stat(out / name) for name in [RESIDENT_FILE, *(layer.file for layer in layers)]}
+        manifest = Manifest(self.config, progress.resident, tuple(layers), files)
         write_manifest(out, manifest)
         return manifest
 
-    def _check_disk(self, out: Path, resident_items) -> None:
+    def check_disk(self, out: Path, progress: Progress) -> None:
+        """Refuse up front when the disk cannot hold what is left to write (all of it unless resuming)."""
         first_module, first = next(iter(self.containers.items()))
         record = align(sum(align(len(b), TENSOR_ALIGN) for *_, b in self._expert(first_module, first, 0)), PAGE_SIZE)
-        needed = record * self.num_experts * len(self.containers) + sum(a.nbytes for _, a in resident_items)
+        resident = sum(a.nbytes for _, a in self.resident_items())
+        self.needed_bytes = record * self.num_experts * len(self.containers) + resident
+        left = record * self.num_experts * (len(self.containers) - len(progress.layers))
+        left += resident if progress.resident is None else 0
         free = shutil.disk_usage(out).free
-        if needed > free:
+        if left > free:
             raise StreamerError(
-                f"not enough disk space in {out.parent}: the repacked model needs about {needed / 1e9:.2f} GB, "
-                f"{free / 1e9:.2f} GB is free."
+                f"not enough disk space in {out.parent}: the repacked model needs about {left / 1e9:.2f} GB more, "
+                f"{free / 1e9:.2f} GB is free. Free space or choose a destination on another disk."
             )
+
+    def _warn_nonfinite(self, where: str, dtype: str, data) -> None:
+        """NaN/Inf weights make plausible-looking garbage downstream: say which tensor, once each."""
+        count = nonfinite_count(data, dtype)
+        if count:
+            self._nonfinite += 1
+            if self._nonfinite <= MAX_NONFINITE_WARNINGS:
+                self._log(f"[repack] warning: {where} holds {count} NaN/Inf value(s).")
+
+    def _check_resident_finite(self, path: Path) -> None:
+        with open(path, "rb") as f:
+            for name, info in read_header(path).items():
+                f.seek(info.start)
+                self._warn_nonfinite(f"resident tensor '{name}'", info.dtype, f.read(info.nbytes))
 
     def _write_layer(self, out: Path, index: int, module: str, container: nn.Module) -> MoeLayer:
         rel = f"experts/{index:03d}.bin"
@@ -257,6 +372,7 @@ class _Plan:
                         )
                     record[tensor.offset : tensor.offset + tensor.nbytes] = data
                     expert_crc.append(zlib.crc32(data))
+                    self._warn_nonfinite(f"{module} expert {expert} tensor {name}", dtype, data)
                 offsets.append(expert * record_bytes)
                 crcs.append(tuple(expert_crc))
                 f.write(record)
@@ -281,11 +397,13 @@ class _Plan:
             if self.quantize is None:
                 for kind in kinds:
                     info, data = self._source(module, proj, kind, expert, tuple(target[kind].shape[1:]))
+                    _check_dtype(info, target[kind].dtype)
                     parts.append((f"{proj}.{kind}", info.dtype, tuple(target[kind].shape[1:]), data))
                 continue
             produced = {}
             src_shape = (target.output_dims, target.input_dims)
             info, data = self._source(module, proj, "weight", expert, src_shape)
+            _check_dtype(info, mx.float32)
             weight = self._cast(to_mlx(data, info.dtype, src_shape))
             if isinstance(target, QuantizedSwitchLinear):
                 q = mx.quantize(weight, target.group_size, target.bits, mode=target.mode)
@@ -329,6 +447,25 @@ class _Plan:
                 f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected {list(shape)} from config.json."
             )
         return info, self.ckpt.read(info)
+
+
+def _compatible(got: mx.Dtype, expected: mx.Dtype) -> bool:
+    """Any float width can stand for a float parameter (it is cast); integer data must match exactly."""
+    if mx.issubdtype(expected, mx.floating):
+        return mx.issubdtype(got, mx.floating)
+    return got == expected
+
+
+def _describe(dtype: mx.Dtype) -> str:
+    return "a floating-point tensor" if mx.issubdtype(dtype, mx.floating) else MLX_TO_SAFETENSORS.get(dtype, str(dtype))
+
+
+def _check_dtype(info: TensorInfo, expected: mx.Dtype) -> None:
+    if not _compatible(DTYPES[info.dtype][1], expected):
+        raise StreamerError(
+            f"{info.path}: tensor '{info.name}' is {info.dtype} but config.json implies {_describe(expected)}: "
+            "the checkpoint is corrupt or config.json belongs to another model."
+        )
 
 
 def _layout(parts) -> tuple[tuple[ExpertTensor, ...], int]:

@@ -50,7 +50,7 @@ class Checkpoint:
                 raise StreamerError(f"{index_path} has no weight_map; download it again.")
             shards = sorted({self.folder / name for name in weight_map.values()})
             for shard in shards:
-                if not shard.exists():
+                if not shard.exists() and not shard.is_symlink():  # a broken link is reported when read
                     raise StreamerError(
                         f"{index_path} names shard {shard.name}, which is missing from {self.folder}: "
                         "the download is incomplete; fetch that file."

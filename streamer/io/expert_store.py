@@ -13,6 +13,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
+import zlib
 from pathlib import Path
 
 import mlx.core as mx
@@ -63,6 +64,8 @@ class ExpertStore:
         self.arena = Arena()
         self._view_cache: dict[tuple[int, int], tuple[list[np.ndarray], list[mx.array]]] = {}
         self._viewed_buffer: mx.array | None = None
+        self.verify_reads = False  # load(verify_reads=True): crc32 of each expert on its first read
+        self._verified = [np.zeros(layer.num_experts, dtype=bool) for layer in self.layers]
         self._files: list[tuple[int, mmap.mmap, Residency]] = []
         try:
             for layer in self.layers:
@@ -109,13 +112,35 @@ class ExpertStore:
                     views.append(self._pad[:gap])
             if os.preadv(fd, views, off) != span:
                 raise StreamerError(
-                    f"{self.folder / layer.file}: short read of expert {experts[slot]} of {layer.module}: "
-                    "the file changed or is truncated; repack the model."
+                    f"{self._where(layer_index)}: short read of expert {experts[slot]}: the file was truncated "
+                    "or overwritten since the model was loaded; repack the model."
                 )
+        if self.verify_reads:
+            self._verify(layer_index, experts, slots)
         traffic.experts_read += k
         traffic.bytes_read += k * span
         traffic.read_seconds += time.perf_counter() - start
         return arrays
+
+    def _verify(self, layer_index: int, experts: np.ndarray, slots: list[np.ndarray]) -> None:
+        """Check the crc32 of the bytes just read, the first time each expert is read."""
+        layer = self.layers[layer_index]
+        verified = self._verified[layer_index]
+        for slot, expert in enumerate(experts.tolist()):
+            if verified[expert]:
+                continue
+            for tensor, dest, crc in zip(layer.tensors, slots, layer.expert_crc32[expert]):
+                if zlib.crc32(dest[slot]) != crc:
+                    raise StreamerError(
+                        f"{self._where(layer_index)}: expert {expert} tensor {tensor.name} does not match its "
+                        f"checksum: the file is corrupt. Run `streamer verify {self.folder}` to list every bad "
+                        "tensor, then repack."
+                    )
+            verified[expert] = True
+
+    def _where(self, layer_index: int) -> str:
+        layer = self.layers[layer_index]
+        return f"{self.folder / layer.file} (MoE layer {layer_index}, {layer.module})"
 
     def _views(self, layer_index: int, k: int, traffic: ExpertTraffic) -> tuple[list[np.ndarray], list[mx.array]]:
         """Host slots and MLX views of the arena for k experts of a layer, laid out tensor-major."""

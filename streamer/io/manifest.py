@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import StreamerError
@@ -63,6 +64,9 @@ class Manifest:
     config: dict
     resident_crc32: dict[str, int]
     layers: tuple[MoeLayer, ...]
+    # relative path -> {"size", "mtime_ns"} of each data file when repacked: a file changed since
+    # (edited, truncated, half-copied) is refused at load. Empty in manifests written before this.
+    files: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def expert_bytes(self) -> int:
@@ -75,54 +79,90 @@ class Manifest:
             "page_size": PAGE_SIZE,
             "config": self.config,
             "resident": {"file": RESIDENT_FILE, "crc32": self.resident_crc32},
-            "moe_layers": [
-                {
-                    "module": layer.module,
-                    "file": layer.file,
-                    "num_experts": layer.num_experts,
-                    "record_bytes": layer.record_bytes,
-                    "quantization": layer.quantization,
-                    "tensors": [asdict(t) for t in layer.tensors],
-                    "experts": [
-                        {"offset": off, "crc32": list(crcs)}
-                        for off, crcs in zip(layer.expert_offsets, layer.expert_crc32)
-                    ],
-                }
-                for layer in self.layers
-            ],
+            "moe_layers": [layer_to_json(layer) for layer in self.layers],
+            **({"files": self.files} if self.files else {}),
         }
 
 
+def layer_to_json(layer: MoeLayer) -> dict:
+    return {
+        "module": layer.module,
+        "file": layer.file,
+        "num_experts": layer.num_experts,
+        "record_bytes": layer.record_bytes,
+        "quantization": layer.quantization,
+        "tensors": [asdict(t) for t in layer.tensors],
+        "experts": [
+            {"offset": off, "crc32": list(crcs)} for off, crcs in zip(layer.expert_offsets, layer.expert_crc32)
+        ],
+    }
+
+
 def write_manifest(folder: Path, manifest: Manifest) -> None:
-    with open(folder / MANIFEST_FILE, "w", encoding="utf-8") as f:
-        json.dump(manifest.to_json(), f, indent=1)
+    """Write manifest.json atomically: a crash leaves the old manifest or the new one, never half."""
+    write_json_atomic(Path(folder) / MANIFEST_FILE, manifest.to_json())
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def read_manifest(folder: Path | str) -> Manifest:
     """Read and validate a manifest; raise StreamerError naming the defect and what to do."""
     path = Path(folder) / MANIFEST_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise StreamerError(
             f"{path} is missing: {folder} is not a repacked model. Run `streamer repack SRC {folder}` first."
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StreamerError(f"{path} is not valid JSON ({e}); repack the model again.") from e
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise StreamerError(f"cannot read {path}: {e.strerror or e}; check the folder, or repack the model.") from e
+    except UnicodeDecodeError as e:
+        raise StreamerError(f"{path} is not UTF-8 text ({e}); repack the model again.") from e
     try:
-        return _parse(data, path)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise StreamerError(f"{path} is not valid JSON ({e}); repack the model again.") from e
+    except RecursionError:
+        raise StreamerError(f"{path} is nested too deeply to be a manifest; repack the model again.") from None
+    return _guarded(lambda: _parse(data, path), path)
+
+
+def _guarded(parse, path: Path):
+    """Run a parser over untrusted JSON: any structural surprise becomes a StreamerError naming `path`."""
+    try:
+        return parse()
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as e:
         raise StreamerError(f"{path} is malformed ({type(e).__name__}: {e}); repack the model again.") from e
+
+
+def layer_from_json(entry: dict, path: Path) -> MoeLayer:
+    """One layer entry as written by `layer_to_json`, validated (StreamerError naming `path`)."""
+    return _guarded(lambda: _parse_layer(entry, path), path)
 
 
 def _parse(data: dict, path: Path) -> Manifest:
     if data.get("format") != FORMAT:
-        raise StreamerError(f"{path} is not a streamer manifest (format {data.get('format')!r}).")
+        raise StreamerError(
+            f"{path} is not a streamer manifest (format {data.get('format')!r}): point at a folder written by "
+            "`streamer repack`, or repack the model."
+        )
     version = data["format_version"]
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if type(version) is int and version > FORMAT_VERSION:
         raise StreamerError(
             f"{path} has format version {version}, newer than this streamer reads ({FORMAT_VERSION}): "
             "upgrade streamer, or repack the model with this version."
+        )
+    if version != FORMAT_VERSION or type(version) is not int:
+        raise StreamerError(
+            f"{path} has format version {version!r}; this streamer reads version {FORMAT_VERSION}: "
+            "repack the model with this version."
         )
     if data["page_size"] != PAGE_SIZE:
         raise StreamerError(f"{path}: page size {data['page_size']} differs from {PAGE_SIZE}; repack the model.")
@@ -133,7 +173,24 @@ def _parse(data: dict, path: Path) -> Manifest:
     crc = {str(k): int(v) for k, v in resident["crc32"].items()}
     if not isinstance(data["config"], dict):
         raise StreamerError(f"{path}: config is not an object; repack the model.")
-    return Manifest(data["config"], crc, layers)
+    if any(not 0 <= c < 1 << 32 for c in crc.values()):
+        raise StreamerError(f"{path}: a resident checksum is not a crc32; repack the model.")
+    return Manifest(data["config"], crc, layers, _parse_files(data.get("files", {}), path))
+
+
+def _parse_files(files: dict, path: Path) -> dict[str, dict[str, int]]:
+    parsed = {}
+    for name, stat in files.items():
+        size, mtime = stat["size"], stat["mtime_ns"]
+        if not isinstance(name, str) or _escapes(name) or type(size) is not int or type(mtime) is not int or size < 0:
+            raise StreamerError(f"{path}: the record of file {name!r} is invalid; repack the model.")
+        parsed[name] = {"size": size, "mtime_ns": mtime}
+    return parsed
+
+
+def _escapes(file: str) -> bool:
+    """True if a manifest's relative file name could reach outside the model folder."""
+    return not file or "\0" in file or Path(file).is_absolute() or ".." in Path(file).parts
 
 
 def _parse_layer(entry: dict, path: Path) -> MoeLayer:
@@ -148,6 +205,11 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
         if tensor.nbytes != math.prod(tensor.shape) * itemsize(tensor.dtype) or tensor.offset < 0:
             raise bad(f"tensor {tensor.name!r} size does not match its shape")
         tensors.append(tensor)
+    if not tensors or len({t.name for t in tensors}) != len(tensors):
+        raise bad("the record's tensor list is empty or names a tensor twice")
+    spans = sorted((t.offset, t.offset + t.nbytes) for t in tensors)
+    if any(b_start < a_end for (_, a_end), (b_start, _) in zip(spans, spans[1:])):
+        raise bad("two tensors of the record overlap")
     record = int(entry["record_bytes"])
     if record <= 0 or record % PAGE_SIZE or any(t.offset + t.nbytes > record for t in tensors):
         raise bad(f"record size {record} is not page-aligned or does not hold its tensors")
@@ -159,10 +221,22 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
     if any(off % PAGE_SIZE or not 0 <= off <= (num_experts - 1) * record for off in offsets):
         raise bad("an expert offset is not page-aligned or lies outside the layer file")
     crcs = tuple(tuple(int(c) for c in e["crc32"]) for e in experts)
-    if any(len(c) != len(tensors) for c in crcs):
-        raise bad("an expert lacks a checksum per tensor")
-    file = str(entry["file"])
-    if Path(file).is_absolute() or ".." in Path(file).parts:
+    if any(len(c) != len(tensors) for c in crcs) or any(not 0 <= v < 1 << 32 for c in crcs for v in c):
+        raise bad("an expert lacks a valid crc32 per tensor")
+    file = entry["file"]
+    if not isinstance(file, str) or _escapes(file):
         raise bad(f"file {file!r} points outside the folder")
-    quantization = {str(k): (dict(v) if v else None) for k, v in entry["quantization"].items()}
+    quantization = {str(k): _quantization(v, bad) for k, v in entry["quantization"].items()}
     return MoeLayer(str(entry["module"]), file, num_experts, record, quantization, tuple(tensors), offsets, crcs)
+
+
+def _quantization(params: dict | None, bad) -> dict | None:
+    """Quantization parameters of one projection: None, or group_size/bits ints and a mode name."""
+    if params is None:
+        return None
+    group_size, bits, mode = params["group_size"], params["bits"], params.get("mode", "affine")
+    if set(params) - {"group_size", "bits", "mode"} or not (
+        type(group_size) is int and type(bits) is int and 0 < bits <= 8 and group_size > 0 and isinstance(mode, str)
+    ):
+        raise bad(f"invalid quantization parameters {params!r}")
+    return dict(params)

@@ -86,10 +86,13 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
                 )
             raw = f.read(n)
     except OSError as e:
-        raise StreamerError(f"cannot read {path}: {e.strerror or e}") from e
+        link = f" (a symbolic link to {os.readlink(path)})" if path.is_symlink() else ""
+        raise StreamerError(
+            f"cannot read {path}{link}: {e.strerror or e}. Fix or download that file again."
+        ) from e
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise StreamerError(f"{path}: header is not valid JSON ({e}); the file is corrupt.") from e
     if not isinstance(header, dict):
         raise StreamerError(f"{path}: header is not a JSON object; the file is corrupt.")
@@ -111,7 +114,7 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int, data_siz
     if not isinstance(entry, dict):
         raise bad("header entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise bad(f"unsupported dtype {dtype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise bad(f"invalid shape {shape!r}")
@@ -135,6 +138,22 @@ def _check_no_overlap(path: Path, tensors: Iterable[TensorInfo]) -> None:
     for a, b in zip(ordered, ordered[1:]):
         if b.start < a.end:
             raise StreamerError(f"{path}: tensors '{a.name}' and '{b.name}' overlap; the file is corrupt.")
+
+
+# Exponent bits of each float format: a value with all of them set is Inf or NaN.
+_EXPONENT_MASKS = {"BF16": 0x7F80, "F16": 0x7C00, "F32": 0x7F800000, "F64": 0x7FF0000000000000}
+
+
+def nonfinite_count(data: bytes | memoryview | np.ndarray, dtype: str) -> int:
+    """How many NaN/Inf values the raw bytes of a `dtype` tensor hold (0 for integer dtypes).
+
+    Works on the bit patterns, so bf16 needs no conversion and the cost is one pass over the bytes.
+    """
+    mask = _EXPONENT_MASKS.get(dtype)
+    if mask is None:
+        return 0
+    bits = np.frombuffer(data, dtype=np.dtype(f"<u{itemsize(dtype)}"))
+    return int(np.count_nonzero((bits & mask) == mask))
 
 
 def to_mlx(raw: np.ndarray | memoryview | bytes, dtype: str, shape: tuple[int, ...]) -> mx.array:

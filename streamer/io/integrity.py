@@ -1,0 +1,176 @@
+"""Is a repacked folder still what the repacker wrote? Cheap checks at load, full checksums on demand.
+
+At load: every data file exists with the size the manifest implies and, when the manifest recorded
+them, the same size and modification time as when it was written (a file edited, truncated or
+half-copied since is refused, naming it). `streamer verify` recomputes every crc32.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..errors import StreamerError
+from .manifest import RESIDENT_FILE, Manifest, MoeLayer
+from .safetensors import read_header
+
+
+# FAT/exFAT keep file times to 2 s, and a disk remounted later reports the rounded time: a file
+# is "changed" when its size differs or its time moved by more than that.
+MTIME_TOLERANCE_NS = 2_000_000_000
+
+
+def file_stat(path: Path) -> dict[str, int]:
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def stat_change(recorded: dict[str, int], now: dict[str, int] | None) -> str | None:
+    """What differs between a file's recorded and current size/time ("size", "modification time")."""
+    if now is None or now["size"] != recorded["size"]:
+        return "size"
+    if abs(now["mtime_ns"] - recorded["mtime_ns"]) > MTIME_TOLERANCE_NS:
+        return "modification time"
+    return None
+
+
+def data_files(manifest: Manifest) -> list[str]:
+    """Relative paths of the files holding weights: the resident file and one per MoE layer."""
+    return [RESIDENT_FILE, *(layer.file for layer in manifest.layers)]
+
+
+def check_files(folder: Path, manifest: Manifest) -> None:
+    """Refuse a folder whose data files are missing, of the wrong size, or changed since repacking."""
+    folder = Path(folder)
+    for index, layer in enumerate(manifest.layers):
+        path = folder / layer.file
+        size = _size(path, f"the expert file of MoE layer {index} ({layer.module})")
+        if size != layer.file_bytes:
+            raise StreamerError(
+                f"{path} holds {size} bytes but the manifest expects {layer.file_bytes} for MoE layer {index} "
+                f"({layer.module}): the file is truncated or was changed; repack the model."
+            )
+    _size(folder / RESIDENT_FILE, "the non-expert weights")
+    for name, recorded in manifest.files.items():
+        what = stat_change(recorded, file_stat(folder / name))
+        if what:
+            raise StreamerError(
+                f"{folder / name} changed after it was repacked (its {what} differs from the one recorded in "
+                f"manifest.json). If you copied the folder without keeping file times, run `streamer verify "
+                f"{folder} --refresh` to check every checksum and record the new times; otherwise repack the model."
+            )
+
+
+def _size(path: Path, what: str) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        raise StreamerError(f"{path} is missing: it holds {what}; repack the model.") from None
+    except OSError as e:
+        raise StreamerError(f"cannot open {path} ({what}): {e.strerror or e}; repack the model.") from e
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing `verify` found wrong: the file and, when known, the tensor (and expert)."""
+
+    file: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.what}"
+
+
+def verify_resident(folder: Path, manifest: Manifest) -> list[Problem]:
+    """crc32 of every non-expert tensor against the manifest."""
+    path = Path(folder) / RESIDENT_FILE
+    try:
+        header = read_header(path)
+    except StreamerError as e:
+        return [Problem(RESIDENT_FILE, str(e))]
+    problems = [Problem(RESIDENT_FILE, f"tensor '{n}' is missing") for n in manifest.resident_crc32 if n not in header]
+    problems += [Problem(RESIDENT_FILE, f"tensor '{n}' is not in the manifest") for n in header if n not in manifest.resident_crc32]
+    try:
+        with _mapped(path) as data:
+            for name, info in header.items():
+                expected = manifest.resident_crc32.get(name)
+                if expected is not None and zlib.crc32(data[info.start : info.end]) != expected:
+                    problems.append(Problem(RESIDENT_FILE, f"tensor '{name}' does not match its checksum"))
+    except OSError as e:
+        problems.append(Problem(RESIDENT_FILE, f"cannot read: {e.strerror or e}"))
+    return problems
+
+
+def verify_layer(folder: Path, index: int, layer: MoeLayer) -> list[Problem]:
+    """crc32 of every tensor of every expert of one MoE layer; a short file fails the experts it cuts."""
+    path = Path(folder) / layer.file
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        return [Problem(layer.file, f"MoE layer {index} ({layer.module}): cannot open: {e.strerror or e}")]
+    problems = []
+    if size != layer.file_bytes:
+        problems.append(Problem(layer.file, f"holds {size} bytes, the manifest expects {layer.file_bytes}"))
+    try:
+        with _mapped(path) as data:
+            for expert, bad in _bad_expert_tensors(data, layer):
+                where = f"MoE layer {index} ({layer.module}) expert {expert}"
+                why = "lies past the end of the file" if bad is None else f"tensor {bad} does not match its checksum"
+                problems.append(Problem(layer.file, f"{where}: {why}"))
+    except OSError as e:
+        problems.append(Problem(layer.file, f"MoE layer {index} ({layer.module}): cannot read: {e.strerror or e}"))
+    return problems
+
+
+def _bad_expert_tensors(data: memoryview, layer: MoeLayer) -> Iterator[tuple[int, str | None]]:
+    """(expert, tensor name) for each mismatching tensor; (expert, None) for a record cut off by EOF."""
+    for expert, (base, crcs) in enumerate(zip(layer.expert_offsets, layer.expert_crc32)):
+        if base + layer.record_bytes > len(data):
+            yield expert, None
+            continue
+        for tensor, crc in zip(layer.tensors, crcs):
+            start = base + tensor.offset
+            if zlib.crc32(data[start : start + tensor.nbytes]) != crc:
+                yield expert, tensor.name
+
+
+class _mapped:
+    """A read-only memoryview of a whole file (empty for an empty file), closed on exit."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self) -> memoryview:
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
+        return self.view
+
+    def __exit__(self, *exc) -> None:
+        self.view.release()
+        if self.map is not None:
+            self.map.close()
+
+
+def verify_folder(folder: Path, manifest: Manifest, log: Callable[[str], None]) -> list[Problem]:
+    """Every checksum of a repacked folder, with one progress line per file; the problems found."""
+    folder = Path(folder)
+    start, done = time.perf_counter(), 0
+    total = manifest.expert_bytes + _size(folder / RESIDENT_FILE, "the non-expert weights")
+    problems = verify_resident(folder, manifest)
+    done += total - manifest.expert_bytes
+    log(f"[verify] {RESIDENT_FILE}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
+    for index, layer in enumerate(manifest.layers):
+        found = verify_layer(folder, index, layer)
+        problems += found
+        done += layer.file_bytes
+        rate = done / max(time.perf_counter() - start, 1e-9) / 1e6
+        status = "ok" if not found else f"{len(found)} problem(s)"
+        log(f"[verify] layer {index + 1}/{len(manifest.layers)} {layer.file}: {status} ({done / total:.0%}, {rate:.0f} MB/s)")
+    return problems

@@ -1,0 +1,80 @@
+"""Advisory locks on a repacked folder, so a repack never replaces a folder a model is reading.
+
+A loaded model holds a shared flock on its manifest.json for as long as it lives; `repack --force`
+takes an exclusive one before replacing the folder and refuses if it cannot. flock exists on Linux
+and macOS; the lock goes away with the process, so a crash never leaves a stale lock behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import StreamerError
+from .manifest import MANIFEST_FILE
+
+
+class FolderLock:
+    """Holds an flock on a file until `release()` or until garbage collection closes the file."""
+
+    def __init__(self, file: BinaryIO):
+        self._file = file
+
+    def release(self) -> None:
+        self._file.close()
+
+
+def _lock(path: Path, mode: int) -> FolderLock | None:
+    """An flock on `path`; BlockingIOError if another holds it. None if `path` does not exist or the
+    file system has no flock (some network mounts): the locks only guard against mistakes."""
+    try:
+        file = open(path, "rb")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(file.fileno(), mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.close()
+        raise
+    except OSError:
+        file.close()
+        return None
+    return FolderLock(file)
+
+
+def lock_for_reading(folder: Path) -> FolderLock | None:
+    """A shared lock on a repacked folder while a model reads it; refused during a `repack --force` into it."""
+    try:
+        return _lock(Path(folder) / MANIFEST_FILE, fcntl.LOCK_SH)
+    except BlockingIOError:
+        raise StreamerError(
+            f"{folder} is being replaced by `streamer repack --force` in another process: wait for it to finish."
+        ) from None
+
+
+def lock_for_replacing(folder: Path) -> FolderLock | None:
+    """An exclusive lock on a repacked folder that is about to be replaced; refused while a model reads it."""
+    try:
+        return _lock(Path(folder) / MANIFEST_FILE, fcntl.LOCK_EX)
+    except BlockingIOError:
+        raise StreamerError(
+            f"{folder} is in use: another process has a model loaded from it (or is repacking into it). "
+            "Stop that process first, or repack into another folder."
+        ) from None
+
+
+def lock_directory(path: Path, what: str) -> int | None:
+    """An exclusive flock on a directory itself, e.g. a repack's .partial folder: the fd to close,
+    or None where directories cannot be locked."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StreamerError(f"{path} is in use by another `streamer repack` ({what}): wait for it to finish.") from None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd

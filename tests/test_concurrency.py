@@ -1,0 +1,42 @@
+"""Several processes on one repacked folder, and Ctrl-C while generating."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import streamer
+
+
+def generate_command(model, prompt: str, max_tokens: int) -> list[str]:
+    return [sys.executable, "-m", "streamer", "generate", "--model", str(model), "--prompt", prompt, "--max-tokens", str(max_tokens)]
+
+
+def test_two_processes_generate_from_the_same_folder_at_once(checkpoints):
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    model, tokenizer = streamer.load(folder)
+    prompts = ["The file system", "Return the value of"]
+    expected = [streamer.generate(model, tokenizer, p, max_tokens=12) for p in prompts]
+    processes = [
+        subprocess.Popen(generate_command(folder, p, 12), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for p in prompts
+    ]
+    for process, text in zip(processes, expected):
+        stdout, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr
+        assert stdout == text + "\n"  # greedy: exactly the single-process output
+
+
+def test_ctrl_c_during_generation_prints_stats_and_exits_130(checkpoints):
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    process = subprocess.Popen(
+        generate_command(folder, "Once upon a time", 2000), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout.read(1)  # it is generating
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    stderr = stderr.decode()
+    assert process.returncode == 130, stderr
+    assert "[interrupted]" in stderr and "decode:" in stderr and "tok/s" in stderr
+    assert "Traceback" not in stderr

@@ -1,0 +1,124 @@
+"""A wrong weight never computes: checksums (verify, verify_reads), file sizes and times at load."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import streamer
+from streamer.errors import StreamerError
+from streamer.io.manifest import read_manifest
+from streamer.verify import verify
+
+QUIET = {"log": lambda _: None}
+
+
+@pytest.fixture
+def folder(checkpoints, tmp_path):
+    dst = tmp_path / "model"
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), dst)  # copy2 keeps file times
+    return dst
+
+
+def flip_byte(path, offset: int, keep_time: bool = True) -> None:
+    """Bit rot: one byte changes, the file's size and (with keep_time) its time do not."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    if keep_time:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def expert_tensor_offset(folder, layer: int, expert: int, tensor: int = 0) -> int:
+    manifest = read_manifest(folder)
+    record = manifest.layers[layer]
+    return record.expert_offsets[expert] + record.tensors[tensor].offset
+
+
+def test_verify_names_each_bad_tensor(folder):
+    assert verify(folder, **QUIET) == []
+    flip_byte(folder / "experts" / "001.bin", expert_tensor_offset(folder, 1, 7, 1) + 5)
+    flip_byte(folder / "resident.safetensors", (folder / "resident.safetensors").stat().st_size - 3)
+    problems = [str(p) for p in verify(folder, **QUIET)]
+    assert len(problems) == 2, problems
+    assert "resident.safetensors" in problems[0] and "does not match its checksum" in problems[0]
+    assert "experts/001.bin" in problems[1] and "expert 7" in problems[1] and "up_proj.weight" in problems[1]
+
+
+def test_verify_cli_exits_non_zero_with_progress(folder):
+    flip_byte(folder / "experts" / "000.bin", expert_tensor_offset(folder, 0, 3))
+    result = subprocess.run([sys.executable, "-m", "streamer", "verify", str(folder)], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "layer 1/2" in result.stderr and "layer 2/2" in result.stderr  # progress
+    assert "expert 3" in result.stderr and "gate_proj.weight" in result.stderr and "repack" in result.stderr
+
+
+def test_verify_reads_refuses_a_corrupt_expert_on_first_read(folder):
+    manifest = read_manifest(folder)
+    layer = manifest.layers[0]
+    for expert in range(layer.num_experts):  # whichever expert is routed first is corrupt
+        flip_byte(folder / layer.file, expert_tensor_offset(folder, 0, expert) + 1)
+    model, tokenizer = streamer.load(folder, memory_budget=0)
+    streamer.generate(model, tokenizer, "hello", max_tokens=2)  # without the check: computes garbage
+    model, tokenizer = streamer.load(folder, verify_reads=True, memory_budget=0)
+    with pytest.raises(StreamerError, match=r"000.bin \(MoE layer 0, .*\): expert \d+ tensor gate_proj.weight does not match"):
+        streamer.generate(model, tokenizer, "hello", max_tokens=2)
+
+
+def test_verify_reads_checks_each_expert_once(folder, monkeypatch):
+    model, tokenizer = streamer.load(folder, verify_reads=True, memory_budget=0)
+    first = streamer.generate(model, tokenizer, "hello world", max_tokens=4)
+    assert all(bits.any() for bits in model.expert_store._verified)
+
+    class NoChecksums:
+        def crc32(self, data):
+            raise AssertionError("an expert was checksummed twice")
+
+    monkeypatch.setattr("streamer.io.expert_store.zlib", NoChecksums())
+    assert streamer.generate(model, tokenizer, "hello world", max_tokens=4) == first  # same experts again
+
+
+def test_verify_reads_checks_resident_weights_at_load(folder):
+    flip_byte(folder / "resident.safetensors", (folder / "resident.safetensors").stat().st_size - 3)
+    streamer.load(folder)  # size and time unchanged: only a checksum can tell
+    with pytest.raises(StreamerError, match="resident.safetensors: tensor '.*' does not match its checksum"):
+        streamer.load(folder, verify_reads=True)
+
+
+def test_a_file_changed_after_repack_is_refused_until_verified(folder):
+    path = folder / "experts" / "001.bin"
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 1000 * 10**9))  # e.g. a copy that did not keep times
+    with pytest.raises(StreamerError, match=r"001.bin changed after it was repacked.*modification time.*verify .* --refresh"):
+        streamer.load(folder)
+    assert [p.file for p in verify(folder, **QUIET)] == ["experts/001.bin"]
+    assert verify(folder, refresh=True, **QUIET) == []
+    streamer.load(folder)
+    # a real edit is not waved through by --refresh
+    flip_byte(path, expert_tensor_offset(folder, 1, 0), keep_time=False)
+    assert len(verify(folder, refresh=True, **QUIET)) == 2  # bad checksum, changed time
+    with pytest.raises(StreamerError, match="001.bin changed after it was repacked"):
+        streamer.load(folder)
+
+
+def test_expert_file_truncated_while_loaded(folder):
+    """Experts are read with preadv (the mapping only answers mincore): a short read is refused with
+    the layer and expert, never computed with."""
+    model, tokenizer = streamer.load(folder, memory_budget=0)
+    layer = read_manifest(folder).layers[1]
+    os.truncate(folder / layer.file, layer.record_bytes)  # only expert 0 remains
+    with pytest.raises(StreamerError, match=r"001.bin \(MoE layer 1, .*\): short read of expert \d+: the file was truncated"):
+        streamer.generate(model, tokenizer, "hello world, this is a longer prompt", max_tokens=4)
+
+
+def test_missing_expert_file(folder):
+    (folder / "experts" / "000.bin").unlink()
+    with pytest.raises(StreamerError, match="000.bin is missing.*MoE layer 0"):
+        streamer.load(folder)
