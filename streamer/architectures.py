@@ -24,21 +24,25 @@ EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
 
 @dataclass(frozen=True)
 class Architecture:
-    num_experts_field: str
     # Hugging Face per-expert projection name -> mlx-lm's stacked projection name
     hf_projections: dict[str, str]
+    # Hugging Face tensors that hold all of a layer's experts in another layout (`{parent}.experts.{name}`,
+    # e.g. gpt-oss's MXFP4 `gate_up_proj_blocks`): converted expert by expert with the model's sanitize.
+    hf_fused: tuple[str, ...] = ()
 
 
 _GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 SUPPORTED: dict[str, Architecture] = {
-    "qwen3_moe": Architecture("num_experts", _GLU),
-    "qwen2_moe": Architecture("num_experts", _GLU),
-    "olmoe": Architecture("num_experts", _GLU),
-    "mixtral": Architecture("num_local_experts", {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
+    "qwen3_moe": Architecture(_GLU),
+    "qwen2_moe": Architecture(_GLU),
+    "olmoe": Architecture(_GLU),
+    "mixtral": Architecture({"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
 }
 
 # `{parent}.experts.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
 HF_EXPERT_KEY = re.compile(r"^(?P<parent>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<kind>[^.]+)$")
+# `{parent}.experts.{name}`: a Hugging Face tensor holding every expert of a layer (see Architecture.hf_fused).
+HF_FUSED_KEY = re.compile(r"^(?P<parent>.+)\.experts\.(?P<name>[^.]+)$")
 
 
 def architecture(config: dict, where: Path | str) -> Architecture:
@@ -62,6 +66,10 @@ def normalize_config(config: dict) -> dict:
             config["rope_scaling"] = rope
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
+    quantization_config = config.get("quantization_config")
+    if "quantization" not in config and isinstance(quantization_config, dict):
+        if quantization_config.get("quant_method") == "mxfp4":  # gpt-oss: mlx-lm reads it as mxfp4 quantization
+            config["quantization"] = config["quantization_config"] = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
     return config
 
 

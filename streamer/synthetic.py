@@ -86,24 +86,86 @@ def tiny_config(model_type: str, **overrides) -> dict:
 
 
 def hf_tensors(config: dict, seed: int = 0, router_scale: float = 8.0):
-    """Yield (HF name, float32 numpy array) for every weight of `config`'s model, layer by layer.
+    """Yield (HF name, numpy array) for every weight of `config`'s model, layer by layer, named and laid
+    out as the family's published Hugging Face checkpoints are (float32 values; gpt-oss experts MXFP4).
 
     Router weights are scaled by `router_scale` so top-k choices are decisive, not near-ties.
     """
+    model_type = config["model_type"]
     model = build_model(config, "synthetic config")
     containers = expert_containers(model)
-    hf_names = {mlx: hf for hf, mlx in SUPPORTED[config["model_type"]].hf_projections.items()}
+    arch = SUPPORTED[model_type]
+    hf_names = {mlx: hf for hf, mlx in arch.hf_projections.items()}
     rng = np.random.default_rng(seed)
+    fused: dict[str, dict[str, np.ndarray]] = {}
     for name, param in tree_flatten(model.parameters()):
         shape = tuple(param.shape)
         container = next((c for c in containers if name.startswith(c + ".")), None)
         if container is None:
-            yield name, _init(rng, name, shape, router_scale)
+            yield from _hf_resident(config, name, _init(rng, name, shape, router_scale), rng)
+            continue
+        parent = _hf_name(container.rsplit(".", 1)[0])
+        if arch.hf_fused:
+            fused.setdefault(parent, {})[name[len(container) + 1 :]] = _init(rng, name, shape, router_scale)
             continue
         proj, kind = name[len(container) + 1 :].split(".")
-        parent = container.rsplit(".", 1)[0]
         for expert in range(shape[0]):
             yield f"{parent}.experts.{expert}.{hf_names[proj]}.{kind}", _init(rng, name, shape[1:], router_scale)
+    for parent, stacked in fused.items():
+        yield from _FUSED[model_type](parent, stacked)
+    yield from _unused_parts(config, rng)
+
+
+def _hf_name(name: str) -> str:
+    """mlx-lm's name -> the Hugging Face name (vision-language checkpoints nest the text model)."""
+    if name.startswith("language_model.model."):
+        return "model.language_model." + name[len("language_model.model.") :]
+    return name.removeprefix("language_model.")
+
+
+def _hf_resident(config: dict, name: str, array: np.ndarray, rng: np.random.Generator):
+    if name.endswith("self_attn.unembed_out.weight"):
+        return  # MLA: both halves come from kv_b_proj (mlx-lm's sanitize splits it)
+    if name.endswith("self_attn.embed_q.weight"):
+        rows = config["num_attention_heads"] * (config["qk_nope_head_dim"] + config["v_head_dim"])
+        rank = config["kv_lora_rank"]
+        name, array = name.replace("embed_q", "kv_b_proj"), (rng.standard_normal((rows, rank)) / math.sqrt(rank))
+    elif name.endswith("conv1d.weight"):
+        array = array.transpose(0, 2, 1)  # torch's Conv1d layout [C, 1, K]; mlx-lm's is [C, K, 1]
+    yield _hf_name(name), array.astype(np.float32)
+
+
+def _qwen3_5_moe_experts(parent: str, stacked: dict[str, np.ndarray]):
+    gate_up = np.concatenate([stacked["gate_proj.weight"], stacked["up_proj.weight"]], axis=1)
+    yield f"{parent}.experts.gate_up_proj", gate_up
+    yield f"{parent}.experts.down_proj", stacked["down_proj.weight"]
+
+
+def _gpt_oss_experts(parent: str, stacked: dict[str, np.ndarray]):
+    """MXFP4 blocks and scales as OpenAI publishes them; gate and up rows interleaved."""
+    packed = {}
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        weight, scales = mx.quantize(mx.array(stacked[f"{proj}.weight"]), 32, 4, mode="mxfp4")
+        weight = np.array(weight).view(np.uint8)
+        packed[proj] = (weight.reshape(*weight.shape[:2], -1, 16), np.array(scales), stacked[f"{proj}.bias"])
+    for kind, gate, up, down in zip(("blocks", "scales", "bias"), packed["gate_proj"], packed["up_proj"], packed["down_proj"]):
+        yield f"{parent}.experts.gate_up_proj_{kind}", np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, *gate.shape[2:])
+        yield f"{parent}.experts.down_proj_{kind}", down
+
+
+_FUSED = {"qwen3_5_moe": _qwen3_5_moe_experts, "gpt_oss": _gpt_oss_experts}
+
+
+def _unused_parts(config: dict, rng: np.random.Generator):
+    """Tensors published checkpoints carry that mlx-lm's model drops: multi-token prediction, vision."""
+    extras = {
+        "glm4_moe": [f"model.layers.{config.get('num_hidden_layers')}.{n}" for n in (
+            "eh_proj.weight", "enorm.weight", "hnorm.weight", "mlp.experts.0.gate_proj.weight", "mlp.gate.weight")],
+        "qwen3_next": ["mtp.fc.weight", "mtp.norm.weight", "mtp.layers.0.mlp.experts.0.gate_proj.weight"],
+        "qwen3_5_moe": ["mtp.fc.weight", "mtp.layers.0.mlp.experts.gate_up_proj", "model.visual.patch_embed.proj.weight"],
+    }
+    for name in extras.get(config["model_type"], ()):
+        yield name, rng.standard_normal((4, 2, 8) if "experts.gate_up" in name else (2, 8)).astype(np.float32)
 
 
 def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], router_scale: float) -> np.ndarray:
@@ -112,7 +174,7 @@ def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], router_sc
     if name.endswith(".bias"):
         return (0.02 * rng.standard_normal(shape)).astype(np.float32)
     std = 1.0 if "embed_tokens" in name else 1.0 / math.sqrt(shape[-1])
-    if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+    if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")):
         std *= router_scale
     return (std * rng.standard_normal(shape)).astype(np.float32)
 
@@ -125,7 +187,9 @@ def write_hf_checkpoint(folder: Path | str, config: dict, *, dtype: str = "bfloa
     shards: list[list[tuple[str, mx.array]]] = [[]]
     size = 0
     for name, array in hf_tensors(config, seed):
-        tensor = mx.array(array).astype(mx_dtype)
+        tensor = mx.array(array)
+        if mx.issubdtype(tensor.dtype, mx.floating):
+            tensor = tensor.astype(mx_dtype)
         if size + tensor.nbytes > shard_bytes and shards[-1]:
             shards.append([])
             size = 0
