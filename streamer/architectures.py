@@ -37,6 +37,19 @@ SUPPORTED: dict[str, Architecture] = {
     "qwen2_moe": Architecture(_GLU),
     "olmoe": Architecture(_GLU),
     "mixtral": Architecture({"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
+    "deepseek_v2": Architecture(_GLU),
+    "deepseek_v3": Architecture(_GLU),
+    "kimi_k2": Architecture(_GLU),  # mlx-lm runs it as deepseek_v3
+    "deepseek_v32": Architecture(_GLU),
+    "glm4_moe": Architecture(_GLU),
+    "glm4_moe_lite": Architecture(_GLU),
+    "glm_moe_dsa": Architecture(_GLU),
+    "qwen3_next": Architecture(_GLU),
+    "qwen3_5_moe": Architecture(_GLU, hf_fused=("gate_up_proj", "down_proj")),
+    "gpt_oss": Architecture(
+        {},
+        hf_fused=tuple(f"{p}_{k}" for p in ("gate_up_proj", "down_proj") for k in ("blocks", "scales", "bias")),
+    ),
 }
 
 # `{parent}.experts.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.

@@ -77,6 +77,164 @@ TINY_CONFIGS: dict[str, dict] = {
         "num_experts_per_tok": 4,
         "norm_topk_prob": False,
     },
+    "deepseek_v3": {  # DeepSeek-V3 / R1: MLA, grouped sigmoid routing, first layer dense
+        **_COMMON,
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "num_hidden_layers": 3,
+        "num_key_value_heads": 4,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "n_routed_experts": 16,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 4,
+        "n_group": 4,
+        "topk_group": 2,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "q_lora_rank": 64,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 32,
+        "v_head_dim": 64,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 163840,
+        "rope_scaling": {
+            "type": "yarn", "factor": 40.0, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+        },
+    },
+    "deepseek_v2": {  # DeepSeek-V2 / V2-Lite: MLA (no q LoRA as in Lite), softmax group-limited greedy routing
+        **_COMMON,
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "num_hidden_layers": 3,
+        "num_key_value_heads": 4,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "n_routed_experts": 16,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 4,
+        "topk_method": "group_limited_greedy",
+        "n_group": 4,
+        "topk_group": 2,
+        "routed_scaling_factor": 1.0,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "q_lora_rank": None,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 32,
+        "v_head_dim": 64,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 163840,
+        "rope_scaling": {
+            "type": "yarn", "factor": 40.0, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+            "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+        },
+    },
+    "glm4_moe": {  # GLM-4.5 / 4.5-Air: partial rotary, sigmoid routing with correction bias, MTP layer
+        **_COMMON,
+        "architectures": ["Glm4MoeForCausalLM"],
+        "num_hidden_layers": 3,
+        "head_dim": 32,
+        "partial_rotary_factor": 0.5,
+        "attention_bias": True,
+        "use_qk_norm": False,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "n_routed_experts": 16,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 4,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "first_k_dense_replace": 1,
+        "num_nextn_predict_layers": 1,
+        "rope_scaling": None,
+    },
+    "qwen3_next": {  # Qwen3-Next: gated delta net + gated full attention, shared expert with sigmoid gate
+        **_COMMON,
+        "architectures": ["Qwen3NextForCausalLM"],
+        "num_hidden_layers": 4,
+        "full_attention_interval": 4,
+        "head_dim": 32,
+        "partial_rotary_factor": 0.25,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [1],
+    },
+    "gpt_oss": {  # gpt-oss as published: MXFP4 experts, attention sinks, alternating sliding window
+        **_COMMON,
+        "architectures": ["GptOssForCausalLM"],
+        "num_hidden_layers": 2,
+        "head_dim": 32,
+        "intermediate_size": 64,
+        "num_local_experts": 16,
+        "num_experts_per_tok": 4,
+        "experts_per_token": 4,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "attention_bias": True,
+        "rope_theta": 150000.0,
+        "rope_scaling": {
+            "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+        "quantization_config": {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+        },
+    },
+}
+# Kimi K2 is DeepSeek-V3 (one routing group). No rope_scaling here: transformers cannot read a kimi_k2
+# config.json that has one without the checkpoint's own code (trust_remote_code), even for the tokenizer.
+TINY_CONFIGS["kimi_k2"] = {
+    **{k: v for k, v in TINY_CONFIGS["deepseek_v3"].items() if k != "rope_scaling"},
+    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827,
+}
+TINY_CONFIGS["glm4_moe_lite"] = {  # GLM-4.7-Flash: DeepSeek-V3's MLA and routing, GLM's MTP layer
+    **{k: v for k, v in TINY_CONFIGS["deepseek_v3"].items() if k != "rope_scaling"},
+    "architectures": ["Glm4MoeLiteForCausalLM"],
+    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.8, "partial_rotary_factor": 1.0,
+    "num_nextn_predict_layers": 1,
+}
+_DSA = {"index_head_dim": 32, "index_n_heads": 4, "index_topk": 16}  # sparse attention beyond 16 tokens
+TINY_CONFIGS["deepseek_v32"] = {**TINY_CONFIGS["deepseek_v3"], **_DSA, "architectures": ["DeepseekV32ForCausalLM"]}
+TINY_CONFIGS["glm_moe_dsa"] = {  # GLM-5: DeepSeek-V3.2's sparse attention
+    **{k: v for k, v in TINY_CONFIGS["deepseek_v3"].items() if k not in ("rope_scaling", "rope_theta")},
+    **_DSA,
+    "architectures": ["GlmMoeDsaForCausalLM"],
+    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5, "attention_bias": False,
+    "num_nextn_predict_layers": 1,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+}
+TINY_CONFIGS["qwen3_5_moe"] = {  # Qwen3.5 MoE: a vision-language checkpoint; mlx-lm runs its text model
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "tie_word_embeddings": False,
+    "eos_token_id": 0,
+    "text_config": {
+        **{k: v for k, v in TINY_CONFIGS["qwen3_next"].items() if k not in ("architectures", "rope_theta", "mlp_only_layers")},
+        "model_type": "qwen3_5_moe_text",
+        "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10], "mrope_interleaved": True,
+        },
+    },
+    "vision_config": {"model_type": "qwen3_5_moe", "depth": 1, "hidden_size": 32, "out_hidden_size": 128},
 }
 assert set(TINY_CONFIGS) == set(SUPPORTED)
 
@@ -156,16 +314,21 @@ def _gpt_oss_experts(parent: str, stacked: dict[str, np.ndarray]):
 _FUSED = {"qwen3_5_moe": _qwen3_5_moe_experts, "gpt_oss": _gpt_oss_experts}
 
 
+_MTP_LAYER = ("eh_proj.weight", "enorm.weight", "hnorm.weight", "mlp.gate.weight", "mlp.experts.0.gate_proj.weight")
+
+
 def _unused_parts(config: dict, rng: np.random.Generator):
     """Tensors published checkpoints carry that mlx-lm's model drops: multi-token prediction, vision."""
-    extras = {
-        "glm4_moe": [f"model.layers.{config.get('num_hidden_layers')}.{n}" for n in (
-            "eh_proj.weight", "enorm.weight", "hnorm.weight", "mlp.experts.0.gate_proj.weight", "mlp.gate.weight")],
-        "qwen3_next": ["mtp.fc.weight", "mtp.norm.weight", "mtp.layers.0.mlp.experts.0.gate_proj.weight"],
-        "qwen3_5_moe": ["mtp.fc.weight", "mtp.layers.0.mlp.experts.gate_up_proj", "model.visual.patch_embed.proj.weight"],
-    }
-    for name in extras.get(config["model_type"], ()):
-        yield name, rng.standard_normal((4, 2, 8) if "experts.gate_up" in name else (2, 8)).astype(np.float32)
+    model_type = config["model_type"]
+    names: list[str] = []
+    if model_type in ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "deepseek_v32"):  # an MTP layer after the last
+        names = [f"model.layers.{config['num_hidden_layers']}.{n}" for n in _MTP_LAYER]
+    elif model_type == "qwen3_next":
+        names = ["mtp.fc.weight", "mtp.norm.weight", "mtp.layers.0.mlp.experts.0.gate_proj.weight"]
+    elif model_type == "qwen3_5_moe":
+        names = ["mtp.fc.weight", "mtp.layers.0.mlp.experts.gate_up_proj", "model.visual.patch_embed.proj.weight"]
+    for name in names:
+        yield name, rng.standard_normal((4, 2, 8) if name.endswith("experts.gate_up_proj") else (2, 8)).astype(np.float32)
 
 
 def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], router_scale: float) -> np.ndarray:
