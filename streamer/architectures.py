@@ -81,8 +81,12 @@ def normalize_config(config: dict) -> dict:
         config["torch_dtype"] = config["dtype"]
     quantization_config = config.get("quantization_config")
     if "quantization" not in config and isinstance(quantization_config, dict):
-        if quantization_config.get("quant_method") == "mxfp4":  # gpt-oss: mlx-lm reads it as mxfp4 quantization
+        method = quantization_config.get("quant_method")
+        if method == "mxfp4":  # gpt-oss: mlx-lm reads it as mxfp4 quantization
             config["quantization"] = config["quantization_config"] = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+        elif method == "fp8" and list(quantization_config.get("weight_block_size", ())) != [32, 32]:
+            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as in mlx-lm
+            del config["quantization_config"]
     return config
 
 

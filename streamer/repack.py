@@ -137,6 +137,11 @@ class _Plan:
         # mlx-lm's own sanitize maps every source name to mlx-lm's names (and drops what the model does
         # not use); it runs on lazy arrays, so expert tensors it stacks or splits are never read here.
         weights = self._sanitize({name: ckpt.lazy(name) for name in ckpt.tensors})
+        if any(name.endswith("_scale_inv") for name in weights):
+            raise StreamerError(
+                f"{where}: FP8 weights with block scales, which mlx-lm dequantizes for deepseek_v3 / kimi_k2 / "
+                f"deepseek_v32 / glm_moe_dsa but not for {config['model_type']}; repack a bf16 or MLX-quantized version."
+            )
         self._classify()
         resident = {name: arr for name, arr in weights.items() if not self._in_container(name)}
         quantize_like_mlx_lm(self.model, config, weights)
@@ -148,7 +153,7 @@ class _Plan:
         if quantize:
             config = self._quantize_model(config, quantize)
         self.config = config
-        self._fused_cache: tuple[tuple[str, int], dict[str, mx.array]] | None = None
+        self._converted_cache: tuple[tuple[str, int], dict[str, mx.array]] | None = None
 
     def _sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         if not hasattr(self.model, "sanitize"):
@@ -185,6 +190,11 @@ class _Plan:
                     f"{info.path}: tensor '{name}' holds experts in a layout streamer does not read for "
                     f"{self.ckpt.config.get('model_type')}; use the checkpoint as published or an MLX-converted one."
                 )
+        # per-expert tensors in another form (FP8 with `weight_scale_inv`): converted by sanitize too
+        self.converted: dict[tuple[str, str], dict[str, dict[int, TensorInfo]]] = {}
+        for (module, proj, kind), infos in self.per_expert.items():
+            self.converted.setdefault((module, proj), {})[kind] = infos
+        self.converted = {mp: kinds for mp, kinds in self.converted.items() if not kinds.keys() <= set(KIND_ORDER)}
         self.fused: dict[str, dict[str, TensorInfo]] = {}
         for group in fused.values():
             # which expert container this layer's tensors feed: ask sanitize about a one-expert stand-in
@@ -365,8 +375,8 @@ class _Plan:
                 )
             per = info.nbytes // self.num_experts
             return info.dtype, self.ckpt.read(info, expert * per, per)
-        if module in self.fused:
-            return self._fused_source(module, proj, kind, expert, shape)
+        if module in self.fused or (module, proj) in self.converted:
+            return self._converted_source(module, proj, kind, expert, shape)
         info = self.per_expert.get(key, {}).get(expert)
         if info is None:
             parent = module.rsplit(".", 1)[0]
@@ -381,26 +391,45 @@ class _Plan:
             )
         return info.dtype, self.ckpt.read(info)
 
-    def _fused_source(self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...]) -> tuple[str, bytes]:
-        """Exactly what mlx-lm's sanitize makes of the fused tensors, for one expert: sanitize runs on
-        that expert's bytes alone (its slice of each fused tensor, read with an expert axis of 1)."""
-        if self._fused_cache is None or self._fused_cache[0] != (module, expert):
-            one = {}
-            for name, info in self.fused[module].items():
-                per = info.nbytes // self.num_experts
-                one[name] = to_mlx(self.ckpt.read(info, expert * per, per), info.dtype, (1, *info.shape[1:]))
-            converted = {name[len(module) + 1 :]: arr[0] for name, arr in self._sanitize(one).items()}
-            self._fused_cache = ((module, expert), converted)
-        arr = self._fused_cache[1].get(f"{proj}.{kind}")
+    def _converted_source(self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...]) -> tuple[str, bytes]:
+        """Exactly what mlx-lm's sanitize makes of one expert's source tensors, with sanitize run on
+        that expert's bytes alone: its slice of each fused tensor (read with an expert axis of 1), or
+        its own tensors in another form (FP8 and block scales, under a neutral name so that sanitize
+        converts them without stacking a layer)."""
+        if self._converted_cache is None or self._converted_cache[0] != (module, expert):
+            out = {}
+            if module in self.fused:
+                one = {}
+                for name, info in self.fused[module].items():
+                    per = info.nbytes // self.num_experts
+                    one[name] = to_mlx(self.ckpt.read(info, expert * per, per), info.dtype, (1, *info.shape[1:]))
+                out.update({name[len(module) + 1 :]: arr[0] for name, arr in self._sanitize(one).items()})
+            for (m, p), kinds in self.converted.items():
+                if m == module:
+                    one = {f"expert.{k}": self._per_expert_array(m, p, k, infos, expert) for k, infos in kinds.items()}
+                    out.update({f"{p}.{name.rsplit('.', 1)[1]}": arr for name, arr in self._sanitize(one).items()})
+            self._converted_cache = ((module, expert), out)
+        arr = self._converted_cache[1].get(f"{proj}.{kind}")
         if arr is None or tuple(arr.shape) != shape:
             found = "nothing" if arr is None else f"shape {list(arr.shape)}"
             raise StreamerError(
-                f"{self.ckpt.folder}: the fused expert tensors {sorted(self.fused[module])} give {found} for "
-                f"'{module}.{proj}.{kind}', expected {list(shape)} from config.json."
+                f"{self.ckpt.folder}: the source tensors of {module} expert {expert} give {found} for "
+                f"'{proj}.{kind}', expected {list(shape)} from config.json."
             )
         arr = mx.contiguous(arr)
         mx.eval(arr)
         return MLX_TO_SAFETENSORS[arr.dtype], bytes(memoryview(arr).cast("B"))
+
+    def _per_expert_array(self, module: str, proj: str, kind: str, infos: dict[int, TensorInfo], expert: int) -> mx.array:
+        info = infos.get(expert)
+        if info is None:
+            parent = module.rsplit(".", 1)[0]
+            hf_name = next((h for h, m in self.arch.hf_projections.items() if m == proj), proj)
+            raise StreamerError(
+                f"{self.ckpt.folder}: tensor '{parent}.experts.{expert}.{hf_name}.{kind}' is missing: the "
+                "download is incomplete."
+            )
+        return to_mlx(self.ckpt.read(info), info.dtype, info.shape)
 
 
 def _layout(parts) -> tuple[tuple[ExpertTensor, ...], int]:

@@ -342,32 +342,57 @@ def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], router_sc
     return (std * rng.standard_normal(shape)).astype(np.float32)
 
 
-def write_hf_checkpoint(folder: Path | str, config: dict, *, dtype: str = "bfloat16", shard_bytes: int = 1 << 20, seed: int = 0) -> Path:
-    """A Hugging Face-style checkpoint: config.json, sharded safetensors with an index, tokenizer."""
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+
+def write_hf_checkpoint(
+    folder: Path | str, config: dict, *, dtype: str = "bfloat16", fp8: bool = False, shard_bytes: int = 1 << 20, seed: int = 0
+) -> Path:
+    """A Hugging Face-style checkpoint: config.json, sharded safetensors with an index, tokenizer.
+
+    `fp8`: linear weights in FP8 with 128x128 block scales, as DeepSeek and Kimi publish theirs.
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     mx_dtype = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}[dtype]
     shards: list[list[tuple[str, mx.array]]] = [[]]
     size = 0
+    f8: set[str] = set()
     for name, array in hf_tensors(config, seed):
-        tensor = mx.array(array)
-        if mx.issubdtype(tensor.dtype, mx.floating):
-            tensor = tensor.astype(mx_dtype)
-        if size + tensor.nbytes > shard_bytes and shards[-1]:
-            shards.append([])
-            size = 0
-        shards[-1].append((name, tensor))
-        size += tensor.nbytes
+        if fp8 and name.endswith(("_proj.weight", "_proj_with_mqa.weight")):
+            tensors = list(zip((name, f"{name}_scale_inv"), _fp8_blocks(array)))
+            f8.add(name)
+        else:
+            tensor = mx.array(array)
+            tensors = [(name, tensor.astype(mx_dtype) if mx.issubdtype(tensor.dtype, mx.floating) else tensor)]
+        for name, tensor in tensors:
+            if size + tensor.nbytes > shard_bytes and shards[-1]:
+                shards.append([])
+                size = 0
+            shards[-1].append((name, tensor))
+            size += tensor.nbytes
     weight_map = {}
     for i, shard in enumerate(shards):
         shard_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        write_safetensors(folder / shard_name, shard, metadata={"format": "pt"})
+        write_safetensors(folder / shard_name, shard, metadata={"format": "pt"}, dtypes=dict.fromkeys(f8, "F8_E4M3"))
         weight_map.update({name: shard_name for name, _ in shard})
     index = {"metadata": {"total_size": sum(t.nbytes for s in shards for _, t in s)}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": dtype}, indent=2))
+    config = {**config, "torch_dtype": dtype, **({"quantization_config": FP8_CONFIG} if fp8 else {})}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     write_tokenizer(folder)
     return folder
+
+
+def _fp8_blocks(weight: np.ndarray) -> tuple[mx.array, mx.array]:
+    """e4m3 weight and its float32 `weight_scale_inv`, one scale per 128x128 block."""
+    rows, cols = (-(-n // 128) for n in weight.shape)
+    padded = np.zeros((rows * 128, cols * 128), np.float32)
+    padded[: weight.shape[0], : weight.shape[1]] = weight
+    blocks = padded.reshape(rows, 128, cols, 128)
+    scale = np.abs(blocks).max(axis=(1, 3)) / 448.0  # 448: e4m3's largest value
+    scaled = (blocks / scale[:, None, :, None]).reshape(padded.shape)[: weight.shape[0], : weight.shape[1]]
+    return mx.to_fp8(mx.array(scaled)), mx.array(scale.astype(np.float32))
 
 
 def _training_text() -> list[str]:

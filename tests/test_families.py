@@ -1,12 +1,16 @@
 """What the MoE families need beyond the common parity tests (test_parity.py runs every family in
-both conventions): mixed per-module bits, dense layers between MoE layers, fused HF expert tensors."""
+both conventions): mixed per-module bits, dense layers between MoE layers, fused HF expert tensors,
+FP8 downloads."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 
 import mlx.core as mx
+import mlx_lm
 import pytest
 
 from streamer.architectures import build_model, normalize_config
@@ -14,7 +18,7 @@ from streamer.errors import StreamerError
 from streamer.io.checkpoint import Checkpoint
 from streamer.io.manifest import read_manifest
 from streamer.io.safetensors import read_header, to_mlx, write_safetensors
-from streamer.repack import repack
+from streamer.repack import Quantize, repack
 from streamer.synthetic import tiny_config, write_hf_checkpoint
 
 from conftest import reference_model
@@ -78,5 +82,24 @@ def test_an_expert_layout_mlx_lm_does_not_read_is_refused(checkpoints, tmp_path)
     weight_map = {name: shard.name for shard in shards for name in read_header(shard)}
     (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     with pytest.raises(StreamerError, match=r"model\.layers\.0\.mlp\.experts\.\w+_proj'.*layout"):
+        repack(src, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "kimi_k2", "deepseek_v32"])
+def test_fp8_download_is_dequantized_as_mlx_lm_does(tmp_path, arch):
+    """The official DeepSeek / Kimi checkpoints: FP8 weights with 128x128 block scales."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(arch), fp8=True)
+    repack(src, tmp_path / "bf16", log=lambda _: None)
+    compare(tmp_path / "bf16", reference_model(src), tolerance=1e-4)
+    with contextlib.redirect_stdout(io.StringIO()):
+        mlx_lm.convert(str(src), str(tmp_path / "mlx"), quantize=True, q_bits=4, q_group_size=64)
+    repack(src, tmp_path / "q4", quantize=Quantize(4, 64), log=lambda _: None)
+    compare(tmp_path / "q4", reference_model(tmp_path / "mlx"), tolerance=0.0)
+
+
+def test_fp8_is_refused_where_mlx_lm_does_not_dequantize_it(tmp_path):
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("qwen3_moe"), fp8=True)
+    with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
         repack(src, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
