@@ -191,10 +191,13 @@ class _Plan:
                     f"{self.ckpt.config.get('model_type')}; use the checkpoint as published or an MLX-converted one."
                 )
         # per-expert tensors in another form (FP8 with `weight_scale_inv`): converted by sanitize too
-        self.converted: dict[tuple[str, str], dict[str, dict[int, TensorInfo]]] = {}
-        for (module, proj, kind), infos in self.per_expert.items():
-            self.converted.setdefault((module, proj), {})[kind] = infos
-        self.converted = {mp: kinds for mp, kinds in self.converted.items() if not kinds.keys() <= set(KIND_ORDER)}
+        kinds: dict[tuple[str, str], set[str]] = {}
+        for module, proj, kind in self.per_expert:
+            kinds.setdefault((module, proj), set()).add(kind)
+        self.converted: dict[str, dict[str, set[str]]] = {}  # module -> projection -> source kinds
+        for (module, proj), found in kinds.items():
+            if not found <= set(KIND_ORDER):
+                self.converted.setdefault(module, {})[proj] = found
         self.fused: dict[str, dict[str, TensorInfo]] = {}
         for group in fused.values():
             # which expert container this layer's tensors feed: ask sanitize about a one-expert stand-in
@@ -363,8 +366,8 @@ class _Plan:
         return arr
 
     def _source(self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...]) -> tuple[str, bytes]:
-        """(safetensors dtype, bytes) of one expert's `proj.kind`: from a stacked tensor, a per-expert
-        tensor or fused tensors."""
+        """(safetensors dtype, bytes) of one expert's `proj.kind`: its rows of a stacked tensor, its own
+        tensor, or what sanitize makes of its source tensors (`_converted_source`)."""
         key = (module, proj, kind)
         if key in self.stacked:
             info = self.stacked[key]
@@ -375,16 +378,9 @@ class _Plan:
                 )
             per = info.nbytes // self.num_experts
             return info.dtype, self.ckpt.read(info, expert * per, per)
-        if module in self.fused or (module, proj) in self.converted:
+        if module in self.fused or proj in self.converted.get(module, ()):
             return self._converted_source(module, proj, kind, expert, shape)
-        info = self.per_expert.get(key, {}).get(expert)
-        if info is None:
-            parent = module.rsplit(".", 1)[0]
-            hf_name = next((h for h, m in self.arch.hf_projections.items() if m == proj), proj)
-            raise StreamerError(
-                f"{self.ckpt.folder}: tensor '{parent}.experts.{expert}.{hf_name}.{kind}' (or stacked "
-                f"'{module}.{proj}.{kind}') is missing: the download is incomplete."
-            )
+        info = self._per_expert(module, proj, kind, expert)
         if info.shape != shape:
             raise StreamerError(
                 f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected {list(shape)} from config.json."
@@ -404,10 +400,12 @@ class _Plan:
                     per = info.nbytes // self.num_experts
                     one[name] = to_mlx(self.ckpt.read(info, expert * per, per), info.dtype, (1, *info.shape[1:]))
                 out.update({name[len(module) + 1 :]: arr[0] for name, arr in self._sanitize(one).items()})
-            for (m, p), kinds in self.converted.items():
-                if m == module:
-                    one = {f"expert.{k}": self._per_expert_array(m, p, k, infos, expert) for k, infos in kinds.items()}
-                    out.update({f"{p}.{name.rsplit('.', 1)[1]}": arr for name, arr in self._sanitize(one).items()})
+            for p, kinds in self.converted.get(module, {}).items():
+                one = {}
+                for k in kinds:
+                    info = self._per_expert(module, p, k, expert)
+                    one[f"expert.{k}"] = to_mlx(self.ckpt.read(info), info.dtype, info.shape)
+                out.update({f"{p}.{name.rsplit('.', 1)[1]}": arr for name, arr in self._sanitize(one).items()})
             self._converted_cache = ((module, expert), out)
         arr = self._converted_cache[1].get(f"{proj}.{kind}")
         if arr is None or tuple(arr.shape) != shape:
@@ -420,16 +418,16 @@ class _Plan:
         mx.eval(arr)
         return MLX_TO_SAFETENSORS[arr.dtype], bytes(memoryview(arr).cast("B"))
 
-    def _per_expert_array(self, module: str, proj: str, kind: str, infos: dict[int, TensorInfo], expert: int) -> mx.array:
-        info = infos.get(expert)
+    def _per_expert(self, module: str, proj: str, kind: str, expert: int) -> TensorInfo:
+        info = self.per_expert.get((module, proj, kind), {}).get(expert)
         if info is None:
             parent = module.rsplit(".", 1)[0]
             hf_name = next((h for h, m in self.arch.hf_projections.items() if m == proj), proj)
             raise StreamerError(
-                f"{self.ckpt.folder}: tensor '{parent}.experts.{expert}.{hf_name}.{kind}' is missing: the "
-                "download is incomplete."
+                f"{self.ckpt.folder}: tensor '{parent}.experts.{expert}.{hf_name}.{kind}' (or stacked "
+                f"'{module}.{proj}.{kind}') is missing: the download is incomplete."
             )
-        return to_mlx(self.ckpt.read(info), info.dtype, info.shape)
+        return info
 
 
 def _layout(parts) -> tuple[tuple[ExpertTensor, ...], int]:
