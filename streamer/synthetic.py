@@ -1,9 +1,10 @@
 """Tiny checkpoints in the exact on-disk formats people download, with random weights.
 
 Used by `streamer demo`, the tests and the benchmarks (no machine here can download a model).
-Weights are named as Hugging Face publishes them (per-expert tensors, Mixtral's w1/w2/w3), written
-as sharded safetensors with an index, next to a config.json in transformers-4 spelling and a real
-byte-level BPE tokenizer trained on text that ships with Python.
+Weights are named and laid out as each family publishes them on Hugging Face (per-expert tensors,
+Mixtral's w1/w2/w3, MLA's kv_b_proj, Qwen3.5's fused experts, gpt-oss's MXFP4 blocks, optionally
+DeepSeek's FP8), written as sharded safetensors with an index, next to a config.json in
+transformers-4 spelling and a real byte-level BPE tokenizer trained on text that ships with Python.
 """
 
 from __future__ import annotations
@@ -190,6 +191,7 @@ TINY_CONFIGS: dict[str, dict] = {
         "layer_types": ["sliding_attention", "full_attention"],
         "attention_bias": True,
         "rope_theta": 150000.0,
+        "max_position_embeddings": 131072,
         "rope_scaling": {
             "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
             "original_max_position_embeddings": 4096,
