@@ -24,21 +24,38 @@ EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
 
 @dataclass(frozen=True)
 class Architecture:
-    num_experts_field: str
     # Hugging Face per-expert projection name -> mlx-lm's stacked projection name
     hf_projections: dict[str, str]
+    # Hugging Face tensors that hold all of a layer's experts in another layout (`{parent}.experts.{name}`,
+    # e.g. gpt-oss's MXFP4 `gate_up_proj_blocks`): converted expert by expert with the model's sanitize.
+    hf_fused: tuple[str, ...] = ()
 
 
 _GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 SUPPORTED: dict[str, Architecture] = {
-    "qwen3_moe": Architecture("num_experts", _GLU),
-    "qwen2_moe": Architecture("num_experts", _GLU),
-    "olmoe": Architecture("num_experts", _GLU),
-    "mixtral": Architecture("num_local_experts", {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
+    "qwen3_moe": Architecture(_GLU),
+    "qwen2_moe": Architecture(_GLU),
+    "olmoe": Architecture(_GLU),
+    "mixtral": Architecture({"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
+    "deepseek_v2": Architecture(_GLU),
+    "deepseek_v3": Architecture(_GLU),
+    "kimi_k2": Architecture(_GLU),  # mlx-lm runs it as deepseek_v3
+    "deepseek_v32": Architecture(_GLU),
+    "glm4_moe": Architecture(_GLU),
+    "glm4_moe_lite": Architecture(_GLU),
+    "glm_moe_dsa": Architecture(_GLU),
+    "qwen3_next": Architecture(_GLU),
+    "qwen3_5_moe": Architecture(_GLU, hf_fused=("gate_up_proj", "down_proj")),
+    "gpt_oss": Architecture(
+        {},
+        hf_fused=tuple(f"{p}_{k}" for p in ("gate_up_proj", "down_proj") for k in ("blocks", "scales", "bias")),
+    ),
 }
 
 # `{parent}.experts.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
 HF_EXPERT_KEY = re.compile(r"^(?P<parent>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<kind>[^.]+)$")
+# `{parent}.experts.{name}`: a Hugging Face tensor holding every expert of a layer (see Architecture.hf_fused).
+HF_FUSED_KEY = re.compile(r"^(?P<parent>.+)\.experts\.(?P<name>[^.]+)$")
 
 
 def architecture(config: dict, where: Path | str) -> Architecture:
@@ -62,6 +79,14 @@ def normalize_config(config: dict) -> dict:
             config["rope_scaling"] = rope
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
+    quantization_config = config.get("quantization_config")
+    if "quantization" not in config and isinstance(quantization_config, dict):
+        method = quantization_config.get("quant_method")
+        if method == "mxfp4":  # gpt-oss: mlx-lm reads it as mxfp4 quantization
+            config["quantization"] = config["quantization_config"] = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+        elif method == "fp8" and list(quantization_config.get("weight_block_size", ())) != [32, 32]:
+            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as in mlx-lm
+            del config["quantization_config"]
     return config
 
 

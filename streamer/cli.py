@@ -125,7 +125,7 @@ def _demo(args: argparse.Namespace) -> int:
         write_hf_checkpoint(src, tiny_config("qwen3_moe"))
         repack(src, dst, quantize=Quantize(4), force=True)
         model, tokenizer = load(dst, memory_budget=0)  # stream every layer, to show the mechanism
-        print(f"[demo] generating (random weights: expect noise, but real streaming)", file=sys.stderr)
+        print("[demo] generating (random weights: expect noise, but real streaming)", file=sys.stderr)
         return _stream(model, tokenizer, prompt, args)
 
 

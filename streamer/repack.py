@@ -29,6 +29,7 @@ from mlx_lm.utils import quantize_model
 
 from .architectures import (
     HF_EXPERT_KEY,
+    HF_FUSED_KEY,
     Architecture,
     architecture,
     build_model,
@@ -42,7 +43,6 @@ from .io.checkpoint import INDEX_FILE, Checkpoint
 from .io.integrity import file_stat
 from .io.lock import lock_directory, lock_for_replacing
 from .io.manifest import (
-    MANIFEST_FILE,
     PAGE_SIZE,
     RESIDENT_FILE,
     TENSOR_ALIGN,
@@ -202,41 +202,94 @@ class _Plan:
                 f"{where}: quantization_config ({config['quantization_config'].get('quant_method', '?')}) is not "
                 "supported; repack the bf16/fp16 checkpoint (optionally with --quantize) or an MLX-quantized one."
             )
-        if quantize and "quantization" in config:
+        # MLX-quantized checkpoints are refused; a published MXFP4 gpt-oss is not (its MXFP4 experts are
+        # kept and the other weights quantized, as `mlx_lm.convert --quantize` does)
+        if quantize and "quantization" in ckpt.config:
             raise StreamerError(f"{where}: the checkpoint is already quantized; repack it without --quantize.")
         self.model = build_model(config, where)
         self.containers = expert_containers(self.model)
-        self.num_experts = int(config[self.arch.num_experts_field])
+        first = next(iter(self.containers.values()))
+        self.num_experts = first[container_projections(first)[0]].num_experts
+        # mlx-lm's own sanitize maps every source name to mlx-lm's names (and drops what the model does
+        # not use); it runs on lazy arrays, so expert tensors it stacks or splits are never read here.
+        weights = self._sanitize({name: ckpt.lazy(name) for name in ckpt.tensors})
+        if any(name.endswith("_scale_inv") for name in weights):
+            raise StreamerError(
+                f"{where}: FP8 weights with block scales, which mlx-lm dequantizes for deepseek_v3 / kimi_k2 / "
+                f"deepseek_v32 / glm_moe_dsa but not for {config['model_type']}; repack a bf16 or MLX-quantized version."
+            )
         self._classify()
-        resident = {name: ckpt.lazy(name) for name in self.resident_names}
-        if hasattr(self.model, "sanitize"):
-            resident = self.model.sanitize(resident)
-        stacked = {f"{c}.{p}.{k}": ckpt.lazy(info.name) for (c, p, k), info in self.stacked.items()}
-        quantize_like_mlx_lm(self.model, config, {**resident, **stacked})
+        resident = {name: arr for name, arr in weights.items() if not self._in_container(name)}
+        quantize_like_mlx_lm(self.model, config, weights)
+        # experts the checkpoint already holds quantized are copied as they are, even with --quantize
+        self.prequantized = {name.rsplit(".", 1)[0] for name in weights if name.endswith(".scales")}
         self._check_resident(resident)
         self.model.load_weights(list(resident.items()), strict=False)
         self.cast = None
         if quantize:
             config = self._quantize_model(config, quantize)
         self.config = config
+        self._converted_cache: tuple[tuple[str, int], dict[str, mx.array]] | None = None
+
+    def _sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        if not hasattr(self.model, "sanitize"):
+            return weights
+        try:
+            return self.model.sanitize(weights)
+        except KeyError as e:
+            raise StreamerError(
+                f"{self.ckpt.folder}: tensor {e.args[0]!r} is missing: the download is incomplete."
+            ) from None
 
     # -- which source tensors are experts ------------------------------------------------------
     def _classify(self) -> None:
+        """Source of each expert tensor: stacked in mlx-lm's names (copied per expert), one tensor per
+        expert (Hugging Face), or fused Hugging Face tensors converted per expert by sanitize."""
         parents = {path.rsplit(".", 1)[0]: path for path in self.containers}
         self.stacked: dict[tuple[str, str, str], TensorInfo] = {}
         self.per_expert: dict[tuple[str, str, str], dict[int, TensorInfo]] = {}
-        self.resident_names: list[str] = []
+        fused: dict[str, dict[str, TensorInfo]] = {}
         for name, info in self.ckpt.tensors.items():
-            prefix, _, _ = name.rsplit(".", 2) if name.count(".") >= 2 else (name, "", "")
+            prefix = name.rsplit(".", 2)[0]
             match = HF_EXPERT_KEY.match(name)
+            packed = HF_FUSED_KEY.match(name)
             if prefix in self.containers:
                 _, proj, kind = name.rsplit(".", 2)
                 self.stacked[(prefix, proj, kind)] = info
             elif match and match["parent"] in parents and match["proj"] in self.arch.hf_projections:
                 key = (parents[match["parent"]], self.arch.hf_projections[match["proj"]], match["kind"])
                 self.per_expert.setdefault(key, {})[int(match["expert"])] = info
-            else:
-                self.resident_names.append(name)
+            elif packed and packed["name"] in self.arch.hf_fused:
+                fused.setdefault(packed["parent"], {})[name] = info
+            elif packed and packed["parent"] in parents:
+                raise StreamerError(
+                    f"{info.path}: tensor '{name}' holds experts in a layout streamer does not read for "
+                    f"{self.ckpt.config.get('model_type')}; use the checkpoint as published or an MLX-converted one."
+                )
+        # per-expert tensors in another form (FP8 with `weight_scale_inv`): converted by sanitize too
+        kinds: dict[tuple[str, str], set[str]] = {}
+        for module, proj, kind in self.per_expert:
+            kinds.setdefault((module, proj), set()).add(kind)
+        self.converted: dict[str, dict[str, set[str]]] = {}  # module -> projection -> source kinds
+        for (module, proj), found in kinds.items():
+            if not found <= set(KIND_ORDER):
+                self.converted.setdefault(module, {})[proj] = found
+        self.fused: dict[str, dict[str, TensorInfo]] = {}
+        for group in fused.values():
+            # which expert container this layer's tensors feed: ask sanitize about a one-expert stand-in
+            probe = self._sanitize({n: mx.zeros((1, *i.shape[1:]), DTYPES[i.dtype][1]) for n, i in group.items()})
+            if not probe:
+                continue  # a part the model does not use (e.g. multi-token prediction layers)
+            modules = {name.rsplit(".", 2)[0] for name in probe}
+            if len(modules) != 1 or not modules <= self.containers.keys():
+                raise StreamerError(f"{self.ckpt.folder}: cannot tell which MoE layer holds {sorted(group)}.")
+            for info in group.values():
+                if info.shape[:1] != (self.num_experts,):
+                    raise StreamerError(
+                        f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected "
+                        f"{self.num_experts} experts on its first axis from config.json."
+                    )
+            self.fused[modules.pop()] = group
 
     def _check_resident(self, resident: dict[str, mx.array]) -> None:
         expected = {
@@ -396,34 +449,43 @@ class _Plan:
             kinds = [k for k in KIND_ORDER if k in target and target[k] is not None]
             if self.quantize is None:
                 for kind in kinds:
-                    info, data = self._source(module, proj, kind, expert, tuple(target[kind].shape[1:]))
-                    _check_dtype(info, target[kind].dtype)
-                    parts.append((f"{proj}.{kind}", info.dtype, tuple(target[kind].shape[1:]), data))
+                    shape = tuple(target[kind].shape[1:])
+                    dtype, data = self._source(module, proj, kind, expert, shape, target[kind].dtype)
+                    parts.append((f"{proj}.{kind}", dtype, shape, data))
                 continue
             produced = {}
-            src_shape = (target.output_dims, target.input_dims)
-            info, data = self._source(module, proj, "weight", expert, src_shape)
-            _check_dtype(info, mx.float32)
-            weight = self._cast(to_mlx(data, info.dtype, src_shape))
-            if isinstance(target, QuantizedSwitchLinear):
-                q = mx.quantize(weight, target.group_size, target.bits, mode=target.mode)
-                produced.update(zip(("weight", "scales", "biases"), q))
+            if f"{module}.{proj}" in self.prequantized:  # e.g. gpt-oss's MXFP4 experts: kept as they are
+                for kind in kinds:
+                    produced[kind] = self._array(module, proj, kind, expert, tuple(target[kind].shape[1:]))
             else:
-                produced["weight"] = weight
-            if "bias" in kinds:
-                info, data = self._source(module, proj, "bias", expert, (target.output_dims,))
-                produced["bias"] = self._cast(to_mlx(data, info.dtype, (target.output_dims,)))
+                weight = self._array(module, proj, "weight", expert, (target.output_dims, target.input_dims), mx.float32)
+                if isinstance(target, QuantizedSwitchLinear):
+                    q = mx.quantize(weight, target.group_size, target.bits, mode=target.mode)
+                    produced.update(zip(("weight", "scales", "biases"), q))
+                else:
+                    produced["weight"] = weight
+                if "bias" in kinds:
+                    produced["bias"] = self._array(module, proj, "bias", expert, (target.output_dims,))
             for kind in kinds:
                 arr = mx.contiguous(produced[kind])
                 mx.eval(arr)
                 parts.append((f"{proj}.{kind}", MLX_TO_SAFETENSORS[arr.dtype], tuple(arr.shape), bytes(memoryview(arr).cast("B"))))
         return parts
 
-    def _cast(self, arr: mx.array) -> mx.array:
-        return arr.astype(self.cast) if self.cast is not None else arr
+    def _array(self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...], expected: mx.Dtype | None = None) -> mx.array:
+        """One expert's `proj.kind` as an array, cast like `mlx_lm.convert` casts the model."""
+        dtype, data = self._source(module, proj, kind, expert, shape, expected)
+        arr = to_mlx(data, dtype, shape)
+        if self.cast is not None and mx.issubdtype(arr.dtype, mx.floating):
+            arr = arr.astype(self.cast)
+        return arr
 
-    def _source(self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...]) -> tuple[TensorInfo, bytes]:
-        """The bytes of one expert's `proj.kind`, from a stacked tensor or a per-expert tensor."""
+    def _source(
+        self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...], expected: mx.Dtype | None = None
+    ) -> tuple[str, bytes]:
+        """(safetensors dtype, bytes) of one expert's `proj.kind`: its rows of a stacked tensor, its own
+        tensor, or what sanitize makes of its source tensors (`_converted_source`). A source tensor
+        whose dtype cannot stand for `expected` is refused."""
         key = (module, proj, kind)
         if key in self.stacked:
             info = self.stacked[key]
@@ -432,9 +494,54 @@ class _Plan:
                     f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected "
                     f"{[self.num_experts, *shape]} from config.json."
                 )
+            if expected is not None:
+                _check_dtype(info, expected)
             per = info.nbytes // self.num_experts
-            return info, self.ckpt.read(info, expert * per, per)
-        info = self.per_expert.get(key, {}).get(expert)
+            return info.dtype, self.ckpt.read(info, expert * per, per)
+        if module in self.fused or proj in self.converted.get(module, ()):
+            return self._converted_source(module, proj, kind, expert, shape)
+        info = self._per_expert(module, proj, kind, expert)
+        if info.shape != shape:
+            raise StreamerError(
+                f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected {list(shape)} from config.json."
+            )
+        if expected is not None:
+            _check_dtype(info, expected)
+        return info.dtype, self.ckpt.read(info)
+
+    def _converted_source(self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...]) -> tuple[str, bytes]:
+        """Exactly what mlx-lm's sanitize makes of one expert's source tensors, with sanitize run on
+        that expert's bytes alone: its slice of each fused tensor (read with an expert axis of 1), or
+        its own tensors in another form (FP8 and block scales, under a neutral name so that sanitize
+        converts them without stacking a layer)."""
+        if self._converted_cache is None or self._converted_cache[0] != (module, expert):
+            out = {}
+            if module in self.fused:
+                one = {}
+                for name, info in self.fused[module].items():
+                    per = info.nbytes // self.num_experts
+                    one[name] = to_mlx(self.ckpt.read(info, expert * per, per), info.dtype, (1, *info.shape[1:]))
+                out.update({name[len(module) + 1 :]: arr[0] for name, arr in self._sanitize(one).items()})
+            for p, kinds in self.converted.get(module, {}).items():
+                one = {}
+                for k in kinds:
+                    info = self._per_expert(module, p, k, expert)
+                    one[f"expert.{k}"] = to_mlx(self.ckpt.read(info), info.dtype, info.shape)
+                out.update({f"{p}.{name.rsplit('.', 1)[1]}": arr for name, arr in self._sanitize(one).items()})
+            self._converted_cache = ((module, expert), out)
+        arr = self._converted_cache[1].get(f"{proj}.{kind}")
+        if arr is None or tuple(arr.shape) != shape:
+            found = "nothing" if arr is None else f"shape {list(arr.shape)}"
+            raise StreamerError(
+                f"{self.ckpt.folder}: the source tensors of {module} expert {expert} give {found} for "
+                f"'{proj}.{kind}', expected {list(shape)} from config.json."
+            )
+        arr = mx.contiguous(arr)
+        mx.eval(arr)
+        return MLX_TO_SAFETENSORS[arr.dtype], bytes(memoryview(arr).cast("B"))
+
+    def _per_expert(self, module: str, proj: str, kind: str, expert: int) -> TensorInfo:
+        info = self.per_expert.get((module, proj, kind), {}).get(expert)
         if info is None:
             parent = module.rsplit(".", 1)[0]
             hf_name = next((h for h, m in self.arch.hf_projections.items() if m == proj), proj)
@@ -442,11 +549,7 @@ class _Plan:
                 f"{self.ckpt.folder}: tensor '{parent}.experts.{expert}.{hf_name}.{kind}' (or stacked "
                 f"'{module}.{proj}.{kind}') is missing: the download is incomplete."
             )
-        if info.shape != shape:
-            raise StreamerError(
-                f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected {list(shape)} from config.json."
-            )
-        return info, self.ckpt.read(info)
+        return info
 
 
 def _compatible(got: mx.Dtype, expected: mx.Dtype) -> bool:

@@ -1,6 +1,7 @@
 """Checkpoints for the tests, made once per session: every architecture in both download conventions.
 
-- "hf": Hugging Face per-expert tensors in bf16, sharded with an index (as published on the hub).
+- "hf": named and laid out as the family publishes it on the hub (per-expert bf16 tensors; fused
+  experts for Qwen3.5; MXFP4 blocks for gpt-oss), sharded with an index.
 - "mlx": the same model converted by mlx-lm's own `mlx_lm.convert(quantize=True)` (4-bit).
 """
 
@@ -32,11 +33,15 @@ class Checkpoints:
             write_hf_checkpoint(path, tiny_config(arch), dtype=dtype)
         return path
 
-    def mlx(self, arch: str, bits: int = 4, group_size: int = 64) -> Path:
-        path = self.root / f"mlx-{arch}-{bits}-{group_size}"
+    def mlx(self, arch: str, bits: int = 4, group_size: int = 64, recipe: str | None = None) -> Path:
+        """`recipe`: one of mlx-lm's mixed-bit recipes (e.g. "mixed_3_6": some down_proj at 6 bits)."""
+        path = self.root / f"mlx-{arch}-{recipe or bits}-{group_size}"
         if not path.exists():
             with contextlib.redirect_stdout(io.StringIO()):
-                mlx_lm.convert(str(self.hf(arch)), str(path), quantize=True, q_bits=bits, q_group_size=group_size)
+                mlx_lm.convert(
+                    str(self.hf(arch)), str(path), quantize=True, q_bits=bits, q_group_size=group_size,
+                    quant_predicate=recipe,
+                )
         return path
 
     def repacked(self, src: Path, **kwargs) -> Path:

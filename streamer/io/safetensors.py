@@ -36,8 +36,9 @@ DTYPES: dict[str, tuple[np.dtype, mx.Dtype]] = {
     "U16": (np.dtype("<u2"), mx.uint16),
     "U8": (np.dtype("u1"), mx.uint8),
     "BOOL": (np.dtype("?"), mx.bool_),
+    "F8_E4M3": (np.dtype("u1"), mx.uint8),  # mlx has no fp8 dtype: bytes, decoded by mx.from_fp8
 }
-MLX_TO_SAFETENSORS = {mlx: name for name, (_, mlx) in DTYPES.items()}
+MLX_TO_SAFETENSORS = {mlx: name for name, (_, mlx) in DTYPES.items() if name != "F8_E4M3"}
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
 LFS_POINTER_PREFIX = b"version https://git-lfs"
 
@@ -163,10 +164,16 @@ def to_mlx(raw: np.ndarray | memoryview | bytes, dtype: str, shape: tuple[int, .
     return arr.view(mlx_dtype) if arr.dtype != mlx_dtype else arr
 
 
-def write_safetensors(path: Path, tensors: list[tuple[str, mx.array]], metadata: dict[str, str] | None = None) -> dict[str, int]:
+def write_safetensors(
+    path: Path,
+    tensors: list[tuple[str, mx.array]],
+    metadata: dict[str, str] | None = None,
+    dtypes: dict[str, str] | None = None,
+) -> dict[str, int]:
     """Write tensors one at a time (each evaluated just before it is written); return crc32 per name.
 
     The header is computed from lazy shapes and dtypes, so peak memory is one tensor, not the file.
+    `dtypes` names the safetensors dtype of tensors mlx cannot type itself (F8_E4M3 held as uint8).
     """
     header: dict[str, object] = {"__metadata__": metadata or {"format": "mlx"}}
     offset = 0
@@ -174,7 +181,7 @@ def write_safetensors(path: Path, tensors: list[tuple[str, mx.array]], metadata:
         if arr.dtype not in MLX_TO_SAFETENSORS:
             raise StreamerError(f"cannot write tensor '{name}' of dtype {arr.dtype} to {path}")
         header[name] = {
-            "dtype": MLX_TO_SAFETENSORS[arr.dtype],
+            "dtype": (dtypes or {}).get(name, MLX_TO_SAFETENSORS[arr.dtype]),
             "shape": list(arr.shape),
             "data_offsets": [offset, offset + arr.nbytes],
         }

@@ -1,0 +1,105 @@
+"""What the MoE families need beyond the common parity tests (test_parity.py runs every family in
+both conventions): mixed per-module bits, dense layers between MoE layers, fused HF expert tensors,
+FP8 downloads."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+
+from streamer.architectures import build_model, normalize_config
+from streamer.errors import StreamerError
+from streamer.io.checkpoint import Checkpoint
+from streamer.io.manifest import read_manifest
+from streamer.io.safetensors import read_header, to_mlx, write_safetensors
+from streamer.repack import Quantize, repack
+from streamer.synthetic import tiny_config, write_hf_checkpoint
+
+from conftest import reference_model
+from test_parity import compare
+
+
+def test_mixed_bits_per_module(checkpoints):
+    """mlx-lm's mixed recipes record per-module bits in config.json; each layer streams with its own."""
+    src = checkpoints.mlx("deepseek_v3", recipe="mixed_3_6")
+    folder = checkpoints.repacked(src)
+    bits = [{p: q["bits"] for p, q in layer.quantization.items()} for layer in read_manifest(folder).layers]
+    assert bits == [
+        {"gate_proj": 3, "up_proj": 3, "down_proj": 3},
+        {"gate_proj": 3, "up_proj": 3, "down_proj": 6},
+    ]
+    compare(folder, reference_model(src), tolerance=0.0)
+
+
+def test_dense_layers_between_moe_layers(tmp_path):
+    config = tiny_config("qwen3_moe", num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
+    src = write_hf_checkpoint(tmp_path / "src", config)
+    folder = tmp_path / "out"
+    repack(src, folder, log=lambda _: None)
+    assert [layer.module for layer in read_manifest(folder).layers] == [
+        "model.layers.1.mlp.switch_mlp",
+        "model.layers.5.mlp.switch_mlp",
+    ]
+    compare(folder, reference_model(src), tolerance=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_5_moe"])
+def test_fused_hf_experts_become_what_mlx_lm_sanitize_makes(checkpoints, arch):
+    """Each expert record holds exactly that expert's slice of mlx-lm's sanitized stacked tensors."""
+    src = checkpoints.hf(arch)
+    folder = checkpoints.repacked(src)
+    with Checkpoint(src) as ckpt:
+        model = build_model(normalize_config(ckpt.config), src)
+        sanitized = model.sanitize({name: ckpt.lazy(name) for name in ckpt.tensors})
+    for layer in read_manifest(folder).layers:
+        data = (folder / layer.file).read_bytes()
+        for tensor in layer.tensors:
+            stacked = sanitized[f"{layer.module}.{tensor.name}"]
+            for e, offset in enumerate(layer.expert_offsets):
+                start = offset + tensor.offset
+                expected = bytes(memoryview(mx.contiguous(stacked[e])).cast("B"))
+                assert data[start : start + tensor.nbytes] == expected, (layer.module, tensor.name, e)
+
+
+def test_an_expert_layout_mlx_lm_does_not_read_is_refused(checkpoints, tmp_path):
+    """gpt-oss dequantized to bf16 by transformers stores `experts.gate_up_proj` [E, H, 2I]: refused."""
+    src = tmp_path / "src"
+    shutil.copytree(checkpoints.hf("gpt_oss"), src)
+    shards = sorted(src.glob("model-*.safetensors"))
+    for shard in shards:
+        data = shard.read_bytes()
+        write_safetensors(shard, [
+            (n.replace("_proj_blocks", "_proj"), to_mlx(data[i.start : i.end], i.dtype, i.shape))
+            for n, i in read_header(shard).items()
+            if not n.endswith("_proj_scales")
+        ])
+    weight_map = {name: shard.name for shard in shards for name in read_header(shard)}
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(StreamerError, match=r"model\.layers\.0\.mlp\.experts\.\w+_proj'.*layout"):
+        repack(src, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "kimi_k2", "deepseek_v32"])
+def test_fp8_download_is_dequantized_as_mlx_lm_does(tmp_path, arch):
+    """The official DeepSeek / Kimi checkpoints: FP8 weights with 128x128 block scales."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(arch), fp8=True)
+    repack(src, tmp_path / "bf16", log=lambda _: None)
+    compare(tmp_path / "bf16", reference_model(src), tolerance=1e-4)
+    with contextlib.redirect_stdout(io.StringIO()):
+        mlx_lm.convert(str(src), str(tmp_path / "mlx"), quantize=True, q_bits=4, q_group_size=64)
+    repack(src, tmp_path / "q4", quantize=Quantize(4, 64), log=lambda _: None)
+    compare(tmp_path / "q4", reference_model(tmp_path / "mlx"), tolerance=0.0)
+
+
+def test_fp8_is_refused_where_mlx_lm_does_not_dequantize_it(tmp_path):
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("qwen3_moe"), fp8=True)
+    with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
+        repack(src, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out").exists()
