@@ -63,7 +63,12 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = _prompt(args)  # before the slow imports: bad input fails fast
     from .model import load
 
-    model, tokenizer = load(args.model, memory_budget=args.memory_budget, verify_reads=args.verify_reads)
+    model, tokenizer = load(
+        args.model,
+        memory_budget=args.memory_budget,
+        verify_reads=args.verify_reads,
+        trust_remote_code=args.trust_remote_code,
+    )
     print(f"[streamer] {model.residency}", file=sys.stderr)
     if args.chat and tokenizer.chat_template is not None:
         messages = [{"role": "user", "content": prompt}]
@@ -161,6 +166,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--memory-budget", type=_size, default=None, help="bytes of experts to keep resident, e.g. 4G")
     p.add_argument("--verify-reads", action="store_true", help="check each expert's crc32 the first time it is read")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow a tokenizer that ships Python code (Kimi K2)")
     p.set_defaults(run=_generate)
 
     p = sub.add_parser("info", help="describe a repacked model")

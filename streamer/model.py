@@ -30,7 +30,12 @@ def default_dtype() -> mx.Dtype | None:
 
 
 def load(
-    path: str | Path, *, memory_budget: int | None = None, dtype: mx.Dtype | None = None, verify_reads: bool = False
+    path: str | Path,
+    *,
+    memory_budget: int | None = None,
+    dtype: mx.Dtype | None = None,
+    verify_reads: bool = False,
+    trust_remote_code: bool = False,
 ) -> tuple[nn.Module, TokenizerWrapper]:
     """Load a repacked model: non-expert weights resident, experts streamed from disk.
 
@@ -41,6 +46,7 @@ def load(
     Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer.
     Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of
     the non-expert weights now and of each expert the first time it is read.
+    `trust_remote_code` lets a tokenizer that ships its own Python code (Kimi K2's) run it.
     """
     folder = Path(path)
     manifest = read_manifest(folder)
@@ -93,8 +99,22 @@ def load(
     model.expert_stats = stats
     model.folder_lock = folder_lock
     model.context_length = config.get("max_position_embeddings")
-    tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
-    return model, tokenizer
+    return model, _tokenizer(folder, config, trust_remote_code)
+
+
+def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> TokenizerWrapper:
+    extra = {"trust_remote_code": True} if trust_remote_code else None
+    try:
+        return load_tokenizer(folder, tokenizer_config_extra=extra, eos_token_ids=config.get("eos_token_id"))
+    except (ValueError, OSError) as e:
+        tokenizer_config = folder / "tokenizer_config.json"
+        ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(errors="replace")
+        if ships_code and not trust_remote_code:
+            raise StreamerError(
+                f"{folder}: this model's tokenizer is Python code shipped with the model (auto_map in "
+                "tokenizer_config.json). If you trust it, pass trust_remote_code=True (CLI: --trust-remote-code)."
+            ) from e
+        raise StreamerError(f"{folder}: cannot load the tokenizer ({e}); check the tokenizer files.") from e
 
 
 def _apply_budget(manifest, streaming: dict[str, StreamingExperts], budget: int | None, dtype) -> str:

@@ -1,0 +1,45 @@
+"""A tokenizer that ships its own Python code (as Kimi K2's does) runs only when the user says so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import streamer
+
+TOKENIZER_CODE = '''
+import os
+
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+
+class ShippedTokenizer(PreTrainedTokenizerFast):
+    """Stands for a tokenizer that only its own code can read (Kimi K2's reads a tiktoken file)."""
+
+    vocab_files_names = {"vocab_file": "shipped_vocab.json"}
+
+    def __init__(self, vocab_file=None, **kwargs):
+        super().__init__(tokenizer_object=Tokenizer.from_file(vocab_file), **kwargs)
+'''
+
+
+def test_tokenizer_with_shipped_code_needs_trust_remote_code(checkpoints, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(checkpoints.hf("qwen3_moe"), src)
+    (src / "shipped_tokenizer.py").write_text(TOKENIZER_CODE)
+    (src / "tokenizer.json").rename(src / "shipped_vocab.json")
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "ShippedTokenizer"
+    config["auto_map"] = {"AutoTokenizer": [None, "shipped_tokenizer.ShippedTokenizer"]}
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    streamer.repack.repack(src, tmp_path / "dst", log=lambda _: None)
+    assert (tmp_path / "dst" / "shipped_tokenizer.py").exists()  # carried over with the tokenizer files
+
+    with pytest.raises(streamer.StreamerError, match="tokenizer is Python code shipped with the model.*--trust-remote-code"):
+        streamer.load(tmp_path / "dst", memory_budget=0)
+    model, tokenizer = streamer.load(tmp_path / "dst", memory_budget=0, trust_remote_code=True)
+    assert type(tokenizer._tokenizer).__name__ == "ShippedTokenizer"
+    assert streamer.generate(model, tokenizer, "The value", max_tokens=4)
