@@ -110,11 +110,16 @@ def _info(args: argparse.Namespace) -> None:
     print(f"model_type        {config.get('model_type')}")
     print(f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)")
     print(f"experts           {layers[0].num_experts} per layer, {top_k} routed per token")
-    quant_text = f"{quant['bits']}-bit, group {quant['group_size']}" if quant else "none"
-    print(f"quantization      {quant_text}")
+    print(f"quantization      {_describe_quantization(quant) if quant else 'none'}")
+    expert_quant = {_describe_quantization(q) if q else "unquantized" for layer in layers for q in layer.quantization.values()}
+    print(f"expert weights    {', '.join(sorted(expert_quant))}")
     print(f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)")
     print(f"expert bytes      {manifest.expert_bytes / 1e9:.3f} GB (streamed from disk)")
     print(f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)")
+
+
+def _describe_quantization(params: dict) -> str:
+    return f"{params['bits']}-bit {params.get('mode', 'affine')}, group {params['group_size']}"
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ def test_repack_info_generate(checkpoints, tmp_path):
     result = run("repack", str(checkpoints.hf("qwen3_moe")), str(dst), "--quantize", "4")
     assert "layer 2/2" in result.stderr and "done" in result.stderr
     info = run("info", str(dst)).stdout
-    assert "qwen3_moe" in info and "16 per layer, 4 routed per token" in info and "4-bit, group 64" in info
+    assert "qwen3_moe" in info and "16 per layer, 4 routed per token" in info and "4-bit affine, group 64" in info
     args = ("generate", "--model", str(dst), "--prompt", "The file", "--max-tokens", "8", "--seed", "1", "--temp", "0.7")
     streamed = run(*args, "--memory-budget", "0")
     assert streamed.stdout.strip()
