@@ -89,6 +89,7 @@ class StreamingExperts(nn.Module):
                 admit.append(admitted)
         traffic.cache_hits += len(hits)
         stacked = [mx.stack(parts) for parts in zip(*(t for _, t in hits))] if hits else []
+        traffic.bytes_copied += sum(a.nbytes for a in stacked)
         newly_cached = []
         if misses:
             read = [self._convert(a) for a in self._store.read(self._layer_index, np.array(misses), traffic)]

@@ -26,6 +26,7 @@ class RunStats:
     peak_rss_bytes: int
     peak_mlx_bytes: int
     expert_bytes_per_token: float
+    expert_bytes_copied_per_token: float  # memory copies of expert bytes (one per read, plus cache hits)
     expert_reads_per_token: float
     syncs_per_token: float
     page_cache_hit_rate: float | None  # share of expert bytes already in the page cache when read
@@ -64,6 +65,7 @@ def run_stats(model: nn.Module, prompt_tokens: int = 0, prompt_tps: float = 0.0,
         peak_rss_bytes=peak_rss_bytes(),
         peak_mlx_bytes=mx.get_peak_memory(),
         expert_bytes_per_token=decode.bytes_read / steps,
+        expert_bytes_copied_per_token=decode.bytes_copied / steps,
         expert_reads_per_token=decode.experts_read / steps,
         syncs_per_token=decode.syncs / steps,
         page_cache_hit_rate=decode.page_cache_hit_rate,

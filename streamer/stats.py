@@ -13,7 +13,8 @@ class ExpertTraffic:
     syncs: int = 0  # host syncs (one per MoE layer call that needs routed indices on the host)
     experts_read: int = 0  # expert records read (one read call each)
     cache_hits: int = 0  # routed experts served from the hot-expert cache instead
-    bytes_read: int = 0  # expert bytes copied out of the store
+    bytes_read: int = 0  # expert bytes read from the store (page cache or disk)
+    bytes_copied: int = 0  # expert bytes copied in memory: reads into the arena, cached experts stacked
     bytes_in_page_cache: int = 0  # of bytes_read, how many were resident before the read
     bytes_measured: int = 0  # of bytes_read, how many had their residency measured
     read_seconds: float = 0.0  # inside the store: residency checks, WILLNEED hints, preadv

@@ -86,12 +86,14 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints
     decode = model.expert_stats.decode
     if budget in ("all", "default"):  # the tiny model fits in memory, so the default keeps it all
         assert model.residency.startswith("all experts resident")
-        assert decode.syncs == 0 and decode.experts_read == 0 and decode.layer_calls > 0
+        assert decode.syncs == 0 and decode.experts_read == 0 and decode.bytes_copied == 0
+        assert decode.layer_calls > 0
     else:
         slots = {"hot experts": 12, "one expert": 1}[budget]
         assert f"up to {slots} hot experts" in model.residency
         assert decode.syncs == decode.layer_calls
         assert decode.cache_hits > 0
+        assert decode.bytes_copied > decode.bytes_read  # every read lands once, hits are stacked too
         routed = decode.cache_hits + decode.experts_read  # every routed expert: a hit or one read
         assert routed <= decode.layer_calls * 4
 

@@ -119,6 +119,7 @@ class ExpertStore:
             self._verify(layer_index, experts, slots)
         traffic.experts_read += k
         traffic.bytes_read += k * span
+        traffic.bytes_copied += k * span  # preadv copies once, from the page cache into the arena
         traffic.read_seconds += time.perf_counter() - start
         return arrays
 
