@@ -96,3 +96,15 @@ def test_loaded_model_keeps_only_non_expert_weights_resident(tmp_path):
     mx.eval(model(tokens))
     assert mx.get_active_memory() - before < resident + expert_bytes_f32 / 4
     assert np.isfinite(np.array(model(tokens))).all()
+
+
+def test_read_path_without_preadv(checkpoints, monkeypatch):
+    """Pythons built without os.preadv (macOS before 11) read with pread and copy: same outputs."""
+    import streamer.io.expert_store as expert_store
+
+    folder = checkpoints.repacked(checkpoints.mlx("olmoe"))
+    model, tokenizer = streamer.load(folder, memory_budget=0)
+    tokens = mx.array([tokenizer.encode("The value of the function")])
+    expected = model(tokens)
+    monkeypatch.setattr(expert_store, "_preadv", expert_store._pread_into)
+    assert mx.array_equal(model(tokens), expected)

@@ -110,7 +110,7 @@ class ExpertStore:
                 views.append(dest[slot])
                 if gap:
                     views.append(self._pad[:gap])
-            if os.preadv(fd, views, off) != span:
+            if _preadv(fd, views, off) != span:
                 raise StreamerError(
                     f"{self._where(layer_index)}: short read of expert {experts[slot]}: the file was truncated "
                     "or overwritten since the model was loaded; repack the model."
@@ -176,6 +176,20 @@ class ExpertStore:
             mapped.close()
             os.close(fd)
         self._files.clear()
+
+
+def _pread_into(fd: int, buffers: list[np.ndarray], offset: int) -> int:
+    """preadv for Pythons built without it (macOS before 11): one pread, then copies."""
+    data = os.pread(fd, sum(b.nbytes for b in buffers), offset)
+    done = 0
+    for b in buffers:
+        part = np.frombuffer(data, dtype=np.uint8, count=min(b.nbytes, len(data) - done), offset=done)
+        b[: part.size] = part
+        done += part.size
+    return done
+
+
+_preadv = getattr(os, "preadv", _pread_into)
 
 
 def _gaps(layer: MoeLayer) -> list[int]:
