@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", type=Path, default=DEMO_MODEL, help="Hugging Face or mlx-lm checkpoint folder")
     ap.add_argument("--text", type=Path, help="text file to route (default: the demo's held-out stdlib files)")
     ap.add_argument("--max-tokens", type=int, default=20_000)
-    ap.add_argument("--seq", type=int, default=256, help="window length (tokens of context)")
+    ap.add_argument("--seq", type=int, default=128, help="window length (tokens of context; the demo model trained on 128)")
     ap.add_argument("--trace", type=Path, help="write the routed expert ids to this .npz")
     args = ap.parse_args(argv)
 
