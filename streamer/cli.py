@@ -122,21 +122,39 @@ def _describe_quantization(params: dict) -> str:
     return f"{params['bits']}-bit {params.get('mode', 'affine')}, group {params['group_size']}"
 
 
+DEMO_MODEL = Path(__file__).parent / "demo_model"
+# 4-bit experts, as users run real models: on 8k held-out tokens the demo model's cross entropy is
+# 4.955 nats unquantized (bf16), 4.955 at 8 bits and 4.965 at 4 bits (group 64), a 0.2% change.
+DEMO_QUANTIZE = 4
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .model import load
     from .repack import Quantize, repack
-    from .synthetic import tiny_config, write_hf_checkpoint
 
     prompt = _prompt(args)
     with tempfile.TemporaryDirectory(prefix="streamer-demo-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
-        src, dst = work / "checkpoint", work / "streaming"
-        print(f"[demo] writing a tiny qwen3_moe checkpoint (Hugging Face format, bf16) to {src}", file=sys.stderr)
-        write_hf_checkpoint(src, tiny_config("qwen3_moe"))
-        repack(src, dst, quantize=Quantize(4), force=True)
+        dst = work / "streaming"
+        quantize = Quantize(DEMO_QUANTIZE) if DEMO_QUANTIZE else None
+        precision = f"with {DEMO_QUANTIZE}-bit experts" if DEMO_QUANTIZE else "unquantized (bf16)"
+        print(
+            f"[demo] built-in model: a {_demo_size()} qwen3_moe trained on Python's standard library "
+            f"(tools/train_demo.py); repacking it {precision} to {dst}",
+            file=sys.stderr,
+        )
+        repack(DEMO_MODEL, dst, quantize=quantize, force=True)
         model, tokenizer = load(dst, memory_budget=0)  # stream every layer, to show the mechanism
-        print("[demo] generating (random weights: expect noise, but real streaming)", file=sys.stderr)
+        print(f"[demo] generating; expert weights are streamed from {dst}", file=sys.stderr)
         return _stream(model, tokenizer, prompt, args)
+
+
+def _demo_size() -> str:
+    import json
+
+    config = json.loads((DEMO_MODEL / "config.json").read_text())
+    layers, experts, k = config["num_hidden_layers"], config["num_experts"], config["num_experts_per_tok"]
+    return f"{layers}-layer, {experts}-expert (top-{k})"
 
 
 def _add_sampling(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
@@ -178,10 +196,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.set_defaults(run=_info)
 
-    p = sub.add_parser("demo", help="write a tiny MoE checkpoint, repack it and generate (offline)")
-    _add_sampling(p, "The function returns")
-    p.add_argument("--keep", metavar="DIR", help="keep the demo checkpoint and repacked model in DIR")
-    p.set_defaults(run=_demo, max_tokens=40)
+    p = sub.add_parser("demo", help="repack the built-in tiny trained MoE and generate (offline)")
+    _add_sampling(p, "def read_config(path):\n    \"\"\"")
+    p.add_argument("--keep", metavar="DIR", help="keep the repacked demo model in DIR")
+    # a 3M-parameter model loops under greedy decoding; mild sampling with a fixed seed reads better
+    p.set_defaults(run=_demo, max_tokens=40, temp=0.5, top_p=0.9, seed=0)
     return ap
 
 

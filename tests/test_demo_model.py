@@ -1,0 +1,64 @@
+"""The built-in demo model: a real Hugging Face checkpoint that mlx-lm and streamer agree on."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+import streamer
+from streamer.cli import DEMO_MODEL, main
+from streamer.repack import repack
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = 'def read_config(path):\n    """Return the parsed configuration file."""\n    with open(path) as f:\n'
+
+
+def test_checkpoint_is_in_hugging_face_format():
+    config = json.loads((DEMO_MODEL / "config.json").read_text())
+    assert config["model_type"] == "qwen3_moe" and config["torch_dtype"] in ("bfloat16", "float16")
+    names = set(mx.load(str(DEMO_MODEL / "model.safetensors")))
+    assert "model.layers.0.mlp.experts.0.gate_proj.weight" in names
+    assert not any("switch_mlp" in n for n in names)
+    tokenizer_config = json.loads((DEMO_MODEL / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast" and tokenizer_config["chat_template"]
+
+
+def test_streamer_matches_mlx_lm(tmp_path):
+    from mlx_lm.utils import load_model
+
+    reference, _ = load_model(DEMO_MODEL)
+    reference.set_dtype(mx.float32)
+    repack(DEMO_MODEL, tmp_path / "streaming", quantize=None)
+    model, tokenizer = streamer.load(tmp_path / "streaming", dtype=mx.float32)
+    tokens = mx.array([tokenizer.encode(TEXT)])
+    expected, got = reference(tokens), model(tokens)
+    assert np.array_equal(np.array(expected), np.array(got))
+
+
+def test_demo_prints_readable_text(capsys, tmp_path):
+    assert main(["demo", "--max-tokens", "30", "--keep", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert len(text) > 40
+    printable = sum(c.isascii() and (c.isprintable() or c in "\n\t") for c in text)
+    assert printable / len(text) > 0.95
+
+
+def test_routing_summary_writes_a_trace(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("routing_summary", ROOT / "tools" / "routing_summary.py")
+    routing_summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(routing_summary)
+    text = tmp_path / "held_out.py"
+    text.write_text(TEXT * 20)
+    trace = tmp_path / "trace.npz"
+    routing_summary.main(["--model", str(DEMO_MODEL), "--text", str(text), "--max-tokens", "300",
+                          "--seq", "128", "--trace", str(trace)])
+    assert "overlap" in capsys.readouterr().out
+    data = np.load(trace)
+    config = json.loads((DEMO_MODEL / "config.json").read_text())
+    assert data["experts"].shape == (300, config["num_hidden_layers"], config["num_experts_per_tok"])
+    assert data["experts"].max() < config["num_experts"]
+    assert list(data["window_start"]) == [0, 128, 256]

@@ -1,0 +1,161 @@
+"""How a MoE checkpoint routes real text: expert-use skew and token-to-token expert reuse.
+
+    python tools/routing_summary.py                       # the shipped demo model, held-out stdlib files
+    python tools/routing_summary.py --model DIR --text FILE --trace trace.npz
+
+Runs the model (mlx-lm, float32) over text in independent windows of --seq tokens and prints, per
+MoE layer: the share of routed slots taken by the top 10% of experts, the entropy of expert use
+(normalised: 1.0 = uniform), and the mean overlap |S_t & S_t+1| / k of the top-k sets of
+consecutive tokens (a uniformly random router would give k / num_experts).
+
+Trace file (--trace, numpy .npz) for replaying the routing in cache benchmarks:
+    experts      int16 [tokens, layers, k]  routed expert ids, in token order (ids within a token
+                                            are sorted; order carries no meaning)
+    tokens       int32 [tokens]             the token ids
+    window_start int64 [windows]            index of each window's first token; a new window starts
+                                            with an empty KV cache, so reuse across its boundary is
+                                            not meaningful
+    num_experts  int64 scalar, top_k int64 scalar, layers int64 [layers] (model layer index of
+                                            each MoE layer), model_type str scalar
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+DEMO_MODEL = Path(__file__).resolve().parent.parent / "streamer" / "demo_model"
+
+
+class RecordingExperts(nn.Module):
+    """Wraps an expert container, keeping the indices the router chose for each call."""
+
+    def __init__(self, inner: nn.Module, sink: list):
+        super().__init__()
+        self.inner = inner
+        self._sink = sink
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        self._sink.append(indices)
+        return self.inner(x, indices)
+
+
+def moe_layers(model: nn.Module) -> list[tuple[int, nn.Module]]:
+    return [(i, layer.mlp) for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "switch_mlp")]
+
+
+def route(model: nn.Module, tokens: np.ndarray, seq: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """Routed experts [T, L, k], window starts, and mean next-token cross entropy (nats)."""
+    sinks = []
+    for _, moe in moe_layers(model):
+        sinks.append([])
+        moe.switch_mlp = RecordingExperts(moe.switch_mlp, sinks[-1])
+    experts, starts, nll, count = [], [], 0.0, 0
+    for start in range(0, len(tokens) - 1, seq):
+        window = tokens[start : start + seq + 1]
+        if len(window) < 2:
+            break
+        x, y = mx.array(window[None, :-1]), mx.array(window[None, 1:])
+        for sink in sinks:
+            sink.clear()
+        logits = model(x)
+        nll += nn.losses.cross_entropy(logits, y, reduction="sum").item()
+        count += y.size
+        starts.append(start)
+        # one entry per layer: [1, len, k] -> [len, L, k]
+        experts.append(np.stack([np.array(s[0][0]) for s in sinks], axis=1))
+    routed = np.sort(np.concatenate(experts), axis=-1).astype(np.int16)
+    return routed, np.array(starts, dtype=np.int64), nll / count
+
+
+def layer_summary(routed: np.ndarray, starts: np.ndarray, num_experts: int) -> dict:
+    """Skew and reuse for one layer; routed is [T, k]."""
+    k = routed.shape[1]
+    counts = np.bincount(routed.reshape(-1), minlength=num_experts).astype(np.float64)
+    share = counts / counts.sum()
+    top = max(1, math.ceil(0.1 * num_experts))
+    p = share[share > 0]
+    entropy = float(-(p * np.log(p)).sum() / math.log(num_experts))
+    # overlap of consecutive tokens' sets, skipping pairs that straddle a window boundary
+    same_window = np.ones(len(routed) - 1, dtype=bool)
+    same_window[starts[1:] - 1] = False
+    a, b = routed[:-1][same_window], routed[1:][same_window]
+    overlap = (a[:, :, None] == b[:, None, :]).any(-1).sum(-1).mean() / k
+    return {
+        "top10_share": float(np.sort(share)[::-1][:top].sum()),
+        "top10_experts": top,
+        "entropy": entropy,
+        "overlap": float(overlap),
+        "max_share": float(share.max()),
+        "unused": int((counts == 0).sum()),
+    }
+
+
+def held_out_text() -> str:
+    """The stdlib files tools/train_demo.py never trains on."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from train_demo import corpus_files
+
+    _, val_files = corpus_files()
+    return "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in val_files)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=DEMO_MODEL, help="Hugging Face or mlx-lm checkpoint folder")
+    ap.add_argument("--text", type=Path, help="text file to route (default: the demo's held-out stdlib files)")
+    ap.add_argument("--max-tokens", type=int, default=20_000)
+    ap.add_argument("--seq", type=int, default=128, help="window length (tokens of context; the demo model trained on 128)")
+    ap.add_argument("--trace", type=Path, help="write the routed expert ids to this .npz")
+    args = ap.parse_args(argv)
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # long texts are windowed below
+    from mlx_lm.utils import load
+
+    model, tokenizer = load(str(args.model))
+    model.set_dtype(mx.float32)  # the CPU backend's gather_mm is float32-only
+    text = args.text.read_text(encoding="utf-8", errors="replace") if args.text else held_out_text()
+    tokens = np.array(tokenizer.encode(text), dtype=np.int32)[: args.max_tokens + 1]
+    layers = moe_layers(model)
+    num_experts = layers[0][1].num_experts
+    top_k = layers[0][1].top_k
+
+    routed, starts, loss = route(model, tokens, args.seq)
+    print(f"{args.model}: {len(routed):,} tokens in windows of {args.seq}, {num_experts} experts, top-{top_k}")
+    print(f"cross entropy {loss:.3f} nats/token (perplexity {math.exp(loss):.1f})")
+    print(f"top 10% of experts = the {max(1, math.ceil(0.1 * num_experts))} most used per layer; "
+          f"uniform-router baseline: top-10% share {max(1, math.ceil(0.1 * num_experts)) / num_experts:.3f}, "
+          f"entropy 1.000, overlap {top_k / num_experts:.3f}")
+    print(f"{'layer':>5} {'top10%share':>11} {'entropy':>8} {'overlap':>8} {'max_share':>9} {'unused':>6}")
+    rows = []
+    for j, (index, _) in enumerate(layers):
+        s = layer_summary(routed[:, j], starts, num_experts)
+        rows.append(s)
+        print(f"{index:>5} {s['top10_share']:>11.3f} {s['entropy']:>8.3f} {s['overlap']:>8.3f} "
+              f"{s['max_share']:>9.3f} {s['unused']:>6}")
+    mean = {key: np.mean([r[key] for r in rows]) for key in ("top10_share", "entropy", "overlap")}
+    print(f"{'mean':>5} {mean['top10_share']:>11.3f} {mean['entropy']:>8.3f} {mean['overlap']:>8.3f}")
+
+    if args.trace:
+        np.savez_compressed(
+            args.trace,
+            experts=routed,
+            tokens=tokens[: len(routed)],
+            window_start=starts,
+            num_experts=np.int64(num_experts),
+            top_k=np.int64(top_k),
+            layers=np.array([i for i, _ in layers], dtype=np.int64),
+            model_type=np.array(model.model_type),
+        )
+        print(f"trace written to {args.trace}")
+
+
+if __name__ == "__main__":
+    main()
