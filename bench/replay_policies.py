@@ -54,7 +54,10 @@ def main() -> None:
     args = ap.parse_args()
     data = np.load(args.trace)
     experts = data["experts"]
-    num_experts = args.num_experts or int(data["num_experts"]) if "num_experts" in data else int(experts.max()) + 1
+    if args.num_experts:
+        num_experts = args.num_experts
+    else:
+        num_experts = int(data["num_experts"]) if "num_experts" in data else int(experts.max()) + 1
     rows = replay(experts, num_experts, args.budgets)
     if args.json:
         print(json.dumps({"trace": args.trace, "tokens": len(experts), "rows": rows}))
