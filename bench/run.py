@@ -28,7 +28,7 @@ import mlx.core as mx
 
 import pagecache
 from balloon import GiB, Balloon, mem_available
-from generate_checkpoint import PRESETS, preset_config, read_spec, write_checkpoint
+from generate_checkpoint import PRESETS, checkpoint_spec, preset_config, read_spec, write_checkpoint
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -89,7 +89,7 @@ def ensure_models(preset: str, data: Path, *, layers: int | None, vocab: int | N
     from streamer.repack import repack
 
     config = preset_config(preset, num_hidden_layers=layers, vocab_size=vocab)
-    spec = {"config": config, "bits": 4, "group_size": 64, "skew": skew, "seed": seed}
+    spec = checkpoint_spec(config, skew=skew, seed=seed)
     tag = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
     name = preset + (f"-L{layers}" if layers else "") + (f"-v{vocab}" if vocab else "")
     mlx, streaming = data / f"{name}-{tag}-mlx", data / f"{name}-{tag}-streaming"
@@ -324,12 +324,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-30b-a3b-12l")
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--vocab", type=int, help="override the preset's vocabulary size")
-    ap.add_argument("--skew", type=float, default=0.5, help="expert popularity skew of the synthetic router")
+    ap.add_argument("--skew", type=float, default=0.3, help="expert popularity skew of the synthetic router")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("STREAMER_BENCH_DATA", Path.home() / ".cache/streamer-bench")),
                     help="where generated checkpoints live (multi-GB: not the repo)")
     ap.add_argument("--results", type=Path, default=BENCH / "results")
-    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per worker (cold: runs)")
     ap.add_argument("--rounds", type=int, default=2, help="warm: alternating streamer/mlx-lm rounds")
