@@ -212,6 +212,7 @@ def common_args(args: argparse.Namespace, *, repeats: int | None = None, prompt:
         "--prompt-tokens", prompt or str(args.prompt_tokens),
         "--decode-tokens", str(decode or args.decode_tokens),
         "--repeats", str(repeats or args.repeats),
+        "--temp", str(args.temp),
     ]
 
 
@@ -333,7 +334,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per worker (cold: runs)")
     ap.add_argument("--rounds", type=int, default=2, help="warm: alternating streamer/mlx-lm rounds")
-    ap.add_argument("--routing-tokens", type=int, default=32, help="warm: decode steps of the routing profile (0: skip)")
+    ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature, seeded (0: greedy; loops on random weights)")
+    ap.add_argument("--routing-tokens", type=int, default=64, help="warm: decode steps of the routing profile (0: skip)")
     ap.add_argument("--io-concurrency", type=int, default=1, help="reads in flight, as the engine issues them")
     ap.add_argument("--disk-budget", type=size, default=256 << 20, help="bytes read to measure the disk")
     ap.add_argument("--available", type=lambda t: [size(x) for x in t.split(",")], default=[8 * GiB, 6 * GiB, 4 * GiB],

@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_sampler
 
 from pagecache import drop
 
@@ -94,14 +95,22 @@ def traffic(model: nn.Module) -> dict | None:
     return {"moe_layers": stats.moe_layers, "prefill": dataclasses.asdict(stats.prefill), "decode": dataclasses.asdict(stats.decode)}
 
 
-def run_once(model: nn.Module, prompt: mx.array, decode_tokens: int, *, cold_decode: list | None = None) -> dict:
+def tokens(model: nn.Module, prompt: mx.array, max_tokens: int, temp: float, seed: int = 0):
+    """generate_step with a seeded sampler. Greedy decoding of a random model falls into short
+    loops (the same few tokens, hence the same experts, over and over); temperature 1 does not."""
+    mx.random.seed(seed)
+    return generate_step(prompt, model, max_tokens=max_tokens, sampler=make_sampler(temp=temp))
+
+
+def run_once(model: nn.Module, prompt: mx.array, decode_tokens: int, *, temp: float = 1.0,
+             cold_decode: list | None = None) -> dict:
     """Time one generation: TTFT, then the decode rate over the remaining tokens."""
     stats = getattr(model, "expert_stats", None)
     if stats is not None:
         stats.reset()
     times = []
     start = time.perf_counter()
-    for _ in generate_step(prompt, model, max_tokens=decode_tokens):
+    for _ in tokens(model, prompt, decode_tokens, temp):
         times.append(time.perf_counter())
         if len(times) == 1:
             ttft = times[0] - start
@@ -134,27 +143,32 @@ class RoutingRecorder(nn.Module):
         return self.inner(x, indices)
 
 
-def routing_profile(model: nn.Module, prompt: mx.array, tokens: int, num_experts: int) -> dict:
+def routing_profile(model: nn.Module, prompt: mx.array, max_tokens: int, num_experts: int, temp: float) -> dict:
     """Expert popularity and temporal correlation over decode steps (a separate, untimed run)."""
     from streamer.architectures import expert_containers, replace_modules
 
     containers = expert_containers(model)
     logs = {path: [] for path in containers}
     replace_modules(model, {path: RoutingRecorder(c, logs[path]) for path, c in containers.items()})
-    for _ in generate_step(prompt, model, max_tokens=tokens):
+    for _ in tokens(model, prompt, max_tokens, temp, seed=1):
         pass
     replace_modules(model, containers)
     top_share, overlap, touched = [], [], []
+    uniform = np.random.default_rng(0)
     for calls in logs.values():
-        steps = [c[0] for c in calls if c.shape[0] == 1]  # single-token (decode) calls
-        k = len(steps[0])
-        counts = np.sort(np.bincount(np.concatenate(steps), minlength=num_experts))[::-1]
+        decode = [c[0] for c in calls if c.shape[0] == 1]  # single-token (decode) calls
+        k = len(decode[0])
+        counts = np.sort(np.bincount(np.concatenate(decode), minlength=num_experts))[::-1]
         top_share.append(counts[: max(1, num_experts // 10)].sum() / counts.sum())
-        overlap.append(np.mean([len(set(a) & set(b)) / k for a, b in zip(steps, steps[1:])]))
+        overlap.append(np.mean([len(set(a) & set(b)) / k for a, b in zip(decode, decode[1:])]))
         touched.append(int((counts > 0).sum()))
+    # The same statistic for uniform routing with as many picks: small samples inflate it.
+    picks = np.stack([uniform.permutation(num_experts)[:k] for _ in range(len(decode))]).ravel()
+    reference = np.sort(np.bincount(picks, minlength=num_experts))[::-1]
     return {
-        "decode_steps": len(steps),
-        "top10pct_experts_share": float(np.mean(top_share)),  # uniform routing: 0.10
+        "decode_steps": len(decode),
+        "top10pct_experts_share": float(np.mean(top_share)),
+        "uniform_top10pct_share": float(reference[: max(1, num_experts // 10)].sum() / reference.sum()),
         "consecutive_overlap": float(np.mean(overlap)),  # share of a token's experts the previous token also used
         "uniform_overlap": k / num_experts,
         "experts_touched_per_layer": float(np.mean(touched)),
@@ -172,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", action="store_true", help="one untimed short run first")
     ap.add_argument("--cold-decode", action="store_true", help="drop the expert files after the first token")
     ap.add_argument("--routing", type=int, default=0, help="then profile routing over this many decode steps")
+    ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature (seeded; 0: greedy)")
     args = ap.parse_args(argv)
 
     sampler = MemorySampler()
@@ -186,11 +201,11 @@ def main(argv: list[str] | None = None) -> None:
         # Hook: an engine-side drop would be cleaner than reaching for the store's mmaps.
         cold = [files, getattr(store, "_maps", [])]
     if args.warmup:
-        run_once(model, prompt_ids(8, seed=99), 4)
+        run_once(model, prompt_ids(8, seed=99), 4, temp=args.temp)
     runs = []
     for n in [int(x) for x in args.prompt_tokens.split(",")]:
         for i in range(args.repeats):
-            run = run_once(model, prompt_ids(n), args.decode_tokens, cold_decode=cold)
+            run = run_once(model, prompt_ids(n), args.decode_tokens, temp=args.temp, cold_decode=cold)
             runs.append(run)
             rate = run["decode_tok_s"] or 0.0
             print(f"[{args.engine}] prompt {n}: ttft {run['ttft_s']:.2f} s, decode {rate:.2f} tok/s", file=sys.stderr, flush=True)
@@ -198,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.routing:
         config = json.loads((args.model / "config.json").read_text())
         num_experts = config.get("num_experts") or config["num_local_experts"]
-        result["routing"] = routing_profile(model, prompt_ids(32, seed=7), args.routing, num_experts)
+        result["routing"] = routing_profile(model, prompt_ids(32, seed=7), args.routing, num_experts, args.temp)
     sampler.stop()
     result.update(
         peak_rss_bytes=peak_rss_bytes(),
