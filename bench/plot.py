@@ -41,6 +41,7 @@ def plot(name: str, results: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    top = 0.0
     styles = {"streamer": ("tab:blue", "o", "streamer (experts streamed)"), "mlx_lm": ("tab:orange", "s", "mlx-lm (fully resident)")}
     for engine, rows in points(results).items():
         color, marker, label = styles[engine]
@@ -51,22 +52,23 @@ def plot(name: str, results: dict[str, dict], path: Path) -> None:
             lo = [y - s["decode_tok_s"]["min"] for y, (_, s) in zip(ys, ran)]
             hi = [s["decode_tok_s"]["max"] - y for y, (_, s) in zip(ys, ran)]
             ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker=marker, capsize=3, label=label)
+            top = max(top, *[s["decode_tok_s"]["max"] for _, s in ran])
             bound = [(x / GB, s["io_bound_tok_s"]) for x, s in ran if s.get("io_bound_tok_s")]
             if bound:
-                ax.plot(*zip(*bound), color=color, linestyle=":", marker=".", label="streamer I/O bound (misses / disk)")
+                ax.plot(*zip(*bound), color=color, linestyle=":", marker=".",
+                        label="streamer I/O bound: misses / disk (off the top: rare misses)")
         missing = [x / GB for x, s in rows if s is None]
         if missing:
             ax.plot(missing, [0] * len(missing), color=color, marker="x", linestyle="none", markersize=9,
                     label=f"{label.split(' ')[0]}: does not fit")
     model = next(iter(results.values()))["model"]
-    ax.axvline((model["expert_bytes"] + model["resident_bytes"]) / GB, color="grey", linestyle="--", linewidth=0.8)
-    ax.text((model["expert_bytes"] + model["resident_bytes"]) / GB, ax.get_ylim()[1] * 0.95, " whole model\n (4-bit)",
-            fontsize=8, color="grey", va="top")
+    ax.axvline((model["expert_bytes"] + model["resident_bytes"]) / GB, color="grey", linestyle="--", linewidth=0.8,
+               label="size of the 4-bit model")
     ax.set_xlabel("memory available to the run (GB, MemAvailable)")
     ax.set_ylabel("decode tokens/s (median, min..max)")
     ax.set_title(f"{name}: {model['layers']} layers x {model['num_experts']} experts, top-{model['top_k']}; "
                  "random weights, CPU float32", fontsize=9)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 1.5 * top if top else None)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()

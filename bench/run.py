@@ -135,6 +135,7 @@ def summarize(results: list[dict], models: Models, disk_gbps: float | None) -> d
         "decode_tok_s": spread([r["decode_tok_s"] for r in runs]),
         "ttft_s": spread([r["ttft_s"] for r in runs]),
         "ms_per_token": ms_per_token,  # mean over all decode tokens of all runs
+        "tok_s_per_worker": [[round(r["decode_tok_s"] or 0, 4) for r in w["runs"]] for w in results],
         "prompt_tokens": runs[0]["prompt_tokens"],
         "decode_tokens_per_run": runs[0]["decode_tokens"],
         "load_s": spread([w["load_s"] for w in results]),
@@ -238,8 +239,10 @@ def scenario_warm(models: Models, args: argparse.Namespace, disk: dict) -> dict:
             extra = ["--routing", str(args.routing_tokens)] if r == 0 and args.routing_tokens else []
             baseline.append(worker("mlx_lm", models, *common_args(args), "--warmup", *extra))
             routing = routing or baseline[-1].get("routing")
+    rate = lambda w: statistics.median(r["decode_tok_s"] for r in w["runs"])
     return {
         "expert_files_cached_before": cached,
+        "ratio_per_round": [rate(s) / rate(b) for s, b in zip(streamer, baseline)],  # neighbours in time
         "streamer": summarize(streamer, models, disk["pread_gbps"]),
         "mlx_lm": summarize(baseline, models, None) if baseline else None,
         "routing": routing,
