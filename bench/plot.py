@@ -22,15 +22,18 @@ def points(results: dict[str, dict]) -> dict[str, list[tuple[float, dict | None]
     warm = results.get("warm")
     if warm:
         for engine in out:
-            if warm.get(engine):
-                out[engine].append((warm[engine]["mem_available_before"], warm[engine]))
+            summary = warm.get(engine)
+            if summary and summary.get("fits", True):
+                out[engine].append((summary["mem_available_before"], summary))
+            elif summary:  # did not fit: mark it where streamer ran
+                out[engine].append((warm["streamer"]["mem_available_before"], None))
     for point in (results.get("squeezed") or {}).get("points", []):
         if not point.get("balloon_survived", True):
             continue
         for engine in out:
             summary = point.get(engine)
-            fits = summary is not None and summary.get("fits", True)
-            out[engine].append((point["mem_available"], summary if fits else None))
+            if summary:  # None: not run (--no-baseline); {"fits": false}: did not fit
+                out[engine].append((point["mem_available"], summary if summary.get("fits", True) else None))
     return out
 
 

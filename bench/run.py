@@ -195,7 +195,7 @@ def flat(result: dict) -> dict:
         "io_bound_tok_s": s.get("io_bound_tok_s"),
         "peak_rss_bytes": s["peak_rss_bytes"],
         "peak_rss_anon_bytes": s.get("peak_rss_anon_bytes"),
-        "baseline_peak_rss_bytes": b["peak_rss_bytes"] if b else None,
+        "baseline_peak_rss_bytes": b.get("peak_rss_bytes") if b else None,
     }
 
 
@@ -226,6 +226,10 @@ def baseline_fits(models: Models, args: argparse.Namespace) -> bool:
     return fits
 
 
+def not_run(models: Models, args: argparse.Namespace) -> dict | None:
+    return None if args.no_baseline else {"fits": False, "needs_bytes": models.baseline_need}
+
+
 def scenario_warm(models: Models, args: argparse.Namespace, disk: dict) -> dict:
     streamer, baseline, routing = [], [], None
     for r in range(args.rounds):  # alternate engines so drift on a shared machine hits both
@@ -244,7 +248,7 @@ def scenario_warm(models: Models, args: argparse.Namespace, disk: dict) -> dict:
         "expert_files_cached_before": cached,
         "ratio_per_round": [rate(s) / rate(b) for s, b in zip(streamer, baseline)],  # neighbours in time
         "streamer": summarize(streamer, models, disk["pread_gbps"]),
-        "mlx_lm": summarize(baseline, models, None) if baseline else None,
+        "mlx_lm": summarize(baseline, models, None) if baseline else not_run(models, args),
         "routing": routing,
     }
 
@@ -261,7 +265,7 @@ def scenario_cold(models: Models, args: argparse.Namespace, disk: dict) -> dict:
             baseline.append(worker("mlx_lm", models, *common_args(args, repeats=1)))
     return {
         "streamer": summarize(streamer, models, disk["pread_gbps"]),
-        "mlx_lm": summarize(baseline, models, None) if baseline else None,
+        "mlx_lm": summarize(baseline, models, None) if baseline else not_run(models, args),
     }
 
 
@@ -286,7 +290,7 @@ def scenario_squeezed(models: Models, args: argparse.Namespace, disk: dict) -> d
                 log("[bench] squeezed: mlx-lm resident")
                 point["mlx_lm"] = summarize([worker("mlx_lm", models, *common_args(args), "--warmup")], models, None)
             else:
-                point["mlx_lm"] = {"fits": False, "needs_bytes": models.baseline_need}
+                point["mlx_lm"] = not_run(models, args)
             point["mem_available_after"] = mem_available()
             point["balloon_survived"] = balloon.alive()
         points.append(point)
