@@ -1,0 +1,228 @@
+"""One engine in one process: load a model, time generate_step runs, print one JSON object.
+
+    python bench/worker.py streamer DIR   --prompt-tokens 32 --decode-tokens 32 --repeats 3
+    python bench/worker.py mlx_lm   DIR   ...
+
+`streamer` loads a repacked folder with streamer.load (experts streamed); `mlx_lm` loads the MLX
+checkpoint fully resident with mlx_lm.utils.load_model. Both compute in float32 on CPU and decode
+greedily with mlx_lm.generate_step on the same token ids. Each engine runs in its own process so
+peak RSS and peak MLX memory are its own. Progress goes to stderr, the JSON to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_sampler
+
+from pagecache import drop
+
+ENGINES = ("streamer", "mlx_lm")
+
+
+class MemorySampler:
+    """Peak resident memory of this process, split anonymous / file-backed (Linux /proc).
+
+    ru_maxrss counts file pages the process has mapped (streamer's mmap'd experts), which the
+    kernel can reclaim; peak anonymous RSS is what the process really holds.
+    """
+
+    def __init__(self, interval: float = 0.02):
+        self.peak_anon = 0
+        self.peak_file = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.sample()
+
+    def sample(self) -> None:
+        try:
+            with open("/proc/self/status") as f:
+                fields = dict(line.split(":", 1) for line in f if line.startswith(("RssAnon", "RssFile")))
+        except OSError:
+            return
+        self.peak_anon = max(self.peak_anon, int(fields["RssAnon"].split()[0]) * 1024)
+        self.peak_file = max(self.peak_file, int(fields["RssFile"].split()[0]) * 1024)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def load(engine: str, folder: Path) -> nn.Module:
+    if engine == "streamer":
+        import streamer
+
+        model, _ = streamer.load(folder)  # float32 activations on CPU by default
+        return model
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(folder)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def prompt_ids(n: int, seed: int = 0, vocab: int = 512) -> mx.array:
+    """Token ids below the synthetic tokenizer's size, the same for both engines."""
+    return mx.array(np.random.default_rng(seed).integers(4, vocab, n), dtype=mx.uint32)
+
+
+def traffic(model: nn.Module) -> dict | None:
+    stats = getattr(model, "expert_stats", None)
+    if stats is None:
+        return None
+    return {"moe_layers": stats.moe_layers, "prefill": dataclasses.asdict(stats.prefill), "decode": dataclasses.asdict(stats.decode)}
+
+
+def tokens(model: nn.Module, prompt: mx.array, max_tokens: int, temp: float, seed: int = 0):
+    """generate_step with a seeded sampler. Greedy decoding of a random model falls into short
+    loops (the same few tokens, hence the same experts, over and over); temperature 1 does not."""
+    mx.random.seed(seed)
+    return generate_step(prompt, model, max_tokens=max_tokens, sampler=make_sampler(temp=temp))
+
+
+def run_once(model: nn.Module, prompt: mx.array, decode_tokens: int, *, temp: float = 1.0,
+             cold_decode: list | None = None) -> dict:
+    """Time one generation: TTFT, then the decode rate over the remaining tokens."""
+    stats = getattr(model, "expert_stats", None)
+    if stats is not None:
+        stats.reset()
+    times = []
+    start = time.perf_counter()
+    for _ in tokens(model, prompt, decode_tokens, temp):
+        times.append(time.perf_counter())
+        if len(times) == 1:
+            ttft = times[0] - start
+        if len(times) == 1 and cold_decode is not None:
+            drop(*cold_decode)  # decode starts cold too (the step after the first token is already read)
+            if stats is not None:
+                stats.reset()  # per-token figures then cover the decode steps after the drop
+            times[0] = time.perf_counter()  # and the decode clock starts after the drop
+    result = {
+        "prompt_tokens": int(prompt.size),
+        "ttft_s": ttft,
+        "decode_tokens": len(times) - 1,
+        "decode_s": times[-1] - times[0],
+        "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else None,
+    }
+    result["traffic"] = traffic(model)
+    return result
+
+
+class RoutingRecorder(nn.Module):
+    """Wraps an expert container and records the routed expert ids of each call."""
+
+    def __init__(self, inner: nn.Module, log: list):
+        super().__init__()
+        self.inner = inner
+        object.__setattr__(self, "_log", log)
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        self._log.append(np.array(indices).reshape(-1, indices.shape[-1]))
+        return self.inner(x, indices)
+
+
+def routing_profile(model: nn.Module, prompt: mx.array, max_tokens: int, num_experts: int, temp: float) -> dict:
+    """Expert popularity and temporal correlation over decode steps (a separate, untimed run)."""
+    from streamer.architectures import expert_containers, replace_modules
+
+    containers = expert_containers(model)
+    logs = {path: [] for path in containers}
+    replace_modules(model, {path: RoutingRecorder(c, logs[path]) for path, c in containers.items()})
+    for _ in tokens(model, prompt, max_tokens, temp, seed=1):
+        pass
+    replace_modules(model, containers)
+    top_share, overlap, touched = [], [], []
+    uniform = np.random.default_rng(0)
+    for calls in logs.values():
+        decode = [c[0] for c in calls if c.shape[0] == 1]  # single-token (decode) calls
+        k = len(decode[0])
+        counts = np.sort(np.bincount(np.concatenate(decode), minlength=num_experts))[::-1]
+        top_share.append(counts[: max(1, num_experts // 10)].sum() / counts.sum())
+        overlap.append(np.mean([len(set(a) & set(b)) / k for a, b in zip(decode, decode[1:])]))
+        touched.append(int((counts > 0).sum()))
+    # The same statistic for uniform routing with as many picks: small samples inflate it.
+    picks = np.stack([uniform.permutation(num_experts)[:k] for _ in range(len(decode))]).ravel()
+    reference = np.sort(np.bincount(picks, minlength=num_experts))[::-1]
+    return {
+        "decode_steps": len(decode),
+        "top10pct_experts_share": float(np.mean(top_share)),
+        "uniform_top10pct_share": float(reference[: max(1, num_experts // 10)].sum() / reference.sum()),
+        "consecutive_overlap": float(np.mean(overlap)),  # share of a token's experts the previous token also used
+        "uniform_overlap": k / num_experts,
+        "experts_touched_per_layer": float(np.mean(touched)),
+        "per_layer_top10pct_share": [round(float(s), 3) for s in top_share],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("engine", choices=ENGINES)
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--prompt-tokens", default="32", help="comma-separated prompt lengths, each run --repeats times")
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", action="store_true", help="one untimed short run first")
+    ap.add_argument("--cold-decode", action="store_true", help="drop the expert files after the first token")
+    ap.add_argument("--routing", type=int, default=0, help="then profile routing over this many decode steps")
+    ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature (seeded; 0: greedy)")
+    args = ap.parse_args(argv)
+
+    sampler = MemorySampler()
+    start = time.perf_counter()
+    model = load(args.engine, args.model)
+    load_s = time.perf_counter() - start
+    print(f"[{args.engine}] loaded in {load_s:.1f} s", file=sys.stderr, flush=True)
+    cold = None
+    if args.cold_decode:
+        store = getattr(model, "expert_store", None)
+        files = sorted((args.model / "experts").glob("*.bin"))
+        # Hook: an engine-side drop would be cleaner than reaching for the store's mmaps.
+        cold = [files, getattr(store, "_maps", [])]
+    if args.warmup:
+        run_once(model, prompt_ids(8, seed=99), 4, temp=args.temp)
+    runs = []
+    for n in [int(x) for x in args.prompt_tokens.split(",")]:
+        for i in range(args.repeats):
+            run = run_once(model, prompt_ids(n), args.decode_tokens, temp=args.temp, cold_decode=cold)
+            runs.append(run)
+            rate = run["decode_tok_s"] or 0.0
+            print(f"[{args.engine}] prompt {n}: ttft {run['ttft_s']:.2f} s, decode {rate:.2f} tok/s", file=sys.stderr, flush=True)
+    result = {"engine": args.engine, "load_s": load_s, "runs": runs}
+    if args.routing:
+        config = json.loads((args.model / "config.json").read_text())
+        num_experts = config.get("num_experts") or config["num_local_experts"]
+        result["routing"] = routing_profile(model, prompt_ids(32, seed=7), args.routing, num_experts, args.temp)
+    sampler.stop()
+    result.update(
+        peak_rss_bytes=peak_rss_bytes(),
+        peak_rss_anon_bytes=sampler.peak_anon or None,
+        peak_rss_file_bytes=sampler.peak_file or None,
+        peak_mlx_bytes=mx.get_peak_memory(),
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The benchmark's quick mode, run as a user runs it: one JSON object with sane values.
+
+No timing assertions: this machine is shared and timings are noise. Traffic figures are exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_bench_json(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "bench/run.py", "--quick", "--json", "--data", str(tmp_path / "data"), "--results", str(tmp_path / "results")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    model = result["model"]
+    for key in ("decode_tok_s", "baseline_tok_s", "ratio", "bytes_read_per_token", "peak_rss_bytes", "syncs_per_token",
+                "ttft_s", "page_cache_hit_rate", "streamer", "mlx_lm", "disk", "routing"):
+        assert key in result, key
+    assert result["decode_tok_s"] > 0 and result["baseline_tok_s"] > 0
+    assert result["ratio"] == pytest.approx(result["decode_tok_s"] / result["baseline_tok_s"])
+    # Every decode step reads top_k expert records in every MoE layer, with one sync per layer.
+    assert result["bytes_read_per_token"] == model["top_k"] * model["record_bytes"] * model["moe_layers"]
+    assert result["syncs_per_token"] == model["moe_layers"]
+    assert result["syncs_per_moe_layer"] == 1
+    assert 0 <= result["page_cache_hit_rate"] <= 1
+    assert result["peak_rss_bytes"] > model["resident_bytes"]
+    streamer = result["streamer"]
+    assert streamer["decode_tok_s"]["min"] <= streamer["decode_tok_s"]["median"] <= streamer["decode_tok_s"]["max"]
+    assert streamer["split"]["read_ms_per_token"] >= 0 and streamer["peak_mlx_bytes"] > 0
+    assert result["disk"]["pread_gbps"] > 0
+    assert 0 < result["routing"]["top10pct_experts_share"] <= 1
+    saved = json.loads((tmp_path / "results" / "quick-warm.json").read_text())
+    assert saved["decode_tok_s"] == result["decode_tok_s"]
+
+
+@pytest.fixture
+def bench_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # bench/ is a folder of scripts, not a package
+
+
+def test_balloon_refuses_to_starve_the_machine(bench_path):
+    from balloon import Balloon, BalloonError, mem_available
+
+    with pytest.raises(BalloonError, match="must stay available"):
+        with Balloon(mem_available(), reserve=1 << 30):
+            pass
+
+
+def test_sizes_parse(bench_path):
+    from run import size
+
+    assert size("6G") == 6 << 30 and size("512M") == 512 << 20 and size("1.5GiB") == 3 << 29 and size("4096") == 4096
