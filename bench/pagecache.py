@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from streamer.cache.residency import resident_bytes
+from streamer.cache.residency import Residency
 
 CHUNK = 8 << 20
 
@@ -58,9 +58,9 @@ def resident_fraction(paths: list[Path]) -> float | None:
         if size == 0:
             continue
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            view = np.frombuffer(mm, dtype=np.uint8)
-            r = resident_bytes(view.ctypes.data, size)
-            del view
+            residency = Residency(mm, size)  # the whole file as one record
+            r = residency.resident_bytes(0)
+            del residency
         if r is None:
             return None
         total += size

@@ -214,6 +214,7 @@ def common_args(args: argparse.Namespace, *, repeats: int | None = None, prompt:
         "--decode-tokens", str(decode or args.decode_tokens),
         "--repeats", str(repeats or args.repeats),
         "--temp", str(args.temp),
+        "--memory-budget", str(args.memory_budget),
     ]
 
 
@@ -350,6 +351,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--reserve", type=size, default=2 * GiB, help="memory that must always stay available")
     ap.add_argument("--lengths", type=lambda t: [int(x) for x in t.split(",")], default=[128, 512, 2048])
     ap.add_argument("--no-baseline", action="store_true", help="streamer only")
+    ap.add_argument("--memory-budget", type=size, default=0,
+                    help="streamer's memory_budget: 0 streams every expert (page cache only); 1T keeps all resident")
     return ap
 
 

@@ -69,11 +69,13 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def load(engine: str, folder: Path) -> nn.Module:
+def load(engine: str, folder: Path, memory_budget: int) -> nn.Module:
     if engine == "streamer":
         import streamer
 
-        model, _ = streamer.load(folder)  # float32 activations on CPU by default
+        # float32 activations on CPU by default; budget 0 streams every expert through the page cache
+        model, _ = streamer.load(folder, memory_budget=memory_budget)
+        print(f"[streamer] {model.residency}", file=sys.stderr, flush=True)
         return model
     from mlx_lm.utils import load_model
 
@@ -187,11 +189,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cold-decode", action="store_true", help="drop the expert files after the first token")
     ap.add_argument("--routing", type=int, default=0, help="then profile routing over this many decode steps")
     ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature (seeded; 0: greedy)")
+    ap.add_argument("--memory-budget", type=int, default=0, help="streamer: bytes of experts kept in memory")
     args = ap.parse_args(argv)
 
     sampler = MemorySampler()
     start = time.perf_counter()
-    model = load(args.engine, args.model)
+    model = load(args.engine, args.model, args.memory_budget)
     load_s = time.perf_counter() - start
     print(f"[{args.engine}] loaded in {load_s:.1f} s", file=sys.stderr, flush=True)
     cold = None

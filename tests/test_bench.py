@@ -28,8 +28,10 @@ def test_quick_bench_json(tmp_path):
         assert key in result, key
     assert result["decode_tok_s"] > 0 and result["baseline_tok_s"] > 0
     assert result["ratio"] == pytest.approx(result["decode_tok_s"] / result["baseline_tok_s"])
-    # Every decode step reads top_k expert records in every MoE layer, with one sync per layer.
-    assert result["bytes_read_per_token"] == model["top_k"] * model["record_bytes"] * model["moe_layers"]
+    # Every decode step reads top_k expert records in every MoE layer (each record's tensors, not
+    # its padding to the next 16 KiB page), with one sync per layer.
+    reads = model["top_k"] * model["moe_layers"]
+    assert reads * (model["record_bytes"] - 16384) < result["bytes_read_per_token"] <= reads * model["record_bytes"]
     assert result["syncs_per_token"] == model["moe_layers"]
     assert result["syncs_per_moe_layer"] == 1
     assert 0 <= result["page_cache_hit_rate"] <= 1
