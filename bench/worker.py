@@ -201,8 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.cold_decode:
         store = getattr(model, "expert_store", None)
         files = sorted((args.model / "experts").glob("*.bin"))
-        # Hook: an engine-side drop would be cleaner than reaching for the store's mmaps.
-        cold = [files, getattr(store, "_maps", [])]
+        cold = [files, store.mappings if store is not None else []]
     if args.warmup:
         run_once(model, prompt_ids(8, seed=99), 4, temp=args.temp)
     runs = []

@@ -163,6 +163,11 @@ class ExpertStore:
             self._view_cache[key] = (slots, arrays)
         return self._view_cache[key]
 
+    @property
+    def mappings(self) -> list[mmap.mmap]:
+        """The layer files' maps (for tools that evict the page cache: pages a process maps stay)."""
+        return [mapped for _, mapped, _ in self._files]
+
     def read_layer(self, layer_index: int) -> list[mx.array]:
         """Every expert of a layer as stacked [num_experts, *shape] arrays, in fresh memory."""
         layer = self.layers[layer_index]
