@@ -162,10 +162,14 @@ def summarize(results: list[dict], models: Models, disk_gbps: float | None) -> d
         read_gbps=decode["bytes_read"] / decode["read_seconds"] / 1e9 if decode["read_seconds"] else None,
         prefill_bytes_read_per_run=prefill["bytes_read"] / len(runs),
     )
-    # Time split: every `*_seconds` counter the engine keeps (today read_seconds) becomes a
-    # `*_ms_per_token` entry; the rest of the token's time is `other_ms_per_token`.
-    split = {f"{k[: -len('_seconds')]}_ms_per_token": 1000 * v / steps for k, v in decode.items() if k.endswith("_seconds")}
-    out["split"] = {**split, "other_ms_per_token": ms_per_token - sum(split.values()) if ms_per_token else None}
+    # Time split from the engine's timers: inside the expert layers, the routing sync (attention,
+    # router and the previous layer's expert compute), reads, profiled compute, and the layer's own
+    # overhead (Python, bookkeeping, graph building); `other` is everything outside the layers.
+    ms = {k[: -len("_seconds")]: 1000 * v / steps for k, v in decode.items() if k.endswith("_seconds")}
+    layer = ms.pop("layer", 0.0)
+    split = {f"{k}_ms_per_token": v for k, v in ms.items()}
+    split["layer_overhead_ms_per_token"] = layer - sum(ms.values())
+    out["split"] = {**split, "other_ms_per_token": ms_per_token - layer if ms_per_token else None}
     if hit is not None and disk_gbps:
         miss = per_token * (1 - hit)
         out["miss_bytes_per_token"] = miss
