@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import resource
 import sys
 import threading
 import time
@@ -27,6 +26,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
 from pagecache import drop
+
+from streamer.stats import peak_rss_bytes
 
 ENGINES = ("streamer", "mlx_lm")
 
@@ -62,11 +63,6 @@ class MemorySampler:
         self._stop.set()
         self._thread.join()
         self.sample()
-
-
-def peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def load(engine: str, folder: Path, memory_budget: int) -> nn.Module:

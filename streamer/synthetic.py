@@ -22,6 +22,7 @@ from .io.safetensors import write_safetensors
 
 VOCAB_SIZE = 512
 EOS = "<|endoftext|>"
+SPECIAL_TOKENS = [EOS, "<|user|>", "<|assistant|>", "<|system|>"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -422,18 +423,23 @@ def write_tokenizer(folder: Path | str, vocab_size: int = VOCAB_SIZE) -> None:
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOS, "<|user|>", "<|assistant|>", "<|system|>"],
+        special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_training_text(), trainer)
     tokenizer.save(str(folder / "tokenizer.json"))
+    write_tokenizer_config(folder, 2048)
+
+
+def write_tokenizer_config(folder: Path, max_length: int) -> None:
+    """tokenizer_config.json for a tokenizer.json made with the `tokenizers` library."""
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": EOS,
         "bos_token": None,
         "pad_token": EOS,
-        "model_max_length": 2048,
+        "model_max_length": max_length,
         "chat_template": CHAT_TEMPLATE,
     }
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")

@@ -30,12 +30,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3_moe
 
-EOS = "<|endoftext|>"
-SPECIAL_TOKENS = [EOS, "<|user|>", "<|assistant|>", "<|system|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
+from streamer.synthetic import EOS, SPECIAL_TOKENS, write_tokenizer_config
+
 CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"],
     "model_type": "qwen3_moe",
@@ -181,15 +177,7 @@ def save(model: nn.Module, tokenizer, config: dict, out: Path, val_loss: float) 
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer.save(str(out / "tokenizer.json"))
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": EOS,
-        "bos_token": None,
-        "pad_token": EOS,
-        "model_max_length": config["max_position_embeddings"],
-        "chat_template": CHAT_TEMPLATE,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    write_tokenizer_config(out, config["max_position_embeddings"])
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}) + "\n")
     print(f"saved {out} (validation loss {val_loss:.3f} nats/token)")
 
