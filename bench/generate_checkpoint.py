@@ -256,8 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vocab", type=int, help="override vocab_size (smaller: less resident memory)")
     ap.add_argument("--skew", type=float, default=0.3, help="expert popularity skew (0: uniform routing)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], help="float dtype (scales, norms); default bfloat16")
     args = ap.parse_args(argv)
-    config = preset_config(args.preset, num_hidden_layers=args.layers, vocab_size=args.vocab)
+    config = preset_config(args.preset, num_hidden_layers=args.layers, vocab_size=args.vocab, torch_dtype=args.dtype)
     write_checkpoint(args.out, config, skew=args.skew, seed=args.seed, log=lambda m: print(m, file=sys.stderr, flush=True))
 
 

@@ -2,12 +2,14 @@
 
 Dropping uses posix_fadvise(POSIX_FADV_DONTNEED), which Linux honours per file without root. It
 skips pages that some process still maps, so a process that has mapped a file must unmap (or
-madvise(MADV_DONTNEED)) its pages first: see `drop(..., mappings=)`. macOS has no fadvise: see
+madvise(MADV_DONTNEED)) its pages first: see `drop(..., evict=)`. macOS has no fadvise: see
 bench/README.md for its equivalents.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import mmap
 import os
 import random
@@ -20,16 +22,17 @@ from typing import Callable, Iterable
 import numpy as np
 
 from streamer.cache.residency import Residency
+from streamer.io.mapping import advise, populate
 
 CHUNK = 8 << 20
 
 
-def drop(paths: Iterable[Path], mappings: Iterable[mmap.mmap] = ()) -> None:
-    """Evict `paths` from the page cache (pages in `mappings` are unmapped from this process first)."""
+def drop(paths: Iterable[Path], evict: Callable[[], None] | None = None) -> None:
+    """Evict `paths` from the page cache; `evict` first unmaps this process's own maps of them."""
     if not hasattr(os, "posix_fadvise"):
         raise NotImplementedError("dropping the page cache per file needs posix_fadvise (Linux); see bench/README.md")
-    for mm in mappings:
-        mm.madvise(mmap.MADV_DONTNEED)
+    if evict is not None:
+        evict()
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -58,9 +61,9 @@ def resident_fraction(paths: list[Path]) -> float | None:
         if size == 0:
             continue
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            residency = Residency(mm, size)  # the whole file as one record
-            r = residency.resident_bytes(0)
-            del residency
+            view = np.frombuffer(mm, dtype=np.uint8)
+            r = Residency(view.ctypes.data, size).resident_bytes(0)  # the whole file as one record
+            del view
         if r is None:
             return None
         total += size
@@ -68,30 +71,47 @@ def resident_fraction(paths: list[Path]) -> float | None:
     return resident / total if total else None
 
 
-def disk_bandwidth(paths: list[Path], record_bytes: int, *, concurrency: int = 1, budget: int = 256 << 20,
-                   seed: int = 0) -> dict:
-    """Cold read bandwidth of expert-sized records at random record offsets of `paths`.
+def disk_bandwidth(paths: list[Path], record_bytes: int, *, group: int = 8, concurrency: int = 1,
+                   budget: int = 256 << 20, seed: int = 0) -> dict:
+    """Cold read bandwidth of expert-sized records at random record offsets of `paths`, three ways.
 
-    The records are dropped from the page cache first, then read with `concurrency` threads, by
-    pread (what a pread engine does) and, single-threaded, by copying out of an mmap (what a
-    page-faulting engine does). The records read are left dropped.
+    `engine`: what the engine does per layer: madvise(WILLNEED) a group of `group` (top-k) records,
+    then populate each into the page tables. `pread`: `concurrency` threads of pread into a buffer.
+    `mmap copy`: copying out of an mmap, one page fault at a time (what a plain mmap engine does).
+    Each method reads its own records, dropped from the page cache first and left dropped.
     """
     rng = random.Random(seed)
     slots = [(p, i * record_bytes) for p in paths for i in range(p.stat().st_size // record_bytes)]
-    count = max(2, min(len(slots), budget // record_bytes))
+    count = max(3, min(len(slots), budget // record_bytes))
     picked = rng.sample(slots, count)
-    half = count // 2
+    third = count // 3
     drop(paths)
-    pread_gbps = _pread(picked[:half], record_bytes, concurrency)
-    mmap_gbps = _mmap_copy(picked[half:], record_bytes)
+    engine_gbps = _willneed_populate(picked[:third], record_bytes, group)
+    pread_gbps = _pread(picked[third : 2 * third], record_bytes, concurrency)
+    mmap_gbps = _mmap_copy(picked[2 * third : 3 * third], record_bytes)
     drop(paths)
     return {
+        "engine_gbps": engine_gbps,
         "pread_gbps": pread_gbps,
         "mmap_copy_gbps": mmap_gbps,
         "record_bytes": record_bytes,
+        "group": group,
         "concurrency": concurrency,
-        "bytes_per_method": half * record_bytes,
+        "bytes_per_method": third * record_bytes,
     }
+
+
+def _willneed_populate(picked: list[tuple[Path, int]], record_bytes: int, group: int) -> float | None:
+    with _mapped({p for p, _ in picked}) as addresses:
+        start = time.perf_counter()
+        for i in range(0, len(picked), group):
+            chunk = picked[i : i + group]
+            for path, offset in chunk:
+                advise(addresses[path], mmap.MADV_WILLNEED, offset, record_bytes)
+            for path, offset in chunk:
+                if not populate(addresses[path], offset, record_bytes):
+                    return None  # no MADV_POPULATE_READ here: the compute's page faults wait instead
+        return len(picked) * record_bytes / (time.perf_counter() - start) / 1e9
 
 
 def _pread(picked: list[tuple[Path, int]], record_bytes: int, concurrency: int) -> float:
@@ -117,18 +137,27 @@ def _pread(picked: list[tuple[Path, int]], record_bytes: int, concurrency: int) 
 
 def _mmap_copy(picked: list[tuple[Path, int]], record_bytes: int) -> float:
     out = np.empty(record_bytes, dtype=np.uint8)
-    maps, views = {}, {}
-    try:
-        for path in {p for p, _ in picked}:
-            with open(path, "rb") as f:
-                maps[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            views[path] = np.frombuffer(maps[path], dtype=np.uint8)
+    with _mapped({p for p, _ in picked}) as addresses:
+        views = {p: np.ctypeslib.as_array((ctypes.c_ubyte * p.stat().st_size).from_address(a)) for p, a in addresses.items()}
         start = time.perf_counter()
         for path, offset in picked:
             out[:] = views[path][offset : offset + record_bytes]
         return len(picked) * record_bytes / (time.perf_counter() - start) / 1e9
+
+
+@contextlib.contextmanager
+def _mapped(paths: set[Path]):
+    """Read-only maps of `paths` for the duration: {path: address}."""
+    maps, addresses = {}, {}
+    try:
+        for path in paths:
+            with open(path, "rb") as f:
+                maps[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            view = np.frombuffer(maps[path], dtype=np.uint8)
+            addresses[path] = view.ctypes.data
+            del view  # a map cannot close while a view exports its buffer
+        yield addresses
     finally:
-        views.clear()  # a map cannot close while a view exports its buffer
         for m in maps.values():
             m.close()
 

@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.cold_decode:
         store = getattr(model, "expert_store", None)
         files = sorted((args.model / "experts").glob("*.bin"))
-        cold = [files, store.mappings if store is not None else []]
+        cold = [files, store.evict if store is not None else None]
     if args.warmup:
         run_once(model, prompt_ids(8, seed=99), 4, temp=args.temp)
     runs = []

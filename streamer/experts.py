@@ -1,11 +1,15 @@
 """The streaming expert layer: a drop-in for mlx-lm's SwitchGLU / SwitchMLP.
 
 It keeps the call contract `(x [..., D], indices [..., k]) -> [..., k, D]`, so every architecture's
-router and score code runs unchanged. Per call: one host sync to learn the routed experts, one
-read of each distinct expert not in the hot-expert cache (a whole prompt chunk shares them), then
-mlx-lm's own container code computes on stacked tensors that hold just those experts, with
-indices remapped to them. A layer made resident holds all its experts and runs like mlx-lm's:
-no sync, no reads.
+router and score code runs unchanged. The container computes on the store's views of the mapped
+expert file, so the routed experts are read in place from the page cache, with no copy. Per call:
+one host sync to learn the routed experts, and one madvise per routed expert that is not in the
+page cache (a whole prompt chunk shares them) so misses arrive in large parallel reads.
+
+Two cases copy the routed experts into a stacked tensor instead: a hot-expert cache (hits come
+from memory, misses from the file) and a compute dtype that differs from the stored one (on the
+CPU backend float32 activations need float32 scales). A layer made resident holds all its
+experts in memory and runs like mlx-lm's: no sync, no madvise.
 """
 
 from __future__ import annotations
@@ -20,53 +24,52 @@ from .cache.expert_cache import ExpertCache
 from .io.expert_store import ExpertStore
 from .stats import ExpertStats, ExpertTraffic
 
-_EMPTY = mx.zeros((0,))
-
 
 class StreamingExperts(nn.Module):
     def __init__(self, container: nn.Module, store: ExpertStore, layer_index: int, stats: ExpertStats, dtype: mx.Dtype | None):
         super().__init__()
         layer = store.layers[layer_index]
-        # Held outside the parameter tree: its stacked weights are placeholders, swapped per call,
-        # and must never be evaluated, saved or loaded.
+        # Held outside the parameter tree: its stacked weights are views of the expert file (or
+        # per-call copies) and must never be evaluated, saved or loaded with the model.
         object.__setattr__(self, "_container", container)
         object.__setattr__(self, "_slots", [tuple(t.name.split(".")) for t in layer.tensors])
+        object.__setattr__(self, "_views", store.experts(layer_index))
         self._store = store
         self._layer_index = layer_index
-        self._num_experts = layer.num_experts
         self._stats = stats
         self._dtype = dtype
+        self._converts = any(self._convert(v) is not v for v in self._views)
         self.cache: ExpertCache | None = None
         self.resident = False
-        self._release()
+        self._install(self._views)
 
     def make_resident(self) -> None:
         """Keep every expert of this layer in memory from now on."""
-        self._install([self._convert(a) for a in self._store.read_layer(self._layer_index)])
+        self._install([self._convert(mx.array(v)) for v in self._views])  # mx.array copies
         mx.eval([self._container[p][k] for p, k in self._slots])
         self.resident = True
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        traffic = self._stats.phase(indices.size // indices.shape[-1])
+        traffic.layer_calls += 1
         if self.resident:
-            self._stats.phase(indices.size // indices.shape[-1]).layer_calls += 1
             return self._container(x, indices)
         start = time.perf_counter()
         routed = np.array(indices)  # the layer's one host sync: evaluates attention and router
         synced = time.perf_counter()
-        traffic = self._stats.phase(routed.size // routed.shape[-1])
-        traffic.layer_calls += 1
         traffic.syncs += 1
         traffic.sync_seconds += synced - start
-        experts = sorted(set(routed.ravel().tolist()))
+        experts, position = np.unique(routed, return_inverse=True)
+        experts = experts.tolist()
         if self._stats.trace is not None and traffic is self._stats.decode:
             self._stats.trace.append((self._layer_index, tuple(experts)))
-        order, tensors, cached = self._gather(experts, traffic)
-        self._install(tensors)
-        position = np.zeros(self._num_experts, dtype=np.uint32)
-        position[order] = np.arange(len(order), dtype=np.uint32)
-        out = self._container(x, mx.array(position[routed]))
-        self._store.arena.guard([out, *cached])
-        self._release()  # the output's graph holds the experts until it is evaluated, nothing after
+        if self.cache is None and not self._converts:
+            self._store.prefetch(self._layer_index, experts, traffic)
+            out = self._container(x, indices)  # on the file's views: no copy
+        else:
+            self._install(self._gather(experts, traffic))
+            out = self._container(x, mx.array(position.reshape(routed.shape).astype(np.uint32)))
+            self._install(self._views)  # the output's graph holds the copies until it is evaluated
         if self._stats.profile:
             computed = time.perf_counter()
             mx.eval(out)
@@ -74,42 +77,38 @@ class StreamingExperts(nn.Module):
         traffic.layer_seconds += time.perf_counter() - start
         return out
 
-    def _gather(self, experts: list[int], traffic: ExpertTraffic) -> tuple[list[int], list[mx.array], list[mx.array]]:
-        """(expert order, stacked tensors in that order, tensors newly cached from the arena)."""
+    def _gather(self, experts: list[int], traffic: ExpertTraffic) -> list[mx.array]:
+        """The routed experts stacked per tensor in the compute dtype, in `experts` order."""
         if self.cache is None:
-            arrays = self._store.read(self._layer_index, np.array(experts), traffic)
-            return experts, [self._convert(a) for a in arrays], []
-        hits, misses, admit = [], [], []
-        for expert in experts:
-            tensors, admitted = self.cache.access(self._layer_index, expert)
-            if tensors is not None:
-                hits.append((expert, tensors))
-            else:
-                misses.append(expert)
-                admit.append(admitted)
-        traffic.cache_hits += len(hits)
-        stacked = [mx.stack(parts) for parts in zip(*(t for _, t in hits))] if hits else []
-        traffic.bytes_copied += sum(a.nbytes for a in stacked)
-        newly_cached = []
-        if misses:
-            read = [self._convert(a) for a in self._store.read(self._layer_index, np.array(misses), traffic)]
-            for slot, (expert, admitted) in enumerate(zip(misses, admit)):
+            self._store.prefetch(self._layer_index, experts, traffic)
+            taken = mx.array(experts, dtype=mx.uint32)
+            traffic.bytes_copied += len(experts) * sum(v[0].nbytes for v in self._views)
+            # taking whole rows of [experts, -1] (a view) copies each expert in one run, several
+            # times faster on CPU than a take along the first axis of the strided 3-D view
+            return [
+                self._convert(mx.take(v.reshape(v.shape[0], -1), taken, axis=0).reshape(len(experts), *v.shape[1:]))
+                for v in self._views
+            ]
+        cached = [self.cache.access(self._layer_index, expert) for expert in experts]
+        misses = [expert for expert, (tensors, _) in zip(experts, cached) if tensors is None]
+        traffic.cache_hits += len(experts) - len(misses)
+        self._store.prefetch(self._layer_index, misses, traffic)
+        per_expert = []
+        for expert, (tensors, admitted) in zip(experts, cached):
+            if tensors is None:
+                tensors = [self._convert(mx.array(v[expert])) for v in self._views]  # mx.array copies
                 if admitted:
-                    copies = [mx.array(t[slot]) for t in read]  # out of the arena
-                    self.cache.put(self._layer_index, expert, copies)
-                    newly_cached += copies
-            stacked = [mx.concatenate([h, m]) for h, m in zip(stacked, read)] if hits else read
-        return [e for e, _ in hits] + misses, stacked, newly_cached
+                    self.cache.put(self._layer_index, expert, tensors)
+            per_expert.append(tensors)
+        stacked = [mx.stack(parts) for parts in zip(*per_expert)]
+        traffic.bytes_copied += sum(a.nbytes for a in stacked)
+        return stacked
 
     def _convert(self, tensor: mx.array) -> mx.array:
-        if self._dtype is not None and mx.issubdtype(tensor.dtype, mx.floating):
+        if self._dtype is not None and mx.issubdtype(tensor.dtype, mx.floating) and tensor.dtype != self._dtype:
             return tensor.astype(self._dtype)
         return tensor
 
     def _install(self, tensors: list[mx.array]) -> None:
         for (projection, kind), tensor in zip(self._slots, tensors):
             self._container[projection][kind] = tensor
-
-    def _release(self) -> None:
-        for projection, kind in self._slots:
-            self._container[projection][kind] = _EMPTY

@@ -24,7 +24,7 @@ class RunStats:
     generation_tokens: int
     generation_tps: float
     peak_rss_bytes: int
-    peak_mlx_bytes: int
+    peak_mlx_bytes: int  # MLX's own memory: the mapped expert files are not counted
     expert_bytes_per_token: float
     expert_bytes_copied_per_token: float  # memory copies of expert bytes (one per read, plus cache hits)
     expert_reads_per_token: float
@@ -63,7 +63,7 @@ def run_stats(model: nn.Module, prompt_tokens: int = 0, prompt_tps: float = 0.0,
         generation_tokens=generation_tokens,
         generation_tps=generation_tps,
         peak_rss_bytes=peak_rss_bytes(),
-        peak_mlx_bytes=mx.get_peak_memory(),
+        peak_mlx_bytes=mx.get_peak_memory() - model.expert_store.mapped_bytes,
         expert_bytes_per_token=decode.bytes_read / steps,
         expert_bytes_copied_per_token=decode.bytes_copied / steps,
         expert_reads_per_token=decode.experts_read / steps,

@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 class ExpertTraffic:
     layer_calls: int = 0  # MoE layer invocations
     syncs: int = 0  # host syncs (one per MoE layer call that needs routed indices on the host)
-    experts_read: int = 0  # expert records read (one read call each)
+    experts_read: int = 0  # routed experts computed from the store's mapped files (page cache or disk)
+    experts_fetched: int = 0  # of those, ones not in the page cache: one madvise(WILLNEED) each
     cache_hits: int = 0  # routed experts served from the hot-expert cache instead
-    bytes_read: int = 0  # expert bytes read from the store (page cache or disk)
-    bytes_copied: int = 0  # expert bytes copied in memory: reads into the arena, cached experts stacked
+    bytes_read: int = 0  # expert bytes computed from the store's mapped files
+    bytes_copied: int = 0  # expert bytes copied in memory (0 when computing on the mapped files)
     bytes_in_page_cache: int = 0  # of bytes_read, how many were resident before the read
     bytes_measured: int = 0  # of bytes_read, how many had their residency measured
-    read_seconds: float = 0.0  # inside the store: residency checks, WILLNEED hints, preadv
+    read_seconds: float = 0.0  # inside the store: residency checks and WILLNEED hints
     sync_seconds: float = 0.0  # blocked on the routing sync (attention, router, earlier expert compute)
     compute_seconds: float = 0.0  # expert compute, measured only when profiling (it adds a sync)
     layer_seconds: float = 0.0  # wall time inside the expert layer, all of the above included

@@ -142,8 +142,8 @@ def set_tensor(**fields):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (set_first_offset(100), "expert offset is not page-aligned"),
-        (set_first_offset(1 << 40), "outside the layer file"),
+        (set_first_offset(100), "not stored in expert order"),
+        (set_first_offset(1 << 40), "not stored in expert order"),
         (lambda m: m.update(format_version="1"), "format version '1'"),
         (lambda m: m.update(format_version=0), "format version 0"),
         (lambda m: m["moe_layers"][0].update(file="../../etc/passwd"), "points outside the folder"),

@@ -24,10 +24,10 @@ except (OSError, AttributeError, TypeError):  # no libc mincore (e.g. Windows)
 
 
 class Residency:
-    """Asks the OS which pages of one mapped file's records are in the page cache."""
+    """Asks the OS which pages of the records of one mapped file (at `address`) are in the page cache."""
 
-    def __init__(self, mapped: mmap.mmap, record_bytes: int):
-        self._base = np.frombuffer(mapped, dtype=np.uint8).ctypes.data if len(mapped) else 0
+    def __init__(self, address: int, record_bytes: int):
+        self._base = address
         self._length = record_bytes
         self._vec = np.zeros(-(-record_bytes // PAGE), dtype=np.uint8)
         self._vec_address = self._vec.ctypes.data
@@ -45,7 +45,7 @@ class Residency:
         """Whether the whole record is cached; counts the answer in `traffic`."""
         resident = self.resident_bytes(offset)
         if resident is None:
-            return True  # unknown: read it plainly
+            return True  # unknown: no hint is given
         traffic.bytes_in_page_cache += resident
         traffic.bytes_measured += self._length
         return resident == self._length

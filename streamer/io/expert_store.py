@@ -1,11 +1,14 @@
-"""The expert store: routed experts read from the repacked layer files into an MLX arena.
+"""The expert store: each MoE layer's file mapped once, its experts viewed in place by MLX.
 
-The OS page cache is the cache. Each layer file is mapped (mmap) so residency can be asked with
-mincore and cold records announced with madvise(WILLNEED), which lets the kernel read them all at
-once in large requests; then each expert is read with one preadv straight into the slots of a
-preallocated MLX buffer (one copy, no page faults). Measured on this machine (8 experts of 2.6 MB):
-cold page faults through mmap 0.35 GB/s, preadv 1.0-1.2 GB/s, WILLNEED then preadv 1.6-1.7 GB/s;
-warm preadv 4-6 GB/s versus 2 GB/s for mmap copy plus conversion to mx.array.
+The OS page cache is the cache and nothing is copied: every tensor of a layer is one strided MLX
+array over the mapped file (expert e at e * record_bytes), so mlx-lm's gather kernels read just
+the routed experts' pages (see mapping.py for how a mapping becomes an MLX array). What the
+mapping alone would do badly is a miss: page faults fetch 4-16 KiB at a time, in series. So
+before a layer computes, `prefetch` asks mincore which routed records are cold and announces each
+with one madvise(WILLNEED), which starts the kernel reading all of them at once in large requests;
+the compute then waits only for what is still in flight. Measured on this machine (8 cold
+experts of 2.6 MB): page faults alone 0.2 GB/s, WILLNEED first 1.1-1.3 GB/s, the same as
+WILLNEED followed by preadv into a buffer, without that buffer's copy.
 """
 
 from __future__ import annotations
@@ -23,115 +26,116 @@ from ..cache.residency import Residency
 from ..errors import StreamerError
 from ..stats import ExpertTraffic
 from .manifest import Manifest, MoeLayer
+from .mapping import MappedFile
 from .safetensors import DTYPES
-
-
-class Arena:
-    """A reusable MLX byte buffer that reads are written into.
-
-    Arrays handed out are views of it, so before it is overwritten the last computation that read
-    it must have finished: `guard` records that computation and `take` evaluates it first.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = mx.zeros((0,), dtype=mx.uint8)
-        self._host = np.zeros(0, dtype=np.uint8)
-        self._pending: mx.array | None = None
-
-    def take(self, nbytes: int, traffic: ExpertTraffic) -> tuple[mx.array, np.ndarray]:
-        if self._pending is not None:
-            # usually done already; after a token boundary it is the last layer's compute
-            start = time.perf_counter()
-            mx.eval(self._pending)
-            traffic.sync_seconds += time.perf_counter() - start
-            self._pending = None
-        if nbytes > self._buffer.size:
-            self._buffer = mx.zeros((max(nbytes, 2 * self._buffer.size),), dtype=mx.uint8)
-            mx.eval(self._buffer)
-            self._host = np.asarray(memoryview(self._buffer))
-            if not self._host.flags.writeable:
-                raise RuntimeError("this MLX build does not expose writable array buffers")
-        return self._buffer, self._host
-
-    def guard(self, result: mx.array) -> None:
-        self._pending = result
 
 
 class ExpertStore:
     def __init__(self, folder: Path, manifest: Manifest):
         self.folder = Path(folder)
         self.layers = manifest.layers
-        self.arena = Arena()
-        self._view_cache: dict[tuple[int, int], tuple[list[np.ndarray], list[mx.array]]] = {}
-        self._viewed_buffer: mx.array | None = None
-        self.verify_reads = False  # load(verify_reads=True): crc32 of each expert on its first read
+        self.verify_reads = False  # load(verify_reads=True): crc32 of each expert on its first use
         self._verified = [np.zeros(layer.num_experts, dtype=bool) for layer in self.layers]
-        self._files: list[tuple[int, mmap.mmap, Residency]] = []
+        self._populated = [np.zeros(layer.num_experts, dtype=bool) for layer in self.layers]
+        self._files: list[tuple[int, MappedFile, Residency]] = []
+        self._views: list[list[mx.array]] = []
         try:
-            for layer in self.layers:
+            for index, layer in enumerate(self.layers):
                 self._files.append(self._open(layer))
+                self._views.append(self._tensor_views(index))
         except BaseException:
             self.close()
             raise
-        self._pad = np.zeros(max(_gap for layer in self.layers for _gap in _gaps(layer)) or 1, dtype=np.uint8)
 
-    def _open(self, layer: MoeLayer) -> tuple[int, mmap.mmap, Residency]:
+    def _open(self, layer: MoeLayer) -> tuple[int, MappedFile, Residency]:
         path = self.folder / layer.file
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as e:
             raise StreamerError(f"cannot open expert file {path}: {e.strerror or e}; repack the model.") from e
-        size = os.fstat(fd).st_size
-        if size != layer.file_bytes:
+        try:
+            size = os.fstat(fd).st_size
+            if size != layer.file_bytes:
+                raise StreamerError(
+                    f"{path} holds {size} bytes but the manifest expects {layer.file_bytes} for "
+                    f"{layer.module}: the file is truncated or was changed; repack the model."
+                )
+            mapped = MappedFile(fd, size)
+        except BaseException:
             os.close(fd)
-            raise StreamerError(
-                f"{path} holds {size} bytes but the manifest expects {layer.file_bytes} for "
-                f"{layer.module}: the file is truncated or was changed; repack the model."
-            )
-        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        return fd, mapped, Residency(mapped, layer.record_bytes)
+            raise
+        return fd, mapped, Residency(mapped.address, layer.record_bytes)
 
-    def read(self, layer_index: int, experts: np.ndarray, traffic: ExpertTraffic) -> list[mx.array]:
-        """One [len(experts), *shape] array per tensor of the layer (manifest order), in the arena."""
+    def _tensor_views(self, layer_index: int) -> list[mx.array]:
+        layer = self.layers[layer_index]
+        data = self._files[layer_index][1].array
+        views = []
+        for t in layer.tensors:
+            dtype = DTYPES[t.dtype][1]
+            typed = data if dtype == mx.uint8 else data.view(dtype)
+            size = dtype.size
+            row = [1] * len(t.shape)  # row-major strides of one expert's tensor, in elements
+            for axis in range(len(t.shape) - 2, -1, -1):
+                row[axis] = row[axis + 1] * t.shape[axis + 1]
+            views.append(mx.as_strided(typed, (layer.num_experts, *t.shape), (layer.record_bytes // size, *row), t.offset // size))
+        mx.eval(views)
+        return views
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of expert files mapped into MLX arrays: MLX counts them as its memory, though
+        they are file pages the OS can reclaim at will."""
+        return sum(mapped.size for _, mapped, _ in self._files)
+
+    def experts(self, layer_index: int) -> list[mx.array]:
+        """Every expert of a layer, one [num_experts, *shape] array per tensor (manifest order).
+
+        Views of the mapped file: nothing is read until a kernel touches a routed expert's pages.
+        """
+        return self._views[layer_index]
+
+    def prefetch(self, layer_index: int, experts: list[int], traffic: ExpertTraffic) -> None:
+        """Bring the routed experts into memory and into this process's page tables.
+
+        Cold records are announced together (one madvise(WILLNEED) each) so the kernel reads them
+        in parallel; then each record not yet mapped here is populated, which waits for its read.
+        The compute that follows touches only mapped pages.
+        """
         layer = self.layers[layer_index]
         fd, mapped, residency = self._files[layer_index]
-        k = len(experts)
-        slots, arrays = self._views(layer_index, k, traffic)  # may wait: counted as sync
+        populated = self._populated[layer_index]
         start = time.perf_counter()
-        offsets = [layer.expert_offsets[e] for e in experts.tolist()]
-        cold = [off for off in offsets if not residency.is_resident(off, traffic)]
-        for off in cold:  # announce every cold record before reading any: the kernel reads in parallel
-            mapped.madvise(mmap.MADV_WILLNEED, off, layer.record_bytes)
-        gaps = _gaps(layer)
-        span = layer.tensors[-1].offset + layer.tensors[-1].nbytes
-        for slot, off in enumerate(offsets):
-            views = []
-            for t, dest, gap in zip(layer.tensors, slots, gaps):
-                views.append(dest[slot])
-                if gap:
-                    views.append(self._pad[:gap])
-            if _preadv(fd, views, off) != span:
-                raise StreamerError(
-                    f"{self._where(layer_index)}: short read of expert {experts[slot]}: the file was truncated "
-                    "or overwritten since the model was loaded; repack the model."
-                )
+        if os.fstat(fd).st_size != layer.file_bytes:  # touching a page past the end would kill us (SIGBUS)
+            raise StreamerError(
+                f"{self._where(layer_index)}: the file was truncated or overwritten since the model was "
+                "loaded; repack the model."
+            )
+        record = layer.record_bytes
+        for expert in experts:
+            if not residency.is_resident(expert * record, traffic):
+                mapped.advise(mmap.MADV_WILLNEED, expert * record, record)
+                traffic.experts_fetched += 1
+                populated[expert] = False  # evicted pages were unmapped too
+        for expert in experts:
+            if not populated[expert]:
+                populated[expert] = mapped.populate(expert * record, record)
         if self.verify_reads:
-            self._verify(layer_index, experts, slots)
-        traffic.experts_read += k
-        traffic.bytes_read += k * span
-        traffic.bytes_copied += k * span  # preadv copies once, from the page cache into the arena
+            self._verify(layer_index, experts)
+        traffic.experts_read += len(experts)
+        traffic.bytes_read += len(experts) * _span(layer)
         traffic.read_seconds += time.perf_counter() - start
-        return arrays
 
-    def _verify(self, layer_index: int, experts: np.ndarray, slots: list[np.ndarray]) -> None:
-        """Check the crc32 of the bytes just read, the first time each expert is read."""
+    def _verify(self, layer_index: int, experts: list[int]) -> None:
+        """Check the crc32 of each expert's tensors the first time it is used."""
         layer = self.layers[layer_index]
         verified = self._verified[layer_index]
-        for slot, expert in enumerate(experts.tolist()):
+        host = self._files[layer_index][1].host
+        for expert in experts:
             if verified[expert]:
                 continue
-            for tensor, dest, crc in zip(layer.tensors, slots, layer.expert_crc32[expert]):
-                if zlib.crc32(dest[slot]) != crc:
+            base = expert * layer.record_bytes
+            for tensor, crc in zip(layer.tensors, layer.expert_crc32[expert]):
+                if zlib.crc32(host[base + tensor.offset : base + tensor.offset + tensor.nbytes]) != crc:
                     raise StreamerError(
                         f"{self._where(layer_index)}: expert {expert} tensor {tensor.name} does not match its "
                         f"checksum: the file is corrupt. Run `streamer verify {self.folder}` to list every bad "
@@ -143,62 +147,22 @@ class ExpertStore:
         layer = self.layers[layer_index]
         return f"{self.folder / layer.file} (MoE layer {layer_index}, {layer.module})"
 
-    def _views(self, layer_index: int, k: int, traffic: ExpertTraffic) -> tuple[list[np.ndarray], list[mx.array]]:
-        """Host slots and MLX views of the arena for k experts of a layer, laid out tensor-major."""
-        layer = self.layers[layer_index]
-        buffer, host = self.arena.take(k * sum(t.nbytes for t in layer.tensors), traffic)
-        if buffer is not self._viewed_buffer:  # the arena grew: views of the old buffer are stale
-            self._view_cache.clear()
-            self._viewed_buffer = buffer
-        key = (layer_index, k)
-        if key not in self._view_cache:
-            slots, arrays, cursor = [], [], 0
-            for t in layer.tensors:
-                nbytes = k * t.nbytes
-                slots.append(host[cursor : cursor + nbytes].reshape(k, t.nbytes))
-                dtype = DTYPES[t.dtype][1]
-                array = buffer[cursor : cursor + nbytes]
-                arrays.append((array if dtype == mx.uint8 else array.view(dtype)).reshape(k, *t.shape))
-                cursor += nbytes
-            self._view_cache[key] = (slots, arrays)
-        return self._view_cache[key]
-
-    @property
-    def mappings(self) -> list[mmap.mmap]:
-        """The layer files' maps (for tools that evict the page cache: pages a process maps stay)."""
-        return [mapped for _, mapped, _ in self._files]
-
-    def read_layer(self, layer_index: int) -> list[mx.array]:
-        """Every expert of a layer as stacked [num_experts, *shape] arrays, in fresh memory."""
-        layer = self.layers[layer_index]
-        arrays = self.read(layer_index, np.arange(layer.num_experts), ExpertTraffic())
-        copies = [mx.array(a) for a in arrays]  # out of the arena, which the next read reuses
-        mx.eval(copies)
-        return copies
+    def evict(self) -> None:
+        """Unmap every expert page from this process (the page cache keeps them): for tools that
+        drop the page cache, which skips pages a process still maps."""
+        for _, mapped, _ in self._files:
+            mapped.advise(mmap.MADV_DONTNEED, 0, mapped.size)
+        for populated in self._populated:
+            populated[:] = False
 
     def close(self) -> None:
         for fd, mapped, _ in self._files:
             mapped.close()
             os.close(fd)
         self._files.clear()
+        self._views.clear()
 
 
-def _pread_into(fd: int, buffers: list[np.ndarray], offset: int) -> int:
-    """preadv for Pythons built without it (macOS before 11): one pread, then copies."""
-    data = os.pread(fd, sum(b.nbytes for b in buffers), offset)
-    done = 0
-    for b in buffers:
-        part = np.frombuffer(data, dtype=np.uint8, count=min(b.nbytes, len(data) - done), offset=done)
-        b[: part.size] = part
-        done += part.size
-    return done
-
-
-_preadv = getattr(os, "preadv", _pread_into)
-
-
-def _gaps(layer: MoeLayer) -> list[int]:
-    """Padding bytes after each tensor of a record, up to the next tensor (0 after the last)."""
-    ends = [t.offset + t.nbytes for t in layer.tensors]
-    starts = [t.offset for t in layer.tensors[1:]]
-    return [s - e for s, e in zip(starts, ends)] + [0]
+def _span(layer: MoeLayer) -> int:
+    """Bytes of one expert's tensors (its record without the trailing padding)."""
+    return max(t.offset + t.nbytes for t in layer.tensors)

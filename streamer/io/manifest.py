@@ -4,8 +4,9 @@ A repacked folder holds:
   manifest.json          this file's content (format version, model config, every tensor's place)
   resident.safetensors   non-expert weights, in mlx-lm's parameter names
   experts/NNN.bin        one file per MoE layer; expert e is one record of `record_bytes` at
-                         `experts[e].offset`, starting on a PAGE_SIZE boundary, holding that
-                         expert's tensors (weight/scales/biases of each projection) back to back
+                         `experts[e].offset` = e * record_bytes (a PAGE_SIZE multiple), holding
+                         that expert's tensors (weight/scales/biases of each projection) back to
+                         back, so each tensor across experts is one strided array of the file
   tokenizer and config files copied from the source
 """
 
@@ -204,6 +205,8 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
             raise bad(f"tensor {tensor.name!r} has an invalid dtype or shape")
         if tensor.nbytes != math.prod(tensor.shape) * itemsize(tensor.dtype) or tensor.offset < 0:
             raise bad(f"tensor {tensor.name!r} size does not match its shape")
+        if tensor.offset % itemsize(tensor.dtype):
+            raise bad(f"tensor {tensor.name!r} is not aligned to its element size")
         tensors.append(tensor)
     if not tensors or len({t.name for t in tensors}) != len(tensors):
         raise bad("the record's tensor list is empty or names a tensor twice")
@@ -218,8 +221,8 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
     if len(experts) != num_experts or num_experts <= 0:
         raise bad(f"lists {len(experts)} experts, expected {num_experts}")
     offsets = tuple(int(e["offset"]) for e in experts)
-    if any(off % PAGE_SIZE or not 0 <= off <= (num_experts - 1) * record for off in offsets):
-        raise bad("an expert offset is not page-aligned or lies outside the layer file")
+    if offsets != tuple(range(0, num_experts * record, record)):
+        raise bad("expert records are not stored in expert order, one every record_bytes")
     crcs = tuple(tuple(int(c) for c in e["crc32"]) for e in experts)
     if any(len(c) != len(tensors) for c in crcs) or any(not 0 <= v < 1 << 32 for c in crcs for v in c):
         raise bad("an expert lacks a valid crc32 per tensor")

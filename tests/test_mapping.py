@@ -1,0 +1,83 @@
+"""Experts computed in place on the mapped expert files: no copy, the page cache is the memory."""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import reference_model
+from test_parity import PROMPT, greedy_tokens
+
+import streamer
+from streamer.io.mapping import PAGE, MappedFile
+
+
+def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):
+    path = tmp_path / "experts.bin"
+    path.write_bytes(bytes(range(256)) * (3 * PAGE // 256))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        mapped = MappedFile(fd, 3 * PAGE)
+        assert mapped.array.dtype == mx.uint8 and mapped.array.size == 3 * PAGE
+        assert mx.array_equal(mapped.array[:256], mx.arange(256, dtype=mx.uint8))
+        os.pwrite(fd, b"\x07" * 16, PAGE + 5)  # a write to the file shows through: the array is its pages
+        assert mapped.array[PAGE + 5 : PAGE + 21].tolist() == [7] * 16
+        assert mapped.host[PAGE + 5] == 7 and not mapped.host.flags.writeable
+        view = mapped.array[:PAGE]
+        mapped.close()
+    finally:
+        os.close(fd)
+    # the buffer is ordinary memory again: arrays still viewing it read zeros, nothing faults,
+    # and MLX can recycle it
+    assert mx.sum(view).item() == 0
+    fresh = [mx.ones((3 * PAGE,), dtype=mx.uint8) for _ in range(4)]
+    assert all(mx.sum(a).item() == 3 * PAGE for a in fresh)
+
+
+@pytest.mark.parametrize("kind", ["hf float32", "mlx 4-bit float32 scales"])
+def test_experts_are_computed_in_place_when_the_stored_dtype_is_the_compute_dtype(checkpoints, kind):
+    """On CPU streamer computes in float32: float32 checkpoints need no conversion, so the
+    kernels read the routed experts straight from the mapped files (0 bytes copied)."""
+    src = checkpoints.hf("qwen3_moe", dtype="float32") if kind == "hf float32" else checkpoints.mlx("qwen3_moe", dtype="float32")
+    model, tokenizer = streamer.load(checkpoints.repacked(src), memory_budget=0)
+    reference = reference_model(src)
+    prompt = mx.array(tokenizer.encode(PROMPT))
+    assert mx.allclose(model(prompt[None]), reference(prompt[None]), atol=1e-5, rtol=0)
+    assert greedy_tokens(model, prompt, 32) == greedy_tokens(reference, prompt, 32)
+    decode = model.expert_stats.decode
+    assert decode.experts_read > 0 and decode.bytes_read > 0
+    assert decode.bytes_copied == 0
+    assert decode.syncs == decode.layer_calls
+
+
+def test_converted_experts_are_copied_once(checkpoints):
+    """bf16 scales on CPU are widened to float32: only the routed experts are copied, per call."""
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.mlx("qwen3_moe")), memory_budget=0)
+    greedy_tokens(model, mx.array(tokenizer.encode(PROMPT)), 8)
+    decode = model.expert_stats.decode
+    assert decode.bytes_copied == decode.bytes_read > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="dropping one file's page cache needs posix_fadvise (Linux)")
+def test_cold_experts_are_fetched_then_computed_identically(checkpoints):
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32"))
+    model, tokenizer = streamer.load(folder, memory_budget=0)
+    prompt = mx.array(tokenizer.encode(PROMPT))
+    warm = np.array(model(prompt[None]))
+
+    def drop() -> None:
+        model.expert_store.evict()  # pages this process maps are skipped by fadvise
+        for layer in model.expert_store.layers:
+            fd = os.open(folder / layer.file, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+
+    drop()
+    model.expert_stats.reset()
+    cold = np.array(model(prompt[None]))
+    prefill = model.expert_stats.prefill
+    assert np.array_equal(cold, warm)
+    assert prefill.experts_fetched > 0  # one WILLNEED per cold routed expert
+    assert prefill.bytes_in_page_cache < prefill.bytes_measured
