@@ -24,6 +24,8 @@ from .cache.expert_cache import ExpertCache
 from .io.expert_store import ExpertStore
 from .stats import ExpertStats, ExpertTraffic
 
+RECHECK_CALLS = 16  # a layer running without syncs asks again this often whether its file is all cached
+
 
 class StreamingExperts(nn.Module):
     def __init__(self, container: nn.Module, store: ExpertStore, layer_index: int, stats: ExpertStats, dtype: mx.Dtype | None):
@@ -39,6 +41,9 @@ class StreamingExperts(nn.Module):
         self._stats = stats
         self._dtype = dtype
         self._converts = any(self._convert(v) is not v for v in self._views)
+        self._sizes = (max(t.offset + t.nbytes for t in layer.tensors), layer.record_bytes)
+        self._calls = self._next_check = self._evictions = 0
+        self._file_cached = False
         self.cache: ExpertCache | None = None
         self.resident = False
         self._install(self._views)
@@ -54,6 +59,9 @@ class StreamingExperts(nn.Module):
         traffic.layer_calls += 1
         if self.resident:
             return self._container(x, indices)
+        if self._file_in_page_cache():  # nothing to fetch: no need to know the routing now
+            self._stats.unsettled.append((traffic, indices, *self._sizes))
+            return self._container(x, indices)
         start = time.perf_counter()
         routed = np.array(indices)  # the layer's one host sync: evaluates attention and router
         synced = time.perf_counter()
@@ -61,7 +69,7 @@ class StreamingExperts(nn.Module):
         traffic.sync_seconds += synced - start
         experts, position = np.unique(routed, return_inverse=True)
         experts = experts.tolist()
-        if self._stats.trace is not None and traffic is self._stats.decode:
+        if self._stats.trace is not None and traffic is self._stats.phase(1):
             self._stats.trace.append((self._layer_index, tuple(experts)))
         if self.cache is None and not self._converts:
             self._store.prefetch(self._layer_index, experts, traffic)
@@ -76,6 +84,19 @@ class StreamingExperts(nn.Module):
             traffic.compute_seconds += time.perf_counter() - computed
         traffic.layer_seconds += time.perf_counter() - start
         return out
+
+    def _file_in_page_cache(self) -> bool:
+        """Whether the layer's whole expert file is in the page cache, asked every RECHECK_CALLS
+        calls. Then the layer runs like a resident one, with no sync; if the kernel evicts pages
+        meanwhile they are faulted back in, and the next check returns to syncing and prefetching.
+        The hot-expert cache, dtype conversion and verify_reads need the routing on the host first."""
+        if self.cache is not None or self._converts or self._store.verify_reads or self._stats.trace is not None or self._stats.profile:
+            return False
+        self._calls += 1
+        if self._calls >= self._next_check or self._evictions != self._store.evictions:
+            self._next_check, self._evictions = self._calls + RECHECK_CALLS, self._store.evictions
+            self._file_cached = self._store.file_in_page_cache(self._layer_index)
+        return self._file_cached
 
     def _gather(self, experts: list[int], traffic: ExpertTraffic) -> list[mx.array]:
         """The routed experts stacked per tensor in the compute dtype, in `experts` order."""

@@ -6,6 +6,8 @@ import resource
 import sys
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass
 class ExpertTraffic:
@@ -33,15 +35,38 @@ class ExpertStats:
     moe_layers: int
     profile: bool = False  # evaluate each layer's expert output on its own to time the compute
     trace: list[tuple[int, tuple[int, ...]]] | None = None  # set to [] to record decode routing
-    prefill: ExpertTraffic = field(default_factory=ExpertTraffic)
-    decode: ExpertTraffic = field(default_factory=ExpertTraffic)
+    _prefill: ExpertTraffic = field(default_factory=ExpertTraffic)
+    _decode: ExpertTraffic = field(default_factory=ExpertTraffic)
+    # Calls that ran without a sync (their layer's file was all in the page cache): (traffic,
+    # routed indices, expert bytes, record bytes), counted once the indices have been computed.
+    unsettled: list[tuple[ExpertTraffic, object, int, int]] = field(default_factory=list)
+
+    @property
+    def prefill(self) -> ExpertTraffic:
+        self._settle()
+        return self._prefill
+
+    @property
+    def decode(self) -> ExpertTraffic:
+        self._settle()
+        return self._decode
 
     def reset(self) -> None:
-        self.prefill, self.decode = ExpertTraffic(), ExpertTraffic()
+        self._prefill, self._decode = ExpertTraffic(), ExpertTraffic()
+        self.unsettled.clear()
 
     def phase(self, tokens: int) -> ExpertTraffic:
         """Single-token calls are decode steps; anything wider is prompt processing."""
-        return self.decode if tokens == 1 else self.prefill
+        return self._decode if tokens == 1 else self._prefill
+
+    def _settle(self) -> None:
+        for traffic, indices, expert_bytes, record_bytes in self.unsettled:
+            routed = len(np.unique(np.array(indices)))  # computed by now: no wait
+            traffic.experts_read += routed
+            traffic.bytes_read += routed * expert_bytes
+            traffic.bytes_in_page_cache += routed * record_bytes  # the whole file was cached
+            traffic.bytes_measured += routed * record_bytes
+        self.unsettled.clear()
 
     @property
     def overhead_seconds(self) -> float:

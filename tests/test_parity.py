@@ -27,8 +27,10 @@ def compare(streamed_path, reference, tolerance: float) -> None:
     assert diff <= tolerance, f"max abs logit difference {diff}"
     assert greedy_tokens(model, prompt) == greedy_tokens(reference, prompt)
     stats = model.expert_stats
-    assert stats.decode_tokens >= 63  # the decode steps really streamed experts
-    assert stats.decode.syncs == stats.decode.layer_calls
+    assert stats.decode_tokens >= 63
+    assert stats.decode.experts_read >= stats.decode.layer_calls  # every decode step used experts from the files
+    # one sync per layer call at most: none while a layer's file is all in the page cache
+    assert stats.decode.syncs <= stats.decode.layer_calls
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -37,6 +37,9 @@ class ExpertStore:
         self.verify_reads = False  # load(verify_reads=True): crc32 of each expert on its first use
         self._verified = [np.zeros(layer.num_experts, dtype=bool) for layer in self.layers]
         self._populated = [np.zeros(layer.num_experts, dtype=bool) for layer in self.layers]
+        self._recent_misses = [0] * len(self.layers)
+        self._whole_files: dict[int, Residency] = {}
+        self.evictions = 0  # bumped by evict(): layers then stop assuming their files are cached
         self._files: list[tuple[int, MappedFile, Residency]] = []
         self._views: list[list[mx.array]] = []
         try:
@@ -116,6 +119,7 @@ class ExpertStore:
                 mapped.advise(mmap.MADV_WILLNEED, expert * record, record)
                 traffic.experts_fetched += 1
                 populated[expert] = False  # evicted pages were unmapped too
+                self._recent_misses[layer_index] += 1
         for expert in experts:
             if not populated[expert]:
                 populated[expert] = mapped.populate(expert * record, record)
@@ -124,6 +128,24 @@ class ExpertStore:
         traffic.experts_read += len(experts)
         traffic.bytes_read += len(experts) * _span(layer)
         traffic.read_seconds += time.perf_counter() - start
+
+    def file_in_page_cache(self, layer_index: int) -> bool:
+        """Whether every page of a layer's expert file is in the page cache. The first time it is,
+        the whole file is also populated into this process's page tables (no I/O: it is cached),
+        so kernels reading any expert take no page faults. A layer that missed since the last
+        call is answered without asking the OS."""
+        if self._recent_misses[layer_index]:
+            self._recent_misses[layer_index] = 0
+            return False
+        _, mapped, _ = self._files[layer_index]
+        if layer_index not in self._whole_files:
+            self._whole_files[layer_index] = Residency(mapped.address, mapped.size)
+        if self._whole_files[layer_index].resident_bytes(0) != mapped.size:  # None: the OS cannot tell
+            return False
+        populated = self._populated[layer_index]
+        if not populated.all():
+            populated[:] = mapped.populate(0, mapped.size)
+        return True
 
     def _verify(self, layer_index: int, experts: list[int]) -> None:
         """Check the crc32 of each expert's tensors the first time it is used."""
@@ -154,6 +176,7 @@ class ExpertStore:
             mapped.advise(mmap.MADV_DONTNEED, 0, mapped.size)
         for populated in self._populated:
             populated[:] = False
+        self.evictions += 1
 
     def close(self) -> None:
         for fd, mapped, _ in self._files:
