@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
         peak_rss_bytes=peak_rss_bytes(),
         peak_rss_anon_bytes=sampler.peak_anon or None,
         peak_rss_file_bytes=sampler.peak_file or None,
-        peak_mlx_bytes=mx.get_peak_memory(),
+        # the mapped expert files count as MLX memory but are page cache: not the engine's own
+        peak_mlx_bytes=mx.get_peak_memory() - getattr(getattr(model, "expert_store", None), "mapped_bytes", 0),
     )
     print(json.dumps(result))
 

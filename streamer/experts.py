@@ -2,9 +2,12 @@
 
 It keeps the call contract `(x [..., D], indices [..., k]) -> [..., k, D]`, so every architecture's
 router and score code runs unchanged. The container computes on the store's views of the mapped
-expert file, so the routed experts are read in place from the page cache, with no copy. Per call:
-one host sync to learn the routed experts, and one madvise per routed expert that is not in the
-page cache (a whole prompt chunk shares them) so misses arrive in large parallel reads.
+expert file, so the routed experts are read in place from the page cache, with no copy.
+
+While the layer's file is all in the page cache the call is just that, with no sync, as in a
+resident model. Otherwise it takes one host sync to learn the routed experts and one madvise per
+routed expert that is not cached, so misses arrive in large parallel reads before the compute
+(a whole prompt chunk shares them).
 
 Two cases copy the routed experts into a stacked tensor instead: a hot-expert cache (hits come
 from memory, misses from the file) and a compute dtype that differs from the stored one (on the
@@ -67,8 +70,7 @@ class StreamingExperts(nn.Module):
         synced = time.perf_counter()
         traffic.syncs += 1
         traffic.sync_seconds += synced - start
-        experts, position = np.unique(routed, return_inverse=True)
-        experts = experts.tolist()
+        experts = sorted(set(routed.ravel().tolist()))  # little code to run on caches the compute flushed
         if self._stats.trace is not None and traffic is self._stats.phase(1):
             self._stats.trace.append((self._layer_index, tuple(experts)))
         if self.cache is None and not self._converts:
@@ -76,7 +78,8 @@ class StreamingExperts(nn.Module):
             out = self._container(x, indices)  # on the file's views: no copy
         else:
             self._install(self._gather(experts, traffic))
-            out = self._container(x, mx.array(position.reshape(routed.shape).astype(np.uint32)))
+            position = np.searchsorted(np.array(experts, dtype=routed.dtype), routed).astype(np.uint32)
+            out = self._container(x, mx.array(position))
             self._install(self._views)  # the output's graph holds the copies until it is evaluated
         if self._stats.profile:
             computed = time.perf_counter()
@@ -117,8 +120,9 @@ class StreamingExperts(nn.Module):
         per_expert = []
         for expert, (tensors, admitted) in zip(experts, cached):
             if tensors is None:
-                tensors = [self._convert(mx.array(v[expert])) for v in self._views]  # mx.array copies
-                if admitted:
+                tensors = [self._convert(v[expert]) for v in self._views]
+                if admitted:  # a copy of its own: a cached expert must not be page cache
+                    tensors = [mx.array(t) for t in tensors]
                     self.cache.put(self._layer_index, expert, tensors)
             per_expert.append(tensors)
         stacked = [mx.stack(parts) for parts in zip(*per_expert)]

@@ -29,6 +29,10 @@ from .manifest import Manifest, MoeLayer
 from .mapping import MappedFile
 from .safetensors import DTYPES
 
+# A file this much in the page cache counts as cached: the kernel trims rarely used pages even
+# without memory pressure (this VM runs DAMON proactive reclaim), and populating reads them back.
+FILE_CACHED_SHARE = 0.99
+
 
 class ExpertStore:
     def __init__(self, folder: Path, manifest: Manifest):
@@ -130,20 +134,22 @@ class ExpertStore:
         traffic.read_seconds += time.perf_counter() - start
 
     def file_in_page_cache(self, layer_index: int) -> bool:
-        """Whether every page of a layer's expert file is in the page cache. The first time it is,
-        the whole file is also populated into this process's page tables (no I/O: it is cached),
-        so kernels reading any expert take no page faults. A layer that missed since the last
-        call is answered without asking the OS."""
+        """Whether a layer's expert file is in the page cache: all of it, or all but a sliver
+        (FILE_CACHED_SHARE) that populating it then reads back. Populating also maps the whole
+        file into this process's page tables (no I/O for cached pages), so kernels reading any
+        expert take no page faults. A layer that missed since the last call is answered without
+        asking the OS."""
         if self._recent_misses[layer_index]:
             self._recent_misses[layer_index] = 0
             return False
         _, mapped, _ = self._files[layer_index]
         if layer_index not in self._whole_files:
             self._whole_files[layer_index] = Residency(mapped.address, mapped.size)
-        if self._whole_files[layer_index].resident_bytes(0) != mapped.size:  # None: the OS cannot tell
+        resident = self._whole_files[layer_index].resident_bytes(0)
+        if resident is None or resident < FILE_CACHED_SHARE * mapped.size:  # None: the OS cannot tell
             return False
         populated = self._populated[layer_index]
-        if not populated.all():
+        if resident < mapped.size or not populated.all():
             populated[:] = mapped.populate(0, mapped.size)
         return True
 
