@@ -159,6 +159,8 @@ def summarize(results: list[dict], models: Models, disk_gbps: float | None) -> d
         syncs_per_moe_layer=decode["syncs"] / decode["layer_calls"],
         bytes_read_per_token=per_token,
         experts_read_per_token=decode["experts_read"] / steps,
+        experts_fetched_per_token=decode.get("experts_fetched", 0) / steps,  # cold: one WILLNEED each
+        bytes_copied_per_token=decode["bytes_copied"] / steps,
         page_cache_hit_rate=hit,
         read_gbps=decode["bytes_read"] / decode["read_seconds"] / 1e9 if decode["read_seconds"] else None,
         prefill_bytes_read_per_run=prefill["bytes_read"] / len(runs),
@@ -194,6 +196,7 @@ def flat(result: dict) -> dict:
         "ttft_s": median(s, "ttft_s"),
         "baseline_ttft_s": median(b, "ttft_s"),
         "bytes_read_per_token": s.get("bytes_read_per_token"),
+        "bytes_copied_per_token": s.get("bytes_copied_per_token"),
         "syncs_per_token": s.get("syncs_per_token"),
         "syncs_per_moe_layer": s.get("syncs_per_moe_layer"),
         "page_cache_hit_rate": s.get("page_cache_hit_rate"),

@@ -44,7 +44,7 @@ class StreamingExperts(nn.Module):
         self._stats = stats
         self._dtype = dtype
         self._converts = any(self._convert(v) is not v for v in self._views)
-        self._sizes = (max(t.offset + t.nbytes for t in layer.tensors), layer.record_bytes)
+        self._sizes = (store.expert_bytes[layer_index], layer.record_bytes)
         self._calls = self._next_check = self._evictions = 0
         self._file_cached = False
         self.cache: ExpertCache | None = None

@@ -31,6 +31,7 @@ class Residency:
         self._length = record_bytes
         self._vec = np.zeros(-(-record_bytes // PAGE), dtype=np.uint8)
         self._vec_address = self._vec.ctypes.data
+        self._bits = np.zeros_like(self._vec)
 
     def resident_bytes(self, offset: int) -> int | None:
         """Bytes of the record at `offset` in the page cache; None where the OS cannot tell."""
@@ -39,7 +40,8 @@ class Residency:
         if _mincore(self._base + offset, self._length, self._vec_address) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"mincore failed: {os.strerror(err)}")
-        return min(int(np.count_nonzero(self._vec & 1)) * PAGE, self._length)
+        np.bitwise_and(self._vec, 1, out=self._bits)  # bit 0: resident (macOS sets other bits too)
+        return min(int(np.count_nonzero(self._bits)) * PAGE, self._length)
 
     def is_resident(self, offset: int, traffic: ExpertTraffic) -> bool:
         """Whether the whole record is cached; counts the answer in `traffic`."""

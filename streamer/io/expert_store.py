@@ -42,6 +42,7 @@ class ExpertStore:
         self._verified = [np.zeros(layer.num_experts, dtype=bool) for layer in self.layers]
         self._populated = [np.zeros(layer.num_experts, dtype=bool) for layer in self.layers]
         self._recent_misses = [0] * len(self.layers)
+        self.expert_bytes = [max(t.offset + t.nbytes for t in layer.tensors) for layer in self.layers]  # per layer
         self._whole_files: dict[int, Residency] = {}
         self.evictions = 0  # bumped by evict(): layers then stop assuming their files are cached
         self._files: list[tuple[int, MappedFile, Residency]] = []
@@ -130,7 +131,7 @@ class ExpertStore:
         if self.verify_reads:
             self._verify(layer_index, experts)
         traffic.experts_read += len(experts)
-        traffic.bytes_read += len(experts) * _span(layer)
+        traffic.bytes_read += len(experts) * self.expert_bytes[layer_index]
         traffic.read_seconds += time.perf_counter() - start
 
     def file_in_page_cache(self, layer_index: int) -> bool:
@@ -190,8 +191,3 @@ class ExpertStore:
             os.close(fd)
         self._files.clear()
         self._views.clear()
-
-
-def _span(layer: MoeLayer) -> int:
-    """Bytes of one expert's tensors (its record without the trailing padding)."""
-    return max(t.offset + t.nbytes for t in layer.tensors)
