@@ -2,9 +2,9 @@
 
     python bench/plot.py [RESULTS_DIR]      # writes RESULTS_DIR/<model>-memory.png per model
 
-Needs matplotlib (`pip install -e ".[bench]"`). Points: the warm run (all free memory) and each
-squeezed run (a balloon left only that much); error bars span min..max over runs; mlx-lm points
-that do not fit in memory are drawn as crosses at zero.
+Needs matplotlib (`pip install -e ".[bench]"`). Points: the warm runs (all free memory) and each
+squeezed run (a balloon left only that much), one series per engine and memory budget (the
+result's --tag); error bars span min..max over runs; runs that do not fit are crosses at zero.
 """
 
 from __future__ import annotations
@@ -16,28 +16,37 @@ from pathlib import Path
 GB = 1e9
 
 
-def points(results: dict[str, dict]) -> dict[str, list[tuple[float, dict | None]]]:
-    """Engine -> [(memory available in bytes, summary or None when it does not fit)]."""
-    out: dict[str, list] = {"streamer": [], "mlx_lm": []}
-    warm = results.get("warm")
-    if warm:
-        for engine in out:
-            summary = warm.get(engine)
-            if summary and summary.get("fits", True):
-                out[engine].append((summary["mem_available_before"], summary))
-            elif summary:  # did not fit: mark it where streamer ran
-                out[engine].append((warm["streamer"]["mem_available_before"], None))
-    for point in (results.get("squeezed") or {}).get("points", []):
-        if not point.get("balloon_survived", True):
-            continue
-        for engine in out:
-            summary = point.get(engine)
-            if summary:  # None: not run (--no-baseline); {"fits": false}: did not fit
-                out[engine].append((point["mem_available"], summary if summary.get("fits", True) else None))
+SERIES = {  # (engine, result tag) -> label, colour, marker
+    ("streamer", None): ("streamer: experts streamed, page cache only", "tab:blue", "o"),
+    ("streamer", "budget1G"): ("streamer: + 1 GB hot-expert cache", "tab:green", "^"),
+    ("streamer", "resident"): ("streamer: budget >= model, all resident", "tab:purple", "D"),
+    ("mlx_lm", None): ("mlx-lm: fully resident", "tab:orange", "s"),
+}
+
+
+def points(results: list[dict]) -> dict[tuple[str, str | None], list[tuple[float, dict | None]]]:
+    """(engine, tag) -> [(memory available in bytes, summary or None when it does not fit)]."""
+    out: dict[tuple[str, str | None], list] = {key: [] for key in SERIES}
+    for result in results:
+        tag = result["settings"].get("tag")
+        tag = None if tag == "rerun" else tag
+        for engine in ("streamer", "mlx_lm"):
+            if (engine, tag) not in out:
+                continue
+            if result["scenario"] == "warm":
+                summary = result.get(engine)
+                if summary and summary.get("fits", True):
+                    out[engine, tag].append((summary["mem_available_before"], summary))
+                elif summary:  # did not fit: mark it where streamer ran
+                    out[engine, tag].append((result["streamer"]["mem_available_before"], None))
+            for point in result.get("points", []):
+                summary = point.get(engine)
+                if point.get("balloon_survived", True) and summary:  # None: not run; {"fits": false}: did not fit
+                    out[engine, tag].append((point["mem_available"], summary if summary.get("fits", True) else None))
     return out
 
 
-def plot(name: str, results: dict[str, dict], path: Path) -> None:
+def plot(name: str, results: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,26 +54,21 @@ def plot(name: str, results: dict[str, dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
     top = 0.0
-    styles = {"streamer": ("tab:blue", "o", "streamer (experts streamed)"), "mlx_lm": ("tab:orange", "s", "mlx-lm (fully resident)")}
-    for engine, rows in points(results).items():
-        color, marker, label = styles[engine]
+    for key, rows in points(results).items():
+        label, color, marker = SERIES[key]
         ran = sorted((x, s) for x, s in rows if s is not None)
         if ran:
             xs = [x / GB for x, _ in ran]
             ys = [s["decode_tok_s"]["median"] for _, s in ran]
             lo = [y - s["decode_tok_s"]["min"] for y, (_, s) in zip(ys, ran)]
             hi = [s["decode_tok_s"]["max"] - y for y, (_, s) in zip(ys, ran)]
-            ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker=marker, capsize=3, label=label)
+            ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker=marker, capsize=3, label=label, linestyle="-" if len(ran) > 1 else "none")
             top = max(top, *[s["decode_tok_s"]["max"] for _, s in ran])
-            bound = [(x / GB, s["io_bound_tok_s"]) for x, s in ran if s.get("io_bound_tok_s")]
-            if bound:
-                ax.plot(*zip(*bound), color=color, linestyle=":", marker=".",
-                        label="streamer I/O bound: misses / disk (off the top: rare misses)")
         missing = [x / GB for x, s in rows if s is None]
         if missing:
             ax.plot(missing, [0] * len(missing), color=color, marker="x", linestyle="none", markersize=9,
-                    label=f"{label.split(' ')[0]}: does not fit")
-    model = next(iter(results.values()))["model"]
+                    label=f"{label.split(':')[0]}: does not fit")
+    model = results[0]["model"]
     ax.axvline((model["expert_bytes"] + model["resident_bytes"]) / GB, color="grey", linestyle="--", linewidth=0.8,
                label="size of the 4-bit model")
     ax.set_xlabel("memory available to the run (GB, MemAvailable)")
@@ -82,16 +86,15 @@ def plot(name: str, results: dict[str, dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     folder = Path(argv[0]) if argv else Path(__file__).resolve().parent / "results"
-    by_model: dict[str, dict[str, dict]] = {}
+    by_model: dict[str, list[dict]] = {}
     for path in sorted(folder.glob("*.json")):
         result = json.loads(path.read_text())
-        by_model.setdefault(result["model"]["name"], {})[result["scenario"]] = result
+        if result["scenario"] in ("warm", "squeezed"):
+            by_model.setdefault(result["model"]["name"], []).append(result)
     for name, results in by_model.items():
-        if "warm" in results or "squeezed" in results:
-            out = folder / f"{name}-memory.png"
-            plot(name, {k: v for k, v in results.items() if k in ("warm", "squeezed")}, out)
-            print(f"wrote {out}", file=sys.stderr)
-
+        out = folder / f"{name}-memory.png"
+        plot(name, results, out)
+        print(f"wrote {out}", file=sys.stderr)
 
 if __name__ == "__main__":
     main()
