@@ -93,3 +93,13 @@ def test_cold_experts_are_fetched_then_computed_identically(checkpoints):
     model.expert_stats.reset()
     assert np.array_equal(np.array(model(prompt[None])), warm)
     assert model.expert_stats.prefill.syncs == 0
+
+
+def test_mapped_files_do_not_count_against_mlx_memory_limit(checkpoints):
+    """MLX counts mapped files as active memory; past its limit it would run op by op."""
+    before = mx.get_memory_limit()
+    model, _ = streamer.load(checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32")), memory_budget=0)
+    store = model.expert_store
+    assert store.mapped_bytes > 0 and mx.get_memory_limit() == before + store.mapped_bytes
+    store.close()
+    assert mx.get_memory_limit() == before

@@ -47,6 +47,7 @@ class ExpertStore:
         self.evictions = 0  # bumped by evict(): layers then stop assuming their files are cached
         self._files: list[tuple[int, MappedFile, Residency]] = []
         self._views: list[list[mx.array]] = []
+        self._limit_raised = 0
         try:
             for index, layer in enumerate(self.layers):
                 self._files.append(self._open(layer))
@@ -54,6 +55,11 @@ class ExpertStore:
         except BaseException:
             self.close()
             raise
+        # MLX counts the mapped files as its active memory. Past its memory limit its scheduler
+        # waits for every op to finish before the next, so a model larger than the limit (the
+        # point of streaming) would run op by op: the limit is raised by what is mapped.
+        self._limit_raised = self.mapped_bytes
+        mx.set_memory_limit(mx.get_memory_limit() + self._limit_raised)
 
     def _open(self, layer: MoeLayer) -> tuple[int, MappedFile, Residency]:
         path = self.folder / layer.file
@@ -186,6 +192,9 @@ class ExpertStore:
         self.evictions += 1
 
     def close(self) -> None:
+        if self._limit_raised:
+            mx.set_memory_limit(max(mx.get_memory_limit() - self._limit_raised, 0))
+            self._limit_raised = 0
         for fd, mapped, _ in self._files:
             mapped.close()
             os.close(fd)
