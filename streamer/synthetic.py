@@ -413,11 +413,10 @@ def _training_text() -> list[str]:
     return texts
 
 
-def write_tokenizer(folder: Path | str, vocab_size: int = VOCAB_SIZE) -> None:
-    """A byte-level BPE tokenizer (GPT-2 style) saved as tokenizer.json + tokenizer_config.json."""
+def train_bpe(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer (GPT-2 style) with SPECIAL_TOKENS, trained on `texts`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    folder = Path(folder)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -427,8 +426,14 @@ def write_tokenizer(folder: Path | str, vocab_size: int = VOCAB_SIZE) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_training_text(), trainer)
-    tokenizer.save(str(folder / "tokenizer.json"))
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
+def write_tokenizer(folder: Path | str, vocab_size: int = VOCAB_SIZE) -> None:
+    """The synthetic tokenizer saved as tokenizer.json + tokenizer_config.json."""
+    folder = Path(folder)
+    train_bpe(_training_text(), vocab_size).save(str(folder / "tokenizer.json"))
     write_tokenizer_config(folder, 2048)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3_moe
 
-from streamer.synthetic import EOS, SPECIAL_TOKENS, write_tokenizer_config
+from streamer.synthetic import EOS, train_bpe, write_tokenizer_config
 
 CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -68,22 +68,6 @@ def corpus_files() -> tuple[list[Path], list[Path]]:
 
 def read_texts(files: list[Path]) -> list[str]:
     return [f.read_text(encoding="utf-8", errors="replace") for f in files]
-
-
-def train_tokenizer(texts: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer)
-    return tokenizer
 
 
 def encode(tokenizer, texts: list[str]) -> np.ndarray:
@@ -200,7 +184,7 @@ def main() -> None:
     train_files, val_files = corpus_files()
     t0 = time.time()
     train_texts = read_texts(train_files)
-    tokenizer = train_tokenizer(train_texts, CONFIG["vocab_size"])
+    tokenizer = train_bpe(train_texts, CONFIG["vocab_size"])
     train_tokens = encode(tokenizer, train_texts)
     val_tokens = encode(tokenizer, read_texts(val_files))
     print(f"corpus: {len(train_files)} train / {len(val_files)} held-out stdlib files, "
