@@ -69,12 +69,6 @@ class ExpertStats:
         self.unsettled.clear()
 
     @property
-    def overhead_seconds(self) -> float:
-        """Decode wall time in the layer not spent syncing, reading or (when profiled) computing."""
-        d = self.decode
-        return d.layer_seconds - d.sync_seconds - d.read_seconds - d.compute_seconds
-
-    @property
     def decode_tokens(self) -> int:
         return self.decode.layer_calls // self.moe_layers
 

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import mmap
 import os
 
 import numpy as np
 
+from ..io.mapping import PAGE, libc
 from ..stats import ExpertTraffic
 
-PAGE = mmap.PAGESIZE  # the OS page: 4 KiB on Linux x86, 16 KiB on Apple silicon
-
 try:
-    _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    _mincore = _libc.mincore
+    _mincore = libc.mincore
     # Linux: unsigned char *vec; macOS: char *vec. Both set bit 0 for a resident page.
     _mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
     _mincore.restype = ctypes.c_int
-except (OSError, AttributeError, TypeError):  # no libc mincore (e.g. Windows)
+except AttributeError:  # a libc without mincore
     _mincore = None
-
 
 class Residency:
     """Asks the OS which pages of the records of one mapped file (at `address`) are in the page cache."""

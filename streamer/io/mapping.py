@@ -27,11 +27,11 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 # Linux 5.14+: fault a range into the page tables in one call (reading what is not cached).
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform == "linux" else None)
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_libc.madvise.restype = ctypes.c_int
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)  # mmap, madvise (and mincore: cache/residency.py)
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+libc.mmap.restype = ctypes.c_void_p
+libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+libc.madvise.restype = ctypes.c_int
 
 
 class MappedFile:
@@ -76,7 +76,7 @@ def _map_over_mlx_buffer(fd: int, size: int) -> mx.array:
     mx.eval(buffer)
     base = np.asarray(memoryview(buffer)).ctypes.data
     pad = -base % PAGE
-    got = _libc.mmap(base + pad, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+    got = libc.mmap(base + pad, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
     if got in (None, _MAP_FAILED):
         err = ctypes.get_errno()
         raise OSError(err, f"mmap failed: {os.strerror(err)}")
@@ -89,13 +89,13 @@ def _unmap_file_pages(address: int, size: int, array: mx.array) -> None:
     """Give the range back as fresh anonymous memory (`array` is held until then on purpose)."""
     length = -(-size // PAGE) * PAGE
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
-    _libc.mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+    libc.mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
 
 
 def advise(address: int, advice: int, offset: int, length: int) -> None:
     """madvise(2) on `length` bytes at `offset` of a mapping at `address` (rounded out to pages)."""
     start = offset - offset % PAGE
-    if _libc.madvise(address + start, length + offset - start, advice) != 0:
+    if libc.madvise(address + start, length + offset - start, advice) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"madvise failed: {os.strerror(err)}")
 
