@@ -49,12 +49,18 @@ class BalloonError(RuntimeError):
 
 
 class Balloon:
-    def __init__(self, nbytes: int, *, reserve: int = 2 * GiB, log=lambda m: print(m, file=sys.stderr, flush=True)):
+    def __init__(
+        self,
+        nbytes: int,
+        *,
+        reserve: int = 2 * GiB,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    ):
         self.nbytes, self.reserve, self.log = int(nbytes), int(reserve), log
         self.proc: subprocess.Popen | None = None
         self.method: str | None = None
 
-    def __enter__(self) -> "Balloon":
+    def __enter__(self) -> Balloon:
         available = mem_available()
         if self.nbytes < 0 or available - self.nbytes < self.reserve:
             raise BalloonError(
@@ -63,7 +69,9 @@ class Balloon:
             )
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), str(self.nbytes)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         atexit.register(self.release)
         for line in self.proc.stdout:
@@ -73,8 +81,12 @@ class Balloon:
             self.log(line.rstrip())
         else:
             self.release()
-            raise BalloonError(f"the balloon exited before inflating (exit code {self.proc.returncode})")
-        self.log(f"[balloon] holding {self.nbytes / GiB:.1f} GiB ({self.method}); {mem_available() / GiB:.1f} GiB available")
+            raise BalloonError(
+                f"the balloon exited before inflating (exit code {self.proc.returncode})"
+            )
+        self.log(
+            f"[balloon] holding {self.nbytes / GiB:.1f} GiB ({self.method}); {mem_available() / GiB:.1f} GiB available"
+        )
         return self
 
     def alive(self) -> bool:
@@ -113,10 +125,15 @@ def _inflate(nbytes: int) -> None:
     pages = np.frombuffer(region, dtype=np.uint8)
     step = GiB
     start = time.perf_counter()
-    for lo in range(0, len(pages), step):  # mlock already faulted the pages in; touching is cheap then
+    for lo in range(
+        0, len(pages), step
+    ):  # mlock already faulted the pages in; touching is cheap then
         pages[lo : lo + step : mmap.PAGESIZE] = 1
-        print(f"[balloon] {min(lo + step, len(pages)) / GiB:.1f}/{len(pages) / GiB:.1f} GiB ({method}, "
-              f"{time.perf_counter() - start:.1f} s)", flush=True)
+        print(
+            f"[balloon] {min(lo + step, len(pages)) / GiB:.1f}/{len(pages) / GiB:.1f} GiB ({method}, "
+            f"{time.perf_counter() - start:.1f} s)",
+            flush=True,
+        )
     print(f"ready {method}", flush=True)
     sys.stdin.read()  # returns when the parent closes the pipe or dies
 

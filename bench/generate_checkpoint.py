@@ -29,8 +29,8 @@ import struct
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -97,8 +97,16 @@ def preset_config(name: str, **overrides) -> dict:
     return {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
 
 
-def write_checkpoint(folder: Path | str, config: dict, *, bits: int = 4, group_size: int = 64,
-                     skew: float = 0.3, seed: int = 0, log: Log = print) -> Path:
+def write_checkpoint(
+    folder: Path | str,
+    config: dict,
+    *,
+    bits: int = 4,
+    group_size: int = 64,
+    skew: float = 0.3,
+    seed: int = 0,
+    log: Log = print,
+) -> Path:
     """Write an MLX-quantized checkpoint of `config` to `folder` (replaced if present)."""
     folder = Path(folder)
     partial = folder.parent / f".{folder.name}.partial"
@@ -106,9 +114,15 @@ def write_checkpoint(folder: Path | str, config: dict, *, bits: int = 4, group_s
     partial.mkdir(parents=True)
     model = build_model(config, "bench config")  # lazy: nothing is ever evaluated
     dtype = getattr(mx, config.get("torch_dtype", "bfloat16"))
-    cast = getattr(model, "cast_predicate", lambda _: True)  # as mlx_lm.convert casts before quantizing
-    model.update(tree_map_with_path(
-        lambda k, v: v.astype(dtype) if cast(k) and mx.issubdtype(v.dtype, mx.floating) else v, model.parameters()))
+    cast = getattr(
+        model, "cast_predicate", lambda _: True
+    )  # as mlx_lm.convert casts before quantizing
+    model.update(
+        tree_map_with_path(
+            lambda k, v: v.astype(dtype) if cast(k) and mx.issubdtype(v.dtype, mx.floating) else v,
+            model.parameters(),
+        )
+    )
     with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints bits per weight
         model, qconfig = quantize_model(model, config, group_size, bits)
     specs = [(name, tuple(a.shape), a.dtype) for name, a in tree_flatten(model.parameters())]
@@ -118,7 +132,11 @@ def write_checkpoint(folder: Path | str, config: dict, *, bits: int = 4, group_s
     written, start = 0, time.perf_counter()
     weight_map = {}
     for i, shard in enumerate(shards):
-        shard_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
+        shard_name = (
+            f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            if len(shards) > 1
+            else "model.safetensors"
+        )
         for name, shape, dtype in _write_shard(partial / shard_name, shard, values):
             weight_map[name] = shard_name
             written += _nbytes(shape, dtype)
@@ -140,10 +158,18 @@ def write_checkpoint(folder: Path | str, config: dict, *, bits: int = 4, group_s
     return folder
 
 
-def checkpoint_spec(config: dict, *, bits: int = 4, group_size: int = 64, skew: float = 0.3, seed: int = 0) -> dict:
+def checkpoint_spec(
+    config: dict, *, bits: int = 4, group_size: int = 64, skew: float = 0.3, seed: int = 0
+) -> dict:
     """What determines a generated checkpoint's bytes (stored with it, to reuse it safely)."""
-    return {"config": config, "bits": bits, "group_size": group_size, "skew": skew, "seed": seed,
-            "generator": GENERATOR_VERSION}
+    return {
+        "config": config,
+        "bits": bits,
+        "group_size": group_size,
+        "skew": skew,
+        "seed": seed,
+        "generator": GENERATOR_VERSION,
+    }
 
 
 def read_spec(folder: Path) -> dict | None:
@@ -171,13 +197,17 @@ def _shards(specs: list) -> list[list]:
     return shards
 
 
-def _write_shard(path: Path, specs: list, values: "_Values"):
+def _write_shard(path: Path, specs: list, values: _Values):
     """Header from the specs, then each tensor computed, written and dropped; yields each spec."""
     header: dict = {"__metadata__": {"format": "mlx"}}
     offset = 0
     for name, shape, dtype in specs:
         n = _nbytes(shape, dtype)
-        header[name] = {"dtype": MLX_TO_SAFETENSORS[dtype], "shape": list(shape), "data_offsets": [offset, offset + n]}
+        header[name] = {
+            "dtype": MLX_TO_SAFETENSORS[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + n],
+        }
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -186,7 +216,9 @@ def _write_shard(path: Path, specs: list, values: "_Values"):
         for name, shape, dtype in specs:
             array = values.take(name)
             if tuple(array.shape) != shape or array.dtype != dtype:
-                raise RuntimeError(f"{name}: produced {array.dtype}{list(array.shape)}, expected {dtype}{list(shape)}")
+                raise RuntimeError(
+                    f"{name}: produced {array.dtype}{list(array.shape)}, expected {dtype}{list(shape)}"
+                )
             f.write(memoryview(array).cast("B"))
             del array
             yield name, shape, dtype
@@ -201,7 +233,9 @@ class _Values:
         self.dtype = dtype
         self.skew, self.seed = skew, seed
         self.shapes = {name: shape for name, shape, _ in specs}
-        self.quantized = {name.rsplit(".", 1)[0] for name, _, _ in specs if name.endswith(".scales")}
+        self.quantized = {
+            name.rsplit(".", 1)[0] for name, _, _ in specs if name.endswith(".scales")
+        }
         self.pending: dict[str, dict[str, mx.array]] = {}
 
     def take(self, name: str) -> mx.array:
@@ -227,20 +261,26 @@ class _Values:
         bound = math.sqrt(3) * std  # uniform(-bound, bound) has this std
         rows = None
         if module.endswith("mlp.gate"):  # the router: popular experts get a wider logit spread
-            rows = mx.array(np.exp(self.skew * rng.standard_normal((shape[0], 1))).astype(np.float32))
+            rows = mx.array(
+                np.exp(self.skew * rng.standard_normal((shape[0], 1))).astype(np.float32)
+            )
         # Chunks along the leading axis (experts, or rows) keep the float32 copy small.
         step = max(1, CHUNK_ELEMENTS // math.prod(shape[1:]))
         starts = range(0, shape[0], step)
         keys = mx.random.split(mx.random.key(int(rng.integers(1 << 62))), len(starts))
         chunks = []
         for key, lo in zip(keys, starts):
-            floats = mx.random.uniform(-bound, bound, (min(step, shape[0] - lo), *shape[1:]), key=key)
+            floats = mx.random.uniform(
+                -bound, bound, (min(step, shape[0] - lo), *shape[1:]), key=key
+            )
             if rows is not None:
                 floats = floats * rows[lo : lo + floats.shape[0]]
             q = mx.quantize(floats.astype(self.dtype), gs, bits)
             mx.eval(q)
             chunks.append(q)
-        out = [mx.concatenate(parts, axis=0) if len(parts) > 1 else parts[0] for parts in zip(*chunks)]
+        out = [
+            mx.concatenate(parts, axis=0) if len(parts) > 1 else parts[0] for parts in zip(*chunks)
+        ]
         mx.eval(out)
         return dict(zip(("weight", "scales", "biases"), out))
 
@@ -254,12 +294,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--layers", type=int, help="override num_hidden_layers")
     ap.add_argument("--vocab", type=int, help="override vocab_size (smaller: less resident memory)")
-    ap.add_argument("--skew", type=float, default=0.3, help="expert popularity skew (0: uniform routing)")
+    ap.add_argument(
+        "--skew", type=float, default=0.3, help="expert popularity skew (0: uniform routing)"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", choices=["bfloat16", "float32"], help="float dtype (scales, norms); default bfloat16")
+    ap.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        help="float dtype (scales, norms); default bfloat16",
+    )
     args = ap.parse_args(argv)
-    config = preset_config(args.preset, num_hidden_layers=args.layers, vocab_size=args.vocab, torch_dtype=args.dtype)
-    write_checkpoint(args.out, config, skew=args.skew, seed=args.seed, log=lambda m: print(m, file=sys.stderr, flush=True))
+    config = preset_config(
+        args.preset, num_hidden_layers=args.layers, vocab_size=args.vocab, torch_dtype=args.dtype
+    )
+    write_checkpoint(
+        args.out,
+        config,
+        skew=args.skew,
+        seed=args.seed,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
 
 
 if __name__ == "__main__":

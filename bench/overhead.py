@@ -42,12 +42,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     model, _ = streamer.load(args.folder, memory_budget=0)
-    experts = [m for _, m in model.named_modules() if isinstance(m, streamer.experts.StreamingExperts)][args.layer]
+    experts = [
+        m for _, m in model.named_modules() if isinstance(m, streamer.experts.StreamingExperts)
+    ][args.layer]
     num_experts = model.expert_store.layers[args.layer].num_experts
     k = model.args.num_experts_per_tok
     rng = np.random.default_rng(0)
     x = mx.random.normal((1, 1, model.args.hidden_size))
-    indices = [mx.array(np.sort(rng.choice(num_experts, k, replace=False))[None, None], dtype=mx.uint32) for _ in range(64)]
+    indices = [
+        mx.array(np.sort(rng.choice(num_experts, k, replace=False))[None, None], dtype=mx.uint32)
+        for _ in range(64)
+    ]
     mx.eval(x, indices)
     calls = iter(range(1 << 62))
 
@@ -55,7 +60,10 @@ def main(argv: list[str] | None = None) -> dict:
         return indices[next(calls) % len(indices)]
 
     container = per_call(lambda: experts._container(x, routed()), args.calls)
-    experts._file_cached, experts._next_check = False, 1 << 62  # the synced path, as in a squeezed run
+    experts._file_cached, experts._next_check = (
+        False,
+        1 << 62,
+    )  # the synced path, as in a squeezed run
     synced = per_call(lambda: experts(x, routed()), args.calls)
     experts._next_check = 0  # ask the OS again: the file was just read, so it is cached
     sync_free = per_call(lambda: experts(x, routed()), args.calls)

@@ -15,9 +15,9 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
@@ -30,7 +30,9 @@ CHUNK = 8 << 20
 def drop(paths: Iterable[Path], evict: Callable[[], None] | None = None) -> None:
     """Evict `paths` from the page cache; `evict` first unmaps this process's own maps of them."""
     if not hasattr(os, "posix_fadvise"):
-        raise NotImplementedError("dropping the page cache per file needs posix_fadvise (Linux); see bench/README.md")
+        raise NotImplementedError(
+            "dropping the page cache per file needs posix_fadvise (Linux); see bench/README.md"
+        )
     if evict is not None:
         evict()
     for path in paths:
@@ -50,7 +52,9 @@ def warm(paths: list[Path], log: Callable[[str], None] = lambda _: None) -> None
         with open(path, "rb", buffering=0) as f:
             while n := f.readinto(buf):
                 done += n
-        log(f"[warm] {done / 1e9:.2f}/{total / 1e9:.2f} GB ({done / max(time.perf_counter() - start, 1e-9) / 1e9:.2f} GB/s)")
+        log(
+            f"[warm] {done / 1e9:.2f}/{total / 1e9:.2f} GB ({done / max(time.perf_counter() - start, 1e-9) / 1e9:.2f} GB/s)"
+        )
 
 
 def resident_fraction(paths: list[Path]) -> float | None:
@@ -71,8 +75,15 @@ def resident_fraction(paths: list[Path]) -> float | None:
     return resident / total if total else None
 
 
-def disk_bandwidth(paths: list[Path], record_bytes: int, *, group: int = 8, concurrency: int = 1,
-                   budget: int = 256 << 20, seed: int = 0) -> dict:
+def disk_bandwidth(
+    paths: list[Path],
+    record_bytes: int,
+    *,
+    group: int = 8,
+    concurrency: int = 1,
+    budget: int = 256 << 20,
+    seed: int = 0,
+) -> dict:
     """Cold read bandwidth of expert-sized records at random record offsets of `paths`, three ways.
 
     `engine`: what the engine does per layer: madvise(WILLNEED) a group of `group` (top-k) records,
@@ -101,7 +112,9 @@ def disk_bandwidth(paths: list[Path], record_bytes: int, *, group: int = 8, conc
     }
 
 
-def _willneed_populate(picked: list[tuple[Path, int]], record_bytes: int, group: int) -> float | None:
+def _willneed_populate(
+    picked: list[tuple[Path, int]], record_bytes: int, group: int
+) -> float | None:
     with _mapped({p for p, _ in picked}) as addresses:
         start = time.perf_counter()
         for i in range(0, len(picked), group):
@@ -110,7 +123,9 @@ def _willneed_populate(picked: list[tuple[Path, int]], record_bytes: int, group:
                 advise(addresses[path], mmap.MADV_WILLNEED, offset, record_bytes)
             for path, offset in chunk:
                 if not populate(addresses[path], offset, record_bytes):
-                    return None  # no MADV_POPULATE_READ here: the compute's page faults wait instead
+                    return (
+                        None  # no MADV_POPULATE_READ here: the compute's page faults wait instead
+                    )
         return len(picked) * record_bytes / (time.perf_counter() - start) / 1e9
 
 
@@ -138,7 +153,10 @@ def _pread(picked: list[tuple[Path, int]], record_bytes: int, concurrency: int) 
 def _mmap_copy(picked: list[tuple[Path, int]], record_bytes: int) -> float:
     out = np.empty(record_bytes, dtype=np.uint8)
     with _mapped({p for p, _ in picked}) as addresses:
-        views = {p: np.ctypeslib.as_array((ctypes.c_ubyte * p.stat().st_size).from_address(a)) for p, a in addresses.items()}
+        views = {
+            p: np.ctypeslib.as_array((ctypes.c_ubyte * p.stat().st_size).from_address(a))
+            for p, a in addresses.items()
+        }
         start = time.perf_counter()
         for path, offset in picked:
             out[:] = views[path][offset : offset + record_bytes]

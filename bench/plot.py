@@ -41,8 +41,12 @@ def points(results: list[dict]) -> dict[tuple[str, str | None], list[tuple[float
                     out[engine, tag].append((result["streamer"]["mem_available_before"], None))
             for point in result.get("points", []):
                 summary = point.get(engine)
-                if point.get("balloon_survived", True) and summary:  # None: not run; {"fits": false}: did not fit
-                    out[engine, tag].append((point["mem_available"], summary if summary.get("fits", True) else None))
+                if (
+                    point.get("balloon_survived", True) and summary
+                ):  # None: not run; {"fits": false}: did not fit
+                    out[engine, tag].append(
+                        (point["mem_available"], summary if summary.get("fits", True) else None)
+                    )
     return out
 
 
@@ -62,19 +66,43 @@ def plot(name: str, results: list[dict], path: Path) -> None:
             ys = [s["decode_tok_s"]["median"] for _, s in ran]
             lo = [y - s["decode_tok_s"]["min"] for y, (_, s) in zip(ys, ran)]
             hi = [s["decode_tok_s"]["max"] - y for y, (_, s) in zip(ys, ran)]
-            ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker=marker, capsize=3, label=label, linestyle="-" if len(ran) > 1 else "none")
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=[lo, hi],
+                color=color,
+                marker=marker,
+                capsize=3,
+                label=label,
+                linestyle="-" if len(ran) > 1 else "none",
+            )
             top = max(top, *[s["decode_tok_s"]["max"] for _, s in ran])
         missing = [x / GB for x, s in rows if s is None]
         if missing:
-            ax.plot(missing, [0] * len(missing), color=color, marker="x", linestyle="none", markersize=9,
-                    label=f"{label.split(':')[0]}: does not fit")
+            ax.plot(
+                missing,
+                [0] * len(missing),
+                color=color,
+                marker="x",
+                linestyle="none",
+                markersize=9,
+                label=f"{label.split(':')[0]}: does not fit",
+            )
     model = results[0]["model"]
-    ax.axvline((model["expert_bytes"] + model["resident_bytes"]) / GB, color="grey", linestyle="--", linewidth=0.8,
-               label="size of the 4-bit model")
+    ax.axvline(
+        (model["expert_bytes"] + model["resident_bytes"]) / GB,
+        color="grey",
+        linestyle="--",
+        linewidth=0.8,
+        label="size of the 4-bit model",
+    )
     ax.set_xlabel("memory available to the run (GB, MemAvailable)")
     ax.set_ylabel("decode tokens/s (median, min..max)")
-    ax.set_title(f"{name}: {model['layers']} layers x {model['num_experts']} experts, top-{model['top_k']}; "
-                 "random weights, CPU float32", fontsize=9)
+    ax.set_title(
+        f"{name}: {model['layers']} layers x {model['num_experts']} experts, top-{model['top_k']}; "
+        "random weights, CPU float32",
+        fontsize=9,
+    )
     ax.set_ylim(0, 1.5 * top if top else None)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
@@ -95,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         out = folder / f"{name}-memory.png"
         plot(name, results, out)
         print(f"wrote {out}", file=sys.stderr)
+
 
 if __name__ == "__main__":
     main()

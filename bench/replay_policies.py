@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 
-from streamer.cache.policies import LFUAging, LRU, StaticLayers
+from streamer.cache.policies import LRU, LFUAging, StaticLayers
 
 
 def hit_rate(policy, experts: np.ndarray) -> float:
@@ -62,10 +62,14 @@ def main() -> None:
     if args.json:
         print(json.dumps({"trace": args.trace, "tokens": len(experts), "rows": rows}))
         return
-    print(f"{args.trace}: {len(experts)} tokens, {experts.shape[1]} MoE layers, {num_experts} experts, top-{experts.shape[2]}")
+    print(
+        f"{args.trace}: {len(experts)} tokens, {experts.shape[1]} MoE layers, {num_experts} experts, top-{experts.shape[2]}"
+    )
     print(f"{'budget':>8} {'slots':>7} {'LRU':>7} {'LFU-aging':>10} {'static layers':>14}")
     for r in rows:
-        print(f"{r['budget_fraction']:>8.0%} {r['slots']:>7} {r['lru']:>7.1%} {r['lfu-aging']:>10.1%} {r['static-layers']:>14.1%}")
+        print(
+            f"{r['budget_fraction']:>8.0%} {r['slots']:>7} {r['lru']:>7.1%} {r['lfu-aging']:>10.1%} {r['static-layers']:>14.1%}"
+        )
 
 
 if __name__ == "__main__":

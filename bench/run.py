@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-
 import pagecache
-from balloon import GiB, Balloon, mem_available
+from balloon import Balloon, GiB, mem_available
 from generate_checkpoint import PRESETS, checkpoint_spec, preset_config, read_spec, write_checkpoint
 
 BENCH = Path(__file__).resolve().parent
@@ -63,12 +62,16 @@ class Models:
             "hidden_size": config["hidden_size"],
             "moe_intermediate_size": config.get("moe_intermediate_size"),
             "vocab_size": config["vocab_size"],
-            "quantization": {k: v for k, v in config["quantization"].items() if not isinstance(v, dict)},
+            "quantization": {
+                k: v for k, v in config["quantization"].items() if not isinstance(v, dict)
+            },
             "record_bytes": self.record_bytes,
             "expert_bytes": manifest.expert_bytes,
             "resident_bytes": (streaming / RESIDENT_FILE).stat().st_size,
             "checkpoint_bytes": sum(p.stat().st_size for p in self.checkpoint_files),
-            "active_expert_bytes_per_token": self.record_bytes * config["num_experts_per_tok"] * self.moe_layers,
+            "active_expert_bytes_per_token": self.record_bytes
+            * config["num_experts_per_tok"]
+            * self.moe_layers,
             "routing": "synthetic (random weights; popularity skew via router row scale)",
             "skew": read_spec(mlx)["skew"],
         }
@@ -85,19 +88,34 @@ class Models:
         return int(1.25 * self.info["checkpoint_bytes"]) + GiB
 
 
-def ensure_models(preset: str, data: Path, *, layers: int | None, vocab: int | None, skew: float, seed: int,
-                  dtype: str | None = None) -> Models:
+def ensure_models(
+    preset: str,
+    data: Path,
+    *,
+    layers: int | None,
+    vocab: int | None,
+    skew: float,
+    seed: int,
+    dtype: str | None = None,
+) -> Models:
     from streamer.repack import repack
 
     config = preset_config(preset, num_hidden_layers=layers, vocab_size=vocab, torch_dtype=dtype)
     spec = checkpoint_spec(config, skew=skew, seed=seed)
     tag = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
-    name = preset + (f"-L{layers}" if layers else "") + (f"-v{vocab}" if vocab else "") + (f"-{dtype}" if dtype else "")
+    name = (
+        preset
+        + (f"-L{layers}" if layers else "")
+        + (f"-v{vocab}" if vocab else "")
+        + (f"-{dtype}" if dtype else "")
+    )
     mlx, streaming = data / f"{name}-{tag}-mlx", data / f"{name}-{tag}-streaming"
     if read_spec(mlx) != spec:
         log(f"[bench] generating {mlx}")
         write_checkpoint(mlx, config, skew=skew, seed=seed, log=log)
-    if read_spec(streaming) != spec:  # the repacker carries bench_spec.json over, and publishes atomically
+    if (
+        read_spec(streaming) != spec
+    ):  # the repacker carries bench_spec.json over, and publishes atomically
         log(f"[bench] repacking into {streaming}")
         repack(mlx, streaming, force=True, log=log)
     return Models(name, mlx, streaming)
@@ -106,11 +124,16 @@ def ensure_models(preset: str, data: Path, *, layers: int | None, vocab: int | N
 # -- running engines -----------------------------------------------------------------------------
 def worker(engine: str, models: Models, *args: str) -> dict:
     folder = models.streaming if engine == "streamer" else models.mlx
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     before = mem_available()
     proc = subprocess.run(
         [sys.executable, str(BENCH / "worker.py"), engine, str(folder), *args],
-        stdout=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     if proc.returncode != 0:
         raise SystemExit(f"[bench] the {engine} worker failed (exit {proc.returncode})")
@@ -123,7 +146,12 @@ def spread(values: list[float]) -> dict | None:
     values = [v for v in values if v is not None]
     if not values:
         return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def summarize(results: list[dict], models: Models, disk_gbps: float | None) -> dict:
@@ -136,7 +164,9 @@ def summarize(results: list[dict], models: Models, disk_gbps: float | None) -> d
         "decode_tok_s": spread([r["decode_tok_s"] for r in runs]),
         "ttft_s": spread([r["ttft_s"] for r in runs]),
         "ms_per_token": ms_per_token,  # mean over all decode tokens of all runs
-        "tok_s_per_worker": [[round(r["decode_tok_s"] or 0, 4) for r in w["runs"]] for w in results],
+        "tok_s_per_worker": [
+            [round(r["decode_tok_s"] or 0, 4) for r in w["runs"]] for w in results
+        ],
         "prompt_tokens": runs[0]["prompt_tokens"],
         "decode_tokens_per_run": runs[0]["decode_tokens"],
         "load_s": spread([w["load_s"] for w in results]),
@@ -149,9 +179,15 @@ def summarize(results: list[dict], models: Models, disk_gbps: float | None) -> d
     if runs[0]["traffic"] is None:
         return out
     decode = {k: sum(r["traffic"]["decode"][k] for r in runs) for k in runs[0]["traffic"]["decode"]}
-    prefill = {k: sum(r["traffic"]["prefill"][k] for r in runs) for k in runs[0]["traffic"]["prefill"]}
+    prefill = {
+        k: sum(r["traffic"]["prefill"][k] for r in runs) for k in runs[0]["traffic"]["prefill"]
+    }
     steps = decode["layer_calls"] / models.moe_layers  # one-token forward passes
-    hit = decode["bytes_in_page_cache"] / decode["bytes_measured"] if decode["bytes_measured"] else None
+    hit = (
+        decode["bytes_in_page_cache"] / decode["bytes_measured"]
+        if decode["bytes_measured"]
+        else None
+    )
     per_token = decode["bytes_read"] / steps
     out.update(
         decode_steps=steps,
@@ -159,16 +195,21 @@ def summarize(results: list[dict], models: Models, disk_gbps: float | None) -> d
         syncs_per_moe_layer=decode["syncs"] / decode["layer_calls"],
         bytes_read_per_token=per_token,
         experts_read_per_token=decode["experts_read"] / steps,
-        experts_fetched_per_token=decode.get("experts_fetched", 0) / steps,  # cold: one WILLNEED each
+        experts_fetched_per_token=decode.get("experts_fetched", 0)
+        / steps,  # cold: one WILLNEED each
         bytes_copied_per_token=decode["bytes_copied"] / steps,
         page_cache_hit_rate=hit,
-        read_gbps=decode["bytes_read"] / decode["read_seconds"] / 1e9 if decode["read_seconds"] else None,
+        read_gbps=decode["bytes_read"] / decode["read_seconds"] / 1e9
+        if decode["read_seconds"]
+        else None,
         prefill_bytes_read_per_run=prefill["bytes_read"] / len(runs),
     )
     # Time split from the engine's timers: inside the expert layers, the routing sync (attention,
     # router and the previous layer's expert compute), reads, profiled compute, and the layer's own
     # overhead (Python, bookkeeping, graph building); `other` is everything outside the layers.
-    ms = {k[: -len("_seconds")]: 1000 * v / steps for k, v in decode.items() if k.endswith("_seconds")}
+    ms = {
+        k[: -len("_seconds")]: 1000 * v / steps for k, v in decode.items() if k.endswith("_seconds")
+    }
     layer = ms.pop("layer", 0.0)
     split = {f"{k}_ms_per_token": v for k, v in ms.items()}
     split["layer_overhead_ms_per_token"] = layer - sum(ms.values())
@@ -209,23 +250,43 @@ def flat(result: dict) -> dict:
 
 # -- scenarios -----------------------------------------------------------------------------------
 def measure_disk(models: Models, args: argparse.Namespace) -> dict:
-    log(f"[bench] disk: cold {models.record_bytes / 1e6:.1f} MB records, {models.info['top_k']} per layer")
-    disk = pagecache.disk_bandwidth(models.expert_files, models.record_bytes, group=models.info["top_k"],
-                                    concurrency=args.io_concurrency, budget=args.disk_budget)
+    log(
+        f"[bench] disk: cold {models.record_bytes / 1e6:.1f} MB records, {models.info['top_k']} per layer"
+    )
+    disk = pagecache.disk_bandwidth(
+        models.expert_files,
+        models.record_bytes,
+        group=models.info["top_k"],
+        concurrency=args.io_concurrency,
+        budget=args.disk_budget,
+    )
     engine = disk["engine_gbps"]
-    log(f"[bench] disk: WILLNEED+populate (the engine's way) {engine or float('nan'):.2f} GB/s, "
-        f"pread x{args.io_concurrency} {disk['pread_gbps']:.2f} GB/s, mmap page faults {disk['mmap_copy_gbps']:.2f} GB/s")
+    log(
+        f"[bench] disk: WILLNEED+populate (the engine's way) {engine or float('nan'):.2f} GB/s, "
+        f"pread x{args.io_concurrency} {disk['pread_gbps']:.2f} GB/s, mmap page faults {disk['mmap_copy_gbps']:.2f} GB/s"
+    )
     disk["read_gbps"] = engine or disk["pread_gbps"]  # what the I/O bound divides by
     return disk
 
 
-def common_args(args: argparse.Namespace, *, repeats: int | None = None, prompt: str | None = None, decode: int | None = None) -> list[str]:
+def common_args(
+    args: argparse.Namespace,
+    *,
+    repeats: int | None = None,
+    prompt: str | None = None,
+    decode: int | None = None,
+) -> list[str]:
     return [
-        "--prompt-tokens", prompt or str(args.prompt_tokens),
-        "--decode-tokens", str(decode or args.decode_tokens),
-        "--repeats", str(repeats or args.repeats),
-        "--temp", str(args.temp),
-        "--memory-budget", str(args.memory_budget),
+        "--prompt-tokens",
+        prompt or str(args.prompt_tokens),
+        "--decode-tokens",
+        str(decode or args.decode_tokens),
+        "--repeats",
+        str(repeats or args.repeats),
+        "--temp",
+        str(args.temp),
+        "--memory-budget",
+        str(args.memory_budget),
     ]
 
 
@@ -234,7 +295,9 @@ def baseline_fits(models: Models, args: argparse.Namespace) -> bool:
         return False
     fits = mem_available() - models.baseline_need >= args.reserve
     if not fits:
-        log(f"[bench] mlx-lm resident needs ~{models.baseline_need / 1e9:.1f} GB: it does not fit, skipped")
+        log(
+            f"[bench] mlx-lm resident needs ~{models.baseline_need / 1e9:.1f} GB: it does not fit, skipped"
+        )
     return fits
 
 
@@ -252,13 +315,17 @@ def scenario_warm(models: Models, args: argparse.Namespace, disk: dict) -> dict:
         if baseline_fits(models, args):
             log(f"[bench] round {r + 1}/{args.rounds}: mlx-lm resident")
             pagecache.warm(models.checkpoint_files)
-            extra = ["--routing", str(args.routing_tokens)] if r == 0 and args.routing_tokens else []
+            extra = (
+                ["--routing", str(args.routing_tokens)] if r == 0 and args.routing_tokens else []
+            )
             baseline.append(worker("mlx_lm", models, *common_args(args), "--warmup", *extra))
             routing = routing or baseline[-1].get("routing")
     rate = lambda w: statistics.median(r["decode_tok_s"] for r in w["runs"])
     return {
         "expert_files_cached_before": cached,
-        "ratio_per_round": [rate(s) / rate(b) for s, b in zip(streamer, baseline)],  # neighbours in time
+        "ratio_per_round": [
+            rate(s) / rate(b) for s, b in zip(streamer, baseline)
+        ],  # neighbours in time
         "streamer": summarize(streamer, models, disk["read_gbps"]),
         "mlx_lm": summarize(baseline, models, None) if baseline else not_run(models, args),
         "routing": routing,
@@ -267,7 +334,9 @@ def scenario_warm(models: Models, args: argparse.Namespace, disk: dict) -> dict:
 
 def scenario_cold(models: Models, args: argparse.Namespace, disk: dict) -> dict:
     streamer, baseline = [], []
-    for r in range(args.repeats):  # one process per run: pages a process has mapped cannot be dropped
+    for r in range(
+        args.repeats
+    ):  # one process per run: pages a process has mapped cannot be dropped
         log(f"[bench] cold run {r + 1}/{args.repeats}: streamer")
         pagecache.drop(models.expert_files)
         streamer.append(worker("streamer", models, *common_args(args, repeats=1), "--cold-decode"))
@@ -286,13 +355,17 @@ def scenario_squeezed(models: Models, args: argparse.Namespace, disk: dict) -> d
     # token's time with every expert cached (compute of the active weights and the resident part).
     log("[bench] squeezed: streamer with the page cache warm, for the serial bound")
     pagecache.warm(models.expert_files)
-    warm = summarize([worker("streamer", models, *common_args(args), "--warmup")], models, disk["read_gbps"])
+    warm = summarize(
+        [worker("streamer", models, *common_args(args), "--warmup")], models, disk["read_gbps"]
+    )
     points = []
     floor = args.reserve + models.streamer_need
     for target in args.available:
         if target < floor:
-            log(f"[bench] refusing {target / GiB:.1f} GiB: a run needs {models.streamer_need / GiB:.1f} GiB "
-                f"and {args.reserve / GiB:.1f} GiB must stay free for the machine")
+            log(
+                f"[bench] refusing {target / GiB:.1f} GiB: a run needs {models.streamer_need / GiB:.1f} GiB "
+                f"and {args.reserve / GiB:.1f} GiB must stay free for the machine"
+            )
             continue
         size = mem_available() - target
         point = {"target_available": target, "balloon_bytes": max(size, 0)}
@@ -308,7 +381,9 @@ def scenario_squeezed(models: Models, args: argparse.Namespace, disk: dict) -> d
             point["vs_serial_bound"] = summary["ms_per_token"] / bound
             if not args.no_baseline and target >= models.baseline_need + args.reserve:
                 log("[bench] squeezed: mlx-lm resident")
-                point["mlx_lm"] = summarize([worker("mlx_lm", models, *common_args(args), "--warmup")], models, None)
+                point["mlx_lm"] = summarize(
+                    [worker("mlx_lm", models, *common_args(args), "--warmup")], models, None
+                )
             else:
                 point["mlx_lm"] = not_run(models, args)
             point["mem_available_after"] = mem_available()
@@ -325,14 +400,24 @@ def scenario_prefill(models: Models, args: argparse.Namespace, disk: dict) -> di
             continue
         log(f"[bench] prefill {lengths}: {engine}")
         pagecache.warm(files)
-        engines[engine] = worker(engine, models, *common_args(args, prompt=lengths, decode=2), "--warmup")
+        engines[engine] = worker(
+            engine, models, *common_args(args, prompt=lengths, decode=2), "--warmup"
+        )
     rows = []
     for n in args.lengths:
         row = {"prompt_tokens": n}
         for engine, result in engines.items():
             picked = {**result, "runs": [r for r in result["runs"] if r["prompt_tokens"] == n]}
             summary = summarize([picked], models, disk["read_gbps"])
-            row[engine] = {k: summary.get(k) for k in ("ttft_s", "prefill_bytes_read_per_run", "peak_rss_bytes", "peak_mlx_bytes")}
+            row[engine] = {
+                k: summary.get(k)
+                for k in (
+                    "ttft_s",
+                    "prefill_bytes_read_per_run",
+                    "peak_rss_bytes",
+                    "peak_mlx_bytes",
+                )
+            }
         rows.append(row)
     return {"lengths": rows}
 
@@ -345,43 +430,95 @@ def size(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="streamer benchmark", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description="streamer benchmark", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("scenario", nargs="?", choices=SCENARIOS, default="warm")
     ap.add_argument("--quick", action="store_true", help="small model, few tokens (about 20 s)")
-    ap.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    ap.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object on stdout"
+    )
     ap.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-30b-a3b-12l")
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--vocab", type=int, help="override the preset's vocabulary size")
-    ap.add_argument("--skew", type=float, default=0.3, help="expert popularity skew of the synthetic router")
+    ap.add_argument(
+        "--skew", type=float, default=0.3, help="expert popularity skew of the synthetic router"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", choices=["bfloat16", "float32"],
-                    help="the checkpoint's float dtype (default: the preset's bfloat16). On CPU both engines "
-                         "compute in float32, so float32 checkpoints are what a Mac computing in bfloat16 sees: "
-                         "no conversion, experts used in place")
-    ap.add_argument("--data", type=Path, default=Path(os.environ.get("STREAMER_BENCH_DATA", Path.home() / ".cache/streamer-bench")),
-                    help="where generated checkpoints live (multi-GB: not the repo)")
+    ap.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        help="the checkpoint's float dtype (default: the preset's bfloat16). On CPU both engines "
+        "compute in float32, so float32 checkpoints are what a Mac computing in bfloat16 sees: "
+        "no conversion, experts used in place",
+    )
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=Path(os.environ.get("STREAMER_BENCH_DATA", Path.home() / ".cache/streamer-bench")),
+        help="where generated checkpoints live (multi-GB: not the repo)",
+    )
     ap.add_argument("--results", type=Path, default=BENCH / "results")
     ap.add_argument("--tag", help="appended to the result file's name (e.g. resident)")
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per worker (cold: runs)")
-    ap.add_argument("--rounds", type=int, default=2, help="warm: alternating streamer/mlx-lm rounds")
-    ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature, seeded (0: greedy; loops on random weights)")
-    ap.add_argument("--routing-tokens", type=int, default=64, help="warm: decode steps of the routing profile (0: skip)")
-    ap.add_argument("--io-concurrency", type=int, default=1, help="pread threads of the disk measurement's pread figure")
-    ap.add_argument("--disk-budget", type=size, default=256 << 20, help="bytes read to measure the disk")
-    ap.add_argument("--available", type=lambda t: [size(x) for x in t.split(",")], default=[8 * GiB, 6 * GiB, 4 * GiB],
-                    help="squeezed: memory left available, comma-separated (e.g. 6G,4G)")
-    ap.add_argument("--reserve", type=size, default=2 * GiB, help="memory that must always stay available")
-    ap.add_argument("--lengths", type=lambda t: [int(x) for x in t.split(",")], default=[128, 512, 2048])
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="warm: alternating streamer/mlx-lm rounds"
+    )
+    ap.add_argument(
+        "--temp",
+        type=float,
+        default=1.0,
+        help="sampling temperature, seeded (0: greedy; loops on random weights)",
+    )
+    ap.add_argument(
+        "--routing-tokens",
+        type=int,
+        default=64,
+        help="warm: decode steps of the routing profile (0: skip)",
+    )
+    ap.add_argument(
+        "--io-concurrency",
+        type=int,
+        default=1,
+        help="pread threads of the disk measurement's pread figure",
+    )
+    ap.add_argument(
+        "--disk-budget", type=size, default=256 << 20, help="bytes read to measure the disk"
+    )
+    ap.add_argument(
+        "--available",
+        type=lambda t: [size(x) for x in t.split(",")],
+        default=[8 * GiB, 6 * GiB, 4 * GiB],
+        help="squeezed: memory left available, comma-separated (e.g. 6G,4G)",
+    )
+    ap.add_argument(
+        "--reserve", type=size, default=2 * GiB, help="memory that must always stay available"
+    )
+    ap.add_argument(
+        "--lengths", type=lambda t: [int(x) for x in t.split(",")], default=[128, 512, 2048]
+    )
     ap.add_argument("--no-baseline", action="store_true", help="streamer only")
-    ap.add_argument("--memory-budget", type=size, default=0,
-                    help="streamer's memory_budget: 0 streams every expert (page cache only); 1T keeps all resident")
+    ap.add_argument(
+        "--memory-budget",
+        type=size,
+        default=0,
+        help="streamer's memory_budget: 0 streams every expert (page cache only); 1T keeps all resident",
+    )
     return ap
 
 
-QUICK = {"preset": "quick", "decode_tokens": 16, "prompt_tokens": 16, "repeats": 3, "rounds": 1,
-         "routing_tokens": 16, "disk_budget": 16 << 20, "lengths": [32, 128]}
+QUICK = {
+    "preset": "quick",
+    "decode_tokens": 16,
+    "prompt_tokens": 16,
+    "repeats": 3,
+    "rounds": 1,
+    "routing_tokens": 16,
+    "disk_budget": 16 << 20,
+    "lengths": [32, 128],
+}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -392,10 +529,22 @@ def main(argv: list[str] | None = None) -> dict:
             if getattr(args, key) == getattr(defaults, key):
                 setattr(args, key, value)
     start = time.perf_counter()
-    models = ensure_models(args.preset, args.data, layers=args.layers, vocab=args.vocab, skew=args.skew, seed=args.seed,
-                           dtype=args.dtype)
+    models = ensure_models(
+        args.preset,
+        args.data,
+        layers=args.layers,
+        vocab=args.vocab,
+        skew=args.skew,
+        seed=args.seed,
+        dtype=args.dtype,
+    )
     disk = measure_disk(models, args)
-    run = {"warm": scenario_warm, "cold": scenario_cold, "squeezed": scenario_squeezed, "prefill": scenario_prefill}
+    run = {
+        "warm": scenario_warm,
+        "cold": scenario_cold,
+        "squeezed": scenario_squeezed,
+        "prefill": scenario_prefill,
+    }
     result = run[args.scenario](models, args, disk)
     if args.scenario in ("warm", "cold"):
         result = {**flat(result), **result}
@@ -406,8 +555,11 @@ def main(argv: list[str] | None = None) -> dict:
         "disk": disk,
         "settings": {k: v for k, v in vars(args).items() if k not in ("data", "results", "json")},
         "machine": {
-            "platform": platform.platform(), "cpus": os.cpu_count(), "mlx": mx.__version__,
-            "device": str(mx.default_device()), "mem_total_bytes": _mem_total(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "mlx": mx.__version__,
+            "device": str(mx.default_device()),
+            "mem_total_bytes": _mem_total(),
         },
         "wall_s": time.perf_counter() - start,
     }
@@ -424,7 +576,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 def headline(result: dict) -> str:
     if "decode_tok_s" not in result:
-        return json.dumps({k: v for k, v in result.items() if k in ("points", "lengths")}, indent=1, default=str)
+        return json.dumps(
+            {k: v for k, v in result.items() if k in ("points", "lengths")}, indent=1, default=str
+        )
     fmt = lambda v, f: "n/a" if v is None else format(v, f)
     return (
         f"[bench] {result['scenario']}: streamer {fmt(result['decode_tok_s'], '.2f')} tok/s, mlx-lm "

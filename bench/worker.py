@@ -24,7 +24,6 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
-
 from pagecache import drop
 
 from streamer.stats import peak_rss_bytes
@@ -53,7 +52,9 @@ class MemorySampler:
     def sample(self) -> None:
         try:
             with open("/proc/self/status") as f:
-                fields = dict(line.split(":", 1) for line in f if line.startswith(("RssAnon", "RssFile")))
+                fields = dict(
+                    line.split(":", 1) for line in f if line.startswith(("RssAnon", "RssFile"))
+                )
         except OSError:
             return
         self.peak_anon = max(self.peak_anon, int(fields["RssAnon"].split()[0]) * 1024)
@@ -90,7 +91,11 @@ def traffic(model: nn.Module) -> dict | None:
     stats = getattr(model, "expert_stats", None)
     if stats is None:
         return None
-    return {"moe_layers": stats.moe_layers, "prefill": dataclasses.asdict(stats.prefill), "decode": dataclasses.asdict(stats.decode)}
+    return {
+        "moe_layers": stats.moe_layers,
+        "prefill": dataclasses.asdict(stats.prefill),
+        "decode": dataclasses.asdict(stats.decode),
+    }
 
 
 def tokens(model: nn.Module, prompt: mx.array, max_tokens: int, temp: float, seed: int = 0):
@@ -100,8 +105,14 @@ def tokens(model: nn.Module, prompt: mx.array, max_tokens: int, temp: float, see
     return generate_step(prompt, model, max_tokens=max_tokens, sampler=make_sampler(temp=temp))
 
 
-def run_once(model: nn.Module, prompt: mx.array, decode_tokens: int, *, temp: float = 1.0,
-             cold_decode: list | None = None) -> dict:
+def run_once(
+    model: nn.Module,
+    prompt: mx.array,
+    decode_tokens: int,
+    *,
+    temp: float = 1.0,
+    cold_decode: list | None = None,
+) -> dict:
     """Time one generation: TTFT, then the decode rate over the remaining tokens."""
     stats = getattr(model, "expert_stats", None)
     if stats is not None:
@@ -113,7 +124,9 @@ def run_once(model: nn.Module, prompt: mx.array, decode_tokens: int, *, temp: fl
         if len(times) == 1:
             ttft = times[0] - start
         if len(times) == 1 and cold_decode is not None:
-            drop(*cold_decode)  # decode starts cold too (the step after the first token is already read)
+            drop(
+                *cold_decode
+            )  # decode starts cold too (the step after the first token is already read)
             if stats is not None:
                 stats.reset()  # per-token figures then cover the decode steps after the drop
             times[0] = time.perf_counter()  # and the decode clock starts after the drop
@@ -141,7 +154,9 @@ class RoutingRecorder(nn.Module):
         return self.inner(x, indices)
 
 
-def routing_profile(model: nn.Module, prompt: mx.array, max_tokens: int, num_experts: int, temp: float) -> dict:
+def routing_profile(
+    model: nn.Module, prompt: mx.array, max_tokens: int, num_experts: int, temp: float
+) -> dict:
     """Expert popularity and temporal correlation over decode steps (a separate, untimed run)."""
     from streamer.architectures import expert_containers, replace_modules
 
@@ -166,8 +181,12 @@ def routing_profile(model: nn.Module, prompt: mx.array, max_tokens: int, num_exp
     return {
         "decode_steps": len(decode),
         "top10pct_experts_share": float(np.mean(top_share)),
-        "uniform_top10pct_share": float(reference[: max(1, num_experts // 10)].sum() / reference.sum()),
-        "consecutive_overlap": float(np.mean(overlap)),  # share of a token's experts the previous token also used
+        "uniform_top10pct_share": float(
+            reference[: max(1, num_experts // 10)].sum() / reference.sum()
+        ),
+        "consecutive_overlap": float(
+            np.mean(overlap)
+        ),  # share of a token's experts the previous token also used
         "uniform_overlap": k / num_experts,
         "experts_touched_per_layer": float(np.mean(touched)),
         "per_layer_top10pct_share": [round(float(s), 3) for s in top_share],
@@ -178,14 +197,26 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("engine", choices=ENGINES)
     ap.add_argument("model", type=Path)
-    ap.add_argument("--prompt-tokens", default="32", help="comma-separated prompt lengths, each run --repeats times")
+    ap.add_argument(
+        "--prompt-tokens",
+        default="32",
+        help="comma-separated prompt lengths, each run --repeats times",
+    )
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", action="store_true", help="one untimed short run first")
-    ap.add_argument("--cold-decode", action="store_true", help="drop the expert files after the first token")
-    ap.add_argument("--routing", type=int, default=0, help="then profile routing over this many decode steps")
-    ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature (seeded; 0: greedy)")
-    ap.add_argument("--memory-budget", type=int, default=0, help="streamer: bytes of experts kept in memory")
+    ap.add_argument(
+        "--cold-decode", action="store_true", help="drop the expert files after the first token"
+    )
+    ap.add_argument(
+        "--routing", type=int, default=0, help="then profile routing over this many decode steps"
+    )
+    ap.add_argument(
+        "--temp", type=float, default=1.0, help="sampling temperature (seeded; 0: greedy)"
+    )
+    ap.add_argument(
+        "--memory-budget", type=int, default=0, help="streamer: bytes of experts kept in memory"
+    )
     args = ap.parse_args(argv)
 
     sampler = MemorySampler()
@@ -203,22 +234,31 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     for n in [int(x) for x in args.prompt_tokens.split(",")]:
         for i in range(args.repeats):
-            run = run_once(model, prompt_ids(n), args.decode_tokens, temp=args.temp, cold_decode=cold)
+            run = run_once(
+                model, prompt_ids(n), args.decode_tokens, temp=args.temp, cold_decode=cold
+            )
             runs.append(run)
             rate = run["decode_tok_s"] or 0.0
-            print(f"[{args.engine}] prompt {n}: ttft {run['ttft_s']:.2f} s, decode {rate:.2f} tok/s", file=sys.stderr, flush=True)
+            print(
+                f"[{args.engine}] prompt {n}: ttft {run['ttft_s']:.2f} s, decode {rate:.2f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
     result = {"engine": args.engine, "load_s": load_s, "runs": runs}
     if args.routing:
         config = json.loads((args.model / "config.json").read_text())
         num_experts = config.get("num_experts") or config["num_local_experts"]
-        result["routing"] = routing_profile(model, prompt_ids(32, seed=7), args.routing, num_experts, args.temp)
+        result["routing"] = routing_profile(
+            model, prompt_ids(32, seed=7), args.routing, num_experts, args.temp
+        )
     sampler.stop()
     result.update(
         peak_rss_bytes=peak_rss_bytes(),
         peak_rss_anon_bytes=sampler.peak_anon or None,
         peak_rss_file_bytes=sampler.peak_file or None,
         # the mapped expert files count as MLX memory but are page cache: not the engine's own
-        peak_mlx_bytes=mx.get_peak_memory() - getattr(getattr(model, "expert_store", None), "mapped_bytes", 0),
+        peak_mlx_bytes=mx.get_peak_memory()
+        - getattr(getattr(model, "expert_store", None), "mapped_bytes", 0),
     )
     print(json.dumps(result))
 

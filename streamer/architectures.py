@@ -48,12 +48,16 @@ SUPPORTED: dict[str, Architecture] = {
     "qwen3_5_moe": Architecture(_GLU, hf_fused=("gate_up_proj", "down_proj")),
     "gpt_oss": Architecture(
         {},
-        hf_fused=tuple(f"{p}_{k}" for p in ("gate_up_proj", "down_proj") for k in ("blocks", "scales", "bias")),
+        hf_fused=tuple(
+            f"{p}_{k}" for p in ("gate_up_proj", "down_proj") for k in ("blocks", "scales", "bias")
+        ),
     ),
 }
 
 # `{parent}.experts.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
-HF_EXPERT_KEY = re.compile(r"^(?P<parent>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<kind>[^.]+)$")
+HF_EXPERT_KEY = re.compile(
+    r"^(?P<parent>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<kind>[^.]+)$"
+)
 # `{parent}.experts.{name}`: a Hugging Face tensor holding every expert of a layer (see Architecture.hf_fused).
 HF_FUSED_KEY = re.compile(r"^(?P<parent>.+)\.experts\.(?P<name>[^.]+)$")
 
@@ -83,7 +87,11 @@ def normalize_config(config: dict) -> dict:
     if "quantization" not in config and isinstance(quantization_config, dict):
         method = quantization_config.get("quant_method")
         if method == "mxfp4":  # gpt-oss: mlx-lm reads it as mxfp4 quantization
-            config["quantization"] = config["quantization_config"] = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+            config["quantization"] = config["quantization_config"] = {
+                "group_size": 32,
+                "bits": 4,
+                "mode": "mxfp4",
+            }
         elif method == "fp8" and list(quantization_config.get("weight_block_size", ())) != [32, 32]:
             # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as in mlx-lm
             del config["quantization_config"]
@@ -97,7 +105,9 @@ def build_model(config: dict, where: Path | str) -> nn.Module:
     try:
         return model_class(args_class.from_dict(config))
     except TypeError as e:
-        raise StreamerError(f"{where}: config.json does not describe a {config['model_type']} model: {e}") from e
+        raise StreamerError(
+            f"{where}: config.json does not describe a {config['model_type']} model: {e}"
+        ) from e
 
 
 def expert_containers(model: nn.Module) -> dict[str, nn.Module]:
@@ -110,7 +120,11 @@ def expert_containers(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def container_projections(container: nn.Module) -> list[str]:
-    return [name for name, child in container.children().items() if isinstance(child, EXPERT_PROJECTIONS)]
+    return [
+        name
+        for name, child in container.children().items()
+        if isinstance(child, EXPERT_PROJECTIONS)
+    ]
 
 
 def replace_modules(model: nn.Module, replacements: dict[str, nn.Module]) -> None:

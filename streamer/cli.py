@@ -26,7 +26,10 @@ def _verify(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"streamer: bad: {problem}", file=sys.stderr)
     if problems:
-        print(f"streamer: {len(problems)} problem(s) in {args.dir}: repack the model from its source.", file=sys.stderr)
+        print(
+            f"streamer: {len(problems)} problem(s) in {args.dir}: repack the model from its source.",
+            file=sys.stderr,
+        )
         return 1
     print(f"[verify] {args.dir}: every checksum matches", file=sys.stderr)
     return 0
@@ -48,7 +51,9 @@ def _prompt(args: argparse.Namespace) -> str:
             "(check the file's or terminal's encoding)."
         ) from None
     if not text:
-        raise StreamerError("the prompt is empty: give some text to continue with --prompt (or `--prompt -` for stdin).")
+        raise StreamerError(
+            "the prompt is empty: give some text to continue with --prompt (or `--prompt -` for stdin)."
+        )
     if args.max_tokens <= 0:
         raise StreamerError(f"--max-tokens must be at least 1 (got {args.max_tokens}).")
     return text
@@ -82,7 +87,13 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     stats = None
     try:
         for response in stream_generate(
-            model, tokenizer, prompt, args.max_tokens, temp=args.temp, top_p=args.top_p, seed=args.seed
+            model,
+            tokenizer,
+            prompt,
+            args.max_tokens,
+            temp=args.temp,
+            top_p=args.top_p,
+            seed=args.seed,
         ):
             print(response.text, end="", flush=True)
             stats = response.stats
@@ -111,7 +122,11 @@ def _info(args: argparse.Namespace) -> None:
     print(f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)")
     print(f"experts           {layers[0].num_experts} per layer, {top_k} routed per token")
     print(f"quantization      {_describe_quantization(quant) if quant else 'none'}")
-    expert_quant = {_describe_quantization(q) if q else "unquantized" for layer in layers for q in layer.quantization.values()}
+    expert_quant = {
+        _describe_quantization(q) if q else "unquantized"
+        for layer in layers
+        for q in layer.quantization.values()
+    }
     print(f"expert weights    {', '.join(sorted(expert_quant))}")
     print(f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)")
     print(f"expert bytes      {manifest.expert_bytes / 1e9:.3f} GB (streamed from disk)")
@@ -153,12 +168,21 @@ def _demo_size() -> str:
     import json
 
     config = json.loads((DEMO_MODEL / "config.json").read_text())
-    layers, experts, k = config["num_hidden_layers"], config["num_experts"], config["num_experts_per_tok"]
+    layers, experts, k = (
+        config["num_hidden_layers"],
+        config["num_experts"],
+        config["num_experts_per_tok"],
+    )
     return f"{layers}-layer, {experts}-expert (top-{k})"
 
 
 def _add_sampling(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
-    p.add_argument("--prompt", default=prompt_default, required=prompt_default is None, help="text to continue ('-': read stdin)")
+    p.add_argument(
+        "--prompt",
+        default=prompt_default,
+        required=prompt_default is None,
+        help="text to continue ('-': read stdin)",
+    )
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -166,30 +190,62 @@ def _add_sampling(p: argparse.ArgumentParser, prompt_default: str | None) -> Non
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="streamer", description="Run MoE LLMs larger than RAM by streaming experts from SSD.")
+    ap = argparse.ArgumentParser(
+        prog="streamer", description="Run MoE LLMs larger than RAM by streaming experts from SSD."
+    )
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("repack", help="convert a downloaded checkpoint into the streaming layout")
     p.add_argument("src", help="checkpoint folder (config.json + safetensors)")
     p.add_argument("dst", help="output folder")
-    p.add_argument("--quantize", type=int, choices=(2, 3, 4, 5, 6, 8), help="quantize to this many bits (affine)")
+    p.add_argument(
+        "--quantize",
+        type=int,
+        choices=(2, 3, 4, 5, 6, 8),
+        help="quantize to this many bits (affine)",
+    )
     p.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted repack into DST from its last finished layer")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted repack into DST from its last finished layer",
+    )
     p.set_defaults(run=_repack)
 
-    p = sub.add_parser("verify", help="check every checksum of a repacked model; names each bad tensor")
+    p = sub.add_parser(
+        "verify", help="check every checksum of a repacked model; names each bad tensor"
+    )
     p.add_argument("dir")
-    p.add_argument("--refresh", action="store_true", help="if every checksum passes, record the files' current times (after a copy)")
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="if every checksum passes, record the files' current times (after a copy)",
+    )
     p.set_defaults(run=_verify)
 
     p = sub.add_parser("generate", help="generate text from a repacked model")
     p.add_argument("--model", help="a folder written by `streamer repack`")
     _add_sampling(p, None)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--memory-budget", type=_size, default=None, help="bytes of experts to keep resident, e.g. 4G")
-    p.add_argument("--verify-reads", action="store_true", help="check each expert's crc32 the first time it is read")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow a tokenizer that ships Python code (Kimi K2)")
+    p.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+    )
+    p.add_argument(
+        "--memory-budget",
+        type=_size,
+        default=None,
+        help="bytes of experts to keep resident, e.g. 4G",
+    )
+    p.add_argument(
+        "--verify-reads",
+        action="store_true",
+        help="check each expert's crc32 the first time it is read",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a tokenizer that ships Python code (Kimi K2)",
+    )
     p.set_defaults(run=_generate)
 
     p = sub.add_parser("info", help="describe a repacked model")
@@ -197,7 +253,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_info)
 
     p = sub.add_parser("demo", help="repack the built-in tiny trained MoE and generate (offline)")
-    _add_sampling(p, "def read_config(path):\n    \"\"\"")
+    _add_sampling(p, 'def read_config(path):\n    """')
     p.add_argument("--keep", metavar="DIR", help="keep the repacked demo model in DIR")
     # a 3M-parameter model loops under greedy decoding; mild sampling with a fixed seed reads better
     p.set_defaults(run=_demo, max_tokens=40, temp=0.5, top_p=0.9, seed=0)

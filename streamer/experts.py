@@ -27,11 +27,20 @@ from .cache.expert_cache import ExpertCache
 from .io.expert_store import ExpertStore
 from .stats import ExpertStats, ExpertTraffic
 
-RECHECK_CALLS = 16  # a layer running without syncs asks again this often whether its file is all cached
+RECHECK_CALLS = (
+    16  # a layer running without syncs asks again this often whether its file is all cached
+)
 
 
 class StreamingExperts(nn.Module):
-    def __init__(self, container: nn.Module, store: ExpertStore, layer_index: int, stats: ExpertStats, dtype: mx.Dtype | None):
+    def __init__(
+        self,
+        container: nn.Module,
+        store: ExpertStore,
+        layer_index: int,
+        stats: ExpertStats,
+        dtype: mx.Dtype | None,
+    ):
         super().__init__()
         layer = store.layers[layer_index]
         # Held outside the parameter tree: its stacked weights are views of the expert file (or
@@ -70,7 +79,9 @@ class StreamingExperts(nn.Module):
         synced = time.perf_counter()
         traffic.syncs += 1
         traffic.sync_seconds += synced - start
-        experts = sorted(set(routed.ravel().tolist()))  # little code to run on caches the compute flushed
+        experts = sorted(
+            set(routed.ravel().tolist())
+        )  # little code to run on caches the compute flushed
         if self._stats.trace is not None and traffic is self._stats.phase(1):
             self._stats.trace.append((self._layer_index, tuple(experts)))
         if self.cache is None and not self._converts:
@@ -78,7 +89,9 @@ class StreamingExperts(nn.Module):
             out = self._container(x, indices)  # on the file's views: no copy
         else:
             self._install(self._gather(experts, traffic))
-            position = np.searchsorted(np.array(experts, dtype=routed.dtype), routed).astype(np.uint32)
+            position = np.searchsorted(np.array(experts, dtype=routed.dtype), routed).astype(
+                np.uint32
+            )
             out = self._container(x, mx.array(position))
             self._install(self._views)  # the output's graph holds the copies until it is evaluated
         if self._stats.profile:
@@ -93,7 +106,13 @@ class StreamingExperts(nn.Module):
         calls. Then the layer runs like a resident one, with no sync; if the kernel evicts pages
         meanwhile they are faulted back in, and the next check returns to syncing and prefetching.
         The hot-expert cache, dtype conversion and verify_reads need the routing on the host first."""
-        if self.cache is not None or self._converts or self._store.verify_reads or self._stats.trace is not None or self._stats.profile:
+        if (
+            self.cache is not None
+            or self._converts
+            or self._store.verify_reads
+            or self._stats.trace is not None
+            or self._stats.profile
+        ):
             return False
         self._calls += 1
         if self._calls >= self._next_check or self._evictions != self._store.evictions:
@@ -110,7 +129,11 @@ class StreamingExperts(nn.Module):
             # taking whole rows of [experts, -1] (a view) copies each expert in one run, several
             # times faster on CPU than a take along the first axis of the strided 3-D view
             return [
-                self._convert(mx.take(v.reshape(v.shape[0], -1), taken, axis=0).reshape(len(experts), *v.shape[1:]))
+                self._convert(
+                    mx.take(v.reshape(v.shape[0], -1), taken, axis=0).reshape(
+                        len(experts), *v.shape[1:]
+                    )
+                )
                 for v in self._views
             ]
         cached = [self.cache.access(self._layer_index, expert) for expert in experts]
@@ -130,7 +153,11 @@ class StreamingExperts(nn.Module):
         return stacked
 
     def _convert(self, tensor: mx.array) -> mx.array:
-        if self._dtype is not None and mx.issubdtype(tensor.dtype, mx.floating) and tensor.dtype != self._dtype:
+        if (
+            self._dtype is not None
+            and mx.issubdtype(tensor.dtype, mx.floating)
+            and tensor.dtype != self._dtype
+        ):
             return tensor.astype(self._dtype)
         return tensor
 

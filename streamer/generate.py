@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,7 +26,9 @@ class RunStats:
     peak_rss_bytes: int
     peak_mlx_bytes: int  # MLX's own memory: the mapped expert files are not counted
     expert_bytes_per_token: float
-    expert_bytes_copied_per_token: float  # memory copies of expert bytes (one per read, plus cache hits)
+    expert_bytes_copied_per_token: (
+        float  # memory copies of expert bytes (one per read, plus cache hits)
+    )
     expert_reads_per_token: float
     syncs_per_token: float
     page_cache_hit_rate: float | None  # share of expert bytes already in the page cache when read
@@ -53,7 +55,13 @@ class Response:
     stats: RunStats
 
 
-def run_stats(model: nn.Module, prompt_tokens: int = 0, prompt_tps: float = 0.0, generation_tokens: int = 0, generation_tps: float = 0.0) -> RunStats:
+def run_stats(
+    model: nn.Module,
+    prompt_tokens: int = 0,
+    prompt_tps: float = 0.0,
+    generation_tokens: int = 0,
+    generation_tps: float = 0.0,
+) -> RunStats:
     stats: ExpertStats = model.expert_stats
     decode = stats.decode
     steps = max(stats.decode_tokens, 1)
@@ -96,11 +104,15 @@ def stream_generate(
     model.expert_stats.reset()
     mx.reset_peak_memory()
     for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs):
-        stats = run_stats(model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps)
+        stats = run_stats(
+            model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps
+        )
         yield Response(r.text, r.token, r.finish_reason, stats)
 
 
-def _prompt_tokens(model: nn.Module, tokenizer: TokenizerWrapper, prompt: str | list[int], max_tokens: int) -> list[int]:
+def _prompt_tokens(
+    model: nn.Module, tokenizer: TokenizerWrapper, prompt: str | list[int], max_tokens: int
+) -> list[int]:
     """Tokenize once here, to refuse a prompt (plus max_tokens) longer than the model's context
     with the numbers; beyond its trained positions a model degrades into plausible nonsense."""
     if isinstance(prompt, str):

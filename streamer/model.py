@@ -77,19 +77,27 @@ def load(
     store.verify_reads = verify_reads
 
     resident_path = folder / RESIDENT_FILE
-    names = read_header(resident_path)  # clear errors for a truncated or corrupt file before mlx reads it
+    names = read_header(
+        resident_path
+    )  # clear errors for a truncated or corrupt file before mlx reads it
     if set(names) != set(manifest.resident_crc32):
-        raise StreamerError(f"{resident_path} holds other tensors than manifest.json lists; repack the model.")
+        raise StreamerError(
+            f"{resident_path} holds other tensors than manifest.json lists; repack the model."
+        )
     if verify_reads:
         problems = verify_resident(folder, manifest)
         if problems:
-            raise StreamerError(f"{folder / problems[0].file}: {problems[0].what}: the file is corrupt; repack the model.")
+            raise StreamerError(
+                f"{folder / problems[0].file}: {problems[0].what}: the file is corrupt; repack the model."
+            )
     weights = mx.load(str(resident_path))
     quantize_like_mlx_lm(model, config, weights)
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise StreamerError(f"{resident_path} does not match the model: {e}; repack the model.") from e
+        raise StreamerError(
+            f"{resident_path} does not match the model: {e}; repack the model."
+        ) from e
     if dtype is not None:
         model.set_dtype(dtype)
     mx.eval(model.parameters())
@@ -105,19 +113,27 @@ def load(
 def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> TokenizerWrapper:
     extra = {"trust_remote_code": True} if trust_remote_code else None
     try:
-        return load_tokenizer(folder, tokenizer_config_extra=extra, eos_token_ids=config.get("eos_token_id"))
+        return load_tokenizer(
+            folder, tokenizer_config_extra=extra, eos_token_ids=config.get("eos_token_id")
+        )
     except (ValueError, OSError) as e:
         tokenizer_config = folder / "tokenizer_config.json"
-        ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(errors="replace")
+        ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(
+            errors="replace"
+        )
         if ships_code and not trust_remote_code:
             raise StreamerError(
                 f"{folder}: this model's tokenizer is Python code shipped with the model (auto_map in "
                 "tokenizer_config.json). If you trust it, pass trust_remote_code=True (CLI: --trust-remote-code)."
             ) from e
-        raise StreamerError(f"{folder}: cannot load the tokenizer ({e}); check the tokenizer files.") from e
+        raise StreamerError(
+            f"{folder}: cannot load the tokenizer ({e}); check the tokenizer files."
+        ) from e
 
 
-def _apply_budget(manifest, streaming: dict[str, StreamingExperts], budget: int | None, dtype) -> str:
+def _apply_budget(
+    manifest, streaming: dict[str, StreamingExperts], budget: int | None, dtype
+) -> str:
     if budget is None:
         budget, why = default_budget(manifest, dtype)
     else:
@@ -139,7 +155,9 @@ def _quantized(container: nn.Module, projection: str, params: dict, folder: Path
     try:
         return container[projection].to_quantized(**params)
     except (TypeError, ValueError) as e:
-        raise StreamerError(f"{folder / MANIFEST_FILE}: quantization {params} of {projection} is invalid ({e}); repack the model.") from e
+        raise StreamerError(
+            f"{folder / MANIFEST_FILE}: quantization {params} of {projection} is invalid ({e}); repack the model."
+        ) from e
 
 
 def _check_layout(folder: Path, index: int, layer: MoeLayer, container: nn.Module) -> None:
@@ -149,7 +167,11 @@ def _check_layout(folder: Path, index: int, layer: MoeLayer, container: nn.Modul
     for tensor in layer.tensors:
         param = expected.pop(tensor.name, None)
         floating = mx.issubdtype(DTYPES[tensor.dtype][1], mx.floating)
-        if param is None or tuple(param.shape) != (layer.num_experts, *tensor.shape) or floating != mx.issubdtype(param.dtype, mx.floating):
+        if (
+            param is None
+            or tuple(param.shape) != (layer.num_experts, *tensor.shape)
+            or floating != mx.issubdtype(param.dtype, mx.floating)
+        ):
             want = "no such tensor" if param is None else f"{list(param.shape)} ({param.dtype})"
             raise StreamerError(
                 f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) tensor {tensor.name} is "

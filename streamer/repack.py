@@ -53,7 +53,15 @@ from .io.manifest import (
     read_manifest,
     write_manifest,
 )
-from .io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo, nonfinite_count, read_header, to_mlx, write_safetensors
+from .io.safetensors import (
+    DTYPES,
+    MLX_TO_SAFETENSORS,
+    TensorInfo,
+    nonfinite_count,
+    read_header,
+    to_mlx,
+    write_safetensors,
+)
 from .resume import Progress, source_identity
 
 KIND_ORDER = ("weight", "scales", "biases", "bias")
@@ -87,13 +95,19 @@ def repack(
         log(f"[repack] {dst} is complete: nothing to resume")
         return read_manifest(dst)
     if dst.exists() and not force:
-        raise StreamerError(f"{dst} already exists: choose another destination or pass --force to replace it.")
+        raise StreamerError(
+            f"{dst} already exists: choose another destination or pass --force to replace it."
+        )
     if dst.resolve() == src.resolve():
         raise StreamerError(f"{dst} is the source folder: choose another destination.")
     with Checkpoint(src) as ckpt:
         plan = _Plan(ckpt, quantize)
-        identity = source_identity(ckpt, {"quantize": quantize and [quantize.bits, quantize.group_size]})
-        readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads dst
+        identity = source_identity(
+            ckpt, {"quantize": quantize and [quantize.bits, quantize.group_size]}
+        )
+        readers = (
+            lock_for_replacing(dst) if dst.exists() else None
+        )  # refuse while a model reads dst
         partial_fd, progress = _open_partial(partial, identity, resume, log)
         try:
             plan.check_disk(partial, progress)  # a refusal here keeps resumable work as it is
@@ -107,11 +121,15 @@ def repack(
                 os.close(partial_fd)
             if readers is not None:
                 readers.release()
-    log(f"[repack] done: {dst} ({manifest.expert_bytes / 1e9:.2f} GB of experts in {len(manifest.layers)} MoE layers)")
+    log(
+        f"[repack] done: {dst} ({manifest.expert_bytes / 1e9:.2f} GB of experts in {len(manifest.layers)} MoE layers)"
+    )
     return manifest
 
 
-def _write_and_publish(plan: "_Plan", partial: Path, dst: Path, progress: Progress, log) -> Manifest:
+def _write_and_publish(
+    plan: _Plan, partial: Path, dst: Path, progress: Progress, log
+) -> Manifest:
     try:
         manifest = plan.write(partial, log, progress)
         progress.remove()
@@ -137,7 +155,10 @@ def _open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int 
         if progress is not None:
             log(f"[repack] resuming {partial}: {len(progress.layers)} MoE layer(s) already done")
             return fd, progress
-        log(f"[repack] removing the unfinished repack in {partial}" + ("" if resume else " (--resume continues one)"))
+        log(
+            f"[repack] removing the unfinished repack in {partial}"
+            + ("" if resume else " (--resume continues one)")
+        )
         shutil.rmtree(partial)
         if fd is not None:
             os.close(fd)
@@ -147,7 +168,9 @@ def _open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int 
     return lock_directory(partial, "writing the same destination"), Progress(partial, identity)
 
 
-def _failed(error: BaseException, partial: Path, progress: Progress, plan: "_Plan", log) -> BaseException:
+def _failed(
+    error: BaseException, partial: Path, progress: Progress, plan: _Plan, log
+) -> BaseException:
     """Keep the finished work after an interruption, an I/O error (disk full...) or a crash so that
     --resume continues it; delete it after a StreamerError (bad input: nothing worth keeping)."""
     keep = not isinstance(error, StreamerError) and progress.started and partial.exists()
@@ -155,9 +178,13 @@ def _failed(error: BaseException, partial: Path, progress: Progress, plan: "_Pla
         shutil.rmtree(partial, ignore_errors=True)
         return error
     done = f"{len(progress.layers)}/{len(plan.containers)} MoE layers are kept in {partial}"
-    again = f"run the same command with --resume to continue (or delete {partial} to reclaim its space)"
+    again = (
+        f"run the same command with --resume to continue (or delete {partial} to reclaim its space)"
+    )
     if not isinstance(error, OSError):
-        log(f"[repack] {'interrupted' if isinstance(error, KeyboardInterrupt) else 'failed'}: {done}; {again}.")
+        log(
+            f"[repack] {'interrupted' if isinstance(error, KeyboardInterrupt) else 'failed'}: {done}; {again}."
+        )
         return error
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return StreamerError(
@@ -165,7 +192,9 @@ def _failed(error: BaseException, partial: Path, progress: Progress, plan: "_Pla
             f"{plan.needed_bytes / 1e9:.2f} GB in all. Free space, then {again}. ({done}.)"
         )
     where = f" ({error.filename})" if error.filename else ""
-    return StreamerError(f"repacking failed with an I/O error: {error.strerror or error}{where}. {done}; {again}.")
+    return StreamerError(
+        f"repacking failed with an I/O error: {error.strerror or error}{where}. {done}; {again}."
+    )
 
 
 def _publish(partial: Path, dst: Path) -> None:
@@ -205,7 +234,9 @@ class _Plan:
         # MLX-quantized checkpoints are refused; a published MXFP4 gpt-oss is not (its MXFP4 experts are
         # kept and the other weights quantized, as `mlx_lm.convert --quantize` does)
         if quantize and "quantization" in ckpt.config:
-            raise StreamerError(f"{where}: the checkpoint is already quantized; repack it without --quantize.")
+            raise StreamerError(
+                f"{where}: the checkpoint is already quantized; repack it without --quantize."
+            )
         self.model = build_model(config, where)
         self.containers = expert_containers(self.model)
         first = next(iter(self.containers.values()))
@@ -257,7 +288,11 @@ class _Plan:
                 _, proj, kind = name.rsplit(".", 2)
                 self.stacked[(prefix, proj, kind)] = info
             elif match and match["parent"] in parents and match["proj"] in self.arch.hf_projections:
-                key = (parents[match["parent"]], self.arch.hf_projections[match["proj"]], match["kind"])
+                key = (
+                    parents[match["parent"]],
+                    self.arch.hf_projections[match["proj"]],
+                    match["kind"],
+                )
                 self.per_expert.setdefault(key, {})[int(match["expert"])] = info
             elif packed and packed["name"] in self.arch.hf_fused:
                 fused.setdefault(packed["parent"], {})[name] = info
@@ -277,12 +312,16 @@ class _Plan:
         self.fused: dict[str, dict[str, TensorInfo]] = {}
         for group in fused.values():
             # which expert container this layer's tensors feed: ask sanitize about a one-expert stand-in
-            probe = self._sanitize({n: mx.zeros((1, *i.shape[1:]), DTYPES[i.dtype][1]) for n, i in group.items()})
+            probe = self._sanitize(
+                {n: mx.zeros((1, *i.shape[1:]), DTYPES[i.dtype][1]) for n, i in group.items()}
+            )
             if not probe:
                 continue  # a part the model does not use (e.g. multi-token prediction layers)
             modules = {name.rsplit(".", 2)[0] for name in probe}
             if len(modules) != 1 or not modules <= self.containers.keys():
-                raise StreamerError(f"{self.ckpt.folder}: cannot tell which MoE layer holds {sorted(group)}.")
+                raise StreamerError(
+                    f"{self.ckpt.folder}: cannot tell which MoE layer holds {sorted(group)}."
+                )
             for info in group.values():
                 if info.shape[:1] != (self.num_experts,):
                     raise StreamerError(
@@ -293,7 +332,9 @@ class _Plan:
 
     def _check_resident(self, resident: dict[str, mx.array]) -> None:
         expected = {
-            name: arr for name, arr in tree_flatten(self.model.parameters()) if not self._in_container(name)
+            name: arr
+            for name, arr in tree_flatten(self.model.parameters())
+            if not self._in_container(name)
         }
         where = self.ckpt.folder
         missing = sorted(set(expected) - set(resident))
@@ -331,7 +372,11 @@ class _Plan:
             keep = getattr(self.model, "cast_predicate", lambda _: True)
             self.model.update(
                 tree_map_with_path(
-                    lambda k, v: v.astype(self.cast) if keep(k) and mx.issubdtype(v.dtype, mx.floating) else v,
+                    lambda k, v: (
+                        v.astype(self.cast)
+                        if keep(k) and mx.issubdtype(v.dtype, mx.floating)
+                        else v
+                    ),
                     self.model.parameters(),
                 )
             )
@@ -341,12 +386,18 @@ class _Plan:
 
     # -- writing --------------------------------------------------------------------------------
     def resident_items(self) -> list[tuple[str, mx.array]]:
-        return [(name, arr) for name, arr in tree_flatten(self.model.parameters()) if not self._in_container(name)]
+        return [
+            (name, arr)
+            for name, arr in tree_flatten(self.model.parameters())
+            if not self._in_container(name)
+        ]
 
     def write(self, out: Path, log, progress: Progress) -> Manifest:
         resident_items = self.resident_items()
         self._log, self._nonfinite = log, 0
-        log(f"[repack] {self.ckpt.folder} -> {len(self.containers)} MoE layers x {self.num_experts} experts")
+        log(
+            f"[repack] {self.ckpt.folder} -> {len(self.containers)} MoE layers x {self.num_experts} experts"
+        )
         if progress.resident is None:
             progress.record_resident(write_safetensors(out / RESIDENT_FILE, resident_items))
             self._check_resident_finite(out / RESIDENT_FILE)
@@ -357,21 +408,30 @@ class _Plan:
             layer = progress.layers.get(index)
             if layer is not None:
                 layers.append(layer)
-                log(f"[repack] layer {index + 1}/{len(self.containers)} {module}: kept from the interrupted run")
+                log(
+                    f"[repack] layer {index + 1}/{len(self.containers)} {module}: kept from the interrupted run"
+                )
                 continue
             layer = self._write_layer(out, index, module, container)
             progress.record_layer(index, layer)
             layers.append(layer)
             written += layer.file_bytes
             rate = written / max(time.perf_counter() - start, 1e-9) / 1e6
-            log(f"[repack] layer {index + 1}/{len(self.containers)} {module}: {layer.file_bytes / 1e6:.1f} MB ({rate:.0f} MB/s)")
+            log(
+                f"[repack] layer {index + 1}/{len(self.containers)} {module}: {layer.file_bytes / 1e6:.1f} MB ({rate:.0f} MB/s)"
+            )
         if self._nonfinite:
-            log(f"[repack] warning: {self._nonfinite} tensor(s) hold NaN/Inf values (listed above, up to "
-                f"{MAX_NONFINITE_WARNINGS}); this checkpoint will produce garbage. Check or download it again.")
+            log(
+                f"[repack] warning: {self._nonfinite} tensor(s) hold NaN/Inf values (listed above, up to "
+                f"{MAX_NONFINITE_WARNINGS}); this checkpoint will produce garbage. Check or download it again."
+            )
         _copy_side_files(self.ckpt.folder, out)
         _write_config(out, self.config)
         # sizes and times as written: load refuses a file changed after this point
-        files = {name: file_stat(out / name) for name in [RESIDENT_FILE, *(layer.file for layer in layers)]}
+        files = {
+            name: file_stat(out / name)
+            for name in [RESIDENT_FILE, *(layer.file for layer in layers)]
+        }
         manifest = Manifest(self.config, progress.resident, tuple(layers), files)
         write_manifest(out, manifest)
         return manifest
@@ -379,7 +439,10 @@ class _Plan:
     def check_disk(self, out: Path, progress: Progress) -> None:
         """Refuse up front when the disk cannot hold what is left to write (all of it unless resuming)."""
         first_module, first = next(iter(self.containers.items()))
-        record = align(sum(align(len(b), TENSOR_ALIGN) for *_, b in self._expert(first_module, first, 0)), PAGE_SIZE)
+        record = align(
+            sum(align(len(b), TENSOR_ALIGN) for *_, b in self._expert(first_module, first, 0)),
+            PAGE_SIZE,
+        )
         resident = sum(a.nbytes for _, a in self.resident_items())
         self.needed_bytes = record * self.num_experts * len(self.containers) + resident
         left = record * self.num_experts * (len(self.containers) - len(progress.layers))
@@ -439,9 +502,20 @@ class _Plan:
             )
             for proj in container_projections(container)
         }
-        return MoeLayer(module, rel, self.num_experts, record_bytes, quantization, tensors, tuple(offsets), tuple(crcs))
+        return MoeLayer(
+            module,
+            rel,
+            self.num_experts,
+            record_bytes,
+            quantization,
+            tensors,
+            tuple(offsets),
+            tuple(crcs),
+        )
 
-    def _expert(self, module: str, container: nn.Module, expert: int) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+    def _expert(
+        self, module: str, container: nn.Module, expert: int
+    ) -> list[tuple[str, str, tuple[int, ...], bytes]]:
         """(name, dtype, shape, bytes) of each of one expert's tensors, in record order."""
         parts = []
         for proj in container_projections(container):
@@ -450,29 +524,59 @@ class _Plan:
             if self.quantize is None:
                 for kind in kinds:
                     shape = tuple(target[kind].shape[1:])
-                    dtype, data = self._source(module, proj, kind, expert, shape, target[kind].dtype)
+                    dtype, data = self._source(
+                        module, proj, kind, expert, shape, target[kind].dtype
+                    )
                     parts.append((f"{proj}.{kind}", dtype, shape, data))
                 continue
             produced = {}
-            if f"{module}.{proj}" in self.prequantized:  # e.g. gpt-oss's MXFP4 experts: kept as they are
+            if (
+                f"{module}.{proj}" in self.prequantized
+            ):  # e.g. gpt-oss's MXFP4 experts: kept as they are
                 for kind in kinds:
-                    produced[kind] = self._array(module, proj, kind, expert, tuple(target[kind].shape[1:]))
+                    produced[kind] = self._array(
+                        module, proj, kind, expert, tuple(target[kind].shape[1:])
+                    )
             else:
-                weight = self._array(module, proj, "weight", expert, (target.output_dims, target.input_dims), mx.float32)
+                weight = self._array(
+                    module,
+                    proj,
+                    "weight",
+                    expert,
+                    (target.output_dims, target.input_dims),
+                    mx.float32,
+                )
                 if isinstance(target, QuantizedSwitchLinear):
                     q = mx.quantize(weight, target.group_size, target.bits, mode=target.mode)
                     produced.update(zip(("weight", "scales", "biases"), q))
                 else:
                     produced["weight"] = weight
                 if "bias" in kinds:
-                    produced["bias"] = self._array(module, proj, "bias", expert, (target.output_dims,))
+                    produced["bias"] = self._array(
+                        module, proj, "bias", expert, (target.output_dims,)
+                    )
             for kind in kinds:
                 arr = mx.contiguous(produced[kind])
                 mx.eval(arr)
-                parts.append((f"{proj}.{kind}", MLX_TO_SAFETENSORS[arr.dtype], tuple(arr.shape), bytes(memoryview(arr).cast("B"))))
+                parts.append(
+                    (
+                        f"{proj}.{kind}",
+                        MLX_TO_SAFETENSORS[arr.dtype],
+                        tuple(arr.shape),
+                        bytes(memoryview(arr).cast("B")),
+                    )
+                )
         return parts
 
-    def _array(self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...], expected: mx.Dtype | None = None) -> mx.array:
+    def _array(
+        self,
+        module: str,
+        proj: str,
+        kind: str,
+        expert: int,
+        shape: tuple[int, ...],
+        expected: mx.Dtype | None = None,
+    ) -> mx.array:
         """One expert's `proj.kind` as an array, cast like `mlx_lm.convert` casts the model."""
         dtype, data = self._source(module, proj, kind, expert, shape, expected)
         arr = to_mlx(data, dtype, shape)
@@ -481,7 +585,13 @@ class _Plan:
         return arr
 
     def _source(
-        self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...], expected: mx.Dtype | None = None
+        self,
+        module: str,
+        proj: str,
+        kind: str,
+        expert: int,
+        shape: tuple[int, ...],
+        expected: mx.Dtype | None = None,
     ) -> tuple[str, bytes]:
         """(safetensors dtype, bytes) of one expert's `proj.kind`: its rows of a stacked tensor, its own
         tensor, or what sanitize makes of its source tensors (`_converted_source`). A source tensor
@@ -509,7 +619,9 @@ class _Plan:
             _check_dtype(info, expected)
         return info.dtype, self.ckpt.read(info)
 
-    def _converted_source(self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...]) -> tuple[str, bytes]:
+    def _converted_source(
+        self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...]
+    ) -> tuple[str, bytes]:
         """Exactly what mlx-lm's sanitize makes of one expert's source tensors, with sanitize run on
         that expert's bytes alone: its slice of each fused tensor (read with an expert axis of 1), or
         its own tensors in another form (FP8 and block scales, under a neutral name so that sanitize
@@ -520,14 +632,23 @@ class _Plan:
                 one = {}
                 for name, info in self.fused[module].items():
                     per = info.nbytes // self.num_experts
-                    one[name] = to_mlx(self.ckpt.read(info, expert * per, per), info.dtype, (1, *info.shape[1:]))
-                out.update({name[len(module) + 1 :]: arr[0] for name, arr in self._sanitize(one).items()})
+                    one[name] = to_mlx(
+                        self.ckpt.read(info, expert * per, per), info.dtype, (1, *info.shape[1:])
+                    )
+                out.update(
+                    {name[len(module) + 1 :]: arr[0] for name, arr in self._sanitize(one).items()}
+                )
             for p, kinds in self.converted.get(module, {}).items():
                 one = {}
                 for k in kinds:
                     info = self._per_expert(module, p, k, expert)
                     one[f"expert.{k}"] = to_mlx(self.ckpt.read(info), info.dtype, info.shape)
-                out.update({f"{p}.{name.rsplit('.', 1)[1]}": arr for name, arr in self._sanitize(one).items()})
+                out.update(
+                    {
+                        f"{p}.{name.rsplit('.', 1)[1]}": arr
+                        for name, arr in self._sanitize(one).items()
+                    }
+                )
             self._converted_cache = ((module, expert), out)
         arr = self._converted_cache[1].get(f"{proj}.{kind}")
         if arr is None or tuple(arr.shape) != shape:
@@ -560,7 +681,11 @@ def _compatible(got: mx.Dtype, expected: mx.Dtype) -> bool:
 
 
 def _describe(dtype: mx.Dtype) -> str:
-    return "a floating-point tensor" if mx.issubdtype(dtype, mx.floating) else MLX_TO_SAFETENSORS.get(dtype, str(dtype))
+    return (
+        "a floating-point tensor"
+        if mx.issubdtype(dtype, mx.floating)
+        else MLX_TO_SAFETENSORS.get(dtype, str(dtype))
+    )
 
 
 def _check_dtype(info: TensorInfo, expected: mx.Dtype) -> None:
@@ -582,7 +707,11 @@ def _layout(parts) -> tuple[tuple[ExpertTensor, ...], int]:
 def _copy_side_files(src: Path, out: Path) -> None:
     """Tokenizer, generation config, chat template...: every small file that is not weights."""
     for path in src.iterdir():
-        if path.is_file() and path.name not in ("config.json", INDEX_FILE) and not path.name.endswith(WEIGHT_SUFFIXES):
+        if (
+            path.is_file()
+            and path.name not in ("config.json", INDEX_FILE)
+            and not path.name.endswith(WEIGHT_SUFFIXES)
+        ):
             shutil.copy2(path, out / path.name)
 
 

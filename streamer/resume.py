@@ -14,7 +14,14 @@ from pathlib import Path
 
 from .errors import StreamerError
 from .io.checkpoint import Checkpoint
-from .io.manifest import FORMAT_VERSION, RESIDENT_FILE, MoeLayer, layer_from_json, layer_to_json, write_json_atomic
+from .io.manifest import (
+    FORMAT_VERSION,
+    RESIDENT_FILE,
+    MoeLayer,
+    layer_from_json,
+    layer_to_json,
+    write_json_atomic,
+)
 
 PROGRESS_FILE = "progress.json"
 
@@ -24,7 +31,15 @@ def source_identity(ckpt: Checkpoint, options: dict) -> str:
     digest = hashlib.sha256()
     digest.update((ckpt.folder / "config.json").read_bytes())
     table = sorted(
-        (name, info.path.name, info.dtype, list(info.shape), info.start, info.end, info.path.stat().st_size)
+        (
+            name,
+            info.path.name,
+            info.dtype,
+            list(info.shape),
+            info.start,
+            info.end,
+            info.path.stat().st_size,
+        )
         for name, info in ckpt.tensors.items()
     )
     digest.update(json.dumps([FORMAT_VERSION, options, table]).encode())
@@ -41,7 +56,7 @@ class Progress:
         self.layers: dict[int, MoeLayer] = {}
 
     @classmethod
-    def load(cls, folder: Path, identity: str) -> "Progress | None":
+    def load(cls, folder: Path, identity: str) -> Progress | None:
         """The recorded progress (None if there is none); refuses one from another source or options."""
         path = Path(folder) / PROGRESS_FILE
         if not path.exists():
@@ -50,7 +65,9 @@ class Progress:
             state = json.loads(path.read_text(encoding="utf-8"))
             same = state["source"] == identity
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise StreamerError(f"{path} is unreadable ({e}): rerun without --resume to start over.") from e
+            raise StreamerError(
+                f"{path} is unreadable ({e}): rerun without --resume to start over."
+            ) from e
         if not same:
             raise StreamerError(
                 f"{folder} was started from a different checkpoint or with other options (config.json, the "

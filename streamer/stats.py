@@ -13,7 +13,9 @@ import numpy as np
 class ExpertTraffic:
     layer_calls: int = 0  # MoE layer invocations
     syncs: int = 0  # host syncs (one per MoE layer call that needs routed indices on the host)
-    experts_read: int = 0  # routed experts computed from the store's mapped files (page cache or disk)
+    experts_read: int = (
+        0  # routed experts computed from the store's mapped files (page cache or disk)
+    )
     experts_fetched: int = 0  # of those, ones not in the page cache: one madvise(WILLNEED) each
     cache_hits: int = 0  # routed experts served from the hot-expert cache instead
     bytes_read: int = 0  # expert bytes computed from the store's mapped files
@@ -21,7 +23,9 @@ class ExpertTraffic:
     bytes_in_page_cache: int = 0  # of bytes_read, how many were resident before the read
     bytes_measured: int = 0  # of bytes_read, how many had their residency measured
     read_seconds: float = 0.0  # inside the store: residency checks and WILLNEED hints
-    sync_seconds: float = 0.0  # blocked on the routing sync (attention, router, earlier expert compute)
+    sync_seconds: float = (
+        0.0  # blocked on the routing sync (attention, router, earlier expert compute)
+    )
     compute_seconds: float = 0.0  # expert compute, measured only when profiling (it adds a sync)
     layer_seconds: float = 0.0  # wall time inside the expert layer, all of the above included
 

@@ -105,8 +105,13 @@ TINY_CONFIGS: dict[str, dict] = {
         "rope_theta": 10000.0,
         "max_position_embeddings": 163840,
         "rope_scaling": {
-            "type": "yarn", "factor": 40.0, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
-            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+            "type": "yarn",
+            "factor": 40.0,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096,
         },
     },
     "deepseek_v2": {  # DeepSeek-V2 / V2-Lite: MLA (no q LoRA as in Lite), softmax group-limited greedy routing
@@ -133,8 +138,13 @@ TINY_CONFIGS: dict[str, dict] = {
         "rope_theta": 10000.0,
         "max_position_embeddings": 163840,
         "rope_scaling": {
-            "type": "yarn", "factor": 40.0, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
-            "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+            "type": "yarn",
+            "factor": 40.0,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+            "original_max_position_embeddings": 4096,
         },
     },
     "glm4_moe": {  # GLM-4.5 / 4.5-Air: partial rotary, sigmoid routing with correction bias, MTP layer
@@ -194,12 +204,21 @@ TINY_CONFIGS: dict[str, dict] = {
         "rope_theta": 150000.0,
         "max_position_embeddings": 131072,
         "rope_scaling": {
-            "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
             "original_max_position_embeddings": 4096,
         },
         "quantization_config": {
             "quant_method": "mxfp4",
-            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
         },
     },
 }
@@ -207,43 +226,82 @@ TINY_CONFIGS: dict[str, dict] = {
 # config.json that has one without the checkpoint's own code (trust_remote_code), even for the tokenizer.
 TINY_CONFIGS["kimi_k2"] = {
     **{k: v for k, v in TINY_CONFIGS["deepseek_v3"].items() if k != "rope_scaling"},
-    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827,
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.827,
 }
 TINY_CONFIGS["glm4_moe_lite"] = {  # GLM-4.7-Flash: DeepSeek-V3's MLA and routing, GLM's MTP layer
     **{k: v for k, v in TINY_CONFIGS["deepseek_v3"].items() if k != "rope_scaling"},
     "architectures": ["Glm4MoeLiteForCausalLM"],
-    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.8, "partial_rotary_factor": 1.0,
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 1.8,
+    "partial_rotary_factor": 1.0,
     "num_nextn_predict_layers": 1,
 }
-_DSA = {"index_head_dim": 32, "index_n_heads": 4, "index_topk": 16}  # sparse attention beyond 16 tokens
-TINY_CONFIGS["deepseek_v32"] = {**TINY_CONFIGS["deepseek_v3"], **_DSA, "architectures": ["DeepseekV32ForCausalLM"]}
+_DSA = {
+    "index_head_dim": 32,
+    "index_n_heads": 4,
+    "index_topk": 16,
+}  # sparse attention beyond 16 tokens
+TINY_CONFIGS["deepseek_v32"] = {
+    **TINY_CONFIGS["deepseek_v3"],
+    **_DSA,
+    "architectures": ["DeepseekV32ForCausalLM"],
+}
 TINY_CONFIGS["glm_moe_dsa"] = {  # GLM-5: DeepSeek-V3.2's sparse attention
-    **{k: v for k, v in TINY_CONFIGS["deepseek_v3"].items() if k not in ("rope_scaling", "rope_theta")},
+    **{
+        k: v
+        for k, v in TINY_CONFIGS["deepseek_v3"].items()
+        if k not in ("rope_scaling", "rope_theta")
+    },
     **_DSA,
     "architectures": ["GlmMoeDsaForCausalLM"],
-    "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5, "attention_bias": False,
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.5,
+    "attention_bias": False,
     "num_nextn_predict_layers": 1,
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
 }
-TINY_CONFIGS["qwen3_5_moe"] = {  # Qwen3.5 MoE: a vision-language checkpoint; mlx-lm runs its text model
+TINY_CONFIGS[
+    "qwen3_5_moe"
+] = {  # Qwen3.5 MoE: a vision-language checkpoint; mlx-lm runs its text model
     "architectures": ["Qwen3_5MoeForConditionalGeneration"],
     "tie_word_embeddings": False,
     "eos_token_id": 0,
     "text_config": {
-        **{k: v for k, v in TINY_CONFIGS["qwen3_next"].items() if k not in ("architectures", "rope_theta", "mlp_only_layers")},
+        **{
+            k: v
+            for k, v in TINY_CONFIGS["qwen3_next"].items()
+            if k not in ("architectures", "rope_theta", "mlp_only_layers")
+        },
         "model_type": "qwen3_5_moe_text",
         "rope_parameters": {
-            "rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
-            "mrope_section": [11, 11, 10], "mrope_interleaved": True,
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
         },
     },
-    "vision_config": {"model_type": "qwen3_5_moe", "depth": 1, "hidden_size": 32, "out_hidden_size": 128},
+    "vision_config": {
+        "model_type": "qwen3_5_moe",
+        "depth": 1,
+        "hidden_size": 32,
+        "out_hidden_size": 128,
+    },
 }
 assert set(TINY_CONFIGS) == set(SUPPORTED)
 
 
 def tiny_config(model_type: str, **overrides) -> dict:
-    return {"model_type": model_type, "torch_dtype": "bfloat16", **TINY_CONFIGS[model_type], **overrides}
+    return {
+        "model_type": model_type,
+        "torch_dtype": "bfloat16",
+        **TINY_CONFIGS[model_type],
+        **overrides,
+    }
 
 
 def hf_tensors(config: dict, seed: int = 0, router_scale: float = 8.0):
@@ -267,11 +325,16 @@ def hf_tensors(config: dict, seed: int = 0, router_scale: float = 8.0):
             continue
         parent = _hf_name(container.rsplit(".", 1)[0])
         if arch.hf_fused:
-            fused.setdefault(parent, {})[name[len(container) + 1 :]] = _init(rng, name, shape, router_scale)
+            fused.setdefault(parent, {})[name[len(container) + 1 :]] = _init(
+                rng, name, shape, router_scale
+            )
             continue
         proj, kind = name[len(container) + 1 :].split(".")
         for expert in range(shape[0]):
-            yield f"{parent}.experts.{expert}.{hf_names[proj]}.{kind}", _init(rng, name, shape[1:], router_scale)
+            yield (
+                f"{parent}.experts.{expert}.{hf_names[proj]}.{kind}",
+                _init(rng, name, shape[1:], router_scale),
+            )
     for parent, stacked in fused.items():
         yield from _FUSED[model_type](parent, stacked)
     yield from _unused_parts(config, rng)
@@ -290,7 +353,10 @@ def _hf_resident(config: dict, name: str, array: np.ndarray, rng: np.random.Gene
     if name.endswith("self_attn.embed_q.weight"):
         rows = config["num_attention_heads"] * (config["qk_nope_head_dim"] + config["v_head_dim"])
         rank = config["kv_lora_rank"]
-        name, array = name.replace("embed_q", "kv_b_proj"), (rng.standard_normal((rows, rank)) / math.sqrt(rank))
+        name, array = (
+            name.replace("embed_q", "kv_b_proj"),
+            (rng.standard_normal((rows, rank)) / math.sqrt(rank)),
+        )
     elif name.endswith("conv1d.weight"):
         array = array.transpose(0, 2, 1)  # torch's Conv1d layout [C, 1, K]; mlx-lm's is [C, K, 1]
     yield _hf_name(name), array.astype(np.float32)
@@ -308,33 +374,64 @@ def _gpt_oss_experts(parent: str, stacked: dict[str, np.ndarray]):
     for proj in ("gate_proj", "up_proj", "down_proj"):
         weight, scales = mx.quantize(mx.array(stacked[f"{proj}.weight"]), 32, 4, mode="mxfp4")
         weight = np.array(weight).view(np.uint8)
-        packed[proj] = (weight.reshape(*weight.shape[:2], -1, 16), np.array(scales), stacked[f"{proj}.bias"])
-    for kind, gate, up, down in zip(("blocks", "scales", "bias"), packed["gate_proj"], packed["up_proj"], packed["down_proj"]):
-        yield f"{parent}.experts.gate_up_proj_{kind}", np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, *gate.shape[2:])
+        packed[proj] = (
+            weight.reshape(*weight.shape[:2], -1, 16),
+            np.array(scales),
+            stacked[f"{proj}.bias"],
+        )
+    for kind, gate, up, down in zip(
+        ("blocks", "scales", "bias"), packed["gate_proj"], packed["up_proj"], packed["down_proj"]
+    ):
+        yield (
+            f"{parent}.experts.gate_up_proj_{kind}",
+            np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, *gate.shape[2:]),
+        )
         yield f"{parent}.experts.down_proj_{kind}", down
 
 
 _FUSED = {"qwen3_5_moe": _qwen3_5_moe_experts, "gpt_oss": _gpt_oss_experts}
 
 
-_MTP_LAYER = ("eh_proj.weight", "enorm.weight", "hnorm.weight", "mlp.gate.weight", "mlp.experts.0.gate_proj.weight")
+_MTP_LAYER = (
+    "eh_proj.weight",
+    "enorm.weight",
+    "hnorm.weight",
+    "mlp.gate.weight",
+    "mlp.experts.0.gate_proj.weight",
+)
 
 
 def _unused_parts(config: dict, rng: np.random.Generator):
     """Tensors published checkpoints carry that mlx-lm's model drops: multi-token prediction, vision."""
     model_type = config["model_type"]
     names: list[str] = []
-    if model_type in ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "deepseek_v32"):  # an MTP layer after the last
+    if model_type in (
+        "glm4_moe",
+        "glm4_moe_lite",
+        "glm_moe_dsa",
+        "deepseek_v32",
+    ):  # an MTP layer after the last
         names = [f"model.layers.{config['num_hidden_layers']}.{n}" for n in _MTP_LAYER]
     elif model_type == "qwen3_next":
         names = ["mtp.fc.weight", "mtp.norm.weight", "mtp.layers.0.mlp.experts.0.gate_proj.weight"]
     elif model_type == "qwen3_5_moe":
-        names = ["mtp.fc.weight", "mtp.layers.0.mlp.experts.gate_up_proj", "model.visual.patch_embed.proj.weight"]
+        names = [
+            "mtp.fc.weight",
+            "mtp.layers.0.mlp.experts.gate_up_proj",
+            "model.visual.patch_embed.proj.weight",
+        ]
     for name in names:
-        yield name, rng.standard_normal((4, 2, 8) if name.endswith("experts.gate_up_proj") else (2, 8)).astype(np.float32)
+        yield (
+            name,
+            rng.standard_normal(
+                (4, 2, 8) if name.endswith("experts.gate_up_proj") else (2, 8)
+            ).astype(np.float32),
+        )
 
 
-def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], router_scale: float) -> np.ndarray:
+def _init(
+    rng: np.random.Generator, name: str, shape: tuple[int, ...], router_scale: float
+) -> np.ndarray:
     if name.endswith("norm.weight") or len(shape) == 1 and name.endswith(".weight"):
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     if name.endswith(".bias"):
@@ -345,11 +442,22 @@ def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], router_sc
     return (std * rng.standard_normal(shape)).astype(np.float32)
 
 
-FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+FP8_CONFIG = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128],
+}
 
 
 def write_hf_checkpoint(
-    folder: Path | str, config: dict, *, dtype: str = "bfloat16", fp8: bool = False, shard_bytes: int = 1 << 20, seed: int = 0
+    folder: Path | str,
+    config: dict,
+    *,
+    dtype: str = "bfloat16",
+    fp8: bool = False,
+    shard_bytes: int = 1 << 20,
+    seed: int = 0,
 ) -> Path:
     """A Hugging Face-style checkpoint: config.json, sharded safetensors with an index, tokenizer.
 
@@ -367,7 +475,12 @@ def write_hf_checkpoint(
             f8.add(name)
         else:
             tensor = mx.array(array)
-            tensors = [(name, tensor.astype(mx_dtype) if mx.issubdtype(tensor.dtype, mx.floating) else tensor)]
+            tensors = [
+                (
+                    name,
+                    tensor.astype(mx_dtype) if mx.issubdtype(tensor.dtype, mx.floating) else tensor,
+                )
+            ]
         for name, tensor in tensors:
             if size + tensor.nbytes > shard_bytes and shards[-1]:
                 shards.append([])
@@ -377,11 +490,23 @@ def write_hf_checkpoint(
     weight_map = {}
     for i, shard in enumerate(shards):
         shard_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        write_safetensors(folder / shard_name, shard, metadata={"format": "pt"}, dtypes=dict.fromkeys(f8, "F8_E4M3"))
+        write_safetensors(
+            folder / shard_name,
+            shard,
+            metadata={"format": "pt"},
+            dtypes=dict.fromkeys(f8, "F8_E4M3"),
+        )
         weight_map.update({name: shard_name for name, _ in shard})
-    index = {"metadata": {"total_size": sum(t.nbytes for s in shards for _, t in s)}, "weight_map": weight_map}
+    index = {
+        "metadata": {"total_size": sum(t.nbytes for s in shards for _, t in s)},
+        "weight_map": weight_map,
+    }
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    config = {**config, "torch_dtype": dtype, **({"quantization_config": FP8_CONFIG} if fp8 else {})}
+    config = {
+        **config,
+        "torch_dtype": dtype,
+        **({"quantization_config": FP8_CONFIG} if fp8 else {}),
+    }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     write_tokenizer(folder)
     return folder
@@ -394,18 +519,50 @@ def _fp8_blocks(weight: np.ndarray) -> tuple[mx.array, mx.array]:
     padded[: weight.shape[0], : weight.shape[1]] = weight
     blocks = padded.reshape(rows, 128, cols, 128)
     scale = np.abs(blocks).max(axis=(1, 3)) / 448.0  # 448: e4m3's largest value
-    scaled = (blocks / scale[:, None, :, None]).reshape(padded.shape)[: weight.shape[0], : weight.shape[1]]
+    scaled = (blocks / scale[:, None, :, None]).reshape(padded.shape)[
+        : weight.shape[0], : weight.shape[1]
+    ]
     return mx.to_fp8(mx.array(scaled)), mx.array(scale.astype(np.float32))
 
 
 def _training_text() -> list[str]:
     """English prose that ships with every Python: the standard library's docstrings."""
-    import argparse, collections, email, functools, http, json as json_module, logging, os, pathlib, re, shutil
-    import subprocess, textwrap, threading, unittest, zipfile
+    import argparse
+    import collections
+    import email
+    import functools
+    import http
+    import json as json_module
+    import logging
+    import os
+    import pathlib
+    import re
+    import shutil
+    import subprocess
+    import textwrap
+    import threading
+    import unittest
+    import zipfile
 
     texts = []
-    for module in (argparse, collections, email, functools, http, json_module, logging, os, pathlib, re, shutil,
-                   subprocess, textwrap, threading, unittest, zipfile):
+    for module in (
+        argparse,
+        collections,
+        email,
+        functools,
+        http,
+        json_module,
+        logging,
+        os,
+        pathlib,
+        re,
+        shutil,
+        subprocess,
+        textwrap,
+        threading,
+        unittest,
+        zipfile,
+    ):
         for obj in [module, *vars(module).values()]:
             doc = getattr(obj, "__doc__", None)
             if isinstance(doc, str) and len(doc) > 40:

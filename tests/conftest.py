@@ -33,15 +33,29 @@ class Checkpoints:
             write_hf_checkpoint(path, tiny_config(arch), dtype=dtype)
         return path
 
-    def mlx(self, arch: str, bits: int = 4, group_size: int = 64, recipe: str | None = None, dtype: str | None = None) -> Path:
+    def mlx(
+        self,
+        arch: str,
+        bits: int = 4,
+        group_size: int = 64,
+        recipe: str | None = None,
+        dtype: str | None = None,
+    ) -> Path:
         """`recipe`: one of mlx-lm's mixed-bit recipes (e.g. "mixed_3_6": some down_proj at 6 bits);
         `dtype`: mlx_lm.convert's --dtype (float32: float32 scales, as the CPU computes)."""
-        path = self.root / (f"mlx-{arch}-{recipe or bits}-{group_size}" + (f"-{dtype}" if dtype else ""))
+        path = self.root / (
+            f"mlx-{arch}-{recipe or bits}-{group_size}" + (f"-{dtype}" if dtype else "")
+        )
         if not path.exists():
             with contextlib.redirect_stdout(io.StringIO()):
                 mlx_lm.convert(
-                    str(self.hf(arch)), str(path), quantize=True, q_bits=bits, q_group_size=group_size,
-                    quant_predicate=recipe, dtype=dtype,
+                    str(self.hf(arch)),
+                    str(path),
+                    quantize=True,
+                    q_bits=bits,
+                    q_group_size=group_size,
+                    quant_predicate=recipe,
+                    dtype=dtype,
                 )
         return path
 

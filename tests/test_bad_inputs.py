@@ -60,7 +60,11 @@ def test_missing_expert_tensor(checkpoints, tmp_path):
     shard = src / index["weight_map"].pop(missing)
     header = read_header(shard)
     data = shard.read_bytes()
-    kept = [(n, to_mlx(data[i.start : i.end], i.dtype, i.shape)) for n, i in header.items() if n != missing]
+    kept = [
+        (n, to_mlx(data[i.start : i.end], i.dtype, i.shape))
+        for n, i in header.items()
+        if n != missing
+    ]
     write_safetensors(shard, kept)
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
     assert_refused(src, tmp_path, missing, "incomplete")
@@ -102,7 +106,9 @@ def test_existing_destination_is_refused_unless_forced(checkpoints, tmp_path):
 def test_already_quantized_checkpoint_with_quantize(checkpoints, tmp_path):
     from streamer.repack import Quantize
 
-    assert_refused(checkpoints.mlx("qwen3_moe"), tmp_path, "already quantized", quantize=Quantize(4))
+    assert_refused(
+        checkpoints.mlx("qwen3_moe"), tmp_path, "already quantized", quantize=Quantize(4)
+    )
 
 
 def test_manifest_of_a_newer_format_version(checkpoints, tmp_path):

@@ -17,27 +17,59 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_quick_bench_json(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "bench/run.py", "--quick", "--json", "--data", str(tmp_path / "data"), "--results", str(tmp_path / "results")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        sys.executable,
+        "bench/run.py",
+        "--quick",
+        "--json",
+        "--data",
+        str(tmp_path / "data"),
+        "--results",
+        str(tmp_path / "results"),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     model = result["model"]
-    for key in ("decode_tok_s", "baseline_tok_s", "ratio", "bytes_read_per_token", "peak_rss_bytes", "syncs_per_token",
-                "ttft_s", "page_cache_hit_rate", "streamer", "mlx_lm", "disk", "routing"):
+    for key in (
+        "decode_tok_s",
+        "baseline_tok_s",
+        "ratio",
+        "bytes_read_per_token",
+        "peak_rss_bytes",
+        "syncs_per_token",
+        "ttft_s",
+        "page_cache_hit_rate",
+        "streamer",
+        "mlx_lm",
+        "disk",
+        "routing",
+    ):
         assert key in result, key
     assert result["decode_tok_s"] > 0 and result["baseline_tok_s"] > 0
     assert result["ratio"] == pytest.approx(result["decode_tok_s"] / result["baseline_tok_s"])
     # Every decode step reads top_k expert records in every MoE layer (each record's tensors, not
     # its padding to the next 16 KiB page), with one sync per layer.
     reads = model["top_k"] * model["moe_layers"]
-    assert reads * (model["record_bytes"] - 16384) < result["bytes_read_per_token"] <= reads * model["record_bytes"]
+    assert (
+        reads * (model["record_bytes"] - 16384)
+        < result["bytes_read_per_token"]
+        <= reads * model["record_bytes"]
+    )
     assert result["syncs_per_token"] == model["moe_layers"]
     assert result["syncs_per_moe_layer"] == 1
     assert 0 <= result["page_cache_hit_rate"] <= 1
     assert result["peak_rss_bytes"] > model["resident_bytes"]
     streamer = result["streamer"]
-    assert streamer["decode_tok_s"]["min"] <= streamer["decode_tok_s"]["median"] <= streamer["decode_tok_s"]["max"]
+    assert (
+        streamer["decode_tok_s"]["min"]
+        <= streamer["decode_tok_s"]["median"]
+        <= streamer["decode_tok_s"]["max"]
+    )
     assert streamer["split"]["read_ms_per_token"] >= 0 and streamer["peak_mlx_bytes"] > 0
     assert result["disk"]["pread_gbps"] > 0
     assert 0 < result["routing"]["top10pct_experts_share"] <= 1
@@ -61,4 +93,9 @@ def test_balloon_refuses_to_starve_the_machine(bench_path):
 def test_sizes_parse(bench_path):
     from run import size
 
-    assert size("6G") == 6 << 30 and size("512M") == 512 << 20 and size("1.5GiB") == 3 << 29 and size("4096") == 4096
+    assert (
+        size("6G") == 6 << 30
+        and size("512M") == 512 << 20
+        and size("1.5GiB") == 3 << 29
+        and size("4096") == 4096
+    )

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 import streamer
-from streamer.cache.policies import LFUAging, LRU
+from streamer.cache.policies import LRU, LFUAging
 
 
 def hits(policy, keys) -> int:
@@ -51,7 +51,9 @@ def test_decode_routing_trace_and_replay(checkpoints, tmp_path):
     np.savez(tmp_path / "trace.npz", experts=experts, num_experts=16)
     out = subprocess.run(
         [sys.executable, "bench/replay_policies.py", str(tmp_path / "trace.npz"), "--json"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     import json
 

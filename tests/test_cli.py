@@ -7,7 +7,9 @@ import sys
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "streamer", *args], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", *args], capture_output=True, text=True, timeout=300
+    )
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -18,8 +20,24 @@ def test_repack_info_generate(checkpoints, tmp_path):
     result = run("repack", str(checkpoints.hf("qwen3_moe")), str(dst), "--quantize", "4")
     assert "layer 2/2" in result.stderr and "done" in result.stderr
     info = run("info", str(dst)).stdout
-    assert "qwen3_moe" in info and "16 per layer, 4 routed per token" in info and "4-bit affine, group 64" in info
-    args = ("generate", "--model", str(dst), "--prompt", "The file", "--max-tokens", "8", "--seed", "1", "--temp", "0.7")
+    assert (
+        "qwen3_moe" in info
+        and "16 per layer, 4 routed per token" in info
+        and "4-bit affine, group 64" in info
+    )
+    args = (
+        "generate",
+        "--model",
+        str(dst),
+        "--prompt",
+        "The file",
+        "--max-tokens",
+        "8",
+        "--seed",
+        "1",
+        "--temp",
+        "0.7",
+    )
     streamed = run(*args, "--memory-budget", "0")
     assert streamed.stdout.strip()
     assert "page cache only" in streamed.stderr

@@ -10,7 +10,18 @@ import streamer
 
 
 def generate_command(model, prompt: str, max_tokens: int) -> list[str]:
-    return [sys.executable, "-m", "streamer", "generate", "--model", str(model), "--prompt", prompt, "--max-tokens", str(max_tokens)]
+    return [
+        sys.executable,
+        "-m",
+        "streamer",
+        "generate",
+        "--model",
+        str(model),
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        str(max_tokens),
+    ]
 
 
 def test_two_processes_generate_from_the_same_folder_at_once(checkpoints):
@@ -19,7 +30,12 @@ def test_two_processes_generate_from_the_same_folder_at_once(checkpoints):
     prompts = ["The file system", "Return the value of"]
     expected = [streamer.generate(model, tokenizer, p, max_tokens=12) for p in prompts]
     processes = [
-        subprocess.Popen(generate_command(folder, p, 12), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            generate_command(folder, p, 12),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for p in prompts
     ]
     for process, text in zip(processes, expected):
@@ -31,7 +47,9 @@ def test_two_processes_generate_from_the_same_folder_at_once(checkpoints):
 def test_ctrl_c_during_generation_prints_stats_and_exits_130(checkpoints):
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     process = subprocess.Popen(
-        generate_command(folder, "Once upon a time", 2000), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        generate_command(folder, "Once upon a time", 2000),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     assert process.stdout.read(1)  # it is generating
     process.send_signal(signal.SIGINT)

@@ -24,7 +24,10 @@ def test_checkpoint_is_in_hugging_face_format():
     assert "model.layers.0.mlp.experts.0.gate_proj.weight" in names
     assert not any("switch_mlp" in n for n in names)
     tokenizer_config = json.loads((DEMO_MODEL / "tokenizer_config.json").read_text())
-    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast" and tokenizer_config["chat_template"]
+    assert (
+        tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+        and tokenizer_config["chat_template"]
+    )
 
 
 def test_streamer_matches_mlx_lm(tmp_path):
@@ -48,17 +51,35 @@ def test_demo_prints_readable_text(capsys, tmp_path):
 
 
 def test_routing_summary_writes_a_trace(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("routing_summary", ROOT / "tools" / "routing_summary.py")
+    spec = importlib.util.spec_from_file_location(
+        "routing_summary", ROOT / "tools" / "routing_summary.py"
+    )
     routing_summary = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(routing_summary)
     text = tmp_path / "held_out.py"
     text.write_text(TEXT * 20)
     trace = tmp_path / "trace.npz"
-    routing_summary.main(["--model", str(DEMO_MODEL), "--text", str(text), "--max-tokens", "300",
-                          "--seq", "128", "--trace", str(trace)])
+    routing_summary.main(
+        [
+            "--model",
+            str(DEMO_MODEL),
+            "--text",
+            str(text),
+            "--max-tokens",
+            "300",
+            "--seq",
+            "128",
+            "--trace",
+            str(trace),
+        ]
+    )
     assert "overlap" in capsys.readouterr().out
     data = np.load(trace)
     config = json.loads((DEMO_MODEL / "config.json").read_text())
-    assert data["experts"].shape == (300, config["num_hidden_layers"], config["num_experts_per_tok"])
+    assert data["experts"].shape == (
+        300,
+        config["num_hidden_layers"],
+        config["num_experts_per_tok"],
+    )
     assert data["experts"].max() < config["num_experts"]
     assert list(data["window_start"]) == [0, 128, 256]

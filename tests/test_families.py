@@ -12,6 +12,8 @@ import shutil
 import mlx.core as mx
 import mlx_lm
 import pytest
+from conftest import reference_model
+from test_parity import compare
 
 from streamer.architectures import build_model, normalize_config
 from streamer.errors import StreamerError
@@ -21,15 +23,15 @@ from streamer.io.safetensors import read_header, to_mlx, write_safetensors
 from streamer.repack import Quantize, repack
 from streamer.synthetic import tiny_config, write_hf_checkpoint
 
-from conftest import reference_model
-from test_parity import compare
-
 
 def test_mixed_bits_per_module(checkpoints):
     """mlx-lm's mixed recipes record per-module bits in config.json; each layer streams with its own."""
     src = checkpoints.mlx("deepseek_v3", recipe="mixed_3_6")
     folder = checkpoints.repacked(src)
-    bits = [{p: q["bits"] for p, q in layer.quantization.items()} for layer in read_manifest(folder).layers]
+    bits = [
+        {p: q["bits"] for p, q in layer.quantization.items()}
+        for layer in read_manifest(folder).layers
+    ]
     assert bits == [
         {"gate_proj": 3, "up_proj": 3, "down_proj": 3},
         {"gate_proj": 3, "up_proj": 3, "down_proj": 6},
@@ -38,7 +40,9 @@ def test_mixed_bits_per_module(checkpoints):
 
 
 def test_dense_layers_between_moe_layers(tmp_path):
-    config = tiny_config("qwen3_moe", num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
+    config = tiny_config(
+        "qwen3_moe", num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3]
+    )
     src = write_hf_checkpoint(tmp_path / "src", config)
     folder = tmp_path / "out"
     repack(src, folder, log=lambda _: None)
@@ -64,7 +68,11 @@ def test_fused_hf_experts_become_what_mlx_lm_sanitize_makes(checkpoints, arch):
             for e, offset in enumerate(layer.expert_offsets):
                 start = offset + tensor.offset
                 expected = bytes(memoryview(mx.contiguous(stacked[e])).cast("B"))
-                assert data[start : start + tensor.nbytes] == expected, (layer.module, tensor.name, e)
+                assert data[start : start + tensor.nbytes] == expected, (
+                    layer.module,
+                    tensor.name,
+                    e,
+                )
 
 
 def test_an_expert_layout_mlx_lm_does_not_read_is_refused(checkpoints, tmp_path):
@@ -74,11 +82,17 @@ def test_an_expert_layout_mlx_lm_does_not_read_is_refused(checkpoints, tmp_path)
     shards = sorted(src.glob("model-*.safetensors"))
     for shard in shards:
         data = shard.read_bytes()
-        write_safetensors(shard, [
-            (n.replace("_proj_blocks", "_proj"), to_mlx(data[i.start : i.end], i.dtype, i.shape))
-            for n, i in read_header(shard).items()
-            if not n.endswith("_proj_scales")
-        ])
+        write_safetensors(
+            shard,
+            [
+                (
+                    n.replace("_proj_blocks", "_proj"),
+                    to_mlx(data[i.start : i.end], i.dtype, i.shape),
+                )
+                for n, i in read_header(shard).items()
+                if not n.endswith("_proj_scales")
+            ],
+        )
     weight_map = {name: shard.name for shard in shards for name in read_header(shard)}
     (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     with pytest.raises(StreamerError, match=r"model\.layers\.0\.mlp\.experts\.\w+_proj'.*layout"):

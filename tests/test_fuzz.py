@@ -20,7 +20,11 @@ from streamer.io.manifest import read_manifest
 from streamer.io.safetensors import read_header
 
 # FUZZ_N=5000 for a longer hunt; 200 keeps the suite fast
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_N", 200)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=int(os.environ.get("FUZZ_N", 200)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 scalars = st.one_of(
     st.integers(-2, 70000),  # near the valid values: offsets, sizes, shapes
@@ -32,7 +36,9 @@ scalars = st.one_of(
 )
 json_values = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -40,7 +46,13 @@ json_values = st.recursive(
 def paths(value, prefix=()):
     """Every path (tuple of keys/indices) into a JSON value."""
     yield prefix
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
     for key, child in items:
         yield from paths(child, (*prefix, key))
 
@@ -60,7 +72,12 @@ def mutations(draw, valid):
     for _ in range(draw(st.integers(1, 3))):
         options = list(paths(doc))
         path = draw(st.sampled_from(options[1:] or options))  # the root itself: see the bytes tests
-        if path and isinstance(doc, dict) and draw(st.booleans()) and isinstance(_parent(doc, path), dict):
+        if (
+            path
+            and isinstance(doc, dict)
+            and draw(st.booleans())
+            and isinstance(_parent(doc, path), dict)
+        ):
             parent = dict(_parent(doc, path))
             parent.pop(path[-1], None)
             doc = replaced(doc, path[:-1], parent)
@@ -93,7 +110,9 @@ VALID_HEADER = {
 
 def header_file(folder: Path, header_bytes: bytes, data: bytes, length: int | None = None) -> Path:
     path = folder / "model.safetensors"
-    path.write_bytes(struct.pack("<Q", len(header_bytes) if length is None else length) + header_bytes + data)
+    path.write_bytes(
+        struct.pack("<Q", len(header_bytes) if length is None else length) + header_bytes + data
+    )
     return path
 
 
@@ -106,7 +125,11 @@ def test_fuzz_safetensors_header_structure(header, data_len):
 
 
 @FUZZ
-@given(raw=st.binary(max_size=64), data=st.binary(max_size=32), length=st.one_of(st.none(), st.integers(0, (1 << 64) - 1)))
+@given(
+    raw=st.binary(max_size=64),
+    data=st.binary(max_size=32),
+    length=st.one_of(st.none(), st.integers(0, (1 << 64) - 1)),
+)
 def test_fuzz_safetensors_header_bytes(raw, data, length):
     with tempfile.TemporaryDirectory() as tmp:
         only_streamer_errors(lambda: read_header(header_file(Path(tmp), raw, data, length)))
@@ -155,6 +178,6 @@ def test_deeply_nested_json_is_refused_cleanly(tmp_path):
     (tmp_path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(StreamerError, match="manifest.json"):
         read_manifest(tmp_path)
-    header = ("{" + '"a":' ) * 50_000 + "1" + "}" * 50_000
+    header = ("{" + '"a":') * 50_000 + "1" + "}" * 50_000
     with pytest.raises(StreamerError, match="model.safetensors"):
         read_header(header_file(tmp_path, header.encode(), b""))

@@ -32,15 +32,38 @@ def raw_safetensors(path, header: dict, data: bytes = b"", length: int | None = 
     "header, data, message",
     [
         (
-            {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}},
+            {
+                "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]},
+            },
             bytes(24),
             "tensors 'a' and 'b' overlap",
         ),
-        ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, bytes(8), "data ends at byte 16 but the file holds only 8"),
-        ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [-8, 8]}}, bytes(16), "invalid data_offsets"),
-        ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]}}, bytes(16), "16 bytes for shape [3]"),
-        ({"a": {"dtype": ["F32"], "shape": [4], "data_offsets": [0, 16]}}, bytes(16), "unsupported dtype"),
-        ({"a": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, bytes(16), "invalid shape"),
+        (
+            {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
+            bytes(8),
+            "data ends at byte 16 but the file holds only 8",
+        ),
+        (
+            {"a": {"dtype": "F32", "shape": [4], "data_offsets": [-8, 8]}},
+            bytes(16),
+            "invalid data_offsets",
+        ),
+        (
+            {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]}},
+            bytes(16),
+            "16 bytes for shape [3]",
+        ),
+        (
+            {"a": {"dtype": ["F32"], "shape": [4], "data_offsets": [0, 16]}},
+            bytes(16),
+            "unsupported dtype",
+        ),
+        (
+            {"a": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}},
+            bytes(16),
+            "invalid shape",
+        ),
         ([1, 2], b"", "not a JSON object"),
     ],
 )
@@ -53,7 +76,9 @@ def test_bad_safetensors_headers(tmp_path, header, data, message):
 
 def test_absurd_header_length(tmp_path):
     path = raw_safetensors(tmp_path / "model.safetensors", {}, length=1 << 62)
-    with pytest.raises(StreamerError, match="header length 4611686018427387904 is impossible.*Download it again"):
+    with pytest.raises(
+        StreamerError, match="header length 4611686018427387904 is impossible.*Download it again"
+    ):
         read_header(path)
 
 
@@ -75,26 +100,38 @@ def src(checkpoints, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["model.layers.0.input_layernorm.weight", "model.layers.1.mlp.experts.3.down_proj.weight"]
+    "name",
+    ["model.layers.0.input_layernorm.weight", "model.layers.1.mlp.experts.3.down_proj.weight"],
 )
 def test_dtype_mismatch_with_config(src, tmp_path, name):
     rewrite_tensor(src, name, lambda t: t.astype(mx.int16))
-    with pytest.raises(StreamerError, match=f"tensor '{name}' is I16 but config.json implies a floating-point tensor"):
+    with pytest.raises(
+        StreamerError,
+        match=f"tensor '{name}' is I16 but config.json implies a floating-point tensor",
+    ):
         repack(src, tmp_path / "out", **QUIET)
     assert not (tmp_path / "out").exists()
 
 
 def test_nan_and_inf_weights_are_reported_not_fatal(src, tmp_path):
     def poison(value):
-        return lambda t: mx.array(np.where(np.arange(t.size).reshape(t.shape) % 7 == 0, value, np.array(t.astype(mx.float32)))).astype(t.dtype)
+        return lambda t: mx.array(
+            np.where(
+                np.arange(t.size).reshape(t.shape) % 7 == 0, value, np.array(t.astype(mx.float32))
+            )
+        ).astype(t.dtype)
 
     rewrite_tensor(src, "model.layers.0.post_attention_layernorm.weight", poison(np.inf))
     rewrite_tensor(src, "model.layers.1.mlp.experts.5.gate_proj.weight", poison(np.nan))
     logs = []
     repack(src, tmp_path / "out", log=logs.append)
     warnings = [line for line in logs if "warning" in line]
-    assert any("model.layers.0.post_attention_layernorm.weight" in w and "NaN/Inf" in w for w in warnings), logs
-    assert any("model.layers.1.mlp.switch_mlp expert 5 tensor gate_proj.weight" in w for w in warnings), logs
+    assert any(
+        "model.layers.0.post_attention_layernorm.weight" in w and "NaN/Inf" in w for w in warnings
+    ), logs
+    assert any(
+        "model.layers.1.mlp.switch_mlp expert 5 tensor gate_proj.weight" in w for w in warnings
+    ), logs
     assert "2 tensor(s) hold NaN/Inf values" in warnings[-1]
 
 
@@ -104,7 +141,10 @@ def test_symlink_loops_in_the_model_folder(src, tmp_path):
     shard = sorted(src.glob("model-*.safetensors"))[0]
     shard.unlink()
     os.symlink(shard.name, shard)  # the shard itself is a loop
-    with pytest.raises(StreamerError, match=f"cannot read .*{shard.name} \\(a symbolic link.*Too many levels of symbolic links"):
+    with pytest.raises(
+        StreamerError,
+        match=f"cannot read .*{shard.name} \\(a symbolic link.*Too many levels of symbolic links",
+    ):
         repack(src, tmp_path / "out", **QUIET)
     folder = tmp_path / "ok"
     expert_file = folder / "experts" / "000.bin"
@@ -148,11 +188,17 @@ def set_tensor(**fields):
         (lambda m: m.update(format_version=0), "format version 0"),
         (lambda m: m["moe_layers"][0].update(file="../../etc/passwd"), "points outside the folder"),
         (lambda m: m["moe_layers"][0].update(record_bytes=4096), "not page-aligned"),
-        (lambda m: m["moe_layers"][0]["quantization"].update(gate_proj={"bits": "4"}), "malformed|invalid quantization"),
+        (
+            lambda m: m["moe_layers"][0]["quantization"].update(gate_proj={"bits": "4"}),
+            "malformed|invalid quantization",
+        ),
         (set_tensor(offset=64), "overlap"),
         (set_tensor(nbytes=12), "size does not match its shape"),
         # a consistent edit (shape and size agree) that does not fit the model
-        (set_tensor(shape=[32, 16], nbytes=2048), r"tensor gate_proj.weight is 16 x \[32, 16\] U32 but the model expects"),
+        (
+            set_tensor(shape=[32, 16], nbytes=2048),
+            r"tensor gate_proj.weight is 16 x \[32, 16\] U32 but the model expects",
+        ),
         (lambda m: m["moe_layers"][0]["experts"][0].update(crc32=[1, 2]), "valid crc32"),
         (lambda m: m["files"]["experts/000.bin"].update(size="big"), "record of file"),
         (lambda m: m["config"].update(num_experts=8), "lists 16 experts, expected 8|expects"),
@@ -172,7 +218,9 @@ def test_hand_edited_manifest(model_folder, tmp_path, change, message):
 def test_prompt_longer_than_the_context(checkpoints):
     model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
     long = " ".join(f"w{i}" for i in range(2100))
-    with pytest.raises(StreamerError, match=r"the prompt is \d+ tokens but the model's context is 2048 tokens"):
+    with pytest.raises(
+        StreamerError, match=r"the prompt is \d+ tokens but the model's context is 2048 tokens"
+    ):
         streamer.generate(model, tokenizer, long, max_tokens=1)
     prompt = list(range(1, 2040))
     with pytest.raises(StreamerError, match="max_tokens is 100.*lower max_tokens to at most 9"):
@@ -208,5 +256,7 @@ def test_cli_prompt_bytes_from_the_shell_and_stdin(checkpoints):
     command = [sys.executable, "-m", "streamer", "generate", "--model", model, "--max-tokens", "2"]
     result = subprocess.run([*command, "--prompt", b"\xc3\x28 bad"], capture_output=True)
     assert result.returncode == 2 and b"not valid UTF-8 (byte 0xc3 at offset 0)" in result.stderr
-    result = subprocess.run([*command, "--prompt", "-"], input="caf\u00e9 au lait".encode(), capture_output=True)
+    result = subprocess.run(
+        [*command, "--prompt", "-"], input="caf\u00e9 au lait".encode(), capture_output=True
+    )
     assert result.returncode == 0 and b"decode: 2 tokens" in result.stderr, result.stderr

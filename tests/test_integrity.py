@@ -20,7 +20,9 @@ QUIET = {"log": lambda _: None}
 @pytest.fixture
 def folder(checkpoints, tmp_path):
     dst = tmp_path / "model"
-    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), dst)  # copy2 keeps file times
+    shutil.copytree(
+        checkpoints.repacked(checkpoints.hf("qwen3_moe")), dst
+    )  # copy2 keeps file times
     return dst
 
 
@@ -49,15 +51,25 @@ def test_verify_names_each_bad_tensor(folder):
     problems = [str(p) for p in verify(folder, **QUIET)]
     assert len(problems) == 2, problems
     assert "resident.safetensors" in problems[0] and "does not match its checksum" in problems[0]
-    assert "experts/001.bin" in problems[1] and "expert 7" in problems[1] and "up_proj.weight" in problems[1]
+    assert (
+        "experts/001.bin" in problems[1]
+        and "expert 7" in problems[1]
+        and "up_proj.weight" in problems[1]
+    )
 
 
 def test_verify_cli_exits_non_zero_with_progress(folder):
     flip_byte(folder / "experts" / "000.bin", expert_tensor_offset(folder, 0, 3))
-    result = subprocess.run([sys.executable, "-m", "streamer", "verify", str(folder)], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", "verify", str(folder)], capture_output=True, text=True
+    )
     assert result.returncode == 1
     assert "layer 1/2" in result.stderr and "layer 2/2" in result.stderr  # progress
-    assert "expert 3" in result.stderr and "gate_proj.weight" in result.stderr and "repack" in result.stderr
+    assert (
+        "expert 3" in result.stderr
+        and "gate_proj.weight" in result.stderr
+        and "repack" in result.stderr
+    )
 
 
 def test_verify_reads_refuses_a_corrupt_expert_on_first_read(folder):
@@ -66,9 +78,14 @@ def test_verify_reads_refuses_a_corrupt_expert_on_first_read(folder):
     for expert in range(layer.num_experts):  # whichever expert is routed first is corrupt
         flip_byte(folder / layer.file, expert_tensor_offset(folder, 0, expert) + 1)
     model, tokenizer = streamer.load(folder, memory_budget=0)
-    streamer.generate(model, tokenizer, "hello", max_tokens=2)  # without the check: computes garbage
+    streamer.generate(
+        model, tokenizer, "hello", max_tokens=2
+    )  # without the check: computes garbage
     model, tokenizer = streamer.load(folder, verify_reads=True, memory_budget=0)
-    with pytest.raises(StreamerError, match=r"000.bin \(MoE layer 0, .*\): expert \d+ tensor gate_proj.weight does not match"):
+    with pytest.raises(
+        StreamerError,
+        match=r"000.bin \(MoE layer 0, .*\): expert \d+ tensor gate_proj.weight does not match",
+    ):
         streamer.generate(model, tokenizer, "hello", max_tokens=2)
 
 
@@ -82,21 +99,30 @@ def test_verify_reads_checks_each_expert_once(folder, monkeypatch):
             raise AssertionError("an expert was checksummed twice")
 
     monkeypatch.setattr("streamer.io.expert_store.zlib", NoChecksums())
-    assert streamer.generate(model, tokenizer, "hello world", max_tokens=4) == first  # same experts again
+    assert (
+        streamer.generate(model, tokenizer, "hello world", max_tokens=4) == first
+    )  # same experts again
 
 
 def test_verify_reads_checks_resident_weights_at_load(folder):
     flip_byte(folder / "resident.safetensors", (folder / "resident.safetensors").stat().st_size - 3)
     streamer.load(folder)  # size and time unchanged: only a checksum can tell
-    with pytest.raises(StreamerError, match="resident.safetensors: tensor '.*' does not match its checksum"):
+    with pytest.raises(
+        StreamerError, match="resident.safetensors: tensor '.*' does not match its checksum"
+    ):
         streamer.load(folder, verify_reads=True)
 
 
 def test_a_file_changed_after_repack_is_refused_until_verified(folder):
     path = folder / "experts" / "001.bin"
     st = path.stat()
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 1000 * 10**9))  # e.g. a copy that did not keep times
-    with pytest.raises(StreamerError, match=r"001.bin changed after it was repacked.*modification time.*verify .* --refresh"):
+    os.utime(
+        path, ns=(st.st_atime_ns, st.st_mtime_ns - 1000 * 10**9)
+    )  # e.g. a copy that did not keep times
+    with pytest.raises(
+        StreamerError,
+        match=r"001.bin changed after it was repacked.*modification time.*verify .* --refresh",
+    ):
         streamer.load(folder)
     assert [p.file for p in verify(folder, **QUIET)] == ["experts/001.bin"]
     assert verify(folder, refresh=True, **QUIET) == []

@@ -29,7 +29,9 @@ def test_experts_are_page_aligned_contiguous_records(checkpoints):
         assert spans[-1][1] <= layer.record_bytes
         # one expert = one record, holding gate/up/down weights, scales and biases
         assert [t.name for t in layer.tensors] == [
-            f"{p}.{k}" for p in ("gate_proj", "up_proj", "down_proj") for k in ("weight", "scales", "biases")
+            f"{p}.{k}"
+            for p in ("gate_proj", "up_proj", "down_proj")
+            for k in ("weight", "scales", "biases")
         ]
 
 
@@ -58,7 +60,10 @@ def test_mlx_checkpoint_experts_are_copied_byte_for_byte(checkpoints):
                 stacked = ckpt.read(info)
                 for e, offset in enumerate(layer.expert_offsets):
                     start = offset + tensor.offset
-                    assert data[start : start + tensor.nbytes] == stacked[e * tensor.nbytes : (e + 1) * tensor.nbytes]
+                    assert (
+                        data[start : start + tensor.nbytes]
+                        == stacked[e * tensor.nbytes : (e + 1) * tensor.nbytes]
+                    )
 
 
 def test_manifest_round_trip(checkpoints, tmp_path):
@@ -80,7 +85,9 @@ def test_side_files_are_carried_over(checkpoints):
 
 def test_loaded_model_keeps_only_non_expert_weights_resident(tmp_path):
     # experts dominate this model (64 experts per layer), as they do in real MoE checkpoints
-    config = tiny_config("qwen3_moe", num_experts=64, num_hidden_layers=4, moe_intermediate_size=256)
+    config = tiny_config(
+        "qwen3_moe", num_experts=64, num_hidden_layers=4, moe_intermediate_size=256
+    )
     src = write_hf_checkpoint(tmp_path / "src", config, shard_bytes=64 << 20)
     streamer.repack.repack(src, tmp_path / "dst", log=lambda _: None)
     manifest = read_manifest(tmp_path / "dst")
@@ -97,5 +104,3 @@ def test_loaded_model_keeps_only_non_expert_weights_resident(tmp_path):
     mx.eval(model(tokens))
     assert mx.get_active_memory() - before - mapped < resident + expert_bytes_f32 / 4
     assert np.isfinite(np.array(model(tokens))).all()
-
-

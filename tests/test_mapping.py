@@ -23,7 +23,9 @@ def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):
         mapped = MappedFile(fd, 3 * PAGE)
         assert mapped.array.dtype == mx.uint8 and mapped.array.size == 3 * PAGE
         assert mx.array_equal(mapped.array[:256], mx.arange(256, dtype=mx.uint8))
-        os.pwrite(fd, b"\x07" * 16, PAGE + 5)  # a write to the file shows through: the array is its pages
+        os.pwrite(
+            fd, b"\x07" * 16, PAGE + 5
+        )  # a write to the file shows through: the array is its pages
         assert mapped.array[PAGE + 5 : PAGE + 21].tolist() == [7] * 16
         assert mapped.host[PAGE + 5] == 7 and not mapped.host.flags.writeable
         view = mapped.array[:PAGE]
@@ -38,10 +40,16 @@ def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["hf float32", "mlx 4-bit float32 scales"])
-def test_experts_are_computed_in_place_when_the_stored_dtype_is_the_compute_dtype(checkpoints, kind):
+def test_experts_are_computed_in_place_when_the_stored_dtype_is_the_compute_dtype(
+    checkpoints, kind
+):
     """On CPU streamer computes in float32: float32 checkpoints need no conversion, so the
     kernels read the routed experts straight from the mapped files (0 bytes copied)."""
-    src = checkpoints.hf("qwen3_moe", dtype="float32") if kind == "hf float32" else checkpoints.mlx("qwen3_moe", dtype="float32")
+    src = (
+        checkpoints.hf("qwen3_moe", dtype="float32")
+        if kind == "hf float32"
+        else checkpoints.mlx("qwen3_moe", dtype="float32")
+    )
     model, tokenizer = streamer.load(checkpoints.repacked(src), memory_budget=0)
     reference = reference_model(src)
     prompt = mx.array(tokenizer.encode(PROMPT))
@@ -56,13 +64,18 @@ def test_experts_are_computed_in_place_when_the_stored_dtype_is_the_compute_dtyp
 
 def test_converted_experts_are_copied_once(checkpoints):
     """bf16 scales on CPU are widened to float32: only the routed experts are copied, per call."""
-    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.mlx("qwen3_moe")), memory_budget=0)
+    model, tokenizer = streamer.load(
+        checkpoints.repacked(checkpoints.mlx("qwen3_moe")), memory_budget=0
+    )
     greedy_tokens(model, mx.array(tokenizer.encode(PROMPT)), 8)
     decode = model.expert_stats.decode
     assert decode.bytes_copied == decode.bytes_read > 0
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="dropping one file's page cache needs posix_fadvise (Linux)")
+@pytest.mark.skipif(
+    not hasattr(os, "posix_fadvise"),
+    reason="dropping one file's page cache needs posix_fadvise (Linux)",
+)
 def test_cold_experts_are_fetched_then_computed_identically(checkpoints):
     folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32"))
     model, tokenizer = streamer.load(folder, memory_budget=0)
@@ -88,7 +101,9 @@ def test_cold_experts_are_fetched_then_computed_identically(checkpoints):
     everything = mx.array([list(range(model.expert_store.layers[0].num_experts))], dtype=mx.uint32)
     for layer in model.model.layers:
         layer.mlp.switch_mlp(mx.zeros((1, 1, model.args.hidden_size)), everything)
-    for _ in range(2 * RECHECK_CALLS):  # a check right after misses says no; the next one asks the OS
+    for _ in range(
+        2 * RECHECK_CALLS
+    ):  # a check right after misses says no; the next one asks the OS
         mx.eval(model(prompt[None]))
     model.expert_stats.reset()
     assert np.array_equal(np.array(model(prompt[None])), warm)
@@ -98,7 +113,9 @@ def test_cold_experts_are_fetched_then_computed_identically(checkpoints):
 def test_mapped_files_do_not_count_against_mlx_memory_limit(checkpoints):
     """MLX counts mapped files as active memory; past its limit it would run op by op."""
     before = mx.get_memory_limit()
-    model, _ = streamer.load(checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32")), memory_budget=0)
+    model, _ = streamer.load(
+        checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32")), memory_budget=0
+    )
     store = model.expert_store
     assert store.mapped_bytes > 0 and mx.get_memory_limit() == before + store.mapped_bytes
     store.close()

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+from conftest import ARCHS, reference_model
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
 import streamer
 from streamer.repack import Quantize
 
-from conftest import ARCHS, reference_model
-
-PROMPT = "The function returns the value of the argument, or raises an error if the file is missing."
+PROMPT = (
+    "The function returns the value of the argument, or raises an error if the file is missing."
+)
 
 
 def greedy_tokens(model, prompt: mx.array, n: int = 64) -> list[int]:
@@ -28,7 +29,9 @@ def compare(streamed_path, reference, tolerance: float) -> None:
     assert greedy_tokens(model, prompt) == greedy_tokens(reference, prompt)
     stats = model.expert_stats
     assert stats.decode_tokens >= 63
-    assert stats.decode.experts_read >= stats.decode.layer_calls  # every decode step used experts from the files
+    assert (
+        stats.decode.experts_read >= stats.decode.layer_calls
+    )  # every decode step used experts from the files
     # one sync per layer call at most: none while a layer's file is all in the page cache
     assert stats.decode.syncs <= stats.decode.layer_calls
 
@@ -65,7 +68,9 @@ def test_8bit_group_32(checkpoints):
 def test_mlx_lm_generate_runs_unchanged_on_a_streamed_model(checkpoints):
     import mlx_lm
 
-    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen2_moe")), memory_budget=0)
+    model, tokenizer = streamer.load(
+        checkpoints.repacked(checkpoints.hf("qwen2_moe")), memory_budget=0
+    )
     ours = streamer.generate(model, tokenizer, PROMPT, max_tokens=16)
     theirs = mlx_lm.generate(model, tokenizer, PROMPT, max_tokens=16)
     assert ours == theirs and len(tokenizer.encode(ours)) > 0
@@ -79,7 +84,9 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints
     src = checkpoints.mlx("qwen3_moe")
     folder = checkpoints.repacked(src)
     one = expert_bytes(read_manifest(folder), mx.float32)
-    memory_budget = {"all": 1 << 40, "default": None, "hot experts": 12 * one, "one expert": one}[budget]
+    memory_budget = {"all": 1 << 40, "default": None, "hot experts": 12 * one, "one expert": one}[
+        budget
+    ]
     model, tokenizer = streamer.load(folder, memory_budget=memory_budget)
     reference = reference_model(src)
     prompt = mx.array(tokenizer.encode(PROMPT))
@@ -95,7 +102,9 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints
         assert f"up to {slots} hot experts" in model.residency
         assert decode.syncs == decode.layer_calls
         assert decode.cache_hits > 0
-        assert decode.bytes_copied > decode.bytes_read  # every read lands once, hits are stacked too
+        assert (
+            decode.bytes_copied > decode.bytes_read
+        )  # every read lands once, hits are stacked too
         routed = decode.cache_hits + decode.experts_read  # every routed expert: a hit or one read
         assert routed <= decode.layer_calls * 4
 

@@ -36,9 +36,14 @@ def test_tokenizer_with_shipped_code_needs_trust_remote_code(checkpoints, tmp_pa
     config["auto_map"] = {"AutoTokenizer": [None, "shipped_tokenizer.ShippedTokenizer"]}
     (src / "tokenizer_config.json").write_text(json.dumps(config))
     streamer.repack.repack(src, tmp_path / "dst", log=lambda _: None)
-    assert (tmp_path / "dst" / "shipped_tokenizer.py").exists()  # carried over with the tokenizer files
+    assert (
+        tmp_path / "dst" / "shipped_tokenizer.py"
+    ).exists()  # carried over with the tokenizer files
 
-    with pytest.raises(streamer.StreamerError, match="tokenizer is Python code shipped with the model.*--trust-remote-code"):
+    with pytest.raises(
+        streamer.StreamerError,
+        match="tokenizer is Python code shipped with the model.*--trust-remote-code",
+    ):
         streamer.load(tmp_path / "dst", memory_budget=0)
     model, tokenizer = streamer.load(tmp_path / "dst", memory_budget=0, trust_remote_code=True)
     assert type(tokenizer._tokenizer).__name__ == "ShippedTokenizer"

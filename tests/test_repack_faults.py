@@ -33,8 +33,12 @@ QUIET = {"log": lambda _: None}
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
     """Six MoE layers of 64 experts: a repack that takes long enough to be interrupted mid-way."""
-    config = tiny_config("qwen3_moe", num_hidden_layers=6, num_experts=64, moe_intermediate_size=128)
-    return write_hf_checkpoint(tmp_path_factory.mktemp("faults") / "src", config, shard_bytes=16 << 20)
+    config = tiny_config(
+        "qwen3_moe", num_hidden_layers=6, num_experts=64, moe_intermediate_size=128
+    )
+    return write_hf_checkpoint(
+        tmp_path_factory.mktemp("faults") / "src", config, shard_bytes=16 << 20
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +51,10 @@ def reference(source, tmp_path_factory) -> Path:
 def snapshot(folder: Path) -> dict[str, tuple[int, str]]:
     """(mtime_ns, sha256) of every file: proves a folder was not touched."""
     return {
-        str(p.relative_to(folder)): (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        str(p.relative_to(folder)): (
+            p.stat().st_mtime_ns,
+            hashlib.sha256(p.read_bytes()).hexdigest(),
+        )
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
@@ -56,7 +63,9 @@ def snapshot(folder: Path) -> dict[str, tuple[int, str]]:
 def assert_same_model(folder: Path, reference: Path) -> None:
     """Byte-identical files; the manifest identical except the recorded file times."""
     names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-    assert names == sorted(str(p.relative_to(reference)) for p in reference.rglob("*") if p.is_file())
+    assert names == sorted(
+        str(p.relative_to(reference)) for p in reference.rglob("*") if p.is_file()
+    )
     for name in names:
         if name != "manifest.json":
             assert (folder / name).read_bytes() == (reference / name).read_bytes(), name
@@ -72,7 +81,9 @@ def assert_absent_or_complete(dst: Path) -> bool:
     return dst.exists()
 
 
-def test_disk_full_keeps_finished_layers_and_resume_completes(source, reference, tmp_path, monkeypatch):
+def test_disk_full_keeps_finished_layers_and_resume_completes(
+    source, reference, tmp_path, monkeypatch
+):
     """ENOSPC while writing layer 3: a clear message, no destination, and --resume redoes only the rest."""
     real_open = builtins.open
 
@@ -81,7 +92,9 @@ def test_disk_full_keeps_finished_layers_and_resume_completes(source, reference,
             self.f = f
 
         def write(self, data):
-            self.f.write(bytes(data)[:1000])  # part of the record reaches the disk, then the disk is full
+            self.f.write(
+                bytes(data)[:1000]
+            )  # part of the record reaches the disk, then the disk is full
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         def __getattr__(self, name):
@@ -118,8 +131,12 @@ def test_not_enough_disk_space_is_refused_up_front(source, tmp_path, monkeypatch
 
     usage = namedtuple("usage", "total used free")
     dst, partial = tmp_path / "model", tmp_path / ".model.partial"
-    monkeypatch.setattr("streamer.repack.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6))
-    with pytest.raises(StreamerError, match=r"not enough disk space in .*needs about 0.04 GB more, 0.00 GB is free"):
+    monkeypatch.setattr(
+        "streamer.repack.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6)
+    )
+    with pytest.raises(
+        StreamerError, match=r"not enough disk space in .*needs about 0.04 GB more, 0.00 GB is free"
+    ):
         repack(source, dst, **QUIET)
     assert not dst.exists() and not partial.exists()
     # a resume that cannot finish keeps the work already done
@@ -131,7 +148,9 @@ def test_not_enough_disk_space_is_refused_up_front(source, tmp_path, monkeypatch
 
     with pytest.raises(KeyboardInterrupt):
         repack(source, dst, log=interrupt)
-    monkeypatch.setattr("streamer.repack.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6))
+    monkeypatch.setattr(
+        "streamer.repack.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6)
+    )
     with pytest.raises(StreamerError, match="GB more"):  # three layers left: about half the space
         repack(source, dst, resume=True, **QUIET)
     assert (partial / "progress.json").exists()
@@ -175,7 +194,9 @@ def test_ctrl_c_keeps_progress_and_says_how_to_resume(source, reference, tmp_pat
     assert not dst.exists()
     assert (tmp_path / ".model.partial" / "progress.json").exists()
     result = subprocess.run(
-        [sys.executable, "-m", "streamer", "repack", str(source), str(dst), "--resume"], capture_output=True, text=True
+        [sys.executable, "-m", "streamer", "repack", str(source), str(dst), "--resume"],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr
     assert "kept from the interrupted run" in result.stderr
@@ -195,7 +216,9 @@ def test_resume_refuses_a_different_source(source, tmp_path):
     assert (partial / "progress.json").exists()
     from streamer.repack import Quantize
 
-    with pytest.raises(StreamerError, match="different checkpoint or with other options.*without --resume"):
+    with pytest.raises(
+        StreamerError, match="different checkpoint or with other options.*without --resume"
+    ):
         repack(source, dst, resume=True, quantize=Quantize(4), **QUIET)
     assert (partial / "progress.json").exists(), "a refused resume must keep the finished work"
     repack(source, dst, **QUIET)  # without --resume: starts over

@@ -48,7 +48,11 @@ class RecordingExperts(nn.Module):
 
 
 def moe_layers(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    return [(i, layer.mlp) for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "switch_mlp")]
+    return [
+        (i, layer.mlp)
+        for i, layer in enumerate(model.model.layers)
+        if hasattr(layer.mlp, "switch_mlp")
+    ]
 
 
 def route(model: nn.Module, tokens: np.ndarray, seq: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -108,11 +112,22 @@ def held_out_text() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=DEMO_MODEL, help="Hugging Face or mlx-lm checkpoint folder")
-    ap.add_argument("--text", type=Path, help="text file to route (default: the demo's held-out stdlib files)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", type=Path, default=DEMO_MODEL, help="Hugging Face or mlx-lm checkpoint folder"
+    )
+    ap.add_argument(
+        "--text", type=Path, help="text file to route (default: the demo's held-out stdlib files)"
+    )
     ap.add_argument("--max-tokens", type=int, default=20_000)
-    ap.add_argument("--seq", type=int, default=128, help="window length (tokens of context; the demo model trained on 128)")
+    ap.add_argument(
+        "--seq",
+        type=int,
+        default=128,
+        help="window length (tokens of context; the demo model trained on 128)",
+    )
     ap.add_argument("--trace", type=Path, help="write the routed expert ids to this .npz")
     args = ap.parse_args(argv)
 
@@ -128,20 +143,30 @@ def main(argv: list[str] | None = None) -> None:
     top_k = layers[0][1].top_k
 
     routed, starts, loss = route(model, tokens, args.seq)
-    print(f"{args.model}: {len(routed):,} tokens in windows of {args.seq}, {num_experts} experts, top-{top_k}")
+    print(
+        f"{args.model}: {len(routed):,} tokens in windows of {args.seq}, {num_experts} experts, top-{top_k}"
+    )
     print(f"cross entropy {loss:.3f} nats/token (perplexity {math.exp(loss):.1f})")
-    print(f"top 10% of experts = the {max(1, math.ceil(0.1 * num_experts))} most used per layer; "
-          f"uniform-router baseline: top-10% share {max(1, math.ceil(0.1 * num_experts)) / num_experts:.3f}, "
-          f"entropy 1.000, overlap {top_k / num_experts:.3f}")
-    print(f"{'layer':>5} {'top10%share':>11} {'entropy':>8} {'overlap':>8} {'max_share':>9} {'unused':>6}")
+    print(
+        f"top 10% of experts = the {max(1, math.ceil(0.1 * num_experts))} most used per layer; "
+        f"uniform-router baseline: top-10% share {max(1, math.ceil(0.1 * num_experts)) / num_experts:.3f}, "
+        f"entropy 1.000, overlap {top_k / num_experts:.3f}"
+    )
+    print(
+        f"{'layer':>5} {'top10%share':>11} {'entropy':>8} {'overlap':>8} {'max_share':>9} {'unused':>6}"
+    )
     rows = []
     for j, (index, _) in enumerate(layers):
         s = layer_summary(routed[:, j], starts, num_experts)
         rows.append(s)
-        print(f"{index:>5} {s['top10_share']:>11.3f} {s['entropy']:>8.3f} {s['overlap']:>8.3f} "
-              f"{s['max_share']:>9.3f} {s['unused']:>6}")
+        print(
+            f"{index:>5} {s['top10_share']:>11.3f} {s['entropy']:>8.3f} {s['overlap']:>8.3f} "
+            f"{s['max_share']:>9.3f} {s['unused']:>6}"
+        )
     mean = {key: np.mean([r[key] for r in rows]) for key in ("top10_share", "entropy", "overlap")}
-    print(f"{'mean':>5} {mean['top10_share']:>11.3f} {mean['entropy']:>8.3f} {mean['overlap']:>8.3f}")
+    print(
+        f"{'mean':>5} {mean['top10_share']:>11.3f} {mean['entropy']:>8.3f} {mean['overlap']:>8.3f}"
+    )
 
     if args.trace:
         np.savez_compressed(

@@ -114,7 +114,9 @@ def balance_loss(logits: mx.array, top_k: int) -> mx.array:
     return n * mx.sum(share * probs.mean(axis=0))
 
 
-def loss_fn(model: nn.Module, x: mx.array, y: mx.array, aux_weight: float) -> tuple[mx.array, mx.array]:
+def loss_fn(
+    model: nn.Module, x: mx.array, y: mx.array, aux_weight: float
+) -> tuple[mx.array, mx.array]:
     RecordingGate.logits = []
     logits = model(x)
     ce = nn.losses.cross_entropy(logits, y, reduction="mean")
@@ -130,7 +132,9 @@ def batches(tokens: np.ndarray, batch: int, seq: int, rng: np.random.Generator):
         yield mx.array(chunk[:, :-1]), mx.array(chunk[:, 1:])
 
 
-def validation_loss(model: nn.Module, tokens: np.ndarray, seq: int, max_tokens: int = 60_000) -> float:
+def validation_loss(
+    model: nn.Module, tokens: np.ndarray, seq: int, max_tokens: int = 60_000
+) -> float:
     """Mean next-token cross entropy (nats) over contiguous held-out windows."""
     n = min(len(tokens) - 1, max_tokens) // seq
     total = 0.0
@@ -162,17 +166,25 @@ def save(model: nn.Module, tokenizer, config: dict, out: Path, val_loss: float) 
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer.save(str(out / "tokenizer.json"))
     write_tokenizer_config(out, config["max_position_embeddings"])
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": config["eos_token_id"]}) + "\n"
+    )
     print(f"saved {out} (validation loss {val_loss:.3f} nats/token)")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--max-minutes", type=float, default=None,
-                    help="stop early after this much training time (the run is then not reproducible)")
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="stop early after this much training time (the run is then not reproducible)",
+    )
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--aux-weight", type=float, default=0.01)
@@ -187,10 +199,14 @@ def main() -> None:
     tokenizer = train_bpe(train_texts, CONFIG["vocab_size"])
     train_tokens = encode(tokenizer, train_texts)
     val_tokens = encode(tokenizer, read_texts(val_files))
-    print(f"corpus: {len(train_files)} train / {len(val_files)} held-out stdlib files, "
-          f"{len(train_tokens):,} / {len(val_tokens):,} tokens ({time.time() - t0:.0f}s incl. tokenizer)")
+    print(
+        f"corpus: {len(train_files)} train / {len(val_files)} held-out stdlib files, "
+        f"{len(train_tokens):,} / {len(val_tokens):,} tokens ({time.time() - t0:.0f}s incl. tokenizer)"
+    )
 
-    config = dict(CONFIG, eos_token_id=tokenizer.token_to_id(EOS), bos_token_id=tokenizer.token_to_id(EOS))
+    config = dict(
+        CONFIG, eos_token_id=tokenizer.token_to_id(EOS), bos_token_id=tokenizer.token_to_id(EOS)
+    )
     model = qwen3_moe.Model(qwen3_moe.ModelArgs.from_dict(config))
     install_recording_gates(model)
     mx.eval(model.parameters())
@@ -199,7 +215,10 @@ def main() -> None:
 
     warmup = max(1, args.steps // 20)
     schedule = optim.join_schedules(
-        [optim.linear_schedule(1e-5, args.lr, warmup), optim.cosine_decay(args.lr, args.steps - warmup, args.lr / 10)],
+        [
+            optim.linear_schedule(1e-5, args.lr, warmup),
+            optim.cosine_decay(args.lr, args.steps - warmup, args.lr / 10),
+        ],
         [warmup],
     )
     optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
@@ -214,16 +233,21 @@ def main() -> None:
         optimizer.update(model, grads)
         mx.eval(model.parameters(), optimizer.state, loss, ce)
         if step % 25 == 0 or step == 1:
-            print(f"step {step:5d}  train ce {ce.item():.3f}  total {loss.item():.3f}  "
-                  f"{time.time() - t0:.0f}s", flush=True)
+            print(
+                f"step {step:5d}  train ce {ce.item():.3f}  total {loss.item():.3f}  "
+                f"{time.time() - t0:.0f}s",
+                flush=True,
+            )
         if args.max_minutes and time.time() - t0 > 60 * args.max_minutes:
             print(f"stopping early at step {step} (--max-minutes {args.max_minutes})")
             break
     train_time = time.time() - t0
 
     val = validation_loss(model, val_tokens, args.seq)
-    print(f"training time {train_time / 60:.1f} min for {step} steps of {args.batch}x{args.seq} tokens; validation loss {val:.3f} nats/token "
-          f"(perplexity {math.exp(val):.1f})")
+    print(
+        f"training time {train_time / 60:.1f} min for {step} steps of {args.batch}x{args.seq} tokens; validation loss {val:.3f} nats/token "
+        f"(perplexity {math.exp(val):.1f})"
+    )
     save(model, tokenizer, config, args.out, val)
 
 

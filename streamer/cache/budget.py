@@ -40,8 +40,14 @@ def default_budget(manifest: Manifest, dtype: mx.Dtype | None) -> tuple[int, str
     need = all_experts_bytes(manifest, dtype)
     available = psutil.virtual_memory().available
     if need <= available // 2:
-        return need, f"default: all {need / 1e9:.2f} GB fit in half of {available / 1e9:.1f} GB available"
-    return 0, f"default: {need / 1e9:.2f} GB of experts exceed half of {available / 1e9:.1f} GB available"
+        return (
+            need,
+            f"default: all {need / 1e9:.2f} GB fit in half of {available / 1e9:.1f} GB available",
+        )
+    return (
+        0,
+        f"default: {need / 1e9:.2f} GB of experts exceed half of {available / 1e9:.1f} GB available",
+    )
 
 
 def check_budget(manifest: Manifest, budget: int, dtype: mx.Dtype | None) -> None:

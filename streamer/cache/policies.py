@@ -8,7 +8,7 @@ routing traces (bench/replay_policies.py).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable
+from collections.abc import Hashable
 
 Outcome = tuple[bool, bool, "Hashable | None"]
 
@@ -27,7 +27,9 @@ class LRU:
         if self.capacity <= 0:
             return False, False, None
         self._entries[key] = None
-        evicted = self._entries.popitem(last=False)[0] if len(self._entries) > self.capacity else None
+        evicted = (
+            self._entries.popitem(last=False)[0] if len(self._entries) > self.capacity else None
+        )
         return False, True, evicted
 
 
@@ -48,7 +50,9 @@ class LFUAging:
     def access(self, key: Hashable) -> Outcome:
         self._accesses += 1
         if self._accesses % self.half_life == 0:
-            self._counts = {k: c / 2 for k, c in self._counts.items() if c >= 0.25 or k in self._cached}
+            self._counts = {
+                k: c / 2 for k, c in self._counts.items() if c >= 0.25 or k in self._cached
+            }
         self._counts[key] = self._counts.get(key, 0.0) + 1.0
         if key in self._cached:
             return True, False, None

@@ -18,6 +18,7 @@ try:
 except AttributeError:  # a libc without mincore
     _mincore = None
 
+
 class Residency:
     """Asks the OS which pages of the records of one mapped file (at `address`) are in the page cache."""
 

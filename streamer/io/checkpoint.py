@@ -33,7 +33,9 @@ class Checkpoint:
     def __init__(self, folder: Path | str):
         self.folder = Path(folder)
         if not self.folder.is_dir():
-            raise StreamerError(f"{self.folder} is not a folder: give the folder of a downloaded checkpoint.")
+            raise StreamerError(
+                f"{self.folder} is not a folder: give the folder of a downloaded checkpoint."
+            )
         self.config = read_json(
             self.folder / "config.json",
             "point at the folder that holds the model's config.json and *.safetensors files.",
@@ -50,7 +52,9 @@ class Checkpoint:
                 raise StreamerError(f"{index_path} has no weight_map; download it again.")
             shards = sorted({self.folder / name for name in weight_map.values()})
             for shard in shards:
-                if not shard.exists() and not shard.is_symlink():  # a broken link is reported when read
+                if (
+                    not shard.exists() and not shard.is_symlink()
+                ):  # a broken link is reported when read
                     raise StreamerError(
                         f"{index_path} names shard {shard.name}, which is missing from {self.folder}: "
                         "the download is incomplete; fetch that file."
@@ -60,7 +64,9 @@ class Checkpoint:
         self._weight_map = None
         shards = sorted(self.folder.glob("model*.safetensors"))
         if not shards:
-            raise StreamerError(f"{self.folder} holds no model*.safetensors files: nothing to repack.")
+            raise StreamerError(
+                f"{self.folder} holds no model*.safetensors files: nothing to repack."
+            )
         return shards
 
     def _tensor_table(self) -> dict[str, TensorInfo]:
@@ -68,7 +74,9 @@ class Checkpoint:
         for shard in self._shards():
             for name, info in read_header(shard).items():
                 if name in table:
-                    raise StreamerError(f"tensor '{name}' appears in both {table[name].path.name} and {shard.name}.")
+                    raise StreamerError(
+                        f"tensor '{name}' appears in both {table[name].path.name} and {shard.name}."
+                    )
                 table[name] = info
         if self._weight_map is not None:
             for name, shard_name in self._weight_map.items():
@@ -94,7 +102,9 @@ class Checkpoint:
             fd = self._fds[info.path] = os.open(info.path, os.O_RDONLY)
         data = os.pread(fd, length, info.start + start)
         if len(data) != length:
-            raise StreamerError(f"{info.path}: short read in tensor '{info.name}'; the file changed or is truncated.")
+            raise StreamerError(
+                f"{info.path}: short read in tensor '{info.name}'; the file changed or is truncated."
+            )
         return data
 
     def close(self) -> None:
@@ -102,7 +112,7 @@ class Checkpoint:
             os.close(fd)
         self._fds.clear()
 
-    def __enter__(self) -> "Checkpoint":
+    def __enter__(self) -> Checkpoint:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -42,7 +42,9 @@ class ExpertStore:
         self._verified = [np.zeros(layer.num_experts, dtype=bool) for layer in self.layers]
         self._populated = [np.zeros(layer.num_experts, dtype=bool) for layer in self.layers]
         self._recent_misses = [0] * len(self.layers)
-        self.expert_bytes = [max(t.offset + t.nbytes for t in layer.tensors) for layer in self.layers]  # per layer
+        self.expert_bytes = [
+            max(t.offset + t.nbytes for t in layer.tensors) for layer in self.layers
+        ]  # per layer
         self._whole_files: dict[int, Residency] = {}
         self.evictions = 0  # bumped by evict(): layers then stop assuming their files are cached
         self._files: list[tuple[int, MappedFile, Residency]] = []
@@ -66,7 +68,9 @@ class ExpertStore:
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as e:
-            raise StreamerError(f"cannot open expert file {path}: {e.strerror or e}; repack the model.") from e
+            raise StreamerError(
+                f"cannot open expert file {path}: {e.strerror or e}; repack the model."
+            ) from e
         try:
             size = os.fstat(fd).st_size
             if size != layer.file_bytes:
@@ -91,7 +95,14 @@ class ExpertStore:
             row = [1] * len(t.shape)  # row-major strides of one expert's tensor, in elements
             for axis in range(len(t.shape) - 2, -1, -1):
                 row[axis] = row[axis + 1] * t.shape[axis + 1]
-            views.append(mx.as_strided(typed, (layer.num_experts, *t.shape), (layer.record_bytes // size, *row), t.offset // size))
+            views.append(
+                mx.as_strided(
+                    typed,
+                    (layer.num_experts, *t.shape),
+                    (layer.record_bytes // size, *row),
+                    t.offset // size,
+                )
+            )
         mx.eval(views)
         return views
 
@@ -119,7 +130,9 @@ class ExpertStore:
         fd, mapped, residency = self._files[layer_index]
         populated = self._populated[layer_index]
         start = time.perf_counter()
-        if os.fstat(fd).st_size != layer.file_bytes:  # touching a page past the end would kill us (SIGBUS)
+        if (
+            os.fstat(fd).st_size != layer.file_bytes
+        ):  # touching a page past the end would kill us (SIGBUS)
             raise StreamerError(
                 f"{self._where(layer_index)}: the file was truncated or overwritten since the model was "
                 "loaded; repack the model."
@@ -153,7 +166,9 @@ class ExpertStore:
         if layer_index not in self._whole_files:
             self._whole_files[layer_index] = Residency(mapped.address, mapped.size)
         resident = self._whole_files[layer_index].resident_bytes(0)
-        if resident is None or resident < FILE_CACHED_SHARE * mapped.size:  # None: the OS cannot tell
+        if (
+            resident is None or resident < FILE_CACHED_SHARE * mapped.size
+        ):  # None: the OS cannot tell
             return False
         populated = self._populated[layer_index]
         if resident < mapped.size or not populated.all():
@@ -170,7 +185,10 @@ class ExpertStore:
                 continue
             base = expert * layer.record_bytes
             for tensor, crc in zip(layer.tensors, layer.expert_crc32[expert]):
-                if zlib.crc32(host[base + tensor.offset : base + tensor.offset + tensor.nbytes]) != crc:
+                if (
+                    zlib.crc32(host[base + tensor.offset : base + tensor.offset + tensor.nbytes])
+                    != crc
+                ):
                     raise StreamerError(
                         f"{self._where(layer_index)}: expert {expert} tensor {tensor.name} does not match its "
                         f"checksum: the file is corrupt. Run `streamer verify {self.folder}` to list every bad "

@@ -11,14 +11,13 @@ import mmap
 import os
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from ..errors import StreamerError
 from .manifest import RESIDENT_FILE, Manifest, MoeLayer
 from .safetensors import read_header
-
 
 # FAT/exFAT keep file times to 2 s, and a disk remounted later reports the rounded time: a file
 # is "changed" when its size differs or its time moved by more than that.
@@ -72,7 +71,9 @@ def _size(path: Path, what: str) -> int:
     except FileNotFoundError:
         raise StreamerError(f"{path} is missing: it holds {what}; repack the model.") from None
     except OSError as e:
-        raise StreamerError(f"cannot open {path} ({what}): {e.strerror or e}; repack the model.") from e
+        raise StreamerError(
+            f"cannot open {path} ({what}): {e.strerror or e}; repack the model."
+        ) from e
 
 
 @dataclass(frozen=True)
@@ -93,14 +94,24 @@ def verify_resident(folder: Path, manifest: Manifest) -> list[Problem]:
         header = read_header(path)
     except StreamerError as e:
         return [Problem(RESIDENT_FILE, str(e))]
-    problems = [Problem(RESIDENT_FILE, f"tensor '{n}' is missing") for n in manifest.resident_crc32 if n not in header]
-    problems += [Problem(RESIDENT_FILE, f"tensor '{n}' is not in the manifest") for n in header if n not in manifest.resident_crc32]
+    problems = [
+        Problem(RESIDENT_FILE, f"tensor '{n}' is missing")
+        for n in manifest.resident_crc32
+        if n not in header
+    ]
+    problems += [
+        Problem(RESIDENT_FILE, f"tensor '{n}' is not in the manifest")
+        for n in header
+        if n not in manifest.resident_crc32
+    ]
     try:
         with _mapped(path) as data:
             for name, info in header.items():
                 expected = manifest.resident_crc32.get(name)
                 if expected is not None and zlib.crc32(data[info.start : info.end]) != expected:
-                    problems.append(Problem(RESIDENT_FILE, f"tensor '{name}' does not match its checksum"))
+                    problems.append(
+                        Problem(RESIDENT_FILE, f"tensor '{name}' does not match its checksum")
+                    )
     except OSError as e:
         problems.append(Problem(RESIDENT_FILE, f"cannot read: {e.strerror or e}"))
     return problems
@@ -112,18 +123,32 @@ def verify_layer(folder: Path, index: int, layer: MoeLayer) -> list[Problem]:
     try:
         size = path.stat().st_size
     except OSError as e:
-        return [Problem(layer.file, f"MoE layer {index} ({layer.module}): cannot open: {e.strerror or e}")]
+        return [
+            Problem(
+                layer.file, f"MoE layer {index} ({layer.module}): cannot open: {e.strerror or e}"
+            )
+        ]
     problems = []
     if size != layer.file_bytes:
-        problems.append(Problem(layer.file, f"holds {size} bytes, the manifest expects {layer.file_bytes}"))
+        problems.append(
+            Problem(layer.file, f"holds {size} bytes, the manifest expects {layer.file_bytes}")
+        )
     try:
         with _mapped(path) as data:
             for expert, bad in _bad_expert_tensors(data, layer):
                 where = f"MoE layer {index} ({layer.module}) expert {expert}"
-                why = "lies past the end of the file" if bad is None else f"tensor {bad} does not match its checksum"
+                why = (
+                    "lies past the end of the file"
+                    if bad is None
+                    else f"tensor {bad} does not match its checksum"
+                )
                 problems.append(Problem(layer.file, f"{where}: {why}"))
     except OSError as e:
-        problems.append(Problem(layer.file, f"MoE layer {index} ({layer.module}): cannot read: {e.strerror or e}"))
+        problems.append(
+            Problem(
+                layer.file, f"MoE layer {index} ({layer.module}): cannot read: {e.strerror or e}"
+            )
+        )
     return problems
 
 
@@ -172,5 +197,7 @@ def verify_folder(folder: Path, manifest: Manifest, log: Callable[[str], None]) 
         done += layer.file_bytes
         rate = done / max(time.perf_counter() - start, 1e-9) / 1e6
         status = "ok" if not found else f"{len(found)} problem(s)"
-        log(f"[verify] layer {index + 1}/{len(manifest.layers)} {layer.file}: {status} ({done / total:.0%}, {rate:.0f} MB/s)")
+        log(
+            f"[verify] layer {index + 1}/{len(manifest.layers)} {layer.file}: {status} ({done / total:.0%}, {rate:.0f} MB/s)"
+        )
     return problems

@@ -73,7 +73,9 @@ def lock_directory(path: Path, what: str) -> int | None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StreamerError(f"{path} is in use by another `streamer repack` ({what}): wait for it to finish.") from None
+        raise StreamerError(
+            f"{path} is in use by another `streamer repack` ({what}): wait for it to finish."
+        ) from None
     except OSError:
         os.close(fd)
         return None

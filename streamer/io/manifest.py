@@ -50,7 +50,9 @@ class MoeLayer:
     file: str  # relative to the repacked folder
     num_experts: int
     record_bytes: int
-    quantization: dict[str, dict | None]  # projection -> mlx quantization params (None: unquantized)
+    quantization: dict[
+        str, dict | None
+    ]  # projection -> mlx quantization params (None: unquantized)
     tensors: tuple[ExpertTensor, ...]
     expert_offsets: tuple[int, ...]
     expert_crc32: tuple[tuple[int, ...], ...]  # [expert][tensor]
@@ -94,7 +96,8 @@ def layer_to_json(layer: MoeLayer) -> dict:
         "quantization": layer.quantization,
         "tensors": [asdict(t) for t in layer.tensors],
         "experts": [
-            {"offset": off, "crc32": list(crcs)} for off, crcs in zip(layer.expert_offsets, layer.expert_crc32)
+            {"offset": off, "crc32": list(crcs)}
+            for off, crcs in zip(layer.expert_offsets, layer.expert_crc32)
         ],
     }
 
@@ -123,7 +126,9 @@ def read_manifest(folder: Path | str) -> Manifest:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise StreamerError(f"cannot read {path}: {e.strerror or e}; check the folder, or repack the model.") from e
+        raise StreamerError(
+            f"cannot read {path}: {e.strerror or e}; check the folder, or repack the model."
+        ) from e
     except UnicodeDecodeError as e:
         raise StreamerError(f"{path} is not UTF-8 text ({e}); repack the model again.") from e
     try:
@@ -131,7 +136,9 @@ def read_manifest(folder: Path | str) -> Manifest:
     except json.JSONDecodeError as e:
         raise StreamerError(f"{path} is not valid JSON ({e}); repack the model again.") from e
     except RecursionError:
-        raise StreamerError(f"{path} is nested too deeply to be a manifest; repack the model again.") from None
+        raise StreamerError(
+            f"{path} is nested too deeply to be a manifest; repack the model again."
+        ) from None
     return _guarded(lambda: _parse(data, path), path)
 
 
@@ -139,8 +146,18 @@ def _guarded(parse, path: Path):
     """Run a parser over untrusted JSON: any structural surprise becomes a StreamerError naming `path`."""
     try:
         return parse()
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RecursionError) as e:
-        raise StreamerError(f"{path} is malformed ({type(e).__name__}: {e}); repack the model again.") from e
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        IndexError,
+        OverflowError,
+        RecursionError,
+    ) as e:
+        raise StreamerError(
+            f"{path} is malformed ({type(e).__name__}: {e}); repack the model again."
+        ) from e
 
 
 def layer_from_json(entry: dict, path: Path) -> MoeLayer:
@@ -166,11 +183,15 @@ def _parse(data: dict, path: Path) -> Manifest:
             "repack the model with this version."
         )
     if data["page_size"] != PAGE_SIZE:
-        raise StreamerError(f"{path}: page size {data['page_size']} differs from {PAGE_SIZE}; repack the model.")
+        raise StreamerError(
+            f"{path}: page size {data['page_size']} differs from {PAGE_SIZE}; repack the model."
+        )
     layers = tuple(_parse_layer(entry, path) for entry in data["moe_layers"])
     resident = data["resident"]
     if resident["file"] != RESIDENT_FILE:
-        raise StreamerError(f"{path}: unexpected resident file {resident['file']!r}; repack the model.")
+        raise StreamerError(
+            f"{path}: unexpected resident file {resident['file']!r}; repack the model."
+        )
     crc = {str(k): int(v) for k, v in resident["crc32"].items()}
     if not isinstance(data["config"], dict):
         raise StreamerError(f"{path}: config is not an object; repack the model.")
@@ -183,8 +204,16 @@ def _parse_files(files: dict, path: Path) -> dict[str, dict[str, int]]:
     parsed = {}
     for name, stat in files.items():
         size, mtime = stat["size"], stat["mtime_ns"]
-        if not isinstance(name, str) or _escapes(name) or type(size) is not int or type(mtime) is not int or size < 0:
-            raise StreamerError(f"{path}: the record of file {name!r} is invalid; repack the model.")
+        if (
+            not isinstance(name, str)
+            or _escapes(name)
+            or type(size) is not int
+            or type(mtime) is not int
+            or size < 0
+        ):
+            raise StreamerError(
+                f"{path}: the record of file {name!r} is invalid; repack the model."
+            )
         parsed[name] = {"size": size, "mtime_ns": mtime}
     return parsed
 
@@ -200,7 +229,13 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
 
     tensors = []
     for t in entry["tensors"]:
-        tensor = ExpertTensor(str(t["name"]), t["dtype"], tuple(int(d) for d in t["shape"]), int(t["offset"]), int(t["nbytes"]))
+        tensor = ExpertTensor(
+            str(t["name"]),
+            t["dtype"],
+            tuple(int(d) for d in t["shape"]),
+            int(t["offset"]),
+            int(t["nbytes"]),
+        )
         if tensor.dtype not in DTYPES or any(d < 0 for d in tensor.shape):
             raise bad(f"tensor {tensor.name!r} has an invalid dtype or shape")
         if tensor.nbytes != math.prod(tensor.shape) * itemsize(tensor.dtype) or tensor.offset < 0:
@@ -224,13 +259,17 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
     if offsets != tuple(range(0, num_experts * record, record)):
         raise bad("expert records are not stored in expert order, one every record_bytes")
     crcs = tuple(tuple(int(c) for c in e["crc32"]) for e in experts)
-    if any(len(c) != len(tensors) for c in crcs) or any(not 0 <= v < 1 << 32 for c in crcs for v in c):
+    if any(len(c) != len(tensors) for c in crcs) or any(
+        not 0 <= v < 1 << 32 for c in crcs for v in c
+    ):
         raise bad("an expert lacks a valid crc32 per tensor")
     file = entry["file"]
     if not isinstance(file, str) or _escapes(file):
         raise bad(f"file {file!r} points outside the folder")
     quantization = {str(k): _quantization(v, bad) for k, v in entry["quantization"].items()}
-    return MoeLayer(str(entry["module"]), file, num_experts, record, quantization, tuple(tensors), offsets, crcs)
+    return MoeLayer(
+        str(entry["module"]), file, num_experts, record, quantization, tuple(tensors), offsets, crcs
+    )
 
 
 def _quantization(params: dict | None, bad) -> dict | None:
@@ -239,7 +278,11 @@ def _quantization(params: dict | None, bad) -> dict | None:
         return None
     group_size, bits, mode = params["group_size"], params["bits"], params.get("mode", "affine")
     if set(params) - {"group_size", "bits", "mode"} or not (
-        type(group_size) is int and type(bits) is int and 0 < bits <= 8 and group_size > 0 and isinstance(mode, str)
+        type(group_size) is int
+        and type(bits) is int
+        and 0 < bits <= 8
+        and group_size > 0
+        and isinstance(mode, str)
     ):
         raise bad(f"invalid quantization parameters {params!r}")
     return dict(params)

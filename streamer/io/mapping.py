@@ -27,8 +27,17 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 # Linux 5.14+: fault a range into the page tables in one call (reading what is not cached).
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform == "linux" else None)
 
-libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)  # mmap, madvise (and mincore: cache/residency.py)
-libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+libc = ctypes.CDLL(
+    ctypes.util.find_library("c"), use_errno=True
+)  # mmap, madvise (and mincore: cache/residency.py)
+libc.mmap.argtypes = (
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+)
 libc.mmap.restype = ctypes.c_void_p
 libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 libc.madvise.restype = ctypes.c_int
@@ -51,7 +60,9 @@ class MappedFile:
         self.address = self.host.ctypes.data
         if self._map is None:
             # restore before MLX may free or recycle the buffer, whoever drops the last reference
-            self._restore = weakref.finalize(self, _unmap_file_pages, self.address, self.size, self.array)
+            self._restore = weakref.finalize(
+                self, _unmap_file_pages, self.address, self.size, self.array
+            )
 
     def advise(self, advice: int, offset: int, length: int) -> None:
         advise(self.address, advice, offset, length)

@@ -12,9 +12,9 @@ import math
 import os
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import mlx.core as mx
 import numpy as np
@@ -76,7 +76,9 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
                     "that folder (or download the file again) before repacking."
                 )
             if len(head) < 8:
-                raise StreamerError(f"{path} is truncated: {size} bytes, too short for a safetensors file.")
+                raise StreamerError(
+                    f"{path} is truncated: {size} bytes, too short for a safetensors file."
+                )
             head = head[:8]
             f.seek(8)
             (n,) = struct.unpack("<Q", head)
@@ -108,7 +110,9 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     return tensors
 
 
-def _tensor_info(path: Path, name: str, entry: object, data_start: int, data_size: int) -> TensorInfo:
+def _tensor_info(
+    path: Path, name: str, entry: object, data_start: int, data_size: int
+) -> TensorInfo:
     def bad(why: str) -> StreamerError:
         return StreamerError(f"{path}: tensor '{name}': {why}; the file is corrupt or truncated.")
 
@@ -130,15 +134,21 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int, data_siz
         raise bad(f"data ends at byte {offsets[1]} but the file holds only {data_size} data bytes")
     expected = math.prod(shape) * itemsize(dtype)
     if offsets[1] - offsets[0] != expected:
-        raise bad(f"{offsets[1] - offsets[0]} bytes for shape {shape} of {dtype} (expected {expected})")
-    return TensorInfo(name, path, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
+        raise bad(
+            f"{offsets[1] - offsets[0]} bytes for shape {shape} of {dtype} (expected {expected})"
+        )
+    return TensorInfo(
+        name, path, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1]
+    )
 
 
 def _check_no_overlap(path: Path, tensors: Iterable[TensorInfo]) -> None:
     ordered = sorted((t for t in tensors if t.nbytes), key=lambda t: t.start)
     for a, b in zip(ordered, ordered[1:]):
         if b.start < a.end:
-            raise StreamerError(f"{path}: tensors '{a.name}' and '{b.name}' overlap; the file is corrupt.")
+            raise StreamerError(
+                f"{path}: tensors '{a.name}' and '{b.name}' overlap; the file is corrupt."
+            )
 
 
 # Exponent bits of each float format: a value with all of them set is Inf or NaN.
