@@ -24,6 +24,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .cache.expert_cache import ExpertCache
+from .experts_parallel import ExpertShare
 from .io.expert_store import ExpertStore
 from .stats import ExpertStats, ExpertTraffic
 
@@ -40,6 +41,7 @@ class StreamingExperts(nn.Module):
         layer_index: int,
         stats: ExpertStats,
         dtype: mx.Dtype | None,
+        share: ExpertShare | None = None,
     ):
         super().__init__()
         layer = store.layers[layer_index]
@@ -56,6 +58,7 @@ class StreamingExperts(nn.Module):
         self._sizes = (store.expert_bytes[layer_index], layer.record_bytes)
         self._calls = self._next_check = self._evictions = 0
         self._file_cached = False
+        self._share = share  # expert-parallel: the experts this rank computes
         self.cache: ExpertCache | None = None
         self.resident = False
         self._install(self._views)
@@ -69,31 +72,51 @@ class StreamingExperts(nn.Module):
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         traffic = self._stats.phase(indices.size // indices.shape[-1])
         traffic.layer_calls += 1
+        share = self._share
         if self.resident:
-            return self._container(x, indices)
+            return (
+                share.sync_free(self._container, x, indices)[0]
+                if share
+                else self._container(x, indices)
+            )
         if self._file_in_page_cache():  # nothing to fetch: no need to know the routing now
-            self._stats.unsettled.append((traffic, indices, *self._sizes))
-            return self._container(x, indices)
+            if share is None:
+                self._stats.unsettled.append((traffic, indices, *self._sizes))
+                return self._container(x, indices)
+            out, records = share.sync_free(self._container, x, indices)
+            self._stats.unsettled.append((traffic, records, *self._sizes))
+            return out
         start = time.perf_counter()
         routed = np.array(indices)  # the layer's one host sync: evaluates attention and router
         synced = time.perf_counter()
         traffic.syncs += 1
         traffic.sync_seconds += synced - start
-        experts = sorted(
-            set(routed.ravel().tolist())
-        )  # little code to run on caches the compute flushed
+        if share is None:
+            slots, records = None, routed
+        else:
+            slots, records = share.owned_slots(routed)
+        experts = sorted(set(records.ravel().tolist()))  # records of this layer's file
         if self._stats.trace is not None and traffic is self._stats.phase(1):
-            self._stats.trace.append((self._layer_index, tuple(experts)))
+            routed_here = routed.ravel() if slots is None else routed.ravel()[slots]
+            self._stats.trace.append((self._layer_index, tuple(sorted(set(routed_here.tolist())))))
         if self.cache is None and not self._converts:
             self._store.prefetch(self._layer_index, experts, traffic)
-            out = self._container(x, indices)  # on the file's views: no copy
+            out = (  # on the file's views: no copy
+                self._container(x, indices)
+                if share is None
+                else share.compute_slots(self._container, x, indices.shape, slots, records)
+            )
         else:
             self._install(self._gather(experts, traffic))
-            position = np.searchsorted(np.array(experts, dtype=routed.dtype), routed).astype(
-                np.uint32
+            position = np.searchsorted(np.array(experts, dtype=records.dtype), records)
+            out = (
+                self._container(x, mx.array(position.astype(np.uint32)))
+                if share is None
+                else share.compute_slots(self._container, x, indices.shape, slots, position)
             )
-            out = self._container(x, mx.array(position))
             self._install(self._views)  # the output's graph holds the copies until it is evaluated
+        if share is not None:
+            out = share.sum(out)
         if self._stats.profile:
             computed = time.perf_counter()
             mx.eval(out)

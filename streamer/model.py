@@ -14,7 +14,9 @@ from .architectures import build_model, expert_containers, quantize_like_mlx_lm,
 from .cache.budget import all_experts_bytes, check_budget, default_budget, expert_bytes
 from .cache.expert_cache import ExpertCache
 from .errors import StreamerError
+from .distributed import expert_shares
 from .experts import StreamingExperts
+from .experts_parallel import ExpertShare
 from .io.expert_store import ExpertStore
 from .io.integrity import check_files, verify_resident
 from .io.lock import lock_for_reading
@@ -36,6 +38,7 @@ def load(
     dtype: mx.Dtype | None = None,
     verify_reads: bool = False,
     trust_remote_code: bool = False,
+    group: mx.distributed.Group | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper]:
     """Load a repacked model: non-expert weights resident, experts streamed from disk.
 
@@ -47,6 +50,10 @@ def load(
     Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of
     the non-expert weights now and of each expert the first time it is read.
     `trust_remote_code` lets a tokenizer that ships its own Python code (Kimi K2's) run it.
+    `group` (an mx.distributed group of several ranks, e.g. `mx.distributed.init()` under
+    mlx.launch): run expert-parallel, each rank computing its share of every layer's experts (the
+    folder is a shard written by `streamer split`, or the full model, shared out by interleaving).
+    Every rank must call load, and then run the same tokens through the model.
     """
     folder = Path(path)
     manifest = read_manifest(folder)
@@ -64,15 +71,19 @@ def load(
     dtype = dtype if dtype is not None else default_dtype()
     if memory_budget is not None:
         check_budget(manifest, memory_budget, dtype)
+    totals = []
+    for index, container in enumerate(containers.values()):
+        for projection, params in manifest.layers[index].quantization.items():
+            if params:
+                container[projection] = _quantized(container, projection, params, folder)
+        totals.append(_check_layout(folder, index, manifest.layers[index], container))
+    records = expert_shares(group, folder, manifest, totals)  # every rank's folder checked
     store = ExpertStore(folder, manifest)
     stats = ExpertStats(moe_layers=len(containers))
     streaming: dict[str, StreamingExperts] = {}
     for index, (module_path, container) in enumerate(containers.items()):
-        for projection, params in manifest.layers[index].quantization.items():
-            if params:
-                container[projection] = _quantized(container, projection, params, folder)
-        _check_layout(folder, index, manifest.layers[index], container)
-        streaming[module_path] = StreamingExperts(container, store, index, stats, dtype)
+        share = ExpertShare(records[index], group) if records is not None else None
+        streaming[module_path] = StreamingExperts(container, store, index, stats, dtype, share)
     replace_modules(model, streaming)
     store.verify_reads = verify_reads
 
@@ -160,16 +171,25 @@ def _quantized(container: nn.Module, projection: str, params: dict, folder: Path
         ) from e
 
 
-def _check_layout(folder: Path, index: int, layer: MoeLayer, container: nn.Module) -> None:
+def _check_layout(folder: Path, index: int, layer: MoeLayer, container: nn.Module) -> int:
     """The manifest's expert record must hold exactly the tensors the model expects, in its shapes:
-    a hand-edited or mismatched manifest is refused here rather than computing with garbage."""
+    a hand-edited or mismatched manifest is refused here rather than computing with garbage.
+    Returns the model's number of experts in the layer (a shard's file holds some of them)."""
     expected = dict(tree_flatten(container.parameters()))
+    total = next(iter(expected.values())).shape[0]
+    ids = layer.expert_ids
+    if (layer.num_experts != total) if ids is None else (ids[-1] >= total):
+        held = f"{layer.num_experts} experts" if ids is None else f"expert {ids[-1]}"
+        raise StreamerError(
+            f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) holds {held} but the "
+            f"model expects {total} experts; repack the model."
+        )
     for tensor in layer.tensors:
         param = expected.pop(tensor.name, None)
         floating = mx.issubdtype(DTYPES[tensor.dtype][1], mx.floating)
         if (
             param is None
-            or tuple(param.shape) != (layer.num_experts, *tensor.shape)
+            or tuple(param.shape) != (total, *tensor.shape)
             or floating != mx.issubdtype(param.dtype, mx.floating)
         ):
             want = "no such tensor" if param is None else f"{list(param.shape)} ({param.dtype})"
@@ -181,3 +201,4 @@ def _check_layout(folder: Path, index: int, layer: MoeLayer, container: nn.Modul
         raise StreamerError(
             f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) lacks tensor {next(iter(expected))}; repack the model."
         )
+    return total

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 from .io.integrity import Problem, data_files, file_stat, stat_change, verify_folder
 from .io.lock import lock_for_replacing
-from .io.manifest import Manifest, read_manifest, write_manifest
+from .io.manifest import read_manifest, write_manifest
 
 
 def verify(
@@ -38,9 +39,7 @@ def verify(
         )  # no model may be loaded from it while its manifest changes
         try:
             files = {name: file_stat(folder / name) for name in data_files(manifest)}
-            write_manifest(
-                folder, Manifest(manifest.config, manifest.resident_crc32, manifest.layers, files)
-            )
+            write_manifest(folder, dataclasses.replace(manifest, files=files))
         finally:
             if lock is not None:
                 lock.release()

@@ -8,10 +8,16 @@ A repacked folder holds:
                          that expert's tensors (weight/scales/biases of each projection) back to
                          back, so each tensor across experts is one strided array of the file
   tokenizer and config files copied from the source
+
+A shard (written by `streamer split`, for expert-parallel runs over several machines) is the same
+layout holding only one rank's experts: its manifest says which rank of how many ("shard") and,
+per layer, which of the model's experts its records hold ("expert_ids", record i = expert
+expert_ids[i]); `num_experts` counts the records in the file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -56,10 +62,22 @@ class MoeLayer:
     tensors: tuple[ExpertTensor, ...]
     expert_offsets: tuple[int, ...]
     expert_crc32: tuple[tuple[int, ...], ...]  # [expert][tensor]
+    # a shard's records: the model's expert id of each record (None: record e is expert e)
+    expert_ids: tuple[int, ...] | None = None
 
     @property
     def file_bytes(self) -> int:
         return self.num_experts * self.record_bytes
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The folder holds rank `rank`'s share (of `ranks`) of the experts of model `model`."""
+
+    rank: int
+    ranks: int
+    model: str  # model_identity() of the folder it was split from
+    assignment: str  # how the experts were shared out ("interleaved" or "trace")
 
 
 @dataclass(frozen=True)
@@ -70,10 +88,24 @@ class Manifest:
     # relative path -> {"size", "mtime_ns"} of each data file when repacked: a file changed since
     # (edited, truncated, half-copied) is refused at load. Empty in manifests written before this.
     files: dict[str, dict[str, int]] = field(default_factory=dict)
+    shard: Shard | None = None
 
     @property
     def expert_bytes(self) -> int:
         return sum(layer.file_bytes for layer in self.layers)
+
+    @property
+    def model_identity(self) -> str:
+        """What the full model is, whatever folder holds it: a shard's is that of the folder it
+        was split from, so the ranks of a group can check that they run one model."""
+        if self.shard is not None:
+            return self.shard.model
+        content = {
+            "config": self.config,
+            "resident": self.resident_crc32,
+            "moe_layers": [layer_to_json(layer) for layer in self.layers],
+        }
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
 
     def to_json(self) -> dict:
         return {
@@ -84,6 +116,7 @@ class Manifest:
             "resident": {"file": RESIDENT_FILE, "crc32": self.resident_crc32},
             "moe_layers": [layer_to_json(layer) for layer in self.layers],
             **({"files": self.files} if self.files else {}),
+            **({"shard": asdict(self.shard)} if self.shard else {}),
         }
 
 
@@ -99,6 +132,7 @@ def layer_to_json(layer: MoeLayer) -> dict:
             {"offset": off, "crc32": list(crcs)}
             for off, crcs in zip(layer.expert_offsets, layer.expert_crc32)
         ],
+        **({"expert_ids": list(layer.expert_ids)} if layer.expert_ids is not None else {}),
     }
 
 
@@ -197,7 +231,27 @@ def _parse(data: dict, path: Path) -> Manifest:
         raise StreamerError(f"{path}: config is not an object; repack the model.")
     if any(not 0 <= c < 1 << 32 for c in crc.values()):
         raise StreamerError(f"{path}: a resident checksum is not a crc32; repack the model.")
-    return Manifest(data["config"], crc, layers, _parse_files(data.get("files", {}), path))
+    shard = _parse_shard(data["shard"], layers, path) if "shard" in data else None
+    if shard is None and any(layer.expert_ids is not None for layer in layers):
+        raise StreamerError(f"{path}: expert_ids without a shard entry; repack the model.")
+    return Manifest(data["config"], crc, layers, _parse_files(data.get("files", {}), path), shard)
+
+
+def _parse_shard(entry: dict, layers: tuple[MoeLayer, ...], path: Path) -> Shard:
+    shard = Shard(entry["rank"], entry["ranks"], entry["model"], entry["assignment"])
+    if not (
+        type(shard.rank) is int
+        and type(shard.ranks) is int
+        and 0 <= shard.rank < shard.ranks
+        and isinstance(shard.model, str)
+        and isinstance(shard.assignment, str)
+    ):
+        raise StreamerError(f"{path}: invalid shard entry {entry!r}; split the model again.")
+    if any(layer.expert_ids is None for layer in layers):
+        raise StreamerError(
+            f"{path}: a shard's MoE layer lacks its expert_ids; split the model again."
+        )
+    return shard
 
 
 def _parse_files(files: dict, path: Path) -> dict[str, dict[str, int]]:
@@ -267,8 +321,25 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
     if not isinstance(file, str) or _escapes(file):
         raise bad(f"file {file!r} points outside the folder")
     quantization = {str(k): _quantization(v, bad) for k, v in entry["quantization"].items()}
+    ids = entry.get("expert_ids")
+    if ids is not None:
+        ids = tuple(ids)
+        if (
+            len(ids) != num_experts
+            or any(type(i) is not int or i < 0 for i in ids)
+            or list(ids) != sorted(set(ids))
+        ):
+            raise bad("expert_ids must name each record's expert once, in increasing order")
     return MoeLayer(
-        str(entry["module"]), file, num_experts, record, quantization, tuple(tensors), offsets, crcs
+        str(entry["module"]),
+        file,
+        num_experts,
+        record,
+        quantization,
+        tuple(tensors),
+        offsets,
+        crcs,
+        ids,
     )
 
 

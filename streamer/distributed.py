@@ -1,0 +1,148 @@
+"""Expert-parallel runs over MLX's own distributed layer (mx.distributed, started by mlx.launch).
+
+Every rank runs the whole model on the same tokens; in each MoE layer a rank computes only the
+routed experts it owns and the ranks' outputs are summed (streamer/experts_parallel.py). Here:
+finding the group, checking at load that the ranks' folders fit together (one model, each expert
+owned by exactly one rank, every shard on the rank it was split for), and the small collectives
+of the command line (a shared seed, the ranks' statistics gathered on rank 0).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from .errors import StreamerError
+from .io.manifest import Manifest
+from .shards import interleaved
+
+WHERE_BYTES = 240  # room for "host:/folder" in the load-time check
+
+
+def launched_group() -> mx.distributed.Group | None:
+    """The group this process was started in by mlx.launch (or MLX's own environment variables),
+    or None when it runs alone."""
+    if not mx.distributed.is_available():
+        return None
+    group = mx.distributed.init()
+    return group if group.size() > 1 else None
+
+
+def expert_shares(
+    group: mx.distributed.Group | None, folder: Path, manifest: Manifest, totals: list[int]
+) -> list[np.ndarray] | None:
+    """Per MoE layer, the record in this rank's folder of each of the model's `totals[i]`
+    experts, -1 for those another rank computes; None when running alone. Raises StreamerError,
+    on every rank, naming the rank whose folder does not fit the group."""
+    shard = manifest.shard
+    if group is None:
+        if shard is not None:
+            raise StreamerError(
+                f"{folder} holds only shard {shard.rank}/{shard.ranks} of a model's experts: run "
+                f"it on {shard.ranks} ranks with `mlx.launch`, or load the full repacked folder."
+            )
+        return None
+    rank, ranks = group.rank(), group.size()
+    places = _check_headers(group, folder, manifest)
+    records = []
+    for layer, total in zip(manifest.layers, totals):
+        record = np.full(total, -1, dtype=np.int64)
+        if layer.expert_ids is None:  # a full folder: this rank computes its interleaved share
+            mine = np.flatnonzero(interleaved(total, ranks) == rank)
+            record[mine] = mine
+        else:
+            record[list(layer.expert_ids)] = np.arange(len(layer.expert_ids))
+        records.append(record)
+    owned = _all_gather(group, np.concatenate([r >= 0 for r in records]).astype(np.uint8))
+    start = 0
+    for index, total in enumerate(totals):
+        counts = owned[:, start : start + total].sum(axis=0)
+        start += total
+        bad = np.flatnonzero(counts != 1)
+        if bad.size:
+            expert = int(bad[0])
+            holders = [f"rank {r} ({places[r]})" for r in np.flatnonzero(owned[:, expert])]
+            raise StreamerError(
+                f"MoE layer {index} expert {expert} is computed by "
+                f"{' and '.join(holders) or 'no rank'}: the ranks' shards were split differently "
+                "(--trace or not, or from other folders). Split every shard the same way."
+            )
+    return records
+
+
+def _check_headers(group: mx.distributed.Group, folder: Path, manifest: Manifest) -> list[str]:
+    """Gather each rank's model identity, shard claim and "host:folder"; return the latter."""
+    shard = manifest.shard
+    where = f"{socket.gethostname()}:{folder.resolve()}".encode()[:WHERE_BYTES]
+    header = np.zeros(3 + 16 + WHERE_BYTES, dtype=np.int64)
+    header[:3] = (shard.rank, shard.ranks, 1) if shard is not None else (0, 0, 0)
+    header[3:19] = np.frombuffer(bytes.fromhex(manifest.model_identity)[:16], dtype=np.uint8)
+    header[19 : 19 + len(where)] = np.frombuffer(where, dtype=np.uint8)
+    rows = _all_gather(group, header)
+    text = rows[:, 3:].astype(np.uint8)
+    places = [bytes(row[16:]).rstrip(b"\0").decode(errors="replace") for row in text]
+    models = [bytes(row[:16]).hex() for row in text]
+    common, _ = Counter(models).most_common(1)[0]
+    for rank, model in enumerate(models):
+        if model != common:
+            other = models.index(common)
+            raise StreamerError(
+                f"rank {rank} ({places[rank]}) holds another model than rank {other} "
+                f"({places[other]}): give every rank a shard (streamer split) or a copy of the "
+                "same repacked model."
+            )
+    ranks = group.size()
+    for rank, (claimed, of, is_shard) in enumerate(rows[:, :3].tolist()):
+        if not is_shard:
+            continue
+        if of != ranks:
+            raise StreamerError(
+                f"rank {rank} ({places[rank]}) holds shard {claimed}/{of}, but the group has "
+                f"{ranks} ranks: split the model into {ranks} shards or launch {of} ranks."
+            )
+        if claimed != rank:
+            raise StreamerError(
+                f"rank {rank} ({places[rank]}) holds shard {claimed}/{of}, which is rank "
+                f"{claimed}'s: give rank {rank} the folder of shard {rank}/{of}."
+            )
+    return places
+
+
+def _all_gather(group: mx.distributed.Group, row: np.ndarray) -> np.ndarray:
+    """Every rank's `row` (same shape and dtype on all), stacked in rank order."""
+    with mx.stream(mx.cpu):
+        gathered = mx.distributed.all_gather(mx.array(row)[None], group=group)
+        return np.array(gathered)
+
+
+def gather_floats(group: mx.distributed.Group, values: list[float]) -> np.ndarray:
+    """[ranks, len(values)]: each rank's values, on every rank."""
+    return _all_gather(group, np.array(values, dtype=np.float64))
+
+
+def shared_seed(group: mx.distributed.Group, seed: int | None) -> int:
+    """One sampling seed for all ranks (rank 0's), so that sampled tokens agree everywhere."""
+    if seed is None:
+        seed = int(np.random.default_rng().integers(1 << 31))
+    return int(gather_floats(group, [seed])[0, 0])
+
+
+def time_all_sum(
+    group: mx.distributed.Group, shape: tuple[int, ...], dtype: mx.Dtype, repeat: int = 20
+) -> float:
+    """Median seconds of one all_sum of `shape` (one MoE layer's decode collective), all ranks
+    taking part: a measurement after the run, since timing the run's own collectives would need
+    a host sync in every layer."""
+    x = mx.zeros(shape, dtype=dtype)
+    mx.eval(x)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        mx.eval(mx.distributed.all_sum(x, group=group))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))

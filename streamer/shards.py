@@ -1,0 +1,94 @@
+"""Sharing each MoE layer's experts out among the ranks of an expert-parallel group.
+
+A decode token's cost on one machine is its routed experts' reads and compute; split across N
+machines, each pays for the routed experts it owns. The shares should carry similar traffic:
+interleaving (expert e to rank e mod N) does when routing is near uniform; a routing trace
+(tools/routing_summary.py --trace) lets hot experts be spread: each layer's experts, hottest
+first, go to the rank with the least traffic so far among those not yet holding their E/N.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .errors import StreamerError
+from .io.manifest import Manifest
+
+
+def interleaved(num_experts: int, ranks: int) -> np.ndarray:
+    """The owning rank of each expert: e mod ranks."""
+    return np.arange(num_experts) % ranks
+
+
+def balanced(counts: np.ndarray, ranks: int) -> np.ndarray:
+    """The owning rank of each expert, from how often each was routed: equal expert counts per
+    rank (within one), the hottest placed first on the least loaded rank with room."""
+    room = np.full(ranks, len(counts) // ranks) + (np.arange(ranks) < len(counts) % ranks)
+    load = np.zeros(ranks)
+    owner = np.empty(len(counts), dtype=np.int64)
+    for expert in np.argsort(-counts, kind="stable"):
+        open_ranks = np.flatnonzero(room > 0)
+        rank = open_ranks[np.argmin(load[open_ranks])]
+        owner[expert] = rank
+        load[rank] += counts[expert]
+        room[rank] -= 1
+    return owner
+
+
+def owners(manifest: Manifest, ranks: int, trace: Path | None = None) -> list[np.ndarray]:
+    """The owning rank of every expert of every MoE layer of a full (unsplit) model."""
+    layers = [layer.num_experts for layer in manifest.layers]
+    if ranks < 1 or ranks > min(layers):
+        raise StreamerError(
+            f"cannot share {min(layers)} experts per layer among {ranks} ranks: "
+            f"use 1 to {min(layers)} ranks."
+        )
+    if trace is None:
+        return [interleaved(n, ranks) for n in layers]
+    counts = trace_counts(trace, layers)
+    return [balanced(c, ranks) for c in counts]
+
+
+def trace_counts(path: Path, layers: list[int]) -> list[np.ndarray]:
+    """How often each expert of each MoE layer was routed in a trace (.npz with `experts`:
+    [tokens, moe_layers, top_k] routed ids, as tools/routing_summary.py --trace writes)."""
+    try:
+        routed = np.load(path)["experts"]
+    except (OSError, KeyError, ValueError) as e:
+        raise StreamerError(
+            f"cannot read the routing trace {path} ({e}): give an .npz written by "
+            "tools/routing_summary.py --trace."
+        ) from e
+    if (
+        routed.ndim != 3
+        or routed.shape[1] != len(layers)
+        or not np.issubdtype(routed.dtype, np.integer)
+    ):
+        raise StreamerError(
+            f"{path}: the trace's experts are {routed.dtype} {list(routed.shape)}, expected "
+            f"integer [tokens, {len(layers)}, top_k] for this model's {len(layers)} MoE layers."
+        )
+    counts = []
+    for index, num_experts in enumerate(layers):
+        ids = routed[:, index].ravel()
+        if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
+            raise StreamerError(
+                f"{path}: MoE layer {index} routes to expert {ids.max()}, but the layer has "
+                f"{num_experts}: the trace is of another model."
+            )
+        counts.append(np.bincount(ids, minlength=num_experts))
+    return counts
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """ "r/N" -> (r, N), with 0 <= r < N."""
+    rank, _, ranks = text.partition("/")
+    try:
+        r, n = int(rank), int(ranks)
+    except ValueError:
+        r, n = -1, 0
+    if not 0 <= r < n:
+        raise StreamerError(f"--shard {text!r}: give RANK/RANKS with 0 <= RANK < RANKS, e.g. 0/2.")
+    return r, n
