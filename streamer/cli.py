@@ -1,4 +1,4 @@
-"""`streamer` command line: repack, generate, verify, info, demo."""
+"""`streamer` command line: repack, split, generate, verify, info, demo."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ def _repack(args: argparse.Namespace) -> None:
 
     quantize = Quantize(args.quantize, args.group_size) if args.quantize else None
     repack(args.src, args.dst, quantize=quantize, force=args.force, resume=args.resume)
+
+
+def _split(args: argparse.Namespace) -> None:
+    from .shards import parse_shard
+    from .split import split
+
+    rank, ranks = parse_shard(args.shard)
+    split(args.src, args.dst, rank, ranks, trace=args.trace, force=args.force)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -66,15 +74,28 @@ def _generate(args: argparse.Namespace) -> int:
             "--model DST, or run `streamer demo` to see the whole pipeline on a built-in model."
         )
     prompt = _prompt(args)  # before the slow imports: bad input fails fast
+    from .distributed import launched_group, shared_seed
     from .model import load
 
+    group = args.group = launched_group()  # started by mlx.launch: expert-parallel
+    rank = group.rank() if group else 0
     model, tokenizer = load(
-        args.model,
+        args.model.replace("{rank}", str(rank)),  # one folder per rank on a shared machine
         memory_budget=args.memory_budget,
         verify_reads=args.verify_reads,
         trust_remote_code=args.trust_remote_code,
+        group=group,
     )
-    print(f"[streamer] {model.residency}", file=sys.stderr)
+    if group is not None:
+        args.seed = shared_seed(group, args.seed)  # sampled tokens must agree on every rank
+    if rank == 0:
+        print(f"[streamer] {model.residency}", file=sys.stderr)
+    if group is not None and rank == 0:
+        print(
+            f"[streamer] expert-parallel over {group.size()} ranks: each computes its share of "
+            "every MoE layer's routed experts",
+            file=sys.stderr,
+        )
     if args.chat and tokenizer.chat_template is not None:
         messages = [{"role": "user", "content": prompt}]
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -84,6 +105,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     from .generate import run_stats, stream_generate
 
+    group = getattr(args, "group", None)
+    shown = group is None or group.rank() == 0  # rank 0 prints for the group
     stats = None
     try:
         for response in stream_generate(
@@ -95,15 +118,23 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
             top_p=args.top_p,
             seed=args.seed,
         ):
-            print(response.text, end="", flush=True)
+            if shown:
+                print(response.text, end="", flush=True)
             stats = response.stats
     except KeyboardInterrupt:
-        print("\n[interrupted]", file=sys.stderr)
-        print((stats or run_stats(model)).line(), file=sys.stderr)
+        if shown:
+            print("\n[interrupted]", file=sys.stderr)
+            print((stats or run_stats(model)).line(), file=sys.stderr)
         return 130
-    print()
-    if stats is not None:
-        print(stats.line(), file=sys.stderr)
+    line = stats.line() if stats is not None else None
+    if group is not None and stats is not None:
+        from .distributed import group_stats_line
+
+        line = f"{line} | {group_stats_line(group, model, stats)}"  # every rank takes part
+    if shown:
+        print()
+        if line is not None:
+            print(line, file=sys.stderr)
     return 0
 
 
@@ -214,6 +245,20 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_repack)
 
     p = sub.add_parser(
+        "split", help="write one rank's share of a repacked model, for expert-parallel runs"
+    )
+    p.add_argument("src", help="a folder written by `streamer repack`")
+    p.add_argument("dst", help="output folder: the resident weights and this rank's experts")
+    p.add_argument("--shard", required=True, metavar="RANK/RANKS", help="e.g. 0/2")
+    p.add_argument(
+        "--trace",
+        help="routing trace (.npz, tools/routing_summary.py --trace) to balance the ranks' "
+        "traffic; default: interleave experts",
+    )
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.set_defaults(run=_split)
+
+    p = sub.add_parser(
         "verify", help="check every checksum of a repacked model; names each bad tensor"
     )
     p.add_argument("dir")
@@ -225,7 +270,11 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_verify)
 
     p = sub.add_parser("generate", help="generate text from a repacked model")
-    p.add_argument("--model", help="a folder written by `streamer repack`")
+    p.add_argument(
+        "--model",
+        help="a folder written by `streamer repack` (or `streamer split`; under mlx.launch, "
+        "{rank} in it is replaced by the rank)",
+    )
     _add_sampling(p, None)
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
@@ -273,12 +322,24 @@ def _size(text: str) -> int:
     return int(value)
 
 
+def _error_line(args: argparse.Namespace, error: StreamerError) -> str:
+    """One line; in a group, naming the rank, and said once for a fault every rank finds."""
+    group = getattr(args, "group", None)
+    if group is None:
+        return f"streamer: error: {error}\n"
+    from .distributed import GroupError
+
+    if isinstance(error, GroupError):
+        return f"streamer: error: {error}\n" if group.rank() == 0 else ""
+    return f"streamer: error: rank {group.rank()}: {error}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.run(args) or 0
     except StreamerError as e:
-        print(f"streamer: error: {e}", file=sys.stderr)
+        print(_error_line(args, e), file=sys.stderr, end="")
         return 2
     except KeyboardInterrupt:
         print("\nstreamer: interrupted", file=sys.stderr)

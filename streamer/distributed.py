@@ -24,6 +24,10 @@ from .shards import interleaved
 WHERE_BYTES = 240  # room for "host:/folder" in the load-time check
 
 
+class GroupError(StreamerError):
+    """A fault every rank finds alike (the ranks' folders do not fit together): rank 0 says it."""
+
+
 def launched_group() -> mx.distributed.Group | None:
     """The group this process was started in by mlx.launch (or MLX's own environment variables),
     or None when it runs alone."""
@@ -67,7 +71,7 @@ def expert_shares(
         if bad.size:
             expert = int(bad[0])
             holders = [f"rank {r} ({places[r]})" for r in np.flatnonzero(owned[:, expert])]
-            raise StreamerError(
+            raise GroupError(
                 f"MoE layer {index} expert {expert} is computed by "
                 f"{' and '.join(holders) or 'no rank'}: the ranks' shards were split differently "
                 "(--trace or not, or from other folders). Split every shard the same way."
@@ -91,7 +95,7 @@ def _check_headers(group: mx.distributed.Group, folder: Path, manifest: Manifest
     for rank, model in enumerate(models):
         if model != common:
             other = models.index(common)
-            raise StreamerError(
+            raise GroupError(
                 f"rank {rank} ({places[rank]}) holds another model than rank {other} "
                 f"({places[other]}): give every rank a shard (streamer split) or a copy of the "
                 "same repacked model."
@@ -101,12 +105,12 @@ def _check_headers(group: mx.distributed.Group, folder: Path, manifest: Manifest
         if not is_shard:
             continue
         if of != ranks:
-            raise StreamerError(
+            raise GroupError(
                 f"rank {rank} ({places[rank]}) holds shard {claimed}/{of}, but the group has "
                 f"{ranks} ranks: split the model into {ranks} shards or launch {of} ranks."
             )
         if claimed != rank:
-            raise StreamerError(
+            raise GroupError(
                 f"rank {rank} ({places[rank]}) holds shard {claimed}/{of}, which is rank "
                 f"{claimed}'s: give rank {rank} the folder of shard {rank}/{of}."
             )
@@ -146,3 +150,36 @@ def time_all_sum(
         mx.eval(mx.distributed.all_sum(x, group=group))
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def group_stats_line(group: mx.distributed.Group, model, stats) -> str:
+    """Every rank's decode traffic gathered into one line (meant for rank 0 to print): expert
+    bytes and reads per token and rank, and the per-token cost of the layers' all_sums, timed
+    after the run on the run's own decode shape (all ranks must call this together)."""
+    decode = model.expert_stats.decode
+    steps = max(model.expert_stats.decode_tokens, 1)
+    shape = decode.collective_shape or ((1, 1, 1, 1), mx.float32)
+    seconds = time_all_sum(group, *shape)
+    rows = gather_floats(
+        group,
+        [
+            decode.bytes_read / steps,
+            decode.experts_read / steps,
+            decode.syncs / steps,
+            decode.collectives / steps,
+            seconds,
+            stats.peak_rss_bytes,
+        ],
+    )
+
+    def by_rank(column: int, scale: float, digits: int) -> str:
+        return " ".join(f"{v / scale:.{digits}f}" for v in rows[:, column])
+
+    per_token = rows[0, 3] * rows[:, 4].max()
+    return (
+        f"{group.size()} ranks | expert MB/token by rank {by_rank(0, 1e6, 2)} | "
+        f"reads/token by rank {by_rank(1, 1, 1)} | syncs/token by rank {by_rank(2, 1, 1)} | "
+        f"all_sum {rows[0, 3]:.0f}/token, {rows[:, 4].max() * 1e6:.0f} us each "
+        f"({per_token * 1e3:.2f} ms/token, timed after the run) | "
+        f"peak RSS by rank {by_rank(5, 1e9, 2)} GB"
+    )

@@ -74,18 +74,16 @@ class StreamingExperts(nn.Module):
         traffic.layer_calls += 1
         share = self._share
         if self.resident:
-            return (
-                share.sync_free(self._container, x, indices)[0]
-                if share
-                else self._container(x, indices)
-            )
+            if share is None:
+                return self._container(x, indices)
+            return share.sum(share.sync_free(self._container, x, indices)[0], traffic)
         if self._file_in_page_cache():  # nothing to fetch: no need to know the routing now
             if share is None:
                 self._stats.unsettled.append((traffic, indices, *self._sizes))
                 return self._container(x, indices)
             out, records = share.sync_free(self._container, x, indices)
             self._stats.unsettled.append((traffic, records, *self._sizes))
-            return out
+            return share.sum(out, traffic)
         start = time.perf_counter()
         routed = np.array(indices)  # the layer's one host sync: evaluates attention and router
         synced = time.perf_counter()
@@ -116,7 +114,7 @@ class StreamingExperts(nn.Module):
             )
             self._install(self._views)  # the output's graph holds the copies until it is evaluated
         if share is not None:
-            out = share.sum(out)
+            out = share.sum(out, traffic)
         if self._stats.profile:
             computed = time.perf_counter()
             mx.eval(out)

@@ -20,6 +20,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from .stats import ExpertTraffic
+
 
 class ExpertShare:
     """Which of one layer's experts this rank computes (`record_of[e]`: its record in this rank's
@@ -34,11 +36,10 @@ class ExpertShare:
         self._owned = mx.array(owned)
 
     def sync_free(self, container: nn.Module, x: mx.array, indices: mx.array):
-        """(summed output, the records computed) without knowing the routing on the host."""
+        """(this rank's rows, the records computed) without knowing the routing on the host."""
         records = self._records[indices]
         out = container(x, records)
-        out = mx.where(self._owned[indices][..., None], out, 0.0)
-        return self.sum(out), records
+        return mx.where(self._owned[indices][..., None], out, 0.0), records
 
     def owned_slots(self, routed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(flat slot numbers routed to this rank's experts, their records)."""
@@ -65,5 +66,9 @@ class ExpertShare:
         out[mx.array(slots)] = rows
         return out.reshape(*shape, width)
 
-    def sum(self, out: mx.array) -> mx.array:
+    def sum(self, out: mx.array, traffic: ExpertTraffic) -> mx.array:
+        """The ranks' rows summed: the layer's one collective."""
+        traffic.collectives += 1
+        traffic.collective_bytes += out.nbytes
+        traffic.collective_shape = (out.shape, out.dtype)
         return mx.distributed.all_sum(out, group=self.group)
