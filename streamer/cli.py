@@ -21,7 +21,7 @@ def _repack(args: argparse.Namespace) -> None:
 
 def _split(args: argparse.Namespace) -> None:
     from .shards import parse_shard
-    from .split import split
+    from .repack.split import split
 
     rank, ranks = parse_shard(args.shard)
     split(args.src, args.dst, rank, ranks, trace=args.trace, force=args.force)

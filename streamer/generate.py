@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
+from mlx_lm.generate import generation_stream
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -108,6 +109,9 @@ def stream_generate(
             model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps
         )
         yield Response(r.text, r.token, r.finish_reason, stats)
+    # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums must
+    # finish before any later collective, or the ranks' messages interleave
+    mx.synchronize(generation_stream)
 
 
 def _prompt_tokens(

@@ -1,8 +1,10 @@
 """One rank of the expert-parallel tests (run by mlx.launch from tests/test_distributed.py).
 
-Loads --model (its "{rank}" replaced by the rank) on the launched group, computes the prompt's
-logits and 64 greedy tokens with the decode routing traced, and writes them with the rank's
-expert statistics to --out (its "{rank}" replaced too).
+For each `--run MODEL OUT MODE` (MODEL and OUT with "{rank}" replaced by the rank): loads MODEL
+on the launched group, MODE "stream" (every expert streamed, each layer syncing to prefetch what
+it routed, crc32 checked on first read) or "resident" (every expert in memory: the sync-free
+path), computes the prompt's logits and greedy tokens with the decode
+routing traced, and writes them with the rank's expert statistics to OUT (.npz).
 """
 
 from __future__ import annotations
@@ -11,48 +13,67 @@ import argparse
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.generate import generate_step
+from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.sample_utils import make_sampler
 
 import streamer
 from streamer.distributed import launched_group
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--prompt", required=True)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--verify-reads", action="store_true")
-    args = ap.parse_args()
-    group = launched_group()
-    rank = group.rank() if group else 0
+def run(model_path: str, out: str, mode: str, prompt_text: str, tokens: int, group) -> None:
+    stream = mode == "stream"
     model, tokenizer = streamer.load(
-        args.model.format(rank=rank), memory_budget=0, group=group, verify_reads=args.verify_reads
+        model_path, memory_budget=0 if stream else None, group=group, verify_reads=stream
     )
-    prompt = mx.array(tokenizer.encode(args.prompt))
-    logits = model(prompt[None])
+    prompt = mx.array(tokenizer.encode(prompt_text))
+    # evaluated now: a graph left pending would run its collectives later, out of step with
+    # the other ranks' (every rank must issue its all_sums in the same order)
+    logits = model(prompt[None]).astype(mx.float32)
     mx.eval(logits)
     model.expert_stats.reset()
     model.expert_stats.trace = []
-    steps = generate_step(prompt, model, max_tokens=args.tokens, sampler=make_sampler(temp=0.0))
-    tokens = [int(token) for token, _ in steps]
+    steps = generate_step(prompt, model, max_tokens=tokens, sampler=make_sampler(temp=0.0))
+    generated = [int(token) for token, _ in steps]
+    mx.synchronize(generation_stream)  # generate_step leaves one step (and its all_sums) running
     decode = model.expert_stats.decode
-    traced = np.full((len(model.expert_stats.trace), 2 + 64), -1, dtype=np.int64)
-    for row, (layer, experts) in zip(traced, model.expert_stats.trace):
-        row[0], row[1] = layer, len(experts)
-        row[2 : 2 + len(experts)] = experts
+    trace = model.expert_stats.trace
+    widest = max((len(experts) for _, experts in trace), default=0)
+    routed = np.full((len(trace), 1 + widest), -1, dtype=np.int64)
+    for row, (layer, experts) in zip(routed, trace):
+        row[0] = layer
+        row[1 : 1 + len(experts)] = experts
     np.savez(
-        args.out.format(rank=rank),
-        logits=np.array(logits.astype(mx.float32)),
-        tokens=np.array(tokens),
-        trace=traced,
+        out,
+        logits=np.array(logits),
+        tokens=np.array(generated),
+        trace=routed,
         experts_read=decode.experts_read,
         bytes_read=decode.bytes_read,
-        syncs=decode.syncs,
+        collectives=decode.collectives,
         layer_calls=decode.layer_calls,
     )
+    model.expert_store.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--run", nargs=3, action="append", metavar=("MODEL", "OUT", "MODE"), required=True
+    )
+    ap.add_argument("--prompt", required=True)
+    ap.add_argument("--tokens", type=int, default=64)
+    args = ap.parse_args()
+    group = launched_group()
+    rank = str(group.rank() if group else 0)
+    for model_path, out, mode in args.run:
+        run(
+            model_path.replace("{rank}", rank),
+            out.replace("{rank}", rank),
+            mode,
+            args.prompt,
+            args.tokens,
+            group,
+        )
 
 
 if __name__ == "__main__":

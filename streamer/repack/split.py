@@ -16,10 +16,10 @@ import sys
 import zlib
 from pathlib import Path
 
-from .errors import StreamerError
-from .io.integrity import check_files, data_files, file_stat
-from .io.lock import lock_directory, lock_for_replacing
-from .io.manifest import (
+from ..errors import StreamerError
+from ..io.integrity import check_files, data_files, file_stat
+from ..io.lock import lock_directory, lock_for_replacing
+from ..io.manifest import (
     MANIFEST_FILE,
     RESIDENT_FILE,
     Manifest,
@@ -28,8 +28,8 @@ from .io.manifest import (
     read_manifest,
     write_manifest,
 )
-from .repack import _publish as publish
-from .shards import owners
+from ..shards import owners
+from .publish import check_free_space, partial_folder, publish
 
 
 def split(
@@ -60,7 +60,7 @@ def split(
         raise StreamerError(f"{dst} is the source folder: choose another destination.")
     shard = Shard(rank, ranks, manifest.model_identity, "trace" if trace else "interleaved")
     owned = [[int(e) for e in (layer_owner == rank).nonzero()[0]] for layer_owner in owner]
-    partial = dst.parent / f".{dst.name}.partial"
+    partial = partial_folder(dst)
     readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads dst
     try:
         if partial.exists():
@@ -71,7 +71,7 @@ def split(
         (partial / "experts").mkdir(parents=True)
         fd = lock_directory(partial, "writing the same destination")
         try:
-            _check_space(src, partial, manifest, owned)
+            check_free_space(partial, _shard_bytes(src, manifest, owned))
             result = _write(src, partial, manifest, owned, shard)
             publish(partial, dst)
         except BaseException as e:
@@ -141,16 +141,9 @@ def _write_layer(src: Path, out: Path, index: int, layer: MoeLayer, experts: lis
     )
 
 
-def _check_space(src: Path, partial: Path, manifest: Manifest, owned: list[list[int]]) -> None:
-    needed = (src / RESIDENT_FILE).stat().st_size + sum(
-        len(experts) * layer.record_bytes for layer, experts in zip(manifest.layers, owned)
-    )
-    free = shutil.disk_usage(partial).free
-    if needed > free:
-        raise StreamerError(
-            f"not enough disk space in {partial.parent}: the shard needs about "
-            f"{needed / 1e9:.2f} GB, {free / 1e9:.2f} GB is free."
-        )
+def _shard_bytes(src: Path, manifest: Manifest, owned: list[list[int]]) -> int:
+    experts = sum(len(e) * layer.record_bytes for layer, e in zip(manifest.layers, owned))
+    return (src / RESIDENT_FILE).stat().st_size + experts
 
 
 def _io_error(error: OSError, partial: Path) -> StreamerError:

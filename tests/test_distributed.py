@@ -1,0 +1,204 @@
+"""Expert-parallel runs: 2 ranks on this machine over MLX's ring backend, started by mlx.launch on
+127.0.0.1 exactly as users start them across Macs. Each launch is bounded in time.
+
+Each rank computes the routed experts it owns and one all_sum per MoE layer gives every rank the
+single-process output: float32 logits within 1e-5, the same 64 greedy tokens, and each rank
+reads only its own share of the experts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamer.repack.split import split
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+PROMPT = "The function returns the value of the argument, or raises an error if the file is missing."
+LAUNCH_SECONDS = 240  # a launch takes 10-30 s here; a hang fails the test instead of the suite
+RANKS = 2
+
+
+def free_ports(count: int = RANKS) -> int:
+    """A base port with `count` free ports after it (mlx.launch gives rank r base + r)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count >= 65536:
+            continue
+        try:
+            sockets = [socket.socket() for _ in range(count)]
+            for i, s in enumerate(sockets):
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free ports on 127.0.0.1")
+
+
+def launch(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run `command` on 2 ranks with mlx.launch (ring backend, 127.0.0.1), killed if it hangs."""
+    launcher = shutil.which("mlx.launch") or str(Path(sys.executable).with_name("mlx.launch"))
+    argv = [launcher, "--backend", "ring", "--hosts", "127.0.0.1", "-n", str(RANKS)]
+    argv += ["--starting-port", str(free_ports()), "--", *command]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the ranks go down with it on a timeout
+    )
+    try:
+        out, err = proc.communicate(timeout=LAUNCH_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"mlx.launch did not finish in {LAUNCH_SECONDS} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def models(checkpoints, tmp_path_factory) -> dict[str, Path]:
+    """Float (bf16 experts computed in float32) and 4-bit models, full and split in 2 shards."""
+    root = tmp_path_factory.mktemp("expert-parallel")
+    folders = {
+        "float": checkpoints.repacked(checkpoints.hf("qwen3_moe")),
+        "quantized": checkpoints.repacked(checkpoints.mlx("qwen3_moe")),
+    }
+    for name, full in list(folders.items()):
+        for rank in range(RANKS):
+            split(full, root / f"{name}-shard{rank}", rank, RANKS, log=lambda _: None)
+        folders[f"{name}-shards"] = root / f"{name}-shard{{rank}}"
+    folders["root"] = root
+    return folders
+
+
+RUNS = {  # name: (model folder, mode)
+    "float-shards": ("float-shards", "stream"),
+    "quantized-shards": ("quantized-shards", "stream"),
+    "quantized-resident": ("quantized-shards", "resident"),
+    "float-full": ("float", "stream"),
+}
+
+
+@pytest.fixture(scope="module")
+def parallel(models) -> dict[str, list[dict]]:
+    """Every run of RUNS on 2 ranks, in one launch: name -> per-rank results."""
+    root = models["root"]
+    command = [sys.executable, str(WORKER), "--prompt", PROMPT]
+    for name, (model, mode) in RUNS.items():
+        command += ["--run", str(models[model]), str(root / f"{name}-{{rank}}.npz"), mode]
+    result = launch(command, root)
+    runs = {}
+    for name in RUNS:
+        files = [root / f"{name}-{rank}.npz" for rank in range(RANKS)]
+        assert all(f.exists() for f in files), result.stdout[-2000:] + result.stderr[-4000:]
+        runs[name] = [dict(np.load(f)) for f in files]
+    return runs
+
+
+@pytest.fixture(scope="module")
+def single(models) -> dict[str, dict]:
+    """The same runs in this process, alone, on the full folders."""
+    sys.path.insert(0, str(WORKER.parent))
+    from distributed_worker import run
+
+    results = {}
+    for name, (model, mode) in RUNS.items():
+        full = models[model.removesuffix("-shards")]
+        out = models["root"] / f"{name}-single.npz"
+        run(str(full), str(out), mode, PROMPT, 64, None)
+        results[name] = dict(np.load(out))
+    return results
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_rank_computes_the_single_process_output(parallel, single, name):
+    alone = single[name]
+    assert len(alone["tokens"]) == 64
+    for rank, result in enumerate(parallel[name]):
+        diff = np.abs(result["logits"] - alone["logits"]).max()
+        tolerance = 0.0 if name.startswith("quantized") else 1e-5
+        assert diff <= tolerance, f"rank {rank}: max abs logit difference {diff}"
+        assert result["tokens"].tolist() == alone["tokens"].tolist(), f"rank {rank}"
+        # one all_sum per MoE layer call, nothing else
+        assert result["collectives"] == result["layer_calls"] > 0
+
+
+@pytest.mark.parametrize("name", ["float-shards", "quantized-shards", "float-full"])
+def test_each_rank_reads_only_its_share(parallel, single, name):
+    reads = []
+    for rank, result in enumerate(parallel[name]):
+        routed = result["trace"][:, 1:]
+        experts = routed[routed >= 0]
+        assert experts.size, f"rank {rank} read no experts"
+        assert (experts % RANKS == rank).all(), f"rank {rank} read another rank's experts"
+        reads.append(int(result["experts_read"]))
+    # together the ranks read exactly what one process reads alone, each about half
+    assert sum(reads) == single[name]["experts_read"]
+    assert min(reads) > 0.3 * sum(reads)
+
+
+def test_each_shard_holds_only_its_share_on_disk(models):
+    full = models["quantized"]
+    for rank in range(RANKS):
+        shard = Path(str(models["quantized-shards"]).replace("{rank}", str(rank)))
+        for layer_file in sorted((full / "experts").iterdir()):
+            assert (shard / "experts" / layer_file.name).stat().st_size * RANKS == (
+                layer_file.stat().st_size
+            )
+
+
+def test_generate_under_mlx_launch(models):
+    """`mlx.launch ... -- streamer generate` prints once, from rank 0, what one process prints,
+    and every rank's statistics in one line."""
+    args = ["--prompt", "def read(path):", "--max-tokens", "12", "--memory-budget", "0"]
+    alone = subprocess.run(
+        [sys.executable, "-m", "streamer", "generate", "--model", str(models["quantized"]), *args],
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_SECONDS,
+    )
+    assert alone.returncode == 0, alone.stderr
+    model = str(models["quantized-shards"])
+    result = launch(
+        [sys.executable, "-m", "streamer", "generate", "--model", model, *args], models["root"]
+    )
+    assert result.stdout == alone.stdout, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "expert MB/token by rank" in line]
+    assert len(lines) == 1, result.stderr
+    assert f"{RANKS} ranks" in lines[0] and "all_sum 2/token" in lines[0]
+
+
+def test_a_rank_given_another_ranks_shard_is_named(models, tmp_path):
+    for rank in range(RANKS):  # rank r gets shard (r + 1) mod 2
+        other = str(models["quantized-shards"]).replace("{rank}", str((rank + 1) % RANKS))
+        (tmp_path / f"swapped{rank}").symlink_to(other)
+    result = launch(
+        [sys.executable, "-m", "streamer", "generate", "--model", str(tmp_path / "swapped{rank}")]
+        + ["--prompt", "x", "--max-tokens", "2"],
+        tmp_path,
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("streamer: error")]
+    assert errors == [
+        f"streamer: error: rank 0 ({socket.gethostname()}:{Path(other).resolve().parent}"
+        f"/quantized-shard1) holds shard 1/2, which is rank 1's: give rank 0 the folder of "
+        "shard 0/2."
+    ], result.stderr
+    assert result.stdout == ""
