@@ -1,0 +1,143 @@
+"""`streamer split`: each rank's shard holds the resident weights and only its experts' records,
+byte for byte; the shares are balanced; bad input is refused with nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import streamer
+from streamer.cli import main
+from streamer.errors import StreamerError
+from streamer.io.manifest import read_manifest
+from streamer.repack.split import split
+from streamer.shards import balanced, interleaved
+from streamer.verify import verify
+
+
+@pytest.fixture(scope="module")
+def full(checkpoints):
+    return checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+
+
+@pytest.fixture(scope="module")
+def shards(full, tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    for rank in range(2):
+        split(full, root / f"shard{rank}", rank, 2, log=lambda _: None)
+    return [root / f"shard{rank}" for rank in range(2)]
+
+
+def test_shards_hold_each_expert_once_byte_for_byte(full, shards):
+    source = read_manifest(full)
+    manifests = [read_manifest(s) for s in shards]
+    for rank, (folder, manifest) in enumerate(zip(shards, manifests)):
+        assert (manifest.shard.rank, manifest.shard.ranks) == (rank, 2)
+        assert manifest.model_identity == source.model_identity
+        assert (folder / "resident.safetensors").read_bytes() == (
+            full / "resident.safetensors"
+        ).read_bytes()
+        assert verify(folder, log=lambda _: None) == []
+    for index, layer in enumerate(source.layers):
+        ids = [m.layers[index].expert_ids for m in manifests]
+        assert sorted(ids[0] + ids[1]) == list(range(layer.num_experts))
+        assert list(ids[1]) == list(range(1, layer.num_experts, 2))  # interleaved
+        data = (full / layer.file).read_bytes()
+        for folder, expert_ids in zip(shards, ids):
+            shard_data = (folder / layer.file).read_bytes()
+            for record, expert in enumerate(expert_ids):
+                size = layer.record_bytes
+                assert (
+                    shard_data[record * size : (record + 1) * size]
+                    == data[expert * size : (expert + 1) * size]
+                )
+
+
+def test_a_shard_alone_is_refused_naming_the_ranks(shards):
+    with pytest.raises(
+        StreamerError, match=r"holds only shard 1/2 .* run it on 2 ranks with `mlx.launch`"
+    ):
+        streamer.load(shards[1])
+
+
+def test_info_describes_a_shard(shards, capsys):
+    assert main(["info", str(shards[0])]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "shard             0/2 (interleaved): 8 experts per layer here, the rest on the other ranks"
+        in out
+    )
+
+
+def test_trace_balances_traffic(full, tmp_path):
+    rng = np.random.default_rng(0)
+    layers = len(read_manifest(full).layers)
+    popular = rng.zipf(1.5, size=(4000, layers, 4)) % 16  # skewed: a few experts take most slots
+    np.savez(tmp_path / "trace.npz", experts=popular)
+    manifest = split(full, tmp_path / "s0", 0, 2, trace=tmp_path / "trace.npz", log=lambda _: None)
+    assert manifest.shard.assignment == "trace"
+    for index in range(layers):
+        counts = np.bincount(popular[:, index].ravel(), minlength=16)
+        mine = counts[list(manifest.layers[index].expert_ids)].sum()
+        # balanced far better than interleaving would, with 8 experts on each rank
+        interleaved_share = counts[interleaved(16, 2) == 0].sum()
+        assert abs(mine - counts.sum() / 2) <= abs(interleaved_share - counts.sum() / 2)
+        assert len(manifest.layers[index].expert_ids) == 8
+
+
+def test_balanced_gives_equal_counts_and_spreads_hot_experts():
+    owner = balanced(np.array([100, 90, 5, 4, 3, 2, 1, 0]), 2)
+    assert np.bincount(owner).tolist() == [4, 4]
+    assert owner[0] != owner[1]
+
+
+def test_bad_input_is_refused_and_nothing_written(full, shards, tmp_path, capsys):
+    dst = tmp_path / "out"
+    with pytest.raises(StreamerError, match="already shard 0/2: split the full"):
+        split(shards[0], dst, 0, 2)
+    with pytest.raises(StreamerError, match="cannot share 16 experts per layer among 17 ranks"):
+        split(full, dst, 0, 17)
+    np.savez(tmp_path / "other.npz", experts=np.zeros((3, 9, 4), dtype=np.int64))
+    with pytest.raises(StreamerError, match="expected integer \\[tokens, 2, top_k\\]"):
+        split(full, dst, 0, 2, trace=tmp_path / "other.npz")
+    assert main(["split", str(full), str(dst), "--shard", "2/2"]) == 2
+    assert "--shard '2/2': give RANK/RANKS with 0 <= RANK < RANKS" in capsys.readouterr().err
+    assert not dst.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_a_damaged_source_record_is_refused(full, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(full, damaged)
+    layer = read_manifest(damaged).layers[1]
+    with open(damaged / layer.file, "r+b") as f:  # one byte of expert 5, same size and time
+        f.seek(5 * layer.record_bytes + 100)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    shutil.copystat(full / layer.file, damaged / layer.file)
+    with pytest.raises(
+        StreamerError, match="MoE layer 1 .* expert 5: tensor .* does not match its checksum"
+    ):
+        split(damaged, tmp_path / "out", 1, 2)
+    assert not (tmp_path / "out").exists() and not (tmp_path / ".out.partial").exists()
+
+
+def test_hand_edited_shard_manifests_are_refused(shards, tmp_path):
+    edits = [
+        (lambda m: m["shard"].update(rank=2), "invalid shard entry"),
+        (lambda m: m["moe_layers"][0].pop("expert_ids"), "lacks its expert_ids"),
+        (lambda m: m["moe_layers"][0]["expert_ids"].reverse(), "in increasing order"),
+        (lambda m: m.pop("shard"), "expert_ids without a shard entry"),
+    ]
+    for edit, message in edits:
+        folder = tmp_path / "edited"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(shards[0], folder)
+        data = json.loads((folder / "manifest.json").read_text())
+        edit(data)
+        (folder / "manifest.json").write_text(json.dumps(data))
+        with pytest.raises(StreamerError, match=message):
+            read_manifest(folder)
