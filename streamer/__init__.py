@@ -6,6 +6,8 @@ seconds, and `streamer --help`, `info` and `plan` need neither.
 
 from __future__ import annotations
 
+import sys
+import types
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
@@ -34,5 +36,20 @@ __all__ = ["StreamerError", "Response", "RunStats", "generate", "load", "stream_
 
 def __getattr__(name: str):
     if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """Importing a submodule binds it on its package: `streamer.generate` the function must not
+    become `streamer.generate` the module once something imports the module."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

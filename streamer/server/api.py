@@ -79,9 +79,7 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def parse_completion(
-    body: dict, *, chat: bool, models: set[str], defaults: Sampling
-) -> Completion:
+def parse_completion(body: dict, *, chat: bool, models: set[str], defaults: Sampling) -> Completion:
     model = _get(body, "model", str, required=True)
     if model not in models:
         raise ApiError(
@@ -133,7 +131,9 @@ def _chat_fields(body: dict, request: Completion) -> None:
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise ApiError(
-                400, f"tools[{i}] must be {{type: function, function: {{name, ...}}}}", param="tools"
+                400,
+                f"tools[{i}] must be {{type: function, function: {{name, ...}}}}",
+                param="tools",
             )
     choice = body.get("tool_choice")
     if choice not in (None, "auto", "none"):
@@ -194,7 +194,9 @@ def _text_fields(body: dict, request: Completion) -> None:
         request.prompt = list(prompt)
     else:
         raise ApiError(
-            400, "prompt must be a non-empty string or list of token ids (one prompt)", param="prompt"
+            400,
+            "prompt must be a non-empty string or list of token ids (one prompt)",
+            param="prompt",
         )
     top = _get(body, "logprobs", int, low=0, high=20)
     request.logprobs, request.top_logprobs = top is not None, top or 0

@@ -132,7 +132,13 @@ class Engine:
             tokens = [] if eos or not request.logprobs else [self._token(response, request)]
             if piece or tokens:
                 job.events.put(Step(piece, tokens))
-            if stopped or job.cancelled.is_set():
+            if job.cancelled.is_set():
+                log.info(
+                    "client gone: stopped after %d of %d tokens", len(generated), job.max_tokens
+                )
+                finish = "stop"
+                break
+            if stopped:
                 finish = "stop"
                 break
             finish = response.finish_reason or finish

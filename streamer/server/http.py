@@ -11,6 +11,7 @@ import json
 import logging
 import select
 import socket
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from queue import Empty
 
@@ -21,7 +22,7 @@ from .prompts import prompt_tokens
 from .responses import Answer, stats_json
 
 log = logging.getLogger("streamer.server")
-POLL_SECONDS = 0.5  # how often a waiting handler checks that its client is still there
+POLL_SECONDS = 0.25  # how often a waiting handler checks that its client is still there
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 TEXT_PATHS = ("/v1/completions", "/completions")
 
@@ -137,10 +138,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def _whole(self, job: Job) -> None:
         answer = Answer(job.request, self.server.app.engine.tokenizer.tool_parser)
+        checked = time.monotonic()
         try:
             for event in self._events(job):
-                if event is None and _client_gone(self.connection):
-                    return  # the finally of do_POST cancels the job
+                if time.monotonic() - checked > POLL_SECONDS:
+                    if _client_gone(self.connection):
+                        return  # the finally of do_POST cancels the job
+                    checked = time.monotonic()
                 if isinstance(event, Step):
                     answer.add(event.piece, event.tokens)
                 elif isinstance(event, Done):

@@ -57,7 +57,12 @@ class Answer:
 
     def usage_chunk(self, done: Done) -> dict:
         kind = "chat.completion.chunk" if self.request.chat else "text_completion"
-        return {**self._head(kind), "choices": [], "usage": _usage(done), "streamer": stats_json(done.stats)}
+        return {
+            **self._head(kind),
+            "choices": [],
+            "usage": _usage(done),
+            "streamer": stats_json(done.stats),
+        }
 
     # whole
     def add(self, piece: Piece, tokens: list[Token]) -> None:
