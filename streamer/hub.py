@@ -40,7 +40,7 @@ def resolve(name: str | Path, what: str = "model") -> Path:
 
 
 def repacked(name: str | Path) -> Path:
-    """A folder written by `streamer repack`; a download is refused with the command to repack it."""
+    """A folder written by `streamer repack`; a download is refused, saying how to repack it."""
     from .io.manifest import MANIFEST_FILE
 
     folder = resolve(name)

@@ -10,8 +10,8 @@ import uuid
 
 from mlx_lm.server import ToolCallFormatter
 
-from .api import Completion
 from ..generate import RunStats
+from .api import Completion
 from .engine import Done, Token
 from .output import Piece
 
