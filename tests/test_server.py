@@ -20,8 +20,8 @@ from mlx_lm.sample_utils import make_logits_processors
 from tokenizers import AddedToken, Tokenizer
 
 import streamer
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.repack import repack
-from streamer.synthetic import tiny_config, write_hf_checkpoint
 
 # One token that is a whole tool call, so a logit bias makes the tiny random model call a tool.
 CALL = '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>'
