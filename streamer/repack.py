@@ -38,6 +38,7 @@ from .architectures import (
     normalize_config,
     quantize_like_mlx_lm,
 )
+from .config import check_config, check_layer_count
 from .errors import StreamerError
 from .io.checkpoint import INDEX_FILE, Checkpoint
 from .io.integrity import file_stat
@@ -224,7 +225,8 @@ class _Plan:
         self.ckpt = ckpt
         self.quantize = quantize
         where = ckpt.folder / "config.json"
-        config = normalize_config(ckpt.config)
+        config = normalize_config(check_config(ckpt.config, where))
+        check_layer_count(config, ckpt.tensors, where)
         self.arch: Architecture = architecture(config, where)
         if "quantization" not in config and "quantization_config" in config:
             raise StreamerError(
