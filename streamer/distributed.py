@@ -139,9 +139,9 @@ def shared_seed(group: mx.distributed.Group, seed: int | None) -> int:
 def time_all_sum(
     group: mx.distributed.Group, shape: tuple[int, ...], dtype: mx.Dtype, repeat: int = 20
 ) -> float:
-    """Median seconds of one all_sum of `shape` (one MoE layer's decode collective), all ranks
-    taking part: a measurement after the run, since timing the run's own collectives would need
-    a host sync in every layer."""
+    """Median seconds of one all_sum of `shape` (sized as one MoE layer's decode collective), all
+    ranks taking part: a measurement after the run, since timing the run's own collectives would
+    need a host sync in every layer."""
     x = mx.zeros(shape, dtype=dtype)
     mx.eval(x)
     times = []
@@ -155,11 +155,11 @@ def time_all_sum(
 def group_stats_line(group: mx.distributed.Group, model, stats) -> str:
     """Every rank's decode traffic gathered into one line (meant for rank 0 to print): expert
     bytes and reads per token and rank, and the per-token cost of the layers' all_sums, timed
-    after the run on the run's own decode shape (all ranks must call this together)."""
+    after the run at the size of the run's own (all ranks must call this together)."""
     decode = model.expert_stats.decode
     steps = max(model.expert_stats.decode_tokens, 1)
-    shape = decode.collective_shape or ((1, 1, 1, 1), mx.float32)
-    seconds = time_all_sum(group, *shape)
+    each = decode.collective_bytes // max(decode.collectives, 1)  # bytes of one decode all_sum
+    seconds = time_all_sum(group, (max(each // 4, 1),), mx.float32)
     rows = gather_floats(
         group,
         [

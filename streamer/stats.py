@@ -28,7 +28,6 @@ class ExpertTraffic:
     )
     collectives: int = 0  # expert-parallel: all_sums of the ranks' expert rows (one per layer call)
     collective_bytes: int = 0  # bytes those all_sums summed, per rank
-    collective_shape: tuple = ()  # (shape, dtype) of the last one
     compute_seconds: float = 0.0  # expert compute, measured only when profiling (it adds a sync)
     layer_seconds: float = 0.0  # wall time inside the expert layer, all of the above included
 
