@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""Expert-parallel decode on this machine: 1 rank against 2 ranks (mlx.launch, ring backend on
+127.0.0.1), each rank pinned to its own core.
+
+For each run: decode ms/token on both read paths (sync-free: the layers' files are all in the
+page cache and the routing stays on the device; synced: each layer learns its routing on the
+host and prefetches its routed experts, as a model larger than memory does, here with the
+reads served from the page cache), expert bytes read per rank per token, all_sums per token and
+one all_sum's cost at the decode size. Results go to bench/results/distributed.json.
+
+    python bench/distributed.py [--preset qwen3-30b-a3b --layers 4 --vocab 37984 --tokens 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def worker(args: argparse.Namespace) -> None:
+    rank = int(os.environ.get("MLX_RANK", "0"))
+    os.sched_setaffinity(0, {rank % os.cpu_count()})  # each rank on its own core
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.generate import generate_step, generation_stream
+    from mlx_lm.sample_utils import make_sampler
+
+    import streamer
+    from streamer.distributed import gather_floats, launched_group, time_all_sum
+
+    group = launched_group()
+    folder = Path(args.model.replace("{rank}", str(rank)))
+    for path in sorted((folder / "experts").iterdir()):  # into the page cache: the warm case
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+    model, _ = streamer.load(folder, memory_budget=0, group=group)
+    stats = model.expert_stats if hasattr(model, "expert_stats") else model.streamer.stats
+    prompt = mx.array(np.random.default_rng(0).integers(0, 1000, size=16))
+    sampler = make_sampler(temp=0.0)
+    row = []
+    for mode in ("warmup", "sync-free", "synced"):
+        stats.reset()
+        stats.trace = [] if mode == "synced" else None  # wanting the routing forces the sync
+        tokens = 4 if mode == "warmup" else args.tokens
+        steps = generate_step(prompt, model, max_tokens=tokens, sampler=sampler)
+        next(steps)  # the prompt and the first token
+        stats.reset()
+        start = time.perf_counter()
+        n = sum(1 for _ in steps)
+        mx.synchronize(generation_stream)
+        seconds = time.perf_counter() - start
+        decode = stats.decode
+        stats.trace = None
+        if mode != "warmup":
+            row += [
+                seconds / n * 1e3,
+                decode.bytes_read / n,
+                decode.experts_read / n,
+                decode.syncs / n,
+                decode.collectives / n,
+            ]
+    each = decode.collective_bytes // max(decode.collectives, 1)
+    all_sum = time_all_sum(group, (max(each // 4, 1),), mx.float32, repeat=50) if group else 0.0
+    row += [all_sum, each]
+    rows = gather_floats(group, row) if group else np.array([row])
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(rows.tolist()))
+
+
+def launch(args: argparse.Namespace, model: str, ranks: int, out: Path) -> list[list[float]]:
+    command = [sys.executable, __file__, "--worker", "--model", model, "--out", str(out)]
+    command += ["--tokens", str(args.tokens)]
+    if ranks > 1:
+        launcher = shutil.which("mlx.launch") or str(Path(sys.executable).with_name("mlx.launch"))
+        command = [launcher, "--hosts", "127.0.0.1", "-n", str(ranks), "--", *command]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(command, check=True, env=env, timeout=1800)
+    return json.loads(out.read_text())
+
+
+FIELDS = (
+    "ms_per_token",
+    "expert_bytes_per_token",
+    "experts_per_token",
+    "syncs_per_token",
+    "all_sums_per_token",
+)
+
+
+def summary(rows: list[list[float]]) -> dict:
+    result = {}
+    for index, mode in enumerate(("sync-free", "synced")):
+        part = [r[index * 5 : index * 5 + 5] for r in rows]
+        result[mode] = {name: [p[i] for p in part] for i, name in enumerate(FIELDS)}
+    result["all_sum_seconds"] = max(r[10] for r in rows)
+    result["all_sum_bytes"] = rows[0][11]
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--preset", default="qwen3-30b-a3b")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=151936 // 4)
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--data", type=Path, default=Path("/tmp/streamer-bench-data"))
+    ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    from run import ensure_models
+
+    from streamer.repack.split import split
+
+    models = ensure_models(
+        args.preset,
+        args.data,
+        layers=args.layers,
+        vocab=args.vocab,
+        skew=0.3,
+        seed=0,
+        dtype="float32",  # float32 scales: no conversion, so the sync-free path exists on CPU
+    )
+    shards = args.data / f"{models.streaming.name}-shard{{rank}}"
+    for rank in range(2):
+        folder = Path(str(shards).replace("{rank}", str(rank)))
+        if not folder.exists():
+            split(models.streaming, folder, rank, 2)
+    args.results.mkdir(parents=True, exist_ok=True)
+    tmp = args.data / "distributed-run.json"
+    result = {
+        "model": models.info,
+        "tokens": args.tokens,
+        "load_average": os.getloadavg(),
+        "1 rank": summary(launch(args, str(models.streaming), 1, tmp)),
+        "2 ranks": summary(launch(args, str(shards), 2, tmp)),
+    }
+    (args.results / "distributed.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
