@@ -58,6 +58,10 @@ def load(
     config = check_config(manifest.config, folder / MANIFEST_FILE)
     resident_path = folder / RESIDENT_FILE
     names = read_header(resident_path)  # clear errors for a truncated or corrupt file
+    if set(names) != set(manifest.resident_crc32):
+        raise StreamerError(
+            f"{resident_path} holds other tensors than manifest.json lists; repack the model."
+        )
     modules = [layer.module + "." for layer in manifest.layers]
     check_layer_count(config, [*names, *modules], folder / MANIFEST_FILE)
     model = build_model(config, folder / MANIFEST_FILE)
@@ -73,7 +77,9 @@ def load(
         check_budget(manifest, memory_budget, dtype)
     files = open_repacked(folder, manifest)
     try:
-        stats, layers = _assemble(folder, manifest, model, containers, files, dtype, verify_reads)
+        stats, layers = _assemble(
+            folder, manifest, config, model, containers, files, dtype, verify_reads
+        )
         residency = _apply_budget(manifest, layers, memory_budget, dtype)
         tokenizer = _tokenizer(folder, config, trust_remote_code)
     except BaseException:
@@ -96,6 +102,7 @@ def load(
 def _assemble(
     folder: Path,
     manifest: Manifest,
+    config: dict,
     model: nn.Module,
     containers: dict[str, nn.Module],
     files: ExpertFiles,
@@ -103,7 +110,6 @@ def _assemble(
     verify_reads: bool,
 ) -> tuple[ExpertStats, list[StreamingExperts]]:
     """Streaming layers in place of the expert containers, then the resident weights."""
-    config = manifest.config
     stats = ExpertStats(moe_layers=len(containers))
     streaming: dict[str, StreamingExperts] = {}
     for index, (module_path, container) in enumerate(containers.items()):
@@ -115,11 +121,7 @@ def _assemble(
         checksums = layer.expert_crc32 if verify_reads else None
         streaming[module_path] = StreamingExperts(container, files, index, stats, dtype, checksums)
     replace_modules(model, streaming)
-
-    if set(names) != set(manifest.resident_crc32):
-        raise StreamerError(
-            f"{resident_path} holds other tensors than manifest.json lists; repack the model."
-        )
+    resident_path = folder / RESIDENT_FILE
     if verify_reads:
         problems = verify_resident(folder, manifest)
         if problems:
