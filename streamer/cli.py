@@ -16,7 +16,14 @@ def _repack(args: argparse.Namespace) -> None:
     from .repack import Quantize, repack
 
     quantize = Quantize(args.quantize, args.group_size) if args.quantize else None
-    repack(args.src, args.dst, quantize=quantize, force=args.force, resume=args.resume)
+    repack(
+        args.src,
+        args.dst,
+        quantize=quantize,
+        force=args.force,
+        resume=args.resume,
+        delete_source=args.delete_source,
+    )
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -217,6 +224,12 @@ def parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue an interrupted repack into DST from its last finished layer",
+    )
+    p.add_argument(
+        "--delete-source",
+        action="store_true",
+        help="delete each of SRC's shards once all of its data is written into DST (the disk "
+        "then needs about one shard beyond DST, not a second copy); resumable",
     )
     p.set_defaults(run=_repack)
 

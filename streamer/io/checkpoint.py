@@ -28,10 +28,16 @@ def read_json(path: Path, what: str) -> dict:
 
 
 class Checkpoint:
-    """Tensor table of a checkpoint folder. Reads bytes with pread; never loads a whole shard."""
+    """Tensor table of a checkpoint folder. Reads bytes with pread; never loads a whole shard.
 
-    def __init__(self, folder: Path | str):
+    `stand_ins` names, for shards a `repack --delete-source` has already deleted, a file holding
+    that shard's header at its original size (the data a hole): the table stays whole, so an
+    interrupted repack can resume, and reading such a shard's data is refused.
+    """
+
+    def __init__(self, folder: Path | str, stand_ins: dict[str, Path] | None = None):
         self.folder = Path(folder)
+        self.stand_ins = dict(stand_ins or {})
         if not self.folder.is_dir():
             raise StreamerError(
                 f"{self.folder} is not a folder: give the folder of a downloaded checkpoint."
@@ -50,7 +56,7 @@ class Checkpoint:
             weight_map = read_json(index_path, "").get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise StreamerError(f"{index_path} has no weight_map; download it again.")
-            shards = sorted({self.folder / name for name in weight_map.values()})
+            shards = sorted({self._shard(name) for name in weight_map.values()})
             for shard in shards:
                 if (
                     not shard.exists() and not shard.is_symlink()
@@ -63,11 +69,20 @@ class Checkpoint:
             return shards
         self._weight_map = None
         shards = sorted(self.folder.glob("model*.safetensors"))
+        shards += [
+            path for name, path in self.stand_ins.items() if self.folder / name not in shards
+        ]
         if not shards:
             raise StreamerError(
                 f"{self.folder} holds no model*.safetensors files: nothing to repack."
             )
         return shards
+
+    def _shard(self, name: str) -> Path:
+        path = self.folder / name
+        if name in self.stand_ins and not path.exists():
+            return self.stand_ins[name]
+        return path
 
     def _tensor_table(self) -> dict[str, TensorInfo]:
         table: dict[str, TensorInfo] = {}
@@ -97,6 +112,11 @@ class Checkpoint:
     def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
         """`length` bytes of a tensor from byte `start` within it (whole tensor by default)."""
         length = info.nbytes - start if length is None else length
+        if info.path.name in self.stand_ins:
+            raise StreamerError(
+                f"{self.folder / info.path.name} was deleted by `repack --delete-source` before "
+                f"tensor '{info.name}' was written: the repack cannot finish; download it again."
+            )
         fd = self._fds.get(info.path)
         if fd is None:
             fd = self._fds[info.path] = os.open(info.path, os.O_RDONLY)
@@ -106,6 +126,14 @@ class Checkpoint:
                 f"{info.path}: short read in tensor '{info.name}'; the file changed or is truncated."
             )
         return data
+
+    def release(self, path: Path) -> None:
+        """Close what is open on one shard (its descriptor and lazily loaded tensors), so that
+        deleting it frees its space."""
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+        self._lazy_shards.pop(path, None)
 
     def close(self) -> None:
         for fd in self._fds.values():
