@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
 from streamer.repack import repack
-from streamer.synthetic import tiny_config, write_hf_checkpoint
 
 QUIET = {"log": lambda _: None}
 
