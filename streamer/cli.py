@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import __version__
 from .errors import StreamerError
 
 
@@ -107,6 +108,25 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from .hub import repacked
+    from .server import serve
+    from .server.api import Sampling
+
+    defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
+    serve(
+        args.model,
+        repacked(args.model),
+        host=args.host,
+        port=args.port,
+        defaults=defaults,
+        max_tokens=args.max_tokens,
+        memory_budget=args.memory_budget,
+        trust_remote_code=args.trust_remote_code,
+        prompt_cache_size=args.prompt_cache_size,
+    )
+
+
 def _info(args: argparse.Namespace) -> None:
     from .io.manifest import RESIDENT_FILE, read_manifest
 
@@ -189,10 +209,25 @@ def _add_sampling(p: argparse.ArgumentParser, prompt_default: str | None) -> Non
     p.add_argument("--seed", type=int, default=None)
 
 
+def _add_loading(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--memory-budget",
+        type=_size,
+        default=None,
+        help="bytes of experts to keep resident, e.g. 4G",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a tokenizer that ships Python code (Kimi K2)",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="streamer", description="Run MoE LLMs larger than RAM by streaming experts from SSD."
     )
+    ap.add_argument("--version", action="version", version=f"streamer {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("repack", help="convert a downloaded checkpoint into the streaming layout")
@@ -230,23 +265,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
     )
-    p.add_argument(
-        "--memory-budget",
-        type=_size,
-        default=None,
-        help="bytes of experts to keep resident, e.g. 4G",
-    )
+    _add_loading(p)
     p.add_argument(
         "--verify-reads",
         action="store_true",
         help="check each expert's crc32 the first time it is read",
     )
-    p.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="allow a tokenizer that ships Python code (Kimi K2)",
-    )
     p.set_defaults(run=_generate)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a repacked model")
+    p.add_argument("--model", required=True, help="a repacked folder, or org/name (hub cache)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
+    p.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
+    p.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
+    p.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
+    p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
+    _add_loading(p)
+    p.set_defaults(run=_serve)
 
     p = sub.add_parser("info", help="describe a repacked model")
     p.add_argument("dir")

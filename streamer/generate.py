@@ -48,12 +48,14 @@ class RunStats:
 
 @dataclass(frozen=True)
 class Response:
-    """One streamed piece of text; `stats` covers the run so far."""
+    """One streamed piece of text; `stats` covers the run so far, `logprobs` (log-softmax over the
+    vocabulary) is the distribution `token` was sampled from."""
 
     text: str
     token: int
     finish_reason: str | None
     stats: RunStats
+    logprobs: mx.array | None = None
 
 
 def run_stats(
@@ -105,7 +107,7 @@ def stream_generate(
         stats = run_stats(
             model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps
         )
-        yield Response(r.text, r.token, r.finish_reason, stats)
+        yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
 
 
 def check_request(
