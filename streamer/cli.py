@@ -57,28 +57,27 @@ def _prompt(args: argparse.Namespace) -> str:
     the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
     An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
     """
+    from .generate import check_request
+
     raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise StreamerError(
-            f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): pass UTF-8 text "
-            "(check the file's or terminal's encoding)."
+            f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
+            "pass UTF-8 text (check the file's or terminal's encoding)."
         ) from None
-    if not text:
-        raise StreamerError(
-            "the prompt is empty: give some text to continue with --prompt (or `--prompt -` for stdin)."
-        )
-    if args.max_tokens <= 0:
-        raise StreamerError(f"--max-tokens must be at least 1 (got {args.max_tokens}).")
+    how = " with --prompt (or `--prompt -` for stdin)"
+    check_request(text, args.max_tokens, option="--max-tokens", how=how)
     return text
 
 
 def _generate(args: argparse.Namespace) -> int:
     if args.model is None:
         raise StreamerError(
-            "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` and pass "
-            "--model DST, or run `streamer demo` to see the whole pipeline on a built-in model."
+            "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` "
+            "and pass --model DST, or run `streamer demo` to see the whole pipeline on a built-in "
+            "model."
         )
     prompt = _prompt(args)  # before the slow imports: bad input fails fast
     from .model import load
@@ -188,8 +187,8 @@ def _demo(args: argparse.Namespace) -> int:
         quantize = Quantize(DEMO_QUANTIZE) if DEMO_QUANTIZE else None
         precision = f"with {DEMO_QUANTIZE}-bit experts" if DEMO_QUANTIZE else "unquantized (bf16)"
         print(
-            f"[demo] built-in model: a {_demo_size()} qwen3_moe trained on Python's standard library "
-            f"(tools/train_demo.py); repacking it {precision} to {dst}",
+            f"[demo] built-in model: a {_demo_size()} qwen3_moe trained on Python's standard "
+            f"library (tools/train_demo.py); repacking it {precision} to {dst}",
             file=sys.stderr,
         )
         repack(DEMO_MODEL, dst, quantize=quantize, force=True)
@@ -199,9 +198,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _demo_size() -> str:
-    import json
+    from .io.json_file import read_json_object
 
-    config = json.loads((DEMO_MODEL / "config.json").read_text())
+    config = read_json_object(DEMO_MODEL / "config.json", "reinstall streamer.")
     layers, experts, k = (
         config["num_hidden_layers"],
         config["num_experts"],

@@ -1,30 +1,18 @@
-"""A downloaded checkpoint folder: config.json plus safetensors shards (with or without an index)."""
+"""A downloaded checkpoint folder: config.json plus safetensors shards (with or without an
+index)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import mlx.core as mx
 
 from ..errors import StreamerError
+from .json_file import read_json_object
 from .safetensors import TensorInfo, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
-
-
-def read_json(path: Path, what: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise StreamerError(f"{path} is missing: {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StreamerError(f"{path} cannot be read as JSON ({e}); download it again.") from e
-    if not isinstance(data, dict):
-        raise StreamerError(f"{path} is not a JSON object; download it again.")
-    return data
 
 
 class Checkpoint:
@@ -42,9 +30,11 @@ class Checkpoint:
             raise StreamerError(
                 f"{self.folder} is not a folder: give the folder of a downloaded checkpoint."
             )
-        self.config = read_json(
+        self.config = read_json_object(
             self.folder / "config.json",
-            "point at the folder that holds the model's config.json and *.safetensors files.",
+            "download it again.",
+            missing="point at the folder that holds the model's config.json and *.safetensors "
+            "files.",
         )
         self.tensors = self._tensor_table()
         self._fds: dict[Path, int] = {}
@@ -53,7 +43,7 @@ class Checkpoint:
     def _shards(self) -> list[Path]:
         index_path = self.folder / INDEX_FILE
         if index_path.exists():
-            weight_map = read_json(index_path, "").get("weight_map")
+            weight_map = read_json_object(index_path, "download it again.").get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise StreamerError(f"{index_path} has no weight_map; download it again.")
             shards = sorted({self._shard(name) for name in weight_map.values()})
@@ -62,8 +52,8 @@ class Checkpoint:
                     not shard.exists() and not shard.is_symlink()
                 ):  # a broken link is reported when read
                     raise StreamerError(
-                        f"{index_path} names shard {shard.name}, which is missing from {self.folder}: "
-                        "the download is incomplete; fetch that file."
+                        f"{index_path} names shard {shard.name}, which is missing from "
+                        f"{self.folder}: the download is incomplete; fetch that file."
                     )
             self._weight_map = weight_map
             return shards
@@ -97,8 +87,8 @@ class Checkpoint:
             for name, shard_name in self._weight_map.items():
                 if name not in table:
                     raise StreamerError(
-                        f"{self.folder / INDEX_FILE} places tensor '{name}' in {shard_name}, which does not "
-                        "contain it: the shard is incomplete; download it again."
+                        f"{self.folder / INDEX_FILE} places tensor '{name}' in {shard_name}, "
+                        "which does not contain it: the shard is incomplete; download it again."
                     )
         return table
 
@@ -123,7 +113,8 @@ class Checkpoint:
         data = os.pread(fd, length, info.start + start)
         if len(data) != length:
             raise StreamerError(
-                f"{info.path}: short read in tensor '{info.name}'; the file changed or is truncated."
+                f"{info.path}: short read in tensor '{info.name}'; the file changed or is "
+                "truncated."
             )
         return data
 
