@@ -45,7 +45,7 @@ def worker(args: argparse.Namespace) -> None:
             while f.read(1 << 24):
                 pass
     model, _ = streamer.load(folder, memory_budget=0, group=group)
-    stats = model.expert_stats if hasattr(model, "expert_stats") else model.streamer.stats
+    stats = model.streamer.stats
     prompt = mx.array(np.random.default_rng(0).integers(0, 1000, size=16))
     sampler = make_sampler(temp=0.0)
     row = []

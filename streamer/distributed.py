@@ -1,7 +1,7 @@
 """Expert-parallel runs over MLX's own distributed layer (mx.distributed, started by mlx.launch).
 
 Every rank runs the whole model on the same tokens; in each MoE layer a rank computes only the
-routed experts it owns and the ranks' outputs are summed (streamer/experts_parallel.py). Here:
+routed experts it owns and the ranks' outputs are summed (streamer/experts/parallel.py). Here:
 finding the group, checking at load that the ranks' folders fit together (one model, each expert
 owned by exactly one rank, every shard on the rank it was split for), and the small collectives
 of the command line (a shared seed, the ranks' statistics gathered on rank 0).
@@ -156,8 +156,8 @@ def group_stats_line(group: mx.distributed.Group, model, stats) -> str:
     """Every rank's decode traffic gathered into one line (meant for rank 0 to print): expert
     bytes and reads per token and rank, and the per-token cost of the layers' all_sums, timed
     after the run at the size of the run's own (all ranks must call this together)."""
-    decode = model.expert_stats.decode
-    steps = max(model.expert_stats.decode_tokens, 1)
+    decode = model.streamer.stats.decode
+    steps = max(model.streamer.stats.decode_tokens, 1)
     each = decode.collective_bytes // max(decode.collectives, 1)  # bytes of one decode all_sum
     seconds = time_all_sum(group, (max(each // 4, 1),), mx.float32)
     rows = gather_floats(

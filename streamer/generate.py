@@ -13,6 +13,7 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .errors import StreamerError
+from .handle import streaming
 from .stats import ExpertStats, peak_rss_bytes
 
 
@@ -40,7 +41,8 @@ class RunStats:
         return (
             f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
             f"decode: {self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s | "
-            f"experts: {self.expert_bytes_per_token / 1e6:.2f} MB/token, {self.expert_reads_per_token:.1f} reads/token, "
+            f"experts: {self.expert_bytes_per_token / 1e6:.2f} MB/token, "
+            f"{self.expert_reads_per_token:.1f} reads/token, "
             f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "
             f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB"
         )
@@ -65,7 +67,8 @@ def run_stats(
     generation_tokens: int = 0,
     generation_tps: float = 0.0,
 ) -> RunStats:
-    stats: ExpertStats = model.expert_stats
+    handle = model.streamer
+    stats: ExpertStats = handle.stats
     decode = stats.decode
     steps = max(stats.decode_tokens, 1)
     return RunStats(
@@ -74,7 +77,7 @@ def run_stats(
         generation_tokens=generation_tokens,
         generation_tps=generation_tps,
         peak_rss_bytes=peak_rss_bytes(),
-        peak_mlx_bytes=mx.get_peak_memory() - model.expert_store.mapped_bytes,
+        peak_mlx_bytes=mx.get_peak_memory() - handle.files.mapped_bytes,
         expert_bytes_per_token=decode.bytes_read / steps,
         expert_bytes_copied_per_token=decode.bytes_copied / steps,
         expert_reads_per_token=decode.experts_read / steps,
@@ -96,15 +99,12 @@ def stream_generate(
     **kwargs,
 ) -> Iterator[Response]:
     """Yield text as it is generated. Extra keyword arguments go to mlx_lm.generate_step."""
-    if max_tokens <= 0:
-        raise StreamerError(f"max_tokens must be at least 1 (got {max_tokens}).")
-    if not prompt:
-        raise StreamerError("the prompt is empty: give some text to continue.")
+    check_request(prompt, max_tokens)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     if seed is not None:
         mx.random.seed(seed)
     kwargs.setdefault("sampler", make_sampler(temp=temp, top_p=top_p))
-    model.expert_stats.reset()
+    model.streamer.stats.reset()
     mx.reset_peak_memory()
     for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs):
         stats = run_stats(
@@ -114,6 +114,17 @@ def stream_generate(
     # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums must
     # finish before any later collective, or the ranks' messages interleave
     mx.synchronize(generation_stream)
+
+
+def check_request(
+    prompt: str | list[int], max_tokens: int, *, option: str = "max_tokens", how: str = ""
+) -> None:
+    """Refuse an empty prompt or a max_tokens below 1. The CLI asks before loading the model,
+    naming its own option and how to give a prompt (`how`)."""
+    if max_tokens <= 0:
+        raise StreamerError(f"{option} must be at least 1 (got {max_tokens}).")
+    if not prompt:
+        raise StreamerError(f"the prompt is empty: give some text to continue{how}.")
 
 
 def _prompt_tokens(
@@ -127,7 +138,8 @@ def _prompt_tokens(
         tokens = tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
     else:
         tokens = list(prompt)
-    context = getattr(model, "context_length", None)
+    handle = streaming(model)
+    context = handle.context_length if handle is not None else None
     if context and len(tokens) > context:
         raise StreamerError(
             f"the prompt is {len(tokens)} tokens but the model's context is {context} tokens "
@@ -135,9 +147,9 @@ def _prompt_tokens(
         )
     if context and len(tokens) + max_tokens > context:
         raise StreamerError(
-            f"the prompt is {len(tokens)} tokens and max_tokens is {max_tokens}, but the model's context is "
-            f"{context} tokens (max_position_embeddings in config.json): lower max_tokens to at most "
-            f"{context - len(tokens)} or shorten the prompt."
+            f"the prompt is {len(tokens)} tokens and max_tokens is {max_tokens}, but the model's "
+            f"context is {context} tokens (max_position_embeddings in config.json): lower "
+            f"max_tokens to at most {context - len(tokens)} or shorten the prompt."
         )
     return tokens
 

@@ -30,13 +30,13 @@ def run(model_path: str, out: str, mode: str, prompt_text: str, tokens: int, gro
     # the other ranks' (every rank must issue its all_sums in the same order)
     logits = model(prompt[None]).astype(mx.float32)
     mx.eval(logits)
-    model.expert_stats.reset()
-    model.expert_stats.trace = []
+    model.streamer.stats.reset()
+    model.streamer.stats.trace = []
     steps = generate_step(prompt, model, max_tokens=tokens, sampler=make_sampler(temp=0.0))
     generated = [int(token) for token, _ in steps]
     mx.synchronize(generation_stream)  # generate_step leaves one step (and its all_sums) running
-    decode = model.expert_stats.decode
-    trace = model.expert_stats.trace
+    decode = model.streamer.stats.decode
+    trace = model.streamer.stats.trace
     widest = max((len(experts) for _, experts in trace), default=0)
     routed = np.full((len(trace), 1 + widest), -1, dtype=np.int64)
     for row, (layer, experts) in zip(routed, trace):
@@ -52,7 +52,7 @@ def run(model_path: str, out: str, mode: str, prompt_text: str, tokens: int, gro
         collectives=decode.collectives,
         layer_calls=decode.layer_calls,
     )
-    model.expert_store.close()
+    model.streamer.close()
 
 
 def main() -> None:
