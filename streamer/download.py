@@ -225,20 +225,19 @@ def _check(info: TensorInfo, param: mx.array) -> None:
 
 def layouts(download: Download) -> list[LayerLayout]:
     """Where each MoE layer's experts lie, for the read path: expert e is one range per stacked
-    tensor (`start + e * nbytes`), and the layer's experts are the stacked tensors' spans."""
+    tensor (`start + e * nbytes`). Each stacked tensor counts as a file of its own, so it is
+    mapped on its own: mlx writes a shard's tensors in no particular order, so a layer's span
+    of a shard would take in other layers and the non-expert weights."""
     out = []
     for index, layer in enumerate(download.layers):
-        names = layer.files
-        placed = [
-            (t, Strided(names.index(t.file), t.start, t.nbytes, t.nbytes)) for t in layer.tensors
-        ]
+        placed = [(t, Strided(i, t.start, t.nbytes, t.nbytes)) for i, t in enumerate(layer.tensors)]
         out.append(
             LayerLayout(
                 folder=download.folder,
                 index=index,
                 module=layer.module,
-                files=tuple(download.folder / name for name in names),
-                file_bytes=tuple(download.file_bytes[name] for name in names),
+                files=tuple(download.folder / t.file for t in layer.tensors),
+                file_bytes=tuple(download.file_bytes[t.file] for t in layer.tensors),
                 num_experts=layer.num_experts,
                 tensors=tuple(
                     TensorPlacement(t.name, DTYPES[t.dtype][1], t.shape, at) for t, at in placed

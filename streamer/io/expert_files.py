@@ -155,7 +155,11 @@ class LayerFiles:
 
     def check_unchanged(self) -> None:
         """Touching a page past a file's end kills the process (SIGBUS): one fstat per file."""
+        checked = set()
         for file, (fd, size) in enumerate(zip(self._fds, self.layout.file_bytes)):
+            if fd in checked:  # a file that holds several of the layer's tensors
+                continue
+            checked.add(fd)
             if os.fstat(fd).st_size != size:
                 raise StreamerError(
                     f"{self.layout.where(file)}: the file was truncated or overwritten since the "
@@ -164,9 +168,9 @@ class LayerFiles:
 
 
 class ExpertFiles:
-    """Every MoE layer's files, each path opened once and each layer's span of it mapped once
-    (a repacked layer's whole file; in a download, the bytes of the layer's stacked tensors, not
-    the shard's other tensors, nor other layers' experts: each mapping stays one layer's size)."""
+    """Every MoE layer's files, each path opened once, and the span of each of a layout's files
+    that holds its regions mapped once (a repacked layer's whole file; in a download, each
+    stacked tensor, not the shard's other tensors: no mapping is larger than what it streams)."""
 
     def __init__(self, layouts: list[LayerLayout]):
         self._fds: dict[Path, int] = {}
