@@ -15,6 +15,7 @@ from .cache.budget import all_experts_bytes, check_budget, default_budget, large
 from .cache.expert_cache import ExpertCache
 from .config import check_config, check_layer_count
 from .distributed import expert_shares
+from .download import is_download
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .experts.parallel import ExpertShare
@@ -41,8 +42,10 @@ def load(
     verify_reads: bool = False,
     trust_remote_code: bool = False,
     group: mx.distributed.Group | None = None,
+    checksums: str | Path | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper]:
-    """Load a repacked model: non-expert weights resident, experts streamed from disk.
+    """Load a repacked model, or an MLX-quantized download in place (inplace.py): non-expert
+    weights resident, experts streamed from disk.
 
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
     resident (no syncs, no reads); less: the hottest experts are cached (LFU with aging) and the
@@ -57,8 +60,25 @@ def load(
     mlx.launch): run expert-parallel, each rank computing its share of every layer's experts (the
     folder is a shard written by `streamer split`, or the full model, shared out by interleaving).
     Every rank must call load, and then run the same computations in the same order.
+    `checksums`: a download's checksum sidecar, if not the default one (io/checksums.py).
     """
     folder = Path(path)
+    if is_download(folder):
+        if group is not None:
+            raise StreamerError(
+                f"{folder} is a download: expert-parallel runs need a repacked folder on every "
+                "rank. Run `streamer repack` (and `streamer split` for each rank's share) first."
+            )
+        from .inplace import load_in_place
+
+        return load_in_place(
+            folder,
+            memory_budget=memory_budget,
+            dtype=dtype,
+            verify_reads=verify_reads,
+            trust_remote_code=trust_remote_code,
+            checksums=checksums,
+        )
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
     check_files(folder, manifest)
