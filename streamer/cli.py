@@ -196,8 +196,8 @@ def _info(args: argparse.Namespace) -> None:
     print(f"model_type        {config.get('model_type')}")
     print(f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)")
     print(f"experts           {layers[0].num_experts} per layer, {top_k} routed per token")
-    if manifest.shard is not None:
-        shard = manifest.shard
+    shard = getattr(manifest, "shard", None)  # a download is never a shard
+    if shard is not None:
         print(
             f"shard             {shard.rank}/{shard.ranks} ({shard.assignment}): "
             f"{layers[0].num_experts} experts per layer here, the rest on the other ranks"
