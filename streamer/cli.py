@@ -154,6 +154,14 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> None:
+    from .distributed import GroupError, launched_group
+
+    args.group = launched_group()
+    if args.group is not None:  # rank 0 would wait forever in its first layer's all_sum
+        raise GroupError(
+            "streamer serve does not run expert-parallel yet: under mlx.launch only `streamer "
+            "generate` does. Serve a full repacked folder from one machine."
+        )
     from .hub import streamable
     from .server import serve
     from .server.api import Sampling

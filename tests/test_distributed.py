@@ -200,3 +200,26 @@ def test_a_rank_given_another_ranks_shard_is_named(models, tmp_path):
         "shard 0/2."
     ], result.stderr
     assert result.stdout == ""
+
+
+class _Group:  # what mlx.launch gives rank `r` of 2, for the CLI's checks
+    def __init__(self, rank: int):
+        self._rank = rank
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return 2
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_serve_under_mlx_launch_is_refused_once(models, monkeypatch, capsys, rank):
+    import streamer.distributed
+    from streamer.cli import main
+
+    monkeypatch.setattr(streamer.distributed, "launched_group", lambda: _Group(rank))
+    assert main(["serve", "--model", str(models["quantized"])]) == 2
+    err = capsys.readouterr().err
+    expected = "streamer: error: streamer serve does not run expert-parallel yet"
+    assert err.startswith(expected) if rank == 0 else err == ""
