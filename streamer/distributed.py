@@ -65,16 +65,20 @@ def expert_shares(
     owned = _all_gather(group, np.concatenate([r >= 0 for r in records]).astype(np.uint8))
     start = 0
     for index, total in enumerate(totals):
-        counts = owned[:, start : start + total].sum(axis=0)
-        start += total
-        bad = np.flatnonzero(counts != 1)
+        layer_owned, start = owned[:, start : start + total], start + total
+        bad = np.flatnonzero(layer_owned.sum(axis=0) != 1)
         if bad.size:
             expert = int(bad[0])
-            holders = [f"rank {r} ({places[r]})" for r in np.flatnonzero(owned[:, expert])]
+            holders = [f"rank {r} ({places[r]})" for r in np.flatnonzero(layer_owned[:, expert])]
             raise GroupError(
                 f"MoE layer {index} expert {expert} is computed by "
                 f"{' and '.join(holders) or 'no rank'}: the ranks' shards were split differently "
                 "(--trace or not, or from other folders). Split every shard the same way."
+            )
+        if not layer_owned.any(axis=1).all():  # each rank needs a record of its own
+            raise GroupError(
+                f"MoE layer {index} has {total} experts: too few to give each of {ranks} ranks "
+                "a share. Launch fewer ranks."
             )
     return records
 
