@@ -7,10 +7,11 @@ how to find their expert containers and how each download convention names exper
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
+import mlx_lm
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
@@ -24,52 +25,60 @@ EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
 
 @dataclass(frozen=True)
 class Architecture:
-    # Hugging Face per-expert projection name -> mlx-lm's stacked projection name
-    hf_projections: dict[str, str]
-    # Hugging Face tensors that hold all of a layer's experts in another layout (`{parent}.experts.{name}`,
-    # e.g. gpt-oss's MXFP4 `gate_up_proj_blocks`): converted expert by expert with the model's sanitize.
-    hf_fused: tuple[str, ...] = ()
+    """How a family's Hugging Face checkpoints name their per-expert tensors: the one thing about
+    experts that differs per family and that mlx-lm's model cannot tell the repacker. Everything
+    else (fused layouts, FP8, expert biases, activations) comes from the model's own `sanitize` and
+    expert container."""
+
+    # HF per-expert projection name -> the expert container's projection name
+    hf_projections: dict[str, str] = field(default_factory=lambda: dict(_GLU))
+    # the per-expert list under the MoE block: `{block}.{hf_experts}.{e}.{projection}.{kind}`
+    hf_experts: str = "experts"
 
 
 _GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
-SUPPORTED: dict[str, Architecture] = {
-    "qwen3_moe": Architecture(_GLU),
-    "qwen2_moe": Architecture(_GLU),
-    "olmoe": Architecture(_GLU),
-    "mixtral": Architecture({"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
-    "deepseek_v2": Architecture(_GLU),
-    "deepseek_v3": Architecture(_GLU),
-    "kimi_k2": Architecture(_GLU),  # mlx-lm runs it as deepseek_v3
-    "deepseek_v32": Architecture(_GLU),
-    "glm4_moe": Architecture(_GLU),
-    "glm4_moe_lite": Architecture(_GLU),
-    "glm_moe_dsa": Architecture(_GLU),
-    "qwen3_next": Architecture(_GLU),
-    "qwen3_5_moe": Architecture(_GLU, hf_fused=("gate_up_proj", "down_proj")),
-    "gpt_oss": Architecture(
-        {},
-        hf_fused=tuple(
-            f"{p}_{k}" for p in ("gate_up_proj", "down_proj") for k in ("blocks", "scales", "bias")
-        ),
-    ),
+_W123 = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+# Families whose HF checkpoints name experts otherwise than `experts.{e}.{gate,up,down}_proj`.
+NAMING: dict[str, Architecture] = {
+    "mixtral": Architecture(_W123),
+    "minimax": Architecture(_W123),
+    "phimoe": Architecture(_W123),
+    "lfm2_moe": Architecture(_W123),
+    "nemotron_h": Architecture({"up_proj": "fc1", "down_proj": "fc2"}),
+    "phixtral": Architecture({"fc1": "fc1", "fc2": "fc2"}, hf_experts="mlp"),
 }
-
-# `{parent}.experts.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
-HF_EXPERT_KEY = re.compile(
-    r"^(?P<parent>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<kind>[^.]+)$"
-)
-# `{parent}.experts.{name}`: a Hugging Face tensor holding every expert of a layer (see Architecture.hf_fused).
-HF_FUSED_KEY = re.compile(r"^(?P<parent>.+)\.experts\.(?P<name>[^.]+)$")
+# mlx-lm model files that build experts streamer cannot stream exactly, and why.
+REFUSED: dict[str, str] = {}
 
 
 def architecture(config: dict, where: Path | str) -> Architecture:
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED:
+    """The HF expert naming of `config`'s family (after mlx-lm's own model-type remapping)."""
+    model_type = mlx_lm_model_type(config)
+    if model_type in REFUSED:
         raise StreamerError(
-            f"{where}: model_type {model_type!r} is not supported for expert streaming. "
-            f"Supported: {', '.join(sorted(SUPPORTED))}."
+            f"{where}: model_type {config.get('model_type')!r} cannot be streamed: "
+            f"{REFUSED[model_type]}"
         )
-    return SUPPORTED[model_type]
+    return NAMING.get(model_type, Architecture())
+
+
+def mlx_lm_model_type(config: dict) -> str:
+    """The mlx-lm model file `config` runs on (`mlx_lm.models.<this>`), as mlx-lm's loader picks it."""
+    try:
+        model_class, _ = _get_classes(config)
+    except (KeyError, ValueError):
+        raise StreamerError(
+            f"model_type {config.get('model_type')!r} is not a model mlx-lm {mlx_lm.__version__} runs."
+        ) from None
+    return model_class.__module__.rsplit(".", 1)[1]
+
+
+# `{parent}.{experts}.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
+def hf_expert_key(arch: Architecture) -> re.Pattern:
+    return re.compile(
+        rf"^(?P<parent>.+)\.{re.escape(arch.hf_experts)}\.(?P<expert>\d+)\."
+        r"(?P<proj>[^.]+)\.(?P<kind>[^.]+)$"
+    )
 
 
 def normalize_config(config: dict) -> dict:

@@ -27,9 +27,8 @@ from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 from mlx_lm.utils import quantize_model
 
+from . import architectures
 from .architectures import (
-    HF_EXPERT_KEY,
-    HF_FUSED_KEY,
     Architecture,
     architecture,
     build_model,
@@ -249,7 +248,7 @@ class _Plan:
                 f"{where}: FP8 weights with block scales, which mlx-lm dequantizes for deepseek_v3 / kimi_k2 / "
                 f"deepseek_v32 / glm_moe_dsa but not for {config['model_type']}; repack a bf16 or MLX-quantized version."
             )
-        self._classify()
+        self._classify(weights)
         resident = {name: arr for name, arr in weights.items() if not self._in_container(name)}
         quantize_like_mlx_lm(self.model, config, weights)
         # experts the checkpoint already holds quantized are copied as they are, even with --quantize
@@ -273,17 +272,17 @@ class _Plan:
             ) from None
 
     # -- which source tensors are experts ------------------------------------------------------
-    def _classify(self) -> None:
+    def _classify(self, sanitized: dict[str, mx.array]) -> None:
         """Source of each expert tensor: stacked in mlx-lm's names (copied per expert), one tensor per
         expert (Hugging Face), or fused Hugging Face tensors converted per expert by sanitize."""
         parents = {path.rsplit(".", 1)[0]: path for path in self.containers}
+        hf_expert_key = architectures.hf_expert_key(self.arch)
         self.stacked: dict[tuple[str, str, str], TensorInfo] = {}
         self.per_expert: dict[tuple[str, str, str], dict[int, TensorInfo]] = {}
-        fused: dict[str, dict[str, TensorInfo]] = {}
+        others: dict[str, TensorInfo] = {}
         for name, info in self.ckpt.tensors.items():
             prefix = name.rsplit(".", 2)[0]
-            match = HF_EXPERT_KEY.match(name)
-            packed = HF_FUSED_KEY.match(name)
+            match = hf_expert_key.match(name)
             if prefix in self.containers:
                 _, proj, kind = name.rsplit(".", 2)
                 self.stacked[(prefix, proj, kind)] = info
@@ -294,13 +293,8 @@ class _Plan:
                     match["kind"],
                 )
                 self.per_expert.setdefault(key, {})[int(match["expert"])] = info
-            elif packed and packed["name"] in self.arch.hf_fused:
-                fused.setdefault(packed["parent"], {})[name] = info
-            elif packed and packed["parent"] in parents:
-                raise StreamerError(
-                    f"{info.path}: tensor '{name}' holds experts in a layout streamer does not read for "
-                    f"{self.ckpt.config.get('model_type')}; use the checkpoint as published or an MLX-converted one."
-                )
+            elif name not in sanitized and info.shape[:1] == (self.num_experts,):
+                others[name] = info
         # per-expert tensors in another form (FP8 with `weight_scale_inv`): converted by sanitize too
         kinds: dict[tuple[str, str], set[str]] = {}
         for module, proj, kind in self.per_expert:
@@ -309,26 +303,57 @@ class _Plan:
         for (module, proj), found in kinds.items():
             if not found <= set(KIND_ORDER):
                 self.converted.setdefault(module, {})[proj] = found
+        self._find_fused(others)
+
+    def _find_fused(self, candidates: dict[str, TensorInfo]) -> None:
+        """Tensors holding all of a layer's experts in a layout of the family's own (Qwen3.5's and
+        Gemma 4's `experts.gate_up_proj`, Llama 4's transposed one, Granite's `input_linear`,
+        gpt-oss's MXFP4 blocks): sanitize, asked about a one-expert stand-in of each layer's
+        tensors, says which expert container they feed. Such layers are converted expert by expert."""
+        by_layer: dict[str, dict[str, TensorInfo]] = {}
+        for name, info in candidates.items():
+            by_layer.setdefault(_layer_prefix(name), {})[name] = info
         self.fused: dict[str, dict[str, TensorInfo]] = {}
-        for group in fused.values():
-            # which expert container this layer's tensors feed: ask sanitize about a one-expert stand-in
-            probe = self._sanitize(
-                {n: mx.zeros((1, *i.shape[1:]), DTYPES[i.dtype][1]) for n, i in group.items()}
-            )
-            if not probe:
-                continue  # a part the model does not use (e.g. multi-token prediction layers)
-            modules = {name.rsplit(".", 2)[0] for name in probe}
-            if len(modules) != 1 or not modules <= self.containers.keys():
+        self._fused_context: dict[str, TensorInfo] = {}
+        for group in by_layer.values():
+            modules = {n.rsplit(".", 2)[0] for n in self._sanitize_one(group, probe=True)}
+            modules &= self.containers.keys()
+            if not modules:
+                continue  # a router, or a part the model does not use (multi-token prediction)
+            if len(modules) != 1:
                 raise StreamerError(
                     f"{self.ckpt.folder}: cannot tell which MoE layer holds {sorted(group)}."
                 )
-            for info in group.values():
-                if info.shape[:1] != (self.num_experts,):
-                    raise StreamerError(
-                        f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected "
-                        f"{self.num_experts} experts on its first axis from config.json."
-                    )
             self.fused[modules.pop()] = group
+            # sanitize often recognises a layout by layer 0's tensors: every later call sees them
+            self._fused_context = self._fused_context or group
+
+    def _sanitize_one(self, group: dict[str, TensorInfo], probe: bool = False, expert: int = 0):
+        """What sanitize makes of one expert's slice of `group` (an expert axis of 1); with
+        `probe`, of stand-ins that are never evaluated. The first fused layer's stand-ins come
+        along (sanitize may look for them) and what they give is dropped."""
+        one = {}
+        for name, info in group.items():
+            if probe:
+                one[name] = mx.zeros((1, *info.shape[1:]), DTYPES[info.dtype][1])
+            else:
+                per = info.nbytes // self.num_experts
+                one[name] = to_mlx(
+                    self.ckpt.read(info, expert * per, per), info.dtype, (1, *info.shape[1:])
+                )
+        context = {
+            n: mx.zeros((1, *i.shape[1:]), DTYPES[i.dtype][1])
+            for n, i in self._fused_context.items()
+            if n not in one
+        }
+        dropped = set(self._sanitize(dict(context))) if context else set()
+        try:
+            out = self._sanitize({**context, **one})
+        except Exception:
+            if not probe:
+                raise
+            return {}  # not tensors sanitize converts this way (e.g. a router stand-in)
+        return {n: a for n, a in out.items() if n not in dropped}
 
     def _check_resident(self, resident: dict[str, mx.array]) -> None:
         expected = {
@@ -629,15 +654,8 @@ class _Plan:
         if self._converted_cache is None or self._converted_cache[0] != (module, expert):
             out = {}
             if module in self.fused:
-                one = {}
-                for name, info in self.fused[module].items():
-                    per = info.nbytes // self.num_experts
-                    one[name] = to_mlx(
-                        self.ckpt.read(info, expert * per, per), info.dtype, (1, *info.shape[1:])
-                    )
-                out.update(
-                    {name[len(module) + 1 :]: arr[0] for name, arr in self._sanitize(one).items()}
-                )
+                one = self._sanitize_one(self.fused[module], expert=expert)
+                out.update({n[len(module) + 1 :]: a[0] for n, a in one.items() if n.startswith(module + ".")})
             for p, kinds in self.converted.get(module, {}).items():
                 one = {}
                 for k in kinds:
@@ -667,10 +685,17 @@ class _Plan:
             parent = module.rsplit(".", 1)[0]
             hf_name = next((h for h, m in self.arch.hf_projections.items() if m == proj), proj)
             raise StreamerError(
-                f"{self.ckpt.folder}: tensor '{parent}.experts.{expert}.{hf_name}.{kind}' (or stacked "
+                f"{self.ckpt.folder}: tensor '{parent}.{self.arch.hf_experts}.{expert}.{hf_name}.{kind}' (or stacked "
                 f"'{module}.{proj}.{kind}') is missing: the download is incomplete."
             )
         return info
+
+
+def _layer_prefix(name: str) -> str:
+    """`model.layers.3` of `model.layers.3.mlp.experts.gate_up_proj`: up to the first number."""
+    parts = name.split(".")
+    number = next((i for i, p in enumerate(parts) if p.isdigit()), len(parts) - 1)
+    return ".".join(parts[: number + 1])
 
 
 def _compatible(got: mx.Dtype, expected: mx.Dtype) -> bool:

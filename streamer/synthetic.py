@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from .architectures import SUPPORTED, build_model, expert_containers
+from .architectures import architecture, build_model, expert_containers
 from .io.safetensors import write_safetensors
 
 VOCAB_SIZE = 512
@@ -292,7 +292,10 @@ TINY_CONFIGS[
         "out_hidden_size": 128,
     },
 }
-assert set(TINY_CONFIGS) == set(SUPPORTED)
+# One tiny config per further family, as data (fixtures/configs/<model_type>.json).
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+for _path in sorted(CONFIG_DIR.glob("*.json")):
+    TINY_CONFIGS[_path.stem] = json.loads(_path.read_text())
 
 
 def tiny_config(model_type: str, **overrides) -> dict:
@@ -313,7 +316,7 @@ def hf_tensors(config: dict, seed: int = 0, router_scale: float = 8.0):
     model_type = config["model_type"]
     model = build_model(config, "synthetic config")
     containers = expert_containers(model)
-    arch = SUPPORTED[model_type]
+    arch = architecture(config, "synthetic config")
     hf_names = {mlx: hf for hf, mlx in arch.hf_projections.items()}
     rng = np.random.default_rng(seed)
     fused: dict[str, dict[str, np.ndarray]] = {}
@@ -324,7 +327,7 @@ def hf_tensors(config: dict, seed: int = 0, router_scale: float = 8.0):
             yield from _hf_resident(config, name, _init(rng, name, shape, router_scale), rng)
             continue
         parent = _hf_name(container.rsplit(".", 1)[0])
-        if arch.hf_fused:
+        if model_type in _FUSED:
             fused.setdefault(parent, {})[name[len(container) + 1 :]] = _init(
                 rng, name, shape, router_scale
             )
@@ -332,7 +335,7 @@ def hf_tensors(config: dict, seed: int = 0, router_scale: float = 8.0):
         proj, kind = name[len(container) + 1 :].split(".")
         for expert in range(shape[0]):
             yield (
-                f"{parent}.experts.{expert}.{hf_names[proj]}.{kind}",
+                f"{parent}.{arch.hf_experts}.{expert}.{hf_names[proj]}.{kind}",
                 _init(rng, name, shape[1:], router_scale),
             )
     for parent, stacked in fused.items():

@@ -16,11 +16,10 @@ import mlx_lm
 import pytest
 from mlx_lm.utils import load_model
 
-from streamer.architectures import SUPPORTED
 from streamer.repack import repack
-from streamer.synthetic import tiny_config, write_hf_checkpoint
+from streamer.synthetic import TINY_CONFIGS, tiny_config, write_hf_checkpoint
 
-ARCHS = sorted(SUPPORTED)
+ARCHS = sorted(TINY_CONFIGS)
 
 
 class Checkpoints:

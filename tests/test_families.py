@@ -95,7 +95,7 @@ def test_an_expert_layout_mlx_lm_does_not_read_is_refused(checkpoints, tmp_path)
         )
     weight_map = {name: shard.name for shard in shards for name in read_header(shard)}
     (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    with pytest.raises(StreamerError, match=r"model\.layers\.0\.mlp\.experts\.\w+_proj'.*layout"):
+    with pytest.raises(StreamerError, match=r"model\.layers\.0\.mlp\.experts expert 0"):
         repack(src, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
 
