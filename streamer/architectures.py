@@ -34,6 +34,15 @@ class Architecture:
     hf_projections: dict[str, str] = field(default_factory=lambda: dict(_GLU))
     # the per-expert list under the MoE block: `{block}.{hf_experts}.{e}.{projection}.{kind}`
     hf_experts: str = "experts"
+    # the MoE block's own name in HF checkpoints where mlx-lm names it otherwise (`mlp`)
+    hf_block: str | None = None
+
+    def hf_parent(self, container: str) -> str:
+        """The HF name of the MoE block that holds `container` (an expert container's path)."""
+        block = container.rsplit(".", 1)[0]
+        if self.hf_block is None:
+            return block
+        return f"{block.rsplit('.', 1)[0]}.{self.hf_block}"
 
 
 _GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
@@ -44,6 +53,7 @@ NAMING: dict[str, Architecture] = {
     "minimax": Architecture(_W123),
     "phimoe": Architecture(_W123),
     "lfm2_moe": Architecture(_W123),
+    "kimi_linear": Architecture(_W123, hf_block="block_sparse_moe"),
     "nemotron_h": Architecture({"up_proj": "fc1", "down_proj": "fc2"}),
     "phixtral": Architecture({"fc1": "fc1", "fc2": "fc2"}, hf_experts="mlp"),
 }

@@ -275,7 +275,7 @@ class _Plan:
     def _classify(self, sanitized: dict[str, mx.array]) -> None:
         """Source of each expert tensor: stacked in mlx-lm's names (copied per expert), one tensor per
         expert (Hugging Face), or fused Hugging Face tensors converted per expert by sanitize."""
-        parents = {path.rsplit(".", 1)[0]: path for path in self.containers}
+        parents = {self.arch.hf_parent(path): path for path in self.containers}
         hf_expert_key = architectures.hf_expert_key(self.arch)
         self.stacked: dict[tuple[str, str, str], TensorInfo] = {}
         self.per_expert: dict[tuple[str, str, str], dict[int, TensorInfo]] = {}
@@ -682,7 +682,7 @@ class _Plan:
     def _per_expert(self, module: str, proj: str, kind: str, expert: int) -> TensorInfo:
         info = self.per_expert.get((module, proj, kind), {}).get(expert)
         if info is None:
-            parent = module.rsplit(".", 1)[0]
+            parent = self.arch.hf_parent(module)
             hf_name = next((h for h, m in self.arch.hf_projections.items() if m == proj), proj)
             raise StreamerError(
                 f"{self.ckpt.folder}: tensor '{parent}.{self.arch.hf_experts}.{expert}.{hf_name}.{kind}' (or stacked "

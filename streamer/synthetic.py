@@ -326,7 +326,7 @@ def hf_tensors(config: dict, seed: int = 0, router_scale: float = 8.0):
         if container is None:
             yield from _hf_resident(config, name, _init(rng, name, shape, router_scale), rng)
             continue
-        parent = _hf_name(container.rsplit(".", 1)[0])
+        parent = _hf_name(arch.hf_parent(container))
         if model_type in _FUSED:
             fused.setdefault(parent, {})[name[len(container) + 1 :]] = _init(
                 rng, name, shape, router_scale
