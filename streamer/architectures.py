@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
-import mlx_lm
 import mlx.nn as nn
+import mlx_lm
 from mlx.utils import tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
 from mlx_lm.utils import _get_classes, infer_quant_config
@@ -73,12 +73,13 @@ def architecture(config: dict, where: Path | str) -> Architecture:
 
 
 def mlx_lm_model_type(config: dict) -> str:
-    """The mlx-lm model file `config` runs on (`mlx_lm.models.<this>`), as mlx-lm's loader picks it."""
+    """The mlx-lm model file `config` runs on (`mlx_lm.models.<this>`), as mlx-lm's loader picks."""
     try:
         model_class, _ = _get_classes(config)
     except (KeyError, ValueError):
         raise StreamerError(
-            f"model_type {config.get('model_type')!r} is not a model mlx-lm {mlx_lm.__version__} runs."
+            f"model_type {config.get('model_type')!r} is not a model that mlx-lm "
+            f"{mlx_lm.__version__} runs."
         ) from None
     return model_class.__module__.rsplit(".", 1)[1]
 
