@@ -63,25 +63,26 @@ REFUSED: dict[str, str] = {}
 
 def architecture(config: dict, where: Path | str) -> Architecture:
     """The HF expert naming of `config`'s family (after mlx-lm's own model-type remapping)."""
-    model_type = mlx_lm_model_type(config)
+    model_type = mlx_lm_model_type(config, where)
     if model_type in REFUSED:
-        raise StreamerError(
-            f"{where}: model_type {config.get('model_type')!r} cannot be streamed: "
-            f"{REFUSED[model_type]}"
-        )
+        _refuse(config, where, REFUSED[model_type])
     return NAMING.get(model_type, Architecture())
 
 
-def mlx_lm_model_type(config: dict) -> str:
+def mlx_lm_model_type(config: dict, where: Path | str = "config.json") -> str:
     """The mlx-lm model file `config` runs on (`mlx_lm.models.<this>`), as mlx-lm's loader picks."""
     try:
         model_class, _ = _get_classes(config)
     except (KeyError, ValueError):
-        raise StreamerError(
-            f"model_type {config.get('model_type')!r} is not a model that mlx-lm "
-            f"{mlx_lm.__version__} runs."
-        ) from None
+        _refuse(config, where, f"it is not a model that mlx-lm {mlx_lm.__version__} runs.")
     return model_class.__module__.rsplit(".", 1)[1]
+
+
+def _refuse(config: dict, where: Path | str, reason: str):
+    raise StreamerError(
+        f"{where}: model_type {config.get('model_type')!r} is not supported for expert "
+        f"streaming: {reason} The README lists the model types that stream."
+    )
 
 
 # `{parent}.{experts}.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
@@ -123,11 +124,14 @@ def build_model(config: dict, where: Path | str) -> nn.Module:
     architecture(config, where)
     model_class, args_class = _get_classes(config)
     try:
-        return model_class(args_class.from_dict(config))
-    except TypeError as e:
+        model = model_class(args_class.from_dict(config))
+    except (TypeError, KeyError, IndexError) as e:
         raise StreamerError(
-            f"{where}: config.json does not describe a {config['model_type']} model: {e}"
+            f"{where}: config.json does not describe a {config['model_type']} model: {e!r}"
         ) from e
+    if not any(isinstance(m, EXPERT_CONTAINERS) for _, m in model.named_modules()):
+        _refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.")
+    return model
 
 
 def expert_containers(model: nn.Module) -> dict[str, nn.Module]:
