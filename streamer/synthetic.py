@@ -9,6 +9,7 @@ transformers-4 spelling and a real byte-level BPE tokenizer trained on text that
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -326,7 +327,7 @@ def hf_tensors(config: dict, seed: int = 0, router_scale: float = 8.0):
         if container is None:
             yield from _hf_resident(config, name, _init(rng, name, shape, router_scale), rng)
             continue
-        parent = _hf_name(arch.hf_parent(container))
+        parent = _hf_name(arch.hf_parent(container), model_type)
         if model_type in _FUSED:
             fused.setdefault(parent, {})[name[len(container) + 1 :]] = _init(
                 rng, name, shape, router_scale
@@ -343,8 +344,14 @@ def hf_tensors(config: dict, seed: int = 0, router_scale: float = 8.0):
     yield from _unused_parts(config, rng)
 
 
-def _hf_name(name: str) -> str:
+# vision-language checkpoints whose text model keeps mlx-lm's `language_model.model.` names
+_TEXT_AS_MLX_LM = ("llama4",)
+
+
+def _hf_name(name: str, model_type: str = "") -> str:
     """mlx-lm's name -> the Hugging Face name (vision-language checkpoints nest the text model)."""
+    if model_type in _TEXT_AS_MLX_LM:
+        return name
     if name.startswith("language_model.model."):
         return "model.language_model." + name[len("language_model.model.") :]
     return name.removeprefix("language_model.")
@@ -362,7 +369,7 @@ def _hf_resident(config: dict, name: str, array: np.ndarray, rng: np.random.Gene
         )
     elif name.endswith("conv1d.weight"):
         array = array.transpose(0, 2, 1)  # torch's Conv1d layout [C, 1, K]; mlx-lm's is [C, K, 1]
-    yield _hf_name(name), array.astype(np.float32)
+    yield _hf_name(name, config["model_type"]), array.astype(np.float32)
 
 
 def _qwen3_5_moe_experts(parent: str, stacked: dict[str, np.ndarray]):
@@ -392,7 +399,44 @@ def _gpt_oss_experts(parent: str, stacked: dict[str, np.ndarray]):
         yield f"{parent}.experts.down_proj_{kind}", down
 
 
-_FUSED = {"qwen3_5_moe": _qwen3_5_moe_experts, "gpt_oss": _gpt_oss_experts}
+def _granitemoe_experts(parent: str, stacked: dict[str, np.ndarray]):
+    """Granite MoE: gate and up stacked in `input_linear` [E, 2I, H], down in `output_linear`."""
+    gate_up = np.concatenate([stacked["gate_proj.weight"], stacked["up_proj.weight"]], axis=1)
+    yield f"{parent}.input_linear.weight", gate_up
+    yield f"{parent}.output_linear.weight", stacked["down_proj.weight"]
+
+
+def _llama4_experts(parent: str, stacked: dict[str, np.ndarray]):
+    """Llama 4: `experts.gate_up_proj` [E, H, 2I] (inputs first), `experts.down_proj` [E, I, H]."""
+    gate_up = np.concatenate([stacked["gate_proj.weight"], stacked["up_proj.weight"]], axis=1)
+    yield f"{parent}.experts.gate_up_proj", gate_up.transpose(0, 2, 1)
+    yield f"{parent}.experts.down_proj", stacked["down_proj.weight"].transpose(0, 2, 1)
+
+
+def _gemma4_experts(parent: str, stacked: dict[str, np.ndarray]):
+    """Gemma 4: `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I]."""
+    yield from (
+        (n.replace(".experts.experts.", ".experts."), a)
+        for n, a in _qwen3_5_moe_experts(parent, stacked)
+    )
+
+
+def _step3p5_experts(parent: str, stacked: dict[str, np.ndarray]):
+    """Step 3.5: stacked [E, out, in] under `moe.{gate,up,down}_proj.weight`."""
+    layer = parent.rsplit(".", 1)[0]
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        yield f"{layer}.moe.{proj}.weight", stacked[f"{proj}.weight"]
+
+
+_FUSED = {
+    "qwen3_5_moe": _qwen3_5_moe_experts,
+    "gpt_oss": _gpt_oss_experts,
+    "granitemoe": _granitemoe_experts,
+    "granitemoehybrid": _granitemoe_experts,
+    "llama4": _llama4_experts,
+    "gemma4_text": _gemma4_experts,
+    "step3p5": _step3p5_experts,
+}
 
 
 _MTP_LAYER = (
@@ -593,8 +637,14 @@ def train_bpe(texts: list[str], vocab_size: int):
 def write_tokenizer(folder: Path | str, vocab_size: int = VOCAB_SIZE) -> None:
     """The synthetic tokenizer saved as tokenizer.json + tokenizer_config.json."""
     folder = Path(folder)
-    train_bpe(_training_text(), vocab_size).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer.json").write_text(_trained_tokenizer(vocab_size))
     write_tokenizer_config(folder, 2048)
+
+
+@functools.cache
+def _trained_tokenizer(vocab_size: int) -> str:
+    """Training is deterministic: once per process is enough."""
+    return train_bpe(_training_text(), vocab_size).to_str()
 
 
 def write_tokenizer_config(folder: Path, max_length: int) -> None:

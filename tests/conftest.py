@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def checkpoints(tmp_path_factory) -> Checkpoints:
     return Checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
+@functools.cache
 def reference_model(path: Path):
     """mlx-lm's own model, fully resident, computing in float32 like streamer does on CPU."""
     model, _ = load_model(Path(path))

@@ -90,51 +90,53 @@ class Sources:
         self._converted_cache: tuple[tuple[str, int], dict[str, mx.array]] | None = None
 
     def _find_fused(self, candidates: dict[str, TensorInfo], containers: dict) -> None:
-        """Which expert container each layer's fused tensors feed, asking sanitize about a
-        one-expert stand-in of them; tensors that feed none (a router, multi-token prediction
-        layers) are not experts."""
+        """Which expert container each layer's fused tensors feed. Sanitize is asked about
+        stand-ins of every candidate that are never evaluated, those of one layer with an expert
+        axis of 2 and all others of 1: the container tensors with 2 experts come from that layer.
+        Candidates that feed none (a router, multi-token prediction layers) are not experts."""
         by_layer: dict[str, dict[str, TensorInfo]] = {}
         for name, info in candidates.items():
             by_layer.setdefault(_layer_prefix(name), {})[name] = info
         self.fused: dict[str, dict[str, TensorInfo]] = {}
-        self._context: dict[str, TensorInfo] = {}
+        self._alone: set[str] = set()  # layers sanitize converts without the other layers' tensors
+        self._stand_ins = {n: _stand_in(i, 1) for n, i in candidates.items()}
         for group in by_layer.values():
-            modules = {n.rsplit(".", 2)[0] for n in self._sanitize_one(group)} & containers.keys()
+            marked = {**self._stand_ins, **{n: _stand_in(i, 2) for n, i in group.items()}}
+            try:
+                out = self.sanitize(marked)
+            except Exception:  # noqa: BLE001 - a stand-in sanitize cannot take: try the layer alone
+                out = self._try_sanitize({n: _stand_in(i, 2) for n, i in group.items()})
+            modules = {n.rsplit(".", 2)[0] for n, a in out.items() if a.shape[:1] == (2,)}
+            modules &= containers.keys()
             if not modules:
                 continue
             if len(modules) != 1:
                 raise StreamerError(
                     f"{self.ckpt.folder}: cannot tell which MoE layer holds {sorted(group)}."
                 )
-            self.fused[modules.pop()] = group
-            # sanitize often recognises a layout by the first layer's tensors: later calls get them
-            self._context = self._context or group
+            module = modules.pop()
+            self.fused[module] = group
+            alone = self._try_sanitize({n: _stand_in(i, 1) for n, i in group.items()})
+            if any(n.startswith(module + ".") for n in alone):
+                self._alone.add(module)
 
-    def _sanitize_one(self, group: dict[str, TensorInfo], expert: int | None = None):
-        """What sanitize makes of one expert's slice of each tensor of `group` (an expert axis of
-        1); of stand-ins that are never evaluated when `expert` is None. The first fused layer's
-        stand-ins come along (sanitize may look for them) and what they give is dropped."""
-
-        def stand_ins(infos):
-            return {n: mx.zeros((1, *i.shape[1:]), DTYPES[i.dtype][1]) for n, i in infos.items()}
-
-        if expert is None:
-            one = stand_ins(group)
-        else:
-            one = {}
-            for name, info in group.items():
-                per = info.nbytes // self.num_experts
-                data = self.ckpt.read(info, expert * per, per)
-                one[name] = to_mlx(data, info.dtype, (1, *info.shape[1:]))
-        context = stand_ins({n: i for n, i in self._context.items() if n not in one})
-        dropped = set(self.sanitize(dict(context))) if context else set()
+    def _try_sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         try:
-            out = self.sanitize({**context, **one})
-        except Exception:
-            if expert is not None:
-                raise
-            return {}  # tensors sanitize does not convert alone (a router, a dense weight)
-        return {n: a for n, a in out.items() if n not in dropped}
+            return self.sanitize(weights)
+        except Exception:  # noqa: BLE001 - sanitize may need tensors of other layers
+            return {}
+
+    def _fused_expert(self, module: str, expert: int) -> dict[str, mx.array]:
+        """What sanitize makes of one expert's slice of `module`'s fused tensors (an expert axis of
+        1), with the other layers' stand-ins alongside where sanitize needs them."""
+        one = {}
+        for name, info in self.fused[module].items():
+            per = info.nbytes // self.num_experts
+            data = self.ckpt.read(info, expert * per, per)
+            one[name] = to_mlx(data, info.dtype, (1, *info.shape[1:]))
+        weights = one if module in self._alone else {**self._stand_ins, **one}
+        out = self.sanitize(weights)
+        return {n[len(module) + 1 :]: a[0] for n, a in out.items() if n.startswith(module + ".")}
 
     def read(
         self,
@@ -196,10 +198,7 @@ class Sources:
     def _convert(self, module: str, expert: int) -> dict[str, mx.array]:
         out = {}
         if module in self.fused:
-            one = self._sanitize_one(self.fused[module], expert)
-            out.update(
-                {n[len(module) + 1 :]: a[0] for n, a in one.items() if n.startswith(module + ".")}
-            )
+            out.update(self._fused_expert(module, expert))
         for proj, kinds in self.converted.get(module, {}).items():
             one = {}
             for kind in kinds:
@@ -223,6 +222,11 @@ class Sources:
                 f"stacked '{module}.{proj}.{kind}') is missing: the download is incomplete."
             )
         return info
+
+
+def _stand_in(info: TensorInfo, experts: int) -> mx.array:
+    """A lazy tensor of `info`'s shape with `experts` on the first axis, never evaluated."""
+    return mx.zeros((experts, *info.shape[1:]), DTYPES[info.dtype][1])
 
 
 def _layer_prefix(name: str) -> str:
