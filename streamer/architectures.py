@@ -57,8 +57,33 @@ NAMING: dict[str, Architecture] = {
     "nemotron_h": Architecture({"up_proj": "fc1", "down_proj": "fc2"}),
     "phixtral": Architecture({"fc1": "fc1", "fc2": "fc2"}, hf_experts="mlp"),
 }
-# mlx-lm model files that build experts streamer cannot stream exactly, and why.
-REFUSED: dict[str, str] = {}
+# mlx-lm model files that build experts streamer does not stream (yet), and why.
+_UNVERIFIED = (
+    "streamer has no test fixture for it yet, so its outputs are not verified against mlx-lm's."
+)
+REFUSED: dict[str, str] = {
+    "dbrx": "its experts are a list of per-expert MLPs that mlx-lm computes one by one, not a "
+    "Switch layer that streamer's expert layer replaces.",
+    **dict.fromkeys(
+        (
+            "bailing_hybrid",
+            "bailing_moe_v3",
+            "deepseek_v41",
+            "gemma4",
+            "kimi_k25",
+            "kimi_k3",
+            "kimi_vl",
+            "longcat_flash_ngram",
+            "minimax_m3_vl",
+            "mistral3",
+            "muse_spark",
+            "prism_hadamard_qwen35",
+            "qwen3_vl_moe",
+            "solar_open",
+        ),
+        _UNVERIFIED,
+    ),
+}
 
 
 def architecture(config: dict, where: Path | str) -> Architecture:
