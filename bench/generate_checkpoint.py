@@ -10,9 +10,9 @@ Routing is synthetic. Each router row (one per expert) is scaled by exp(skew * z
 drawn per layer: the router input is RMS-normalised, so an expert with a larger row has a wider
 logit spread and lands in the top-k more often. skew=0 is uniform; larger is more skewed (for
 isotropic router inputs, skew=0.3 would send ~30% of a layer's picks to its top 10% of experts;
-real hidden states are not isotropic, so the benchmark measures what it gets). Temporal correlation (consecutive
-tokens sharing experts) is not injected: it comes from the hidden state, which attention mixes over
-the context. The benchmark measures both (`routing` in the results).
+real hidden states are not isotropic, so the benchmark measures what it gets). Temporal
+correlation (consecutive tokens sharing experts) is not injected: it comes from the hidden state,
+which attention mixes over the context. The benchmark measures both (`routing` in the results).
 
     python bench/generate_checkpoint.py qwen3-30b-a3b-12l /work/bench-data/q12-mlx
 """
@@ -39,7 +39,9 @@ from mlx_lm.utils import MAX_FILE_SIZE_GB, get_total_parameters, quantize_model,
 
 from streamer.architectures import build_model
 from streamer.io.safetensors import MLX_TO_SAFETENSORS
-from streamer.synthetic import write_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # fixtures/: not installed
+from fixtures import write_tokenizer  # noqa: E402
 
 Log = Callable[[str], None]
 
@@ -89,7 +91,7 @@ PRESETS: dict[str, dict] = {
     },
 }
 SPEC_FILE = "bench_spec.json"  # written last: a folder without it is incomplete
-GENERATOR_VERSION = 2  # bump when the values written change: cached checkpoints are then rewritten
+GENERATOR_VERSION = 3  # bump when the values written change: cached checkpoints are then rewritten
 CHUNK_ELEMENTS = 1 << 26  # floats generated per step (256 MB of float32)
 
 
@@ -210,14 +212,15 @@ def _write_shard(path: Path, specs: list, values: _Values):
         }
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    # no padding after the header, as mlx writes it: tensors then start at any byte offset
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for name, shape, dtype in specs:
             array = values.take(name)
             if tuple(array.shape) != shape or array.dtype != dtype:
                 raise RuntimeError(
-                    f"{name}: produced {array.dtype}{list(array.shape)}, expected {dtype}{list(shape)}"
+                    f"{name}: produced {array.dtype}{list(array.shape)}, "
+                    f"expected {dtype}{list(shape)}"
                 )
             f.write(memoryview(array).cast("B"))
             del array

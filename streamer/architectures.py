@@ -17,6 +17,7 @@ from mlx.utils import tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
 from mlx_lm.utils import _get_classes, infer_quant_config
 
+from .config import check_config
 from .errors import StreamerError
 
 EXPERT_CONTAINERS = (SwitchGLU, SwitchMLP)
@@ -139,7 +140,8 @@ def normalize_config(config: dict) -> dict:
                 "mode": "mxfp4",
             }
         elif method == "fp8" and list(quantization_config.get("weight_block_size", ())) != [32, 32]:
-            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as in mlx-lm
+            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as
+            # in mlx-lm
             del config["quantization_config"]
     return config
 
@@ -147,12 +149,16 @@ def normalize_config(config: dict) -> dict:
 def build_model(config: dict, where: Path | str) -> nn.Module:
     """An mlx-lm model for `config` with lazily initialised (never evaluated) weights."""
     architecture(config, where)
+    check_config(config, where)
     model_class, args_class = _get_classes(config)
     try:
         model = model_class(args_class.from_dict(config))
-    except (TypeError, KeyError, IndexError) as e:
+    except Exception as e:
+        # what check_config cannot see (a combination of fields the model's asserts refuse):
+        # mlx-lm's constructors raise no common error type
         raise StreamerError(
-            f"{where}: config.json does not describe a {config['model_type']} model: {e!r}"
+            f"{where}: the config does not describe a {config['model_type']} model mlx-lm can "
+            f"build ({type(e).__name__}: {e}); download config.json again."
         ) from e
     if not any(isinstance(m, EXPERT_CONTAINERS) for _, m in model.named_modules()):
         _refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.")

@@ -13,6 +13,7 @@ from mlx_lm.utils import load_tokenizer
 from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
 from .cache.budget import all_experts_bytes, check_budget, default_budget, expert_bytes
 from .cache.expert_cache import ExpertCache
+from .config import check_config, check_layer_count
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .io.expert_store import ExpertStore
@@ -52,7 +53,11 @@ def load(
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
     check_files(folder, manifest)
-    config = manifest.config
+    config = check_config(manifest.config, folder / MANIFEST_FILE)
+    resident_path = folder / RESIDENT_FILE
+    names = read_header(resident_path)  # clear errors for a truncated or corrupt file
+    modules = [layer.module + "." for layer in manifest.layers]
+    check_layer_count(config, [*names, *modules], folder / MANIFEST_FILE)
     model = build_model(config, folder / MANIFEST_FILE)
     containers = expert_containers(model)
     modules = [layer.module for layer in manifest.layers]
@@ -76,10 +81,6 @@ def load(
     replace_modules(model, streaming)
     store.verify_reads = verify_reads
 
-    resident_path = folder / RESIDENT_FILE
-    names = read_header(
-        resident_path
-    )  # clear errors for a truncated or corrupt file before mlx reads it
     if set(names) != set(manifest.resident_crc32):
         raise StreamerError(
             f"{resident_path} holds other tensors than manifest.json lists; repack the model."
@@ -116,7 +117,7 @@ def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> Tokenizer
         return load_tokenizer(
             folder, tokenizer_config_extra=extra, eos_token_ids=config.get("eos_token_id")
         )
-    except (ValueError, OSError) as e:
+    except Exception as e:  # transformers' own errors have no common base; name what failed
         tokenizer_config = folder / "tokenizer_config.json"
         ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(
             errors="replace"

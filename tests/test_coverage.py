@@ -13,8 +13,8 @@ import pytest
 from mlx_lm.models import switch_layers
 from mlx_lm.utils import MODEL_REMAPPING, _get_classes
 
+from fixtures import TINY_CONFIGS, tiny_config
 from streamer.architectures import REFUSED, build_model, expert_containers, mlx_lm_model_type
-from streamer.synthetic import TINY_CONFIGS, tiny_config
 
 SWITCH = re.compile(r"\b(SwitchGLU|SwitchMLP|SwitchLinear)\b")
 EXPERT_LIST = re.compile(r"self\.experts\s*=\s*\[")  # DBRX: a list of per-expert MLPs

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 import streamer
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
 from streamer.repack import repack
-from streamer.synthetic import tiny_config, write_hf_checkpoint
 from streamer.verify import verify
 
 QUIET = {"log": lambda _: None}
