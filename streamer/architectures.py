@@ -80,7 +80,6 @@ REFUSED: dict[str, str] = {
             "muse_spark",
             "prism_hadamard_qwen35",
             "qwen3_vl_moe",
-            "solar_open",
         ),
         _UNVERIFIED,
     ),
@@ -98,10 +97,11 @@ def architecture(config: dict, where: Path | str) -> Architecture:
 def mlx_lm_model_type(config: dict, where: Path | str = "config.json") -> str:
     """The mlx-lm model file `config` runs on (`mlx_lm.models.<this>`), as mlx-lm's loader picks."""
     try:
-        model_class, _ = _get_classes(config)
+        _, args_class = _get_classes(config)
     except (KeyError, ValueError):
         _refuse(config, where, f"it is not a model that mlx-lm {mlx_lm.__version__} runs.")
-    return model_class.__module__.rsplit(".", 1)[1]
+    # the file mlx-lm imports (its Model may come from another: solar_open runs glm4_moe's)
+    return args_class.__module__.rsplit(".", 1)[1]
 
 
 def _refuse(config: dict, where: Path | str, reason: str):

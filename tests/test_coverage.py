@@ -49,6 +49,7 @@ def covered_model_files() -> set[str]:
         model = build_model(tiny_config(model_type), model_type)
         assert expert_containers(model)
         covered |= {type(m).__module__.rsplit(".", 1)[1] for _, m in model.named_modules()}
+        covered.add(mlx_lm_model_type(tiny_config(model_type)))
     return covered
 
 
