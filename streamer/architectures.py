@@ -98,7 +98,7 @@ def mlx_lm_model_type(config: dict, where: Path | str = "config.json") -> str:
     """The mlx-lm model file `config` runs on (`mlx_lm.models.<this>`), as mlx-lm's loader picks."""
     try:
         _, args_class = _get_classes(config)
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, TypeError):
         _refuse(config, where, f"it is not a model that mlx-lm {mlx_lm.__version__} runs.")
     # the file mlx-lm imports (its Model may come from another: solar_open runs glm4_moe's)
     return args_class.__module__.rsplit(".", 1)[1]
@@ -148,8 +148,8 @@ def normalize_config(config: dict) -> dict:
 
 def build_model(config: dict, where: Path | str) -> nn.Module:
     """An mlx-lm model for `config` with lazily initialised (never evaluated) weights."""
-    architecture(config, where)
     check_config(config, where)
+    architecture(config, where)
     model_class, args_class = _get_classes(config)
     try:
         model = model_class(args_class.from_dict(config))
