@@ -45,6 +45,15 @@ class Architecture:
             return block
         return f"{block.rsplit('.', 1)[0]}.{self.hf_block}"
 
+    def hf_parents(self, container: str) -> tuple[str, ...]:
+        """`hf_parent`, and its spelling in vision-language checkpoints that transformers 5
+        writes (`model.language_model.` for mlx-lm's `language_model.model.`)."""
+        block = self.hf_parent(container)
+        nested = "language_model.model."
+        if block.startswith(nested):
+            return block, "model.language_model." + block[len(nested) :]
+        return (block,)
+
 
 _GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 _W123 = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
@@ -52,6 +61,7 @@ _W123 = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 NAMING: dict[str, Architecture] = {
     "mixtral": Architecture(_W123),
     "minimax": Architecture(_W123),
+    "minimax_m3_vl": Architecture(_W123),
     "phimoe": Architecture(_W123),
     "lfm2_moe": Architecture(_W123),
     "kimi_linear": Architecture(_W123, hf_block="block_sparse_moe"),
@@ -63,6 +73,8 @@ _UNVERIFIED = (
     "streamer has no test fixture for it yet, so its outputs are not verified against mlx-lm's."
 )
 REFUSED: dict[str, str] = {
+    "kimi_vl": "mlx-lm's kimi_vl sanitize does not split MLA's kv_b_proj, so mlx-lm cannot load "
+    "the published checkpoint either (its MLX conversions come from mlx-vlm).",
     "dbrx": "its experts are a list of per-expert MLPs that mlx-lm computes one by one, not a "
     "Switch layer that streamer's expert layer replaces.",
     **dict.fromkeys(
@@ -70,16 +82,9 @@ REFUSED: dict[str, str] = {
             "bailing_hybrid",
             "bailing_moe_v3",
             "deepseek_v41",
-            "gemma4",
-            "kimi_k25",
             "kimi_k3",
-            "kimi_vl",
-            "longcat_flash_ngram",
-            "minimax_m3_vl",
-            "mistral3",
             "muse_spark",
             "prism_hadamard_qwen35",
-            "qwen3_vl_moe",
         ),
         _UNVERIFIED,
     ),

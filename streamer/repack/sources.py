@@ -27,6 +27,7 @@ from ..architectures import Architecture, hf_expert_key
 from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo, to_mlx
+from .layouts import LAYOUTS
 
 KIND_ORDER = ("weight", "scales", "biases", "bias")
 
@@ -34,13 +35,15 @@ Sanitize = Callable[[dict[str, mx.array]], dict[str, mx.array]]
 
 
 def sanitizer(model: nn.Module, folder: Path) -> Sanitize:
-    """mlx-lm's own sanitize (source names -> mlx-lm's names); a missing tensor: a clear error."""
+    """mlx-lm's own sanitize (source names -> mlx-lm's names), after the conversion of a layout it
+    does not read (`layouts.LAYOUTS`); a missing tensor: a clear error."""
+    convert = LAYOUTS.get(type(model).__module__.rsplit(".", 1)[1], lambda weights: weights)
     if not hasattr(model, "sanitize"):
-        return lambda weights: weights
+        return convert
 
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         try:
-            return model.sanitize(weights)
+            return model.sanitize(convert(weights))
         except KeyError as e:
             raise StreamerError(
                 f"{folder}: tensor {e.args[0]!r} is missing: the download is incomplete."
@@ -63,11 +66,12 @@ class Sources:
     ):
         """`sanitized`: what sanitize makes of the whole checkpoint (lazy, never evaluated)."""
         self.ckpt, self.arch, self.num_experts, self.sanitize = ckpt, arch, num_experts, sanitize
-        parents = {arch.hf_parent(path): path for path in containers}
+        parents = {p: path for path in containers for p in arch.hf_parents(path)}
         per_expert_key = hf_expert_key(arch)
         self.stacked: dict[tuple[str, str, str], TensorInfo] = {}
         self.per_expert: dict[tuple[str, str, str], dict[int, TensorInfo]] = {}
         candidates: dict[str, TensorInfo] = {}
+        resident: dict[str, TensorInfo] = {}
         for name, info in ckpt.tensors.items():
             prefix = name.rsplit(".", 2)[0]
             match = per_expert_key.match(name)
@@ -79,6 +83,8 @@ class Sources:
                 self.per_expert.setdefault(key, {})[int(match["expert"])] = info
             elif name not in sanitized and info.shape[:1] == (num_experts,):
                 candidates[name] = info  # renamed or converted by sanitize: maybe fused experts
+            else:
+                resident[name] = info
         kinds: dict[tuple[str, str], set[str]] = {}
         for module, proj, kind in self.per_expert:
             kinds.setdefault((module, proj), set()).add(kind)
@@ -86,20 +92,24 @@ class Sources:
         for (module, proj), found in kinds.items():
             if not found <= set(KIND_ORDER):
                 self.converted.setdefault(module, {})[proj] = found
-        self._find_fused(candidates, containers)
+        self._find_fused(candidates, resident, containers)
         self._converted_cache: tuple[tuple[str, int], dict[str, mx.array]] | None = None
 
-    def _find_fused(self, candidates: dict[str, TensorInfo], containers: dict) -> None:
+    def _find_fused(
+        self, candidates: dict[str, TensorInfo], resident: dict[str, TensorInfo], containers: dict
+    ) -> None:
         """Which expert container each layer's fused tensors feed. Sanitize is asked about
-        stand-ins of every candidate that are never evaluated, those of one layer with an expert
-        axis of 2 and all others of 1: the container tensors with 2 experts come from that layer.
-        Candidates that feed none (a router, multi-token prediction layers) are not experts."""
+        stand-ins that are never evaluated: the candidates of one layer with an expert axis of 2,
+        the other candidates with 1 and the resident tensors as they are (sanitize may read any
+        of them): the container tensors with 2 experts come from that layer. Candidates that feed
+        none (a router, multi-token prediction layers) are not experts."""
         by_layer: dict[str, dict[str, TensorInfo]] = {}
         for name, info in candidates.items():
             by_layer.setdefault(_layer_prefix(name), {})[name] = info
         self.fused: dict[str, dict[str, TensorInfo]] = {}
         self._alone: set[str] = set()  # layers sanitize converts without the other layers' tensors
-        self._stand_ins = {n: _stand_in(i, 1) for n, i in candidates.items()}
+        self._stand_ins = {n: mx.zeros(i.shape, DTYPES[i.dtype][1]) for n, i in resident.items()}
+        self._stand_ins.update({n: _stand_in(i, 1) for n, i in candidates.items()})
         for group in by_layer.values():
             marked = {**self._stand_ins, **{n: _stand_in(i, 2) for n, i in group.items()}}
             try:
