@@ -162,7 +162,7 @@ def _info(args: argparse.Namespace) -> None:
     }
     print(f"expert weights    {', '.join(sorted(expert_quant))}")
     print(f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)")
-    print(f"expert bytes      {manifest.expert_bytes / 1e9:.3f} GB (streamed from disk)")
+    print(f"expert bytes      {manifest.expert_file_bytes / 1e9:.3f} GB (streamed from disk)")
     print(f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)")
 
 

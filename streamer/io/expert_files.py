@@ -114,6 +114,11 @@ class LayerFiles:
         data = self._maps[t.at.file].array
         typed = data if t.dtype == mx.uint8 else data.view(t.dtype)
         size = t.dtype.size
+        if t.at.offset % size or t.at.stride % size:  # a typed view counts in whole elements
+            raise StreamerError(
+                f"{self.layout.where(t.at.file)}: tensor {t.name} does not start on a multiple "
+                f"of its element size ({size} bytes), so it cannot be viewed in place."
+            )
         row = [1] * len(t.shape)  # row-major strides of one expert's tensor, in elements
         for axis in range(len(t.shape) - 2, -1, -1):
             row[axis] = row[axis + 1] * t.shape[axis + 1]
