@@ -27,6 +27,12 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 # Linux 5.14+: fault a range into the page tables in one call (reading what is not cached).
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform == "linux" else None)
 
+
+def align(n: int, to: int) -> int:
+    """`n` rounded up to a multiple of `to`: pages here, records and tensors in the layout."""
+    return -(-n // to) * to
+
+
 libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)  # mmap, madvise, mincore
 libc.mmap.argtypes = (
     ctypes.c_void_p,
@@ -92,7 +98,7 @@ class MappedFile:
 
 
 def _map_over_mlx_buffer(fd: int, size: int) -> mx.array:
-    length = -(-size // OS_PAGE) * OS_PAGE
+    length = align(size, OS_PAGE)
     buffer = mx.zeros((length + OS_PAGE,), dtype=mx.uint8)  # a page to spare for alignment
     mx.eval(buffer)
     base = np.asarray(memoryview(buffer)).ctypes.data
@@ -108,7 +114,7 @@ def _map_over_mlx_buffer(fd: int, size: int) -> mx.array:
 
 def _unmap_file_pages(address: int, size: int, array: mx.array) -> None:
     """Give the range back as fresh anonymous memory (`array` is held until then on purpose)."""
-    length = -(-size // OS_PAGE) * OS_PAGE
+    length = align(size, OS_PAGE)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
     libc.mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
 
@@ -152,7 +158,7 @@ class Residency:
         if _mincore is None:
             return None
         start = offset - offset % OS_PAGE
-        pages = -(-(offset + length - start) // OS_PAGE)
+        pages = align(offset + length - start, OS_PAGE) // OS_PAGE
         if self._vec.size < pages:
             self._vec = np.zeros(pages, dtype=np.uint8)
             self._bits = np.zeros_like(self._vec)
