@@ -87,6 +87,7 @@ def _generate(args: argparse.Namespace) -> int:
         memory_budget=args.memory_budget,
         verify_reads=args.verify_reads,
         trust_remote_code=args.trust_remote_code,
+        checksums=args.checksums,
     )
     print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     if args.chat and tokenizer.chat_template is not None:
@@ -122,14 +123,14 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from .hub import repacked
+    from .hub import streamable
     from .server import serve
     from .server.api import Sampling
 
     defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
     serve(
         args.model,
-        repacked(args.model),
+        streamable(args.model),
         host=args.host,
         port=args.port,
         defaults=defaults,
@@ -289,8 +290,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_verify)
 
-    p = sub.add_parser("generate", help="generate text from a repacked model")
-    p.add_argument("--model", help="a folder written by `streamer repack`")
+    p = sub.add_parser(
+        "generate", help="generate text from a repacked model or an MLX download (in place)"
+    )
+    p.add_argument(
+        "--model", help="a folder written by `streamer repack`, or an MLX download (in place)"
+    )
     _add_sampling(p, None)
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
@@ -301,10 +306,19 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check each expert's crc32 the first time it is read",
     )
+    p.add_argument(
+        "--checksums",
+        metavar="FILE",
+        help="an MLX download's checksum sidecar, if not the default (see `streamer verify`)",
+    )
     p.set_defaults(run=_generate)
 
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a repacked model")
-    p.add_argument("--model", required=True, help="a repacked folder, or org/name (hub cache)")
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a streamed model")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a repacked folder or MLX download, or org/name (hub cache)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
