@@ -15,7 +15,6 @@ one layer share boundary pages once).
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import pagecache
 from balloon import Balloon, GiB, mem_available
@@ -85,18 +84,11 @@ def _rate(result: dict) -> float:
 def disk_bytes(models) -> dict:
     """What each layout occupies, and the most disk a repack needs at once, keeping the download
     and with --delete-source (streamer/repack/consume.py)."""
-    from streamer.io.checkpoint import Checkpoint
-    from streamer.repack import layer_and_resident_bytes
-    from streamer.repack.consume import disk_peaks
-    from streamer.repack.plan import make_plan
-    from streamer.repack.progress import Progress
+    from streamer.repack import disk_needs
 
     download = sum(p.stat().st_size for p in models.mlx.rglob("*") if p.is_file())
     repacked = sum(p.stat().st_size for p in models.streaming.rglob("*") if p.is_file())
-    with Checkpoint(models.mlx) as ckpt:
-        plan = make_plan(ckpt, None)
-        progress = Progress(Path("/nonexistent"), "")
-        keep, peak = disk_peaks(plan, progress, *layer_and_resident_bytes(plan, progress))
+    keep, peak = disk_needs(models.mlx)
     return {
         "download": download,
         "repacked": repacked,

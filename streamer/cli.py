@@ -142,16 +142,26 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _info(args: argparse.Namespace) -> None:
+    from .download import is_download, open_download
     from .io.manifest import RESIDENT_FILE, read_manifest
 
     folder = Path(args.dir)
-    manifest = read_manifest(folder)
+    if is_download(folder):  # streamed in place: an expert is one range per stacked tensor
+        manifest = open_download(folder)[0]
+        resident = sum(manifest.file_bytes.values()) - manifest.expert_bytes
+        per_expert = [layer.expert_bytes for layer in manifest.layers]
+        layout = f"in place, {len(manifest.layers[0].tensors)} byte ranges per expert"
+    else:
+        manifest = read_manifest(folder)
+        resident = (folder / RESIDENT_FILE).stat().st_size
+        per_expert = [layer.record_bytes for layer in manifest.layers]
+        layout = "repacked, one record per expert"
     config = manifest.config
     layers = manifest.layers
     top_k = int(config.get("num_experts_per_tok", 0))
-    resident = (folder / RESIDENT_FILE).stat().st_size
-    active = sum(layer.record_bytes for layer in layers) * top_k
+    active = sum(per_expert) * top_k
     quant = config.get("quantization")
+    print(f"layout            {layout}")
     print(f"model_type        {config.get('model_type')}")
     print(f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)")
     print(f"experts           {layers[0].num_experts} per layer, {top_k} routed per token")

@@ -109,7 +109,7 @@ def test_delete_source_refuses_a_download_a_model_streams_from(download, tmp_pat
     model.streamer.close()
 
 
-def test_generate_cli_streams_a_download(download):
+def test_generate_and_info_cli_on_a_download(download):
     result = subprocess.run(
         [sys.executable, "-m", "streamer", "generate", "--model", str(download)]
         + ["--prompt", "def f(", "--max-tokens", "4", "--memory-budget", "0"],
@@ -118,3 +118,7 @@ def test_generate_cli_streams_a_download(download):
     )
     assert result.returncode == 0, result.stderr
     assert "page cache only" in result.stderr and "tok/s" in result.stderr
+    info = subprocess.run(
+        [sys.executable, "-m", "streamer", "info", str(download)], capture_output=True, text=True
+    )
+    assert info.returncode == 0 and "in place, 9 byte ranges per expert" in info.stdout
