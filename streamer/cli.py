@@ -148,8 +148,8 @@ def _info(args: argparse.Namespace) -> None:
     folder = Path(args.dir)
     if is_download(folder):  # streamed in place: an expert is one range per stacked tensor
         manifest = open_download(folder)[0]
-        resident = sum(manifest.file_bytes.values()) - manifest.expert_bytes
-        per_expert = [layer.expert_bytes for layer in manifest.layers]
+        resident = sum(manifest.file_bytes.values()) - manifest.expert_file_bytes
+        per_expert = [layer.payload_bytes for layer in manifest.layers]
         layout = f"in place, {len(manifest.layers[0].tensors)} byte ranges per expert"
     else:
         manifest = read_manifest(folder)
