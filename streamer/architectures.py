@@ -1,12 +1,15 @@
 """Which MoE architectures stream, and how their checkpoints name expert tensors.
 
 Architectures themselves come from mlx-lm (`mlx_lm.models.<model_type>`); this module only knows
-how to find their expert containers and how each download convention names expert weights.
+how to find their expert containers (and record their routing) and how each download convention
+names expert weights.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from mlx_lm.utils import _get_classes, infer_quant_config
 
 from .config import check_config
 from .errors import StreamerError
+from .stats import ExpertStats, Routing, RoutingRecorder
 
 EXPERT_CONTAINERS = (SwitchGLU, SwitchMLP)
 EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
@@ -211,3 +215,25 @@ def quantize_like_mlx_lm(model: nn.Module, config: dict, weights: dict[str, mx.a
         mode=quantization.get("mode", "affine"),
         class_predicate=predicate,
     )
+
+
+@contextmanager
+def recording_routing(model: nn.Module, prefill: bool = False) -> Iterator[list[Routing]]:
+    """The routing of every MoE layer of `model` (decode steps; with `prefill`, prompt tokens too)
+    while the context lasts: a streamer model's own trace, or for any other mlx-lm model, its
+    expert containers wrapped in RoutingRecorders for the duration."""
+    handle = getattr(model, "streamer", None)
+    if handle is not None:
+        stats, containers = handle.stats, None
+    else:
+        containers = expert_containers(model)
+        stats = ExpertStats(moe_layers=len(containers))
+        recorders = {p: RoutingRecorder(c, stats, i) for i, (p, c) in enumerate(containers.items())}
+        replace_modules(model, recorders)
+    stats.trace, stats.trace_prefill = [], prefill
+    try:
+        yield stats.trace
+    finally:
+        stats.trace, stats.trace_prefill = None, False
+        if containers is not None:
+            replace_modules(model, containers)
