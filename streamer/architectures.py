@@ -83,8 +83,6 @@ REFUSED: dict[str, str] = {
     "Switch layer that streamer's expert layer replaces.",
     **dict.fromkeys(
         (
-            "bailing_hybrid",
-            "bailing_moe_v3",
             "deepseek_v41",
             "kimi_k3",
             "muse_spark",
