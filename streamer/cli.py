@@ -63,28 +63,43 @@ def _prompt(args: argparse.Namespace) -> str:
 def _generate(args: argparse.Namespace) -> int:
     if args.model is None:
         raise StreamerError(
-            "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` and pass "
-            "--model DST, or run `streamer demo` to see the whole pipeline on a built-in model."
+            "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` "
+            "and pass --model DST, or run `streamer demo` to see the whole pipeline on a built-in "
+            "model."
         )
     prompt = _prompt(args)  # before the slow imports: bad input fails fast
+    from .chat import templated
+    from .hub import repacked
     from .model import load
 
     model, tokenizer = load(
-        args.model,
+        repacked(args.model),
         memory_budget=args.memory_budget,
         verify_reads=args.verify_reads,
         trust_remote_code=args.trust_remote_code,
     )
     print(f"[streamer] {model.residency}", file=sys.stderr)
-    if args.chat and tokenizer.chat_template is not None:
-        messages = [{"role": "user", "content": prompt}]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    for token in args.extra_eos_token:
+        try:
+            tokenizer.add_eos_token(token)
+        except ValueError as e:
+            raise StreamerError(f"--extra-eos-token: {e}") from None
+    if args.chat and not tokenizer.has_chat_template:
+        raise StreamerError(
+            f"--chat: {args.model} has no chat template (tokenizer_config.json has no "
+            "chat_template): drop --chat to continue the prompt as plain text."
+        )
+    if tokenizer.has_chat_template and not args.ignore_chat_template:
+        prompt = templated(tokenizer, prompt, args.system_prompt)
     return _stream(model, tokenizer, prompt, args)
 
 
 def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
+    from mlx_lm.sample_utils import make_sampler
+
     from .generate import run_stats, stream_generate
 
+    sampler = make_sampler(args.temp, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k)
     stats = None
     try:
         for response in stream_generate(
@@ -92,9 +107,9 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
             tokenizer,
             prompt,
             args.max_tokens,
-            temp=args.temp,
-            top_p=args.top_p,
             seed=args.seed,
+            sampler=sampler,
+            max_kv_size=getattr(args, "max_kv_size", None),
         ):
             print(response.text, end="", flush=True)
             stats = response.stats
@@ -125,6 +140,38 @@ def _serve(args: argparse.Namespace) -> None:
         trust_remote_code=args.trust_remote_code,
         prompt_cache_size=args.prompt_cache_size,
     )
+
+
+def _chat(args: argparse.Namespace) -> None:
+    from .chat import chat
+    from .hub import repacked
+    from .server import open_model
+    from .server.api import Sampling
+    from .server.engine import Engine
+
+    model, tokenizer, context = open_model(
+        repacked(args.model), args.memory_budget, args.trust_remote_code
+    )
+    template = tokenizer.has_chat_template and not args.ignore_chat_template
+    if not tokenizer.has_chat_template:
+        print(
+            "[chat] the model has no chat template: the conversation is plain text", file=sys.stderr
+        )
+    sampling = Sampling(
+        temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed
+    )
+    engine = Engine(model, tokenizer, prompt_cache_size=2)
+    try:
+        chat(
+            engine,
+            system_prompt=args.system_prompt,
+            template=template,
+            max_tokens=args.max_tokens,
+            context=context,
+            sampling=sampling,
+        )
+    finally:
+        engine.close()
 
 
 def _info(args: argparse.Namespace) -> None:
@@ -206,7 +253,18 @@ def _add_sampling(p: argparse.ArgumentParser, prompt_default: str | None) -> Non
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top")
     p.add_argument("--seed", type=int, default=None)
+
+
+def _add_template(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--system-prompt", default=None, help="a system message before the prompt")
+    p.add_argument(
+        "--ignore-chat-template",
+        action="store_true",
+        help="use the prompt as plain text even if the model has a chat template",
+    )
 
 
 def _add_loading(p: argparse.ArgumentParser) -> None:
@@ -263,7 +321,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="a folder written by `streamer repack`")
     _add_sampling(p, None)
     p.add_argument(
-        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+        "--chat",
+        action="store_true",
+        help="the prompt is a chat message: refuse a model without a chat template",
+    )
+    _add_template(p)
+    p.add_argument("--max-kv-size", type=int, default=None, help="keep at most N tokens of KV")
+    p.add_argument(
+        "--extra-eos-token",
+        nargs="+",
+        default=[],
+        metavar="TOKEN",
+        help="more tokens that end the answer (text or id)",
     )
     _add_loading(p)
     p.add_argument(
@@ -285,6 +354,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
     _add_loading(p)
     p.set_defaults(run=_serve)
+
+    p = sub.add_parser("chat", help="a conversation with a repacked model in the terminal")
+    p.add_argument("--model", required=True, help="a repacked folder, or org/name (hub cache)")
+    p.add_argument("--max-tokens", type=int, default=512, help="per answer")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top")
+    p.add_argument("--seed", type=int, default=None)
+    _add_template(p)
+    _add_loading(p)
+    p.set_defaults(run=_chat)
 
     p = sub.add_parser("info", help="describe a repacked model")
     p.add_argument("dir")
