@@ -89,7 +89,7 @@ def chat(
 
 
 def _answer(job: Job, stdout: TextIO, stderr: TextIO) -> tuple[str, Done | None]:
-    """Print the answer as it comes; Ctrl-C stops it (what was printed stays in the conversation)."""
+    """Print the answer as it comes; Ctrl-C stops it (what was printed stays in the history)."""
     parts: list[str] = []
     try:
         while not isinstance(event := job.events.get(), Done):

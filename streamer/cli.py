@@ -14,10 +14,12 @@ from .errors import StreamerError
 
 
 def _repack(args: argparse.Namespace) -> None:
+    from .hub import resolve
     from .repack import Quantize, repack
 
     quantize = Quantize(args.quantize, args.group_size) if args.quantize else None
-    repack(args.src, args.dst, quantize=quantize, force=args.force, resume=args.resume)
+    src = resolve(args.src, "source")
+    repack(src, args.dst, quantize=quantize, force=args.force, resume=args.resume)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -289,7 +291,7 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("repack", help="convert a downloaded checkpoint into the streaming layout")
-    p.add_argument("src", help="checkpoint folder (config.json + safetensors)")
+    p.add_argument("src", help="checkpoint folder (config.json + safetensors), or org/name")
     p.add_argument("dst", help="output folder")
     p.add_argument(
         "--quantize",
@@ -318,7 +320,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_verify)
 
     p = sub.add_parser("generate", help="generate text from a repacked model")
-    p.add_argument("--model", help="a folder written by `streamer repack`")
+    p.add_argument("--model", help="a folder written by `streamer repack`, or org/name")
     _add_sampling(p, None)
     p.add_argument(
         "--chat",

@@ -40,11 +40,12 @@ def resolve(name: str | Path, what: str = "model") -> Path:
 
 
 def repacked(name: str | Path) -> Path:
-    """A folder written by `streamer repack`; a download is refused, saying how to repack it."""
+    """The folder of a repacked model; a hub name of a download says how to repack it (a folder
+    that is a download is refused by read_manifest, naming the folder)."""
     from .io.manifest import MANIFEST_FILE
 
     folder = resolve(name)
-    if not (folder / MANIFEST_FILE).exists() and (folder / "config.json").exists():
+    if folder != Path(name) and not (folder / MANIFEST_FILE).exists():
         raise StreamerError(
             f"{name} is a checkpoint as downloaded, not a repacked model: repack it into a new "
             f"folder with `streamer repack {name} DST` and pass DST."

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 
@@ -73,3 +75,36 @@ def test_a_model_that_is_not_repacked_is_refused(checkpoints):
     result = run_chat(checkpoints.hf("qwen3_moe"), ["hi"])
     assert result.returncode == 2 and "repack it into a new folder" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_generate_speaks_mlx_lm_flags(folder, tmp_path, capsys):
+    from streamer.cli import main
+
+    model, tokenizer = streamer.load(folder)
+
+    def generate(*flags: str) -> str:
+        assert main(["generate", "--model", str(folder), "--max-tokens", "6", *flags]) == 0
+        return capsys.readouterr().out
+
+    chat = templated(tokenizer, "import os", "Be brief.")
+    assert generate("--prompt", "import os", "--system-prompt", "Be brief.") == (
+        streamer.generate(model, tokenizer, chat, 6) + "\n"
+    )
+    raw = streamer.generate(model, tokenizer, "import os", 6)
+    assert generate("--prompt", "import os", "--ignore-chat-template") == raw + "\n"
+    # top-k 1 keeps only the likeliest token: greedy whatever the temperature
+    sampled = generate("--prompt", "import os", "--temp", "5", "--top-k", "1", "--seed", "3")
+    assert (
+        sampled == streamer.generate(model, tokenizer, templated(tokenizer, "import os"), 6) + "\n"
+    )
+    first = next(streamer.stream_generate(model, tokenizer, templated(tokenizer, "import os"), 6))
+    assert generate("--prompt", "import os", "--extra-eos-token", str(first.token)) == "\n"
+    assert generate("--prompt", "import os", "--max-kv-size", "64", "--min-p", "0.5")
+
+    plain = tmp_path / "no-template"
+    shutil.copytree(folder, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    assert main(["generate", "--model", str(plain), "--prompt", "hi", "--chat"]) == 2
+    assert "has no chat template" in capsys.readouterr().err

@@ -120,8 +120,14 @@ def read_manifest(folder: Path | str) -> Manifest:
     """Read and validate a manifest; raise StreamerError naming the defect and what to do."""
     path = Path(folder) / MANIFEST_FILE
     if not path.exists() and not path.is_symlink():
+        if (Path(folder) / "config.json").exists():  # a download, which repack only reads
+            raise StreamerError(
+                f"{folder} is a checkpoint as downloaded, not a repacked model: repack it into a "
+                f"new folder with `streamer repack {folder} DST` and pass DST."
+            )
         raise StreamerError(
-            f"{path} is missing: {folder} is not a repacked model. Run `streamer repack SRC {folder}` first."
+            f"{path} is missing: {folder} is not a repacked model. Run `streamer repack SRC "
+            f"{folder}` first."
         )
     try:
         text = path.read_text(encoding="utf-8")
