@@ -19,22 +19,41 @@ def _repack(args: argparse.Namespace) -> None:
 
     quantize = Quantize(args.quantize, args.group_size) if args.quantize else None
     src = resolve(args.src, "source")
-    repack(src, args.dst, quantize=quantize, force=args.force, resume=args.resume)
+    if args.delete_source and src != Path(args.src):
+        raise StreamerError(
+            f"--delete-source: {args.src} lives in the Hugging Face cache, whose files are shared "
+            "links: repack without it, then remove the download with `hf cache` (see its --help)."
+        )
+    repack(
+        src,
+        args.dst,
+        quantize=quantize,
+        force=args.force,
+        resume=args.resume,
+        delete_source=args.delete_source,
+    )
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from .download import is_download
     from .verify import verify
 
-    problems = verify(args.dir, refresh=args.refresh)
+    problems = verify(args.dir, refresh=args.refresh, record=args.record, checksums=args.checksums)
     for problem in problems:
         print(f"streamer: bad: {problem}", file=sys.stderr)
     if problems:
+        remedy = (
+            "download the named files again, then record their checksums again with --record."
+            if is_download(args.dir)
+            else "repack the model from its source."
+        )
         print(
-            f"streamer: {len(problems)} problem(s) in {args.dir}: repack the model from its source.",
+            f"streamer: {len(problems)} problem(s) in {args.dir}: {remedy}",
             file=sys.stderr,
         )
         return 1
-    print(f"[verify] {args.dir}: every checksum matches", file=sys.stderr)
+    if not args.record:
+        print(f"[verify] {args.dir}: every checksum matches", file=sys.stderr)
     return 0
 
 
@@ -45,20 +64,18 @@ def _prompt(args: argparse.Namespace) -> str:
     the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
     An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
     """
+    from .generate import check_request
+
     raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise StreamerError(
-            f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): pass UTF-8 text "
-            "(check the file's or terminal's encoding)."
+            f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
+            "pass UTF-8 text (check the file's or terminal's encoding)."
         ) from None
-    if not text:
-        raise StreamerError(
-            "the prompt is empty: give some text to continue with --prompt (or `--prompt -` for stdin)."
-        )
-    if args.max_tokens <= 0:
-        raise StreamerError(f"--max-tokens must be at least 1 (got {args.max_tokens}).")
+    how = " with --prompt (or `--prompt -` for stdin)"
+    check_request(text, args.max_tokens, option="--max-tokens", how=how)
     return text
 
 
@@ -223,8 +240,8 @@ def _demo(args: argparse.Namespace) -> int:
         quantize = Quantize(DEMO_QUANTIZE) if DEMO_QUANTIZE else None
         precision = f"with {DEMO_QUANTIZE}-bit experts" if DEMO_QUANTIZE else "unquantized (bf16)"
         print(
-            f"[demo] built-in model: a {_demo_size()} qwen3_moe trained on Python's standard library "
-            f"(tools/train_demo.py); repacking it {precision} to {dst}",
+            f"[demo] built-in model: a {_demo_size()} qwen3_moe trained on Python's standard "
+            f"library (tools/train_demo.py); repacking it {precision} to {dst}",
             file=sys.stderr,
         )
         repack(DEMO_MODEL, dst, quantize=quantize, force=True)
@@ -234,9 +251,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _demo_size() -> str:
-    import json
+    from .io.json_file import read_json_object
 
-    config = json.loads((DEMO_MODEL / "config.json").read_text())
+    config = read_json_object(DEMO_MODEL / "config.json", "reinstall streamer.")
     layers, experts, k = (
         config["num_hidden_layers"],
         config["num_experts"],
@@ -306,16 +323,33 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue an interrupted repack into DST from its last finished layer",
     )
+    p.add_argument(
+        "--delete-source",
+        action="store_true",
+        help="delete each of SRC's shards once all of its data is written into DST (the disk "
+        "then needs about one shard beyond DST, not a second copy); resumable",
+    )
     p.set_defaults(run=_repack)
 
     p = sub.add_parser(
-        "verify", help="check every checksum of a repacked model; names each bad tensor"
+        "verify",
+        help="check every checksum of a repacked model or a download; names each bad tensor",
     )
     p.add_argument("dir")
     p.add_argument(
         "--refresh",
         action="store_true",
         help="if every checksum passes, record the files' current times (after a copy)",
+    )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="a download: compute its checksums and keep them in a sidecar (see --checksums)",
+    )
+    p.add_argument(
+        "--checksums",
+        metavar="FILE",
+        help="a download's checksum sidecar (default: under the user cache folder, not in DIR)",
     )
     p.set_defaults(run=_verify)
 
