@@ -97,7 +97,7 @@ def _generate(args: argparse.Namespace) -> int:
         verify_reads=args.verify_reads,
         trust_remote_code=args.trust_remote_code,
     )
-    print(f"[streamer] {model.residency}", file=sys.stderr)
+    print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     for token in args.extra_eos_token:
         try:
             tokenizer.add_eos_token(token)

@@ -22,7 +22,7 @@ def open_model(folder: Path, memory_budget: int | None, trust_remote_code: bool)
     model, tokenizer = load(
         folder, memory_budget=memory_budget, trust_remote_code=trust_remote_code
     )
-    print(f"[streamer] {model.residency}", file=sys.stderr)
+    print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     return model, tokenizer, read_manifest(folder).config.get("max_position_embeddings")
 
 
