@@ -193,6 +193,22 @@ def _chat(args: argparse.Namespace) -> None:
         engine.close()
 
 
+def _plan(args: argparse.Namespace) -> None:
+    from .hub import resolve
+    from .model import default_dtype
+    from .plan import plan
+
+    if args.memory is None:
+        import psutil
+
+        memory = psutil.virtual_memory().available
+    else:
+        memory = args.memory
+    quantize = (args.quantize, args.group_size) if args.quantize else None
+    result = plan(resolve(args.source, "model"), memory, quantize=quantize, dtype=default_dtype())
+    print(result.json() if args.json else "\n".join(result.lines()))
+
+
 def _info(args: argparse.Namespace) -> None:
     from .io.manifest import RESIDENT_FILE, read_manifest
 
@@ -402,6 +418,14 @@ def parser() -> argparse.ArgumentParser:
     _add_template(p)
     _add_loading(p)
     p.set_defaults(run=_chat)
+
+    p = sub.add_parser("plan", help="disk, memory and context a model needs, from its config.json")
+    p.add_argument("source", help="config.json, a download's folder, a repacked one, or org/name")
+    p.add_argument("--memory", type=_size, default=None, help="memory to plan for (default: free)")
+    p.add_argument("--quantize", type=int, choices=(2, 3, 4, 5, 6, 8), help="as repack --quantize")
+    p.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
+    p.add_argument("--json", action="store_true", help="one JSON object, for tools")
+    p.set_defaults(run=_plan)
 
     p = sub.add_parser("info", help="describe a repacked model")
     p.add_argument("dir")
