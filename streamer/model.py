@@ -14,6 +14,7 @@ from .architectures import build_model, expert_containers, quantize_like_mlx_lm,
 from .cache.budget import all_experts_bytes, check_budget, default_budget, largest_expert_bytes
 from .cache.expert_cache import ExpertCache
 from .config import check_config, check_layer_count
+from .download import is_download
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .handle import Streaming, memory_limit_raised
@@ -38,8 +39,10 @@ def load(
     dtype: mx.Dtype | None = None,
     verify_reads: bool = False,
     trust_remote_code: bool = False,
+    checksums: str | Path | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper]:
-    """Load a repacked model: non-expert weights resident, experts streamed from disk.
+    """Load a repacked model, or an MLX-quantized download in place (inplace.py): non-expert
+    weights resident, experts streamed from disk.
 
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
     resident (no syncs, no reads); less: the hottest experts are cached (LFU with aging) and the
@@ -50,8 +53,20 @@ def load(
     Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of
     the non-expert weights now and of each expert the first time it is read.
     `trust_remote_code` lets a tokenizer that ships its own Python code (Kimi K2's) run it.
+    `checksums`: a download's checksum sidecar, if not the default one (io/checksums.py).
     """
     folder = Path(path)
+    if is_download(folder):
+        from .inplace import load_in_place
+
+        return load_in_place(
+            folder,
+            memory_budget=memory_budget,
+            dtype=dtype,
+            verify_reads=verify_reads,
+            trust_remote_code=trust_remote_code,
+            checksums=checksums,
+        )
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
     check_files(folder, manifest)

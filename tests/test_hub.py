@@ -13,7 +13,7 @@ import pytest
 
 from streamer.cli import main
 from streamer.errors import StreamerError
-from streamer.hub import repacked, resolve
+from streamer.hub import resolve, streamable
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
@@ -58,14 +58,14 @@ def test_a_cached_name_is_its_snapshot_and_repacks(hub, tmp_path):
     dst = tmp_path / "repacked"
     result = streamer_cli("repack", "tiny-org/Tiny-MoE", str(dst))
     assert result.returncode == 0, result.stderr
-    assert repacked(dst) == dst
+    assert streamable(dst) == dst
 
 
 def test_names_that_cannot_run_say_what_to_do(hub, tmp_path, capsys):
     with pytest.raises(StreamerError, match="hf download tiny-org/Missing"):
         resolve("tiny-org/Missing")
     with pytest.raises(StreamerError, match=r"streamer repack tiny-org/Tiny-MoE DST"):
-        repacked("tiny-org/Tiny-MoE")
+        streamable("tiny-org/Tiny-MoE")
     with pytest.raises(StreamerError, match="not a folder, nor a Hugging Face name"):
         resolve(str(tmp_path / "no" / "such" / "folder"))
     # a download passed as a folder: repack it into a new one, not into itself

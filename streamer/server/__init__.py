@@ -16,14 +16,13 @@ from .api import Sampling
 
 def open_model(folder: Path, memory_budget: int | None, trust_remote_code: bool):
     """The model, its tokenizer and its context length in tokens (None if config.json has none)."""
-    from ..io.manifest import read_manifest
     from ..model import load
 
     model, tokenizer = load(
         folder, memory_budget=memory_budget, trust_remote_code=trust_remote_code
     )
     print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
-    return model, tokenizer, read_manifest(folder).config.get("max_position_embeddings")
+    return model, tokenizer, model.streamer.context_length
 
 
 def serve(
