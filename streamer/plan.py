@@ -5,8 +5,10 @@ weights: parameter shapes give the resident and expert bytes (quantized as confi
 `quantization` or `--quantize` says, each expert record laid out as the repacker lays it out), and
 the KV cache bytes per token are those of mlx-lm's caches after a lazy forward pass at two lengths
 (so sliding windows, MLA's compressed cache and linear-attention state count as they are). A
-repacked folder's own file sizes replace the estimates; a download's safetensors headers give its
-size. No weights are read.
+repacked folder's own file sizes replace the estimates; with a download present, repack's own plan
+of it gives the shapes and dtypes from its safetensors headers, and `repack.disk_needs` the disk
+peak with --delete-source (which reads one expert's bytes to size a record). No other weights are
+read.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from mlx.utils import tree_flatten
 from .architectures import build_model, expert_containers, normalize_config
 from .config import check_config
 from .errors import StreamerError
-from .io.manifest import MANIFEST_FILE, PAGE_SIZE, RESIDENT_FILE, TENSOR_ALIGN, align
+from .io.manifest import MANIFEST_FILE, PAGE_SIZE, RESIDENT_FILE, TENSOR_ALIGN
+from .io.mapping import align
 
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 # two cache lengths, multiples of mlx-lm's KVCache step (256): its growth between them is per token
@@ -39,6 +42,7 @@ class ModelPlan:
     experts: int
     experts_per_token: int
     disk_bytes: int  # the repacked folder
+    delete_source_peak_bytes: int | None  # repack --delete-source's peak beyond the download
     download_bytes: int | None  # safetensors in the source folder, when there
     resident_bytes: int  # non-expert weights, in memory, in the compute dtype
     expert_bytes: int  # streamed from disk
@@ -60,7 +64,12 @@ class ModelPlan:
         if self.download_bytes is not None:
             lines.append(f"download           {gb(self.download_bytes)} (safetensors)")
         lines += [
-            f"repack disk        {gb(self.disk_bytes)}",
+            f"repack disk        {gb(self.disk_bytes)}"
+            + (
+                f" ({gb(self.delete_source_peak_bytes)} at most with --delete-source)"
+                if self.delete_source_peak_bytes is not None
+                else ""
+            ),
             f"resident           {gb(self.resident_bytes)} (non-expert weights, in memory)",
             f"experts            {gb(self.expert_bytes)} (streamed from disk)",
             f"read per token     {gb(self.expert_bytes_per_token)} of experts with no cache hits",
@@ -100,8 +109,12 @@ def plan(
         raise StreamerError(
             f"{folder} is repacked already: --quantize plans a repack of a download."
         )
+    peak = None
     if not source.is_file() and not repacked and any(folder.glob("*.safetensors")):
+        from .repack import Quantize, disk_needs
+
         model, config = _download_model(folder, quantize)  # exactly as repack will write it
+        peak = disk_needs(folder, Quantize(*quantize) if quantize else None)[1]
     else:
         model, config = _config_model(config_path, repacked, quantize)
     containers = expert_containers(model)
@@ -128,6 +141,7 @@ def plan(
         experts=experts,
         experts_per_token=top_k,
         disk_bytes=disk,
+        delete_source_peak_bytes=peak,
         download_bytes=_download_bytes(folder) if not repacked else None,
         resident_bytes=resident,
         expert_bytes=expert_bytes,
@@ -155,7 +169,8 @@ def _download_model(folder: Path, quantize: tuple[int, int] | None) -> tuple[nn.
     from .io.checkpoint import Checkpoint
     from .repack.plan import Quantize, make_plan
 
-    repack_plan = make_plan(Checkpoint(folder), Quantize(*quantize) if quantize else None)
+    with Checkpoint(folder) as checkpoint:
+        repack_plan = make_plan(checkpoint, Quantize(*quantize) if quantize else None)
     model, config = repack_plan.model, repack_plan.config
     stored = DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
     for container in repack_plan.containers.values():  # unquantized records keep the source dtype
