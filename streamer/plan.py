@@ -26,7 +26,7 @@ from mlx.utils import tree_flatten
 from .architectures import build_model, expert_containers, normalize_config
 from .config import check_config
 from .errors import StreamerError
-from .io.manifest import MANIFEST_FILE, PAGE_SIZE, RESIDENT_FILE, TENSOR_ALIGN
+from .io.manifest import MANIFEST_FILE, RECORD_ALIGN, RESIDENT_FILE, TENSOR_ALIGN
 from .io.mapping import align
 
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
@@ -244,7 +244,7 @@ def _record_bytes(container: nn.Module) -> int:
     offset = 0
     for _, array in tree_flatten(container.parameters()):
         offset = align(offset + array.nbytes // array.shape[0], TENSOR_ALIGN)
-    return align(max(offset, 1), PAGE_SIZE)
+    return align(max(offset, 1), RECORD_ALIGN)
 
 
 def _resident(model: nn.Module, containers: dict, dtype: mx.Dtype | None) -> int:

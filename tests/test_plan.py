@@ -23,7 +23,7 @@ def test_the_plan_of_a_download_is_what_repack_writes(checkpoints, arch):
     dst = checkpoints.repacked(src)
     before, after = plan(src, 16 * GB), plan(dst, 16 * GB)
     manifest = read_manifest(dst)
-    assert before.expert_bytes == after.expert_bytes == manifest.expert_bytes
+    assert before.expert_bytes == after.expert_bytes == manifest.expert_file_bytes
     top_k = manifest.config["num_experts_per_tok"]
     assert before.expert_bytes_per_token == top_k * sum(x.record_bytes for x in manifest.layers)
     # the resident file adds only its safetensors header to the weights
@@ -38,9 +38,9 @@ def test_the_plan_of_a_download_is_what_repack_writes(checkpoints, arch):
 def test_quantized_plans_match_quantized_repacks(checkpoints):
     src = checkpoints.hf("qwen3_moe")
     quantized = checkpoints.repacked(src, quantize=streamer.repack.Quantize(4))
-    assert plan(src, GB, quantize=(4, 64)).expert_bytes == read_manifest(quantized).expert_bytes
+    assert plan(src, GB, quantize=(4, 64)).expert_bytes == read_manifest(quantized).expert_file_bytes
     mlx = checkpoints.mlx("qwen3_moe")  # an mlx_lm.convert download: config.json says how
-    assert plan(mlx, GB).expert_bytes == read_manifest(checkpoints.repacked(mlx)).expert_bytes
+    assert plan(mlx, GB).expert_bytes == read_manifest(checkpoints.repacked(mlx)).expert_file_bytes
     with pytest.raises(StreamerError, match="repacked already"):
         plan(quantized, GB, quantize=(4, 64))
 
