@@ -113,7 +113,7 @@ def stream_generate(
         yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
     # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums must
     # finish before any later collective, or the ranks' messages interleave
-    mx.synchronize(generation_stream)
+    mx.synchronize(kwargs.get("stream", generation_stream))
 
 
 def check_request(
