@@ -15,6 +15,7 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -40,8 +41,7 @@ class Strided:
         return ByteRange(self.file, self.offset + expert * self.stride, self.length)
 
 
-@dataclass(frozen=True)
-class ByteRange:
+class ByteRange(NamedTuple):  # a tuple: one is made per routed expert range per call
     file: int  # index into the layer's files
     offset: int
     length: int
