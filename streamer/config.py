@@ -236,15 +236,10 @@ def _check_common(config: dict, where) -> None:
         or (isinstance(names, list) and all(isinstance(n, str) for n in names))
     ):
         raise _bad(where, "architectures", names, "a list of class names")
-    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):  # transformers reads them too
-        ids = config.get(name)
-        if ids is not None and not (
-            _token_id(ids)
-            or (name == "eos_token_id" and isinstance(ids, list) and all(map(_token_id, ids)))
-        ):
-            raise _bad(
-                where, name, ids, "a token id" + (" or a list of them" if name[0] == "e" else "")
-            )
+    check_eos_ids(config.get("eos_token_id"), where)
+    for name in ("bos_token_id", "pad_token_id"):  # transformers reads them too
+        if config.get(name) is not None and not _token_id(config[name]):
+            raise _bad(where, name, config[name], "a token id")
     for name in ("torch_dtype", "dtype"):
         if config.get(name) is not None and not isinstance(config[name], str):
             raise _bad(where, name, config[name], "a dtype name such as 'bfloat16'")
@@ -279,6 +274,14 @@ def _check_quantization(params: dict, where, field: str) -> None:
         raise _bad(where, f"{field}.group_size", group_size, "a group size such as 64")
     if mode is not None and not isinstance(mode, str):
         raise _bad(where, f"{field}.mode", mode, "a mode name such as 'affine'")
+
+
+def check_eos_ids(ids: object, where: Path | str) -> None:
+    """eos_token_id as config.json or generation_config.json give it: an id or a list of ids."""
+    if ids is not None and not (
+        _token_id(ids) or (isinstance(ids, list) and all(map(_token_id, ids)))
+    ):
+        raise _bad(where, "eos_token_id", ids, "a token id or a list of them")
 
 
 def _token_id(value: object) -> bool:

@@ -8,15 +8,16 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import load_tokenizer
+from mlx_lm.utils import load_config, load_tokenizer
 
 from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
 from .cache.budget import all_experts_bytes, check_budget, default_budget, expert_bytes
 from .cache.expert_cache import ExpertCache
-from .config import check_config, check_layer_count
-from .errors import StreamerError
+from .config import check_config, check_eos_ids, check_layer_count
+from .errors import StreamerError, one_line
 from .experts import StreamingExperts
 from .io.expert_store import ExpertStore
+from .io.files import check_folder_files
 from .io.integrity import check_files, verify_resident
 from .io.lock import lock_for_reading
 from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, MoeLayer, read_manifest
@@ -52,8 +53,10 @@ def load(
     folder = Path(path)
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
+    check_folder_files(folder, "a file of the repacked model")
     check_files(folder, manifest)
     config = check_config(manifest.config, folder / MANIFEST_FILE)
+    tokenizer = _tokenizer(folder, trust_remote_code)  # before the slow part: fail fast
     resident_path = folder / RESIDENT_FILE
     names = read_header(resident_path)  # clear errors for a truncated or corrupt file
     modules = [layer.module + "." for layer in manifest.layers]
@@ -108,15 +111,22 @@ def load(
     model.expert_stats = stats
     model.folder_lock = folder_lock
     model.context_length = config.get("max_position_embeddings")
-    return model, _tokenizer(folder, config, trust_remote_code)
+    return model, tokenizer
 
 
-def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> TokenizerWrapper:
+def _tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
+    """The tokenizer exactly as mlx_lm.load builds it: its eos ids are config.json's, replaced by
+    generation_config.json's where that file lists them (chat models' end-of-turn ids)."""
+    try:
+        eos_ids = load_config(folder).get("eos_token_id")
+    except (OSError, ValueError) as e:
+        raise StreamerError(
+            f"{folder / 'config.json'} cannot be read ({one_line(e)}); repack the model."
+        ) from e
+    check_eos_ids(eos_ids, folder / "generation_config.json")
     extra = {"trust_remote_code": True} if trust_remote_code else None
     try:
-        return load_tokenizer(
-            folder, tokenizer_config_extra=extra, eos_token_ids=config.get("eos_token_id")
-        )
+        return load_tokenizer(folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids)
     except Exception as e:  # transformers' own errors have no common base; name what failed
         tokenizer_config = folder / "tokenizer_config.json"
         ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(
@@ -124,11 +134,13 @@ def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> Tokenizer
         )
         if ships_code and not trust_remote_code:
             raise StreamerError(
-                f"{folder}: this model's tokenizer is Python code shipped with the model (auto_map in "
-                "tokenizer_config.json). If you trust it, pass trust_remote_code=True (CLI: --trust-remote-code)."
+                f"{folder}: this model's tokenizer is Python code shipped with the model (auto_map "
+                "in tokenizer_config.json). If you trust it, pass trust_remote_code=True (CLI: "
+                "--trust-remote-code)."
             ) from e
         raise StreamerError(
-            f"{folder}: cannot load the tokenizer ({e}); check the tokenizer files."
+            f"{folder}: cannot load the tokenizer ({type(e).__name__}: {one_line(e)}); check "
+            "tokenizer.json and tokenizer_config.json, or copy them from the original model."
         ) from e
 
 

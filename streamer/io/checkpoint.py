@@ -9,22 +9,32 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..errors import StreamerError
+from .files import check_folder_files, open_regular, read_bytes
 from .safetensors import TensorInfo, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
+UNLOADABLE = ("F64",)  # a valid safetensors dtype that mx.load refuses
 
 
 def read_json(path: Path, what: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(read_bytes(path, "a JSON file of the checkpoint").decode("utf-8"))
     except FileNotFoundError:
         raise StreamerError(f"{path} is missing: {what}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise StreamerError(f"{path} cannot be read as JSON ({e}); download it again.") from e
+    except RecursionError:
+        raise StreamerError(
+            f"{path} is nested too deeply to be JSON of a model; download it again."
+        ) from None
     if not isinstance(data, dict):
         raise StreamerError(f"{path} is not a JSON object; download it again.")
     return data
+
+
+def _is_file_name(name: object) -> bool:
+    """A shard name the index may give: a plain file name, no path into or out of other folders."""
+    return isinstance(name, str) and bool(name) and "\0" not in name and Path(name).name == name
 
 
 class Checkpoint:
@@ -36,6 +46,7 @@ class Checkpoint:
             raise StreamerError(
                 f"{self.folder} is not a folder: give the folder of a downloaded checkpoint."
             )
+        check_folder_files(self.folder, "a file of the checkpoint")
         self.config = read_json(
             self.folder / "config.json",
             "point at the folder that holds the model's config.json and *.safetensors files.",
@@ -50,6 +61,12 @@ class Checkpoint:
             weight_map = read_json(index_path, "").get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise StreamerError(f"{index_path} has no weight_map; download it again.")
+            bad = [v for v in weight_map.values() if not _is_file_name(v)]
+            if bad:
+                raise StreamerError(
+                    f"{index_path}: weight_map names shard {bad[0]!r}, not a file in this folder; "
+                    "download the index again."
+                )
             shards = sorted({self.folder / name for name in weight_map.values()})
             for shard in shards:
                 if (
@@ -73,6 +90,11 @@ class Checkpoint:
         table: dict[str, TensorInfo] = {}
         for shard in self._shards():
             for name, info in read_header(shard).items():
+                if info.dtype in UNLOADABLE:
+                    raise StreamerError(
+                        f"{shard}: tensor '{name}' is {info.dtype}, which MLX models cannot load: "
+                        "convert the checkpoint to bf16, fp16 or fp32 first."
+                    )
                 if name in table:
                     raise StreamerError(
                         f"tensor '{name}' appears in both {table[name].path.name} and {shard.name}."
@@ -99,7 +121,7 @@ class Checkpoint:
         length = info.nbytes - start if length is None else length
         fd = self._fds.get(info.path)
         if fd is None:
-            fd = self._fds[info.path] = os.open(info.path, os.O_RDONLY)
+            fd = self._fds[info.path] = open_regular(info.path, "a shard of the checkpoint")
         data = os.pread(fd, length, info.start + start)
         if len(data) != length:
             raise StreamerError(

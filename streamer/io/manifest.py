@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import StreamerError
+from .files import read_bytes
 from .safetensors import DTYPES, itemsize
 
 FORMAT = "streamer-moe"
@@ -124,7 +125,7 @@ def read_manifest(folder: Path | str) -> Manifest:
             f"{path} is missing: {folder} is not a repacked model. Run `streamer repack SRC {folder}` first."
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bytes(path, "the manifest of a repacked model").decode("utf-8")
     except OSError as e:
         raise StreamerError(
             f"cannot read {path}: {e.strerror or e}; check the folder, or repack the model."

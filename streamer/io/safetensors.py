@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from .files import open_regular
 
 # safetensors dtype -> (numpy storage dtype, mlx dtype). bf16 is stored as uint16 in numpy.
 DTYPES: dict[str, tuple[np.dtype, mx.Dtype]] = {
@@ -67,8 +68,8 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     """Parse and validate a safetensors header; raise StreamerError naming the file on any defect."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path, "a safetensors file"), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(len(LFS_POINTER_PREFIX))
             if head.startswith(LFS_POINTER_PREFIX):
                 raise StreamerError(
@@ -94,11 +95,19 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             f"cannot read {path}{link}: {e.strerror or e}. Fix or download that file again."
         ) from e
     try:
-        header = json.loads(raw)
+        header = json.loads(raw, object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise StreamerError(f"{path}: header is not valid JSON ({e}); the file is corrupt.") from e
+    except _DuplicateKey as e:  # json keeps the last; Hugging Face's reader refuses the file
+        raise StreamerError(f"{path}: header names {e} twice; the file is corrupt.") from None
     if not isinstance(header, dict):
         raise StreamerError(f"{path}: header is not a JSON object; the file is corrupt.")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise StreamerError(
+            f"{path}: __metadata__ must map names to strings (as the safetensors format requires); "
+            "the file is corrupt or was written by a faulty tool."
+        )
     data_start = 8 + n
     data_size = size - data_start
     tensors: dict[str, TensorInfo] = {}
@@ -108,6 +117,17 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         tensors[name] = _tensor_info(path, name, entry, data_start, data_size)
     _check_no_overlap(path, tensors.values())
     return tensors
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise _DuplicateKey(repr(next(k for k in keys if keys.count(k) > 1)))
+    return dict(pairs)
 
 
 def _tensor_info(
