@@ -267,7 +267,7 @@ def test_cli_prompt_bytes_from_the_shell_and_stdin(checkpoints):
 
 def test_duplicate_keys_in_a_safetensors_header(tmp_path):
     entry = '{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}'
-    raw = ('{"a": %s, "a": %s}' % (entry, entry)).encode()  # json.loads would keep the last
+    raw = f"{{\"a\": {entry}, \"a\": {entry}}}".encode()  # json.loads keeps the last
     path = tmp_path / "model.safetensors"
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(4))
     with pytest.raises(StreamerError, match="model.safetensors: header names 'a' twice"):
