@@ -91,7 +91,7 @@ PRESETS: dict[str, dict] = {
     },
 }
 SPEC_FILE = "bench_spec.json"  # written last: a folder without it is incomplete
-GENERATOR_VERSION = 2  # bump when the values written change: cached checkpoints are then rewritten
+GENERATOR_VERSION = 3  # bump when the values written change: cached checkpoints are then rewritten
 CHUNK_ELEMENTS = 1 << 26  # floats generated per step (256 MB of float32)
 
 
@@ -212,7 +212,7 @@ def _write_shard(path: Path, specs: list, values: _Values):
         }
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    # no padding after the header, as mlx writes it: tensors then start at any byte offset
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for name, shape, dtype in specs:

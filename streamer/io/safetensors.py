@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import StreamerError
 from .files import open_regular
+from .json_file import parse_json_object
 
 # safetensors dtype -> (numpy storage dtype, mlx dtype). bf16 is stored as uint16 in numpy.
 DTYPES: dict[str, tuple[np.dtype, mx.Dtype]] = {
@@ -65,7 +66,8 @@ def itemsize(dtype: str) -> int:
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
-    """Parse and validate a safetensors header; raise StreamerError naming the file on any defect."""
+    """Parse and validate a safetensors header; raise StreamerError naming the file on any
+    defect."""
     path = Path(path)
     try:
         with os.fdopen(open_regular(path, "a safetensors file"), "rb") as f:
@@ -94,19 +96,12 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         raise StreamerError(
             f"cannot read {path}{link}: {e.strerror or e}. Fix or download that file again."
         ) from e
-    try:
-        header = json.loads(raw, object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise StreamerError(f"{path}: header is not valid JSON ({e}); the file is corrupt.") from e
-    except _DuplicateKey as e:  # json keeps the last; Hugging Face's reader refuses the file
-        raise StreamerError(f"{path}: header names {e} twice; the file is corrupt.") from None
-    if not isinstance(header, dict):
-        raise StreamerError(f"{path}: header is not a JSON object; the file is corrupt.")
+    header = parse_json_object(raw, f"{path}: header", "the file is corrupt.", unique_keys=True)
     metadata = header.get("__metadata__", {})
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise StreamerError(
-            f"{path}: __metadata__ must map names to strings (as the safetensors format requires); "
-            "the file is corrupt or was written by a faulty tool."
+            f"{path}: __metadata__ must map names to strings (as the safetensors format "
+            "requires); the file is corrupt or was written by a faulty tool."
         )
     data_start = 8 + n
     data_size = size - data_start
@@ -117,17 +112,6 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         tensors[name] = _tensor_info(path, name, entry, data_start, data_size)
     _check_no_overlap(path, tensors.values())
     return tensors
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise _DuplicateKey(repr(next(k for k in keys if keys.count(k) > 1)))
-    return dict(pairs)
 
 
 def _tensor_info(
@@ -200,7 +184,8 @@ def write_safetensors(
     metadata: dict[str, str] | None = None,
     dtypes: dict[str, str] | None = None,
 ) -> dict[str, int]:
-    """Write tensors one at a time (each evaluated just before it is written); return crc32 per name.
+    """Write tensors one at a time (each evaluated just before it is written); return crc32 per
+    name.
 
     The header is computed from lazy shapes and dtypes, so peak memory is one tensor, not the file.
     `dtypes` names the safetensors dtype of tensors mlx cannot type itself (F8_E4M3 held as uint8).
