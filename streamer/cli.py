@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import math
+import errno
+import importlib
 import os
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from . import __version__
+from .arguments import check_sampling, parse_size
 from .errors import StreamerError
 
 
@@ -67,6 +71,7 @@ def _prompt(args: argparse.Namespace) -> str:
             f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
             "pass UTF-8 text (check the file's or terminal's encoding)."
         ) from None
+    check_sampling(args.temp, args.top_p, args.seed, option="--", dash=True)
     how = " with --prompt (or `--prompt -` for stdin)"
     check_request(text, args.max_tokens, option="--max-tokens", how=how)
     return text
@@ -91,7 +96,16 @@ def _generate(args: argparse.Namespace) -> int:
     print(f"[streamer] {model.residency}", file=sys.stderr)
     if args.chat and tokenizer.chat_template is not None:
         messages = [{"role": "user", "content": prompt}]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            prompt = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as e:  # jinja2's errors, or whatever the template raises
+            raise StreamerError(
+                f"{args.model}: the model's chat template fails ({type(e).__name__}: {e}); fix "
+                "chat_template in tokenizer_config.json (or chat_template.jinja), or run "
+                "without --chat."
+            ) from e
     return _stream(model, tokenizer, prompt, args)
 
 
@@ -109,13 +123,13 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
             top_p=args.top_p,
             seed=args.seed,
         ):
-            print(response.text, end="", flush=True)
+            _emit(response.text, end="")
             stats = response.stats
     except KeyboardInterrupt:
         print("\n[interrupted]", file=sys.stderr)
         print((stats or run_stats(model)).line(), file=sys.stderr)
         return 130
-    print()
+    _emit()
     if stats is not None:
         print(stats.line(), file=sys.stderr)
     return 0
@@ -141,29 +155,44 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _info(args: argparse.Namespace) -> None:
-    from .io.manifest import RESIDENT_FILE, read_manifest
+    from .io.integrity import check_files
+    from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
 
     folder = Path(args.dir)
     manifest = read_manifest(folder)
+    check_files(folder, manifest)  # a missing, truncated or special data file is named
+    try:
+        lines = _describe(manifest, (folder / RESIDENT_FILE).stat().st_size)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        raise StreamerError(
+            f"{folder / MANIFEST_FILE}: the model config in it is damaged ({type(e).__name__}: "
+            f"{e}); repack the model."
+        ) from e
+    for line in lines:
+        _emit(line)
+
+
+def _describe(manifest, resident: int) -> list[str]:
     config = manifest.config
     layers = manifest.layers
     top_k = int(config.get("num_experts_per_tok", 0))
-    resident = (folder / RESIDENT_FILE).stat().st_size
     active = sum(layer.record_bytes for layer in layers) * top_k
     quant = config.get("quantization")
-    print(f"model_type        {config.get('model_type')}")
-    print(f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)")
-    print(f"experts           {layers[0].num_experts} per layer, {top_k} routed per token")
-    print(f"quantization      {_describe_quantization(quant) if quant else 'none'}")
     expert_quant = {
         _describe_quantization(q) if q else "unquantized"
         for layer in layers
         for q in layer.quantization.values()
     }
-    print(f"expert weights    {', '.join(sorted(expert_quant))}")
-    print(f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)")
-    print(f"expert bytes      {manifest.expert_bytes / 1e9:.3f} GB (streamed from disk)")
-    print(f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)")
+    return [
+        f"model_type        {config.get('model_type')}",
+        f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)",
+        f"experts           {layers[0].num_experts} per layer, {top_k} routed per token",
+        f"quantization      {_describe_quantization(quant) if quant else 'none'}",
+        f"expert weights    {', '.join(sorted(expert_quant))}",
+        f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)",
+        f"expert bytes      {manifest.expert_bytes / 1e9:.3f} GB (streamed from disk)",
+        f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)",
+    ]
 
 
 def _describe_quantization(params: dict) -> str:
@@ -329,28 +358,110 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    text = text.strip().upper().removesuffix("B")
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "")
     try:
-        value = float(number) * units[unit]
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 8G or 512M")
-    return int(value)
+        return parse_size(text, "")
+    except StreamerError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size such as 8G, 8GB, 8 GiB or 512M"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """Run one command; errors are one line on stderr (exit 2), Ctrl-C exits 130 at any point,
+    and a closed or full output ends quietly, as Unix tools end."""
     try:
+        args = parser().parse_args(argv)
+        _import_exiting_on_ctrl_c(HEAVY_IMPORTS.get(args.command, ()))
         return args.run(args) or 0
     except StreamerError as e:
-        print(f"streamer: error: {e}", file=sys.stderr)
-        return 2
+        return _report(f"streamer: error: {' '.join(str(e).split())}", 2)
     except KeyboardInterrupt:
-        print("\nstreamer: interrupted", file=sys.stderr)
-        return 130
+        return _report("\nstreamer: interrupted", 130)
+    except ImportError as e:
+        if not _interrupted(e):
+            raise
+        # Ctrl-C while a compiled extension (mlx's) initialises surfaces as its ImportError
+        return _report("\nstreamer: interrupted", 130)
+    except _OutputFailed as e:
+        _silence_output()  # nothing more can be written there, nor flushed at exit
+        if e.error.errno == errno.EPIPE:  # `streamer generate ... | head -c 3`: reader is done
+            return 141  # what a shell reports for a tool ended by SIGPIPE
+        return _report(f"streamer: error: cannot write the output: {e.error.strerror}", 1)
+    except BrokenPipeError:  # stderr's reader went away (`2>&1 | head`)
+        _silence_output()
+        return 141
+
+
+# What each command imports (mlx, mlx-lm, transformers: seconds), imported up front.
+HEAVY_IMPORTS = {
+    "generate": ("streamer.model", "streamer.generate"),
+    "demo": ("streamer.model", "streamer.generate", "streamer.repack"),
+    "repack": ("streamer.repack",),
+    "serve": ("streamer.server",),
+}
+
+
+def _import_exiting_on_ctrl_c(modules) -> None:
+    """Import `modules` with Ctrl-C ending the process at once: CPython can report a
+    KeyboardInterrupt raised inside importlib's lock callbacks as "ignored" and carry on, and
+    nothing is written yet that an immediate exit could leave half done."""
+    if not modules or threading.current_thread() is not threading.main_thread():
+        return
+
+    def exit_130(*_) -> None:
+        os.write(2, b"\nstreamer: interrupted\n")
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, exit_130)
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(error: BaseException) -> bool:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+class _OutputFailed(Exception):
+    """Writing the command's output failed: its reader went away, or the device is full."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _emit(text: str = "", end: str = "\n") -> None:
+    """Write the command's output (generated text, info) to stdout."""
+    try:
+        print(text, end=end, flush=True)
+    except OSError as e:
+        raise _OutputFailed(e) from e
+
+
+def _report(line: str, status: int) -> int:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass  # stderr itself is closed or full: the exit status still says it
+    return status
+
+
+def _silence_output() -> None:
+    """Point stdout at /dev/null so that Python's flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":
