@@ -93,7 +93,7 @@ def _generate(args: argparse.Namespace) -> int:
         verify_reads=args.verify_reads,
         trust_remote_code=args.trust_remote_code,
     )
-    print(f"[streamer] {model.residency}", file=sys.stderr)
+    print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     if args.chat and tokenizer.chat_template is not None:
         messages = [{"role": "user", "content": prompt}]
         try:

@@ -76,6 +76,3 @@ class StaticLayers:
 
     def access(self, key: tuple[int, int]) -> Outcome:
         return key[0] < self.layers, False, None
-
-
-POLICIES = {"lru": LRU, "lfu-aging": LFUAging}
