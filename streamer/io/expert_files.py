@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from .files import open_regular
 from .integrity import check_expert_file_size
 from .manifest import Manifest, MoeLayer
 from .mapping import MappedFile
@@ -170,7 +171,7 @@ class ExpertFiles:
     def _open(self, path: Path, size: int, layout: LayerLayout) -> tuple[int, MappedFile]:
         if path not in self._opened:
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_regular(path, f"the expert file of {layout.name}")
             except OSError as e:
                 raise StreamerError(
                     f"cannot open expert file {path}: {e.strerror or e}; repack the model."

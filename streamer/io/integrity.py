@@ -142,14 +142,9 @@ def verify_resident(folder: Path, manifest: Manifest) -> list[Problem]:
 
 
 def verify_layer(folder: Path, index: int, layer: MoeLayer) -> list[Problem]:
-<<<<<<< HEAD
-    """crc32 of every tensor of every expert of one MoE layer; a short file fails the experts it cuts."""
-    layer_name = f"MoE layer {index} ({layer.module})"
-=======
     """crc32 of every tensor of every expert of one MoE layer; a short file fails the experts it
     cuts."""
-    path = Path(folder) / layer.file
->>>>>>> main
+    layer_name = f"MoE layer {index} ({layer.module})"
     try:
         with _mapped(Path(folder) / layer.file) as data:
             problems = []
