@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import StreamerError
-from .manifest import RESIDENT_FILE, Manifest, MoeLayer
 from .files import open_regular
+from .manifest import RESIDENT_FILE, Manifest, MoeLayer
 from .safetensors import read_header
 
 # FAT/exFAT keep file times to 2 s, and a disk remounted later reports the rounded time: a file
