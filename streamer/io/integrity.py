@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import StreamerError
+from .copy_check import sample_matches
 from .files import open_regular
 from .manifest import RESIDENT_FILE, Manifest, MoeLayer
 from .safetensors import read_header
@@ -59,12 +60,16 @@ def check_files(folder: Path, manifest: Manifest) -> None:
     _size(folder / RESIDENT_FILE, "the non-expert weights")
     for name, recorded in manifest.files.items():
         what = stat_change(recorded, file_stat(folder / name))
-        if what:
+        if what == "size":
             raise StreamerError(
-                f"{folder / name} changed after it was repacked (its {what} differs from the one "
-                "recorded in manifest.json). If you copied the folder without keeping file times, "
-                f"run `streamer verify {folder} --refresh` to check every checksum and record the "
-                "new times; otherwise repack the model."
+                f"{folder / name} changed after it was repacked (its size differs from the one "
+                "recorded in manifest.json); repack the model."
+            )
+        if what and not sample_matches(folder, manifest, name):  # a new time: copied, or edited?
+            raise StreamerError(
+                f"{folder / name} changed after it was repacked (its modification time differs "
+                "from the one recorded in manifest.json and sampled checksums do not match); "
+                f"repack the model (`streamer verify {folder}` names each bad tensor)."
             )
 
 
