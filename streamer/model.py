@@ -20,7 +20,7 @@ from .errors import StreamerError, one_line
 from .experts import StreamingExperts
 from .handle import Streaming, memory_limit_raised
 from .io.expert_files import ExpertFiles, open_repacked
-from .io.files import check_folder_files
+from .io.files import check_folder_files, check_tmpdir, check_utf8_path
 from .io.integrity import check_files, verify_resident
 from .io.lock import lock_for_reading
 from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, MoeLayer, read_manifest
@@ -62,6 +62,8 @@ def load(
     dtype = parse_dtype(dtype)
     check_flag(verify_reads, "verify_reads")
     check_flag(trust_remote_code, "trust_remote_code")
+    check_utf8_path(folder, "the model folder")
+    check_tmpdir()
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
     check_folder_files(folder, "a file of the repacked model")

@@ -94,13 +94,51 @@ def test_shape_mismatch_with_config(checkpoints, tmp_path):
 def test_existing_destination_is_refused_unless_forced(checkpoints, tmp_path):
     src = checkpoints.hf("qwen3_moe")
     dst = tmp_path / "out"
-    dst.mkdir()
-    (dst / "precious.txt").write_text("keep me")
+    repack(src, dst, log=lambda _: None)
     with pytest.raises(StreamerError, match="already exists.*--force"):
         repack(src, dst, log=lambda _: None)
-    assert (dst / "precious.txt").read_text() == "keep me"
-    repack(src, dst, force=True, log=lambda _: None)
-    assert (dst / "manifest.json").exists() and not (dst / "precious.txt").exists()
+    repack(src, dst, force=True, log=lambda _: None)  # a streamer output: replaced
+    assert (dst / "manifest.json").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_force_replaces_nothing_but_a_streamer_output(checkpoints, tmp_path):
+    """--force never deletes the source, a folder around it, or a folder that is not ours."""
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    before = sorted(p.name for p in src.iterdir())
+    for dst in (src, src / "out", tmp_path, src.parent / "src" / "."):
+        with pytest.raises(StreamerError, match="the source folder, inside it or around it"):
+            repack(src, dst, force=True, log=lambda _: None)
+    assert sorted(p.name for p in src.iterdir()) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "precious.txt").write_text("keep me")
+    for folder in (mine, tmp_path / "file"):
+        if folder.name == "file":
+            folder.write_text("a file")
+        with pytest.raises(StreamerError, match="not a folder written by `streamer repack`"):
+            repack(src, folder, force=True, log=lambda _: None)
+    assert (mine / "precious.txt").read_text() == "keep me"
+    with pytest.raises(StreamerError, match="is a file, not a folder"):
+        repack(src, tmp_path / "file" / "out", log=lambda _: None)
+
+
+def test_a_folder_appearing_at_the_destination_is_left_alone(checkpoints, tmp_path):
+    src = checkpoints.hf("qwen3_moe")
+    dst = tmp_path / "out"
+
+    def user_creates_dst(message):
+        if "layer 2/2" in message:
+            dst.mkdir()
+            (dst / "precious.txt").write_text("keep me")
+
+    with pytest.raises(StreamerError, match="appeared while repacking and was left alone") as e:
+        repack(src, dst, log=user_creates_dst)
+    assert "--resume" in str(e.value)
+    assert sorted(p.name for p in dst.iterdir()) == ["precious.txt"]
+    (dst / "precious.txt").rename(tmp_path / "precious.txt")
+    dst.rmdir()
+    repack(src, dst, resume=True, log=lambda _: None)  # the finished work was kept
+    streamer.load(dst)
 
 
 def test_already_quantized_checkpoint_with_quantize(checkpoints, tmp_path):

@@ -258,3 +258,66 @@ def test_two_repacks_into_the_same_destination(source, tmp_path):
     finally:
         os.close(fd)
     assert partial.exists()
+
+
+# -- the environment: read-only disks, files in the way, odd paths ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_source(tmp_path_factory) -> Path:
+    return write_hf_checkpoint(tmp_path_factory.mktemp("env") / "src", tiny_config("qwen3_moe"))
+
+
+def test_a_stale_partial_that_is_a_file(small_source, tmp_path):
+    (tmp_path / ".model.partial").write_text("left over")
+    with pytest.raises(StreamerError, match=r"\.model\.partial is in the way: it is a file"):
+        repack(small_source, tmp_path / "model", **QUIET)
+    assert (tmp_path / ".model.partial").read_text() == "left over"
+
+
+def test_a_read_only_destination(small_source, tmp_path, monkeypatch):
+    real_mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):  # as a read-only mount answers (root ignores modes)
+        if tmp_path in (self, *self.parents):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(StreamerError, match="cannot create .*Read-only file system; choose"):
+        repack(small_source, tmp_path / "model", **QUIET)
+
+
+def test_paths_that_are_not_utf8(small_source, tmp_path):
+    import shutil
+
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    shutil.copytree(small_source, odd)
+    for src, dst in ((odd, tmp_path / "model"), (small_source, Path(f"{odd}-out"))):
+        with pytest.raises(StreamerError, match=r"caf\\xe9.* is not valid UTF-8.*rename"):
+            repack(src, dst, **QUIET)
+    with pytest.raises(StreamerError, match=r"caf\\xe9.* is not valid UTF-8"):
+        streamer.load(odd)
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", "repack", os.fsencode(odd), str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "not valid UTF-8" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_tmpdir(small_source, tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path / "nonexistent")}
+    dst = tmp_path / "model"
+    command = [sys.executable, "-m", "streamer"]
+    result = subprocess.run(
+        [*command, "repack", str(small_source), str(dst)], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    generate = ["generate", "--model", str(dst), "--prompt", "x", "--max-tokens", "2"]
+    result = subprocess.run([*command, *generate], capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "nonexistent, which is not a folder: MLX writes its compiled kernels there" in (
+        result.stderr
+    )

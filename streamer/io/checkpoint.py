@@ -9,7 +9,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..errors import StreamerError
-from .files import check_folder_files, open_regular
+from .files import check_folder_files, check_utf8_path, open_regular
 from .json_file import read_json_object
 from .safetensors import TensorInfo, read_header
 
@@ -37,6 +37,7 @@ class Checkpoint:
             raise StreamerError(
                 f"{self.folder} is not a folder: give the folder of a downloaded checkpoint."
             )
+        check_utf8_path(self.folder, "the checkpoint folder")
         check_folder_files(self.folder, "a file of the checkpoint")
         self.config = read_json_object(
             self.folder / "config.json",

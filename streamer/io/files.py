@@ -71,3 +71,27 @@ def check_folder_files(folder: Path | str, what: str) -> None:
                 continue
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                 raise not_regular(entry.path, mode, what)
+
+
+def check_utf8_path(path: Path | str, what: str) -> None:
+    """MLX opens files by UTF-8 name: a path holding other bytes cannot be read by it."""
+    text = str(Path(path).absolute())
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+        raise StreamerError(
+            f"{shown} ({what}) is not valid UTF-8, and MLX opens files only by UTF-8 names: "
+            "rename the folder."
+        ) from None
+
+
+def check_tmpdir() -> None:
+    """MLX's CPU backend compiles kernels into the temporary folder and fails at the first
+    token (`temp_directory_path: No such file or directory`) if TMPDIR names none."""
+    tmpdir = os.environ.get("TMPDIR")
+    if tmpdir and not os.path.isdir(tmpdir):
+        raise StreamerError(
+            f"TMPDIR is {tmpdir}, which is not a folder: MLX writes its compiled kernels there. "
+            "Create it, or unset TMPDIR."
+        )

@@ -55,12 +55,7 @@ def repack(
     if resume and dst.exists() and not partial.exists():
         log(f"[repack] {dst} is complete: nothing to resume")
         return read_manifest(dst)
-    if dst.exists() and not force:
-        raise StreamerError(
-            f"{dst} already exists: choose another destination or pass --force to replace it."
-        )
-    if dst.resolve() == src.resolve():
-        raise StreamerError(f"{dst} is the source folder: choose another destination.")
+    publish.check_destination(src, dst, force)
     consumed = consume.stand_ins(partial) if partial.exists() else {}
     if consumed and not resume:
         raise StreamerError(
@@ -95,7 +90,9 @@ def repack(
             if consumer is not None and _same_disk(src, partial):
                 left = min(left, peak)
             publish.check_free_space(partial, left)  # a refusal keeps resumable work as it is
-            manifest = _write_and_publish(plan, partial, dst, progress, needed, consumer, log)
+            manifest = _write_and_publish(
+                plan, partial, dst, progress, needed, consumer, log, force
+            )
         except StreamerError:
             if not progress.started and not consume.stand_ins(partial):
                 shutil.rmtree(partial, ignore_errors=True)  # nothing written: leave nothing behind
@@ -141,11 +138,12 @@ def _write_and_publish(
     needed: int,
     consumer: consume.SourceConsumer | None,
     log,
+    replace: bool,
 ) -> Manifest:
     try:
         collect = consumer.collect if consumer is not None else lambda _: None
         manifest = write_model(plan, partial, progress, log, collect)
-        publish.publish(partial, dst)
+        publish.publish(partial, dst, replace=replace)
         # the progress and stand-ins go only once published: until then they are all there is
         # of the source shards already deleted
         (dst / PROGRESS_FILE).unlink(missing_ok=True)
