@@ -16,6 +16,7 @@ from .arguments import check_flag, parse_dtype, parse_size
 from .cache.budget import all_experts_bytes, check_budget, default_budget, largest_expert_bytes
 from .cache.expert_cache import ExpertCache
 from .config import check_config, check_eos_ids, check_layer_count
+from .download import is_download
 from .errors import StreamerError, one_line
 from .experts import StreamingExperts
 from .handle import Streaming, memory_limit_raised
@@ -41,8 +42,10 @@ def load(
     dtype: mx.Dtype | None = None,
     verify_reads: bool = False,
     trust_remote_code: bool = False,
+    checksums: str | Path | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper]:
-    """Load a repacked model: non-expert weights resident, experts streamed from disk.
+    """Load a repacked model, or an MLX-quantized download in place (inplace.py): non-expert
+    weights resident, experts streamed from disk.
 
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
     resident (no syncs, no reads); less: the hottest experts are cached (LFU with aging) and the
@@ -53,6 +56,7 @@ def load(
     Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of
     the non-expert weights now and of each expert the first time it is read.
     `trust_remote_code` lets a tokenizer that ships its own Python code (Kimi K2's) run it.
+    `checksums`: a download's checksum sidecar, if not the default one (io/checksums.py).
     """
     if not isinstance(path, (str, os.PathLike)):
         raise StreamerError(f"path must be a folder name (str or Path), got {path!r}.")
@@ -64,6 +68,17 @@ def load(
     check_flag(trust_remote_code, "trust_remote_code")
     check_utf8_path(folder, "the model folder")
     check_tmpdir()
+    if is_download(folder):
+        from .inplace import load_in_place
+
+        return load_in_place(
+            folder,
+            memory_budget=memory_budget,
+            dtype=dtype,
+            verify_reads=verify_reads,
+            trust_remote_code=trust_remote_code,
+            checksums=checksums,
+        )
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
     check_folder_files(folder, "a file of the repacked model")

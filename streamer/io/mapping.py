@@ -55,18 +55,19 @@ except AttributeError:  # a libc without mincore
 
 
 class MappedFile:
-    """A read-only map of a whole file: `array` (uint8, MLX), `host` (numpy) and `address`
-    share it."""
+    """A read-only map of `size` bytes of a file from `offset` (a multiple of the OS page):
+    `array` (uint8, MLX), `host` (numpy) and `address` share it. Offsets given to its methods
+    are relative to the mapping's start."""
 
-    def __init__(self, fd: int, size: int):
-        self.size = size
+    def __init__(self, fd: int, size: int, offset: int = 0):
+        self.size, self.offset = size, offset
         if mx.metal.is_available():
-            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ, offset=offset)
             self.host = np.frombuffer(self._map, dtype=np.uint8)
             self.array = mx.asarray(self.host, copy=False)
         else:
             self._map = None
-            self.array = _map_over_mlx_buffer(fd, size)
+            self.array = _map_over_mlx_buffer(fd, size, offset)
             self.host = np.asarray(memoryview(self.array))
             self.host.flags.writeable = False  # the pages are mapped read-only: a write would fault
         self.address = self.host.ctypes.data
@@ -97,13 +98,13 @@ class MappedFile:
             self._restore()
 
 
-def _map_over_mlx_buffer(fd: int, size: int) -> mx.array:
+def _map_over_mlx_buffer(fd: int, size: int, offset: int) -> mx.array:
     length = align(size, OS_PAGE)
     buffer = mx.zeros((length + OS_PAGE,), dtype=mx.uint8)  # a page to spare for alignment
     mx.eval(buffer)
     base = np.asarray(memoryview(buffer)).ctypes.data
     pad = -base % OS_PAGE
-    got = libc.mmap(base + pad, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+    got = libc.mmap(base + pad, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
     if got in (None, _MAP_FAILED):
         err = ctypes.get_errno()
         raise OSError(err, f"mmap failed: {os.strerror(err)}")
