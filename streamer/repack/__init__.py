@@ -172,6 +172,7 @@ def write_model(plan: Plan, out: Path, progress: Progress, log, collect=lambda _
     warnings = NonfiniteWarnings(log)
     total = len(plan.containers)
     log(f"[repack] {plan.folder} -> {total} MoE layers x {plan.num_experts} experts")
+    progress.keep_verified(plan, log)  # a resumed run publishes only what it has checked
     if progress.resident is None:
         if plan.sources.ckpt.stand_ins:  # their data would be read as zeros: never write it
             raise StreamerError(
