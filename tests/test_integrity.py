@@ -148,3 +148,21 @@ def test_missing_expert_file(folder):
     (folder / "experts" / "000.bin").unlink()
     with pytest.raises(StreamerError, match="000.bin is missing.*MoE layer 0"):
         streamer.load(folder)
+
+
+@pytest.mark.parametrize("budget", [None, 0, "hot"])  # resident (default here), streamed, cached
+def test_verify_reads_holds_at_every_budget(folder, budget):
+    """No expert is computed with before its crc32 matched: not when the budget makes every
+    expert resident (copied at load), nor when misses are copied into the hot-expert cache."""
+    manifest = read_manifest(folder)
+    for layer_index, layer in enumerate(manifest.layers):
+        for expert in range(layer.num_experts):  # whichever the router picks is bad
+            flip_byte(folder / layer.file, expert_tensor_offset(folder, layer_index, expert))
+    if budget == "hot":
+        record = manifest.layers[0].record_bytes
+        budget = 4 * record  # a few slots (floats in the compute dtype take more)
+    with pytest.raises(StreamerError, match="does not match its checksum"):
+        model, tokenizer = streamer.load(folder, verify_reads=True, memory_budget=budget)
+        assert budget is not None, "a resident layer must be checked when it is made resident"
+        assert ("hot experts" in model.streamer.residency) == (budget > 0)
+        streamer.generate(model, tokenizer, "hello", max_tokens=2)
