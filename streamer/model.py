@@ -20,6 +20,7 @@ from .download import is_download
 from .errors import StreamerError, one_line
 from .experts import StreamingExperts
 from .handle import Streaming, memory_limit_raised
+from .io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
 from .io.expert_files import ExpertFiles, open_repacked
 from .io.files import check_folder_files, check_tmpdir, check_utf8_path
 from .io.integrity import check_files, verify_resident
@@ -207,6 +208,11 @@ def _tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
             f"{folder / 'config.json'} cannot be read ({one_line(e)}); repack the model."
         ) from e
     check_eos_ids(eos_ids, folder / "generation_config.json")
+    if not has_tokenizer_files(folder):
+        raise StreamerError(
+            f"{folder} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): copy them from the "
+            "original model into it."
+        )
     extra = {"trust_remote_code": True} if trust_remote_code else None
     try:
         return load_tokenizer(folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids)

@@ -287,3 +287,14 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)
+
+
+def test_a_source_without_tokenizer_files_is_warned_about(checkpoints, tmp_path):
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (src / name).unlink()
+    messages = []
+    repack(src, tmp_path / "out", log=messages.append)
+    assert any("has no tokenizer files" in m for m in messages), messages
+    with pytest.raises(StreamerError, match="has no tokenizer files .*copy them"):
+        streamer.load(tmp_path / "out")  # transformers would make an empty one from config.json

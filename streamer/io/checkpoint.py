@@ -17,6 +17,15 @@ INDEX_FILE = "model.safetensors.index.json"
 UNLOADABLE = ("F64",)  # a valid safetensors dtype that mx.load refuses
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    """Without any of these, transformers builds an empty tokenizer from config.json alone."""
+    folder = Path(folder)
+    return any((folder / n).is_file() for n in TOKENIZER_FILES) or any(folder.glob("*.tiktoken"))
+
+
 def _is_file_name(name: object) -> bool:
     """A shard name the index may give: a plain file name, no path into or out of other folders."""
     return isinstance(name, str) and bool(name) and "\0" not in name and Path(name).name == name

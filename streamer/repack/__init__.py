@@ -73,6 +73,7 @@ def repack(
         )
     with Checkpoint(src, consumed) as ckpt:
         plan = make_plan(ckpt, quantize)
+        publish.warn_without_tokenizer(src, log)
         options = {"quantize": quantize and [quantize.bits, quantize.group_size]}
         identity = source_identity(ckpt, options)
         readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads

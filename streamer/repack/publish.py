@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import StreamerError
-from ..io.checkpoint import INDEX_FILE
+from ..io.checkpoint import INDEX_FILE, TOKENIZER_FILES, has_tokenizer_files
 from ..io.durable import fsync_dir
 from ..io.files import check_utf8_path
 from ..io.json_file import read_json_object
@@ -109,6 +109,16 @@ def failed(
     return StreamerError(
         f"repacking failed with an I/O error: {error.strerror or error}{where}. {done}; {again}."
     )
+
+
+def warn_without_tokenizer(src: Path, log) -> None:
+    """A repacked model without tokenizer files loads nowhere: say so before the long write."""
+    if not has_tokenizer_files(src):
+        log(
+            f"[repack] warning: {src} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): "
+            "the repacked model cannot be loaded until you copy them from the original model "
+            "into the destination."
+        )
 
 
 def copy_side_files(src: Path, out: Path) -> None:
