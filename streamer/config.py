@@ -68,6 +68,7 @@ NON_NEGATIVE = (
 )
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
 QUANT_BITS = range(1, 9)
+SCALED_ROPE = ("linear", "dynamic", "yarn", "llama3")  # the RoPE types that need a factor
 LAYER_INDEX = re.compile(r"\blayers\.(\d+)\.")
 
 
@@ -246,6 +247,14 @@ def _check_common(config: dict, where) -> None:
     for name in ("rope_scaling", "rope_parameters"):
         if config.get(name) is not None and not isinstance(config[name], dict):
             raise _bad(where, name, config[name], "an object")
+    rope = config.get("rope_scaling")
+    if isinstance(rope, dict):  # transformers refuses these at tokenizer load, mlx-lm at RoPE
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        factor = rope.get("factor")
+        if not isinstance(kind, str):
+            raise _bad(where, "rope_scaling.rope_type", kind, "a RoPE type name")
+        if kind in SCALED_ROPE and not (type(factor) in (int, float) and 0 < factor < math.inf):
+            raise _bad(where, "rope_scaling.factor", factor, f"a positive number for {kind} RoPE")
     for name in ("quantization_config", "quantization"):  # their presence alone changes the path
         if name in config and not isinstance(config[name], dict):
             raise _bad(where, name, config[name], "an object")
