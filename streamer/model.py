@@ -19,7 +19,7 @@ from .config import check_config, check_eos_ids, check_layer_count
 from .download import is_download
 from .errors import StreamerError, one_line
 from .experts import StreamingExperts
-from .handle import Streaming, memory_limit_raised
+from .handle import Streaming
 from .io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
 from .io.expert_files import ExpertFiles, open_repacked
 from .io.files import check_folder_files, check_tmpdir, check_utf8_path
@@ -124,7 +124,6 @@ def load(
         config.get("max_position_embeddings"),
         folder_lock,
     )
-    handle._scopes.enter_context(memory_limit_raised(files.mapped_bytes))
     model.streamer = handle
     return model, tokenizer
 

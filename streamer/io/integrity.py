@@ -218,9 +218,9 @@ def verify_folder(folder: Path, manifest: Manifest, log: Callable[[str], None]) 
         resident_bytes = _size(folder / RESIDENT_FILE, "the non-expert weights")
     except StreamerError:
         resident_bytes = 0  # missing or unreadable: verify_resident reports it as a problem
-    total = manifest.expert_bytes + resident_bytes
+    total = manifest.expert_file_bytes + resident_bytes
     problems = verify_resident(folder, manifest)
-    done += total - manifest.expert_bytes
+    done += total - manifest.expert_file_bytes
     log(f"[verify] {RESIDENT_FILE}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
     for index, layer in enumerate(manifest.layers):
         found = verify_layer(folder, index, layer)
