@@ -18,6 +18,7 @@ from .errors import StreamerError
 
 
 def _repack(args: argparse.Namespace) -> None:
+    _import_exiting_on_ctrl_c("streamer.repack")
     from .repack import Quantize, repack
 
     quantize = Quantize(args.quantize, args.group_size) if args.quantize else None
@@ -85,6 +86,7 @@ def _generate(args: argparse.Namespace) -> int:
             "model."
         )
     prompt = _prompt(args)  # before the slow imports: bad input fails fast
+    _import_exiting_on_ctrl_c("streamer.model", "streamer.generate")
     from .model import load
 
     model, tokenizer = load(
@@ -137,6 +139,7 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> None:
+    _import_exiting_on_ctrl_c("streamer.server")
     from .hub import streamable
     from .server import serve
     from .server.api import Sampling
@@ -218,10 +221,11 @@ DEMO_QUANTIZE = 4
 
 
 def _demo(args: argparse.Namespace) -> int:
+    prompt = _prompt(args)
+    _import_exiting_on_ctrl_c("streamer.model", "streamer.generate", "streamer.repack")
     from .model import load
     from .repack import Quantize, repack
 
-    prompt = _prompt(args)
     with tempfile.TemporaryDirectory(prefix="streamer-demo-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         dst = work / "streaming"
@@ -396,7 +400,6 @@ def main(argv: list[str] | None = None) -> int:
     and a closed or full output ends quietly, as Unix tools end."""
     try:
         args = parser().parse_args(argv)
-        _import_exiting_on_ctrl_c(HEAVY_IMPORTS.get(args.command, ()))
         return args.run(args) or 0
     except StreamerError as e:
         return _report(f"streamer: error: {' '.join(str(e).split())}", 2)
@@ -417,20 +420,12 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
-# What each command imports (mlx, mlx-lm, transformers: seconds), imported up front.
-HEAVY_IMPORTS = {
-    "generate": ("streamer.model", "streamer.generate"),
-    "demo": ("streamer.model", "streamer.generate", "streamer.repack"),
-    "repack": ("streamer.repack",),
-    "serve": ("streamer.server",),
-}
-
-
-def _import_exiting_on_ctrl_c(modules) -> None:
-    """Import `modules` with Ctrl-C ending the process at once: CPython can report a
-    KeyboardInterrupt raised inside importlib's lock callbacks as "ignored" and carry on, and
-    nothing is written yet that an immediate exit could leave half done."""
-    if not modules or threading.current_thread() is not threading.main_thread():
+def _import_exiting_on_ctrl_c(*modules: str) -> None:
+    """Import a command's modules (mlx, mlx-lm, transformers: seconds) with Ctrl-C ending the
+    process at once: CPython can report a KeyboardInterrupt raised inside importlib's lock
+    callbacks as "ignored" and carry on, and nothing is written yet that an exit could leave
+    half done."""
+    if threading.current_thread() is not threading.main_thread():
         return
 
     def exit_130(*_) -> None:
