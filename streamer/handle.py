@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -13,6 +14,9 @@ from .experts import StreamingExperts
 from .io.expert_files import ExpertFiles
 from .io.lock import FolderLock
 from .io.manifest import Manifest
+
+if TYPE_CHECKING:
+    from .download import Download
 from .stats import ExpertStats
 
 
@@ -42,13 +46,16 @@ class Streaming:
     `close()` rather than around one generation."""
 
     residency: str  # what the memory budget chose, in words
-    manifest: Manifest
+    manifest: Manifest | Download  # what was loaded: its `layers` match `files.layers`
     files: ExpertFiles
     stats: ExpertStats
     layers: list[StreamingExperts]
     context_length: int | None  # max_position_embeddings: prompt plus output must fit
     folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
     _scopes: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    def __post_init__(self) -> None:
+        self._scopes.enter_context(memory_limit_raised(self.files.mapped_bytes))
 
     def close(self) -> None:
         """Unmap the expert files, lower the memory limit again, release the folder."""

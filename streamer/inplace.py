@@ -20,7 +20,7 @@ from .cache.budget import check_budget
 from .download import Download, layouts, open_download
 from .errors import StreamerError
 from .experts import StreamingExperts
-from .handle import Streaming, memory_limit_raised
+from .handle import Streaming
 from .io.checkpoint import Checkpoint
 from .io.checksums import Checksums, default_sidecar, read_checksums
 from .io.expert_files import ExpertFiles
@@ -93,7 +93,6 @@ def load_in_place(
         raise
     context = download.config.get("max_position_embeddings")
     handle = Streaming(residency, download, files, stats, layers, context, lock)
-    handle._scopes.enter_context(memory_limit_raised(files.mapped_bytes))
     model.streamer = handle
     return model, tokenizer
 

@@ -17,7 +17,7 @@ from .config import check_config, check_layer_count
 from .download import is_download
 from .errors import StreamerError
 from .experts import StreamingExperts
-from .handle import Streaming, memory_limit_raised
+from .handle import Streaming
 from .io.expert_files import ExpertFiles, open_repacked
 from .io.integrity import check_files, verify_resident
 from .io.lock import lock_for_reading
@@ -109,7 +109,6 @@ def load(
         config.get("max_position_embeddings"),
         folder_lock,
     )
-    handle._scopes.enter_context(memory_limit_raised(files.mapped_bytes))
     model.streamer = handle
     return model, tokenizer
 
