@@ -211,11 +211,13 @@ def _plan(args: argparse.Namespace) -> None:
 
 
 def _info(args: argparse.Namespace) -> None:
-    from .download import is_download, open_download
-    from .io.manifest import RESIDENT_FILE, read_manifest
+    from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
 
     folder = Path(args.dir)
-    if is_download(folder):  # streamed in place: an expert is one range per stacked tensor
+    if not (folder / MANIFEST_FILE).exists() and (folder / "config.json").exists():
+        from .download import open_download  # builds mlx-lm's model: only for a download
+
+        # streamed in place: an expert is one range per stacked tensor
         manifest = open_download(folder)[0]
         resident = sum(manifest.file_bytes.values()) - manifest.expert_file_bytes
         per_expert = [layer.payload_bytes for layer in manifest.layers]
