@@ -21,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from .files import open_regular
 from .integrity import check_expert_file_size
 from .manifest import Manifest, MoeLayer
 from .mapping import OS_PAGE, MappedFile
@@ -189,7 +190,7 @@ class ExpertFiles:
         path, size = layout.files[file], layout.file_bytes[file]
         if path not in self._fds:
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_regular(path, f"the expert file of {layout.name}")
             except OSError as e:
                 raise StreamerError(
                     f"cannot open expert file {path}: {e.strerror or e}; {layout.remedy}."
