@@ -85,7 +85,7 @@ def load_in_place(
         model.eval()
         layers = list(streaming.values())
         residency = _apply_budget(download, layers, memory_budget, dtype)
-        tokenizer = _tokenizer(folder, download.config, trust_remote_code)
+        tokenizer = _tokenizer(folder, trust_remote_code)
     except BaseException:
         files.close()
         if lock is not None:

@@ -38,9 +38,11 @@ def test_the_plan_of_a_download_is_what_repack_writes(checkpoints, arch):
 def test_quantized_plans_match_quantized_repacks(checkpoints):
     src = checkpoints.hf("qwen3_moe")
     quantized = checkpoints.repacked(src, quantize=streamer.repack.Quantize(4))
-    assert plan(src, GB, quantize=(4, 64)).expert_bytes == read_manifest(quantized).expert_file_bytes
+    want = read_manifest(quantized).expert_file_bytes
+    assert plan(src, GB, quantize=(4, 64)).expert_bytes == want
     mlx = checkpoints.mlx("qwen3_moe")  # an mlx_lm.convert download: config.json says how
-    assert plan(mlx, GB).expert_bytes == read_manifest(checkpoints.repacked(mlx)).expert_file_bytes
+    want = read_manifest(checkpoints.repacked(mlx)).expert_file_bytes
+    assert plan(mlx, GB).expert_bytes == want
     with pytest.raises(StreamerError, match="repacked already"):
         plan(quantized, GB, quantize=(4, 64))
 

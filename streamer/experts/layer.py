@@ -95,7 +95,9 @@ class StreamingExperts(nn.Module):
         self.share = share
 
     def make_resident(self) -> None:
-        """Keep every expert of this layer in memory from now on."""
+        """Keep every expert of this layer in memory from now on (with checksums: each one
+        checked before it is copied, as a streamed expert is before its first use)."""
+        self.prefetcher.verify(range(self.files.layout.num_experts))
         self.install([self.convert(mx.array(v)) for v in self.views])  # mx.array copies
         mx.eval([self.container[p][k] for p, k in self._slots])
         self.resident = True
