@@ -42,7 +42,9 @@ from mlx_lm.utils import MAX_FILE_SIZE_GB, get_total_parameters, quantize_model,
 
 from streamer.architectures import build_model
 from streamer.io.safetensors import MLX_TO_SAFETENSORS
-from streamer.synthetic import write_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # fixtures/: not installed
+from fixtures import write_tokenizer  # noqa: E402
 
 Log = Callable[[str], None]
 

@@ -1,4 +1,5 @@
-"""Checkpoints for the tests, made once per session: every architecture in both download conventions.
+"""Checkpoints for the tests, made once per session: every architecture in both download
+conventions.
 
 - "hf": named and laid out as the family publishes it on the hub (per-expert bf16 tensors; fused
   experts for Qwen3.5; MXFP4 blocks for gpt-oss), sharded with an index.
@@ -16,9 +17,9 @@ import mlx_lm
 import pytest
 from mlx_lm.utils import load_model
 
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.architectures import SUPPORTED
 from streamer.repack import repack
-from streamer.synthetic import tiny_config, write_hf_checkpoint
 
 ARCHS = sorted(SUPPORTED)
 

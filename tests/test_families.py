@@ -15,17 +15,25 @@ import pytest
 from conftest import reference_model
 from test_parity import compare
 
-from streamer.architectures import build_model, normalize_config
+from fixtures import TINY_CONFIGS, VOCAB_SIZE, tiny_config, write_hf_checkpoint
+from streamer.architectures import SUPPORTED, build_model, normalize_config
 from streamer.errors import StreamerError
 from streamer.io.checkpoint import Checkpoint
 from streamer.io.manifest import read_manifest
 from streamer.io.safetensors import read_header, to_mlx, write_safetensors
 from streamer.repack import Quantize, repack
-from streamer.synthetic import tiny_config, write_hf_checkpoint
+
+
+def test_every_supported_family_has_one_tiny_config():
+    assert set(TINY_CONFIGS) == set(SUPPORTED)
+    for model_type, config in TINY_CONFIGS.items():
+        assert config["model_type"] == model_type
+        assert config.get("text_config", config)["vocab_size"] == VOCAB_SIZE  # the tokenizer's
 
 
 def test_mixed_bits_per_module(checkpoints):
-    """mlx-lm's mixed recipes record per-module bits in config.json; each layer streams with its own."""
+    """mlx-lm's mixed recipes record per-module bits in config.json; each layer streams with its
+    own."""
     src = checkpoints.mlx("deepseek_v3", recipe="mixed_3_6")
     folder = checkpoints.repacked(src)
     bits = [
@@ -55,7 +63,8 @@ def test_dense_layers_between_moe_layers(tmp_path):
 
 @pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_5_moe"])
 def test_fused_hf_experts_become_what_mlx_lm_sanitize_makes(checkpoints, arch):
-    """Each expert record holds exactly that expert's slice of mlx-lm's sanitized stacked tensors."""
+    """Each expert record holds exactly that expert's slice of mlx-lm's sanitized stacked
+    tensors."""
     src = checkpoints.hf(arch)
     folder = checkpoints.repacked(src)
     with Checkpoint(src) as ckpt:
@@ -76,7 +85,8 @@ def test_fused_hf_experts_become_what_mlx_lm_sanitize_makes(checkpoints, arch):
 
 
 def test_an_expert_layout_mlx_lm_does_not_read_is_refused(checkpoints, tmp_path):
-    """gpt-oss dequantized to bf16 by transformers stores `experts.gate_up_proj` [E, H, 2I]: refused."""
+    """gpt-oss dequantized to bf16 by transformers stores `experts.gate_up_proj` [E, H, 2I]:
+    refused."""
     src = tmp_path / "src"
     shutil.copytree(checkpoints.hf("gpt_oss"), src)
     shards = sorted(src.glob("model-*.safetensors"))

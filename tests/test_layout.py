@@ -10,9 +10,9 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 import streamer
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.io.checkpoint import Checkpoint
 from streamer.io.manifest import PAGE_SIZE, read_manifest, write_manifest
-from streamer.synthetic import tiny_config, write_hf_checkpoint
 
 
 def test_experts_are_page_aligned_contiguous_records(checkpoints):

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 import streamer
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
 from streamer.repack import repack
-from streamer.synthetic import tiny_config, write_hf_checkpoint
 from streamer.verify import verify
 
 QUIET = {"log": lambda _: None}
@@ -84,7 +84,8 @@ def assert_absent_or_complete(dst: Path) -> bool:
 def test_disk_full_keeps_finished_layers_and_resume_completes(
     source, reference, tmp_path, monkeypatch
 ):
-    """ENOSPC while writing layer 3: a clear message, no destination, and --resume redoes only the rest."""
+    """ENOSPC while writing layer 3: a clear message, no destination, and --resume redoes only
+    the rest."""
     real_open = builtins.open
 
     class FullDisk:
@@ -112,7 +113,7 @@ def test_disk_full_keeps_finished_layers_and_resume_completes(
 
     before = snapshot(source)
     dst = tmp_path / "model"
-    monkeypatch.setattr("streamer.repack.open", fake_open, raising=False)
+    monkeypatch.setattr("streamer.repack.records.open", fake_open, raising=False)
     with pytest.raises(StreamerError, match=r"(?s)disk holding .* is full.*GB.*--resume") as err:
         repack(source, dst, **QUIET)
     assert "2/6 MoE layers are kept" in str(err.value)
@@ -132,7 +133,7 @@ def test_not_enough_disk_space_is_refused_up_front(source, tmp_path, monkeypatch
     usage = namedtuple("usage", "total used free")
     dst, partial = tmp_path / "model", tmp_path / ".model.partial"
     monkeypatch.setattr(
-        "streamer.repack.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6)
+        "streamer.repack.publish.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6)
     )
     with pytest.raises(
         StreamerError, match=r"not enough disk space in .*needs about 0.04 GB more, 0.00 GB is free"
@@ -149,7 +150,7 @@ def test_not_enough_disk_space_is_refused_up_front(source, tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         repack(source, dst, log=interrupt)
     monkeypatch.setattr(
-        "streamer.repack.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6)
+        "streamer.repack.publish.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6)
     )
     with pytest.raises(StreamerError, match="GB more"):  # three layers left: about half the space
         repack(source, dst, resume=True, **QUIET)

@@ -4,8 +4,8 @@ Trains on the Python standard library's own source (present on every machine), o
 mlx-lm's `qwen3_moe.Model` so the result loads in mlx-lm unchanged. Writes a Hugging Face
 checkpoint: config.json, model.safetensors with per-expert tensor names, tokenizer files.
 
-Reproduce the shipped model (the defaults: 300 steps of 16x128 tokens, 16 minutes on a busy 2-core
-VM; mlx's CPU wheel runs matmuls on one core with a reference BLAS, ~2 s per 1k tokens trained):
+Reproduce the shipped model (the defaults: 300 steps of 16x128 tokens; its training time on one
+machine is in bench/README.md):
 
     python tools/train_demo.py --out streamer/demo_model
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -30,7 +31,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3_moe
 
-from streamer.synthetic import EOS, train_bpe, write_tokenizer_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # fixtures/: not installed
+from fixtures import EOS, train_bpe, write_tokenizer_config  # noqa: E402
 
 CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"],
@@ -147,7 +149,8 @@ def validation_loss(
 
 
 def hf_weights(model: nn.Module, dtype: mx.Dtype) -> dict[str, mx.array]:
-    """mlx-lm parameter names -> Hugging Face names, un-stacking switch_mlp into per-expert tensors."""
+    """mlx-lm parameter names -> Hugging Face names, un-stacking switch_mlp into per-expert
+    tensors."""
     out = {}
     for name, w in tree_flatten(model.parameters()):
         if ".switch_mlp." not in name:
@@ -201,7 +204,8 @@ def main() -> None:
     val_tokens = encode(tokenizer, read_texts(val_files))
     print(
         f"corpus: {len(train_files)} train / {len(val_files)} held-out stdlib files, "
-        f"{len(train_tokens):,} / {len(val_tokens):,} tokens ({time.time() - t0:.0f}s incl. tokenizer)"
+        f"{len(train_tokens):,} / {len(val_tokens):,} tokens "
+        f"({time.time() - t0:.0f}s incl. tokenizer)"
     )
 
     config = dict(
@@ -245,7 +249,8 @@ def main() -> None:
 
     val = validation_loss(model, val_tokens, args.seq)
     print(
-        f"training time {train_time / 60:.1f} min for {step} steps of {args.batch}x{args.seq} tokens; validation loss {val:.3f} nats/token "
+        f"training time {train_time / 60:.1f} min for {step} steps of {args.batch}x{args.seq} "
+        f"tokens; validation loss {val:.3f} nats/token "
         f"(perplexity {math.exp(val):.1f})"
     )
     save(model, tokenizer, config, args.out, val)

@@ -12,9 +12,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from .errors import StreamerError
-from .io.checkpoint import Checkpoint
-from .io.manifest import (
+from ..errors import StreamerError
+from ..io.checkpoint import Checkpoint
+from ..io.manifest import (
     FORMAT_VERSION,
     RESIDENT_FILE,
     MoeLayer,
@@ -27,7 +27,7 @@ PROGRESS_FILE = "progress.json"
 
 
 def source_identity(ckpt: Checkpoint, options: dict) -> str:
-    """A hash of what determines the repacked bytes: config.json, the tensor table and the options."""
+    """A hash of what determines the repacked bytes: config.json, the tensor table, the options."""
     digest = hashlib.sha256()
     digest.update((ckpt.folder / "config.json").read_bytes())
     table = sorted(
@@ -57,7 +57,8 @@ class Progress:
 
     @classmethod
     def load(cls, folder: Path, identity: str) -> Progress | None:
-        """The recorded progress (None if there is none); refuses one from another source or options."""
+        """The recorded progress (None if there is none); refuses one from another source or
+        options."""
         path = Path(folder) / PROGRESS_FILE
         if not path.exists():
             return None
@@ -70,8 +71,9 @@ class Progress:
             ) from e
         if not same:
             raise StreamerError(
-                f"{folder} was started from a different checkpoint or with other options (config.json, the "
-                "tensors or --quantize differ): rerun without --resume to start over."
+                f"{folder} was started from a different checkpoint or with other options "
+                "(config.json, the tensors or --quantize differ): rerun without --resume to start "
+                "over."
             )
         progress = cls(folder, identity)
         progress.resident = state.get("resident")

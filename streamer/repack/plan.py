@@ -1,0 +1,164 @@
+"""What a repack will write: the model mlx-lm builds from config.json, with the resident weights
+checked and loaded (and quantized with --quantize), and the sources of every expert tensor."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map_with_path
+from mlx_lm.utils import quantize_model
+
+from ..architectures import (
+    architecture,
+    build_model,
+    container_projections,
+    expert_containers,
+    normalize_config,
+    quantize_like_mlx_lm,
+)
+from ..errors import StreamerError
+from ..io.checkpoint import Checkpoint
+from ..io.safetensors import MLX_TO_SAFETENSORS
+from .sources import Sources, compatible, describe, sanitizer
+
+CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
+
+
+@dataclass
+class Quantize:
+    bits: int
+    group_size: int = 64
+
+
+@dataclass
+class Plan:
+    folder: Path  # the source checkpoint
+    model: nn.Module  # resident weights loaded; expert containers hold the target shapes
+    config: dict  # the repacked model's config.json
+    containers: dict[str, nn.Module]  # module path -> expert container, in layer order
+    num_experts: int
+    sources: Sources
+    quantize: Quantize | None
+    cast: mx.Dtype | None  # float dtype of quantized experts before quantizing (as mlx_lm.convert)
+    prequantized: set[str]  # `module.proj` the checkpoint holds quantized: copied as they are
+
+    def resident_items(self) -> list[tuple[str, mx.array]]:
+        return [
+            (name, arr)
+            for name, arr in tree_flatten(self.model.parameters())
+            if not in_containers(name, self.containers)
+        ]
+
+
+def in_containers(name: str, containers: dict[str, nn.Module]) -> bool:
+    return any(name.startswith(c + ".") for c in containers)
+
+
+def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
+    """Check the checkpoint against its config.json and plan its repack; refuse what cannot be."""
+    where = ckpt.folder / "config.json"
+    config = normalize_config(ckpt.config)
+    arch = architecture(config, where)
+    if "quantization" not in config and "quantization_config" in config:
+        method = config["quantization_config"].get("quant_method", "?")
+        raise StreamerError(
+            f"{where}: quantization_config ({method}) is not supported; repack the bf16/fp16 "
+            "checkpoint (optionally with --quantize) or an MLX-quantized one."
+        )
+    # MLX-quantized checkpoints are refused; a published MXFP4 gpt-oss is not (its MXFP4 experts
+    # are kept and the other weights quantized, as `mlx_lm.convert --quantize` does)
+    if quantize and "quantization" in ckpt.config:
+        raise StreamerError(
+            f"{where}: the checkpoint is already quantized; repack it without --quantize."
+        )
+    model = build_model(config, where)
+    containers = expert_containers(model)
+    first = next(iter(containers.values()))
+    num_experts = first[container_projections(first)[0]].num_experts
+    sanitize = sanitizer(model, ckpt.folder)
+    # mlx-lm's own sanitize maps every source name to mlx-lm's names (and drops what the model
+    # does not use); it runs on lazy arrays, so expert tensors it stacks or splits are never read.
+    weights = sanitize({name: ckpt.lazy(name) for name in ckpt.tensors})
+    if any(name.endswith("_scale_inv") for name in weights):
+        raise StreamerError(
+            f"{where}: FP8 weights with block scales, which mlx-lm dequantizes for deepseek_v3 / "
+            f"kimi_k2 / deepseek_v32 / glm_moe_dsa but not for {config['model_type']}; repack a "
+            "bf16 or MLX-quantized version."
+        )
+    sources = Sources(ckpt, arch, containers, num_experts, sanitize)
+    resident = {n: a for n, a in weights.items() if not in_containers(n, containers)}
+    quantize_like_mlx_lm(model, config, weights)
+    prequantized = {name.rsplit(".", 1)[0] for name in weights if name.endswith(".scales")}
+    check_resident(model, containers, resident, ckpt)
+    model.load_weights(list(resident.items()), strict=False)
+    cast = None
+    if quantize:
+        cast = CONVERSION_DTYPES.get(config.get("torch_dtype"))
+        config = quantize_resident(model, config, quantize, cast)
+    return Plan(
+        ckpt.folder, model, config, containers, num_experts, sources, quantize, cast, prequantized
+    )
+
+
+def check_resident(
+    model: nn.Module,
+    containers: dict[str, nn.Module],
+    resident: dict[str, mx.array],
+    ckpt: Checkpoint,
+) -> None:
+    """The checkpoint's non-expert tensors are exactly the model's, in its shapes and dtypes."""
+    expected = {
+        name: arr
+        for name, arr in tree_flatten(model.parameters())
+        if not in_containers(name, containers)
+    }
+    where = ckpt.folder
+    missing = sorted(set(expected) - set(resident))
+    if missing:
+        raise StreamerError(
+            f"{where}: the checkpoint lacks {len(missing)} non-expert tensor(s), e.g. "
+            f"'{missing[0]}': the download is incomplete or config.json belongs to another model."
+        )
+    unexpected = sorted(set(resident) - set(expected))
+    if unexpected:
+        raise StreamerError(
+            f"{where}: tensor '{unexpected[0]}' (and {len(unexpected) - 1} more) is not part of a "
+            f"{ckpt.config.get('model_type')} model with this config.json."
+        )
+    for name, arr in resident.items():
+        if tuple(arr.shape) != tuple(expected[name].shape):
+            raise StreamerError(
+                f"{where}: tensor '{name}' has shape {tuple(arr.shape)} but config.json implies "
+                f"{tuple(expected[name].shape)}."
+            )
+        if not compatible(arr.dtype, expected[name].dtype):
+            raise StreamerError(
+                f"{where}: tensor '{name}' is {MLX_TO_SAFETENSORS.get(arr.dtype, arr.dtype)} but "
+                f"config.json implies {describe(expected[name].dtype)}: the checkpoint is corrupt "
+                "or config.json belongs to another model."
+            )
+
+
+def quantize_resident(
+    model: nn.Module, config: dict, quantize: Quantize, cast: mx.Dtype | None
+) -> dict:
+    """Quantize resident weights as `mlx_lm.convert --quantize` does (experts follow in
+    records.expert_parts); return the quantized model's config."""
+    if cast is not None:
+        keep = getattr(model, "cast_predicate", lambda _: True)
+        model.update(
+            tree_map_with_path(
+                lambda k, v: (
+                    v.astype(cast) if keep(k) and mx.issubdtype(v.dtype, mx.floating) else v
+                ),
+                model.parameters(),
+            )
+        )
+    with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
+        _, config = quantize_model(model, config, quantize.group_size, quantize.bits)
+    return config

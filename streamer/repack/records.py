@@ -1,0 +1,158 @@
+"""The record writer: one MoE layer's experts -> `experts/NNN.bin`, one fixed-size record each
+(see streamer/io/manifest.py), quantized on the way with --quantize."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+from ..architectures import container_projections
+from ..errors import StreamerError
+from ..io.manifest import PAGE_SIZE, TENSOR_ALIGN, ExpertTensor, MoeLayer, align
+from ..io.safetensors import MLX_TO_SAFETENSORS, nonfinite_count, read_header, to_mlx
+from .plan import Plan
+from .sources import KIND_ORDER
+
+MAX_NONFINITE_WARNINGS = 20
+
+Part = tuple[str, str, tuple[int, ...], bytes]  # (name, safetensors dtype, shape, bytes)
+
+
+class NonfiniteWarnings:
+    """NaN/Inf weights make plausible-looking garbage downstream: say which tensor, once each."""
+
+    def __init__(self, log):
+        self.log, self.count = log, 0
+
+    def check(self, where: str, dtype: str, data) -> None:
+        found = nonfinite_count(data, dtype)
+        if found:
+            self.count += 1
+            if self.count <= MAX_NONFINITE_WARNINGS:
+                self.log(f"[repack] warning: {where} holds {found} NaN/Inf value(s).")
+
+    def check_file(self, path: Path) -> None:
+        with open(path, "rb") as f:
+            for name, info in read_header(path).items():
+                f.seek(info.start)
+                self.check(f"resident tensor '{name}'", info.dtype, f.read(info.nbytes))
+
+    def summary(self) -> None:
+        if self.count:
+            self.log(
+                f"[repack] warning: {self.count} tensor(s) hold NaN/Inf values (listed above, up "
+                f"to {MAX_NONFINITE_WARNINGS}); this checkpoint will produce garbage. Check or "
+                "download it again."
+            )
+
+
+def record_bytes(plan: Plan) -> int:
+    """The size of one expert record (every layer's is the same: they share one config)."""
+    module, container = next(iter(plan.containers.items()))
+    return layout(expert_parts(plan, module, container, 0))[1]
+
+
+def layout(parts: list[Part]) -> tuple[tuple[ExpertTensor, ...], int]:
+    """Each tensor's place in the record, and the record's size."""
+    tensors, offset = [], 0
+    for name, dtype, shape, data in parts:
+        tensors.append(ExpertTensor(name, dtype, shape, offset, len(data)))
+        offset = align(offset + len(data), TENSOR_ALIGN)
+    return tuple(tensors), align(max(offset, 1), PAGE_SIZE)
+
+
+def write_layer(
+    plan: Plan, out: Path, index: int, module: str, warnings: NonfiniteWarnings
+) -> MoeLayer:
+    """Write layer `index` (container `module`) to `out/experts/NNN.bin`, fsynced."""
+    container = plan.containers[module]
+    rel = f"experts/{index:03d}.bin"
+    tensors: tuple[ExpertTensor, ...] = ()
+    size = 0
+    offsets, crcs = [], []
+    with open(out / rel, "wb") as f:
+        for expert in range(plan.num_experts):
+            parts = expert_parts(plan, module, container, expert)
+            if expert == 0:
+                tensors, size = layout(parts)
+            record = bytearray(size)
+            expert_crc = []
+            for tensor, (name, dtype, shape, data) in zip(tensors, parts):
+                if (name, dtype, shape) != (tensor.name, tensor.dtype, tensor.shape):
+                    raise StreamerError(
+                        f"{plan.folder}: {module} expert {expert} tensor {name} is "
+                        f"{dtype}{list(shape)}, but expert 0 has "
+                        f"{tensor.dtype}{list(tensor.shape)}."
+                    )
+                record[tensor.offset : tensor.offset + tensor.nbytes] = data
+                expert_crc.append(zlib.crc32(data))
+                warnings.check(f"{module} expert {expert} tensor {name}", dtype, data)
+            offsets.append(expert * size)
+            crcs.append(tuple(expert_crc))
+            f.write(record)
+        f.flush()
+        os.fsync(f.fileno())
+    quantization = {
+        proj: (
+            {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}
+            if isinstance(m := container[proj], QuantizedSwitchLinear)
+            else None
+        )
+        for proj in container_projections(container)
+    }
+    return MoeLayer(
+        module, rel, plan.num_experts, size, quantization, tensors, tuple(offsets), tuple(crcs)
+    )
+
+
+def expert_parts(plan: Plan, module: str, container: nn.Module, expert: int) -> list[Part]:
+    """Each of one expert's tensors, in record order: copied from the source, or with --quantize
+    made as `mlx_lm.convert --quantize` makes them."""
+    parts = []
+    for proj in container_projections(container):
+        target = container[proj]
+        kinds = [k for k in KIND_ORDER if k in target and target[k] is not None]
+        if plan.quantize is None:
+            for kind in kinds:
+                shape = tuple(target[kind].shape[1:])
+                dtype, data = plan.sources.read(
+                    module, proj, kind, expert, shape, target[kind].dtype
+                )
+                parts.append((f"{proj}.{kind}", dtype, shape, data))
+            continue
+        for kind, arr in _quantized(plan, module, proj, target, kinds, expert).items():
+            arr = mx.contiguous(arr)
+            mx.eval(arr)
+            data = bytes(memoryview(arr).cast("B"))
+            parts.append((f"{proj}.{kind}", MLX_TO_SAFETENSORS[arr.dtype], tuple(arr.shape), data))
+    return parts
+
+
+def _quantized(
+    plan: Plan, module: str, proj: str, target: nn.Module, kinds: list[str], expert: int
+) -> dict[str, mx.array]:
+    def array(kind: str, shape: tuple[int, ...], expected: mx.Dtype | None = None) -> mx.array:
+        """One expert's `proj.kind`, cast like `mlx_lm.convert` casts the model."""
+        dtype, data = plan.sources.read(module, proj, kind, expert, shape, expected)
+        arr = to_mlx(data, dtype, shape)
+        if plan.cast is not None and mx.issubdtype(arr.dtype, mx.floating):
+            arr = arr.astype(plan.cast)
+        return arr
+
+    if f"{module}.{proj}" in plan.prequantized:  # e.g. gpt-oss's MXFP4 experts: kept as they are
+        return {kind: array(kind, tuple(target[kind].shape[1:])) for kind in kinds}
+    produced = {}
+    weight = array("weight", (target.output_dims, target.input_dims), mx.float32)
+    if isinstance(target, QuantizedSwitchLinear):
+        q = mx.quantize(weight, target.group_size, target.bits, mode=target.mode)
+        produced.update(zip(("weight", "scales", "biases"), q))
+    else:
+        produced["weight"] = weight
+    if "bias" in kinds:
+        produced["bias"] = array("bias", (target.output_dims,))
+    return {kind: produced[kind] for kind in kinds}
