@@ -7,19 +7,24 @@ import numpy as np
 import pytest
 
 from streamer.cache.policies import SlotLFU
-from streamer.cache.slot_pool import SLOT_ALIGN, LayerFile, SlotPool
+from streamer.cache.slot_pool import SLOT_ALIGN, LayerSource, SlotPool, SlotTensor
 from streamer.errors import StreamerError
-from streamer.io.manifest import ExpertTensor
-from streamer.io.reads import RecordFile
+from streamer.io.reads import ReadFile
 
 # An expert record as repack writes one: tensors 64-byte aligned back to back (a gap after the
 # odd-sized first one), the record padded to a 16 KiB boundary.
 TENSORS = (
-    ExpertTensor("a.weight", "U32", (3, 5), 0, 60),
-    ExpertTensor("a.scales", "BF16", (3, 2), 64, 12),
-    ExpertTensor("b.weight", "U32", (4, 1024), 128, 16384),
+    SlotTensor("a.weight", mx.uint32, (3, 5)),
+    SlotTensor("a.scales", mx.bfloat16, (3, 2)),
+    SlotTensor("b.weight", mx.uint32, (4, 1024)),
 )
+OFFSETS = (0, 64, 128)
 RECORD = 2 * SLOT_ALIGN
+
+
+class At:  # where a tensor of expert e lies: offset + e * stride of file 0
+    def __init__(self, offset: int):
+        self.file, self.offset, self.stride = 0, offset, RECORD
 
 
 def write_layer(path, experts: int, seed: int) -> list[list[np.ndarray]]:
@@ -28,9 +33,9 @@ def write_layer(path, experts: int, seed: int) -> list[list[np.ndarray]]:
     truth = []
     for e in range(experts):
         parts = []
-        for t in TENSORS:
+        for t, offset in zip(TENSORS, OFFSETS):
             raw = rng.integers(0, 256, t.nbytes, dtype=np.uint8)
-            data[e * RECORD + t.offset : e * RECORD + t.offset + t.nbytes] = raw.tobytes()
+            data[e * RECORD + offset : e * RECORD + offset + t.nbytes] = raw.tobytes()
             parts.append(raw)
         truth.append(parts)
     path.write_bytes(bytes(data))
@@ -43,8 +48,8 @@ def pool_over(tmp_path, slots: int, layers: int = 2, experts: int = 6, bypass=Fa
     for layer in range(layers):
         path = tmp_path / f"{layer:03d}.bin"
         truth[layer] = write_layer(path, experts, seed=layer)
-        offsets = tuple(e * RECORD for e in range(experts))
-        files[layer] = LayerFile(RecordFile(path, bypass), path, offsets, crc32=())
+        at = [At(offset) for offset in OFFSETS]
+        files[layer] = LayerSource([ReadFile(path, bypass)], at, experts)
     return SlotPool(TENSORS, slots, files), truth
 
 

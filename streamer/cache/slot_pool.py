@@ -20,17 +20,16 @@ evaluating either, or when one call routes more experts than the pool has slots 
 
 from __future__ import annotations
 
-import os
 import zlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
-from ..io.manifest import ExpertTensor
-from ..io.reads import DIRECT_ALIGN, RecordFile
-from ..io.safetensors import DTYPES
+from ..io.reads import DIRECT_ALIGN, MAX_GAP, ReadFile, plan_reads
 from .policies import SlotLFU
 
 SLOT_ALIGN = 16384  # Apple silicon's page size; a multiple of Linux's 4 KiB and of DIRECT_ALIGN
@@ -38,34 +37,47 @@ READERS = 8  # expert reads in flight at once (threads: preadv releases the GIL)
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
 
 
-class LayerFile:
-    """Where one MoE layer's experts are: its open record file, offsets and checksums."""
+@dataclass(frozen=True)
+class SlotTensor:
+    name: str  # mlx-lm's name inside the container, e.g. "gate_proj.weight"
+    dtype: mx.Dtype
+    shape: tuple[int, ...]  # one expert's shape
 
-    def __init__(self, file: RecordFile, path: os.PathLike, offsets: tuple[int, ...], crc32: tuple):
-        self.file, self.path, self.offsets, self.crc32 = file, path, offsets, crc32
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.size
+
+
+@dataclass
+class LayerSource:
+    """Where one MoE layer's experts lie: per tensor, expert e's bytes start at
+    `offset + e * stride` of file number `file` (objects with those three attributes)."""
+
+    files: Sequence[ReadFile]
+    placements: Sequence  # one per pool tensor, in the pool's order
+    num_experts: int
+    checksums: Sequence | None = None  # [expert][tensor] crc32: checked on every read
 
 
 class SlotPool:
-    def __init__(self, tensors: tuple[ExpertTensor, ...], slots: int, layers: dict[int, LayerFile]):
-        self.tensors = tensors
+    def __init__(self, tensors: Sequence[SlotTensor], slots: int, layers: dict[int, LayerSource]):
+        self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
-        self.verify_reads = False
         self._base = {}  # layer index -> its first key: the policy's keys are base + expert
         keys = 0
         for index, layer in layers.items():
-            self._base[index], keys = keys, keys + len(layer.offsets)
+            self._base[index], keys = keys, keys + layer.num_experts
         self.policy = SlotLFU(slots, keys)
         self.arrays, self._rows = [], []  # per tensor: MLX [S, *shape] and host uint8 [S, nbytes]
-        for t in tensors:
+        for t in self.tensors:
             array, rows = _allocate(slots, t)
             self.arrays.append(array)
             self._rows.append(rows)
-        gaps = [b.offset - (a.offset + a.nbytes) for a, b in zip(tensors, tensors[1:])]
-        self._scratch = _aligned_host(max([DIRECT_ALIGN, *gaps]))  # padding between tensors
+        self._scratch = _aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
         self._pending: list[mx.array] = []
-        self.nbytes = sum(a.nbytes for a in self.arrays)
-        self.slot_bytes = sum(t.nbytes for t in tensors)
+        self.slot_bytes = sum(t.nbytes for t in self.tensors)
+        self.nbytes = slots * self.slot_bytes
 
     def place(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int]:
         """Slots holding `experts` of `layer` (distinct, at most `slots` of them), reading the
@@ -92,23 +104,28 @@ class SlotPool:
 
     def _read(self, layer: int, expert: int, slot: int) -> None:
         source = self.layers[layer]
-        spans = [(t.offset, rows[slot]) for t, rows in zip(self.tensors, self._rows)]
+        spans = [
+            (at.file, at.offset + expert * at.stride, rows[slot])
+            for at, rows in zip(source.placements, self._rows)
+        ]
+        file = spans[0][0]
         try:
-            source.file.read_into(source.offsets[expert], spans, self._scratch)
+            for file, offset, buffers in plan_reads(spans, self._scratch):
+                source.files[file].preadv(offset, buffers)
         except OSError as e:
             self._forget(layer, expert, slot)
             raise StreamerError(
-                f"{source.path}: cannot read expert {expert} ({e}); check the disk, or run "
-                f"`streamer verify` on the model folder."
+                f"{source.files[file].path}: cannot read expert {expert} ({e}); check the disk, "
+                "or run `streamer verify` on the model folder."
             ) from e
-        if self.verify_reads:
-            for t, rows, crc in zip(self.tensors, self._rows, source.crc32[expert]):
+        if source.checksums is not None:
+            for t, rows, crc in zip(self.tensors, self._rows, source.checksums[expert]):
                 if zlib.crc32(rows[slot]) != crc:
                     self._forget(layer, expert, slot)
                     raise StreamerError(
-                        f"{source.path}: expert {expert} tensor {t.name} does not match its "
-                        "checksum: the file is corrupt. Run `streamer verify` on the model "
-                        "folder to list every bad tensor, then repack."
+                        f"{source.files[file].path}: expert {expert} tensor {t.name} does not "
+                        "match its checksum: the file is corrupt. Run `streamer verify` on the "
+                        "model folder to list every bad tensor, then repack."
                     )
 
     def _forget(self, layer: int, expert: int, slot: int) -> None:
@@ -119,7 +136,8 @@ class SlotPool:
     def close(self) -> None:
         self.fence()
         for layer in self.layers.values():
-            layer.file.close()
+            for file in layer.files:
+                file.close()
 
 
 def _aligned_host(nbytes: int) -> np.ndarray:
@@ -128,7 +146,7 @@ def _aligned_host(nbytes: int) -> np.ndarray:
     return raw[pad : pad + nbytes]
 
 
-def _allocate(slots: int, t: ExpertTensor) -> tuple[mx.array, np.ndarray]:
+def _allocate(slots: int, t: SlotTensor) -> tuple[mx.array, np.ndarray]:
     """One tensor's slots: an MLX array [slots, *shape] and a writable host view of its rows.
 
     The buffer is made from host memory (on CUDA: managed memory, which both the host's reads
@@ -138,8 +156,7 @@ def _allocate(slots: int, t: ExpertTensor) -> tuple[mx.array, np.ndarray]:
     mx.eval(base)
     host = np.asarray(memoryview(base))
     pad = -host.ctypes.data % SLOT_ALIGN
-    dtype = DTYPES[t.dtype][1]
     flat = base[pad : pad + length]
-    array = (flat if dtype == mx.uint8 else flat.view(dtype)).reshape(slots, *t.shape)
+    array = (flat if t.dtype == mx.uint8 else flat.view(t.dtype)).reshape(slots, *t.shape)
     mx.eval(array)
     return array, host[pad : pad + length].reshape(slots, t.nbytes)
