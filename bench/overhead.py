@@ -34,6 +34,7 @@ def per_call(fn, calls: int) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     import streamer
+    from streamer.experts.mapped import InPageCache, PageCacheWatch, Prefetched
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path)
@@ -42,10 +43,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     model, _ = streamer.load(args.folder, memory_budget=0)
-    experts = [
-        m for _, m in model.named_modules() if isinstance(m, streamer.experts.StreamingExperts)
-    ][args.layer]
-    num_experts = model.expert_store.layers[args.layer].num_experts
+    experts = model.streamer.layers[args.layer]
+    num_experts = model.streamer.manifest.layers[args.layer].num_experts
     k = model.args.num_experts_per_tok
     rng = np.random.default_rng(0)
     x = mx.random.normal((1, 1, model.args.hidden_size))
@@ -59,15 +58,13 @@ def main(argv: list[str] | None = None) -> dict:
     def routed() -> mx.array:
         return indices[next(calls) % len(indices)]
 
-    container = per_call(lambda: experts._container(x, routed()), args.calls)
-    experts._file_cached, experts._next_check = (
-        False,
-        1 << 62,
-    )  # the synced path, as in a squeezed run
+    container = per_call(lambda: experts.container(x, routed()), args.calls)
+    experts.read = Prefetched(experts, None)  # the synced path, as in a squeezed run
     synced = per_call(lambda: experts(x, routed()), args.calls)
-    experts._next_check = 0  # ask the OS again: the file was just read, so it is cached
+    # asking the OS: the file was just read, so it is cached and the layer goes sync-free
+    experts.read = Prefetched(experts, PageCacheWatch(experts))
     sync_free = per_call(lambda: experts(x, routed()), args.calls)
-    model.expert_stats.reset()
+    model.streamer.stats.reset()
     result = {
         "folder": str(args.folder),
         "layer": args.layer,
@@ -76,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
         "streamer_sync_free_us": sync_free * 1e6,
         "overhead_synced_us": (synced - container) * 1e6,
         "overhead_sync_free_us": (sync_free - container) * 1e6,
-        "file_cached": experts._file_cached,
+        "file_cached": isinstance(experts.read, InPageCache),
     }
     print(json.dumps(result, indent=1))
     return result

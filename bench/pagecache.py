@@ -21,8 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamer.cache.residency import Residency
-from streamer.io.mapping import advise, populate
+from streamer.io.mapping import advise, populate, resident_bytes
 
 CHUNK = 8 << 20
 
@@ -52,9 +51,8 @@ def warm(paths: list[Path], log: Callable[[str], None] = lambda _: None) -> None
         with open(path, "rb", buffering=0) as f:
             while n := f.readinto(buf):
                 done += n
-        log(
-            f"[warm] {done / 1e9:.2f}/{total / 1e9:.2f} GB ({done / max(time.perf_counter() - start, 1e-9) / 1e9:.2f} GB/s)"
-        )
+        rate = done / max(time.perf_counter() - start, 1e-9) / 1e9
+        log(f"[warm] {done / 1e9:.2f}/{total / 1e9:.2f} GB ({rate:.2f} GB/s)")
 
 
 def resident_fraction(paths: list[Path]) -> float | None:
@@ -66,7 +64,7 @@ def resident_fraction(paths: list[Path]) -> float | None:
             continue
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             view = np.frombuffer(mm, dtype=np.uint8)
-            r = Residency(view.ctypes.data, size).resident_bytes(0)  # the whole file as one record
+            r = resident_bytes(view.ctypes.data, 0, size)
             del view
         if r is None:
             return None

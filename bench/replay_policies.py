@@ -3,7 +3,7 @@
 
 A trace is an .npz with `experts`: int array [tokens, moe_layers, top_k] of routed expert ids
 (tools/routing_summary.py --trace writes one from the trained demo model; streamer records one
-with `model.expert_stats.trace = []`). Budgets are fractions of all experts.
+with `model.streamer.stats.trace = []`). Budgets are fractions of all experts.
 
     python bench/replay_policies.py TRACE.npz [--budgets 0.05 0.1 0.25 0.5] [--json]
 """
@@ -63,12 +63,14 @@ def main() -> None:
         print(json.dumps({"trace": args.trace, "tokens": len(experts), "rows": rows}))
         return
     print(
-        f"{args.trace}: {len(experts)} tokens, {experts.shape[1]} MoE layers, {num_experts} experts, top-{experts.shape[2]}"
+        f"{args.trace}: {len(experts)} tokens, {experts.shape[1]} MoE layers, "
+        f"{num_experts} experts, top-{experts.shape[2]}"
     )
     print(f"{'budget':>8} {'slots':>7} {'LRU':>7} {'LFU-aging':>10} {'static layers':>14}")
     for r in rows:
         print(
-            f"{r['budget_fraction']:>8.0%} {r['slots']:>7} {r['lru']:>7.1%} {r['lfu-aging']:>10.1%} {r['static-layers']:>14.1%}"
+            f"{r['budget_fraction']:>8.0%} {r['slots']:>7} {r['lru']:>7.1%} "
+            f"{r['lfu-aging']:>10.1%} {r['static-layers']:>14.1%}"
         )
 
 

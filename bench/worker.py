@@ -26,7 +26,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from pagecache import drop
 
-from streamer.stats import peak_rss_bytes
+from streamer.handle import streaming
+from streamer.stats import peak_rss_bytes, recording_routing
 
 ENGINES = ("streamer", "mlx_lm")
 
@@ -70,9 +71,10 @@ def load(engine: str, folder: Path, memory_budget: int) -> nn.Module:
     if engine == "streamer":
         import streamer
 
-        # float32 activations on CPU by default; budget 0 streams every expert through the page cache
+        # float32 activations on CPU by default; budget 0 streams every expert through the page
+        # cache
         model, _ = streamer.load(folder, memory_budget=memory_budget)
-        print(f"[streamer] {model.residency}", file=sys.stderr, flush=True)
+        print(f"[streamer] {model.streamer.residency}", file=sys.stderr, flush=True)
         return model
     from mlx_lm.utils import load_model
 
@@ -87,8 +89,14 @@ def prompt_ids(n: int, seed: int = 0, vocab: int = 512) -> mx.array:
     return mx.array(np.random.default_rng(seed).integers(4, vocab, n), dtype=mx.uint32)
 
 
+def engine_stats(model: nn.Module):
+    """streamer's ExpertStats; None for mlx-lm's model."""
+    handle = streaming(model)
+    return handle.stats if handle is not None else None
+
+
 def traffic(model: nn.Module) -> dict | None:
-    stats = getattr(model, "expert_stats", None)
+    stats = engine_stats(model)
     if stats is None:
         return None
     return {
@@ -114,7 +122,7 @@ def run_once(
     cold_decode: list | None = None,
 ) -> dict:
     """Time one generation: TTFT, then the decode rate over the remaining tokens."""
-    stats = getattr(model, "expert_stats", None)
+    stats = engine_stats(model)
     if stats is not None:
         stats.reset()
     times = []
@@ -141,35 +149,19 @@ def run_once(
     return result
 
 
-class RoutingRecorder(nn.Module):
-    """Wraps an expert container and records the routed expert ids of each call."""
-
-    def __init__(self, inner: nn.Module, log: list):
-        super().__init__()
-        self.inner = inner
-        object.__setattr__(self, "_log", log)
-
-    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
-        self._log.append(np.array(indices).reshape(-1, indices.shape[-1]))
-        return self.inner(x, indices)
-
-
 def routing_profile(
     model: nn.Module, prompt: mx.array, max_tokens: int, num_experts: int, temp: float
 ) -> dict:
     """Expert popularity and temporal correlation over decode steps (a separate, untimed run)."""
-    from streamer.architectures import expert_containers, replace_modules
-
-    containers = expert_containers(model)
-    logs = {path: [] for path in containers}
-    replace_modules(model, {path: RoutingRecorder(c, logs[path]) for path, c in containers.items()})
-    for _ in tokens(model, prompt, max_tokens, temp, seed=1):
-        pass
-    replace_modules(model, containers)
+    with recording_routing(model) as trace:  # decode steps only
+        for _ in tokens(model, prompt, max_tokens, temp, seed=1):
+            pass
+    per_layer: dict[int, list[tuple[int, ...]]] = {}
+    for layer, experts in trace:
+        per_layer.setdefault(layer, []).append(experts)
     top_share, overlap, touched = [], [], []
     uniform = np.random.default_rng(0)
-    for calls in logs.values():
-        decode = [c[0] for c in calls if c.shape[0] == 1]  # single-token (decode) calls
+    for decode in per_layer.values():
         k = len(decode[0])
         counts = np.sort(np.bincount(np.concatenate(decode), minlength=num_experts))[::-1]
         top_share.append(counts[: max(1, num_experts // 10)].sum() / counts.sum())
@@ -226,14 +218,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[{args.engine}] loaded in {load_s:.1f} s", file=sys.stderr, flush=True)
     cold = None
     if args.cold_decode:
-        store = getattr(model, "expert_store", None)
+        handle = streaming(model)
         files = sorted((args.model / "experts").glob("*.bin"))
-        cold = [files, store.evict if store is not None else None]
+        cold = [files, handle.files.evict if handle is not None else None]
     if args.warmup:
         run_once(model, prompt_ids(8, seed=99), 4, temp=args.temp)
     runs = []
     for n in [int(x) for x in args.prompt_tokens.split(",")]:
-        for i in range(args.repeats):
+        for _ in range(args.repeats):
             run = run_once(
                 model, prompt_ids(n), args.decode_tokens, temp=args.temp, cold_decode=cold
             )
@@ -258,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         peak_rss_file_bytes=sampler.peak_file or None,
         # the mapped expert files count as MLX memory but are page cache: not the engine's own
         peak_mlx_bytes=mx.get_peak_memory()
-        - getattr(getattr(model, "expert_store", None), "mapped_bytes", 0),
+        - (handle.files.mapped_bytes if (handle := streaming(model)) else 0),
     )
     print(json.dumps(result))
 

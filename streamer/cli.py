@@ -74,7 +74,7 @@ def _generate(args: argparse.Namespace) -> int:
         verify_reads=args.verify_reads,
         trust_remote_code=args.trust_remote_code,
     )
-    print(f"[streamer] {model.residency}", file=sys.stderr)
+    print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     if args.chat and tokenizer.chat_template is not None:
         messages = [{"role": "user", "content": prompt}]
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -12,6 +12,7 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .errors import StreamerError
+from .handle import streaming
 from .stats import ExpertStats, peak_rss_bytes
 
 
@@ -62,7 +63,8 @@ def run_stats(
     generation_tokens: int = 0,
     generation_tps: float = 0.0,
 ) -> RunStats:
-    stats: ExpertStats = model.expert_stats
+    handle = model.streamer
+    stats: ExpertStats = handle.stats
     decode = stats.decode
     steps = max(stats.decode_tokens, 1)
     return RunStats(
@@ -71,7 +73,7 @@ def run_stats(
         generation_tokens=generation_tokens,
         generation_tps=generation_tps,
         peak_rss_bytes=peak_rss_bytes(),
-        peak_mlx_bytes=mx.get_peak_memory() - model.expert_store.mapped_bytes,
+        peak_mlx_bytes=mx.get_peak_memory() - handle.files.mapped_bytes,
         expert_bytes_per_token=decode.bytes_read / steps,
         expert_bytes_copied_per_token=decode.bytes_copied / steps,
         expert_reads_per_token=decode.experts_read / steps,
@@ -101,7 +103,7 @@ def stream_generate(
     if seed is not None:
         mx.random.seed(seed)
     kwargs.setdefault("sampler", make_sampler(temp=temp, top_p=top_p))
-    model.expert_stats.reset()
+    model.streamer.stats.reset()
     mx.reset_peak_memory()
     for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs):
         stats = run_stats(
@@ -121,7 +123,8 @@ def _prompt_tokens(
         tokens = tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
     else:
         tokens = list(prompt)
-    context = getattr(model, "context_length", None)
+    handle = streaming(model)
+    context = handle.context_length if handle is not None else None
     if context and len(tokens) > context:
         raise StreamerError(
             f"the prompt is {len(tokens)} tokens but the model's context is {context} tokens "

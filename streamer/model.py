@@ -11,14 +11,15 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
 from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
-from .cache.budget import all_experts_bytes, check_budget, default_budget, expert_bytes
+from .cache.budget import all_experts_bytes, check_budget, default_budget, largest_expert_bytes
 from .cache.expert_cache import ExpertCache
 from .errors import StreamerError
 from .experts import StreamingExperts
-from .io.expert_store import ExpertStore
+from .handle import Streaming, memory_limit_raised
+from .io.expert_files import ExpertFiles, open_repacked
 from .io.integrity import check_files, verify_resident
 from .io.lock import lock_for_reading
-from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, MoeLayer, read_manifest
+from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, MoeLayer, read_manifest
 from .io.safetensors import DTYPES, read_header
 from .stats import ExpertStats
 
@@ -42,8 +43,9 @@ def load(
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
     resident (no syncs, no reads); less: the hottest experts are cached (LFU with aging) and the
     rest stream; 0: everything streams through the page cache. None: all experts if they fit in
-    half the available memory, else 0. `model.residency` says what was chosen.
-    Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer.
+    half the available memory, else 0. `model.streamer.residency` says what was chosen.
+    Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer;
+    `model.streamer` (handle.Streaming) holds the streaming side: stats, files, `close()`.
     Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of
     the non-expert weights now and of each expert the first time it is read.
     `trust_remote_code` lets a tokenizer that ships its own Python code (Kimi K2's) run it.
@@ -64,17 +66,50 @@ def load(
     dtype = dtype if dtype is not None else default_dtype()
     if memory_budget is not None:
         check_budget(manifest, memory_budget, dtype)
-    store = ExpertStore(folder, manifest)
+    files = open_repacked(folder, manifest)
+    try:
+        stats, layers = _assemble(folder, manifest, model, containers, files, dtype, verify_reads)
+        residency = _apply_budget(manifest, layers, memory_budget, dtype)
+        tokenizer = _tokenizer(folder, config, trust_remote_code)
+    except BaseException:
+        files.close()
+        raise
+    handle = Streaming(
+        residency,
+        manifest,
+        files,
+        stats,
+        layers,
+        config.get("max_position_embeddings"),
+        folder_lock,
+    )
+    handle._scopes.enter_context(memory_limit_raised(files.mapped_bytes))
+    model.streamer = handle
+    return model, tokenizer
+
+
+def _assemble(
+    folder: Path,
+    manifest: Manifest,
+    model: nn.Module,
+    containers: dict[str, nn.Module],
+    files: ExpertFiles,
+    dtype: mx.Dtype | None,
+    verify_reads: bool,
+) -> tuple[ExpertStats, list[StreamingExperts]]:
+    """Streaming layers in place of the expert containers, then the resident weights."""
+    config = manifest.config
     stats = ExpertStats(moe_layers=len(containers))
     streaming: dict[str, StreamingExperts] = {}
     for index, (module_path, container) in enumerate(containers.items()):
-        for projection, params in manifest.layers[index].quantization.items():
+        layer = manifest.layers[index]
+        for projection, params in layer.quantization.items():
             if params:
                 container[projection] = _quantized(container, projection, params, folder)
-        _check_layout(folder, index, manifest.layers[index], container)
-        streaming[module_path] = StreamingExperts(container, store, index, stats, dtype)
+        _check_layout(folder, index, layer, container)
+        checksums = layer.expert_crc32 if verify_reads else None
+        streaming[module_path] = StreamingExperts(container, files, index, stats, dtype, checksums)
     replace_modules(model, streaming)
-    store.verify_reads = verify_reads
 
     resident_path = folder / RESIDENT_FILE
     names = read_header(
@@ -88,7 +123,8 @@ def load(
         problems = verify_resident(folder, manifest)
         if problems:
             raise StreamerError(
-                f"{folder / problems[0].file}: {problems[0].what}: the file is corrupt; repack the model."
+                f"{folder / problems[0].file}: {problems[0].what}: the file is corrupt; "
+                "repack the model."
             )
     weights = mx.load(str(resident_path))
     quantize_like_mlx_lm(model, config, weights)
@@ -102,12 +138,7 @@ def load(
         model.set_dtype(dtype)
     mx.eval(model.parameters())
     model.eval()
-    model.residency = _apply_budget(manifest, streaming, memory_budget, dtype)
-    model.expert_store = store
-    model.expert_stats = stats
-    model.folder_lock = folder_lock
-    model.context_length = config.get("max_position_embeddings")
-    return model, _tokenizer(folder, config, trust_remote_code)
+    return stats, list(streaming.values())
 
 
 def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> TokenizerWrapper:
@@ -123,8 +154,9 @@ def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> Tokenizer
         )
         if ships_code and not trust_remote_code:
             raise StreamerError(
-                f"{folder}: this model's tokenizer is Python code shipped with the model (auto_map in "
-                "tokenizer_config.json). If you trust it, pass trust_remote_code=True (CLI: --trust-remote-code)."
+                f"{folder}: this model's tokenizer is Python code shipped with the model (auto_map "
+                "in tokenizer_config.json). If you trust it, pass trust_remote_code=True "
+                "(CLI: --trust-remote-code)."
             ) from e
         raise StreamerError(
             f"{folder}: cannot load the tokenizer ({e}); check the tokenizer files."
@@ -132,23 +164,25 @@ def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> Tokenizer
 
 
 def _apply_budget(
-    manifest, streaming: dict[str, StreamingExperts], budget: int | None, dtype
+    manifest: Manifest, layers: list[StreamingExperts], budget: int | None, dtype
 ) -> str:
     if budget is None:
         budget, why = default_budget(manifest, dtype)
     else:
         why = f"memory budget {budget / 1e9:.2f} GB"
-    layers = list(streaming.values())
     if budget >= all_experts_bytes(manifest, dtype):
         for layer in layers:
             layer.make_resident()
         return f"all experts resident, no streaming ({why})"
     if budget == 0:
         return f"experts stream from disk, page cache only ({why})"
-    cache = ExpertCache(budget, expert_bytes(manifest, dtype))
+    cache = ExpertCache(budget, largest_expert_bytes(manifest, dtype))
     for layer in layers:
-        layer.cache = cache
-    return f"experts stream from disk; up to {cache.slots} hot experts kept in memory, LFU with aging ({why})"
+        layer.use_cache(cache)
+    return (
+        f"experts stream from disk; up to {cache.slots} hot experts kept in memory, "
+        f"LFU with aging ({why})"
+    )
 
 
 def _quantized(container: nn.Module, projection: str, params: dict, folder: Path) -> nn.Module:
@@ -156,7 +190,8 @@ def _quantized(container: nn.Module, projection: str, params: dict, folder: Path
         return container[projection].to_quantized(**params)
     except (TypeError, ValueError) as e:
         raise StreamerError(
-            f"{folder / MANIFEST_FILE}: quantization {params} of {projection} is invalid ({e}); repack the model."
+            f"{folder / MANIFEST_FILE}: quantization {params} of {projection} is invalid ({e}); "
+            "repack the model."
         ) from e
 
 
@@ -174,10 +209,12 @@ def _check_layout(folder: Path, index: int, layer: MoeLayer, container: nn.Modul
         ):
             want = "no such tensor" if param is None else f"{list(param.shape)} ({param.dtype})"
             raise StreamerError(
-                f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) tensor {tensor.name} is "
-                f"{layer.num_experts} x {list(tensor.shape)} {tensor.dtype} but the model expects {want}; repack the model."
+                f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) tensor "
+                f"{tensor.name} is {layer.num_experts} x {list(tensor.shape)} {tensor.dtype} but "
+                f"the model expects {want}; repack the model."
             )
     if expected:
         raise StreamerError(
-            f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) lacks tensor {next(iter(expected))}; repack the model."
+            f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) lacks tensor "
+            f"{next(iter(expected))}; repack the model."
         )

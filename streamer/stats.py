@@ -1,12 +1,21 @@
-"""Counters of expert traffic, split into prompt processing and decoding."""
+"""Counters of expert traffic, split into prompt processing and decoding, and routing traces."""
 
 from __future__ import annotations
 
 import resource
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
+
+from .architectures import expert_containers, replace_modules
+
+# One routed token of one MoE layer: (MoE layer number, the token's experts, sorted).
+Routing = tuple[int, tuple[int, ...]]
 
 
 @dataclass
@@ -22,7 +31,7 @@ class ExpertTraffic:
     bytes_copied: int = 0  # expert bytes copied in memory (0 when computing on the mapped files)
     bytes_in_page_cache: int = 0  # of bytes_read, how many were resident before the read
     bytes_measured: int = 0  # of bytes_read, how many had their residency measured
-    read_seconds: float = 0.0  # inside the store: residency checks and WILLNEED hints
+    read_seconds: float = 0.0  # read-ahead: residency checks, WILLNEED hints, populating
     sync_seconds: float = (
         0.0  # blocked on the routing sync (attention, router, earlier expert compute)
     )
@@ -38,12 +47,19 @@ class ExpertTraffic:
 class ExpertStats:
     moe_layers: int
     profile: bool = False  # evaluate each layer's expert output on its own to time the compute
-    trace: list[tuple[int, tuple[int, ...]]] | None = None  # set to [] to record decode routing
+    trace: list[Routing] | None = None  # set to [] to record the routing of decode steps
+    trace_prefill: bool = False  # the trace also records every prompt token
     _prefill: ExpertTraffic = field(default_factory=ExpertTraffic)
     _decode: ExpertTraffic = field(default_factory=ExpertTraffic)
-    # Calls that ran without a sync (their layer's file was all in the page cache): (traffic,
-    # routed indices, expert bytes, record bytes), counted once the indices have been computed.
+    # Calls that ran without a sync (their layer's files were all in the page cache): (traffic,
+    # routed indices, payload bytes and measured bytes per expert), counted once the indices
+    # have been computed.
     unsettled: list[tuple[ExpertTraffic, object, int, int]] = field(default_factory=list)
+
+    @property
+    def wants_routing(self) -> bool:
+        """Whether each layer must learn its routing on the host (tracing or profiling)."""
+        return self.trace is not None or self.profile
 
     @property
     def prefill(self) -> ExpertTraffic:
@@ -63,18 +79,61 @@ class ExpertStats:
         """Single-token calls are decode steps; anything wider is prompt processing."""
         return self._decode if tokens == 1 else self._prefill
 
+    def record_routing(self, layer: int, routed: np.ndarray) -> None:
+        """Append one call's routing ([..., k] expert ids on the host) to the trace."""
+        tokens = routed.reshape(-1, routed.shape[-1])
+        if len(tokens) == 1 or self.trace_prefill:
+            self.trace.extend((layer, tuple(sorted(token))) for token in tokens.tolist())
+
     def _settle(self) -> None:
-        for traffic, indices, expert_bytes, record_bytes in self.unsettled:
+        for traffic, indices, payload_bytes, measured_bytes in self.unsettled:
             routed = len(np.unique(np.array(indices)))  # computed by now: no wait
             traffic.experts_read += routed
-            traffic.bytes_read += routed * expert_bytes
-            traffic.bytes_in_page_cache += routed * record_bytes  # the whole file was cached
-            traffic.bytes_measured += routed * record_bytes
+            traffic.bytes_read += routed * payload_bytes
+            traffic.bytes_in_page_cache += routed * measured_bytes  # the whole file was cached
+            traffic.bytes_measured += routed * measured_bytes
         self.unsettled.clear()
 
     @property
     def decode_tokens(self) -> int:
         return self.decode.layer_calls // self.moe_layers
+
+
+class RoutingRecorder(nn.Module):
+    """An mlx-lm expert container that records its routing in `stats.trace` (streamed layers
+    record their own)."""
+
+    def __init__(self, inner: nn.Module, stats: ExpertStats, layer: int):
+        super().__init__()
+        self.inner = inner
+        object.__setattr__(self, "_stats", stats)
+        self._layer = layer
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        self._stats.record_routing(self._layer, np.array(indices))
+        return self.inner(x, indices)
+
+
+@contextmanager
+def recording_routing(model: nn.Module, prefill: bool = False) -> Iterator[list[Routing]]:
+    """The routing of every MoE layer of `model` (decode steps; with `prefill`, prompt tokens too)
+    while the context lasts: a streamer model's own trace, or for any other mlx-lm model, its
+    expert containers wrapped in RoutingRecorders for the duration."""
+    handle = getattr(model, "streamer", None)
+    if handle is not None:
+        stats, containers = handle.stats, None
+    else:
+        containers = expert_containers(model)
+        stats = ExpertStats(moe_layers=len(containers))
+        recorders = {p: RoutingRecorder(c, stats, i) for i, (p, c) in enumerate(containers.items())}
+        replace_modules(model, recorders)
+    stats.trace, stats.trace_prefill = [], prefill
+    try:
+        yield stats.trace
+    finally:
+        stats.trace, stats.trace_prefill = None, False
+        if containers is not None:
+            replace_modules(model, containers)
 
 
 def peak_rss_bytes() -> int:

@@ -41,10 +41,10 @@ def test_lfu_aging_forgets_old_popularity():
 
 def test_decode_routing_trace_and_replay(checkpoints, tmp_path):
     model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("olmoe")), memory_budget=0)
-    model.expert_stats.trace = []
+    model.streamer.stats.trace = []
     streamer.generate(model, tokenizer, "The value of the", max_tokens=12)
-    trace = model.expert_stats.trace
-    assert len(trace) == 2 * model.expert_stats.decode_tokens
+    trace = model.streamer.stats.trace
+    assert len(trace) == 2 * model.streamer.stats.decode_tokens
     assert all(len(set(experts)) == len(experts) <= 4 for _, experts in trace)
     # replay it: tokens x layers x top-k
     experts = np.array([list(e) for _, e in trace]).reshape(-1, 2, 4)

@@ -92,13 +92,15 @@ def test_verify_reads_refuses_a_corrupt_expert_on_first_read(folder):
 def test_verify_reads_checks_each_expert_once(folder, monkeypatch):
     model, tokenizer = streamer.load(folder, verify_reads=True, memory_budget=0)
     first = streamer.generate(model, tokenizer, "hello world", max_tokens=4)
-    assert all(bits.any() for bits in model.expert_store._verified)
+    assert all(
+        bits.any() for bits in (layer.prefetcher.verified for layer in model.streamer.layers)
+    )
 
     class NoChecksums:
         def crc32(self, data):
             raise AssertionError("an expert was checksummed twice")
 
-    monkeypatch.setattr("streamer.io.expert_store.zlib", NoChecksums())
+    monkeypatch.setattr("streamer.io.integrity.zlib", NoChecksums())
     assert (
         streamer.generate(model, tokenizer, "hello world", max_tokens=4) == first
     )  # same experts again

@@ -12,31 +12,31 @@ from test_parity import PROMPT, greedy_tokens
 
 import streamer
 from streamer.experts import RECHECK_CALLS
-from streamer.io.mapping import PAGE, MappedFile
+from streamer.io.mapping import OS_PAGE, MappedFile
 
 
 def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):
     path = tmp_path / "experts.bin"
-    path.write_bytes(bytes(range(256)) * (3 * PAGE // 256))
+    path.write_bytes(bytes(range(256)) * (3 * OS_PAGE // 256))
     fd = os.open(path, os.O_RDWR)
     try:
-        mapped = MappedFile(fd, 3 * PAGE)
-        assert mapped.array.dtype == mx.uint8 and mapped.array.size == 3 * PAGE
+        mapped = MappedFile(fd, 3 * OS_PAGE)
+        assert mapped.array.dtype == mx.uint8 and mapped.array.size == 3 * OS_PAGE
         assert mx.array_equal(mapped.array[:256], mx.arange(256, dtype=mx.uint8))
         os.pwrite(
-            fd, b"\x07" * 16, PAGE + 5
+            fd, b"\x07" * 16, OS_PAGE + 5
         )  # a write to the file shows through: the array is its pages
-        assert mapped.array[PAGE + 5 : PAGE + 21].tolist() == [7] * 16
-        assert mapped.host[PAGE + 5] == 7 and not mapped.host.flags.writeable
-        view = mapped.array[:PAGE]
+        assert mapped.array[OS_PAGE + 5 : OS_PAGE + 21].tolist() == [7] * 16
+        assert mapped.host[OS_PAGE + 5] == 7 and not mapped.host.flags.writeable
+        view = mapped.array[:OS_PAGE]
         mapped.close()
     finally:
         os.close(fd)
     # the buffer is ordinary memory again: arrays still viewing it read zeros, nothing faults,
     # and MLX can recycle it
     assert mx.sum(view).item() == 0
-    fresh = [mx.ones((3 * PAGE,), dtype=mx.uint8) for _ in range(4)]
-    assert all(mx.sum(a).item() == 3 * PAGE for a in fresh)
+    fresh = [mx.ones((3 * OS_PAGE,), dtype=mx.uint8) for _ in range(4)]
+    assert all(mx.sum(a).item() == 3 * OS_PAGE for a in fresh)
 
 
 @pytest.mark.parametrize("kind", ["hf float32", "mlx 4-bit float32 scales"])
@@ -55,7 +55,7 @@ def test_experts_are_computed_in_place_when_the_stored_dtype_is_the_compute_dtyp
     prompt = mx.array(tokenizer.encode(PROMPT))
     assert mx.allclose(model(prompt[None]), reference(prompt[None]), atol=1e-5, rtol=0)
     assert greedy_tokens(model, prompt, 32) == greedy_tokens(reference, prompt, 32)
-    decode = model.expert_stats.decode
+    decode = model.streamer.stats.decode
     assert decode.experts_read > 0 and decode.bytes_read > 0
     assert decode.bytes_copied == 0
     # the files were just written, so they are all in the page cache: no layer needs a sync
@@ -68,7 +68,7 @@ def test_converted_experts_are_copied_once(checkpoints):
         checkpoints.repacked(checkpoints.mlx("qwen3_moe")), memory_budget=0
     )
     greedy_tokens(model, mx.array(tokenizer.encode(PROMPT)), 8)
-    decode = model.expert_stats.decode
+    decode = model.streamer.stats.decode
     assert decode.bytes_copied == decode.bytes_read > 0
 
 
@@ -83,31 +83,33 @@ def test_cold_experts_are_fetched_then_computed_identically(checkpoints):
     warm = np.array(model(prompt[None]))
 
     def drop() -> None:
-        model.expert_store.evict()  # pages this process maps are skipped by fadvise
-        for layer in model.expert_store.layers:
+        model.streamer.files.evict()  # pages this process maps are skipped by fadvise
+        for layer in model.streamer.manifest.layers:
             fd = os.open(folder / layer.file, os.O_RDONLY)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
 
     drop()
-    model.expert_stats.reset()
+    model.streamer.stats.reset()
     cold = np.array(model(prompt[None]))
-    prefill = model.expert_stats.prefill
+    prefill = model.streamer.stats.prefill
     assert np.array_equal(cold, warm)
     assert prefill.syncs == prefill.layer_calls  # cold files: each layer learns its routing first
     assert prefill.experts_fetched > 0  # one WILLNEED per cold routed expert
     assert prefill.bytes_in_page_cache < prefill.bytes_measured
     # once every expert has been fetched, the files are whole in the page cache again: no syncs
-    everything = mx.array([list(range(model.expert_store.layers[0].num_experts))], dtype=mx.uint32)
+    everything = mx.array(
+        [list(range(model.streamer.manifest.layers[0].num_experts))], dtype=mx.uint32
+    )
     for layer in model.model.layers:
         layer.mlp.switch_mlp(mx.zeros((1, 1, model.args.hidden_size)), everything)
     for _ in range(
         2 * RECHECK_CALLS
     ):  # a check right after misses says no; the next one asks the OS
         mx.eval(model(prompt[None]))
-    model.expert_stats.reset()
+    model.streamer.stats.reset()
     assert np.array_equal(np.array(model(prompt[None])), warm)
-    assert model.expert_stats.prefill.syncs == 0
+    assert model.streamer.stats.prefill.syncs == 0
 
 
 def test_mapped_files_do_not_count_against_mlx_memory_limit(checkpoints):
@@ -116,7 +118,8 @@ def test_mapped_files_do_not_count_against_mlx_memory_limit(checkpoints):
     model, _ = streamer.load(
         checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32")), memory_budget=0
     )
-    store = model.expert_store
-    assert store.mapped_bytes > 0 and mx.get_memory_limit() == before + store.mapped_bytes
-    store.close()
+    handle = model.streamer
+    mapped = handle.files.mapped_bytes
+    assert mapped > 0 and mx.get_memory_limit() == before + mapped
+    handle.close()
     assert mx.get_memory_limit() == before

@@ -1,4 +1,5 @@
-"""The streamed model computes what mlx-lm's fully resident model computes, for every architecture."""
+"""The streamed model computes what mlx-lm's fully resident model computes, for every
+architecture."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def compare(streamed_path, reference, tolerance: float) -> None:
     diff = mx.abs(model(prompt[None]) - reference(prompt[None])).max().item()
     assert diff <= tolerance, f"max abs logit difference {diff}"
     assert greedy_tokens(model, prompt) == greedy_tokens(reference, prompt)
-    stats = model.expert_stats
+    stats = model.streamer.stats
     assert stats.decode_tokens >= 63
     assert (
         stats.decode.experts_read >= stats.decode.layer_calls
@@ -78,12 +79,12 @@ def test_mlx_lm_generate_runs_unchanged_on_a_streamed_model(checkpoints):
 
 @pytest.mark.parametrize("budget", ["all", "default", "hot experts", "one expert"])
 def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints, budget):
-    from streamer.cache.budget import expert_bytes
+    from streamer.cache.budget import largest_expert_bytes
     from streamer.io.manifest import read_manifest
 
     src = checkpoints.mlx("qwen3_moe")
     folder = checkpoints.repacked(src)
-    one = expert_bytes(read_manifest(folder), mx.float32)
+    one = largest_expert_bytes(read_manifest(folder), mx.float32)
     memory_budget = {"all": 1 << 40, "default": None, "hot experts": 12 * one, "one expert": one}[
         budget
     ]
@@ -92,14 +93,14 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints
     prompt = mx.array(tokenizer.encode(PROMPT))
     assert mx.array_equal(model(prompt[None]), reference(prompt[None]))
     assert greedy_tokens(model, prompt, 32) == greedy_tokens(reference, prompt, 32)
-    decode = model.expert_stats.decode
+    decode = model.streamer.stats.decode
     if budget in ("all", "default"):  # the tiny model fits in memory, so the default keeps it all
-        assert model.residency.startswith("all experts resident")
+        assert model.streamer.residency.startswith("all experts resident")
         assert decode.syncs == 0 and decode.experts_read == 0 and decode.bytes_copied == 0
         assert decode.layer_calls > 0
     else:
         slots = {"hot experts": 12, "one expert": 1}[budget]
-        assert f"up to {slots} hot experts" in model.residency
+        assert f"up to {slots} hot experts" in model.streamer.residency
         assert decode.syncs == decode.layer_calls
         assert decode.cache_hits > 0
         assert (

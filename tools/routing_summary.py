@@ -1,6 +1,6 @@
 """How a MoE checkpoint routes real text: expert-use skew and token-to-token expert reuse.
 
-    python tools/routing_summary.py                       # the shipped demo model, held-out stdlib files
+    python tools/routing_summary.py        # the shipped demo model, held-out stdlib files
     python tools/routing_summary.py --model DIR --text FILE --trace trace.npz
 
 Runs the model (mlx-lm, float32) over text in independent windows of --seq tokens and prints, per
@@ -31,51 +31,43 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from streamer.architectures import container_projections, expert_containers
+from streamer.stats import recording_routing
+
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "streamer" / "demo_model"
 
 
-class RecordingExperts(nn.Module):
-    """Wraps an expert container, keeping the indices the router chose for each call."""
-
-    def __init__(self, inner: nn.Module, sink: list):
-        super().__init__()
-        self.inner = inner
-        self._sink = sink
-
-    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
-        self._sink.append(indices)
-        return self.inner(x, indices)
-
-
-def moe_layers(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    return [
-        (i, layer.mlp)
-        for i, layer in enumerate(model.model.layers)
-        if hasattr(layer.mlp, "switch_mlp")
-    ]
+def moe_layers(model: nn.Module) -> tuple[list[int], int]:
+    """The model layer index of each MoE layer, and the number of experts per layer."""
+    containers = expert_containers(model)
+    first = next(iter(containers.values()))
+    num_experts = first[container_projections(first)[0]].num_experts
+    layer_of = [next(int(t) for t in path.split(".") if t.isdigit()) for path in containers]
+    return layer_of, num_experts
 
 
 def route(model: nn.Module, tokens: np.ndarray, seq: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """Routed experts [T, L, k], window starts, and mean next-token cross entropy (nats)."""
-    sinks = []
-    for _, moe in moe_layers(model):
-        sinks.append([])
-        moe.switch_mlp = RecordingExperts(moe.switch_mlp, sinks[-1])
+    """Routed experts [T, L, k] (sorted per token), window starts, and mean next-token cross
+    entropy (nats)."""
     experts, starts, nll, count = [], [], 0.0, 0
-    for start in range(0, len(tokens) - 1, seq):
-        window = tokens[start : start + seq + 1]
-        if len(window) < 2:
-            break
-        x, y = mx.array(window[None, :-1]), mx.array(window[None, 1:])
-        for sink in sinks:
-            sink.clear()
-        logits = model(x)
-        nll += nn.losses.cross_entropy(logits, y, reduction="sum").item()
-        count += y.size
-        starts.append(start)
-        # one entry per layer: [1, len, k] -> [len, L, k]
-        experts.append(np.stack([np.array(s[0][0]) for s in sinks], axis=1))
-    routed = np.sort(np.concatenate(experts), axis=-1).astype(np.int16)
+    with recording_routing(model, prefill=True) as trace:
+        for start in range(0, len(tokens) - 1, seq):
+            window = tokens[start : start + seq + 1]
+            if len(window) < 2:
+                break
+            x, y = mx.array(window[None, :-1]), mx.array(window[None, 1:])
+            trace.clear()
+            logits = model(x)
+            nll += nn.losses.cross_entropy(logits, y, reduction="sum").item()
+            count += y.size
+            starts.append(start)
+            by_layer: dict[int, list[tuple[int, ...]]] = {}
+            for layer, routed in trace:
+                by_layer.setdefault(layer, []).append(routed)
+            experts.append(
+                np.stack([np.array(r) for r in by_layer.values()], axis=1)
+            )  # [len, L, k]
+    routed = np.concatenate(experts).astype(np.int16)
     return routed, np.array(starts, dtype=np.int64), nll / count
 
 
@@ -138,25 +130,23 @@ def main(argv: list[str] | None = None) -> None:
     model.set_dtype(mx.float32)  # the CPU backend's gather_mm is float32-only
     text = args.text.read_text(encoding="utf-8", errors="replace") if args.text else held_out_text()
     tokens = np.array(tokenizer.encode(text), dtype=np.int32)[: args.max_tokens + 1]
-    layers = moe_layers(model)
-    num_experts = layers[0][1].num_experts
-    top_k = layers[0][1].top_k
-
+    layers, num_experts = moe_layers(model)
     routed, starts, loss = route(model, tokens, args.seq)
+    top_k = routed.shape[-1]
     print(
-        f"{args.model}: {len(routed):,} tokens in windows of {args.seq}, {num_experts} experts, top-{top_k}"
+        f"{args.model}: {len(routed):,} tokens in windows of {args.seq}, {num_experts} experts, "
+        f"top-{top_k}"
     )
     print(f"cross entropy {loss:.3f} nats/token (perplexity {math.exp(loss):.1f})")
+    top = max(1, math.ceil(0.1 * num_experts))
     print(
-        f"top 10% of experts = the {max(1, math.ceil(0.1 * num_experts))} most used per layer; "
-        f"uniform-router baseline: top-10% share {max(1, math.ceil(0.1 * num_experts)) / num_experts:.3f}, "
-        f"entropy 1.000, overlap {top_k / num_experts:.3f}"
+        f"top 10% of experts = the {top} most used per layer; uniform-router baseline: "
+        f"top-10% share {top / num_experts:.3f}, entropy 1.000, overlap {top_k / num_experts:.3f}"
     )
-    print(
-        f"{'layer':>5} {'top10%share':>11} {'entropy':>8} {'overlap':>8} {'max_share':>9} {'unused':>6}"
-    )
+    header = ("layer", 5), ("top10%share", 11), ("entropy", 8), ("overlap", 8), ("max_share", 9)
+    print(" ".join(f"{name:>{width}}" for name, width in (*header, ("unused", 6))))
     rows = []
-    for j, (index, _) in enumerate(layers):
+    for j, index in enumerate(layers):
         s = layer_summary(routed[:, j], starts, num_experts)
         rows.append(s)
         print(
@@ -176,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             window_start=starts,
             num_experts=np.int64(num_experts),
             top_k=np.int64(top_k),
-            layers=np.array([i for i, _ in layers], dtype=np.int64),
+            layers=np.array(layers, dtype=np.int64),
             model_type=np.array(model.model_type),
         )
         print(f"trace written to {args.trace}")

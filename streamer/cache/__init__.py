@@ -1,1 +1,1 @@
-"""What stays in memory: page-cache residency telemetry for the expert store."""
+"""What stays in memory: the expert budget, the hot-expert cache and its eviction policies."""

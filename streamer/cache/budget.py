@@ -25,7 +25,7 @@ def layer_bytes(layer: MoeLayer, dtype: mx.Dtype | None) -> int:
     return total * layer.num_experts
 
 
-def expert_bytes(manifest: Manifest, dtype: mx.Dtype | None) -> int:
+def largest_expert_bytes(manifest: Manifest, dtype: mx.Dtype | None) -> int:
     """Memory of the largest single expert once resident."""
     return max(layer_bytes(layer, dtype) // layer.num_experts for layer in manifest.layers)
 
@@ -46,14 +46,16 @@ def default_budget(manifest: Manifest, dtype: mx.Dtype | None) -> tuple[int, str
         )
     return (
         0,
-        f"default: {need / 1e9:.2f} GB of experts exceed half of {available / 1e9:.1f} GB available",
+        f"default: {need / 1e9:.2f} GB of experts exceed half of {available / 1e9:.1f} GB "
+        "available",
     )
 
 
 def check_budget(manifest: Manifest, budget: int, dtype: mx.Dtype | None) -> None:
-    smallest = expert_bytes(manifest, dtype)
-    if budget < 0 or 0 < budget < smallest:
+    one = largest_expert_bytes(manifest, dtype)  # the budget must hold any one expert
+    if budget < 0 or 0 < budget < one:
         raise StreamerError(
-            f"memory budget {budget} bytes is below the minimum: one expert takes {smallest} bytes "
-            f"({smallest / 1e6:.1f} MB). Give 0 to stream every expert, or at least {smallest / 1e6:.1f} MB."
+            f"memory budget {budget} bytes is below the minimum: one expert takes {one} bytes "
+            f"({one / 1e6:.1f} MB). Give 0 to stream every expert, or at least "
+            f"{one / 1e6:.1f} MB."
         )

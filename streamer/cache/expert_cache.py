@@ -1,8 +1,9 @@
 """Hot experts kept in memory within a byte budget, chosen by LFU with aging.
 
 Replaying routing traces, least-recently-used collapses when one token's working set (layers x
-top-k) exceeds the slots, since each token then evicts what the next one needs; LFU with aging keeps the
-popular experts (bench/replay_policies.py). Cached experts are stored in the compute dtype.
+top-k) exceeds the slots, since each token then evicts what the next one needs; LFU with aging
+keeps the popular experts (bench/replay_policies.py). Cached experts are stored in the compute
+dtype.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from .policies import LFUAging
 
 
 class ExpertCache:
-    def __init__(self, budget_bytes: int, expert_bytes: int):
-        self.slots = budget_bytes // max(expert_bytes, 1)
-        self.expert_bytes = expert_bytes
+    def __init__(self, budget_bytes: int, slot_bytes: int):
+        """`slot_bytes`: what one cached expert may take (the largest expert, resident)."""
+        self.slots = budget_bytes // max(slot_bytes, 1)
         self._policy = LFUAging(self.slots)
         self._experts: dict[tuple[int, int], list[mx.array]] = {}
 
@@ -28,7 +29,3 @@ class ExpertCache:
 
     def put(self, layer: int, expert: int, tensors: list[mx.array]) -> None:
         self._experts[(layer, expert)] = tensors
-
-    @property
-    def bytes(self) -> int:
-        return len(self._experts) * self.expert_bytes

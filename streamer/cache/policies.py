@@ -121,5 +121,3 @@ class SlotLFU:
             slots[miss] = victims
         return slots, miss
 
-
-POLICIES = {"lru": LRU, "lfu-aging": LFUAging}

@@ -1,4 +1,5 @@
-"""Is a repacked folder still what the repacker wrote? Cheap checks at load, full checksums on demand.
+"""Is a repacked folder still what the repacker wrote? Cheap checks at load, full checksums on
+demand.
 
 At load: every data file exists with the size the manifest implies and, when the manifest recorded
 them, the same size and modification time as when it was written (a file edited, truncated or
@@ -11,9 +12,11 @@ import mmap
 import os
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ..errors import StreamerError
 from .manifest import RESIDENT_FILE, Manifest, MoeLayer
@@ -30,7 +33,8 @@ def file_stat(path: Path) -> dict[str, int]:
 
 
 def stat_change(recorded: dict[str, int], now: dict[str, int] | None) -> str | None:
-    """What differs between a file's recorded and current size/time ("size", "modification time")."""
+    """What differs between a file's recorded and current size and time: "size",
+    "modification time" or None."""
     if now is None or now["size"] != recorded["size"]:
         return "size"
     if abs(now["mtime_ns"] - recorded["mtime_ns"]) > MTIME_TOLERANCE_NS:
@@ -44,25 +48,40 @@ def data_files(manifest: Manifest) -> list[str]:
 
 
 def check_files(folder: Path, manifest: Manifest) -> None:
-    """Refuse a folder whose data files are missing, of the wrong size, or changed since repacking."""
+    """Refuse a folder whose data files are missing, of the wrong size, or changed since
+    repacking."""
     folder = Path(folder)
     for index, layer in enumerate(manifest.layers):
         path = folder / layer.file
         size = _size(path, f"the expert file of MoE layer {index} ({layer.module})")
-        if size != layer.file_bytes:
-            raise StreamerError(
-                f"{path} holds {size} bytes but the manifest expects {layer.file_bytes} for MoE layer {index} "
-                f"({layer.module}): the file is truncated or was changed; repack the model."
-            )
+        check_expert_file_size(path, size, layer.file_bytes, f"MoE layer {index} ({layer.module})")
     _size(folder / RESIDENT_FILE, "the non-expert weights")
     for name, recorded in manifest.files.items():
         what = stat_change(recorded, file_stat(folder / name))
         if what:
             raise StreamerError(
-                f"{folder / name} changed after it was repacked (its {what} differs from the one recorded in "
-                f"manifest.json). If you copied the folder without keeping file times, run `streamer verify "
-                f"{folder} --refresh` to check every checksum and record the new times; otherwise repack the model."
+                f"{folder / name} changed after it was repacked (its {what} differs from the one "
+                "recorded in manifest.json). If you copied the folder without keeping file times, "
+                f"run `streamer verify {folder} --refresh` to check every checksum and record the "
+                "new times; otherwise repack the model."
             )
+
+
+def check_expert_file_size(path: Path, size: int, expected: int, layer: str) -> None:
+    """Refuse an expert file whose size is not the one the manifest implies for `layer`."""
+    if size != expected:
+        raise StreamerError(
+            f"{path} holds {size} bytes but the manifest expects {expected} for {layer}: "
+            "the file is truncated or was changed; repack the model."
+        )
+
+
+def mismatched_tensors(
+    names: Sequence[str], crcs: Sequence[int], tensors: Sequence[memoryview | np.ndarray]
+) -> list[str]:
+    """Names of an expert's tensors (`tensors`, their bytes) whose crc32 differs from the one
+    recorded: the one check behind `streamer verify` and `load(verify_reads=True)`."""
+    return [name for name, data, crc in zip(names, tensors, crcs) if zlib.crc32(data) != crc]
 
 
 def _size(path: Path, what: str) -> int:
@@ -118,7 +137,8 @@ def verify_resident(folder: Path, manifest: Manifest) -> list[Problem]:
 
 
 def verify_layer(folder: Path, index: int, layer: MoeLayer) -> list[Problem]:
-    """crc32 of every tensor of every expert of one MoE layer; a short file fails the experts it cuts."""
+    """crc32 of every tensor of every expert of one MoE layer; a short file fails the experts it
+    cuts."""
     path = Path(folder) / layer.file
     try:
         size = path.stat().st_size
@@ -153,15 +173,16 @@ def verify_layer(folder: Path, index: int, layer: MoeLayer) -> list[Problem]:
 
 
 def _bad_expert_tensors(data: memoryview, layer: MoeLayer) -> Iterator[tuple[int, str | None]]:
-    """(expert, tensor name) for each mismatching tensor; (expert, None) for a record cut off by EOF."""
-    for expert, (base, crcs) in enumerate(zip(layer.expert_offsets, layer.expert_crc32)):
+    """(expert, tensor name) for each mismatching tensor; (expert, None) for a record cut off by
+    the end of the file."""
+    for expert, base in enumerate(layer.expert_offsets):
         if base + layer.record_bytes > len(data):
             yield expert, None
             continue
-        for tensor, crc in zip(layer.tensors, crcs):
-            start = base + tensor.offset
-            if zlib.crc32(data[start : start + tensor.nbytes]) != crc:
-                yield expert, tensor.name
+        tensors = [data[base + t.offset : base + t.offset + t.nbytes] for t in layer.tensors]
+        names = [t.name for t in layer.tensors]
+        for name in mismatched_tensors(names, layer.expert_crc32[expert], tensors):
+            yield expert, name
 
 
 class _mapped:
@@ -198,6 +219,7 @@ def verify_folder(folder: Path, manifest: Manifest, log: Callable[[str], None]) 
         rate = done / max(time.perf_counter() - start, 1e-9) / 1e6
         status = "ok" if not found else f"{len(found)} problem(s)"
         log(
-            f"[verify] layer {index + 1}/{len(manifest.layers)} {layer.file}: {status} ({done / total:.0%}, {rate:.0f} MB/s)"
+            f"[verify] layer {index + 1}/{len(manifest.layers)} {layer.file}: {status} "
+            f"({done / total:.0%}, {rate:.0f} MB/s)"
         )
     return problems

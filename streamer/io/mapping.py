@@ -21,15 +21,13 @@ import weakref
 import mlx.core as mx
 import numpy as np
 
-PAGE = mmap.PAGESIZE  # 4 KiB on Linux x86, 16 KiB on Apple silicon
+OS_PAGE = mmap.PAGESIZE  # 4 KiB on Linux x86, 16 KiB on Apple silicon
 _MAP_FIXED = 0x10  # the same on Linux and macOS; Python's mmap module does not export it
 _MAP_FAILED = ctypes.c_void_p(-1).value
 # Linux 5.14+: fault a range into the page tables in one call (reading what is not cached).
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform == "linux" else None)
 
-libc = ctypes.CDLL(
-    ctypes.util.find_library("c"), use_errno=True
-)  # mmap, madvise (and mincore: cache/residency.py)
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)  # mmap, madvise, mincore
 libc.mmap.argtypes = (
     ctypes.c_void_p,
     ctypes.c_size_t,
@@ -41,10 +39,18 @@ libc.mmap.argtypes = (
 libc.mmap.restype = ctypes.c_void_p
 libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 libc.madvise.restype = ctypes.c_int
+try:
+    _mincore = libc.mincore
+    # Linux: unsigned char *vec; macOS: char *vec. Both set bit 0 for a resident page.
+    _mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    _mincore.restype = ctypes.c_int
+except AttributeError:  # a libc without mincore
+    _mincore = None
 
 
 class MappedFile:
-    """A read-only map of a whole file: `array` (uint8, MLX), `host` (numpy) and `address` share it."""
+    """A read-only map of a whole file: `array` (uint8, MLX), `host` (numpy) and `address`
+    share it."""
 
     def __init__(self, fd: int, size: int):
         self.size = size
@@ -58,6 +64,7 @@ class MappedFile:
             self.host = np.asarray(memoryview(self.array))
             self.host.flags.writeable = False  # the pages are mapped read-only: a write would fault
         self.address = self.host.ctypes.data
+        self._residency = Residency()
         if self._map is None:
             # restore before MLX may free or recycle the buffer, whoever drops the last reference
             self._restore = weakref.finalize(
@@ -69,6 +76,9 @@ class MappedFile:
 
     def populate(self, offset: int, length: int) -> bool:
         return populate(self.address, offset, length)
+
+    def resident_bytes(self, offset: int, length: int) -> int | None:
+        return self._residency.resident_bytes(self.address, offset, length)
 
     def close(self) -> None:
         self.host = self.array = None
@@ -82,11 +92,11 @@ class MappedFile:
 
 
 def _map_over_mlx_buffer(fd: int, size: int) -> mx.array:
-    length = -(-size // PAGE) * PAGE
-    buffer = mx.zeros((length + PAGE,), dtype=mx.uint8)  # a page to spare for alignment
+    length = -(-size // OS_PAGE) * OS_PAGE
+    buffer = mx.zeros((length + OS_PAGE,), dtype=mx.uint8)  # a page to spare for alignment
     mx.eval(buffer)
     base = np.asarray(memoryview(buffer)).ctypes.data
-    pad = -base % PAGE
+    pad = -base % OS_PAGE
     got = libc.mmap(base + pad, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
     if got in (None, _MAP_FAILED):
         err = ctypes.get_errno()
@@ -98,14 +108,14 @@ def _map_over_mlx_buffer(fd: int, size: int) -> mx.array:
 
 def _unmap_file_pages(address: int, size: int, array: mx.array) -> None:
     """Give the range back as fresh anonymous memory (`array` is held until then on purpose)."""
-    length = -(-size // PAGE) * PAGE
+    length = -(-size // OS_PAGE) * OS_PAGE
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
     libc.mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
 
 
 def advise(address: int, advice: int, offset: int, length: int) -> None:
     """madvise(2) on `length` bytes at `offset` of a mapping at `address` (rounded out to pages)."""
-    start = offset - offset % PAGE
+    start = offset - offset % OS_PAGE
     if libc.madvise(address + start, length + offset - start, advice) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"madvise failed: {os.strerror(err)}")
@@ -113,8 +123,8 @@ def advise(address: int, advice: int, offset: int, length: int) -> None:
 
 def populate(address: int, offset: int, length: int) -> bool:
     """Map a range into this process's page tables now, waiting for any read in flight, so the
-    compute does not take a page fault per 4 KiB page (on this machine 8 experts of 2.6 MB:
-    3.8 ms populated against 11 ms faulted). False where the OS has no such call (macOS)."""
+    compute does not take a page fault per OS page (bench/README.md has the measured gain).
+    False where the OS has no such call (macOS)."""
     global _MADV_POPULATE_READ
     if _MADV_POPULATE_READ is None:
         return False
@@ -126,3 +136,36 @@ def populate(address: int, offset: int, length: int) -> bool:
         _MADV_POPULATE_READ = None
         return False
     return True
+
+
+class Residency:
+    """mincore(2): which pages of a mapped range are in the page cache. Keeps its result vector
+    between calls, since it is asked once per routed expert."""
+
+    def __init__(self):
+        self._vec = self._bits = np.zeros(0, dtype=np.uint8)
+        self._vec_address = 0
+
+    def resident_bytes(self, address: int, offset: int, length: int) -> int | None:
+        """Bytes of `length` at `offset` of a mapping at `address` that are in the page cache
+        (counted in whole pages, at most `length`); None where the OS cannot tell."""
+        if _mincore is None:
+            return None
+        start = offset - offset % OS_PAGE
+        pages = -(-(offset + length - start) // OS_PAGE)
+        if self._vec.size < pages:
+            self._vec = np.zeros(pages, dtype=np.uint8)
+            self._bits = np.zeros_like(self._vec)
+            self._vec_address = self._vec.ctypes.data
+        if _mincore(address + start, offset + length - start, self._vec_address) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mincore failed: {os.strerror(err)}")
+        bits = self._bits[:pages]
+        np.bitwise_and(self._vec[:pages], 1, out=bits)  # bit 0: resident (macOS sets others too)
+        resident = int(np.count_nonzero(bits))
+        return length if resident == pages else min(resident * OS_PAGE, length)
+
+
+def resident_bytes(address: int, offset: int, length: int) -> int | None:
+    """mincore of one range (see Residency); for callers outside the decode loop."""
+    return Residency().resident_bytes(address, offset, length)

@@ -1,0 +1,6 @@
+"""The streaming expert layer (layer.py) and its read paths, one module each."""
+
+from .layer import StreamingExperts
+from .mapped import RECHECK_CALLS
+
+__all__ = ["RECHECK_CALLS", "StreamingExperts"]

@@ -1,0 +1,122 @@
+"""The streaming expert layer: a drop-in for mlx-lm's SwitchGLU / SwitchMLP.
+
+It keeps the call contract `(x [..., D], indices [..., k]) -> [..., k, D]`, so every architecture's
+router and score code runs unchanged. How the routed experts' weights reach the compute is the
+layer's read path, chosen once when the layer is built and again when what it holds changes
+(`make_resident`, `use_cache`, or a mapped file entering or leaving the page cache):
+
+  resident.Resident        every expert in memory: runs as mlx-lm's, no sync, no reads
+  mapped.InPageCache       the layer's files all in the page cache: computes on the mapped
+                           files, no sync (the routing is counted later, from stats.unsettled)
+  mapped.Prefetched        one host sync for the routing, read-ahead of the cold routed experts,
+                           then computes on the mapped files: no copy
+  gather.GatherConvert     the compute dtype differs from the stored one: routed experts copied
+  hot_cache.HotCache       a hot-expert cache: hits from memory, misses copied from the files
+
+The read-path contract (the seam a new path plugs into):
+  - A path is an object built by `choose_read_path` (from the layer's state) and called as
+    `path(layer, x, indices, traffic) -> out`, with x and indices exactly as the container gets
+    them and `out` what the container returns ([..., k, D]). A path keeps no reference to the
+    layer (that would be a cycle, and a model must be freed, its files unmapped, by refcount).
+  - `traffic` is the ExpertTraffic of this call's phase (prefill or decode); the layer has
+    already counted `layer_calls`. The path counts everything else it does there: routing.py's
+    `host_routing` counts syncs and their time (and records stats.trace), `Prefetcher.fetch`
+    counts reads, residency and read time, `finish` the layer time (and compute time when
+    profiling); a path that copies counts `bytes_copied`, one that hits a cache `cache_hits`.
+    A path that never syncs appends `(traffic, indices, payload_bytes, measured_bytes)` to
+    stats.unsettled, which counts the routed experts once they are computed.
+  - A path may hand the layer to another (`layer.read = ...`), as the mapped ones do when the
+    page cache changes.
+  - Adding a path (a slot pool, in place from a download, a shard of a multi-machine group,
+    another backend): a module here with one class, and its case in `choose_read_path`.
+    A new file layout needs no path at all: it is an io.expert_files.LayerLayout.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..cache.expert_cache import ExpertCache
+from ..io.expert_files import ExpertFiles
+from ..stats import ExpertStats
+from .gather import GatherConvert
+from .hot_cache import HotCache
+from .mapped import PageCacheWatch, Prefetched, Prefetcher
+from .resident import Resident
+
+
+def choose_read_path(layer: StreamingExperts):
+    if layer.resident:
+        return Resident()
+    if layer.cache is not None:
+        return HotCache(layer)
+    if layer.converts:
+        return GatherConvert()
+    # checksums are checked on a routed expert's first read: that needs the routing each call
+    watch = PageCacheWatch(layer) if layer.prefetcher.checksums is None else None
+    return Prefetched(layer, watch)  # it moves to InPageCache once the files are found cached
+
+
+class StreamingExperts(nn.Module):
+    def __init__(
+        self,
+        container: nn.Module,
+        files: ExpertFiles,
+        index: int,
+        stats: ExpertStats,
+        dtype: mx.Dtype | None,
+        checksums: tuple[tuple[int, ...], ...] | None = None,
+    ):
+        """`checksums` ([expert][tensor] crc32s): check each expert once, before its first use."""
+        super().__init__()
+        layer_files = files.layers[index]
+        # Held outside the parameter tree: its stacked weights are views of the expert files (or
+        # per-call copies) and must never be evaluated, saved or loaded with the model.
+        object.__setattr__(self, "container", container)
+        object.__setattr__(self, "views", layer_files.views)
+        object.__setattr__(
+            self, "_slots", [tuple(t.name.split(".")) for t in layer_files.layout.tensors]
+        )
+        self.files = layer_files
+        self.index = index
+        self.stats = stats
+        self.dtype = dtype
+        self.prefetcher = Prefetcher(files, layer_files, checksums)
+        self.converts = any(self.convert(v) is not v for v in self.views)
+        self.cache: ExpertCache | None = None
+        self.resident = False
+        self.install(self.views)
+        self.read = choose_read_path(self)
+
+    def make_resident(self) -> None:
+        """Keep every expert of this layer in memory from now on."""
+        self.install([self.convert(mx.array(v)) for v in self.views])  # mx.array copies
+        mx.eval([self.container[p][k] for p, k in self._slots])
+        self.resident = True
+        self.read = choose_read_path(self)
+
+    def use_cache(self, cache: ExpertCache) -> None:
+        """Serve hot experts from `cache` (shared by all layers) from now on."""
+        self.cache = cache
+        self.read = choose_read_path(self)
+
+    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
+        traffic = self.stats.phase(indices.size // indices.shape[-1])
+        traffic.layer_calls += 1
+        return self.read(self, x, indices, traffic)
+
+    def convert(self, tensor: mx.array) -> mx.array:
+        """`tensor` in the compute dtype (floating tensors only); itself when already so."""
+        if (
+            self.dtype is not None
+            and mx.issubdtype(tensor.dtype, mx.floating)
+            and tensor.dtype != self.dtype
+        ):
+            return tensor.astype(self.dtype)
+        return tensor
+
+    def install(self, tensors: list[mx.array]) -> None:
+        """Make `tensors` (one per layout tensor) the container's stacked weights."""
+        for (projection, kind), tensor in zip(self._slots, tensors):
+            self.container[projection][kind] = tensor

@@ -1,0 +1,175 @@
+"""Read paths that compute in place on the mapped expert files, and the read-ahead policy.
+
+The OS page cache is the cache and nothing is copied: mlx-lm's gather kernels read just the routed
+experts' pages of the files' views (io/expert_files.py). What the mapping alone does badly is a
+miss: page faults fetch one OS page at a time, in series. So before a layer computes, `fetch`
+asks mincore which routed experts are cold and announces each of their ranges with one
+madvise(WILLNEED), which starts the kernel reading all of them at once in large requests; it then
+populates the routed ranges not yet in this process's page tables, which waits for those reads,
+so the compute touches only mapped pages (bench/README.md has the measured rates).
+
+While the layer's files are all in the page cache none of this is needed, nor the routing on the
+host: InPageCache computes as a resident layer does, with no sync. Every RECHECK_CALLS calls (and
+after an eviction) the layer asks again; if the kernel evicted pages meanwhile they are faulted
+back in, and the next check hands the layer back to Prefetched.
+"""
+
+from __future__ import annotations
+
+import mmap
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import StreamerError
+from ..io.expert_files import ExpertFiles, LayerFiles
+from ..io.integrity import mismatched_tensors
+from ..stats import ExpertTraffic
+from .routing import finish, host_routing
+
+RECHECK_CALLS = 16  # how often a layer asks again whether its files are all in the page cache
+# Files this much in the page cache count as cached: the kernel trims rarely used pages even
+# without memory pressure (e.g. proactive reclaim), and populating reads them back.
+FILE_CACHED_SHARE = 0.99
+
+
+class Prefetcher:
+    """One layer's read-ahead: residency checks, WILLNEED hints, populating, checksums on read."""
+
+    def __init__(
+        self, files: ExpertFiles, layer: LayerFiles, checksums: tuple[tuple[int, ...], ...] | None
+    ):
+        self.all_files, self._files = files, layer
+        num_experts = layer.layout.num_experts
+        self._populated = np.zeros(num_experts, dtype=bool)  # in this process's page tables
+        self._evictions = files.evictions
+        self.recent_misses = 0
+        self.payload_bytes = layer.layout.payload_bytes
+        self.measured_bytes = sum(r.length for r in layer.layout.expert_ranges)
+        self.checksums = checksums
+        self.verified = np.zeros(num_experts, dtype=bool)
+
+    def fetch(self, experts: list[int], traffic: ExpertTraffic) -> None:
+        """Bring the routed experts into memory and into this process's page tables."""
+        files, populated = self._files, self._populated
+        start = time.perf_counter()
+        self._forget_evicted()
+        files.check_unchanged()
+        for expert in experts:
+            cold = False
+            for r in files.ranges(expert):
+                resident = files.resident_bytes(r)
+                if resident is None:  # the OS cannot tell: no hint is given
+                    continue
+                traffic.bytes_in_page_cache += resident
+                traffic.bytes_measured += r.length
+                if resident < r.length:
+                    files.advise(r, mmap.MADV_WILLNEED)
+                    cold = True
+            if cold:
+                traffic.experts_fetched += 1
+                populated[expert] = False  # evicted pages were unmapped too
+                self.recent_misses += 1
+        for expert in experts:
+            if not populated[expert]:
+                populated[expert] = all(files.populate(r) for r in files.ranges(expert))
+        if self.checksums is not None:
+            self._verify(experts)
+        traffic.experts_read += len(experts)
+        traffic.bytes_read += len(experts) * self.payload_bytes
+        traffic.read_seconds += time.perf_counter() - start
+
+    def file_in_page_cache(self) -> bool:
+        """Whether the layer's files are in the page cache: all of them, or all but a sliver
+        (FILE_CACHED_SHARE) that populating them then reads back. Populating also maps them into
+        this process's page tables (no I/O for cached pages), so kernels reading any expert take
+        no page faults. A layer that missed since the last call is answered without the OS."""
+        if self.recent_misses:
+            self.recent_misses = 0
+            return False
+        self._forget_evicted()
+        regions = self._files.layout.regions
+        counts = [self._files.resident_bytes(r) for r in regions]
+        total = sum(r.length for r in regions)
+        if None in counts or sum(counts) < FILE_CACHED_SHARE * total:  # None: the OS cannot tell
+            return False
+        if sum(counts) < total or not self._populated.all():
+            self._populated[:] = all([self._files.populate(r) for r in regions])
+        return True
+
+    def _forget_evicted(self) -> None:
+        if self._evictions != self.all_files.evictions:
+            self._evictions = self.all_files.evictions
+            self._populated[:] = False
+
+    def _verify(self, experts: list[int]) -> None:
+        layout = self._files.layout
+        names = [t.name for t in layout.tensors]
+        for expert in experts:
+            if self.verified[expert]:
+                continue
+            tensors = self._files.tensor_bytes(expert)
+            bad = mismatched_tensors(names, self.checksums[expert], tensors)
+            if bad:
+                raise StreamerError(
+                    f"{layout.where(layout.tensors[names.index(bad[0])].at.file)}: expert "
+                    f"{expert} tensor {bad[0]} does not match its checksum: the file is corrupt. "
+                    f"Run `streamer verify {layout.folder}` to list every bad tensor, then repack."
+                )
+            self.verified[expert] = True
+
+
+class PageCacheWatch:
+    """Whether a layer's files are all in the page cache, asked of the OS every RECHECK_CALLS
+    calls and after an eviction, answered from memory in between."""
+
+    def __init__(self, layer):
+        self._prefetcher = layer.prefetcher
+        self._all = layer.prefetcher.all_files
+        self._calls = self._next_check = 0
+        self._evictions = self._all.evictions
+        self._cached = False
+
+    def file_cached(self) -> bool:
+        self._calls += 1
+        if self._calls >= self._next_check or self._evictions != self._all.evictions:
+            self._next_check, self._evictions = self._calls + RECHECK_CALLS, self._all.evictions
+            self._cached = self._prefetcher.file_in_page_cache()
+        return self._cached
+
+
+class Prefetched:
+    """One host sync for the routing, read-ahead of the cold routed experts, then compute on the
+    files' views. With a `watch`, it hands the layer to InPageCache once the files are cached
+    (without one, as when checking each expert on its first read, it never does)."""
+
+    def __init__(self, layer, watch: PageCacheWatch | None):
+        self._watch = watch
+
+    def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
+        # the routing is wanted on the host anyway (trace, profile): no reason to skip the sync
+        if self._watch is not None and not layer.stats.wants_routing and self._watch.file_cached():
+            layer.read = InPageCache(layer, self._watch)
+            return layer.read(layer, x, indices, traffic)
+        start = time.perf_counter()
+        _, experts = host_routing(layer, indices, traffic)
+        layer.prefetcher.fetch(experts, traffic)
+        return finish(layer, layer.container(x, indices), traffic, start)  # on the views: no copy
+
+
+class InPageCache:
+    """The layer's files are all in the page cache: nothing to fetch, no need to know the routing
+    now. The routed experts are counted later from stats.unsettled."""
+
+    def __init__(self, layer, watch: PageCacheWatch):
+        self._watch = watch
+        prefetcher = layer.prefetcher
+        self._sizes = (prefetcher.payload_bytes, prefetcher.measured_bytes)
+
+    def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
+        if layer.stats.wants_routing or not self._watch.file_cached():
+            layer.read = Prefetched(layer, self._watch)
+            return layer.read(layer, x, indices, traffic)
+        layer.stats.unsettled.append((traffic, indices, *self._sizes))
+        return layer.container(x, indices)

@@ -1,0 +1,46 @@
+"""What the synced read paths share: the routing on the host, compute on stacked copies, timing."""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from ..stats import ExpertTraffic
+
+
+def host_routing(layer, indices: mx.array, traffic: ExpertTraffic) -> tuple[np.ndarray, list[int]]:
+    """The routed indices on the host and the distinct experts among them, sorted: the layer's
+    one host sync (it evaluates attention and the router). Counted, and traced for decode."""
+    start = time.perf_counter()
+    routed = np.array(indices)
+    traffic.syncs += 1
+    traffic.sync_seconds += time.perf_counter() - start
+    experts = sorted(
+        set(routed.ravel().tolist())
+    )  # little code to run on caches the compute flushed
+    if layer.stats.trace is not None:
+        layer.stats.record_routing(layer.index, routed)
+    return routed, experts
+
+
+def compute_stacked(
+    layer, x: mx.array, stacked: list[mx.array], experts: list[int], routed: np.ndarray
+) -> mx.array:
+    """The container on `stacked` (the routed experts' tensors, in `experts` order)."""
+    layer.install(stacked)
+    position = np.searchsorted(np.array(experts, dtype=routed.dtype), routed).astype(np.uint32)
+    out = layer.container(x, mx.array(position))
+    layer.install(layer.views)  # the output's graph holds the copies until it is evaluated
+    return out
+
+
+def finish(layer, out: mx.array, traffic: ExpertTraffic, start: float) -> mx.array:
+    """Count the layer's time since `start`; when profiling, evaluate `out` to time the compute."""
+    if layer.stats.profile:
+        computed = time.perf_counter()
+        mx.eval(out)
+        traffic.compute_seconds += time.perf_counter() - computed
+    traffic.layer_seconds += time.perf_counter() - start
+    return out

@@ -1,0 +1,65 @@
+"""What `load` attaches to the mlx-lm model it returns: one typed handle, `model.streamer`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .experts import StreamingExperts
+from .io.expert_files import ExpertFiles
+from .io.lock import FolderLock
+from .io.manifest import Manifest
+from .stats import ExpertStats
+
+
+@contextmanager
+def memory_limit_raised(extra_bytes: int) -> Iterator[None]:
+    """Raise MLX's memory limit by `extra_bytes` while the context lasts, as mlx-lm's
+    `wired_limit` scopes the wired limit: restored on exit, once queued work has finished.
+
+    MLX counts mapped expert files as its active memory, and past its memory limit its scheduler
+    waits for every op to finish before the next, so a model larger than the limit (the point of
+    streaming) would run op by op. The change is undone by the amount, not to the old value, so
+    models loaded and closed in any order leave the limit as they found it.
+    """
+    mx.set_memory_limit(mx.get_memory_limit() + extra_bytes)
+    try:
+        yield
+    finally:
+        mx.synchronize()
+        mx.set_memory_limit(max(mx.get_memory_limit() - extra_bytes, 0))
+
+
+@dataclass
+class Streaming:
+    """The streaming side of a loaded model. It must hold for as long as the model computes,
+    whoever drives it (streamer.generate, mlx_lm.generate, generate_step, a plain model call),
+    so its scopes (the raised memory limit, the folder's read lock, the mapped files) last until
+    `close()` rather than around one generation."""
+
+    residency: str  # what the memory budget chose, in words
+    manifest: Manifest
+    files: ExpertFiles
+    stats: ExpertStats
+    layers: list[StreamingExperts]
+    context_length: int | None  # max_position_embeddings: prompt plus output must fit
+    folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
+    _scopes: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    def close(self) -> None:
+        """Unmap the expert files, lower the memory limit again, release the folder."""
+        self._scopes.close()
+        self.files.close()
+        if self.folder_lock is not None:
+            self.folder_lock.release()
+            self.folder_lock = None
+
+
+def streaming(model: nn.Module) -> Streaming | None:
+    """The handle of a model from streamer.load; None for any other model."""
+    handle = getattr(model, "streamer", None)
+    return handle if isinstance(handle, Streaming) else None
