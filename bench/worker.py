@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.cold_decode:
         handle = streaming(model)
         files = sorted((args.model / "experts").glob("*.bin"))
-        cold = [files, handle.files.evict if handle is not None else None]
+        cold = [files, handle.evict if handle is not None else None]
     if args.warmup:
         run_once(model, prompt_ids(8, seed=99), 4, temp=args.temp)
     runs = []
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         peak_rss_file_bytes=sampler.peak_file or None,
         # the mapped expert files count as MLX memory but are page cache: not the engine's own
         peak_mlx_bytes=mx.get_peak_memory()
-        - (handle.files.mapped_bytes if (handle := streaming(model)) else 0),
+        - (handle.mapped_bytes if (handle := streaming(model)) else 0),
     )
     print(json.dumps(result))
 

@@ -71,6 +71,7 @@ def _generate(args: argparse.Namespace) -> int:
     model, tokenizer = load(
         args.model,
         memory_budget=args.memory_budget,
+        read_path=args.read_path,
         verify_reads=args.verify_reads,
         trust_remote_code=args.trust_remote_code,
     )
@@ -235,6 +236,12 @@ def parser() -> argparse.ArgumentParser:
         type=_size,
         default=None,
         help="bytes of experts to keep resident, e.g. 4G",
+    )
+    p.add_argument(
+        "--read-path",
+        choices=["slots", "mapped"],
+        help="slots: a bounded slot pool filled by reads (default on Metal and CUDA); mapped: "
+        "compute in place on the mapped files (default on the CPU)",
     )
     p.add_argument(
         "--verify-reads",

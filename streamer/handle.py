@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import mlx.nn as nn
 
+from .cache.slot_pool import SlotPool
 from .experts import StreamingExperts
 from .io.expert_files import ExpertFiles
 from .io.lock import FolderLock
@@ -43,20 +44,36 @@ class Streaming:
 
     residency: str  # what the memory budget chose, in words
     manifest: Manifest
-    files: ExpertFiles
+    read_path: str  # "mapped" or "slots"
+    files: ExpertFiles | None  # the mapped expert files (the mapped path only)
     stats: ExpertStats
     layers: list[StreamingExperts]
     context_length: int | None  # max_position_embeddings: prompt plus output must fit
     folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
+    pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools
     _scopes: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def close(self) -> None:
         """Unmap the expert files, lower the memory limit again, release the folder."""
         self._scopes.close()
-        self.files.close()
+        for pool in self.pools:
+            pool.close()
+        if self.files is not None:
+            self.files.close()
         if self.folder_lock is not None:
             self.folder_lock.release()
             self.folder_lock = None
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of expert files mapped into MLX arrays (MLX counts them as its memory)."""
+        return self.files.mapped_bytes if self.files is not None else 0
+
+    def evict(self) -> None:
+        """Unmap the expert pages this process maps, so a page-cache drop can take them (the
+        slot path maps none)."""
+        if self.files is not None:
+            self.files.evict()
 
 
 def streaming(model: nn.Module) -> Streaming | None:

@@ -15,8 +15,9 @@ from .cache.budget import all_experts_bytes, check_budget, default_budget, large
 from .cache.expert_cache import ExpertCache
 from .errors import StreamerError
 from .experts import StreamingExperts
+from .experts.slots import slot_budget
 from .handle import Streaming, memory_limit_raised
-from .io.expert_files import ExpertFiles, open_repacked
+from .io.expert_files import ExpertFiles, LayerLayout, open_repacked, repacked_layout
 from .io.integrity import check_files, verify_resident
 from .io.lock import lock_for_reading
 from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, MoeLayer, read_manifest
@@ -30,11 +31,42 @@ def default_dtype() -> mx.Dtype | None:
     return mx.float32 if mx.default_device() == mx.cpu else None
 
 
+READ_PATHS = ("slots", "mapped")
+
+
+def backend() -> str:
+    """ "cpu", "metal" or "cuda": where MLX computes by default."""
+    if mx.default_device() != mx.gpu:
+        return "cpu"
+    return "cuda" if mx.cuda.is_available() else "metal"
+
+
+def read_path_for_backend(read_path: str | None) -> tuple[str, str]:
+    """The read path to use and why. A GPU gets the slot pool: on Metal a no-copy buffer over a
+    mapped file is wired whole on first GPU use, and MLX's CUDA backend cannot read a mapped file
+    at all (an illegal memory access). The CPU computes in place on the mapped files (measured
+    fastest there) unless asked otherwise."""
+    where = backend()
+    if read_path is None:
+        if where == "cpu":
+            return "mapped", "the CPU default: computed in place on the mapped files"
+        return "slots", f"the {where} default: the GPU sees only the bounded slot pool"
+    if read_path not in READ_PATHS:
+        raise StreamerError(f"read_path must be one of {', '.join(READ_PATHS)}, not {read_path!r}.")
+    if read_path == "mapped" and where == "cuda":
+        raise StreamerError(
+            'read_path="mapped" does not run on MLX\'s CUDA backend (the GPU cannot read a mapped '
+            'file; it has no tested implementation there): use read_path="slots", the default.'
+        )
+    return read_path, "asked for"
+
+
 def load(
     path: str | Path,
     *,
     memory_budget: int | None = None,
     dtype: mx.Dtype | None = None,
+    read_path: str | None = None,
     verify_reads: bool = False,
     trust_remote_code: bool = False,
 ) -> tuple[nn.Module, TokenizerWrapper]:
@@ -44,6 +76,9 @@ def load(
     resident (no syncs, no reads); less: the hottest experts are cached (LFU with aging) and the
     rest stream; 0: everything streams through the page cache. None: all experts if they fit in
     half the available memory, else 0. `model.streamer.residency` says what was chosen.
+    `read_path`: "mapped" computes in place on the mapped expert files (the CPU default);
+    "slots" reads experts into a bounded slot pool of `memory_budget` bytes and computes there
+    (the Metal and CUDA default; a budget of 0 gives one token's worth of slots per shape class).
     Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer;
     `model.streamer` (handle.Streaming) holds the streaming side: stats, files, `close()`.
     Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of
@@ -66,24 +101,40 @@ def load(
     dtype = dtype if dtype is not None else default_dtype()
     if memory_budget is not None:
         check_budget(manifest, memory_budget, dtype)
-    files = open_repacked(folder, manifest)
+    read_path, why = read_path_for_backend(read_path)
+    layouts = [repacked_layout(folder, i, layer) for i, layer in enumerate(manifest.layers)]
+    files = open_repacked(folder, manifest) if read_path == "mapped" else None
+    pools = []
     try:
-        stats, layers = _assemble(folder, manifest, model, containers, files, dtype, verify_reads)
-        residency = _apply_budget(manifest, layers, memory_budget, dtype)
+        stats, layers = _assemble(
+            folder, manifest, model, containers, layouts, files, dtype, verify_reads
+        )
+        if read_path == "slots":
+            checksums = [layer.expert_crc32 for layer in manifest.layers] if verify_reads else None
+            residency, pools = slot_budget(
+                manifest, layouts, layers, memory_budget, dtype, checksums
+            )
+        else:
+            residency = _apply_budget(manifest, layers, memory_budget, dtype)
         tokenizer = _tokenizer(folder, config, trust_remote_code)
     except BaseException:
-        files.close()
+        for pool in pools:
+            pool.close()
+        if files is not None:
+            files.close()
         raise
     handle = Streaming(
-        residency,
+        f"{residency}; read path {read_path} ({why})",
         manifest,
+        read_path,
         files,
         stats,
         layers,
         config.get("max_position_embeddings"),
         folder_lock,
+        pools,
     )
-    handle._scopes.enter_context(memory_limit_raised(files.mapped_bytes))
+    handle._scopes.enter_context(memory_limit_raised(handle.mapped_bytes))
     model.streamer = handle
     return model, tokenizer
 
@@ -93,7 +144,8 @@ def _assemble(
     manifest: Manifest,
     model: nn.Module,
     containers: dict[str, nn.Module],
-    files: ExpertFiles,
+    layouts: list[LayerLayout],
+    files: ExpertFiles | None,
     dtype: mx.Dtype | None,
     verify_reads: bool,
 ) -> tuple[ExpertStats, list[StreamingExperts]]:
@@ -108,7 +160,9 @@ def _assemble(
                 container[projection] = _quantized(container, projection, params, folder)
         _check_layout(folder, index, layer, container)
         checksums = layer.expert_crc32 if verify_reads else None
-        streaming[module_path] = StreamingExperts(container, files, index, stats, dtype, checksums)
+        streaming[module_path] = StreamingExperts(
+            container, layouts[index], stats, dtype, files=files, checksums=checksums
+        )
     replace_modules(model, streaming)
 
     resident_path = folder / RESIDENT_FILE

@@ -10,6 +10,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
 import streamer
+from streamer.model import READ_PATHS
 from streamer.repack import Quantize
 
 PROMPT = (
@@ -23,18 +24,26 @@ def greedy_tokens(model, prompt: mx.array, n: int = 64) -> list[int]:
 
 
 def compare(streamed_path, reference, tolerance: float) -> None:
-    model, tokenizer = streamer.load(streamed_path, memory_budget=0)
-    prompt = mx.array(tokenizer.encode(PROMPT))
-    diff = mx.abs(model(prompt[None]) - reference(prompt[None])).max().item()
-    assert diff <= tolerance, f"max abs logit difference {diff}"
-    assert greedy_tokens(model, prompt) == greedy_tokens(reference, prompt)
-    stats = model.streamer.stats
-    assert stats.decode_tokens >= 63
-    assert (
-        stats.decode.experts_read >= stats.decode.layer_calls
-    )  # every decode step used experts from the files
-    # one sync per layer call at most: none while a layer's file is all in the page cache
-    assert stats.decode.syncs <= stats.decode.layer_calls
+    """Logits and 64 greedy tokens of the streamed model against `reference`, on both read
+    paths: in place on the mapped files, and a slot pool of one token's experts per shape class
+    (budget 0: nearly every routed expert of every token is a miss that rewrites a slot)."""
+    expected = None
+    for read_path in READ_PATHS:
+        model, tokenizer = streamer.load(streamed_path, memory_budget=0, read_path=read_path)
+        prompt = mx.array(tokenizer.encode(PROMPT))
+        if expected is None:
+            expected = reference(prompt[None]), greedy_tokens(reference, prompt)
+        diff = mx.abs(model(prompt[None]) - expected[0]).max().item()
+        assert diff <= tolerance, f"{read_path}: max abs logit difference {diff}"
+        assert greedy_tokens(model, prompt) == expected[1], read_path
+        stats = model.streamer.stats
+        assert stats.decode_tokens >= 63
+        # every routed expert of every decode step came from the files (or a slot filled by one)
+        assert stats.decode.experts_read + stats.decode.cache_hits >= stats.decode.layer_calls
+        # one sync per layer call at most: none while a layer's file is all in the page cache
+        assert stats.decode.syncs <= stats.decode.layer_calls
+        if read_path == "slots":
+            assert stats.decode.experts_read > 0 and stats.decode.syncs == stats.decode.layer_calls
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -77,8 +86,11 @@ def test_mlx_lm_generate_runs_unchanged_on_a_streamed_model(checkpoints):
     assert ours == theirs and len(tokenizer.encode(ours)) > 0
 
 
+@pytest.mark.parametrize("read_path", READ_PATHS)
 @pytest.mark.parametrize("budget", ["all", "default", "hot experts", "one expert"])
-def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints, budget):
+def test_memory_budget_keeps_experts_resident_with_identical_outputs(
+    checkpoints, budget, read_path
+):
     from streamer.cache.budget import largest_expert_bytes
     from streamer.io.manifest import read_manifest
 
@@ -88,7 +100,7 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints
     memory_budget = {"all": 1 << 40, "default": None, "hot experts": 12 * one, "one expert": one}[
         budget
     ]
-    model, tokenizer = streamer.load(folder, memory_budget=memory_budget)
+    model, tokenizer = streamer.load(folder, memory_budget=memory_budget, read_path=read_path)
     reference = reference_model(src)
     prompt = mx.array(tokenizer.encode(PROMPT))
     assert mx.array_equal(model(prompt[None]), reference(prompt[None]))
@@ -98,6 +110,16 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints
         assert model.streamer.residency.startswith("all experts resident")
         assert decode.syncs == 0 and decode.experts_read == 0 and decode.bytes_copied == 0
         assert decode.layer_calls > 0
+    elif read_path == "slots":  # the pool is the budget: one expert's bytes is one slot or two
+        (pool,) = model.streamer.pools
+        assert pool.slots == memory_budget // pool.slot_bytes
+        assert f"slot pool of {pool.slots} slots" in model.streamer.residency
+        assert decode.syncs == decode.layer_calls
+        assert decode.cache_hits + decode.experts_read <= decode.layer_calls * 4
+        if budget == "hot experts":
+            assert decode.cache_hits > 0
+        else:  # fewer slots than routed experts: each call runs in rounds, every expert a miss
+            assert pool.slots < 4 and decode.experts_read == decode.layer_calls * 4
     else:
         slots = {"hot experts": 12, "one expert": 1}[budget]
         assert f"up to {slots} hot experts" in model.streamer.residency

@@ -49,7 +49,7 @@ def pool_over(tmp_path, slots: int, layers: int = 2, experts: int = 6, bypass=Fa
         path = tmp_path / f"{layer:03d}.bin"
         truth[layer] = write_layer(path, experts, seed=layer)
         at = [At(offset) for offset in OFFSETS]
-        files[layer] = LayerSource([ReadFile(path, bypass)], at, experts)
+        files[layer] = LayerSource([ReadFile(path, bypass)], at, experts, where=lambda _, p=path: p)
     return SlotPool(TENSORS, slots, files), truth
 
 

@@ -120,4 +120,3 @@ class SlotLFU:
             self.slot_of[keys[miss]] = victims
             slots[miss] = victims
         return slots, miss
-

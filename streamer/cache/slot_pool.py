@@ -21,7 +21,7 @@ evaluating either, or when one call routes more experts than the pool has slots 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -57,6 +57,7 @@ class LayerSource:
     placements: Sequence  # one per pool tensor, in the pool's order
     num_experts: int
     checksums: Sequence | None = None  # [expert][tensor] crc32: checked on every read
+    where: Callable[[int], str] = str  # file number -> where to say a read failed
 
 
 class SlotPool:
@@ -115,7 +116,7 @@ class SlotPool:
         except OSError as e:
             self._forget(layer, expert, slot)
             raise StreamerError(
-                f"{source.files[file].path}: cannot read expert {expert} ({e}); check the disk, "
+                f"{source.where(file)}: cannot read expert {expert} ({e}); check the disk, "
                 "or run `streamer verify` on the model folder."
             ) from e
         if source.checksums is not None:
@@ -123,7 +124,7 @@ class SlotPool:
                 if zlib.crc32(rows[slot]) != crc:
                     self._forget(layer, expert, slot)
                     raise StreamerError(
-                        f"{source.files[file].path}: expert {expert} tensor {t.name} does not "
+                        f"{source.where(file)}: expert {expert} tensor {t.name} does not "
                         "match its checksum: the file is corrupt. Run `streamer verify` on the "
                         "model folder to list every bad tensor, then repack."
                     )
