@@ -11,6 +11,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
 from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
+from .backend import default_dtype, read_path_for_backend
 from .cache.budget import all_experts_bytes, check_budget, default_budget, largest_expert_bytes
 from .cache.expert_cache import ExpertCache
 from .errors import StreamerError
@@ -25,48 +26,13 @@ from .io.safetensors import DTYPES, read_header
 from .stats import ExpertStats
 
 
-def default_dtype() -> mx.Dtype | None:
-    """float32 on the CPU backend (its gather_mm is float32-only and its quantized matmuls are
-    several times faster with float32 activations); the checkpoint's own dtype on a GPU."""
-    return mx.float32 if mx.default_device() == mx.cpu else None
-
-
-READ_PATHS = ("slots", "mapped")
-
-
-def backend() -> str:
-    """ "cpu", "metal" or "cuda": where MLX computes by default."""
-    if mx.default_device() != mx.gpu:
-        return "cpu"
-    return "cuda" if mx.cuda.is_available() else "metal"
-
-
-def read_path_for_backend(read_path: str | None) -> tuple[str, str]:
-    """The read path to use and why. A GPU gets the slot pool: on Metal a no-copy buffer over a
-    mapped file is wired whole on first GPU use, and MLX's CUDA backend cannot read a mapped file
-    at all (an illegal memory access). The CPU computes in place on the mapped files (measured
-    fastest there) unless asked otherwise."""
-    where = backend()
-    if read_path is None:
-        if where == "cpu":
-            return "mapped", "the CPU default: computed in place on the mapped files"
-        return "slots", f"the {where} default: the GPU sees only the bounded slot pool"
-    if read_path not in READ_PATHS:
-        raise StreamerError(f"read_path must be one of {', '.join(READ_PATHS)}, not {read_path!r}.")
-    if read_path == "mapped" and where == "cuda":
-        raise StreamerError(
-            'read_path="mapped" does not run on MLX\'s CUDA backend (the GPU cannot read a mapped '
-            'file; it has no tested implementation there): use read_path="slots", the default.'
-        )
-    return read_path, "asked for"
-
-
 def load(
     path: str | Path,
     *,
     memory_budget: int | None = None,
     dtype: mx.Dtype | None = None,
     read_path: str | None = None,
+    bypass_page_cache: bool = False,
     verify_reads: bool = False,
     trust_remote_code: bool = False,
 ) -> tuple[nn.Module, TokenizerWrapper]:
@@ -79,6 +45,8 @@ def load(
     `read_path`: "mapped" computes in place on the mapped expert files (the CPU default);
     "slots" reads experts into a bounded slot pool of `memory_budget` bytes and computes there
     (the Metal and CUDA default; a budget of 0 gives one token's worth of slots per shape class).
+    `bypass_page_cache`: the slot path reads around the page cache (O_DIRECT on Linux, F_NOCACHE
+    on macOS) instead of through it; off by default (bench/README.md says why).
     Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer;
     `model.streamer` (handle.Streaming) holds the streaming side: stats, files, `close()`.
     Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of
@@ -112,7 +80,7 @@ def load(
         if read_path == "slots":
             checksums = [layer.expert_crc32 for layer in manifest.layers] if verify_reads else None
             residency, pools = slot_budget(
-                manifest, layouts, layers, memory_budget, dtype, checksums
+                manifest, layouts, layers, memory_budget, dtype, checksums, bypass_page_cache
             )
         else:
             residency = _apply_budget(manifest, layers, memory_budget, dtype)

@@ -14,7 +14,7 @@ from conftest import reference_model
 from test_parity import PROMPT, greedy_tokens
 
 import streamer
-from streamer import model as model_assembly
+from streamer import backend as backends
 from streamer.errors import StreamerError
 
 
@@ -69,15 +69,14 @@ def test_the_slot_path_never_maps_an_expert_file(float32_model):
 
 
 def test_read_path_defaults_by_backend_and_refuses_mapped_on_cuda(monkeypatch):
-    assert model_assembly.read_path_for_backend(None)[0] == "mapped"  # this CPU
     with pytest.raises(StreamerError, match="read_path must be one of slots, mapped"):
-        model_assembly.read_path_for_backend("pool")
-    for backend, default in (("metal", "slots"), ("cuda", "slots")):
-        monkeypatch.setattr(model_assembly, "backend", lambda b=backend: b)
-        path, why = model_assembly.read_path_for_backend(None)
-        assert path == default and backend in why
+        backends.read_path_for_backend("pool")
+    for backend, default in (("cpu", "mapped"), ("metal", "slots"), ("cuda", "slots")):
+        monkeypatch.setattr(backends, "backend", lambda b=backend: b)
+        path, why = backends.read_path_for_backend(None)
+        assert path == default and backend in why.lower()
     with pytest.raises(StreamerError, match="does not run on MLX's CUDA backend"):
-        model_assembly.read_path_for_backend("mapped")
+        backends.read_path_for_backend("mapped")
 
 
 def test_cli_read_path(float32_model):

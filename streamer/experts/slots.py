@@ -87,6 +87,7 @@ def slot_budget(
     budget: int | None,
     dtype: mx.Dtype | None,
     checksums: list | None,
+    bypass_page_cache: bool = False,
 ) -> tuple[str, list[SlotPool]]:
     """Give every layer its pool for `budget` bytes of slots (None: as default_budget says)
     and say so. Enough for every expert: each layer reads all its experts once into a pool of
@@ -98,7 +99,7 @@ def slot_budget(
         why = f"memory budget {budget / 1e9:.2f} GB"
     if budget >= all_experts_bytes(manifest, dtype):
         for layout, layer in zip(layouts, layers):
-            own = open_pools([layout], {shape_class(layout): layout.num_experts}, checksums)
+            own = open_pools([layout], {shape_class(layout): layout.num_experts}, checksums, False)
             layer.use_pool(own[shape_class(layout)])
             layer.make_resident()
         return f"all experts resident, no streaming ({why})", []
@@ -114,13 +115,15 @@ def slot_budget(
         key: min(experts[key], max(1, budget * experts[key] // total) if budget else top_k)
         for key in experts
     }
-    by_class = open_pools(layouts, slots, checksums)
+    by_class = open_pools(layouts, slots, checksums, bypass_page_cache)
     for layout, layer in zip(layouts, layers):
         layer.use_pool(by_class[shape_class(layout)])
     pools = list(by_class.values())
     size = sum(pool.nbytes for pool in pools)
     sizes = ", ".join(str(pool.slots) for pool in pools)
     kind = "one token's experts" if budget == 0 else "LFU with aging"
+    if bypass_page_cache:
+        kind += ", read around the page cache"
     return (
         f"experts stream from disk into a slot pool of {sizes} slots ({size / 1e9:.2f} GB, "
         f"{kind}; {why})",
