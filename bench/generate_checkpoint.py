@@ -218,7 +218,7 @@ def _write_shard(path: Path, specs: list, values: _Values):
         }
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    # no padding after the header, as mlx writes it: tensors then start at any byte offset
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for name, shape, dtype in specs:

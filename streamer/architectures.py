@@ -16,6 +16,7 @@ from mlx.utils import tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
 from mlx_lm.utils import _get_classes, infer_quant_config
 
+from .config import check_config
 from .errors import StreamerError
 
 EXPERT_CONTAINERS = (SwitchGLU, SwitchMLP)
@@ -100,13 +101,16 @@ def normalize_config(config: dict) -> dict:
 
 def build_model(config: dict, where: Path | str) -> nn.Module:
     """An mlx-lm model for `config` with lazily initialised (never evaluated) weights."""
-    architecture(config, where)
+    check_config(config, where)
     model_class, args_class = _get_classes(config)
     try:
         return model_class(args_class.from_dict(config))
-    except TypeError as e:
+    except Exception as e:
+        # what check_config cannot see (a combination of fields the model's asserts refuse):
+        # mlx-lm's constructors raise no common error type
         raise StreamerError(
-            f"{where}: config.json does not describe a {config['model_type']} model: {e}"
+            f"{where}: the config does not describe a {config['model_type']} model mlx-lm can "
+            f"build ({type(e).__name__}: {e}); download config.json again."
         ) from e
 
 

@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import __version__
 from .errors import StreamerError
 
 
@@ -16,22 +17,36 @@ def _repack(args: argparse.Namespace) -> None:
     from .repack import Quantize, repack
 
     quantize = Quantize(args.quantize, args.group_size) if args.quantize else None
-    repack(args.src, args.dst, quantize=quantize, force=args.force, resume=args.resume)
+    repack(
+        args.src,
+        args.dst,
+        quantize=quantize,
+        force=args.force,
+        resume=args.resume,
+        delete_source=args.delete_source,
+    )
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from .download import is_download
     from .verify import verify
 
-    problems = verify(args.dir, refresh=args.refresh)
+    problems = verify(args.dir, refresh=args.refresh, record=args.record, checksums=args.checksums)
     for problem in problems:
         print(f"streamer: bad: {problem}", file=sys.stderr)
     if problems:
+        remedy = (
+            "download the named files again, then record their checksums again with --record."
+            if is_download(args.dir)
+            else "repack the model from its source."
+        )
         print(
-            f"streamer: {len(problems)} problem(s) in {args.dir}: repack the model from its source.",
+            f"streamer: {len(problems)} problem(s) in {args.dir}: {remedy}",
             file=sys.stderr,
         )
         return 1
-    print(f"[verify] {args.dir}: every checksum matches", file=sys.stderr)
+    if not args.record:
+        print(f"[verify] {args.dir}: every checksum matches", file=sys.stderr)
     return 0
 
 
@@ -42,28 +57,27 @@ def _prompt(args: argparse.Namespace) -> str:
     the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
     An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
     """
+    from .generate import check_request
+
     raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise StreamerError(
-            f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): pass UTF-8 text "
-            "(check the file's or terminal's encoding)."
+            f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
+            "pass UTF-8 text (check the file's or terminal's encoding)."
         ) from None
-    if not text:
-        raise StreamerError(
-            "the prompt is empty: give some text to continue with --prompt (or `--prompt -` for stdin)."
-        )
-    if args.max_tokens <= 0:
-        raise StreamerError(f"--max-tokens must be at least 1 (got {args.max_tokens}).")
+    how = " with --prompt (or `--prompt -` for stdin)"
+    check_request(text, args.max_tokens, option="--max-tokens", how=how)
     return text
 
 
 def _generate(args: argparse.Namespace) -> int:
     if args.model is None:
         raise StreamerError(
-            "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` and pass "
-            "--model DST, or run `streamer demo` to see the whole pipeline on a built-in model."
+            "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` "
+            "and pass --model DST, or run `streamer demo` to see the whole pipeline on a built-in "
+            "model."
         )
     prompt = _prompt(args)  # before the slow imports: bad input fails fast
     from .model import load
@@ -106,6 +120,25 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     if stats is not None:
         print(stats.line(), file=sys.stderr)
     return 0
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from .hub import repacked
+    from .server import serve
+    from .server.api import Sampling
+
+    defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
+    serve(
+        args.model,
+        repacked(args.model),
+        host=args.host,
+        port=args.port,
+        defaults=defaults,
+        max_tokens=args.max_tokens,
+        memory_budget=args.memory_budget,
+        trust_remote_code=args.trust_remote_code,
+        prompt_cache_size=args.prompt_cache_size,
+    )
 
 
 def _info(args: argparse.Namespace) -> None:
@@ -155,8 +188,8 @@ def _demo(args: argparse.Namespace) -> int:
         quantize = Quantize(DEMO_QUANTIZE) if DEMO_QUANTIZE else None
         precision = f"with {DEMO_QUANTIZE}-bit experts" if DEMO_QUANTIZE else "unquantized (bf16)"
         print(
-            f"[demo] built-in model: a {_demo_size()} qwen3_moe trained on Python's standard library "
-            f"(tools/train_demo.py); repacking it {precision} to {dst}",
+            f"[demo] built-in model: a {_demo_size()} qwen3_moe trained on Python's standard "
+            f"library (tools/train_demo.py); repacking it {precision} to {dst}",
             file=sys.stderr,
         )
         repack(DEMO_MODEL, dst, quantize=quantize, force=True)
@@ -166,9 +199,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _demo_size() -> str:
-    import json
+    from .io.json_file import read_json_object
 
-    config = json.loads((DEMO_MODEL / "config.json").read_text())
+    config = read_json_object(DEMO_MODEL / "config.json", "reinstall streamer.")
     layers, experts, k = (
         config["num_hidden_layers"],
         config["num_experts"],
@@ -190,10 +223,25 @@ def _add_sampling(p: argparse.ArgumentParser, prompt_default: str | None) -> Non
     p.add_argument("--seed", type=int, default=None)
 
 
+def _add_loading(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--memory-budget",
+        type=_size,
+        default=None,
+        help="bytes of experts to keep resident, e.g. 4G",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a tokenizer that ships Python code (Kimi K2)",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="streamer", description="Run MoE LLMs larger than RAM by streaming experts from SSD."
     )
+    ap.add_argument("--version", action="version", version=f"streamer {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("repack", help="convert a downloaded checkpoint into the streaming layout")
@@ -212,16 +260,33 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue an interrupted repack into DST from its last finished layer",
     )
+    p.add_argument(
+        "--delete-source",
+        action="store_true",
+        help="delete each of SRC's shards once all of its data is written into DST (the disk "
+        "then needs about one shard beyond DST, not a second copy); resumable",
+    )
     p.set_defaults(run=_repack)
 
     p = sub.add_parser(
-        "verify", help="check every checksum of a repacked model; names each bad tensor"
+        "verify",
+        help="check every checksum of a repacked model or a download; names each bad tensor",
     )
     p.add_argument("dir")
     p.add_argument(
         "--refresh",
         action="store_true",
         help="if every checksum passes, record the files' current times (after a copy)",
+    )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="a download: compute its checksums and keep them in a sidecar (see --checksums)",
+    )
+    p.add_argument(
+        "--checksums",
+        metavar="FILE",
+        help="a download's checksum sidecar (default: under the user cache folder, not in DIR)",
     )
     p.set_defaults(run=_verify)
 
@@ -231,12 +296,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
     )
-    p.add_argument(
-        "--memory-budget",
-        type=_size,
-        default=None,
-        help="bytes of experts to keep resident, e.g. 4G",
-    )
+    _add_loading(p)
     p.add_argument(
         "--read-path",
         choices=["slots", "mapped"],
@@ -248,12 +308,20 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check each expert's crc32 the first time it is read",
     )
-    p.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="allow a tokenizer that ships Python code (Kimi K2)",
-    )
     p.set_defaults(run=_generate)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a repacked model")
+    p.add_argument("--model", required=True, help="a repacked folder, or org/name (hub cache)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
+    p.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
+    p.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
+    p.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
+    p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
+    _add_loading(p)
+    p.set_defaults(run=_serve)
 
     p = sub.add_parser("info", help="describe a repacked model")
     p.add_argument("dir")

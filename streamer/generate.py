@@ -40,7 +40,8 @@ class RunStats:
         return (
             f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
             f"decode: {self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s | "
-            f"experts: {self.expert_bytes_per_token / 1e6:.2f} MB/token, {self.expert_reads_per_token:.1f} reads/token, "
+            f"experts: {self.expert_bytes_per_token / 1e6:.2f} MB/token, "
+            f"{self.expert_reads_per_token:.1f} reads/token, "
             f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "
             f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB"
         )
@@ -48,12 +49,14 @@ class RunStats:
 
 @dataclass(frozen=True)
 class Response:
-    """One streamed piece of text; `stats` covers the run so far."""
+    """One streamed piece of text; `stats` covers the run so far, `logprobs` (log-softmax over the
+    vocabulary) is the distribution `token` was sampled from."""
 
     text: str
     token: int
     finish_reason: str | None
     stats: RunStats
+    logprobs: mx.array | None = None
 
 
 def run_stats(
@@ -95,10 +98,7 @@ def stream_generate(
     **kwargs,
 ) -> Iterator[Response]:
     """Yield text as it is generated. Extra keyword arguments go to mlx_lm.generate_step."""
-    if max_tokens <= 0:
-        raise StreamerError(f"max_tokens must be at least 1 (got {max_tokens}).")
-    if not prompt:
-        raise StreamerError("the prompt is empty: give some text to continue.")
+    check_request(prompt, max_tokens)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     if seed is not None:
         mx.random.seed(seed)
@@ -109,7 +109,18 @@ def stream_generate(
         stats = run_stats(
             model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps
         )
-        yield Response(r.text, r.token, r.finish_reason, stats)
+        yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
+
+
+def check_request(
+    prompt: str | list[int], max_tokens: int, *, option: str = "max_tokens", how: str = ""
+) -> None:
+    """Refuse an empty prompt or a max_tokens below 1. The CLI asks before loading the model,
+    naming its own option and how to give a prompt (`how`)."""
+    if max_tokens <= 0:
+        raise StreamerError(f"{option} must be at least 1 (got {max_tokens}).")
+    if not prompt:
+        raise StreamerError(f"the prompt is empty: give some text to continue{how}.")
 
 
 def _prompt_tokens(
@@ -132,9 +143,9 @@ def _prompt_tokens(
         )
     if context and len(tokens) + max_tokens > context:
         raise StreamerError(
-            f"the prompt is {len(tokens)} tokens and max_tokens is {max_tokens}, but the model's context is "
-            f"{context} tokens (max_position_embeddings in config.json): lower max_tokens to at most "
-            f"{context - len(tokens)} or shorten the prompt."
+            f"the prompt is {len(tokens)} tokens and max_tokens is {max_tokens}, but the model's "
+            f"context is {context} tokens (max_position_embeddings in config.json): lower "
+            f"max_tokens to at most {context - len(tokens)} or shorten the prompt."
         )
     return tokens
 

@@ -14,6 +14,7 @@ from .architectures import build_model, expert_containers, quantize_like_mlx_lm,
 from .backend import default_dtype, read_path_for_backend
 from .cache.budget import all_experts_bytes, check_budget, default_budget, largest_expert_bytes
 from .cache.expert_cache import ExpertCache
+from .config import check_config, check_layer_count
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .experts.slots import slot_budget
@@ -57,7 +58,15 @@ def load(
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
     check_files(folder, manifest)
-    config = manifest.config
+    config = check_config(manifest.config, folder / MANIFEST_FILE)
+    resident_path = folder / RESIDENT_FILE
+    names = read_header(resident_path)  # clear errors for a truncated or corrupt file
+    if set(names) != set(manifest.resident_crc32):
+        raise StreamerError(
+            f"{resident_path} holds other tensors than manifest.json lists; repack the model."
+        )
+    modules = [layer.module + "." for layer in manifest.layers]
+    check_layer_count(config, [*names, *modules], folder / MANIFEST_FILE)
     model = build_model(config, folder / MANIFEST_FILE)
     containers = expert_containers(model)
     modules = [layer.module for layer in manifest.layers]
@@ -75,7 +84,7 @@ def load(
     pools = []
     try:
         stats, layers = _assemble(
-            folder, manifest, model, containers, layouts, files, dtype, verify_reads
+            folder, manifest, config, model, containers, layouts, files, dtype, verify_reads
         )
         if read_path == "slots":
             checksums = [layer.expert_crc32 for layer in manifest.layers] if verify_reads else None
@@ -110,6 +119,7 @@ def load(
 def _assemble(
     folder: Path,
     manifest: Manifest,
+    config: dict,
     model: nn.Module,
     containers: dict[str, nn.Module],
     layouts: list[LayerLayout],
@@ -118,7 +128,6 @@ def _assemble(
     verify_reads: bool,
 ) -> tuple[ExpertStats, list[StreamingExperts]]:
     """Streaming layers in place of the expert containers, then the resident weights."""
-    config = manifest.config
     stats = ExpertStats(moe_layers=len(containers))
     streaming: dict[str, StreamingExperts] = {}
     for index, (module_path, container) in enumerate(containers.items()):
@@ -132,15 +141,7 @@ def _assemble(
             container, layouts[index], stats, dtype, files=files, checksums=checksums
         )
     replace_modules(model, streaming)
-
     resident_path = folder / RESIDENT_FILE
-    names = read_header(
-        resident_path
-    )  # clear errors for a truncated or corrupt file before mlx reads it
-    if set(names) != set(manifest.resident_crc32):
-        raise StreamerError(
-            f"{resident_path} holds other tensors than manifest.json lists; repack the model."
-        )
     if verify_reads:
         problems = verify_resident(folder, manifest)
         if problems:
@@ -169,7 +170,7 @@ def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> Tokenizer
         return load_tokenizer(
             folder, tokenizer_config_extra=extra, eos_token_ids=config.get("eos_token_id")
         )
-    except (ValueError, OSError) as e:
+    except Exception as e:  # transformers' own errors have no common base; name what failed
         tokenizer_config = folder / "tokenizer_config.json"
         ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(
             errors="replace"

@@ -1,10 +1,24 @@
-"""`streamer verify`: recompute every checksum of a repacked folder and name each bad tensor."""
+"""`streamer verify`: recompute every checksum of a repacked folder or of a download streamed in
+place (against its sidecar, streamer/io/checksums.py) and name each bad tensor."""
 
 from __future__ import annotations
 
+import mmap
 import sys
+import time
+import zlib
 from pathlib import Path
 
+from .errors import StreamerError
+from .io.checkpoint import Checkpoint
+from .io.checksums import (
+    Checksums,
+    default_sidecar,
+    file_sha256,
+    hub_blob_sha256,
+    read_checksums,
+    write_checksums,
+)
 from .io.integrity import Problem, data_files, file_stat, stat_change, verify_folder
 from .io.lock import lock_for_replacing
 from .io.manifest import Manifest, read_manifest, write_manifest
@@ -14,6 +28,8 @@ def verify(
     folder: str | Path,
     *,
     refresh: bool = False,
+    record: bool = False,
+    checksums: str | Path | None = None,
     log=lambda msg: print(msg, file=sys.stderr, flush=True),
 ) -> list[Problem]:
     """Every problem found in `folder` (empty: all data matches the manifest).
@@ -21,8 +37,16 @@ def verify(
     Files whose contents all check out but whose size or time differ from the manifest's record
     (a copy that did not keep file times) are problems too, since load refuses them; `refresh`
     records their current size and time instead, so the folder loads again.
+
+    A download folder (no manifest.json) is checked against the checksums recorded in its sidecar
+    (`checksums`, default `default_sidecar(folder)`); `record` computes and writes them.
     """
+    from .download import is_download
+
     folder = Path(folder)
+    if is_download(folder):
+        sidecar = Path(checksums) if checksums is not None else default_sidecar(folder)
+        return verify_download(folder, sidecar, record=record, log=log)
     manifest = read_manifest(folder)
     problems = verify_folder(folder, manifest, log)
     stale = [
@@ -62,3 +86,116 @@ def _stat(path: Path) -> dict[str, int] | None:
         return file_stat(path)
     except OSError:
         return None
+
+
+def verify_download(folder: Path, sidecar: Path, *, record: bool, log) -> list[Problem]:
+    """Check a download against the checksums in `sidecar`; with `record`, (re)write them from
+    the files as they are now, unless a whole-file hash the download carries (a Hugging Face
+    cache blob's sha256) says a shard is damaged."""
+    from .download import open_download
+
+    download, _, _ = open_download(folder)  # headers, index and layout: a clear error if broken
+    recorded = read_checksums(sidecar)
+    if recorded is None and not record:
+        raise StreamerError(
+            f"no checksums are recorded for {folder} (looked for {sidecar}): a download carries "
+            f"none. Run `streamer verify {folder} --record` right after downloading to compute "
+            "them (it reads every byte once), then `streamer verify` checks against them."
+        )
+    current = compute_checksums(download, log)
+    problems = [] if record else _compare(download, recorded, current)
+    if record:
+        problems = _hub_hashes(download, log)
+        if not problems:
+            write_checksums(sidecar, current)
+            log(f"[verify] recorded the checksums of {len(current.files)} shard(s) in {sidecar}")
+    return problems
+
+
+def compute_checksums(download, log) -> Checksums:
+    """crc32 of every non-expert tensor and of each expert's slice of every stacked tensor."""
+    folder = download.folder
+    start, done = time.perf_counter(), 0
+    with Checkpoint(folder) as ckpt:
+        resident_infos = [ckpt.tensors[name] for name in download.resident]
+    resident: dict[str, int] = {}
+    experts = {
+        layer.module: [[0] * len(layer.tensors) for _ in range(layer.num_experts)]
+        for layer in download.layers
+    }
+    for shard in sorted(download.file_bytes):
+        with (
+            open(folder / shard, "rb") as f,
+            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
+        ):
+            data = memoryview(m)
+            for info in resident_infos:
+                if info.path.name == shard:
+                    resident[info.name] = zlib.crc32(data[info.start : info.end])
+            for layer in download.layers:
+                for t_index, tensor in enumerate(layer.tensors):
+                    if tensor.file != shard:
+                        continue
+                    for expert in range(layer.num_experts):
+                        offset, length = tensor.span(expert)
+                        experts[layer.module][expert][t_index] = zlib.crc32(
+                            data[offset : offset + length]
+                        )
+            data.release()
+        done += download.file_bytes[shard]
+        rate = done / max(time.perf_counter() - start, 1e-9) / 1e6
+        log(f"[verify] {shard}: read ({rate:.0f} MB/s)")
+    files = {shard: file_stat(folder / shard) for shard in download.file_bytes}
+    return Checksums(str(folder.resolve()), files, resident, experts)
+
+
+def _compare(download, recorded: Checksums, current: Checksums) -> list[Problem]:
+    problems = []
+    with Checkpoint(download.folder) as ckpt:
+        shard_of = {name: ckpt.tensors[name].path.name for name in download.resident}
+    for name, crc in current.resident.items():
+        if recorded.resident.get(name) != crc:
+            problems.append(Problem(shard_of[name], f"tensor '{name}' does not match its checksum"))
+    for index, layer in enumerate(download.layers):
+        expected = recorded.experts.get(layer.module, [])
+        for expert, crcs in enumerate(current.experts[layer.module]):
+            want = expected[expert] if expert < len(expected) else []
+            for t_index, (tensor, crc) in enumerate(zip(layer.tensors, crcs)):
+                if t_index >= len(want) or want[t_index] != crc:
+                    where = f"MoE layer {index} ({layer.module}) expert {expert}"
+                    problems.append(
+                        Problem(
+                            tensor.file,
+                            f"{where}: tensor {tensor.name} does not match its checksum",
+                        )
+                    )
+    for shard, stat in current.files.items():
+        old = recorded.files.get(shard)
+        if old is None or stat_change(old, stat):
+            problems.append(
+                Problem(
+                    shard,
+                    "changed since its checksums were recorded (size or time differs): "
+                    "`streamer verify --record` records the files as they are now",
+                )
+            )
+    return problems
+
+
+def _hub_hashes(download, log) -> list[Problem]:
+    """The whole-file sha256 of each shard that is a Hugging Face cache blob, against its name."""
+    problems = []
+    for shard in download.file_bytes:
+        want = hub_blob_sha256(download.folder / shard)
+        if want is not None:
+            ok = file_sha256(download.folder / shard) == want
+            log(f"[verify] {shard}: sha256 {'matches' if ok else 'DOES NOT match'} its blob's name")
+            if not ok:
+                problems.append(
+                    Problem(
+                        shard,
+                        "its sha256 differs from the name of the Hugging Face cache blob it "
+                        "is: the file is damaged; download it again (no checksums were recorded)",
+                    )
+                )
+    return problems

@@ -1,44 +1,40 @@
-"""A downloaded checkpoint folder: config.json plus safetensors shards (with or without an index)."""
+"""A downloaded checkpoint folder: config.json plus safetensors shards (with or without an
+index)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import mlx.core as mx
 
 from ..errors import StreamerError
+from .json_file import read_json_object
 from .safetensors import TensorInfo, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def read_json(path: Path, what: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise StreamerError(f"{path} is missing: {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StreamerError(f"{path} cannot be read as JSON ({e}); download it again.") from e
-    if not isinstance(data, dict):
-        raise StreamerError(f"{path} is not a JSON object; download it again.")
-    return data
-
-
 class Checkpoint:
-    """Tensor table of a checkpoint folder. Reads bytes with pread; never loads a whole shard."""
+    """Tensor table of a checkpoint folder. Reads bytes with pread; never loads a whole shard.
 
-    def __init__(self, folder: Path | str):
+    `stand_ins` names, for shards a `repack --delete-source` has already deleted, a file holding
+    that shard's header at its original size (the data a hole): the table stays whole, so an
+    interrupted repack can resume, and reading such a shard's data is refused.
+    """
+
+    def __init__(self, folder: Path | str, stand_ins: dict[str, Path] | None = None):
         self.folder = Path(folder)
+        self.stand_ins = dict(stand_ins or {})
         if not self.folder.is_dir():
             raise StreamerError(
                 f"{self.folder} is not a folder: give the folder of a downloaded checkpoint."
             )
-        self.config = read_json(
+        self.config = read_json_object(
             self.folder / "config.json",
-            "point at the folder that holds the model's config.json and *.safetensors files.",
+            "download it again.",
+            missing="point at the folder that holds the model's config.json and *.safetensors "
+            "files.",
         )
         self.tensors = self._tensor_table()
         self._fds: dict[Path, int] = {}
@@ -47,27 +43,36 @@ class Checkpoint:
     def _shards(self) -> list[Path]:
         index_path = self.folder / INDEX_FILE
         if index_path.exists():
-            weight_map = read_json(index_path, "").get("weight_map")
+            weight_map = read_json_object(index_path, "download it again.").get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise StreamerError(f"{index_path} has no weight_map; download it again.")
-            shards = sorted({self.folder / name for name in weight_map.values()})
+            shards = sorted({self._shard(name) for name in weight_map.values()})
             for shard in shards:
                 if (
                     not shard.exists() and not shard.is_symlink()
                 ):  # a broken link is reported when read
                     raise StreamerError(
-                        f"{index_path} names shard {shard.name}, which is missing from {self.folder}: "
-                        "the download is incomplete; fetch that file."
+                        f"{index_path} names shard {shard.name}, which is missing from "
+                        f"{self.folder}: the download is incomplete; fetch that file."
                     )
             self._weight_map = weight_map
             return shards
         self._weight_map = None
         shards = sorted(self.folder.glob("model*.safetensors"))
+        shards += [
+            path for name, path in self.stand_ins.items() if self.folder / name not in shards
+        ]
         if not shards:
             raise StreamerError(
                 f"{self.folder} holds no model*.safetensors files: nothing to repack."
             )
         return shards
+
+    def _shard(self, name: str) -> Path:
+        path = self.folder / name
+        if name in self.stand_ins and not path.exists():
+            return self.stand_ins[name]
+        return path
 
     def _tensor_table(self) -> dict[str, TensorInfo]:
         table: dict[str, TensorInfo] = {}
@@ -82,8 +87,8 @@ class Checkpoint:
             for name, shard_name in self._weight_map.items():
                 if name not in table:
                     raise StreamerError(
-                        f"{self.folder / INDEX_FILE} places tensor '{name}' in {shard_name}, which does not "
-                        "contain it: the shard is incomplete; download it again."
+                        f"{self.folder / INDEX_FILE} places tensor '{name}' in {shard_name}, "
+                        "which does not contain it: the shard is incomplete; download it again."
                     )
         return table
 
@@ -97,15 +102,29 @@ class Checkpoint:
     def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
         """`length` bytes of a tensor from byte `start` within it (whole tensor by default)."""
         length = info.nbytes - start if length is None else length
+        if info.path.name in self.stand_ins:
+            raise StreamerError(
+                f"{self.folder / info.path.name} was deleted by `repack --delete-source` before "
+                f"tensor '{info.name}' was written: the repack cannot finish; download it again."
+            )
         fd = self._fds.get(info.path)
         if fd is None:
             fd = self._fds[info.path] = os.open(info.path, os.O_RDONLY)
         data = os.pread(fd, length, info.start + start)
         if len(data) != length:
             raise StreamerError(
-                f"{info.path}: short read in tensor '{info.name}'; the file changed or is truncated."
+                f"{info.path}: short read in tensor '{info.name}'; the file changed or is "
+                "truncated."
             )
         return data
+
+    def release(self, path: Path) -> None:
+        """Close what is open on one shard (its descriptor and lazily loaded tensors), so that
+        deleting it frees its space."""
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+        self._lazy_shards.pop(path, None)
 
     def close(self) -> None:
         for fd in self._fds.values():

@@ -65,6 +65,30 @@ def lock_for_replacing(folder: Path) -> FolderLock | None:
         ) from None
 
 
+def lock_download_for_reading(folder: Path) -> FolderLock | None:
+    """A shared lock on a download a model streams from in place (on its config.json); refused
+    while `repack --delete-source` deletes its shards."""
+    try:
+        return _lock(Path(folder) / "config.json", fcntl.LOCK_SH)
+    except BlockingIOError:
+        raise StreamerError(
+            f"{folder} is being repacked with --delete-source in another process, which deletes "
+            "its shards: use the repacked model when it is done."
+        ) from None
+
+
+def lock_source_for_deleting(folder: Path) -> FolderLock | None:
+    """An exclusive lock on a download whose shards `repack --delete-source` deletes; refused
+    while a model streams from it in place."""
+    try:
+        return _lock(Path(folder) / "config.json", fcntl.LOCK_EX)
+    except BlockingIOError:
+        raise StreamerError(
+            f"{folder} is in use: another process streams a model from it in place (or repacks "
+            "it with --delete-source). Stop that process first, or repack without --delete-source."
+        ) from None
+
+
 def lock_directory(path: Path, what: str) -> int | None:
     """An exclusive flock on a directory itself, e.g. a repack's .partial folder: the fd to close,
     or None where directories cannot be locked."""

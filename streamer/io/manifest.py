@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import StreamerError
+from .json_file import read_json_object
 from .safetensors import DTYPES, itemsize
 
 FORMAT = "streamer-moe"
@@ -103,7 +104,8 @@ def layer_to_json(layer: MoeLayer) -> dict:
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
-    """Write manifest.json atomically: a crash leaves the old manifest or the new one, never half."""
+    """Write manifest.json atomically: a crash leaves the old manifest or the new one, never
+    half."""
     write_json_atomic(Path(folder) / MANIFEST_FILE, manifest.to_json())
 
 
@@ -121,29 +123,16 @@ def read_manifest(folder: Path | str) -> Manifest:
     path = Path(folder) / MANIFEST_FILE
     if not path.exists() and not path.is_symlink():
         raise StreamerError(
-            f"{path} is missing: {folder} is not a repacked model. Run `streamer repack SRC {folder}` first."
+            f"{path} is missing: {folder} is not a repacked model. Run "
+            f"`streamer repack SRC {folder}` first."
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise StreamerError(
-            f"cannot read {path}: {e.strerror or e}; check the folder, or repack the model."
-        ) from e
-    except UnicodeDecodeError as e:
-        raise StreamerError(f"{path} is not UTF-8 text ({e}); repack the model again.") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise StreamerError(f"{path} is not valid JSON ({e}); repack the model again.") from e
-    except RecursionError:
-        raise StreamerError(
-            f"{path} is nested too deeply to be a manifest; repack the model again."
-        ) from None
+    data = read_json_object(path, "check the folder, or repack the model.")
     return _guarded(lambda: _parse(data, path), path)
 
 
 def _guarded(parse, path: Path):
-    """Run a parser over untrusted JSON: any structural surprise becomes a StreamerError naming `path`."""
+    """Run a parser over untrusted JSON: any structural surprise becomes a StreamerError naming
+    `path`."""
     try:
         return parse()
     except (
@@ -168,14 +157,14 @@ def layer_from_json(entry: dict, path: Path) -> MoeLayer:
 def _parse(data: dict, path: Path) -> Manifest:
     if data.get("format") != FORMAT:
         raise StreamerError(
-            f"{path} is not a streamer manifest (format {data.get('format')!r}): point at a folder written by "
-            "`streamer repack`, or repack the model."
+            f"{path} is not a streamer manifest (format {data.get('format')!r}): point at a "
+            "folder written by `streamer repack`, or repack the model."
         )
     version = data["format_version"]
     if type(version) is int and version > FORMAT_VERSION:
         raise StreamerError(
-            f"{path} has format version {version}, newer than this streamer reads ({FORMAT_VERSION}): "
-            "upgrade streamer, or repack the model with this version."
+            f"{path} has format version {version}, newer than this streamer reads "
+            f"({FORMAT_VERSION}): upgrade streamer, or repack the model with this version."
         )
     if version != FORMAT_VERSION or type(version) is not int:
         raise StreamerError(

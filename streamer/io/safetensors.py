@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from .json_file import parse_json_object
 
 # safetensors dtype -> (numpy storage dtype, mlx dtype). bf16 is stored as uint16 in numpy.
 DTYPES: dict[str, tuple[np.dtype, mx.Dtype]] = {
@@ -64,7 +65,8 @@ def itemsize(dtype: str) -> int:
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
-    """Parse and validate a safetensors header; raise StreamerError naming the file on any defect."""
+    """Parse and validate a safetensors header; raise StreamerError naming the file on any
+    defect."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -93,12 +95,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         raise StreamerError(
             f"cannot read {path}{link}: {e.strerror or e}. Fix or download that file again."
         ) from e
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise StreamerError(f"{path}: header is not valid JSON ({e}); the file is corrupt.") from e
-    if not isinstance(header, dict):
-        raise StreamerError(f"{path}: header is not a JSON object; the file is corrupt.")
+    header = parse_json_object(raw, f"{path}: header", "the file is corrupt.")
     data_start = 8 + n
     data_size = size - data_start
     tensors: dict[str, TensorInfo] = {}
@@ -180,7 +177,8 @@ def write_safetensors(
     metadata: dict[str, str] | None = None,
     dtypes: dict[str, str] | None = None,
 ) -> dict[str, int]:
-    """Write tensors one at a time (each evaluated just before it is written); return crc32 per name.
+    """Write tensors one at a time (each evaluated just before it is written); return crc32 per
+    name.
 
     The header is computed from lazy shapes and dtypes, so peak memory is one tensor, not the file.
     `dtypes` names the safetensors dtype of tensors mlx cannot type itself (F8_E4M3 held as uint8).

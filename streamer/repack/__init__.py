@@ -27,9 +27,9 @@ from ..io.integrity import file_stat
 from ..io.lock import lock_for_replacing
 from ..io.manifest import RESIDENT_FILE, Manifest, read_manifest, write_manifest
 from ..io.safetensors import write_safetensors
-from . import publish
+from . import consume, publish
 from .plan import Plan, Quantize, make_plan
-from .progress import Progress, source_identity
+from .progress import PROGRESS_FILE, Progress, source_identity
 from .records import NonfiniteWarnings, record_bytes, write_layer
 
 __all__ = ["Quantize", "repack"]
@@ -42,11 +42,13 @@ def repack(
     quantize: Quantize | None = None,
     force: bool = False,
     resume: bool = False,
+    delete_source: bool = False,
     log=lambda msg: print(msg, file=sys.stderr, flush=True),
 ) -> Manifest:
     """Repack checkpoint folder `src` into streaming folder `dst`; return the written manifest.
 
     With `resume`, continue an interrupted repack into `dst` from its last finished layer.
+    With `delete_source`, delete each source shard once all of its data is written (consume.py).
     """
     src, dst = Path(src), Path(dst)
     partial = publish.partial_folder(dst)
@@ -59,25 +61,51 @@ def repack(
         )
     if dst.resolve() == src.resolve():
         raise StreamerError(f"{dst} is the source folder: choose another destination.")
-    with Checkpoint(src) as ckpt:
+    consumed = consume.stand_ins(partial) if partial.exists() else {}
+    if consumed and not resume:
+        raise StreamerError(
+            f"{partial} holds the only copy of {len(consumed)} source shard(s) deleted by "
+            "--delete-source: run the same command with --resume to finish it."
+        )
+    with Checkpoint(src, consumed) as ckpt:
         plan = make_plan(ckpt, quantize)
         options = {"quantize": quantize and [quantize.bits, quantize.group_size]}
         identity = source_identity(ckpt, options)
         readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads
-        partial_fd, progress = publish.open_partial(partial, identity, resume, log)
+        consumer = None
+        try:
+            if delete_source:
+                consumer = consume.SourceConsumer(ckpt, plan, partial, log)
+            partial_fd, progress = publish.open_partial(partial, identity, resume, log)
+        except BaseException:
+            for held in (readers, consumer):
+                if held is not None:
+                    held.release()
+            raise
         try:
             needed, left = disk_needed(plan, progress)
+            keep, peak = consume.disk_peaks(
+                plan, progress, *layer_and_resident_bytes(plan, progress)
+            )
+            log(
+                f"[repack] disk: {consume.size_text(keep)} to write beside the source; with "
+                f"--delete-source at most {consume.size_text(peak)} more at any moment"
+                + (" (deleting as it goes)" if delete_source else "")
+            )
+            if consumer is not None and _same_disk(src, partial):
+                left = min(left, peak)
             publish.check_free_space(partial, left)  # a refusal keeps resumable work as it is
-            manifest = _write_and_publish(plan, partial, dst, progress, needed, log)
+            manifest = _write_and_publish(plan, partial, dst, progress, needed, consumer, log)
         except StreamerError:
-            if not progress.started:
+            if not progress.started and not consume.stand_ins(partial):
                 shutil.rmtree(partial, ignore_errors=True)  # nothing written: leave nothing behind
             raise
         finally:
             if partial_fd is not None:
                 os.close(partial_fd)
-            if readers is not None:
-                readers.release()
+            for held in (readers, consumer):
+                if held is not None:
+                    held.release()
     log(
         f"[repack] done: {dst} ({manifest.expert_bytes / 1e9:.2f} GB of experts in "
         f"{len(manifest.layers)} MoE layers)"
@@ -85,22 +113,43 @@ def repack(
     return manifest
 
 
+def layer_and_resident_bytes(plan: Plan, progress: Progress) -> tuple[int, int]:
+    """Bytes of one MoE layer's expert file and of the resident file, as they will be written
+    (a layer already written says it without reading a source shard that may be deleted)."""
+    done = next(iter(progress.layers.values()), None)
+    per_layer = done.file_bytes if done is not None else record_bytes(plan) * plan.num_experts
+    return per_layer, sum(a.nbytes for _, a in plan.resident_items())
+
+
 def disk_needed(plan: Plan, progress: Progress) -> tuple[int, int]:
     """Bytes of the whole repacked model, and of what is left to write (all unless resuming)."""
-    per_layer = record_bytes(plan) * plan.num_experts
-    resident = sum(a.nbytes for _, a in plan.resident_items())
+    per_layer, resident = layer_and_resident_bytes(plan, progress)
     needed = per_layer * len(plan.containers) + resident
     left = per_layer * (len(plan.containers) - len(progress.layers))
     return needed, left + (resident if progress.resident is None else 0)
 
 
+def _same_disk(src: Path, partial: Path) -> bool:
+    return os.stat(src).st_dev == os.stat(partial).st_dev
+
+
 def _write_and_publish(
-    plan: Plan, partial: Path, dst: Path, progress: Progress, needed: int, log
+    plan: Plan,
+    partial: Path,
+    dst: Path,
+    progress: Progress,
+    needed: int,
+    consumer: consume.SourceConsumer | None,
+    log,
 ) -> Manifest:
     try:
-        manifest = write_model(plan, partial, progress, log)
-        progress.remove()
+        collect = consumer.collect if consumer is not None else lambda _: None
+        manifest = write_model(plan, partial, progress, log, collect)
         publish.publish(partial, dst)
+        # the progress and stand-ins go only once published: until then they are all there is
+        # of the source shards already deleted
+        (dst / PROGRESS_FILE).unlink(missing_ok=True)
+        shutil.rmtree(dst / consume.CONSUMED, ignore_errors=True)
     except BaseException as e:
         failure = publish.failed(e, partial, progress, len(plan.containers), needed, log)
         if failure is e:
@@ -109,15 +158,22 @@ def _write_and_publish(
     return manifest
 
 
-def write_model(plan: Plan, out: Path, progress: Progress, log) -> Manifest:
+def write_model(plan: Plan, out: Path, progress: Progress, log, collect=lambda _: None) -> Manifest:
     """Write the resident file, each MoE layer not already in `progress`, the side files, the
-    config and the manifest into `out`, recording progress after each file."""
+    config and the manifest into `out`, recording progress after each file (then `collect`
+    deletes the source shards that no longer hold anything left to write)."""
     warnings = NonfiniteWarnings(log)
     total = len(plan.containers)
     log(f"[repack] {plan.folder} -> {total} MoE layers x {plan.num_experts} experts")
     if progress.resident is None:
+        if plan.sources.ckpt.stand_ins:  # their data would be read as zeros: never write it
+            raise StreamerError(
+                f"{out / RESIDENT_FILE} is missing but source shards it needs were deleted by "
+                "--delete-source: the repack cannot finish; download the model again."
+            )
         progress.record_resident(write_safetensors(out / RESIDENT_FILE, plan.resident_items()))
         warnings.check_file(out / RESIDENT_FILE)
+    collect(progress)
     layers = []
     start = time.perf_counter()
     written = 0
@@ -129,6 +185,7 @@ def write_model(plan: Plan, out: Path, progress: Progress, log) -> Manifest:
             continue
         layer = write_layer(plan, out, index, module, warnings)
         progress.record_layer(index, layer)
+        collect(progress)
         layers.append(layer)
         written += layer.file_bytes
         rate = written / max(time.perf_counter() - start, 1e-9) / 1e6

@@ -21,6 +21,7 @@ from ..architectures import (
     normalize_config,
     quantize_like_mlx_lm,
 )
+from ..config import check_config, check_layer_count
 from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
@@ -62,7 +63,8 @@ def in_containers(name: str, containers: dict[str, nn.Module]) -> bool:
 def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     """Check the checkpoint against its config.json and plan its repack; refuse what cannot be."""
     where = ckpt.folder / "config.json"
-    config = normalize_config(ckpt.config)
+    config = normalize_config(check_config(ckpt.config, where))
+    check_layer_count(config, ckpt.tensors, where)
     arch = architecture(config, where)
     if "quantization" not in config and "quantization_config" in config:
         method = config["quantization_config"].get("quant_method", "?")

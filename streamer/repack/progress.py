@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
+from ..io.json_file import read_json_object
 from ..io.manifest import (
     FORMAT_VERSION,
     RESIDENT_FILE,
@@ -62,14 +63,8 @@ class Progress:
         path = Path(folder) / PROGRESS_FILE
         if not path.exists():
             return None
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-            same = state["source"] == identity
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise StreamerError(
-                f"{path} is unreadable ({e}): rerun without --resume to start over."
-            ) from e
-        if not same:
+        state = read_json_object(path, "rerun without --resume to start over.")
+        if state.get("source") != identity:
             raise StreamerError(
                 f"{folder} was started from a different checkpoint or with other options "
                 "(config.json, the tensors or --quantize differ): rerun without --resume to start "

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..errors import StreamerError
 from ..io.checkpoint import INDEX_FILE
 from ..io.lock import lock_directory
+from .consume import stand_ins
 from .progress import Progress
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
@@ -69,14 +70,18 @@ def failed(
     """Keep the finished work after an interruption, an I/O error (disk full...) or a crash so that
     --resume continues it; delete it after a StreamerError (bad input: nothing worth keeping).
     Returns the error to raise: an OSError becomes a StreamerError saying what to do."""
-    keep = not isinstance(error, StreamerError) and progress.started and partial.exists()
-    if not keep:
+    consumed = stand_ins(partial) if partial.exists() else {}
+    keep = consumed or (not isinstance(error, StreamerError) and progress.started)
+    if not keep or not partial.exists():
         shutil.rmtree(partial, ignore_errors=True)
         return error
     done = f"{len(progress.layers)}/{num_layers} MoE layers are kept in {partial}"
     again = (
         f"run the same command with --resume to continue (or delete {partial} to reclaim its space)"
     )
+    if consumed:
+        done += f" (with all the data of the {len(consumed)} source shard(s) deleted so far)"
+        again = "run the same command with --resume to continue"
     if not isinstance(error, OSError):
         what = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
         log(f"[repack] {what}: {done}; {again}.")

@@ -1,0 +1,33 @@
+"""Untrusted JSON (config.json, the checkpoint's index, safetensors headers, the manifest, the
+resume sidecar): every defect becomes one StreamerError naming the file and what to do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import StreamerError
+
+
+def parse_json_object(raw: bytes | str, where: str, fix: str) -> dict:
+    """`raw` (UTF-8) as a JSON object; `where` names it in errors, `fix` says what to do."""
+    try:
+        data = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StreamerError(f"{where} is not valid JSON ({e}); {fix}") from e
+    except RecursionError:
+        raise StreamerError(f"{where} is nested too deeply to be read; {fix}") from None
+    if not isinstance(data, dict):
+        raise StreamerError(f"{where} is not a JSON object; {fix}")
+    return data
+
+
+def read_json_object(path: Path, fix: str, missing: str | None = None) -> dict:
+    """The JSON object in file `path`; `missing` says what to do if there is no such file."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise StreamerError(f"{path} is missing: {missing or fix}") from None
+    except OSError as e:
+        raise StreamerError(f"cannot read {path}: {e.strerror or e}; {fix}") from e
+    return parse_json_object(raw, str(path), fix)

@@ -1,0 +1,59 @@
+"""`streamer serve`: an OpenAI-compatible HTTP server over one streamed model.
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions (streamed as server-sent events or
+whole), GET /v1/models, GET /health. See http.py (requests and answers) and engine.py (the one
+generation thread, the prompt cache).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from .api import Sampling
+
+
+def serve(
+    name: str,
+    folder: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    defaults: Sampling | None = None,
+    max_tokens: int = 512,
+    memory_budget: int | None = None,
+    trust_remote_code: bool = False,
+    prompt_cache_size: int = 10,
+) -> None:
+    """Load the model at `folder` (served as `name`) and answer requests until interrupted."""
+    from ..io.manifest import read_manifest
+    from ..model import load
+    from .engine import Engine
+    from .http import App, Handler, Server
+
+    logging.basicConfig(level=logging.INFO, format="[serve] %(message)s", stream=sys.stderr)
+    model, tokenizer = load(
+        folder, memory_budget=memory_budget, trust_remote_code=trust_remote_code
+    )
+    context = read_manifest(folder).config.get("max_position_embeddings")
+    engine = Engine(model, tokenizer, prompt_cache_size)
+    aliases = {str(folder), folder.name, str(folder.resolve())}
+    app = App(engine, name, aliases, defaults or Sampling(), max_tokens, context)
+    try:
+        httpd = Server((host, port), Handler)
+    except OSError as e:
+        from ..errors import StreamerError
+
+        raise StreamerError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    httpd.app = app
+    print(
+        f"[serve] {name}: listening on http://{host}:{httpd.server_port}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        httpd.serve_forever()
+    finally:
+        httpd.server_close()
+        engine.close()

@@ -1,0 +1,190 @@
+"""One thread owns the model and computes one sequence at a time; requests wait in a queue.
+
+A streamed model reads its routed experts from disk for every token, so sequences computed side by
+side would share the same disk and caches: they run in turn. Each request is a `Job` whose events
+(`Step`s, then a `Done` or an `ApiError`) its HTTP handler reads; a handler whose client went away
+cancels the job, and the loop stops at the next token (or skips the job if it has not started).
+KV caches of finished sequences are kept in mlx-lm's LRUPromptCache, so a conversation's next turn
+computes only the tokens after the longest cached prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from queue import Queue
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import (
+    LRUPromptCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from ..generate import RunStats, stream_generate
+from .api import ApiError, Completion
+from .output import Output, Piece
+
+log = logging.getLogger("streamer.server")
+MODEL_KEY = "served"  # one model per server: the prompt cache's key for it
+
+
+@dataclass
+class Token:
+    id: int
+    text: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    piece: Piece
+    tokens: list[Token] = field(default_factory=list)
+
+
+@dataclass
+class Done:
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    stats: RunStats | None  # streamer's figures for the request
+
+
+class Job:
+    def __init__(self, request: Completion, prompt: list[int], max_tokens: int):
+        self.request, self.prompt, self.max_tokens = request, prompt, max_tokens
+        self.events: Queue = Queue()
+        self.cancelled = threading.Event()
+
+
+class Engine:
+    def __init__(self, model: nn.Module, tokenizer: TokenizerWrapper, prompt_cache_size: int = 10):
+        self.model, self.tokenizer = model, tokenizer
+        self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
+        self.prompt_cache = LRUPromptCache(prompt_cache_size)
+        self.jobs: Queue[Job | None] = Queue()
+        self.thread = threading.Thread(target=self._run, name="streamer-generate", daemon=True)
+        self.thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        return self.thread.is_alive()
+
+    def submit(self, job: Job) -> Job:
+        self.jobs.put(job)
+        return job
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout=30)
+
+    def _run(self) -> None:
+        stream = mx.default_stream(mx.default_device())  # this thread's own, as mlx-lm's server
+        while (job := self.jobs.get()) is not None:
+            if job.cancelled.is_set():
+                continue
+            try:
+                self._generate(job, stream)
+            except ApiError as e:
+                job.events.put(e)
+            except Exception as e:  # the server keeps serving; the request learns why it failed
+                log.exception("generation failed")
+                job.events.put(ApiError(500, f"generation failed: {e}"))
+
+    def _generate(self, job: Job, stream) -> None:
+        request, sampling = job.request, job.request.sampling
+        cache, rest = self._cache_for(job.prompt)
+        output = Output(self.tokenizer, job.prompt, request.stop)
+        generated: list[int] = []
+        finish, stats = "length", None
+        for response in stream_generate(
+            self.model,
+            self.tokenizer,
+            rest,
+            job.max_tokens,
+            seed=sampling.seed,
+            sampler=make_sampler(
+                sampling.temperature,
+                top_p=sampling.top_p,
+                min_p=sampling.min_p,
+                top_k=sampling.top_k,
+            ),
+            logits_processors=make_logits_processors(
+                sampling.logit_bias,
+                sampling.repetition_penalty,
+                presence_penalty=sampling.presence_penalty,
+                frequency_penalty=sampling.frequency_penalty,
+            ),
+            prompt_cache=cache,
+            stream=stream,
+        ):
+            generated.append(response.token)
+            stats = response.stats
+            piece, stopped = output.feed(response.text)
+            eos = response.finish_reason == "stop"
+            tokens = [] if eos or not request.logprobs else [self._token(response, request)]
+            if piece or tokens:
+                job.events.put(Step(piece, tokens))
+            if job.cancelled.is_set():
+                log.info(
+                    "client gone: stopped after %d of %d tokens", len(generated), job.max_tokens
+                )
+                finish = "stop"
+                break
+            if stopped:
+                finish = "stop"
+                break
+            finish = response.finish_reason or finish
+        last = output.finish()
+        if last:
+            job.events.put(Step(last))
+        self._keep_cache(job.prompt + generated, cache)
+        if finish == "stop" and output.made_tool_call:
+            finish = "tool_calls"
+        cached = len(job.prompt) - len(rest)
+        job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
+
+    def _cache_for(self, prompt: list[int]) -> tuple[list, list[int]]:
+        """The KV cache of the longest cached prefix of `prompt` and the tokens still to compute
+        (at least one: the first new token's logits come from the last prompt token)."""
+        cache, rest = self.prompt_cache.fetch_nearest_cache(MODEL_KEY, prompt)
+        if cache is not None and not rest:
+            if can_trim_prompt_cache(cache):
+                trim_prompt_cache(cache, 1)
+                return cache, prompt[-1:]
+            cache = None
+        if cache is None:
+            return make_prompt_cache(self.model), prompt
+        return cache, rest
+
+    def _keep_cache(self, tokens: list[int], cache: list) -> None:
+        # every token stream_generate yielded has been fed to the model (it computes one step
+        # ahead), so the cache holds exactly these tokens; a cache with offsets says so itself
+        offsets = {c.offset for c in cache if hasattr(c, "offset")}
+        if len(offsets) == 1:
+            tokens = tokens[: offsets.pop()]
+        self.prompt_cache.insert_cache(MODEL_KEY, tokens, cache)
+
+    def _token(self, response, request: Completion) -> Token:
+        logprobs = response.logprobs
+        token = Token(response.token, "", logprobs[response.token].item())
+        ids = [response.token]
+        if request.top_logprobs:
+            n = request.top_logprobs
+            top = mx.argpartition(-logprobs, kth=n - 1)[:n].tolist()
+            values = logprobs[top].tolist()
+            order = sorted(range(n), key=lambda i: -values[i])
+            ids += [top[i] for i in order]
+            token.top = [(None, values[i]) for i in order]
+        with self.tokenizer_lock:
+            texts = [self.tokenizer.decode([i]) for i in ids]
+        token.text = texts[0]
+        token.top = [(text, value) for text, (_, value) in zip(texts[1:], token.top)]
+        return token

@@ -1,0 +1,208 @@
+"""The HTTP side: routes, request bodies, server-sent events, OpenAI-style errors.
+
+Standard-library `http.server`, as mlx-lm's server uses: a thread per connection, each of which
+validates and tokenizes its request, queues it on the one `Engine`, then writes what the engine
+produces. Bad input is answered with a 4xx before anything is queued.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import select
+import socket
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from queue import Empty
+
+from .api import MAX_BODY_BYTES, ApiError, Completion, Sampling, parse_body, parse_completion
+from .engine import Done, Engine, Job, Step
+from .output import Piece
+from .prompts import prompt_tokens
+from .responses import Answer, stats_json
+
+log = logging.getLogger("streamer.server")
+POLL_SECONDS = 0.25  # how often a waiting handler checks that its client is still there
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+TEXT_PATHS = ("/v1/completions", "/completions")
+
+
+class App:
+    """What every handler shares: the engine, the served model's names and the defaults."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        model_id: str,
+        aliases: set[str],
+        defaults: Sampling,
+        max_tokens: int,
+        context: int | None,
+    ):
+        self.engine, self.model_id = engine, model_id
+        self.model_ids = {model_id, *aliases}
+        self.defaults, self.max_tokens, self.context = defaults, max_tokens, context
+
+    def job(self, request: Completion) -> Job:
+        with self.engine.tokenizer_lock:
+            prompt = prompt_tokens(request, self.engine.tokenizer)
+        return Job(request, prompt, self._max_tokens(len(prompt), request.max_tokens))
+
+    def _max_tokens(self, prompt: int, asked: int | None) -> int:
+        if self.context is None:
+            return asked or self.max_tokens
+        if prompt >= self.context:
+            raise ApiError(
+                400,
+                f"the prompt is {prompt} tokens but the model's context is {self.context} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        room = self.context - prompt
+        if asked is not None and asked > room:
+            raise ApiError(
+                400,
+                f"the prompt is {prompt} tokens and max_tokens is {asked}, but the model's context "
+                f"is {self.context} tokens: ask for at most {room}",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return asked or min(self.max_tokens, room)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+
+    def log_message(self, format: str, *args) -> None:
+        log.info("%s %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:
+        app = self.server.app
+        if self.path == "/health":
+            healthy = app.engine.healthy
+            self._json(200 if healthy else 503, {"status": "ok" if healthy else "unavailable"})
+        elif self.path.rstrip("/") == "/v1/models":
+            self._json(200, {"object": "list", "data": [self._model()]})
+        elif self.path.startswith("/v1/models/") and self.path[11:] in app.model_ids:
+            self._json(200, self._model())
+        else:
+            self._error(ApiError(404, f"no such endpoint: GET {self.path}"))
+
+    def _model(self) -> dict:
+        return {"id": self.server.app.model_id, "object": "model", "owned_by": "streamer"}
+
+    def do_POST(self) -> None:
+        chat = self.path in CHAT_PATHS
+        try:
+            if not chat and self.path not in TEXT_PATHS:
+                raise ApiError(404, f"no such endpoint: POST {self.path}")
+            app = self.server.app
+            body = parse_body(self._body())
+            request = parse_completion(body, chat=chat, models=app.model_ids, defaults=app.defaults)
+            job = app.engine.submit(app.job(request))
+        except ApiError as e:
+            self._error(e)
+            return
+        try:
+            (self._stream if request.stream else self._whole)(job)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away mid-answer
+        finally:
+            job.cancelled.set()  # a no-op once the job is done; else its generation stops
+
+    def _body(self) -> bytes:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise ApiError(411, "a Content-Length header is required")
+        if not length.isdigit():
+            raise ApiError(400, f"Content-Length {length!r} is not a number of bytes")
+        if int(length) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
+        return self.rfile.read(int(length))
+
+    def _events(self, job: Job):
+        """The job's events as they come; None while there is nothing new (every POLL_SECONDS)."""
+        while True:
+            try:
+                event = job.events.get(timeout=POLL_SECONDS)
+            except Empty:
+                if not self.server.app.engine.healthy:
+                    raise ApiError(500, "the generation thread stopped") from None
+                yield None
+                continue
+            if isinstance(event, ApiError):
+                raise event
+            yield event
+            if isinstance(event, Done):
+                return
+
+    def _whole(self, job: Job) -> None:
+        answer = Answer(job.request, self.server.app.engine.tokenizer.tool_parser)
+        checked = time.monotonic()
+        try:
+            for event in self._events(job):
+                if time.monotonic() - checked > POLL_SECONDS:
+                    if _client_gone(self.connection):
+                        return  # the finally of do_POST cancels the job
+                    checked = time.monotonic()
+                if isinstance(event, Step):
+                    answer.add(event.piece, event.tokens)
+                elif isinstance(event, Done):
+                    self._json(200, answer.whole(event))
+        except ApiError as e:
+            self._error(e)
+
+    def _stream(self, job: Job) -> None:
+        answer = Answer(job.request, self.server.app.engine.tokenizer.tool_parser)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        try:
+            for event in self._events(job):
+                if event is None:
+                    self._send(b": waiting\n\n")  # an SSE comment: finds a client that left
+                elif isinstance(event, Step):
+                    self._event(answer.chunk(event.piece, event.tokens))
+                else:
+                    final = answer.chunk(Piece(), [], event.finish_reason)
+                    final["streamer"] = stats_json(event.stats)
+                    self._event(final)
+                    if job.request.include_usage:
+                        self._event(answer.usage_chunk(event))
+        except ApiError as e:
+            self._event(e.body())  # the status line is sent already: the error is an event
+        self._send(b"data: [DONE]\n\n")
+
+    def _event(self, body: dict) -> None:
+        self._send(f"data: {json.dumps(body)}\n\n".encode())
+
+    def _send(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def _json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self._send(data)
+
+    def _error(self, error: ApiError) -> None:
+        self.close_connection = True  # an unread body may still be on the connection
+        self._json(error.status, error.body())
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    app: App
+
+
+def _client_gone(sock: socket.socket) -> bool:
+    """Whether the peer closed its side: readable with nothing to read (it sends no more)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True

@@ -1,0 +1,98 @@
+"""The model's text -> what a response carries: content cut exactly at a stop string, reasoning,
+and tool calls, split by mlx-lm's text state machine (the template's markers stripped)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlx_lm.generate import TextStateMachine, make_text_state_machine
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+
+@dataclass
+class Piece:
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[str] = field(default_factory=list)  # the raw text of each finished call
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.reasoning or self.tool_calls)
+
+
+class StopStrings:
+    """Holds back text that may be the start of a stop string; cuts at the first full match."""
+
+    def __init__(self, stops: list[str]):
+        self.stops, self.held = stops, ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        text = self.held + text
+        matches = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if matches:
+            self.held = ""
+            return text[: min(matches)], True
+        keep = max(
+            (k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0
+        )
+        self.held = text[len(text) - keep :]
+        return text[: len(text) - keep], False
+
+    def flush(self) -> str:
+        text, self.held = self.held, ""
+        return text
+
+
+class Output:
+    def __init__(self, tokenizer: TokenizerWrapper, prompt: list[int], stops: list[str]):
+        self.stops = StopStrings(stops)
+        self.machine = make_text_state_machine(tokenizer)
+        self.state = self.machine.make_state(_initial_state(tokenizer, prompt))
+        self.tool_text = ""
+        self.made_tool_call = False
+
+    def feed(self, text: str) -> tuple[Piece, bool]:
+        """The piece to send for `text`, and whether a stop string ended the answer."""
+        text, stopped = self.stops.feed(text)
+        self.state, segments = TextStateMachine.split(self.state, text)
+        piece = self._collect(segments)
+        return (self._merge(piece, self.finish()) if stopped else piece), stopped
+
+    def finish(self) -> Piece:
+        """Whatever is still held back, at the end of the answer."""
+        self.state, segments = TextStateMachine.split(self.state, self.stops.flush())
+        piece = self._collect(segments)
+        self.state, rest, name = TextStateMachine.flush(self.state)
+        piece = self._merge(piece, self._collect([(name, rest)]))
+        if self.tool_text:  # a call the answer ended inside
+            piece.tool_calls.append(self.tool_text)
+            self.tool_text, self.made_tool_call = "", True
+        return piece
+
+    def _collect(self, segments: list[tuple[str | None, str]]) -> Piece:
+        piece = Piece()
+        for name, text in segments:
+            if name == "tool":
+                self.tool_text += text
+                continue
+            if self.tool_text:  # the state left "tool": that call is complete
+                piece.tool_calls.append(self.tool_text)
+                self.tool_text, self.made_tool_call = "", True
+            if name == "reasoning":
+                piece.reasoning += text
+            else:
+                piece.content += text
+        return piece
+
+    @staticmethod
+    def _merge(a: Piece, b: Piece) -> Piece:
+        return Piece(a.content + b.content, a.reasoning + b.reasoning, a.tool_calls + b.tool_calls)
+
+
+def _initial_state(tokenizer: TokenizerWrapper, prompt: list[int]) -> str:
+    """'reasoning' when the prompt ends inside a think block (as mlx-lm's server decides)."""
+    state = "normal"
+    if tokenizer.has_thinking and tokenizer.rfind_think_start(prompt) > tokenizer.rfind_think_end(
+        prompt
+    ):
+        state = "reasoning"
+    return tokenizer.response_initial_state or state

@@ -1,0 +1,41 @@
+"""A validated request -> the prompt's token ids, with the chat template as mlx-lm's server applies
+it (tools passed to the template; no template: mlx-lm's plain role prefixes)."""
+
+from __future__ import annotations
+
+import copy
+
+from mlx_lm.server import convert_chat, process_message_content
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .api import ApiError, Completion
+
+
+def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]:
+    if not request.chat:
+        if request.text is None:
+            vocab = len(tokenizer.get_vocab())
+            if max(request.prompt) >= vocab:
+                raise ApiError(400, f"prompt token ids must be below {vocab}", param="prompt")
+            return request.prompt
+        bos = tokenizer.bos_token
+        special = not (bos and request.text.startswith(bos))  # no second BOS, as mlx-lm does
+        return tokenizer.encode(request.text, add_special_tokens=special)
+    messages = copy.deepcopy(request.messages)
+    process_message_content(messages)  # text parts joined; tool-call arguments parsed to objects
+    if not tokenizer.has_chat_template:
+        return tokenizer.encode(convert_chat(messages))
+    try:
+        tokens = tokenizer.apply_chat_template(
+            messages,
+            tools=request.tools,
+            add_generation_prompt=True,
+            **request.template_kwargs,
+        )
+    except Exception as e:  # jinja raises its own errors for messages a template refuses
+        raise ApiError(
+            400, f"the model's chat template refused these messages: {e}", param="messages"
+        ) from None
+    if not tokens:
+        raise ApiError(400, "the messages render to an empty prompt", param="messages")
+    return list(tokens)

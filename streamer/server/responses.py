@@ -1,0 +1,143 @@
+"""Response bodies in OpenAI's shapes (chat.completion, chat.completion.chunk, text_completion).
+
+streamer's own figures ride along under a `streamer` key, which OpenAI clients ignore.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from mlx_lm.server import ToolCallFormatter
+
+from ..generate import RunStats
+from .api import Completion
+from .engine import Done, Token
+from .output import Piece
+
+
+class Answer:
+    """Builds one request's response bodies, streamed or whole."""
+
+    def __init__(self, request: Completion, tool_parser):
+        self.request = request
+        self.id = f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.tool_calls = ToolCallFormatter(tool_parser, request.tools, streaming=request.stream)
+        self.piece, self.tokens = Piece(), []  # everything so far, for a whole response
+        self.sent = 0  # characters of text streamed so far (text_offset of /v1/completions)
+
+    def _head(self, kind: str) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.request.model}
+
+    # streamed
+    def chunk(self, piece: Piece, tokens: list[Token], finish: str | None = None) -> dict:
+        if not self.request.chat:
+            body = self._head("text_completion")
+            logprobs = self._text_logprobs(tokens, self.sent) if self.request.logprobs else None
+            choice = {"index": 0, "text": piece.content, "logprobs": logprobs}
+            self.sent += len(piece.content)
+        else:
+            body = self._head("chat.completion.chunk")
+            delta = {"role": "assistant"}
+            if piece.content:
+                delta["content"] = piece.content
+            if piece.reasoning:
+                delta["reasoning"] = piece.reasoning
+            if piece.tool_calls:
+                delta["tool_calls"] = self.tool_calls(piece.tool_calls)
+            choice = {"index": 0, "delta": delta}
+            if self.request.logprobs:
+                choice["logprobs"] = {"content": self._chat_logprobs(tokens)}
+        choice["finish_reason"] = finish
+        body["choices"] = [choice]
+        if self.request.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, done: Done) -> dict:
+        kind = "chat.completion.chunk" if self.request.chat else "text_completion"
+        return {
+            **self._head(kind),
+            "choices": [],
+            "usage": _usage(done),
+            "streamer": stats_json(done.stats),
+        }
+
+    # whole
+    def add(self, piece: Piece, tokens: list[Token]) -> None:
+        self.piece.content += piece.content
+        self.piece.reasoning += piece.reasoning
+        self.piece.tool_calls += piece.tool_calls
+        self.tokens += tokens
+
+    def whole(self, done: Done) -> dict:
+        piece, tokens = self.piece, self.tokens
+        if not self.request.chat:
+            body = self._head("text_completion")
+            logprobs = self._text_logprobs(tokens, 0) if self.request.logprobs else None
+            choice = {"index": 0, "text": piece.content, "logprobs": logprobs}
+        else:
+            body = self._head("chat.completion")
+            message = {"role": "assistant", "content": piece.content or None}
+            if piece.reasoning:
+                message["reasoning"] = piece.reasoning
+            calls = self.tool_calls(piece.tool_calls)
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": 0, "message": message}
+            choice["logprobs"] = (
+                {"content": self._chat_logprobs(tokens)} if self.request.logprobs else None
+            )
+        choice["finish_reason"] = done.finish_reason
+        body["choices"] = [choice]
+        body["usage"] = _usage(done)
+        body["streamer"] = stats_json(done.stats)
+        return body
+
+    @staticmethod
+    def _chat_logprobs(tokens: list[Token]) -> list[dict]:
+        def entry(text: str, logprob: float) -> dict:
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return [
+            {**entry(t.text, t.logprob), "top_logprobs": [entry(s, v) for s, v in t.top]}
+            for t in tokens
+        ]
+
+    @staticmethod
+    def _text_logprobs(tokens: list[Token], offset: int) -> dict:
+        offsets = []
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t.text)
+        return {
+            "tokens": [t.text for t in tokens],
+            "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [dict(t.top) for t in tokens],
+            "text_offset": offsets,
+        }
+
+
+def _usage(done: Done) -> dict:
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+    }
+
+
+def stats_json(stats: RunStats | None) -> dict:
+    """streamer's figures for one request, under the `streamer` key of a response."""
+    if stats is None:
+        return {}
+    return {
+        "prompt_tokens_per_second": round(stats.prompt_tps, 3),
+        "generation_tokens_per_second": round(stats.generation_tps, 3),
+        "expert_mb_per_token": round(stats.expert_bytes_per_token / 1e6, 4),
+        "expert_reads_per_token": round(stats.expert_reads_per_token, 3),
+        "page_cache_hit_rate": stats.page_cache_hit_rate,
+        "syncs_per_token": round(stats.syncs_per_token, 3),
+        "peak_rss_bytes": stats.peak_rss_bytes,
+    }
