@@ -1,6 +1,7 @@
 """Decode tok/s against memory available, streamer vs mlx-lm resident, from bench/results/*.json.
 
     python bench/plot.py [RESULTS_DIR]      # writes RESULTS_DIR/<model>-memory.png per model
+                                            # and <model>-layouts.png per layouts result
 
 Needs matplotlib (`pip install -e ".[bench]"`). Points: the warm runs (all free memory) and each
 squeezed run (a balloon left only that much), one series per engine and memory budget (the
@@ -111,6 +112,54 @@ def plot(name: str, results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+LAYOUTS = {"repacked": ("repacked", "tab:blue"), "in_place": ("in place (the download)", "tab:red")}
+
+
+def plot_layouts(result: dict, path: Path) -> None:
+    """Repacked vs in place: decode tok/s per scenario, and pages read per payload byte."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = [("warm", result["warm"]), ("cold", result["cold"])] + [
+        (f"squeezed\n{p['mem_available'] / GB:.1f} GB", p) for p in result["squeezed"]
+    ]
+    fig, (ax, amp) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=100, width_ratios=[3, 1.4])
+    width = 0.38
+    for i, (name, (label, color)) in enumerate(LAYOUTS.items()):
+        xs, ys, lo, hi = [], [], [], []
+        for x, (_, runs) in enumerate(scenarios):
+            rate = runs[name]["decode_tok_s"]
+            xs.append(x + (i - 0.5) * width)
+            ys.append(rate["median"])
+            lo.append(rate["median"] - rate["min"])
+            hi.append(rate["max"] - rate["median"])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, color=color, label=label)
+    ax.set_xticks(range(len(scenarios)), [s for s, _ in scenarios], fontsize=8)
+    ax.set_ylabel("decode tokens/s (median, min..max)")
+    disk = result["disk_bytes"]
+    ax.set_title(
+        f"{result['model']['name']}: disk {disk['download'] / GB:.1f} GB in place, "
+        f"{disk['repacked_keeping_download'] / GB:.1f} GB repacked beside the download",
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    pages = [k for k in result["amplification"] if k.endswith("KiB")]
+    for i, (name, (_, color)) in enumerate(LAYOUTS.items()):
+        values = [result["amplification"][k][name] for k in pages]
+        amp.bar([x + (i - 0.5) * width for x in range(len(pages))], values, width, color=color)
+    amp.set_xticks(range(len(pages)), [f"{k} pages" for k in pages], fontsize=8)
+    amp.set_ylim(1.0, None)
+    amp.set_ylabel("bytes of pages read / routed expert bytes")
+    amp.set_title("read amplification", fontsize=9)
+    amp.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     folder = Path(argv[0]) if argv else Path(__file__).resolve().parent / "results"
@@ -119,6 +168,10 @@ def main(argv: list[str] | None = None) -> None:
         result = json.loads(path.read_text())
         if result["scenario"] in ("warm", "squeezed"):
             by_model.setdefault(result["model"]["name"], []).append(result)
+        elif result["scenario"] == "layouts":
+            out = folder / f"{result['model']['name']}-layouts.png"
+            plot_layouts(result, out)
+            print(f"wrote {out}", file=sys.stderr)
     for name, results in by_model.items():
         out = folder / f"{name}-memory.png"
         plot(name, results, out)

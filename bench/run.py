@@ -38,7 +38,7 @@ from generate_checkpoint import (
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-SCENARIOS = ("warm", "cold", "squeezed", "prefill")
+SCENARIOS = ("warm", "cold", "squeezed", "prefill", "layouts")
 
 
 def log(msg: str) -> None:
@@ -129,8 +129,10 @@ def ensure_models(
 
 
 # -- running engines -----------------------------------------------------------------------------
-def worker(engine: str, models: Models, *args: str) -> dict:
-    folder = models.streaming if engine == "streamer" else models.mlx
+def worker(engine: str, models: Models, *args: str, folder: Path | None = None) -> dict:
+    """One engine in its own process; `folder` overrides the model folder (streamer on the
+    MLX download itself streams it in place)."""
+    folder = folder or (models.streaming if engine == "streamer" else models.mlx)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -399,6 +401,12 @@ def scenario_squeezed(models: Models, args: argparse.Namespace, disk: dict) -> d
     return {"reserve_bytes": args.reserve, "warm_streamer": warm, "points": points}
 
 
+def scenario_layouts(models: Models, args: argparse.Namespace, disk: dict) -> dict:
+    import layouts
+
+    return layouts.scenario_layouts(models, args, disk, worker, summarize, common_args, log)
+
+
 def scenario_prefill(models: Models, args: argparse.Namespace, disk: dict) -> dict:
     lengths = ",".join(str(n) for n in args.lengths)
     engines = {}
@@ -559,6 +567,7 @@ def main(argv: list[str] | None = None) -> dict:
         "cold": scenario_cold,
         "squeezed": scenario_squeezed,
         "prefill": scenario_prefill,
+        "layouts": scenario_layouts,
     }
     result = run[args.scenario](models, args, disk)
     if args.scenario in ("warm", "cold"):

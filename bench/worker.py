@@ -157,7 +157,12 @@ def run_once(
 
 
 def routing_profile(
-    model: nn.Module, prompt: mx.array, max_tokens: int, num_experts: int, temp: float
+    model: nn.Module,
+    prompt: mx.array,
+    max_tokens: int,
+    num_experts: int,
+    temp: float,
+    keep_trace: bool = False,
 ) -> dict:
     """Expert popularity and temporal correlation over decode steps (a separate, untimed run)."""
     with recording_routing(model) as trace:  # decode steps only
@@ -189,6 +194,7 @@ def routing_profile(
         "uniform_overlap": k / num_experts,
         "experts_touched_per_layer": float(np.mean(touched)),
         "per_layer_top10pct_share": [round(float(s), 3) for s in top_share],
+        **({"trace": [[layer, list(experts)] for layer, experts in trace]} if keep_trace else {}),
     }
 
 
@@ -214,6 +220,9 @@ def main(argv: list[str] | None = None) -> None:
         "--temp", type=float, default=1.0, help="sampling temperature (seeded; 0: greedy)"
     )
     ap.add_argument(
+        "--keep-trace", action="store_true", help="put the routing run's trace in the result"
+    )
+    ap.add_argument(
         "--memory-budget", type=int, default=0, help="streamer: bytes of experts kept in memory"
     )
     ap.add_argument("--read-path", choices=["slots", "mapped"], help="streamer: default by backend")
@@ -230,8 +239,8 @@ def main(argv: list[str] | None = None) -> None:
     cold = None
     if args.cold_decode:
         handle = streaming(model)
-        files = sorted((args.model / "experts").glob("*.bin"))
-        cold = [files, handle.evict if handle is not None else None]
+        # the files the experts are read from: a repack's expert files, or a download's shards
+        cold = [handle.expert_paths, handle.evict]
     if args.warmup:
         run_once(model, prompt_ids(8, seed=99), 4, temp=args.temp)
     runs = []
@@ -252,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
         config = json.loads((args.model / "config.json").read_text())
         num_experts = config.get("num_experts") or config["num_local_experts"]
         result["routing"] = routing_profile(
-            model, prompt_ids(32, seed=7), args.routing, num_experts, args.temp
+            model, prompt_ids(32, seed=7), args.routing, num_experts, args.temp, args.keep_trace
         )
     sampler.stop()
     result.update(

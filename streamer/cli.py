@@ -88,6 +88,7 @@ def _generate(args: argparse.Namespace) -> int:
         read_path=args.read_path,
         verify_reads=args.verify_reads,
         trust_remote_code=args.trust_remote_code,
+        checksums=args.checksums,
     )
     print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     if args.chat and tokenizer.chat_template is not None:
@@ -123,14 +124,14 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from .hub import repacked
+    from .hub import streamable
     from .server import serve
     from .server.api import Sampling
 
     defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
     serve(
         args.model,
-        repacked(args.model),
+        streamable(args.model),
         host=args.host,
         port=args.port,
         defaults=defaults,
@@ -142,16 +143,26 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _info(args: argparse.Namespace) -> None:
+    from .download import is_download, open_download
     from .io.manifest import RESIDENT_FILE, read_manifest
 
     folder = Path(args.dir)
-    manifest = read_manifest(folder)
+    if is_download(folder):  # streamed in place: an expert is one range per stacked tensor
+        manifest = open_download(folder)[0]
+        resident = sum(manifest.file_bytes.values()) - manifest.expert_bytes
+        per_expert = [layer.expert_bytes for layer in manifest.layers]
+        layout = f"in place, {len(manifest.layers[0].tensors)} byte ranges per expert"
+    else:
+        manifest = read_manifest(folder)
+        resident = (folder / RESIDENT_FILE).stat().st_size
+        per_expert = [layer.record_bytes for layer in manifest.layers]
+        layout = "repacked, one record per expert"
     config = manifest.config
     layers = manifest.layers
     top_k = int(config.get("num_experts_per_tok", 0))
-    resident = (folder / RESIDENT_FILE).stat().st_size
-    active = sum(layer.record_bytes for layer in layers) * top_k
+    active = sum(per_expert) * top_k
     quant = config.get("quantization")
+    print(f"layout            {layout}")
     print(f"model_type        {config.get('model_type')}")
     print(f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)")
     print(f"experts           {layers[0].num_experts} per layer, {top_k} routed per token")
@@ -290,8 +301,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_verify)
 
-    p = sub.add_parser("generate", help="generate text from a repacked model")
-    p.add_argument("--model", help="a folder written by `streamer repack`")
+    p = sub.add_parser(
+        "generate", help="generate text from a repacked model or an MLX download (in place)"
+    )
+    p.add_argument(
+        "--model", help="a folder written by `streamer repack`, or an MLX download (in place)"
+    )
     _add_sampling(p, None)
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
@@ -308,10 +323,19 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check each expert's crc32 the first time it is read",
     )
+    p.add_argument(
+        "--checksums",
+        metavar="FILE",
+        help="an MLX download's checksum sidecar, if not the default (see `streamer verify`)",
+    )
     p.set_defaults(run=_generate)
 
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a repacked model")
-    p.add_argument("--model", required=True, help="a repacked folder, or org/name (hub cache)")
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a streamed model")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a repacked folder or MLX download, or org/name (hub cache)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")

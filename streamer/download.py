@@ -26,10 +26,14 @@ from .architectures import (
     normalize_config,
     quantize_like_mlx_lm,
 )
+from .config import check_config, check_layer_count
 from .errors import StreamerError
 from .io.checkpoint import Checkpoint
+from .io.expert_files import ByteRange, LayerLayout, Strided, TensorPlacement
 from .io.manifest import MANIFEST_FILE
 from .io.safetensors import DTYPES, TensorInfo, itemsize
+
+REMEDY = "download that file again"
 
 KINDS = ("weight", "scales", "biases", "bias")
 
@@ -111,6 +115,8 @@ def open_download(folder: Path | str) -> tuple[Download, nn.Module, dict[str, mx
                 "so it cannot stream in place: run "
                 f"`streamer repack {folder} DST --quantize 4` and use DST."
             )
+        check_config(config, where)
+        check_layer_count(config, ckpt.tensors, where)
         model = build_model(config, where)
         containers = expert_containers(model)
         sources = {name: ckpt.lazy(name) for name in ckpt.tensors}
@@ -215,3 +221,33 @@ def _check(info: TensorInfo, param: mx.array) -> None:
             f"implies {list(param.shape)} ({param.dtype}): the checkpoint is corrupt or "
             "config.json belongs to another model."
         )
+
+
+def layouts(download: Download) -> list[LayerLayout]:
+    """Where each MoE layer's experts lie, for the read path: expert e is one range per stacked
+    tensor (`start + e * nbytes`). Each stacked tensor counts as a file of its own, so it is
+    mapped on its own: mlx writes a shard's tensors in no particular order, so a layer's span
+    of a shard would take in other layers and the non-expert weights."""
+    out = []
+    for index, layer in enumerate(download.layers):
+        placed = [(t, Strided(i, t.start, t.nbytes, t.nbytes)) for i, t in enumerate(layer.tensors)]
+        out.append(
+            LayerLayout(
+                folder=download.folder,
+                index=index,
+                module=layer.module,
+                files=tuple(download.folder / t.file for t in layer.tensors),
+                file_bytes=tuple(download.file_bytes[t.file] for t in layer.tensors),
+                num_experts=layer.num_experts,
+                tensors=tuple(
+                    TensorPlacement(t.name, DTYPES[t.dtype][1], t.shape, at) for t, at in placed
+                ),
+                expert_ranges=tuple(at for _, at in placed),
+                payload_bytes=layer.expert_bytes,
+                regions=tuple(
+                    ByteRange(at.file, at.offset, at.stride * layer.num_experts) for _, at in placed
+                ),
+                remedy=REMEDY,
+            )
+        )
+    return out

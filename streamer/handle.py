@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -68,6 +69,15 @@ class Streaming:
     def mapped_bytes(self) -> int:
         """Bytes of expert files mapped into MLX arrays (MLX counts them as its memory)."""
         return self.files.mapped_bytes if self.files is not None else 0
+
+    @property
+    def expert_paths(self) -> list[Path]:
+        """The files the experts are read from: a repack's expert files or a download's shards."""
+        if self.files is not None:
+            layouts = [layer.layout for layer in self.files.layers]
+            return sorted({path for layout in layouts for path in layout.files})
+        sources = [source for pool in self.pools for source in pool.layers.values()]
+        return sorted({file.path for source in sources for file in source.files})
 
     def evict(self) -> None:
         """Unmap the expert pages this process maps, so a page-cache drop can take them (the

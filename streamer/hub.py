@@ -39,14 +39,18 @@ def resolve(name: str | Path, what: str = "model") -> Path:
         raise StreamerError(f"cannot look up {text} in the Hugging Face cache: {e}") from None
 
 
-def repacked(name: str | Path) -> Path:
-    """A folder written by `streamer repack`; a download is refused, saying how to repack it."""
-    from .io.manifest import MANIFEST_FILE
+def streamable(name: str | Path) -> Path:
+    """A folder written by `streamer repack`, or an MLX-quantized download (streamed in place);
+    a download that is not MLX-quantized is refused, saying how to repack it."""
+    from .download import is_download
+    from .io.json_file import read_json_object
 
     folder = resolve(name)
-    if not (folder / MANIFEST_FILE).exists() and (folder / "config.json").exists():
-        raise StreamerError(
-            f"{name} is a checkpoint as downloaded, not a repacked model: repack it into a new "
-            f"folder with `streamer repack {name} DST` and pass DST."
-        )
+    if is_download(folder):
+        config = read_json_object(folder / "config.json", "download config.json again.")
+        if "quantization" not in config:
+            raise StreamerError(
+                f"{name} is a checkpoint as downloaded, not MLX-quantized: repack it into a new "
+                f"folder with `streamer repack {name} DST --quantize 4` and pass DST."
+            )
     return folder

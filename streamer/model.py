@@ -15,6 +15,7 @@ from .backend import default_dtype, read_path_for_backend
 from .cache.budget import all_experts_bytes, check_budget, default_budget, largest_expert_bytes
 from .cache.expert_cache import ExpertCache
 from .config import check_config, check_layer_count
+from .download import is_download
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .experts.slots import slot_budget
@@ -36,8 +37,10 @@ def load(
     bypass_page_cache: bool = False,
     verify_reads: bool = False,
     trust_remote_code: bool = False,
+    checksums: str | Path | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper]:
-    """Load a repacked model: non-expert weights resident, experts streamed from disk.
+    """Load a repacked model, or an MLX-quantized download in place (inplace.py): non-expert
+    weights resident, experts streamed from disk.
 
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
     resident (no syncs, no reads); less: the hottest experts are cached (LFU with aging) and the
@@ -53,8 +56,22 @@ def load(
     Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of
     the non-expert weights now and of each expert the first time it is read.
     `trust_remote_code` lets a tokenizer that ships its own Python code (Kimi K2's) run it.
+    `checksums`: a download's checksum sidecar, if not the default one (io/checksums.py).
     """
     folder = Path(path)
+    if is_download(folder):
+        from .inplace import load_in_place
+
+        return load_in_place(
+            folder,
+            memory_budget=memory_budget,
+            dtype=dtype,
+            verify_reads=verify_reads,
+            trust_remote_code=trust_remote_code,
+            checksums=checksums,
+            read_path=read_path,
+            bypass_page_cache=bypass_page_cache,
+        )
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
     check_files(folder, manifest)

@@ -120,9 +120,9 @@ def test_manifest_of_a_newer_format_version(checkpoints, tmp_path):
         streamer.load(folder)
 
 
-def test_loading_a_folder_that_was_not_repacked(checkpoints):
-    src = checkpoints.hf("qwen3_moe")
-    with pytest.raises(StreamerError, match="not a repacked model.*streamer repack"):
+def test_loading_a_download_that_is_not_mlx_quantized(checkpoints):
+    src = checkpoints.hf("qwen3_moe")  # bf16: only MLX-quantized downloads stream in place
+    with pytest.raises(StreamerError, match="not MLX-quantized.*streamer repack .* --quantize 4"):
         streamer.load(src)
 
 

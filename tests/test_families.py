@@ -44,7 +44,9 @@ def test_mixed_bits_per_module(checkpoints):
         {"gate_proj": 3, "up_proj": 3, "down_proj": 3},
         {"gate_proj": 3, "up_proj": 3, "down_proj": 6},
     ]
-    compare(folder, reference_model(src), tolerance=0.0)
+    reference = reference_model(src)
+    compare(folder, reference, tolerance=0.0)
+    compare(src, reference, tolerance=0.0)  # in place: each layer's own bits from config.json
 
 
 def test_dense_layers_between_moe_layers(tmp_path):

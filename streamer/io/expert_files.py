@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import StreamerError
 from .integrity import check_expert_file_size
 from .manifest import Manifest, MoeLayer
-from .mapping import MappedFile
+from .mapping import OS_PAGE, MappedFile
 from .safetensors import DTYPES
 
 
@@ -69,6 +69,7 @@ class LayerLayout:
     expert_ranges: tuple[Strided, ...]  # what one expert occupies: the unit of residency and reads
     payload_bytes: int  # bytes of one expert that the compute reads (its statistic)
     regions: tuple[ByteRange, ...]  # bytes holding all of the layer's experts
+    remedy: str = "repack the model"  # what to do about a damaged or changed file
 
     @property
     def name(self) -> str:
@@ -111,77 +112,102 @@ class LayerFiles:
         mx.eval(self.views)
 
     def _view(self, t: TensorPlacement) -> mx.array:
-        data = self._maps[t.at.file].array
+        mapped = self._maps[t.at.file]
+        start, size = t.at.offset - mapped.offset, t.dtype.size
+        span = (self.layout.num_experts - 1) * t.at.stride + t.at.length
+        # A tensor need not start on a multiple of its element size (mlx's safetensors writer
+        # does not pad its header): its bytes are sliced first, so the view starts where it does.
+        data = mapped.array[start : start + span] if start % size else mapped.array
         typed = data if t.dtype == mx.uint8 else data.view(t.dtype)
-        size = t.dtype.size
         row = [1] * len(t.shape)  # row-major strides of one expert's tensor, in elements
         for axis in range(len(t.shape) - 2, -1, -1):
             row[axis] = row[axis + 1] * t.shape[axis + 1]
         shape = (self.layout.num_experts, *t.shape)
-        return mx.as_strided(typed, shape, (t.at.stride // size, *row), t.at.offset // size)
+        first = 0 if start % size else start // size
+        return mx.as_strided(typed, shape, (t.at.stride // size, *row), first)
 
     def ranges(self, expert: int) -> list[ByteRange]:
         return [r.of(expert) for r in self.layout.expert_ranges]
 
     def resident_bytes(self, r: ByteRange) -> int | None:
         """Bytes of `r` in the page cache; None where the OS cannot tell."""
-        return self._maps[r.file].resident_bytes(r.offset, r.length)
+        mapped = self._maps[r.file]
+        return mapped.resident_bytes(r.offset - mapped.offset, r.length)
 
     def advise(self, r: ByteRange, advice: int) -> None:
-        self._maps[r.file].advise(advice, r.offset, r.length)
+        mapped = self._maps[r.file]
+        mapped.advise(advice, r.offset - mapped.offset, r.length)
 
     def populate(self, r: ByteRange) -> bool:
         """Map `r` into this process's page tables now (see mapping.populate)."""
-        return self._maps[r.file].populate(r.offset, r.length)
+        mapped = self._maps[r.file]
+        return mapped.populate(r.offset - mapped.offset, r.length)
 
     def tensor_bytes(self, expert: int) -> list[np.ndarray]:
         """An expert's tensors as host bytes over the mapping (for checksums), in layout order."""
-        return [
-            self._maps[t.at.file].host[r.offset : r.offset + r.length]
-            for t in self.layout.tensors
-            for r in (t.at.of(expert),)
-        ]
+        parts = []
+        for t in self.layout.tensors:
+            mapped, r = self._maps[t.at.file], t.at.of(expert)
+            parts.append(
+                mapped.host[r.offset - mapped.offset : r.offset - mapped.offset + r.length]
+            )
+        return parts
 
     def check_unchanged(self) -> None:
         """Touching a page past a file's end kills the process (SIGBUS): one fstat per file."""
+        checked = set()
         for file, (fd, size) in enumerate(zip(self._fds, self.layout.file_bytes)):
+            if fd in checked:  # a file that holds several of the layer's tensors
+                continue
+            checked.add(fd)
             if os.fstat(fd).st_size != size:
                 raise StreamerError(
                     f"{self.layout.where(file)}: the file was truncated or overwritten since the "
-                    "model was loaded; repack the model."
+                    f"model was loaded; {self.layout.remedy}."
                 )
 
 
 class ExpertFiles:
-    """Every MoE layer's files, each path opened and mapped once (layers may share a file)."""
+    """Every MoE layer's files, each path opened once, and the span of each of a layout's files
+    that holds its regions mapped once (a repacked layer's whole file; in a download, each
+    stacked tensor, not the shard's other tensors: no mapping is larger than what it streams)."""
 
     def __init__(self, layouts: list[LayerLayout]):
-        self._opened: dict[Path, tuple[int, MappedFile]] = {}
+        self._fds: dict[Path, int] = {}
+        self._opened: dict[tuple[Path, int, int], tuple[int, MappedFile]] = {}
         self.layers: list[LayerFiles] = []
         self.evictions = 0  # bumped by evict(): readers then forget what they had mapped
         try:
             for layout in layouts:
-                opened = [self._open(p, n, layout) for p, n in zip(layout.files, layout.file_bytes)]
+                opened = [self._open(layout, i) for i in range(len(layout.files))]
                 self.layers.append(LayerFiles(layout, *map(list, zip(*opened))))
         except BaseException:
             self.close()
             raise
 
-    def _open(self, path: Path, size: int, layout: LayerLayout) -> tuple[int, MappedFile]:
-        if path not in self._opened:
+    def _open(self, layout: LayerLayout, file: int) -> tuple[int, MappedFile]:
+        path, size = layout.files[file], layout.file_bytes[file]
+        if path not in self._fds:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError as e:
                 raise StreamerError(
-                    f"cannot open expert file {path}: {e.strerror or e}; repack the model."
+                    f"cannot open expert file {path}: {e.strerror or e}; {layout.remedy}."
                 ) from e
             try:
-                check_expert_file_size(path, os.fstat(fd).st_size, size, layout.name)
-                self._opened[path] = fd, MappedFile(fd, size)
+                check_expert_file_size(path, os.fstat(fd).st_size, size, layout.name, layout.remedy)
             except BaseException:
                 os.close(fd)
                 raise
-        return self._opened[path]
+            self._fds[path] = fd
+        regions = [r for r in layout.regions if r.file == file]
+        start = min(r.offset for r in regions)
+        start -= start % OS_PAGE
+        end = max(r.offset + r.length for r in regions)
+        key = (path, start, end)
+        if key not in self._opened:
+            self._opened[key] = self._fds[path], MappedFile(self._fds[path], end - start, start)
+        return self._opened[key]
 
     @property
     def mapped_bytes(self) -> int:
@@ -197,10 +223,12 @@ class ExpertFiles:
         self.evictions += 1
 
     def close(self) -> None:
-        for fd, mapped in self._opened.values():
+        for _, mapped in self._opened.values():
             mapped.close()
+        for fd in self._fds.values():
             os.close(fd)
         self._opened.clear()
+        self._fds.clear()
         self.layers.clear()
 
 

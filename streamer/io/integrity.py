@@ -67,12 +67,16 @@ def check_files(folder: Path, manifest: Manifest) -> None:
             )
 
 
-def check_expert_file_size(path: Path, size: int, expected: int, layer: str) -> None:
-    """Refuse an expert file whose size is not the one the manifest implies for `layer`."""
+def check_expert_file_size(
+    path: Path, size: int, expected: int, layer: str, remedy: str = "repack the model"
+) -> None:
+    """Refuse an expert file whose size is not the one the manifest (or the download's header)
+    implies for `layer`."""
     if size != expected:
+        source = "the manifest" if remedy == "repack the model" else "the download's headers"
         raise StreamerError(
-            f"{path} holds {size} bytes but the manifest expects {expected} for {layer}: "
-            "the file is truncated or was changed; repack the model."
+            f"{path} holds {size} bytes but {source} expects {expected} for {layer}: "
+            f"the file is truncated or was changed; {remedy}."
         )
 
 

@@ -30,10 +30,6 @@ MANIFEST_FILE = "manifest.json"
 RESIDENT_FILE = "resident.safetensors"
 
 
-def align(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
 @dataclass(frozen=True)
 class ExpertTensor:
     """One tensor of an expert record: `offset` is relative to the record's start."""

@@ -27,6 +27,12 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 # Linux 5.14+: fault a range into the page tables in one call (reading what is not cached).
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform == "linux" else None)
 
+
+def align(n: int, to: int) -> int:
+    """`n` rounded up to a multiple of `to`: pages here, records and tensors in the layout."""
+    return -(-n // to) * to
+
+
 libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)  # mmap, madvise, mincore
 libc.mmap.argtypes = (
     ctypes.c_void_p,
@@ -49,18 +55,19 @@ except AttributeError:  # a libc without mincore
 
 
 class MappedFile:
-    """A read-only map of a whole file: `array` (uint8, MLX), `host` (numpy) and `address`
-    share it."""
+    """A read-only map of `size` bytes of a file from `offset` (a multiple of the OS page):
+    `array` (uint8, MLX), `host` (numpy) and `address` share it. Offsets given to its methods
+    are relative to the mapping's start."""
 
-    def __init__(self, fd: int, size: int):
-        self.size = size
+    def __init__(self, fd: int, size: int, offset: int = 0):
+        self.size, self.offset = size, offset
         if mx.metal.is_available():
-            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ, offset=offset)
             self.host = np.frombuffer(self._map, dtype=np.uint8)
             self.array = mx.asarray(self.host, copy=False)
         else:
             self._map = None
-            self.array = _map_over_mlx_buffer(fd, size)
+            self.array = _map_over_mlx_buffer(fd, size, offset)
             self.host = np.asarray(memoryview(self.array))
             self.host.flags.writeable = False  # the pages are mapped read-only: a write would fault
         self.address = self.host.ctypes.data
@@ -91,13 +98,13 @@ class MappedFile:
             self._restore()
 
 
-def _map_over_mlx_buffer(fd: int, size: int) -> mx.array:
-    length = -(-size // OS_PAGE) * OS_PAGE
+def _map_over_mlx_buffer(fd: int, size: int, offset: int) -> mx.array:
+    length = align(size, OS_PAGE)
     buffer = mx.zeros((length + OS_PAGE,), dtype=mx.uint8)  # a page to spare for alignment
     mx.eval(buffer)
     base = np.asarray(memoryview(buffer)).ctypes.data
     pad = -base % OS_PAGE
-    got = libc.mmap(base + pad, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+    got = libc.mmap(base + pad, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
     if got in (None, _MAP_FAILED):
         err = ctypes.get_errno()
         raise OSError(err, f"mmap failed: {os.strerror(err)}")
@@ -108,7 +115,7 @@ def _map_over_mlx_buffer(fd: int, size: int) -> mx.array:
 
 def _unmap_file_pages(address: int, size: int, array: mx.array) -> None:
     """Give the range back as fresh anonymous memory (`array` is held until then on purpose)."""
-    length = -(-size // OS_PAGE) * OS_PAGE
+    length = align(size, OS_PAGE)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
     libc.mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
 
@@ -152,7 +159,7 @@ class Residency:
         if _mincore is None:
             return None
         start = offset - offset % OS_PAGE
-        pages = -(-(offset + length - start) // OS_PAGE)
+        pages = align(offset + length - start, OS_PAGE) // OS_PAGE
         if self._vec.size < pages:
             self._vec = np.zeros(pages, dtype=np.uint8)
             self._bits = np.zeros_like(self._vec)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
+from ..io.durable import fsync_dir
 from ..io.lock import FolderLock, lock_source_for_deleting
 from .plan import Plan
 from .progress import Progress
@@ -111,7 +112,7 @@ class SourceConsumer:
             self.ckpt.release(path)
             size = path.stat().st_size
             path.unlink()
-            _fsync_dir(self.ckpt.folder)
+            fsync_dir(self.ckpt.folder)
             self.log(
                 f"[repack] deleted source shard {path.name} ({size_text(size)}): "
                 "all of its data is written"
@@ -131,18 +132,10 @@ class SourceConsumer:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, folder / path.name)
-        _fsync_dir(folder)
+        fsync_dir(folder)
         self.ckpt.stand_ins[path.name] = folder / path.name
 
     def release(self) -> None:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import StreamerError
 from ..io.checkpoint import INDEX_FILE
+from ..io.durable import fsync_dir
 from ..io.lock import lock_directory
 from .consume import stand_ins
 from .progress import Progress
@@ -115,20 +116,12 @@ def write_config(out: Path, config: dict) -> None:
 
 def publish(partial: Path, dst: Path) -> None:
     """Rename the complete `partial` folder to `dst` (replacing an old one), durably."""
-    _fsync_dir(partial / "experts")
-    _fsync_dir(partial)
+    fsync_dir(partial / "experts")
+    fsync_dir(partial)
     old = dst.parent / f".{dst.name}.old"
     if dst.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(dst, old)
     os.replace(partial, dst)
-    _fsync_dir(dst.parent)
+    fsync_dir(dst.parent)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -13,7 +13,8 @@ from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from ..architectures import container_projections
 from ..errors import StreamerError
-from ..io.manifest import PAGE_SIZE, TENSOR_ALIGN, ExpertTensor, MoeLayer, align
+from ..io.manifest import PAGE_SIZE, TENSOR_ALIGN, ExpertTensor, MoeLayer
+from ..io.mapping import align
 from ..io.safetensors import MLX_TO_SAFETENSORS, nonfinite_count, read_header, to_mlx
 from .plan import Plan
 from .sources import KIND_ORDER

@@ -1,0 +1,160 @@
+"""Model assembly for a download streamed in place: an MLX-quantized checkpoint, no repack.
+
+The same layers, read paths, budget and handle as a repacked model (model.py); only where the
+experts lie differs (download.layouts: a handful of ranges per expert in the shards) and where the
+checksums come from (the sidecar `streamer verify DIR --record` writes, io/checksums.py). Nothing
+is written into the download folder.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .architectures import expert_containers, replace_modules
+from .backend import default_dtype, read_path_for_backend
+from .cache.budget import check_budget
+from .download import Download, layouts, open_download
+from .errors import StreamerError
+from .experts import StreamingExperts
+from .experts.slots import slot_budget
+from .handle import Streaming, memory_limit_raised
+from .io.checkpoint import Checkpoint
+from .io.checksums import Checksums, default_sidecar, read_checksums
+from .io.expert_files import ExpertFiles
+from .io.integrity import file_stat, stat_change
+from .io.lock import lock_download_for_reading
+from .stats import ExpertStats
+
+
+def load_in_place(
+    folder: Path,
+    *,
+    memory_budget: int | None,
+    dtype: mx.Dtype | None,
+    verify_reads: bool,
+    trust_remote_code: bool,
+    checksums: str | Path | None = None,
+    read_path: str | None = None,
+    bypass_page_cache: bool = False,
+) -> tuple[nn.Module, TokenizerWrapper]:
+    """streamer.load for a download folder (see model.load). `checksums`: the sidecar, by
+    default under the user cache folder; used, when it exists, to refuse shards changed since it
+    was recorded, and needed by `verify_reads`."""
+    from .model import _apply_budget, _tokenizer
+
+    read_path, why = read_path_for_backend(read_path)
+    lock = lock_download_for_reading(folder)  # `repack --delete-source` refuses while held
+    try:
+        download, model, resident = open_download(folder)
+        sidecar = Path(checksums) if checksums is not None else default_sidecar(folder)
+        recorded = _recorded(download, sidecar, verify_reads)
+        dtype = dtype if dtype is not None else default_dtype()
+        if memory_budget is not None:
+            check_budget(download, memory_budget, dtype)
+        placed = layouts(download)
+        files = ExpertFiles(placed) if read_path == "mapped" else None  # slots: never mapped
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    pools = []
+    crcs = (
+        [tuple(map(tuple, recorded.experts[layer.module])) for layer in download.layers]
+        if verify_reads
+        else None
+    )
+    try:
+        stats = ExpertStats(moe_layers=len(download.layers))
+        streaming = {
+            module: StreamingExperts(
+                container,
+                placed[index],
+                stats,
+                dtype,
+                files=files,
+                checksums=crcs[index] if crcs is not None else None,
+            )
+            for index, (module, container) in enumerate(expert_containers(model).items())
+        }
+        replace_modules(model, streaming)
+        if verify_reads:
+            _verify_resident(download, recorded)
+        try:
+            model.load_weights(list(resident.items()), strict=True)
+        except ValueError as e:
+            raise StreamerError(
+                f"{folder}: the non-expert weights do not match the model ({e}); download the "
+                "model again."
+            ) from e
+        if dtype is not None:
+            model.set_dtype(dtype)
+        mx.eval(model.parameters())
+        model.eval()
+        layers = list(streaming.values())
+        if read_path == "slots":
+            residency, pools = slot_budget(
+                download, placed, layers, memory_budget, dtype, crcs, bypass_page_cache
+            )
+        else:
+            residency = _apply_budget(download, layers, memory_budget, dtype)
+        tokenizer = _tokenizer(folder, download.config, trust_remote_code)
+    except BaseException:
+        for pool in pools:
+            pool.close()
+        if files is not None:
+            files.close()
+        if lock is not None:
+            lock.release()
+        raise
+    context = download.config.get("max_position_embeddings")
+    residency = f"{residency}; read path {read_path} ({why})"
+    handle = Streaming(residency, download, read_path, files, stats, layers, context, lock, pools)
+    handle._scopes.enter_context(memory_limit_raised(handle.mapped_bytes))
+    model.streamer = handle
+    return model, tokenizer
+
+
+def _recorded(download: Download, sidecar: Path, verify_reads: bool) -> Checksums | None:
+    """The sidecar's checksums if it exists (the shards must be as when it was recorded), or
+    None; `verify_reads` needs them."""
+    recorded = read_checksums(sidecar)
+    folder = download.folder
+    if recorded is None:
+        if verify_reads:
+            raise StreamerError(
+                f"verify_reads needs checksums of {folder}, and none are recorded ({sidecar}): "
+                f"run `streamer verify {folder} --record` once first."
+            )
+        return None
+    for shard in download.file_bytes:
+        old = recorded.files.get(shard)
+        if old is None or stat_change(old, file_stat(folder / shard)):
+            raise StreamerError(
+                f"{folder / shard} changed since its checksums were recorded in {sidecar}: run "
+                f"`streamer verify {folder}` to check it, then `streamer verify {folder} --record` "
+                "to record the files as they are now (or delete that file to ignore it)."
+            )
+    if any(
+        len(recorded.experts.get(layer.module, ())) != layer.num_experts
+        for layer in download.layers
+    ):
+        raise StreamerError(
+            f"{sidecar} does not describe {folder}'s experts: delete it and record it again."
+        )
+    return recorded
+
+
+def _verify_resident(download: Download, recorded: Checksums) -> None:
+    with Checkpoint(download.folder) as ckpt:
+        for name in download.resident:
+            info = ckpt.tensors[name]
+            if zlib.crc32(ckpt.read(info)) != recorded.resident.get(name):
+                raise StreamerError(
+                    f"{info.path}: tensor '{name}' does not match its checksum: the file is "
+                    f"corrupt. Run `streamer verify {download.folder}` to list every bad tensor."
+                )
