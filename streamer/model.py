@@ -48,7 +48,7 @@ def load(
     half the available memory, else 0. `model.streamer.residency` says what was chosen.
     `read_path`: "mapped" computes in place on the mapped expert files (the CPU default);
     "slots" reads experts into a bounded slot pool of `memory_budget` bytes and computes there
-    (the Metal and CUDA default; a budget of 0 gives one token's worth of slots per shape class).
+    (the Metal and CUDA default; a budget of 0 gives one layer's experts per shape class).
     `bypass_page_cache`: the slot path reads around the page cache (O_DIRECT on Linux, F_NOCACHE
     on macOS) instead of through it; off by default (bench/README.md says why).
     Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer;

@@ -16,6 +16,12 @@ from test_parity import PROMPT, greedy_tokens
 import streamer
 from streamer import backend as backends
 from streamer.errors import StreamerError
+from streamer.io.manifest import read_manifest
+
+
+def slot_bytes(folder) -> int:
+    layer = read_manifest(folder).layers[0]
+    return sum(t.nbytes for t in layer.tensors)
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +33,12 @@ def float32_model(checkpoints):
 
 
 def test_a_tiny_pool_under_heavy_eviction_matches_the_resident_model(float32_model):
-    """Budget 0: one token's experts per pool (4 slots for 2 layers x top-4 of 16 experts), so
-    nearly every routed expert rewrites a slot that the previous layer's kernels just read. A slot
+    """A pool of 4 slots for 2 layers x top-4 of 16 experts: nearly every routed expert rewrites
+    a slot that the previous layer's kernels just read, and the prompt runs in rounds. A slot
     reused before those kernels finished would change the tokens."""
     src, folder = float32_model
-    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    one = slot_bytes(folder)
+    model, tokenizer = streamer.load(folder, memory_budget=4 * one, read_path="slots")
     reference = reference_model(src)
     prompt = mx.array(tokenizer.encode(PROMPT))
     assert mx.array_equal(model(prompt[None]), reference(prompt[None]))
@@ -50,6 +57,7 @@ def test_forward_passes_built_before_either_is_evaluated(float32_model):
     The pool evaluates the first pass's expert outputs before it writes (its fence)."""
     src, folder = float32_model
     model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    assert model.streamer.pools[0].slots == 16  # budget 0: one layer's experts
     reference = reference_model(src)
     first = mx.array(tokenizer.encode(PROMPT))[None]
     second = mx.array(tokenizer.encode("An entirely different prompt about files."))[None]

@@ -92,7 +92,8 @@ def slot_budget(
     """Give every layer its pool for `budget` bytes of slots (None: as default_budget says)
     and say so. Enough for every expert: each layer reads all its experts once into a pool of
     its own and runs resident. Less: one pool per shape class, its share of the budget in
-    proportion to the class's experts, at least one slot; 0: one token's worth (top-k) each."""
+    proportion to the class's experts, at least one slot; 0: one layer's experts each (the
+    smallest pool in which any call, a whole prompt chunk too, runs in one round)."""
     if budget is None:
         budget, why = default_budget(manifest, dtype)
     else:
@@ -103,16 +104,15 @@ def slot_budget(
             layer.use_pool(own[shape_class(layout)])
             layer.make_resident()
         return f"all experts resident, no streaming ({why})", []
-    config = manifest.config
-    top_k = int(config.get("num_experts_per_tok") or config.get("experts_per_token") or 1)
-    experts, slot_bytes = {}, {}
+    experts, slot_bytes, per_layer = {}, {}, {}
     for layout in layouts:
         key = shape_class(layout)
         experts[key] = experts.get(key, 0) + layout.num_experts
+        per_layer[key] = max(per_layer.get(key, 0), layout.num_experts)
         slot_bytes[key] = sum(t.at.length for t in layout.tensors)
     total = sum(experts[key] * slot_bytes[key] for key in experts)
     slots = {
-        key: min(experts[key], max(1, budget * experts[key] // total) if budget else top_k)
+        key: min(experts[key], max(1, budget * experts[key] // total) if budget else per_layer[key])
         for key in experts
     }
     by_class = open_pools(layouts, slots, checksums, bypass_page_cache)
@@ -121,7 +121,7 @@ def slot_budget(
     pools = list(by_class.values())
     size = sum(pool.nbytes for pool in pools)
     sizes = ", ".join(str(pool.slots) for pool in pools)
-    kind = "one token's experts" if budget == 0 else "LFU with aging"
+    kind = "one layer's experts" if budget == 0 else "LFU with aging"
     if bypass_page_cache:
         kind += ", read around the page cache"
     return (
