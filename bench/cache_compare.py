@@ -3,14 +3,15 @@
 run: decode tok/s and hit rates side by side (bench/README.md, "Slot pool vs in place").
 
     python bench/cache_compare.py --data /work/bench-data --dtype float32 \\
-        --budgets 0,0.1,0.3 --available 4G
+        --budgets 0,0.1,0.3 --available 3.5G --bypass 0.3
 
 Budgets are fractions of all expert bytes (0: the slot pool holds one token's experts, in place
 streams through the page cache). For each regime every engine runs in its own worker process:
 warm (expert files read into the page cache first), cold (dropped before each run and again after
 the first token), squeezed (a balloon leaves `--available` bytes for the run and the page cache).
-In place at a budget above 0 is the mapped path with its hot-expert cache. `--bypass` adds the
-slot pool reading around the page cache (O_DIRECT) at each squeezed budget. Writes
+In place at a budget above 0 is the mapped path with its hot-expert cache; the slot pool at 0 holds
+one layer's experts. `--bypass 0.3` adds the slot pool reading around the page cache (O_DIRECT)
+at those squeezed budgets. Writes
 bench/results/<model>-cache-compare.json and, with matplotlib, the plot beside it.
 """
 
@@ -87,8 +88,8 @@ def regime_rows(models, args, regime: str) -> list[dict]:
     for engine in ENGINES:
         for budget in args.budgets:
             rows.append(point(models, args, engine, budget, regime))
-    if regime == "squeezed" and args.bypass:
-        for budget in args.budgets:
+    if regime == "squeezed":
+        for budget in args.bypass:
             rows.append(point(models, args, "slots", budget, regime, bypass=True))
     return rows
 
@@ -101,13 +102,14 @@ def main() -> None:
     ap.add_argument("--budgets", default="0,0.1,0.3", help="fractions of all expert bytes")
     ap.add_argument("--regimes", default="warm,cold,squeezed")
     ap.add_argument("--available", type=size, default=4 * GiB, help="squeezed: memory left")
-    ap.add_argument("--bypass", action="store_true", help="squeezed: also slots with O_DIRECT")
+    ap.add_argument("--bypass", default="", help="squeezed: also slots with O_DIRECT at these")
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--decode-tokens", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--reserve", type=size, default=2 * GiB)
     args = ap.parse_args()
     args.budgets = [float(b) for b in args.budgets.split(",")]
+    args.bypass = [float(b) for b in args.bypass.split(",") if b]
     models = ensure_models(
         args.preset, args.data, layers=None, vocab=None, routing=ROUTING, seed=0, dtype=args.dtype
     )

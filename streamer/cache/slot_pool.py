@@ -83,9 +83,12 @@ class SlotPool:
     def place(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int]:
         """Slots holding `experts` of `layer` (distinct, at most `slots` of them), reading the
         misses into their slots; returns (slot per expert, number of misses read)."""
+        # The rule above: no kernel may still read a slot about to be written. Fenced on every
+        # call, not just on misses, so the list holds one call's outputs (nothing to wait for in
+        # decode: the router sync has evaluated them).
+        self.fence()
         slots, miss = self.policy.assign(self._base[layer] + experts)
         if miss.any():
-            self.fence()  # the rule above: no kernel may still read a slot about to be written
             reads = [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])]
             if len(reads) == 1:
                 self._read(layer, *reads[0])
