@@ -116,7 +116,7 @@ def amplification(models, trace: list) -> dict:
         payload = pages_in_place = pages_repacked = 0
         for (_, layer), experts in steps.items():
             placed = download.layers[layer]
-            payload += len(experts) * placed.expert_bytes
+            payload += len(experts) * placed.payload_bytes
             touched = set()
             for t in placed.tensors:
                 for e in experts:
@@ -132,7 +132,7 @@ def amplification(models, trace: list) -> dict:
         out[f"{page // 1024}KiB"] = {
             "in_place": pages_in_place / payload,
             "repacked": pages_repacked / payload,
-            "in_place_one_expert": single / download.layers[0].expert_bytes,
+            "in_place_one_expert": single / download.layers[0].payload_bytes,
             "ranges_per_expert_in_place": len(download.layers[0].tensors),
         }
     return out

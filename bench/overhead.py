@@ -8,8 +8,8 @@ indices ready: what is left is the layer's Python, bookkeeping, residency checks
 building. mlx-lm's own container on the same inputs is timed the same way; the difference is
 streamer's overhead. Each mode is timed on a warm CPU (the same call back to back), which is the
 floor; in a real decode the first Python after each sync also runs on caches the compute has just
-flushed (measured on this VM: ~0.6 ms for the first numpy call after a sync against 23 us for the
-next), which is why `layer_overhead_ms_per_token` in bench/run.py results is larger.
+flushed, which is why `layer_overhead_ms_per_token` in bench/run.py results is larger (numbers in
+bench/README.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The benchmark: streamer's streamed decode vs mlx-lm's fully resident model, per scenario.
 
-    python bench/run.py warm      [--preset qwen3-30b-a3b-12l] [--data DIR]   # both engines, page cache warm
+    python bench/run.py warm      [--preset qwen3-30b-a3b-12l] [--data DIR]   # page cache warm
     python bench/run.py cold      ...   # expert files dropped from the page cache before every run
     python bench/run.py squeezed  --available 6G,4G ...   # a balloon leaves only that much memory
     python bench/run.py prefill   --lengths 128,512,2048 ...   # time to first token
@@ -73,7 +73,7 @@ class Models:
                 k: v for k, v in config["quantization"].items() if not isinstance(v, dict)
             },
             "record_bytes": self.record_bytes,
-            "expert_bytes": manifest.expert_bytes,
+            "expert_bytes": manifest.expert_file_bytes,
             "resident_bytes": (streaming / RESIDENT_FILE).stat().st_size,
             "checkpoint_bytes": sum(p.stat().st_size for p in self.checkpoint_files),
             "active_expert_bytes_per_token": self.record_bytes
@@ -164,7 +164,8 @@ def spread(values: list[float]) -> dict | None:
 
 
 def summarize(results: list[dict], models: Models, disk_gbps: float | None) -> dict:
-    """Aggregate one engine's worker outputs: rates as median/min/max over runs, traffic per step."""
+    """Aggregate one engine's worker outputs: rates as median/min/max over runs, traffic per
+    step."""
     runs = [r for w in results for r in w["runs"]]
     decode_s = sum(r["decode_s"] for r in runs)
     decode_tokens = sum(r["decode_tokens"] for r in runs)
@@ -260,7 +261,8 @@ def flat(result: dict) -> dict:
 # -- scenarios -----------------------------------------------------------------------------------
 def measure_disk(models: Models, args: argparse.Namespace) -> dict:
     log(
-        f"[bench] disk: cold {models.record_bytes / 1e6:.1f} MB records, {models.info['top_k']} per layer"
+        f"[bench] disk: cold {models.record_bytes / 1e6:.1f} MB records, "
+        f"{models.info['top_k']} per layer"
     )
     disk = pagecache.disk_bandwidth(
         models.expert_files,
@@ -272,7 +274,8 @@ def measure_disk(models: Models, args: argparse.Namespace) -> dict:
     engine = disk["engine_gbps"]
     log(
         f"[bench] disk: WILLNEED+populate (the engine's way) {engine or float('nan'):.2f} GB/s, "
-        f"pread x{args.io_concurrency} {disk['pread_gbps']:.2f} GB/s, mmap page faults {disk['mmap_copy_gbps']:.2f} GB/s"
+        f"pread x{args.io_concurrency} {disk['pread_gbps']:.2f} GB/s, "
+        f"mmap page faults {disk['mmap_copy_gbps']:.2f} GB/s"
     )
     disk["read_gbps"] = engine or disk["pread_gbps"]  # what the I/O bound divides by
     return disk
@@ -305,7 +308,8 @@ def baseline_fits(models: Models, args: argparse.Namespace) -> bool:
     fits = mem_available() - models.baseline_need >= args.reserve
     if not fits:
         log(
-            f"[bench] mlx-lm resident needs ~{models.baseline_need / 1e9:.1f} GB: it does not fit, skipped"
+            f"[bench] mlx-lm resident needs ~{models.baseline_need / 1e9:.1f} GB: it does not fit, "
+            "skipped"
         )
     return fits
 
@@ -329,7 +333,10 @@ def scenario_warm(models: Models, args: argparse.Namespace, disk: dict) -> dict:
             )
             baseline.append(worker("mlx_lm", models, *common_args(args), "--warmup", *extra))
             routing = routing or baseline[-1].get("routing")
-    rate = lambda w: statistics.median(r["decode_tok_s"] for r in w["runs"])
+
+    def rate(w: dict) -> float:
+        return statistics.median(r["decode_tok_s"] for r in w["runs"])
+
     return {
         "expert_files_cached_before": cached,
         "ratio_per_round": [
@@ -372,7 +379,8 @@ def scenario_squeezed(models: Models, args: argparse.Namespace, disk: dict) -> d
     for target in args.available:
         if target < floor:
             log(
-                f"[bench] refusing {target / GiB:.1f} GiB: a run needs {models.streamer_need / GiB:.1f} GiB "
+                f"[bench] refusing {target / GiB:.1f} GiB: a run needs "
+                f"{models.streamer_need / GiB:.1f} GiB "
                 f"and {args.reserve / GiB:.1f} GiB must stay free for the machine"
             )
             continue
@@ -523,7 +531,8 @@ def parser() -> argparse.ArgumentParser:
         "--memory-budget",
         type=size,
         default=0,
-        help="streamer's memory_budget: 0 streams every expert (page cache only); 1T keeps all resident",
+        help="streamer's memory_budget: 0 streams every expert (page cache only); "
+        "1T keeps all resident",
     )
     return ap
 
@@ -603,12 +612,18 @@ def headline(result: dict) -> str:
         return json.dumps(
             {k: v for k, v in result.items() if k in ("points", "lengths")}, indent=1, default=str
         )
-    fmt = lambda v, f: "n/a" if v is None else format(v, f)
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "n/a" if value is None else format(value, spec)
+
     return (
-        f"[bench] {result['scenario']}: streamer {fmt(result['decode_tok_s'], '.2f')} tok/s, mlx-lm "
-        f"{fmt(result['baseline_tok_s'], '.2f')} tok/s, ratio {fmt(result['ratio'], '.2f')}; "
-        f"{fmt(result['bytes_read_per_token'] / 1e6, '.1f')} MB/token, syncs/token {fmt(result['syncs_per_token'], '.1f')}, "
-        f"hit rate {fmt(result['page_cache_hit_rate'], '.0%')}, I/O bound {fmt(result['io_bound_tok_s'], '.1f')} tok/s"
+        f"[bench] {result['scenario']}: streamer {fmt(result['decode_tok_s'], '.2f')} tok/s, "
+        f"mlx-lm {fmt(result['baseline_tok_s'], '.2f')} tok/s, "
+        f"ratio {fmt(result['ratio'], '.2f')}; "
+        f"{fmt(result['bytes_read_per_token'] / 1e6, '.1f')} MB/token, "
+        f"syncs/token {fmt(result['syncs_per_token'], '.1f')}, "
+        f"hit rate {fmt(result['page_cache_hit_rate'], '.0%')}, "
+        f"I/O bound {fmt(result['io_bound_tok_s'], '.1f')} tok/s"
     )
 
 

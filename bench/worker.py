@@ -26,8 +26,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from pagecache import drop
 
+from streamer.architectures import recording_routing
 from streamer.handle import streaming
-from streamer.stats import peak_rss_bytes, recording_routing
+from streamer.stats import peak_rss_bytes
 
 ENGINES = ("streamer", "mlx_lm")
 

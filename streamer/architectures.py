@@ -1,12 +1,15 @@
 """Which MoE architectures stream, and how their checkpoints name expert tensors.
 
 Architectures themselves come from mlx-lm (`mlx_lm.models.<model_type>`); this module only knows
-how to find their expert containers and how each download convention names expert weights.
+how to find their expert containers (and record their routing) and how each download convention
+names expert weights.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from mlx_lm.utils import _get_classes, infer_quant_config
 
 from .config import check_config
 from .errors import StreamerError
+from .stats import ExpertStats, Routing, RoutingRecorder
 
 EXPERT_CONTAINERS = (SwitchGLU, SwitchMLP)
 EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
@@ -27,8 +31,9 @@ EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
 class Architecture:
     # Hugging Face per-expert projection name -> mlx-lm's stacked projection name
     hf_projections: dict[str, str]
-    # Hugging Face tensors that hold all of a layer's experts in another layout (`{parent}.experts.{name}`,
-    # e.g. gpt-oss's MXFP4 `gate_up_proj_blocks`): converted expert by expert with the model's sanitize.
+    # Hugging Face tensors that hold all of a layer's experts in another layout
+    # (`{parent}.experts.{name}`, e.g. gpt-oss's MXFP4 `gate_up_proj_blocks`): converted expert by
+    # expert with the model's sanitize.
     hf_fused: tuple[str, ...] = ()
 
 
@@ -59,7 +64,8 @@ SUPPORTED: dict[str, Architecture] = {
 HF_EXPERT_KEY = re.compile(
     r"^(?P<parent>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<kind>[^.]+)$"
 )
-# `{parent}.experts.{name}`: a Hugging Face tensor holding every expert of a layer (see Architecture.hf_fused).
+# `{parent}.experts.{name}`: a Hugging Face tensor holding every expert of a layer
+# (see Architecture.hf_fused).
 HF_FUSED_KEY = re.compile(r"^(?P<parent>.+)\.experts\.(?P<name>[^.]+)$")
 
 
@@ -94,7 +100,8 @@ def normalize_config(config: dict) -> dict:
                 "mode": "mxfp4",
             }
         elif method == "fp8" and list(quantization_config.get("weight_block_size", ())) != [32, 32]:
-            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as in mlx-lm
+            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as in
+            # mlx-lm
             del config["quantization_config"]
     return config
 
@@ -155,3 +162,25 @@ def quantize_like_mlx_lm(model: nn.Module, config: dict, weights: dict[str, mx.a
         mode=quantization.get("mode", "affine"),
         class_predicate=predicate,
     )
+
+
+@contextmanager
+def recording_routing(model: nn.Module, prefill: bool = False) -> Iterator[list[Routing]]:
+    """The routing of every MoE layer of `model` (decode steps; with `prefill`, prompt tokens too)
+    while the context lasts: a streamer model's own trace, or for any other mlx-lm model, its
+    expert containers wrapped in RoutingRecorders for the duration."""
+    handle = getattr(model, "streamer", None)
+    if handle is not None:
+        stats, containers = handle.stats, None
+    else:
+        containers = expert_containers(model)
+        stats = ExpertStats(moe_layers=len(containers))
+        recorders = {p: RoutingRecorder(c, stats, i) for i, (p, c) in enumerate(containers.items())}
+        replace_modules(model, recorders)
+    stats.trace, stats.trace_prefill = [], prefill
+    try:
+        yield stats.trace
+    finally:
+        stats.trace, stats.trace_prefill = None, False
+        if containers is not None:
+            replace_modules(model, containers)

@@ -149,8 +149,8 @@ def _info(args: argparse.Namespace) -> None:
     folder = Path(args.dir)
     if is_download(folder):  # streamed in place: an expert is one range per stacked tensor
         manifest = open_download(folder)[0]
-        resident = sum(manifest.file_bytes.values()) - manifest.expert_bytes
-        per_expert = [layer.expert_bytes for layer in manifest.layers]
+        resident = sum(manifest.file_bytes.values()) - manifest.expert_file_bytes
+        per_expert = [layer.payload_bytes for layer in manifest.layers]
         layout = f"in place, {len(manifest.layers[0].tensors)} byte ranges per expert"
     else:
         manifest = read_manifest(folder)
@@ -174,7 +174,7 @@ def _info(args: argparse.Namespace) -> None:
     }
     print(f"expert weights    {', '.join(sorted(expert_quant))}")
     print(f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)")
-    print(f"expert bytes      {manifest.expert_bytes / 1e9:.3f} GB (streamed from disk)")
+    print(f"expert bytes      {manifest.expert_file_bytes / 1e9:.3f} GB (streamed from disk)")
     print(f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)")
 
 

@@ -69,7 +69,8 @@ class InPlaceLayer:
     tensors: tuple[PlacedTensor, ...]
 
     @property
-    def expert_bytes(self) -> int:
+    def payload_bytes(self) -> int:
+        """Bytes of one expert: its ranges of every stacked tensor."""
         return sum(t.nbytes for t in self.tensors)
 
     @property
@@ -89,8 +90,9 @@ class Download:
     file_bytes: dict[str, int]  # shard -> size in bytes
 
     @property
-    def expert_bytes(self) -> int:
-        return sum(layer.expert_bytes * layer.num_experts for layer in self.layers)
+    def expert_file_bytes(self) -> int:
+        """Bytes of every expert tensor in the shards."""
+        return sum(layer.payload_bytes * layer.num_experts for layer in self.layers)
 
 
 def is_download(folder: Path | str) -> bool:
@@ -243,7 +245,7 @@ def layouts(download: Download) -> list[LayerLayout]:
                     TensorPlacement(t.name, DTYPES[t.dtype][1], t.shape, at) for t, at in placed
                 ),
                 expert_ranges=tuple(at for _, at in placed),
-                payload_bytes=layer.expert_bytes,
+                payload_bytes=layer.payload_bytes,
                 regions=tuple(
                     ByteRange(at.file, at.offset, at.stride * layer.num_experts) for _, at in placed
                 ),

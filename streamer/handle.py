@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -15,6 +16,9 @@ from .experts import StreamingExperts
 from .io.expert_files import ExpertFiles
 from .io.lock import FolderLock
 from .io.manifest import Manifest
+
+if TYPE_CHECKING:
+    from .download import Download
 from .stats import ExpertStats
 
 
@@ -44,7 +48,7 @@ class Streaming:
     `close()` rather than around one generation."""
 
     residency: str  # what the memory budget chose, in words
-    manifest: Manifest
+    manifest: Manifest | Download  # what was loaded: its `layers` match the layouts read
     read_path: str  # "mapped" or "slots"
     files: ExpertFiles | None  # the mapped expert files (the mapped path only)
     stats: ExpertStats
@@ -53,6 +57,9 @@ class Streaming:
     folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
     pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools
     _scopes: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    def __post_init__(self) -> None:
+        self._scopes.enter_context(memory_limit_raised(self.mapped_bytes))
 
     def close(self) -> None:
         """Unmap the expert files, lower the memory limit again, release the folder."""

@@ -22,7 +22,7 @@ from .download import Download, layouts, open_download
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .experts.slots import slot_budget
-from .handle import Streaming, memory_limit_raised
+from .handle import Streaming
 from .io.checkpoint import Checkpoint
 from .io.checksums import Checksums, default_sidecar, read_checksums
 from .io.expert_files import ExpertFiles
@@ -114,7 +114,6 @@ def load_in_place(
     context = download.config.get("max_position_embeddings")
     residency = f"{residency}; read path {read_path} ({why})"
     handle = Streaming(residency, download, read_path, files, stats, layers, context, lock, pools)
-    handle._scopes.enter_context(memory_limit_raised(handle.mapped_bytes))
     model.streamer = handle
     return model, tokenizer
 

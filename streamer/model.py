@@ -19,7 +19,7 @@ from .download import is_download
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .experts.slots import slot_budget
-from .handle import Streaming, memory_limit_raised
+from .handle import Streaming
 from .io.expert_files import ExpertFiles, LayerLayout, open_repacked, repacked_layout
 from .io.integrity import check_files, verify_resident
 from .io.lock import lock_for_reading
@@ -128,7 +128,6 @@ def load(
         folder_lock,
         pools,
     )
-    handle._scopes.enter_context(memory_limit_raised(handle.mapped_bytes))
     model.streamer = handle
     return model, tokenizer
 

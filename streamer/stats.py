@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import resource
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-
-from .architectures import expert_containers, replace_modules
 
 # One routed token of one MoE layer: (MoE layer number, the token's experts, sorted).
 Routing = tuple[int, tuple[int, ...]]
@@ -112,28 +108,6 @@ class RoutingRecorder(nn.Module):
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         self._stats.record_routing(self._layer, np.array(indices))
         return self.inner(x, indices)
-
-
-@contextmanager
-def recording_routing(model: nn.Module, prefill: bool = False) -> Iterator[list[Routing]]:
-    """The routing of every MoE layer of `model` (decode steps; with `prefill`, prompt tokens too)
-    while the context lasts: a streamer model's own trace, or for any other mlx-lm model, its
-    expert containers wrapped in RoutingRecorders for the duration."""
-    handle = getattr(model, "streamer", None)
-    if handle is not None:
-        stats, containers = handle.stats, None
-    else:
-        containers = expert_containers(model)
-        stats = ExpertStats(moe_layers=len(containers))
-        recorders = {p: RoutingRecorder(c, stats, i) for i, (p, c) in enumerate(containers.items())}
-        replace_modules(model, recorders)
-    stats.trace, stats.trace_prefill = [], prefill
-    try:
-        yield stats.trace
-    finally:
-        stats.trace, stats.trace_prefill = None, False
-        if containers is not None:
-            replace_modules(model, containers)
 
 
 def peak_rss_bytes() -> int:

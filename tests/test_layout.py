@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 import streamer
 from fixtures import tiny_config, write_hf_checkpoint
 from streamer.io.checkpoint import Checkpoint
-from streamer.io.manifest import PAGE_SIZE, read_manifest, write_manifest
+from streamer.io.manifest import RECORD_ALIGN, read_manifest, write_manifest
 
 
 def test_experts_are_page_aligned_contiguous_records(checkpoints):
@@ -21,8 +21,8 @@ def test_experts_are_page_aligned_contiguous_records(checkpoints):
     assert len(manifest.layers) == 2
     for layer in manifest.layers:
         assert (folder / layer.file).stat().st_size == layer.num_experts * layer.record_bytes
-        assert layer.record_bytes % PAGE_SIZE == 0
-        assert all(off % PAGE_SIZE == 0 for off in layer.expert_offsets)
+        assert layer.record_bytes % RECORD_ALIGN == 0
+        assert all(off % RECORD_ALIGN == 0 for off in layer.expert_offsets)
         assert len(set(layer.expert_offsets)) == layer.num_experts
         spans = sorted((t.offset, t.offset + t.nbytes) for t in layer.tensors)
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
@@ -72,7 +72,7 @@ def test_manifest_round_trip(checkpoints, tmp_path):
     write_manifest(tmp_path, manifest)
     assert read_manifest(tmp_path) == manifest
     raw = json.loads((folder / "manifest.json").read_text())
-    assert raw["format_version"] == 1 and raw["page_size"] == PAGE_SIZE
+    assert raw["format_version"] == 1 and raw["page_size"] == RECORD_ALIGN
     assert raw["config"]["model_type"] == "qwen2_moe"
 
 
@@ -96,7 +96,7 @@ def test_loaded_model_keeps_only_non_expert_weights_resident(tmp_path):
     mapped = model.streamer.files.mapped_bytes  # MLX counts the mapped expert files as its own
     loaded = mx.get_active_memory() - before - mapped
     resident = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
-    expert_bytes_f32 = manifest.expert_bytes * 2  # bf16 on disk, float32 once computed on CPU
+    expert_bytes_f32 = manifest.expert_file_bytes * 2  # bf16 on disk, float32 once computed on CPU
     assert resident < expert_bytes_f32 / 10
     assert loaded <= resident * 1.1 + (1 << 20)
     # routed experts are read per call and not kept

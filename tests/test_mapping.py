@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zlib
 
 import mlx.core as mx
 import numpy as np
@@ -11,8 +12,12 @@ from conftest import reference_model
 from test_parity import PROMPT, greedy_tokens
 
 import streamer
+from streamer.errors import StreamerError
 from streamer.experts import RECHECK_CALLS
+from streamer.experts.mapped import Prefetcher
+from streamer.io.expert_files import ByteRange, ExpertFiles, LayerLayout, Strided, TensorPlacement
 from streamer.io.mapping import OS_PAGE, MappedFile
+from streamer.stats import ExpertTraffic
 
 
 def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):
@@ -123,3 +128,53 @@ def test_mapped_files_do_not_count_against_mlx_memory_limit(checkpoints):
     assert mapped > 0 and mx.get_memory_limit() == before + mapped
     handle.close()
     assert mx.get_memory_limit() == before
+
+
+def test_an_expert_may_be_several_byte_ranges_in_several_files(tmp_path):
+    """A layout as an MLX download keeps experts: each tensor stacked [E, ...] where it lies in
+    its own file. Views read each expert's slice in place; residency, read-ahead and checksums
+    work per range."""
+    a = np.arange(4 * 3 * 8, dtype=np.float32).reshape(4, 3, 8)
+    b = (np.arange(4 * 5, dtype=np.int32) * 7).reshape(4, 5)
+    paths = (tmp_path / "a.bin", tmp_path / "b.bin")
+    paths[0].write_bytes(bytes(64) + a.tobytes())  # the stacked tensor starts after a header
+    paths[1].write_bytes(b.tobytes())
+    ranges = (Strided(0, 64, a[0].nbytes, a[0].nbytes), Strided(1, 0, b[0].nbytes, b[0].nbytes))
+    layout = LayerLayout(
+        folder=tmp_path,
+        index=0,
+        module="model.layers.0.mlp.switch_mlp",
+        files=paths,
+        file_bytes=tuple(p.stat().st_size for p in paths),
+        num_experts=4,
+        tensors=(
+            TensorPlacement("gate_proj.weight", mx.float32, (3, 8), ranges[0]),
+            TensorPlacement("up_proj.weight", mx.int32, (5,), ranges[1]),
+        ),
+        expert_ranges=ranges,
+        payload_bytes=a[0].nbytes + b[0].nbytes,
+        regions=(ByteRange(0, 64, a.nbytes), ByteRange(1, 0, b.nbytes)),
+    )
+    files = ExpertFiles([layout])
+    layer = files.layers[0]
+    assert np.array_equal(np.array(layer.views[0]), a) and np.array_equal(
+        np.array(layer.views[1]), b
+    )
+    assert layer.ranges(2) == [
+        ByteRange(0, 64 + 2 * a[0].nbytes, a[0].nbytes),
+        ByteRange(1, 2 * b[0].nbytes, b[0].nbytes),
+    ]
+    crcs = [(zlib.crc32(a[e].tobytes()), zlib.crc32(b[e].tobytes())) for e in range(4)]
+    prefetcher = Prefetcher(files, layer, crcs)
+    traffic = ExpertTraffic()
+    prefetcher.fetch([1, 3], traffic)
+    assert traffic.experts_read == 2 and traffic.bytes_read == 2 * layout.payload_bytes
+    assert traffic.bytes_measured in (0, 2 * layout.payload_bytes)  # 0: the OS cannot tell
+    assert traffic.bytes_in_page_cache == traffic.bytes_measured  # just written: all cached
+    assert prefetcher.file_in_page_cache()
+    fd = os.open(paths[1], os.O_RDWR)
+    os.pwrite(fd, b"\xff", 2 * b[0].nbytes + 1)  # expert 2 of the second tensor rots
+    os.close(fd)
+    with pytest.raises(StreamerError, match=r"b.bin \(MoE layer 0, .*\): expert 2 tensor up_proj"):
+        prefetcher.fetch([2], traffic)
+    files.close()

@@ -31,8 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from streamer.architectures import container_projections, expert_containers
-from streamer.stats import recording_routing
+from streamer.architectures import container_projections, expert_containers, recording_routing
 
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "streamer" / "demo_model"
 

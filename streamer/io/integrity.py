@@ -212,9 +212,9 @@ def verify_folder(folder: Path, manifest: Manifest, log: Callable[[str], None]) 
     """Every checksum of a repacked folder, with one progress line per file; the problems found."""
     folder = Path(folder)
     start, done = time.perf_counter(), 0
-    total = manifest.expert_bytes + _size(folder / RESIDENT_FILE, "the non-expert weights")
+    total = manifest.expert_file_bytes + _size(folder / RESIDENT_FILE, "the non-expert weights")
     problems = verify_resident(folder, manifest)
-    done += total - manifest.expert_bytes
+    done += total - manifest.expert_file_bytes
     log(f"[verify] {RESIDENT_FILE}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
     for index, layer in enumerate(manifest.layers):
         found = verify_layer(folder, index, layer)

@@ -4,7 +4,7 @@ A repacked folder holds:
   manifest.json          this file's content (format version, model config, every tensor's place)
   resident.safetensors   non-expert weights, in mlx-lm's parameter names
   experts/NNN.bin        one file per MoE layer; expert e is one record of `record_bytes` at
-                         `experts[e].offset` = e * record_bytes (a PAGE_SIZE multiple), holding
+                         `experts[e].offset` = e * record_bytes (a RECORD_ALIGN multiple), holding
                          that expert's tensors (weight/scales/biases of each projection) back to
                          back, so each tensor across experts is one strided array of the file
   tokenizer and config files copied from the source
@@ -24,7 +24,9 @@ from .safetensors import DTYPES, itemsize
 
 FORMAT = "streamer-moe"
 FORMAT_VERSION = 1
-PAGE_SIZE = 16384  # Apple silicon's page size; a multiple of Linux's 4 KiB
+# Expert records start and end on this boundary: Apple silicon's page size, a multiple of Linux's
+# 4 KiB, so a record is whole OS pages on both (the OS page itself is io/mapping.py's OS_PAGE).
+RECORD_ALIGN = 16384
 TENSOR_ALIGN = 64  # each tensor inside an expert record starts on a cache line
 MANIFEST_FILE = "manifest.json"
 RESIDENT_FILE = "resident.safetensors"
@@ -69,14 +71,15 @@ class Manifest:
     files: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
-    def expert_bytes(self) -> int:
+    def expert_file_bytes(self) -> int:
+        """Bytes of all expert files on disk (records with their padding)."""
         return sum(layer.file_bytes for layer in self.layers)
 
     def to_json(self) -> dict:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "page_size": PAGE_SIZE,
+            "page_size": RECORD_ALIGN,
             "config": self.config,
             "resident": {"file": RESIDENT_FILE, "crc32": self.resident_crc32},
             "moe_layers": [layer_to_json(layer) for layer in self.layers],
@@ -167,9 +170,9 @@ def _parse(data: dict, path: Path) -> Manifest:
             f"{path} has format version {version!r}; this streamer reads version {FORMAT_VERSION}: "
             "repack the model with this version."
         )
-    if data["page_size"] != PAGE_SIZE:
+    if data["page_size"] != RECORD_ALIGN:
         raise StreamerError(
-            f"{path}: page size {data['page_size']} differs from {PAGE_SIZE}; repack the model."
+            f"{path}: page size {data['page_size']} differs from {RECORD_ALIGN}; repack the model."
         )
     layers = tuple(_parse_layer(entry, path) for entry in data["moe_layers"])
     resident = data["resident"]
@@ -234,7 +237,7 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
     if any(b_start < a_end for (_, a_end), (b_start, _) in zip(spans, spans[1:])):
         raise bad("two tensors of the record overlap")
     record = int(entry["record_bytes"])
-    if record <= 0 or record % PAGE_SIZE or any(t.offset + t.nbytes > record for t in tensors):
+    if record <= 0 or record % RECORD_ALIGN or any(t.offset + t.nbytes > record for t in tensors):
         raise bad(f"record size {record} is not page-aligned or does not hold its tensors")
     experts = entry["experts"]
     num_experts = int(entry["num_experts"])

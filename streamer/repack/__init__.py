@@ -116,7 +116,7 @@ def repack(
                 if held is not None:
                     held.release()
     log(
-        f"[repack] done: {dst} ({manifest.expert_bytes / 1e9:.2f} GB of experts in "
+        f"[repack] done: {dst} ({manifest.expert_file_bytes / 1e9:.2f} GB of experts in "
         f"{len(manifest.layers)} MoE layers)"
     )
     return manifest

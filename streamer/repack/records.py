@@ -13,7 +13,7 @@ from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from ..architectures import container_projections
 from ..errors import StreamerError
-from ..io.manifest import PAGE_SIZE, TENSOR_ALIGN, ExpertTensor, MoeLayer
+from ..io.manifest import RECORD_ALIGN, TENSOR_ALIGN, ExpertTensor, MoeLayer
 from ..io.mapping import align
 from ..io.safetensors import MLX_TO_SAFETENSORS, nonfinite_count, read_header, to_mlx
 from .plan import Plan
@@ -64,7 +64,7 @@ def layout(parts: list[Part]) -> tuple[tuple[ExpertTensor, ...], int]:
     for name, dtype, shape, data in parts:
         tensors.append(ExpertTensor(name, dtype, shape, offset, len(data)))
         offset = align(offset + len(data), TENSOR_ALIGN)
-    return tuple(tensors), align(max(offset, 1), PAGE_SIZE)
+    return tuple(tensors), align(max(offset, 1), RECORD_ALIGN)
 
 
 def write_layer(
