@@ -68,7 +68,7 @@ decode)
     echo "$tag: exit $?; $(grep -v '^\[' "$out/$tag.log" | tail -2)"; tail -3 "$out/$tag.log"
   }
   run mlx_lm "$data/q8-mlx" mlx_lm
-  for budget in 0 1073741824 4294967296; do
+  for budget in 0 21233664 1073741824 4294967296; do  # 21233664: 8 slots
     run streamer "$data/q8-stream" "slots-$budget" --read-path slots --memory-budget "$budget"
   done
   ;;
