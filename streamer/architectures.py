@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx_lm
 from mlx.utils import tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
 from mlx_lm.utils import _get_classes, infer_quant_config
@@ -29,54 +30,100 @@ EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
 
 @dataclass(frozen=True)
 class Architecture:
-    # Hugging Face per-expert projection name -> mlx-lm's stacked projection name
-    hf_projections: dict[str, str]
-    # Hugging Face tensors that hold all of a layer's experts in another layout
-    # (`{parent}.experts.{name}`, e.g. gpt-oss's MXFP4 `gate_up_proj_blocks`): converted expert by
-    # expert with the model's sanitize.
-    hf_fused: tuple[str, ...] = ()
+    """How a family's Hugging Face checkpoints name their per-expert tensors: the one thing about
+    experts that differs per family and that mlx-lm's model cannot tell the repacker. Everything
+    else (fused layouts, FP8, expert biases, activations) comes from the model's own `sanitize` and
+    expert container."""
+
+    # HF per-expert projection name -> the expert container's projection name
+    hf_projections: dict[str, str] = field(default_factory=lambda: dict(_GLU))
+    # the per-expert list under the MoE block: `{block}.{hf_experts}.{e}.{projection}.{kind}`
+    hf_experts: str = "experts"
+    # the MoE block's own name in HF checkpoints where mlx-lm names it otherwise (`mlp`)
+    hf_block: str | None = None
+
+    def hf_parent(self, container: str) -> str:
+        """The HF name of the MoE block that holds `container` (an expert container's path)."""
+        block = container.rsplit(".", 1)[0]
+        if self.hf_block is None:
+            return block
+        return f"{block.rsplit('.', 1)[0]}.{self.hf_block}"
+
+    def hf_parents(self, container: str) -> tuple[str, ...]:
+        """`hf_parent`, and its spelling in vision-language checkpoints that transformers 5
+        writes (`model.language_model.` for mlx-lm's `language_model.model.`)."""
+        block = self.hf_parent(container)
+        nested = "language_model.model."
+        if block.startswith(nested):
+            return block, "model.language_model." + block[len(nested) :]
+        return (block,)
 
 
 _GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
-SUPPORTED: dict[str, Architecture] = {
-    "qwen3_moe": Architecture(_GLU),
-    "qwen2_moe": Architecture(_GLU),
-    "olmoe": Architecture(_GLU),
-    "mixtral": Architecture({"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
-    "deepseek_v2": Architecture(_GLU),
-    "deepseek_v3": Architecture(_GLU),
-    "kimi_k2": Architecture(_GLU),  # mlx-lm runs it as deepseek_v3
-    "deepseek_v32": Architecture(_GLU),
-    "glm4_moe": Architecture(_GLU),
-    "glm4_moe_lite": Architecture(_GLU),
-    "glm_moe_dsa": Architecture(_GLU),
-    "qwen3_next": Architecture(_GLU),
-    "qwen3_5_moe": Architecture(_GLU, hf_fused=("gate_up_proj", "down_proj")),
-    "gpt_oss": Architecture(
-        {},
-        hf_fused=tuple(
-            f"{p}_{k}" for p in ("gate_up_proj", "down_proj") for k in ("blocks", "scales", "bias")
+_W123 = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+# Families whose HF checkpoints name experts otherwise than `experts.{e}.{gate,up,down}_proj`.
+NAMING: dict[str, Architecture] = {
+    "mixtral": Architecture(_W123),
+    "minimax": Architecture(_W123),
+    "minimax_m3_vl": Architecture(_W123),
+    "phimoe": Architecture(_W123),
+    "lfm2_moe": Architecture(_W123),
+    "kimi_linear": Architecture(_W123, hf_block="block_sparse_moe"),
+    "nemotron_h": Architecture({"up_proj": "fc1", "down_proj": "fc2"}),
+    "phixtral": Architecture({"fc1": "fc1", "fc2": "fc2"}, hf_experts="mlp"),
+}
+# mlx-lm model files that build experts streamer does not stream (yet), and why.
+_UNVERIFIED = (
+    "streamer has no test fixture for it yet, so its outputs are not verified against mlx-lm's."
+)
+REFUSED: dict[str, str] = {
+    "kimi_vl": "mlx-lm's kimi_vl sanitize does not split MLA's kv_b_proj, so mlx-lm cannot load "
+    "the published checkpoint either (its MLX conversions come from mlx-vlm).",
+    "dbrx": "its experts are a list of per-expert MLPs that mlx-lm computes one by one, not a "
+    "Switch layer that streamer's expert layer replaces.",
+    **dict.fromkeys(
+        (
+            "deepseek_v41",
+            "kimi_k3",
+            "muse_spark",
+            "prism_hadamard_qwen35",
         ),
+        _UNVERIFIED,
     ),
 }
 
-# `{parent}.experts.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
-HF_EXPERT_KEY = re.compile(
-    r"^(?P<parent>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<kind>[^.]+)$"
-)
-# `{parent}.experts.{name}`: a Hugging Face tensor holding every expert of a layer
-# (see Architecture.hf_fused).
-HF_FUSED_KEY = re.compile(r"^(?P<parent>.+)\.experts\.(?P<name>[^.]+)$")
-
 
 def architecture(config: dict, where: Path | str) -> Architecture:
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED:
-        raise StreamerError(
-            f"{where}: model_type {model_type!r} is not supported for expert streaming. "
-            f"Supported: {', '.join(sorted(SUPPORTED))}."
-        )
-    return SUPPORTED[model_type]
+    """The HF expert naming of `config`'s family (after mlx-lm's own model-type remapping)."""
+    model_type = mlx_lm_model_type(config, where)
+    if model_type in REFUSED:
+        _refuse(config, where, REFUSED[model_type])
+    return NAMING.get(model_type, Architecture())
+
+
+def mlx_lm_model_type(config: dict, where: Path | str = "config.json") -> str:
+    """The mlx-lm model file `config` runs on (`mlx_lm.models.<this>`), as mlx-lm's loader picks."""
+    try:
+        _, args_class = _get_classes(config)
+    except (KeyError, ValueError, TypeError):
+        _refuse(config, where, f"it is not a model that mlx-lm {mlx_lm.__version__} runs.")
+    # the file mlx-lm imports (its Model may come from another: solar_open runs glm4_moe's)
+    return args_class.__module__.rsplit(".", 1)[1]
+
+
+def _refuse(config: dict, where: Path | str, reason: str):
+    raise StreamerError(
+        f"{where}: model_type {config.get('model_type')!r} is not supported for expert "
+        f"streaming: {reason} The README lists the model types that stream."
+    )
+
+
+# `{parent}.{experts}.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
+def hf_expert_key(arch: Architecture) -> re.Pattern:
+    return re.compile(
+        rf"^(?P<parent>.+)\.{re.escape(arch.hf_experts)}\.(?P<expert>\d+)\."
+        r"(?P<proj>[^.]+)\.(?P<kind>[^.]+)$"
+    )
 
 
 def normalize_config(config: dict) -> dict:
@@ -100,8 +147,8 @@ def normalize_config(config: dict) -> dict:
                 "mode": "mxfp4",
             }
         elif method == "fp8" and list(quantization_config.get("weight_block_size", ())) != [32, 32]:
-            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as in
-            # mlx-lm
+            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as
+            # in mlx-lm
             del config["quantization_config"]
     return config
 
@@ -109,9 +156,10 @@ def normalize_config(config: dict) -> dict:
 def build_model(config: dict, where: Path | str) -> nn.Module:
     """An mlx-lm model for `config` with lazily initialised (never evaluated) weights."""
     check_config(config, where)
+    architecture(config, where)
     model_class, args_class = _get_classes(config)
     try:
-        return model_class(args_class.from_dict(config))
+        model = model_class(args_class.from_dict(config))
     except Exception as e:
         # what check_config cannot see (a combination of fields the model's asserts refuse):
         # mlx-lm's constructors raise no common error type
@@ -119,6 +167,9 @@ def build_model(config: dict, where: Path | str) -> nn.Module:
             f"{where}: the config does not describe a {config['model_type']} model mlx-lm can "
             f"build ({type(e).__name__}: {e}); download config.json again."
         ) from e
+    if not any(isinstance(m, EXPERT_CONTAINERS) for _, m in model.named_modules()):
+        _refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.")
+    return model
 
 
 def expert_containers(model: nn.Module) -> dict[str, nn.Module]:

@@ -14,11 +14,18 @@ from .errors import StreamerError
 
 
 def _repack(args: argparse.Namespace) -> None:
+    from .hub import resolve
     from .repack import Quantize, repack
 
     quantize = Quantize(args.quantize, args.group_size) if args.quantize else None
+    src = resolve(args.src, "source")
+    if args.delete_source and src != Path(args.src):
+        raise StreamerError(
+            f"--delete-source: {args.src} lives in the Hugging Face cache, whose files are shared "
+            "links: repack without it, then remove the download with `hf cache` (see its --help)."
+        )
     repack(
-        args.src,
+        src,
         args.dst,
         quantize=quantize,
         force=args.force,
@@ -80,10 +87,12 @@ def _generate(args: argparse.Namespace) -> int:
             "model."
         )
     prompt = _prompt(args)  # before the slow imports: bad input fails fast
+    from .chat import templated
+    from .hub import streamable
     from .model import load
 
     model, tokenizer = load(
-        args.model,
+        streamable(args.model),
         memory_budget=args.memory_budget,
         read_path=args.read_path,
         verify_reads=args.verify_reads,
@@ -91,15 +100,27 @@ def _generate(args: argparse.Namespace) -> int:
         checksums=args.checksums,
     )
     print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
-    if args.chat and tokenizer.chat_template is not None:
-        messages = [{"role": "user", "content": prompt}]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    for token in args.extra_eos_token:
+        try:
+            tokenizer.add_eos_token(token)
+        except ValueError as e:
+            raise StreamerError(f"--extra-eos-token: {e}") from None
+    if args.chat and not tokenizer.has_chat_template:
+        raise StreamerError(
+            f"--chat: {args.model} has no chat template (tokenizer_config.json has no "
+            "chat_template): drop --chat to continue the prompt as plain text."
+        )
+    if tokenizer.has_chat_template and not args.ignore_chat_template:
+        prompt = templated(tokenizer, prompt, args.system_prompt)
     return _stream(model, tokenizer, prompt, args)
 
 
 def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
+    from mlx_lm.sample_utils import make_sampler
+
     from .generate import run_stats, stream_generate
 
+    sampler = make_sampler(args.temp, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k)
     stats = None
     try:
         for response in stream_generate(
@@ -107,9 +128,9 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
             tokenizer,
             prompt,
             args.max_tokens,
-            temp=args.temp,
-            top_p=args.top_p,
             seed=args.seed,
+            sampler=sampler,
+            max_kv_size=getattr(args, "max_kv_size", None),
         ):
             print(response.text, end="", flush=True)
             stats = response.stats
@@ -142,12 +163,62 @@ def _serve(args: argparse.Namespace) -> None:
     )
 
 
+def _chat(args: argparse.Namespace) -> None:
+    from .chat import chat
+    from .hub import streamable
+    from .server import open_model
+    from .server.api import Sampling
+    from .server.engine import Engine
+
+    model, tokenizer, context = open_model(
+        streamable(args.model), args.memory_budget, args.trust_remote_code
+    )
+    template = tokenizer.has_chat_template and not args.ignore_chat_template
+    if not tokenizer.has_chat_template:
+        print(
+            "[chat] the model has no chat template: the conversation is plain text", file=sys.stderr
+        )
+    sampling = Sampling(
+        temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed
+    )
+    engine = Engine(model, tokenizer, prompt_cache_size=2)
+    try:
+        chat(
+            engine,
+            system_prompt=args.system_prompt,
+            template=template,
+            max_tokens=args.max_tokens,
+            context=context,
+            sampling=sampling,
+        )
+    finally:
+        engine.close()
+
+
+def _plan(args: argparse.Namespace) -> None:
+    from .hub import resolve
+    from .model import default_dtype
+    from .plan import plan
+
+    if args.memory is None:
+        import psutil
+
+        memory = psutil.virtual_memory().available
+    else:
+        memory = args.memory
+    quantize = (args.quantize, args.group_size) if args.quantize else None
+    result = plan(resolve(args.source, "model"), memory, quantize=quantize, dtype=default_dtype())
+    print(result.json() if args.json else "\n".join(result.lines()))
+
+
 def _info(args: argparse.Namespace) -> None:
-    from .download import is_download, open_download
-    from .io.manifest import RESIDENT_FILE, read_manifest
+    from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
 
     folder = Path(args.dir)
-    if is_download(folder):  # streamed in place: an expert is one range per stacked tensor
+    if not (folder / MANIFEST_FILE).exists() and (folder / "config.json").exists():
+        from .download import open_download  # builds mlx-lm's model: only for a download
+
+        # streamed in place: an expert is one range per stacked tensor
         manifest = open_download(folder)[0]
         resident = sum(manifest.file_bytes.values()) - manifest.expert_file_bytes
         per_expert = [layer.payload_bytes for layer in manifest.layers]
@@ -231,7 +302,18 @@ def _add_sampling(p: argparse.ArgumentParser, prompt_default: str | None) -> Non
     p.add_argument("--max-tokens", type=int, default=100)
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top")
     p.add_argument("--seed", type=int, default=None)
+
+
+def _add_template(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--system-prompt", default=None, help="a system message before the prompt")
+    p.add_argument(
+        "--ignore-chat-template",
+        action="store_true",
+        help="use the prompt as plain text even if the model has a chat template",
+    )
 
 
 def _add_loading(p: argparse.ArgumentParser) -> None:
@@ -256,7 +338,7 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("repack", help="convert a downloaded checkpoint into the streaming layout")
-    p.add_argument("src", help="checkpoint folder (config.json + safetensors)")
+    p.add_argument("src", help="checkpoint folder (config.json + safetensors), or org/name")
     p.add_argument("dst", help="output folder")
     p.add_argument(
         "--quantize",
@@ -305,11 +387,22 @@ def parser() -> argparse.ArgumentParser:
         "generate", help="generate text from a repacked model or an MLX download (in place)"
     )
     p.add_argument(
-        "--model", help="a folder written by `streamer repack`, or an MLX download (in place)"
+        "--model", help="a folder written by `streamer repack`, an MLX download (in place), or org/name"
     )
     _add_sampling(p, None)
     p.add_argument(
-        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+        "--chat",
+        action="store_true",
+        help="the prompt is a chat message: refuse a model without a chat template",
+    )
+    _add_template(p)
+    p.add_argument("--max-kv-size", type=int, default=None, help="keep at most N tokens of KV")
+    p.add_argument(
+        "--extra-eos-token",
+        nargs="+",
+        default=[],
+        metavar="TOKEN",
+        help="more tokens that end the answer (text or id)",
     )
     _add_loading(p)
     p.add_argument(
@@ -346,6 +439,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
     _add_loading(p)
     p.set_defaults(run=_serve)
+
+    p = sub.add_parser("chat", help="a conversation with a repacked model in the terminal")
+    p.add_argument("--model", required=True, help="a repacked folder, or org/name (hub cache)")
+    p.add_argument("--max-tokens", type=int, default=512, help="per answer")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top")
+    p.add_argument("--seed", type=int, default=None)
+    _add_template(p)
+    _add_loading(p)
+    p.set_defaults(run=_chat)
+
+    p = sub.add_parser("plan", help="disk, memory and context a model needs, from its config.json")
+    p.add_argument("source", help="config.json, a download's folder, a repacked one, or org/name")
+    p.add_argument("--memory", type=_size, default=None, help="memory to plan for (default: free)")
+    p.add_argument("--quantize", type=int, choices=(2, 3, 4, 5, 6, 8), help="as repack --quantize")
+    p.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
+    p.add_argument("--json", action="store_true", help="one JSON object, for tools")
+    p.set_defaults(run=_plan)
 
     p = sub.add_parser("info", help="describe a repacked model")
     p.add_argument("dir")

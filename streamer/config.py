@@ -66,7 +66,22 @@ NON_NEGATIVE = (
     "shared_expert_intermediate_size",
     "num_nextn_predict_layers",
 )
-EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+# How the families name their expert count and routed experts per token (the model's own build
+# refuses a config with neither; a model with no expert layers is refused by architectures).
+EXPERT_COUNTS = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+)
+TOP_K = (
+    "num_experts_per_tok",
+    "num_experts_per_token",
+    "moe_k",
+    "moe_topk",
+    "moe_top_k",
+    "top_k_experts",
+)
 QUANT_BITS = range(1, 9)
 LAYER_INDEX = re.compile(r"\blayers\.(\d+)\.")
 
@@ -147,7 +162,9 @@ def _matches(value: object, hint) -> bool:
     if hint is bool:
         return isinstance(value, bool)
     if hint is int:  # mlx-lm annotates some real-valued fields int (gpt-oss's rope_theta)
-        return type(value) is int or (type(value) is float and value.is_integer())
+        # mlx-lm annotates some fractions as int (mimo_v2_flash's partial_rotary_factor: 0.334
+        # in the published config): counts and sizes are checked as integers by their ranges
+        return type(value) in (int, float) and math.isfinite(value)
     if hint is float:
         return type(value) in (int, float) and math.isfinite(value)
     if hint is str:
@@ -176,8 +193,8 @@ def _describe(hint) -> str:
 def _check_ranges(config: dict, where, prefix: str) -> None:
     def integer(name: str, low: int, high: int, want: str) -> None:
         value = config.get(name)
-        if value is None:
-            return
+        if value is None or isinstance(value, list):
+            return  # per-layer lists (mimo_v2_flash's moe_layer_freq): typed by the model's args
         if type(value) is not int or not low <= value <= high:
             raise _bad(where, prefix + name, value, want)
 
@@ -189,14 +206,9 @@ def _check_ranges(config: dict, where, prefix: str) -> None:
     for name in NON_NEGATIVE:
         integer(name, 0, MAX_SIZE, f"an integer from 0 to {MAX_SIZE}")
     experts = next((config[n] for n in EXPERT_COUNTS if config.get(n) is not None), None)
-    if experts is None:
-        raise StreamerError(
-            f"{where}: config names no expert count ({' / '.join(EXPERT_COUNTS)}): "
-            f"not a MoE model, or {_fix(where)}"
-        )
-    integer("num_experts_per_tok", 1, experts, f"an integer from 1 to the {experts} experts")
-    if config.get("num_experts_per_tok") is None:
-        raise _bad(where, prefix + "num_experts_per_tok", None, "the number of routed experts")
+    top_k = next((n for n in TOP_K if config.get(n) is not None), None)
+    if type(experts) is int and top_k is not None and type(config[top_k]) is int:
+        integer(top_k, 1, experts, f"an integer from 1 to the {experts} experts")
     heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
     if heads and kv_heads and heads % kv_heads:
         raise _bad(where, prefix + "num_key_value_heads", kv_heads, f"a divisor of {heads} heads")

@@ -25,6 +25,7 @@ from .io.integrity import check_files, verify_resident
 from .io.lock import lock_for_reading
 from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, MoeLayer, read_manifest
 from .io.safetensors import DTYPES, read_header
+from .progress import progress_bar
 from .stats import ExpertStats
 
 
@@ -210,8 +211,10 @@ def _apply_budget(
     else:
         why = f"memory budget {budget / 1e9:.2f} GB"
     if budget >= all_experts_bytes(manifest, dtype):
-        for layer in layers:
-            layer.make_resident()
+        with progress_bar(len(layers), "experts into memory", "layer") as bar:
+            for layer in layers:
+                layer.make_resident()
+                bar.update(1)
         return f"all experts resident, no streaming ({why})"
     if budget == 0:
         return f"experts stream from disk, page cache only ({why})"

@@ -9,6 +9,7 @@ conventions.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 from pathlib import Path
 
@@ -17,11 +18,10 @@ import mlx_lm
 import pytest
 from mlx_lm.utils import load_model
 
-from fixtures import tiny_config, write_hf_checkpoint
-from streamer.architectures import SUPPORTED
+from fixtures import TINY_CONFIGS, tiny_config, write_hf_checkpoint
 from streamer.repack import repack
 
-ARCHS = sorted(SUPPORTED)
+ARCHS = sorted(TINY_CONFIGS)
 
 
 class Checkpoints:
@@ -73,6 +73,7 @@ def checkpoints(tmp_path_factory) -> Checkpoints:
     return Checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 
+@functools.cache
 def reference_model(path: Path):
     """mlx-lm's own model, fully resident, computing in float32 like streamer does on CPU."""
     model, _ = load_model(Path(path))

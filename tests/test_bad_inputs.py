@@ -37,10 +37,11 @@ def test_missing_config(checkpoints, tmp_path):
 
 def test_unknown_and_non_moe_model_types(checkpoints, tmp_path):
     src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
-    for model_type in ("llama", "not_a_model"):
+    reasons = {"llama": "model has no MoE layers", "not_a_model": "not a model that mlx-lm"}
+    for model_type, reason in reasons.items():
         config = json.loads((src / "config.json").read_text())
         (src / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
-        assert_refused(src, tmp_path, f"'{model_type}' is not supported", "qwen3_moe", "mixtral")
+        assert_refused(src, tmp_path, f"'{model_type}' is not supported", reason, "README")
 
 
 def test_truncated_shard(checkpoints, tmp_path):

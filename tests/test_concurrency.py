@@ -21,6 +21,7 @@ def generate_command(model, prompt: str, max_tokens: int) -> list[str]:
         prompt,
         "--max-tokens",
         str(max_tokens),
+        "--ignore-chat-template",  # the prompt as plain text, as streamer.generate takes it
     ]
 
 

@@ -170,7 +170,7 @@ def test_text_completion_and_logprobs(client, folder, local):
     )
     assert result.choices[0].text == want
     logprobs = result.choices[0].logprobs
-    assert len(logprobs.tokens) == 6 and "".join(logprobs.tokens) == want
+    assert len(logprobs.tokens) == 6 and "".join(logprobs.tokens).removeprefix(" ") == want
     for logprob, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):
         assert len(top) == 3 and max(top.values()) == pytest.approx(logprob)  # greedy: the top
     chat = client.chat.completions.create(
@@ -183,7 +183,9 @@ def test_text_completion_and_logprobs(client, folder, local):
     )
     content = chat.choices[0].logprobs.content
     assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)
-    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    # mlx-lm's streaming detokenizer drops the answer's leading space; a token's own text keeps it
+    text = "".join(c.token for c in content)
+    assert text.removeprefix(" ") == chat.choices[0].message.content
 
 
 def test_stop_strings_cut_exactly(client, folder, local):
@@ -279,7 +281,9 @@ def test_a_client_that_leaves_stops_its_generation(server, client, folder):
     http = connection(url)
     http.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}))
     response = http.getresponse()
-    assert response.status == 200 and response.readline().startswith(b"data: ")
+    assert response.status == 200
+    while not response.readline().startswith(b"data: "):  # ": waiting" comments until then
+        pass
     response.close()  # hang up after the first event
     http.close()
     assert _stopped_after(log, seen) < 1000

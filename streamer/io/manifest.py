@@ -121,6 +121,11 @@ def read_manifest(folder: Path | str) -> Manifest:
     """Read and validate a manifest; raise StreamerError naming the defect and what to do."""
     path = Path(folder) / MANIFEST_FILE
     if not path.exists() and not path.is_symlink():
+        if (Path(folder) / "config.json").exists():  # a download: repack writes a new folder
+            raise StreamerError(
+                f"{folder} is a checkpoint as downloaded, not a repacked model: repack it into a "
+                f"new folder with `streamer repack {folder} DST` and pass DST."
+            )
         raise StreamerError(
             f"{path} is missing: {folder} is not a repacked model. Run "
             f"`streamer repack SRC {folder}` first."

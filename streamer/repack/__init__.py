@@ -27,6 +27,7 @@ from ..io.integrity import file_stat
 from ..io.lock import lock_for_replacing
 from ..io.manifest import RESIDENT_FILE, Manifest, read_manifest, write_manifest
 from ..io.safetensors import write_safetensors
+from ..progress import above, progress_bar
 from . import consume, publish
 from .plan import Plan, Quantize, make_plan
 from .progress import PROGRESS_FILE, Progress, source_identity
@@ -186,22 +187,25 @@ def write_model(plan: Plan, out: Path, progress: Progress, log, collect=lambda _
     layers = []
     start = time.perf_counter()
     written = 0
-    for index, module in enumerate(plan.containers):
-        layer = progress.layers.get(index)
-        if layer is not None:
+    left = (total - len(progress.layers)) * plan.num_experts
+    with progress_bar(left, "[repack] experts", "expert") as bar:
+        log = above(bar, log)
+        for index, module in enumerate(plan.containers):
+            layer = progress.layers.get(index)
+            if layer is not None:
+                layers.append(layer)
+                log(f"[repack] layer {index + 1}/{total} {module}: kept from the interrupted run")
+                continue
+            layer = write_layer(plan, out, index, module, warnings, lambda: bar.update(1))
+            progress.record_layer(index, layer)
+            collect(progress)
             layers.append(layer)
-            log(f"[repack] layer {index + 1}/{total} {module}: kept from the interrupted run")
-            continue
-        layer = write_layer(plan, out, index, module, warnings)
-        progress.record_layer(index, layer)
-        collect(progress)
-        layers.append(layer)
-        written += layer.file_bytes
-        rate = written / max(time.perf_counter() - start, 1e-9) / 1e6
-        log(
-            f"[repack] layer {index + 1}/{total} {module}: "
-            f"{layer.file_bytes / 1e6:.1f} MB ({rate:.0f} MB/s)"
-        )
+            written += layer.file_bytes
+            rate = written / max(time.perf_counter() - start, 1e-9) / 1e6
+            log(
+                f"[repack] layer {index + 1}/{total} {module}: "
+                f"{layer.file_bytes / 1e6:.1f} MB ({rate:.0f} MB/s)"
+            )
     warnings.summary()
     publish.copy_side_files(plan.folder, out)
     publish.write_config(out, plan.config)

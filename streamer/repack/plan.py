@@ -92,7 +92,7 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
             f"kimi_k2 / deepseek_v32 / glm_moe_dsa but not for {config['model_type']}; repack a "
             "bf16 or MLX-quantized version."
         )
-    sources = Sources(ckpt, arch, containers, num_experts, sanitize)
+    sources = Sources(ckpt, arch, containers, num_experts, sanitize, weights)
     resident = {n: a for n, a in weights.items() if not in_containers(n, containers)}
     quantize_like_mlx_lm(model, config, weights)
     prequantized = {name.rsplit(".", 1)[0] for name in weights if name.endswith(".scales")}

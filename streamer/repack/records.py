@@ -68,9 +68,15 @@ def layout(parts: list[Part]) -> tuple[tuple[ExpertTensor, ...], int]:
 
 
 def write_layer(
-    plan: Plan, out: Path, index: int, module: str, warnings: NonfiniteWarnings
+    plan: Plan,
+    out: Path,
+    index: int,
+    module: str,
+    warnings: NonfiniteWarnings,
+    on_expert=lambda: None,
 ) -> MoeLayer:
-    """Write layer `index` (container `module`) to `out/experts/NNN.bin`, fsynced."""
+    """Write layer `index` (container `module`) to `out/experts/NNN.bin`, fsynced; `on_expert`
+    is called after each expert (a progress bar)."""
     container = plan.containers[module]
     rel = f"experts/{index:03d}.bin"
     tensors: tuple[ExpertTensor, ...] = ()
@@ -96,6 +102,7 @@ def write_layer(
             offsets.append(expert * size)
             crcs.append(tuple(expert_crc))
             f.write(record)
+            on_expert()
         f.flush()
         os.fsync(f.fileno())
     quantization = {

@@ -3,12 +3,16 @@
 A source checkpoint holds an expert container's weights in one of these conventions:
   stacked     mlx-lm's names, one tensor per projection with experts on the first axis (MLX
               conversions): an expert is its rows of the tensor
-  per-expert  Hugging Face's `{parent}.experts.{e}.{projection}.{kind}`: an expert is its tensors
-  fused       one Hugging Face tensor for a whole layer in another layout (`Architecture.hf_fused`,
-              e.g. gpt-oss's MXFP4 blocks): sanitize converts each expert's slice
+  per-expert  Hugging Face's `{parent}.experts.{e}.{projection}.{kind}`, with the family's names
+              (`Architecture`): an expert is its tensors
+  fused       tensors holding a whole layer's experts in a layout of the family's own (Qwen3.5's
+              and Gemma 4's `experts.gate_up_proj`, Llama 4's transposed one, Granite's
+              `input_linear`, gpt-oss's MXFP4 blocks), found by asking sanitize: it converts each
+              expert's slice
   converted   per-expert tensors in another form (FP8 with `weight_scale_inv`): sanitize converts
               each expert's tensors
-A new naming convention is a new branch of `Sources.__init__` and of `Sources.read`.
+A new naming convention is a new entry of `architectures.NAMING`; a new layout needs nothing here
+when mlx-lm's sanitize reads it.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..architectures import HF_EXPERT_KEY, HF_FUSED_KEY, Architecture
+from ..architectures import Architecture, hf_expert_key
 from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo, to_mlx
+from .layouts import LAYOUTS
 
 KIND_ORDER = ("weight", "scales", "biases", "bias")
 
@@ -30,13 +35,15 @@ Sanitize = Callable[[dict[str, mx.array]], dict[str, mx.array]]
 
 
 def sanitizer(model: nn.Module, folder: Path) -> Sanitize:
-    """mlx-lm's own sanitize (source names -> mlx-lm's names); a missing tensor: a clear error."""
+    """mlx-lm's own sanitize (source names -> mlx-lm's names), after the conversion of a layout it
+    does not read (`layouts.LAYOUTS`); a missing tensor: a clear error."""
+    convert = LAYOUTS.get(type(model).__module__.rsplit(".", 1)[1], lambda weights: weights)
     if not hasattr(model, "sanitize"):
-        return lambda weights: weights
+        return convert
 
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         try:
-            return model.sanitize(weights)
+            return model.sanitize(convert(weights))
         except KeyError as e:
             raise StreamerError(
                 f"{folder}: tensor {e.args[0]!r} is missing: the download is incomplete."
@@ -55,30 +62,29 @@ class Sources:
         containers: dict[str, nn.Module],
         num_experts: int,
         sanitize: Sanitize,
+        sanitized: dict[str, mx.array],
     ):
+        """`sanitized`: what sanitize makes of the whole checkpoint (lazy, never evaluated)."""
         self.ckpt, self.arch, self.num_experts, self.sanitize = ckpt, arch, num_experts, sanitize
-        parents = {path.rsplit(".", 1)[0]: path for path in containers}
+        parents = {p: path for path in containers for p in arch.hf_parents(path)}
+        per_expert_key = hf_expert_key(arch)
         self.stacked: dict[tuple[str, str, str], TensorInfo] = {}
         self.per_expert: dict[tuple[str, str, str], dict[int, TensorInfo]] = {}
-        fused: dict[str, dict[str, TensorInfo]] = {}
+        candidates: dict[str, TensorInfo] = {}
+        resident: dict[str, TensorInfo] = {}
         for name, info in ckpt.tensors.items():
             prefix = name.rsplit(".", 2)[0]
-            match = HF_EXPERT_KEY.match(name)
-            packed = HF_FUSED_KEY.match(name)
+            match = per_expert_key.match(name)
             if prefix in containers:
                 _, proj, kind = name.rsplit(".", 2)
                 self.stacked[(prefix, proj, kind)] = info
             elif match and match["parent"] in parents and match["proj"] in arch.hf_projections:
                 key = (parents[match["parent"]], arch.hf_projections[match["proj"]], match["kind"])
                 self.per_expert.setdefault(key, {})[int(match["expert"])] = info
-            elif packed and packed["name"] in arch.hf_fused:
-                fused.setdefault(packed["parent"], {})[name] = info
-            elif packed and packed["parent"] in parents:
-                raise StreamerError(
-                    f"{info.path}: tensor '{name}' holds experts in a layout streamer does not "
-                    f"read for {ckpt.config.get('model_type')}; use the checkpoint as published "
-                    "or an MLX-converted one."
-                )
+            elif name not in sanitized and info.shape[:1] == (num_experts,):
+                candidates[name] = info  # renamed or converted by sanitize: maybe fused experts
+            else:
+                resident[name] = info
         kinds: dict[tuple[str, str], set[str]] = {}
         for module, proj, kind in self.per_expert:
             kinds.setdefault((module, proj), set()).add(kind)
@@ -86,35 +92,61 @@ class Sources:
         for (module, proj), found in kinds.items():
             if not found <= set(KIND_ORDER):
                 self.converted.setdefault(module, {})[proj] = found
-        self.fused = {
-            module: group
-            for group in fused.values()
-            if (module := self._fused_module(group, containers)) is not None
-        }
+        self._find_fused(candidates, resident, containers)
         self._converted_cache: tuple[tuple[str, int], dict[str, mx.array]] | None = None
 
-    def _fused_module(
-        self, group: dict[str, TensorInfo], containers: dict[str, nn.Module]
-    ) -> str | None:
-        """Which expert container a layer's fused tensors feed (None: one the model does not use,
-        e.g. multi-token prediction layers), asking sanitize about a one-expert stand-in."""
-        probe = self.sanitize(
-            {n: mx.zeros((1, *i.shape[1:]), DTYPES[i.dtype][1]) for n, i in group.items()}
-        )
-        if not probe:
-            return None
-        modules = {name.rsplit(".", 2)[0] for name in probe}
-        if len(modules) != 1 or not modules <= containers.keys():
-            raise StreamerError(
-                f"{self.ckpt.folder}: cannot tell which MoE layer holds {sorted(group)}."
-            )
-        for info in group.values():
-            if info.shape[:1] != (self.num_experts,):
+    def _find_fused(
+        self, candidates: dict[str, TensorInfo], resident: dict[str, TensorInfo], containers: dict
+    ) -> None:
+        """Which expert container each layer's fused tensors feed. Sanitize is asked about
+        stand-ins that are never evaluated: the candidates of one layer with an expert axis of 2,
+        the other candidates with 1 and the resident tensors as they are (sanitize may read any
+        of them): the container tensors with 2 experts come from that layer. Candidates that feed
+        none (a router, multi-token prediction layers) are not experts."""
+        by_layer: dict[str, dict[str, TensorInfo]] = {}
+        for name, info in candidates.items():
+            by_layer.setdefault(_layer_prefix(name), {})[name] = info
+        self.fused: dict[str, dict[str, TensorInfo]] = {}
+        self._alone: set[str] = set()  # layers sanitize converts without the other layers' tensors
+        self._stand_ins = {n: mx.zeros(i.shape, DTYPES[i.dtype][1]) for n, i in resident.items()}
+        self._stand_ins.update({n: _stand_in(i, 1) for n, i in candidates.items()})
+        for group in by_layer.values():
+            marked = {**self._stand_ins, **{n: _stand_in(i, 2) for n, i in group.items()}}
+            try:
+                out = self.sanitize(marked)
+            except Exception:  # noqa: BLE001 - a stand-in sanitize cannot take: try the layer alone
+                out = self._try_sanitize({n: _stand_in(i, 2) for n, i in group.items()})
+            modules = {n.rsplit(".", 2)[0] for n, a in out.items() if a.shape[:1] == (2,)}
+            modules &= containers.keys()
+            if not modules:
+                continue
+            if len(modules) != 1:
                 raise StreamerError(
-                    f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected "
-                    f"{self.num_experts} experts on its first axis from config.json."
+                    f"{self.ckpt.folder}: cannot tell which MoE layer holds {sorted(group)}."
                 )
-        return modules.pop()
+            module = modules.pop()
+            self.fused[module] = group
+            alone = self._try_sanitize({n: _stand_in(i, 1) for n, i in group.items()})
+            if any(n.startswith(module + ".") for n in alone):
+                self._alone.add(module)
+
+    def _try_sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        try:
+            return self.sanitize(weights)
+        except Exception:  # noqa: BLE001 - sanitize may need tensors of other layers
+            return {}
+
+    def _fused_expert(self, module: str, expert: int) -> dict[str, mx.array]:
+        """What sanitize makes of one expert's slice of `module`'s fused tensors (an expert axis of
+        1), with the other layers' stand-ins alongside where sanitize needs them."""
+        one = {}
+        for name, info in self.fused[module].items():
+            per = info.nbytes // self.num_experts
+            data = self.ckpt.read(info, expert * per, per)
+            one[name] = to_mlx(data, info.dtype, (1, *info.shape[1:]))
+        weights = one if module in self._alone else {**self._stand_ins, **one}
+        out = self.sanitize(weights)
+        return {n[len(module) + 1 :]: a[0] for n, a in out.items() if n.startswith(module + ".")}
 
     def read(
         self,
@@ -176,14 +208,7 @@ class Sources:
     def _convert(self, module: str, expert: int) -> dict[str, mx.array]:
         out = {}
         if module in self.fused:
-            one = {}
-            for name, info in self.fused[module].items():
-                per = info.nbytes // self.num_experts
-                data = self.ckpt.read(info, expert * per, per)
-                one[name] = to_mlx(data, info.dtype, (1, *info.shape[1:]))
-            out.update(
-                {name[len(module) + 1 :]: arr[0] for name, arr in self.sanitize(one).items()}
-            )
+            out.update(self._fused_expert(module, expert))
         for proj, kinds in self.converted.get(module, {}).items():
             one = {}
             for kind in kinds:
@@ -200,13 +225,25 @@ class Sources:
     def _per_expert(self, module: str, proj: str, kind: str, expert: int) -> TensorInfo:
         info = self.per_expert.get((module, proj, kind), {}).get(expert)
         if info is None:
-            parent = module.rsplit(".", 1)[0]
+            parent = f"{self.arch.hf_parent(module)}.{self.arch.hf_experts}"
             hf_name = next((h for h, m in self.arch.hf_projections.items() if m == proj), proj)
             raise StreamerError(
-                f"{self.ckpt.folder}: tensor '{parent}.experts.{expert}.{hf_name}.{kind}' (or "
+                f"{self.ckpt.folder}: tensor '{parent}.{expert}.{hf_name}.{kind}' (or "
                 f"stacked '{module}.{proj}.{kind}') is missing: the download is incomplete."
             )
         return info
+
+
+def _stand_in(info: TensorInfo, experts: int) -> mx.array:
+    """A lazy tensor of `info`'s shape with `experts` on the first axis, never evaluated."""
+    return mx.zeros((experts, *info.shape[1:]), DTYPES[info.dtype][1])
+
+
+def _layer_prefix(name: str) -> str:
+    """`model.layers.3` of `model.layers.3.mlp.experts.gate_up_proj`: up to the first number."""
+    parts = name.split(".")
+    number = next((i for i, p in enumerate(parts) if p.isdigit()), len(parts) - 1)
+    return ".".join(parts[: number + 1])
 
 
 def compatible(got: mx.Dtype, expected: mx.Dtype) -> bool:

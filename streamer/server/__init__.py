@@ -14,6 +14,17 @@ from pathlib import Path
 from .api import Sampling
 
 
+def open_model(folder: Path, memory_budget: int | None, trust_remote_code: bool):
+    """The model, its tokenizer and its context length in tokens (None if config.json has none)."""
+    from ..model import load
+
+    model, tokenizer = load(
+        folder, memory_budget=memory_budget, trust_remote_code=trust_remote_code
+    )
+    print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
+    return model, tokenizer, model.streamer.context_length
+
+
 def serve(
     name: str,
     folder: Path,
@@ -27,16 +38,11 @@ def serve(
     prompt_cache_size: int = 10,
 ) -> None:
     """Load the model at `folder` (served as `name`) and answer requests until interrupted."""
-    from ..io.manifest import read_manifest
-    from ..model import load
     from .engine import Engine
     from .http import App, Handler, Server
 
     logging.basicConfig(level=logging.INFO, format="[serve] %(message)s", stream=sys.stderr)
-    model, tokenizer = load(
-        folder, memory_budget=memory_budget, trust_remote_code=trust_remote_code
-    )
-    context = read_manifest(folder).config.get("max_position_embeddings")
+    model, tokenizer, context = open_model(folder, memory_budget, trust_remote_code)
     engine = Engine(model, tokenizer, prompt_cache_size)
     aliases = {str(folder), folder.name, str(folder.resolve())}
     app = App(engine, name, aliases, defaults or Sampling(), max_tokens, context)

@@ -64,12 +64,36 @@ class Job:
         self.cancelled = threading.Event()
 
 
+def fit(prompt: int, asked: int | None, default: int, context: int | None) -> int:
+    """The tokens to generate after a `prompt`-token prompt: `asked`, else `default` (at most what
+    the context leaves); ApiError when the prompt or the ask does not fit the model's context."""
+    if context is None:
+        return asked or default
+    if prompt >= context:
+        raise ApiError(
+            400,
+            f"the prompt is {prompt} tokens but the model's context is {context} tokens",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    room = context - prompt
+    if asked is not None and asked > room:
+        raise ApiError(
+            400,
+            f"the prompt is {prompt} tokens and max_tokens is {asked}, but the model's context is "
+            f"{context} tokens: ask for at most {room}",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return asked or min(default, room)
+
+
 class Engine:
     def __init__(self, model: nn.Module, tokenizer: TokenizerWrapper, prompt_cache_size: int = 10):
         self.model, self.tokenizer = model, tokenizer
         self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
         self.prompt_cache = LRUPromptCache(prompt_cache_size)
-        self.jobs: Queue[Job | None] = Queue()
+        self.jobs: Queue[Job] = Queue()
         self.thread = threading.Thread(target=self._run, name="streamer-generate", daemon=True)
         self.thread.start()
 
@@ -82,12 +106,16 @@ class Engine:
         return job
 
     def close(self) -> None:
-        self.jobs.put(None)
-        self.thread.join(timeout=30)
+        """Drop the jobs still waiting. The thread is left blocked, not ended: with mlx 0.32.4 a
+        thread that ran generation and then ends makes MLX abort the process at exit (about one
+        run in two here), so it ends with the process (it is a daemon)."""
+        while not self.jobs.empty():
+            self.jobs.get_nowait().cancelled.set()
 
     def _run(self) -> None:
         stream = mx.default_stream(mx.default_device())  # this thread's own, as mlx-lm's server
-        while (job := self.jobs.get()) is not None:
+        while True:
+            job = self.jobs.get()
             if job.cancelled.is_set():
                 continue
             try:

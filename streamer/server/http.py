@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from queue import Empty
 
 from .api import MAX_BODY_BYTES, ApiError, Completion, Sampling, parse_body, parse_completion
-from .engine import Done, Engine, Job, Step
+from .engine import Done, Engine, Job, Step, fit
 from .output import Piece
 from .prompts import prompt_tokens
 from .responses import Answer, stats_json
@@ -46,28 +46,9 @@ class App:
     def job(self, request: Completion) -> Job:
         with self.engine.tokenizer_lock:
             prompt = prompt_tokens(request, self.engine.tokenizer)
-        return Job(request, prompt, self._max_tokens(len(prompt), request.max_tokens))
-
-    def _max_tokens(self, prompt: int, asked: int | None) -> int:
-        if self.context is None:
-            return asked or self.max_tokens
-        if prompt >= self.context:
-            raise ApiError(
-                400,
-                f"the prompt is {prompt} tokens but the model's context is {self.context} tokens",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        room = self.context - prompt
-        if asked is not None and asked > room:
-            raise ApiError(
-                400,
-                f"the prompt is {prompt} tokens and max_tokens is {asked}, but the model's context "
-                f"is {self.context} tokens: ask for at most {room}",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        return asked or min(self.max_tokens, room)
+        return Job(
+            request, prompt, fit(len(prompt), request.max_tokens, self.max_tokens, self.context)
+        )
 
 
 class Handler(BaseHTTPRequestHandler):

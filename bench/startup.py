@@ -1,0 +1,63 @@
+"""Start-up time of the command line: how long each command takes to run from a fresh process.
+
+    python bench/startup.py [--repeats 5] [--model DIR]
+
+`--help`, `--version`, `info` (and `plan` of a config.json) should not import mlx-lm or
+transformers. Prints the median wall time of each command in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def seconds(command: list[str], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "streamer", *command], capture_output=True, check=True, cwd=REPO
+        )
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--model", help="a repacked folder (default: the demo model, repacked)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if model is None:
+            from streamer.cli import DEMO_MODEL
+            from streamer.repack import repack
+
+            model = str(Path(tmp) / "demo")
+            repack(DEMO_MODEL, model, log=lambda _: None)
+        from streamer.cli import DEMO_MODEL
+
+        baseline = [sys.executable, "-c", "import mlx_lm"]
+        start = time.perf_counter()
+        subprocess.run(baseline, check=True)
+        print(f"import mlx_lm (for scale)     {time.perf_counter() - start:.2f} s")
+        for name, command in (
+            ("streamer --help", ["--help"]),
+            ("streamer --version", ["--version"]),
+            ("streamer info DIR", ["info", model]),
+            ("streamer plan config.json", ["plan", str(DEMO_MODEL / "config.json")]),
+        ):
+            print(f"{name:<30}{seconds(command, args.repeats):.2f} s")
+
+
+if __name__ == "__main__":
+    main()

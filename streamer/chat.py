@@ -1,0 +1,111 @@
+"""`streamer chat`: a conversation in the terminal, one answer per line typed.
+
+Each turn renders the whole conversation (with the chat template when the tokenizer has one) and
+goes through the server's engine, whose prompt cache keeps the conversation's KV cache: a turn
+computes only the tokens after what is cached. Answers go to stdout, everything else to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from .server.api import ApiError, Completion, Sampling
+from .server.engine import Done, Engine, Job, Step, fit
+from .server.prompts import prompt_tokens
+
+
+def templated(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
+    """`prompt` as the user's message in the chat template (with a system message first)."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": prompt})
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+HELP = "/reset starts over, /stats shows the last answer's figures, /quit (or Ctrl-D) ends"
+
+
+class Conversation:
+    def __init__(self, system_prompt: str | None, template: bool):
+        self.system_prompt, self.template = system_prompt, template
+        self.reset()
+
+    def reset(self) -> None:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        self.messages: list[dict] = system
+
+    def request(self, model: str, sampling: Sampling) -> Completion:
+        if self.template:
+            return Completion(True, model, None, sampling, messages=self.messages)
+        # no template: the conversation as one running text, each turn continuing it
+        text = "".join(
+            m["content"] + ("\n" if m["role"] != "assistant" else "") for m in self.messages
+        )
+        return Completion(False, model, None, sampling, text=text)
+
+
+def chat(
+    engine: Engine,
+    *,
+    system_prompt: str | None = None,
+    template: bool = True,
+    max_tokens: int = 512,
+    context: int | None = None,
+    sampling: Sampling | None = None,
+    stdin: TextIO = sys.stdin,
+    stdout: TextIO = sys.stdout,
+    stderr: TextIO = sys.stderr,
+) -> None:
+    conversation = Conversation(system_prompt, template)
+    sampling = sampling or Sampling()
+    last: Done | None = None
+    print(f"[chat] {HELP}", file=stderr)
+    while True:
+        print(">> ", end="", file=stderr, flush=True)
+        line = stdin.readline()
+        if not line or line.strip() in ("/quit", "/exit"):
+            break
+        text = line.rstrip("\n")
+        if text.strip() == "/reset":
+            conversation.reset()
+            print("[chat] the conversation starts over", file=stderr)
+        elif text.strip() == "/stats":
+            print(last.stats.line() if last and last.stats else "[chat] no answer yet", file=stderr)
+        elif text.strip() in ("/help", "/?"):
+            print(f"[chat] {HELP}", file=stderr)
+        elif text.strip():
+            conversation.messages.append({"role": "user", "content": text})
+            request = conversation.request("chat", sampling)
+            try:
+                with engine.tokenizer_lock:
+                    prompt = prompt_tokens(request, engine.tokenizer)
+                job = Job(request, prompt, fit(len(prompt), None, max_tokens, context))
+            except ApiError as e:
+                conversation.messages.pop()
+                print(f"[chat] {e.message}: /reset to start over", file=stderr)
+                continue
+            answer, last = _answer(engine.submit(job), stdout, stderr)
+            conversation.messages.append({"role": "assistant", "content": answer})
+
+
+def _answer(job: Job, stdout: TextIO, stderr: TextIO) -> tuple[str, Done | None]:
+    """Print the answer as it comes; Ctrl-C stops it (what was printed stays in the history)."""
+    parts: list[str] = []
+    try:
+        while not isinstance(event := job.events.get(), Done):
+            if isinstance(event, ApiError):
+                print(f"\n[chat] {event.message}", file=stderr)
+                return "".join(parts), None
+            if isinstance(event, Step):
+                for call in event.piece.tool_calls:
+                    print(f"[tool call] {call.strip()}", file=stdout)
+                parts.append(event.piece.content)
+                print(event.piece.content, end="", file=stdout, flush=True)
+    except KeyboardInterrupt:
+        job.cancelled.set()
+        while not isinstance(event := job.events.get(timeout=60), (Done, ApiError)):
+            pass
+        print("\n[chat] interrupted", file=stderr)
+        return "".join(parts), event if isinstance(event, Done) else None
+    print(file=stdout, flush=True)
+    return "".join(parts), event

@@ -1,0 +1,47 @@
+"""Expert layouts that checkpoints use and mlx-lm's sanitize does not read, converted into names
+it does read. Each conversion keeps the expert axis first, so it also runs on one expert's slice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+
+
+def gpt_oss_from_transformers(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """gpt-oss as transformers writes it unquantized (the BF16 re-uploads; `GptOssExperts` in
+    transformers' modeling_gpt_oss): per layer `experts.gate_up_proj` [E, H, 2I] with gate and up
+    interleaved on the last axis (gate the even columns), `gate_up_proj_bias` [E, 2I] alike,
+    `down_proj` [E, I, H], `down_proj_bias` [E, H], applied as `x @ W + b`. mlx-lm's SwitchGLU
+    holds [E, out, in] weights under `experts.{gate,up,down}_proj`. The MXFP4 download
+    (`*_blocks`, `*_scales`) is left to mlx-lm's sanitize."""
+    out = {}
+    for name, value in weights.items():
+        base, _, leaf = name.rpartition(".experts.")
+        if not base or leaf not in (
+            "gate_up_proj",
+            "gate_up_proj_bias",
+            "down_proj",
+            "down_proj_bias",
+        ):
+            out[name] = value
+            continue
+        experts = f"{base}.experts"
+        if leaf == "gate_up_proj":
+            out[f"{experts}.gate_proj.weight"] = mx.swapaxes(value[..., 0::2], -1, -2)
+            out[f"{experts}.up_proj.weight"] = mx.swapaxes(value[..., 1::2], -1, -2)
+        elif leaf == "gate_up_proj_bias":
+            out[f"{experts}.gate_proj.bias"] = value[..., 0::2]
+            out[f"{experts}.up_proj.bias"] = value[..., 1::2]
+        elif leaf == "down_proj":
+            out[f"{experts}.down_proj.weight"] = mx.swapaxes(value, -1, -2)
+        else:
+            out[f"{experts}.down_proj.bias"] = value
+    return out
+
+
+# mlx-lm model file -> the conversion run before its sanitize
+LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
+    "gpt_oss": gpt_oss_from_transformers,
+}

@@ -1,0 +1,110 @@
+"""`streamer chat` driven through stdin, checked against the library on the same conversation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import streamer
+from streamer.chat import templated
+
+
+@pytest.fixture(scope="module")
+def folder(checkpoints):
+    return checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+
+
+def run_chat(folder, lines: list[str], *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streamer", "chat", "--model", str(folder), "--max-tokens", "6"]
+        + list(flags),
+        input="".join(line + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def answer(local, messages) -> str:
+    model, tokenizer = local
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return streamer.generate(model, tokenizer, prompt, 6)
+
+
+def test_turns_keep_the_conversation_and_reset_forgets_it(folder):
+    local = streamer.load(folder)
+    system = {"role": "system", "content": "You write Python."}
+    first = answer(local, [system, {"role": "user", "content": "import os"}])
+    second = answer(
+        local,
+        [
+            system,
+            {"role": "user", "content": "import os"},
+            {"role": "assistant", "content": first},
+            {"role": "user", "content": "def main():"},
+        ],
+    )
+    result = run_chat(
+        folder,
+        ["import os", "/stats", "def main():", "/reset", "import os"],
+        "--system-prompt",
+        "You write Python.",
+    )
+    assert result.returncode == 0, result.stderr
+    # the second turn sees the first (its KV cache reused), and after /reset the first comes again
+    assert result.stdout == f"{first}\n{second}\n{first}\n"
+    assert "decode: " in result.stderr and "starts over" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    model, tokenizer = local
+    plain = streamer.generate(model, tokenizer, "import os\n", 6)
+    result = run_chat(folder, ["import os"], "--ignore-chat-template")
+    assert result.returncode == 0 and result.stdout == plain + "\n"
+    assert templated(tokenizer, "hi", "sys") == tokenizer.apply_chat_template(
+        [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+
+
+def test_a_model_that_is_not_repacked_is_refused(checkpoints):
+    result = run_chat(checkpoints.hf("qwen3_moe"), ["hi"])
+    assert result.returncode == 2 and "repack it into a new folder" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_generate_speaks_mlx_lm_flags(folder, tmp_path, capsys):
+    from streamer.cli import main
+
+    model, tokenizer = streamer.load(folder)
+
+    def generate(*flags: str) -> str:
+        assert main(["generate", "--model", str(folder), "--max-tokens", "6", *flags]) == 0
+        return capsys.readouterr().out
+
+    chat = templated(tokenizer, "import os", "Be brief.")
+    assert generate("--prompt", "import os", "--system-prompt", "Be brief.") == (
+        streamer.generate(model, tokenizer, chat, 6) + "\n"
+    )
+    raw = streamer.generate(model, tokenizer, "import os", 6)
+    assert generate("--prompt", "import os", "--ignore-chat-template") == raw + "\n"
+    # top-k 1 keeps only the likeliest token: greedy whatever the temperature
+    sampled = generate("--prompt", "import os", "--temp", "5", "--top-k", "1", "--seed", "3")
+    assert (
+        sampled == streamer.generate(model, tokenizer, templated(tokenizer, "import os"), 6) + "\n"
+    )
+    first = next(streamer.stream_generate(model, tokenizer, templated(tokenizer, "import os"), 6))
+    assert generate("--prompt", "import os", "--extra-eos-token", str(first.token)) == "\n"
+    assert generate("--prompt", "import os", "--max-kv-size", "64", "--min-p", "0.5")
+
+    plain = tmp_path / "no-template"
+    shutil.copytree(folder, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    assert main(["generate", "--model", str(plain), "--prompt", "hi", "--chat"]) == 2
+    assert "has no chat template" in capsys.readouterr().err

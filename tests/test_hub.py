@@ -1,0 +1,77 @@
+"""Model names resolved through a Hugging Face cache laid out on disk as huggingface_hub does."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamer.cli import main
+from streamer.errors import StreamerError
+from streamer.hub import resolve, streamable
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def cache_repo(cache: Path, repo_id: str, files: Path) -> Path:
+    """models--org--name/{blobs,refs/main,snapshots/REV}: snapshot files are symlinks into blobs."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / REVISION
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REVISION)
+    for path in sorted(p for p in files.rglob("*") if p.is_file()):
+        blob = repo / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+        shutil.copyfile(path, blob)
+        link = snapshot / path.relative_to(files)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return snapshot
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch, checkpoints):
+    cache = tmp_path / "hub"
+    snapshot = cache_repo(cache, "tiny-org/Tiny-MoE", checkpoints.hf("qwen3_moe"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))  # read at import time
+    return snapshot
+
+
+def streamer_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streamer", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_cached_name_is_its_snapshot_and_repacks(hub, tmp_path):
+    assert resolve("tiny-org/Tiny-MoE") == hub
+    dst = tmp_path / "repacked"
+    result = streamer_cli("repack", "tiny-org/Tiny-MoE", str(dst))
+    assert result.returncode == 0, result.stderr
+    assert streamable(dst) == dst
+
+
+def test_names_that_cannot_run_say_what_to_do(hub, tmp_path, capsys):
+    with pytest.raises(StreamerError, match="hf download tiny-org/Missing"):
+        resolve("tiny-org/Missing")
+    with pytest.raises(StreamerError, match=r"streamer repack tiny-org/Tiny-MoE DST"):
+        streamable("tiny-org/Tiny-MoE")
+    with pytest.raises(StreamerError, match="not a folder, nor a Hugging Face name"):
+        resolve(str(tmp_path / "no" / "such" / "folder"))
+    # a download passed as a folder: repack it into a new one, not into itself
+    assert main(["generate", "--model", str(hub), "--prompt", "hi"]) == 2
+    assert f"streamer repack {hub} DST" in capsys.readouterr().err
+    assert main(["chat", "--model", "tiny-org/Tiny-MoE"]) == 2
+    assert "streamer repack tiny-org/Tiny-MoE DST" in capsys.readouterr().err
+    assert main(["generate", "--model", "tiny-org/Missing", "--prompt", "hi"]) == 2
+    assert "hf download tiny-org/Missing" in capsys.readouterr().err

@@ -1,0 +1,73 @@
+"""`streamer plan` against what repack writes and what generation allocates."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+import streamer
+from streamer.cli import main
+from streamer.errors import StreamerError
+from streamer.io.manifest import read_manifest
+from streamer.plan import plan
+
+GB = 1 << 30
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_the_plan_of_a_download_is_what_repack_writes(checkpoints, arch):
+    src = checkpoints.hf(arch)
+    dst = checkpoints.repacked(src)
+    before, after = plan(src, 16 * GB), plan(dst, 16 * GB)
+    manifest = read_manifest(dst)
+    assert before.expert_bytes == after.expert_bytes == manifest.expert_file_bytes
+    top_k = manifest.config["num_experts_per_tok"]
+    assert before.expert_bytes_per_token == top_k * sum(x.record_bytes for x in manifest.layers)
+    # the resident file adds only its safetensors header to the weights
+    assert 0 <= after.resident_bytes - before.resident_bytes < 64 << 10
+    assert (before.download_bytes, after.download_bytes) == (
+        before.download_bytes,
+        None,
+    ) and before.download_bytes > 0
+    assert plan(src / "config.json", 16 * GB).expert_bytes == before.expert_bytes
+
+
+def test_quantized_plans_match_quantized_repacks(checkpoints):
+    src = checkpoints.hf("qwen3_moe")
+    quantized = checkpoints.repacked(src, quantize=streamer.repack.Quantize(4))
+    want = read_manifest(quantized).expert_file_bytes
+    assert plan(src, GB, quantize=(4, 64)).expert_bytes == want
+    mlx = checkpoints.mlx("qwen3_moe")  # an mlx_lm.convert download: config.json says how
+    want = read_manifest(checkpoints.repacked(mlx)).expert_file_bytes
+    assert plan(mlx, GB).expert_bytes == want
+    with pytest.raises(StreamerError, match="repacked already"):
+        plan(quantized, GB, quantize=(4, 64))
+
+
+def test_kv_bytes_and_context_from_mlx_lm_caches(checkpoints):
+    dst = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, tokenizer = streamer.load(dst)
+    cache = make_prompt_cache(model)
+    model(mx.zeros((1, 1024), dtype=mx.int32), cache=cache)
+    measured = sum(c.nbytes for c in cache)  # float32 on this CPU, 1024 tokens
+    result = plan(dst, 16 * GB, dtype=mx.float32)
+    assert result.kv_bytes_per_1k_tokens * 1024 == measured * 1000
+    memory = result.resident_bytes + 100 * result.kv_bytes_per_1k_tokens // 1000
+    small = plan(dst, memory, dtype=mx.float32)
+    assert small.longest_context in range(99, 102) and not small.runs
+    assert result.longest_context == result.context_length and result.runs
+
+
+def test_cli_plan_text_and_json(checkpoints, capsys):
+    src = checkpoints.hf("qwen3_moe")
+    assert main(["plan", str(src), "--memory", "16G"]) == 0
+    text = capsys.readouterr().out
+    assert "repack disk" in text and "runs               yes" in text
+    assert main(["plan", str(src), "--json", "--memory", "1K"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["runs"] is False and report["memory_bytes"] == 1024
+    assert main(["plan", str(src / "nothing.json")]) == 2
+    assert "is not a folder" in capsys.readouterr().err

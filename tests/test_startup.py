@@ -1,0 +1,32 @@
+"""Commands that need no model start without importing mlx-lm (seconds: transformers comes with it);
+how long they take is measured in bench/startup.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import streamer
+
+
+def imports_of(code: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split("\n")[-2].split())
+
+
+def test_help_version_and_info_do_not_import_mlx_lm(checkpoints):
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    run = "from streamer.cli import main\ntry:\n    main({})\nexcept SystemExit:\n    pass"
+    for argv in (["--help"], ["--version"], ["info", str(folder)]):
+        modules = imports_of(run.format(argv))
+        assert "mlx_lm" not in modules and "transformers" not in modules, argv
+    version = subprocess.run(
+        [sys.executable, "-m", "streamer", "--version"], capture_output=True, text=True
+    )
+    assert version.stdout.strip() == f"streamer {streamer.__version__}"
