@@ -147,6 +147,7 @@ def open_pools(
     for layout in layouts:
         classes.setdefault(shape_class(layout), []).append(layout)
     pools: dict[tuple, SlotPool] = {}
+    sources: dict[int, LayerSource] = {}
     try:
         for key, members in classes.items():
             sources = {}
@@ -165,5 +166,8 @@ def open_pools(
     except BaseException:
         for pool in pools.values():
             pool.close()
+        for source in sources.values():  # the class whose pool was not made
+            for file in source.files:
+                file.close()
         raise
     return pools
