@@ -114,8 +114,12 @@ def write_checkpoint(
     routing: dict = ROUTING,
     seed: int = 0,
     log: Log = print,
+    sparse: bool = False,
 ) -> Path:
-    """Write an MLX-quantized checkpoint of `config` to `folder` (replaced if present)."""
+    """Write an MLX-quantized checkpoint of `config` to `folder` (replaced if present).
+
+    `sparse`: headers, index and sizes only, the data a hole (no disk, no compute): for disk
+    plans (`streamer.repack.disk_needs`), not for running."""
     folder = Path(folder)
     partial = folder.parent / f".{folder.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
@@ -135,7 +139,7 @@ def write_checkpoint(
         model, qconfig = quantize_model(model, config, group_size, bits)
     specs = [(name, tuple(a.shape), a.dtype) for name, a in tree_flatten(model.parameters())]
     shards = _shards(specs)
-    values = _Values(specs, qconfig, dtype, {**ROUTING, **routing}, seed)
+    values = None if sparse else _Values(specs, qconfig, dtype, {**ROUTING, **routing}, seed)
     total = sum(_nbytes(s, d) for _, s, d in specs)
     written, start = 0, time.perf_counter()
     weight_map = {}
@@ -205,7 +209,7 @@ def _shards(specs: list) -> list[list]:
     return shards
 
 
-def _write_shard(path: Path, specs: list, values: _Values):
+def _write_shard(path: Path, specs: list, values: _Values | None):
     """Header from the specs, then each tensor computed, written and dropped; yields each spec."""
     header: dict = {"__metadata__": {"format": "mlx"}}
     offset = 0
@@ -221,6 +225,10 @@ def _write_shard(path: Path, specs: list, values: _Values):
     # no padding after the header, as mlx writes it: tensors then start at any byte offset
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
+        if values is None:
+            f.truncate(8 + len(raw) + offset)
+            yield from specs
+            return
         for name, shape, dtype in specs:
             array = values.take(name)
             if tuple(array.shape) != shape or array.dtype != dtype:
@@ -331,6 +339,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=["bfloat16", "float32"],
         help="float dtype (scales, norms); default bfloat16",
     )
+    ap.add_argument("--sparse", action="store_true", help="headers and sizes only, data a hole")
     args = ap.parse_args(argv)
     config = preset_config(
         args.preset, num_hidden_layers=args.layers, vocab_size=args.vocab, torch_dtype=args.dtype
@@ -345,6 +354,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         seed=args.seed,
         log=lambda m: print(m, file=sys.stderr, flush=True),
+        sparse=args.sparse,
     )
 
 

@@ -1,5 +1,8 @@
 import sys
 
-from .cli import main
+try:
+    from .cli import main
+except KeyboardInterrupt:  # Ctrl-C while Python starts: no traceback, the usual status
+    sys.exit(130)
 
 sys.exit(main())

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import math
+import errno
+import importlib
 import os
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from . import __version__
+from .arguments import check_sampling, parse_size
 from .errors import StreamerError
 
 
 def _repack(args: argparse.Namespace) -> None:
+    _import_exiting_on_ctrl_c("streamer.repack")
     from .hub import resolve
     from .repack import Quantize, repack
 
@@ -74,6 +79,7 @@ def _prompt(args: argparse.Namespace) -> str:
             f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
             "pass UTF-8 text (check the file's or terminal's encoding)."
         ) from None
+    check_sampling(args.temp, args.top_p, args.seed, option="--", dash=True)
     how = " with --prompt (or `--prompt -` for stdin)"
     check_request(text, args.max_tokens, option="--max-tokens", how=how)
     return text
@@ -87,6 +93,7 @@ def _generate(args: argparse.Namespace) -> int:
             "model."
         )
     prompt = _prompt(args)  # before the slow imports: bad input fails fast
+    _import_exiting_on_ctrl_c("streamer.model", "streamer.generate")
     from .chat import templated
     from .hub import streamable
     from .model import load
@@ -111,7 +118,14 @@ def _generate(args: argparse.Namespace) -> int:
             "chat_template): drop --chat to continue the prompt as plain text."
         )
     if tokenizer.has_chat_template and not args.ignore_chat_template:
-        prompt = templated(tokenizer, prompt, args.system_prompt)
+        try:
+            prompt = templated(tokenizer, prompt, args.system_prompt)
+        except Exception as e:  # jinja2's errors, or whatever the template raises
+            raise StreamerError(
+                f"{args.model}: the model's chat template fails ({type(e).__name__}: {e}); fix "
+                "chat_template in tokenizer_config.json (or chat_template.jinja), or pass "
+                "--ignore-chat-template."
+            ) from e
     return _stream(model, tokenizer, prompt, args)
 
 
@@ -132,19 +146,20 @@ def _stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
             sampler=sampler,
             max_kv_size=getattr(args, "max_kv_size", None),
         ):
-            print(response.text, end="", flush=True)
+            _emit(response.text, end="")
             stats = response.stats
     except KeyboardInterrupt:
         print("\n[interrupted]", file=sys.stderr)
         print((stats or run_stats(model)).line(), file=sys.stderr)
         return 130
-    print()
+    _emit()
     if stats is not None:
         print(stats.line(), file=sys.stderr)
     return 0
 
 
 def _serve(args: argparse.Namespace) -> None:
+    _import_exiting_on_ctrl_c("streamer.server")
     from .hub import streamable
     from .server import serve
     from .server.api import Sampling
@@ -212,6 +227,7 @@ def _plan(args: argparse.Namespace) -> None:
 
 
 def _info(args: argparse.Namespace) -> None:
+    from .io.integrity import check_files
     from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
 
     folder = Path(args.dir)
@@ -225,28 +241,43 @@ def _info(args: argparse.Namespace) -> None:
         layout = f"in place, {len(manifest.layers[0].tensors)} byte ranges per expert"
     else:
         manifest = read_manifest(folder)
+        check_files(folder, manifest)  # a missing, truncated or special data file is named
         resident = (folder / RESIDENT_FILE).stat().st_size
         per_expert = [layer.record_bytes for layer in manifest.layers]
         layout = "repacked, one record per expert"
+    try:
+        lines = _describe(manifest, layout, resident, per_expert)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        raise StreamerError(
+            f"{folder / MANIFEST_FILE}: the model config in it is damaged ({type(e).__name__}: "
+            f"{e}); repack the model."
+        ) from e
+    for line in lines:
+        _emit(line)
+
+
+def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> list[str]:
     config = manifest.config
     layers = manifest.layers
     top_k = int(config.get("num_experts_per_tok", 0))
     active = sum(per_expert) * top_k
     quant = config.get("quantization")
-    print(f"layout            {layout}")
-    print(f"model_type        {config.get('model_type')}")
-    print(f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)")
-    print(f"experts           {layers[0].num_experts} per layer, {top_k} routed per token")
-    print(f"quantization      {_describe_quantization(quant) if quant else 'none'}")
     expert_quant = {
         _describe_quantization(q) if q else "unquantized"
         for layer in layers
         for q in layer.quantization.values()
     }
-    print(f"expert weights    {', '.join(sorted(expert_quant))}")
-    print(f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)")
-    print(f"expert bytes      {manifest.expert_file_bytes / 1e9:.3f} GB (streamed from disk)")
-    print(f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)")
+    return [
+        f"layout            {layout}",
+        f"model_type        {config.get('model_type')}",
+        f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)",
+        f"experts           {layers[0].num_experts} per layer, {top_k} routed per token",
+        f"quantization      {_describe_quantization(quant) if quant else 'none'}",
+        f"expert weights    {', '.join(sorted(expert_quant))}",
+        f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)",
+        f"expert bytes      {manifest.expert_file_bytes / 1e9:.3f} GB (streamed from disk)",
+        f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)",
+    ]
 
 
 def _describe_quantization(params: dict) -> str:
@@ -260,10 +291,11 @@ DEMO_QUANTIZE = 4
 
 
 def _demo(args: argparse.Namespace) -> int:
+    prompt = _prompt(args)
+    _import_exiting_on_ctrl_c("streamer.model", "streamer.generate", "streamer.repack")
     from .model import load
     from .repack import Quantize, repack
 
-    prompt = _prompt(args)
     with tempfile.TemporaryDirectory(prefix="streamer-demo-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         dst = work / "streaming"
@@ -387,7 +419,8 @@ def parser() -> argparse.ArgumentParser:
         "generate", help="generate text from a repacked model or an MLX download (in place)"
     )
     p.add_argument(
-        "--model", help="a folder written by `streamer repack`, an MLX download (in place), or org/name"
+        "--model",
+        help="a folder written by `streamer repack`, an MLX download (in place), or org/name",
     )
     _add_sampling(p, None)
     p.add_argument(
@@ -473,28 +506,101 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    text = text.strip().upper().removesuffix("B")
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "")
     try:
-        value = float(number) * units[unit]
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 8G or 512M")
-    return int(value)
+        return parse_size(text, "")
+    except StreamerError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size such as 8G, 8GB, 8 GiB or 512M"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """Run one command; errors are one line on stderr (exit 2), Ctrl-C exits 130 at any point,
+    and a closed or full output ends quietly, as Unix tools end."""
     try:
+        args = parser().parse_args(argv)
         return args.run(args) or 0
     except StreamerError as e:
-        print(f"streamer: error: {e}", file=sys.stderr)
-        return 2
+        return _report(f"streamer: error: {' '.join(str(e).split())}", 2)
     except KeyboardInterrupt:
-        print("\nstreamer: interrupted", file=sys.stderr)
-        return 130
+        return _report("\nstreamer: interrupted", 130)
+    except ImportError as e:
+        if not _interrupted(e):
+            raise
+        # Ctrl-C while a compiled extension (mlx's) initialises surfaces as its ImportError
+        return _report("\nstreamer: interrupted", 130)
+    except _OutputFailed as e:
+        _silence_output()  # nothing more can be written there, nor flushed at exit
+        if e.error.errno == errno.EPIPE:  # `streamer generate ... | head -c 3`: reader is done
+            return 141  # what a shell reports for a tool ended by SIGPIPE
+        return _report(f"streamer: error: cannot write the output: {e.error.strerror}", 1)
+    except BrokenPipeError:  # stderr's reader went away (`2>&1 | head`)
+        _silence_output()
+        return 141
+
+
+def _import_exiting_on_ctrl_c(*modules: str) -> None:
+    """Import a command's modules (mlx, mlx-lm, transformers: seconds) with Ctrl-C ending the
+    process at once: CPython can report a KeyboardInterrupt raised inside importlib's lock
+    callbacks as "ignored" and carry on, and nothing is written yet that an exit could leave
+    half done."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def exit_130(*_) -> None:
+        os.write(2, b"\nstreamer: interrupted\n")
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, exit_130)
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(error: BaseException) -> bool:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+class _OutputFailed(Exception):
+    """Writing the command's output failed: its reader went away, or the device is full."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _emit(text: str = "", end: str = "\n") -> None:
+    """Write the command's output (generated text, info) to stdout."""
+    try:
+        print(text, end=end, flush=True)
+    except OSError as e:
+        raise _OutputFailed(e) from e
+
+
+def _report(line: str, status: int) -> int:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass  # stderr itself is closed or full: the exit status still says it
+    return status
+
+
+def _silence_output() -> None:
+    """Point stdout at /dev/null so that Python's flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

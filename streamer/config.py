@@ -83,6 +83,7 @@ TOP_K = (
     "top_k_experts",
 )
 QUANT_BITS = range(1, 9)
+SCALED_ROPE = ("linear", "dynamic", "yarn", "llama3")  # the RoPE types that need a factor
 LAYER_INDEX = re.compile(r"\blayers\.(\d+)\.")
 
 
@@ -248,21 +249,24 @@ def _check_common(config: dict, where) -> None:
         or (isinstance(names, list) and all(isinstance(n, str) for n in names))
     ):
         raise _bad(where, "architectures", names, "a list of class names")
-    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):  # transformers reads them too
-        ids = config.get(name)
-        if ids is not None and not (
-            _token_id(ids)
-            or (name == "eos_token_id" and isinstance(ids, list) and all(map(_token_id, ids)))
-        ):
-            raise _bad(
-                where, name, ids, "a token id" + (" or a list of them" if name[0] == "e" else "")
-            )
+    check_eos_ids(config.get("eos_token_id"), where)
+    for name in ("bos_token_id", "pad_token_id"):  # transformers reads them too
+        if config.get(name) is not None and not _token_id(config[name]):
+            raise _bad(where, name, config[name], "a token id")
     for name in ("torch_dtype", "dtype"):
         if config.get(name) is not None and not isinstance(config[name], str):
             raise _bad(where, name, config[name], "a dtype name such as 'bfloat16'")
     for name in ("rope_scaling", "rope_parameters"):
         if config.get(name) is not None and not isinstance(config[name], dict):
             raise _bad(where, name, config[name], "an object")
+    rope = config.get("rope_scaling")
+    if isinstance(rope, dict):  # transformers refuses these at tokenizer load, mlx-lm at RoPE
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        factor = rope.get("factor")
+        if not isinstance(kind, str):
+            raise _bad(where, "rope_scaling.rope_type", kind, "a RoPE type name")
+        if kind in SCALED_ROPE and not (type(factor) in (int, float) and 0 < factor < math.inf):
+            raise _bad(where, "rope_scaling.factor", factor, f"a positive number for {kind} RoPE")
     for name in ("quantization_config", "quantization"):  # their presence alone changes the path
         if name in config and not isinstance(config[name], dict):
             raise _bad(where, name, config[name], "an object")
@@ -291,6 +295,14 @@ def _check_quantization(params: dict, where, field: str) -> None:
         raise _bad(where, f"{field}.group_size", group_size, "a group size such as 64")
     if mode is not None and not isinstance(mode, str):
         raise _bad(where, f"{field}.mode", mode, "a mode name such as 'affine'")
+
+
+def check_eos_ids(ids: object, where: Path | str) -> None:
+    """eos_token_id as config.json or generation_config.json give it: an id or a list of ids."""
+    if ids is not None and not (
+        _token_id(ids) or (isinstance(ids, list) and all(map(_token_id, ids)))
+    ):
+        raise _bad(where, "eos_token_id", ids, "a token id or a list of them")
 
 
 def _token_id(value: object) -> bool:

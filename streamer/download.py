@@ -86,7 +86,7 @@ class Download:
     folder: Path
     config: dict
     layers: tuple[InPlaceLayer, ...]
-    resident: tuple[str, ...]  # source names of the non-expert tensors
+    resident: tuple[str, ...]  # every other tensor of the checkpoint (what checksums cover)
     file_bytes: dict[str, int]  # shard -> size in bytes
 
     @property
@@ -136,8 +136,10 @@ def open_download(folder: Path | str) -> tuple[Download, nn.Module, dict[str, mx
         }
         shards = {info.path for info in ckpt.tensors.values()}
         file_bytes = {path.name: path.stat().st_size for path in sorted(shards)}
-        names = tuple(source_of.get(id(arr), name) for name, arr in resident.items())
-    return Download(folder, config, layers, names, file_bytes), model, resident
+        experts = {f"{layer.module}.{t.name}" for layer in layers for t in layer.tensors}
+        experts = {source_of[id(weights[name])] for name in experts}
+        others = tuple(name for name in ckpt.tensors if name not in experts)
+    return Download(folder, config, layers, others, file_bytes), model, resident
 
 
 def _layer(

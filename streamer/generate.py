@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from .arguments import check_sampling
 from .errors import StreamerError
 from .handle import streaming
 from .stats import ExpertStats, peak_rss_bytes
@@ -97,12 +100,16 @@ def stream_generate(
     seed: int | None = None,
     **kwargs,
 ) -> Iterator[Response]:
-    """Yield text as it is generated. Extra keyword arguments go to mlx_lm.generate_step."""
+    """Yield text as it is generated. mlx-lm's sampling keywords (top_k, min_p, xtc_...) go to
+    its make_sampler, its logits-processor keywords (repetition_penalty, logit_bias, ...) to
+    make_logits_processors, the rest to mlx_lm.stream_generate (max_kv_size, prompt_cache, ...);
+    an unknown keyword is refused by name."""
     check_request(prompt, max_tokens)
+    check_sampling(temp, top_p, seed)
+    kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     if seed is not None:
         mx.random.seed(seed)
-    kwargs.setdefault("sampler", make_sampler(temp=temp, top_p=top_p))
     model.streamer.stats.reset()
     mx.reset_peak_memory()
     for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs):
@@ -110,6 +117,40 @@ def stream_generate(
             model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps
         )
         yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
+
+
+_SAMPLER_KEYWORDS = set(inspect.signature(make_sampler).parameters) - {"temp", "top_p"}
+_PROCESSOR_KEYWORDS = set(inspect.signature(make_logits_processors).parameters)
+_STEP_KEYWORDS = (
+    set(inspect.signature(generate_step).parameters) - {"prompt", "model", "max_tokens"}
+) | {"draft_model", "num_draft_tokens"}
+
+
+def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
+    """mlx_lm.stream_generate's keywords from the user's: a sampler and logits processors built
+    by mlx-lm from its own sampling keywords."""
+    unknown = sorted(set(kwargs) - _SAMPLER_KEYWORDS - _PROCESSOR_KEYWORDS - _STEP_KEYWORDS)
+    if unknown:
+        known = ", ".join(sorted(_SAMPLER_KEYWORDS | _PROCESSOR_KEYWORDS | _STEP_KEYWORDS))
+        raise StreamerError(
+            f"unknown keyword argument {unknown[0]!r}; known: temp, top_p, seed, {known}."
+        )
+    sampling = {k: kwargs.pop(k) for k in _SAMPLER_KEYWORDS & set(kwargs)}
+    processing = {k: kwargs.pop(k) for k in _PROCESSOR_KEYWORDS & set(kwargs)}
+    top_k, min_p = sampling.get("top_k", 0), sampling.get("min_p", 0.0)
+    if type(top_k) is not int or top_k < 0:
+        raise StreamerError(f"top_k must be an integer, 0 (off) or more (got {top_k!r}).")
+    if type(min_p) not in (int, float) or not 0 <= min_p <= 1:
+        raise StreamerError(f"min_p must be from 0 (off) to 1 (got {min_p!r}).")
+    if "sampler" in kwargs and sampling:
+        raise StreamerError(f"give either sampler= or {sorted(sampling)[0]}=, not both.")
+    kwargs.setdefault("sampler", make_sampler(temp=temp, top_p=top_p, **sampling))
+    if processing:
+        kwargs["logits_processors"] = [
+            *(kwargs.get("logits_processors") or []),
+            *make_logits_processors(**processing),
+        ]
+    return kwargs
 
 
 def check_request(

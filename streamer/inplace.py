@@ -102,7 +102,7 @@ def load_in_place(
             )
         else:
             residency = _apply_budget(download, layers, memory_budget, dtype)
-        tokenizer = _tokenizer(folder, download.config, trust_remote_code)
+        tokenizer = _tokenizer(folder, trust_remote_code)
     except BaseException:
         for pool in pools:
             pool.close()

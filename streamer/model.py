@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import load_tokenizer
+from mlx_lm.utils import load_config, load_tokenizer
 
 from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
+from .arguments import check_flag, parse_dtype, parse_size
 from .backend import default_dtype, read_path_for_backend
 from .cache.budget import all_experts_bytes, check_budget, default_budget, largest_expert_bytes
 from .cache.expert_cache import ExpertCache
-from .config import check_config, check_layer_count
+from .config import check_config, check_eos_ids, check_layer_count
 from .download import is_download
-from .errors import StreamerError
+from .errors import StreamerError, one_line
 from .experts import StreamingExperts
 from .experts.slots import slot_budget
 from .handle import Streaming
+from .io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
 from .io.expert_files import ExpertFiles, LayerLayout, open_repacked, repacked_layout
+from .io.files import check_folder_files, check_tmpdir, check_utf8_path
 from .io.integrity import check_files, verify_resident
 from .io.lock import lock_for_reading
 from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, MoeLayer, read_manifest
@@ -59,7 +63,17 @@ def load(
     `trust_remote_code` lets a tokenizer that ships its own Python code (Kimi K2's) run it.
     `checksums`: a download's checksum sidecar, if not the default one (io/checksums.py).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise StreamerError(f"path must be a folder name (str or Path), got {path!r}.")
     folder = Path(path)
+    if memory_budget is not None:
+        memory_budget = parse_size(memory_budget, "memory_budget")
+    dtype = parse_dtype(dtype)
+    check_flag(verify_reads, "verify_reads")
+    check_flag(trust_remote_code, "trust_remote_code")
+    check_flag(bypass_page_cache, "bypass_page_cache")
+    check_utf8_path(folder, "the model folder")
+    check_tmpdir()
     if is_download(folder):
         from .inplace import load_in_place
 
@@ -75,8 +89,10 @@ def load(
         )
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
+    check_folder_files(folder, "a file of the repacked model")
     check_files(folder, manifest)
     config = check_config(manifest.config, folder / MANIFEST_FILE)
+    tokenizer = _tokenizer(folder, trust_remote_code)  # before the slow part: fail fast
     resident_path = folder / RESIDENT_FILE
     names = read_header(resident_path)  # clear errors for a truncated or corrupt file
     if set(names) != set(manifest.resident_crc32):
@@ -94,6 +110,7 @@ def load(
             f"{list(containers)[:3]}...: the manifest does not match its config; repack the model."
         )
     dtype = dtype if dtype is not None else default_dtype()
+    _check_backend_computes(manifest, dtype)
     if memory_budget is not None:
         check_budget(manifest, memory_budget, dtype)
     read_path, why = read_path_for_backend(read_path)
@@ -111,7 +128,6 @@ def load(
             )
         else:
             residency = _apply_budget(manifest, layers, memory_budget, dtype)
-        tokenizer = _tokenizer(folder, config, trust_remote_code)
     except BaseException:
         for pool in pools:
             pool.close()
@@ -181,12 +197,48 @@ def _assemble(
     return stats, list(streaming.values())
 
 
-def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> TokenizerWrapper:
+def _check_backend_computes(manifest: Manifest, dtype: mx.Dtype | None) -> None:
+    """Refuse now, not at the first token, a compute dtype this backend's expert kernels lack
+    (MLX's CPU gather_mm runs only in float32: unquantized experts in bf16 fail there)."""
+    unquantized = [
+        t.dtype
+        for layer in manifest.layers
+        for t in layer.tensors
+        if layer.quantization.get(t.name.split(".")[0]) is None and t.name.endswith("weight")
+    ]
+    if not unquantized:
+        return
+    compute = dtype if dtype is not None else DTYPES[unquantized[0]][1]
+    try:
+        x, w = mx.zeros((1, 1, 32), compute), mx.zeros((2, 32, 32), compute)
+        mx.eval(mx.gather_mm(x, w, rhs_indices=mx.array([[0]], mx.uint32)))
+    except (RuntimeError, ValueError) as e:
+        name = str(compute).removeprefix("mlx.core.")
+        raise StreamerError(
+            f"dtype {name} cannot compute this model's unquantized experts on MLX's "
+            f"{mx.default_device()} backend ({one_line(e)}); pass dtype='float32' (the default "
+            "there) or repack with --quantize."
+        ) from None
+
+
+def _tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
+    """The tokenizer exactly as mlx_lm.load builds it: its eos ids are config.json's, replaced by
+    generation_config.json's where that file lists them (chat models' end-of-turn ids)."""
+    try:
+        eos_ids = load_config(folder).get("eos_token_id")
+    except (OSError, ValueError) as e:
+        raise StreamerError(
+            f"{folder / 'config.json'} cannot be read ({one_line(e)}); repack the model."
+        ) from e
+    check_eos_ids(eos_ids, folder / "generation_config.json")
+    if not has_tokenizer_files(folder):
+        raise StreamerError(
+            f"{folder} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): copy them from the "
+            "original model into it."
+        )
     extra = {"trust_remote_code": True} if trust_remote_code else None
     try:
-        return load_tokenizer(
-            folder, tokenizer_config_extra=extra, eos_token_ids=config.get("eos_token_id")
-        )
+        return load_tokenizer(folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids)
     except Exception as e:  # transformers' own errors have no common base; name what failed
         tokenizer_config = folder / "tokenizer_config.json"
         ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(
@@ -195,11 +247,12 @@ def _tokenizer(folder: Path, config: dict, trust_remote_code: bool) -> Tokenizer
         if ships_code and not trust_remote_code:
             raise StreamerError(
                 f"{folder}: this model's tokenizer is Python code shipped with the model (auto_map "
-                "in tokenizer_config.json). If you trust it, pass trust_remote_code=True "
-                "(CLI: --trust-remote-code)."
+                "in tokenizer_config.json). If you trust it, pass trust_remote_code=True (CLI: "
+                "--trust-remote-code)."
             ) from e
         raise StreamerError(
-            f"{folder}: cannot load the tokenizer ({e}); check the tokenizer files."
+            f"{folder}: cannot load the tokenizer ({type(e).__name__}: {one_line(e)}); check "
+            "tokenizer.json and tokenizer_config.json, or copy them from the original model."
         ) from e
 
 

@@ -34,9 +34,9 @@ def verify(
 ) -> list[Problem]:
     """Every problem found in `folder` (empty: all data matches the manifest).
 
-    Files whose contents all check out but whose size or time differ from the manifest's record
-    (a copy that did not keep file times) are problems too, since load refuses them; `refresh`
-    records their current size and time instead, so the folder loads again.
+    Files whose contents all check out but whose time differs from the manifest's record (a copy
+    that did not keep file times) are not problems: load samples their checksums; `refresh`
+    records their current size and time, so that loads skip that sample.
 
     A download folder (no manifest.json) is checked against the checksums recorded in its sidecar
     (`checksums`, default `default_sidecar(folder)`); `record` computes and writes them.
@@ -69,15 +69,12 @@ def verify(
             if lock is not None:
                 lock.release()
         log(f"[verify] recorded the current size and time of {len(files)} file(s) in manifest.json")
-    elif stale:
-        problems += [
-            Problem(
-                name,
-                "changed after repack (size or time differs from manifest.json); if its checksums "
-                "pass, `streamer verify --refresh` records the new time",
-            )
-            for name in stale
-        ]
+    elif stale and not problems:  # a copy that did not keep times: it loads, after a sample
+        log(
+            f"[verify] {len(stale)} file(s) have other times than when repacked (a copy) and "
+            "every checksum matches; --refresh records the new times so that loads skip their "
+            "sampled check"
+        )
     return problems
 
 

@@ -95,13 +95,51 @@ def test_shape_mismatch_with_config(checkpoints, tmp_path):
 def test_existing_destination_is_refused_unless_forced(checkpoints, tmp_path):
     src = checkpoints.hf("qwen3_moe")
     dst = tmp_path / "out"
-    dst.mkdir()
-    (dst / "precious.txt").write_text("keep me")
+    repack(src, dst, log=lambda _: None)
     with pytest.raises(StreamerError, match="already exists.*--force"):
         repack(src, dst, log=lambda _: None)
-    assert (dst / "precious.txt").read_text() == "keep me"
-    repack(src, dst, force=True, log=lambda _: None)
-    assert (dst / "manifest.json").exists() and not (dst / "precious.txt").exists()
+    repack(src, dst, force=True, log=lambda _: None)  # a streamer output: replaced
+    assert (dst / "manifest.json").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_force_replaces_nothing_but_a_streamer_output(checkpoints, tmp_path):
+    """--force never deletes the source, a folder around it, or a folder that is not ours."""
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    before = sorted(p.name for p in src.iterdir())
+    for dst in (src, src / "out", tmp_path, src.parent / "src" / "."):
+        with pytest.raises(StreamerError, match="the source folder, inside it or around it"):
+            repack(src, dst, force=True, log=lambda _: None)
+    assert sorted(p.name for p in src.iterdir()) == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "precious.txt").write_text("keep me")
+    for folder in (mine, tmp_path / "file"):
+        if folder.name == "file":
+            folder.write_text("a file")
+        with pytest.raises(StreamerError, match="not a folder written by `streamer repack`"):
+            repack(src, folder, force=True, log=lambda _: None)
+    assert (mine / "precious.txt").read_text() == "keep me"
+    with pytest.raises(StreamerError, match="is a file, not a folder"):
+        repack(src, tmp_path / "file" / "out", log=lambda _: None)
+
+
+def test_a_folder_appearing_at_the_destination_is_left_alone(checkpoints, tmp_path):
+    src = checkpoints.hf("qwen3_moe")
+    dst = tmp_path / "out"
+
+    def user_creates_dst(message):
+        if "layer 2/2" in message:
+            dst.mkdir()
+            (dst / "precious.txt").write_text("keep me")
+
+    with pytest.raises(StreamerError, match="appeared while repacking and was left alone") as e:
+        repack(src, dst, log=user_creates_dst)
+    assert "--resume" in str(e.value)
+    assert sorted(p.name for p in dst.iterdir()) == ["precious.txt"]
+    (dst / "precious.txt").rename(tmp_path / "precious.txt")
+    dst.rmdir()
+    repack(src, dst, resume=True, log=lambda _: None)  # the finished work was kept
+    streamer.load(dst)
 
 
 def test_already_quantized_checkpoint_with_quantize(checkpoints, tmp_path):
@@ -193,3 +231,71 @@ def test_manifest_layer_count_beyond_its_layers(checkpoints, tmp_path):
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(StreamerError, match="num_hidden_layers is 900 but the weights hold"):
         streamer.load(folder)
+
+
+def test_load_takes_what_users_pass(checkpoints):
+    import mlx.core as mx
+
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    for dtype in ("float32", "bfloat16", mx.float32):
+        model, _ = streamer.load(folder, dtype=dtype, memory_budget="8G")
+        assert "all experts resident" in model.streamer.residency
+    model, _ = streamer.load(folder, memory_budget="8 GiB")
+    for kwargs, message in [
+        ({"memory_budget": "-1G"}, "memory_budget '-1G' is not a size"),
+        ({"memory_budget": "lots"}, "memory_budget 'lots' is not a size"),
+        ({"memory_budget": -5}, "memory_budget -5 is not a size"),
+        ({"memory_budget": True}, "memory_budget must be a number of bytes"),
+        ({"memory_budget": 1.5e9}, "memory_budget must be a number of bytes"),
+        ({"dtype": "float64"}, "dtype must be one of float32, float16, bfloat16"),
+        ({"dtype": mx.int8}, "dtype must be one of"),
+        ({"verify_reads": "yes"}, "verify_reads must be True or False"),
+        ({"trust_remote_code": 1}, "trust_remote_code must be True or False"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.load(folder, **kwargs)
+    with pytest.raises(StreamerError, match="path must be a folder name"):
+        streamer.load(3)
+
+
+def test_a_dtype_the_backend_cannot_compute_is_refused_at_load(checkpoints):
+    import mlx.core as mx
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))  # unquantized experts
+    if mx.default_device() != mx.cpu:  # a GPU's gather_mm computes in bf16
+        streamer.load(folder, dtype="bfloat16")
+        return
+    with pytest.raises(StreamerError, match="dtype bfloat16 cannot compute .*dtype='float32'"):
+        streamer.load(folder, dtype="bfloat16")
+
+
+def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    greedy = streamer.generate(model, tokenizer, "hello", max_tokens=8)
+    top_1 = streamer.generate(model, tokenizer, "hello", max_tokens=8, temp=0.9, top_k=1, seed=3)
+    assert top_1 == greedy  # top_k reached mlx-lm's sampler: one candidate is greedy
+    penalised = streamer.generate(
+        model, tokenizer, "hello", max_tokens=8, repetition_penalty=1.5, min_p=0.1
+    )
+    assert isinstance(penalised, str)
+    for kwargs, message in [
+        ({"top_kk": 3}, "unknown keyword argument 'top_kk'; known: temp, top_p, seed, "),
+        ({"temp": -1.0}, "temp must be 0"),
+        ({"top_p": 0.0}, "top_p must be above 0 and at most 1"),
+        ({"seed": -1}, "seed must be an integer from 0"),
+        ({"top_k": -2}, "top_k must be an integer, 0"),
+        ({"min_p": 2}, "min_p must be from 0"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)
+
+
+def test_a_source_without_tokenizer_files_is_warned_about(checkpoints, tmp_path):
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (src / name).unlink()
+    messages = []
+    repack(src, tmp_path / "out", log=messages.append)
+    assert any("has no tokenizer files" in m for m in messages), messages
+    with pytest.raises(StreamerError, match="has no tokenizer files .*copy them"):
+        streamer.load(tmp_path / "out")  # transformers would make an empty one from config.json

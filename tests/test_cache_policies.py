@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import mlx.core as mx
 import numpy as np
 
 import streamer
@@ -60,3 +61,38 @@ def test_decode_routing_trace_and_replay(checkpoints, tmp_path):
     rows = json.loads(out)["rows"]
     assert [r["budget_fraction"] for r in rows] == [0.05, 0.1, 0.25, 0.5]
     assert all(0 <= r[p] <= 1 for r in rows for p in ("lru", "lfu-aging", "static-layers"))
+
+
+def test_a_miss_evicted_by_a_later_miss_of_the_same_call():
+    """A layer call asks about all its experts before it puts the misses: an earlier admitted
+    miss may be evicted by a later one before it is put."""
+    from streamer.cache.expert_cache import ExpertCache
+
+    cache = ExpertCache(budget_bytes=1, slot_bytes=1, policy=LRU)  # one slot
+    assert cache.access(0, 1) == (None, True)
+    assert cache.access(0, 2) == (None, True)  # evicts expert 1, not yet put
+    cache.put(0, 1, ["one"])  # evicted meanwhile: not kept
+    cache.put(0, 2, ["two"])
+    assert len(cache) == 1 and cache.access(0, 2) == (["two"], False)
+    assert cache.access(0, 1) == (None, True)  # a miss again, not a KeyError
+
+
+def test_hot_cache_with_a_tiny_budget_and_many_experts_per_call(checkpoints):
+    """Prefill routes many experts per layer call through a cache of two slots, on each policy;
+    the text is the streamed model's (memory_budget=0) on every one."""
+    from streamer.cache.budget import largest_expert_bytes
+    from streamer.cache.expert_cache import ExpertCache
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    prompt = "The function returns the value of the argument, or raises an error " * 3
+    model, tokenizer = streamer.load(folder, memory_budget=0)
+    expected = streamer.generate(model, tokenizer, prompt, max_tokens=6)
+    for policy in (LRU, LFUAging):
+        model, tokenizer = streamer.load(folder, memory_budget=0)
+        handle = model.streamer
+        slot = largest_expert_bytes(handle.manifest, mx.float32)
+        cache = ExpertCache(2 * slot, slot, policy=policy)
+        for layer in handle.layers:
+            layer.use_cache(cache)
+        assert streamer.generate(model, tokenizer, prompt, max_tokens=6) == expected, policy
+        assert len(cache) <= 2

@@ -58,3 +58,145 @@ def test_errors_exit_2_with_a_message(tmp_path):
     result = run("repack", str(tmp_path / "nowhere"), str(tmp_path / "out"), check=False)
     assert result.returncode == 2 and "is not a folder" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _model(checkpoints):
+    return str(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+
+
+def test_output_closed_by_its_reader_ends_quietly(checkpoints):
+    """`streamer generate ... | head -c 3`: the reader is gone before the text is written."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    command = ["generate", "--model", _model(checkpoints), "--prompt", "x", "--max-tokens", "4"]
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", *command],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+    )
+    os.close(write_end)
+    assert result.returncode == 141 and "Traceback" not in result.stderr, result.stderr
+    assert "Exception ignored" not in result.stderr
+
+
+def test_output_to_a_full_device_is_one_line(checkpoints):
+    command = ["generate", "--model", _model(checkpoints), "--prompt", "x", "--max-tokens", "4"]
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "streamer", *command],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "streamer: error: cannot write the output: No space left on device"
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+
+
+def test_ctrl_c_while_importing_and_loading_exits_130_without_a_traceback(checkpoints):
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "streamer", "generate", "--model", _model(checkpoints)]
+    for after in (0.0, 0.3, 1.0):  # seconds after mlx's library is mapped: importing, loading
+        process = subprocess.Popen(
+            [*command, "--prompt", "x", "--max-tokens", "1000"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while "libmlx" not in open(f"/proc/{process.pid}/maps").read():
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.005)
+        time.sleep(after)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 130 and "Traceback" not in stderr, (after, stderr)
+
+
+def test_sampling_arguments_are_checked_before_loading():
+    for option, value, message in [
+        ("--temp", "-0.5", "--temp must be 0 (greedy) or more (got -0.5)"),
+        ("--temp", "nan", "--temp must be 0"),
+        ("--top-p", "0", "--top-p must be above 0 and at most 1 (got 0.0)"),
+        ("--top-p", "1.5", "--top-p must be above 0 and at most 1"),
+        ("--seed", "-1", "--seed must be an integer from 0 to 18446744073709551615 (got -1)"),
+        ("--seed", str(1 << 64), "--seed must be an integer from 0"),
+    ]:
+        result = run(
+            "generate", "--model", "/nonexistent", "--prompt", "hi", option, value, check=False
+        )
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_sizes_as_people_write_them():
+    from streamer.arguments import parse_size
+
+    for text in ("8G", "8GB", "8GiB", "8 GB", "8 gib", "8g"):
+        assert parse_size(text, "--memory-budget") == 8 << 30, text
+    assert parse_size("0.5M", "x") == 1 << 19 and parse_size(4096, "x") == 4096
+    result = run(
+        "generate", "--model", "/x", "--prompt", "hi", "--memory-budget", "8 XB", check=False
+    )
+    assert "argument --memory-budget: '8 XB' is not a size such as 8G" in result.stderr
+
+
+def test_info_on_a_damaged_folder(checkpoints, tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(_model(checkpoints), folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["config"]["num_experts_per_tok"] = "four"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    result = run("info", str(folder), check=False)
+    assert result.returncode == 2 and "manifest.json: the model config in it is damaged" in (
+        result.stderr
+    )
+    (folder / "resident.safetensors").unlink()
+    result = run("info", str(folder), check=False)
+    assert result.returncode == 2 and "resident.safetensors is missing" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_verify_reports_a_missing_resident_file_as_damage(checkpoints, tmp_path):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(_model(checkpoints), folder)
+    (folder / "resident.safetensors").unlink()
+    result = run("verify", str(folder), check=False)
+    assert result.returncode == 1 and "streamer: bad: resident.safetensors" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_tokenizer_and_template_faults_are_one_line(checkpoints, tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(_model(checkpoints), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m.content "  # never closed
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    args = ("generate", "--model", str(folder), "--prompt", "hi", "--max-tokens", "2")
+    result = run(*args, "--chat", check=False)
+    assert result.returncode == 2 and "chat template fails" in result.stderr, result.stderr
+    assert len([line for line in result.stderr.splitlines() if "error" in line]) == 1
+    (folder / "tokenizer.json").write_text("{ not json")
+    result = run(*args, check=False)
+    assert result.returncode == 2 and "cannot load the tokenizer" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("streamer: error:")
+    assert "Traceback" not in result.stderr
+    (folder / "tokenizer.json").unlink()
+    result = run(*args, check=False)
+    assert result.returncode == 2 and "cannot load the tokenizer" in result.stderr

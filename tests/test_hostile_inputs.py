@@ -260,3 +260,124 @@ def test_cli_prompt_bytes_from_the_shell_and_stdin(checkpoints):
         [*command, "--prompt", "-"], input="caf\u00e9 au lait".encode(), capture_output=True
     )
     assert result.returncode == 0 and b"decode: 2 tokens" in result.stderr, result.stderr
+
+
+# -- headers and indexes that json or a lax reader would accept ------------------------------------
+
+
+def test_duplicate_keys_in_a_safetensors_header(tmp_path):
+    entry = '{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}'
+    raw = f"{{\"a\": {entry}, \"a\": {entry}}}".encode()  # json.loads keeps the last
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(4))
+    with pytest.raises(StreamerError, match="model.safetensors: header names 'a' twice"):
+        read_header(path)
+
+
+def test_non_string_metadata_values(tmp_path):
+    header = {
+        "__metadata__": {"format": 1},
+        "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+    }
+    path = raw_safetensors(tmp_path / "model.safetensors", header, bytes(4))
+    with pytest.raises(StreamerError, match="__metadata__ must map names to strings"):
+        read_header(path)
+
+
+def test_float64_weights_are_refused(src, tmp_path):
+    name = "model.layers.0.input_layernorm.weight"
+    rewrite_tensor(src, name, lambda t: t.astype(mx.float64))
+    with pytest.raises(StreamerError, match=f"'{name}' is F64, which MLX models cannot load"):
+        repack(src, tmp_path / "out", **QUIET)
+
+
+@pytest.mark.parametrize("value", [7, None, ["model-00001-of-00002.safetensors"], "../x", ""])
+def test_index_weight_map_values_that_are_not_shard_names(src, tmp_path, value):
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"][next(iter(index["weight_map"]))] = value
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(StreamerError, match="weight_map names shard .*not a file in this folder"):
+        repack(src, tmp_path / "out", **QUIET)
+
+
+def test_deeply_nested_config_and_index(src, tmp_path):
+    for name in ("model.safetensors.index.json", "config.json"):
+        (src / name).write_text("[" * 100_000 + "]" * 100_000)
+        with pytest.raises(StreamerError, match=name):
+            repack(src, tmp_path / "out", **QUIET)
+
+
+# -- special files where a regular file belongs: refused, never waited on --------------------------
+
+
+class _Hang(Exception):
+    pass
+
+
+def _special(path, kind: str) -> None:
+    """Replace `path` by a FIFO, a directory or a listening-less Unix socket."""
+    import socket
+
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+
+
+def refused_without_hanging(call, *patterns: str) -> None:
+    import signal
+
+    def hang(*_):
+        raise _Hang("blocked on a special file")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(20)
+    try:
+        with pytest.raises(StreamerError) as err:
+            call()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    for pattern in patterns:
+        assert pattern in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "socket"])
+@pytest.mark.parametrize(
+    "name", ["model-00001-of-00002.safetensors", "config.json", "tokenizer.json"]
+)
+def test_special_file_in_the_source(src, tmp_path, name, kind):
+    _special(src / name, kind)
+    if kind == "dir" and name == "tokenizer.json":
+        return  # a folder named like a file is a folder: not read, not copied
+    refused_without_hanging(lambda: repack(src, tmp_path / "out", **QUIET), name)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir"])
+@pytest.mark.parametrize(
+    "name", ["manifest.json", "resident.safetensors", "experts/001.bin", "tokenizer.json"]
+)
+def test_special_file_in_a_repacked_folder(model_folder, tmp_path, name, kind):
+    from streamer.verify import verify
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    _special(folder / name, kind)
+    if kind == "dir" and name == "tokenizer.json":
+        refused_without_hanging(lambda: streamer.load(folder), "tokenizer")
+        return
+    refused_without_hanging(lambda: streamer.load(folder), name)
+    if name == "manifest.json":
+        refused_without_hanging(lambda: verify(folder, log=lambda _: None), name)
+    elif name != "tokenizer.json":
+        problems = verify(folder, log=lambda _: None)
+        assert any(p.file == name for p in problems), problems

@@ -118,25 +118,23 @@ def test_verify_reads_checks_resident_weights_at_load(folder):
         streamer.load(folder, verify_reads=True)
 
 
-def test_a_file_changed_after_repack_is_refused_until_verified(folder):
-    path = folder / "experts" / "001.bin"
-    st = path.stat()
-    os.utime(
-        path, ns=(st.st_atime_ns, st.st_mtime_ns - 1000 * 10**9)
-    )  # e.g. a copy that did not keep times
-    with pytest.raises(
-        StreamerError,
-        match=r"001.bin changed after it was repacked.*modification time.*verify .* --refresh",
-    ):
-        streamer.load(folder)
-    assert [p.file for p in verify(folder, **QUIET)] == ["experts/001.bin"]
-    assert verify(folder, refresh=True, **QUIET) == []
-    streamer.load(folder)
-    # a real edit is not waved through by --refresh
-    flip_byte(path, expert_tensor_offset(folder, 1, 0), keep_time=False)
-    assert len(verify(folder, refresh=True, **QUIET)) == 2  # bad checksum, changed time
+def test_a_copy_without_file_times_loads_and_a_file_edited_in_place_is_caught(folder, tmp_path):
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(folder), str(copy)], check=True)  # no times kept
+    streamer.load(copy)
+    assert verify(copy, **QUIET) == []
+    # an edit with a new time, in a sampled expert (the first) or a resident tensor
+    path = copy / "experts" / "001.bin"
+    flip_byte(path, expert_tensor_offset(copy, 1, 0, tensor=-1), keep_time=False)
+    with pytest.raises(StreamerError, match="001.bin changed after it was repacked.*sampled"):
+        streamer.load(copy)
+    assert len(verify(copy, refresh=True, **QUIET)) == 1  # --refresh waves no edit through
     with pytest.raises(StreamerError, match="001.bin changed after it was repacked"):
-        streamer.load(folder)
+        streamer.load(copy)
+    # the same edit keeping the recorded time is silent corruption: verify and --verify-reads
+    flip_byte(path, expert_tensor_offset(copy, 1, 0, tensor=-1), keep_time=False)  # undo
+    assert verify(copy, refresh=True, **QUIET) == []
+    streamer.load(copy)
 
 
 def test_expert_file_truncated_while_loaded(folder):
@@ -153,3 +151,21 @@ def test_missing_expert_file(folder):
     (folder / "experts" / "000.bin").unlink()
     with pytest.raises(StreamerError, match="000.bin is missing.*MoE layer 0"):
         streamer.load(folder)
+
+
+@pytest.mark.parametrize("budget", [None, 0, "hot"])  # resident (default here), streamed, cached
+def test_verify_reads_holds_at_every_budget(folder, budget):
+    """No expert is computed with before its crc32 matched: not when the budget makes every
+    expert resident (copied at load), nor when misses are copied into the hot-expert cache."""
+    manifest = read_manifest(folder)
+    for layer_index, layer in enumerate(manifest.layers):
+        for expert in range(layer.num_experts):  # whichever the router picks is bad
+            flip_byte(folder / layer.file, expert_tensor_offset(folder, layer_index, expert))
+    if budget == "hot":
+        record = manifest.layers[0].record_bytes
+        budget = 4 * record  # a few slots (floats in the compute dtype take more)
+    with pytest.raises(StreamerError, match="does not match its checksum"):
+        model, tokenizer = streamer.load(folder, verify_reads=True, memory_budget=budget)
+        assert budget is not None, "a resident layer must be checked when it is made resident"
+        assert ("hot experts" in model.streamer.residency) == (budget > 0)
+        streamer.generate(model, tokenizer, "hello", max_tokens=2)

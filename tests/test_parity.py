@@ -163,9 +163,10 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(
 
 def test_budget_below_one_expert_is_refused_with_the_minimum(checkpoints):
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
-    for budget in (-1, 1000):
-        with pytest.raises(streamer.StreamerError, match="below the minimum: one expert takes"):
-            streamer.load(folder, memory_budget=budget)
+    with pytest.raises(streamer.StreamerError, match="below the minimum: one expert takes"):
+        streamer.load(folder, memory_budget=1000)
+    with pytest.raises(streamer.StreamerError, match="memory_budget -1 is not a size"):
+        streamer.load(folder, memory_budget=-1)
 
 
 def test_newer_transformers_config_spelling(checkpoints, tmp_path):
@@ -182,3 +183,29 @@ def test_newer_transformers_config_spelling(checkpoints, tmp_path):
     (src / "config.json").write_text(json.dumps(config))
     streamer.repack.repack(src, tmp_path / "dst", log=lambda _: None)
     compare(tmp_path / "dst", reference_model(checkpoints.hf("qwen3_moe")), tolerance=1e-4)
+
+
+def test_generate_stops_where_mlx_lm_generate_stops(checkpoints, tmp_path):
+    """An end-of-turn id listed only in generation_config.json (as chat models such as gpt-oss
+    list theirs) ends generation in streamer exactly where it ends in mlx_lm.generate."""
+    import json
+    import shutil
+
+    import mlx_lm
+
+    src = tmp_path / "src"
+    shutil.copytree(checkpoints.mlx("qwen3_moe"), src)
+    reference, tokenizer = mlx_lm.load(str(src))
+    reference.set_dtype(mx.float32)
+    tokens = greedy_tokens(reference, mx.array(tokenizer.encode(PROMPT)), 24)
+    stop = next(t for i, t in enumerate(tokens) if i >= 4 and t not in tokens[:i])
+    eos = json.loads((src / "config.json").read_text())["eos_token_id"]
+    (src / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, stop]}))
+
+    reference, tokenizer = mlx_lm.load(str(src))
+    reference.set_dtype(mx.float32)
+    expected = mlx_lm.generate(reference, tokenizer, PROMPT, max_tokens=24)
+    model, streamed_tokenizer = streamer.load(checkpoints.repacked(src), memory_budget=0)
+    assert stop in streamed_tokenizer.eos_token_ids
+    assert streamer.generate(model, streamed_tokenizer, PROMPT, max_tokens=24) == expected
+    assert len(tokenizer.encode(expected, add_special_tokens=False)) < 24  # it did stop early

@@ -258,3 +258,170 @@ def test_two_repacks_into_the_same_destination(source, tmp_path):
     finally:
         os.close(fd)
     assert partial.exists()
+
+
+# -- the environment: read-only disks, files in the way, odd paths ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_source(tmp_path_factory) -> Path:
+    return write_hf_checkpoint(tmp_path_factory.mktemp("env") / "src", tiny_config("qwen3_moe"))
+
+
+def test_a_stale_partial_that_is_a_file(small_source, tmp_path):
+    (tmp_path / ".model.partial").write_text("left over")
+    with pytest.raises(StreamerError, match=r"\.model\.partial is in the way: it is a file"):
+        repack(small_source, tmp_path / "model", **QUIET)
+    assert (tmp_path / ".model.partial").read_text() == "left over"
+
+
+def test_a_read_only_destination(small_source, tmp_path, monkeypatch):
+    real_mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):  # as a read-only mount answers (root ignores modes)
+        if tmp_path in (self, *self.parents):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(StreamerError, match="cannot create .*Read-only file system; choose"):
+        repack(small_source, tmp_path / "model", **QUIET)
+
+
+def test_paths_that_are_not_utf8(small_source, tmp_path):
+    import shutil
+
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    shutil.copytree(small_source, odd)
+    for src, dst in ((odd, tmp_path / "model"), (small_source, Path(f"{odd}-out"))):
+        with pytest.raises(StreamerError, match=r"caf\\xe9.* is not valid UTF-8.*rename"):
+            repack(src, dst, **QUIET)
+    with pytest.raises(StreamerError, match=r"caf\\xe9.* is not valid UTF-8"):
+        streamer.load(odd)
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", "repack", os.fsencode(odd), str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "not valid UTF-8" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_tmpdir(small_source, tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path / "nonexistent")}
+    dst = tmp_path / "model"
+    command = [sys.executable, "-m", "streamer"]
+    result = subprocess.run(
+        [*command, "repack", str(small_source), str(dst)], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    generate = ["generate", "--model", str(dst), "--prompt", "x", "--max-tokens", "2"]
+    result = subprocess.run([*command, *generate], capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "nonexistent, which is not a folder: MLX writes its compiled kernels there" in (
+        result.stderr
+    )
+
+
+# -- resume from a sidecar that lies; a kill at each step of publishing ----------------------------
+
+
+def interrupted_repack(source: Path, dst: Path, after: str) -> Path:
+    def interrupt(message):
+        if after in message:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        repack(source, dst, log=interrupt)
+    return dst.parent / f".{dst.name}.partial" / "progress.json"
+
+
+def _crc(state):
+    state["layers"]["0"]["experts"][3]["crc32"][0] ^= 1
+
+
+def _shape(state):
+    state["layers"]["0"]["tensors"][0]["shape"][0] //= 2
+    state["layers"]["0"]["tensors"][0]["nbytes"] //= 2
+
+
+def _module(state):
+    state["layers"]["0"]["module"] = "model.layers.1.mlp.switch_mlp"
+
+
+def _resident(state):
+    name = next(iter(state["resident"]))
+    state["resident"][name] ^= 1
+
+
+def _index(state):
+    state["layers"]["5"] = state["layers"].pop("0")
+
+
+@pytest.mark.parametrize("tamper", [_crc, _shape, _module, _resident, _index])
+def test_a_tampered_progress_file_never_publishes_a_bad_folder(small_source, tmp_path, tamper):
+    dst = tmp_path / "model"
+    progress = interrupted_repack(small_source, dst, "layer 2/2")
+    state = json.loads(progress.read_text())
+    tamper(state)
+    progress.write_text(json.dumps(state))
+    messages = []
+    repack(small_source, dst, resume=True, log=messages.append)
+    assert any("does not match its record: writing it again" in m for m in messages), messages
+    assert verify(dst, **QUIET) == []
+    streamer.load(dst)
+
+
+@pytest.mark.parametrize(
+    "state", [{"layers": [1, 2]}, {"resident": "x"}, {"layers": {"x": {}}}, {"layers": {"0": 3}}]
+)
+def test_a_malformed_progress_file_is_refused(small_source, tmp_path, state):
+    dst = tmp_path / "model"
+    progress = interrupted_repack(small_source, dst, "layer 2/2")
+    source = json.loads(progress.read_text())["source"]
+    progress.write_text(json.dumps({"source": source, **state}))
+    with pytest.raises(StreamerError, match="progress.json is damaged: rerun without --resume"):
+        repack(small_source, dst, resume=True, **QUIET)
+
+
+KILL_AT_NTH_REPLACE = """
+import os, sys
+from streamer.repack import repack
+real, calls = os.replace, []
+def replace(a, b):
+    calls.append(b)
+    if len(calls) == int(sys.argv[3]):
+        os._exit(9)  # as SIGKILL: no cleanup runs
+    real(a, b)
+os.replace = replace
+repack(sys.argv[1], sys.argv[2], force=True, log=lambda _: None)
+"""
+
+
+def test_a_kill_at_each_step_of_publishing_costs_nothing_finished(small_source, tmp_path):
+    """Kills at the last atomic steps: the manifest's rename, moving the old output aside,
+    renaming the new one into place. Each leaves DST complete (old or new) or absent with the
+    finished work in .DST.partial, and --resume (or nothing) gives the same model."""
+    reference = tmp_path / "reference"
+    repack(small_source, reference, **QUIET)
+    replaces = []
+    real = os.replace
+    try:
+        os.replace = lambda a, b: (replaces.append(b), real(a, b))
+        repack(small_source, reference, force=True, **QUIET)  # count them, replacing an output
+    finally:
+        os.replace = real
+    for nth in range(len(replaces) - 2, len(replaces) + 1):
+        dst = tmp_path / f"model{nth}"
+        repack(small_source, dst, **QUIET)  # an older output, replaced with --force
+        result = subprocess.run(
+            [sys.executable, "-c", KILL_AT_NTH_REPLACE, str(small_source), str(dst), str(nth)],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 9, result.stderr
+        if dst.exists():
+            assert verify(dst, **QUIET) == []
+        repack(small_source, dst, resume=True, force=True, **QUIET)
+        assert_same_model(dst, reference)
+        assert not list(tmp_path.glob(f".model{nth}.*"))

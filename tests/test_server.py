@@ -366,6 +366,8 @@ def test_a_prompt_over_the_context_is_refused_by_the_client(client, folder):
 
 def test_unknown_paths_and_missing_length(server):
     assert request(server[0], "GET", "/v1/nothing")[0] == 404
+    status, body = request(server[0], "DELETE", "/v1/models")
+    assert status == 405 and "use GET or POST" in body["error"]["message"]
     url = urlsplit(server[0])
     with socket.create_connection((url.hostname, url.port)) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\n\r\n")

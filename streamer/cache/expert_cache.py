@@ -14,18 +14,35 @@ from .policies import LFUAging
 
 
 class ExpertCache:
-    def __init__(self, budget_bytes: int, slot_bytes: int):
-        """`slot_bytes`: what one cached expert may take (the largest expert, resident)."""
+    def __init__(self, budget_bytes: int, slot_bytes: int, policy=LFUAging):
+        """`slot_bytes`: what one cached expert may take (the largest expert, resident);
+        `policy`: a cache/policies.py class taking the number of slots."""
         self.slots = budget_bytes // max(slot_bytes, 1)
-        self._policy = LFUAging(self.slots)
+        self._policy = policy(self.slots)
         self._experts: dict[tuple[int, int], list[mx.array]] = {}
+        # admitted by the policy, not yet `put`: a layer call admits all its misses first, and a
+        # later miss of the same call may evict an earlier one before it is put
+        self._admitted: set[tuple[int, int]] = set()
 
     def access(self, layer: int, expert: int) -> tuple[list[mx.array] | None, bool]:
         """(the cached tensors or None, whether the caller should `put` this miss)."""
-        hit, admitted, evicted = self._policy.access((layer, expert))
+        key = (layer, expert)
+        hit, admitted, evicted = self._policy.access(key)
         if evicted is not None:
-            del self._experts[evicted]
-        return (self._experts[(layer, expert)] if hit else None), admitted
+            self._experts.pop(evicted, None)
+            self._admitted.discard(evicted)
+        if hit and key not in self._experts:  # admitted but never put (its call failed)
+            hit, admitted = False, True
+        if admitted:
+            self._admitted.add(key)
+        return (self._experts[key] if hit else None), admitted
 
     def put(self, layer: int, expert: int, tensors: list[mx.array]) -> None:
-        self._experts[(layer, expert)] = tensors
+        """Keep a miss `access` admitted, unless a later miss has evicted it since."""
+        key = (layer, expert)
+        if key in self._admitted:
+            self._admitted.discard(key)
+            self._experts[key] = tensors
+
+    def __len__(self) -> int:
+        return len(self._experts)

@@ -106,9 +106,12 @@ class StreamingExperts(nn.Module):
             self.read = choose_read_path(self)
 
     def make_resident(self) -> None:
-        """Keep every expert of this layer in memory from now on: copied from the mapped files,
-        or read into a pool of this layer's own with one slot per expert (slot e = expert e)."""
+        """Keep every expert of this layer in memory from now on: copied from the mapped files
+        (with checksums: each one checked before it is copied, as a streamed expert is before its
+        first use), or read into a pool of this layer's own with one slot per expert (slot e =
+        expert e; the pool checks checksums on every read)."""
         if self.views is not None:
+            self.prefetcher.verify(range(self.files.layout.num_experts))
             tensors = [mx.array(v) for v in self.views]  # mx.array copies
         else:
             slots, _ = self.pool.place(self.index, np.arange(self.num_experts))

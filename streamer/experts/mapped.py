@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
-from ..io.expert_files import ExpertFiles, LayerFiles
+from ..io.expert_files import ByteRange, ExpertFiles, LayerFiles
 from ..io.integrity import mismatched_tensors
 from ..stats import ExpertTraffic
 from .routing import finish, host_routing
@@ -49,6 +49,7 @@ class Prefetcher:
         self.measured_bytes = sum(r.length for r in layer.layout.expert_ranges)
         self.checksums = checksums
         self.verified = np.zeros(num_experts, dtype=bool)
+        self._ranges: list[list[ByteRange] | None] = [None] * num_experts  # made on first use
 
     def fetch(self, experts: list[int], traffic: ExpertTraffic) -> None:
         """Bring the routed experts into memory and into this process's page tables."""
@@ -58,7 +59,7 @@ class Prefetcher:
         files.check_unchanged()
         for expert in experts:
             cold = False
-            for r in files.ranges(expert):
+            for r in self._ranges_of(expert):  # a repacked record is one range, a download several
                 resident = files.resident_bytes(r)
                 if resident is None:  # the OS cannot tell: no hint is given
                     continue
@@ -73,9 +74,8 @@ class Prefetcher:
                 self.recent_misses += 1
         for expert in experts:
             if not populated[expert]:
-                populated[expert] = all(files.populate(r) for r in files.ranges(expert))
-        if self.checksums is not None:
-            self._verify(experts)
+                populated[expert] = all(files.populate(r) for r in self._ranges_of(expert))
+        self.verify(experts)
         traffic.experts_read += len(experts)
         traffic.bytes_read += len(experts) * self.payload_bytes
         traffic.read_seconds += time.perf_counter() - start
@@ -98,12 +98,21 @@ class Prefetcher:
             self._populated[:] = all([self._files.populate(r) for r in regions])
         return True
 
+    def _ranges_of(self, expert: int) -> list[ByteRange]:
+        ranges = self._ranges[expert]
+        if ranges is None:
+            ranges = self._ranges[expert] = self._files.ranges(expert)
+        return ranges
+
     def _forget_evicted(self) -> None:
         if self._evictions != self.all_files.evictions:
             self._evictions = self.all_files.evictions
             self._populated[:] = False
 
-    def _verify(self, experts: list[int]) -> None:
+    def verify(self, experts) -> None:
+        """With checksums, refuse any of `experts` whose bytes do not match (each checked once)."""
+        if self.checksums is None:
+            return
         layout = self._files.layout
         names = [t.name for t in layout.tensors]
         for expert in experts:

@@ -1,1 +1,4 @@
-"""Bytes from disk: source checkpoints, the streaming layout's manifest, and the mmap expert store."""
+"""Bytes and the OS only: mappings, expert files, checkpoints, the manifest, integrity, locks.
+
+Nothing here knows a model, a statistic or a policy; nothing here imports from above it.
+"""

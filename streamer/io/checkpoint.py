@@ -9,10 +9,26 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..errors import StreamerError
+from .files import check_folder_files, check_utf8_path, open_regular
 from .json_file import read_json_object
 from .safetensors import TensorInfo, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
+UNLOADABLE = ("F64",)  # a valid safetensors dtype that mx.load refuses
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    """Without any of these, transformers builds an empty tokenizer from config.json alone."""
+    folder = Path(folder)
+    return any((folder / n).is_file() for n in TOKENIZER_FILES) or any(folder.glob("*.tiktoken"))
+
+
+def _is_file_name(name: object) -> bool:
+    """A shard name the index may give: a plain file name, no path into or out of other folders."""
+    return isinstance(name, str) and bool(name) and "\0" not in name and Path(name).name == name
 
 
 class Checkpoint:
@@ -30,6 +46,8 @@ class Checkpoint:
             raise StreamerError(
                 f"{self.folder} is not a folder: give the folder of a downloaded checkpoint."
             )
+        check_utf8_path(self.folder, "the checkpoint folder")
+        check_folder_files(self.folder, "a file of the checkpoint")
         self.config = read_json_object(
             self.folder / "config.json",
             "download it again.",
@@ -46,6 +64,12 @@ class Checkpoint:
             weight_map = read_json_object(index_path, "download it again.").get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise StreamerError(f"{index_path} has no weight_map; download it again.")
+            bad = [v for v in weight_map.values() if not _is_file_name(v)]
+            if bad:
+                raise StreamerError(
+                    f"{index_path}: weight_map names shard {bad[0]!r}, not a file in this folder; "
+                    "download the index again."
+                )
             shards = sorted({self._shard(name) for name in weight_map.values()})
             for shard in shards:
                 if (
@@ -78,6 +102,11 @@ class Checkpoint:
         table: dict[str, TensorInfo] = {}
         for shard in self._shards():
             for name, info in read_header(shard).items():
+                if info.dtype in UNLOADABLE:
+                    raise StreamerError(
+                        f"{shard}: tensor '{name}' is {info.dtype}, which MLX models cannot load: "
+                        "convert the checkpoint to bf16, fp16 or fp32 first."
+                    )
                 if name in table:
                     raise StreamerError(
                         f"tensor '{name}' appears in both {table[name].path.name} and {shard.name}."
@@ -109,7 +138,7 @@ class Checkpoint:
             )
         fd = self._fds.get(info.path)
         if fd is None:
-            fd = self._fds[info.path] = os.open(info.path, os.O_RDONLY)
+            fd = self._fds[info.path] = open_regular(info.path, "a shard of the checkpoint")
         data = os.pread(fd, length, info.start + start)
         if len(data) != length:
             raise StreamerError(

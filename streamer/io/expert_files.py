@@ -15,11 +15,13 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from .files import open_regular
 from .integrity import check_expert_file_size
 from .manifest import Manifest, MoeLayer
 from .mapping import OS_PAGE, MappedFile
@@ -40,8 +42,7 @@ class Strided:
         return ByteRange(self.file, self.offset + expert * self.stride, self.length)
 
 
-@dataclass(frozen=True)
-class ByteRange:
+class ByteRange(NamedTuple):  # a tuple: one is made per routed expert range per call
     file: int  # index into the layer's files
     offset: int
     length: int
@@ -189,7 +190,7 @@ class ExpertFiles:
         path, size = layout.files[file], layout.file_bytes[file]
         if path not in self._fds:
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_regular(path, f"the expert file of {layout.name}")
             except OSError as e:
                 raise StreamerError(
                     f"cannot open expert file {path}: {e.strerror or e}; {layout.remedy}."

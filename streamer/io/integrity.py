@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import StreamerError
+from .copy_check import sample_matches
+from .files import open_regular
 from .manifest import RESIDENT_FILE, Manifest, MoeLayer
 from .safetensors import read_header
 
@@ -58,12 +60,16 @@ def check_files(folder: Path, manifest: Manifest) -> None:
     _size(folder / RESIDENT_FILE, "the non-expert weights")
     for name, recorded in manifest.files.items():
         what = stat_change(recorded, file_stat(folder / name))
-        if what:
+        if what == "size":
             raise StreamerError(
-                f"{folder / name} changed after it was repacked (its {what} differs from the one "
-                "recorded in manifest.json). If you copied the folder without keeping file times, "
-                f"run `streamer verify {folder} --refresh` to check every checksum and record the "
-                "new times; otherwise repack the model."
+                f"{folder / name} changed after it was repacked (its size differs from the one "
+                "recorded in manifest.json); repack the model."
+            )
+        if what and not sample_matches(folder, manifest, name):  # a new time: copied, or edited?
+            raise StreamerError(
+                f"{folder / name} changed after it was repacked (its modification time differs "
+                "from the one recorded in manifest.json and sampled checksums do not match); "
+                f"repack the model (`streamer verify {folder}` names each bad tensor)."
             )
 
 
@@ -90,13 +96,17 @@ def mismatched_tensors(
 
 def _size(path: Path, what: str) -> int:
     try:
-        return path.stat().st_size
+        fd = open_regular(path, what)
     except FileNotFoundError:
         raise StreamerError(f"{path} is missing: it holds {what}; repack the model.") from None
     except OSError as e:
         raise StreamerError(
             f"cannot open {path} ({what}): {e.strerror or e}; repack the model."
         ) from e
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -135,45 +145,37 @@ def verify_resident(folder: Path, manifest: Manifest) -> list[Problem]:
                     problems.append(
                         Problem(RESIDENT_FILE, f"tensor '{name}' does not match its checksum")
                     )
-    except OSError as e:
-        problems.append(Problem(RESIDENT_FILE, f"cannot read: {e.strerror or e}"))
+    except (OSError, StreamerError) as e:
+        problems.append(Problem(RESIDENT_FILE, f"cannot read: {getattr(e, 'strerror', None) or e}"))
     return problems
 
 
 def verify_layer(folder: Path, index: int, layer: MoeLayer) -> list[Problem]:
     """crc32 of every tensor of every expert of one MoE layer; a short file fails the experts it
     cuts."""
-    path = Path(folder) / layer.file
+    layer_name = f"MoE layer {index} ({layer.module})"
     try:
-        size = path.stat().st_size
-    except OSError as e:
-        return [
-            Problem(
-                layer.file, f"MoE layer {index} ({layer.module}): cannot open: {e.strerror or e}"
-            )
-        ]
-    problems = []
-    if size != layer.file_bytes:
-        problems.append(
-            Problem(layer.file, f"holds {size} bytes, the manifest expects {layer.file_bytes}")
-        )
-    try:
-        with _mapped(path) as data:
+        with _mapped(Path(folder) / layer.file) as data:
+            problems = []
+            if len(data) != layer.file_bytes:
+                problems.append(
+                    Problem(
+                        layer.file,
+                        f"holds {len(data)} bytes, the manifest expects {layer.file_bytes}",
+                    )
+                )
             for expert, bad in _bad_expert_tensors(data, layer):
-                where = f"MoE layer {index} ({layer.module}) expert {expert}"
                 why = (
                     "lies past the end of the file"
                     if bad is None
                     else f"tensor {bad} does not match its checksum"
                 )
-                problems.append(Problem(layer.file, f"{where}: {why}"))
+                problems.append(Problem(layer.file, f"{layer_name} expert {expert}: {why}"))
+            return problems
+    except StreamerError as e:  # not a regular file
+        return [Problem(layer.file, f"{layer_name}: {e}")]
     except OSError as e:
-        problems.append(
-            Problem(
-                layer.file, f"MoE layer {index} ({layer.module}): cannot read: {e.strerror or e}"
-            )
-        )
-    return problems
+        return [Problem(layer.file, f"{layer_name}: cannot read: {e.strerror or e}")]
 
 
 def _bad_expert_tensors(data: memoryview, layer: MoeLayer) -> Iterator[tuple[int, str | None]]:
@@ -196,7 +198,7 @@ class _mapped:
         self.path = path
 
     def __enter__(self) -> memoryview:
-        with open(self.path, "rb") as f:
+        with os.fdopen(open_regular(self.path, "a data file of the repacked model"), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         self.view = memoryview(self.map) if self.map is not None else memoryview(b"")
@@ -212,7 +214,11 @@ def verify_folder(folder: Path, manifest: Manifest, log: Callable[[str], None]) 
     """Every checksum of a repacked folder, with one progress line per file; the problems found."""
     folder = Path(folder)
     start, done = time.perf_counter(), 0
-    total = manifest.expert_file_bytes + _size(folder / RESIDENT_FILE, "the non-expert weights")
+    try:
+        resident_bytes = _size(folder / RESIDENT_FILE, "the non-expert weights")
+    except StreamerError:
+        resident_bytes = 0  # missing or unreadable: verify_resident reports it as a problem
+    total = manifest.expert_file_bytes + resident_bytes
     problems = verify_resident(folder, manifest)
     done += total - manifest.expert_file_bytes
     log(f"[verify] {RESIDENT_FILE}: {'ok' if not problems else f'{len(problems)} problem(s)'}")

@@ -7,14 +7,22 @@ import json
 from pathlib import Path
 
 from ..errors import StreamerError
+from .files import read_bytes
 
 
-def parse_json_object(raw: bytes | str, where: str, fix: str) -> dict:
-    """`raw` (UTF-8) as a JSON object; `where` names it in errors, `fix` says what to do."""
+def parse_json_object(raw: bytes | str, where: str, fix: str, unique_keys: bool = False) -> dict:
+    """`raw` (UTF-8) as a JSON object; `where` names it in errors, `fix` says what to do.
+    `unique_keys` refuses a key given twice in an object (json keeps the last one silently; the
+    safetensors reader of Hugging Face refuses such a header)."""
+    hook = _no_duplicates if unique_keys else None
     try:
-        data = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+        data = json.loads(
+            raw.decode("utf-8") if isinstance(raw, bytes) else raw, object_pairs_hook=hook
+        )
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise StreamerError(f"{where} is not valid JSON ({e}); {fix}") from e
+    except _DuplicateKey as e:
+        raise StreamerError(f"{where} names {e} twice; {fix}") from None
     except RecursionError:
         raise StreamerError(f"{where} is nested too deeply to be read; {fix}") from None
     if not isinstance(data, dict):
@@ -25,9 +33,20 @@ def parse_json_object(raw: bytes | str, where: str, fix: str) -> dict:
 def read_json_object(path: Path, fix: str, missing: str | None = None) -> dict:
     """The JSON object in file `path`; `missing` says what to do if there is no such file."""
     try:
-        raw = path.read_bytes()
+        raw = read_bytes(path, "a JSON file")
     except FileNotFoundError:
         raise StreamerError(f"{path} is missing: {missing or fix}") from None
     except OSError as e:
         raise StreamerError(f"cannot read {path}: {e.strerror or e}; {fix}") from e
     return parse_json_object(raw, str(path), fix)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise _DuplicateKey(repr(next(k for k in keys if keys.count(k) > 1)))
+    return dict(pairs)

@@ -146,12 +146,11 @@ def populate(address: int, offset: int, length: int) -> bool:
 
 
 class Residency:
-    """mincore(2): which pages of a mapped range are in the page cache. Keeps its result vector
-    between calls, since it is asked once per routed expert."""
+    """mincore(2): which pages of a mapped range are in the page cache. Keeps a result vector
+    per range size between calls, since it is asked once per routed expert range."""
 
     def __init__(self):
-        self._vec = self._bits = np.zeros(0, dtype=np.uint8)
-        self._vec_address = 0
+        self._vectors: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # pages -> vec, bits
 
     def resident_bytes(self, address: int, offset: int, length: int) -> int | None:
         """Bytes of `length` at `offset` of a mapping at `address` that are in the page cache
@@ -160,15 +159,14 @@ class Residency:
             return None
         start = offset - offset % OS_PAGE
         pages = align(offset + length - start, OS_PAGE) // OS_PAGE
-        if self._vec.size < pages:
-            self._vec = np.zeros(pages, dtype=np.uint8)
-            self._bits = np.zeros_like(self._vec)
-            self._vec_address = self._vec.ctypes.data
-        if _mincore(address + start, offset + length - start, self._vec_address) != 0:
+        if pages not in self._vectors:
+            vec = np.zeros(pages, dtype=np.uint8)
+            self._vectors[pages] = vec, np.zeros_like(vec), vec.ctypes.data
+        vec, bits, vec_address = self._vectors[pages]
+        if _mincore(address + start, offset + length - start, vec_address) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"mincore failed: {os.strerror(err)}")
-        bits = self._bits[:pages]
-        np.bitwise_and(self._vec[:pages], 1, out=bits)  # bit 0: resident (macOS sets others too)
+        np.bitwise_and(vec, 1, out=bits)  # bit 0: resident (macOS sets other bits too)
         resident = int(np.count_nonzero(bits))
         return length if resident == pages else min(resident * OS_PAGE, length)
 

@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from .files import open_regular
 from .json_file import parse_json_object
 
 # safetensors dtype -> (numpy storage dtype, mlx dtype). bf16 is stored as uint16 in numpy.
@@ -69,8 +70,8 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     defect."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path, "a safetensors file"), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(len(LFS_POINTER_PREFIX))
             if head.startswith(LFS_POINTER_PREFIX):
                 raise StreamerError(
@@ -95,7 +96,13 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         raise StreamerError(
             f"cannot read {path}{link}: {e.strerror or e}. Fix or download that file again."
         ) from e
-    header = parse_json_object(raw, f"{path}: header", "the file is corrupt.")
+    header = parse_json_object(raw, f"{path}: header", "the file is corrupt.", unique_keys=True)
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise StreamerError(
+            f"{path}: __metadata__ must map names to strings (as the safetensors format "
+            "requires); the file is corrupt or was written by a faulty tool."
+        )
     data_start = 8 + n
     data_size = size - data_start
     tensors: dict[str, TensorInfo] = {}

@@ -65,12 +65,7 @@ def repack(
     if resume and dst.exists() and not partial.exists():
         log(f"[repack] {dst} is complete: nothing to resume")
         return read_manifest(dst)
-    if dst.exists() and not force:
-        raise StreamerError(
-            f"{dst} already exists: choose another destination or pass --force to replace it."
-        )
-    if dst.resolve() == src.resolve():
-        raise StreamerError(f"{dst} is the source folder: choose another destination.")
+    publish.check_destination(src, dst, force)
     consumed = consume.stand_ins(partial) if partial.exists() else {}
     if consumed and not resume:
         raise StreamerError(
@@ -79,6 +74,7 @@ def repack(
         )
     with Checkpoint(src, consumed) as ckpt:
         plan = make_plan(ckpt, quantize)
+        publish.warn_without_tokenizer(src, log)
         options = {"quantize": quantize and [quantize.bits, quantize.group_size]}
         identity = source_identity(ckpt, options)
         readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads
@@ -105,7 +101,9 @@ def repack(
             if consumer is not None and _same_disk(src, partial):
                 left = min(left, peak)
             publish.check_free_space(partial, left)  # a refusal keeps resumable work as it is
-            manifest = _write_and_publish(plan, partial, dst, progress, needed, consumer, log)
+            manifest = _write_and_publish(
+                plan, partial, dst, progress, needed, consumer, log, force
+            )
         except StreamerError:
             if not progress.started and not consume.stand_ins(partial):
                 shutil.rmtree(partial, ignore_errors=True)  # nothing written: leave nothing behind
@@ -151,11 +149,12 @@ def _write_and_publish(
     needed: int,
     consumer: consume.SourceConsumer | None,
     log,
+    replace: bool,
 ) -> Manifest:
     try:
         collect = consumer.collect if consumer is not None else lambda _: None
         manifest = write_model(plan, partial, progress, log, collect)
-        publish.publish(partial, dst)
+        publish.publish(partial, dst, replace=replace)
         # the progress and stand-ins go only once published: until then they are all there is
         # of the source shards already deleted
         (dst / PROGRESS_FILE).unlink(missing_ok=True)
@@ -175,6 +174,7 @@ def write_model(plan: Plan, out: Path, progress: Progress, log, collect=lambda _
     warnings = NonfiniteWarnings(log)
     total = len(plan.containers)
     log(f"[repack] {plan.folder} -> {total} MoE layers x {plan.num_experts} experts")
+    progress.keep_verified(plan, log)  # a resumed run publishes only what it has checked
     if progress.resident is None:
         if plan.sources.ckpt.stand_ins:  # their data would be read as zeros: never write it
             raise StreamerError(

@@ -88,9 +88,9 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     weights = sanitize({name: ckpt.lazy(name) for name in ckpt.tensors})
     if any(name.endswith("_scale_inv") for name in weights):
         raise StreamerError(
-            f"{where}: FP8 weights with block scales, which mlx-lm dequantizes for deepseek_v3 / "
-            f"kimi_k2 / deepseek_v32 / glm_moe_dsa but not for {config['model_type']}; repack a "
-            "bf16 or MLX-quantized version."
+            f"{where}: FP8 weights with block scales, which mlx-lm's model dequantizes for some "
+            f"families (DeepSeek-V3, Kimi K2, MiniMax-M2, ...) but not for "
+            f"{config['model_type']}; repack a bf16 or MLX-quantized version."
         )
     sources = Sources(ckpt, arch, containers, num_experts, sanitize, weights)
     resident = {n: a for n, a in weights.items() if not in_containers(n, containers)}

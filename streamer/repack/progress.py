@@ -3,7 +3,10 @@
 The repacker records the resident file and each MoE layer only after that file is fsynced, so
 whatever the sidecar lists is complete on disk, whenever the process was killed. `--resume`
 continues an interrupted repack only if the source checkpoint and options are the ones it started
-with (a hash of config.json, the tensor table and the options), and keeps every recorded layer.
+with (a hash of config.json, the tensor table and the options). A recorded file is kept only if
+it is what this run would write and its bytes match the recorded crc32s (keep_verified): a
+damaged or edited sidecar costs the files it misdescribes, never a published folder that load
+refuses.
 """
 
 from __future__ import annotations
@@ -14,15 +17,19 @@ from pathlib import Path
 
 from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
+from ..io.integrity import verify_layer, verify_resident
 from ..io.json_file import read_json_object
 from ..io.manifest import (
     FORMAT_VERSION,
     RESIDENT_FILE,
+    Manifest,
     MoeLayer,
     layer_from_json,
     layer_to_json,
     write_json_atomic,
 )
+from .plan import Plan
+from .records import matches_plan
 
 PROGRESS_FILE = "progress.json"
 
@@ -71,14 +78,44 @@ class Progress:
                 "over."
             )
         progress = cls(folder, identity)
-        progress.resident = state.get("resident")
-        for index, entry in state.get("layers", {}).items():
-            layer = layer_from_json(entry, path)
+        resident, layers = state.get("resident"), state.get("layers", {})
+        damaged = StreamerError(f"{path} is damaged: rerun without --resume to start over.")
+        if resident is not None and not (
+            isinstance(resident, dict)
+            and all(type(crc) is int and 0 <= crc < 1 << 32 for crc in resident.values())
+        ):
+            raise damaged
+        if not isinstance(layers, dict) or not all(
+            isinstance(i, str) and i.isdigit() and len(i) < 6 for i in layers
+        ):
+            raise damaged
+        progress.resident = resident
+        for index, entry in layers.items():
+            try:
+                layer = layer_from_json(entry, path)
+            except StreamerError:
+                raise damaged from None
             if progress._complete(layer.file, layer.file_bytes):
                 progress.layers[int(index)] = layer
         if progress.resident is not None and not (Path(folder) / RESIDENT_FILE).exists():
             progress.resident = None
         return progress
+
+    def keep_verified(self, plan: Plan, log) -> None:
+        """Forget any recorded file that is not what this plan writes or whose bytes do not match
+        their recorded crc32s (a damaged or hand-edited sidecar, a file changed since): it is
+        written again, so a resumed repack never publishes what load would refuse. This reads
+        the kept files once."""
+        if self.resident is not None:
+            names = {name for name, _ in plan.resident_items()}
+            kept = Manifest(plan.config, self.resident, (), {})
+            if set(self.resident) != names or verify_resident(self.folder, kept):
+                log(f"[repack] {RESIDENT_FILE} does not match its record: writing it again")
+                self.resident = None
+        for index, layer in sorted(self.layers.items()):
+            if not matches_plan(plan, index, layer) or verify_layer(self.folder, index, layer):
+                log(f"[repack] layer {index + 1} does not match its record: writing it again")
+                del self.layers[index]
 
     def _complete(self, file: str, size: int) -> bool:
         path = self.folder / file

@@ -10,9 +10,12 @@ import shutil
 from pathlib import Path
 
 from ..errors import StreamerError
-from ..io.checkpoint import INDEX_FILE
+from ..io.checkpoint import INDEX_FILE, TOKENIZER_FILES, has_tokenizer_files
 from ..io.durable import fsync_dir
+from ..io.files import check_utf8_path
+from ..io.json_file import read_json_object
 from ..io.lock import lock_directory
+from ..io.manifest import FORMAT, MANIFEST_FILE
 from .consume import stand_ins
 from .progress import Progress
 
@@ -25,6 +28,10 @@ def partial_folder(dst: Path) -> Path:
 
 def open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int | None, Progress]:
     """Lock the `.DST.partial` folder against other repacks and pick up its progress if resuming."""
+    if os.path.lexists(partial) and (partial.is_symlink() or not partial.is_dir()):
+        raise StreamerError(
+            f"{partial} is in the way: it is a file, not an unfinished repack; remove it."
+        )
     if partial.exists():
         fd = lock_directory(partial, "writing the same destination")
         try:
@@ -45,7 +52,13 @@ def open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int |
             os.close(fd)
     elif resume:
         log("[repack] nothing to resume: starting from the beginning")
-    (partial / "experts").mkdir(parents=True)
+    try:
+        (partial / "experts").mkdir(parents=True)
+    except OSError as e:
+        raise StreamerError(
+            f"cannot create {partial}: {e.strerror or e}; choose a destination on a writable "
+            "disk, or fix the permissions of its folder."
+        ) from e
     return lock_directory(partial, "writing the same destination"), Progress(partial, identity)
 
 
@@ -98,6 +111,16 @@ def failed(
     )
 
 
+def warn_without_tokenizer(src: Path, log) -> None:
+    """A repacked model without tokenizer files loads nowhere: say so before the long write."""
+    if not has_tokenizer_files(src):
+        log(
+            f"[repack] warning: {src} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): "
+            "the repacked model cannot be loaded until you copy them from the original model "
+            "into the destination."
+        )
+
+
 def copy_side_files(src: Path, out: Path) -> None:
     """Tokenizer, generation config, chat template...: every small file that is not weights."""
     for path in src.iterdir():
@@ -114,13 +137,61 @@ def write_config(out: Path, config: dict) -> None:
         json.dump(dict(sorted(config.items())), f, indent=2)
 
 
-def publish(partial: Path, dst: Path) -> None:
-    """Rename the complete `partial` folder to `dst` (replacing an old one), durably."""
+def check_destination(src: Path, dst: Path, force: bool) -> None:
+    """`--force` replaces only a complete streamer output that is neither SRC nor around it."""
+    try:
+        source, target = src.resolve(), dst.resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop on the way
+        raise StreamerError(f"cannot resolve {dst} or {src}: {e}; check the paths.") from e
+    if target == source or source in target.parents or target in source.parents:
+        raise StreamerError(
+            f"{dst} is the source folder, inside it or around it ({src}): choose a destination "
+            "outside the source."
+        )
+    if target.parent.exists() and not target.parent.is_dir():
+        raise StreamerError(f"{dst.parent} is a file, not a folder: choose another destination.")
+    check_utf8_path(dst, "the destination")
+    if not os.path.lexists(dst):
+        return
+    if not force:
+        raise StreamerError(
+            f"{dst} already exists: choose another destination or pass --force to replace it."
+        )
+    if not is_streamer_output(dst):
+        raise StreamerError(
+            f"{dst} is not a folder written by `streamer repack` (no streamer manifest.json): "
+            "--force replaces only those. Remove it yourself if it should go."
+        )
+
+
+def is_streamer_output(folder: Path) -> bool:
+    """A directory (not a link) with a streamer manifest: what --force may replace."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    try:
+        return read_json_object(folder / MANIFEST_FILE, "").get("format") == FORMAT
+    except StreamerError:
+        return False
+
+
+def publish(partial: Path, dst: Path, replace: bool = False) -> None:
+    """Rename the complete `partial` folder to `dst`, durably. With `replace`, an old streamer
+    output at `dst` is moved aside and deleted; anything else found there (a folder created
+    while the repack ran) is left alone and the repack fails, keeping its work for --resume."""
     fsync_dir(partial / "experts")
     fsync_dir(partial)
     old = dst.parent / f".{dst.name}.old"
-    if dst.exists():
-        shutil.rmtree(old, ignore_errors=True)
+    if os.path.lexists(dst):
+        if not (replace and is_streamer_output(dst)):
+            raise FileExistsError(
+                errno.EEXIST,
+                "it appeared while repacking and was left alone; move it away",
+                str(dst),
+            )
+        if os.path.lexists(old):  # left by a repack killed while publishing
+            if not is_streamer_output(old):
+                raise FileExistsError(errno.EEXIST, "it is in the way; move it away", str(old))
+            shutil.rmtree(old)
         os.replace(dst, old)
     os.replace(partial, dst)
     fsync_dir(dst.parent)

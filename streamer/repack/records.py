@@ -78,7 +78,7 @@ def write_layer(
     """Write layer `index` (container `module`) to `out/experts/NNN.bin`, fsynced; `on_expert`
     is called after each expert (a progress bar)."""
     container = plan.containers[module]
-    rel = f"experts/{index:03d}.bin"
+    rel = layer_file(index)
     tensors: tuple[ExpertTensor, ...] = ()
     size = 0
     offsets, crcs = [], []
@@ -105,7 +105,24 @@ def write_layer(
             on_expert()
         f.flush()
         os.fsync(f.fileno())
-    quantization = {
+    return MoeLayer(
+        module,
+        rel,
+        plan.num_experts,
+        size,
+        layer_quantization(container),
+        tensors,
+        tuple(offsets),
+        tuple(crcs),
+    )
+
+
+def layer_file(index: int) -> str:
+    return f"experts/{index:03d}.bin"
+
+
+def layer_quantization(container: nn.Module) -> dict[str, dict | None]:
+    return {
         proj: (
             {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}
             if isinstance(m := container[proj], QuantizedSwitchLinear)
@@ -113,9 +130,24 @@ def write_layer(
         )
         for proj in container_projections(container)
     }
-    return MoeLayer(
-        module, rel, plan.num_experts, size, quantization, tensors, tuple(offsets), tuple(crcs)
-    )
+
+
+def matches_plan(plan: Plan, index: int, layer: MoeLayer) -> bool:
+    """Is `layer` (as an interrupted run recorded it) what this plan writes for layer `index`:
+    same module, file, expert count, quantization and record layout?"""
+    modules = list(plan.containers)
+    if not 0 <= index < len(modules):
+        return False
+    module = modules[index]
+    container = plan.containers[module]
+    expected = (module, layer_file(index), plan.num_experts, layer_quantization(container))
+    if (layer.module, layer.file, layer.num_experts, layer.quantization) != expected:
+        return False
+    try:
+        tensors, size = layout(expert_parts(plan, module, container, 0))
+    except StreamerError:  # its source shard was deleted by --delete-source: the crc32s decide
+        return True
+    return (tensors, size) == (layer.tensors, layer.record_bytes)
 
 
 def expert_parts(plan: Plan, module: str, container: nn.Module, expert: int) -> list[Part]:

@@ -246,16 +246,20 @@ def _layer_prefix(name: str) -> str:
     return ".".join(parts[: number + 1])
 
 
+MODEL_FLOATS = (mx.float32, mx.float16, mx.bfloat16)
+
+
 def compatible(got: mx.Dtype, expected: mx.Dtype) -> bool:
-    """Any float width can stand for a float parameter (it is cast); integer data must match."""
+    """A float parameter takes any float width MLX computes with (it is cast; float64 is not one:
+    MLX runs it on no GPU); integer data must match."""
     if mx.issubdtype(expected, mx.floating):
-        return mx.issubdtype(got, mx.floating)
+        return got in MODEL_FLOATS
     return got == expected
 
 
 def describe(dtype: mx.Dtype) -> str:
     return (
-        "a floating-point tensor"
+        "a floating-point tensor (F32, F16 or BF16)"
         if mx.issubdtype(dtype, mx.floating)
         else MLX_TO_SAFETENSORS.get(dtype, str(dtype))
     )

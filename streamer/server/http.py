@@ -57,6 +57,22 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:
         log.info("%s %s", self.address_string(), format % args)
 
+    def end_headers(self) -> None:
+        # any origin, as mlx-lm's server allows by default: browser clients call it directly
+        self.send_header("Access-Control-Allow-Origin", "*")
+        self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+        self.send_header("Access-Control-Allow-Headers", "*")
+        super().end_headers()
+
+    def do_OPTIONS(self) -> None:  # a browser's preflight
+        self.send_response(204)
+        self.end_headers()
+
+    def _not_allowed(self) -> None:
+        self._error(ApiError(405, f"{self.command} is not allowed on {self.path}: use GET or POST"))
+
+    do_PUT = do_DELETE = do_PATCH = _not_allowed
+
     def do_GET(self) -> None:
         app = self.server.app
         if self.path == "/health":

@@ -1,0 +1,80 @@
+"""Values users pass, checked the same way from the command line and from the Python API.
+
+Nothing here imports mlx or mlx-lm at module level, so the CLI refuses a bad value at once, before
+the slow imports and before the model is loaded. Every refusal is a StreamerError naming the
+argument as the caller spells it (`--top-p` on the command line, `top_p` in Python).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import StreamerError
+
+MAX_SEED = (1 << 64) - 1  # mx.random.seed takes an unsigned 64-bit integer
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# Compute dtypes a model can be loaded in, by the names users write.
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+def parse_size(value: object, name: str) -> int:
+    """Bytes from an int or a size written as 8G, 8GB, 8GiB, 8 GB or 512M (binary units)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise StreamerError(
+            f"{name} must be a number of bytes or a size such as '8G' (got {value!r})."
+        )
+    if isinstance(value, int):
+        number = value
+    else:
+        match = _SIZE.match(value)
+        number = float(match.group(1)) * _UNITS[match.group(2).lower()] if match else math.nan
+        if match and match.group(3).lower() == "i":  # "8Gi" without the B
+            number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise StreamerError(f"{name} {value!r} is not a size such as 8G, 8GB, 8 GiB or 512M.")
+    return int(number)
+
+
+def check_sampling(
+    temp: object, top_p: object, seed: object, *, option: str = "", dash: bool = False
+) -> None:
+    """temp >= 0 and finite, 0 < top_p <= 1, seed an integer from 0 to 2**64 - 1 (or None)."""
+
+    def name(n: str) -> str:
+        return option + (n.replace("_", "-") if dash else n)
+
+    if not _number(temp) or not 0 <= temp < math.inf:
+        raise StreamerError(f"{name('temp')} must be 0 (greedy) or more (got {temp!r}).")
+    if not _number(top_p) or not 0 < top_p <= 1:
+        raise StreamerError(f"{name('top_p')} must be above 0 and at most 1 (got {top_p!r}).")
+    if seed is not None and (type(seed) is not int or not 0 <= seed <= MAX_SEED):
+        raise StreamerError(
+            f"{name('seed')} must be an integer from 0 to {MAX_SEED} (got {seed!r})."
+        )
+
+
+def check_flag(value: object, name: str) -> None:
+    if not isinstance(value, bool):
+        raise StreamerError(f"{name} must be True or False (got {value!r}).")
+
+
+def parse_dtype(value: object):
+    """None, an mx floating dtype, or its name ("float32", "bfloat16", "float16")."""
+    import mlx.core as mx
+
+    if value is None:
+        return None
+    if isinstance(value, str) and value in DTYPE_NAMES:
+        return getattr(mx, value)
+    if isinstance(value, mx.Dtype) and value in tuple(getattr(mx, n) for n in DTYPE_NAMES):
+        return value
+    raise StreamerError(
+        f"dtype must be one of {', '.join(DTYPE_NAMES)} (a name or mlx.core's dtype), or None for "
+        f"the default (got {value!r})."
+    )
+
+
+def _number(value: object) -> bool:
+    return type(value) in (int, float) and not math.isnan(value)

@@ -1,0 +1,97 @@
+"""Opening the user's files: only regular files, never blocking.
+
+A FIFO, device or socket where a shard, config.json, tokenizer file, manifest or expert file belongs
+would make a plain open() or read() wait forever (a FIFO blocks until a writer appears). Every file
+the tool reads is opened here with O_NONBLOCK and refused by its fstat unless it is a regular file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from ..errors import StreamerError
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def not_regular(path: Path | str, mode: int, what: str) -> StreamerError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return StreamerError(
+        f"{path} is {kind}, not a regular file ({what}): replace it with the file."
+    )
+
+
+def open_regular(path: Path | str, what: str) -> int:
+    """A read-only descriptor of `path`, which must be a regular file. OSErrors (missing file,
+    permissions, symlink loops) propagate for the caller to word; a special file is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # opening a socket (or a FIFO without a reader on some systems)
+            raise not_regular(path, os.stat(path).st_mode, what) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise not_regular(path, mode, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_regular(path: Path | str, what: str) -> None:
+    """Refuse `path` unless it opens as a regular file (before handing it to a library's open)."""
+    os.close(open_regular(path, what))
+
+
+def read_bytes(path: Path | str, what: str) -> bytes:
+    with os.fdopen(open_regular(path, what), "rb") as f:
+        return f.read()
+
+
+def check_folder_files(folder: Path | str, what: str) -> None:
+    """Refuse a FIFO, socket or device among the files of `folder` (tokenizer files, configs,
+    shards: libraries open them by name with a blocking open). Subfolders and broken links are
+    left to the readers, which report what they need."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            try:
+                mode = os.stat(entry.path).st_mode
+            except OSError:
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise not_regular(entry.path, mode, what)
+
+
+def check_utf8_path(path: Path | str, what: str) -> None:
+    """MLX opens files by UTF-8 name: a path holding other bytes cannot be read by it."""
+    text = str(Path(path).absolute())
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+        raise StreamerError(
+            f"{shown} ({what}) is not valid UTF-8, and MLX opens files only by UTF-8 names: "
+            "rename the folder."
+        ) from None
+
+
+def check_tmpdir() -> None:
+    """MLX's CPU backend compiles kernels into the temporary folder and fails at the first
+    token (`temp_directory_path: No such file or directory`) if TMPDIR names none."""
+    tmpdir = os.environ.get("TMPDIR")
+    if tmpdir and not os.path.isdir(tmpdir):
+        raise StreamerError(
+            f"TMPDIR is {tmpdir}, which is not a folder: MLX writes its compiled kernels there. "
+            "Create it, or unset TMPDIR."
+        )
