@@ -6,13 +6,16 @@ mlx-lm's own `quantize_model`, and only its parameter *names and shapes* are use
 random floats quantized with `mx.quantize`, produced and written one tensor (or expert chunk) at a
 time, so the model is never in memory.
 
-Routing is synthetic. Each router row (one per expert) is scaled by exp(skew * z_e), z_e ~ N(0, 1)
-drawn per layer: the router input is RMS-normalised, so an expert with a larger row has a wider
-logit spread and lands in the top-k more often. skew=0 is uniform; larger is more skewed (for
-isotropic router inputs, skew=0.3 would send ~30% of a layer's picks to its top 10% of experts;
-real hidden states are not isotropic, so the benchmark measures what it gets). Temporal
-correlation (consecutive tokens sharing experts) is not injected: it comes from the hidden state,
-which attention mixes over the context. The benchmark measures both (`routing` in the results).
+Routing is synthetic, calibrated to two published statistics (bench/README.md, "Routing"):
+- skew (how popular the popular experts are): each router row (one per expert) is scaled by
+  exp(skew * z_e), z_e ~ N(0, 1) drawn per layer. The router input is RMS-normalised, so a larger
+  row means a wider logit spread and more top-k wins. skew=0 is uniform.
+- reuse (consecutive tokens sharing experts): the vocabulary is split into TOPICS topics (token t
+  in topic t % TOPICS) and every token's embedding shares its topic's random direction (a
+  `topic_share` of its variance), so tokens of one topic route alike. The output projection
+  gives each topic's tokens a logit boost of `stickiness` x the current token's topic component,
+  so sampled text stays in a topic for a while and then moves on. topic_share=0 and
+  stickiness=0 give independent tokens (reuse k/E plus what skew alone causes).
 
     python bench/generate_checkpoint.py qwen3-30b-a3b-12l /work/bench-data/q12-mlx
 """
@@ -93,6 +96,9 @@ PRESETS: dict[str, dict] = {
 SPEC_FILE = "bench_spec.json"  # written last: a folder without it is incomplete
 GENERATOR_VERSION = 3  # bump when the values written change: cached checkpoints are then rewritten
 CHUNK_ELEMENTS = 1 << 26  # floats generated per step (256 MB of float32)
+TOPICS = 64
+# Calibrated on qwen3-30b-a3b-12l to the published statistics (bench/README.md, "Routing").
+ROUTING = {"skew": 0.3, "topic_share": 0.7, "stickiness": 6.0}
 
 
 def preset_config(name: str, **overrides) -> dict:
@@ -105,7 +111,7 @@ def write_checkpoint(
     *,
     bits: int = 4,
     group_size: int = 64,
-    skew: float = 0.3,
+    routing: dict = ROUTING,
     seed: int = 0,
     log: Log = print,
     sparse: bool = False,
@@ -133,7 +139,7 @@ def write_checkpoint(
         model, qconfig = quantize_model(model, config, group_size, bits)
     specs = [(name, tuple(a.shape), a.dtype) for name, a in tree_flatten(model.parameters())]
     shards = _shards(specs)
-    values = None if sparse else _Values(specs, qconfig, dtype, skew, seed)
+    values = None if sparse else _Values(specs, qconfig, dtype, {**ROUTING, **routing}, seed)
     total = sum(_nbytes(s, d) for _, s, d in specs)
     written, start = 0, time.perf_counter()
     weight_map = {}
@@ -156,7 +162,7 @@ def write_checkpoint(
     (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=4))
     save_config(qconfig, partial / "config.json")
     write_tokenizer(partial)
-    spec = checkpoint_spec(config, bits=bits, group_size=group_size, skew=skew, seed=seed)
+    spec = checkpoint_spec(config, bits=bits, group_size=group_size, routing=routing, seed=seed)
     (partial / SPEC_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True))
     if folder.exists():
         shutil.rmtree(folder)
@@ -165,14 +171,14 @@ def write_checkpoint(
 
 
 def checkpoint_spec(
-    config: dict, *, bits: int = 4, group_size: int = 64, skew: float = 0.3, seed: int = 0
+    config: dict, *, bits: int = 4, group_size: int = 64, routing: dict = ROUTING, seed: int = 0
 ) -> dict:
     """What determines a generated checkpoint's bytes (stored with it, to reuse it safely)."""
     return {
         "config": config,
         "bits": bits,
         "group_size": group_size,
-        "skew": skew,
+        "routing": {**ROUTING, **routing},
         "seed": seed,
         "generator": GENERATOR_VERSION,
     }
@@ -239,10 +245,13 @@ class _Values:
     """Random values by parameter name. A quantized module's weight/scales/biases come from one
     mx.quantize of random floats, kept only until all three are written."""
 
-    def __init__(self, specs: list, qconfig: dict, dtype: mx.Dtype, skew: float, seed: int):
+    def __init__(self, specs: list, qconfig: dict, dtype: mx.Dtype, routing: dict, seed: int):
         self.quant = qconfig["quantization"]
         self.dtype = dtype
-        self.skew, self.seed = skew, seed
+        self.routing, self.seed = routing, seed
+        hidden = next(shape[-1] for name, shape, _ in specs if name == "model.norm.weight")
+        topic_rng = np.random.default_rng([seed, TOPICS])
+        self.topics = mx.array(topic_rng.standard_normal((TOPICS, hidden)).astype(np.float32))
         self.shapes = {name: shape for name, shape, _ in specs}
         self.quantized = {
             name.rsplit(".", 1)[0] for name, _, _ in specs if name.endswith(".scales")
@@ -273,7 +282,7 @@ class _Values:
         rows = None
         if module.endswith("mlp.gate"):  # the router: popular experts get a wider logit spread
             rows = mx.array(
-                np.exp(self.skew * rng.standard_normal((shape[0], 1))).astype(np.float32)
+                np.exp(self.routing["skew"] * rng.standard_normal((shape[0], 1))).astype(np.float32)
             )
         # Chunks along the leading axis (experts, or rows) keep the float32 copy small.
         step = max(1, CHUNK_ELEMENTS // math.prod(shape[1:]))
@@ -286,6 +295,7 @@ class _Values:
             )
             if rows is not None:
                 floats = floats * rows[lo : lo + floats.shape[0]]
+            floats = self._topical(module, floats, lo)
             q = mx.quantize(floats.astype(self.dtype), gs, bits)
             mx.eval(q)
             chunks.append(q)
@@ -294,6 +304,17 @@ class _Values:
         ]
         mx.eval(out)
         return dict(zip(("weight", "scales", "biases"), out))
+
+    def _topical(self, module: str, floats: mx.array, lo: int) -> mx.array:
+        """Token rows lo.. of the embedding or output projection with their topics mixed in."""
+        if not module.endswith(("embed_tokens", "lm_head")):
+            return floats
+        topic = self.topics[mx.arange(lo, lo + floats.shape[0]) % TOPICS]
+        if module.endswith("embed_tokens"):  # std 1 per entry; the topic takes its share
+            share = self.routing["topic_share"]
+            return math.sqrt(share) * topic + math.sqrt(1 - share) * floats
+        # h . topic / hidden ~ sqrt(topic_share) for a hidden state h of the same topic
+        return floats + self.routing["stickiness"] / floats.shape[-1] * topic
 
     def _rng(self, name: str) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
@@ -305,8 +326,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--layers", type=int, help="override num_hidden_layers")
     ap.add_argument("--vocab", type=int, help="override vocab_size (smaller: less resident memory)")
+    ap.add_argument("--skew", type=float, default=ROUTING["skew"], help="expert popularity skew")
     ap.add_argument(
-        "--skew", type=float, default=0.3, help="expert popularity skew (0: uniform routing)"
+        "--topic-share", type=float, default=ROUTING["topic_share"], help="routing reuse (0..1)"
+    )
+    ap.add_argument(
+        "--stickiness", type=float, default=ROUTING["stickiness"], help="topic persistence"
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -322,7 +347,11 @@ def main(argv: list[str] | None = None) -> None:
     write_checkpoint(
         args.out,
         config,
-        skew=args.skew,
+        routing={
+            "skew": args.skew,
+            "topic_share": args.topic_share,
+            "stickiness": args.stickiness,
+        },
         seed=args.seed,
         log=lambda m: print(m, file=sys.stderr, flush=True),
         sparse=args.sparse,

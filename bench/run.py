@@ -27,7 +27,14 @@ from pathlib import Path
 import mlx.core as mx
 import pagecache
 from balloon import Balloon, GiB, mem_available
-from generate_checkpoint import PRESETS, checkpoint_spec, preset_config, read_spec, write_checkpoint
+from generate_checkpoint import (
+    PRESETS,
+    ROUTING,
+    checkpoint_spec,
+    preset_config,
+    read_spec,
+    write_checkpoint,
+)
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -72,8 +79,8 @@ class Models:
             "active_expert_bytes_per_token": self.record_bytes
             * config["num_experts_per_tok"]
             * self.moe_layers,
-            "routing": "synthetic (random weights; popularity skew via router row scale)",
-            "skew": read_spec(mlx)["skew"],
+            "routing": "synthetic (random weights; skew via router rows, reuse via topics)",
+            "routing_params": read_spec(mlx)["routing"],
         }
 
     @property
@@ -94,14 +101,14 @@ def ensure_models(
     *,
     layers: int | None,
     vocab: int | None,
-    skew: float,
+    routing: dict,
     seed: int,
     dtype: str | None = None,
 ) -> Models:
     from streamer.repack import repack
 
     config = preset_config(preset, num_hidden_layers=layers, vocab_size=vocab, torch_dtype=dtype)
-    spec = checkpoint_spec(config, skew=skew, seed=seed)
+    spec = checkpoint_spec(config, routing=routing, seed=seed)
     tag = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
     name = (
         preset
@@ -112,7 +119,7 @@ def ensure_models(
     mlx, streaming = data / f"{name}-{tag}-mlx", data / f"{name}-{tag}-streaming"
     if read_spec(mlx) != spec:
         log(f"[bench] generating {mlx}")
-        write_checkpoint(mlx, config, skew=skew, seed=seed, log=log)
+        write_checkpoint(mlx, config, routing=routing, seed=seed, log=log)
     if (
         read_spec(streaming) != spec
     ):  # the repacker carries bench_spec.json over, and publishes atomically
@@ -457,8 +464,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-30b-a3b-12l")
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
     ap.add_argument("--vocab", type=int, help="override the preset's vocabulary size")
+    ap.add_argument("--skew", type=float, default=ROUTING["skew"], help="synthetic router skew")
     ap.add_argument(
-        "--skew", type=float, default=0.3, help="expert popularity skew of the synthetic router"
+        "--topic-share", type=float, default=ROUTING["topic_share"], help="routing reuse (0..1)"
+    )
+    ap.add_argument(
+        "--stickiness", type=float, default=ROUTING["stickiness"], help="topic persistence"
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -551,7 +562,11 @@ def main(argv: list[str] | None = None) -> dict:
         args.data,
         layers=args.layers,
         vocab=args.vocab,
-        skew=args.skew,
+        routing={
+            "skew": args.skew,
+            "topic_share": args.topic_share,
+            "stickiness": args.stickiness,
+        },
         seed=args.seed,
         dtype=args.dtype,
     )

@@ -68,19 +68,26 @@ class MemorySampler:
         self.sample()
 
 
-def load(engine: str, folder: Path, memory_budget: int) -> nn.Module:
+def load(
+    engine: str, folder: Path, memory_budget: int, read_path: str | None, bypass: bool = False
+) -> nn.Module:
+    from streamer.backend import default_dtype
+
     if engine == "streamer":
         import streamer
 
         # float32 activations on CPU by default; budget 0 streams every expert through the page
-        # cache
-        model, _ = streamer.load(folder, memory_budget=memory_budget)
+        # cache (mapped) or a pool of one token's experts (slots)
+        model, _ = streamer.load(
+            folder, memory_budget=memory_budget, read_path=read_path, bypass_page_cache=bypass
+        )
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr, flush=True)
         return model
     from mlx_lm.utils import load_model
 
     model, _ = load_model(folder)
-    model.set_dtype(mx.float32)
+    if default_dtype() is not None:  # as streamer computes: float32 on the CPU, stored on a GPU
+        model.set_dtype(default_dtype())
     mx.eval(model.parameters())
     return model
 
@@ -219,19 +226,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--memory-budget", type=int, default=0, help="streamer: bytes of experts kept in memory"
     )
+    ap.add_argument("--read-path", choices=["slots", "mapped"], help="streamer: default by backend")
+    ap.add_argument("--bypass-page-cache", action="store_true", help="streamer slots: O_DIRECT")
     args = ap.parse_args(argv)
 
     sampler = MemorySampler()
     start = time.perf_counter()
-    model = load(args.engine, args.model, args.memory_budget)
+    model = load(
+        args.engine, args.model, args.memory_budget, args.read_path, args.bypass_page_cache
+    )
     load_s = time.perf_counter() - start
     print(f"[{args.engine}] loaded in {load_s:.1f} s", file=sys.stderr, flush=True)
     cold = None
     if args.cold_decode:
         handle = streaming(model)
         # the files the experts are read from: a repack's expert files, or a download's shards
-        files = sorted({path for layer in handle.files.layers for path in layer.layout.files})
-        cold = [files, handle.files.evict]
+        cold = [handle.expert_paths, handle.evict]
     if args.warmup:
         run_once(model, prompt_ids(8, seed=99), 4, temp=args.temp)
     runs = []
@@ -261,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         peak_rss_file_bytes=sampler.peak_file or None,
         # the mapped expert files count as MLX memory but are page cache: not the engine's own
         peak_mlx_bytes=mx.get_peak_memory()
-        - (handle.files.mapped_bytes if (handle := streaming(model)) else 0),
+        - (handle.mapped_bytes if (handle := streaming(model)) else 0),
     )
     print(json.dumps(result))
 

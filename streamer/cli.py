@@ -112,6 +112,7 @@ def _generate(args: argparse.Namespace) -> int:
     model, tokenizer = load(
         streamable(args.model.replace("{rank}", str(rank))),  # {rank}: a folder per rank
         memory_budget=args.memory_budget,
+        read_path=args.read_path,
         verify_reads=args.verify_reads,
         trust_remote_code=args.trust_remote_code,
         group=group,
@@ -502,6 +503,12 @@ def parser() -> argparse.ArgumentParser:
         help="more tokens that end the answer (text or id)",
     )
     _add_loading(p)
+    p.add_argument(
+        "--read-path",
+        choices=["slots", "mapped"],
+        help="slots: a bounded slot pool filled by reads (default on Metal and CUDA); mapped: "
+        "compute in place on the mapped files (default on the CPU)",
+    )
     p.add_argument(
         "--verify-reads",
         action="store_true",

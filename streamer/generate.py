@@ -79,7 +79,7 @@ def run_stats(
         generation_tokens=generation_tokens,
         generation_tps=generation_tps,
         peak_rss_bytes=peak_rss_bytes(),
-        peak_mlx_bytes=mx.get_peak_memory() - handle.files.mapped_bytes,
+        peak_mlx_bytes=mx.get_peak_memory() - handle.mapped_bytes,
         expert_bytes_per_token=decode.bytes_read / steps,
         expert_bytes_copied_per_token=decode.bytes_copied / steps,
         expert_reads_per_token=decode.experts_read / steps,

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from .cache.slot_pool import SlotPool
 from .experts import StreamingExperts
 from .io.expert_files import ExpertFiles
 from .io.lock import FolderLock
@@ -46,24 +48,49 @@ class Streaming:
     `close()` rather than around one generation."""
 
     residency: str  # what the memory budget chose, in words
-    manifest: Manifest | Download  # what was loaded: its `layers` match `files.layers`
-    files: ExpertFiles
+    manifest: Manifest | Download  # what was loaded: its `layers` match the layouts read
+    read_path: str  # "mapped" or "slots"
+    files: ExpertFiles | None  # the mapped expert files (the mapped path only)
     stats: ExpertStats
     layers: list[StreamingExperts]
     context_length: int | None  # max_position_embeddings: prompt plus output must fit
     folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
+    pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools
     _scopes: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def __post_init__(self) -> None:
-        self._scopes.enter_context(memory_limit_raised(self.files.mapped_bytes))
+        self._scopes.enter_context(memory_limit_raised(self.mapped_bytes))
 
     def close(self) -> None:
         """Unmap the expert files, lower the memory limit again, release the folder."""
         self._scopes.close()
-        self.files.close()
+        for pool in self.pools:
+            pool.close()
+        if self.files is not None:
+            self.files.close()
         if self.folder_lock is not None:
             self.folder_lock.release()
             self.folder_lock = None
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of expert files mapped into MLX arrays (MLX counts them as its memory)."""
+        return self.files.mapped_bytes if self.files is not None else 0
+
+    @property
+    def expert_paths(self) -> list[Path]:
+        """The files the experts are read from: a repack's expert files or a download's shards."""
+        if self.files is not None:
+            layouts = [layer.layout for layer in self.files.layers]
+            return sorted({path for layout in layouts for path in layout.files})
+        sources = [source for pool in self.pools for source in pool.layers.values()]
+        return sorted({file.path for source in sources for file in source.files})
+
+    def evict(self) -> None:
+        """Unmap the expert pages this process maps, so a page-cache drop can take them (the
+        slot path maps none)."""
+        if self.files is not None:
+            self.files.evict()
 
 
 def streaming(model: nn.Module) -> Streaming | None:

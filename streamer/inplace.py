@@ -16,10 +16,12 @@ import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .architectures import expert_containers, replace_modules
+from .backend import default_dtype, read_path_for_backend
 from .cache.budget import check_budget
 from .download import Download, layouts, open_download
 from .errors import StreamerError
 from .experts import StreamingExperts
+from .experts.slots import slot_budget
 from .handle import Streaming
 from .io.checkpoint import Checkpoint
 from .io.checksums import Checksums, default_sidecar, read_checksums
@@ -37,12 +39,15 @@ def load_in_place(
     verify_reads: bool,
     trust_remote_code: bool,
     checksums: str | Path | None = None,
+    read_path: str | None = None,
+    bypass_page_cache: bool = False,
 ) -> tuple[nn.Module, TokenizerWrapper]:
     """streamer.load for a download folder (see model.load). `checksums`: the sidecar, by
     default under the user cache folder; used, when it exists, to refuse shards changed since it
     was recorded, and needed by `verify_reads`."""
-    from .model import _apply_budget, _tokenizer, default_dtype
+    from .model import _apply_budget, _tokenizer
 
+    read_path, why = read_path_for_backend(read_path)
     lock = lock_download_for_reading(folder)  # `repack --delete-source` refuses while held
     try:
         download, model, resident = open_download(folder)
@@ -51,21 +56,28 @@ def load_in_place(
         dtype = dtype if dtype is not None else default_dtype()
         if memory_budget is not None:
             check_budget(download, memory_budget, dtype)
-        files = ExpertFiles(layouts(download))
+        placed = layouts(download)
+        files = ExpertFiles(placed) if read_path == "mapped" else None  # slots: never mapped
     except BaseException:
         if lock is not None:
             lock.release()
         raise
+    pools = []
+    crcs = (
+        [tuple(map(tuple, recorded.experts[layer.module])) for layer in download.layers]
+        if verify_reads
+        else None
+    )
     try:
         stats = ExpertStats(moe_layers=len(download.layers))
         streaming = {
             module: StreamingExperts(
                 container,
-                files,
-                index,
+                placed[index],
                 stats,
                 dtype,
-                tuple(map(tuple, recorded.experts[module])) if verify_reads else None,
+                files=files,
+                checksums=crcs[index] if crcs is not None else None,
             )
             for index, (module, container) in enumerate(expert_containers(model).items())
         }
@@ -84,15 +96,24 @@ def load_in_place(
         mx.eval(model.parameters())
         model.eval()
         layers = list(streaming.values())
-        residency = _apply_budget(download, layers, memory_budget, dtype)
+        if read_path == "slots":
+            residency, pools = slot_budget(
+                download, placed, layers, memory_budget, dtype, crcs, bypass_page_cache
+            )
+        else:
+            residency = _apply_budget(download, layers, memory_budget, dtype)
         tokenizer = _tokenizer(folder, trust_remote_code)
     except BaseException:
-        files.close()
+        for pool in pools:
+            pool.close()
+        if files is not None:
+            files.close()
         if lock is not None:
             lock.release()
         raise
     context = download.config.get("max_position_embeddings")
-    handle = Streaming(residency, download, files, stats, layers, context, lock)
+    residency = f"{residency}; read path {read_path} ({why})"
+    handle = Streaming(residency, download, read_path, files, stats, layers, context, lock, pools)
     model.streamer = handle
     return model, tokenizer
 

@@ -13,6 +13,7 @@ from mlx_lm.utils import load_config, load_tokenizer
 
 from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
 from .arguments import check_flag, parse_dtype, parse_size
+from .backend import default_dtype, read_path_for_backend
 from .cache.budget import all_experts_bytes, check_budget, default_budget, largest_expert_bytes
 from .cache.expert_cache import ExpertCache
 from .config import check_config, check_eos_ids, check_layer_count
@@ -21,9 +22,10 @@ from .download import is_download
 from .errors import StreamerError, one_line
 from .experts import StreamingExperts
 from .experts.parallel import ExpertShare
+from .experts.slots import slot_budget
 from .handle import Streaming
 from .io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
-from .io.expert_files import ExpertFiles, open_repacked
+from .io.expert_files import ExpertFiles, LayerLayout, open_repacked, repacked_layout
 from .io.files import check_folder_files, check_tmpdir, check_utf8_path
 from .io.integrity import check_files, verify_resident
 from .io.lock import lock_for_reading
@@ -33,17 +35,13 @@ from .progress import progress_bar
 from .stats import ExpertStats
 
 
-def default_dtype() -> mx.Dtype | None:
-    """float32 on the CPU backend (its gather_mm is float32-only and its quantized matmuls are
-    several times faster with float32 activations); the checkpoint's own dtype on a GPU."""
-    return mx.float32 if mx.default_device() == mx.cpu else None
-
-
 def load(
     path: str | Path,
     *,
     memory_budget: int | None = None,
     dtype: mx.Dtype | None = None,
+    read_path: str | None = None,
+    bypass_page_cache: bool = False,
     verify_reads: bool = False,
     trust_remote_code: bool = False,
     group: mx.distributed.Group | None = None,
@@ -56,6 +54,11 @@ def load(
     resident (no syncs, no reads); less: the hottest experts are cached (LFU with aging) and the
     rest stream; 0: everything streams through the page cache. None: all experts if they fit in
     half the available memory, else 0. `model.streamer.residency` says what was chosen.
+    `read_path`: "mapped" computes in place on the mapped expert files (the CPU default);
+    "slots" reads experts into a bounded slot pool of `memory_budget` bytes and computes there
+    (the Metal and CUDA default; a budget of 0 gives one layer's experts per shape class).
+    `bypass_page_cache`: the slot path reads around the page cache (O_DIRECT on Linux, F_NOCACHE
+    on macOS) instead of through it; off by default (bench/README.md says why).
     Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer;
     `model.streamer` (handle.Streaming) holds the streaming side: stats, files, `close()`.
     Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of
@@ -75,6 +78,7 @@ def load(
     dtype = parse_dtype(dtype)
     check_flag(verify_reads, "verify_reads")
     check_flag(trust_remote_code, "trust_remote_code")
+    check_flag(bypass_page_cache, "bypass_page_cache")
     check_utf8_path(folder, "the model folder")
     check_tmpdir()
     if is_download(folder):
@@ -92,6 +96,8 @@ def load(
             verify_reads=verify_reads,
             trust_remote_code=trust_remote_code,
             checksums=checksums,
+            read_path=read_path,
+            bypass_page_cache=bypass_page_cache,
         )
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
@@ -119,23 +125,37 @@ def load(
     _check_backend_computes(manifest, dtype)
     if memory_budget is not None:
         check_budget(manifest, memory_budget, dtype)
-    files = open_repacked(folder, manifest)
+    read_path, why = read_path_for_backend(read_path)
+    layouts = [repacked_layout(folder, i, layer) for i, layer in enumerate(manifest.layers)]
+    files = open_repacked(folder, manifest) if read_path == "mapped" else None
+    pools = []
     try:
         stats, layers = _assemble(
-            folder, manifest, config, model, containers, files, dtype, verify_reads, group
+            folder, manifest, config, model, containers, layouts, files, dtype, verify_reads, group
         )
-        residency = _apply_budget(manifest, layers, memory_budget, dtype)
+        if read_path == "slots":
+            checksums = [layer.expert_crc32 for layer in manifest.layers] if verify_reads else None
+            residency, pools = slot_budget(
+                manifest, layouts, layers, memory_budget, dtype, checksums, bypass_page_cache
+            )
+        else:
+            residency = _apply_budget(manifest, layers, memory_budget, dtype)
     except BaseException:
-        files.close()
+        for pool in pools:
+            pool.close()
+        if files is not None:
+            files.close()
         raise
     handle = Streaming(
-        residency,
+        f"{residency}; read path {read_path} ({why})",
         manifest,
+        read_path,
         files,
         stats,
         layers,
         config.get("max_position_embeddings"),
         folder_lock,
+        pools,
     )
     model.streamer = handle
     return model, tokenizer
@@ -147,7 +167,8 @@ def _assemble(
     config: dict,
     model: nn.Module,
     containers: dict[str, nn.Module],
-    files: ExpertFiles,
+    layouts: list[LayerLayout],
+    files: ExpertFiles | None,
     dtype: mx.Dtype | None,
     verify_reads: bool,
     group: mx.distributed.Group | None,
@@ -168,7 +189,7 @@ def _assemble(
         checksums = layer.expert_crc32 if verify_reads else None
         share = None if records is None else ExpertShare(records[index], group, layer.expert_ids)
         streaming[module_path] = StreamingExperts(
-            container, files, index, stats, dtype, checksums, share
+            container, layouts[index], stats, dtype, files=files, checksums=checksums, share=share
         )
     replace_modules(model, streaming)
     resident_path = folder / RESIDENT_FILE

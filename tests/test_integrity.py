@@ -72,16 +72,19 @@ def test_verify_cli_exits_non_zero_with_progress(folder):
     )
 
 
-def test_verify_reads_refuses_a_corrupt_expert_on_first_read(folder):
+@pytest.mark.parametrize("read_path", ["mapped", "slots"])
+def test_verify_reads_refuses_a_corrupt_expert_on_first_read(folder, read_path):
     manifest = read_manifest(folder)
     layer = manifest.layers[0]
     for expert in range(layer.num_experts):  # whichever expert is routed first is corrupt
         flip_byte(folder / layer.file, expert_tensor_offset(folder, 0, expert) + 1)
-    model, tokenizer = streamer.load(folder, memory_budget=0)
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path=read_path)
     streamer.generate(
         model, tokenizer, "hello", max_tokens=2
     )  # without the check: computes garbage
-    model, tokenizer = streamer.load(folder, verify_reads=True, memory_budget=0)
+    model, tokenizer = streamer.load(
+        folder, verify_reads=True, memory_budget=0, read_path=read_path
+    )
     with pytest.raises(
         StreamerError,
         match=r"000.bin \(MoE layer 0, .*\): expert \d+ tensor gate_proj.weight does not match",

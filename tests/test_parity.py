@@ -10,6 +10,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
 import streamer
+from streamer.backend import READ_PATHS, backend
 from streamer.repack import Quantize
 
 PROMPT = (
@@ -20,6 +21,11 @@ PROMPT = (
 def greedy_tokens(model, prompt: mx.array, n: int = 64) -> list[int]:
     steps = generate_step(prompt, model, max_tokens=n, sampler=make_sampler(temp=0.0))
     return [int(token) for token, _ in steps]
+
+
+def read_paths() -> list[str]:
+    """Both read paths, except on MLX's CUDA backend, which runs only the slot pool."""
+    return [p for p in READ_PATHS if not (p == "mapped" and backend() == "cuda")]
 
 
 _REFERENCE_RUNS: dict[int, tuple[mx.array, mx.array, list[int]]] = {}
@@ -37,19 +43,28 @@ def reference_run(reference, prompt: mx.array) -> tuple[mx.array, list[int]]:
 
 
 def compare(streamed_path, reference, tolerance: float) -> None:
-    model, tokenizer = streamer.load(streamed_path, memory_budget=0)
-    prompt = mx.array(tokenizer.encode(PROMPT))
-    logits, tokens = reference_run(reference, prompt)
-    diff = mx.abs(model(prompt[None]) - logits).max().item()
-    assert diff <= tolerance, f"max abs logit difference {diff}"
-    assert greedy_tokens(model, prompt) == tokens
-    stats = model.streamer.stats
-    assert stats.decode_tokens >= 63
-    assert (
-        stats.decode.experts_read >= stats.decode.layer_calls
-    )  # every decode step used experts from the files
-    # one sync per layer call at most: none while a layer's file is all in the page cache
-    assert stats.decode.syncs <= stats.decode.layer_calls
+    """Logits and 64 greedy tokens of the streamed model against `reference`, on both read
+    paths: in place on the mapped files, and a slot pool of one layer's experts per shape class
+    (budget 0: shared by all layers, so misses keep rewriting slots)."""
+    for read_path in read_paths():
+        # float32 as the reference computes (the CPU's default anyway)
+        model, tokenizer = streamer.load(
+            streamed_path, memory_budget=0, read_path=read_path, dtype=mx.float32
+        )
+        prompt = mx.array(tokenizer.encode(PROMPT))
+        logits, tokens = reference_run(reference, prompt)
+        diff = mx.abs(model(prompt[None]) - logits).max().item()
+        assert diff <= tolerance, f"{read_path}: max abs logit difference {diff}"
+        assert greedy_tokens(model, prompt) == tokens, read_path
+        stats = model.streamer.stats
+        assert stats.decode_tokens >= 63
+        # every routed expert of every decode step came from the files (or a slot filled by one)
+        assert stats.decode.experts_read + stats.decode.cache_hits >= stats.decode.layer_calls
+        # one sync per layer call at most: none while a layer's file is all in the page cache
+        assert stats.decode.syncs <= stats.decode.layer_calls
+        if read_path == "slots":  # every expert reached the pool by a read
+            assert stats.prefill.experts_read + stats.decode.experts_read > 0
+            assert stats.decode.syncs == stats.decode.layer_calls
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -98,8 +113,11 @@ def test_mlx_lm_generate_runs_unchanged_on_a_streamed_model(checkpoints):
     assert ours == theirs and len(tokenizer.encode(ours)) > 0
 
 
+@pytest.mark.parametrize("read_path", read_paths())
 @pytest.mark.parametrize("budget", ["all", "default", "hot experts", "one expert"])
-def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints, budget):
+def test_memory_budget_keeps_experts_resident_with_identical_outputs(
+    checkpoints, budget, read_path
+):
     from streamer.cache.budget import largest_expert_bytes
     from streamer.io.manifest import read_manifest
 
@@ -109,7 +127,9 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints
     memory_budget = {"all": 1 << 40, "default": None, "hot experts": 12 * one, "one expert": one}[
         budget
     ]
-    model, tokenizer = streamer.load(folder, memory_budget=memory_budget)
+    model, tokenizer = streamer.load(
+        folder, memory_budget=memory_budget, read_path=read_path, dtype=mx.float32
+    )
     reference = reference_model(src)
     prompt = mx.array(tokenizer.encode(PROMPT))
     assert mx.array_equal(model(prompt[None]), reference(prompt[None]))
@@ -119,6 +139,16 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(checkpoints
         assert model.streamer.residency.startswith("all experts resident")
         assert decode.syncs == 0 and decode.experts_read == 0 and decode.bytes_copied == 0
         assert decode.layer_calls > 0
+    elif read_path == "slots":  # the pool is the budget: one expert's bytes is one slot or two
+        (pool,) = model.streamer.pools
+        assert pool.slots == memory_budget // pool.slot_bytes
+        assert f"slot pool of {pool.slots} slots" in model.streamer.residency
+        assert decode.syncs == decode.layer_calls
+        assert decode.cache_hits + decode.experts_read <= decode.layer_calls * 4
+        if budget == "hot experts":
+            assert decode.cache_hits > 0
+        else:  # fewer slots than routed experts: each call runs in rounds, every expert a miss
+            assert pool.slots < 4 and decode.experts_read == decode.layer_calls * 4
     else:
         slots = {"hot experts": 12, "one expert": 1}[budget]
         assert f"up to {slots} hot experts" in model.streamer.residency

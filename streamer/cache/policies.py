@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable
 
+import numpy as np
+
 Outcome = tuple[bool, bool, "Hashable | None"]
 
 
@@ -76,3 +78,45 @@ class StaticLayers:
 
     def access(self, key: tuple[int, int]) -> Outcome:
         return key[0] < self.layers, False, None
+
+
+class SlotLFU:
+    """LFU with aging for a slot pool, where every miss must get a slot (it is computed with).
+
+    Keys are ints below `keys`. Counts are kept for every key and halved every `half_life`
+    accesses, as in LFUAging; a call's misses take the empty slots first, then those of the least
+    frequently used keys. A slot holding a key of the current call is never a victim.
+    """
+
+    def __init__(self, slots: int, keys: int, half_life: int = 4096):
+        self.counts = np.zeros(keys)
+        self.slot_key = np.full(slots, -1, dtype=np.int64)  # the key each slot holds, -1: empty
+        self.slot_of = np.full(keys, -1, dtype=np.int64)  # the slot each key is in, -1: none
+        self.half_life = half_life
+        self._until_halving = half_life
+
+    def assign(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The slot of each key (distinct keys, at most as many as slots) and which are misses:
+        those slots now belong to their new keys and must be filled before they are read."""
+        self._until_halving -= len(keys)
+        if self._until_halving <= 0:
+            self.counts /= 2
+            self._until_halving += self.half_life
+        self.counts[keys] += 1
+        slots = self.slot_of[keys]
+        miss = slots < 0
+        wanted = int(miss.sum())
+        if wanted:
+            empty = np.flatnonzero(self.slot_key < 0)
+            if len(empty) >= wanted:
+                victims = empty[:wanted]
+            else:
+                score = np.where(self.slot_key >= 0, self.counts[self.slot_key], -1.0)
+                score[slots[~miss]] = np.inf  # routed in this call: never a victim
+                victims = np.argpartition(score, wanted - 1)[:wanted]
+            evicted = self.slot_key[victims]
+            self.slot_of[evicted[evicted >= 0]] = -1
+            self.slot_key[victims] = keys[miss]
+            self.slot_of[keys[miss]] = victims
+            slots[miss] = victims
+        return slots, miss

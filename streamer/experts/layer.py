@@ -12,6 +12,8 @@ layer's read path, chosen once when the layer is built and again when what it ho
                            then computes on the mapped files: no copy
   gather.GatherConvert     the compute dtype differs from the stored one: routed experts copied
   hot_cache.HotCache       a hot-expert cache: hits from memory, misses copied from the files
+  slots.Slots              a bounded slot pool filled by reads, the files never mapped: the
+                           default on Metal and CUDA (the GPU only ever sees bounded buffers)
 
 The read-path contract (the seam a new path plugs into):
   - A path is an object built by `choose_read_path` (from the layer's state) and called as
@@ -37,20 +39,25 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from ..cache.expert_cache import ExpertCache
-from ..io.expert_files import ExpertFiles
+from ..cache.slot_pool import SlotPool
+from ..io.expert_files import ExpertFiles, LayerLayout
 from ..stats import ExpertStats
 from .gather import GatherConvert
 from .hot_cache import HotCache
 from .mapped import PageCacheWatch, Prefetched, Prefetcher
 from .parallel import ExpertShare
 from .resident import Resident
+from .slots import Slots
 
 
 def choose_read_path(layer: StreamingExperts):
     if layer.resident:
         return Resident()
+    if layer.pool is not None:
+        return Slots(layer.pool)
     if layer.cache is not None:
         return HotCache(layer)
     if layer.converts:
@@ -64,48 +71,73 @@ class StreamingExperts(nn.Module):
     def __init__(
         self,
         container: nn.Module,
-        files: ExpertFiles,
-        index: int,
+        layout: LayerLayout,
         stats: ExpertStats,
         dtype: mx.Dtype | None,
+        *,
+        files: ExpertFiles | None = None,
         checksums: tuple[tuple[int, ...], ...] | None = None,
         share: ExpertShare | None = None,
     ):
-        """`checksums` ([expert][tensor] crc32s): check each expert once, before its first use.
-        `share`: expert-parallel, the experts this rank computes (parallel.py wraps the path)."""
+        """With `files` the layer computes on their mapped views (checking `checksums`, [expert]
+        [tensor] crc32s, once before each expert's first use); without, it waits for a slot pool
+        (`use_pool`) and its files are never mapped. `share`: expert-parallel, the experts this
+        rank computes (parallel.py wraps the read path)."""
         super().__init__()
-        layer_files = files.layers[index]
-        # Held outside the parameter tree: its stacked weights are views of the expert files (or
-        # per-call copies) and must never be evaluated, saved or loaded with the model.
+        # Held outside the parameter tree: its stacked weights are views of the expert files,
+        # slot pool arrays or per-call copies, never evaluated, saved or loaded with the model.
         object.__setattr__(self, "container", container)
-        object.__setattr__(self, "views", layer_files.views)
-        object.__setattr__(
-            self, "_slots", [tuple(t.name.split(".")) for t in layer_files.layout.tensors]
-        )
-        self.files = layer_files
-        self.index = index
+        object.__setattr__(self, "_slots", [tuple(t.name.split(".")) for t in layout.tensors])
+        self.index = layout.index
+        self.num_experts = layout.num_experts
         self.stats = stats
         self.dtype = dtype
-        self.prefetcher = Prefetcher(files, layer_files, checksums)
-        self.converts = any(self.convert(v) is not v for v in self.views)
+        self.converts = dtype is not None and any(
+            mx.issubdtype(t.dtype, mx.floating) and t.dtype != dtype for t in layout.tensors
+        )
         self.cache: ExpertCache | None = None
+        self.pool: SlotPool | None = None
         self.resident = False
-        self.install(self.views)
-        self.read = choose_read_path(self)
+        object.__setattr__(self, "views", None)
+        self.prefetcher = None
+        self.read = None
+        if files is not None:
+            layer_files = files.layers[self.index]
+            object.__setattr__(self, "views", layer_files.views)
+            self.files = layer_files
+            self.prefetcher = Prefetcher(files, layer_files, checksums)
+            self.install(self.views)
+            self.read = choose_read_path(self)
         self.share = share
 
     def make_resident(self) -> None:
-        """Keep every expert of this layer in memory from now on (with checksums: each one
-        checked before it is copied, as a streamed expert is before its first use)."""
-        self.prefetcher.verify(range(self.files.layout.num_experts))
-        self.install([self.convert(mx.array(v)) for v in self.views])  # mx.array copies
+        """Keep every expert of this layer in memory from now on: copied from the mapped files
+        (with checksums: each one checked before it is copied, as a streamed expert is before its
+        first use), or read into a pool of this layer's own with one slot per expert (slot e =
+        expert e; the pool checks checksums on every read)."""
+        if self.views is not None:
+            self.prefetcher.verify(range(self.files.layout.num_experts))
+            tensors = [mx.array(v) for v in self.views]  # mx.array copies
+        else:
+            slots, _ = self.pool.place(self.index, np.arange(self.num_experts))
+            assert (slots == np.arange(self.num_experts)).all(), "needs an empty pool of its own"
+            tensors = self.pool.arrays
+        self.install([self.convert(t) for t in tensors])
         mx.eval([self.container[p][k] for p, k in self._slots])
+        if self.pool is not None:
+            self.pool.close()  # read once: its files are closed, its arrays are the experts now
+            self.pool = None
         self.resident = True
         self.read = choose_read_path(self)
 
     def use_cache(self, cache: ExpertCache) -> None:
         """Serve hot experts from `cache` (shared by all layers) from now on."""
         self.cache = cache
+        self.read = choose_read_path(self)
+
+    def use_pool(self, pool: SlotPool) -> None:
+        """Compute on `pool` (shared by the layers of one shape class) from now on."""
+        self.pool = pool
         self.read = choose_read_path(self)
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:

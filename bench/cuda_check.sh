@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The slot read path on MLX's CUDA backend (an NVIDIA GPU machine with no package index).
+#
+#   bash bench/cuda_check.sh install WHEELS_DIR   # mlx + mlx-cuda-13 + mlx-lm into /root/site
+#   bash bench/cuda_check.sh slot-tests           # the slot pool and slot path tests
+#   bash bench/cuda_check.sh parity               # the parity suite (slot path only there)
+#   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
+#
+# WHEELS_DIR holds mlx-0.32.4 (cp312), mlx_lm-0.32.2 and the mlx-cuda-13 0.32.4 wheel, or that
+# wheel split in parts (mlx_cuda_13.part.*), which are joined and checked against its sha256.
+# Each stage runs in its own process under `timeout`: a CUDA fault can leave a process hung.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SITE=/root/site
+CUDA_WHEEL=mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
+CUDA_SHA256=94cb48fba73e5ee39467e51c35c51c691123359ca17bafd1a24cf92ad6732bee
+
+env_setup() {
+  local libs
+  libs=$(python3 - <<'EOF'
+import glob, os, nvidia
+print(":".join(d for p in nvidia.__path__ for d in glob.glob(os.path.join(p, "**", "lib"), recursive=True)))
+EOF
+)
+  export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
+  export PYTHONPATH="$SITE:$PWD:${PYTHONPATH:-}"
+  export CUDA_HOME=/usr/local/cuda MLX_PTX_CACHE_DIR=/root/ptx-cache PYTHONUNBUFFERED=1
+  mkdir -p "$MLX_PTX_CACHE_DIR"
+}
+
+case "${1:-}" in
+install)
+  wheels=$2
+  if [ ! -f "$wheels/$CUDA_WHEEL" ]; then cat "$wheels"/mlx_cuda_13.part.* > "$wheels/$CUDA_WHEEL"; fi
+  echo "$CUDA_SHA256  $wheels/$CUDA_WHEEL" | sha256sum -c - || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+    "$wheels"/mlx-0.32.4-*.whl "$wheels/$CUDA_WHEEL" "$wheels"/mlx_lm-0.32.2-*.whl || exit 1
+  env_setup
+  timeout 120 python3 -c "import mlx.core as mx; print(mx.default_device(), mx.cuda.is_available(),
+    (mx.ones((4, 4)) @ mx.ones((4, 4))).sum().item())"
+  ;;
+slot-tests)
+  env_setup
+  timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_slot_pool.py tests/test_slots.py
+  ;;
+parity)
+  env_setup
+  # mlx-lm itself fails these families on CUDA (shared/notes/cuda.md): missing quantized_matmul
+  # shapes, or different logits for the same prompt twice. Deselected, not hidden: listed here.
+  broken="deepseek_v2 or deepseek_v3 or deepseek_v32 or kimi_k2 or glm4_moe or glm_moe_dsa or qwen3_next or qwen3_5_moe"
+  timeout 540 python3 -m pytest -q -p no:cacheprovider tests/test_parity.py -k "not ($broken)" \
+    --durations=5
+  ;;
+decode)
+  env_setup
+  out=$2 data=/root/bench-data
+  mkdir -p "$out" "$data"
+  if [ ! -f "$data/q8-stream/manifest.json" ]; then
+    timeout 300 python3 bench/generate_checkpoint.py qwen3-30b-a3b "$data/q8-mlx" --layers 8 \
+      --vocab 37984 || exit 1
+    timeout 300 python3 -m streamer repack "$data/q8-mlx" "$data/q8-stream" || exit 1
+  fi
+  run() {  # engine folder tag args...
+    local engine=$1 folder=$2 tag=$3
+    shift 3
+    timeout 240 python3 bench/worker.py "$engine" "$folder" --prompt-tokens 16 --decode-tokens 64 \
+      --repeats 3 --warmup "$@" > "$out/$tag.json" 2> "$out/$tag.log"
+    echo "$tag: exit $?; $(grep -v '^\[' "$out/$tag.log" | tail -2)"; tail -3 "$out/$tag.log"
+  }
+  run mlx_lm "$data/q8-mlx" mlx_lm
+  for budget in 0 21233664 1073741824 4294967296; do  # 21233664: 8 slots
+    run streamer "$data/q8-stream" "slots-$budget" --read-path slots --memory-budget "$budget"
+  done
+  ;;
+*)
+  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR" >&2
+  exit 2
+  ;;
+esac

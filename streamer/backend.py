@@ -1,0 +1,43 @@
+"""Where MLX computes (the CPU, Metal or CUDA) and what that makes the defaults."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .errors import StreamerError
+
+
+def default_dtype() -> mx.Dtype | None:
+    """float32 on the CPU backend (its gather_mm is float32-only and its quantized matmuls are
+    several times faster with float32 activations); the checkpoint's own dtype on a GPU."""
+    return mx.float32 if mx.default_device() == mx.cpu else None
+
+
+READ_PATHS = ("slots", "mapped")
+
+
+def backend() -> str:
+    """Where MLX computes by default: "cpu", "metal" or "cuda"."""
+    if mx.default_device() != mx.gpu:
+        return "cpu"
+    return "cuda" if mx.cuda.is_available() else "metal"
+
+
+def read_path_for_backend(read_path: str | None) -> tuple[str, str]:
+    """The read path to use and why. A GPU gets the slot pool: on Metal a no-copy buffer over a
+    mapped file is wired whole on first GPU use, and MLX's CUDA backend cannot read a mapped file
+    at all (an illegal memory access). The CPU computes in place on the mapped files (measured
+    fastest there) unless asked otherwise."""
+    where = backend()
+    if read_path is None:
+        if where == "cpu":
+            return "mapped", "the CPU default: computed in place on the mapped files"
+        return "slots", f"the {where} default: the GPU sees only the bounded slot pool"
+    if read_path not in READ_PATHS:
+        raise StreamerError(f"read_path must be one of {', '.join(READ_PATHS)}, not {read_path!r}.")
+    if read_path == "mapped" and where == "cuda":
+        raise StreamerError(
+            'read_path="mapped" does not run on MLX\'s CUDA backend (the GPU cannot read a mapped '
+            'file; it has no tested implementation there): use read_path="slots", the default.'
+        )
+    return read_path, "asked for"

@@ -1,0 +1,166 @@
+"""A bounded pool of expert slots: the only expert memory a GPU kernel is given on the slot path.
+
+Experts of one shape class (the same tensors, dtypes and shapes: usually every MoE layer of a
+model) share a pool of S slots, allocated once as one MLX array `[S, *shape]` per tensor, each
+starting on a 16 KiB boundary (Apple silicon's page; a real expert's tensors are whole pages, so
+every slot row is page aligned too). A layer call asks for its routed experts: hits cost nothing,
+misses are read from the expert file straight into their slots' rows (one scatter read per
+expert, several in flight, no intermediate buffer), and the kernels then run on the pool arrays
+with slot indices. Victims are chosen by LFU with aging, never among the call's own experts.
+
+The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
+slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
+`fence()`: every output computed from the pool since the last write (`computed`) is evaluated
+before any slot is written, and mx.eval returns only when those kernels have run. In decode and
+prefill this costs nothing: a layer's router sync already evaluated every earlier layer's expert
+output (the router input depends on it) and the previous token's (it produced the input token),
+so the fence finds them done. It matters when a caller builds two forward passes before
+evaluating either, or when one call routes more experts than the pool has slots (rounds).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import StreamerError
+from ..io.reads import DIRECT_ALIGN, MAX_GAP, ReadFile, plan_reads
+from .policies import SlotLFU
+
+SLOT_ALIGN = 16384  # Apple silicon's page size; a multiple of Linux's 4 KiB and of DIRECT_ALIGN
+READERS = 8  # expert reads in flight at once (threads: preadv releases the GIL)
+_readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
+
+
+@dataclass(frozen=True)
+class SlotTensor:
+    name: str  # mlx-lm's name inside the container, e.g. "gate_proj.weight"
+    dtype: mx.Dtype
+    shape: tuple[int, ...]  # one expert's shape
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.size
+
+
+@dataclass
+class LayerSource:
+    """Where one MoE layer's experts lie: per tensor, expert e's bytes start at
+    `offset + e * stride` of file number `file` (objects with those three attributes)."""
+
+    files: Sequence[ReadFile]
+    placements: Sequence  # one per pool tensor, in the pool's order
+    num_experts: int
+    checksums: Sequence | None = None  # [expert][tensor] crc32: checked on every read
+    where: Callable[[int], str] = str  # file number -> where to say a read failed
+
+
+class SlotPool:
+    def __init__(self, tensors: Sequence[SlotTensor], slots: int, layers: dict[int, LayerSource]):
+        self.tensors = tuple(tensors)
+        self.slots = slots
+        self.layers = layers
+        self._base = {}  # layer index -> its first key: the policy's keys are base + expert
+        keys = 0
+        for index, layer in layers.items():
+            self._base[index], keys = keys, keys + layer.num_experts
+        self.policy = SlotLFU(slots, keys)
+        self.arrays, self._rows = [], []  # per tensor: MLX [S, *shape] and host uint8 [S, nbytes]
+        for t in self.tensors:
+            array, rows = _allocate(slots, t)
+            self.arrays.append(array)
+            self._rows.append(rows)
+        self._scratch = _aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
+        self._pending: list[mx.array] = []
+        self.slot_bytes = sum(t.nbytes for t in self.tensors)
+        self.nbytes = slots * self.slot_bytes
+
+    def place(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int]:
+        """Slots holding `experts` of `layer` (distinct, at most `slots` of them), reading the
+        misses into their slots; returns (slot per expert, number of misses read)."""
+        # The rule above: no kernel may still read a slot about to be written. Fenced on every
+        # call, not just on misses, so the list holds one call's outputs (nothing to wait for in
+        # decode: the router sync has evaluated them).
+        self.fence()
+        slots, miss = self.policy.assign(self._base[layer] + experts)
+        if miss.any():
+            reads = [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])]
+            if len(reads) == 1:
+                self._read(layer, *reads[0])
+            else:
+                for done in [_readers.submit(self._read, layer, e, s) for e, s in reads]:
+                    done.result()
+        return slots, int(miss.sum())
+
+    def computed(self, output: mx.array) -> None:
+        """An output whose graph reads the pool: the next write waits until it is computed."""
+        self._pending.append(output)
+
+    def fence(self) -> None:
+        if self._pending:
+            mx.eval(self._pending)  # returns once the kernels have run (Metal, CUDA) or computed
+            self._pending.clear()
+
+    def _read(self, layer: int, expert: int, slot: int) -> None:
+        source = self.layers[layer]
+        spans = [
+            (at.file, at.offset + expert * at.stride, rows[slot])
+            for at, rows in zip(source.placements, self._rows)
+        ]
+        file = spans[0][0]
+        try:
+            for file, offset, buffers in plan_reads(spans, self._scratch):
+                source.files[file].preadv(offset, buffers)
+        except OSError as e:
+            self._forget(layer, expert, slot)
+            raise StreamerError(
+                f"{source.where(file)}: cannot read expert {expert} ({e}); check the disk, "
+                "or run `streamer verify` on the model folder."
+            ) from e
+        if source.checksums is not None:
+            for t, rows, crc in zip(self.tensors, self._rows, source.checksums[expert]):
+                if zlib.crc32(rows[slot]) != crc:
+                    self._forget(layer, expert, slot)
+                    raise StreamerError(
+                        f"{source.where(file)}: expert {expert} tensor {t.name} does not "
+                        "match its checksum: the file is corrupt. Run `streamer verify` on the "
+                        "model folder to list every bad tensor, then repack."
+                    )
+
+    def _forget(self, layer: int, expert: int, slot: int) -> None:
+        """A read that failed leaves its slot empty, not holding a half-read expert."""
+        self.policy.slot_of[self._base[layer] + expert] = -1
+        self.policy.slot_key[slot] = -1
+
+    def close(self) -> None:
+        self.fence()
+        for layer in self.layers.values():
+            for file in layer.files:
+                file.close()
+
+
+def _aligned_host(nbytes: int) -> np.ndarray:
+    raw = np.zeros(nbytes + SLOT_ALIGN, dtype=np.uint8)
+    pad = -raw.ctypes.data % SLOT_ALIGN
+    return raw[pad : pad + nbytes]
+
+
+def _allocate(slots: int, t: SlotTensor) -> tuple[mx.array, np.ndarray]:
+    """One tensor's slots: an MLX array [slots, *shape] and a writable host view of its rows.
+
+    The buffer is made from host memory (on CUDA: managed memory, which both the host's reads
+    and the GPU's kernels reach; on Metal: unified memory) and sliced to start on SLOT_ALIGN."""
+    length = slots * t.nbytes
+    base = mx.array(np.zeros(length + SLOT_ALIGN, dtype=np.uint8))
+    mx.eval(base)
+    host = np.asarray(memoryview(base))
+    pad = -host.ctypes.data % SLOT_ALIGN
+    flat = base[pad : pad + length]
+    array = (flat if t.dtype == mx.uint8 else flat.view(t.dtype)).reshape(slots, *t.shape)
+    mx.eval(array)
+    return array, host[pad : pad + length].reshape(slots, t.nbytes)

@@ -1,0 +1,84 @@
+"""Reading expert bytes into memory the caller owns, with as few and as large reads as possible.
+
+Each read is one `preadv` whose buffers are the destinations themselves, so nothing passes through
+an intermediate buffer: the tensors of one expert that lie back to back in a file (a repacked
+record) become one read, the bytes between them (alignment padding) landing in a small scratch
+buffer. Reads bypass the page cache where asked: `O_DIRECT` on Linux (buffers, lengths and file
+offsets must then be multiples of DIRECT_ALIGN, else that read goes through the cache) and
+`F_NOCACHE` on macOS (no alignment needed).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+DIRECT_ALIGN = 4096  # O_DIRECT's alignment for buffers, lengths and file offsets (a safe bound)
+MAX_GAP = 1 << 16  # bytes between two tensors that one read still spans (into the scratch)
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_F_NOCACHE = getattr(fcntl, "F_NOCACHE", 48 if sys.platform == "darwin" else None)
+
+Span = tuple[int, int, np.ndarray]  # (file index, file offset, writable contiguous uint8 buffer)
+
+
+class ReadFile:
+    """A file opened for reads into caller buffers, through the page cache or around it."""
+
+    def __init__(self, path: Path, bypass_page_cache: bool):
+        self.path = Path(path)
+        self.fd: int | None = os.open(path, os.O_RDONLY)
+        self.direct_fd: int | None = None  # Linux: a second descriptor opened with O_DIRECT
+        try:
+            if bypass_page_cache and sys.platform == "darwin":
+                fcntl.fcntl(self.fd, _F_NOCACHE, 1)
+            elif bypass_page_cache and _O_DIRECT:
+                try:
+                    self.direct_fd = os.open(path, os.O_RDONLY | _O_DIRECT)
+                except OSError:  # a file system without O_DIRECT (tmpfs): read through the cache
+                    self.direct_fd = None
+        except BaseException:
+            self.close()
+            raise
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def preadv(self, offset: int, buffers: list[np.ndarray]) -> None:
+        direct = self.direct_fd is not None and _aligned(offset, buffers)
+        want = sum(b.nbytes for b in buffers)
+        got = os.preadv(self.direct_fd if direct else self.fd, buffers, offset)
+        if got != want:
+            raise OSError(f"short read: {got} of {want} bytes at offset {offset}")
+
+    def close(self) -> None:
+        for fd in (self.fd, self.direct_fd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.direct_fd = None
+
+
+def plan_reads(spans: list[Span], scratch: np.ndarray) -> list[tuple[int, int, list[np.ndarray]]]:
+    """Group spans into reads: (file, offset, buffers), spans of one file at most
+    min(MAX_GAP, len(scratch)) bytes apart sharing one read, the gap read into `scratch`."""
+    reads: list[tuple[int, int, list[np.ndarray]]] = []
+    end = None
+    for file, offset, buffer in sorted(spans, key=lambda s: (s[0], s[1])):
+        gap = None if end is None or reads[-1][0] != file else offset - end
+        if gap is not None and 0 <= gap <= min(MAX_GAP, scratch.nbytes):
+            if gap:
+                reads[-1][2].append(scratch[:gap])
+            reads[-1][2].append(buffer)
+        else:
+            reads.append((file, offset, [buffer]))
+        end = offset + buffer.nbytes
+    return reads
+
+
+def _aligned(offset: int, buffers: list[np.ndarray]) -> bool:
+    return offset % DIRECT_ALIGN == 0 and all(
+        b.ctypes.data % DIRECT_ALIGN == 0 and b.nbytes % DIRECT_ALIGN == 0 for b in buffers
+    )

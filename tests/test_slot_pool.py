@@ -1,0 +1,113 @@
+"""The slot pool on its own: exact reads into slots, LFU victims, the reuse fence, O_DIRECT."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from streamer.cache.policies import SlotLFU
+from streamer.cache.slot_pool import SLOT_ALIGN, LayerSource, SlotPool, SlotTensor
+from streamer.errors import StreamerError
+from streamer.io.reads import ReadFile
+
+# An expert record as repack writes one: tensors 64-byte aligned back to back (a gap after the
+# odd-sized first one), the record padded to a 16 KiB boundary.
+TENSORS = (
+    SlotTensor("a.weight", mx.uint32, (3, 5)),
+    SlotTensor("a.scales", mx.bfloat16, (3, 2)),
+    SlotTensor("b.weight", mx.uint32, (4, 1024)),
+)
+OFFSETS = (0, 64, 128)
+RECORD = 2 * SLOT_ALIGN
+
+
+class At:  # where a tensor of expert e lies: offset + e * stride of file 0
+    def __init__(self, offset: int):
+        self.file, self.offset, self.stride = 0, offset, RECORD
+
+
+def write_layer(path, experts: int, seed: int) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    data = bytearray(RECORD * experts)
+    truth = []
+    for e in range(experts):
+        parts = []
+        for t, offset in zip(TENSORS, OFFSETS):
+            raw = rng.integers(0, 256, t.nbytes, dtype=np.uint8)
+            data[e * RECORD + offset : e * RECORD + offset + t.nbytes] = raw.tobytes()
+            parts.append(raw)
+        truth.append(parts)
+    path.write_bytes(bytes(data))
+    return truth
+
+
+def pool_over(tmp_path, slots: int, layers: int = 2, experts: int = 6, bypass=False):
+    truth = {}
+    files = {}
+    for layer in range(layers):
+        path = tmp_path / f"{layer:03d}.bin"
+        truth[layer] = write_layer(path, experts, seed=layer)
+        at = [At(offset) for offset in OFFSETS]
+        files[layer] = LayerSource([ReadFile(path, bypass)], at, experts, where=lambda _, p=path: p)
+    return SlotPool(TENSORS, slots, files), truth
+
+
+def slot_bytes(pool: SlotPool, slot: int) -> list[np.ndarray]:
+    return [np.array(a[slot].view(mx.uint8)).ravel() for a in pool.arrays]
+
+
+@pytest.mark.parametrize("bypass", [False, True])
+def test_misses_are_read_exactly_into_their_slots(tmp_path, bypass):
+    pool, truth = pool_over(tmp_path, slots=4, bypass=bypass)
+    for a in pool.arrays:
+        assert np.asarray(memoryview(a.view(mx.uint8))).ctypes.data % SLOT_ALIGN == 0
+    for layer, experts in [(0, [1, 4]), (1, [0, 1, 5]), (0, [2, 3, 4])]:
+        slots, _ = pool.place(layer, np.array(experts))
+        for expert, slot in zip(experts, slots):
+            for got, want in zip(slot_bytes(pool, slot), truth[layer][expert]):
+                assert np.array_equal(got, want)
+    pool.close()
+
+
+def test_hits_cost_nothing_and_the_calls_own_experts_are_never_victims(tmp_path):
+    pool, _ = pool_over(tmp_path, slots=3)
+    slots, misses = pool.place(0, np.array([0, 1, 2]))
+    assert misses == 3 and sorted(slots) == [0, 1, 2]
+    for _ in range(5):  # expert 0 and 1 become hot
+        assert pool.place(0, np.array([0, 1]))[1] == 0
+    again, misses = pool.place(0, np.array([1, 2, 3]))  # 0 is the only slot not routed: evicted
+    assert misses == 1 and again[2] == slots[0] and list(again[:2]) == list(slots[1:])
+    pool.close()
+
+
+def test_lfu_keeps_hot_keys_through_a_scan():
+    policy = SlotLFU(slots=3, keys=100)
+    for _ in range(20):
+        policy.assign(np.array([0, 1]))
+    for cold in range(2, 60):
+        policy.assign(np.array([cold]))
+    slots, miss = policy.assign(np.array([0, 1]))
+    assert not miss.any()  # each one-off key took the slot of the previous one-off
+
+
+def test_a_slot_is_not_rewritten_while_a_lazy_output_still_reads_it(tmp_path):
+    """Without the fence the first output would be computed from the second expert's bytes."""
+    pool, truth = pool_over(tmp_path, slots=1)
+    weights = pool.arrays[2]  # U32 [slots, 4, 1024]
+    (slot,), _ = pool.place(0, np.array([3]))
+    first = weights[slot] + 0  # lazy: nothing computed yet
+    pool.computed(first)
+    pool.place(1, np.array([5]))  # a miss: must evaluate `first` before overwriting its slot
+    assert np.array_equal(np.array(first).view(np.uint8).ravel(), truth[0][3][2])
+    assert np.array_equal(slot_bytes(pool, slot)[2], truth[1][5][2])
+    pool.close()
+
+
+def test_a_failed_read_leaves_no_half_read_expert(tmp_path):
+    pool, _ = pool_over(tmp_path, slots=2)
+    (tmp_path / "001.bin").write_bytes(b"")  # truncated under the open file
+    with pytest.raises(StreamerError, match="001.bin: cannot read expert 2"):
+        pool.place(1, np.array([2]))
+    assert pool.policy.slot_of[pool._base[1] + 2] == -1
+    pool.close()

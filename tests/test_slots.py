@@ -1,0 +1,100 @@
+"""The slot read path in a model: kernels on the pool itself, the reuse rule, the choice of path.
+
+test_parity.py and test_families.py run every parity check on both read paths; these tests cover
+what only the slot path has."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mlx.core as mx
+import pytest
+from conftest import reference_model
+from test_parity import PROMPT, greedy_tokens
+
+import streamer
+from streamer import backend as backends
+from streamer.errors import StreamerError
+from streamer.io.manifest import read_manifest
+
+
+def slot_bytes(folder) -> int:
+    layer = read_manifest(folder).layers[0]
+    return sum(t.nbytes for t in layer.tensors)
+
+
+@pytest.fixture(scope="module")
+def float32_model(checkpoints):
+    """An MLX 4-bit checkpoint with float32 scales: the CPU computes in its stored dtype, so the
+    kernels run on the pool's arrays with slot indices, as on a GPU (no per-call copy)."""
+    src = checkpoints.mlx("qwen3_moe", dtype="float32")
+    return src, checkpoints.repacked(src)
+
+
+def test_a_tiny_pool_under_heavy_eviction_matches_the_resident_model(float32_model):
+    """A pool of 4 slots for 2 layers x top-4 of 16 experts: nearly every routed expert rewrites
+    a slot that the previous layer's kernels just read, and the prompt runs in rounds. A slot
+    reused before those kernels finished would change the tokens."""
+    src, folder = float32_model
+    one = slot_bytes(folder)
+    model, tokenizer = streamer.load(folder, memory_budget=4 * one, read_path="slots")
+    reference = reference_model(src)
+    prompt = mx.array(tokenizer.encode(PROMPT))
+    assert mx.array_equal(model(prompt[None]), reference(prompt[None]))
+    assert greedy_tokens(model, prompt, 160) == greedy_tokens(reference, prompt, 160)
+    decode = model.streamer.stats.decode
+    (pool,) = model.streamer.pools
+    assert pool.slots == 4 and decode.bytes_copied == 0  # computed on the pool itself
+    assert decode.experts_read > 0.5 * decode.layer_calls * 4  # mostly misses
+    for layer in model.streamer.layers:  # the container's stacked tensors are the pool's arrays
+        tensors = [layer.container[p][k] for p, k in layer._slots]
+        assert all(t is a for t, a in zip(tensors, pool.arrays))
+
+
+def test_forward_passes_built_before_either_is_evaluated(float32_model):
+    """MLX is lazy: the second pass rewrites slots that the first pass's graph still has to read.
+    The pool evaluates the first pass's expert outputs before it writes (its fence)."""
+    src, folder = float32_model
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    assert model.streamer.pools[0].slots == 16  # budget 0: one layer's experts
+    reference = reference_model(src)
+    first = mx.array(tokenizer.encode(PROMPT))[None]
+    second = mx.array(tokenizer.encode("An entirely different prompt about files."))[None]
+    ours = [model(first), model(second)]  # nothing evaluated between them
+    assert mx.array_equal(ours[0], reference(first))
+    assert mx.array_equal(ours[1], reference(second))
+
+
+def test_the_slot_path_never_maps_an_expert_file(float32_model):
+    _, folder = float32_model
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    streamer.generate(model, tokenizer, PROMPT, max_tokens=4)
+    assert model.streamer.files is None and model.streamer.mapped_bytes == 0
+    maps = open("/proc/self/maps").read() if sys.platform == "linux" else ""
+    assert str(folder / "experts") not in maps
+    assert "read path slots (asked for)" in model.streamer.residency
+
+
+def test_read_path_defaults_by_backend_and_refuses_mapped_on_cuda(monkeypatch):
+    with pytest.raises(StreamerError, match="read_path must be one of slots, mapped"):
+        backends.read_path_for_backend("pool")
+    for backend, default in (("cpu", "mapped"), ("metal", "slots"), ("cuda", "slots")):
+        monkeypatch.setattr(backends, "backend", lambda b=backend: b)
+        path, why = backends.read_path_for_backend(None)
+        assert path == default and backend in why.lower()
+    with pytest.raises(StreamerError, match="does not run on MLX's CUDA backend"):
+        backends.read_path_for_backend("mapped")
+
+
+def test_cli_read_path(float32_model):
+    _, folder = float32_model
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", "generate", "--model", str(folder), "--prompt", "The",
+         "--max-tokens", "3", "--read-path", "slots", "--memory-budget", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "read path slots" in result.stderr.splitlines()[0]
