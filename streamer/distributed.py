@@ -9,6 +9,7 @@ of the command line (a shared seed, the ranks' statistics gathered on rank 0).
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections import Counter
@@ -22,6 +23,10 @@ from .io.manifest import Manifest
 from .shards import interleaved
 
 WHERE_BYTES = 240  # room for "host:/folder" in the load-time check
+# Set by mlx.launch (ring, jaccl: MLX_RANK; nccl: MLX_WORLD_SIZE) or by an MPI launcher. Without
+# them no group is asked for: mx.distributed.init() tries every backend, and after it a process
+# started alone was seen to ignore an early Ctrl-C (tests/test_cli.py).
+LAUNCH_VARIABLES = ("MLX_RANK", "MLX_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 class GroupError(StreamerError):
@@ -31,7 +36,7 @@ class GroupError(StreamerError):
 def launched_group() -> mx.distributed.Group | None:
     """The group this process was started in by mlx.launch (or MLX's own environment variables),
     or None when it runs alone."""
-    if not mx.distributed.is_available():
+    if not any(v in os.environ for v in LAUNCH_VARIABLES) or not mx.distributed.is_available():
         return None
     group = mx.distributed.init()
     return group if group.size() > 1 else None
