@@ -64,7 +64,8 @@ class Balloon:
         available = mem_available()
         if self.nbytes < 0 or available - self.nbytes < self.reserve:
             raise BalloonError(
-                f"refusing a {self.nbytes / GiB:.1f} GiB balloon: {available / GiB:.1f} GiB is available and "
+                f"refusing a {self.nbytes / GiB:.1f} GiB balloon: "
+                f"{available / GiB:.1f} GiB is available and "
                 f"{self.reserve / GiB:.1f} GiB must stay available"
             )
         self.proc = subprocess.Popen(
@@ -85,7 +86,8 @@ class Balloon:
                 f"the balloon exited before inflating (exit code {self.proc.returncode})"
             )
         self.log(
-            f"[balloon] holding {self.nbytes / GiB:.1f} GiB ({self.method}); {mem_available() / GiB:.1f} GiB available"
+            f"[balloon] holding {self.nbytes / GiB:.1f} GiB ({self.method}); "
+            f"{mem_available() / GiB:.1f} GiB available"
         )
         return self
 
@@ -130,7 +132,8 @@ def _inflate(nbytes: int) -> None:
     ):  # mlock already faulted the pages in; touching is cheap then
         pages[lo : lo + step : mmap.PAGESIZE] = 1
         print(
-            f"[balloon] {min(lo + step, len(pages)) / GiB:.1f}/{len(pages) / GiB:.1f} GiB ({method}, "
+            f"[balloon] {min(lo + step, len(pages)) / GiB:.1f}/{len(pages) / GiB:.1f} GiB "
+            f"({method}, "
             f"{time.perf_counter() - start:.1f} s)",
             flush=True,
         )

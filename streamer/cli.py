@@ -602,12 +602,12 @@ def main(argv: list[str] | None = None) -> int:
         line = _error_line(args, e)
         return _report(line, 2) if line else 2
     except KeyboardInterrupt:
-        return _report("\nstreamer: interrupted", 130)
+        return _interrupted_status()
     except ImportError as e:
         if not _interrupted(e):
             raise
         # Ctrl-C while a compiled extension (mlx's) initialises surfaces as its ImportError
-        return _report("\nstreamer: interrupted", 130)
+        return _interrupted_status()
     except _OutputFailed as e:
         _silence_output()  # nothing more can be written there, nor flushed at exit
         if e.error.errno == errno.EPIPE:  # `streamer generate ... | head -c 3`: reader is done
@@ -620,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _import_exiting_on_ctrl_c(*modules: str) -> None:
     """Import a command's modules (mlx, mlx-lm, transformers: seconds) with Ctrl-C ending the
-    process at once: CPython can report a KeyboardInterrupt raised inside importlib's lock
+    process once they are imported: CPython can report a KeyboardInterrupt raised inside
+    importlib's lock
     callbacks as "ignored" and carry on, and nothing is written yet that an exit could leave
     half done."""
     if threading.current_thread() is not threading.main_thread():
@@ -630,12 +631,28 @@ def _import_exiting_on_ctrl_c(*modules: str) -> None:
         os.write(2, b"\nstreamer: interrupted\n")
         os._exit(130)
 
+    # SIGINT is held blocked while the imports run: delivered inside mlx's extension start-up
+    # it can abort the process (nanobind) or be swallowed by importlib. Any Ctrl-C meanwhile
+    # is pending, and ends the process once the imports are done.
     previous = signal.signal(signal.SIGINT, exit_130)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         for module in modules:
             importlib.import_module(module)
     finally:
+        if signal.SIGINT in signal.sigpending():
+            exit_130()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_status() -> int:
+    """Report Ctrl-C and ignore any further one: an interrupt that mlx's start-up turned into an
+    ImportError can still be pending, and raised again on the way out it would end the process
+    by SIGINT instead of with status 130."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return _report("\nstreamer: interrupted", 130)
 
 
 def _interrupted(error: BaseException) -> bool:

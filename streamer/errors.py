@@ -1,4 +1,5 @@
-"""The one exception type users see: every message names the file or tensor at fault and what to do."""
+"""The one exception type users see: every message names the file or tensor at fault and what
+to do."""
 
 
 class StreamerError(Exception):

@@ -14,7 +14,10 @@ from streamer.cli import DEMO_MODEL, main
 from streamer.repack import repack
 
 ROOT = Path(__file__).resolve().parent.parent
-TEXT = 'def read_config(path):\n    """Return the parsed configuration file."""\n    with open(path) as f:\n'
+TEXT = (
+    'def read_config(path):\n    """Return the parsed configuration file."""\n'
+    "    with open(path) as f:\n"
+)
 
 
 def test_checkpoint_is_in_hugging_face_format():

@@ -1,4 +1,5 @@
-"""Hostile and broken inputs: each ends in a StreamerError naming the file or tensor and what to do."""
+"""Hostile and broken inputs: each ends in a StreamerError naming the file or tensor and what
+to do."""
 
 from __future__ import annotations
 
@@ -212,7 +213,7 @@ def test_hand_edited_manifest(model_folder, tmp_path, change, message):
     assert "manifest.json" in str(err.value) and "repack" in str(err.value)
 
 
-# -- generation arguments ---------------------------------------------------------------------------
+# -- generation arguments ----------------------------------------------------------------
 
 
 def test_prompt_longer_than_the_context(checkpoints):
@@ -267,7 +268,7 @@ def test_cli_prompt_bytes_from_the_shell_and_stdin(checkpoints):
 
 def test_duplicate_keys_in_a_safetensors_header(tmp_path):
     entry = '{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}'
-    raw = f"{{\"a\": {entry}, \"a\": {entry}}}".encode()  # json.loads keeps the last
+    raw = f'{{"a": {entry}, "a": {entry}}}'.encode()  # json.loads keeps the last
     path = tmp_path / "model.safetensors"
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(4))
     with pytest.raises(StreamerError, match="model.safetensors: header names 'a' twice"):

@@ -1,4 +1,5 @@
-"""A tokenizer that ships its own Python code (as Kimi K2's does) runs only when the user says so."""
+"""A tokenizer that ships its own Python code (as Kimi K2's does) runs only when the user says
+so."""
 
 from __future__ import annotations
 

@@ -45,22 +45,26 @@ def _lock(path: Path, mode: int) -> FolderLock | None:
 
 
 def lock_for_reading(folder: Path) -> FolderLock | None:
-    """A shared lock on a repacked folder while a model reads it; refused during a `repack --force` into it."""
+    """A shared lock on a repacked folder while a model reads it; refused during a
+    `repack --force` into it."""
     try:
         return _lock(Path(folder) / MANIFEST_FILE, fcntl.LOCK_SH)
     except BlockingIOError:
         raise StreamerError(
-            f"{folder} is being replaced by `streamer repack --force` in another process: wait for it to finish."
+            f"{folder} is being replaced by `streamer repack --force` in another process: "
+            "wait for it to finish."
         ) from None
 
 
 def lock_for_replacing(folder: Path) -> FolderLock | None:
-    """An exclusive lock on a repacked folder that is about to be replaced; refused while a model reads it."""
+    """An exclusive lock on a repacked folder that is about to be replaced; refused while a
+    model reads it."""
     try:
         return _lock(Path(folder) / MANIFEST_FILE, fcntl.LOCK_EX)
     except BlockingIOError:
         raise StreamerError(
-            f"{folder} is in use: another process has a model loaded from it (or is repacking into it). "
+            f"{folder} is in use: another process has a model loaded from it "
+            "(or is repacking into it). "
             "Stop that process first, or repack into another folder."
         ) from None
 
