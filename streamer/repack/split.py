@@ -87,7 +87,8 @@ def split(
             readers.release()
     log(
         f"[split] {dst}: shard {rank}/{ranks} ({shard.assignment}), "
-        f"{result.expert_file_bytes / 1e9:.2f} of {manifest.expert_file_bytes / 1e9:.2f} GB of experts"
+        f"{result.expert_file_bytes / 1e9:.2f} of {manifest.expert_file_bytes / 1e9:.2f} GB "
+        "of experts"
     )
     return result
 
