@@ -1,0 +1,58 @@
+"""`streamer` command line: one module per command; this one parses and dispatches."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+
+from .. import __version__
+from ..errors import StreamerError
+from . import demo, generate, info, plan, repack, serve, verify
+from .demo import DEMO_MODEL
+from .interrupts import caused_by_ctrl_c, interrupted_status
+from .output import OutputFailed, error_line, report, silence_output
+
+__all__ = ["DEMO_MODEL", "main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="streamer", description="Run MoE LLMs larger than RAM by streaming experts from SSD."
+    )
+    ap.add_argument("--version", action="version", version=f"streamer {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+    repack.add_parsers(sub)
+    verify.add_parser(sub)
+    generate.add_parser(sub)
+    serve.add_parsers(sub)
+    plan.add_parser(sub)
+    info.add_parser(sub)
+    demo.add_parser(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; errors are one line on stderr (exit 2), Ctrl-C exits 130 at any point,
+    and a closed or full output ends quietly, as Unix tools end."""
+    args = None
+    try:
+        args = parser().parse_args(argv)
+        return args.run(args) or 0
+    except StreamerError as e:
+        line = error_line(args, e)
+        return report(line, 2) if line else 2
+    except KeyboardInterrupt:
+        return interrupted_status()
+    except ImportError as e:
+        if not caused_by_ctrl_c(e):
+            raise
+        # Ctrl-C while a compiled extension (mlx's) initialises surfaces as its ImportError
+        return interrupted_status()
+    except OutputFailed as e:
+        silence_output()  # nothing more can be written there, nor flushed at exit
+        if e.error.errno == errno.EPIPE:  # `streamer generate ... | head -c 3`: reader is done
+            return 141  # what a shell reports for a tool ended by SIGPIPE
+        return report(f"streamer: error: cannot write the output: {e.error.strerror}", 1)
+    except BrokenPipeError:  # stderr's reader went away (`2>&1 | head`)
+        silence_output()
+        return 141

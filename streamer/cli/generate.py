@@ -1,0 +1,152 @@
+"""`streamer generate`: one answer from a streamed model, printed as it is made."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import StreamerError
+from .interrupts import import_exiting_on_ctrl_c
+from .options import add_loading, add_prompt, add_template, prompt
+from .output import emit
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="generate text from a repacked model or an MLX download (in place)"
+    )
+    p.add_argument(
+        "--model",
+        help="a folder written by `streamer repack` or `streamer split` (under mlx.launch, "
+        "{rank} in it is replaced by the rank), an MLX download (in place), or org/name",
+    )
+    add_prompt(p, None)
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="the prompt is a chat message: refuse a model without a chat template",
+    )
+    add_template(p)
+    p.add_argument("--max-kv-size", type=int, default=None, help="keep at most N tokens of KV")
+    p.add_argument(
+        "--extra-eos-token",
+        nargs="+",
+        default=[],
+        metavar="TOKEN",
+        help="more tokens that end the answer (text or id)",
+    )
+    add_loading(p)
+    p.add_argument(
+        "--read-path",
+        choices=["slots", "mapped"],
+        help="slots: a bounded slot pool filled by reads (default on Metal and CUDA); mapped: "
+        "compute in place on the mapped files (default on the CPU)",
+    )
+    p.add_argument(
+        "--verify-reads",
+        action="store_true",
+        help="check each expert's crc32 the first time it is read",
+    )
+    p.add_argument(
+        "--checksums",
+        metavar="FILE",
+        help="an MLX download's checksum sidecar, if not the default (see `streamer verify`)",
+    )
+    p.set_defaults(run=generate)
+
+
+def generate(args: argparse.Namespace) -> int:
+    if args.model is None:
+        raise StreamerError(
+            "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` "
+            "and pass --model DST, or run `streamer demo` to see the whole pipeline on a built-in "
+            "model."
+        )
+    text = prompt(args)  # before the slow imports: bad input fails fast
+    import_exiting_on_ctrl_c("streamer.model", "streamer.generate")
+    from ..chat import templated
+    from ..distributed import launched_group, shared_seed
+    from ..hub import streamable
+    from ..model import load
+
+    group = args.group = launched_group()  # started by mlx.launch: expert-parallel
+    rank = group.rank() if group else 0
+    model, tokenizer = load(
+        streamable(args.model.replace("{rank}", str(rank))),  # {rank}: a folder per rank
+        memory_budget=args.memory_budget,
+        read_path=args.read_path,
+        verify_reads=args.verify_reads,
+        trust_remote_code=args.trust_remote_code,
+        group=group,
+        checksums=args.checksums,
+    )
+    if group is not None:
+        args.seed = shared_seed(group, args.seed)  # sampled tokens must agree on every rank
+    if rank == 0:
+        print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
+    if group is not None and rank == 0:
+        print(
+            f"[streamer] expert-parallel over {group.size()} ranks: each computes its share of "
+            "every MoE layer's routed experts",
+            file=sys.stderr,
+        )
+    for token in args.extra_eos_token:
+        try:
+            tokenizer.add_eos_token(token)
+        except ValueError as e:
+            raise StreamerError(f"--extra-eos-token: {e}") from None
+    if args.chat and not tokenizer.has_chat_template:
+        raise StreamerError(
+            f"--chat: {args.model} has no chat template (tokenizer_config.json has no "
+            "chat_template): drop --chat to continue the prompt as plain text."
+        )
+    if tokenizer.has_chat_template and not args.ignore_chat_template:
+        try:
+            text = templated(tokenizer, text, args.system_prompt)
+        except Exception as e:  # jinja2's errors, or whatever the template raises
+            raise StreamerError(
+                f"{args.model}: the model's chat template fails ({type(e).__name__}: {e}); fix "
+                "chat_template in tokenizer_config.json (or chat_template.jinja), or pass "
+                "--ignore-chat-template."
+            ) from e
+    return stream(model, tokenizer, text, args)
+
+
+def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
+    """Print the answer as it comes, then the run's stats line; Ctrl-C ends it with 130."""
+    from mlx_lm.sample_utils import make_sampler
+
+    from ..generate import run_stats, stream_generate
+
+    group = getattr(args, "group", None)
+    shown = group is None or group.rank() == 0  # rank 0 prints for the group
+    sampler = make_sampler(args.temp, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k)
+    stats = None
+    try:
+        for response in stream_generate(
+            model,
+            tokenizer,
+            prompt,
+            args.max_tokens,
+            seed=args.seed,
+            sampler=sampler,
+            max_kv_size=getattr(args, "max_kv_size", None),
+        ):
+            if shown:
+                emit(response.text, end="")
+            stats = response.stats
+    except KeyboardInterrupt:
+        if shown:
+            print("\n[interrupted]", file=sys.stderr)
+            print((stats or run_stats(model)).line(), file=sys.stderr)
+        return 130
+    line = stats.line() if stats is not None else None
+    if group is not None and stats is not None:
+        from ..distributed import group_stats_line
+
+        line = f"{line} | {group_stats_line(group, model, stats)}"  # every rank takes part
+    if shown:
+        emit()
+        if line is not None:
+            print(line, file=sys.stderr)
+    return 0

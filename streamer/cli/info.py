@@ -1,0 +1,84 @@
+"""`streamer info`: what a repacked model or a download holds, and what a token reads."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import StreamerError
+from .output import emit
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("info", help="describe a repacked model")
+    p.add_argument("dir")
+    p.set_defaults(run=info)
+
+
+def info(args: argparse.Namespace) -> None:
+    from ..io.integrity import check_files
+    from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
+
+    folder = Path(args.dir)
+    if not (folder / MANIFEST_FILE).exists() and (folder / "config.json").exists():
+        from ..download import open_download  # builds mlx-lm's model: only for a download
+
+        # streamed in place: an expert is one range per stacked tensor
+        manifest = open_download(folder)[0]
+        resident = sum(manifest.file_bytes.values()) - manifest.expert_file_bytes
+        per_expert = [layer.payload_bytes for layer in manifest.layers]
+        layout = f"in place, {len(manifest.layers[0].tensors)} byte ranges per expert"
+    else:
+        manifest = read_manifest(folder)
+        check_files(folder, manifest)  # a missing, truncated or special data file is named
+        resident = (folder / RESIDENT_FILE).stat().st_size
+        per_expert = [layer.record_bytes for layer in manifest.layers]
+        layout = "repacked, one record per expert"
+    try:
+        lines = _describe(manifest, layout, resident, per_expert)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        raise StreamerError(
+            f"{folder / MANIFEST_FILE}: the model config in it is damaged ({type(e).__name__}: "
+            f"{e}); repack the model."
+        ) from e
+    for line in lines:
+        emit(line)
+
+
+def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> list[str]:
+    config = manifest.config
+    layers = manifest.layers
+    top_k = int(config.get("num_experts_per_tok", 0))
+    active = sum(per_expert) * top_k
+    quant = config.get("quantization")
+    expert_quant = {
+        _describe_quantization(q) if q else "unquantized"
+        for layer in layers
+        for q in layer.quantization.values()
+    }
+    return [
+        f"layout            {layout}",
+        f"model_type        {config.get('model_type')}",
+        f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)",
+        f"experts           {layers[0].num_experts} per layer, {top_k} routed per token",
+        *_shard_lines(manifest),
+        f"quantization      {_describe_quantization(quant) if quant else 'none'}",
+        f"expert weights    {', '.join(sorted(expert_quant))}",
+        f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)",
+        f"expert bytes      {manifest.expert_file_bytes / 1e9:.3f} GB (streamed from disk)",
+        f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)",
+    ]
+
+
+def _shard_lines(manifest) -> list[str]:
+    shard = getattr(manifest, "shard", None)  # a download is never a shard
+    if shard is None:
+        return []
+    return [
+        f"shard             {shard.rank}/{shard.ranks} ({shard.assignment}): "
+        f"{manifest.layers[0].num_experts} experts per layer here, the rest on the other ranks"
+    ]
+
+
+def _describe_quantization(params: dict) -> str:
+    return f"{params['bits']}-bit {params.get('mode', 'affine')}, group {params['group_size']}"

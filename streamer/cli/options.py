@@ -1,0 +1,85 @@
+"""Options several commands share, and the prompt they read."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..arguments import check_sampling, parse_size
+from ..errors import StreamerError
+
+
+def size(text: str) -> int:
+    """argparse type for a size such as 8G."""
+    try:
+        return parse_size(text, "")
+    except StreamerError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size such as 8G, 8GB, 8 GiB or 512M"
+        ) from None
+
+
+def add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top")
+    p.add_argument("--seed", type=int, default=None)
+
+
+def add_prompt(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
+    p.add_argument(
+        "--prompt",
+        default=prompt_default,
+        required=prompt_default is None,
+        help="text to continue ('-': read stdin)",
+    )
+    p.add_argument("--max-tokens", type=int, default=100)
+    add_sampling(p)
+
+
+def add_template(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--system-prompt", default=None, help="a system message before the prompt")
+    p.add_argument(
+        "--ignore-chat-template",
+        action="store_true",
+        help="use the prompt as plain text even if the model has a chat template",
+    )
+
+
+def add_loading(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--memory-budget",
+        type=size,
+        default=None,
+        help="bytes of experts to keep resident, e.g. 4G",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a tokenizer that ships Python code (Kimi K2)",
+    )
+
+
+def prompt(args: argparse.Namespace) -> str:
+    """The prompt as UTF-8 text, from --prompt or (with `--prompt -`) from stdin's bytes.
+
+    Arguments reach Python as text decoded with surrogate escapes; os.fsencode recovers the bytes
+    the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
+    An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
+    """
+    from ..generate import check_request
+
+    raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StreamerError(
+            f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
+            "pass UTF-8 text (check the file's or terminal's encoding)."
+        ) from None
+    check_sampling(args.temp, args.top_p, args.seed, option="--", dash=True)
+    how = " with --prompt (or `--prompt -` for stdin)"
+    check_request(text, args.max_tokens, option="--max-tokens", how=how)
+    return text

@@ -1,0 +1,57 @@
+"""Where a command's words go: its output on stdout, its errors as one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..errors import StreamerError
+
+
+class OutputFailed(Exception):
+    """Writing the command's output failed: its reader went away, or the device is full."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def emit(text: str = "", end: str = "\n") -> None:
+    """Write the command's output (generated text, info) to stdout."""
+    try:
+        print(text, end=end, flush=True)
+    except OSError as e:
+        raise OutputFailed(e) from e
+
+
+def report(line: str, status: int) -> int:
+    """Say one line on stderr and return the exit status."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass  # stderr itself is closed or full: the exit status still says it
+    return status
+
+
+def silence_output() -> None:
+    """Point stdout at /dev/null so that Python's flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def error_line(args: argparse.Namespace | None, error: StreamerError) -> str:
+    """One line; in a group, naming the rank, and said once for a fault every rank finds."""
+    text = " ".join(str(error).split())
+    group = getattr(args, "group", None)
+    if group is None:
+        return f"streamer: error: {text}"
+    from ..distributed import GroupError
+
+    if isinstance(error, GroupError):
+        return f"streamer: error: {text}" if group.rank() == 0 else ""
+    return f"streamer: error: rank {group.rank()}: {text}"

@@ -1,0 +1,79 @@
+"""`streamer repack` and `streamer split`: write the streaming layout, or one rank's share."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import StreamerError
+from .interrupts import import_exiting_on_ctrl_c
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("repack", help="convert a downloaded checkpoint into the streaming layout")
+    p.add_argument("src", help="checkpoint folder (config.json + safetensors), or org/name")
+    p.add_argument("dst", help="output folder")
+    p.add_argument(
+        "--quantize",
+        type=int,
+        choices=(2, 3, 4, 5, 6, 8),
+        help="quantize to this many bits (affine)",
+    )
+    p.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted repack into DST from its last finished layer",
+    )
+    p.add_argument(
+        "--delete-source",
+        action="store_true",
+        help="delete each of SRC's shards once all of its data is written into DST (the disk "
+        "then needs about one shard beyond DST, not a second copy); resumable",
+    )
+    p.set_defaults(run=repack)
+
+    p = sub.add_parser(
+        "split", help="write one rank's share of a repacked model, for expert-parallel runs"
+    )
+    p.add_argument("src", help="a folder written by `streamer repack`")
+    p.add_argument("dst", help="output folder: the resident weights and this rank's experts")
+    p.add_argument("--shard", required=True, metavar="RANK/RANKS", help="e.g. 0/2")
+    p.add_argument(
+        "--trace",
+        help="routing trace (.npz, tools/routing_summary.py --trace) to balance the ranks' "
+        "traffic; default: interleave experts",
+    )
+    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.set_defaults(run=split)
+
+
+def repack(args: argparse.Namespace) -> None:
+    import_exiting_on_ctrl_c("streamer.repack")
+    from ..hub import resolve
+    from ..repack import Quantize, repack
+
+    quantize = Quantize(args.quantize, args.group_size) if args.quantize else None
+    src = resolve(args.src, "source")
+    if args.delete_source and src != Path(args.src):
+        raise StreamerError(
+            f"--delete-source: {args.src} lives in the Hugging Face cache, whose files are shared "
+            "links: repack without it, then remove the download with `hf cache` (see its --help)."
+        )
+    repack(
+        src,
+        args.dst,
+        quantize=quantize,
+        force=args.force,
+        resume=args.resume,
+        delete_source=args.delete_source,
+    )
+
+
+def split(args: argparse.Namespace) -> None:
+    from ..repack.split import split
+    from ..shards import parse_shard
+
+    rank, ranks = parse_shard(args.shard)
+    split(args.src, args.dst, rank, ranks, trace=args.trace, force=args.force)

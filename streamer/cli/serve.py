@@ -1,0 +1,96 @@
+"""`streamer serve` (an OpenAI-compatible server) and `streamer chat` (a terminal conversation)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .interrupts import import_exiting_on_ctrl_c
+from .options import add_loading, add_sampling, add_template
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a streamed model")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a repacked folder or MLX download, or org/name (hub cache)",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
+    p.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
+    p.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
+    p.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
+    p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
+    add_loading(p)
+    p.set_defaults(run=serve)
+
+    p = sub.add_parser("chat", help="a conversation with a repacked model in the terminal")
+    p.add_argument("--model", required=True, help="a repacked folder, or org/name (hub cache)")
+    p.add_argument("--max-tokens", type=int, default=512, help="per answer")
+    add_sampling(p)
+    add_template(p)
+    add_loading(p)
+    p.set_defaults(run=chat)
+
+
+def serve(args: argparse.Namespace) -> None:
+    from ..distributed import GroupError, launched_group
+
+    args.group = launched_group()
+    if args.group is not None:  # rank 0 would wait forever in its first layer's all_sum
+        raise GroupError(
+            "streamer serve does not run expert-parallel yet: under mlx.launch only `streamer "
+            "generate` does. Serve a full repacked folder from one machine."
+        )
+    import_exiting_on_ctrl_c("streamer.server")
+    from ..hub import streamable
+    from ..server import serve
+    from ..server.api import Sampling
+
+    defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
+    serve(
+        args.model,
+        streamable(args.model),
+        host=args.host,
+        port=args.port,
+        defaults=defaults,
+        max_tokens=args.max_tokens,
+        memory_budget=args.memory_budget,
+        trust_remote_code=args.trust_remote_code,
+        prompt_cache_size=args.prompt_cache_size,
+    )
+
+
+def chat(args: argparse.Namespace) -> None:
+    from ..chat import chat
+    from ..hub import streamable
+    from ..server import open_model
+    from ..server.api import Sampling
+    from ..server.engine import Engine
+
+    model, tokenizer, context = open_model(
+        streamable(args.model), args.memory_budget, args.trust_remote_code
+    )
+    template = tokenizer.has_chat_template and not args.ignore_chat_template
+    if not tokenizer.has_chat_template:
+        print(
+            "[chat] the model has no chat template: the conversation is plain text", file=sys.stderr
+        )
+    sampling = Sampling(
+        temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed
+    )
+    engine = Engine(model, tokenizer, prompt_cache_size=2)
+    try:
+        chat(
+            engine,
+            system_prompt=args.system_prompt,
+            template=template,
+            max_tokens=args.max_tokens,
+            context=context,
+            sampling=sampling,
+        )
+    finally:
+        engine.close()
