@@ -200,6 +200,8 @@ def _check_ranges(config: dict, where, prefix: str) -> None:
             raise _bad(where, prefix + name, value, want)
 
     for name in POSITIVE:
+        if name == "sliding_window" and config.get("use_sliding_window") is False:
+            continue  # transformers 5 writes 0 for "no window" (Qwen2-MoE)
         high = {"num_hidden_layers": MAX_LAYERS, "max_position_embeddings": MAX_CONTEXT}
         integer(
             name, 1, high.get(name, MAX_SIZE), f"an integer from 1 to {high.get(name, MAX_SIZE)}"
