@@ -14,7 +14,8 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="a repacked folder or MLX download, or org/name (hub cache)",
+        help="a repacked folder or MLX download, or org/name (hub cache); under mlx.launch, "
+        "{rank} in it is replaced by the rank",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
@@ -28,7 +29,12 @@ def add_parsers(sub) -> None:
     p.set_defaults(run=serve)
 
     p = sub.add_parser("chat", help="a conversation with a repacked model in the terminal")
-    p.add_argument("--model", required=True, help="a repacked folder, or org/name (hub cache)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a repacked folder, or org/name (hub cache); under mlx.launch, {rank} in it is "
+        "replaced by the rank",
+    )
     p.add_argument("--max-tokens", type=int, default=512, help="per answer")
     add_sampling(p)
     add_template(p)
