@@ -160,13 +160,7 @@ class Engine:
             tokens = [] if eos or not request.logprobs else [self._token(response, request)]
             if piece or tokens:
                 job.events.put(Step(piece, tokens))
-            if job.cancelled.is_set():
-                log.info(
-                    "client gone: stopped after %d of %d tokens", len(generated), job.max_tokens
-                )
-                finish = "stop"
-                break
-            if stopped:
+            if self._stops(job, stopped, len(generated)):
                 finish = "stop"
                 break
             finish = response.finish_reason or finish
@@ -178,6 +172,14 @@ class Engine:
             finish = "tool_calls"
         cached = len(job.prompt) - len(rest)
         job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
+
+    def _stops(self, job: Job, stopped: bool, generated: int) -> bool:
+        """Whether generation ends after this token: a stop string came, or the client went
+        away (an expert-parallel group's engine decides for all its ranks together)."""
+        if job.cancelled.is_set():
+            log.info("client gone: stopped after %d of %d tokens", generated, job.max_tokens)
+            return True
+        return stopped
 
     def _cache_for(self, prompt: list[int]) -> tuple[list, list[int]]:
         """The KV cache of the longest cached prefix of `prompt` and the tokens still to compute
