@@ -66,13 +66,19 @@ def folder(tmp_path_factory) -> Path:
     return root / "tiny-tools"
 
 
+# Experts stream through the slot pool (the Metal and CUDA default), each checked on its first
+# read: every answer below must still be what the library computes with the CPU's default path.
+SERVE_FLAGS = ["--read-path", "slots", "--memory-budget", "0", "--verify-reads"]
+
+
 @pytest.fixture(scope="module")
 def server(folder):
     """`streamer serve` on a free port; yields (base url, log file)."""
     log = folder.parent / "serve.log"
     with open(log, "w") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "streamer", "serve", "--model", str(folder), "--port", "0"],
+            [sys.executable, "-m", "streamer", "serve", "--model", str(folder), "--port", "0"]
+            + SERVE_FLAGS,
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
@@ -127,6 +133,7 @@ def request(url: str, method: str, path: str, body: bytes | None = None):
 
 def test_models_and_health(server, client, folder):
     assert [m.id for m in client.models.list()] == [str(folder)]
+    assert "read path slots (asked for)" in server[1].read_text()
     assert request(server[0], "GET", "/health") == (200, {"status": "ok"})
 
 

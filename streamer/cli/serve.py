@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .interrupts import import_exiting_on_ctrl_c
-from .options import add_loading, add_sampling, add_template
+from .options import add_loading, add_sampling, add_template, load_options
 
 
 def add_parsers(sub) -> None:
@@ -58,9 +58,8 @@ def serve(args: argparse.Namespace) -> None:
         port=args.port,
         defaults=defaults,
         max_tokens=args.max_tokens,
-        memory_budget=args.memory_budget,
-        trust_remote_code=args.trust_remote_code,
         prompt_cache_size=args.prompt_cache_size,
+        **load_options(args),
     )
 
 
@@ -71,9 +70,7 @@ def chat(args: argparse.Namespace) -> None:
     from ..server.api import Sampling
     from ..server.engine import Engine
 
-    model, tokenizer, context = open_model(
-        streamable(args.model), args.memory_budget, args.trust_remote_code
-    )
+    model, tokenizer, context = open_model(streamable(args.model), **load_options(args))
     template = tokenizer.has_chat_template and not args.ignore_chat_template
     if not tokenizer.has_chat_template:
         print(

@@ -14,13 +14,12 @@ from pathlib import Path
 from .api import Sampling
 
 
-def open_model(folder: Path, memory_budget: int | None, trust_remote_code: bool):
-    """The model, its tokenizer and its context length in tokens (None if config.json has none)."""
+def open_model(folder: Path, **load_options):
+    """The model, its tokenizer and its context length in tokens (None if config.json has none);
+    `load_options`: streamer.load's keywords (memory_budget, read_path, ...)."""
     from ..model import load
 
-    model, tokenizer = load(
-        folder, memory_budget=memory_budget, trust_remote_code=trust_remote_code
-    )
+    model, tokenizer = load(folder, **load_options)
     print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     return model, tokenizer, model.streamer.context_length
 
@@ -33,16 +32,16 @@ def serve(
     port: int = 8080,
     defaults: Sampling | None = None,
     max_tokens: int = 512,
-    memory_budget: int | None = None,
-    trust_remote_code: bool = False,
     prompt_cache_size: int = 10,
+    **load_options,
 ) -> None:
-    """Load the model at `folder` (served as `name`) and answer requests until interrupted."""
+    """Load the model at `folder` (served as `name`) with streamer.load's `load_options` and
+    answer requests until interrupted."""
     from .engine import Engine
     from .http import App, Handler, Server
 
     logging.basicConfig(level=logging.INFO, format="[serve] %(message)s", stream=sys.stderr)
-    model, tokenizer, context = open_model(folder, memory_budget, trust_remote_code)
+    model, tokenizer, context = open_model(folder, **load_options)
     engine = Engine(model, tokenizer, prompt_cache_size)
     aliases = {str(folder), folder.name, str(folder.resolve())}
     app = App(engine, name, aliases, defaults or Sampling(), max_tokens, context)
