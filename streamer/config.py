@@ -16,8 +16,6 @@ import sys
 import typing
 from pathlib import Path
 
-from mlx_lm.utils import _get_classes
-
 from .errors import StreamerError
 
 # The largest published MoE models have 61-94 layers, hidden sizes up to 16k and 512 experts;
@@ -87,8 +85,20 @@ SCALED_ROPE = ("linear", "dynamic", "yarn", "llama3")  # the RoPE types that nee
 LAYER_INDEX = re.compile(r"\blayers\.(\d+)\.")
 
 
+def experts_per_token(config: dict) -> int:
+    """Routed experts per token, under whichever name the family gives it (a VLM's in its
+    text_config; a per-layer list counts its largest)."""
+    for where in (config, config.get("text_config") or {}):
+        value = next((where[n] for n in TOP_K if where.get(n) is not None), None)
+        if value is not None:
+            return int(max(value) if isinstance(value, list) else value)
+    return 0
+
+
 def check_config(config: object, where: Path | str) -> dict:
     """`config` if mlx-lm can build a streaming model from it; else StreamerError naming a field."""
+    from mlx_lm.utils import _get_classes  # here: TOP_K and the bounds import without mlx-lm
+
     from .architectures import architecture
 
     if not isinstance(config, dict):

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .interrupts import import_exiting_on_ctrl_c
-from .options import add_loading, add_sampling, add_template
+from .options import add_loading, add_sampling, add_template, load_options
 
 
 def add_parsers(sub) -> None:
@@ -58,10 +58,9 @@ def serve(args: argparse.Namespace) -> None:
         port=args.port,
         defaults=defaults,
         max_tokens=args.max_tokens,
-        memory_budget=args.memory_budget,
-        trust_remote_code=args.trust_remote_code,
         prompt_cache_size=args.prompt_cache_size,
         group=group,
+        **load_options(args),
     )
 
 
@@ -74,10 +73,7 @@ def chat(args: argparse.Namespace) -> None:
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(
-        streamable(_rank_folder(args.model, group)),
-        args.memory_budget,
-        args.trust_remote_code,
-        group,
+        streamable(_rank_folder(args.model, group)), group, **load_options(args)
     )
     engine = open_engine(model, tokenizer, 2, group)
     if group is not None and group.rank() != 0:

@@ -14,14 +14,13 @@ from pathlib import Path
 from .api import Sampling
 
 
-def open_model(folder: Path, memory_budget: int | None, trust_remote_code: bool, group=None):
+def open_model(folder: Path, group=None, **load_options):
     """The model, its tokenizer and its context length in tokens (None if config.json has none);
-    `group`: this rank's share of an expert-parallel group (streamer/distributed_engine.py)."""
+    `group`: this rank's share of an expert-parallel group (streamer/distributed_engine.py);
+    `load_options`: streamer.load's keywords (memory_budget, read_path, ...)."""
     from ..model import load
 
-    model, tokenizer = load(
-        folder, memory_budget=memory_budget, trust_remote_code=trust_remote_code, group=group
-    )
+    model, tokenizer = load(folder, group=group, **load_options)
     if group is None or group.rank() == 0:
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     return model, tokenizer, model.streamer.context_length
@@ -47,17 +46,17 @@ def serve(
     port: int = 8080,
     defaults: Sampling | None = None,
     max_tokens: int = 512,
-    memory_budget: int | None = None,
-    trust_remote_code: bool = False,
     prompt_cache_size: int = 10,
     group=None,
+    **load_options,
 ) -> None:
-    """Load the model at `folder` (served as `name`) and answer requests until interrupted.
-    Under an expert-parallel `group` rank 0 serves and the other ranks compute with it."""
+    """Load the model at `folder` (served as `name`) with streamer.load's `load_options` and
+    answer requests until interrupted. Under an expert-parallel `group` rank 0 serves and the
+    other ranks compute with it."""
     from .http import App, Handler, Server
 
     logging.basicConfig(level=logging.INFO, format="[serve] %(message)s", stream=sys.stderr)
-    model, tokenizer, context = open_model(folder, memory_budget, trust_remote_code, group)
+    model, tokenizer, context = open_model(folder, group, **load_options)
     engine = open_engine(model, tokenizer, prompt_cache_size, group)
     if group is not None and group.rank() != 0:
         return engine.follow()
