@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     result = subprocess.run(
@@ -164,20 +166,23 @@ def test_info_on_a_damaged_folder(checkpoints, tmp_path):
     assert result.returncode == 2 and "manifest.json: the model config in it is damaged" in (
         result.stderr
     )
-    (folder / "resident.safetensors").unlink()
-    result = run("info", str(folder), check=False)
-    assert result.returncode == 2 and "resident.safetensors is missing" in result.stderr
-    assert "Traceback" not in result.stderr
 
 
-def test_verify_reports_a_missing_resident_file_as_damage(checkpoints, tmp_path):
+@pytest.mark.parametrize(
+    "command, status, message",
+    [
+        ("info", 2, "resident.safetensors is missing"),  # one line
+        ("verify", 1, "streamer: bad: resident.safetensors"),  # reported as damage
+    ],
+)
+def test_a_missing_resident_file(checkpoints, tmp_path, command, status, message):
     import shutil
 
     folder = tmp_path / "model"
     shutil.copytree(_model(checkpoints), folder)
     (folder / "resident.safetensors").unlink()
-    result = run("verify", str(folder), check=False)
-    assert result.returncode == 1 and "streamer: bad: resident.safetensors" in result.stderr
+    result = run(command, str(folder), check=False)
+    assert result.returncode == status and message in result.stderr
     assert "Traceback" not in result.stderr
 
 
