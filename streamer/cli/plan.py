@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 def plan(args: argparse.Namespace) -> None:
     from ..hub import resolve
-    from ..model import default_dtype
+    from ..backend import default_dtype
     from ..plan import plan
 
     if args.memory is None:
