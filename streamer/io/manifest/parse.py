@@ -8,7 +8,16 @@ from pathlib import Path
 
 from ...errors import StreamerError
 from ..safetensors import DTYPES, itemsize
-from .contents import FORMAT, FORMAT_VERSION, RECORD_ALIGN, RESIDENT_FILE, ExpertTensor, Manifest, MoeLayer, Shard
+from .contents import (
+    FORMAT,
+    FORMAT_VERSION,
+    RECORD_ALIGN,
+    RESIDENT_FILE,
+    ExpertTensor,
+    Manifest,
+    MoeLayer,
+    Shard,
+)
 
 
 def guarded(parse, path: Path):
