@@ -18,7 +18,19 @@ BELOW = {
     "streamer.experts": {"streamer.cache", "streamer.io", "streamer.stats"},
 }
 # Model assembly and the Python API: never the commands or the server above them.
-ASSEMBLY = ("model", "inplace", "assembly", "handle", "generate", "architectures", "config")
+ASSEMBLY = (
+    "model",
+    "inplace",
+    "assembly",
+    "handle",
+    "generate",
+    "architectures",
+    "config",
+    "tokenizer",
+    "backend",
+    "download",
+    "download_layers",
+)
 ABOVE_ASSEMBLY = ("streamer.cli", "streamer.server", "streamer.chat")
 
 
