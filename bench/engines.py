@@ -7,12 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from balloon import mem_available
-
-if TYPE_CHECKING:
-    from models import Models
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -22,9 +18,9 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def worker(engine: str, models: Models, *args: str, folder: Path | None = None) -> dict:
-    """One engine in its own process; `folder` overrides the model folder (streamer on the
-    MLX download itself streams it in place)."""
+def worker(engine: str, models, *args: str, folder: Path | None = None) -> dict:
+    """One engine in its own process on `models` (a models.Models); `folder` overrides the model
+    folder (streamer on the MLX download itself streams it in place)."""
     folder = folder or (models.streaming if engine == "streamer" else models.mlx)
     env = {
         **os.environ,
