@@ -28,7 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.utils import MAX_FILE_SIZE_GB, get_total_parameters, quantize_model, save_config
-from presets import PRESETS, ROUTING, add_routing_arguments, preset_config, routing_of
+from presets import PRESETS, ROUTING, add_checkpoint_arguments, preset_config, routing_of
 from synthetic_values import RandomValues
 
 from streamer.architectures import build_model
@@ -183,15 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("preset", choices=sorted(PRESETS))
     ap.add_argument("out", type=Path)
-    ap.add_argument("--layers", type=int, help="override num_hidden_layers")
-    ap.add_argument("--vocab", type=int, help="override vocab_size (smaller: less resident memory)")
-    add_routing_arguments(ap)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--dtype",
-        choices=["bfloat16", "float32"],
-        help="float dtype (scales, norms); default bfloat16",
-    )
+    add_checkpoint_arguments(ap)
     ap.add_argument("--sparse", action="store_true", help="headers and sizes only, data a hole")
     args = ap.parse_args(argv)
     config = preset_config(

@@ -58,14 +58,26 @@ def preset_config(name: str, **overrides) -> dict:
     return {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
 
 
-def add_routing_arguments(ap: argparse.ArgumentParser) -> None:
-    """--skew, --topic-share and --stickiness (bench/synthetic_values.py says what they do)."""
+def add_checkpoint_arguments(ap: argparse.ArgumentParser) -> None:
+    """What changes a generated checkpoint besides its preset: its depth, vocabulary, routing
+    (bench/synthetic_values.py says what --skew, --topic-share and --stickiness do), seed and
+    float dtype."""
+    ap.add_argument("--layers", type=int, help="override the preset's layer count")
+    ap.add_argument("--vocab", type=int, help="override the preset's vocabulary size")
     ap.add_argument("--skew", type=float, default=ROUTING["skew"], help="expert popularity skew")
     ap.add_argument(
         "--topic-share", type=float, default=ROUTING["topic_share"], help="routing reuse (0..1)"
     )
     ap.add_argument(
         "--stickiness", type=float, default=ROUTING["stickiness"], help="topic persistence"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        help="the checkpoint's float dtype (scales, norms; default: the preset's bfloat16). On "
+        "CPU both engines compute in float32, so float32 checkpoints are what a Mac computing in "
+        "bfloat16 sees: no conversion, experts used in place",
     )
 
 

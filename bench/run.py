@@ -24,7 +24,7 @@ import mlx.core as mx
 from balloon import GiB
 from engines import BENCH, log
 from models import ensure_models
-from presets import PRESETS, add_routing_arguments, routing_of
+from presets import PRESETS, add_checkpoint_arguments, routing_of
 from scenarios import SCENARIOS, measure_disk
 from summary import flat, headline
 
@@ -45,17 +45,7 @@ def parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print the result as one JSON object on stdout"
     )
     ap.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-30b-a3b-12l")
-    ap.add_argument("--layers", type=int, help="override the preset's layer count")
-    ap.add_argument("--vocab", type=int, help="override the preset's vocabulary size")
-    add_routing_arguments(ap)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--dtype",
-        choices=["bfloat16", "float32"],
-        help="the checkpoint's float dtype (default: the preset's bfloat16). On CPU both engines "
-        "compute in float32, so float32 checkpoints are what a Mac computing in bfloat16 sees: "
-        "no conversion, experts used in place",
-    )
+    add_checkpoint_arguments(ap)
     ap.add_argument(
         "--data",
         type=Path,
