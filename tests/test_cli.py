@@ -8,9 +8,14 @@ import sys
 import pytest
 
 
-def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def run(*args: str, check: bool = True, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
+    """`streamer ARGS`, stderr captured; stdout captured too unless given a file or descriptor."""
     result = subprocess.run(
-        [sys.executable, "-m", "streamer", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "streamer", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
     )
     if check:
         assert result.returncode == 0, result.stderr
@@ -73,13 +78,7 @@ def test_output_closed_by_its_reader_ends_quietly(checkpoints):
     read_end, write_end = os.pipe()
     os.close(read_end)
     command = ["generate", "--model", _model(checkpoints), "--prompt", "x", "--max-tokens", "4"]
-    result = subprocess.run(
-        [sys.executable, "-m", "streamer", *command],
-        stdout=write_end,
-        stderr=subprocess.PIPE,
-        text=True,
-        timeout=300,
-    )
+    result = run(*command, check=False, stdout=write_end)
     os.close(write_end)
     assert result.returncode == 141 and "Traceback" not in result.stderr, result.stderr
     assert "Exception ignored" not in result.stderr
@@ -88,13 +87,7 @@ def test_output_closed_by_its_reader_ends_quietly(checkpoints):
 def test_output_to_a_full_device_is_one_line(checkpoints):
     command = ["generate", "--model", _model(checkpoints), "--prompt", "x", "--max-tokens", "4"]
     with open("/dev/full", "w") as full:
-        result = subprocess.run(
-            [sys.executable, "-m", "streamer", *command],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=300,
-        )
+        result = run(*command, check=False, stdout=full)
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last == "streamer: error: cannot write the output: No space left on device"
