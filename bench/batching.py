@@ -75,7 +75,9 @@ def main() -> None:
 
             folder = str(Path(tmp) / "demo")
             repack(DEMO_MODEL, folder, log=lambda _: None)
-        model, tokenizer = streamer.load(folder, memory_budget=args.budget, read_path=args.read_path)
+        model, tokenizer = streamer.load(
+            folder, memory_budget=args.budget, read_path=args.read_path
+        )
         print(f"[bench] {model.streamer.residency}", file=sys.stderr)
         ids = [tokenizer.encode(p) for p in PROMPTS]
         length = min(len(i) for i in ids)
@@ -87,7 +89,7 @@ def main() -> None:
             rows["one at a time"].append({k: single[0][k] + single[1][k] for k in single[0]})
             rows["batch of 2"].append(decode(model, both, args.tokens))
         print(f"prompt {length} tokens, {args.tokens} decode steps per sequence, 2 sequences")
-        print("| mode | tokens/s | experts/token | expert MB/token | syncs/token | tok/s per MB/tok |")
+        print("| mode | tok/s | experts/tok | expert MB/tok | syncs/tok | tok/s per MB/tok |")
         print("|---|---|---|---|---|---|")
         tokens = 2 * args.tokens
         for name, runs in rows.items():

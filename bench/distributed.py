@@ -154,7 +154,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(args)
-    from run import ensure_models
+    from models import ensure_models
+    from presets import ROUTING
 
     from streamer.repack.split import split
 
@@ -163,7 +164,7 @@ def main() -> None:
         args.data,
         layers=args.layers,
         vocab=args.vocab,
-        skew=0.3,
+        routing=ROUTING,
         seed=0,
         dtype="float32",  # float32 scales: no conversion, so the sync-free path exists on CPU
     )

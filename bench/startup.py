@@ -3,7 +3,8 @@
     python bench/startup.py [--repeats 5] [--model DIR]
 
 `--help`, `--version`, `info` and `plan` of a repacked folder should not import mlx-lm or
-transformers (`plan` of a config.json does: it builds mlx-lm's model). Prints the median wall time of each command in seconds.
+transformers (`plan` of a config.json does: it builds mlx-lm's model). Prints the median wall
+time of each command in seconds.
 """
 
 from __future__ import annotations
