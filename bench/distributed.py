@@ -89,7 +89,7 @@ def launch(args: argparse.Namespace, model: str, ranks: int, out: Path) -> list[
     command = [sys.executable, __file__, "--worker", "--model", model, "--out", str(out)]
     command += ["--tokens", str(args.tokens)]
     hostfile = out.with_suffix(".hosts.json")
-    from test_distributed import free_ports  # the CI test's helper: two free ports in a row
+    from mlx_launch import free_ports  # the CI tests' helper: free ports in a row
 
     base = free_ports(ranks)
     hostfile.write_text(json.dumps([[f"127.0.0.1:{base + r}"] for r in range(ranks)]))
@@ -154,7 +154,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         return worker(args)
-    from run import ensure_models
+    from models import ensure_models
+    from presets import ROUTING
 
     from streamer.repack.split import split
 
@@ -163,7 +164,7 @@ def main() -> None:
         args.data,
         layers=args.layers,
         vocab=args.vocab,
-        skew=0.3,
+        routing=ROUTING,
         seed=0,
         dtype="float32",  # float32 scales: no conversion, so the sync-free path exists on CPU
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,18 +220,31 @@ def replace_modules(model: nn.Module, replacements: dict[str, nn.Module]) -> Non
     model.update_modules(tree_unflatten(list(replacements.items())))
 
 
-def quantize_like_mlx_lm(model: nn.Module, config: dict, weights: dict[str, mx.array]) -> None:
-    """Quantize `model`'s layers exactly as `mlx_lm.utils.load_model` would for these weights."""
+def quantize_like_mlx_lm(
+    model: nn.Module,
+    config: dict,
+    weights: dict[str, mx.array] | None = None,
+    *,
+    quantizable: Callable[[str, nn.Module], bool | dict] | None = None,
+) -> None:
+    """Quantize `model`'s layers exactly as `mlx_lm.utils.load_model` would for these weights:
+    config.json's per-module entries first, then each layer whose weights have scales.
+    `quantizable(path, module)` decides instead of the weights where there are none (a plan)."""
     quantization = config.get("quantization")
     if quantization is None:
         return
 
-    def predicate(path: str, module: nn.Module):
-        if path in quantization:
-            return quantization[path]
+    def from_weights(path: str, module: nn.Module):
         if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
             return False
         return infer_quant_config(path, module, weights)
+
+    decide = quantizable or from_weights
+
+    def predicate(path: str, module: nn.Module):
+        if path in quantization:
+            return quantization[path]
+        return decide(path, module)
 
     nn.quantize(
         model,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StreamerError
-from .manifest import write_json_atomic
+from .durable import write_json_atomic
 
 FORMAT = "streamer-checksums"
 FORMAT_VERSION = 1

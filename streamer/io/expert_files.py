@@ -24,7 +24,7 @@ from ..errors import StreamerError
 from .files import open_regular
 from .integrity import check_expert_file_size
 from .manifest import Manifest, MoeLayer
-from .mapping import OS_PAGE, MappedFile
+from .mapping import OS_PAGE, MappedFile, Residency, Span, page_span
 from .safetensors import DTYPES
 
 
@@ -111,6 +111,13 @@ class LayerFiles:
         self._fds, self._maps = fds, maps
         self.views = [self._view(t) for t in layout.tensors]
         mx.eval(self.views)
+        self._residency = Residency()
+        self._spans: list[list[Span] | None] = [None] * layout.num_experts  # made on first use
+        self._lengths = np.array([r.length for r in layout.expert_ranges], dtype=np.int64)
+        self._tiled: dict[int, np.ndarray] = {}  # experts per call -> their ranges' lengths
+        self._region_spans = [
+            page_span(self.address(r.file, r.offset), r.length) for r in layout.regions
+        ]
 
     def _view(self, t: TensorPlacement) -> mx.array:
         mapped = self._maps[t.at.file]
@@ -130,10 +137,34 @@ class LayerFiles:
     def ranges(self, expert: int) -> list[ByteRange]:
         return [r.of(expert) for r in self.layout.expert_ranges]
 
-    def resident_bytes(self, r: ByteRange) -> int | None:
-        """Bytes of `r` in the page cache; None where the OS cannot tell."""
-        mapped = self._maps[r.file]
-        return mapped.resident_bytes(r.offset - mapped.offset, r.length)
+    def address(self, file: int, offset: int) -> int:
+        """Where byte `offset` of the layer's file number `file` lies in memory."""
+        mapped = self._maps[file]
+        return mapped.address + offset - mapped.offset
+
+    def resident_bytes(self, experts: list[int]) -> np.ndarray | None:
+        """Bytes of each of `experts`' ranges in the page cache, [expert, range] in `ranges`
+        order, asked in one go; None where the OS cannot tell."""
+        spans = [span for expert in experts for span in self._spans_of(expert)]
+        lengths = self._tiled.get(len(experts))
+        if lengths is None:
+            lengths = self._tiled[len(experts)] = np.tile(self._lengths, len(experts))
+        counts = self._residency.resident_bytes(spans, lengths)
+        return None if counts is None else counts.reshape(len(experts), len(self._lengths))
+
+    def _spans_of(self, expert: int) -> list[Span]:
+        spans = self._spans[expert]
+        if spans is None:
+            spans = self._spans[expert] = [
+                page_span(self.address(r.file, r.offset), r.length) for r in self.ranges(expert)
+            ]
+        return spans
+
+    def regions_resident_bytes(self) -> np.ndarray | None:
+        """Bytes of each of the layout's regions in the page cache; None where the OS cannot
+        tell."""
+        lengths = np.array([r.length for r in self.layout.regions], dtype=np.int64)
+        return self._residency.resident_bytes(self._region_spans, lengths)
 
     def advise(self, r: ByteRange, advice: int) -> None:
         mapped = self._maps[r.file]

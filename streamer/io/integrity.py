@@ -150,9 +150,11 @@ def verify_resident(folder: Path, manifest: Manifest) -> list[Problem]:
     return problems
 
 
-def verify_layer(folder: Path, index: int, layer: MoeLayer) -> list[Problem]:
+def verify_layer(
+    folder: Path, index: int, layer: MoeLayer, advance: Callable[[int], None] = lambda _: None
+) -> list[Problem]:
     """crc32 of every tensor of every expert of one MoE layer; a short file fails the experts it
-    cuts."""
+    cuts. `advance(n)` is told of each expert's `n` bytes once checked (a progress bar)."""
     layer_name = f"MoE layer {index} ({layer.module})"
     try:
         with _mapped(Path(folder) / layer.file) as data:
@@ -164,7 +166,7 @@ def verify_layer(folder: Path, index: int, layer: MoeLayer) -> list[Problem]:
                         f"holds {len(data)} bytes, the manifest expects {layer.file_bytes}",
                     )
                 )
-            for expert, bad in _bad_expert_tensors(data, layer):
+            for expert, bad in _bad_expert_tensors(data, layer, advance):
                 why = (
                     "lies past the end of the file"
                     if bad is None
@@ -178,17 +180,20 @@ def verify_layer(folder: Path, index: int, layer: MoeLayer) -> list[Problem]:
         return [Problem(layer.file, f"{layer_name}: cannot read: {e.strerror or e}")]
 
 
-def _bad_expert_tensors(data: memoryview, layer: MoeLayer) -> Iterator[tuple[int, str | None]]:
+def _bad_expert_tensors(
+    data: memoryview, layer: MoeLayer, advance: Callable[[int], None]
+) -> Iterator[tuple[int, str | None]]:
     """(expert, tensor name) for each mismatching tensor; (expert, None) for a record cut off by
     the end of the file."""
     for expert, base in enumerate(layer.expert_offsets):
         if base + layer.record_bytes > len(data):
             yield expert, None
-            continue
-        tensors = [data[base + t.offset : base + t.offset + t.nbytes] for t in layer.tensors]
-        names = [t.name for t in layer.tensors]
-        for name in mismatched_tensors(names, layer.expert_crc32[expert], tensors):
-            yield expert, name
+        else:
+            tensors = [data[base + t.offset : base + t.offset + t.nbytes] for t in layer.tensors]
+            names = [t.name for t in layer.tensors]
+            for name in mismatched_tensors(names, layer.expert_crc32[expert], tensors):
+                yield expert, name
+        advance(layer.record_bytes)
 
 
 class _mapped:
@@ -210,20 +215,32 @@ class _mapped:
             self.map.close()
 
 
-def verify_folder(folder: Path, manifest: Manifest, log: Callable[[str], None]) -> list[Problem]:
-    """Every checksum of a repacked folder, with one progress line per file; the problems found."""
-    folder = Path(folder)
-    start, done = time.perf_counter(), 0
+def folder_bytes(folder: Path, manifest: Manifest) -> int:
+    """The bytes verify_folder reads: the resident file and every expert file."""
     try:
-        resident_bytes = _size(folder / RESIDENT_FILE, "the non-expert weights")
+        resident_bytes = _size(Path(folder) / RESIDENT_FILE, "the non-expert weights")
     except StreamerError:
         resident_bytes = 0  # missing or unreadable: verify_resident reports it as a problem
-    total = manifest.expert_file_bytes + resident_bytes
+    return manifest.expert_file_bytes + resident_bytes
+
+
+def verify_folder(
+    folder: Path,
+    manifest: Manifest,
+    log: Callable[[str], None],
+    advance: Callable[[int], None] = lambda _: None,
+) -> list[Problem]:
+    """Every checksum of a repacked folder, with one progress line per file and `advance(n)` for
+    each n bytes checked; the problems found."""
+    folder = Path(folder)
+    start = time.perf_counter()
+    total = folder_bytes(folder, manifest)
     problems = verify_resident(folder, manifest)
-    done += total - manifest.expert_file_bytes
+    done = total - manifest.expert_file_bytes
+    advance(done)
     log(f"[verify] {RESIDENT_FILE}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
     for index, layer in enumerate(manifest.layers):
-        found = verify_layer(folder, index, layer)
+        found = verify_layer(folder, index, layer, advance)
         problems += found
         done += layer.file_bytes
         rate = done / max(time.perf_counter() - start, 1e-9) / 1e6

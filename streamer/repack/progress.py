@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
+from ..io.durable import write_json_atomic
 from ..io.integrity import verify_layer, verify_resident
 from ..io.json_file import read_json_object
 from ..io.manifest import (
@@ -26,7 +27,6 @@ from ..io.manifest import (
     MoeLayer,
     layer_from_json,
     layer_to_json,
-    write_json_atomic,
 )
 from .plan import Plan
 from .records import matches_plan
