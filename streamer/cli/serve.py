@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .interrupts import import_exiting_on_ctrl_c
+from .interrupts import raising_on_ctrl_c
 from .options import add_loading, add_sampling, add_template
 
 
@@ -45,7 +45,6 @@ def serve(args: argparse.Namespace) -> None:
             "streamer serve does not run expert-parallel yet: under mlx.launch only `streamer "
             "generate` does. Serve a full repacked folder from one machine."
         )
-    import_exiting_on_ctrl_c("streamer.server")
     from ..hub import streamable
     from ..server import serve
     from ..server.api import Sampling
@@ -84,13 +83,14 @@ def chat(args: argparse.Namespace) -> None:
     )
     engine = Engine(model, tokenizer, prompt_cache_size=2)
     try:
-        chat(
-            engine,
-            system_prompt=args.system_prompt,
-            template=template,
-            max_tokens=args.max_tokens,
-            context=context,
-            sampling=sampling,
-        )
+        with raising_on_ctrl_c():  # Ctrl-C stops an answer; at the prompt it ends the chat
+            chat(
+                engine,
+                system_prompt=args.system_prompt,
+                template=template,
+                max_tokens=args.max_tokens,
+                context=context,
+                sampling=sampling,
+            )
     finally:
         engine.close()
