@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
 
-from .errors import StreamerError
+from .errors import StreamerError, one_line
+from .io.safetensors import DTYPES
 
 
 def default_dtype() -> mx.Dtype | None:
@@ -41,3 +44,29 @@ def read_path_for_backend(read_path: str | None) -> tuple[str, str]:
             'file; it has no tested implementation there): use read_path="slots", the default.'
         )
     return read_path, "asked for"
+
+
+def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
+    """Refuse now, not at the first token, a compute dtype this backend's expert kernels lack
+    (MLX's CPU gather_mm runs only in float32: unquantized experts in bf16 fail there; its
+    quantized gather_qmm takes every float dtype). `layers`: a manifest's or a download's MoE
+    layers (each with `quantization` per projection and `tensors` named "proj.kind")."""
+    unquantized = [
+        t.dtype
+        for layer in layers
+        for t in layer.tensors
+        if layer.quantization.get(t.name.split(".")[0]) is None and t.name.endswith("weight")
+    ]
+    if not unquantized:
+        return
+    compute = dtype if dtype is not None else DTYPES[unquantized[0]][1]
+    try:
+        x, w = mx.zeros((1, 1, 32), compute), mx.zeros((2, 32, 32), compute)
+        mx.eval(mx.gather_mm(x, w, rhs_indices=mx.array([[0]], mx.uint32)))
+    except (RuntimeError, ValueError) as e:
+        name = str(compute).removeprefix("mlx.core.")
+        raise StreamerError(
+            f"dtype {name} cannot compute this model's unquantized experts on MLX's "
+            f"{mx.default_device()} backend ({one_line(e)}); pass dtype='float32' (the default "
+            "there) or repack with --quantize."
+        ) from None

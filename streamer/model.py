@@ -13,7 +13,7 @@ from mlx_lm.utils import load_config, load_tokenizer
 
 from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
 from .arguments import check_flag, parse_dtype, parse_size
-from .backend import default_dtype, read_path_for_backend
+from .backend import check_backend_computes, default_dtype, read_path_for_backend
 from .cache.budget import all_experts_bytes, check_budget, default_budget, largest_expert_bytes
 from .cache.expert_cache import ExpertCache
 from .config import check_config, check_eos_ids, check_layer_count
@@ -122,7 +122,7 @@ def load(
             f"{list(containers)[:3]}...: the manifest does not match its config; repack the model."
         )
     dtype = dtype if dtype is not None else default_dtype()
-    _check_backend_computes(manifest, dtype)
+    check_backend_computes(manifest.layers, dtype)
     if memory_budget is not None:
         check_budget(manifest, memory_budget, dtype)
     read_path, why = read_path_for_backend(read_path)
@@ -213,30 +213,6 @@ def _assemble(
     mx.eval(model.parameters())
     model.eval()
     return stats, list(streaming.values())
-
-
-def _check_backend_computes(manifest: Manifest, dtype: mx.Dtype | None) -> None:
-    """Refuse now, not at the first token, a compute dtype this backend's expert kernels lack
-    (MLX's CPU gather_mm runs only in float32: unquantized experts in bf16 fail there)."""
-    unquantized = [
-        t.dtype
-        for layer in manifest.layers
-        for t in layer.tensors
-        if layer.quantization.get(t.name.split(".")[0]) is None and t.name.endswith("weight")
-    ]
-    if not unquantized:
-        return
-    compute = dtype if dtype is not None else DTYPES[unquantized[0]][1]
-    try:
-        x, w = mx.zeros((1, 1, 32), compute), mx.zeros((2, 32, 32), compute)
-        mx.eval(mx.gather_mm(x, w, rhs_indices=mx.array([[0]], mx.uint32)))
-    except (RuntimeError, ValueError) as e:
-        name = str(compute).removeprefix("mlx.core.")
-        raise StreamerError(
-            f"dtype {name} cannot compute this model's unquantized experts on MLX's "
-            f"{mx.default_device()} backend ({one_line(e)}); pass dtype='float32' (the default "
-            "there) or repack with --quantize."
-        ) from None
 
 
 def _tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
