@@ -17,6 +17,7 @@ expert_ids[i]); `num_experts` counts the records in the file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -143,12 +144,18 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
+    """Write `path` whole or not at all: a failure (a full disk, Ctrl-C) removes the temporary."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def read_manifest(folder: Path | str) -> Manifest:
