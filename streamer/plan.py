@@ -26,6 +26,7 @@ from mlx.utils import tree_flatten
 from .architectures import build_model, expert_containers, normalize_config
 from .config import check_config
 from .errors import StreamerError
+from .io.json_file import read_json_object
 from .io.manifest import MANIFEST_FILE, RECORD_ALIGN, RESIDENT_FILE, TENSOR_ALIGN
 from .io.mapping import align
 
@@ -102,15 +103,15 @@ def plan(
 ) -> ModelPlan:
     """`source`: a config.json, a download's folder or a repacked folder. `quantize`: (bits,
     group size) of `repack --quantize`. `dtype`: the compute dtype (None: the checkpoint's)."""
-    folder = source.parent if source.is_file() else source
-    config_path = source if source.is_file() else source / "config.json"
+    folder = source if source.is_dir() else source.parent
+    config_path = source / "config.json" if source.is_dir() else source  # a FIFO too: refused
     repacked = (folder / MANIFEST_FILE).exists()
     if repacked and quantize:
         raise StreamerError(
             f"{folder} is repacked already: --quantize plans a repack of a download."
         )
     peak = None
-    if not source.is_file() and not repacked and any(folder.glob("*.safetensors")):
+    if source.is_dir() and not repacked and any(folder.glob("*.safetensors")):
         from .repack import Quantize, disk_needs
 
         model, config = _download_model(folder, quantize)  # exactly as repack will write it
@@ -203,18 +204,12 @@ def _config_model(
 
 
 def _read_config(path: Path) -> dict:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StreamerError(
-            f"{path} is missing: plan needs a model's config.json (e.g. `hf download ORG/NAME "
-            "config.json`), its folder, or a repacked folder."
-        ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise StreamerError(f"cannot read {path}: {e}") from None
-    if not isinstance(config, dict):
-        raise StreamerError(f"{path} is not a JSON object: it is not a model's config.json.")
-    return config
+    return read_json_object(
+        path,
+        "plan needs a model's config.json.",
+        missing="plan needs a model's config.json (e.g. `hf download ORG/NAME config.json`), its "
+        "folder, or a repacked folder.",
+    )
 
 
 def _quantize_as_config(model: nn.Module, quantization: dict) -> None:
