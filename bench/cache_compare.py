@@ -24,8 +24,11 @@ from pathlib import Path
 
 import pagecache
 from balloon import Balloon, GiB, mem_available
-from generate_checkpoint import ROUTING
-from run import BENCH, ensure_models, log, size, summarize, worker
+from engines import BENCH, log, worker
+from models import ensure_models
+from presets import ROUTING
+from run import size
+from summary import summarize
 
 ENGINES = ("slots", "mapped")
 

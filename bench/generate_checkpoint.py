@@ -6,16 +6,7 @@ mlx-lm's own `quantize_model`, and only its parameter *names and shapes* are use
 random floats quantized with `mx.quantize`, produced and written one tensor (or expert chunk) at a
 time, so the model is never in memory.
 
-Routing is synthetic, calibrated to two published statistics (bench/README.md, "Routing"):
-- skew (how popular the popular experts are): each router row (one per expert) is scaled by
-  exp(skew * z_e), z_e ~ N(0, 1) drawn per layer. The router input is RMS-normalised, so a larger
-  row means a wider logit spread and more top-k wins. skew=0 is uniform.
-- reuse (consecutive tokens sharing experts): the vocabulary is split into TOPICS topics (token t
-  in topic t % TOPICS) and every token's embedding shares its topic's random direction (a
-  `topic_share` of its variance), so tokens of one topic route alike. The output projection
-  gives each topic's tokens a logit boost of `stickiness` x the current token's topic component,
-  so sampled text stays in a topic for a while and then moves on. topic_share=0 and
-  stickiness=0 give independent tokens (reuse k/E plus what skew alone causes).
+Routing is synthetic, calibrated to two published statistics: bench/synthetic_values.py.
 
     python bench/generate_checkpoint.py qwen3-30b-a3b-12l /work/bench-data/q12-mlx
 """
@@ -31,14 +22,14 @@ import shutil
 import struct
 import sys
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.utils import MAX_FILE_SIZE_GB, get_total_parameters, quantize_model, save_config
+from presets import PRESETS, ROUTING, add_checkpoint_arguments, preset_config, routing_of
+from synthetic_values import RandomValues
 
 from streamer.architectures import build_model
 from streamer.io.safetensors import MLX_TO_SAFETENSORS
@@ -48,61 +39,8 @@ from fixtures import write_tokenizer  # noqa: E402
 
 Log = Callable[[str], None]
 
-QWEN3_30B_A3B: dict = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
-    "hidden_size": 2048,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "norm_topk_prob": True,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "attention_bias": False,
-    "hidden_act": "silu",
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 0,  # the synthetic tokenizer's <|endoftext|>
-    "eos_token_id": 0,
-}
-PRESETS: dict[str, dict] = {
-    "qwen3-30b-a3b": QWEN3_30B_A3B,
-    # A quarter of the depth and a quarter of the vocabulary: the output projection keeps the share
-    # of a token's compute it has in the 48-layer model (on CPU it would otherwise dominate).
-    "qwen3-30b-a3b-12l": {**QWEN3_30B_A3B, "num_hidden_layers": 12, "vocab_size": 151936 // 4},
-    # Not real-shaped: small enough that generate + repack + both engines fit in seconds.
-    "quick": {
-        **QWEN3_30B_A3B,
-        "num_hidden_layers": 2,
-        "hidden_size": 512,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-        "moe_intermediate_size": 256,
-        "num_experts": 32,
-        "num_experts_per_tok": 4,
-        "vocab_size": 4096,
-    },
-}
 SPEC_FILE = "bench_spec.json"  # written last: a folder without it is incomplete
 GENERATOR_VERSION = 3  # bump when the values written change: cached checkpoints are then rewritten
-CHUNK_ELEMENTS = 1 << 26  # floats generated per step (256 MB of float32)
-TOPICS = 64
-# Calibrated on qwen3-30b-a3b-12l to the published statistics (bench/README.md, "Routing").
-ROUTING = {"skew": 0.3, "topic_share": 0.7, "stickiness": 6.0}
-
-
-def preset_config(name: str, **overrides) -> dict:
-    return {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
 
 
 def write_checkpoint(
@@ -139,7 +77,7 @@ def write_checkpoint(
         model, qconfig = quantize_model(model, config, group_size, bits)
     specs = [(name, tuple(a.shape), a.dtype) for name, a in tree_flatten(model.parameters())]
     shards = _shards(specs)
-    values = None if sparse else _Values(specs, qconfig, dtype, {**ROUTING, **routing}, seed)
+    values = None if sparse else RandomValues(specs, qconfig, dtype, {**ROUTING, **routing}, seed)
     total = sum(_nbytes(s, d) for _, s, d in specs)
     written, start = 0, time.perf_counter()
     weight_map = {}
@@ -209,7 +147,7 @@ def _shards(specs: list) -> list[list]:
     return shards
 
 
-def _write_shard(path: Path, specs: list, values: _Values | None):
+def _write_shard(path: Path, specs: list, values: RandomValues | None):
     """Header from the specs, then each tensor computed, written and dropped; yields each spec."""
     header: dict = {"__metadata__": {"format": "mlx"}}
     offset = 0
@@ -241,104 +179,11 @@ def _write_shard(path: Path, specs: list, values: _Values | None):
             yield name, shape, dtype
 
 
-class _Values:
-    """Random values by parameter name. A quantized module's weight/scales/biases come from one
-    mx.quantize of random floats, kept only until all three are written."""
-
-    def __init__(self, specs: list, qconfig: dict, dtype: mx.Dtype, routing: dict, seed: int):
-        self.quant = qconfig["quantization"]
-        self.dtype = dtype
-        self.routing, self.seed = routing, seed
-        hidden = next(shape[-1] for name, shape, _ in specs if name == "model.norm.weight")
-        topic_rng = np.random.default_rng([seed, TOPICS])
-        self.topics = mx.array(topic_rng.standard_normal((TOPICS, hidden)).astype(np.float32))
-        self.shapes = {name: shape for name, shape, _ in specs}
-        self.quantized = {
-            name.rsplit(".", 1)[0] for name, _, _ in specs if name.endswith(".scales")
-        }
-        self.pending: dict[str, dict[str, mx.array]] = {}
-
-    def take(self, name: str) -> mx.array:
-        module, kind = name.rsplit(".", 1)
-        if module not in self.quantized:  # norms: near 1
-            values = 1.0 + 0.1 * self._rng(name).uniform(-1, 1, self.shapes[name])
-            return mx.array(values.astype(np.float32)).astype(self.dtype)
-        if module not in self.pending:
-            self.pending[module] = self._quantize(module)
-        parts = self.pending[module]
-        array = parts.pop(kind)
-        if not parts:
-            del self.pending[module]
-        return array
-
-    def _quantize(self, module: str) -> dict[str, mx.array]:
-        params = self.quant.get(module, self.quant)
-        gs, bits = params["group_size"], params["bits"]
-        packed = self.shapes[f"{module}.weight"]
-        shape = (*packed[:-1], packed[-1] * 32 // bits)  # the float weight's shape
-        rng = self._rng(module)
-        std = 1.0 if module.endswith("embed_tokens") else 1.0 / math.sqrt(shape[-1])
-        bound = math.sqrt(3) * std  # uniform(-bound, bound) has this std
-        rows = None
-        if module.endswith("mlp.gate"):  # the router: popular experts get a wider logit spread
-            rows = mx.array(
-                np.exp(self.routing["skew"] * rng.standard_normal((shape[0], 1))).astype(np.float32)
-            )
-        # Chunks along the leading axis (experts, or rows) keep the float32 copy small.
-        step = max(1, CHUNK_ELEMENTS // math.prod(shape[1:]))
-        starts = range(0, shape[0], step)
-        keys = mx.random.split(mx.random.key(int(rng.integers(1 << 62))), len(starts))
-        chunks = []
-        for key, lo in zip(keys, starts):
-            floats = mx.random.uniform(
-                -bound, bound, (min(step, shape[0] - lo), *shape[1:]), key=key
-            )
-            if rows is not None:
-                floats = floats * rows[lo : lo + floats.shape[0]]
-            floats = self._topical(module, floats, lo)
-            q = mx.quantize(floats.astype(self.dtype), gs, bits)
-            mx.eval(q)
-            chunks.append(q)
-        out = [
-            mx.concatenate(parts, axis=0) if len(parts) > 1 else parts[0] for parts in zip(*chunks)
-        ]
-        mx.eval(out)
-        return dict(zip(("weight", "scales", "biases"), out))
-
-    def _topical(self, module: str, floats: mx.array, lo: int) -> mx.array:
-        """Token rows lo.. of the embedding or output projection with their topics mixed in."""
-        if not module.endswith(("embed_tokens", "lm_head")):
-            return floats
-        topic = self.topics[mx.arange(lo, lo + floats.shape[0]) % TOPICS]
-        if module.endswith("embed_tokens"):  # std 1 per entry; the topic takes its share
-            share = self.routing["topic_share"]
-            return math.sqrt(share) * topic + math.sqrt(1 - share) * floats
-        # h . topic / hidden ~ sqrt(topic_share) for a hidden state h of the same topic
-        return floats + self.routing["stickiness"] / floats.shape[-1] * topic
-
-    def _rng(self, name: str) -> np.random.Generator:
-        return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("preset", choices=sorted(PRESETS))
     ap.add_argument("out", type=Path)
-    ap.add_argument("--layers", type=int, help="override num_hidden_layers")
-    ap.add_argument("--vocab", type=int, help="override vocab_size (smaller: less resident memory)")
-    ap.add_argument("--skew", type=float, default=ROUTING["skew"], help="expert popularity skew")
-    ap.add_argument(
-        "--topic-share", type=float, default=ROUTING["topic_share"], help="routing reuse (0..1)"
-    )
-    ap.add_argument(
-        "--stickiness", type=float, default=ROUTING["stickiness"], help="topic persistence"
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--dtype",
-        choices=["bfloat16", "float32"],
-        help="float dtype (scales, norms); default bfloat16",
-    )
+    add_checkpoint_arguments(ap)
     ap.add_argument("--sparse", action="store_true", help="headers and sizes only, data a hole")
     args = ap.parse_args(argv)
     config = preset_config(
@@ -347,11 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     write_checkpoint(
         args.out,
         config,
-        routing={
-            "skew": args.skew,
-            "topic_share": args.topic_share,
-            "stickiness": args.stickiness,
-        },
+        routing=routing_of(args),
         seed=args.seed,
         log=lambda m: print(m, file=sys.stderr, flush=True),
         sparse=args.sparse,

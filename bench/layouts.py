@@ -18,11 +18,13 @@ import statistics
 
 import pagecache
 from balloon import Balloon, GiB, mem_available
+from engines import common_args, log, worker
+from summary import summarize
 
 PAGES = (4096, 16384)
 
 
-def scenario_layouts(models, args, disk: dict, worker, summarize, common_args, log) -> dict:
+def scenario_layouts(models, args, disk: dict) -> dict:
     layouts = {
         "repacked": (models.streaming, models.expert_files),
         "in_place": (models.mlx, models.checkpoint_files),

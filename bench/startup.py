@@ -2,8 +2,9 @@
 
     python bench/startup.py [--repeats 5] [--model DIR]
 
-`--help`, `--version`, `info` (and `plan` of a config.json) should not import mlx-lm or
-transformers. Prints the median wall time of each command in seconds.
+`--help`, `--version`, `info` and `plan` of a repacked folder should not import mlx-lm or
+transformers (`plan` of a config.json does: it builds mlx-lm's model). Prints the median wall
+time of each command in seconds.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main() -> None:
             ("streamer --help", ["--help"]),
             ("streamer --version", ["--version"]),
             ("streamer info DIR", ["info", model]),
+            ("streamer plan DIR", ["plan", model]),
             ("streamer plan config.json", ["plan", str(DEMO_MODEL / "config.json")]),
         ):
             print(f"{name:<30}{seconds(command, args.repeats):.2f} s")

@@ -15,57 +15,22 @@ import argparse
 import dataclasses
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from memory_sampler import MemorySampler
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from pagecache import drop
+from routing_profile import routing_profile
 
-from streamer.architectures import recording_routing
 from streamer.handle import streaming
 from streamer.stats import peak_rss_bytes
 
 ENGINES = ("streamer", "mlx_lm")
-
-
-class MemorySampler:
-    """Peak resident memory of this process, split anonymous / file-backed (Linux /proc).
-
-    ru_maxrss counts file pages the process has mapped (streamer's mmap'd experts), which the
-    kernel can reclaim; peak anonymous RSS is what the process really holds.
-    """
-
-    def __init__(self, interval: float = 0.02):
-        self.peak_anon = 0
-        self.peak_file = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
-        self._thread.start()
-
-    def _run(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            self.sample()
-
-    def sample(self) -> None:
-        try:
-            with open("/proc/self/status") as f:
-                fields = dict(
-                    line.split(":", 1) for line in f if line.startswith(("RssAnon", "RssFile"))
-                )
-        except OSError:
-            return
-        self.peak_anon = max(self.peak_anon, int(fields["RssAnon"].split()[0]) * 1024)
-        self.peak_file = max(self.peak_file, int(fields["RssFile"].split()[0]) * 1024)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
 
 
 def load(
@@ -157,48 +122,6 @@ def run_once(
     return result
 
 
-def routing_profile(
-    model: nn.Module,
-    prompt: mx.array,
-    max_tokens: int,
-    num_experts: int,
-    temp: float,
-    keep_trace: bool = False,
-) -> dict:
-    """Expert popularity and temporal correlation over decode steps (a separate, untimed run)."""
-    with recording_routing(model) as trace:  # decode steps only
-        for _ in tokens(model, prompt, max_tokens, temp, seed=1):
-            pass
-    per_layer: dict[int, list[tuple[int, ...]]] = {}
-    for layer, experts in trace:
-        per_layer.setdefault(layer, []).append(experts)
-    top_share, overlap, touched = [], [], []
-    uniform = np.random.default_rng(0)
-    for decode in per_layer.values():
-        k = len(decode[0])
-        counts = np.sort(np.bincount(np.concatenate(decode), minlength=num_experts))[::-1]
-        top_share.append(counts[: max(1, num_experts // 10)].sum() / counts.sum())
-        overlap.append(np.mean([len(set(a) & set(b)) / k for a, b in zip(decode, decode[1:])]))
-        touched.append(int((counts > 0).sum()))
-    # The same statistic for uniform routing with as many picks: small samples inflate it.
-    picks = np.stack([uniform.permutation(num_experts)[:k] for _ in range(len(decode))]).ravel()
-    reference = np.sort(np.bincount(picks, minlength=num_experts))[::-1]
-    return {
-        "decode_steps": len(decode),
-        "top10pct_experts_share": float(np.mean(top_share)),
-        "uniform_top10pct_share": float(
-            reference[: max(1, num_experts // 10)].sum() / reference.sum()
-        ),
-        "consecutive_overlap": float(
-            np.mean(overlap)
-        ),  # share of a token's experts the previous token also used
-        "uniform_overlap": k / num_experts,
-        "experts_touched_per_layer": float(np.mean(touched)),
-        "per_layer_top10pct_share": [round(float(s), 3) for s in top_share],
-        **({"trace": [[layer, list(experts)] for layer, experts in trace]} if keep_trace else {}),
-    }
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("engine", choices=ENGINES)
@@ -261,9 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.routing:
         config = json.loads((args.model / "config.json").read_text())
         num_experts = config.get("num_experts") or config["num_local_experts"]
-        result["routing"] = routing_profile(
-            model, prompt_ids(32, seed=7), args.routing, num_experts, args.temp, args.keep_trace
-        )
+        steps = tokens(model, prompt_ids(32, seed=7), args.routing, args.temp, seed=1)
+        result["routing"] = routing_profile(model, steps, num_experts, args.keep_trace)
     sampler.stop()
     result.update(
         peak_rss_bytes=peak_rss_bytes(),

@@ -7,8 +7,9 @@ names expert weights.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,15 +127,31 @@ def hf_expert_key(arch: Architecture) -> re.Pattern:
     )
 
 
+# Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
+# `attribute_map`): mlx-lm's name -> transformers 5's.
+TRANSFORMERS_ALIASES = {"num_experts": "num_local_experts"}
+# Fields transformers 5 keeps inside `rope_parameters`, which mlx-lm reads at the top level.
+ROPE_FIELDS = ("rope_theta", "partial_rotary_factor")
+
+
 def normalize_config(config: dict) -> dict:
-    """Accept newer transformers spellings that mlx-lm's model args do not read yet."""
+    """Accept newer transformers spellings that mlx-lm's model args do not read yet (checkpoints
+    that transformers 5 itself writes)."""
     config = dict(config)
+    fields = _args_fields(config)
+    for name, alias in TRANSFORMERS_ALIASES.items():
+        if name in fields and name not in config and alias in config:
+            config[name] = config[alias]
     rope = config.get("rope_parameters")
     if isinstance(rope, dict):
-        if "rope_theta" not in config and "rope_theta" in rope:
-            config["rope_theta"] = rope["rope_theta"]
+        for name in ROPE_FIELDS:
+            if name not in config and name in rope:
+                config[name] = rope[name]
         if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
             config["rope_scaling"] = rope
+    scaling = fields.get("rope_scaling")
+    if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
+        config["rope_scaling"] = None  # a field some models' args require: None is "no scaling"
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
     quantization_config = config.get("quantization_config")
@@ -151,6 +168,16 @@ def normalize_config(config: dict) -> dict:
             # in mlx-lm
             del config["quantization_config"]
     return config
+
+
+def _args_fields(config: dict) -> dict[str, dataclasses.Field]:
+    """The fields of mlx-lm's model args for `config` (none for a config it cannot run: the
+    checks that follow say why)."""
+    try:
+        _, args_class = _get_classes(config)
+    except (KeyError, ValueError, TypeError):
+        return {}
+    return {f.name: f for f in dataclasses.fields(args_class)}
 
 
 def build_model(config: dict, where: Path | str) -> nn.Module:
@@ -193,18 +220,31 @@ def replace_modules(model: nn.Module, replacements: dict[str, nn.Module]) -> Non
     model.update_modules(tree_unflatten(list(replacements.items())))
 
 
-def quantize_like_mlx_lm(model: nn.Module, config: dict, weights: dict[str, mx.array]) -> None:
-    """Quantize `model`'s layers exactly as `mlx_lm.utils.load_model` would for these weights."""
+def quantize_like_mlx_lm(
+    model: nn.Module,
+    config: dict,
+    weights: dict[str, mx.array] | None = None,
+    *,
+    quantizable: Callable[[str, nn.Module], bool | dict] | None = None,
+) -> None:
+    """Quantize `model`'s layers exactly as `mlx_lm.utils.load_model` would for these weights:
+    config.json's per-module entries first, then each layer whose weights have scales.
+    `quantizable(path, module)` decides instead of the weights where there are none (a plan)."""
     quantization = config.get("quantization")
     if quantization is None:
         return
 
-    def predicate(path: str, module: nn.Module):
-        if path in quantization:
-            return quantization[path]
+    def from_weights(path: str, module: nn.Module):
         if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
             return False
         return infer_quant_config(path, module, weights)
+
+    decide = quantizable or from_weights
+
+    def predicate(path: str, module: nn.Module):
+        if path in quantization:
+            return quantization[path]
+        return decide(path, module)
 
     nn.quantize(
         model,

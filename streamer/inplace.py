@@ -16,12 +16,12 @@ import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .architectures import expert_containers, replace_modules
+from .assembly import apply_budget, load_resident
 from .backend import check_backend_computes, default_dtype, read_path_for_backend
 from .cache.budget import check_budget
 from .download import Download, layouts, open_download
 from .errors import StreamerError
 from .experts import StreamingExperts
-from .experts.slots import slot_budget
 from .handle import Streaming
 from .io.checkpoint import Checkpoint
 from .io.checksums import Checksums, default_sidecar, read_checksums
@@ -29,6 +29,7 @@ from .io.expert_files import ExpertFiles
 from .io.integrity import file_stat, stat_change
 from .io.lock import lock_download_for_reading
 from .stats import ExpertStats
+from .tokenizer import load_tokenizer
 
 
 def load_in_place(
@@ -45,8 +46,6 @@ def load_in_place(
     """streamer.load for a download folder (see model.load). `checksums`: the sidecar, by
     default under the user cache folder; used, when it exists, to refuse shards changed since it
     was recorded, and needed by `verify_reads`."""
-    from .model import _apply_budget, _tokenizer
-
     read_path, why = read_path_for_backend(read_path)
     lock = lock_download_for_reading(folder)  # `repack --delete-source` refuses while held
     try:
@@ -85,25 +84,20 @@ def load_in_place(
         replace_modules(model, streaming)
         if verify_reads:
             _verify_resident(download, recorded)
-        try:
-            model.load_weights(list(resident.items()), strict=True)
-        except ValueError as e:
-            raise StreamerError(
-                f"{folder}: the non-expert weights do not match the model ({e}); download the "
-                "model again."
-            ) from e
-        if dtype is not None:
-            model.set_dtype(dtype)
-        mx.eval(model.parameters())
-        model.eval()
+        load_resident(
+            model,
+            resident,
+            dtype,
+            lambda e: (
+                f"{folder}: the non-expert weights do not match the model ({e}); download "
+                "the model again."
+            ),
+        )
         layers = list(streaming.values())
-        if read_path == "slots":
-            residency, pools = slot_budget(
-                download, placed, layers, memory_budget, dtype, crcs, bypass_page_cache
-            )
-        else:
-            residency = _apply_budget(download, layers, memory_budget, dtype)
-        tokenizer = _tokenizer(folder, trust_remote_code)
+        residency, pools = apply_budget(
+            read_path, download, placed, layers, memory_budget, dtype, crcs, bypass_page_cache
+        )
+        tokenizer = load_tokenizer(folder, trust_remote_code)
     except BaseException:
         for pool in pools:
             pool.close()

@@ -9,30 +9,29 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import load_config, load_tokenizer
 
 from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
 from .arguments import check_flag, parse_dtype, parse_size
+from .assembly import apply_budget, load_resident
 from .backend import check_backend_computes, default_dtype, read_path_for_backend
-from .cache.budget import all_experts_bytes, check_budget, default_budget, largest_expert_bytes
-from .cache.expert_cache import ExpertCache
-from .config import check_config, check_eos_ids, check_layer_count
+from .cache.budget import check_budget
+from .config import check_config, check_layer_count
 from .distributed import expert_shares
 from .download import is_download
-from .errors import StreamerError, one_line
+from .errors import StreamerError
 from .experts import StreamingExperts
 from .experts.parallel import ExpertShare
-from .experts.slots import slot_budget
 from .handle import Streaming
-from .io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
-from .io.expert_files import ExpertFiles, LayerLayout, open_repacked, repacked_layout
+from .io.expert_files import ExpertFiles, open_repacked
+from .io.expert_layout import LayerLayout, repacked_layout
 from .io.files import check_folder_files, check_tmpdir, check_utf8_path
-from .io.integrity import check_files, verify_resident
+from .io.integrity import check_files
 from .io.lock import lock_for_reading
 from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, MoeLayer, read_manifest
 from .io.safetensors import DTYPES, read_header
-from .progress import progress_bar
+from .io.tensor_crcs import verify_resident
 from .stats import ExpertStats
+from .tokenizer import load_tokenizer
 
 
 def load(
@@ -104,7 +103,7 @@ def load(
     check_folder_files(folder, "a file of the repacked model")
     check_files(folder, manifest)
     config = check_config(manifest.config, folder / MANIFEST_FILE)
-    tokenizer = _tokenizer(folder, trust_remote_code)  # before the slow part: fail fast
+    tokenizer = load_tokenizer(folder, trust_remote_code)  # before the slow part: fail fast
     resident_path = folder / RESIDENT_FILE
     names = read_header(resident_path)  # clear errors for a truncated or corrupt file
     if set(names) != set(manifest.resident_crc32):
@@ -133,31 +132,21 @@ def load(
         stats, layers = _assemble(
             folder, manifest, config, model, containers, layouts, files, dtype, verify_reads, group
         )
-        if read_path == "slots":
-            checksums = [layer.expert_crc32 for layer in manifest.layers] if verify_reads else None
-            residency, pools = slot_budget(
-                manifest, layouts, layers, memory_budget, dtype, checksums, bypass_page_cache
-            )
-        else:
-            residency = _apply_budget(manifest, layers, memory_budget, dtype)
+        checksums = [layer.expert_crc32 for layer in manifest.layers] if verify_reads else None
+        residency, pools = apply_budget(
+            read_path, manifest, layouts, layers, memory_budget, dtype, checksums, bypass_page_cache
+        )
     except BaseException:
         for pool in pools:
             pool.close()
         if files is not None:
             files.close()
         raise
-    handle = Streaming(
-        f"{residency}; read path {read_path} ({why})",
-        manifest,
-        read_path,
-        files,
-        stats,
-        layers,
-        config.get("max_position_embeddings"),
-        folder_lock,
-        pools,
+    residency = f"{residency}; read path {read_path} ({why})"
+    context = config.get("max_position_embeddings")
+    model.streamer = Streaming(
+        residency, manifest, read_path, files, stats, layers, context, folder_lock, pools
     )
-    model.streamer = handle
     return model, tokenizer
 
 
@@ -202,76 +191,13 @@ def _assemble(
             )
     weights = mx.load(str(resident_path))
     quantize_like_mlx_lm(model, config, weights)
-    try:
-        model.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise StreamerError(
-            f"{resident_path} does not match the model: {e}; repack the model."
-        ) from e
-    if dtype is not None:
-        model.set_dtype(dtype)
-    mx.eval(model.parameters())
-    model.eval()
-    return stats, list(streaming.values())
-
-
-def _tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
-    """The tokenizer exactly as mlx_lm.load builds it: its eos ids are config.json's, replaced by
-    generation_config.json's where that file lists them (chat models' end-of-turn ids)."""
-    try:
-        eos_ids = load_config(folder).get("eos_token_id")
-    except (OSError, ValueError) as e:
-        raise StreamerError(
-            f"{folder / 'config.json'} cannot be read ({one_line(e)}); repack the model."
-        ) from e
-    check_eos_ids(eos_ids, folder / "generation_config.json")
-    if not has_tokenizer_files(folder):
-        raise StreamerError(
-            f"{folder} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): copy them from the "
-            "original model into it."
-        )
-    extra = {"trust_remote_code": True} if trust_remote_code else None
-    try:
-        return load_tokenizer(folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids)
-    except Exception as e:  # transformers' own errors have no common base; name what failed
-        tokenizer_config = folder / "tokenizer_config.json"
-        ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(
-            errors="replace"
-        )
-        if ships_code and not trust_remote_code:
-            raise StreamerError(
-                f"{folder}: this model's tokenizer is Python code shipped with the model (auto_map "
-                "in tokenizer_config.json). If you trust it, pass trust_remote_code=True (CLI: "
-                "--trust-remote-code)."
-            ) from e
-        raise StreamerError(
-            f"{folder}: cannot load the tokenizer ({type(e).__name__}: {one_line(e)}); check "
-            "tokenizer.json and tokenizer_config.json, or copy them from the original model."
-        ) from e
-
-
-def _apply_budget(
-    manifest: Manifest, layers: list[StreamingExperts], budget: int | None, dtype
-) -> str:
-    if budget is None:
-        budget, why = default_budget(manifest, dtype)
-    else:
-        why = f"memory budget {budget / 1e9:.2f} GB"
-    if budget >= all_experts_bytes(manifest, dtype):
-        with progress_bar(len(layers), "experts into memory", "layer") as bar:
-            for layer in layers:
-                layer.make_resident()
-                bar.update(1)
-        return f"all experts resident, no streaming ({why})"
-    if budget == 0:
-        return f"experts stream from disk, page cache only ({why})"
-    cache = ExpertCache(budget, largest_expert_bytes(manifest, dtype))
-    for layer in layers:
-        layer.use_cache(cache)
-    return (
-        f"experts stream from disk; up to {cache.slots} hot experts kept in memory, "
-        f"LFU with aging ({why})"
+    load_resident(
+        model,
+        weights,
+        dtype,
+        lambda e: f"{resident_path} does not match the model: {e}; repack the model.",
     )
+    return stats, list(streaming.values())
 
 
 def _quantized(container: nn.Module, projection: str, params: dict, folder: Path) -> nn.Module:

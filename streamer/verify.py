@@ -22,9 +22,11 @@ from .io.checksums import (
     read_checksums,
     write_checksums,
 )
-from .io.integrity import Problem, data_files, file_stat, stat_change, verify_folder
+from .io.integrity import data_files, file_stat, stat_change
 from .io.lock import lock_for_replacing
 from .io.manifest import MANIFEST_FILE, read_manifest, write_manifest
+from .io.tensor_crcs import Problem, folder_bytes, verify_folder
+from .progress import above, progress_bar
 
 
 def verify(
@@ -51,7 +53,8 @@ def verify(
         sidecar = Path(checksums) if checksums is not None else default_sidecar(folder)
         return verify_download(folder, sidecar, record=record, log=log)
     manifest = read_manifest(folder)
-    problems = verify_folder(folder, manifest, log)
+    with progress_bar(folder_bytes(folder, manifest), "[verify] checksums", "B") as bar:
+        problems = verify_folder(folder, manifest, above(bar, log), bar.update)
     stale = [
         name
         for name, recorded in manifest.files.items()
@@ -115,7 +118,8 @@ def verify_download(folder: Path, sidecar: Path, *, record: bool, log) -> list[P
             f"none. Run `streamer verify {folder} --record` right after downloading to compute "
             "them (it reads every byte once), then `streamer verify` checks against them."
         )
-    current = compute_checksums(download, log)
+    with progress_bar(sum(download.file_bytes.values()), "[verify] checksums", "B") as bar:
+        current = compute_checksums(download, above(bar, log), bar.update)
     problems = [] if record else _compare(download, recorded, current)
     if record:
         problems = _hub_hashes(download, log)
@@ -126,8 +130,9 @@ def verify_download(folder: Path, sidecar: Path, *, record: bool, log) -> list[P
     return problems
 
 
-def compute_checksums(download, log) -> Checksums:
-    """crc32 of every non-expert tensor and of each expert's slice of every stacked tensor."""
+def compute_checksums(download, log, advance=lambda _: None) -> Checksums:
+    """crc32 of every non-expert tensor and of each expert's slice of every stacked tensor;
+    `advance(n)` is told of the shard bytes read, a layer's share of a shard at a time."""
     folder = download.folder
     start, done = time.perf_counter(), 0
     with Checkpoint(folder) as ckpt:
@@ -142,7 +147,7 @@ def compute_checksums(download, log) -> Checksums:
             open(folder / shard, "rb") as f,
             mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
         ):
-            data = memoryview(m)
+            data, counted = memoryview(m), 0
             for info in resident_infos:
                 if info.path.name == shard:
                     resident[info.name] = zlib.crc32(data[info.start : info.end])
@@ -155,7 +160,10 @@ def compute_checksums(download, log) -> Checksums:
                         experts[layer.module][expert][t_index] = zlib.crc32(
                             data[offset : offset + length]
                         )
+                        advance(length)
+                        counted += length
             data.release()
+        advance(download.file_bytes[shard] - counted)  # the resident tensors and the header
         done += download.file_bytes[shard]
         rate = done / max(time.perf_counter() - start, 1e-9) / 1e6
         log(f"[verify] {shard}: read ({rate:.0f} MB/s)")

@@ -60,6 +60,12 @@ def test_turns_keep_the_conversation_and_reset_forgets_it(folder):
     assert "decode: " in result.stderr and "starts over" in result.stderr
     assert "Traceback" not in result.stderr
 
+    # the slot pool's read path, every expert streamed and checked on its first read: same text
+    flags = ["--read-path", "slots", "--memory-budget", "0", "--verify-reads"]
+    result = run_chat(folder, ["import os"], "--system-prompt", "You write Python.", *flags)
+    assert result.returncode == 0 and result.stdout == f"{first}\n", result.stderr
+    assert "read path slots (asked for)" in result.stderr
+
     model, tokenizer = local
     plain = streamer.generate(model, tokenizer, "import os\n", 6)
     result = run_chat(folder, ["import os"], "--ignore-chat-template")

@@ -5,10 +5,17 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 
-def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+
+def run(*args: str, check: bool = True, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
+    """`streamer ARGS`, stderr captured; stdout captured too unless given a file or descriptor."""
     result = subprocess.run(
-        [sys.executable, "-m", "streamer", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "streamer", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
     )
     if check:
         assert result.returncode == 0, result.stderr
@@ -71,13 +78,7 @@ def test_output_closed_by_its_reader_ends_quietly(checkpoints):
     read_end, write_end = os.pipe()
     os.close(read_end)
     command = ["generate", "--model", _model(checkpoints), "--prompt", "x", "--max-tokens", "4"]
-    result = subprocess.run(
-        [sys.executable, "-m", "streamer", *command],
-        stdout=write_end,
-        stderr=subprocess.PIPE,
-        text=True,
-        timeout=300,
-    )
+    result = run(*command, check=False, stdout=write_end)
     os.close(write_end)
     assert result.returncode == 141 and "Traceback" not in result.stderr, result.stderr
     assert "Exception ignored" not in result.stderr
@@ -86,13 +87,7 @@ def test_output_closed_by_its_reader_ends_quietly(checkpoints):
 def test_output_to_a_full_device_is_one_line(checkpoints):
     command = ["generate", "--model", _model(checkpoints), "--prompt", "x", "--max-tokens", "4"]
     with open("/dev/full", "w") as full:
-        result = subprocess.run(
-            [sys.executable, "-m", "streamer", *command],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=300,
-        )
+        result = run(*command, check=False, stdout=full)
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last == "streamer: error: cannot write the output: No space left on device"
@@ -164,20 +159,23 @@ def test_info_on_a_damaged_folder(checkpoints, tmp_path):
     assert result.returncode == 2 and "manifest.json: the model config in it is damaged" in (
         result.stderr
     )
-    (folder / "resident.safetensors").unlink()
-    result = run("info", str(folder), check=False)
-    assert result.returncode == 2 and "resident.safetensors is missing" in result.stderr
-    assert "Traceback" not in result.stderr
 
 
-def test_verify_reports_a_missing_resident_file_as_damage(checkpoints, tmp_path):
+@pytest.mark.parametrize(
+    "command, status, message",
+    [
+        ("info", 2, "resident.safetensors is missing"),  # one line
+        ("verify", 1, "streamer: bad: resident.safetensors"),  # reported as damage
+    ],
+)
+def test_a_missing_resident_file(checkpoints, tmp_path, command, status, message):
     import shutil
 
     folder = tmp_path / "model"
     shutil.copytree(_model(checkpoints), folder)
     (folder / "resident.safetensors").unlink()
-    result = run("verify", str(folder), check=False)
-    assert result.returncode == 1 and "streamer: bad: resident.safetensors" in result.stderr
+    result = run(command, str(folder), check=False)
+    assert result.returncode == status and message in result.stderr
     assert "Traceback" not in result.stderr
 
 

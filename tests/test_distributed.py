@@ -8,16 +8,13 @@ reads only its own share of the experts.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from mlx_launch import RANKS, launch
 
 import streamer
 from streamer.repack.split import split
@@ -26,54 +23,6 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 PROMPT = (
     "The function returns the value of the argument, or raises an error if the file is missing."
 )
-LAUNCH_SECONDS = 240  # a launch takes 10-30 s here; a hang fails the test instead of the suite
-RANKS = 2
-
-
-def free_ports(count: int = RANKS) -> int:
-    """A base port with `count` free ports after it (mlx.launch gives rank r base + r)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count >= 65536:
-            continue
-        try:
-            sockets = [socket.socket() for _ in range(count)]
-            for i, s in enumerate(sockets):
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError("no free ports on 127.0.0.1")
-
-
-def launch(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """Run `command` on 2 ranks with mlx.launch (ring backend, 127.0.0.1), killed if it hangs."""
-    launcher = shutil.which("mlx.launch") or str(Path(sys.executable).with_name("mlx.launch"))
-    argv = [launcher, "--backend", "ring", "--hosts", "127.0.0.1", "-n", str(RANKS)]
-    argv += ["--starting-port", str(free_ports()), "--", *command]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: the ranks go down with it on a timeout
-    )
-    try:
-        out, err = proc.communicate(timeout=LAUNCH_SECONDS)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"mlx.launch did not finish in {LAUNCH_SECONDS} s:\n{err[-3000:]}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 @pytest.fixture(scope="module")
@@ -201,26 +150,3 @@ def test_a_rank_given_another_ranks_shard_is_named(models, tmp_path):
         "shard 0/2."
     ], result.stderr
     assert result.stdout == ""
-
-
-class _Group:  # what mlx.launch gives rank `r` of 2, for the CLI's checks
-    def __init__(self, rank: int):
-        self._rank = rank
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return 2
-
-
-@pytest.mark.parametrize("rank", [0, 1])
-def test_serve_under_mlx_launch_is_refused_once(models, monkeypatch, capsys, rank):
-    import streamer.distributed
-    from streamer.cli import main
-
-    monkeypatch.setattr(streamer.distributed, "launched_group", lambda: _Group(rank))
-    assert main(["serve", "--model", str(models["quantized"])]) == 2
-    err = capsys.readouterr().err
-    expected = "streamer: error: streamer serve does not run expert-parallel yet"
-    assert err.startswith(expected) if rank == 0 else err == ""

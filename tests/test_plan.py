@@ -9,10 +9,15 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 import streamer
+from fixtures import TINY_CONFIGS
+from streamer.architectures import build_model, normalize_config
 from streamer.cli import main
+from streamer.config import experts_per_token
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
 from streamer.plan import plan
+from streamer.plan.model import _kv_bytes, model_plan
+from streamer.plan.repacked import KV_LAYOUT, kv_bytes_per_token, repacked_plan
 
 GB = 1 << 30
 
@@ -71,3 +76,36 @@ def test_cli_plan_text_and_json(checkpoints, capsys):
     assert report["runs"] is False and report["memory_bytes"] == 1024
     assert main(["plan", str(src / "nothing.json")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def _text_model_type(config: dict) -> str:
+    return (config.get("text_config") or config).get("model_type", config["model_type"])
+
+
+def test_kv_from_the_config_is_what_mlx_lm_caches():
+    """Every family planned without mlx-lm: its config's KV bytes per token are those of mlx-lm's
+    own caches, with no fixed state; each KV_LAYOUT entry has a family that checks it."""
+    checked = set()
+    for arch, config in TINY_CONFIGS.items():
+        if _text_model_type(config) not in KV_LAYOUT:
+            continue
+        model = build_model(normalize_config(config), arch)
+        assert _kv_bytes(model, mx.float32) == (kv_bytes_per_token(config, 4), 0), arch
+        checked.add(_text_model_type(config))
+    assert checked == set(KV_LAYOUT)
+
+
+def test_experts_per_token_under_every_name():
+    want = {"qwen3_vl_moe": 4, "hunyuan": 2, "gemma4": 4, "ernie4_5_moe": 4, "step3p5": 4}
+    assert {arch: experts_per_token(TINY_CONFIGS[arch]) for arch in want} == want
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_a_repacked_folder_is_planned_from_its_files_as_from_its_model(checkpoints, arch):
+    src = checkpoints.hf(arch)
+    for folder in (checkpoints.repacked(src), checkpoints.repacked(checkpoints.mlx(arch))):
+        for dtype in (None, mx.float32):
+            fast = repacked_plan(folder, 16 * GB, dtype)
+            assert fast == model_plan(folder, 16 * GB, None, dtype), (folder, dtype)
+            assert fast.experts_per_token == 4 and fast.expert_bytes_per_token > 0
+    assert repacked_plan(checkpoints.repacked(checkpoints.hf("gpt_oss")), GB, None) is None

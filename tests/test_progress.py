@@ -10,14 +10,12 @@ import sys
 import termios
 
 
-def test_repack_shows_a_bar_on_a_terminal(checkpoints, tmp_path):
-    """(Off a terminal the log lines alone are written: test_cli reads them.)"""
-    src = checkpoints.hf("qwen3_moe")
-    command = [sys.executable, "-m", "streamer", "repack", str(src)]
+def on_a_terminal(*argv: str) -> str:
+    """What `streamer ARGV` writes to a 100-column terminal (stdout and stderr both)."""
     leader, follower = os.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     process = subprocess.Popen(
-        [*command, str(tmp_path / "b")], stdout=follower, stderr=follower, close_fds=True
+        [sys.executable, "-m", "streamer", *argv], stdout=follower, stderr=follower, close_fds=True
     )
     os.close(follower)
     seen = b""
@@ -29,6 +27,31 @@ def test_repack_shows_a_bar_on_a_terminal(checkpoints, tmp_path):
         if not chunk:
             break
         seen += chunk
-    assert process.wait(timeout=300) == 0
-    text = seen.decode(errors="replace")
+    os.close(leader)
+    assert process.wait(timeout=300) == 0, seen.decode(errors="replace")
+    return seen.decode(errors="replace")
+
+
+def test_repack_shows_a_bar_on_a_terminal(checkpoints, tmp_path):
+    """(Off a terminal the log lines alone are written: test_cli reads them.)"""
+    text = on_a_terminal("repack", str(checkpoints.hf("qwen3_moe")), str(tmp_path / "b"))
     assert "[repack] experts:" in text and "/32 [" in text and "layer 2/2" in text
+
+
+def test_verify_shows_a_bar_on_a_terminal_and_lines_elsewhere(checkpoints, tmp_path):
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    text = on_a_terminal("verify", str(folder))
+    assert "[verify] checksums: 100%|" in text  # the bar, in bytes, at its end
+    assert "layer 2/2" in text and "every checksum matches" in text
+    plain = subprocess.run(
+        [sys.executable, "-m", "streamer", "verify", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert plain.returncode == 0 and "layer 2/2" in plain.stderr
+    assert "checksums:" not in plain.stderr  # no bar off a terminal: the lines say it all
+    # a download's checksums, recorded: the same bar over its shards
+    download, sidecar = checkpoints.mlx("qwen3_moe"), tmp_path / "sums.json"
+    text = on_a_terminal("verify", str(download), "--record", "--checksums", str(sidecar))
+    assert "[verify] checksums: 100%|" in text and sidecar.exists()

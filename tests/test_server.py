@@ -66,13 +66,19 @@ def folder(tmp_path_factory) -> Path:
     return root / "tiny-tools"
 
 
+# Experts stream through the slot pool (the Metal and CUDA default), each checked on its first
+# read: every answer below must still be what the library computes with the CPU's default path.
+SERVE_FLAGS = ["--read-path", "slots", "--memory-budget", "0", "--verify-reads"]
+
+
 @pytest.fixture(scope="module")
 def server(folder):
     """`streamer serve` on a free port; yields (base url, log file)."""
     log = folder.parent / "serve.log"
     with open(log, "w") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "streamer", "serve", "--model", str(folder), "--port", "0"],
+            [sys.executable, "-m", "streamer", "serve", "--model", str(folder), "--port", "0"]
+            + SERVE_FLAGS,
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
@@ -127,6 +133,7 @@ def request(url: str, method: str, path: str, body: bytes | None = None):
 
 def test_models_and_health(server, client, folder):
     assert [m.id for m in client.models.list()] == [str(folder)]
+    assert "read path slots (asked for)" in server[1].read_text()
     assert request(server[0], "GET", "/health") == (200, {"status": "ok"})
 
 
@@ -343,6 +350,11 @@ def test_a_client_that_leaves_stops_its_generation(server, client, folder):
             "JSON",
         ),
         (b'{"model": "M", "prompt": [99999]}', 400, "token ids"),
+        (  # JSON's 1e400 is Python's inf
+            b'{"model": "M", "messages": [{"role": "user", "content": "x"}], "temperature": 1e400}',
+            400,
+            "temperature",
+        ),
     ],
 )
 def test_bad_requests_get_openai_errors(server, folder, body, status, words):
@@ -353,6 +365,127 @@ def test_bad_requests_get_openai_errors(server, folder, body, status, words):
     assert got == status, answer
     error = answer["error"]
     assert words in error["message"] and error["type"] == "invalid_request_error"
+
+
+HI = [{"role": "user", "content": "hi"}]
+CALLED = {"role": "assistant", "content": None}
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"max_tokens": 2**70}, "max_tokens"),
+        ({"top_k": 10**20}, "top_k"),
+        ({"temperature": 1e-300}, "temperature"),
+        ({"repetition_penalty": 1e308}, "repetition_penalty"),
+        ({"presence_penalty": 2**2000}, "presence_penalty"),
+        ({"logit_bias": {"99999999999999999999999": 1}}, "logit_bias"),
+        ({"logit_bias": {"1": "x"}}, "logit_bias"),
+        ({"logit_bias": {"1.5": 1}}, "logit_bias"),
+        ({"logit_bias": {"99999": 1}}, "past the model's vocabulary"),  # found at the first step
+        ({"logit_bias": {"99999": 1}, "stream": True}, "past the model's vocabulary"),
+        ({"stop": ["a", 5]}, "stop"),
+        ({"stop": ["a"] * 17}, "stop"),
+        ({"stop": "x" * 1001}, "stop"),
+        ({"stop": {"a": 1}}, "stop"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage"),
+        ({"stream_options": []}, "stream_options"),
+        ({"n": 2}, "n must be 1"),
+        ({"tools": {"a": 1}}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}, "tools"),
+        ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": 5}, "chat_template_kwargs"),
+        ({"messages": [{"role": "user", "content": "\ud800"}]}, "UTF-8"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text parts"),
+        ({"messages": [{"role": "user", "content": "x", "name": 5}]}, "name"),
+        ({"messages": [{**CALLED, "tool_calls": 5}]}, "tool_calls"),
+        ({"messages": [{**CALLED, "tool_calls": ["x"]}]}, "tool_calls[0]"),
+        ({"messages": [{**CALLED, "tool_calls": [{"function": None}]}]}, "tool_calls[0]"),
+        (
+            {"messages": [{**CALLED, "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}]},
+            "arguments",
+        ),
+        (
+            {
+                "messages": [
+                    {**CALLED, "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}
+                ]
+            },
+            "arguments are not JSON",
+        ),
+    ],
+)
+def test_every_field_is_checked(server, folder, fields, words):
+    """Each bad value a 4xx naming the field, streamed or not: never a 500 or a lost connection."""
+    body = {"model": str(folder), "messages": HI, "max_tokens": 2, **fields}
+    got, answer = request(server[0], "POST", "/v1/chat/completions", json.dumps(body).encode())
+    assert got == 400, answer
+    assert words in answer["error"]["message"], answer
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"prompt": [[1, 2], [3]]}, "one prompt"),
+        ({"prompt": [-1]}, "prompt"),
+        ({"prompt": [True]}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"echo": True}, "echo"),
+        ({"best_of": 3}, "best_of"),
+        ({"seed": -5}, "seed"),
+    ],
+)
+def test_every_text_completion_field_is_checked(server, folder, fields, words):
+    body = {"model": str(folder), "prompt": "hi", "max_tokens": 2, **fields}
+    got, answer = request(server[0], "POST", "/v1/completions", json.dumps(body).encode())
+    assert got == 400, answer
+    assert words in answer["error"]["message"], answer
+
+
+def test_values_the_sampler_cannot_take_as_given_still_answer(client, folder):
+    """A top_k past the vocabulary keeps every token (mlx-lm's sampler would refuse it)."""
+    common = dict(model=str(folder), messages=HELLO, max_tokens=3, temperature=1.0, seed=3)
+    every = client.chat.completions.create(**common, extra_body={"top_k": 100000})
+    off = client.chat.completions.create(**common, extra_body={"top_k": 0})
+    assert every.choices[0].message.content == off.choices[0].message.content
+
+
+def test_malformed_bodies_and_connections(server, folder):
+    url = urlsplit(server[0])
+    deep = b'{"model": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+    assert request(server[0], "POST", "/v1/chat/completions", deep)[0] == 400
+    http = connection(server[0])
+    http.request("HEAD", "/v1/models")
+    assert http.getresponse().status == 405  # (a HEAD answer has no body)
+    http.close()
+    ok = {"model": str(folder), "messages": HI, "max_tokens": 1}
+    # a query string (as Azure-style clients add) does not change the route
+    status, body = request(server[0], "POST", "/v1/chat/completions?x=1", json.dumps(ok).encode())
+    assert status == 200 and body["usage"]["completion_tokens"] == 1
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(  # a body shorter than its Content-Length, then the client closes its side
+            b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{}"
+        )
+        s.shutdown(socket.SHUT_WR)
+        assert s.recv(100).startswith(b"HTTP/1.0 400")
+
+
+def test_the_server_logged_no_traceback(server, client, folder):
+    """Runs after the bad inputs above: none of them reached a traceback, the server serves on."""
+    after = client.chat.completions.create(model=str(folder), messages=HELLO, max_tokens=2)
+    assert after.usage.completion_tokens == 2
+    assert "Traceback" not in server[1].read_text()
 
 
 def test_a_prompt_over_the_context_is_refused_by_the_client(client, folder):

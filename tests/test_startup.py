@@ -20,10 +20,10 @@ def imports_of(code: str) -> set[str]:
     return set(result.stdout.split("\n")[-2].split())
 
 
-def test_help_version_and_info_do_not_import_mlx_lm(checkpoints):
+def test_help_version_info_and_plan_of_a_repacked_folder_do_not_import_mlx_lm(checkpoints):
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     run = "from streamer.cli import main\ntry:\n    main({})\nexcept SystemExit:\n    pass"
-    for argv in (["--help"], ["--version"], ["info", str(folder)]):
+    for argv in (["--help"], ["--version"], ["info", str(folder)], ["plan", str(folder)]):
         modules = imports_of(run.format(argv))
         assert "mlx_lm" not in modules and "transformers" not in modules, argv
     version = subprocess.run(

@@ -96,7 +96,7 @@ def layer_summary(routed: np.ndarray, starts: np.ndarray, num_experts: int) -> d
 def held_out_text() -> str:
     """The stdlib files tools/train_demo.py never trains on."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from train_demo import corpus_files
+    from demo_corpus import corpus_files
 
     _, val_files = corpus_files()
     return "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in val_files)

@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -28,6 +27,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+from balance_loss import install_recording_gates, loss_fn
+from demo_corpus import corpus_files, read_texts
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3_moe
 
@@ -60,18 +61,6 @@ CONFIG = {
 }
 
 
-def corpus_files() -> tuple[list[Path], list[Path]]:
-    """Standard library modules (tests excluded), split by file: every 20th file is held out."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"site-packages", "test", "tests", "idle_test"}
-    files = sorted(f for f in root.rglob("*.py") if not skip & set(f.relative_to(root).parts))
-    return [f for i, f in enumerate(files) if i % 20], files[::20]
-
-
-def read_texts(files: list[Path]) -> list[str]:
-    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
-
-
 def encode(tokenizer, texts: list[str]) -> np.ndarray:
     """All texts as one token stream, documents separated by EOS."""
     eos = tokenizer.token_to_id(EOS)
@@ -80,51 +69,6 @@ def encode(tokenizer, texts: list[str]) -> np.ndarray:
         ids.extend(enc.ids)
         ids.append(eos)
     return np.array(ids, dtype=np.int32)
-
-
-class RecordingGate(nn.Linear):
-    """The router, also keeping its logits so the loss can add a load-balancing term.
-
-    Without one, a router trained from scratch collapses onto a few experts: real MoEs (and this
-    demo) train with the Switch Transformer auxiliary loss.
-    """
-
-    logits: list = []
-
-    def __call__(self, x: mx.array) -> mx.array:
-        y = super().__call__(x)
-        RecordingGate.logits.append(y)
-        return y
-
-
-def install_recording_gates(model: nn.Module) -> None:
-    """Swap each router for a RecordingGate with the same weight (parameter names unchanged)."""
-    for layer in model.model.layers:
-        moe = layer.mlp
-        gate = RecordingGate(moe.gate.weight.shape[1], moe.gate.weight.shape[0], bias=False)
-        gate.weight = moe.gate.weight
-        moe.gate = gate
-
-
-def balance_loss(logits: mx.array, top_k: int) -> mx.array:
-    """num_experts * sum_e (share of routed slots to e) * (mean router probability of e)."""
-    n = logits.shape[-1]
-    probs = mx.softmax(logits.reshape(-1, n), axis=-1)
-    chosen = mx.argpartition(-probs, kth=top_k - 1, axis=-1)[:, :top_k]
-    counts = mx.zeros((n,)).at[chosen.reshape(-1)].add(1.0)
-    share = mx.stop_gradient(counts / chosen.size)
-    return n * mx.sum(share * probs.mean(axis=0))
-
-
-def loss_fn(
-    model: nn.Module, x: mx.array, y: mx.array, aux_weight: float
-) -> tuple[mx.array, mx.array]:
-    RecordingGate.logits = []
-    logits = model(x)
-    ce = nn.losses.cross_entropy(logits, y, reduction="mean")
-    k = model.args.num_experts_per_tok
-    aux = sum(balance_loss(g, k) for g in RecordingGate.logits) / len(RecordingGate.logits)
-    return ce + aux_weight * aux, ce
 
 
 def batches(tokens: np.ndarray, batch: int, seq: int, rng: np.random.Generator):

@@ -51,6 +51,15 @@ def default_budget(manifest: Manifest, dtype: mx.Dtype | None) -> tuple[int, str
     )
 
 
+def chosen_budget(
+    manifest: Manifest, budget: int | None, dtype: mx.Dtype | None
+) -> tuple[int, str]:
+    """The budget to apply and why: `budget` as given, or the default for None."""
+    if budget is None:
+        return default_budget(manifest, dtype)
+    return budget, f"memory budget {budget / 1e9:.2f} GB"
+
+
 def check_budget(manifest: Manifest, budget: int, dtype: mx.Dtype | None) -> None:
     one = largest_expert_bytes(manifest, dtype)  # the budget must hold any one expert
     if budget < 0 or 0 < budget < one:

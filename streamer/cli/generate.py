@@ -7,7 +7,7 @@ import sys
 
 from ..errors import StreamerError
 from .interrupts import raising_on_ctrl_c
-from .options import add_loading, add_prompt, add_template, prompt
+from .options import add_loading, add_prompt, add_template, load_options, prompt
 from .output import emit
 
 
@@ -36,22 +36,6 @@ def add_parser(sub) -> None:
         help="more tokens that end the answer (text or id)",
     )
     add_loading(p)
-    p.add_argument(
-        "--read-path",
-        choices=["slots", "mapped"],
-        help="slots: a bounded slot pool filled by reads (default on Metal and CUDA); mapped: "
-        "compute in place on the mapped files (default on the CPU)",
-    )
-    p.add_argument(
-        "--verify-reads",
-        action="store_true",
-        help="check each expert's crc32 the first time it is read",
-    )
-    p.add_argument(
-        "--checksums",
-        metavar="FILE",
-        help="an MLX download's checksum sidecar, if not the default (see `streamer verify`)",
-    )
     p.set_defaults(run=generate)
 
 
@@ -72,12 +56,8 @@ def generate(args: argparse.Namespace) -> int:
     rank = group.rank() if group else 0
     model, tokenizer = load(
         streamable(args.model.replace("{rank}", str(rank))),  # {rank}: a folder per rank
-        memory_budget=args.memory_budget,
-        read_path=args.read_path,
-        verify_reads=args.verify_reads,
-        trust_remote_code=args.trust_remote_code,
+        **load_options(args),
         group=group,
-        checksums=args.checksums,
     )
     if group is not None:
         args.seed = shared_seed(group, args.seed)  # sampled tokens must agree on every rank

@@ -46,9 +46,11 @@ def info(args: argparse.Namespace) -> None:
 
 
 def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> list[str]:
+    from ..config import experts_per_token
+
     config = manifest.config
     layers = manifest.layers
-    top_k = int(config.get("num_experts_per_tok", 0))
+    top_k = experts_per_token(config)
     active = sum(per_expert) * top_k
     quant = config.get("quantization")
     expert_quant = {

@@ -60,6 +60,33 @@ def add_loading(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow a tokenizer that ships Python code (Kimi K2)",
     )
+    p.add_argument(
+        "--read-path",
+        choices=["slots", "mapped"],
+        help="slots: a bounded slot pool filled by reads (default on Metal and CUDA); mapped: "
+        "compute in place on the mapped files (default on the CPU)",
+    )
+    p.add_argument(
+        "--verify-reads",
+        action="store_true",
+        help="check each expert's crc32 the first time it is read",
+    )
+    p.add_argument(
+        "--checksums",
+        metavar="FILE",
+        help="an MLX download's checksum sidecar, if not the default (see `streamer verify`)",
+    )
+
+
+def load_options(args: argparse.Namespace) -> dict:
+    """The keywords of `streamer.load` that add_loading's flags set."""
+    return {
+        "memory_budget": args.memory_budget,
+        "trust_remote_code": args.trust_remote_code,
+        "read_path": args.read_path,
+        "verify_reads": args.verify_reads,
+        "checksums": args.checksums,
+    }
 
 
 def prompt(args: argparse.Namespace) -> str:

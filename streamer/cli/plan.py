@@ -18,8 +18,8 @@ def add_parser(sub) -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
+    from ..backend import default_dtype
     from ..hub import resolve
-    from ..model import default_dtype
     from ..plan import plan
 
     if args.memory is None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .interrupts import raising_on_ctrl_c
-from .options import add_loading, add_sampling, add_template
+from .options import add_loading, add_sampling, add_template, load_options
 
 
 def add_parsers(sub) -> None:
@@ -14,7 +14,8 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="a repacked folder or MLX download, or org/name (hub cache)",
+        help="a repacked folder or MLX download, or org/name (hub cache); under mlx.launch, "
+        "{rank} in it is replaced by the rank",
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
@@ -28,7 +29,12 @@ def add_parsers(sub) -> None:
     p.set_defaults(run=serve)
 
     p = sub.add_parser("chat", help="a conversation with a repacked model in the terminal")
-    p.add_argument("--model", required=True, help="a repacked folder, or org/name (hub cache)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a repacked folder, or org/name (hub cache); under mlx.launch, {rank} in it is "
+        "replaced by the rank",
+    )
     p.add_argument("--max-tokens", type=int, default=512, help="per answer")
     add_sampling(p)
     add_template(p)
@@ -37,42 +43,46 @@ def add_parsers(sub) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
-    from ..distributed import GroupError, launched_group
-
-    args.group = launched_group()
-    if args.group is not None:  # rank 0 would wait forever in its first layer's all_sum
-        raise GroupError(
-            "streamer serve does not run expert-parallel yet: under mlx.launch only `streamer "
-            "generate` does. Serve a full repacked folder from one machine."
-        )
+    from ..distributed import launched_group
     from ..hub import streamable
-    from ..server import serve
+    from ..server import open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
 
+    start_logging()
+    group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
+    folder = streamable(_rank_folder(args.model, group))
+    model, tokenizer, context = open_model(folder, group, **load_options(args))
+    engine = open_engine(model, tokenizer, args.prompt_cache_size, group)
+    if group is not None and group.rank() != 0:
+        return engine.follow()
     defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
-    serve(
-        args.model,
-        streamable(args.model),
-        host=args.host,
-        port=args.port,
-        defaults=defaults,
-        max_tokens=args.max_tokens,
-        memory_budget=args.memory_budget,
-        trust_remote_code=args.trust_remote_code,
-        prompt_cache_size=args.prompt_cache_size,
-    )
+    with raising_on_ctrl_c():  # Ctrl-C stops serving: the engine closes, other ranks are told
+        serve(
+            engine,
+            args.model,
+            folder,
+            context,
+            host=args.host,
+            port=args.port,
+            defaults=defaults,
+            max_tokens=args.max_tokens,
+        )
 
 
 def chat(args: argparse.Namespace) -> None:
     from ..chat import chat
+    from ..distributed import launched_group
     from ..hub import streamable
-    from ..server import open_model
+    from ..server import open_engine, open_model
     from ..server.api import Sampling
-    from ..server.engine import Engine
 
+    group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(
-        streamable(args.model), args.memory_budget, args.trust_remote_code
+        streamable(_rank_folder(args.model, group)), group, **load_options(args)
     )
+    engine = open_engine(model, tokenizer, 2, group)
+    if group is not None and group.rank() != 0:
+        return engine.follow()
     template = tokenizer.has_chat_template and not args.ignore_chat_template
     if not tokenizer.has_chat_template:
         print(
@@ -81,7 +91,6 @@ def chat(args: argparse.Namespace) -> None:
     sampling = Sampling(
         temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed
     )
-    engine = Engine(model, tokenizer, prompt_cache_size=2)
     try:
         with raising_on_ctrl_c():  # Ctrl-C stops an answer; at the prompt it ends the chat
             chat(
@@ -94,3 +103,8 @@ def chat(args: argparse.Namespace) -> None:
             )
     finally:
         engine.close()
+
+
+def _rank_folder(model: str, group) -> str:
+    """Under mlx.launch, "{rank}" in --model is this rank's number (a folder per shard)."""
+    return model.replace("{rank}", str(group.rank() if group is not None else 0))

@@ -23,8 +23,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
-from ..io.expert_files import ByteRange, ExpertFiles, LayerFiles
-from ..io.integrity import mismatched_tensors
+from ..io.expert_files import ExpertFiles, LayerFiles
+from ..io.expert_layout import ByteRange
+from ..io.tensor_crcs import mismatched_tensors
 from ..stats import ExpertTraffic
 from .routing import finish, host_routing
 
@@ -46,7 +47,8 @@ class Prefetcher:
         self._evictions = files.evictions
         self.recent_misses = 0
         self.payload_bytes = layer.layout.payload_bytes
-        self.measured_bytes = sum(r.length for r in layer.layout.expert_ranges)
+        self._lengths = np.array([r.length for r in layer.layout.expert_ranges], dtype=np.int64)
+        self.measured_bytes = int(self._lengths.sum())
         self.checksums = checksums
         self.verified = np.zeros(num_experts, dtype=bool)
         self._ranges: list[list[ByteRange] | None] = [None] * num_experts  # made on first use
@@ -57,21 +59,20 @@ class Prefetcher:
         start = time.perf_counter()
         self._forget_evicted()
         files.check_unchanged()
-        for expert in experts:
-            cold = False
-            for r in self._ranges_of(expert):  # a repacked record is one range, a download several
-                resident = files.resident_bytes(r)
-                if resident is None:  # the OS cannot tell: no hint is given
-                    continue
-                traffic.bytes_in_page_cache += resident
-                traffic.bytes_measured += r.length
-                if resident < r.length:
-                    files.advise(r, mmap.MADV_WILLNEED)
-                    cold = True
-            if cold:
-                traffic.experts_fetched += 1
-                populated[expert] = False  # evicted pages were unmapped too
-                self.recent_misses += 1
+        counts = files.resident_bytes(experts)  # [expert, range]
+        if counts is not None:  # None: the OS cannot tell, no hint is given
+            measured = len(experts) * self.measured_bytes
+            resident = int(counts.sum())
+            traffic.bytes_measured += measured
+            traffic.bytes_in_page_cache += resident
+            if resident < measured:  # some ranges are cold
+                cold = counts < self._lengths
+                for i, j in zip(*np.nonzero(cold)):  # a repacked record is 1 range, a download 9
+                    files.advise(self._ranges_of(experts[i])[j], mmap.MADV_WILLNEED)
+                fetched = np.asarray(experts)[cold.any(axis=1)]
+                traffic.experts_fetched += len(fetched)
+                populated[fetched] = False  # evicted pages were unmapped too
+                self.recent_misses += len(fetched)
         for expert in experts:
             if not populated[expert]:
                 populated[expert] = all(files.populate(r) for r in self._ranges_of(expert))
@@ -90,11 +91,11 @@ class Prefetcher:
             return False
         self._forget_evicted()
         regions = self._files.layout.regions
-        counts = [self._files.resident_bytes(r) for r in regions]
+        counts = self._files.regions_resident_bytes()
         total = sum(r.length for r in regions)
-        if None in counts or sum(counts) < FILE_CACHED_SHARE * total:  # None: the OS cannot tell
+        if counts is None or counts.sum() < FILE_CACHED_SHARE * total:  # None: the OS cannot tell
             return False
-        if sum(counts) < total or not self._populated.all():
+        if counts.sum() < total or not self._populated.all():
             self._populated[:] = all([self._files.populate(r) for r in regions])
         return True
 

@@ -19,9 +19,9 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..cache.budget import all_experts_bytes, default_budget
+from ..cache.budget import all_experts_bytes, chosen_budget
 from ..cache.slot_pool import LayerSource, SlotPool, SlotTensor
-from ..io.expert_files import LayerLayout
+from ..io.expert_layout import LayerLayout
 from ..io.manifest import Manifest
 from ..io.reads import ReadFile
 from ..stats import ExpertTraffic
@@ -89,15 +89,12 @@ def slot_budget(
     checksums: list | None,
     bypass_page_cache: bool = False,
 ) -> tuple[str, list[SlotPool]]:
-    """Give every layer its pool for `budget` bytes of slots (None: as default_budget says)
+    """Give every layer its pool for `budget` bytes of slots (None: the default, cache/budget.py)
     and say so. Enough for every expert: each layer reads all its experts once into a pool of
     its own and runs resident. Less: one pool per shape class, its share of the budget in
     proportion to the class's experts, at least one slot; 0: one layer's experts each (the
     smallest pool in which any call, a whole prompt chunk too, runs in one round)."""
-    if budget is None:
-        budget, why = default_budget(manifest, dtype)
-    else:
-        why = f"memory budget {budget / 1e9:.2f} GB"
+    budget, why = chosen_budget(manifest, budget, dtype)
     if budget >= all_experts_bytes(manifest, dtype):
         for layout, layer in zip(layouts, layers):
             own = open_pools([layout], {shape_class(layout): layout.num_experts}, checksums, False)

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StreamerError
+from .durable import write_json_atomic
 from .files import read_bytes
 from .json_file import parse_json_object
-from .manifest import write_json_atomic
 
 FORMAT = "streamer-checksums"
 FORMAT_VERSION = 1

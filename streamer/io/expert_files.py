@@ -1,106 +1,26 @@
 """Expert files: the files holding each MoE layer's experts, mapped once and viewed in place by MLX.
 
-Where an expert's bytes lie is a layout: every tensor of expert e is `length` bytes at
-`offset + e * stride` of one of the layer's files, so each tensor across experts is one strided
-MLX array over the mapping, read by mlx-lm's gather kernels without a copy (mapping.py says how a
-mapping becomes an MLX array). One expert is one or more byte ranges, in one or more files: in a
-repacked folder one record of `record_bytes` at e * record_bytes; in a download that stacks each
-tensor [E, ...] in its shards, the weight/scales/biases ranges of each projection. Residency,
-read-ahead and checksums work on those ranges. Nothing here knows a policy or a statistic.
+Each tensor across experts is one strided MLX array over the mapping of its layout
+(expert_layout.py), read by mlx-lm's gather kernels without a copy (mapping.py says how a
+mapping becomes an MLX array). Residency, read-ahead and checksums work on the layout's expert
+ranges. Nothing here knows a policy or a statistic.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from .expert_layout import ByteRange, LayerLayout, TensorPlacement, repacked_layout
 from .files import open_regular
 from .integrity import check_expert_file_size
-from .manifest import Manifest, MoeLayer
-from .mapping import OS_PAGE, MappedFile
-from .safetensors import DTYPES
-
-
-@dataclass(frozen=True)
-class Strided:
-    """Bytes repeated once per expert: expert e's `length` bytes lie at `offset + e * stride` of
-    the layer's file number `file`."""
-
-    file: int
-    offset: int
-    stride: int
-    length: int
-
-    def of(self, expert: int) -> ByteRange:
-        return ByteRange(self.file, self.offset + expert * self.stride, self.length)
-
-
-class ByteRange(NamedTuple):  # a tuple: one is made per routed expert range per call
-    file: int  # index into the layer's files
-    offset: int
-    length: int
-
-
-@dataclass(frozen=True)
-class TensorPlacement:
-    name: str  # mlx-lm's name inside the container, e.g. "gate_proj.weight"
-    dtype: mx.Dtype
-    shape: tuple[int, ...]  # one expert's shape
-    at: Strided
-
-
-@dataclass(frozen=True)
-class LayerLayout:
-    """Where one MoE layer's experts lie."""
-
-    folder: Path  # the model folder, for what to do about an error
-    index: int  # MoE layer number
-    module: str  # mlx-lm module path of the expert container
-    files: tuple[Path, ...]
-    file_bytes: tuple[int, ...]  # the size each file must have
-    num_experts: int
-    tensors: tuple[TensorPlacement, ...]  # in the manifest's tensor order
-    expert_ranges: tuple[Strided, ...]  # what one expert occupies: the unit of residency and reads
-    payload_bytes: int  # bytes of one expert that the compute reads (its statistic)
-    regions: tuple[ByteRange, ...]  # bytes holding all of the layer's experts
-    remedy: str = "repack the model"  # what to do about a damaged or changed file
-
-    @property
-    def name(self) -> str:
-        return f"MoE layer {self.index} ({self.module})"
-
-    def where(self, file: int) -> str:
-        return f"{self.files[file]} (MoE layer {self.index}, {self.module})"
-
-
-def repacked_layout(folder: Path, index: int, layer: MoeLayer) -> LayerLayout:
-    """A repacked folder's layer: one file, expert e one record at e * record_bytes."""
-    path = Path(folder) / layer.file
-    record = layer.record_bytes
-    return LayerLayout(
-        folder=Path(folder),
-        index=index,
-        module=layer.module,
-        files=(path,),
-        file_bytes=(layer.file_bytes,),
-        num_experts=layer.num_experts,
-        tensors=tuple(
-            TensorPlacement(
-                t.name, DTYPES[t.dtype][1], t.shape, Strided(0, t.offset, record, t.nbytes)
-            )
-            for t in layer.tensors
-        ),
-        expert_ranges=(Strided(0, 0, record, record),),
-        payload_bytes=max(t.offset + t.nbytes for t in layer.tensors),
-        regions=(ByteRange(0, 0, layer.file_bytes),),
-    )
+from .manifest import Manifest
+from .mapping import OS_PAGE, MappedFile, Residency, Span, page_span
 
 
 class LayerFiles:
@@ -111,6 +31,13 @@ class LayerFiles:
         self._fds, self._maps = fds, maps
         self.views = [self._view(t) for t in layout.tensors]
         mx.eval(self.views)
+        self._residency = Residency()
+        self._spans: list[list[Span] | None] = [None] * layout.num_experts  # made on first use
+        self._lengths = np.array([r.length for r in layout.expert_ranges], dtype=np.int64)
+        self._tiled: dict[int, np.ndarray] = {}  # experts per call -> their ranges' lengths
+        self._region_spans = [
+            page_span(self.address(r.file, r.offset), r.length) for r in layout.regions
+        ]
 
     def _view(self, t: TensorPlacement) -> mx.array:
         mapped = self._maps[t.at.file]
@@ -130,10 +57,34 @@ class LayerFiles:
     def ranges(self, expert: int) -> list[ByteRange]:
         return [r.of(expert) for r in self.layout.expert_ranges]
 
-    def resident_bytes(self, r: ByteRange) -> int | None:
-        """Bytes of `r` in the page cache; None where the OS cannot tell."""
-        mapped = self._maps[r.file]
-        return mapped.resident_bytes(r.offset - mapped.offset, r.length)
+    def address(self, file: int, offset: int) -> int:
+        """Where byte `offset` of the layer's file number `file` lies in memory."""
+        mapped = self._maps[file]
+        return mapped.address + offset - mapped.offset
+
+    def resident_bytes(self, experts: list[int]) -> np.ndarray | None:
+        """Bytes of each of `experts`' ranges in the page cache, [expert, range] in `ranges`
+        order, asked in one go; None where the OS cannot tell."""
+        spans = [span for expert in experts for span in self._spans_of(expert)]
+        lengths = self._tiled.get(len(experts))
+        if lengths is None:
+            lengths = self._tiled[len(experts)] = np.tile(self._lengths, len(experts))
+        counts = self._residency.resident_bytes(spans, lengths)
+        return None if counts is None else counts.reshape(len(experts), len(self._lengths))
+
+    def _spans_of(self, expert: int) -> list[Span]:
+        spans = self._spans[expert]
+        if spans is None:
+            spans = self._spans[expert] = [
+                page_span(self.address(r.file, r.offset), r.length) for r in self.ranges(expert)
+            ]
+        return spans
+
+    def regions_resident_bytes(self) -> np.ndarray | None:
+        """Bytes of each of the layout's regions in the page cache; None where the OS cannot
+        tell."""
+        lengths = np.array([r.length for r in self.layout.regions], dtype=np.int64)
+        return self._residency.resident_bytes(self._region_spans, lengths)
 
     def advise(self, r: ByteRange, advice: int) -> None:
         mapped = self._maps[r.file]

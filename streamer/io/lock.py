@@ -26,9 +26,10 @@ class FolderLock:
         self._file.close()
 
 
-def _lock(path: Path, mode: int) -> FolderLock | None:
-    """An flock on `path`; BlockingIOError if another holds it. None if `path` does not exist or the
-    file system has no flock (some network mounts): the locks only guard against mistakes."""
+def _lock(path: Path, mode: int, refusal: str) -> FolderLock | None:
+    """An flock on `path`; StreamerError(`refusal`) if another process holds it. None if `path`
+    does not exist or the file system has no flock (some network mounts): the locks only guard
+    against mistakes."""
     try:
         file = open(path, "rb")
     except (FileNotFoundError, NotADirectoryError):
@@ -37,7 +38,7 @@ def _lock(path: Path, mode: int) -> FolderLock | None:
         fcntl.flock(file.fileno(), mode | fcntl.LOCK_NB)
     except BlockingIOError:
         file.close()
-        raise
+        raise StreamerError(refusal) from None
     except OSError:
         file.close()
         return None
@@ -47,50 +48,45 @@ def _lock(path: Path, mode: int) -> FolderLock | None:
 def lock_for_reading(folder: Path) -> FolderLock | None:
     """A shared lock on a repacked folder while a model reads it; refused during a
     `repack --force` into it."""
-    try:
-        return _lock(Path(folder) / MANIFEST_FILE, fcntl.LOCK_SH)
-    except BlockingIOError:
-        raise StreamerError(
-            f"{folder} is being replaced by `streamer repack --force` in another process: "
-            "wait for it to finish."
-        ) from None
+    return _lock(
+        Path(folder) / MANIFEST_FILE,
+        fcntl.LOCK_SH,
+        f"{folder} is being replaced by `streamer repack --force` in another process: wait for "
+        "it to finish.",
+    )
 
 
 def lock_for_replacing(folder: Path) -> FolderLock | None:
     """An exclusive lock on a repacked folder that is about to be replaced; refused while a
     model reads it."""
-    try:
-        return _lock(Path(folder) / MANIFEST_FILE, fcntl.LOCK_EX)
-    except BlockingIOError:
-        raise StreamerError(
-            f"{folder} is in use: another process has a model loaded from it "
-            "(or is repacking into it). "
-            "Stop that process first, or repack into another folder."
-        ) from None
+    return _lock(
+        Path(folder) / MANIFEST_FILE,
+        fcntl.LOCK_EX,
+        f"{folder} is in use: another process has a model loaded from it (or is repacking into "
+        "it). Stop that process first, or repack into another folder.",
+    )
 
 
 def lock_download_for_reading(folder: Path) -> FolderLock | None:
     """A shared lock on a download a model streams from in place (on its config.json); refused
     while `repack --delete-source` deletes its shards."""
-    try:
-        return _lock(Path(folder) / "config.json", fcntl.LOCK_SH)
-    except BlockingIOError:
-        raise StreamerError(
-            f"{folder} is being repacked with --delete-source in another process, which deletes "
-            "its shards: use the repacked model when it is done."
-        ) from None
+    return _lock(
+        Path(folder) / "config.json",
+        fcntl.LOCK_SH,
+        f"{folder} is being repacked with --delete-source in another process, which deletes "
+        "its shards: use the repacked model when it is done.",
+    )
 
 
 def lock_source_for_deleting(folder: Path) -> FolderLock | None:
     """An exclusive lock on a download whose shards `repack --delete-source` deletes; refused
     while a model streams from it in place."""
-    try:
-        return _lock(Path(folder) / "config.json", fcntl.LOCK_EX)
-    except BlockingIOError:
-        raise StreamerError(
-            f"{folder} is in use: another process streams a model from it in place (or repacks "
-            "it with --delete-source). Stop that process first, or repack without --delete-source."
-        ) from None
+    return _lock(
+        Path(folder) / "config.json",
+        fcntl.LOCK_EX,
+        f"{folder} is in use: another process streams a model from it in place (or repacks "
+        "it with --delete-source). Stop that process first, or repack without --delete-source.",
+    )
 
 
 def lock_directory(path: Path, what: str) -> int | None:

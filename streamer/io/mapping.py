@@ -71,7 +71,6 @@ class MappedFile:
             self.host = np.asarray(memoryview(self.array))
             self.host.flags.writeable = False  # the pages are mapped read-only: a write would fault
         self.address = self.host.ctypes.data
-        self._residency = Residency()
         if self._map is None:
             # restore before MLX may free or recycle the buffer, whoever drops the last reference
             self._restore = weakref.finalize(
@@ -83,9 +82,6 @@ class MappedFile:
 
     def populate(self, offset: int, length: int) -> bool:
         return populate(self.address, offset, length)
-
-    def resident_bytes(self, offset: int, length: int) -> int | None:
-        return self._residency.resident_bytes(self.address, offset, length)
 
     def close(self) -> None:
         self.host = self.array = None
@@ -145,32 +141,56 @@ def populate(address: int, offset: int, length: int) -> bool:
     return True
 
 
+Span = tuple[int, int, int]  # whole pages: (address of the first, bytes, pages)
+
+
+def page_span(address: int, length: int) -> Span:
+    """The whole pages holding `length` bytes at `address`."""
+    start = address - address % OS_PAGE
+    pages = -(-(address + length - start) // OS_PAGE)
+    return start, pages * OS_PAGE, pages
+
+
 class Residency:
-    """mincore(2): which pages of a mapped range are in the page cache. Keeps a result vector
-    per range size between calls, since it is asked once per routed expert range."""
+    """mincore(2): which pages of mapped ranges are in the page cache, many ranges per call.
+
+    Each range is asked on its own (one call over the gaps between routed experts would make the
+    kernel check pages no expert of the call uses, and it costs per page: bench/README.md), from
+    one loop over page spans made once, and the answer is counted in numpy only where some page
+    is missing, so a layer call with many routed ranges (9 per expert in a download) costs
+    little more than its OS calls. The page vector is kept between calls."""
 
     def __init__(self):
-        self._vectors: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # pages -> vec, bits
+        self._vec = np.zeros(0, dtype=np.uint8)
 
-    def resident_bytes(self, address: int, offset: int, length: int) -> int | None:
-        """Bytes of `length` at `offset` of a mapping at `address` that are in the page cache
-        (counted in whole pages, at most `length`); None where the OS cannot tell."""
+    def resident_bytes(self, spans: list[Span], lengths: np.ndarray) -> np.ndarray | None:
+        """Bytes of each range in the page cache (range i: `lengths[i]` > 0 bytes within the
+        pages `spans[i]` of a mapping), counted in whole pages and at most the range's length;
+        `lengths` itself when every page is resident; None where the OS cannot tell."""
         if _mincore is None:
             return None
-        start = offset - offset % OS_PAGE
-        pages = align(offset + length - start, OS_PAGE) // OS_PAGE
-        if pages not in self._vectors:
-            vec = np.zeros(pages, dtype=np.uint8)
-            self._vectors[pages] = vec, np.zeros_like(vec), vec.ctypes.data
-        vec, bits, vec_address = self._vectors[pages]
-        if _mincore(address + start, offset + length - start, vec_address) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"mincore failed: {os.strerror(err)}")
-        np.bitwise_and(vec, 1, out=bits)  # bit 0: resident (macOS sets other bits too)
-        resident = int(np.count_nonzero(bits))
-        return length if resident == pages else min(resident * OS_PAGE, length)
+        pages = sum(span[2] for span in spans)
+        if len(self._vec) < pages:
+            self._vec = np.zeros(pages, dtype=np.uint8)
+        to = self._vec.ctypes.data
+        for start, size, n in spans:
+            if _mincore(start, size, to) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"mincore failed: {os.strerror(err)}")
+            to += n
+        bits = self._vec[:pages] & 1  # bit 0: resident (macOS sets other bits too)
+        if bits.all():
+            return lengths
+        counted = np.zeros(pages + 1, dtype=np.int64)
+        np.cumsum(bits, out=counted[1:])
+        at = np.zeros(len(spans) + 1, dtype=np.int64)  # where each range's pages start in bits
+        np.cumsum([span[2] for span in spans], out=at[1:])
+        resident = counted[at[1:]] - counted[at[:-1]]
+        whole = resident == at[1:] - at[:-1]
+        return np.where(whole, lengths, np.minimum(resident * OS_PAGE, lengths))
 
 
 def resident_bytes(address: int, offset: int, length: int) -> int | None:
     """mincore of one range (see Residency); for callers outside the decode loop."""
-    return Residency().resident_bytes(address, offset, length)
+    counts = Residency().resident_bytes([page_span(address + offset, length)], np.array([length]))
+    return None if counts is None else int(counts[0])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
-from ..io.integrity import verify_layer, verify_resident
+from ..io.durable import write_json_atomic
 from ..io.json_file import read_json_object
 from ..io.manifest import (
     FORMAT_VERSION,
@@ -26,8 +26,8 @@ from ..io.manifest import (
     MoeLayer,
     layer_from_json,
     layer_to_json,
-    write_json_atomic,
 )
+from ..io.tensor_crcs import verify_layer, verify_resident
 from .plan import Plan
 from .records import matches_plan
 

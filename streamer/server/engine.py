@@ -23,12 +23,13 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
     trim_prompt_cache,
 )
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..generate import RunStats, stream_generate
-from .api import ApiError, Completion
+from .api import Completion
+from .fields import ApiError
 from .output import Output, Piece
+from .sampling import sampler_and_processors
 
 log = logging.getLogger("streamer.server")
 MODEL_KEY = "served"  # one model per server: the prompt cache's key for it
@@ -128,6 +129,7 @@ class Engine:
 
     def _generate(self, job: Job, stream) -> None:
         request, sampling = job.request, job.request.sampling
+        sampler, processors = sampler_and_processors(sampling)
         cache, rest = self._cache_for(job.prompt)
         output = Output(self.tokenizer, job.prompt, request.stop)
         generated: list[int] = []
@@ -138,18 +140,8 @@ class Engine:
             rest,
             job.max_tokens,
             seed=sampling.seed,
-            sampler=make_sampler(
-                sampling.temperature,
-                top_p=sampling.top_p,
-                min_p=sampling.min_p,
-                top_k=sampling.top_k,
-            ),
-            logits_processors=make_logits_processors(
-                sampling.logit_bias,
-                sampling.repetition_penalty,
-                presence_penalty=sampling.presence_penalty,
-                frequency_penalty=sampling.frequency_penalty,
-            ),
+            sampler=sampler,
+            logits_processors=processors,
             prompt_cache=cache,
             stream=stream,
         ):
@@ -160,13 +152,7 @@ class Engine:
             tokens = [] if eos or not request.logprobs else [self._token(response, request)]
             if piece or tokens:
                 job.events.put(Step(piece, tokens))
-            if job.cancelled.is_set():
-                log.info(
-                    "client gone: stopped after %d of %d tokens", len(generated), job.max_tokens
-                )
-                finish = "stop"
-                break
-            if stopped:
+            if self._stops(job, stopped, len(generated)):
                 finish = "stop"
                 break
             finish = response.finish_reason or finish
@@ -178,6 +164,14 @@ class Engine:
             finish = "tool_calls"
         cached = len(job.prompt) - len(rest)
         job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
+
+    def _stops(self, job: Job, stopped: bool, generated: int) -> bool:
+        """Whether generation ends after this token: a stop string came, or the client went
+        away (an expert-parallel group's engine decides for all its ranks together)."""
+        if job.cancelled.is_set():
+            log.info("client gone: stopped after %d of %d tokens", generated, job.max_tokens)
+            return True
+        return stopped
 
     def _cache_for(self, prompt: list[int]) -> tuple[list, list[int]]:
         """The KV cache of the longest cached prefix of `prompt` and the tokens still to compute

@@ -7,6 +7,7 @@ produces. Bad input is answered with a 4xx before anything is queued.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import select
@@ -14,15 +15,18 @@ import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from queue import Empty
+from urllib.parse import urlsplit
 
-from .api import MAX_BODY_BYTES, ApiError, Completion, Sampling, parse_body, parse_completion
+from .api import Completion, Sampling, parse_completion
 from .engine import Done, Engine, Job, Step, fit
+from .fields import MAX_BODY_BYTES, ApiError, parse_body
 from .output import Piece
 from .prompts import prompt_tokens
 from .responses import Answer, stats_json
 
 log = logging.getLogger("streamer.server")
 POLL_SECONDS = 0.25  # how often a waiting handler checks that its client is still there
+SOCKET_SECONDS = 120  # a client that sends or takes nothing for this long is dropped
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 TEXT_PATHS = ("/v1/completions", "/completions")
 
@@ -51,8 +55,13 @@ class App:
         )
 
 
+class ClientGone(Exception):
+    """The client closed its side of the connection while its answer was being made."""
+
+
 class Handler(BaseHTTPRequestHandler):
     server: Server
+    timeout = SOCKET_SECONDS  # a body promised by Content-Length and never sent ends here
 
     def log_message(self, format: str, *args) -> None:
         log.info("%s %s", self.address_string(), format % args)
@@ -71,28 +80,32 @@ class Handler(BaseHTTPRequestHandler):
     def _not_allowed(self) -> None:
         self._error(ApiError(405, f"{self.command} is not allowed on {self.path}: use GET or POST"))
 
-    do_PUT = do_DELETE = do_PATCH = _not_allowed
+    do_PUT = do_DELETE = do_PATCH = do_HEAD = _not_allowed
+
+    @property
+    def route(self) -> str:
+        return urlsplit(self.path).path  # a query string (?api-version=...) changes nothing
 
     def do_GET(self) -> None:
-        app = self.server.app
-        if self.path == "/health":
+        app, route = self.server.app, self.route
+        if route == "/health":
             healthy = app.engine.healthy
             self._json(200 if healthy else 503, {"status": "ok" if healthy else "unavailable"})
-        elif self.path.rstrip("/") == "/v1/models":
+        elif route.rstrip("/") == "/v1/models":
             self._json(200, {"object": "list", "data": [self._model()]})
-        elif self.path.startswith("/v1/models/") and self.path[11:] in app.model_ids:
+        elif route.startswith("/v1/models/") and route[11:] in app.model_ids:
             self._json(200, self._model())
         else:
-            self._error(ApiError(404, f"no such endpoint: GET {self.path}"))
+            self._error(ApiError(404, f"no such endpoint: GET {route}"))
 
     def _model(self) -> dict:
         return {"id": self.server.app.model_id, "object": "model", "owned_by": "streamer"}
 
     def do_POST(self) -> None:
-        chat = self.path in CHAT_PATHS
+        chat = self.route in CHAT_PATHS
         try:
-            if not chat and self.path not in TEXT_PATHS:
-                raise ApiError(404, f"no such endpoint: POST {self.path}")
+            if not chat and self.route not in TEXT_PATHS:
+                raise ApiError(404, f"no such endpoint: POST {self.route}")
             app = self.server.app
             body = parse_body(self._body())
             request = parse_completion(body, chat=chat, models=app.model_ids, defaults=app.defaults)
@@ -100,10 +113,14 @@ class Handler(BaseHTTPRequestHandler):
         except ApiError as e:
             self._error(e)
             return
+        except Exception as e:  # a bug: the client still gets an answer, the log the traceback
+            log.exception("request failed")
+            self._error(ApiError(500, f"the server failed on this request: {e}"))
+            return
         try:
             (self._stream if request.stream else self._whole)(job)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client went away mid-answer
+        except (ClientGone, BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass  # the client went away mid-answer (or stopped reading it)
         finally:
             job.cancelled.set()  # a no-op once the job is done; else its generation stops
 
@@ -115,33 +132,40 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(400, f"Content-Length {length!r} is not a number of bytes")
         if int(length) > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
-        return self.rfile.read(int(length))
+        try:
+            body = self.rfile.read(int(length))
+        except TimeoutError:
+            body = b""
+        if len(body) < int(length):  # the client closed, or sent nothing for SOCKET_SECONDS
+            raise ApiError(400, f"the request body did not arrive in full ({length} bytes)")
+        return body
 
     def _events(self, job: Job):
-        """The job's events as they come; None while there is nothing new (every POLL_SECONDS)."""
+        """The job's events as they come; ClientGone once the client hung up (checked every
+        POLL_SECONDS, so a queued job or a long prompt notices too)."""
+        checked = time.monotonic()
         while True:
             try:
                 event = job.events.get(timeout=POLL_SECONDS)
             except Empty:
                 if not self.server.app.engine.healthy:
                     raise ApiError(500, "the generation thread stopped") from None
-                yield None
-                continue
+                event = None
+            if time.monotonic() - checked > POLL_SECONDS:
+                if _client_gone(self.connection):
+                    raise ClientGone  # the finally of do_POST cancels the job
+                checked = time.monotonic()
             if isinstance(event, ApiError):
                 raise event
-            yield event
+            if event is not None:
+                yield event
             if isinstance(event, Done):
                 return
 
     def _whole(self, job: Job) -> None:
         answer = Answer(job.request, self.server.app.engine.tokenizer.tool_parser)
-        checked = time.monotonic()
         try:
             for event in self._events(job):
-                if time.monotonic() - checked > POLL_SECONDS:
-                    if _client_gone(self.connection):
-                        return  # the finally of do_POST cancels the job
-                    checked = time.monotonic()
                 if isinstance(event, Step):
                     answer.add(event.piece, event.tokens)
                 elif isinstance(event, Done):
@@ -150,16 +174,22 @@ class Handler(BaseHTTPRequestHandler):
             self._error(e)
 
     def _stream(self, job: Job) -> None:
+        """Server-sent events. The status line waits for the first event, so that a request the
+        generation refuses at once (a logit_bias past the vocabulary) gets its 4xx."""
         answer = Answer(job.request, self.server.app.engine.tokenizer.tool_parser)
+        events = self._events(job)
+        try:
+            first = next(events)
+        except ApiError as e:
+            self._error(e)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
         try:
-            for event in self._events(job):
-                if event is None:
-                    self._send(b": waiting\n\n")  # an SSE comment: finds a client that left
-                elif isinstance(event, Step):
+            for event in itertools.chain([first], events):
+                if isinstance(event, Step):
                     self._event(answer.chunk(event.piece, event.tokens))
                 else:
                     final = answer.chunk(Piece(), [], event.finish_reason)

@@ -31,15 +31,23 @@ class StopStrings:
         if matches:
             self.held = ""
             return text[: min(matches)], True
-        keep = max(
-            (k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0
-        )
+        keep = max((_partial_match(text, s) for s in self.stops), default=0)
         self.held = text[len(text) - keep :]
         return text[: len(text) - keep], False
 
     def flush(self) -> str:
         text, self.held = self.held, ""
         return text
+
+
+def _partial_match(text: str, stop: str) -> int:
+    """The length of the longest end of `text` that begins `stop` (shorter than `stop`)."""
+    start = text.find(stop[0], max(0, len(text) - len(stop) + 1))
+    while start >= 0:
+        if stop.startswith(text[start:]):
+            return len(text) - start
+        start = text.find(stop[0], start + 1)
+    return 0
 
 
 class Output:

@@ -8,7 +8,8 @@ import copy
 from mlx_lm.server import convert_chat, process_message_content
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .api import ApiError, Completion
+from .api import Completion
+from .fields import ApiError
 
 
 def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]:

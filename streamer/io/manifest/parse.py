@@ -1,181 +1,26 @@
-"""The streaming layout's manifest: what is where in a repacked folder, and how to check it.
-
-A repacked folder holds:
-  manifest.json          this file's content (format version, model config, every tensor's place)
-  resident.safetensors   non-expert weights, in mlx-lm's parameter names
-  experts/NNN.bin        one file per MoE layer; expert e is one record of `record_bytes` at
-                         `experts[e].offset` = e * record_bytes (a RECORD_ALIGN multiple), holding
-                         that expert's tensors (weight/scales/biases of each projection) back to
-                         back, so each tensor across experts is one strided array of the file
-  tokenizer and config files copied from the source
-
-A shard (written by `streamer split`, for expert-parallel runs over several machines) is the same
-layout holding only one rank's experts: its manifest says which rank of how many ("shard") and,
-per layer, which of the model's experts its records hold ("expert_ids", record i = expert
-expert_ids[i]); `num_experts` counts the records in the file.
-"""
+"""manifest.json's untrusted JSON into its types (contents.py), every defect a one-line
+StreamerError naming the file and what to do."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import math
-import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import StreamerError
-from .json_file import read_json_object
-from .safetensors import DTYPES, itemsize
-
-FORMAT = "streamer-moe"
-FORMAT_VERSION = 1
-# Expert records start and end on this boundary: Apple silicon's page size, a multiple of Linux's
-# 4 KiB, so a record is whole OS pages on both (the OS page itself is io/mapping.py's OS_PAGE).
-RECORD_ALIGN = 16384
-TENSOR_ALIGN = 64  # each tensor inside an expert record starts on a cache line
-MANIFEST_FILE = "manifest.json"
-RESIDENT_FILE = "resident.safetensors"
-
-
-@dataclass(frozen=True)
-class ExpertTensor:
-    """One tensor of an expert record: `offset` is relative to the record's start."""
-
-    name: str  # e.g. "gate_proj.weight"
-    dtype: str  # safetensors dtype name
-    shape: tuple[int, ...]  # one expert's shape (the stacked tensor minus its leading axis)
-    offset: int
-    nbytes: int
+from ...errors import StreamerError
+from ..safetensors import DTYPES, itemsize
+from .contents import (
+    FORMAT,
+    FORMAT_VERSION,
+    RECORD_ALIGN,
+    RESIDENT_FILE,
+    ExpertTensor,
+    Manifest,
+    MoeLayer,
+    Shard,
+)
 
 
-@dataclass(frozen=True)
-class MoeLayer:
-    module: str  # mlx-lm module path of the expert container
-    file: str  # relative to the repacked folder
-    num_experts: int
-    record_bytes: int
-    quantization: dict[
-        str, dict | None
-    ]  # projection -> mlx quantization params (None: unquantized)
-    tensors: tuple[ExpertTensor, ...]
-    expert_offsets: tuple[int, ...]
-    expert_crc32: tuple[tuple[int, ...], ...]  # [expert][tensor]
-    # a shard's records: the model's expert id of each record (None: record e is expert e)
-    expert_ids: tuple[int, ...] | None = None
-
-    @property
-    def file_bytes(self) -> int:
-        return self.num_experts * self.record_bytes
-
-
-@dataclass(frozen=True)
-class Shard:
-    """The folder holds rank `rank`'s share (of `ranks`) of the experts of model `model`."""
-
-    rank: int
-    ranks: int
-    model: str  # model_identity() of the folder it was split from
-    assignment: str  # how the experts were shared out ("interleaved" or "trace")
-
-
-@dataclass(frozen=True)
-class Manifest:
-    config: dict
-    resident_crc32: dict[str, int]
-    layers: tuple[MoeLayer, ...]
-    # relative path -> {"size", "mtime_ns"} of each data file when repacked: a file changed since
-    # (edited, truncated, half-copied) is refused at load. Empty in manifests written before this.
-    files: dict[str, dict[str, int]] = field(default_factory=dict)
-    shard: Shard | None = None
-
-    @property
-    def expert_file_bytes(self) -> int:
-        """Bytes of all expert files on disk (records with their padding)."""
-        return sum(layer.file_bytes for layer in self.layers)
-
-    @property
-    def model_identity(self) -> str:
-        """What the full model is, whatever folder holds it: a shard's is that of the folder it
-        was split from, so the ranks of a group can check that they run one model."""
-        if self.shard is not None:
-            return self.shard.model
-        content = {
-            "config": self.config,
-            "resident": self.resident_crc32,
-            "moe_layers": [layer_to_json(layer) for layer in self.layers],
-        }
-        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
-
-    def to_json(self) -> dict:
-        return {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "page_size": RECORD_ALIGN,
-            "config": self.config,
-            "resident": {"file": RESIDENT_FILE, "crc32": self.resident_crc32},
-            "moe_layers": [layer_to_json(layer) for layer in self.layers],
-            **({"files": self.files} if self.files else {}),
-            **({"shard": asdict(self.shard)} if self.shard else {}),
-        }
-
-
-def layer_to_json(layer: MoeLayer) -> dict:
-    return {
-        "module": layer.module,
-        "file": layer.file,
-        "num_experts": layer.num_experts,
-        "record_bytes": layer.record_bytes,
-        "quantization": layer.quantization,
-        "tensors": [asdict(t) for t in layer.tensors],
-        "experts": [
-            {"offset": off, "crc32": list(crcs)}
-            for off, crcs in zip(layer.expert_offsets, layer.expert_crc32)
-        ],
-        **({"expert_ids": list(layer.expert_ids)} if layer.expert_ids is not None else {}),
-    }
-
-
-def write_manifest(folder: Path, manifest: Manifest) -> None:
-    """Write manifest.json atomically: a crash leaves the old manifest or the new one, never
-    half."""
-    write_json_atomic(Path(folder) / MANIFEST_FILE, manifest.to_json())
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write `path` whole or not at all: a failure (a full disk, Ctrl-C) removes the temporary."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-def read_manifest(folder: Path | str) -> Manifest:
-    """Read and validate a manifest; raise StreamerError naming the defect and what to do."""
-    path = Path(folder) / MANIFEST_FILE
-    if not path.exists() and not path.is_symlink():
-        if (Path(folder) / "config.json").exists():  # a download: repack writes a new folder
-            raise StreamerError(
-                f"{folder} is a checkpoint as downloaded, not a repacked model: repack it into a "
-                f"new folder with `streamer repack {folder} DST` and pass DST."
-            )
-        raise StreamerError(
-            f"{path} is missing: {folder} is not a repacked model. Run "
-            f"`streamer repack SRC {folder}` first."
-        )
-    data = read_json_object(path, "check the folder, or repack the model.")
-    return _guarded(lambda: _parse(data, path), path)
-
-
-def _guarded(parse, path: Path):
+def guarded(parse, path: Path):
     """Run a parser over untrusted JSON: any structural surprise becomes a StreamerError naming
     `path`."""
     try:
@@ -196,10 +41,10 @@ def _guarded(parse, path: Path):
 
 def layer_from_json(entry: dict, path: Path) -> MoeLayer:
     """One layer entry as written by `layer_to_json`, validated (StreamerError naming `path`)."""
-    return _guarded(lambda: _parse_layer(entry, path), path)
+    return guarded(lambda: _parse_layer(entry, path), path)
 
 
-def _parse(data: dict, path: Path) -> Manifest:
+def parse_manifest(data: dict, path: Path) -> Manifest:
     if data.get("format") != FORMAT:
         raise StreamerError(
             f"{path} is not a streamer manifest (format {data.get('format')!r}): point at a "

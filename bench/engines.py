@@ -1,0 +1,61 @@
+"""Running one engine: each in its own process (bench/worker.py), so its peak memory is its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from balloon import mem_available
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def worker(engine: str, models, *args: str, folder: Path | None = None) -> dict:
+    """One engine in its own process on `models` (a models.Models); `folder` overrides the model
+    folder (streamer on the MLX download itself streams it in place)."""
+    folder = folder or (models.streaming if engine == "streamer" else models.mlx)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    before = mem_available()
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "worker.py"), engine, str(folder), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"[bench] the {engine} worker failed (exit {proc.returncode})")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["mem_available_before"] = before
+    return result
+
+
+def common_args(
+    args,
+    *,
+    repeats: int | None = None,
+    prompt: str | None = None,
+    decode: int | None = None,
+) -> list[str]:
+    return [
+        "--prompt-tokens",
+        prompt or str(args.prompt_tokens),
+        "--decode-tokens",
+        str(decode or args.decode_tokens),
+        "--repeats",
+        str(repeats or args.repeats),
+        "--temp",
+        str(args.temp),
+        "--memory-budget",
+        str(args.memory_budget),
+    ]

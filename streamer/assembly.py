@@ -1,0 +1,77 @@
+"""What assembling a repacked model (model.py) and a download in place (inplace.py) share once
+their streaming layers are in place: the resident weights loaded, then the memory budget applied
+by read path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache.budget import all_experts_bytes, chosen_budget, largest_expert_bytes
+from .cache.expert_cache import ExpertCache
+from .cache.slot_pool import SlotPool
+from .errors import StreamerError
+from .experts import StreamingExperts
+from .experts.slots import slot_budget
+from .io.expert_layout import LayerLayout
+from .io.manifest import Manifest
+from .progress import progress_bar
+
+if TYPE_CHECKING:
+    from .download import Download
+
+
+def load_resident(
+    model: nn.Module,
+    weights: dict[str, mx.array],
+    dtype: mx.Dtype | None,
+    mismatch: Callable[[ValueError], str],
+) -> None:
+    """Load the resident weights into a model whose expert containers are already swapped for
+    streaming layers, strictly: weights the model does not take are refused (`mismatch` words
+    the error); then cast to `dtype` and evaluate."""
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise StreamerError(mismatch(e)) from e
+    if dtype is not None:
+        model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    model.eval()
+
+
+def apply_budget(
+    read_path: str,
+    manifest: Manifest | Download,
+    layouts: list[LayerLayout],
+    layers: list[StreamingExperts],
+    budget: int | None,
+    dtype: mx.Dtype | None,
+    checksums: list | None,
+    bypass_page_cache: bool,
+) -> tuple[str, list[SlotPool]]:
+    """Give the layers `budget` bytes of experts (None: the default) and say what that chose.
+    The slot path reads into pools (experts/slots.py); the mapped path makes every expert
+    resident, caches the hottest, or leaves them all to the page cache (0)."""
+    if read_path == "slots":
+        return slot_budget(manifest, layouts, layers, budget, dtype, checksums, bypass_page_cache)
+    budget, why = chosen_budget(manifest, budget, dtype)
+    if budget >= all_experts_bytes(manifest, dtype):
+        with progress_bar(len(layers), "experts into memory", "layer") as bar:
+            for layer in layers:
+                layer.make_resident()
+                bar.update(1)
+        return f"all experts resident, no streaming ({why})", []
+    if budget == 0:
+        return f"experts stream from disk, page cache only ({why})", []
+    cache = ExpertCache(budget, largest_expert_bytes(manifest, dtype))
+    for layer in layers:
+        layer.use_cache(cache)
+    return (
+        f"experts stream from disk; up to {cache.slots} hot experts kept in memory, "
+        f"LFU with aging ({why})",
+        [],
+    )

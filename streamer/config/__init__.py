@@ -1,0 +1,70 @@
+"""config.json checked before anything is built from it: at repack, and at load (the manifest's).
+
+mlx-lm builds a model from whatever a config says: a count of 0, a string where a size belongs or a
+layer count of a billion end in a foreign exception deep inside a layer, in a model with no experts,
+or in minutes of building. Every field mlx-lm's ModelArgs for the model_type declares is checked
+against its declared type, and the sizes and counts the engine and the model use against their
+ranges, so a damaged or foreign config is refused with one line naming the field.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..errors import StreamerError
+from .common_fields import check_common_fields, check_eos_ids
+from .declared_types import check_declared_types, text_args_class
+from .field_error import bad_field, remedy
+from .ranges import TOP_K, check_ranges
+
+__all__ = ["check_config", "check_eos_ids", "check_layer_count", "experts_per_token"]
+
+LAYER_INDEX = re.compile(r"\blayers\.(\d+)\.")
+
+
+def experts_per_token(config: dict) -> int:
+    """Routed experts per token, under whichever name the family gives it (a VLM's in its
+    text_config; a per-layer list counts its largest)."""
+    for where in (config, config.get("text_config") or {}):
+        value = next((where[n] for n in TOP_K if where.get(n) is not None), None)
+        if value is not None:
+            return int(max(value) if isinstance(value, list) else value)
+    return 0
+
+
+def check_config(config: object, where: Path | str) -> dict:
+    """`config` if mlx-lm can build a streaming model from it; else StreamerError naming a field."""
+    from mlx_lm.utils import _get_classes  # here: experts_per_token and plan run without mlx-lm
+
+    from ..architectures import architecture
+
+    if not isinstance(config, dict):
+        raise StreamerError(f"{where}: the model config is not a JSON object; {remedy(where)}")
+    if not isinstance(config.get("model_type"), str):
+        raise bad_field(
+            where, "model_type", config.get("model_type"), "a string such as 'qwen3_moe'"
+        )
+    architecture(config, where)
+    check_common_fields(config, where)
+    model_class, args_class = _get_classes(config)
+    check_declared_types(config, args_class, where)
+    model_config = config
+    text_args = text_args_class(model_class)
+    if text_args is not None and isinstance(config.get("text_config"), dict):
+        model_config = config["text_config"]
+        check_declared_types(model_config, text_args, where, "text_config.")
+    check_ranges(model_config, where, "text_config." if model_config is not config else "")
+    return config
+
+
+def check_layer_count(config: dict, tensor_names, where: Path | str) -> None:
+    """Refuse a layer count beyond the layers the weights hold, before building that many."""
+    text = config.get("text_config")
+    layers = (text if isinstance(text, dict) else config).get("num_hidden_layers")
+    present = {int(m.group(1)) for name in tensor_names if (m := LAYER_INDEX.search(name))}
+    if type(layers) is int and present and layers > max(present) + 1:
+        raise StreamerError(
+            f"{where}: num_hidden_layers is {layers} but the weights hold layers 0-{max(present)} "
+            f"only; {remedy(where)}"
+        )

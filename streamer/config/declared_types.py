@@ -1,0 +1,67 @@
+"""Every field a config gives, against the type mlx-lm's ModelArgs for its model_type declares."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import typing
+
+from .field_error import bad_field
+
+
+def text_args_class(model_class: type):
+    """The text model's args class of a vision-language wrapper (qwen3_5_moe's `text_config`)."""
+    for cls in model_class.__mro__:
+        args = getattr(sys.modules.get(cls.__module__), "TextModelArgs", None)
+        if args is not None:
+            return args
+    return None
+
+
+def check_declared_types(config: dict, args_class: type, where, prefix: str = "") -> None:
+    hints = typing.get_type_hints(args_class)
+    for f in dataclasses.fields(args_class):
+        if config.get(f.name) is None:
+            continue  # null means "not given" to mlx-lm (DeepSeek-V2-Lite's q_lora_rank)
+        if not _matches(config[f.name], hints[f.name]):
+            raise bad_field(where, prefix + f.name, config[f.name], _describe(hints[f.name]))
+
+
+def _matches(value: object, hint) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is typing.Any:
+        return True
+    if origin is typing.Union:
+        return any(_matches(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:  # mlx-lm annotates some real-valued fields int (gpt-oss's rope_theta)
+        # mlx-lm annotates some fractions as int (mimo_v2_flash's partial_rotary_factor: 0.334
+        # in the published config): counts and sizes are checked as integers by their ranges
+        return type(value) in (int, float) and math.isfinite(value)
+    if hint is float:
+        return type(value) in (int, float) and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is dict or origin is dict:
+        return isinstance(value, dict)
+    if hint is list or origin is list:
+        return isinstance(value, list) and (not args or all(_matches(v, args[0]) for v in value))
+    return True  # a type mlx-lm adds later: left to the model's own checks
+
+
+def _describe(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return " or ".join(_describe(a) for a in args)
+    if origin is list:
+        return f"a list of {_describe(args[0])}" if args else "a list"
+    names = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
+    if hint is type(None):
+        return "null"
+    if hint in names:
+        return names[hint]
+    return "an object" if hint is dict or origin is dict else str(hint)

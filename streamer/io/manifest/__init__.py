@@ -1,0 +1,78 @@
+"""The streaming layout's manifest: what is where in a repacked folder, and how to check it.
+
+A repacked folder holds:
+  manifest.json          this file's content (format version, model config, every tensor's place)
+  resident.safetensors   non-expert weights, in mlx-lm's parameter names
+  experts/NNN.bin        one file per MoE layer; expert e is one record of `record_bytes` at
+                         `experts[e].offset` = e * record_bytes (a RECORD_ALIGN multiple), holding
+                         that expert's tensors (weight/scales/biases of each projection) back to
+                         back, so each tensor across experts is one strided array of the file
+  tokenizer and config files copied from the source
+
+A shard (written by `streamer split`, for expert-parallel runs over several machines) is the same
+layout holding only one rank's experts: its manifest says which rank of how many ("shard") and,
+per layer, which of the model's experts its records hold ("expert_ids", record i = expert
+expert_ids[i]); `num_experts` counts the records in the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import StreamerError
+from ..durable import write_json_atomic
+from ..json_file import read_json_object
+from .contents import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    RECORD_ALIGN,
+    RESIDENT_FILE,
+    TENSOR_ALIGN,
+    ExpertTensor,
+    Manifest,
+    MoeLayer,
+    Shard,
+    layer_to_json,
+)
+from .parse import guarded, layer_from_json, parse_manifest
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST_FILE",
+    "RECORD_ALIGN",
+    "RESIDENT_FILE",
+    "TENSOR_ALIGN",
+    "ExpertTensor",
+    "Manifest",
+    "MoeLayer",
+    "Shard",
+    "layer_from_json",
+    "layer_to_json",
+    "read_manifest",
+    "write_manifest",
+]
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> None:
+    """Write manifest.json atomically: a crash leaves the old manifest or the new one, never
+    half."""
+    write_json_atomic(Path(folder) / MANIFEST_FILE, manifest.to_json())
+
+
+def read_manifest(folder: Path | str) -> Manifest:
+    """Read and validate a manifest; raise StreamerError naming the defect and what to do."""
+    path = Path(folder) / MANIFEST_FILE
+    if not path.exists() and not path.is_symlink():
+        if (Path(folder) / "config.json").exists():  # a download: repack writes a new folder
+            raise StreamerError(
+                f"{folder} is a checkpoint as downloaded, not a repacked model: repack it into a "
+                f"new folder with `streamer repack {folder} DST` and pass DST."
+            )
+        raise StreamerError(
+            f"{path} is missing: {folder} is not a repacked model. Run "
+            f"`streamer repack SRC {folder}` first."
+        )
+    data = read_json_object(path, "check the folder, or repack the model.")
+    return guarded(lambda: parse_manifest(data, path), path)

@@ -1,0 +1,172 @@
+"""The plan from mlx-lm's own model for a config, built with lazy (never computed) weights.
+
+Parameter shapes give the resident and expert bytes (quantized as config.json's `quantization` or
+`--quantize` says, each expert record laid out as the repacker lays it out), and the KV cache
+bytes per token are those of mlx-lm's caches after a lazy forward pass at two lengths (so sliding
+windows, MLA's compressed cache and linear-attention state count as they are). With a download
+present, repack's own plan of it gives the shapes and dtypes from its safetensors headers, and
+`repack.disk_needs` the disk peak with --delete-source (which reads one expert's bytes to size a
+record). No other weights are read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from ..architectures import build_model, expert_containers, normalize_config, quantize_like_mlx_lm
+from ..config import check_config, experts_per_token
+from ..io.json_file import read_json_object
+from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, RESIDENT_FILE, TENSOR_ALIGN
+from ..io.mapping import align
+from .report import ModelPlan, fitted
+
+DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
+# two cache lengths, multiples of mlx-lm's KVCache step (256): its growth between them is per token
+KV_LENGTHS = (256, 512)
+
+
+def model_plan(
+    source: Path, memory: int, quantize: tuple[int, int] | None, dtype: mx.Dtype | None
+) -> ModelPlan:
+    folder = source if source.is_dir() else source.parent
+    config_path = source / "config.json" if source.is_dir() else source  # a FIFO too: refused
+    repacked = (folder / MANIFEST_FILE).exists()
+    peak = None
+    if source.is_dir() and not repacked and any(folder.glob("*.safetensors")):
+        from ..repack import Quantize, disk_needs
+
+        model, config = _download_model(folder, quantize)  # exactly as repack will write it
+        peak = disk_needs(folder, Quantize(*quantize) if quantize else None)[1]
+    else:
+        model, config = _config_model(config_path, repacked, quantize)
+    containers = expert_containers(model)
+    records = [_record_bytes(c) for c in containers.values()]
+    expert_bytes = sum(r * _num_experts(c) for r, c in zip(records, containers.values()))
+    stored_resident = _resident(model, containers, None)
+    resident = _resident(model, containers, dtype)
+    if repacked:  # the files as written
+        stored_resident = (folder / RESIDENT_FILE).stat().st_size
+        expert_bytes = sum(p.stat().st_size for p in (folder / "experts").glob("*.bin"))
+        resident = stored_resident if dtype is None else resident
+    per_token, fixed = _kv_bytes(model, dtype or DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
+    top_k = experts_per_token(config)
+    return fitted(
+        model_type=config["model_type"],
+        moe_layers=len(containers),
+        experts=_num_experts(next(iter(containers.values()))),
+        experts_per_token=top_k,
+        disk_bytes=stored_resident + expert_bytes,
+        delete_source_peak_bytes=peak,
+        download_bytes=_download_bytes(folder) if not repacked else None,
+        resident_bytes=resident,
+        expert_bytes=expert_bytes,
+        expert_bytes_per_token=sum(records) * top_k,
+        kv_per_token=per_token,
+        kv_fixed=fixed,
+        context=config.get("max_position_embeddings"),
+        memory=memory,
+    )
+
+
+def _download_model(folder: Path, quantize: tuple[int, int] | None) -> tuple[nn.Module, dict]:
+    """repack's own plan of a download: resident weights as the checkpoint holds them (lazily,
+    never read), experts in their target shapes, quantized as repack will."""
+    from ..io.checkpoint import Checkpoint
+    from ..repack.plan import Quantize, make_plan
+
+    with Checkpoint(folder) as checkpoint:
+        repack_plan = make_plan(checkpoint, Quantize(*quantize) if quantize else None)
+    model, config = repack_plan.model, repack_plan.config
+    stored = DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
+    for container in repack_plan.containers.values():  # unquantized records keep the source dtype
+        container.set_dtype(repack_plan.cast or stored)
+    return model, config
+
+
+def _config_model(
+    path: Path, repacked: bool, quantize: tuple[int, int] | None
+) -> tuple[nn.Module, dict]:
+    """mlx-lm's model for a config.json alone, in its dtype, quantized as it says (or as
+    `quantize`)."""
+    if repacked:
+        from ..io.manifest import read_manifest
+
+        config = read_manifest(path.parent).config
+    else:
+        config = _read_config(path)
+    config = normalize_config(check_config(config, path))
+    model = build_model(config, path)
+    model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
+    if quantize and "quantization" not in config:
+        from mlx_lm.utils import quantize_model
+
+        with contextlib.redirect_stdout(io.StringIO()):  # its bits-per-weight line
+            quantize_model(model, config, quantize[1], quantize[0])
+    else:  # as mlx-lm loads an MLX-quantized model, except that no weights say which layers are:
+        # every layer that can be is (per-module entries still win)
+        quantize_like_mlx_lm(model, config, quantizable=lambda _, m: hasattr(m, "to_quantized"))
+    return model, config
+
+
+def _read_config(path: Path) -> dict:
+    return read_json_object(
+        path,
+        "plan needs a model's config.json.",
+        missing="plan needs a model's config.json (e.g. `hf download ORG/NAME config.json`), its "
+        "folder, or a repacked folder.",
+    )
+
+
+def _num_experts(container: nn.Module) -> int:
+    return next(a.shape[0] for _, a in tree_flatten(container.parameters()))
+
+
+def _record_bytes(container: nn.Module) -> int:
+    """One expert's record as repack lays it out: tensors TENSOR_ALIGN apart, page-rounded."""
+    offset = 0
+    for _, array in tree_flatten(container.parameters()):
+        offset = align(offset + array.nbytes // array.shape[0], TENSOR_ALIGN)
+    return align(max(offset, 1), RECORD_ALIGN)
+
+
+def _resident(model: nn.Module, containers: dict, dtype: mx.Dtype | None) -> int:
+    total = 0
+    for name, array in tree_flatten(model.parameters()):
+        if any(name.startswith(c + ".") for c in containers):
+            continue
+        if dtype is not None and mx.issubdtype(array.dtype, mx.floating):
+            total += array.size * dtype.size
+        else:
+            total += array.nbytes
+    return total
+
+
+def _kv_bytes(model: nn.Module, dtype: mx.Dtype) -> tuple[int, int]:
+    """(bytes per token, fixed bytes) of mlx-lm's caches, measured after a lazy prompt and one
+    decode step (a sliding window is trimmed on the step after the prompt) at two lengths."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model.set_dtype(dtype)
+    sizes = []
+    for length in KV_LENGTHS:
+        cache = make_prompt_cache(model)
+        model(mx.zeros((1, length - 1), dtype=mx.int32), cache=cache)
+        model(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
+        sizes.append(sum(c.nbytes for c in cache))
+    per_token = (sizes[1] - sizes[0]) // (KV_LENGTHS[1] - KV_LENGTHS[0])
+    return per_token, max(0, sizes[0] - per_token * KV_LENGTHS[0])
+
+
+def _download_bytes(folder: Path) -> int | None:
+    from ..io.safetensors import read_header
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    return sum(info.nbytes for f in files for info in read_header(f).values())

@@ -1,0 +1,101 @@
+"""The plan of a repacked folder from its own files, without mlx-lm (which takes seconds to
+import): the manifest's layers and records, the expert files' sizes, the resident file's
+safetensors header, and config.json's attention sizes for the families whose KV cache is a plain
+function of them (tests/test_plan.py checks each against the model-built plan)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import mlx.core as mx
+
+from ..config import experts_per_token
+from ..io.manifest import RESIDENT_FILE, read_manifest
+from ..io.safetensors import DTYPES, read_header
+from .report import ModelPlan, fitted
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# The text model's model_type -> how mlx-lm caches its attention: "attention" keeps keys and
+# values of num_key_value_heads x head_dim in every layer; "mla" keeps DeepSeek's compressed
+# latent (kv_lora_rank) and the RoPE key (qk_rope_head_dim). Families with sliding windows,
+# linear attention, shared (CLA) or per-layer caches are planned from mlx-lm's model instead.
+KV_LAYOUT = {
+    **dict.fromkeys(
+        (
+            "Klear",
+            "bailing_moe",
+            "deepseek",
+            "dots1",
+            "ernie4_5_moe",
+            "glm4_moe",
+            "granitemoe",
+            "minimax",
+            "mixtral",
+            "olmoe",
+            "phimoe",
+            "qwen2_moe",
+            "qwen3_moe",
+            "qwen3_vl_moe_text",
+            "solar_open",
+        ),
+        "attention",
+    ),
+    **dict.fromkeys(("deepseek_v3", "kimi_k2", "glm4_moe_lite", "mistral4"), "mla"),
+}
+
+
+def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int | None:
+    """KV cache bytes per token from the config alone; None where that takes mlx-lm's model."""
+    text = config.get("text_config") or config
+    layout = KV_LAYOUT.get(text.get("model_type", config.get("model_type")))
+    layers = text.get("num_hidden_layers")
+    if layout is None or not isinstance(layers, int):
+        return None
+    if layout == "mla":
+        width = text["kv_lora_rank"] + text["qk_rope_head_dim"]
+    else:
+        heads = text["num_attention_heads"]
+        head_dim = text.get("head_dim") or text["hidden_size"] // heads
+        width = 2 * text.get("num_key_value_heads", heads) * head_dim
+    return layers * width * dtype_bytes
+
+
+def repacked_plan(folder: Path, memory: int, dtype: mx.Dtype | None) -> ModelPlan | None:
+    """The plan of repacked `folder` from its files; None where mlx-lm's model is needed (a
+    family not in KV_LAYOUT, a shard of an expert-parallel split)."""
+    manifest = read_manifest(folder)
+    config = manifest.config
+    dtype_bytes = dtype.size if dtype is not None else DTYPE_BYTES.get(config.get("torch_dtype"), 2)
+    per_token = kv_bytes_per_token(config, dtype_bytes)
+    if per_token is None or manifest.shard is not None or not manifest.layers:
+        return None
+    stored_resident = (folder / RESIDENT_FILE).stat().st_size
+    resident = stored_resident
+    if dtype is not None:  # floating tensors in the compute dtype, the rest as stored
+        resident = sum(
+            math.prod(t.shape) * dtype.size if _floating(t.dtype) else t.nbytes
+            for t in read_header(folder / RESIDENT_FILE).values()
+        )
+    expert_bytes = sum(p.stat().st_size for p in (folder / "experts").glob("*.bin"))
+    top_k = experts_per_token(config)
+    return fitted(
+        model_type=config["model_type"],
+        moe_layers=len(manifest.layers),
+        experts=manifest.layers[0].num_experts,
+        experts_per_token=top_k,
+        disk_bytes=stored_resident + expert_bytes,
+        delete_source_peak_bytes=None,
+        download_bytes=None,
+        resident_bytes=resident,
+        expert_bytes=expert_bytes,
+        expert_bytes_per_token=sum(layer.record_bytes for layer in manifest.layers) * top_k,
+        kv_per_token=per_token,
+        kv_fixed=0,
+        context=config.get("max_position_embeddings"),
+        memory=memory,
+    )
+
+
+def _floating(dtype: str) -> bool:
+    return mx.issubdtype(DTYPES[dtype][1], mx.floating)

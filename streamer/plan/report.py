@@ -1,0 +1,97 @@
+"""What `streamer plan` reports, and the two numbers it derives: the longest context that fits
+beside the resident weights, and whether the model runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+MIN_CONTEXT = 4096  # "runs": the resident weights plus this much context fit
+
+
+@dataclass
+class ModelPlan:
+    model_type: str
+    moe_layers: int
+    experts: int
+    experts_per_token: int
+    disk_bytes: int  # the repacked folder
+    delete_source_peak_bytes: int | None  # repack --delete-source's peak beyond the download
+    download_bytes: int | None  # safetensors in the source folder, when there
+    resident_bytes: int  # non-expert weights, in memory, in the compute dtype
+    expert_bytes: int  # streamed from disk
+    expert_bytes_per_token: int  # read per token when no expert is cached
+    kv_bytes_per_1k_tokens: int
+    kv_fixed_bytes: int  # state that does not grow (linear attention, sliding windows)
+    context_length: int | None  # max_position_embeddings
+    memory_bytes: int
+    longest_context: int  # tokens of KV cache that fit beside the resident weights
+    runs: bool
+
+    def lines(self) -> list[str]:
+        gb = size
+        lines = [
+            f"model_type         {self.model_type}",
+            f"experts            {self.experts} per layer in {self.moe_layers} MoE layers, "
+            f"{self.experts_per_token} routed per token",
+        ]
+        if self.download_bytes is not None:
+            lines.append(f"download           {gb(self.download_bytes)} (safetensors)")
+        lines += [
+            f"repack disk        {gb(self.disk_bytes)}"
+            + (
+                f" ({gb(self.delete_source_peak_bytes)} at most with --delete-source)"
+                if self.delete_source_peak_bytes is not None
+                else ""
+            ),
+            f"resident           {gb(self.resident_bytes)} (non-expert weights, in memory)",
+            f"experts            {gb(self.expert_bytes)} (streamed from disk)",
+            f"read per token     {gb(self.expert_bytes_per_token)} of experts with no cache hits",
+            f"KV cache           {gb(self.kv_bytes_per_1k_tokens)} per 1k tokens"
+            + (f" (+ {gb(self.kv_fixed_bytes)} fixed)" if self.kv_fixed_bytes else ""),
+            f"longest context    {self.longest_context} tokens in {gb(self.memory_bytes)}"
+            + (f" (the model's limit is {self.context_length})" if self.context_length else ""),
+            f"runs               {'yes' if self.runs else 'no'}: "
+            + (
+                f"{gb(self.resident_bytes)} resident + KV of {self.min_context} tokens "
+                f"{'fit' if self.runs else 'do not fit'} in {gb(self.memory_bytes)}"
+            ),
+        ]
+        return lines
+
+    @property
+    def min_context(self) -> int:
+        return min(MIN_CONTEXT, self.context_length or MIN_CONTEXT)
+
+    def json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def fitted(
+    *, kv_per_token: int, kv_fixed: int, context: int | None, memory: int, **fields
+) -> ModelPlan:
+    """The plan, with the longest context that fits in `memory` beside the resident weights and
+    whether the model runs (resident weights plus MIN_CONTEXT tokens, or the model's whole
+    context if shorter, fit)."""
+    resident = fields["resident_bytes"]
+    room = memory - resident - kv_fixed
+    longest = max(0, room // kv_per_token) if kv_per_token else (context or 0)
+    if context:
+        longest = min(longest, context)
+    need = resident + kv_fixed + kv_per_token * min(MIN_CONTEXT, context or MIN_CONTEXT)
+    return ModelPlan(
+        **fields,
+        kv_bytes_per_1k_tokens=kv_per_token * 1000,
+        kv_fixed_bytes=kv_fixed,
+        context_length=context,
+        memory_bytes=memory,
+        longest_context=int(longest),
+        runs=need <= memory,
+    )
+
+
+def size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"

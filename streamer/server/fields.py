@@ -1,0 +1,95 @@
+"""Request bodies and their fields, checked: every bad value is an `ApiError` (4xx).
+
+The body must be a JSON object of valid UTF-8 text (no lone surrogates, which tokenizers refuse);
+each field is read with `checked`, which checks its type and range and names it in the error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+MAX_BODY_BYTES = 32 << 20
+MAX_INT = (1 << 31) - 1  # counts (tokens, top_k): what MLX's int32 indices can hold
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI does: `{"error": {message, type, param, code}}`."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code=None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {
+            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        }
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        json.dumps(body, ensure_ascii=False).encode("utf-8")  # a "\ud800" escape is not text
+    except UnicodeError:
+        raise ApiError(400, "the request body is not UTF-8 text") from None
+    except ValueError as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ApiError(400, "the request body nests arrays or objects too deeply") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def checked(
+    body: dict,
+    name: str,
+    kind: type,
+    *,
+    required: bool = False,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    where: str | None = None,
+):
+    """body[name] checked for type and range; None when absent (or JSON null). Integers are
+    bounded by MAX_INT unless `high` says otherwise."""
+    param = f"{where}.{name}" if where else name
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise ApiError(400, f"{param} is required", param=param)
+        return None
+    ok = {
+        int: is_int(value),
+        float: (is_int(value) or isinstance(value, float)) and _finite(value),
+        bool: isinstance(value, bool),
+    }.get(kind, isinstance(value, kind))
+    if not ok:
+        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        what = names.get(kind, "an array" if kind is list else "an object")
+        raise ApiError(400, f"{param} must be {what}", param=param)
+    if kind is int and high is None:
+        high = MAX_INT
+    too_low = low is not None and (value <= low if low_open else value < low)
+    if too_low or (high is not None and value > high):
+        bounds = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}]"
+        raise ApiError(400, f"{param} must lie in {bounds} (got {value})", param=param)
+    return float(value) if kind is float else value

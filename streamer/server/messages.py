@@ -1,0 +1,128 @@
+"""The chat fields of a request, checked in OpenAI's shapes: messages (roles, text content parts,
+tool calls and their results), tools, tool_choice, and the variables passed to the chat template.
+
+What passes here reaches mlx-lm's `process_message_content` and the template as they expect it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .fields import ApiError
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# apply_chat_template's own parameters: chat_template_kwargs holds the template's variables
+# (enable_thinking, ...), not these, which would change what the call returns or double an argument
+TEMPLATE_ARGUMENTS = frozenset(
+    (
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    )
+)
+
+
+def check_messages(messages: list) -> None:
+    if not messages:
+        raise ApiError(400, "messages must not be empty", param="messages")
+    for i, message in enumerate(messages):
+        _check_message(message, f"messages[{i}]")
+
+
+def _check_message(message: Any, where: str) -> None:
+    if not isinstance(message, dict):
+        raise ApiError(400, f"{where} must be an object", param="messages")
+    if message.get("role") not in ROLES:
+        raise ApiError(
+            400, f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role"
+        )
+    content = message.get("content")
+    if isinstance(content, list):
+        for part in content:
+            if not (
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
+            ):
+                raise ApiError(
+                    400, f"{where}.content: only text parts are supported", param="messages"
+                )
+    elif content is not None and not isinstance(content, str):
+        raise ApiError(
+            400, f"{where}.content must be a string or a list of text parts", param="messages"
+        )
+    for key in ("name", "tool_call_id"):
+        if message.get(key) is not None and not isinstance(message[key], str):
+            raise ApiError(400, f"{where}.{key} must be a string", param="messages")
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise ApiError(400, f"{where}.tool_calls must be an array", param="messages")
+    for j, call in enumerate(calls or ()):
+        _check_tool_call(call, f"{where}.tool_calls[{j}]")
+
+
+def _check_tool_call(call: Any, where: str) -> None:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(
+            400, f"{where} must be {{type: function, function: {{name, arguments}}}}", param=where
+        )
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            json.loads(arguments)
+        except ValueError:
+            raise ApiError(400, f"{where}: arguments are not JSON", param="messages") from None
+    elif arguments is not None and not isinstance(arguments, dict):
+        raise ApiError(400, f"{where}: arguments must be a JSON string or object", param=where)
+
+
+def check_tools(tools: list | None, choice: Any) -> list[dict] | None:
+    """The tools to render into the prompt (None: none, or tool_choice "none")."""
+    for i, tool in enumerate(tools or ()):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or tool.get("type", "function") != "function"
+            or not isinstance(function.get("parameters", {}), dict)
+            or not isinstance(function.get("description", ""), str)
+        ):
+            raise ApiError(
+                400,
+                f"tools[{i}] must be {{type: function, function: {{name, description, "
+                "parameters: {...}}}}",
+                param="tools",
+            )
+    if choice not in (None, "auto", "none"):
+        raise ApiError(
+            400,
+            "tool_choice must be 'auto' or 'none': the model decides whether to call a tool",
+            param="tool_choice",
+        )
+    return tools if tools and choice != "none" else None
+
+
+def check_template_kwargs(kwargs: dict | None) -> dict:
+    clash = sorted(TEMPLATE_ARGUMENTS.intersection(kwargs or {}))
+    if clash:
+        raise ApiError(
+            400,
+            f"chat_template_kwargs: {', '.join(clash)} is set by the server, not by a request "
+            "(chat_template_kwargs holds the template's own variables, such as enable_thinking)",
+            param="chat_template_kwargs",
+        )
+    return kwargs or {}

@@ -1,0 +1,48 @@
+"""A model's tokenizer, built exactly as mlx_lm.load builds it, its faults as one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_config
+from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
+
+from .config import check_eos_ids
+from .errors import StreamerError, one_line
+from .io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
+
+
+def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
+    """The tokenizer exactly as mlx_lm.load builds it: its eos ids are config.json's, replaced by
+    generation_config.json's where that file lists them (chat models' end-of-turn ids)."""
+    try:
+        eos_ids = load_config(folder).get("eos_token_id")
+    except (OSError, ValueError) as e:
+        raise StreamerError(
+            f"{folder / 'config.json'} cannot be read ({one_line(e)}); repack the model."
+        ) from e
+    check_eos_ids(eos_ids, folder / "generation_config.json")
+    if not has_tokenizer_files(folder):
+        raise StreamerError(
+            f"{folder} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): copy them from the "
+            "original model into it."
+        )
+    extra = {"trust_remote_code": True} if trust_remote_code else None
+    try:
+        return mlx_lm_load_tokenizer(folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids)
+    except Exception as e:  # transformers' own errors have no common base; name what failed
+        tokenizer_config = folder / "tokenizer_config.json"
+        ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(
+            errors="replace"
+        )
+        if ships_code and not trust_remote_code:
+            raise StreamerError(
+                f"{folder}: this model's tokenizer is Python code shipped with the model (auto_map "
+                "in tokenizer_config.json). If you trust it, pass trust_remote_code=True (CLI: "
+                "--trust-remote-code)."
+            ) from e
+        raise StreamerError(
+            f"{folder}: cannot load the tokenizer ({type(e).__name__}: {one_line(e)}); check "
+            "tokenizer.json and tokenizer_config.json, or copy them from the original model."
+        ) from e

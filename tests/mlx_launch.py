@@ -1,0 +1,76 @@
+"""Starting a command on 2 ranks with mlx.launch (ring backend, 127.0.0.1), as users start it
+across Macs, bounded in time: the expert-parallel tests' launcher."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LAUNCH_SECONDS = 240  # a launch takes 10-30 s here; a hang fails the test instead of the suite
+RANKS = 2
+
+
+def free_ports(count: int = RANKS) -> int:
+    """A base port with `count` free ports after it (mlx.launch gives rank r base + r)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count >= 65536:
+            continue
+        try:
+            sockets = [socket.socket() for _ in range(count)]
+            for i, s in enumerate(sockets):
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free ports on 127.0.0.1")
+
+
+def start(command: list[str], cwd: Path, stdin=subprocess.DEVNULL) -> subprocess.Popen:
+    """mlx.launch running `command` on RANKS ranks, in a process group of its own (the ranks go
+    down with it on a timeout), Ctrl-C reaching it as from a terminal."""
+    launcher = shutil.which("mlx.launch") or str(Path(sys.executable).with_name("mlx.launch"))
+    argv = [launcher, "--backend", "ring", "--hosts", "127.0.0.1", "-n", str(RANKS)]
+    argv += ["--starting-port", str(free_ports()), "--", *command]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # a runner started in the background can leave SIGINT ignored, and so every rank
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def finish(proc: subprocess.Popen, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Wait for a launch (feeding it `stdin`); killed, and the test failed, if it hangs."""
+    try:
+        out, err = proc.communicate(stdin, timeout=LAUNCH_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"mlx.launch did not finish in {LAUNCH_SECONDS} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def launch(command: list[str], cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run `command` on RANKS ranks to its end."""
+    pipe = subprocess.DEVNULL if stdin is None else subprocess.PIPE
+    return finish(start(command, cwd, pipe), stdin)

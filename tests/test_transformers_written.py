@@ -1,0 +1,67 @@
+"""Checkpoints written by transformers itself (its model classes, `save_pretrained`) stream, and
+the streamed model computes what transformers' own model computes: float32 logits within 1e-4 and
+64 identical greedy tokens. The oracle is transformers, not mlx-lm: this is the check for layouts
+mlx-lm cannot read (gpt-oss as transformers writes it unquantized) and for the config.json
+spellings transformers 5 writes.
+
+The only module that imports torch (fixtures/transformers_written.py): a few seconds, once.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import torch
+from test_parity import PROMPT, greedy_tokens
+
+import streamer
+from fixtures.transformers_written import FAMILIES, write_transformers_checkpoint
+from streamer.io.checkpoint import Checkpoint
+from streamer.repack import repack
+
+
+def transformers_greedy(model, prompt: list[int], n: int = 64) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_streams_what_transformers_computes(tmp_path, model_type):
+    oracle = write_transformers_checkpoint(tmp_path / "src", model_type)
+    repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+    model, tokenizer = streamer.load(tmp_path / "dst", memory_budget=0, dtype=mx.float32)
+    prompt = tokenizer.encode(PROMPT)
+    ours = np.array(model(mx.array(prompt)[None]))
+    with torch.no_grad():
+        theirs = oracle(torch.tensor([prompt])).logits.numpy()
+    diff = np.abs(ours - theirs).max()
+    assert diff <= 1e-4, f"max abs logit difference {diff}"
+    assert greedy_tokens(model, mx.array(prompt)) == transformers_greedy(oracle, prompt)
+
+
+def test_gpt_oss_is_written_in_the_unquantized_transformers_layout(tmp_path):
+    """What the test above streams for gpt-oss is the layout of the BF16 re-uploads, which
+    mlx-lm's sanitize does not read (streamer/repack/layouts.py converts it)."""
+    write_transformers_checkpoint(tmp_path, "gpt_oss")
+    with Checkpoint(tmp_path) as ckpt:
+        experts = {
+            name.rsplit(".", 1)[1]: info.shape
+            for name, info in ckpt.tensors.items()
+            if name.startswith("model.layers.0.mlp.experts.")
+        }
+    hidden, inter = 64, 32
+    assert experts == {
+        "gate_up_proj": (8, hidden, 2 * inter),
+        "gate_up_proj_bias": (8, 2 * inter),
+        "down_proj": (8, inter, hidden),
+        "down_proj_bias": (8, hidden),
+    }
