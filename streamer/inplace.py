@@ -22,7 +22,7 @@ from .cache.budget import check_budget
 from .download import Download, layouts, open_download
 from .errors import StreamerError
 from .experts import StreamingExperts
-from .handle import Streaming
+from .handle import Streaming, release
 from .io.checkpoint import Checkpoint
 from .io.checksums import Checksums, default_sidecar, read_checksums
 from .io.expert_files import ExpertFiles
@@ -99,12 +99,7 @@ def load_in_place(
         )
         tokenizer = load_tokenizer(folder, trust_remote_code)
     except BaseException:
-        for pool in pools:
-            pool.close()
-        if files is not None:
-            files.close()
-        if lock is not None:
-            lock.release()
+        release(pools, files, lock)
         raise
     context = download.config.get("max_position_embeddings")
     residency = f"{residency}; read path {read_path} ({why})"

@@ -16,6 +16,7 @@ import sys
 import mlx.core as mx
 import pytest
 from conftest import reference_model
+from hostile_files import flip_byte
 from test_parity import PROMPT, greedy_tokens
 
 import streamer
@@ -74,16 +75,8 @@ def test_verify_reads_uses_the_sidecar_and_catches_a_bad_expert(download):
     assert verify(download, record=True, **QUIET) == []
     described, _, _ = open_download(download)
     tensor = described.layers[0].tensors[0]
-    shard = download / tensor.file
-    stat = shard.stat()
-    with open(shard, "r+b") as f:  # damage every expert of one tensor; same size and time
-        for expert in range(described.layers[0].num_experts):
-            offset, _ = tensor.span(expert)
-            f.seek(offset)
-            byte = f.read(1)[0]
-            f.seek(offset)
-            f.write(bytes([byte ^ 0xFF]))
-    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    for expert in range(described.layers[0].num_experts):  # every expert of one tensor
+        flip_byte(download / tensor.file, tensor.span(expert)[0])
     model, tokenizer = streamer.load(download, verify_reads=True, memory_budget=0)
     prompt = mx.array(tokenizer.encode(PROMPT))
     with pytest.raises(StreamerError, match=r"expert \d+ tensor gate_proj.weight does not match"):
