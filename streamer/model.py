@@ -121,7 +121,7 @@ def load(
             f"{list(containers)[:3]}...: the manifest does not match its config; repack the model."
         )
     dtype = dtype if dtype is not None else default_dtype()
-    check_backend_computes(manifest, dtype)
+    check_backend_computes(manifest.layers, dtype)
     if memory_budget is not None:
         check_budget(manifest, memory_budget, dtype)
     read_path, why = read_path_for_backend(read_path)

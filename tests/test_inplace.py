@@ -84,6 +84,23 @@ def test_verify_reads_uses_the_sidecar_and_catches_a_bad_expert(download):
     model.streamer.close()
 
 
+def test_a_sidecar_that_checks_fewer_tensors_is_refused(download):
+    """A tampered sidecar listing fewer crc32s per expert than the expert has tensors would leave
+    the rest unchecked under verify_reads: refused at load."""
+    import json
+
+    from streamer.io.checksums import default_sidecar
+
+    assert verify(download, record=True, **QUIET) == []
+    sidecar = default_sidecar(download)
+    data = json.loads(sidecar.read_text())
+    module = next(iter(data["experts"]))
+    data["experts"][module] = [crcs[:-1] for crcs in data["experts"][module]]
+    sidecar.write_text(json.dumps(data))
+    with pytest.raises(StreamerError, match="does not describe .*delete it and record it again"):
+        streamer.load(download, verify_reads=True)
+
+
 def test_a_shard_changed_since_its_checksums_were_recorded_is_refused(download):
     assert verify(download, record=True, **QUIET) == []
     shard = next(download.glob("*.safetensors"))
