@@ -32,8 +32,7 @@ import mlx.nn as nn
 import numpy as np
 
 from streamer.architectures import container_projections, expert_containers, recording_routing
-
-DEMO_MODEL = Path(__file__).resolve().parent.parent / "streamer" / "demo_model"
+from streamer.cli import DEMO_MODEL
 
 
 def moe_layers(model: nn.Module) -> tuple[list[int], int]:
