@@ -8,6 +8,7 @@ reads only its own share of the experts.
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from pathlib import Path
@@ -126,6 +127,9 @@ def test_generate_under_mlx_launch(models):
     and every rank's statistics in one line."""
     model, tokenizer = streamer.load(models["quantized"], memory_budget=0)
     alone = streamer.generate(model, tokenizer, "def read(path):", max_tokens=12)
+    stats = model.streamer.stats
+    steps = stats.decode_tokens
+    alone_mb, alone_reads = stats.decode.bytes_read / steps / 1e6, stats.decode.experts_read / steps
     args = ["--prompt", "def read(path):", "--max-tokens", "12", "--memory-budget", "0"]
     args.append("--ignore-chat-template")  # the text as given, as streamer.generate takes it
     shards = str(models["quantized-shards"])
@@ -135,7 +139,20 @@ def test_generate_under_mlx_launch(models):
     assert result.stdout == alone + "\n", result.stderr
     lines = [line for line in result.stderr.splitlines() if "expert MB/token by rank" in line]
     assert len(lines) == 1, result.stderr
-    assert f"{RANKS} ranks" in lines[0] and "all_sum 2/token" in lines[0]
+    found = re.search(
+        rf"{RANKS} ranks \| expert MB/token by rank (?P<mb>[\d. ]+) \| "
+        r"reads/token by rank (?P<reads>[\d. ]+) \| .*"
+        r"all_sum 2/token, (?P<us>\d+) us each \((?P<ms>[\d.]+) ms/token",
+        lines[0],
+    )
+    assert found, lines[0]
+    # each rank read a part, together what one process reads (printed rounded)
+    mb, reads = ([float(v) for v in found[k].split()] for k in ("mb", "reads"))
+    assert len(mb) == len(reads) == RANKS and min(mb) > 0 and min(reads) > 0
+    assert sum(mb) == pytest.approx(alone_mb, abs=0.01 * RANKS)
+    assert sum(reads) == pytest.approx(alone_reads, abs=0.1 * RANKS)
+    # the collective's time per token: 2 all_sums (one per MoE layer) at the time of one
+    assert float(found["ms"]) == pytest.approx(2 * int(found["us"]) / 1e3, abs=0.01)
 
 
 def test_a_rank_given_another_ranks_shard_is_named(models, tmp_path):
