@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..arguments import check_at_least
+from ..errors import StreamerError
 from .interrupts import import_exiting_on_ctrl_c
-from .options import add_loading, add_sampling, add_template, load_options
+from .options import add_loading, add_sampling, add_template, check_sampling_flags, load_options
 
 
 def add_parsers(sub) -> None:
@@ -43,6 +45,10 @@ def add_parsers(sub) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    check_sampling_flags(args)  # the defaults of every request: a bad one would fail them all
+    if not 0 <= args.port <= 65535:
+        raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
+    check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
     import_exiting_on_ctrl_c("streamer.server", "streamer.distributed", "streamer.hub")
     from ..distributed import launched_group
     from ..hub import streamable
@@ -65,6 +71,7 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def chat(args: argparse.Namespace) -> None:
+    check_sampling_flags(args)
     from ..chat import chat
     from ..distributed import launched_group
     from ..hub import streamable
