@@ -3,15 +3,20 @@
 each rank pinned to its own core.
 
 A third run is the control: two independent single-process runs at once, one per core, which
-shows what this (shared, 2-core) machine does to two processes computing side by side.
+shows what this (shared, 2-core) machine does to two processes computing side by side. The three
+runs are repeated in rounds (--rounds), one after the other, and each round's ratios to its own
+1-rank run are reported side by side: on a shared machine the load moves between runs, and a
+ratio taken within one round is less noisy than times compared across rounds.
 
 For each run: decode ms/token on both read paths (sync-free: the layers' files are all in the
 page cache and the routing stays on the device; synced: each layer learns its routing on the
 host and prefetches its routed experts, as a model larger than memory does, here with the
 reads served from the page cache), expert bytes read per rank per token, all_sums per token and
-one all_sum's cost at the decode size. Results go to bench/results/distributed.json.
+one all_sum's cost at the decode size (a MoE layer's) and at 4 bytes (the stop flag that serve
+and chat sum once per token). Results go to bench/results/distributed.json.
 
-    python bench/distributed.py [--preset qwen3-30b-a3b --layers 4 --vocab 37984 --tokens 24]
+    python bench/distributed.py [--preset qwen3-30b-a3b --layers 4 --vocab 37984 --tokens 12
+                                 --rounds 2]
 """
 
 from __future__ import annotations
@@ -76,7 +81,8 @@ def worker(args: argparse.Namespace) -> None:
             ]
     each = decode.collective_bytes // max(decode.collectives, 1)
     all_sum = time_all_sum(group, (max(each // 4, 1),), mx.float32, repeat=50) if group else 0.0
-    row += [all_sum, each]
+    flag = time_all_sum(group, (1,), mx.int32, repeat=50) if group else 0.0
+    row += [all_sum, each, flag]
     rows = gather_floats(group, row) if group else np.array([row])
     if rank == 0:
         Path(args.out).write_text(json.dumps(rows.tolist()))
@@ -136,7 +142,20 @@ def summary(rows: list[list[float]]) -> dict:
         result[mode] = {name: [p[i] for p in part] for i, name in enumerate(FIELDS)}
     result["all_sum_seconds"] = max(r[10] for r in rows)
     result["all_sum_bytes"] = rows[0][11]
+    result["stop_flag_all_sum_seconds"] = max(r[12] for r in rows)
     return result
+
+
+def ratios(round_: dict) -> dict:
+    """Each run's ms/token over the same round's 1-rank run (slowest rank or process), by path."""
+    alone = round_["1 rank"]
+    return {
+        run: {
+            mode: max(round_[run][mode]["ms_per_token"]) / alone[mode]["ms_per_token"][0]
+            for mode in ("sync-free", "synced")
+        }
+        for run in ("2 ranks", "2 independent processes at once")
+    }
 
 
 def main() -> None:
@@ -148,7 +167,8 @@ def main() -> None:
     ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=151936 // 4)
-    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--tokens", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--data", type=Path, default=Path("/tmp/streamer-bench-data"))
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
@@ -175,15 +195,16 @@ def main() -> None:
             split(models.streaming, folder, rank, 2)
     args.results.mkdir(parents=True, exist_ok=True)
     tmp = args.data / "distributed-run.json"
-    result = {
-        "model": models.info,
-        "tokens": args.tokens,
-        "load_average": os.getloadavg(),
-        "1 rank": summary(launch(args, str(models.streaming), 1, tmp)),
-        "2 ranks": summary(launch(args, str(shards), 2, tmp)),
-        "2 independent processes at once": summary(side_by_side(args, str(models.streaming), tmp)),
-    }
-    result["load_average_after"] = os.getloadavg()
+    result = {"model": models.info, "tokens": args.tokens, "rounds": []}
+    for _ in range(args.rounds):
+        round_ = {"load_average": os.getloadavg()}
+        round_["1 rank"] = summary(launch(args, str(models.streaming), 1, tmp))
+        round_["2 ranks"] = summary(launch(args, str(shards), 2, tmp))
+        control = side_by_side(args, str(models.streaming), tmp)
+        round_["2 independent processes at once"] = summary(control)
+        round_["load_average_after"] = os.getloadavg()
+        round_["ms_per_token_over_1_rank"] = ratios(round_)
+        result["rounds"].append(round_)
     (args.results / "distributed.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 

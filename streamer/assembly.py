@@ -16,7 +16,7 @@ from .cache.slot_pool import SlotPool
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .experts.slots import slot_budget
-from .io.expert_files import LayerLayout
+from .io.expert_layout import LayerLayout
 from .io.manifest import Manifest
 from .progress import progress_bar
 

@@ -23,7 +23,7 @@ from .config import check_config, check_layer_count
 from .download_layers import InPlaceLayer, in_place_layer
 from .errors import StreamerError
 from .io.checkpoint import Checkpoint
-from .io.expert_files import ByteRange, LayerLayout, Strided, TensorPlacement
+from .io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
 from .io.manifest import MANIFEST_FILE
 from .io.safetensors import DTYPES
 

@@ -22,12 +22,14 @@ from .errors import StreamerError
 from .experts import StreamingExperts
 from .experts.parallel import ExpertShare
 from .handle import Streaming
-from .io.expert_files import ExpertFiles, LayerLayout, open_repacked, repacked_layout
+from .io.expert_files import ExpertFiles, open_repacked
+from .io.expert_layout import LayerLayout, repacked_layout
 from .io.files import check_folder_files, check_tmpdir, check_utf8_path
-from .io.integrity import check_files, verify_resident
+from .io.integrity import check_files
 from .io.lock import lock_for_reading
 from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, MoeLayer, read_manifest
 from .io.safetensors import DTYPES, read_header
+from .io.tensor_crcs import verify_resident
 from .stats import ExpertStats
 from .tokenizer import load_tokenizer
 

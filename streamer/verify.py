@@ -20,16 +20,10 @@ from .io.checksums import (
     read_checksums,
     write_checksums,
 )
-from .io.integrity import (
-    Problem,
-    data_files,
-    file_stat,
-    folder_bytes,
-    stat_change,
-    verify_folder,
-)
+from .io.integrity import data_files, file_stat, stat_change
 from .io.lock import lock_for_replacing
 from .io.manifest import read_manifest, write_manifest
+from .io.tensor_crcs import Problem, folder_bytes, verify_folder
 from .progress import above, progress_bar
 
 

@@ -23,6 +23,9 @@ from streamer.repack import repack
 
 ARCHS = sorted(TINY_CONFIGS)
 
+# The live server the test_server_*.py files share, started once per session when first asked for.
+pytest_plugins = ["serving"]
+
 
 class Checkpoints:
     def __init__(self, root: Path):

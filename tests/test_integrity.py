@@ -103,7 +103,7 @@ def test_verify_reads_checks_each_expert_once(folder, monkeypatch):
         def crc32(self, data):
             raise AssertionError("an expert was checksummed twice")
 
-    monkeypatch.setattr("streamer.io.integrity.zlib", NoChecksums())
+    monkeypatch.setattr("streamer.io.tensor_crcs.zlib", NoChecksums())
     assert (
         streamer.generate(model, tokenizer, "hello world", max_tokens=4) == first
     )  # same experts again

@@ -15,7 +15,8 @@ import streamer
 from streamer.errors import StreamerError
 from streamer.experts import RECHECK_CALLS
 from streamer.experts.mapped import Prefetcher
-from streamer.io.expert_files import ByteRange, ExpertFiles, LayerLayout, Strided, TensorPlacement
+from streamer.io.expert_files import ExpertFiles
+from streamer.io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
 from streamer.io.mapping import OS_PAGE, MappedFile
 from streamer.stats import ExpertTraffic
 

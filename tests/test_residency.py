@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from streamer.experts.mapped import Prefetcher
-from streamer.io.expert_files import ByteRange, ExpertFiles, LayerLayout, Strided, TensorPlacement
+from streamer.io.expert_files import ExpertFiles
+from streamer.io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
 from streamer.io.mapping import OS_PAGE, MappedFile, Residency, _mincore, libc, page_span
 from streamer.stats import ExpertTraffic
 

@@ -31,7 +31,7 @@ The read-path contract (the seam a new path plugs into):
     page cache changes.
   - Adding a path (a slot pool, in place from a download, another backend): a module here with
     one class, and its case in `choose_read_path`. A new file layout needs no path at all: it is
-    an io.expert_files.LayerLayout. A shard of an expert-parallel group is not a path either:
+    an io.expert_layout.LayerLayout. A shard of an expert-parallel group is not a path either:
     parallel.ExpertShare wraps whichever path the layer has, and sums the ranks' rows.
 """
 
@@ -43,7 +43,8 @@ import numpy as np
 
 from ..cache.expert_cache import ExpertCache
 from ..cache.slot_pool import SlotPool
-from ..io.expert_files import ExpertFiles, LayerLayout
+from ..io.expert_files import ExpertFiles
+from ..io.expert_layout import LayerLayout
 from ..stats import ExpertStats
 from .gather import GatherConvert
 from .hot_cache import HotCache

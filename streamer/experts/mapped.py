@@ -23,8 +23,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
-from ..io.expert_files import ByteRange, ExpertFiles, LayerFiles
-from ..io.integrity import mismatched_tensors
+from ..io.expert_files import ExpertFiles, LayerFiles
+from ..io.expert_layout import ByteRange
+from ..io.tensor_crcs import mismatched_tensors
 from ..stats import ExpertTraffic
 from .routing import finish, host_routing
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..cache.budget import all_experts_bytes, chosen_budget
 from ..cache.slot_pool import LayerSource, SlotPool, SlotTensor
-from ..io.expert_files import LayerLayout
+from ..io.expert_layout import LayerLayout
 from ..io.manifest import Manifest
 from ..io.reads import ReadFile
 from ..stats import ExpertTraffic

@@ -18,7 +18,6 @@ from pathlib import Path
 from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
 from ..io.durable import write_json_atomic
-from ..io.integrity import verify_layer, verify_resident
 from ..io.json_file import read_json_object
 from ..io.manifest import (
     FORMAT_VERSION,
@@ -28,6 +27,7 @@ from ..io.manifest import (
     layer_from_json,
     layer_to_json,
 )
+from ..io.tensor_crcs import verify_layer, verify_resident
 from .plan import Plan
 from .records import matches_plan
 

@@ -59,6 +59,10 @@ class ClientGone(Exception):
     """The client closed its side of the connection while its answer was being made."""
 
 
+# What writing to a client that went away (or stopped reading) raises.
+GONE = (ClientGone, BrokenPipeError, ConnectionResetError, TimeoutError)
+
+
 class Handler(BaseHTTPRequestHandler):
     server: Server
     timeout = SOCKET_SECONDS  # a body promised by Content-Length and never sent ends here
@@ -119,7 +123,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             (self._stream if request.stream else self._whole)(job)
-        except (ClientGone, BrokenPipeError, ConnectionResetError, TimeoutError):
+        except GONE:
             pass  # the client went away mid-answer (or stopped reading it)
         finally:
             job.cancelled.set()  # a no-op once the job is done; else its generation stops
@@ -218,7 +222,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _error(self, error: ApiError) -> None:
         self.close_connection = True  # an unread body may still be on the connection
-        self._json(error.status, error.body())
+        try:
+            self._json(error.status, error.body())
+        except GONE:
+            pass  # the client hung up before its refusal was written: no one is left to tell
 
 
 class Server(ThreadingHTTPServer):

@@ -1,0 +1,61 @@
+"""Bad generation input: a prompt past the context, a bad max_tokens or memory budget, prompt bytes
+that are not UTF-8; refused in one line, by the library or by the CLI before it loads anything."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import streamer
+from streamer.cli import main
+from streamer.errors import StreamerError
+
+
+def test_prompt_longer_than_the_context(checkpoints):
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    long = " ".join(f"w{i}" for i in range(2100))
+    with pytest.raises(
+        StreamerError, match=r"the prompt is \d+ tokens but the model's context is 2048 tokens"
+    ):
+        streamer.generate(model, tokenizer, long, max_tokens=1)
+    prompt = list(range(1, 2040))
+    with pytest.raises(StreamerError, match="max_tokens is 100.*lower max_tokens to at most 9"):
+        streamer.generate(model, tokenizer, prompt, max_tokens=100)
+    with pytest.raises(StreamerError, match="max_tokens must be at least 1"):
+        streamer.generate(model, tokenizer, "hello", max_tokens=-3)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--prompt", os.fsdecode(b"caf\xe9 \xff")], "not valid UTF-8 (byte 0xe9 at offset 3)"),
+        (["--prompt", ""], "the prompt is empty"),
+        (["--prompt", "hi", "--max-tokens", "0"], "--max-tokens must be at least 1"),
+        (["--prompt", "hi", "--max-tokens", "-5"], "--max-tokens must be at least 1 (got -5)"),
+    ],
+)
+def test_cli_refuses_bad_generation_input_before_loading(argv, message, capsys):
+    assert main(["generate", "--model", "/nonexistent", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("budget", ["-1G", "inf", "nan", "lots"])
+def test_cli_refuses_a_bad_memory_budget(budget, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--model", "x", "--prompt", "hi", f"--memory-budget={budget}"])
+    assert exit_.value.code == 2 and "is not a size such as 8G" in capsys.readouterr().err
+
+
+def test_cli_prompt_bytes_from_the_shell_and_stdin(checkpoints):
+    """Real argv bytes (not valid UTF-8) and a prompt piped on stdin."""
+    model = str(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    command = [sys.executable, "-m", "streamer", "generate", "--model", model, "--max-tokens", "2"]
+    result = subprocess.run([*command, "--prompt", b"\xc3\x28 bad"], capture_output=True)
+    assert result.returncode == 2 and b"not valid UTF-8 (byte 0xc3 at offset 0)" in result.stderr
+    result = subprocess.run(
+        [*command, "--prompt", "-"], input="caf\u00e9 au lait".encode(), capture_output=True
+    )
+    assert result.returncode == 0 and b"decode: 2 tokens" in result.stderr, result.stderr

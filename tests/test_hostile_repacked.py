@@ -1,0 +1,88 @@
+"""A repacked folder tampered with: a manifest edited by hand, special files where its files
+belong; load and verify refuse each, naming the file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from hostile_files import make_special, refused_without_hanging
+
+import streamer
+from streamer.errors import StreamerError
+from streamer.verify import verify
+
+
+@pytest.fixture(scope="module")
+def model_folder(checkpoints):
+    return checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+
+
+def edit(model_folder, tmp_path, change):
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    change(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def set_first_offset(value):
+    return lambda m: m["moe_layers"][0]["experts"][0].update(offset=value)
+
+
+def set_tensor(**fields):
+    return lambda m: m["moe_layers"][1]["tensors"][0].update(fields)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (set_first_offset(100), "not stored in expert order"),
+        (set_first_offset(1 << 40), "not stored in expert order"),
+        (lambda m: m.update(format_version="1"), "format version '1'"),
+        (lambda m: m.update(format_version=0), "format version 0"),
+        (lambda m: m["moe_layers"][0].update(file="../../etc/passwd"), "points outside the folder"),
+        (lambda m: m["moe_layers"][0].update(record_bytes=4096), "not page-aligned"),
+        (
+            lambda m: m["moe_layers"][0]["quantization"].update(gate_proj={"bits": "4"}),
+            "malformed|invalid quantization",
+        ),
+        (set_tensor(offset=64), "overlap"),
+        (set_tensor(nbytes=12), "size does not match its shape"),
+        # a consistent edit (shape and size agree) that does not fit the model
+        (
+            set_tensor(shape=[32, 16], nbytes=2048),
+            r"tensor gate_proj.weight is 16 x \[32, 16\] U32 but the model expects",
+        ),
+        (lambda m: m["moe_layers"][0]["experts"][0].update(crc32=[1, 2]), "valid crc32"),
+        (lambda m: m["files"]["experts/000.bin"].update(size="big"), "record of file"),
+        (lambda m: m["config"].update(num_experts=8), "lists 16 experts, expected 8|expects"),
+        (lambda m: m.update(moe_layers=m["moe_layers"][:1]), "lists MoE layers"),
+    ],
+)
+def test_hand_edited_manifest(model_folder, tmp_path, change, message):
+    folder = edit(model_folder, tmp_path, change)
+    with pytest.raises(StreamerError, match=message) as err:
+        streamer.load(folder)
+    assert "manifest.json" in str(err.value) and "repack" in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir"])
+@pytest.mark.parametrize(
+    "name", ["manifest.json", "resident.safetensors", "experts/001.bin", "tokenizer.json"]
+)
+def test_special_file_in_a_repacked_folder(model_folder, tmp_path, name, kind):
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    make_special(folder / name, kind)
+    if kind == "dir" and name == "tokenizer.json":
+        refused_without_hanging(lambda: streamer.load(folder), "tokenizer")
+        return
+    refused_without_hanging(lambda: streamer.load(folder), name)
+    if name == "manifest.json":
+        refused_without_hanging(lambda: verify(folder, log=lambda _: None), name)
+    elif name != "tokenizer.json":
+        problems = verify(folder, log=lambda _: None)
+        assert any(p.file == name for p in problems), problems

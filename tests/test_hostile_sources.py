@@ -1,0 +1,119 @@
+"""Hostile source checkpoints for `streamer repack`: wrong dtypes, NaN weights, symbolic link loops,
+indexes and configs a lax reader would accept, special files; each refused naming the file or
+tensor, with nothing left at the destination."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hostile_files import make_special, refused_without_hanging, rewrite_tensor
+
+import streamer
+from streamer.errors import StreamerError
+from streamer.repack import repack
+
+QUIET = {"log": lambda _: None}
+
+
+@pytest.fixture
+def src(checkpoints, tmp_path):
+    dst = tmp_path / "src"
+    shutil.copytree(checkpoints.hf("qwen3_moe"), dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["model.layers.0.input_layernorm.weight", "model.layers.1.mlp.experts.3.down_proj.weight"],
+)
+def test_dtype_mismatch_with_config(src, tmp_path, name):
+    rewrite_tensor(src, name, lambda t: t.astype(mx.int16))
+    with pytest.raises(
+        StreamerError,
+        match=f"tensor '{name}' is I16 but config.json implies a floating-point tensor",
+    ):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
+def test_nan_and_inf_weights_are_reported_not_fatal(src, tmp_path):
+    def poison(value):
+        return lambda t: mx.array(
+            np.where(
+                np.arange(t.size).reshape(t.shape) % 7 == 0, value, np.array(t.astype(mx.float32))
+            )
+        ).astype(t.dtype)
+
+    rewrite_tensor(src, "model.layers.0.post_attention_layernorm.weight", poison(np.inf))
+    rewrite_tensor(src, "model.layers.1.mlp.experts.5.gate_proj.weight", poison(np.nan))
+    logs = []
+    repack(src, tmp_path / "out", log=logs.append)
+    warnings = [line for line in logs if "warning" in line]
+    assert any(
+        "model.layers.0.post_attention_layernorm.weight" in w and "NaN/Inf" in w for w in warnings
+    ), logs
+    assert any(
+        "model.layers.1.mlp.switch_mlp expert 5 tensor gate_proj.weight" in w for w in warnings
+    ), logs
+    assert "2 tensor(s) hold NaN/Inf values" in warnings[-1]
+
+
+def test_symlink_loops_in_the_model_folder(src, tmp_path):
+    os.symlink("loop", src / "loop")  # a stray loop next to the weights is ignored
+    repack(src, tmp_path / "ok", **QUIET)
+    shard = sorted(src.glob("model-*.safetensors"))[0]
+    shard.unlink()
+    os.symlink(shard.name, shard)  # the shard itself is a loop
+    with pytest.raises(
+        StreamerError,
+        match=f"cannot read .*{shard.name} \\(a symbolic link.*Too many levels of symbolic links",
+    ):
+        repack(src, tmp_path / "out", **QUIET)
+    folder = tmp_path / "ok"
+    expert_file = folder / "experts" / "000.bin"
+    expert_file.unlink()
+    os.symlink("000.bin", expert_file)
+    with pytest.raises(StreamerError, match="000.bin.*Too many levels of symbolic links"):
+        streamer.load(folder)
+
+
+def test_float64_weights_are_refused(src, tmp_path):
+    name = "model.layers.0.input_layernorm.weight"
+    rewrite_tensor(src, name, lambda t: t.astype(mx.float64))
+    with pytest.raises(StreamerError, match=f"'{name}' is F64, which MLX models cannot load"):
+        repack(src, tmp_path / "out", **QUIET)
+
+
+@pytest.mark.parametrize("value", [7, None, ["model-00001-of-00002.safetensors"], "../x", ""])
+def test_index_weight_map_values_that_are_not_shard_names(src, tmp_path, value):
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"][next(iter(index["weight_map"]))] = value
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(StreamerError, match="weight_map names shard .*not a file in this folder"):
+        repack(src, tmp_path / "out", **QUIET)
+
+
+def test_deeply_nested_config_and_index(src, tmp_path):
+    for name in ("model.safetensors.index.json", "config.json"):
+        (src / name).write_text("[" * 100_000 + "]" * 100_000)
+        with pytest.raises(StreamerError, match=name):
+            repack(src, tmp_path / "out", **QUIET)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "socket"])
+@pytest.mark.parametrize(
+    "name", ["model-00001-of-00002.safetensors", "config.json", "tokenizer.json"]
+)
+def test_special_file_in_the_source(src, tmp_path, name, kind):
+    make_special(src / name, kind)
+    if kind == "dir" and name == "tokenizer.json":  # a folder named like a file: not read or copied
+        repack(src, tmp_path / "out", **QUIET)
+        assert not (tmp_path / "out" / "tokenizer.json").exists()
+        return
+    refused_without_hanging(lambda: repack(src, tmp_path / "out", **QUIET), name)
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,202 @@
+"""`streamer serve` as clients use it: the official openai client against a live server
+(tests/serving.py), every answer the library's own."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mlx_lm.sample_utils import make_logits_processors
+from serving import HELLO, NO_CALL, NO_EOS, WEATHER, connection, expected, request
+
+import streamer
+
+
+def test_models_and_health(server, client, served_folder):
+    assert [m.id for m in client.models.list()] == [str(served_folder)]
+    assert "read path slots (asked for)" in server[1].read_text()
+    assert request(server[0], "GET", "/health") == (200, {"status": "ok"})
+
+
+def test_chat_whole_and_streamed_match_the_library(client, served_folder, local):
+    want = expected(local, HELLO, 12)
+    whole = client.chat.completions.create(
+        model=str(served_folder), messages=HELLO, max_tokens=12, logit_bias=NO_CALL
+    )
+    assert whole.choices[0].message.content == want
+    assert whole.usage.completion_tokens == 12 and whole.choices[0].finish_reason == "length"
+    assert whole.model_extra["streamer"]["generation_tokens_per_second"] > 0
+    for include_usage in (True, False):
+        chunks = list(
+            client.chat.completions.create(
+                model=str(served_folder),
+                messages=HELLO,
+                max_tokens=12,
+                stream=True,
+                stream_options={"include_usage": include_usage},
+                logit_bias=NO_CALL,
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == want
+        usage = [c.usage for c in chunks if c.usage is not None]
+        assert len(usage) == int(include_usage)
+        if include_usage:
+            assert usage[0].prompt_tokens == whole.usage.prompt_tokens
+            assert usage[0].completion_tokens == 12
+        finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert [c.choices[0].finish_reason for c in finals] == ["length"]
+        assert "expert_mb_per_token" in finals[0].model_extra["streamer"]
+
+
+def test_text_completion_and_logprobs(client, served_folder, local):
+    model, tokenizer = local
+    no_call = make_logits_processors({512: -100})
+    want = streamer.generate(model, tokenizer, "The file", 6, logits_processors=no_call)
+    result = client.completions.create(
+        model=str(served_folder), prompt="The file", max_tokens=6, logprobs=3, logit_bias=NO_CALL
+    )
+    assert result.choices[0].text == want
+    logprobs = result.choices[0].logprobs
+    assert len(logprobs.tokens) == 6 and "".join(logprobs.tokens).removeprefix(" ") == want
+    for logprob, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):
+        assert len(top) == 3 and max(top.values()) == pytest.approx(logprob)  # greedy: the top
+    chat = client.chat.completions.create(
+        model=str(served_folder),
+        messages=HELLO,
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
+        logit_bias=NO_CALL,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 2 for c in content)
+    # mlx-lm's streaming detokenizer drops the answer's leading space; a token's own text keeps it
+    text = "".join(c.token for c in content)
+    assert text.removeprefix(" ") == chat.choices[0].message.content
+
+
+def test_stop_strings_cut_exactly(client, served_folder, local):
+    text = expected(local, HELLO, 24)
+    stop = text[7:10]  # a piece from inside some token, most likely not on a token boundary
+    want = text[: text.index(stop)]
+    whole = client.chat.completions.create(
+        model=str(served_folder),
+        messages=HELLO,
+        max_tokens=24,
+        stop=[stop, "never printed"],
+        logit_bias=NO_CALL,
+    )
+    assert whole.choices[0].message.content == want
+    assert whole.choices[0].finish_reason == "stop"
+    chunks = client.chat.completions.create(
+        model=str(served_folder),
+        messages=HELLO,
+        max_tokens=24,
+        stop=stop,
+        stream=True,
+        logit_bias=NO_CALL,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+
+
+def test_conversation_reuses_the_cached_prefix(client, served_folder, local):
+    first = client.chat.completions.create(
+        model=str(served_folder), messages=HELLO, max_tokens=8, logit_bias=NO_CALL
+    )
+    reply = first.choices[0].message.content
+    turn = [*HELLO, {"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
+    second = client.chat.completions.create(
+        model=str(served_folder), messages=turn, max_tokens=8, logit_bias=NO_CALL
+    )
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < second.usage.prompt_tokens
+    assert second.choices[0].message.content == expected(local, turn, 8)  # reuse is exact
+
+
+def test_tools_reach_the_template_and_calls_are_parsed(client, served_folder):
+    plain = client.chat.completions.create(model=str(served_folder), messages=HELLO, max_tokens=1)
+    args = dict(model=str(served_folder), messages=HELLO, tools=[WEATHER], max_tokens=1)
+    whole = client.chat.completions.create(**args, logit_bias={"512": 100})
+    assert whole.usage.prompt_tokens > plain.usage.prompt_tokens  # the tool list is rendered
+    (call,) = whole.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert whole.choices[0].message.content is None
+    chunks = list(client.chat.completions.create(**args, logit_bias={"512": 100}, stream=True))
+    calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()]
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    # a tool call and its result sent back render through the template
+    history = [
+        *HELLO,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    again = client.chat.completions.create(model=str(served_folder), messages=history, max_tokens=2)
+    assert again.usage.prompt_tokens > whole.usage.prompt_tokens
+
+
+def test_two_clients_at_once_queue(client, served_folder, local):
+    prompts = [[{"role": "user", "content": "class Reader:"}], HELLO]
+    want = [expected(local, p, 16) for p in prompts]
+    got = [None, None]
+
+    def ask(i):
+        got[i] = client.chat.completions.create(
+            model=str(served_folder), messages=prompts[i], max_tokens=16, logit_bias=NO_CALL
+        )
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [g.choices[0].message.content for g in got] == want
+
+
+def _stopped_after(log: Path, seen: int) -> int:
+    """Tokens generated by the next cancelled request the server logs after `seen` of them."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = re.findall(r"client gone: stopped after (\d+) of", log.read_text())
+        if len(found) > seen:
+            return int(found[seen])
+        time.sleep(0.05)
+    raise AssertionError("the server did not stop the generation")
+
+
+def test_a_client_that_leaves_stops_its_generation(server, client, served_folder):
+    url, log = server
+    seen = len(re.findall("client gone", log.read_text()))
+    body = dict(model=str(served_folder), messages=HELLO, max_tokens=1000, logit_bias=NO_EOS)
+    http = connection(url)
+    http.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}))
+    response = http.getresponse()
+    assert response.status == 200
+    while not response.readline().startswith(b"data: "):  # ": waiting" comments until then
+        pass
+    response.close()  # hang up after the first event
+    http.close()
+    assert _stopped_after(log, seen) < 1000
+    http = connection(url, timeout=0.3)  # a whole answer waited for, then abandoned
+    http.request("POST", "/v1/chat/completions", body=json.dumps(body))
+    with pytest.raises(TimeoutError):
+        http.getresponse()
+    http.close()
+    assert _stopped_after(log, seen + 1) < 1000
+    after = client.chat.completions.create(model=str(served_folder), messages=HELLO, max_tokens=2)
+    assert after.usage.completion_tokens == 2  # and the server carries on
+
+
+def test_values_the_sampler_cannot_take_as_given_still_answer(client, served_folder):
+    """A top_k past the vocabulary keeps every token (mlx-lm's sampler would refuse it)."""
+    common = dict(model=str(served_folder), messages=HELLO, max_tokens=3, temperature=1.0, seed=3)
+    every = client.chat.completions.create(**common, extra_body={"top_k": 100000})
+    off = client.chat.completions.create(**common, extra_body={"top_k": 0})
+    assert every.choices[0].message.content == off.choices[0].message.content

@@ -1,0 +1,207 @@
+"""`streamer serve` refusing what clients get wrong: each bad request an OpenAI error naming the
+field, malformed bodies and connections answered, and no traceback in the server's log."""
+
+from __future__ import annotations
+
+import json
+import socket
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+from serving import CONTEXT, HELLO, connection, request
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (b"\xff\xfe", 400, "UTF-8"),
+        (b'{"model": "M", "messages": [], "max_tokens": 2}', 400, "messages"),
+        (b'{"model": "M", "messages": [{"role": "x", "content": "hi"}]}', 400, "role"),
+        (b'{"model": "M", "messages": [{"role": "user", "content": 5}]}', 400, "content"),
+        (b'{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}', 404, "nope"),
+        (
+            b'{"model": "M", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}',
+            400,
+            "temperature",
+        ),
+        (
+            b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "top_p": 2}',
+            400,
+            "top_p",
+        ),
+        (
+            b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}',
+            400,
+            "max_tokens",
+        ),
+        (
+            b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}',
+            400,
+            "context",
+        ),
+        (
+            b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "seed": 1.5}',
+            400,
+            "seed",
+        ),
+        (
+            b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}',
+            400,
+            "logprobs",
+        ),
+        (
+            b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+            400,
+            "JSON",
+        ),
+        (b'{"model": "M", "prompt": [99999]}', 400, "token ids"),
+        (  # JSON's 1e400 is Python's inf
+            b'{"model": "M", "messages": [{"role": "user", "content": "x"}], "temperature": 1e400}',
+            400,
+            "temperature",
+        ),
+    ],
+)
+def test_bad_requests_get_openai_errors(server, served_folder, body, status, words):
+    path = "/v1/completions" if b'"prompt"' in body else "/v1/chat/completions"
+    got, answer = request(
+        server[0], "POST", path, body.replace(b'"M"', json.dumps(str(served_folder)).encode())
+    )
+    assert got == status, answer
+    error = answer["error"]
+    assert words in error["message"] and error["type"] == "invalid_request_error"
+
+
+HI = [{"role": "user", "content": "hi"}]
+CALLED = {"role": "assistant", "content": None}
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"max_tokens": 2**70}, "max_tokens"),
+        ({"top_k": 10**20}, "top_k"),
+        ({"temperature": 1e-300}, "temperature"),
+        ({"repetition_penalty": 1e308}, "repetition_penalty"),
+        ({"presence_penalty": 2**2000}, "presence_penalty"),
+        ({"logit_bias": {"99999999999999999999999": 1}}, "logit_bias"),
+        ({"logit_bias": {"1": "x"}}, "logit_bias"),
+        ({"logit_bias": {"1.5": 1}}, "logit_bias"),
+        ({"logit_bias": {"99999": 1}}, "past the model's vocabulary"),  # found at the first step
+        ({"logit_bias": {"99999": 1}, "stream": True}, "past the model's vocabulary"),
+        ({"stop": ["a", 5]}, "stop"),
+        ({"stop": ["a"] * 17}, "stop"),
+        ({"stop": "x" * 1001}, "stop"),
+        ({"stop": {"a": 1}}, "stop"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage"),
+        ({"stream_options": []}, "stream_options"),
+        ({"n": 2}, "n must be 1"),
+        ({"tools": {"a": 1}}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}, "tools"),
+        ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": 5}, "chat_template_kwargs"),
+        ({"messages": [{"role": "user", "content": "\ud800"}]}, "UTF-8"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text parts"),
+        ({"messages": [{"role": "user", "content": "x", "name": 5}]}, "name"),
+        ({"messages": [{**CALLED, "tool_calls": 5}]}, "tool_calls"),
+        ({"messages": [{**CALLED, "tool_calls": ["x"]}]}, "tool_calls[0]"),
+        ({"messages": [{**CALLED, "tool_calls": [{"function": None}]}]}, "tool_calls[0]"),
+        (
+            {"messages": [{**CALLED, "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}]},
+            "arguments",
+        ),
+        (
+            {
+                "messages": [
+                    {**CALLED, "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}
+                ]
+            },
+            "arguments are not JSON",
+        ),
+    ],
+)
+def test_every_field_is_checked(server, served_folder, fields, words):
+    """Each bad value a 4xx naming the field, streamed or not: never a 500 or a lost connection."""
+    body = {"model": str(served_folder), "messages": HI, "max_tokens": 2, **fields}
+    got, answer = request(server[0], "POST", "/v1/chat/completions", json.dumps(body).encode())
+    assert got == 400, answer
+    assert words in answer["error"]["message"], answer
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"prompt": [[1, 2], [3]]}, "one prompt"),
+        ({"prompt": [-1]}, "prompt"),
+        ({"prompt": [True]}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"echo": True}, "echo"),
+        ({"best_of": 3}, "best_of"),
+        ({"seed": -5}, "seed"),
+    ],
+)
+def test_every_text_completion_field_is_checked(server, served_folder, fields, words):
+    body = {"model": str(served_folder), "prompt": "hi", "max_tokens": 2, **fields}
+    got, answer = request(server[0], "POST", "/v1/completions", json.dumps(body).encode())
+    assert got == 400, answer
+    assert words in answer["error"]["message"], answer
+
+
+def test_malformed_bodies_and_connections(server, served_folder):
+    url = urlsplit(server[0])
+    deep = b'{"model": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+    assert request(server[0], "POST", "/v1/chat/completions", deep)[0] == 400
+    http = connection(server[0])
+    http.request("HEAD", "/v1/models")
+    assert http.getresponse().status == 405  # (a HEAD answer has no body)
+    http.close()
+    ok = {"model": str(served_folder), "messages": HI, "max_tokens": 1}
+    # a query string (as Azure-style clients add) does not change the route
+    status, body = request(server[0], "POST", "/v1/chat/completions?x=1", json.dumps(ok).encode())
+    assert status == 200 and body["usage"]["completion_tokens"] == 1
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(  # a body shorter than its Content-Length, then the client closes its side
+            b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{}"
+        )
+        s.shutdown(socket.SHUT_WR)
+        assert s.recv(100).startswith(b"HTTP/1.0 400")
+
+
+def test_a_prompt_over_the_context_is_refused_by_the_client(client, served_folder):
+    long = [{"role": "user", "content": "word " * CONTEXT}]
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=str(served_folder), messages=long, max_tokens=2)
+    assert error.value.code == "context_length_exceeded"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=HELLO)
+
+
+def test_unknown_paths_and_missing_length(server):
+    assert request(server[0], "GET", "/v1/nothing")[0] == 404
+    status, body = request(server[0], "DELETE", "/v1/models")
+    assert status == 405 and "use GET or POST" in body["error"]["message"]
+    url = urlsplit(server[0])
+    with socket.create_connection((url.hostname, url.port)) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.0 411")
+
+
+def test_the_server_logged_no_traceback(server, client, served_folder):
+    """Runs after the bad inputs above: none of them reached a traceback, the server serves on."""
+    after = client.chat.completions.create(model=str(served_folder), messages=HELLO, max_tokens=2)
+    assert after.usage.completion_tokens == 2
+    assert "Traceback" not in server[1].read_text()
