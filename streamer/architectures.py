@@ -19,7 +19,7 @@ import mlx.nn as nn
 import mlx_lm
 from mlx.utils import tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
-from mlx_lm.utils import _get_classes, infer_quant_config
+from mlx_lm.utils import _compressed_tensors_quantization, _get_classes, infer_quant_config
 
 from .config import check_config
 from .errors import StreamerError
@@ -70,27 +70,22 @@ NAMING: dict[str, Architecture] = {
     "phimoe": Architecture(_W123),
     "lfm2_moe": Architecture(_W123),
     "kimi_linear": Architecture(_W123, hf_block="block_sparse_moe"),
+    "kimi_k3": Architecture(_W123, hf_block="block_sparse_moe"),
     "nemotron_h": Architecture({"up_proj": "fc1", "down_proj": "fc2"}),
     "phixtral": Architecture({"fc1": "fc1", "fc2": "fc2"}, hf_experts="mlp"),
 }
 # mlx-lm model files that build experts streamer does not stream (yet), and why.
-_UNVERIFIED = (
-    "streamer has no test fixture for it yet, so its outputs are not verified against mlx-lm's."
-)
 REFUSED: dict[str, str] = {
     "kimi_vl": "mlx-lm's kimi_vl sanitize does not split MLA's kv_b_proj, so mlx-lm cannot load "
     "the published checkpoint either (its MLX conversions come from mlx-vlm).",
     "dbrx": "its experts are a list of per-expert MLPs that mlx-lm computes one by one, not a "
     "Switch layer that streamer's expert layer replaces.",
-    **dict.fromkeys(
-        (
-            "deepseek_v41",
-            "kimi_k3",
-            "muse_spark",
-            "prism_hadamard_qwen35",
-        ),
-        _UNVERIFIED,
-    ),
+    "deepseek_v41": "mlx-lm reads its published checkpoint (DeepSeek's own tensor names such "
+    "as layers.{l}.ffn.experts.{e}.w1.weight with a .scale: FP4 and FP8 weights with UE8M0 scales "
+    "that its sanitize turns into MXFP4 / MXFP8), but streamer has no fixture in that format yet, "
+    "so its streamed outputs are not verified against mlx-lm's.",
+    "muse_spark": "its NVFP4 experts carry a per-expert global scale (gate_up_proj_weight_scale_2, "
+    "mlx-lm's global_scale), which streamer's expert records do not hold yet.",
 }
 
 
@@ -163,6 +158,12 @@ def normalize_config(config: dict) -> dict:
                 "bits": 4,
                 "mode": "mxfp4",
             }
+        elif method == "compressed-tensors":
+            try:  # mlx-lm's reading of the format (int4 or FP4 packs); others stay refused
+                packed = _compressed_tensors_quantization(quantization_config)
+            except ValueError:
+                return config
+            config["quantization"] = config["quantization_config"] = packed
         elif method == "fp8" and list(quantization_config.get("weight_block_size", ())) != [32, 32]:
             # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as
             # in mlx-lm

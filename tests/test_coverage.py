@@ -11,10 +11,18 @@ from pathlib import Path
 import mlx_lm.models
 import pytest
 from mlx_lm.models import switch_layers
-from mlx_lm.utils import MODEL_REMAPPING, _get_classes
+from mlx_lm.utils import MODEL_REMAPPING, _compressed_tensors_quantization, _get_classes
 
 from fixtures import TINY_CONFIGS, tiny_config
-from streamer.architectures import REFUSED, build_model, expert_containers, mlx_lm_model_type
+from fixtures.hadamard_pack import hadamard_pack_config
+from streamer.architectures import (
+    REFUSED,
+    architecture,
+    build_model,
+    expert_containers,
+    mlx_lm_model_type,
+)
+from streamer.errors import StreamerError
 
 SWITCH = re.compile(r"\b(SwitchGLU|SwitchMLP|SwitchLinear)\b")
 EXPERT_LIST = re.compile(r"self\.experts\s*=\s*\[")  # DBRX: a list of per-expert MLPs
@@ -45,11 +53,12 @@ def moe_model_files() -> set[str]:
 def covered_model_files() -> set[str]:
     """The modules whose classes make up a model built from a tiny config, expert layers and all."""
     covered = set()
-    for model_type in TINY_CONFIGS:
-        model = build_model(tiny_config(model_type), model_type)
+    # the families published only quantized have their configs beside their writers
+    for config in [tiny_config(t) for t in TINY_CONFIGS] + [hadamard_pack_config()]:
+        model = build_model(config, config["model_type"])
         assert expert_containers(model)
         covered |= {type(m).__module__.rsplit(".", 1)[1] for _, m in model.named_modules()}
-        covered.add(mlx_lm_model_type(tiny_config(model_type)))
+        covered.add(mlx_lm_model_type(config))
     return covered
 
 
@@ -87,3 +96,27 @@ def test_private_mlx_lm_helpers_behave_as_streamer_expects(model_type):
     quantized = glu.gate_proj.to_quantized(group_size=32, bits=4)
     assert isinstance(quantized, switch_layers.QuantizedSwitchLinear)
     assert (quantized.num_experts, quantized.group_size, quantized.bits) == (4, 32, 4)
+
+
+def test_mlx_lm_reads_compressed_tensors_packs_as_streamer_expects():
+    """`_compressed_tensors_quantization` (mlx_lm.utils), which normalize_config asks: the packs'
+    MLX quantization, and a ValueError for a format mlx-lm does not read."""
+    read = _compressed_tensors_quantization
+    assert read({"format": "mxfp4-pack-quantized"}) == {
+        "group_size": 32,
+        "bits": 4,
+        "mode": "mxfp4",
+    }
+    assert read({"format": "pack-quantized"}) == {"group_size": 32, "bits": 4, "mode": "affine"}
+    with pytest.raises(ValueError):
+        read({"format": "float-quantized"})
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_a_refused_family_is_refused_with_its_reason(model_type):
+    with pytest.raises(StreamerError) as refused:
+        architecture({"model_type": model_type}, "config.json")
+    assert str(refused.value) == (
+        f"config.json: model_type {model_type!r} is not supported for expert streaming: "
+        f"{REFUSED[model_type]} The README lists the model types that stream."
+    )

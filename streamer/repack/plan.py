@@ -92,6 +92,7 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
             f"families (DeepSeek-V3, Kimi K2, MiniMax-M2, ...) but not for "
             f"{config['model_type']}; repack a bf16 or MLX-quantized version."
         )
+    check_zero_points(config, containers, weights, where)
     sources = Sources(ckpt, arch, containers, num_experts, sanitize, weights)
     resident = {n: a for n, a in weights.items() if not in_containers(n, containers)}
     quantize_like_mlx_lm(model, config, weights)
@@ -105,6 +106,24 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     return Plan(
         ckpt.folder, model, config, containers, num_experts, sources, quantize, cast, prequantized
     )
+
+
+def check_zero_points(
+    config: dict, containers: dict[str, nn.Module], weights: dict[str, mx.array], where: Path
+) -> None:
+    """Affine-quantized experts need their zero points (`biases`): a model whose sanitize makes none
+    from a packed format (kimi_k3's of compressed-tensors' int4 `pack-quantized`) is one mlx-lm
+    cannot load either."""
+    if config.get("quantization", {}).get("mode", "affine") != "affine":
+        return
+    for name in weights:
+        module = name.removesuffix(".scales")
+        if module != name and in_containers(name, containers) and f"{module}.biases" not in weights:
+            raise StreamerError(
+                f"{where}: mlx-lm's {config['model_type']} sanitize gives these packed experts "
+                f"no zero points ('{module}.biases'), so mlx-lm cannot load this checkpoint "
+                "either; repack a bf16, MXFP4 or MLX-quantized version."
+            )
 
 
 def check_resident(

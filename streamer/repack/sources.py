@@ -9,8 +9,9 @@ A source checkpoint holds an expert container's weights in one of these conventi
               and Gemma 4's `experts.gate_up_proj`, Llama 4's transposed one, Granite's
               `input_linear`, gpt-oss's MXFP4 blocks), found by asking sanitize: it converts each
               expert's slice
-  converted   per-expert tensors in another form (FP8 with `weight_scale_inv`): sanitize converts
-              each expert's tensors
+  converted   per-expert tensors in another form (FP8 with `weight_scale_inv`, compressed-tensors'
+              int4 `weight_packed`): sanitize converts each expert's tensors; compressed-tensors'
+              FP4 packs are MLX's packing renamed (packed_fp4.py), copied as per-expert tensors
 A new naming convention is a new entry of `architectures.NAMING`; a new layout needs nothing here
 when mlx-lm's sanitize reads it.
 """
@@ -28,6 +29,7 @@ from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo, to_mlx
 from .layouts import LAYOUTS
+from .packed_fp4 import as_words, fp4_pack_kinds
 
 KIND_ORDER = ("weight", "scales", "biases", "bias")
 
@@ -68,6 +70,7 @@ class Sources:
         self.ckpt, self.arch, self.num_experts, self.sanitize = ckpt, arch, num_experts, sanitize
         parents = {p: path for path in containers for p in arch.hf_parents(path)}
         per_expert_key = hf_expert_key(arch)
+        packed_kinds = fp4_pack_kinds(ckpt.config)
         self.stacked: dict[tuple[str, str, str], TensorInfo] = {}
         self.per_expert: dict[tuple[str, str, str], dict[int, TensorInfo]] = {}
         candidates: dict[str, TensorInfo] = {}
@@ -79,7 +82,10 @@ class Sources:
                 _, proj, kind = name.rsplit(".", 2)
                 self.stacked[(prefix, proj, kind)] = info
             elif match and match["parent"] in parents and match["proj"] in arch.hf_projections:
-                key = (parents[match["parent"]], arch.hf_projections[match["proj"]], match["kind"])
+                kind = packed_kinds.get(match["kind"], match["kind"])
+                if kind != match["kind"] and kind == "weight":
+                    info = as_words(info)
+                key = (parents[match["parent"]], arch.hf_projections[match["proj"]], kind)
                 self.per_expert.setdefault(key, {})[int(match["expert"])] = info
             elif name not in sanitized and info.shape[:1] == (num_experts,):
                 candidates[name] = info  # renamed or converted by sanitize: maybe fused experts

@@ -16,7 +16,7 @@ from .api import Sampling
 
 def open_model(folder: Path, group=None, **load_options):
     """The model, its tokenizer and its context length in tokens (None if config.json has none);
-    `group`: this rank's share of an expert-parallel group (streamer/distributed_engine.py);
+    `group`: this rank's share of an expert-parallel group (streamer/server/group_engine.py);
     `load_options`: streamer.load's keywords (memory_budget, read_path, ...)."""
     from ..model import load
 
@@ -33,7 +33,7 @@ def open_engine(model, tokenizer, prompt_cache_size: int, group=None):
 
     if group is None:
         return Engine(model, tokenizer, prompt_cache_size)
-    from ..distributed_engine import GroupEngine
+    from .group_engine import GroupEngine
 
     return GroupEngine(model, tokenizer, prompt_cache_size, group)
 

@@ -1,0 +1,51 @@
+"""Experts published in compressed-tensors' packed formats stream exactly as mlx-lm loads them:
+Kimi K3's MXFP4 (`mxfp4-pack-quantized`, copied as they are) and Kimi K2 Thinking's int4
+(`pack-quantized`, each expert through mlx-lm's sanitize, which adds the zero points)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import reference_model
+from test_parity import compare
+
+from fixtures import tiny_config, write_hf_checkpoint
+from fixtures.hadamard_pack import write_hadamard_pack
+from streamer.errors import StreamerError
+from streamer.io.manifest import read_manifest
+from streamer.repack import repack
+
+
+@pytest.mark.parametrize(
+    "model_type, fmt, mode",
+    [("kimi_k3", "mxfp4-pack-quantized", "mxfp4"), ("kimi_k2", "pack-quantized", "affine")],
+)
+def test_packed_experts_stream_as_mlx_lm_loads_them(tmp_path, model_type, fmt, mode):
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type), pack=fmt)
+    repack(src, tmp_path / "dst", log=lambda _: None)
+    layers = read_manifest(tmp_path / "dst").layers
+    assert {q.get("mode", "affine") for layer in layers for q in layer.quantization.values()} == {
+        mode
+    }
+    compare(tmp_path / "dst", reference_model(src), tolerance=0.0)
+
+
+def test_int4_packed_kimi_k3_is_refused_as_mlx_lm_cannot_load_it(tmp_path):
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("kimi_k3"), pack="pack-quantized")
+    with pytest.raises(StreamerError, match="no zero points .*mlx-lm cannot load"):
+        repack(src, tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_a_hadamard_pack_streams_as_mlx_lm_loads_it(tmp_path):
+    """Prism's 2-bit Qwen3.5 packs: stacked MLX experts (copied byte for byte) beside
+    Hadamard-rotated resident layers, repacked and in place."""
+    src = write_hadamard_pack(tmp_path / "src")
+    repack(src, tmp_path / "dst", log=lambda _: None)
+    assert {
+        q["bits"]
+        for layer in read_manifest(tmp_path / "dst").layers
+        for q in layer.quantization.values()
+    } == {2}
+    reference = reference_model(src)
+    compare(tmp_path / "dst", reference, tolerance=0.0)
+    compare(src, reference, tolerance=0.0)
