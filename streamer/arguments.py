@@ -37,6 +37,17 @@ def parse_size(value: object, name: str) -> int:
     return int(number)
 
 
+def check_request(
+    prompt: str | list[int], max_tokens: int, *, option: str = "max_tokens", how: str = ""
+) -> None:
+    """Refuse an empty prompt or a max_tokens below 1. The CLI asks before loading the model,
+    naming its own option and how to give a prompt (`how`)."""
+    if max_tokens <= 0:
+        raise StreamerError(f"{option} must be at least 1 (got {max_tokens}).")
+    if not prompt:
+        raise StreamerError(f"the prompt is empty: give some text to continue{how}.")
+
+
 def check_sampling(
     temp: object,
     top_p: object,

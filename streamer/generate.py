@@ -13,7 +13,7 @@ from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .arguments import check_at_least, check_sampling
+from .arguments import check_at_least, check_request, check_sampling
 from .errors import StreamerError
 from .handle import streaming
 from .stats import ExpertStats, peak_rss_bytes
@@ -167,17 +167,6 @@ def any_top_k_sampler(temp: float, top_p: float = 1.0, top_k: int = 0, **rest) -
         return samplers[width](logprobs)
 
     return sampler
-
-
-def check_request(
-    prompt: str | list[int], max_tokens: int, *, option: str = "max_tokens", how: str = ""
-) -> None:
-    """Refuse an empty prompt or a max_tokens below 1. The CLI asks before loading the model,
-    naming its own option and how to give a prompt (`how`)."""
-    if max_tokens <= 0:
-        raise StreamerError(f"{option} must be at least 1 (got {max_tokens}).")
-    if not prompt:
-        raise StreamerError(f"the prompt is empty: give some text to continue{how}.")
 
 
 def _prompt_tokens(

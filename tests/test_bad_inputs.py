@@ -258,15 +258,33 @@ def test_load_takes_what_users_pass(checkpoints):
         streamer.load(3)
 
 
-def test_a_dtype_the_backend_cannot_compute_is_refused_at_load(checkpoints):
-    import mlx.core as mx
+def test_a_dtype_the_backend_cannot_compute_is_refused_at_load(checkpoints, tmp_path):
+    import contextlib
+    import io
 
-    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))  # unquantized experts
-    if mx.default_device() != mx.cpu:  # a GPU's gather_mm computes in bf16
-        streamer.load(folder, dtype="bfloat16")
-        return
-    with pytest.raises(StreamerError, match="dtype bfloat16 cannot compute .*dtype='float32'"):
-        streamer.load(folder, dtype="bfloat16")
+    import mlx.core as mx
+    import mlx_lm
+
+    repacked = checkpoints.repacked(checkpoints.hf("qwen3_moe"))  # unquantized experts
+    in_place = tmp_path / "download"  # MLX-quantized but its experts: streamed in place
+    with contextlib.redirect_stdout(io.StringIO()):
+        mlx_lm.convert(
+            str(checkpoints.hf("qwen3_moe")),
+            str(in_place),
+            quantize=True,
+            quant_predicate=lambda path, _: "switch_mlp" not in path,
+        )
+    for folder in (repacked, in_place):
+        if mx.default_device() != mx.cpu:  # a GPU's gather_mm computes in bf16
+            streamer.load(folder, dtype="bfloat16")
+            continue
+        with pytest.raises(StreamerError, match="dtype bfloat16 cannot compute .*dtype='float32'"):
+            streamer.load(folder, dtype="bfloat16")
+        model, tokenizer = streamer.load(folder)  # float32, the CPU default, computes
+        assert streamer.generate(model, tokenizer, "hello", max_tokens=2)
+    # quantized experts (gather_qmm) compute in bf16 on every backend: not refused
+    model, tokenizer = streamer.load(checkpoints.mlx("qwen3_moe"), dtype="bfloat16")
+    assert streamer.generate(model, tokenizer, "hello", max_tokens=2)
 
 
 def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):

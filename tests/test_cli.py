@@ -99,9 +99,9 @@ def test_ctrl_c_while_importing_and_loading_exits_130_without_a_traceback(checkp
     import time
 
     command = [sys.executable, "-m", "streamer", "generate", "--model", _model(checkpoints)]
-    # 0.3 s: importing; 1.0 s: loading. (Right as libmlx is mapped, a Ctrl-C can still be lost
-    # in a lazy import after the guarded ones: a known race, left open.)
-    for after in (0.3, 1.0):
+    # seconds after mlx's library is mapped: right as its extension starts, importing, loading
+    # (and the lazy imports mlx-lm and transformers make while loading)
+    for after in (0.0, 0.3, 1.0):
         process = subprocess.Popen(
             [*command, "--prompt", "x", "--max-tokens", "1000"],
             stdout=subprocess.DEVNULL,

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from ..arguments import check_at_least, check_sampling, parse_size
+from ..arguments import check_at_least, check_request, check_sampling, parse_size
 from ..errors import StreamerError
 
 
@@ -113,8 +113,6 @@ def prompt(args: argparse.Namespace) -> str:
     the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
     An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
     """
-    from ..generate import check_request
-
     raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
     try:
         text = raw.decode("utf-8")
