@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from demo import add_model_option, model_or_demo
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -56,7 +58,7 @@ def decode(model, prompts, tokens: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="a repacked folder (default: the demo model, repacked)")
+    add_model_option(ap)
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per sequence")
     ap.add_argument("--budget", default="0", help="memory budget (0: every expert streams)")
     ap.add_argument("--read-path", choices=["mapped", "slots"], default=None)
@@ -68,13 +70,7 @@ def main() -> None:
     import streamer
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = args.model
-        if folder is None:
-            from streamer.cli import DEMO_MODEL
-            from streamer.repack import repack
-
-            folder = str(Path(tmp) / "demo")
-            repack(DEMO_MODEL, folder, log=lambda _: None)
+        folder = model_or_demo(args.model, Path(tmp))
         model, tokenizer = streamer.load(
             folder, memory_budget=args.budget, read_path=args.read_path
         )

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from demo import add_model_option, model_or_demo
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -35,16 +37,10 @@ def seconds(command: list[str], repeats: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--model", help="a repacked folder (default: the demo model, repacked)")
+    add_model_option(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model
-        if model is None:
-            from streamer.cli import DEMO_MODEL
-            from streamer.repack import repack
-
-            model = str(Path(tmp) / "demo")
-            repack(DEMO_MODEL, model, log=lambda _: None)
+        model = model_or_demo(args.model, Path(tmp))
         from streamer.cli import DEMO_MODEL
 
         baseline = [sys.executable, "-c", "import mlx_lm"]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
 
 from .errors import StreamerError, one_line
-from .io.manifest import Manifest
 from .io.safetensors import DTYPES
 
 
@@ -45,12 +46,14 @@ def read_path_for_backend(read_path: str | None) -> tuple[str, str]:
     return read_path, "asked for"
 
 
-def check_backend_computes(manifest: Manifest, dtype: mx.Dtype | None) -> None:
+def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
     """Refuse now, not at the first token, a compute dtype this backend's expert kernels lack
-    (MLX's CPU gather_mm runs only in float32: unquantized experts in bf16 fail there)."""
+    (MLX's CPU gather_mm runs only in float32: unquantized experts in bf16 fail there; its
+    quantized gather_qmm takes every float dtype). `layers`: a manifest's or a download's MoE
+    layers (each with `quantization` per projection and `tensors` named "proj.kind")."""
     unquantized = [
         t.dtype
-        for layer in manifest.layers
+        for layer in layers
         for t in layer.tensors
         if layer.quantization.get(t.name.split(".")[0]) is None and t.name.endswith("weight")
     ]

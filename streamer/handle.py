@@ -64,13 +64,8 @@ class Streaming:
     def close(self) -> None:
         """Unmap the expert files, lower the memory limit again, release the folder."""
         self._scopes.close()
-        for pool in self.pools:
-            pool.close()
-        if self.files is not None:
-            self.files.close()
-        if self.folder_lock is not None:
-            self.folder_lock.release()
-            self.folder_lock = None
+        release(self.pools, self.files, self.folder_lock)
+        self.folder_lock = None
 
     @property
     def mapped_bytes(self) -> int:
@@ -97,3 +92,13 @@ def streaming(model: nn.Module) -> Streaming | None:
     """The handle of a model from streamer.load; None for any other model."""
     handle = getattr(model, "streamer", None)
     return handle if isinstance(handle, Streaming) else None
+
+
+def release(pools: list[SlotPool], files: ExpertFiles | None, lock: FolderLock | None) -> None:
+    """Give back what a load holds: Streaming.close, and a load that fails part way."""
+    for pool in pools:
+        pool.close()
+    if files is not None:
+        files.close()
+    if lock is not None:
+        lock.release()

@@ -17,12 +17,12 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .architectures import expert_containers, replace_modules
 from .assembly import apply_budget, load_resident
-from .backend import default_dtype, read_path_for_backend
+from .backend import check_backend_computes, default_dtype, read_path_for_backend
 from .cache.budget import check_budget
 from .download import Download, layouts, open_download
 from .errors import StreamerError
 from .experts import StreamingExperts
-from .handle import Streaming
+from .handle import Streaming, release
 from .io.checkpoint import Checkpoint
 from .io.checksums import Checksums, default_sidecar, read_checksums
 from .io.expert_files import ExpertFiles
@@ -53,6 +53,7 @@ def load_in_place(
         sidecar = Path(checksums) if checksums is not None else default_sidecar(folder)
         recorded = _recorded(download, sidecar, verify_reads)
         dtype = dtype if dtype is not None else default_dtype()
+        check_backend_computes(download.layers, dtype)
         if memory_budget is not None:
             check_budget(download, memory_budget, dtype)
         placed = layouts(download)
@@ -98,12 +99,7 @@ def load_in_place(
         )
         tokenizer = load_tokenizer(folder, trust_remote_code)
     except BaseException:
-        for pool in pools:
-            pool.close()
-        if files is not None:
-            files.close()
-        if lock is not None:
-            lock.release()
+        release(pools, files, lock)
         raise
     context = download.config.get("max_position_embeddings")
     residency = f"{residency}; read path {read_path} ({why})"
@@ -133,7 +129,8 @@ def _recorded(download: Download, sidecar: Path, verify_reads: bool) -> Checksum
                 "to record the files as they are now (or delete that file to ignore it)."
             )
     if any(
-        len(recorded.experts.get(layer.module, ())) != layer.num_experts
+        len(crcs := recorded.experts.get(layer.module, ())) != layer.num_experts
+        or any(len(tensors) != len(layer.tensors) for tensors in crcs)  # each tensor checked
         for layer in download.layers
     ):
         raise StreamerError(

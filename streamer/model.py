@@ -21,7 +21,7 @@ from .download import is_download
 from .errors import StreamerError
 from .experts import StreamingExperts
 from .experts.parallel import ExpertShare
-from .handle import Streaming
+from .handle import Streaming, release
 from .io.expert_files import ExpertFiles, open_repacked
 from .io.expert_layout import LayerLayout, repacked_layout
 from .io.files import check_folder_files, check_tmpdir, check_utf8_path
@@ -121,7 +121,7 @@ def load(
             f"{list(containers)[:3]}...: the manifest does not match its config; repack the model."
         )
     dtype = dtype if dtype is not None else default_dtype()
-    check_backend_computes(manifest, dtype)
+    check_backend_computes(manifest.layers, dtype)
     if memory_budget is not None:
         check_budget(manifest, memory_budget, dtype)
     read_path, why = read_path_for_backend(read_path)
@@ -137,10 +137,7 @@ def load(
             read_path, manifest, layouts, layers, memory_budget, dtype, checksums, bypass_page_cache
         )
     except BaseException:
-        for pool in pools:
-            pool.close()
-        if files is not None:
-            files.close()
+        release(pools, files, folder_lock)
         raise
     residency = f"{residency}; read path {read_path} ({why})"
     context = config.get("max_position_embeddings")

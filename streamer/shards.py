@@ -9,11 +9,14 @@ first, go to the rank with the least traffic so far among those not yet holding 
 
 from __future__ import annotations
 
+import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from .errors import StreamerError
+from .io.files import open_regular
 from .io.manifest import Manifest
 
 
@@ -54,13 +57,15 @@ def owners(manifest: Manifest, ranks: int, trace: Path | None = None) -> list[np
 def trace_counts(path: Path, layers: list[int]) -> list[np.ndarray]:
     """How often each expert of each MoE layer was routed in a trace (.npz with `experts`:
     [tokens, moe_layers, top_k] routed ids, as tools/routing_summary.py --trace writes)."""
+    fix = "give an .npz written by tools/routing_summary.py --trace."
     try:
-        routed = np.load(path)["experts"]
-    except (OSError, KeyError, ValueError) as e:
-        raise StreamerError(
-            f"cannot read the routing trace {path} ({e}): give an .npz written by "
-            "tools/routing_summary.py --trace."
-        ) from e
+        with os.fdopen(open_regular(path, "a routing trace"), "rb") as f:  # a FIFO is refused
+            archive = np.load(f)
+            if not isinstance(archive, np.lib.npyio.NpzFile):  # a bare .npy
+                raise ValueError("not an .npz archive")
+            routed = archive["experts"]
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise StreamerError(f"cannot read the routing trace {path} ({e}): {fix}") from e
     if (
         routed.ndim != 3
         or routed.shape[1] != len(layers)

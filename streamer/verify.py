@@ -3,11 +3,13 @@ place (against its sidecar, streamer/io/checksums.py) and name each bad tensor."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import mmap
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import StreamerError
@@ -22,7 +24,7 @@ from .io.checksums import (
 )
 from .io.integrity import data_files, file_stat, stat_change
 from .io.lock import lock_for_replacing
-from .io.manifest import read_manifest, write_manifest
+from .io.manifest import MANIFEST_FILE, read_manifest, write_manifest
 from .io.tensor_crcs import Problem, folder_bytes, verify_folder
 from .progress import above, progress_bar
 
@@ -66,7 +68,12 @@ def verify(
         )  # no model may be loaded from it while its manifest changes
         try:
             files = {name: file_stat(folder / name) for name in data_files(manifest)}
-            write_manifest(folder, dataclasses.replace(manifest, files=files))
+            with _writing(
+                folder / MANIFEST_FILE,
+                "the folder loads as it is (each load samples the checksums of files whose "
+                "times differ); to refresh it, do so on a writable copy",
+            ):
+                write_manifest(folder, dataclasses.replace(manifest, files=files))
         finally:
             if lock is not None:
                 lock.release()
@@ -78,6 +85,16 @@ def verify(
             "sampled check"
         )
     return problems
+
+
+@contextlib.contextmanager
+def _writing(path: Path, fix: str) -> Iterator[None]:
+    """A file verify records (atomically: nothing half written) that the disk refuses (read-only,
+    full, a parent that is a file) is one line saying what to do."""
+    try:
+        yield
+    except OSError as e:
+        raise StreamerError(f"cannot write {path}: {e.strerror or e}; {fix}.") from e
 
 
 def _stat(path: Path) -> dict[str, int] | None:
@@ -107,7 +124,8 @@ def verify_download(folder: Path, sidecar: Path, *, record: bool, log) -> list[P
     if record:
         problems = _hub_hashes(download, log)
         if not problems:
-            write_checksums(sidecar, current)
+            with _writing(sidecar, "name a writable file with --checksums FILE"):
+                write_checksums(sidecar, current)
             log(f"[verify] recorded the checksums of {len(current.files)} shard(s) in {sidecar}")
     return problems
 

@@ -1,5 +1,6 @@
-"""Broken files for the hostile-input tests: hand-made safetensors bytes, a checkpoint tensor
-rewritten, special files where a regular one belongs, and the check that a refusal never hangs."""
+"""Broken files for the tests: hand-made safetensors bytes, a checkpoint tensor rewritten, a byte
+flipped (bit rot), special files where a regular one belongs, and the check that a refusal never
+hangs."""
 
 from __future__ import annotations
 
@@ -27,6 +28,18 @@ def safetensors_file(
     path = folder / "model.safetensors"
     path.write_bytes(struct.pack("<Q", len(raw) if length is None else length) + raw + data)
     return path
+
+
+def flip_byte(path: Path, offset: int, keep_time: bool = True) -> None:
+    """Bit rot: one byte changes, the file's size and (with keep_time) its time do not."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    if keep_time:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def rewrite_tensor(src, name: str, change) -> None:

@@ -258,15 +258,33 @@ def test_load_takes_what_users_pass(checkpoints):
         streamer.load(3)
 
 
-def test_a_dtype_the_backend_cannot_compute_is_refused_at_load(checkpoints):
-    import mlx.core as mx
+def test_a_dtype_the_backend_cannot_compute_is_refused_at_load(checkpoints, tmp_path):
+    import contextlib
+    import io
 
-    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))  # unquantized experts
-    if mx.default_device() != mx.cpu:  # a GPU's gather_mm computes in bf16
-        streamer.load(folder, dtype="bfloat16")
-        return
-    with pytest.raises(StreamerError, match="dtype bfloat16 cannot compute .*dtype='float32'"):
-        streamer.load(folder, dtype="bfloat16")
+    import mlx.core as mx
+    import mlx_lm
+
+    repacked = checkpoints.repacked(checkpoints.hf("qwen3_moe"))  # unquantized experts
+    in_place = tmp_path / "download"  # MLX-quantized but its experts: streamed in place
+    with contextlib.redirect_stdout(io.StringIO()):
+        mlx_lm.convert(
+            str(checkpoints.hf("qwen3_moe")),
+            str(in_place),
+            quantize=True,
+            quant_predicate=lambda path, _: "switch_mlp" not in path,
+        )
+    for folder in (repacked, in_place):
+        if mx.default_device() != mx.cpu:  # a GPU's gather_mm computes in bf16
+            streamer.load(folder, dtype="bfloat16")
+            continue
+        with pytest.raises(StreamerError, match="dtype bfloat16 cannot compute .*dtype='float32'"):
+            streamer.load(folder, dtype="bfloat16")
+        model, tokenizer = streamer.load(folder)  # float32, the CPU default, computes
+        assert streamer.generate(model, tokenizer, "hello", max_tokens=2)
+    # quantized experts (gather_qmm) compute in bf16 on every backend: not refused
+    model, tokenizer = streamer.load(checkpoints.mlx("qwen3_moe"), dtype="bfloat16")
+    assert streamer.generate(model, tokenizer, "hello", max_tokens=2)
 
 
 def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
@@ -278,6 +296,10 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
         model, tokenizer, "hello", max_tokens=8, repetition_penalty=1.5, min_p=0.1
     )
     assert isinstance(penalised, str)
+    # a top_k past the vocabulary keeps every token (mlx-lm's own sampler refuses it)
+    sampled = dict(max_tokens=8, temp=1.0, seed=5)
+    every = streamer.generate(model, tokenizer, "hello", top_k=10**6, **sampled)
+    assert every == streamer.generate(model, tokenizer, "hello", **sampled)
     for kwargs, message in [
         ({"top_kk": 3}, "unknown keyword argument 'top_kk'; known: temp, top_p, seed, "),
         ({"temp": -1.0}, "temp must be 0"),
@@ -285,6 +307,7 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
         ({"seed": -1}, "seed must be an integer from 0"),
         ({"top_k": -2}, "top_k must be an integer, 0"),
         ({"min_p": 2}, "min_p must be from 0"),
+        ({"max_kv_size": 0}, "max_kv_size must be at least 1"),
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)

@@ -50,8 +50,19 @@ def test_quick_bench_json(tmp_path):
         "routing",
     ):
         assert key in result, key
-    assert result["decode_tok_s"] > 0 and result["baseline_tok_s"] > 0
-    assert result["ratio"] == pytest.approx(result["decode_tok_s"] / result["baseline_tok_s"])
+    assert result["decode_tok_s"] > 0
+    baseline = result["mlx_lm"]
+    if baseline.get("fits") is False:
+        # the machine's free memory (shared with other jobs) could not hold mlx-lm's resident
+        # model beside the reserve: the bench says so and reports no baseline figures
+        assert "it does not fit, skipped" in proc.stderr
+        assert baseline["needs_bytes"] > model["checkpoint_bytes"]
+        assert result["baseline_tok_s"] is None and result["ratio"] is None
+        assert result["routing"] is None  # measured on the baseline's run
+    else:
+        assert result["baseline_tok_s"] > 0
+        assert result["ratio"] == pytest.approx(result["decode_tok_s"] / result["baseline_tok_s"])
+        assert 0 < result["routing"]["top10pct_experts_share"] <= 1
     # Every decode step reads top_k expert records in every MoE layer (each record's tensors, not
     # its padding to the next 16 KiB page), with one sync per layer.
     reads = model["top_k"] * model["moe_layers"]
@@ -72,7 +83,6 @@ def test_quick_bench_json(tmp_path):
     )
     assert streamer["split"]["read_ms_per_token"] >= 0 and streamer["peak_mlx_bytes"] > 0
     assert result["disk"]["pread_gbps"] > 0
-    assert 0 < result["routing"]["top10pct_experts_share"] <= 1
     saved = json.loads((tmp_path / "results" / "quick-warm.json").read_text())
     assert saved["decode_tok_s"] == result["decode_tok_s"]
 

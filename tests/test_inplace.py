@@ -16,6 +16,7 @@ import sys
 import mlx.core as mx
 import pytest
 from conftest import reference_model
+from hostile_files import flip_byte
 from test_parity import PROMPT, greedy_tokens
 
 import streamer
@@ -74,21 +75,30 @@ def test_verify_reads_uses_the_sidecar_and_catches_a_bad_expert(download):
     assert verify(download, record=True, **QUIET) == []
     described, _, _ = open_download(download)
     tensor = described.layers[0].tensors[0]
-    shard = download / tensor.file
-    stat = shard.stat()
-    with open(shard, "r+b") as f:  # damage every expert of one tensor; same size and time
-        for expert in range(described.layers[0].num_experts):
-            offset, _ = tensor.span(expert)
-            f.seek(offset)
-            byte = f.read(1)[0]
-            f.seek(offset)
-            f.write(bytes([byte ^ 0xFF]))
-    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    for expert in range(described.layers[0].num_experts):  # every expert of one tensor
+        flip_byte(download / tensor.file, tensor.span(expert)[0])
     model, tokenizer = streamer.load(download, verify_reads=True, memory_budget=0)
     prompt = mx.array(tokenizer.encode(PROMPT))
     with pytest.raises(StreamerError, match=r"expert \d+ tensor gate_proj.weight does not match"):
         mx.eval(model(prompt[None]))
     model.streamer.close()
+
+
+def test_a_sidecar_that_checks_fewer_tensors_is_refused(download):
+    """A tampered sidecar listing fewer crc32s per expert than the expert has tensors would leave
+    the rest unchecked under verify_reads: refused at load."""
+    import json
+
+    from streamer.io.checksums import default_sidecar
+
+    assert verify(download, record=True, **QUIET) == []
+    sidecar = default_sidecar(download)
+    data = json.loads(sidecar.read_text())
+    module = next(iter(data["experts"]))
+    data["experts"][module] = [crcs[:-1] for crcs in data["experts"][module]]
+    sidecar.write_text(json.dumps(data))
+    with pytest.raises(StreamerError, match="does not describe .*delete it and record it again"):
+        streamer.load(download, verify_reads=True)
 
 
 def test_a_shard_changed_since_its_checksums_were_recorded_is_refused(download):

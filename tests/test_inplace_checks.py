@@ -11,6 +11,7 @@ import sys
 import mlx.core as mx
 import numpy as np
 import pytest
+from hostile_files import flip_byte
 
 import streamer
 from streamer.download import open_download
@@ -64,14 +65,7 @@ def test_verify_records_outside_the_download_and_names_a_bad_expert(download):
     described, _, _ = open_download(download)
     tensor = described.layers[1].tensors[4]  # up_proj.scales
     offset, _ = tensor.span(5)
-    shard = download / tensor.file
-    stat = shard.stat()
-    with open(shard, "r+b") as f:  # flip one byte, keep size and time: silent corruption
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    flip_byte(download / tensor.file, offset)  # size and time kept: silent corruption
     problems = [str(p) for p in verify(download, **QUIET)]
     assert problems == [
         f"{tensor.file}: MoE layer 1 (model.layers.1.mlp.switch_mlp) expert 5: "

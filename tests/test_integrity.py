@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from hostile_files import flip_byte
 
 import streamer
 from streamer.errors import StreamerError
@@ -24,18 +25,6 @@ def folder(checkpoints, tmp_path):
         checkpoints.repacked(checkpoints.hf("qwen3_moe")), dst
     )  # copy2 keeps file times
     return dst
-
-
-def flip_byte(path, offset: int, keep_time: bool = True) -> None:
-    """Bit rot: one byte changes, the file's size and (with keep_time) its time do not."""
-    st = path.stat()
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    if keep_time:
-        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def expert_tensor_offset(folder, layer: int, expert: int, tensor: int = 0) -> int:

@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+from hostile_files import flip_byte
 
 import streamer
 from streamer.cli import main
@@ -112,12 +113,7 @@ def test_a_damaged_source_record_is_refused(full, tmp_path):
     damaged = tmp_path / "damaged"
     shutil.copytree(full, damaged)
     layer = read_manifest(damaged).layers[1]
-    with open(damaged / layer.file, "r+b") as f:  # one byte of expert 5, same size and time
-        f.seek(5 * layer.record_bytes + 100)
-        byte = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    shutil.copystat(full / layer.file, damaged / layer.file)
+    flip_byte(damaged / layer.file, 5 * layer.record_bytes + 100)  # expert 5, same size and time
     with pytest.raises(
         StreamerError, match="MoE layer 1 .* expert 5: tensor .* does not match its checksum"
     ):

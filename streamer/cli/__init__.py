@@ -9,7 +9,7 @@ from .. import __version__
 from ..errors import StreamerError
 from . import demo, generate, info, plan, repack, serve, verify
 from .demo import DEMO_MODEL
-from .interrupts import caused_by_ctrl_c, interrupted_status
+from .interrupts import caused_by_ctrl_c, exiting_on_ctrl_c, interrupted_status
 from .output import OutputFailed, error_line, report, silence_output
 
 __all__ = ["DEMO_MODEL", "main", "parser"]
@@ -34,6 +34,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; errors are one line on stderr (exit 2), Ctrl-C exits 130 at any point,
     and a closed or full output ends quietly, as Unix tools end."""
+    # called as the program (no argv given), a Ctrl-C once the command is done is ignored; in a
+    # process that goes on, the caller's handler comes back
+    with exiting_on_ctrl_c(restore=argv is not None):
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     args = None
     try:
         args = parser().parse_args(argv)

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from .generate import stream
-from .interrupts import import_exiting_on_ctrl_c
+from .interrupts import raising_on_ctrl_c
 from .options import add_prompt, prompt
 
 DEMO_MODEL = Path(__file__).parent.parent / "demo_model"
@@ -27,11 +27,11 @@ def add_parser(sub) -> None:
 
 def demo(args: argparse.Namespace) -> int:
     text = prompt(args)
-    import_exiting_on_ctrl_c("streamer.model", "streamer.generate", "streamer.repack")
     from ..model import load
     from ..repack import Quantize, repack
 
-    with tempfile.TemporaryDirectory(prefix="streamer-demo-") as tmp:
+    # from here on a Ctrl-C raises, so that the temporary folder is removed
+    with raising_on_ctrl_c(), tempfile.TemporaryDirectory(prefix="streamer-demo-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         dst = work / "streaming"
         quantize = Quantize(DEMO_QUANTIZE) if DEMO_QUANTIZE else None

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..errors import StreamerError
-from .interrupts import import_exiting_on_ctrl_c
+from .interrupts import raising_on_ctrl_c
 from .options import add_loading, add_prompt, add_template, load_options, prompt
 from .output import emit
 
@@ -47,7 +47,6 @@ def generate(args: argparse.Namespace) -> int:
             "model."
         )
     text = prompt(args)  # before the slow imports: bad input fails fast
-    import_exiting_on_ctrl_c("streamer.model", "streamer.generate")
     from ..chat import templated
     from ..distributed import launched_group, shared_seed
     from ..hub import streamable
@@ -94,27 +93,28 @@ def generate(args: argparse.Namespace) -> int:
 
 def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     """Print the answer as it comes, then the run's stats line; Ctrl-C ends it with 130."""
-    from mlx_lm.sample_utils import make_sampler
-
     from ..generate import run_stats, stream_generate
 
     group = getattr(args, "group", None)
     shown = group is None or group.rank() == 0  # rank 0 prints for the group
-    sampler = make_sampler(args.temp, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k)
     stats = None
     try:
-        for response in stream_generate(
-            model,
-            tokenizer,
-            prompt,
-            args.max_tokens,
-            seed=args.seed,
-            sampler=sampler,
-            max_kv_size=getattr(args, "max_kv_size", None),
-        ):
-            if shown:
-                emit(response.text, end="")
-            stats = response.stats
+        with raising_on_ctrl_c():  # from here Ctrl-C stops the answer, with its stats
+            for response in stream_generate(
+                model,
+                tokenizer,
+                prompt,
+                args.max_tokens,
+                temp=args.temp,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                min_p=args.min_p,
+                seed=args.seed,
+                max_kv_size=getattr(args, "max_kv_size", None),
+            ):
+                if shown:
+                    emit(response.text, end="")
+                stats = response.stats
     except KeyboardInterrupt:
         if shown:
             print("\n[interrupted]", file=sys.stderr)

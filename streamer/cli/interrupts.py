@@ -1,46 +1,64 @@
-"""Ctrl-C at any moment, the first seconds of imports included, exits 130 without a traceback."""
+"""Ctrl-C at any moment, the first seconds of imports included, exits 130 without a traceback.
+
+Until a command starts its work (writing files, generating, conversing), nothing is written that
+an exit could leave half done, so there Ctrl-C ends the process at once: `main` runs every command
+inside `exiting_on_ctrl_c`. That spans the imports (mlx, mlx-lm, transformers: seconds) and the
+ones mlx-lm and transformers make lazily while a model loads (the model's module, its tokenizer
+and config classes), which no list of modules imported up front can name. A KeyboardInterrupt
+raised in those is not reliable: importlib can report one raised in its lock callbacks as
+"ignored" and carry on, and one raised inside mlx's extension start-up aborts the process
+(nanobind). A command's work runs inside `raising_on_ctrl_c`, where Ctrl-C raises
+KeyboardInterrupt for the command to handle (repack keeps its progress, generate prints its stats).
+"""
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .output import report
 
 
-def import_exiting_on_ctrl_c(*modules: str) -> None:
-    """Import a command's modules (mlx, mlx-lm, transformers: seconds) with Ctrl-C ending the
-    process once they are imported: CPython can report a KeyboardInterrupt raised inside
-    importlib's lock callbacks as "ignored" and carry on, and nothing is written yet that an exit
-    could leave half done."""
+def _exit_130(*_) -> None:
+    os.write(2, b"\nstreamer: interrupted\n")
+    os._exit(130)
+
+
+@contextmanager
+def exiting_on_ctrl_c(restore: bool = True) -> Iterator[None]:
+    """Ctrl-C ends the process with status 130 at once. `restore`: put the previous handler
+    back at the end, for callers in a process that goes on; without it, Ctrl-C is ignored from
+    then on: the program is ending with its status (Python's own handler, back while it shuts
+    down, would end the process by SIGINT)."""
     if threading.current_thread() is not threading.main_thread():
+        yield
         return
-
-    def exit_130(*_) -> None:
-        os.write(2, b"\nstreamer: interrupted\n")
-        os._exit(130)
-
-    # SIGINT is held blocked while the imports run: delivered inside mlx's extension start-up
-    # it can abort the process (nanobind) or be swallowed by importlib. Any Ctrl-C meanwhile
-    # is pending, and ends the process once the imports are done.
-    previous = signal.signal(signal.SIGINT, exit_130)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, _exit_130)
     try:
-        for module in modules:
-            importlib.import_module(module)
+        yield
     finally:
-        if signal.SIGINT in signal.sigpending():
-            exit_130()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous if restore else signal.SIG_IGN)
+
+
+@contextmanager
+def raising_on_ctrl_c() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt, for work that cleans up after itself or reports on the
+    way out; afterwards (the command handling it) it ends the process at once again."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
         signal.signal(signal.SIGINT, previous)
 
 
 def interrupted_status() -> int:
-    """Report Ctrl-C and ignore any further one: an interrupt that mlx's start-up turned into an
-    ImportError can still be pending, and raised again on the way out it would end the process
-    by SIGINT instead of with status 130."""
+    """Report Ctrl-C and ignore any further one: the process is ending with status 130."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     return report("\nstreamer: interrupted", 130)

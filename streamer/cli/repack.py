@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import StreamerError
-from .interrupts import import_exiting_on_ctrl_c
+from .interrupts import raising_on_ctrl_c
 
 
 def add_parsers(sub) -> None:
@@ -50,7 +50,6 @@ def add_parsers(sub) -> None:
 
 
 def repack(args: argparse.Namespace) -> None:
-    import_exiting_on_ctrl_c("streamer.repack")
     from ..hub import resolve
     from ..repack import Quantize, repack
 
@@ -61,14 +60,15 @@ def repack(args: argparse.Namespace) -> None:
             f"--delete-source: {args.src} lives in the Hugging Face cache, whose files are shared "
             "links: repack without it, then remove the download with `hf cache` (see its --help)."
         )
-    repack(
-        src,
-        args.dst,
-        quantize=quantize,
-        force=args.force,
-        resume=args.resume,
-        delete_source=args.delete_source,
-    )
+    with raising_on_ctrl_c():  # repack keeps its progress and says how to resume
+        repack(
+            src,
+            args.dst,
+            quantize=quantize,
+            force=args.force,
+            resume=args.resume,
+            delete_source=args.delete_source,
+        )
 
 
 def split(args: argparse.Namespace) -> None:
@@ -76,4 +76,5 @@ def split(args: argparse.Namespace) -> None:
     from ..shards import parse_shard
 
     rank, ranks = parse_shard(args.shard)
-    split(args.src, args.dst, rank, ranks, trace=args.trace, force=args.force)
+    with raising_on_ctrl_c():  # a partial share is removed on the way out
+        split(args.src, args.dst, rank, ranks, trace=args.trace, force=args.force)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .interrupts import import_exiting_on_ctrl_c
-from .options import add_loading, add_sampling, add_template, load_options
+from ..arguments import check_at_least
+from ..errors import StreamerError
+from .interrupts import raising_on_ctrl_c
+from .options import add_loading, add_sampling, add_template, check_sampling_flags, load_options
 
 
 def add_parsers(sub) -> None:
@@ -43,28 +45,38 @@ def add_parsers(sub) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
-    import_exiting_on_ctrl_c("streamer.server", "streamer.distributed", "streamer.hub")
+    check_sampling_flags(args)  # the defaults of every request: a bad one would fail them all
+    if not 0 <= args.port <= 65535:
+        raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
+    check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
     from ..distributed import launched_group
     from ..hub import streamable
-    from ..server import serve
+    from ..server import open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
 
-    defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
+    start_logging()
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
-    serve(
-        args.model,
-        streamable(_rank_folder(args.model, group)),
-        host=args.host,
-        port=args.port,
-        defaults=defaults,
-        max_tokens=args.max_tokens,
-        prompt_cache_size=args.prompt_cache_size,
-        group=group,
-        **load_options(args),
-    )
+    folder = streamable(_rank_folder(args.model, group))
+    model, tokenizer, context = open_model(folder, group, **load_options(args))
+    engine = open_engine(model, tokenizer, args.prompt_cache_size, group)
+    if group is not None and group.rank() != 0:
+        return engine.follow()
+    defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
+    with raising_on_ctrl_c():  # Ctrl-C stops serving: the engine closes, other ranks are told
+        serve(
+            engine,
+            args.model,
+            folder,
+            context,
+            host=args.host,
+            port=args.port,
+            defaults=defaults,
+            max_tokens=args.max_tokens,
+        )
 
 
 def chat(args: argparse.Namespace) -> None:
+    check_sampling_flags(args)
     from ..chat import chat
     from ..distributed import launched_group
     from ..hub import streamable
@@ -87,14 +99,15 @@ def chat(args: argparse.Namespace) -> None:
         temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed
     )
     try:
-        chat(
-            engine,
-            system_prompt=args.system_prompt,
-            template=template,
-            max_tokens=args.max_tokens,
-            context=context,
-            sampling=sampling,
-        )
+        with raising_on_ctrl_c():  # Ctrl-C stops an answer; at the prompt it ends the chat
+            chat(
+                engine,
+                system_prompt=args.system_prompt,
+                template=template,
+                max_tokens=args.max_tokens,
+                context=context,
+                sampling=sampling,
+            )
     finally:
         engine.close()
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+
+from .interrupts import raising_on_ctrl_c
 
 
 def add_parser(sub) -> None:
@@ -34,7 +37,12 @@ def verify(args: argparse.Namespace) -> int:
     from ..download import is_download
     from ..verify import verify
 
-    problems = verify(args.dir, refresh=args.refresh, record=args.record, checksums=args.checksums)
+    # --record and --refresh write a file, atomically: a Ctrl-C raises, so no temporary is left
+    writes = args.record or args.refresh
+    with raising_on_ctrl_c() if writes else contextlib.nullcontext():
+        problems = verify(
+            args.dir, refresh=args.refresh, record=args.record, checksums=args.checksums
+        )
     for problem in problems:
         print(f"streamer: bad: {problem}", file=sys.stderr)
     if problems:

@@ -17,7 +17,6 @@ beside it either: beside a snapshot is the hub cache's list of revisions. `check
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from pathlib import Path
 
 from ..errors import StreamerError
 from .durable import write_json_atomic
+from .files import read_bytes
+from .json_file import parse_json_object
 
 FORMAT = "streamer-checksums"
 FORMAT_VERSION = 1
@@ -63,12 +64,14 @@ def write_checksums(path: Path, checksums: Checksums) -> None:
 
 def read_checksums(path: Path) -> Checksums | None:
     """The recorded checksums, None if `path` does not exist; a damaged sidecar is refused."""
+    fix = "delete it and record it again."
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_bytes(path, "a checksum file")  # a FIFO there is refused, not waited on
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise StreamerError(f"{path} cannot be read ({e}): delete it and record it again.") from e
+    except OSError as e:
+        raise StreamerError(f"{path} cannot be read ({e.strerror or e}): {fix}") from e
+    data = parse_json_object(raw, str(path), fix)
     try:
         if data["format"] != FORMAT or data["format_version"] != FORMAT_VERSION:
             raise ValueError(f"format {data['format']!r} version {data['format_version']!r}")

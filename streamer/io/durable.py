@@ -4,6 +4,7 @@ the new one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -18,10 +19,16 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    """`data` as `path`, through a fsynced temporary file renamed over it."""
+    """`data` as `path`, through a fsynced temporary file renamed over it: whole or not at all (a
+    failure, a full disk or Ctrl-C, removes the temporary)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise

@@ -147,8 +147,8 @@ Span = tuple[int, int, int]  # whole pages: (address of the first, bytes, pages)
 def page_span(address: int, length: int) -> Span:
     """The whole pages holding `length` bytes at `address`."""
     start = address - address % OS_PAGE
-    pages = -(-(address + length - start) // OS_PAGE)
-    return start, pages * OS_PAGE, pages
+    size = align(address + length - start, OS_PAGE)
+    return start, size, size // OS_PAGE
 
 
 class Residency:

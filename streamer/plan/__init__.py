@@ -27,13 +27,13 @@ def plan(
 ) -> ModelPlan:
     """`source`: a config.json, a download's folder or a repacked folder. `quantize`: (bits,
     group size) of `repack --quantize`. `dtype`: the compute dtype (None: the checkpoint's)."""
-    folder = source.parent if source.is_file() else source
+    folder = source if source.is_dir() else source.parent  # a FIFO is a file: refused as one
     if (folder / MANIFEST_FILE).exists():
         if quantize:
             raise StreamerError(
                 f"{folder} is repacked already: --quantize plans a repack of a download."
             )
-        if not source.is_file():
+        if source.is_dir():
             from .repacked import repacked_plan
 
             found = repacked_plan(folder, memory_bytes, dtype)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -22,7 +21,7 @@ from mlx.utils import tree_flatten
 
 from ..architectures import build_model, expert_containers, normalize_config, quantize_like_mlx_lm
 from ..config import check_config, experts_per_token
-from ..errors import StreamerError
+from ..io.json_file import read_json_object
 from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, RESIDENT_FILE, TENSOR_ALIGN
 from ..io.mapping import align
 from .report import ModelPlan, fitted
@@ -35,11 +34,11 @@ KV_LENGTHS = (256, 512)
 def model_plan(
     source: Path, memory: int, quantize: tuple[int, int] | None, dtype: mx.Dtype | None
 ) -> ModelPlan:
-    folder = source.parent if source.is_file() else source
-    config_path = source if source.is_file() else source / "config.json"
+    folder = source if source.is_dir() else source.parent
+    config_path = source / "config.json" if source.is_dir() else source  # a FIFO too: refused
     repacked = (folder / MANIFEST_FILE).exists()
     peak = None
-    if not source.is_file() and not repacked and any(folder.glob("*.safetensors")):
+    if source.is_dir() and not repacked and any(folder.glob("*.safetensors")):
         from ..repack import Quantize, disk_needs
 
         model, config = _download_model(folder, quantize)  # exactly as repack will write it
@@ -116,18 +115,12 @@ def _config_model(
 
 
 def _read_config(path: Path) -> dict:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StreamerError(
-            f"{path} is missing: plan needs a model's config.json (e.g. `hf download ORG/NAME "
-            "config.json`), its folder, or a repacked folder."
-        ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise StreamerError(f"cannot read {path}: {e}") from None
-    if not isinstance(config, dict):
-        raise StreamerError(f"{path} is not a JSON object: it is not a model's config.json.")
-    return config
+    return read_json_object(
+        path,
+        "plan needs a model's config.json.",
+        missing="plan needs a model's config.json (e.g. `hf download ORG/NAME config.json`), its "
+        "folder, or a repacked folder.",
+    )
 
 
 def _num_experts(container: nn.Module) -> int:

@@ -28,10 +28,7 @@ def partial_folder(dst: Path) -> Path:
 
 def open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int | None, Progress]:
     """Lock the `.DST.partial` folder against other repacks and pick up its progress if resuming."""
-    if os.path.lexists(partial) and (partial.is_symlink() or not partial.is_dir()):
-        raise StreamerError(
-            f"{partial} is in the way: it is a file, not an unfinished repack; remove it."
-        )
+    check_not_in_the_way(partial)
     if partial.exists():
         fd = lock_directory(partial, "writing the same destination")
         try:
@@ -52,6 +49,21 @@ def open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int |
             os.close(fd)
     elif resume:
         log("[repack] nothing to resume: starting from the beginning")
+    make_partial(partial)
+    return lock_directory(partial, "writing the same destination"), Progress(partial, identity)
+
+
+def check_not_in_the_way(partial: Path) -> None:
+    """Refuse a `.DST.partial` that is a file or a link: not unfinished work of ours."""
+    if os.path.lexists(partial) and (partial.is_symlink() or not partial.is_dir()):
+        raise StreamerError(
+            f"{partial} is in the way: it is a file, not an unfinished repack; remove it."
+        )
+
+
+def make_partial(partial: Path) -> None:
+    """Create `.DST.partial/experts`; a disk that refuses (read-only, no permission, a parent
+    that is a file) is one line."""
     try:
         (partial / "experts").mkdir(parents=True)
     except OSError as e:
@@ -59,7 +71,6 @@ def open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int |
             f"cannot create {partial}: {e.strerror or e}; choose a destination on a writable "
             "disk, or fix the permissions of its folder."
         ) from e
-    return lock_directory(partial, "writing the same destination"), Progress(partial, identity)
 
 
 def check_free_space(partial: Path, left: int) -> None:

@@ -29,7 +29,7 @@ from ..io.manifest import (
     write_manifest,
 )
 from ..shards import owners
-from .publish import check_free_space, partial_folder, publish
+from .publish import check_free_space, check_not_in_the_way, make_partial, partial_folder, publish
 
 
 def split(
@@ -63,12 +63,13 @@ def split(
     partial = partial_folder(dst)
     readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads dst
     try:
+        check_not_in_the_way(partial)
         if partial.exists():
             fd = lock_directory(partial, "writing the same destination")
             shutil.rmtree(partial)
             if fd is not None:
                 os.close(fd)
-        (partial / "experts").mkdir(parents=True)
+        make_partial(partial)
         fd = lock_directory(partial, "writing the same destination")
         try:
             check_free_space(partial, _shard_bytes(src, manifest, owned))

@@ -16,7 +16,7 @@ from .api import Sampling
 
 def open_model(folder: Path, group=None, **load_options):
     """The model, its tokenizer and its context length in tokens (None if config.json has none);
-    `group`: this rank's share of an expert-parallel group (streamer/distributed_engine.py);
+    `group`: this rank's share of an expert-parallel group (streamer/server/group_engine.py);
     `load_options`: streamer.load's keywords (memory_budget, read_path, ...)."""
     from ..model import load
 
@@ -33,49 +33,50 @@ def open_engine(model, tokenizer, prompt_cache_size: int, group=None):
 
     if group is None:
         return Engine(model, tokenizer, prompt_cache_size)
-    from ..distributed_engine import GroupEngine
+    from .group_engine import GroupEngine
 
     return GroupEngine(model, tokenizer, prompt_cache_size, group)
 
 
+def start_logging() -> None:
+    """The server's and the engine's log lines on stderr, from before the model loads."""
+    logging.basicConfig(level=logging.INFO, format="[serve] %(message)s", stream=sys.stderr)
+
+
 def serve(
+    engine,
     name: str,
     folder: Path,
+    context: int | None,
     *,
     host: str = "127.0.0.1",
     port: int = 8080,
     defaults: Sampling | None = None,
     max_tokens: int = 512,
-    prompt_cache_size: int = 10,
-    group=None,
-    **load_options,
 ) -> None:
-    """Load the model at `folder` (served as `name`) with streamer.load's `load_options` and
-    answer requests until interrupted. Under an expert-parallel `group` rank 0 serves and the
-    other ranks compute with it."""
+    """Answer requests with `engine` (open_engine's; rank 0's under an expert-parallel group)
+    for the model at `folder`, served as `name`, until interrupted; the engine is closed at the
+    end, whatever ends it (under a group that tells the other ranks to stop)."""
     from .http import App, Handler, Server
 
-    logging.basicConfig(level=logging.INFO, format="[serve] %(message)s", stream=sys.stderr)
-    model, tokenizer, context = open_model(folder, group, **load_options)
-    engine = open_engine(model, tokenizer, prompt_cache_size, group)
-    if group is not None and group.rank() != 0:
-        return engine.follow()
     aliases = {str(folder), folder.name, str(folder.resolve())}
     app = App(engine, name, aliases, defaults or Sampling(), max_tokens, context)
     try:
-        httpd = Server((host, port), Handler)
-    except OSError as e:
-        from ..errors import StreamerError
+        try:
+            httpd = Server((host, port), Handler)
+        except OSError as e:
+            from ..errors import StreamerError
 
-        raise StreamerError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    httpd.app = app
-    print(
-        f"[serve] {name}: listening on http://{host}:{httpd.server_port}/v1",
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
-        httpd.serve_forever()
+            raise StreamerError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        httpd.app = app
+        print(
+            f"[serve] {name}: listening on http://{host}:{httpd.server_port}/v1",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            httpd.serve_forever()
+        finally:
+            httpd.server_close()
     finally:
-        httpd.server_close()
         engine.close()

@@ -30,8 +30,8 @@ from typing import NoReturn
 import mlx.core as mx
 import numpy as np
 
-from .server.api import ApiError, Completion, Sampling
-from .server.engine import Engine, Job
+from .api import ApiError, Completion, Sampling
+from .engine import Engine, Job
 
 log = logging.getLogger("streamer.server")
 QUIT, JOB = 0, 1  # the kinds of rank 0's messages
