@@ -92,13 +92,10 @@ def generate(args: argparse.Namespace) -> int:
 
 def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     """Print the answer as it comes, then the run's stats line; Ctrl-C ends it with 130."""
-    from mlx_lm.sample_utils import make_sampler
-
     from ..generate import run_stats, stream_generate
 
     group = getattr(args, "group", None)
     shown = group is None or group.rank() == 0  # rank 0 prints for the group
-    sampler = make_sampler(args.temp, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k)
     stats = None
     try:
         with raising_on_ctrl_c():  # from here Ctrl-C stops the answer, with its stats
@@ -107,8 +104,11 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 tokenizer,
                 prompt,
                 args.max_tokens,
+                temp=args.temp,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                min_p=args.min_p,
                 seed=args.seed,
-                sampler=sampler,
                 max_kv_size=getattr(args, "max_kv_size", None),
             ):
                 if shown:

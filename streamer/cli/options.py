@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from ..arguments import check_request, check_sampling, parse_size
+from ..arguments import check_at_least, check_request, check_sampling, parse_size
 from ..errors import StreamerError
 
 if TYPE_CHECKING:  # mlx is imported only once a command runs
@@ -111,6 +111,23 @@ def load_options(args: argparse.Namespace) -> dict:
     }
 
 
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """The sampling flags and --max-tokens (and --max-kv-size where the command has it), checked
+    before the slow imports and the load."""
+    check_sampling(
+        args.temp,
+        args.top_p,
+        getattr(args, "seed", None),
+        top_k=args.top_k,
+        min_p=args.min_p,
+        option="--",
+        dash=True,
+    )
+    check_at_least(args.max_tokens, "--max-tokens", 1)
+    if getattr(args, "max_kv_size", None) is not None:
+        check_at_least(args.max_kv_size, "--max-kv-size", 1)
+
+
 def prompt(args: argparse.Namespace) -> str:
     """The prompt as UTF-8 text, from --prompt or (with `--prompt -`) from stdin's bytes.
 
@@ -126,7 +143,7 @@ def prompt(args: argparse.Namespace) -> str:
             f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
             "pass UTF-8 text (check the file's or terminal's encoding)."
         ) from None
-    check_sampling(args.temp, args.top_p, args.seed, option="--", dash=True)
+    check_sampling_flags(args)
     how = " with --prompt (or `--prompt -` for stdin)"
     check_request(text, args.max_tokens, option="--max-tokens", how=how)
     return text

@@ -5,8 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..arguments import check_at_least
+from ..errors import StreamerError
 from .interrupts import raising_on_ctrl_c
-from .options import add_loading, add_model, add_sampling, add_template, load_options, model_folder
+from .options import (
+    add_loading,
+    add_model,
+    add_sampling,
+    add_template,
+    check_sampling_flags,
+    load_options,
+    model_folder,
+)
 
 
 def add_parsers(sub) -> None:
@@ -33,6 +43,10 @@ def add_parsers(sub) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    check_sampling_flags(args)  # the defaults of every request: a bad one would fail them all
+    if not 0 <= args.port <= 65535:
+        raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
+    check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
     from ..distributed import launched_group
     from ..server import open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
@@ -59,6 +73,7 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def chat(args: argparse.Namespace) -> None:
+    check_sampling_flags(args)
     from ..chat import chat
     from ..distributed import launched_group
     from ..server import open_engine, open_model
