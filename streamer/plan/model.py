@@ -19,11 +19,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..architectures import build_model, expert_containers, normalize_config, quantize_like_mlx_lm
+from ..architectures import build_model, expert_containers, quantize_like_mlx_lm
 from ..config import check_config, experts_per_token
 from ..io.json_file import read_json_object
 from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, RESIDENT_FILE, TENSOR_ALIGN
 from ..io.mapping import align
+from ..transformers_spellings import normalize_config
 from .report import ModelPlan, fitted
 
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
