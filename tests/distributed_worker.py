@@ -51,6 +51,7 @@ def run(model_path: str, out: str, mode: str, prompt_text: str, tokens: int, gro
         bytes_read=decode.bytes_read,
         collectives=decode.collectives,
         layer_calls=decode.layer_calls,
+        syncs=decode.syncs,
     )
     model.streamer.close()
 

@@ -80,6 +80,10 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
         model, tokenizer, "hello", max_tokens=8, repetition_penalty=1.5, min_p=0.1
     )
     assert isinstance(penalised, str)
+    # a top_k past the vocabulary keeps every token (mlx-lm's own sampler refuses it)
+    sampled = dict(max_tokens=8, temp=1.0, seed=5)
+    every = streamer.generate(model, tokenizer, "hello", top_k=10**6, **sampled)
+    assert every == streamer.generate(model, tokenizer, "hello", **sampled)
     for kwargs, message in [
         ({"top_kk": 3}, "unknown keyword argument 'top_kk'; known: temp, top_p, seed, "),
         ({"temp": -1.0}, "temp must be 0"),
@@ -87,6 +91,7 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
         ({"seed": -1}, "seed must be an integer from 0"),
         ({"top_k": -2}, "top_k must be an integer, 0"),
         ({"min_p": 2}, "min_p must be from 0"),
+        ({"max_kv_size": 0}, "max_kv_size must be at least 1"),
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)

@@ -105,7 +105,15 @@ def test_generate_speaks_mlx_lm_flags(folder, tmp_path, capsys):
     )
     first = next(streamer.stream_generate(model, tokenizer, templated(tokenizer, "import os"), 6))
     assert generate("--prompt", "import os", "--extra-eos-token", str(first.token)) == "\n"
-    assert generate("--prompt", "import os", "--max-kv-size", "64", "--min-p", "0.5")
+    # min-p 1 keeps only the tokens as likely as the likeliest: greedy too
+    assert generate("--prompt", "import os", "--temp", "5", "--min-p", "1", "--seed", "3") == (
+        sampled
+    )
+    # a KV cache of 4 tokens, shorter than the prompt: what the library computes with it
+    window = streamer.generate(
+        model, tokenizer, templated(tokenizer, "import os"), 6, max_kv_size=4
+    )
+    assert generate("--prompt", "import os", "--max-kv-size", "4") == window + "\n"
 
     plain = tmp_path / "no-template"
     shutil.copytree(folder, plain)

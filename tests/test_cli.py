@@ -135,6 +135,34 @@ def test_sampling_arguments_are_checked_before_loading():
         assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "command, argv, message",
+    [
+        ("generate", ["--prompt", "hi", "--top-k", "-2"], "--top-k must be an integer, 0 (off)"),
+        ("generate", ["--prompt", "hi", "--min-p", "1.5"], "--min-p must be from 0 (off) to 1"),
+        ("generate", ["--prompt", "hi", "--max-kv-size", "0"], "--max-kv-size must be at least 1"),
+        ("chat", ["--temp", "-1"], "--temp must be 0 (greedy) or more (got -1.0)"),
+        ("chat", ["--max-tokens", "0"], "--max-tokens must be at least 1 (got 0)"),
+        ("chat", ["--seed", "-1"], "--seed must be an integer from 0"),
+        ("chat", ["--min-p", "2"], "--min-p must be from 0"),
+        ("serve", ["--top-p", "5"], "--top-p must be above 0 and at most 1 (got 5.0)"),
+        ("serve", ["--top-k", "-1"], "--top-k must be an integer, 0 (off)"),
+        ("serve", ["--max-tokens", "-3"], "--max-tokens must be at least 1 (got -3)"),
+        ("serve", ["--port", "99999"], "--port must be from 0 (any free port) to 65535"),
+        ("serve", ["--prompt-cache-size", "-1"], "--prompt-cache-size must be at least 0"),
+    ],
+)
+def test_every_command_checks_its_sampling_and_count_flags_before_loading(
+    command, argv, message, capsys
+):
+    """Refused before the (missing) model is looked at: one line, no traceback."""
+    from streamer.cli import main
+
+    assert main([command, "--model", "/nonexistent", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_sizes_as_people_write_them():
     from streamer.arguments import parse_size
 

@@ -7,9 +7,9 @@ tests/test_hostile_sources.py's and tests/test_hostile_repacked.py's."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
+from conftest import private_download
 from hostile_files import make_special, refused_without_hanging
 
 import streamer
@@ -26,11 +26,7 @@ KINDS = ["fifo", "dir"]
 
 @pytest.fixture
 def download(checkpoints, tmp_path, monkeypatch):
-    """A private copy of an MLX download (streamed in place) and a private user cache folder."""
-    monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "cache"))
-    folder = tmp_path / "download"
-    shutil.copytree(checkpoints.mlx("qwen3_moe"), folder)
-    return folder
+    return private_download(checkpoints.mlx("qwen3_moe"), tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("kind", KINDS)

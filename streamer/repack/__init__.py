@@ -1,4 +1,4 @@
-"""The repacker: a downloaded checkpoint -> the streaming layout (see streamer/io/manifest.py).
+"""The repacker: a downloaded checkpoint -> the streaming layout (see streamer/io/manifest/).
 
 It works expert by expert: peak memory is one expert plus the resident (non-expert) weights,
 which are written one tensor at a time. Output goes to a hidden `.NAME.partial` folder that is

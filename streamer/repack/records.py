@@ -1,5 +1,5 @@
 """The record writer: one MoE layer's experts -> `experts/NNN.bin`, one fixed-size record each
-(see streamer/io/manifest.py), quantized on the way with --quantize."""
+(see streamer/io/manifest/), quantized on the way with --quantize."""
 
 from __future__ import annotations
 
