@@ -9,13 +9,12 @@ changed files, and the lock that keeps `repack --delete-source` away from a down
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
 import mlx.core as mx
 import pytest
-from conftest import reference_model
+from conftest import private_download, reference_model
 from hostile_files import flip_byte
 from test_parity import PROMPT, greedy_tokens
 
@@ -32,10 +31,7 @@ QUIET = {"log": lambda _: None}
 @pytest.fixture
 def download(checkpoints, tmp_path, monkeypatch):
     """A private copy of a float32-scaled 4-bit checkpoint and a private user cache folder."""
-    monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "cache"))
-    folder = tmp_path / "download"
-    shutil.copytree(checkpoints.mlx("qwen3_moe", dtype="float32"), folder)
-    return folder
+    return private_download(checkpoints.mlx("qwen3_moe", dtype="float32"), tmp_path, monkeypatch)
 
 
 def listing(folder):

@@ -7,7 +7,15 @@ import sys
 
 from ..errors import StreamerError
 from .interrupts import raising_on_ctrl_c
-from .options import add_loading, add_prompt, add_template, load_options, prompt
+from .options import (
+    add_loading,
+    add_model,
+    add_prompt,
+    add_template,
+    load_options,
+    model_folder,
+    prompt,
+)
 from .output import emit
 
 
@@ -15,11 +23,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "generate", help="generate text from a repacked model or an MLX download (in place)"
     )
-    p.add_argument(
-        "--model",
-        help="a folder written by `streamer repack` or `streamer split` (under mlx.launch, "
-        "{rank} in it is replaced by the rank), an MLX download (in place), or org/name",
-    )
+    add_model(p, required=False)  # missing: a hint at `streamer demo`
     add_prompt(p, None)
     p.add_argument(
         "--chat",
@@ -49,16 +53,11 @@ def generate(args: argparse.Namespace) -> int:
     text = prompt(args)  # before the slow imports: bad input fails fast
     from ..chat import templated
     from ..distributed import launched_group, shared_seed
-    from ..hub import streamable
     from ..model import load
 
     group = args.group = launched_group()  # started by mlx.launch: expert-parallel
     rank = group.rank() if group else 0
-    model, tokenizer = load(
-        streamable(args.model.replace("{rank}", str(rank))),  # {rank}: a folder per rank
-        **load_options(args),
-        group=group,
-    )
+    model, tokenizer = load(model_folder(args, group), **load_options(args), group=group)
     if group is not None:
         args.seed = shared_seed(group, args.seed)  # sampled tokens must agree on every rank
     if rank == 0:

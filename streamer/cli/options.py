@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from ..arguments import check_at_least, check_request, check_sampling, parse_size
 from ..errors import StreamerError
+
+if TYPE_CHECKING:  # mlx is imported only once a command runs
+    import mlx.core as mx
 
 
 def size(text: str) -> int:
@@ -18,6 +22,24 @@ def size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a size such as 8G, 8GB, 8 GiB or 512M"
         ) from None
+
+
+def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument(
+        "--model",
+        required=required,
+        help="a folder written by `streamer repack` or `streamer split`, an MLX download (streamed "
+        "in place), or org/name (the hub cache); under mlx.launch, {rank} in it is replaced by "
+        "the rank",
+    )
+
+
+def model_folder(args: argparse.Namespace, group: mx.distributed.Group | None) -> str:
+    """The folder --model names for this rank: under mlx.launch "{rank}" is the rank's number (a
+    folder per shard); org/name is looked up in the hub cache."""
+    from ..hub import streamable
+
+    return streamable(args.model.replace("{rank}", str(group.rank() if group else 0)))
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
