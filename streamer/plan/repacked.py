@@ -61,6 +61,12 @@ def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int | None:
     return layers * width * dtype_bytes
 
 
+def stored_bytes(folder: Path) -> tuple[int, int]:
+    """What repacked `folder` holds on disk: its resident file's bytes and its expert files'."""
+    experts = sum(p.stat().st_size for p in (folder / "experts").glob("*.bin"))
+    return (folder / RESIDENT_FILE).stat().st_size, experts
+
+
 def repacked_plan(folder: Path, memory: int, dtype: mx.Dtype | None) -> ModelPlan | None:
     """The plan of repacked `folder` from its files; None where mlx-lm's model is needed (a
     family not in KV_LAYOUT, a shard of an expert-parallel split)."""
@@ -70,14 +76,13 @@ def repacked_plan(folder: Path, memory: int, dtype: mx.Dtype | None) -> ModelPla
     per_token = kv_bytes_per_token(config, dtype_bytes)
     if per_token is None or manifest.shard is not None or not manifest.layers:
         return None
-    stored_resident = (folder / RESIDENT_FILE).stat().st_size
+    stored_resident, expert_bytes = stored_bytes(folder)
     resident = stored_resident
     if dtype is not None:  # floating tensors in the compute dtype, the rest as stored
         resident = sum(
             math.prod(t.shape) * dtype.size if _floating(t.dtype) else t.nbytes
             for t in read_header(folder / RESIDENT_FILE).values()
         )
-    expert_bytes = sum(p.stat().st_size for p in (folder / "experts").glob("*.bin"))
     top_k = experts_per_token(config)
     return fitted(
         model_type=config["model_type"],
