@@ -116,6 +116,7 @@ def test_ctrl_c_while_importing_and_loading_exits_130_without_a_traceback(checkp
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=120)
         assert process.returncode == 130 and "Traceback" not in stderr, (after, stderr)
+        assert stderr.strip().splitlines()[-1] == "streamer: interrupted", (after, stderr)
 
 
 def test_sampling_arguments_are_checked_before_loading():

@@ -1,0 +1,64 @@
+"""config.json values of the wrong type or range, at repack and in a manifest at load: each
+refused in one line naming the field, before anything is built (tests/test_fuzz_config.py drives
+random ones)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from bad_checkpoints import assert_refused, copy_checkpoint
+
+import streamer
+from streamer.errors import StreamerError
+
+BAD_CONFIG_VALUES = [
+    ("num_experts", 0, "num_experts is 0"),
+    ("num_experts_per_tok", 17, "num_experts_per_tok is 17, expected an integer from 1 to the 16"),
+    ("num_experts_per_tok", 0, "num_experts_per_tok is 0"),
+    ("num_attention_heads", 0, "num_attention_heads is 0"),
+    ("moe_intermediate_size", -64, "moe_intermediate_size is -64"),
+    ("model_type", 3, "model_type is 3, expected a string"),
+    ("num_hidden_layers", 10**9, "num_hidden_layers is 1000000000"),
+    ("hidden_size", 1 << 40, "hidden_size is 1099511627776"),
+    ("rms_norm_eps", "tiny", "rms_norm_eps is 'tiny', expected a finite number"),
+    ("quantization", {"bits": 4, "group_size": "64"}, "quantization.group_size is '64'"),
+]
+
+
+@pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES)
+def test_config_values_are_checked_at_repack(checkpoints, tmp_path, field, value, message):
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, field: value}))
+    assert_refused(src, tmp_path, "config.json", message)
+
+
+@pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES)
+def test_manifest_config_values_are_checked_at_load(checkpoints, tmp_path, field, value, message):
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["config"][field] = value
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StreamerError, match="manifest.json") as err:
+        streamer.load(folder)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_layer_count_beyond_the_tensors_present(checkpoints, tmp_path):
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 900}))
+    assert_refused(src, tmp_path, "config.json")
+
+
+def test_manifest_layer_count_beyond_its_layers(checkpoints, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["config"]["num_hidden_layers"] = 900
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StreamerError, match="num_hidden_layers is 900 but the weights hold"):
+        streamer.load(folder)
