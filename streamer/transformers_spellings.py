@@ -4,6 +4,7 @@ RoPE settings inside `rope_parameters`, quantization_config methods mlx-lm maps 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
 
@@ -12,6 +13,29 @@ from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
 TRANSFORMERS_ALIASES = {"num_experts": "num_local_experts"}
 # Fields transformers 5 keeps inside `rope_parameters`, which mlx-lm reads at the top level.
 ROPE_FIELDS = ("rope_theta", "partial_rotary_factor")
+# Fields mlx-lm's model args require that transformers 5 does not write for a family because its
+# model fixes them: model_type -> field -> the value it computes with, from the config.
+TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
+    # rope_parameters' default; every layer MoE, so the dense layers' size is never used
+    "solar_open": {
+        "partial_rotary_factor": lambda _: 1.0,
+        "first_k_dense_replace": lambda _: 0,
+        "intermediate_size": lambda config: config.get("moe_intermediate_size"),
+    },
+    # MiniMax-M2: rotary_dim from rope_parameters' share of head_dim; no shared expert
+    "minimax_m2": {
+        "rotary_dim": lambda config: int(
+            config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+            * config.get("rope_parameters", {}).get("partial_rotary_factor", 1.0)
+        ),
+        "shared_intermediate_size": lambda _: 0,
+    },
+    "glm_moe_dsa": {
+        "topk_method": lambda _: "noaux_tc",
+        "scoring_func": lambda _: "sigmoid",
+        "moe_layer_freq": lambda _: 1,
+    },
+}
 
 
 def normalize_config(config: dict) -> dict:
@@ -22,6 +46,9 @@ def normalize_config(config: dict) -> dict:
     for name, alias in TRANSFORMERS_ALIASES.items():
         if name in fields and name not in config and alias in config:
             config[name] = config[alias]
+    layer_kinds = config.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" per layer
+    if "is_moe_layer" in fields and "is_moe_layer" not in config and isinstance(layer_kinds, list):
+        config["is_moe_layer"] = [kind == "sparse" for kind in layer_kinds]
     rope = config.get("rope_parameters")
     if isinstance(rope, dict):
         for name in ROPE_FIELDS:
@@ -29,6 +56,9 @@ def normalize_config(config: dict) -> dict:
                 config[name] = rope[name]
         if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
             config["rope_scaling"] = rope
+    for name, value in TRANSFORMERS_FIXED.get(config.get("model_type"), {}).items():
+        if name not in config:
+            config[name] = value(config)
     scaling = fields.get("rope_scaling")
     if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
         config["rope_scaling"] = None  # a field some models' args require: None is "no scaling"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -50,14 +51,17 @@ def test_turns_keep_the_conversation_and_reset_forgets_it(folder):
     )
     result = run_chat(
         folder,
-        ["import os", "/stats", "def main():", "/reset", "import os"],
+        ["import os", "/stats", "def main():", "/stats", "/reset", "import os"],
         "--system-prompt",
         "You write Python.",
     )
     assert result.returncode == 0, result.stderr
-    # the second turn sees the first (its KV cache reused), and after /reset the first comes again
+    # the second turn sees the first, and after /reset the first comes again
     assert result.stdout == f"{first}\n{second}\n{first}\n"
     assert "decode: " in result.stderr and "starts over" in result.stderr
+    # the second turn computed only what follows the first turn's KV cache, kept between turns
+    (one, two) = re.findall(r"(\d+) of the prompt's (\d+) tokens came from", result.stderr)
+    assert one[0] == "0" and 0 < int(two[0]) < int(two[1])
     assert "Traceback" not in result.stderr
 
     # the slot pool's read path, every expert streamed and checked on its first read: same text
