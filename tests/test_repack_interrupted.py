@@ -20,7 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
-from repack_checks import QUIET, assert_absent_or_complete, assert_same_model, snapshot
+from repack_checks import (
+    QUIET,
+    assert_absent_or_complete,
+    assert_same_model,
+    interrupted_repack,
+    snapshot,
+)
 
 import streamer
 from fixtures import tiny_config, write_hf_checkpoint
@@ -109,12 +115,7 @@ def test_not_enough_disk_space_is_refused_up_front(source, tmp_path, monkeypatch
     # a resume that cannot finish keeps the work already done
     monkeypatch.undo()
 
-    def interrupt(msg):
-        if "layer 3/6" in msg:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        repack(source, dst, log=interrupt)
+    interrupted_repack(source, dst, "layer 3/6")
     monkeypatch.setattr(
         "streamer.repack.publish.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6)
     )
@@ -174,12 +175,7 @@ def test_resume_refuses_a_different_source(source, tmp_path):
     dst = tmp_path / "model"
     partial = tmp_path / ".model.partial"
 
-    def interrupt(msg):
-        if "layer 1/6" in msg:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        repack(source, dst, log=interrupt)
+    interrupted_repack(source, dst, "layer 1/6")
     assert (partial / "progress.json").exists()
     from streamer.repack import Quantize
 
