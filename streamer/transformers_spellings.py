@@ -22,6 +22,14 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
         "first_k_dense_replace": lambda _: 0,
         "intermediate_size": lambda config: config.get("moe_intermediate_size"),
     },
+    # MiniMax-M2: rotary_dim from rope_parameters' share of head_dim; no shared expert
+    "minimax_m2": {
+        "rotary_dim": lambda config: int(
+            config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+            * config.get("rope_parameters", {}).get("partial_rotary_factor", 1.0)
+        ),
+        "shared_intermediate_size": lambda _: 0,
+    },
     "glm_moe_dsa": {
         "topk_method": lambda _: "noaux_tc",
         "scoring_func": lambda _: "sigmoid",
