@@ -25,6 +25,7 @@ from repack_checks import (
     assert_absent_or_complete,
     assert_same_model,
     interrupted_repack,
+    resumed_by_the_command,
     snapshot,
 )
 
@@ -161,13 +162,7 @@ def test_ctrl_c_keeps_progress_and_says_how_to_resume(source, reference, tmp_pat
     assert "interrupted" in stderr and "--resume" in stderr and "Traceback" not in stderr
     assert not dst.exists()
     assert (tmp_path / ".model.partial" / "progress.json").exists()
-    result = subprocess.run(
-        [sys.executable, "-m", "streamer", "repack", str(source), str(dst), "--resume"],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "kept from the interrupted run" in result.stderr
+    resumed_by_the_command(source, dst)
     assert_same_model(dst, reference)
 
 
