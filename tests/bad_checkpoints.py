@@ -1,5 +1,5 @@
 """Checkpoints made wrong for the bad-input tests: a private copy to break, and the check that a
-repack of it is refused naming what is wrong, with nothing left behind."""
+repack of it is refused in one line naming what is wrong, with nothing left behind."""
 
 from __future__ import annotations
 
@@ -24,5 +24,6 @@ def assert_refused(src, tmp_path, *patterns: str, **kwargs) -> None:
     message = str(err.value)
     for pattern in patterns:
         assert pattern in message, message
+    assert "\n" not in message, "an error is one line"
     assert not dst.exists()
     assert not list(tmp_path.glob(".out*")), "a partial output was left behind"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,12 @@ def interrupted_repack(source: Path, dst: Path, after: str) -> Path:
     with pytest.raises(KeyboardInterrupt):
         repack(source, dst, log=interrupt)
     return dst.parent / f".{dst.name}.partial" / "progress.json"
+
+
+def resumed_by_the_command(source: Path, dst: Path, *flags: str) -> None:
+    """`streamer repack SOURCE DST --resume [flags]`, in a new process, finishes the interrupted
+    repack from the work it kept."""
+    command = [sys.executable, "-m", "streamer", "repack", str(source), str(dst), "--resume"]
+    result = subprocess.run([*command, *flags], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "kept from the interrupted run" in result.stderr

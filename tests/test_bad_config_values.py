@@ -62,3 +62,28 @@ def test_manifest_layer_count_beyond_its_layers(checkpoints, tmp_path):
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(StreamerError, match="num_hidden_layers is 900 but the weights hold"):
         streamer.load(folder)
+
+
+PLAN_ONLY_VALUES = [  # fields plan reads from a repacked folder's config without mlx-lm
+    ("num_key_value_heads", "2", "num_key_value_heads is '2'"),
+    ("head_dim", -1, "head_dim is -1"),
+    ("text_config", 5, "text_config is 5, expected an object"),
+    ("torch_dtype", ["bfloat16"], "torch_dtype is ['bfloat16']"),
+]
+
+
+@pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES + PLAN_ONLY_VALUES)
+def test_manifest_config_values_are_checked_by_plan(checkpoints, tmp_path, field, value, message):
+    """plan reads a repacked folder from its files, without building mlx-lm's model: the
+    manifest's config is checked all the same."""
+    from streamer.plan import plan
+
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["config"][field] = value
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StreamerError, match="manifest.json") as err:
+        plan(folder, 8 << 30)
+    named = message.split(", expected")[0]  # the field and its value (ranges word the want)
+    assert named in str(err.value) and "\n" not in str(err.value)

@@ -101,6 +101,7 @@ def test_generate_speaks_mlx_lm_flags(folder, tmp_path, capsys):
         streamer.generate(model, tokenizer, chat, 6) + "\n"
     )
     raw = streamer.generate(model, tokenizer, "import os", 6)
+    plain_answer = streamer.generate(model, tokenizer, "import os\n", 6)  # a turn ends its line
     assert generate("--prompt", "import os", "--ignore-chat-template") == raw + "\n"
     # top-k 1 keeps only the likeliest token: greedy whatever the temperature
     sampled = generate("--prompt", "import os", "--temp", "5", "--top-k", "1", "--seed", "3")
@@ -126,3 +127,6 @@ def test_generate_speaks_mlx_lm_flags(folder, tmp_path, capsys):
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
     assert main(["generate", "--model", str(plain), "--prompt", "hi", "--chat"]) == 2
     assert "has no chat template" in capsys.readouterr().err
+    result = run_chat(plain, ["import os"])  # chat says so, and continues the text
+    assert result.returncode == 0 and result.stdout == plain_answer + "\n", result.stderr
+    assert "no chat template: the conversation is plain text" in result.stderr

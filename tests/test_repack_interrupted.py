@@ -20,7 +20,14 @@ import time
 from pathlib import Path
 
 import pytest
-from repack_checks import QUIET, assert_absent_or_complete, assert_same_model, snapshot
+from repack_checks import (
+    QUIET,
+    assert_absent_or_complete,
+    assert_same_model,
+    interrupted_repack,
+    resumed_by_the_command,
+    snapshot,
+)
 
 import streamer
 from fixtures import tiny_config, write_hf_checkpoint
@@ -109,12 +116,7 @@ def test_not_enough_disk_space_is_refused_up_front(source, tmp_path, monkeypatch
     # a resume that cannot finish keeps the work already done
     monkeypatch.undo()
 
-    def interrupt(msg):
-        if "layer 3/6" in msg:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        repack(source, dst, log=interrupt)
+    interrupted_repack(source, dst, "layer 3/6")
     monkeypatch.setattr(
         "streamer.repack.publish.shutil.disk_usage", lambda _: usage(10**9, 10**9 - 10**6, 10**6)
     )
@@ -160,13 +162,7 @@ def test_ctrl_c_keeps_progress_and_says_how_to_resume(source, reference, tmp_pat
     assert "interrupted" in stderr and "--resume" in stderr and "Traceback" not in stderr
     assert not dst.exists()
     assert (tmp_path / ".model.partial" / "progress.json").exists()
-    result = subprocess.run(
-        [sys.executable, "-m", "streamer", "repack", str(source), str(dst), "--resume"],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "kept from the interrupted run" in result.stderr
+    resumed_by_the_command(source, dst)
     assert_same_model(dst, reference)
 
 
@@ -174,12 +170,7 @@ def test_resume_refuses_a_different_source(source, tmp_path):
     dst = tmp_path / "model"
     partial = tmp_path / ".model.partial"
 
-    def interrupt(msg):
-        if "layer 1/6" in msg:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        repack(source, dst, log=interrupt)
+    interrupted_repack(source, dst, "layer 1/6")
     assert (partial / "progress.json").exists()
     from streamer.repack import Quantize
 

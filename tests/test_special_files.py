@@ -11,12 +11,12 @@ import json
 import pytest
 from conftest import private_download
 from hostile_files import make_special, refused_without_hanging
+from repack_checks import interrupted_repack
 
 import streamer
 from streamer.io.checksums import default_sidecar
 from streamer.plan import plan
 from streamer.repack import repack
-from streamer.repack.publish import partial_folder
 from streamer.repack.split import split
 from streamer.verify import verify
 
@@ -72,14 +72,7 @@ def test_a_special_config_for_plan(tmp_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_special_progress_file_on_resume(checkpoints, tmp_path, kind):
     src, dst = checkpoints.hf("qwen3_moe"), tmp_path / "model"
-
-    def stop_after_the_first_layer(message):
-        if "layer 2/" in message:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        repack(src, dst, log=stop_after_the_first_layer)
-    progress = partial_folder(dst) / "progress.json"
+    progress = interrupted_repack(src, dst, "layer 2/")  # stopped after the first layer
     json.loads(progress.read_text())  # the interrupted repack kept its progress there
     make_special(progress, kind)
     refused_without_hanging(

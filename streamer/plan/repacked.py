@@ -10,8 +10,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..config import experts_per_token
-from ..io.manifest import RESIDENT_FILE, read_manifest
+from ..config import check_sizes, experts_per_token
+from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
 from ..io.safetensors import DTYPES, read_header
 from .report import ModelPlan, fitted
 
@@ -52,11 +52,17 @@ def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int | None:
     layers = text.get("num_hidden_layers")
     if layout is None or not isinstance(layers, int):
         return None
+    # the sizes are checked (config.check_sizes) where given; one missing: mlx-lm's model decides
     if layout == "mla":
-        width = text["kv_lora_rank"] + text["qk_rope_head_dim"]
+        rank, rope = text.get("kv_lora_rank"), text.get("qk_rope_head_dim")
+        if rank is None or rope is None:
+            return None
+        width = rank + rope
     else:
-        heads = text["num_attention_heads"]
-        head_dim = text.get("head_dim") or text["hidden_size"] // heads
+        heads, hidden = text.get("num_attention_heads"), text.get("hidden_size")
+        if heads is None or (text.get("head_dim") is None and hidden is None):
+            return None
+        head_dim = text.get("head_dim") or hidden // heads
         width = 2 * text.get("num_key_value_heads", heads) * head_dim
     return layers * width * dtype_bytes
 
@@ -71,7 +77,7 @@ def repacked_plan(folder: Path, memory: int, dtype: mx.Dtype | None) -> ModelPla
     """The plan of repacked `folder` from its files; None where mlx-lm's model is needed (a
     family not in KV_LAYOUT, a shard of an expert-parallel split)."""
     manifest = read_manifest(folder)
-    config = manifest.config
+    config = check_sizes(manifest.config, folder / MANIFEST_FILE)  # no model is built to check it
     dtype_bytes = dtype.size if dtype is not None else DTYPE_BYTES.get(config.get("torch_dtype"), 2)
     per_token = kv_bytes_per_token(config, dtype_bytes)
     if per_token is None or manifest.shard is not None or not manifest.layers:
