@@ -8,11 +8,17 @@ from collections.abc import Callable
 
 from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
 
+from .io.json_file import decode_tagged_floats
+
 # Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
 # `attribute_map`): mlx-lm's name -> transformers 5's.
 TRANSFORMERS_ALIASES = {"num_experts": "num_local_experts"}
 # Fields transformers 5 keeps inside `rope_parameters`, which mlx-lm reads at the top level.
 ROPE_FIELDS = ("rope_theta", "partial_rotary_factor")
+# Layer kinds transformers 5 names otherwise in `layer_types`: model_type -> its name -> mlx-lm's.
+LAYER_TYPES = {"granitemoehybrid": {"linear_attention": "mamba", "full_attention": "attention"}}
+# Fields transformers 5 writes as null where mlx-lm spells the meaning: model_type -> field -> it.
+NULL_MEANS = {"granitemoehybrid": {"position_embedding_type": "nope"}}  # no RoPE, as Granite 4.0 H
 # Fields mlx-lm's model args require that transformers 5 does not write for a family because its
 # model fixes them: model_type -> field -> the value it computes with, from the config.
 TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
@@ -41,7 +47,7 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
 def normalize_config(config: dict) -> dict:
     """Accept newer transformers spellings that mlx-lm's model args do not read yet (checkpoints
     that transformers 5 itself writes)."""
-    config = dict(config)
+    config = decode_tagged_floats(config)
     fields = _args_fields(config)
     for name, alias in TRANSFORMERS_ALIASES.items():
         if name in fields and name not in config and alias in config:
@@ -49,6 +55,12 @@ def normalize_config(config: dict) -> dict:
     layer_kinds = config.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" per layer
     if "is_moe_layer" in fields and "is_moe_layer" not in config and isinstance(layer_kinds, list):
         config["is_moe_layer"] = [kind == "sparse" for kind in layer_kinds]
+    for name, meaning in NULL_MEANS.get(config.get("model_type"), {}).items():
+        if name in config and config[name] is None:
+            config[name] = meaning
+    kinds = LAYER_TYPES.get(config.get("model_type"), {})
+    if kinds and isinstance(config.get("layer_types"), list):
+        config["layer_types"] = [kinds.get(kind, kind) for kind in config["layer_types"]]
     rope = config.get("rope_parameters")
     if isinstance(rope, dict):
         for name in ROPE_FIELDS:
