@@ -9,6 +9,7 @@ import mlx.nn as nn
 import numpy as np
 
 from streamer.architectures import recording_routing
+from streamer.stats import routing_skew
 
 
 def routing_profile(
@@ -22,28 +23,19 @@ def routing_profile(
     per_layer: dict[int, list[tuple[int, ...]]] = {}
     for layer, experts in trace:
         per_layer.setdefault(layer, []).append(experts)
-    top_share, overlap, touched = [], [], []
-    uniform = np.random.default_rng(0)
-    for decode in per_layer.values():
-        k = len(decode[0])
-        counts = np.sort(np.bincount(np.concatenate(decode), minlength=num_experts))[::-1]
-        top_share.append(counts[: max(1, num_experts // 10)].sum() / counts.sum())
-        overlap.append(np.mean([len(set(a) & set(b)) / k for a, b in zip(decode, decode[1:])]))
-        touched.append(int((counts > 0).sum()))
+    layers = [routing_skew(np.array(decode), num_experts) for decode in per_layer.values()]
+    steps, k = np.array(next(iter(per_layer.values()))).shape  # alike in every layer
     # The same statistic for uniform routing with as many picks: small samples inflate it.
-    picks = np.stack([uniform.permutation(num_experts)[:k] for _ in range(len(decode))]).ravel()
-    reference = np.sort(np.bincount(picks, minlength=num_experts))[::-1]
+    uniform = np.random.default_rng(0)
+    picks = np.stack([uniform.permutation(num_experts)[:k] for _ in range(steps)])
     return {
-        "decode_steps": len(decode),
-        "top10pct_experts_share": float(np.mean(top_share)),
-        "uniform_top10pct_share": float(
-            reference[: max(1, num_experts // 10)].sum() / reference.sum()
-        ),
-        "consecutive_overlap": float(
-            np.mean(overlap)
-        ),  # share of a token's experts the previous token also used
+        "decode_steps": steps,
+        "top10pct_experts_share": float(np.mean([s["top10_share"] for s in layers])),
+        "uniform_top10pct_share": routing_skew(picks, num_experts)["top10_share"],
+        # the share of a token's experts the previous token also used
+        "consecutive_overlap": float(np.mean([s["overlap"] for s in layers])),
         "uniform_overlap": k / num_experts,
-        "experts_touched_per_layer": float(np.mean(touched)),
-        "per_layer_top10pct_share": [round(float(s), 3) for s in top_share],
+        "experts_touched_per_layer": float(np.mean([num_experts - s["unused"] for s in layers])),
+        "per_layer_top10pct_share": [round(s["top10_share"], 3) for s in layers],
         **({"trace": [[layer, list(experts)] for layer, experts in trace]} if keep_trace else {}),
     }

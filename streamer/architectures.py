@@ -1,17 +1,15 @@
-"""Which MoE architectures stream, and how their checkpoints name expert tensors.
+"""Which MoE architectures stream: the families refused and why, mlx-lm's model built for a
+config, its expert containers found by type, quantized as mlx-lm loads it, its routing recorded.
 
-Architectures themselves come from mlx-lm (`mlx_lm.models.<model_type>`); this module only knows
-how to find their expert containers (and record their routing) and how each download convention
-names expert weights.
+Architectures themselves come from mlx-lm (`mlx_lm.models.<model_type>`); how each family's
+checkpoints name expert tensors is hf_naming.py, transformers 5's config spellings
+transformers_spellings.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,61 +17,17 @@ import mlx.nn as nn
 import mlx_lm
 from mlx.utils import tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
-from mlx_lm.utils import _compressed_tensors_quantization, _get_classes, infer_quant_config
+from mlx_lm.utils import _get_classes, infer_quant_config
 
 from .config import check_config
 from .errors import StreamerError
+from .hf_naming import NAMING, Architecture
 from .stats import ExpertStats, Routing, RoutingRecorder
 
 EXPERT_CONTAINERS = (SwitchGLU, SwitchMLP)
 EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
 
 
-@dataclass(frozen=True)
-class Architecture:
-    """How a family's Hugging Face checkpoints name their per-expert tensors: the one thing about
-    experts that differs per family and that mlx-lm's model cannot tell the repacker. Everything
-    else (fused layouts, FP8, expert biases, activations) comes from the model's own `sanitize` and
-    expert container."""
-
-    # HF per-expert projection name -> the expert container's projection name
-    hf_projections: dict[str, str] = field(default_factory=lambda: dict(_GLU))
-    # the per-expert list under the MoE block: `{block}.{hf_experts}.{e}.{projection}.{kind}`
-    hf_experts: str = "experts"
-    # the MoE block's own name in HF checkpoints where mlx-lm names it otherwise (`mlp`)
-    hf_block: str | None = None
-
-    def hf_parent(self, container: str) -> str:
-        """The HF name of the MoE block that holds `container` (an expert container's path)."""
-        block = container.rsplit(".", 1)[0]
-        if self.hf_block is None:
-            return block
-        return f"{block.rsplit('.', 1)[0]}.{self.hf_block}"
-
-    def hf_parents(self, container: str) -> tuple[str, ...]:
-        """`hf_parent`, and its spelling in vision-language checkpoints that transformers 5
-        writes (`model.language_model.` for mlx-lm's `language_model.model.`)."""
-        block = self.hf_parent(container)
-        nested = "language_model.model."
-        if block.startswith(nested):
-            return block, "model.language_model." + block[len(nested) :]
-        return (block,)
-
-
-_GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
-_W123 = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-# Families whose HF checkpoints name experts otherwise than `experts.{e}.{gate,up,down}_proj`.
-NAMING: dict[str, Architecture] = {
-    "mixtral": Architecture(_W123),
-    "minimax": Architecture(_W123),
-    "minimax_m3_vl": Architecture(_W123),
-    "phimoe": Architecture(_W123),
-    "lfm2_moe": Architecture(_W123),
-    "kimi_linear": Architecture(_W123, hf_block="block_sparse_moe"),
-    "kimi_k3": Architecture(_W123, hf_block="block_sparse_moe"),
-    "nemotron_h": Architecture({"up_proj": "fc1", "down_proj": "fc2"}),
-    "phixtral": Architecture({"fc1": "fc1", "fc2": "fc2"}, hf_experts="mlp"),
-}
 # mlx-lm model files that build experts streamer does not stream (yet), and why.
 REFUSED: dict[str, str] = {
     "kimi_vl": "mlx-lm's kimi_vl sanitize does not split MLA's kv_b_proj, so mlx-lm cannot load "
@@ -112,73 +66,6 @@ def _refuse(config: dict, where: Path | str, reason: str):
         f"{where}: model_type {config.get('model_type')!r} is not supported for expert "
         f"streaming: {reason} The README lists the model types that stream."
     )
-
-
-# `{parent}.{experts}.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
-def hf_expert_key(arch: Architecture) -> re.Pattern:
-    return re.compile(
-        rf"^(?P<parent>.+)\.{re.escape(arch.hf_experts)}\.(?P<expert>\d+)\."
-        r"(?P<proj>[^.]+)\.(?P<kind>[^.]+)$"
-    )
-
-
-# Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
-# `attribute_map`): mlx-lm's name -> transformers 5's.
-TRANSFORMERS_ALIASES = {"num_experts": "num_local_experts"}
-# Fields transformers 5 keeps inside `rope_parameters`, which mlx-lm reads at the top level.
-ROPE_FIELDS = ("rope_theta", "partial_rotary_factor")
-
-
-def normalize_config(config: dict) -> dict:
-    """Accept newer transformers spellings that mlx-lm's model args do not read yet (checkpoints
-    that transformers 5 itself writes)."""
-    config = dict(config)
-    fields = _args_fields(config)
-    for name, alias in TRANSFORMERS_ALIASES.items():
-        if name in fields and name not in config and alias in config:
-            config[name] = config[alias]
-    rope = config.get("rope_parameters")
-    if isinstance(rope, dict):
-        for name in ROPE_FIELDS:
-            if name not in config and name in rope:
-                config[name] = rope[name]
-        if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
-            config["rope_scaling"] = rope
-    scaling = fields.get("rope_scaling")
-    if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
-        config["rope_scaling"] = None  # a field some models' args require: None is "no scaling"
-    if "torch_dtype" not in config and "dtype" in config:
-        config["torch_dtype"] = config["dtype"]
-    quantization_config = config.get("quantization_config")
-    if "quantization" not in config and isinstance(quantization_config, dict):
-        method = quantization_config.get("quant_method")
-        if method == "mxfp4":  # gpt-oss: mlx-lm reads it as mxfp4 quantization
-            config["quantization"] = config["quantization_config"] = {
-                "group_size": 32,
-                "bits": 4,
-                "mode": "mxfp4",
-            }
-        elif method == "compressed-tensors":
-            try:  # mlx-lm's reading of the format (int4 or FP4 packs); others stay refused
-                packed = _compressed_tensors_quantization(quantization_config)
-            except ValueError:
-                return config
-            config["quantization"] = config["quantization_config"] = packed
-        elif method == "fp8" and list(quantization_config.get("weight_block_size", ())) != [32, 32]:
-            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as
-            # in mlx-lm
-            del config["quantization_config"]
-    return config
-
-
-def _args_fields(config: dict) -> dict[str, dataclasses.Field]:
-    """The fields of mlx-lm's model args for `config` (none for a config it cannot run: the
-    checks that follow say why)."""
-    try:
-        _, args_class = _get_classes(config)
-    except (KeyError, ValueError, TypeError):
-        return {}
-    return {f.name: f for f in dataclasses.fields(args_class)}
 
 
 def build_model(config: dict, where: Path | str) -> nn.Module:

@@ -49,9 +49,17 @@ def check_request(
 
 
 def check_sampling(
-    temp: object, top_p: object, seed: object, *, option: str = "", dash: bool = False
+    temp: object,
+    top_p: object,
+    seed: object,
+    *,
+    top_k: object = 0,
+    min_p: object = 0.0,
+    option: str = "",
+    dash: bool = False,
 ) -> None:
-    """temp >= 0 and finite, 0 < top_p <= 1, seed an integer from 0 to 2**64 - 1 (or None)."""
+    """temp >= 0 and finite, 0 < top_p <= 1, seed an integer from 0 to 2**64 - 1 (or None),
+    top_k an integer from 0 (off), 0 <= min_p <= 1."""
 
     def name(n: str) -> str:
         return option + (n.replace("_", "-") if dash else n)
@@ -64,6 +72,18 @@ def check_sampling(
         raise StreamerError(
             f"{name('seed')} must be an integer from 0 to {MAX_SEED} (got {seed!r})."
         )
+    if type(top_k) is not int or top_k < 0:
+        raise StreamerError(f"{name('top_k')} must be an integer, 0 (off) or more (got {top_k!r}).")
+    if not _number(min_p) or not 0 <= min_p <= 1:
+        raise StreamerError(f"{name('min_p')} must be from 0 (off) to 1 (got {min_p!r}).")
+
+
+def check_at_least(value: object, name: str, low: int) -> None:
+    """An integer count (tokens, caches, a port) of at least `low`."""
+    if type(value) is not int:
+        raise StreamerError(f"{name} must be an integer (got {value!r}).")
+    if value < low:
+        raise StreamerError(f"{name} must be at least {low} (got {value}).")
 
 
 def check_flag(value: object, name: str) -> None:

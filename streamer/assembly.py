@@ -15,7 +15,7 @@ from .cache.expert_cache import ExpertCache
 from .cache.slot_pool import SlotPool
 from .errors import StreamerError
 from .experts import StreamingExperts
-from .experts.slots import slot_budget
+from .experts.slots import resident_pools, slot_budget
 from .io.expert_layout import LayerLayout
 from .io.manifest import Manifest
 from .progress import progress_bar
@@ -54,20 +54,24 @@ def apply_budget(
     bypass_page_cache: bool,
 ) -> tuple[str, list[SlotPool]]:
     """Give the layers `budget` bytes of experts (None: the default) and say what that chose.
-    The slot path reads into pools (experts/slots.py); the mapped path makes every expert
-    resident, caches the hottest, or leaves them all to the page cache (0)."""
+    Enough for every expert: each layer's are read into memory (a bar on a terminal) and run
+    resident. Less: the slot path reads into pools (experts/slots.py); the mapped path caches
+    the hottest, or leaves them all to the page cache (0)."""
+    chosen, why = chosen_budget(manifest, budget, dtype)
+    if chosen >= all_experts_bytes(manifest, dtype):
+        with progress_bar(len(layers), "experts into memory", "layer") as bar:
+            if read_path == "slots":
+                resident_pools(layouts, layers, checksums, lambda: bar.update(1))
+            else:
+                for layer in layers:
+                    layer.make_resident()
+                    bar.update(1)
+        return f"all experts resident, no streaming ({why})", []
     if read_path == "slots":
         return slot_budget(manifest, layouts, layers, budget, dtype, checksums, bypass_page_cache)
-    budget, why = chosen_budget(manifest, budget, dtype)
-    if budget >= all_experts_bytes(manifest, dtype):
-        with progress_bar(len(layers), "experts into memory", "layer") as bar:
-            for layer in layers:
-                layer.make_resident()
-                bar.update(1)
-        return f"all experts resident, no streaming ({why})", []
-    if budget == 0:
+    if chosen == 0:
         return f"experts stream from disk, page cache only ({why})", []
-    cache = ExpertCache(budget, largest_expert_bytes(manifest, dtype))
+    cache = ExpertCache(chosen, largest_expert_bytes(manifest, dtype))
     for layer in layers:
         layer.use_cache(cache)
     return (

@@ -71,7 +71,7 @@ def chat(
             conversation.reset()
             print("[chat] the conversation starts over", file=stderr)
         elif text.strip() == "/stats":
-            print(last.stats.line() if last and last.stats else "[chat] no answer yet", file=stderr)
+            print(_stats(last), file=stderr)
         elif text.strip() in ("/help", "/?"):
             print(f"[chat] {HELP}", file=stderr)
         elif text.strip():
@@ -87,6 +87,16 @@ def chat(
                 continue
             answer, last = _answer(engine.submit(job), stdout, stderr)
             conversation.messages.append({"role": "assistant", "content": answer})
+
+
+def _stats(done: Done | None) -> str:
+    """The last answer's figures, and how much of its prompt the kept conversation spared."""
+    if done is None or done.stats is None:
+        return "[chat] no answer yet"
+    return (
+        f"{done.stats.line()}\n[chat] {done.cached_tokens} of the prompt's {done.prompt_tokens} "
+        "tokens came from the conversation's KV cache"
+    )
 
 
 def _answer(job: Job, stdout: TextIO, stderr: TextIO) -> tuple[str, Done | None]:

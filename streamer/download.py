@@ -18,7 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from .architectures import build_model, expert_containers, normalize_config, quantize_like_mlx_lm
+from .architectures import build_model, expert_containers, quantize_like_mlx_lm
 from .config import check_config, check_layer_count
 from .download_layers import InPlaceLayer, in_place_layer
 from .errors import StreamerError
@@ -26,6 +26,7 @@ from .io.checkpoint import Checkpoint
 from .io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
 from .io.manifest import MANIFEST_FILE
 from .io.safetensors import DTYPES
+from .transformers_spellings import normalize_config
 
 REMEDY = "download that file again"
 

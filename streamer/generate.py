@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -13,7 +13,7 @@ from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .arguments import check_request, check_sampling
+from .arguments import check_at_least, check_request, check_sampling
 from .errors import StreamerError
 from .handle import streaming
 from .stats import ExpertStats, peak_rss_bytes
@@ -105,7 +105,9 @@ def stream_generate(
     make_logits_processors, the rest to mlx_lm.stream_generate (max_kv_size, prompt_cache, ...);
     an unknown keyword is refused by name."""
     check_request(prompt, max_tokens)
-    check_sampling(temp, top_p, seed)
+    check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
+    if kwargs.get("max_kv_size") is not None:
+        check_at_least(kwargs["max_kv_size"], "max_kv_size", 1)
     kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     if seed is not None:
@@ -140,20 +142,31 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
         )
     sampling = {k: kwargs.pop(k) for k in _SAMPLER_KEYWORDS & set(kwargs)}
     processing = {k: kwargs.pop(k) for k in _PROCESSOR_KEYWORDS & set(kwargs)}
-    top_k, min_p = sampling.get("top_k", 0), sampling.get("min_p", 0.0)
-    if type(top_k) is not int or top_k < 0:
-        raise StreamerError(f"top_k must be an integer, 0 (off) or more (got {top_k!r}).")
-    if type(min_p) not in (int, float) or not 0 <= min_p <= 1:
-        raise StreamerError(f"min_p must be from 0 (off) to 1 (got {min_p!r}).")
     if "sampler" in kwargs and sampling:
         raise StreamerError(f"give either sampler= or {sorted(sampling)[0]}=, not both.")
-    kwargs.setdefault("sampler", make_sampler(temp=temp, top_p=top_p, **sampling))
+    kwargs.setdefault("sampler", any_top_k_sampler(temp, top_p, **sampling))
     if processing:
         kwargs["logits_processors"] = [
             *(kwargs.get("logits_processors") or []),
             *make_logits_processors(**processing),
         ]
     return kwargs
+
+
+def any_top_k_sampler(temp: float, top_p: float = 1.0, top_k: int = 0, **rest) -> Callable:
+    """mlx-lm's make_sampler, but a top_k at or past the logits' width (the vocabulary, known at
+    the first step) keeps every token: mlx-lm refuses such a k, and keeping the k likeliest of
+    fewer tokens is keeping them all."""
+    samplers: dict[int, Callable] = {}
+
+    def sampler(logprobs: mx.array) -> mx.array:
+        width = logprobs.shape[-1]
+        if width not in samplers:
+            k = top_k if top_k < width else 0
+            samplers[width] = make_sampler(temp, top_p=top_p, top_k=k, **rest)
+        return samplers[width](logprobs)
+
+    return sampler
 
 
 def _prompt_tokens(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -115,3 +117,33 @@ class RoutingRecorder(nn.Module):
 def peak_rss_bytes() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
+
+
+def top_tenth(num_experts: int) -> int:
+    """How many experts "the top 10%" of a layer's are: at least one."""
+    return max(1, math.ceil(0.1 * num_experts))
+
+
+def routing_skew(routed: np.ndarray, num_experts: int, starts: Sequence[int] = (0,)) -> dict:
+    """How one MoE layer's routing (`routed`: [tokens, k] expert ids) is spread: the share of its
+    picks the top 10% of experts take, the entropy of its expert use (1: uniform), the share of a
+    token's experts the previous token also used (pairs across a window start in `starts`
+    skipped), the largest share, and the experts never used."""
+    k = routed.shape[1]
+    counts = np.bincount(routed.reshape(-1), minlength=num_experts).astype(np.float64)
+    share = counts / counts.sum()
+    top = top_tenth(num_experts)
+    p = share[share > 0]
+    entropy = float(-(p * np.log(p)).sum() / math.log(num_experts))
+    same_window = np.ones(len(routed) - 1, dtype=bool)
+    same_window[np.asarray(starts, dtype=np.int64)[1:] - 1] = False
+    a, b = routed[:-1][same_window], routed[1:][same_window]
+    overlap = (a[:, :, None] == b[:, None, :]).any(-1).sum(-1).mean() / k
+    return {
+        "top10_share": float(np.sort(share)[::-1][:top].sum()),
+        "top10_experts": top,
+        "entropy": entropy,
+        "overlap": float(overlap),
+        "max_share": float(share.max()),
+        "unused": int((counts == 0).sum()),
+    }

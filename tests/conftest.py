@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -74,6 +75,15 @@ class Checkpoints:
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> Checkpoints:
     return Checkpoints(tmp_path_factory.mktemp("checkpoints"))
+
+
+def private_download(src: Path, tmp_path: Path, monkeypatch) -> Path:
+    """A private copy of download `src` and a private user cache folder (for its checksum
+    sidecar), so a test may damage or record either."""
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "download"
+    shutil.copytree(src, folder)
+    return folder
 
 
 @functools.cache

@@ -10,12 +10,17 @@ from hypothesis import strategies as st
 
 from streamer.errors import StreamerError
 
-# FUZZ_N=5000 for a longer hunt; 200 keeps the suite fast
-FUZZ = settings(
-    max_examples=int(os.environ.get("FUZZ_N", 200)),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+
+def fuzz_settings(examples: int) -> settings:
+    """`examples` inputs per test, or FUZZ_N of them (FUZZ_N=5000 for a longer hunt)."""
+    return settings(
+        max_examples=int(os.environ.get("FUZZ_N", examples)),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+FUZZ = fuzz_settings(200)  # the parsers: 200 keeps the suite fast
 
 scalars = st.one_of(
     st.integers(-2, 70000),  # near the valid values: offsets, sizes, shapes

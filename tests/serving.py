@@ -101,6 +101,8 @@ def server(served_folder):
     finally:
         process.terminate()
         process.wait(timeout=30)
+    # after every server test of the session, whichever file it is in: nothing reached a traceback
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,7 @@
-"""Bad input gets a clear error naming the file and what to do, and nothing is written."""
+"""Bad input gets a clear error naming the file and what to do, and nothing is written.
+
+Wrong config.json values are tests/test_bad_config_values.py's; wrong arguments to the Python API
+tests/test_api_arguments.py's."""
 
 from __future__ import annotations
 
@@ -6,27 +9,12 @@ import json
 import shutil
 
 import pytest
+from bad_checkpoints import assert_refused, copy_checkpoint
+from hostile_files import edited_copy
 
 import streamer
 from streamer.errors import StreamerError
 from streamer.repack import repack
-
-
-def copy_checkpoint(src, tmp_path):
-    dst = tmp_path / "src"
-    shutil.copytree(src, dst)
-    return dst
-
-
-def assert_refused(src, tmp_path, *patterns: str, **kwargs) -> None:
-    dst = tmp_path / "out"
-    with pytest.raises(StreamerError) as err:
-        repack(src, dst, log=lambda _: None, **kwargs)
-    message = str(err.value)
-    for pattern in patterns:
-        assert pattern in message, message
-    assert not dst.exists()
-    assert not list(tmp_path.glob(".out*")), "a partial output was left behind"
 
 
 def test_missing_config(checkpoints, tmp_path):
@@ -151,10 +139,11 @@ def test_already_quantized_checkpoint_with_quantize(checkpoints, tmp_path):
 
 
 def test_manifest_of_a_newer_format_version(checkpoints, tmp_path):
-    folder = tmp_path / "model"
-    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    (folder / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
+    folder = edited_copy(
+        checkpoints.repacked(checkpoints.hf("qwen3_moe")),
+        tmp_path / "model",
+        lambda m: m.update(format_version=99),
+    )
     with pytest.raises(StreamerError, match="format version 99.*upgrade streamer"):
         streamer.load(folder)
 
@@ -172,140 +161,6 @@ def test_truncated_expert_file(checkpoints, tmp_path):
     expert_file.write_bytes(expert_file.read_bytes()[:-4096])
     with pytest.raises(StreamerError, match="001.bin.*truncated"):
         streamer.load(folder)
-
-
-def test_bad_generation_arguments(checkpoints):
-    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
-    with pytest.raises(StreamerError, match="max_tokens"):
-        streamer.generate(model, tokenizer, "hello", max_tokens=0)
-    with pytest.raises(StreamerError, match="empty"):
-        streamer.generate(model, tokenizer, "", max_tokens=4)
-
-
-BAD_CONFIG_VALUES = [
-    ("num_experts", 0, "num_experts is 0"),
-    ("num_experts_per_tok", 17, "num_experts_per_tok is 17, expected an integer from 1 to the 16"),
-    ("num_experts_per_tok", 0, "num_experts_per_tok is 0"),
-    ("num_attention_heads", 0, "num_attention_heads is 0"),
-    ("moe_intermediate_size", -64, "moe_intermediate_size is -64"),
-    ("model_type", 3, "model_type is 3, expected a string"),
-    ("num_hidden_layers", 10**9, "num_hidden_layers is 1000000000"),
-    ("hidden_size", 1 << 40, "hidden_size is 1099511627776"),
-    ("rms_norm_eps", "tiny", "rms_norm_eps is 'tiny', expected a finite number"),
-    ("quantization", {"bits": 4, "group_size": "64"}, "quantization.group_size is '64'"),
-]
-
-
-@pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES)
-def test_config_values_are_checked_at_repack(checkpoints, tmp_path, field, value, message):
-    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
-    config = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**config, field: value}))
-    assert_refused(src, tmp_path, "config.json", message)
-
-
-@pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES)
-def test_manifest_config_values_are_checked_at_load(checkpoints, tmp_path, field, value, message):
-    folder = tmp_path / "model"
-    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["config"][field] = value
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(StreamerError, match="manifest.json") as err:
-        streamer.load(folder)
-    assert message in str(err.value) and "\n" not in str(err.value)
-
-
-def test_layer_count_beyond_the_tensors_present(checkpoints, tmp_path):
-    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
-    config = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 900}))
-    assert_refused(src, tmp_path, "config.json")
-
-
-def test_manifest_layer_count_beyond_its_layers(checkpoints, tmp_path):
-    folder = tmp_path / "model"
-    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["config"]["num_hidden_layers"] = 900
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(StreamerError, match="num_hidden_layers is 900 but the weights hold"):
-        streamer.load(folder)
-
-
-def test_load_takes_what_users_pass(checkpoints):
-    import mlx.core as mx
-
-    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
-    for dtype in ("float32", "bfloat16", mx.float32):
-        model, _ = streamer.load(folder, dtype=dtype, memory_budget="8G")
-        assert "all experts resident" in model.streamer.residency
-    model, _ = streamer.load(folder, memory_budget="8 GiB")
-    for kwargs, message in [
-        ({"memory_budget": "-1G"}, "memory_budget '-1G' is not a size"),
-        ({"memory_budget": "lots"}, "memory_budget 'lots' is not a size"),
-        ({"memory_budget": -5}, "memory_budget -5 is not a size"),
-        ({"memory_budget": True}, "memory_budget must be a number of bytes"),
-        ({"memory_budget": 1.5e9}, "memory_budget must be a number of bytes"),
-        ({"dtype": "float64"}, "dtype must be one of float32, float16, bfloat16"),
-        ({"dtype": mx.int8}, "dtype must be one of"),
-        ({"verify_reads": "yes"}, "verify_reads must be True or False"),
-        ({"trust_remote_code": 1}, "trust_remote_code must be True or False"),
-    ]:
-        with pytest.raises(StreamerError, match=message):
-            streamer.load(folder, **kwargs)
-    with pytest.raises(StreamerError, match="path must be a folder name"):
-        streamer.load(3)
-
-
-def test_a_dtype_the_backend_cannot_compute_is_refused_at_load(checkpoints, tmp_path):
-    import contextlib
-    import io
-
-    import mlx.core as mx
-    import mlx_lm
-
-    repacked = checkpoints.repacked(checkpoints.hf("qwen3_moe"))  # unquantized experts
-    in_place = tmp_path / "download"  # MLX-quantized but its experts: streamed in place
-    with contextlib.redirect_stdout(io.StringIO()):
-        mlx_lm.convert(
-            str(checkpoints.hf("qwen3_moe")),
-            str(in_place),
-            quantize=True,
-            quant_predicate=lambda path, _: "switch_mlp" not in path,
-        )
-    for folder in (repacked, in_place):
-        if mx.default_device() != mx.cpu:  # a GPU's gather_mm computes in bf16
-            streamer.load(folder, dtype="bfloat16")
-            continue
-        with pytest.raises(StreamerError, match="dtype bfloat16 cannot compute .*dtype='float32'"):
-            streamer.load(folder, dtype="bfloat16")
-        model, tokenizer = streamer.load(folder)  # float32, the CPU default, computes
-        assert streamer.generate(model, tokenizer, "hello", max_tokens=2)
-    # quantized experts (gather_qmm) compute in bf16 on every backend: not refused
-    model, tokenizer = streamer.load(checkpoints.mlx("qwen3_moe"), dtype="bfloat16")
-    assert streamer.generate(model, tokenizer, "hello", max_tokens=2)
-
-
-def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
-    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
-    greedy = streamer.generate(model, tokenizer, "hello", max_tokens=8)
-    top_1 = streamer.generate(model, tokenizer, "hello", max_tokens=8, temp=0.9, top_k=1, seed=3)
-    assert top_1 == greedy  # top_k reached mlx-lm's sampler: one candidate is greedy
-    penalised = streamer.generate(
-        model, tokenizer, "hello", max_tokens=8, repetition_penalty=1.5, min_p=0.1
-    )
-    assert isinstance(penalised, str)
-    for kwargs, message in [
-        ({"top_kk": 3}, "unknown keyword argument 'top_kk'; known: temp, top_p, seed, "),
-        ({"temp": -1.0}, "temp must be 0"),
-        ({"top_p": 0.0}, "top_p must be above 0 and at most 1"),
-        ({"seed": -1}, "seed must be an integer from 0"),
-        ({"top_k": -2}, "top_k must be an integer, 0"),
-        ({"min_p": 2}, "min_p must be from 0"),
-    ]:
-        with pytest.raises(StreamerError, match=message):
-            streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)
 
 
 def test_a_source_without_tokenizer_files_is_warned_about(checkpoints, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -50,14 +51,17 @@ def test_turns_keep_the_conversation_and_reset_forgets_it(folder):
     )
     result = run_chat(
         folder,
-        ["import os", "/stats", "def main():", "/reset", "import os"],
+        ["import os", "/stats", "def main():", "/stats", "/reset", "import os"],
         "--system-prompt",
         "You write Python.",
     )
     assert result.returncode == 0, result.stderr
-    # the second turn sees the first (its KV cache reused), and after /reset the first comes again
+    # the second turn sees the first, and after /reset the first comes again
     assert result.stdout == f"{first}\n{second}\n{first}\n"
     assert "decode: " in result.stderr and "starts over" in result.stderr
+    # the second turn computed only what follows the first turn's KV cache, kept between turns
+    (one, two) = re.findall(r"(\d+) of the prompt's (\d+) tokens came from", result.stderr)
+    assert one[0] == "0" and 0 < int(two[0]) < int(two[1])
     assert "Traceback" not in result.stderr
 
     # the slot pool's read path, every expert streamed and checked on its first read: same text
@@ -97,6 +101,7 @@ def test_generate_speaks_mlx_lm_flags(folder, tmp_path, capsys):
         streamer.generate(model, tokenizer, chat, 6) + "\n"
     )
     raw = streamer.generate(model, tokenizer, "import os", 6)
+    plain_answer = streamer.generate(model, tokenizer, "import os\n", 6)  # a turn ends its line
     assert generate("--prompt", "import os", "--ignore-chat-template") == raw + "\n"
     # top-k 1 keeps only the likeliest token: greedy whatever the temperature
     sampled = generate("--prompt", "import os", "--temp", "5", "--top-k", "1", "--seed", "3")
@@ -105,7 +110,15 @@ def test_generate_speaks_mlx_lm_flags(folder, tmp_path, capsys):
     )
     first = next(streamer.stream_generate(model, tokenizer, templated(tokenizer, "import os"), 6))
     assert generate("--prompt", "import os", "--extra-eos-token", str(first.token)) == "\n"
-    assert generate("--prompt", "import os", "--max-kv-size", "64", "--min-p", "0.5")
+    # min-p 1 keeps only the tokens as likely as the likeliest: greedy too
+    assert generate("--prompt", "import os", "--temp", "5", "--min-p", "1", "--seed", "3") == (
+        sampled
+    )
+    # a KV cache of 4 tokens, shorter than the prompt: what the library computes with it
+    window = streamer.generate(
+        model, tokenizer, templated(tokenizer, "import os"), 6, max_kv_size=4
+    )
+    assert generate("--prompt", "import os", "--max-kv-size", "4") == window + "\n"
 
     plain = tmp_path / "no-template"
     shutil.copytree(folder, plain)
@@ -114,3 +127,6 @@ def test_generate_speaks_mlx_lm_flags(folder, tmp_path, capsys):
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
     assert main(["generate", "--model", str(plain), "--prompt", "hi", "--chat"]) == 2
     assert "has no chat template" in capsys.readouterr().err
+    result = run_chat(plain, ["import os"])  # chat says so, and continues the text
+    assert result.returncode == 0 and result.stdout == plain_answer + "\n", result.stderr
+    assert "no chat template: the conversation is plain text" in result.stderr

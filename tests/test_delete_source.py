@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from repack_checks import assert_same_model, resumed_by_the_command
 
 from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
@@ -51,12 +50,6 @@ def files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-def same_model(dst: Path, reference: Path) -> None:
-    ours, theirs = files(dst), files(reference)
-    ours.pop("manifest.json"), theirs.pop("manifest.json")  # differ in the recorded file times
-    assert ours == theirs
-
-
 def open_deleted_files() -> list[str]:
     """Files this process still holds open after they were deleted (their space is not free)."""
     found = []
@@ -89,7 +82,7 @@ def test_each_shard_goes_once_written_and_the_disk_peak_is_as_predicted(
 
     keep, predicted = disk_needs(source)  # what `streamer plan` reports
     repack(source, dst, delete_source=True, log=watch)
-    same_model(dst, reference)
+    assert_same_model(dst, reference)
     assert shards(source) == {} and (source / "config.json").exists()  # only shards go
     assert not (dst / "consumed").exists() and not (dst / "progress.json").exists()
     assert held_open == []  # no deleted shard stayed open: its space was really freed
@@ -119,15 +112,8 @@ def test_an_interrupted_repack_resumes_from_the_stand_ins(source, reference, tmp
     with pytest.raises(StreamerError, match="only copy of .* --resume"):
         repack(source, dst, delete_source=True, **QUIET)  # starting over would lose them
     assert partial.exists()
-    result = subprocess.run(
-        [sys.executable, "-m", "streamer", "repack", str(source), str(dst)]
-        + ["--resume", "--delete-source"],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "kept from the interrupted run" in result.stderr
-    same_model(dst, reference)
+    resumed_by_the_command(source, dst, "--delete-source")
+    assert_same_model(dst, reference)
     assert shards(source) == {}
 
 

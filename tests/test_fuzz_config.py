@@ -4,22 +4,17 @@ load: whatever the values, the only exception allowed out is StreamerError (with
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 
-from fuzzing import only_streamer_errors, scalars
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz_settings, only_streamer_errors, scalars
+from hypothesis import given
 from hypothesis import strategies as st
 
 import streamer
 from streamer.repack import repack
 
-CONFIG_FUZZ = settings(
-    max_examples=int(os.environ.get("FUZZ_N", 60)),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+CONFIG_FUZZ = fuzz_settings(60)  # each example repacks and loads a model
 config_values = st.one_of(
     st.integers(-3, 40),  # zero, negative, top-k above the expert count, a few layers
     st.sampled_from([1 << 31, 1 << 40, 10**30]),

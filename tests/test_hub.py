@@ -37,8 +37,10 @@ def cache_repo(cache: Path, repo_id: str, files: Path) -> Path:
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch, checkpoints):
+    """tiny-org/Tiny-MoE (as downloaded) and tiny-org/Tiny-MLX (MLX-quantized) in the cache."""
     cache = tmp_path / "hub"
     snapshot = cache_repo(cache, "tiny-org/Tiny-MoE", checkpoints.hf("qwen3_moe"))
+    cache_repo(cache, "tiny-org/Tiny-MLX", checkpoints.mlx("qwen3_moe"))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import huggingface_hub.constants as constants
@@ -59,6 +61,20 @@ def test_a_cached_name_is_its_snapshot_and_repacks(hub, tmp_path):
     result = streamer_cli("repack", "tiny-org/Tiny-MoE", str(dst))
     assert result.returncode == 0, result.stderr
     assert streamable(dst) == dst
+
+
+def test_a_cached_mlx_download_runs_and_plans_by_name(hub, capsys):
+    """Streamed in place through the snapshot's symlinks, and planned, by its name alone."""
+    snapshot = resolve("tiny-org/Tiny-MLX")
+    answers = []
+    for model in ("tiny-org/Tiny-MLX", str(snapshot.resolve())):  # the name, then a folder
+        assert main(["generate", "--model", model, "--prompt", "hi", "--max-tokens", "4"]) == 0
+        answers.append(capsys.readouterr().out)
+    assert answers[0] == answers[1] and answers[0].strip()
+    assert main(["plan", "tiny-org/Tiny-MLX", "--json"]) == 0
+    by_name = capsys.readouterr().out
+    assert main(["plan", str(snapshot), "--json"]) == 0
+    assert by_name == capsys.readouterr().out and '"expert_bytes"' in by_name
 
 
 def test_names_that_cannot_run_say_what_to_do(hub, tmp_path, capsys):

@@ -30,6 +30,8 @@ LAYERS = {
         "streamer.assembly",
         "streamer.handle",
         "streamer.architectures",
+        "streamer.hf_naming",
+        "streamer.transformers_spellings",
         "streamer.config",
         "streamer.tokenizer",
         "streamer.backend",

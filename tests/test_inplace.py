@@ -9,15 +9,14 @@ changed files, and the lock that keeps `repack --delete-source` away from a down
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
 import mlx.core as mx
 import pytest
-from conftest import reference_model
+from conftest import private_download, reference_model
 from hostile_files import flip_byte
-from test_parity import PROMPT, greedy_tokens
+from test_parity import PROMPT, assert_exactly_as, greedy_tokens
 
 import streamer
 from streamer.cache.budget import largest_expert_bytes
@@ -32,10 +31,7 @@ QUIET = {"log": lambda _: None}
 @pytest.fixture
 def download(checkpoints, tmp_path, monkeypatch):
     """A private copy of a float32-scaled 4-bit checkpoint and a private user cache folder."""
-    monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "cache"))
-    folder = tmp_path / "download"
-    shutil.copytree(checkpoints.mlx("qwen3_moe", dtype="float32"), folder)
-    return folder
+    return private_download(checkpoints.mlx("qwen3_moe", dtype="float32"), tmp_path, monkeypatch)
 
 
 def listing(folder):
@@ -51,8 +47,7 @@ def test_experts_are_computed_on_the_shards_with_no_copy(download):
     for budget in (0, 12 * one):  # page cache only (in place), then a hot-expert cache
         model, tokenizer = streamer.load(download, memory_budget=budget)
         prompt = mx.array(tokenizer.encode(PROMPT))
-        assert mx.array_equal(model(prompt[None]), reference(prompt[None]))
-        assert greedy_tokens(model, prompt, 24) == greedy_tokens(reference, prompt, 24)
+        assert_exactly_as(model, reference, prompt, 24)
         handle = model.streamer
         decode = handle.stats.decode
         assert decode.experts_read + decode.cache_hits >= decode.layer_calls > 0

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import private_download
 from hostile_files import flip_byte
 
 import streamer
@@ -24,10 +24,7 @@ QUIET = {"log": lambda _: None}
 @pytest.fixture
 def download(checkpoints, tmp_path, monkeypatch):
     """A private copy of an mlx_lm.convert 4-bit checkpoint, and a private user cache folder."""
-    monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "cache"))
-    folder = tmp_path / "download"
-    shutil.copytree(checkpoints.mlx("qwen3_moe"), folder)
-    return folder
+    return private_download(checkpoints.mlx("qwen3_moe"), tmp_path, monkeypatch)
 
 
 def listing(folder):

@@ -23,6 +23,13 @@ def greedy_tokens(model, prompt: mx.array, n: int = 64) -> list[int]:
     return [int(token) for token, _ in steps]
 
 
+def assert_exactly_as(model, reference, prompt: mx.array, tokens: int) -> None:
+    """The streamed model's logits are `reference`'s to the bit, and so are `tokens` greedy
+    tokens."""
+    assert mx.array_equal(model(prompt[None]), reference(prompt[None]))
+    assert greedy_tokens(model, prompt, tokens) == greedy_tokens(reference, prompt, tokens)
+
+
 def read_paths() -> list[str]:
     """Both read paths, except on MLX's CUDA backend, which runs only the slot pool."""
     return [p for p in READ_PATHS if not (p == "mapped" and backend() == "cuda")]
@@ -132,8 +139,7 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(
     )
     reference = reference_model(src)
     prompt = mx.array(tokenizer.encode(PROMPT))
-    assert mx.array_equal(model(prompt[None]), reference(prompt[None]))
-    assert greedy_tokens(model, prompt, 32) == greedy_tokens(reference, prompt, 32)
+    assert_exactly_as(model, reference, prompt, 32)
     decode = model.streamer.stats.decode
     if budget in ("all", "default"):  # the tiny model fits in memory, so the default keeps it all
         assert model.streamer.residency.startswith("all experts resident")

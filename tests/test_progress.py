@@ -9,6 +9,8 @@ import subprocess
 import sys
 import termios
 
+import pytest
+
 
 def on_a_terminal(*argv: str) -> str:
     """What `streamer ARGV` writes to a 100-column terminal (stdout and stderr both)."""
@@ -36,6 +38,24 @@ def test_repack_shows_a_bar_on_a_terminal(checkpoints, tmp_path):
     """(Off a terminal the log lines alone are written: test_cli reads them.)"""
     text = on_a_terminal("repack", str(checkpoints.hf("qwen3_moe")), str(tmp_path / "b"))
     assert "[repack] experts:" in text and "/32 [" in text and "layer 2/2" in text
+    assert "[repack] resident:" in text and "B/" in text  # the resident file, in bytes
+
+
+@pytest.mark.parametrize("read_path", ["mapped", "slots"])
+def test_making_every_expert_resident_at_load_shows_a_bar(checkpoints, read_path):
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    text = on_a_terminal(
+        "generate",
+        "--model",
+        str(folder),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "1",
+        "--read-path",
+        read_path,
+    )
+    assert "all experts resident" in text and "experts into memory:" in text
 
 
 def test_verify_shows_a_bar_on_a_terminal_and_lines_elsewhere(checkpoints, tmp_path):

@@ -33,6 +33,7 @@ import numpy as np
 
 from streamer.architectures import container_projections, expert_containers, recording_routing
 from streamer.cli import DEMO_MODEL
+from streamer.stats import routing_skew, top_tenth
 
 
 def moe_layers(model: nn.Module) -> tuple[list[int], int]:
@@ -67,29 +68,6 @@ def route(model: nn.Module, tokens: np.ndarray, seq: int) -> tuple[np.ndarray, n
             )  # [len, L, k]
     routed = np.concatenate(experts).astype(np.int16)
     return routed, np.array(starts, dtype=np.int64), nll / count
-
-
-def layer_summary(routed: np.ndarray, starts: np.ndarray, num_experts: int) -> dict:
-    """Skew and reuse for one layer; routed is [T, k]."""
-    k = routed.shape[1]
-    counts = np.bincount(routed.reshape(-1), minlength=num_experts).astype(np.float64)
-    share = counts / counts.sum()
-    top = max(1, math.ceil(0.1 * num_experts))
-    p = share[share > 0]
-    entropy = float(-(p * np.log(p)).sum() / math.log(num_experts))
-    # overlap of consecutive tokens' sets, skipping pairs that straddle a window boundary
-    same_window = np.ones(len(routed) - 1, dtype=bool)
-    same_window[starts[1:] - 1] = False
-    a, b = routed[:-1][same_window], routed[1:][same_window]
-    overlap = (a[:, :, None] == b[:, None, :]).any(-1).sum(-1).mean() / k
-    return {
-        "top10_share": float(np.sort(share)[::-1][:top].sum()),
-        "top10_experts": top,
-        "entropy": entropy,
-        "overlap": float(overlap),
-        "max_share": float(share.max()),
-        "unused": int((counts == 0).sum()),
-    }
 
 
 def held_out_text() -> str:
@@ -136,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         f"top-{top_k}"
     )
     print(f"cross entropy {loss:.3f} nats/token (perplexity {math.exp(loss):.1f})")
-    top = max(1, math.ceil(0.1 * num_experts))
+    top = top_tenth(num_experts)
     print(
         f"top 10% of experts = the {top} most used per layer; uniform-router baseline: "
         f"top-10% share {top / num_experts:.3f}, entropy 1.000, overlap {top_k / num_experts:.3f}"
@@ -145,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     print(" ".join(f"{name:>{width}}" for name, width in (*header, ("unused", 6))))
     rows = []
     for j, index in enumerate(layers):
-        s = layer_summary(routed[:, j], starts, num_experts)
+        s = routing_skew(routed[:, j], num_experts, starts)
         rows.append(s)
         print(
             f"{index:>5} {s['top10_share']:>11.3f} {s['entropy']:>8.3f} {s['overlap']:>8.3f} "

@@ -7,7 +7,15 @@ import sys
 
 from ..errors import StreamerError
 from .interrupts import raising_on_ctrl_c
-from .options import add_loading, add_prompt, add_template, load_options, prompt
+from .options import (
+    add_loading,
+    add_model,
+    add_prompt,
+    add_template,
+    load_options,
+    model_folder,
+    prompt,
+)
 from .output import emit
 
 
@@ -15,11 +23,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "generate", help="generate text from a repacked model or an MLX download (in place)"
     )
-    p.add_argument(
-        "--model",
-        help="a folder written by `streamer repack` or `streamer split` (under mlx.launch, "
-        "{rank} in it is replaced by the rank), an MLX download (in place), or org/name",
-    )
+    add_model(p, required=False)  # missing: a hint at `streamer demo`
     add_prompt(p, None)
     p.add_argument(
         "--chat",
@@ -49,16 +53,11 @@ def generate(args: argparse.Namespace) -> int:
     text = prompt(args)  # before the slow imports: bad input fails fast
     from ..chat import templated
     from ..distributed import launched_group, shared_seed
-    from ..hub import streamable
     from ..model import load
 
     group = args.group = launched_group()  # started by mlx.launch: expert-parallel
     rank = group.rank() if group else 0
-    model, tokenizer = load(
-        streamable(args.model.replace("{rank}", str(rank))),  # {rank}: a folder per rank
-        **load_options(args),
-        group=group,
-    )
+    model, tokenizer = load(model_folder(args, group), **load_options(args), group=group)
     if group is not None:
         args.seed = shared_seed(group, args.seed)  # sampled tokens must agree on every rank
     if rank == 0:
@@ -93,13 +92,10 @@ def generate(args: argparse.Namespace) -> int:
 
 def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     """Print the answer as it comes, then the run's stats line; Ctrl-C ends it with 130."""
-    from mlx_lm.sample_utils import make_sampler
-
     from ..generate import run_stats, stream_generate
 
     group = getattr(args, "group", None)
     shown = group is None or group.rank() == 0  # rank 0 prints for the group
-    sampler = make_sampler(args.temp, top_p=args.top_p, min_p=args.min_p, top_k=args.top_k)
     stats = None
     try:
         with raising_on_ctrl_c():  # from here Ctrl-C stops the answer, with its stats
@@ -108,8 +104,11 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 tokenizer,
                 prompt,
                 args.max_tokens,
+                temp=args.temp,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                min_p=args.min_p,
                 seed=args.seed,
-                sampler=sampler,
                 max_kv_size=getattr(args, "max_kv_size", None),
             ):
                 if shown:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from ..arguments import check_request, check_sampling, parse_size
+from ..arguments import check_at_least, check_request, check_sampling, parse_size
 from ..errors import StreamerError
+
+if TYPE_CHECKING:  # mlx is imported only once a command runs
+    import mlx.core as mx
 
 
 def size(text: str) -> int:
@@ -18,6 +22,24 @@ def size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a size such as 8G, 8GB, 8 GiB or 512M"
         ) from None
+
+
+def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument(
+        "--model",
+        required=required,
+        help="a folder written by `streamer repack` or `streamer split`, an MLX download (streamed "
+        "in place), or org/name (the hub cache); under mlx.launch, {rank} in it is replaced by "
+        "the rank",
+    )
+
+
+def model_folder(args: argparse.Namespace, group: mx.distributed.Group | None) -> str:
+    """The folder --model names for this rank: under mlx.launch "{rank}" is the rank's number (a
+    folder per shard); org/name is looked up in the hub cache."""
+    from ..hub import streamable
+
+    return streamable(args.model.replace("{rank}", str(group.rank() if group else 0)))
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -89,6 +111,23 @@ def load_options(args: argparse.Namespace) -> dict:
     }
 
 
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """The sampling flags and --max-tokens (and --max-kv-size where the command has it), checked
+    before the slow imports and the load."""
+    check_sampling(
+        args.temp,
+        args.top_p,
+        getattr(args, "seed", None),
+        top_k=args.top_k,
+        min_p=args.min_p,
+        option="--",
+        dash=True,
+    )
+    check_at_least(args.max_tokens, "--max-tokens", 1)
+    if getattr(args, "max_kv_size", None) is not None:
+        check_at_least(args.max_kv_size, "--max-kv-size", 1)
+
+
 def prompt(args: argparse.Namespace) -> str:
     """The prompt as UTF-8 text, from --prompt or (with `--prompt -`) from stdin's bytes.
 
@@ -104,7 +143,7 @@ def prompt(args: argparse.Namespace) -> str:
             f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
             "pass UTF-8 text (check the file's or terminal's encoding)."
         ) from None
-    check_sampling(args.temp, args.top_p, args.seed, option="--", dash=True)
+    check_sampling_flags(args)
     how = " with --prompt (or `--prompt -` for stdin)"
     check_request(text, args.max_tokens, option="--max-tokens", how=how)
     return text

@@ -5,18 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..arguments import check_at_least
+from ..errors import StreamerError
 from .interrupts import raising_on_ctrl_c
-from .options import add_loading, add_sampling, add_template, load_options
+from .options import (
+    add_loading,
+    add_model,
+    add_sampling,
+    add_template,
+    check_sampling_flags,
+    load_options,
+    model_folder,
+)
 
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a streamed model")
-    p.add_argument(
-        "--model",
-        required=True,
-        help="a repacked folder or MLX download, or org/name (hub cache); under mlx.launch, "
-        "{rank} in it is replaced by the rank",
-    )
+    add_model(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
@@ -29,12 +34,7 @@ def add_parsers(sub) -> None:
     p.set_defaults(run=serve)
 
     p = sub.add_parser("chat", help="a conversation with a repacked model in the terminal")
-    p.add_argument(
-        "--model",
-        required=True,
-        help="a repacked folder, or org/name (hub cache); under mlx.launch, {rank} in it is "
-        "replaced by the rank",
-    )
+    add_model(p)
     p.add_argument("--max-tokens", type=int, default=512, help="per answer")
     add_sampling(p)
     add_template(p)
@@ -43,14 +43,17 @@ def add_parsers(sub) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    check_sampling_flags(args)  # the defaults of every request: a bad one would fail them all
+    if not 0 <= args.port <= 65535:
+        raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
+    check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
     from ..distributed import launched_group
-    from ..hub import streamable
     from ..server import open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
 
     start_logging()
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
-    folder = streamable(_rank_folder(args.model, group))
+    folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, group, **load_options(args))
     engine = open_engine(model, tokenizer, args.prompt_cache_size, group)
     if group is not None and group.rank() != 0:
@@ -70,16 +73,14 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def chat(args: argparse.Namespace) -> None:
+    check_sampling_flags(args)
     from ..chat import chat
     from ..distributed import launched_group
-    from ..hub import streamable
     from ..server import open_engine, open_model
     from ..server.api import Sampling
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
-    model, tokenizer, context = open_model(
-        streamable(_rank_folder(args.model, group)), group, **load_options(args)
-    )
+    model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
     engine = open_engine(model, tokenizer, 2, group)
     if group is not None and group.rank() != 0:
         return engine.follow()
@@ -103,8 +104,3 @@ def chat(args: argparse.Namespace) -> None:
             )
     finally:
         engine.close()
-
-
-def _rank_folder(model: str, group) -> str:
-    """Under mlx.launch, "{rank}" in --model is this rank's number (a folder per shard)."""
-    return model.replace("{rank}", str(group.rank() if group is not None else 0))

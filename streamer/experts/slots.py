@@ -15,11 +15,12 @@ dtype is the stored one and nothing is copied.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 import numpy as np
 
-from ..cache.budget import all_experts_bytes, chosen_budget
+from ..cache.budget import chosen_budget
 from ..cache.slot_pool import LayerSource, SlotPool, SlotTensor
 from ..io.expert_layout import LayerLayout
 from ..io.manifest import Manifest
@@ -80,6 +81,18 @@ class Slots:
         return layer.container(x, mx.array(position.astype(np.uint32)))
 
 
+def resident_pools(
+    layouts: list[LayerLayout], layers: list, checksums: list | None, done: Callable[[], object]
+) -> None:
+    """Every layer's experts read once into a pool of its own, then run resident; `done` is
+    called after each layer (a progress bar)."""
+    for layout, layer in zip(layouts, layers):
+        own = open_pools([layout], {shape_class(layout): layout.num_experts}, checksums, False)
+        layer.use_pool(own[shape_class(layout)])
+        layer.make_resident()
+        done()
+
+
 def slot_budget(
     manifest: Manifest,
     layouts: list[LayerLayout],
@@ -89,18 +102,12 @@ def slot_budget(
     checksums: list | None,
     bypass_page_cache: bool = False,
 ) -> tuple[str, list[SlotPool]]:
-    """Give every layer its pool for `budget` bytes of slots (None: the default, cache/budget.py)
-    and say so. Enough for every expert: each layer reads all its experts once into a pool of
-    its own and runs resident. Less: one pool per shape class, its share of the budget in
-    proportion to the class's experts, at least one slot; 0: one layer's experts each (the
-    smallest pool in which any call, a whole prompt chunk too, runs in one round)."""
+    """Give every layer its pool for `budget` bytes of slots (None: the default, cache/budget.py),
+    less than every expert's bytes (more: resident_pools), and say so: one pool per shape class,
+    its share of the budget in proportion to the class's experts, at least one slot; 0: one
+    layer's experts each (the smallest pool in which any call, a whole prompt chunk too, runs in
+    one round)."""
     budget, why = chosen_budget(manifest, budget, dtype)
-    if budget >= all_experts_bytes(manifest, dtype):
-        for layout, layer in zip(layouts, layers):
-            own = open_pools([layout], {shape_class(layout): layout.num_experts}, checksums, False)
-            layer.use_pool(own[shape_class(layout)])
-            layer.make_resident()
-        return f"all experts resident, no streaming ({why})", []
     experts, slot_bytes, per_layer = {}, {}, {}
     for layout in layouts:
         key = shape_class(layout)

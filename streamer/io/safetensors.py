@@ -12,7 +12,7 @@ import math
 import os
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,9 +183,10 @@ def write_safetensors(
     tensors: list[tuple[str, mx.array]],
     metadata: dict[str, str] | None = None,
     dtypes: dict[str, str] | None = None,
+    written: Callable[[int], object] = lambda _: None,
 ) -> dict[str, int]:
     """Write tensors one at a time (each evaluated just before it is written); return crc32 per
-    name.
+    name. `written` is told each tensor's bytes once they are written (a progress bar).
 
     The header is computed from lazy shapes and dtypes, so peak memory is one tensor, not the file.
     `dtypes` names the safetensors dtype of tensors mlx cannot type itself (F8_E4M3 held as uint8).
@@ -211,6 +212,7 @@ def write_safetensors(
             data = memoryview(mx.contiguous(arr)).cast("B")
             checksums[name] = zlib.crc32(data)
             f.write(data)
+            written(len(data))
         f.flush()
         os.fsync(f.fileno())
     return checksums

@@ -19,11 +19,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..architectures import build_model, expert_containers, normalize_config, quantize_like_mlx_lm
+from ..architectures import build_model, expert_containers, quantize_like_mlx_lm
 from ..config import check_config, experts_per_token
 from ..io.json_file import read_json_object
-from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, RESIDENT_FILE, TENSOR_ALIGN
+from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN
 from ..io.mapping import align
+from ..transformers_spellings import normalize_config
+from .repacked import stored_bytes
 from .report import ModelPlan, fitted
 
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
@@ -51,8 +53,7 @@ def model_plan(
     stored_resident = _resident(model, containers, None)
     resident = _resident(model, containers, dtype)
     if repacked:  # the files as written
-        stored_resident = (folder / RESIDENT_FILE).stat().st_size
-        expert_bytes = sum(p.stat().st_size for p in (folder / "experts").glob("*.bin"))
+        stored_resident, expert_bytes = stored_bytes(folder)
         resident = stored_resident if dtype is None else resident
     per_token, fixed = _kv_bytes(model, dtype or DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
     top_k = experts_per_token(config)

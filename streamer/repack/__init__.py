@@ -181,7 +181,11 @@ def write_model(plan: Plan, out: Path, progress: Progress, log, collect=lambda _
                 f"{out / RESIDENT_FILE} is missing but source shards it needs were deleted by "
                 "--delete-source: the repack cannot finish; download the model again."
             )
-        progress.record_resident(write_safetensors(out / RESIDENT_FILE, plan.resident_items()))
+        items = plan.resident_items()
+        with progress_bar(sum(a.nbytes for _, a in items), "[repack] resident", "B") as bar:
+            progress.record_resident(
+                write_safetensors(out / RESIDENT_FILE, items, written=bar.update)
+            )
         warnings.check_file(out / RESIDENT_FILE)
     collect(progress)
     layers = []

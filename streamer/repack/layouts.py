@@ -1,12 +1,17 @@
 """Expert layouts that checkpoints use and mlx-lm's sanitize does not read, converted into names
-it does read. Each conversion keeps the expert axis first, so it also runs on one expert's slice.
+it does read; `sanitizer` runs the conversion before the model's own sanitize. Each conversion
+keeps the expert axis first, so it also runs on one expert's slice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
+
+from ..errors import StreamerError
 
 
 def gpt_oss_from_transformers(weights: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -45,3 +50,24 @@ def gpt_oss_from_transformers(weights: dict[str, mx.array]) -> dict[str, mx.arra
 LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
     "gpt_oss": gpt_oss_from_transformers,
 }
+
+
+Sanitize = Callable[[dict[str, mx.array]], dict[str, mx.array]]
+
+
+def sanitizer(model: nn.Module, folder: Path) -> Sanitize:
+    """mlx-lm's own sanitize (source names -> mlx-lm's names), after the conversion of a layout it
+    does not read (`layouts.LAYOUTS`); a missing tensor: a clear error."""
+    convert = LAYOUTS.get(type(model).__module__.rsplit(".", 1)[1], lambda weights: weights)
+    if not hasattr(model, "sanitize"):
+        return convert
+
+    def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        try:
+            return model.sanitize(convert(weights))
+        except KeyError as e:
+            raise StreamerError(
+                f"{folder}: tensor {e.args[0]!r} is missing: the download is incomplete."
+            ) from None
+
+    return sanitize

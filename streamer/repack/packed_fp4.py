@@ -1,9 +1,11 @@
-"""compressed-tensors' FP4 packs (`mxfp4-pack-quantized`, `nvfp4-pack-quantized`; Kimi K3
-publishes its experts so) hold MLX's own packing under other names: `weight_packed` is the
-weight's bytes (two FP4 codes a byte, which mlx-lm reads as uint32 words) and `weight_scale` its
-scales (one per 32 or 16 inputs). mlx-lm's sanitize only renames and stacks them (kimi_k3's), so an
-expert's tensors are copied as they are, under mlx-lm's kinds. The int4 pack (`pack-quantized`) is
+"""compressed-tensors' MXFP4 pack (`mxfp4-pack-quantized`; Kimi K3 publishes its experts so) holds
+MLX's own packing under other names: `weight_packed` is the weight's bytes (two FP4 codes a byte,
+which mlx-lm reads as uint32 words) and `weight_scale` its E8M0 scales (one per 32 inputs).
+mlx-lm's sanitize only renames and stacks them (kimi_k3's), so an expert's tensors are copied as
+they are, under mlx-lm's kinds. The int4 pack (`pack-quantized`) is
 not one: its zero point comes from sanitize (`biases = -8 * scales`), which converts each expert.
+Nor is the NVFP4 pack: its `weight_global_scale`, which mlx-lm's sanitize does not read, leaves the
+projection to sanitize, which then refuses it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import dataclasses
 
 from ..io.safetensors import TensorInfo
 
-FP4_PACKS = ("mxfp4-pack-quantized", "nvfp4-pack-quantized")
+FP4_PACKS = ("mxfp4-pack-quantized",)
 KINDS = {"weight_packed": "weight", "weight_scale": "scales"}
 
 

@@ -18,14 +18,16 @@ from ..architectures import (
     build_model,
     container_projections,
     expert_containers,
-    normalize_config,
     quantize_like_mlx_lm,
 )
 from ..config import check_config, check_layer_count
 from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
-from .sources import Sources, compatible, describe, sanitizer
+from ..transformers_spellings import normalize_config
+from .dtypes import compatible, describe
+from .layouts import sanitizer
+from .sources import Sources
 
 CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 

@@ -18,40 +18,18 @@ when mlx-lm's sanitize reads it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..architectures import Architecture, hf_expert_key
 from ..errors import StreamerError
+from ..hf_naming import Architecture, hf_expert_key
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo, to_mlx
-from .layouts import LAYOUTS
+from .dtypes import check_dtype
+from .layouts import Sanitize
 from .packed_fp4 import as_words, fp4_pack_kinds
 
 KIND_ORDER = ("weight", "scales", "biases", "bias")
-
-Sanitize = Callable[[dict[str, mx.array]], dict[str, mx.array]]
-
-
-def sanitizer(model: nn.Module, folder: Path) -> Sanitize:
-    """mlx-lm's own sanitize (source names -> mlx-lm's names), after the conversion of a layout it
-    does not read (`layouts.LAYOUTS`); a missing tensor: a clear error."""
-    convert = LAYOUTS.get(type(model).__module__.rsplit(".", 1)[1], lambda weights: weights)
-    if not hasattr(model, "sanitize"):
-        return convert
-
-    def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-        try:
-            return model.sanitize(convert(weights))
-        except KeyError as e:
-            raise StreamerError(
-                f"{folder}: tensor {e.args[0]!r} is missing: the download is incomplete."
-            ) from None
-
-    return sanitize
 
 
 class Sources:
@@ -250,31 +228,3 @@ def _layer_prefix(name: str) -> str:
     parts = name.split(".")
     number = next((i for i, p in enumerate(parts) if p.isdigit()), len(parts) - 1)
     return ".".join(parts[: number + 1])
-
-
-MODEL_FLOATS = (mx.float32, mx.float16, mx.bfloat16)
-
-
-def compatible(got: mx.Dtype, expected: mx.Dtype) -> bool:
-    """A float parameter takes any float width MLX computes with (it is cast; float64 is not one:
-    MLX runs it on no GPU); integer data must match."""
-    if mx.issubdtype(expected, mx.floating):
-        return got in MODEL_FLOATS
-    return got == expected
-
-
-def describe(dtype: mx.Dtype) -> str:
-    return (
-        "a floating-point tensor (F32, F16 or BF16)"
-        if mx.issubdtype(dtype, mx.floating)
-        else MLX_TO_SAFETENSORS.get(dtype, str(dtype))
-    )
-
-
-def check_dtype(info: TensorInfo, expected: mx.Dtype) -> None:
-    if not compatible(DTYPES[info.dtype][1], expected):
-        raise StreamerError(
-            f"{info.path}: tensor '{info.name}' is {info.dtype} but config.json implies "
-            f"{describe(expected)}: the checkpoint is corrupt or config.json belongs to another "
-            "model."
-        )

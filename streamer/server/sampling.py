@@ -2,8 +2,7 @@
 
 The logits' width (the model's vocabulary) is first known at the first step, so the values that
 depend on it are checked there: a logit_bias key past it is refused (an ApiError out of the
-generation, before any token), a top_k at or past it keeps every token (mlx-lm's sampler refuses
-such a k; keeping the k likeliest of fewer tokens is keeping them all).
+generation, before any token); a top_k at or past it keeps every token (the library's sampler).
 """
 
 from __future__ import annotations
@@ -11,25 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.sample_utils import make_logits_processors
 
+from ..generate import any_top_k_sampler
 from .api import Sampling
 from .fields import ApiError
 
 
 def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]]:
-    samplers: dict[int, Callable] = {}
-
-    def sampler(logprobs: mx.array) -> mx.array:
-        width = logprobs.shape[-1]
-        if width not in samplers:
-            samplers[width] = make_sampler(
-                sampling.temperature,
-                top_p=sampling.top_p,
-                min_p=sampling.min_p,
-                top_k=sampling.top_k if sampling.top_k < width else 0,
-            )
-        return samplers[width](logprobs)
+    sampler = any_top_k_sampler(
+        sampling.temperature, sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p
+    )
 
     def check_width(tokens: mx.array, logits: mx.array) -> mx.array:
         width = logits.shape[-1]

@@ -1,0 +1,63 @@
+"""How each family's Hugging Face checkpoints name their expert tensors: the one thing about
+experts that differs per family and that mlx-lm's model cannot tell the repacker (a naming
+convention is data here, not a branch in the engine)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How a family's Hugging Face checkpoints name their per-expert tensors: the one thing about
+    experts that differs per family and that mlx-lm's model cannot tell the repacker. Everything
+    else (fused layouts, FP8, expert biases, activations) comes from the model's own `sanitize` and
+    expert container."""
+
+    # HF per-expert projection name -> the expert container's projection name
+    hf_projections: dict[str, str] = field(default_factory=lambda: dict(_GLU))
+    # the per-expert list under the MoE block: `{block}.{hf_experts}.{e}.{projection}.{kind}`
+    hf_experts: str = "experts"
+    # the MoE block's own name in HF checkpoints where mlx-lm names it otherwise (`mlp`)
+    hf_block: str | None = None
+
+    def hf_parent(self, container: str) -> str:
+        """The HF name of the MoE block that holds `container` (an expert container's path)."""
+        block = container.rsplit(".", 1)[0]
+        if self.hf_block is None:
+            return block
+        return f"{block.rsplit('.', 1)[0]}.{self.hf_block}"
+
+    def hf_parents(self, container: str) -> tuple[str, ...]:
+        """`hf_parent`, and its spelling in vision-language checkpoints that transformers 5
+        writes (`model.language_model.` for mlx-lm's `language_model.model.`)."""
+        block = self.hf_parent(container)
+        nested = "language_model.model."
+        if block.startswith(nested):
+            return block, "model.language_model." + block[len(nested) :]
+        return (block,)
+
+
+_GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
+_W123 = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+# Families whose HF checkpoints name experts otherwise than `experts.{e}.{gate,up,down}_proj`.
+NAMING: dict[str, Architecture] = {
+    "mixtral": Architecture(_W123),
+    "minimax": Architecture(_W123),
+    "minimax_m3_vl": Architecture(_W123),
+    "phimoe": Architecture(_W123),
+    "lfm2_moe": Architecture(_W123),
+    "kimi_linear": Architecture(_W123, hf_block="block_sparse_moe"),
+    "kimi_k3": Architecture(_W123, hf_block="block_sparse_moe"),
+    "nemotron_h": Architecture({"up_proj": "fc1", "down_proj": "fc2"}),
+    "phixtral": Architecture({"fc1": "fc1", "fc2": "fc2"}, hf_experts="mlp"),
+}
+
+
+# `{parent}.{experts}.{e}.{projection}.{kind}`: the Hugging Face per-expert convention.
+def hf_expert_key(arch: Architecture) -> re.Pattern:
+    return re.compile(
+        rf"^(?P<parent>.+)\.{re.escape(arch.hf_experts)}\.(?P<expert>\d+)\."
+        r"(?P<proj>[^.]+)\.(?P<kind>[^.]+)$"
+    )

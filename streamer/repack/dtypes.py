@@ -1,0 +1,35 @@
+"""Which source dtypes stand for a model parameter's dtype, and the refusal of one that cannot."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..errors import StreamerError
+from ..io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo
+
+MODEL_FLOATS = (mx.float32, mx.float16, mx.bfloat16)
+
+
+def compatible(got: mx.Dtype, expected: mx.Dtype) -> bool:
+    """A float parameter takes any float width MLX computes with (it is cast; float64 is not one:
+    MLX runs it on no GPU); integer data must match."""
+    if mx.issubdtype(expected, mx.floating):
+        return got in MODEL_FLOATS
+    return got == expected
+
+
+def describe(dtype: mx.Dtype) -> str:
+    return (
+        "a floating-point tensor (F32, F16 or BF16)"
+        if mx.issubdtype(dtype, mx.floating)
+        else MLX_TO_SAFETENSORS.get(dtype, str(dtype))
+    )
+
+
+def check_dtype(info: TensorInfo, expected: mx.Dtype) -> None:
+    if not compatible(DTYPES[info.dtype][1], expected):
+        raise StreamerError(
+            f"{info.path}: tensor '{info.name}' is {info.dtype} but config.json implies "
+            f"{describe(expected)}: the checkpoint is corrupt or config.json belongs to another "
+            "model."
+        )

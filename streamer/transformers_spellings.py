@@ -1,0 +1,108 @@
+"""config.json as transformers 5 writes it, read as mlx-lm's model args expect: renamed fields,
+RoPE settings inside `rope_parameters`, quantization_config methods mlx-lm maps onto MLX modes."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
+
+from .io.json_file import decode_tagged_floats
+
+# Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
+# `attribute_map`): mlx-lm's name -> transformers 5's.
+TRANSFORMERS_ALIASES = {"num_experts": "num_local_experts"}
+# Fields transformers 5 keeps inside `rope_parameters`, which mlx-lm reads at the top level.
+ROPE_FIELDS = ("rope_theta", "partial_rotary_factor")
+# Layer kinds transformers 5 names otherwise in `layer_types`: model_type -> its name -> mlx-lm's.
+LAYER_TYPES = {"granitemoehybrid": {"linear_attention": "mamba", "full_attention": "attention"}}
+# Fields transformers 5 writes as null where mlx-lm spells the meaning: model_type -> field -> it.
+NULL_MEANS = {"granitemoehybrid": {"position_embedding_type": "nope"}}  # no RoPE, as Granite 4.0 H
+# Fields mlx-lm's model args require that transformers 5 does not write for a family because its
+# model fixes them: model_type -> field -> the value it computes with, from the config.
+TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
+    # rope_parameters' default; every layer MoE, so the dense layers' size is never used
+    "solar_open": {
+        "partial_rotary_factor": lambda _: 1.0,
+        "first_k_dense_replace": lambda _: 0,
+        "intermediate_size": lambda config: config.get("moe_intermediate_size"),
+    },
+    # MiniMax-M2: rotary_dim from rope_parameters' share of head_dim; no shared expert
+    "minimax_m2": {
+        "rotary_dim": lambda config: int(
+            config.get("head_dim", config["hidden_size"] // config["num_attention_heads"])
+            * config.get("rope_parameters", {}).get("partial_rotary_factor", 1.0)
+        ),
+        "shared_intermediate_size": lambda _: 0,
+    },
+    "glm_moe_dsa": {
+        "topk_method": lambda _: "noaux_tc",
+        "scoring_func": lambda _: "sigmoid",
+        "moe_layer_freq": lambda _: 1,
+    },
+}
+
+
+def normalize_config(config: dict) -> dict:
+    """Accept newer transformers spellings that mlx-lm's model args do not read yet (checkpoints
+    that transformers 5 itself writes)."""
+    config = decode_tagged_floats(config)
+    fields = _args_fields(config)
+    for name, alias in TRANSFORMERS_ALIASES.items():
+        if name in fields and name not in config and alias in config:
+            config[name] = config[alias]
+    layer_kinds = config.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" per layer
+    if "is_moe_layer" in fields and "is_moe_layer" not in config and isinstance(layer_kinds, list):
+        config["is_moe_layer"] = [kind == "sparse" for kind in layer_kinds]
+    for name, meaning in NULL_MEANS.get(config.get("model_type"), {}).items():
+        if name in config and config[name] is None:
+            config[name] = meaning
+    kinds = LAYER_TYPES.get(config.get("model_type"), {})
+    if kinds and isinstance(config.get("layer_types"), list):
+        config["layer_types"] = [kinds.get(kind, kind) for kind in config["layer_types"]]
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict):
+        for name in ROPE_FIELDS:
+            if name not in config and name in rope:
+                config[name] = rope[name]
+        if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
+            config["rope_scaling"] = rope
+    for name, value in TRANSFORMERS_FIXED.get(config.get("model_type"), {}).items():
+        if name not in config:
+            config[name] = value(config)
+    scaling = fields.get("rope_scaling")
+    if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
+        config["rope_scaling"] = None  # a field some models' args require: None is "no scaling"
+    if "torch_dtype" not in config and "dtype" in config:
+        config["torch_dtype"] = config["dtype"]
+    quantization_config = config.get("quantization_config")
+    if "quantization" not in config and isinstance(quantization_config, dict):
+        method = quantization_config.get("quant_method")
+        if method == "mxfp4":  # gpt-oss: mlx-lm reads it as mxfp4 quantization
+            config["quantization"] = config["quantization_config"] = {
+                "group_size": 32,
+                "bits": 4,
+                "mode": "mxfp4",
+            }
+        elif method == "compressed-tensors":
+            try:  # mlx-lm's reading of the format (int4 or FP4 packs); others stay refused
+                packed = _compressed_tensors_quantization(quantization_config)
+            except ValueError:
+                return config
+            config["quantization"] = config["quantization_config"] = packed
+        elif method == "fp8" and list(quantization_config.get("weight_block_size", ())) != [32, 32]:
+            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as
+            # in mlx-lm
+            del config["quantization_config"]
+    return config
+
+
+def _args_fields(config: dict) -> dict[str, dataclasses.Field]:
+    """The fields of mlx-lm's model args for `config` (none for a config it cannot run: the
+    checks that follow say why)."""
+    try:
+        _, args_class = _get_classes(config)
+    except (KeyError, ValueError, TypeError):
+        return {}
+    return {f.name: f for f in dataclasses.fields(args_class)}

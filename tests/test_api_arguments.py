@@ -1,0 +1,97 @@
+"""The Python API takes what users pass (dtype and size strings, mlx-lm's sampling keywords) and
+refuses the rest naming the argument; a compute dtype the backend cannot run is refused at load."""
+
+from __future__ import annotations
+
+import pytest
+
+import streamer
+from streamer.errors import StreamerError
+
+
+def test_bad_generation_arguments(checkpoints):
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    with pytest.raises(StreamerError, match="max_tokens"):
+        streamer.generate(model, tokenizer, "hello", max_tokens=0)
+    with pytest.raises(StreamerError, match="empty"):
+        streamer.generate(model, tokenizer, "", max_tokens=4)
+
+
+def test_load_takes_what_users_pass(checkpoints):
+    import mlx.core as mx
+
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    for dtype in ("float32", "bfloat16", mx.float32):
+        model, _ = streamer.load(folder, dtype=dtype, memory_budget="8G")
+        assert "all experts resident" in model.streamer.residency
+    model, _ = streamer.load(folder, memory_budget="8 GiB")
+    for kwargs, message in [
+        ({"memory_budget": "-1G"}, "memory_budget '-1G' is not a size"),
+        ({"memory_budget": "lots"}, "memory_budget 'lots' is not a size"),
+        ({"memory_budget": -5}, "memory_budget -5 is not a size"),
+        ({"memory_budget": True}, "memory_budget must be a number of bytes"),
+        ({"memory_budget": 1.5e9}, "memory_budget must be a number of bytes"),
+        ({"dtype": "float64"}, "dtype must be one of float32, float16, bfloat16"),
+        ({"dtype": mx.int8}, "dtype must be one of"),
+        ({"verify_reads": "yes"}, "verify_reads must be True or False"),
+        ({"trust_remote_code": 1}, "trust_remote_code must be True or False"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.load(folder, **kwargs)
+    with pytest.raises(StreamerError, match="path must be a folder name"):
+        streamer.load(3)
+
+
+def test_a_dtype_the_backend_cannot_compute_is_refused_at_load(checkpoints, tmp_path):
+    import contextlib
+    import io
+
+    import mlx.core as mx
+    import mlx_lm
+
+    repacked = checkpoints.repacked(checkpoints.hf("qwen3_moe"))  # unquantized experts
+    in_place = tmp_path / "download"  # MLX-quantized but its experts: streamed in place
+    with contextlib.redirect_stdout(io.StringIO()):
+        mlx_lm.convert(
+            str(checkpoints.hf("qwen3_moe")),
+            str(in_place),
+            quantize=True,
+            quant_predicate=lambda path, _: "switch_mlp" not in path,
+        )
+    for folder in (repacked, in_place):
+        if mx.default_device() != mx.cpu:  # a GPU's gather_mm computes in bf16
+            streamer.load(folder, dtype="bfloat16")
+            continue
+        with pytest.raises(StreamerError, match="dtype bfloat16 cannot compute .*dtype='float32'"):
+            streamer.load(folder, dtype="bfloat16")
+        model, tokenizer = streamer.load(folder)  # float32, the CPU default, computes
+        assert streamer.generate(model, tokenizer, "hello", max_tokens=2)
+    # quantized experts (gather_qmm) compute in bf16 on every backend: not refused
+    model, tokenizer = streamer.load(checkpoints.mlx("qwen3_moe"), dtype="bfloat16")
+    assert streamer.generate(model, tokenizer, "hello", max_tokens=2)
+
+
+def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    greedy = streamer.generate(model, tokenizer, "hello", max_tokens=8)
+    top_1 = streamer.generate(model, tokenizer, "hello", max_tokens=8, temp=0.9, top_k=1, seed=3)
+    assert top_1 == greedy  # top_k reached mlx-lm's sampler: one candidate is greedy
+    penalised = streamer.generate(
+        model, tokenizer, "hello", max_tokens=8, repetition_penalty=1.5, min_p=0.1
+    )
+    assert isinstance(penalised, str)
+    # a top_k past the vocabulary keeps every token (mlx-lm's own sampler refuses it)
+    sampled = dict(max_tokens=8, temp=1.0, seed=5)
+    every = streamer.generate(model, tokenizer, "hello", top_k=10**6, **sampled)
+    assert every == streamer.generate(model, tokenizer, "hello", **sampled)
+    for kwargs, message in [
+        ({"top_kk": 3}, "unknown keyword argument 'top_kk'; known: temp, top_p, seed, "),
+        ({"temp": -1.0}, "temp must be 0"),
+        ({"top_p": 0.0}, "top_p must be above 0 and at most 1"),
+        ({"seed": -1}, "seed must be an integer from 0"),
+        ({"top_k": -2}, "top_k must be an integer, 0"),
+        ({"min_p": 2}, "min_p must be from 0"),
+        ({"max_kv_size": 0}, "max_kv_size must be at least 1"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)

@@ -1,0 +1,83 @@
+"""config.json values of the wrong type or range, at repack and in a manifest at load: each
+refused in one line naming the field, before anything is built (tests/test_fuzz_config.py drives
+random ones)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from bad_checkpoints import assert_refused, copy_checkpoint
+from hostile_files import edited_copy
+
+import streamer
+from streamer.errors import StreamerError
+
+BAD_CONFIG_VALUES = [
+    ("num_experts", 0, "num_experts is 0"),
+    ("num_experts_per_tok", 17, "num_experts_per_tok is 17, expected an integer from 1 to the 16"),
+    ("num_experts_per_tok", 0, "num_experts_per_tok is 0"),
+    ("num_attention_heads", 0, "num_attention_heads is 0"),
+    ("moe_intermediate_size", -64, "moe_intermediate_size is -64"),
+    ("model_type", 3, "model_type is 3, expected a string"),
+    ("num_hidden_layers", 10**9, "num_hidden_layers is 1000000000"),
+    ("hidden_size", 1 << 40, "hidden_size is 1099511627776"),
+    ("rms_norm_eps", "tiny", "rms_norm_eps is 'tiny', expected a finite number"),
+    ("quantization", {"bits": 4, "group_size": "64"}, "quantization.group_size is '64'"),
+]
+
+
+def repacked_with_config(checkpoints, tmp_path, fields: dict):
+    """A copy of the repacked qwen3_moe whose manifest's config has `fields` changed."""
+    repacked = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    return edited_copy(repacked, tmp_path / "model", lambda m: m["config"].update(fields))
+
+
+@pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES)
+def test_config_values_are_checked_at_repack(checkpoints, tmp_path, field, value, message):
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, field: value}))
+    assert_refused(src, tmp_path, "config.json", message)
+
+
+@pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES)
+def test_manifest_config_values_are_checked_at_load(checkpoints, tmp_path, field, value, message):
+    folder = repacked_with_config(checkpoints, tmp_path, {field: value})
+    with pytest.raises(StreamerError, match="manifest.json") as err:
+        streamer.load(folder)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_layer_count_beyond_the_tensors_present(checkpoints, tmp_path):
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 900}))
+    assert_refused(src, tmp_path, "config.json")
+
+
+def test_manifest_layer_count_beyond_its_layers(checkpoints, tmp_path):
+    folder = repacked_with_config(checkpoints, tmp_path, {"num_hidden_layers": 900})
+    with pytest.raises(StreamerError, match="num_hidden_layers is 900 but the weights hold"):
+        streamer.load(folder)
+
+
+PLAN_ONLY_VALUES = [  # fields plan reads from a repacked folder's config without mlx-lm
+    ("num_key_value_heads", "2", "num_key_value_heads is '2'"),
+    ("head_dim", -1, "head_dim is -1"),
+    ("text_config", 5, "text_config is 5, expected an object"),
+    ("torch_dtype", ["bfloat16"], "torch_dtype is ['bfloat16']"),
+]
+
+
+@pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES + PLAN_ONLY_VALUES)
+def test_manifest_config_values_are_checked_by_plan(checkpoints, tmp_path, field, value, message):
+    """plan reads a repacked folder from its files, without building mlx-lm's model: the
+    manifest's config is checked all the same."""
+    from streamer.plan import plan
+
+    folder = repacked_with_config(checkpoints, tmp_path, {field: value})
+    with pytest.raises(StreamerError, match="manifest.json") as err:
+        plan(folder, 8 << 30)
+    named = message.split(", expected")[0]  # the field and its value (ranges word the want)
+    assert named in str(err.value) and "\n" not in str(err.value)

@@ -1,0 +1,81 @@
+"""Ctrl-C as a user presses it, at the moments each command handles differently: while starting
+(imports, loading: the process ends at once), while serving (the engine closes first) and at
+chat's prompt. Each exits 130 with `streamer: interrupted` and no traceback. Ctrl-C during
+repack is tests/test_repack_interrupted.py's, during generation tests/test_concurrency.py's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+STREAMER = [sys.executable, "-m", "streamer"]
+
+
+@pytest.fixture(scope="module")
+def model(checkpoints) -> str:
+    return str(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+
+
+def read_until(stream, text: str) -> str:
+    """What `stream` gives up to and including `text` (the command has reached that point)."""
+    seen = ""
+    while text not in seen:
+        char = stream.read(1)
+        assert char, f"the command ended before printing {text!r}: {seen}"
+        seen += char
+    return seen
+
+
+def assert_interrupted(process: subprocess.Popen, before: str = "") -> None:
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=120)
+    stderr = before + rest
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == "streamer: interrupted", stderr
+
+
+def test_ctrl_c_while_importing_and_loading_exits_130_without_a_traceback(model):
+    command = [*STREAMER, "generate", "--model", model, "--prompt", "x", "--max-tokens", "1000"]
+    # seconds after mlx's library is mapped: right as its extension starts, importing, loading
+    # (and the lazy imports mlx-lm and transformers make while loading)
+    for after in (0.0, 0.3, 1.0):
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        deadline = time.monotonic() + 60
+        while "libmlx" not in open(f"/proc/{process.pid}/maps").read():
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.005)
+        time.sleep(after)
+        assert_interrupted(process)
+
+
+def test_ctrl_c_while_serving(model):
+    process = subprocess.Popen(
+        [*STREAMER, "serve", "--model", model, "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert_interrupted(process, read_until(process.stderr, "listening on http://"))
+
+
+def test_ctrl_c_at_the_chat_prompt(model):
+    keyboard, typing = os.pipe()  # held open: the chat waits for a line, never sees an end
+    try:
+        process = subprocess.Popen(
+            [*STREAMER, "chat", "--model", model],
+            stdin=keyboard,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.close(keyboard)
+        assert_interrupted(process, read_until(process.stderr, ">> "))
+    finally:
+        os.close(typing)

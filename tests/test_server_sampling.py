@@ -1,0 +1,54 @@
+"""The request's sampling fields reach the sampler: each one changes what is generated as the
+library's own sampling does, through the live server (tests/serving.py)."""
+
+from __future__ import annotations
+
+from mlx_lm.sample_utils import make_logits_processors
+from serving import HELLO, NO_CALL, NO_EOS, expected
+
+import streamer
+
+
+def test_fields_that_leave_only_the_likeliest_token_answer_greedily(client, served_folder, local):
+    greedy = expected(local, HELLO, 8)
+    hot = dict(model=str(served_folder), messages=HELLO, max_tokens=8, temperature=5.0, seed=3)
+    # top_k 1, min_p 1 (as likely as the likeliest) and a tiny top_p each keep one candidate
+    for narrow in ({"top_k": 1}, {"min_p": 1.0}, {"top_p": 1e-9}):
+        answer = client.chat.completions.create(**hot, logit_bias=NO_CALL, extra_body=narrow)
+        assert answer.choices[0].message.content == greedy, narrow
+    wide = client.chat.completions.create(**hot, logit_bias=NO_CALL)
+    assert wide.choices[0].message.content != greedy  # at temperature 5 the sampler is used
+
+
+def test_a_seed_samples_what_the_library_samples_with_it(client, served_folder, local):
+    model, tokenizer = local
+    prompt = tokenizer.apply_chat_template(HELLO, add_generation_prompt=True)
+    no_call = make_logits_processors({512: -100})
+    for seed in (7, 8):
+        want = streamer.generate(
+            model, tokenizer, prompt, 8, temp=1.0, seed=seed, logits_processors=no_call
+        )
+        answer = client.chat.completions.create(
+            model=str(served_folder),
+            messages=HELLO,
+            max_tokens=8,
+            temperature=1.0,
+            seed=seed,
+            logit_bias=NO_CALL,
+        )
+        assert answer.choices[0].message.content == want, seed
+
+
+def test_max_completion_tokens_bounds_the_answer(client, served_folder):
+    answer = client.chat.completions.create(
+        model=str(served_folder),
+        messages=HELLO,
+        max_completion_tokens=3,
+        max_tokens=9,  # the newer field wins, as OpenAI defines it
+        logit_bias=NO_EOS,
+    )
+    assert answer.usage.completion_tokens == 3 and answer.choices[0].finish_reason == "length"
+    stats = answer.model_extra["streamer"]
+    assert {"expert_mb_per_token", "page_cache_hit_rate", "generation_tokens_per_second"} <= set(
+        stats
+    )
