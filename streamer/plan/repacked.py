@@ -6,11 +6,13 @@ function of them (tests/test_plan.py checks each against the model-built plan)."
 from __future__ import annotations
 
 import math
+import stat
 from pathlib import Path
 
 import mlx.core as mx
 
 from ..config import check_sizes, experts_per_token
+from ..io.files import not_regular
 from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
 from ..io.safetensors import DTYPES, read_header
 from .report import ModelPlan, fitted
@@ -69,8 +71,16 @@ def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int | None:
 
 def stored_bytes(folder: Path) -> tuple[int, int]:
     """What repacked `folder` holds on disk: its resident file's bytes and its expert files'."""
-    experts = sum(p.stat().st_size for p in (folder / "experts").glob("*.bin"))
-    return (folder / RESIDENT_FILE).stat().st_size, experts
+    experts = sum(_size(p, "an expert file") for p in (folder / "experts").glob("*.bin"))
+    return _size(folder / RESIDENT_FILE, "the non-expert weights"), experts
+
+
+def _size(path: Path, what: str) -> int:
+    """A file's size; a FIFO or folder in its place (size 0, or a folder's) is refused."""
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(path, st.st_mode, what)
+    return st.st_size
 
 
 def repacked_plan(folder: Path, memory: int, dtype: mx.Dtype | None) -> ModelPlan | None:
