@@ -48,6 +48,11 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
 }
 
 
+# Fields mlx-lm reads at the top level of a vision-language config that transformers 5 keeps only
+# in its text_config: model_type -> fields.
+TEXT_FIELDS_ON_TOP = {"gemma4": ("vocab_size",)}
+
+
 def normalize_config(config: dict) -> dict:
     """Accept newer transformers spellings that mlx-lm's model args do not read yet (checkpoints
     that transformers 5 itself writes), in config.json and in a vision-language model's
@@ -59,6 +64,9 @@ def normalize_config(config: dict) -> dict:
         config["text_config"] = _spell_fields(
             config["text_config"], _text_args_fields(config), model_type
         )
+        for name in TEXT_FIELDS_ON_TOP.get(model_type, ()):
+            if name not in config and name in config["text_config"]:
+                config[name] = config["text_config"][name]
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
     quantization_config = config.get("quantization_config")
@@ -107,6 +115,17 @@ def _spell_fields(
     for name, meaning in NULL_MEANS.get(model_type, {}).items():
         if name in config and config[name] is None:
             config[name] = meaning
+    per_layer = config.get("per_layer_config")  # transformers 5: {"layer": {field: value}}
+    if "global_head_dim" in fields and "global_head_dim" not in config and per_layer:
+        # Gemma 4: the full-attention layers' head_dim, which mlx-lm reads as global_head_dim
+        full = [
+            str(i)
+            for i, kind in enumerate(config.get("layer_types", ()))
+            if kind == "full_attention"
+        ]
+        dims = {per_layer[i]["head_dim"] for i in full if "head_dim" in per_layer.get(i, {})}
+        if len(dims) == 1:
+            config["global_head_dim"] = dims.pop()
     kinds = LAYER_TYPES.get(model_type, {})
     if kinds and isinstance(config.get("layer_types"), list):
         config["layer_types"] = [kinds.get(kind, kind) for kind in config["layer_types"]]
