@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Expert-parallel decode on this machine: 1 rank against 2 ranks (ring backend on 127.0.0.1),
-each rank pinned to its own core.
+each rank pinned to its own core, on shards split two ways: interleaved, and balanced by a
+routing trace (`streamer split --trace`) taken on another prompt than the measured one.
 
-A third run is the control: two independent single-process runs at once, one per core, which
-shows what this (shared, 2-core) machine does to two processes computing side by side. The three
+The last run is the control: two independent single-process runs at once, one per core, which
+shows what this (shared, 2-core) machine does to two processes computing side by side. The four
 runs are repeated in rounds (--rounds), one after the other, and each round's ratios to its own
 1-rank run are reported side by side: on a shared machine the load moves between runs, and a
 ratio taken within one round is less noisy than times compared across rounds.
@@ -55,8 +56,17 @@ def worker(args: argparse.Namespace) -> None:
                 pass
     model, _ = streamer.load(folder, memory_budget=0, group=group)
     stats = model.streamer.stats
-    prompt = mx.array(np.random.default_rng(0).integers(0, 1000, size=16))
     sampler = make_sampler(temp=0.0)
+    if args.trace_out:  # the routing of another prompt, for the --trace split
+        stats.trace = []
+        other = mx.array(np.random.default_rng(1).integers(0, 1000, size=16))
+        for _ in generate_step(other, model, max_tokens=8 * args.tokens, sampler=sampler):
+            pass
+        experts = np.array([e for _, e in stats.trace], dtype=np.int16)
+        shape = (-1, stats.moe_layers, experts.shape[-1])  # [tokens, MoE layers, top_k]
+        np.savez(args.trace_out, experts=experts.reshape(shape))
+        return
+    prompt = mx.array(np.random.default_rng(0).integers(0, 1000, size=16))
     row = []
     for mode in ("warmup", "sync-free", "synced"):
         stats.reset()
@@ -88,12 +98,14 @@ def worker(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(rows.tolist()))
 
 
-def launch(args: argparse.Namespace, model: str, ranks: int, out: Path) -> list[list[float]]:
+def launch(
+    args: argparse.Namespace, model: str, ranks: int, out: Path, extra: tuple[str, ...] = ()
+) -> list[list[float]] | None:
     """Run the worker on `ranks` ranks of a ring group on 127.0.0.1, started through MLX's own
     environment variables (MLX_RANK, MLX_HOSTFILE) rather than mlx.launch: on this 2-core VM
     the launcher's polling threads take a large share of the CPU from the ranks."""
     command = [sys.executable, __file__, "--worker", "--model", model, "--out", str(out)]
-    command += ["--tokens", str(args.tokens)]
+    command += ["--tokens", str(args.tokens), *extra]
     hostfile = out.with_suffix(".hosts.json")
     from mlx_launch import free_ports  # the CI tests' helper: free ports in a row
 
@@ -106,7 +118,7 @@ def launch(args: argparse.Namespace, model: str, ranks: int, out: Path) -> list[
     for proc in procs:
         if proc.wait(timeout=1800):
             raise SystemExit(f"a rank failed: {proc.args}")
-    return json.loads(out.read_text())
+    return None if extra else json.loads(out.read_text())
 
 
 def side_by_side(args: argparse.Namespace, model: str, out: Path) -> list[list[float]]:
@@ -154,7 +166,7 @@ def ratios(round_: dict) -> dict:
             mode: max(round_[run][mode]["ms_per_token"]) / alone[mode]["ms_per_token"][0]
             for mode in ("sync-free", "synced")
         }
-        for run in ("2 ranks", "2 independent processes at once")
+        for run in ("2 ranks", "2 ranks, trace split", "2 independent processes at once")
     }
 
 
@@ -164,6 +176,7 @@ def main() -> None:
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--core", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--trace-out", help=argparse.SUPPRESS)
     ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=151936 // 4)
@@ -188,18 +201,24 @@ def main() -> None:
         seed=0,
         dtype="float32",  # float32 scales: no conversion, so the sync-free path exists on CPU
     )
-    shards = args.data / f"{models.streaming.name}-shard{{rank}}"
-    for rank in range(2):
-        folder = Path(str(shards).replace("{rank}", str(rank)))
-        if not folder.exists():
-            split(models.streaming, folder, rank, 2)
-    args.results.mkdir(parents=True, exist_ok=True)
     tmp = args.data / "distributed-run.json"
+    trace = args.data / f"{models.streaming.name}-trace.npz"
+    if not trace.exists():  # the routing of another prompt than the measured one
+        launch(args, str(models.streaming), 1, tmp, ("--trace-out", str(trace)))
+    splits = {"interleaved": None, "trace": trace}
+    shards = {way: args.data / f"{models.streaming.name}-{way}-shard{{rank}}" for way in splits}
+    for way, folders in shards.items():
+        for rank in range(2):
+            folder = Path(str(folders).replace("{rank}", str(rank)))
+            if not folder.exists():
+                split(models.streaming, folder, rank, 2, trace=splits[way])
+    args.results.mkdir(parents=True, exist_ok=True)
     result = {"model": models.info, "tokens": args.tokens, "rounds": []}
     for _ in range(args.rounds):
         round_ = {"load_average": os.getloadavg()}
         round_["1 rank"] = summary(launch(args, str(models.streaming), 1, tmp))
-        round_["2 ranks"] = summary(launch(args, str(shards), 2, tmp))
+        round_["2 ranks"] = summary(launch(args, str(shards["interleaved"]), 2, tmp))
+        round_["2 ranks, trace split"] = summary(launch(args, str(shards["trace"]), 2, tmp))
         control = side_by_side(args, str(models.streaming), tmp)
         round_["2 independent processes at once"] = summary(control)
         round_["load_average_after"] = os.getloadavg()

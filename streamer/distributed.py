@@ -23,14 +23,27 @@ from .io.manifest import Manifest
 from .shards import interleaved
 
 WHERE_BYTES = 240  # room for "host:/folder" in the load-time check
+PRESENT = np.frombuffer(b"streamer-rank-ok", dtype=np.uint8)  # leads every rank's gathered row
 # Set by mlx.launch (ring, jaccl: MLX_RANK; nccl: MLX_WORLD_SIZE) or by an MPI launcher. Without
 # them no group is asked for: mx.distributed.init() tries every backend, and after it a process
 # started alone was seen to ignore an early Ctrl-C (tests/test_cli.py).
 LAUNCH_VARIABLES = ("MLX_RANK", "MLX_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
+# How MLX's distributed backends begin their errors, a lost peer's among them
+BACKEND_ERRORS = ("[ring]", "[jaccl]", "[mpi]", "[nccl]")
+
+
 class GroupError(StreamerError):
     """A fault every rank finds alike (the ranks' folders do not fit together): rank 0 says it."""
+
+
+def peer_gone(error: RuntimeError) -> GroupError | None:
+    """MLX's error at a collective whose peer has ended (`[ring] connection to a peer was lost`)
+    as the line the group says once, or None for any other error."""
+    if not str(error).startswith(BACKEND_ERRORS):
+        return None
+    return GroupError(f"a rank is gone from the group ({error}): its own error says why.")
 
 
 def launched_group() -> mx.distributed.Group | None:
@@ -127,10 +140,19 @@ def _check_headers(group: mx.distributed.Group, folder: Path, manifest: Manifest
 
 
 def _all_gather(group: mx.distributed.Group, row: np.ndarray) -> np.ndarray:
-    """Every rank's `row` (same shape and dtype on all), stacked in rank order."""
+    """Every rank's `row` (1-D, same length and dtype on all), stacked in rank order. Raises
+    GroupError naming a rank that did not take part: a rank that has ended (its own error said
+    why) leaves its row unwritten, and the ring backend may return the rest without raising."""
+    sent = np.concatenate([PRESENT, np.ascontiguousarray(row).view(np.uint8)])
     with mx.stream(mx.cpu):
-        gathered = mx.distributed.all_gather(mx.array(row)[None], group=group)
-        return np.array(gathered)
+        gathered = np.array(mx.distributed.all_gather(mx.array(sent)[None], group=group))
+    for rank, got in enumerate(gathered):
+        if got[: len(PRESENT)].tobytes() != PRESENT.tobytes():
+            raise GroupError(
+                f"rank {rank} is gone from the group (its part of a collective never came): "
+                "its own error says why."
+            )
+    return gathered[:, len(PRESENT) :].copy().view(row.dtype)
 
 
 def gather_floats(group: mx.distributed.Group, values: list[float]) -> np.ndarray:

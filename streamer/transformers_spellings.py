@@ -4,15 +4,24 @@ RoPE settings inside `rope_parameters`, quantization_config methods mlx-lm maps 
 from __future__ import annotations
 
 import dataclasses
+import sys
+import types
 from collections.abc import Callable
 
+from mlx_lm.models.base import BaseModelArgs
 from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
+
+from .io.json_file import decode_tagged_floats
 
 # Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
 # `attribute_map`): mlx-lm's name -> transformers 5's.
 TRANSFORMERS_ALIASES = {"num_experts": "num_local_experts"}
 # Fields transformers 5 keeps inside `rope_parameters`, which mlx-lm reads at the top level.
 ROPE_FIELDS = ("rope_theta", "partial_rotary_factor")
+# Layer kinds transformers 5 names otherwise in `layer_types`: model_type -> its name -> mlx-lm's.
+LAYER_TYPES = {"granitemoehybrid": {"linear_attention": "mamba", "full_attention": "attention"}}
+# Fields transformers 5 writes as null where mlx-lm spells the meaning: model_type -> field -> it.
+NULL_MEANS = {"granitemoehybrid": {"position_embedding_type": "nope"}}  # no RoPE, as Granite 4.0 H
 # Fields mlx-lm's model args require that transformers 5 does not write for a family because its
 # model fixes them: model_type -> field -> the value it computes with, from the config.
 TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
@@ -30,6 +39,7 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
         ),
         "shared_intermediate_size": lambda _: 0,
     },
+    "qwen3_vl_moe": {"norm_topk_prob": lambda _: True},  # its text model renormalizes the top-k
     "glm_moe_dsa": {
         "topk_method": lambda _: "noaux_tc",
         "scoring_func": lambda _: "sigmoid",
@@ -40,28 +50,15 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
 
 def normalize_config(config: dict) -> dict:
     """Accept newer transformers spellings that mlx-lm's model args do not read yet (checkpoints
-    that transformers 5 itself writes)."""
-    config = dict(config)
-    fields = _args_fields(config)
-    for name, alias in TRANSFORMERS_ALIASES.items():
-        if name in fields and name not in config and alias in config:
-            config[name] = config[alias]
-    layer_kinds = config.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" per layer
-    if "is_moe_layer" in fields and "is_moe_layer" not in config and isinstance(layer_kinds, list):
-        config["is_moe_layer"] = [kind == "sparse" for kind in layer_kinds]
-    rope = config.get("rope_parameters")
-    if isinstance(rope, dict):
-        for name in ROPE_FIELDS:
-            if name not in config and name in rope:
-                config[name] = rope[name]
-        if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
-            config["rope_scaling"] = rope
-    for name, value in TRANSFORMERS_FIXED.get(config.get("model_type"), {}).items():
-        if name not in config:
-            config[name] = value(config)
-    scaling = fields.get("rope_scaling")
-    if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
-        config["rope_scaling"] = None  # a field some models' args require: None is "no scaling"
+    that transformers 5 itself writes), in config.json and in a vision-language model's
+    text_config."""
+    config = decode_tagged_floats(config)
+    model_type = config.get("model_type")
+    config = _spell_fields(config, _args_fields(config), model_type)
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = _spell_fields(
+            config["text_config"], _text_args_fields(config), model_type
+        )
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
     quantization_config = config.get("quantization_config")
@@ -94,3 +91,61 @@ def _args_fields(config: dict) -> dict[str, dataclasses.Field]:
     except (KeyError, ValueError, TypeError):
         return {}
     return {f.name: f for f in dataclasses.fields(args_class)}
+
+
+def _spell_fields(
+    config: dict, fields: dict[str, dataclasses.Field], model_type: str | None
+) -> dict:
+    """`config`'s fields in mlx-lm's spelling, where `fields` are what its model args read."""
+    config = dict(config)
+    for name, alias in TRANSFORMERS_ALIASES.items():
+        if name in fields and name not in config and alias in config:
+            config[name] = config[alias]
+    layer_kinds = config.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" per layer
+    if "is_moe_layer" in fields and "is_moe_layer" not in config and isinstance(layer_kinds, list):
+        config["is_moe_layer"] = [kind == "sparse" for kind in layer_kinds]
+    for name, meaning in NULL_MEANS.get(model_type, {}).items():
+        if name in config and config[name] is None:
+            config[name] = meaning
+    kinds = LAYER_TYPES.get(model_type, {})
+    if kinds and isinstance(config.get("layer_types"), list):
+        config["layer_types"] = [kinds.get(kind, kind) for kind in config["layer_types"]]
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict):
+        for name in ROPE_FIELDS:
+            if name not in config and name in rope:
+                config[name] = rope[name]
+        if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
+            config["rope_scaling"] = rope
+    for name, value in TRANSFORMERS_FIXED.get(model_type, {}).items():
+        if name not in config:
+            config[name] = value(config)
+    scaling = fields.get("rope_scaling")
+    if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
+        config["rope_scaling"] = None  # a field some models' args require: None is "no scaling"
+    return config
+
+
+def _text_args_fields(config: dict) -> dict[str, dataclasses.Field]:
+    """What a vision-language model's text args may read: the fields of the model args classes in
+    mlx-lm's module for it and in the model modules it imports (qwen3_vl_moe's text model is
+    qwen3_moe's)."""
+    try:
+        _, args_class = _get_classes(config)
+    except (KeyError, ValueError, TypeError):
+        return {}
+    module = sys.modules[args_class.__module__]
+    spaces = [vars(module)] + [
+        vars(m) for m in vars(module).values() if isinstance(m, types.ModuleType)
+    ]
+    fields = {}
+    for space in spaces:
+        for value in space.values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseModelArgs)
+                and value is not args_class
+                and dataclasses.is_dataclass(value)
+            ):
+                fields.update({f.name: f for f in dataclasses.fields(value)})
+    return fields

@@ -1,6 +1,6 @@
 """Broken files for the tests: hand-made safetensors bytes, a checkpoint tensor rewritten, a byte
-flipped (bit rot), special files where a regular one belongs, and the check that a refusal never
-hangs."""
+flipped (bit rot), a manifest edited, special files where a regular one belongs, and the check
+that a refusal never hangs."""
 
 from __future__ import annotations
 
@@ -40,6 +40,15 @@ def flip_byte(path: Path, offset: int, keep_time: bool = True) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
     if keep_time:
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def edited_copy(folder: Path, dst: Path, change: Callable[[dict], object]) -> Path:
+    """A copy of repacked `folder` at `dst` whose manifest.json `change` has edited in place."""
+    shutil.copytree(folder, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    change(manifest)
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
 
 
 def rewrite_tensor(src, name: str, change) -> None:

@@ -4,6 +4,7 @@ across Macs, bounded in time: the expert-parallel tests' launcher."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -17,16 +18,19 @@ LAUNCH_SECONDS = 240  # a launch takes 10-30 s here; a hang fails the test inste
 RANKS = 2
 
 
+# Below the kernels' ephemeral ranges (Linux 32768-60999, macOS 49152-65535): a port chosen here
+# and free when probed cannot be taken, before the ranks bind it, by some process's outgoing
+# connection (the machine runs other tests' servers and clients meanwhile).
+PORTS = range(20000, 32000)
+
+
 def free_ports(count: int = RANKS) -> int:
     """A base port with `count` free ports after it (mlx.launch gives rank r base + r)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count >= 65536:
-            continue
+    rng = random.Random()
+    for _ in range(100):
+        base = rng.randrange(PORTS.start, PORTS.stop - count)
+        sockets = [socket.socket() for _ in range(count)]
         try:
-            sockets = [socket.socket() for _ in range(count)]
             for i, s in enumerate(sockets):
                 s.bind(("127.0.0.1", base + i))
             return base
@@ -35,7 +39,7 @@ def free_ports(count: int = RANKS) -> int:
         finally:
             for s in sockets:
                 s.close()
-    raise RuntimeError("no free ports on 127.0.0.1")
+    raise RuntimeError(f"no {count} free ports in a row on 127.0.0.1 in {PORTS}")
 
 
 def start(command: list[str], cwd: Path, stdin=subprocess.DEVNULL) -> subprocess.Popen:

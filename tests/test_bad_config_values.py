@@ -5,10 +5,10 @@ random ones)."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from bad_checkpoints import assert_refused, copy_checkpoint
+from hostile_files import edited_copy
 
 import streamer
 from streamer.errors import StreamerError
@@ -27,6 +27,12 @@ BAD_CONFIG_VALUES = [
 ]
 
 
+def repacked_with_config(checkpoints, tmp_path, fields: dict):
+    """A copy of the repacked qwen3_moe whose manifest's config has `fields` changed."""
+    repacked = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    return edited_copy(repacked, tmp_path / "model", lambda m: m["config"].update(fields))
+
+
 @pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES)
 def test_config_values_are_checked_at_repack(checkpoints, tmp_path, field, value, message):
     src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
@@ -37,11 +43,7 @@ def test_config_values_are_checked_at_repack(checkpoints, tmp_path, field, value
 
 @pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES)
 def test_manifest_config_values_are_checked_at_load(checkpoints, tmp_path, field, value, message):
-    folder = tmp_path / "model"
-    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["config"][field] = value
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    folder = repacked_with_config(checkpoints, tmp_path, {field: value})
     with pytest.raises(StreamerError, match="manifest.json") as err:
         streamer.load(folder)
     assert message in str(err.value) and "\n" not in str(err.value)
@@ -55,10 +57,27 @@ def test_layer_count_beyond_the_tensors_present(checkpoints, tmp_path):
 
 
 def test_manifest_layer_count_beyond_its_layers(checkpoints, tmp_path):
-    folder = tmp_path / "model"
-    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["config"]["num_hidden_layers"] = 900
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    folder = repacked_with_config(checkpoints, tmp_path, {"num_hidden_layers": 900})
     with pytest.raises(StreamerError, match="num_hidden_layers is 900 but the weights hold"):
         streamer.load(folder)
+
+
+PLAN_ONLY_VALUES = [  # fields plan reads from a repacked folder's config without mlx-lm
+    ("num_key_value_heads", "2", "num_key_value_heads is '2'"),
+    ("head_dim", -1, "head_dim is -1"),
+    ("text_config", 5, "text_config is 5, expected an object"),
+    ("torch_dtype", ["bfloat16"], "torch_dtype is ['bfloat16']"),
+]
+
+
+@pytest.mark.parametrize("field,value,message", BAD_CONFIG_VALUES + PLAN_ONLY_VALUES)
+def test_manifest_config_values_are_checked_by_plan(checkpoints, tmp_path, field, value, message):
+    """plan reads a repacked folder from its files, without building mlx-lm's model: the
+    manifest's config is checked all the same."""
+    from streamer.plan import plan
+
+    folder = repacked_with_config(checkpoints, tmp_path, {field: value})
+    with pytest.raises(StreamerError, match="manifest.json") as err:
+        plan(folder, 8 << 30)
+    named = message.split(", expected")[0]  # the field and its value (ranges word the want)
+    assert named in str(err.value) and "\n" not in str(err.value)

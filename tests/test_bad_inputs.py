@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 from bad_checkpoints import assert_refused, copy_checkpoint
+from hostile_files import edited_copy
 
 import streamer
 from streamer.errors import StreamerError
@@ -138,10 +139,11 @@ def test_already_quantized_checkpoint_with_quantize(checkpoints, tmp_path):
 
 
 def test_manifest_of_a_newer_format_version(checkpoints, tmp_path):
-    folder = tmp_path / "model"
-    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    (folder / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
+    folder = edited_copy(
+        checkpoints.repacked(checkpoints.hf("qwen3_moe")),
+        tmp_path / "model",
+        lambda m: m.update(format_version=99),
+    )
     with pytest.raises(StreamerError, match="format version 99.*upgrade streamer"):
         streamer.load(folder)
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from hostile_files import edited_copy
 
 
 def run(*args: str, check: bool = True, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
@@ -151,14 +152,11 @@ def test_sizes_as_people_write_them():
 
 
 def test_info_on_a_damaged_folder(checkpoints, tmp_path):
-    import json
-    import shutil
-
-    folder = tmp_path / "model"
-    shutil.copytree(_model(checkpoints), folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["config"]["num_experts_per_tok"] = "four"
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    folder = edited_copy(
+        _model(checkpoints),
+        tmp_path / "model",
+        lambda m: m["config"].update(num_experts_per_tok="four"),
+    )
     result = run("info", str(folder), check=False)
     assert result.returncode == 2 and "manifest.json: the model config in it is damaged" in (
         result.stderr

@@ -8,6 +8,9 @@ reads only its own share of the experts.
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -20,6 +23,7 @@ import streamer
 from streamer.repack.split import split
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
+GONE = r"streamer: error: (rank 1|a rank) is gone from the group \(.*\): its own error says why\."
 PROMPT = (
     "The function returns the value of the argument, or raises an error if the file is missing."
 )
@@ -126,6 +130,9 @@ def test_generate_under_mlx_launch(models):
     and every rank's statistics in one line."""
     model, tokenizer = streamer.load(models["quantized"], memory_budget=0)
     alone = streamer.generate(model, tokenizer, "def read(path):", max_tokens=12)
+    stats = model.streamer.stats
+    steps = stats.decode_tokens
+    alone_mb, alone_reads = stats.decode.bytes_read / steps / 1e6, stats.decode.experts_read / steps
     args = ["--prompt", "def read(path):", "--max-tokens", "12", "--memory-budget", "0"]
     args.append("--ignore-chat-template")  # the text as given, as streamer.generate takes it
     shards = str(models["quantized-shards"])
@@ -135,7 +142,20 @@ def test_generate_under_mlx_launch(models):
     assert result.stdout == alone + "\n", result.stderr
     lines = [line for line in result.stderr.splitlines() if "expert MB/token by rank" in line]
     assert len(lines) == 1, result.stderr
-    assert f"{RANKS} ranks" in lines[0] and "all_sum 2/token" in lines[0]
+    found = re.search(
+        rf"{RANKS} ranks \| expert MB/token by rank (?P<mb>[\d. ]+) \| "
+        r"reads/token by rank (?P<reads>[\d. ]+) \| .*"
+        r"all_sum 2/token, (?P<us>\d+) us each \((?P<ms>[\d.]+) ms/token",
+        lines[0],
+    )
+    assert found, lines[0]
+    # each rank read a part, together what one process reads (printed rounded)
+    mb, reads = ([float(v) for v in found[k].split()] for k in ("mb", "reads"))
+    assert len(mb) == len(reads) == RANKS and min(mb) > 0 and min(reads) > 0
+    assert sum(mb) == pytest.approx(alone_mb, abs=0.01 * RANKS)
+    assert sum(reads) == pytest.approx(alone_reads, abs=0.1 * RANKS)
+    # the collective's time per token: 2 all_sums (one per MoE layer) at the time of one
+    assert float(found["ms"]) == pytest.approx(2 * int(found["us"]) / 1e3, abs=0.01)
 
 
 def test_a_rank_given_another_ranks_shard_is_named(models, tmp_path):
@@ -153,4 +173,27 @@ def test_a_rank_given_another_ranks_shard_is_named(models, tmp_path):
         f"/quantized-shard1) holds shard 1/2, which is rank 1's: give rank 0 the folder of "
         "shard 0/2."
     ], result.stderr
+    assert result.stdout == ""
+
+
+def test_a_rank_with_a_damaged_shard_is_named_and_the_group_ends(models, tmp_path):
+    """A fault in one rank's own files (here a truncated expert file) is said by that rank, with
+    the file, and the launch ends instead of leaving the other rank waiting at the group check."""
+    shards = str(models["quantized-shards"])
+    shutil.copytree(shards.replace("{rank}", "1"), tmp_path / "rank1")
+    (tmp_path / "rank0").symlink_to(shards.replace("{rank}", "0"))
+    damaged = sorted((tmp_path / "rank1" / "experts").iterdir())[0]
+    os.truncate(damaged, damaged.stat().st_size - 4096)
+    result = launch(
+        [sys.executable, "-m", "streamer", "generate", "--model", str(tmp_path / "rank{rank}")]
+        + ["--prompt", "x", "--max-tokens", "2"],
+        tmp_path,
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("streamer: error")]
+    assert errors[0].startswith(f"streamer: error: rank 1: {damaged} holds "), result.stderr
+    # rank 0, left waiting in the check, says that a rank is gone (unless stopped first), in one
+    # line: the backend either fails the collective or returns it without rank 1's row
+    assert all(re.fullmatch(GONE, line) for line in errors[1:]), result.stderr
+    assert len(errors) <= 2 and "Traceback" not in result.stderr, result.stderr
+    assert "Node with rank 1 exited with code 2" in result.stderr
     assert result.stdout == ""

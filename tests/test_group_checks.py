@@ -11,11 +11,12 @@ import socket
 import threading
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
 import streamer.distributed
-from streamer.distributed import expert_shares
+from streamer.distributed import GroupError, expert_shares, peer_gone
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
 from streamer.repack.split import split
@@ -42,6 +43,9 @@ def gathered(group: Rank, row: np.ndarray) -> np.ndarray:
     rows = np.stack(group.rows)
     group.barrier.wait()  # every rank has its copy before the next gather writes
     return rows
+
+
+GATHER = streamer.distributed._all_gather  # the real one, for the tests of a rank gone
 
 
 @pytest.fixture(autouse=True)
@@ -179,3 +183,30 @@ def test_too_few_experts_for_the_ranks_is_refused(group):
         f"MoE layer 0 has {totals[0]} experts: too few to give each of {ranks} ranks a share. "
         "Launch fewer ranks."
     )
+
+
+def test_a_rank_gone_before_a_gather_is_named(monkeypatch):
+    """The ring backend can return a gather whose ended rank's row was never written: the row's
+    leading mark is missing, and the survivors name that rank instead of reading its zeros."""
+
+    def without_rank_1(x, group):
+        return mx.concatenate([x, mx.zeros_like(x)])  # rank 1 sent nothing
+
+    monkeypatch.setattr(mx.distributed, "all_gather", without_rank_1)
+    with pytest.raises(GroupError) as e:
+        GATHER(None, np.arange(3, dtype=np.int64))
+    assert str(e.value) == (
+        "rank 1 is gone from the group (its part of a collective never came): its own error "
+        "says why."
+    )
+    monkeypatch.setattr(mx.distributed, "all_gather", lambda x, group: mx.concatenate([x, x]))
+    assert GATHER(None, np.arange(3, dtype=np.int64)).tolist() == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_a_lost_peer_is_one_line_and_other_errors_stay_errors():
+    gone = peer_gone(RuntimeError("[ring] connection to a peer was lost"))
+    assert isinstance(gone, GroupError) and str(gone) == (
+        "a rank is gone from the group ([ring] connection to a peer was lost): its own error "
+        "says why."
+    )
+    assert peer_gone(RuntimeError("[matmul] shapes do not match")) is None

@@ -3,11 +3,10 @@ belong; load and verify refuse each, naming the file."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
-from hostile_files import make_special, refused_without_hanging
+from hostile_files import edited_copy, make_special, refused_without_hanging
 
 import streamer
 from streamer.errors import StreamerError
@@ -17,15 +16,6 @@ from streamer.verify import verify
 @pytest.fixture(scope="module")
 def model_folder(checkpoints):
     return checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
-
-
-def edit(model_folder, tmp_path, change):
-    folder = tmp_path / "model"
-    shutil.copytree(model_folder, folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    change(manifest)
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    return folder
 
 
 def set_first_offset(value):
@@ -63,7 +53,7 @@ def set_tensor(**fields):
     ],
 )
 def test_hand_edited_manifest(model_folder, tmp_path, change, message):
-    folder = edit(model_folder, tmp_path, change)
+    folder = edited_copy(model_folder, tmp_path / "model", change)
     with pytest.raises(StreamerError, match=message) as err:
         streamer.load(folder)
     assert "manifest.json" in str(err.value) and "repack" in str(err.value)

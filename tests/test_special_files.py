@@ -7,6 +7,7 @@ tests/test_hostile_sources.py's and tests/test_hostile_repacked.py's."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from conftest import private_download
@@ -67,6 +68,16 @@ def test_a_special_config_for_plan(tmp_path):
     config = tmp_path / "config.json"
     make_special(config, "fifo")
     refused_without_hanging(lambda: plan(config, 8 << 30), "config.json is a FIFO")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", ["experts/001.bin", "resident.safetensors"])
+def test_a_special_file_in_a_repacked_folder_plan_reads(checkpoints, tmp_path, name, kind):
+    """plan sizes a repacked folder from its files: a FIFO's size (0) would be planned as is."""
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
+    make_special(folder / name, kind)
+    refused_without_hanging(lambda: plan(folder, 8 << 30), name, "not a regular file")
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -3,12 +3,11 @@ byte for byte; the shares are balanced; bad input is refused with nothing writte
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
 import pytest
-from hostile_files import flip_byte
+from hostile_files import edited_copy, flip_byte
 
 import streamer
 from streamer.cli import main
@@ -128,12 +127,7 @@ def test_hand_edited_shard_manifests_are_refused(shards, tmp_path):
         (lambda m: m["moe_layers"][0]["expert_ids"].reverse(), "in increasing order"),
         (lambda m: m.pop("shard"), "expert_ids without a shard entry"),
     ]
-    for edit, message in edits:
-        folder = tmp_path / "edited"
-        shutil.rmtree(folder, ignore_errors=True)
-        shutil.copytree(shards[0], folder)
-        data = json.loads((folder / "manifest.json").read_text())
-        edit(data)
-        (folder / "manifest.json").write_text(json.dumps(data))
+    for number, (edit, message) in enumerate(edits):
+        folder = edited_copy(shards[0], tmp_path / f"edited{number}", edit)
         with pytest.raises(StreamerError, match=message):
             read_manifest(folder)

@@ -48,6 +48,16 @@ def _run(argv: list[str] | None) -> int:
     except StreamerError as e:
         line = error_line(args, e)
         return report(line, 2) if line else 2
+    except RuntimeError as e:  # under mlx.launch, a rank that ended fails the others' collectives
+        if getattr(args, "group", None) is None:
+            raise
+        from ..distributed import peer_gone
+
+        gone = peer_gone(e)
+        if gone is None:
+            raise
+        line = error_line(args, gone)
+        return report(line, 2) if line else 2
     except KeyboardInterrupt:
         return interrupted_status()
     except ImportError as e:

@@ -18,7 +18,13 @@ from .declared_types import check_declared_types, text_args_class
 from .field_error import bad_field, remedy
 from .ranges import TOP_K, check_ranges
 
-__all__ = ["check_config", "check_eos_ids", "check_layer_count", "experts_per_token"]
+__all__ = [
+    "check_config",
+    "check_eos_ids",
+    "check_layer_count",
+    "check_sizes",
+    "experts_per_token",
+]
 
 LAYER_INDEX = re.compile(r"\blayers\.(\d+)\.")
 
@@ -39,12 +45,7 @@ def check_config(config: object, where: Path | str) -> dict:
 
     from ..architectures import architecture
 
-    if not isinstance(config, dict):
-        raise StreamerError(f"{where}: the model config is not a JSON object; {remedy(where)}")
-    if not isinstance(config.get("model_type"), str):
-        raise bad_field(
-            where, "model_type", config.get("model_type"), "a string such as 'qwen3_moe'"
-        )
+    _check_object(config, where)
     architecture(config, where)
     check_common_fields(config, where)
     model_class, args_class = _get_classes(config)
@@ -56,6 +57,28 @@ def check_config(config: object, where: Path | str) -> dict:
         check_declared_types(model_config, text_args, where, "text_config.")
     check_ranges(model_config, where, "text_config." if model_config is not config else "")
     return config
+
+
+def check_sizes(config: object, where: Path | str) -> dict:
+    """The checks of check_config that need no mlx-lm (a JSON object with a model_type, the
+    fields read outside the model classes, the ranges of the counts and sizes), for plan, which
+    reads a repacked folder's config without building its model."""
+    _check_object(config, where)
+    check_common_fields(config, where)
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise bad_field(where, "text_config", text, "an object")
+    check_ranges(text or config, where, "text_config." if text else "")
+    return config
+
+
+def _check_object(config: object, where: Path | str) -> None:
+    if not isinstance(config, dict):
+        raise StreamerError(f"{where}: the model config is not a JSON object; {remedy(where)}")
+    if not isinstance(config.get("model_type"), str):
+        raise bad_field(
+            where, "model_type", config.get("model_type"), "a string such as 'qwen3_moe'"
+        )
 
 
 def check_layer_count(config: dict, tensor_names, where: Path | str) -> None:

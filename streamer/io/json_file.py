@@ -4,6 +4,7 @@ resume sidecar): every defect becomes one StreamerError naming the file and what
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from ..errors import StreamerError
@@ -50,3 +51,33 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     if len(set(keys)) != len(keys):
         raise _DuplicateKey(repr(next(k for k in keys if keys.count(k) > 1)))
     return dict(pairs)
+
+
+# transformers 5 writes a non-finite float as {"__float__": "Infinity"} so that config.json stays
+# JSON (Nemotron-H's time_step_limit); mlx-lm reads it back as the float.
+_FLOAT_TAG = "__float__"
+_TAGGED = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def decode_tagged_floats(value: object) -> object:
+    """`value` with each tagged non-finite float as the float."""
+    if isinstance(value, dict):
+        if set(value) == {_FLOAT_TAG} and value[_FLOAT_TAG] in _TAGGED:
+            return _TAGGED[value[_FLOAT_TAG]]
+        return {k: decode_tagged_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_tagged_floats(v) for v in value]
+    return value
+
+
+def encode_tagged_floats(value: object) -> object:
+    """`value` with each non-finite float tagged again, for a config.json that stays JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return {
+            _FLOAT_TAG: "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        }
+    if isinstance(value, dict):
+        return {k: encode_tagged_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encode_tagged_floats(v) for v in value]
+    return value

@@ -6,12 +6,14 @@ function of them (tests/test_plan.py checks each against the model-built plan)."
 from __future__ import annotations
 
 import math
+import stat
 from pathlib import Path
 
 import mlx.core as mx
 
-from ..config import experts_per_token
-from ..io.manifest import RESIDENT_FILE, read_manifest
+from ..config import check_sizes, experts_per_token
+from ..io.files import not_regular
+from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
 from ..io.safetensors import DTYPES, read_header
 from .report import ModelPlan, fitted
 
@@ -52,26 +54,40 @@ def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int | None:
     layers = text.get("num_hidden_layers")
     if layout is None or not isinstance(layers, int):
         return None
+    # the sizes are checked (config.check_sizes) where given; one missing: mlx-lm's model decides
     if layout == "mla":
-        width = text["kv_lora_rank"] + text["qk_rope_head_dim"]
+        rank, rope = text.get("kv_lora_rank"), text.get("qk_rope_head_dim")
+        if rank is None or rope is None:
+            return None
+        width = rank + rope
     else:
-        heads = text["num_attention_heads"]
-        head_dim = text.get("head_dim") or text["hidden_size"] // heads
+        heads, hidden = text.get("num_attention_heads"), text.get("hidden_size")
+        if heads is None or (text.get("head_dim") is None and hidden is None):
+            return None
+        head_dim = text.get("head_dim") or hidden // heads
         width = 2 * text.get("num_key_value_heads", heads) * head_dim
     return layers * width * dtype_bytes
 
 
 def stored_bytes(folder: Path) -> tuple[int, int]:
     """What repacked `folder` holds on disk: its resident file's bytes and its expert files'."""
-    experts = sum(p.stat().st_size for p in (folder / "experts").glob("*.bin"))
-    return (folder / RESIDENT_FILE).stat().st_size, experts
+    experts = sum(_size(p, "an expert file") for p in (folder / "experts").glob("*.bin"))
+    return _size(folder / RESIDENT_FILE, "the non-expert weights"), experts
+
+
+def _size(path: Path, what: str) -> int:
+    """A file's size; a FIFO or folder in its place (size 0, or a folder's) is refused."""
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(path, st.st_mode, what)
+    return st.st_size
 
 
 def repacked_plan(folder: Path, memory: int, dtype: mx.Dtype | None) -> ModelPlan | None:
     """The plan of repacked `folder` from its files; None where mlx-lm's model is needed (a
     family not in KV_LAYOUT, a shard of an expert-parallel split)."""
     manifest = read_manifest(folder)
-    config = manifest.config
+    config = check_sizes(manifest.config, folder / MANIFEST_FILE)  # no model is built to check it
     dtype_bytes = dtype.size if dtype is not None else DTYPE_BYTES.get(config.get("torch_dtype"), 2)
     per_token = kv_bytes_per_token(config, dtype_bytes)
     if per_token is None or manifest.shard is not None or not manifest.layers:

@@ -13,7 +13,7 @@ from ..errors import StreamerError
 from ..io.checkpoint import INDEX_FILE, TOKENIZER_FILES, has_tokenizer_files
 from ..io.durable import fsync_dir
 from ..io.files import check_utf8_path
-from ..io.json_file import read_json_object
+from ..io.json_file import encode_tagged_floats, read_json_object
 from ..io.lock import lock_directory
 from ..io.manifest import FORMAT, MANIFEST_FILE
 from .consume import stand_ins
@@ -145,7 +145,7 @@ def copy_side_files(src: Path, out: Path) -> None:
 
 def write_config(out: Path, config: dict) -> None:
     with open(out / "config.json", "w", encoding="utf-8") as f:
-        json.dump(dict(sorted(config.items())), f, indent=2)
+        json.dump(encode_tagged_floats(dict(sorted(config.items()))), f, indent=2)
 
 
 def check_destination(src: Path, dst: Path, force: bool) -> None:
