@@ -40,6 +40,7 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
         "shared_intermediate_size": lambda _: 0,
     },
     "qwen3_vl_moe": {"norm_topk_prob": lambda _: True},  # its text model renormalizes the top-k
+    "kimi_linear": {"rope_theta": lambda _: 10000.0},  # never used: its MLA has no RoPE
     "glm_moe_dsa": {
         "topk_method": lambda _: "noaux_tc",
         "scoring_func": lambda _: "sigmoid",
@@ -126,6 +127,12 @@ def _spell_fields(
         dims = {per_layer[i]["head_dim"] for i in full if "head_dim" in per_layer.get(i, {})}
         if len(dims) == 1:
             config["global_head_dim"] = dims.pop()
+    if "linear_attn_config" in fields and "linear_attn_config" not in config:
+        config.update(_linear_attn_config(config))
+    if "first_k_dense_replace" in fields and "first_k_dense_replace" not in config and layer_kinds:
+        dense = next((i for i, kind in enumerate(layer_kinds) if kind != "dense"), len(layer_kinds))
+        if all(kind == "sparse" for kind in layer_kinds[dense:]):
+            config["first_k_dense_replace"] = dense
     kinds = LAYER_TYPES.get(model_type, {})
     if kinds and isinstance(config.get("layer_types"), list):
         config["layer_types"] = [kinds.get(kind, kind) for kind in config["layer_types"]]
@@ -143,6 +150,24 @@ def _spell_fields(
     if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
         config["rope_scaling"] = None  # a field some models' args require: None is "no scaling"
     return config
+
+
+def _linear_attn_config(config: dict) -> dict:
+    """Kimi Linear's `linear_attn_config` (1-based layer numbers) from transformers 5's
+    `layer_types` and `linear_*` fields; nothing where they are not all there."""
+    kinds = config.get("layer_types")
+    sizes = ("linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim")
+    if not isinstance(kinds, list) or not all(name in config for name in sizes):
+        return {}
+    return {
+        "linear_attn_config": {
+            "full_attn_layers": [i + 1 for i, kind in enumerate(kinds) if kind == "full_attention"],
+            "kda_layers": [i + 1 for i, kind in enumerate(kinds) if kind == "linear_attention"],
+            "head_dim": config["linear_head_dim"],
+            "num_heads": config["linear_num_heads"],
+            "short_conv_kernel_size": config["linear_conv_kernel_dim"],
+        }
+    }
 
 
 def _text_args_fields(config: dict) -> dict[str, dataclasses.Field]:

@@ -65,10 +65,23 @@ def inputs_first_from_transformers_5(weights: dict[str, mx.array]) -> dict[str, 
     return out
 
 
+def kimi_linear_dense_from_transformers_5(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Kimi Linear's dense layers as transformers 5 writes them, under `block_sparse_moe`
+    (`...block_sparse_moe.gate_proj.weight`); mlx-lm's model holds them under `mlp`. A MoE
+    layer's own tensors there are `gate`, `experts.*` and `shared_experts.*`, never these."""
+    out = {}
+    for name, value in weights.items():
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            name = name.replace(f".block_sparse_moe.{proj}.", f".mlp.{proj}.")
+        out[name] = value
+    return out
+
+
 # mlx-lm model file -> the conversion run before its sanitize
 LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
     "gpt_oss": gpt_oss_from_transformers,
     "qwen3_vl_moe": inputs_first_from_transformers_5,
+    "kimi_linear": kimi_linear_dense_from_transformers_5,
 }
 
 
