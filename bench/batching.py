@@ -1,13 +1,15 @@
 """Would `streamer serve` gain from decoding two requests in one batch? Expert bytes and time per
 token, two sequences decoded one after the other against the same two decoded side by side.
 
-    python bench/batching.py [--model DIR] [--tokens 64] [--budget 0] [--read-path mapped]
+    python bench/batching.py [--model DIR] [--tokens 64] [--budget 0] [--read-path mapped] [--cold]
 
 A batched step computes the union of its sequences' routed experts, so what batching saves in
 expert reads is the overlap of two different sequences' routing at the same step. The default
 model is the built-in demo (trained: real routing, 4 of 32 experts), repacked. Prints per mode:
 decode tokens/s, routed experts and expert MB read per token, host syncs per token, and tokens/s
-per expert MB read per token.
+per expert MB read per token. `--cold` drops the expert files from the page cache before every
+decode step (bench/pagecache.py; the drop is not timed), so that each step's misses come from the
+disk, as they do for a model larger than memory; bench/README.md ("Batching") has the results.
 """
 
 from __future__ import annotations
@@ -34,23 +36,42 @@ def traffic(model):
     return [stats.prefill, stats.decode]
 
 
-def decode(model, prompts, tokens: int) -> dict:
-    """Greedy decode of `prompts` (a [B, L] array) for `tokens` steps: seconds, experts, bytes,
-    syncs over the decode steps alone."""
+def empty_pools(model) -> None:
+    """The slot path's pools emptied (a fresh LFU over the same keys): each decode starts with
+    nothing cached, so neither mode inherits experts the other one read."""
+    from streamer.cache.policies import SlotLFU
+
+    for pool in model.streamer.pools:
+        pool.fence()
+        old = pool.policy
+        pool.policy = SlotLFU(pool.slots, len(old.counts), old.half_life)
+
+
+def decode(model, prompts, tokens: int, cold: list[Path] = ()) -> dict:
+    """Greedy decode of `prompts` (a [B, L] array) for `tokens` steps from empty slot pools:
+    seconds, experts, bytes, syncs over the decode steps alone; `cold`: expert files dropped from
+    the page cache before every step (the drop itself not timed)."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
+    from bench.pagecache import drop
+
+    mapped = model.streamer.files
+    empty_pools(model)
     cache = make_prompt_cache(model)
     logits = model(prompts, cache=cache)
     token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
     mx.eval(token)
     before = [(t.experts_read, t.bytes_read, t.syncs) for t in traffic(model)]
-    start = time.perf_counter()
+    seconds = 0.0
     for _ in range(tokens):
+        if cold:
+            drop(cold, evict=mapped.evict if mapped is not None else None)
+        start = time.perf_counter()
         logits = model(token, cache=cache)
         token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
         mx.eval(token)
-    seconds = time.perf_counter() - start
+        seconds += time.perf_counter() - start
     after = [(t.experts_read, t.bytes_read, t.syncs) for t in traffic(model)]
     delta = [sum(a[i] - b[i] for a, b in zip(after, before)) for i in range(3)]
     return {"seconds": seconds, "experts": delta[0], "bytes": delta[1], "syncs": delta[2]}
@@ -63,6 +84,7 @@ def main() -> None:
     ap.add_argument("--budget", default="0", help="memory budget (0: every expert streams)")
     ap.add_argument("--read-path", choices=["mapped", "slots"], default=None)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cold", action="store_true", help="drop the expert files before each step")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -79,12 +101,16 @@ def main() -> None:
         length = min(len(i) for i in ids)
         both = mx.array([i[:length] for i in ids])
         decode(model, both[:1], 4)  # warm the page cache and MLX's kernels
+        cold = sorted(Path(folder).glob("experts/*.bin")) if args.cold else []
         rows = {"one at a time": [], "batch of 2": []}
         for _ in range(args.repeats):
-            single = [decode(model, both[i : i + 1], args.tokens) for i in range(2)]
+            single = [decode(model, both[i : i + 1], args.tokens, cold) for i in range(2)]
             rows["one at a time"].append({k: single[0][k] + single[1][k] for k in single[0]})
-            rows["batch of 2"].append(decode(model, both, args.tokens))
-        print(f"prompt {length} tokens, {args.tokens} decode steps per sequence, 2 sequences")
+            rows["batch of 2"].append(decode(model, both, args.tokens, cold))
+        print(
+            f"prompt {length} tokens, {args.tokens} decode steps per sequence, 2 sequences, "
+            f"{'cold (files dropped before each step)' if args.cold else 'warm page cache'}"
+        )
         print("| mode | tok/s | experts/tok | expert MB/tok | syncs/tok | tok/s per MB/tok |")
         print("|---|---|---|---|---|---|")
         tokens = 2 * args.tokens
@@ -94,7 +120,7 @@ def main() -> None:
             mb = best["bytes"] / tokens / 1e6
             print(
                 f"| {name} | {tps:.1f} | {best['experts'] / tokens:.2f} | {mb:.4f} | "
-                f"{best['syncs'] / tokens:.2f} | {tps / mb if mb else float('nan'):.0f} |"
+                f"{best['syncs'] / tokens:.2f} | {tps / mb if mb else float('nan'):.3g} |"
             )
         model.streamer.close()
 

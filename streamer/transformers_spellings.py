@@ -4,8 +4,11 @@ RoPE settings inside `rope_parameters`, quantization_config methods mlx-lm maps 
 from __future__ import annotations
 
 import dataclasses
+import sys
+import types
 from collections.abc import Callable
 
+from mlx_lm.models.base import BaseModelArgs
 from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
 
 from .io.json_file import decode_tagged_floats
@@ -36,6 +39,8 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
         ),
         "shared_intermediate_size": lambda _: 0,
     },
+    "qwen3_vl_moe": {"norm_topk_prob": lambda _: True},  # its text model renormalizes the top-k
+    "kimi_linear": {"rope_theta": lambda _: 10000.0},  # never used: its MLA has no RoPE
     "glm_moe_dsa": {
         "topk_method": lambda _: "noaux_tc",
         "scoring_func": lambda _: "sigmoid",
@@ -44,36 +49,25 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
 }
 
 
+# Fields mlx-lm reads at the top level of a vision-language config that transformers 5 keeps only
+# in its text_config: model_type -> fields.
+TEXT_FIELDS_ON_TOP = {"gemma4": ("vocab_size",)}
+
+
 def normalize_config(config: dict) -> dict:
     """Accept newer transformers spellings that mlx-lm's model args do not read yet (checkpoints
-    that transformers 5 itself writes)."""
+    that transformers 5 itself writes), in config.json and in a vision-language model's
+    text_config."""
     config = decode_tagged_floats(config)
-    fields = _args_fields(config)
-    for name, alias in TRANSFORMERS_ALIASES.items():
-        if name in fields and name not in config and alias in config:
-            config[name] = config[alias]
-    layer_kinds = config.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" per layer
-    if "is_moe_layer" in fields and "is_moe_layer" not in config and isinstance(layer_kinds, list):
-        config["is_moe_layer"] = [kind == "sparse" for kind in layer_kinds]
-    for name, meaning in NULL_MEANS.get(config.get("model_type"), {}).items():
-        if name in config and config[name] is None:
-            config[name] = meaning
-    kinds = LAYER_TYPES.get(config.get("model_type"), {})
-    if kinds and isinstance(config.get("layer_types"), list):
-        config["layer_types"] = [kinds.get(kind, kind) for kind in config["layer_types"]]
-    rope = config.get("rope_parameters")
-    if isinstance(rope, dict):
-        for name in ROPE_FIELDS:
-            if name not in config and name in rope:
-                config[name] = rope[name]
-        if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
-            config["rope_scaling"] = rope
-    for name, value in TRANSFORMERS_FIXED.get(config.get("model_type"), {}).items():
-        if name not in config:
-            config[name] = value(config)
-    scaling = fields.get("rope_scaling")
-    if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
-        config["rope_scaling"] = None  # a field some models' args require: None is "no scaling"
+    model_type = config.get("model_type")
+    config = _spell_fields(config, _args_fields(config), model_type)
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = _spell_fields(
+            config["text_config"], _text_args_fields(config), model_type
+        )
+        for name in TEXT_FIELDS_ON_TOP.get(model_type, ()):
+            if name not in config and name in config["text_config"]:
+                config[name] = config["text_config"][name]
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
     quantization_config = config.get("quantization_config")
@@ -106,3 +100,96 @@ def _args_fields(config: dict) -> dict[str, dataclasses.Field]:
     except (KeyError, ValueError, TypeError):
         return {}
     return {f.name: f for f in dataclasses.fields(args_class)}
+
+
+def _spell_fields(
+    config: dict, fields: dict[str, dataclasses.Field], model_type: str | None
+) -> dict:
+    """`config`'s fields in mlx-lm's spelling, where `fields` are what its model args read."""
+    config = dict(config)
+    for name, alias in TRANSFORMERS_ALIASES.items():
+        if name in fields and name not in config and alias in config:
+            config[name] = config[alias]
+    layer_kinds = config.get("mlp_layer_types")  # transformers 5: "dense" or "sparse" per layer
+    if "is_moe_layer" in fields and "is_moe_layer" not in config and isinstance(layer_kinds, list):
+        config["is_moe_layer"] = [kind == "sparse" for kind in layer_kinds]
+    for name, meaning in NULL_MEANS.get(model_type, {}).items():
+        if name in config and config[name] is None:
+            config[name] = meaning
+    per_layer = config.get("per_layer_config")  # transformers 5: {"layer": {field: value}}
+    if "global_head_dim" in fields and "global_head_dim" not in config and per_layer:
+        # Gemma 4: the full-attention layers' head_dim, which mlx-lm reads as global_head_dim
+        full = [
+            str(i)
+            for i, kind in enumerate(config.get("layer_types", ()))
+            if kind == "full_attention"
+        ]
+        dims = {per_layer[i]["head_dim"] for i in full if "head_dim" in per_layer.get(i, {})}
+        if len(dims) == 1:
+            config["global_head_dim"] = dims.pop()
+    if "linear_attn_config" in fields and "linear_attn_config" not in config:
+        config.update(_linear_attn_config(config))
+    if "first_k_dense_replace" in fields and "first_k_dense_replace" not in config and layer_kinds:
+        dense = next((i for i, kind in enumerate(layer_kinds) if kind != "dense"), len(layer_kinds))
+        if all(kind == "sparse" for kind in layer_kinds[dense:]):
+            config["first_k_dense_replace"] = dense
+    kinds = LAYER_TYPES.get(model_type, {})
+    if kinds and isinstance(config.get("layer_types"), list):
+        config["layer_types"] = [kinds.get(kind, kind) for kind in config["layer_types"]]
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict):
+        for name in ROPE_FIELDS:
+            if name not in config and name in rope:
+                config[name] = rope[name]
+        if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
+            config["rope_scaling"] = rope
+    for name, value in TRANSFORMERS_FIXED.get(model_type, {}).items():
+        if name not in config:
+            config[name] = value(config)
+    scaling = fields.get("rope_scaling")
+    if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
+        config["rope_scaling"] = None  # a field some models' args require: None is "no scaling"
+    return config
+
+
+def _linear_attn_config(config: dict) -> dict:
+    """Kimi Linear's `linear_attn_config` (1-based layer numbers) from transformers 5's
+    `layer_types` and `linear_*` fields; nothing where they are not all there."""
+    kinds = config.get("layer_types")
+    sizes = ("linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim")
+    if not isinstance(kinds, list) or not all(name in config for name in sizes):
+        return {}
+    return {
+        "linear_attn_config": {
+            "full_attn_layers": [i + 1 for i, kind in enumerate(kinds) if kind == "full_attention"],
+            "kda_layers": [i + 1 for i, kind in enumerate(kinds) if kind == "linear_attention"],
+            "head_dim": config["linear_head_dim"],
+            "num_heads": config["linear_num_heads"],
+            "short_conv_kernel_size": config["linear_conv_kernel_dim"],
+        }
+    }
+
+
+def _text_args_fields(config: dict) -> dict[str, dataclasses.Field]:
+    """What a vision-language model's text args may read: the fields of the model args classes in
+    mlx-lm's module for it and in the model modules it imports (qwen3_vl_moe's text model is
+    qwen3_moe's)."""
+    try:
+        _, args_class = _get_classes(config)
+    except (KeyError, ValueError, TypeError):
+        return {}
+    module = sys.modules[args_class.__module__]
+    spaces = [vars(module)] + [
+        vars(m) for m in vars(module).values() if isinstance(m, types.ModuleType)
+    ]
+    fields = {}
+    for space in spaces:
+        for value in space.values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseModelArgs)
+                and value is not args_class
+                and dataclasses.is_dataclass(value)
+            ):
+                fields.update({f.name: f for f in dataclasses.fields(value)})
+    return fields

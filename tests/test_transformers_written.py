@@ -16,7 +16,7 @@ import torch
 from test_parity import PROMPT, greedy_tokens
 
 import streamer
-from fixtures.transformers_written import FAMILIES, write_transformers_checkpoint
+from fixtures.transformers_written import families, write_transformers_checkpoint
 from streamer.io.checkpoint import Checkpoint
 from streamer.repack import repack
 
@@ -34,7 +34,7 @@ def transformers_greedy(model, prompt: list[int], n: int = 64) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+@pytest.mark.parametrize("model_type", families())
 def test_streams_what_transformers_computes(tmp_path, model_type):
     oracle = write_transformers_checkpoint(tmp_path / "src", model_type)
     repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)

@@ -46,9 +46,42 @@ def gpt_oss_from_transformers(weights: dict[str, mx.array]) -> dict[str, mx.arra
     return out
 
 
+def inputs_first_from_transformers_5(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Qwen3-VL-MoE as transformers 5 writes it: `experts.gate_up_proj` [E, 2I, H] and
+    `experts.down_proj` [E, H, I] (outputs first), where the published checkpoints, which mlx-lm's
+    sanitize reads, hold [E, H, 2I] and [E, I, H]. The two tensors' shapes tell the layouts apart
+    whatever the sizes: outputs first, gate_up's inputs (H) are down's outputs."""
+    out = dict(weights)
+    for name, gate_up in weights.items():
+        if not name.endswith(".experts.gate_up_proj"):
+            continue
+        down_name = name.removesuffix("gate_up_proj") + "down_proj"
+        down = weights.get(down_name)
+        if down is None or gate_up.ndim != 3 or down.ndim != 3:
+            continue
+        if gate_up.shape[-1] == down.shape[-2] and gate_up.shape[-2] != down.shape[-1]:
+            out[name] = mx.swapaxes(gate_up, -1, -2)
+            out[down_name] = mx.swapaxes(down, -1, -2)
+    return out
+
+
+def kimi_linear_dense_from_transformers_5(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Kimi Linear's dense layers as transformers 5 writes them, under `block_sparse_moe`
+    (`...block_sparse_moe.gate_proj.weight`); mlx-lm's model holds them under `mlp`. A MoE
+    layer's own tensors there are `gate`, `experts.*` and `shared_experts.*`, never these."""
+    out = {}
+    for name, value in weights.items():
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            name = name.replace(f".block_sparse_moe.{proj}.", f".mlp.{proj}.")
+        out[name] = value
+    return out
+
+
 # mlx-lm model file -> the conversion run before its sanitize
 LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
     "gpt_oss": gpt_oss_from_transformers,
+    "qwen3_vl_moe": inputs_first_from_transformers_5,
+    "kimi_linear": kimi_linear_dense_from_transformers_5,
 }
 
 

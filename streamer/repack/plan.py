@@ -22,6 +22,7 @@ from ..architectures import (
 )
 from ..config import check_config, check_layer_count
 from ..errors import StreamerError
+from ..hf_naming import Architecture, hf_expert_key
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
 from ..transformers_spellings import normalize_config
@@ -96,7 +97,11 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
         )
     check_zero_points(config, containers, weights, where)
     sources = Sources(ckpt, arch, containers, num_experts, sanitize, weights)
-    resident = {n: a for n, a in weights.items() if not in_containers(n, containers)}
+    resident = {
+        n: a
+        for n, a in weights.items()
+        if not in_containers(n, containers) and not unstacked_expert(n, arch, containers)
+    }
     quantize_like_mlx_lm(model, config, weights)
     prequantized = {name.rsplit(".", 1)[0] for name in weights if name.endswith(".scales")}
     check_resident(model, containers, resident, ckpt)
@@ -107,6 +112,18 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
         config = quantize_resident(model, config, quantize, cast)
     return Plan(
         ckpt.folder, model, config, containers, num_experts, sources, quantize, cast, prequantized
+    )
+
+
+def unstacked_expert(name: str, arch: Architecture, containers: dict[str, nn.Module]) -> bool:
+    """A per-expert tensor that sanitize renamed but left unstacked: mlx-lm's qwen3_5_moe reads its
+    experts fused only, and transformers 5 saves them one per expert. Sources reads them as it
+    reads any per-expert tensor, so they are not resident weights."""
+    match = hf_expert_key(arch).match(name)
+    return (
+        match is not None
+        and match["proj"] in arch.hf_projections
+        and any(match["parent"] == arch.hf_parent(c) for c in containers)
     )
 
 

@@ -1,0 +1,43 @@
+"""/v1/completions streamed, through the live server (tests/serving.py): the same text, stop and
+logprobs as the whole answer, and the usage chunk when asked for."""
+
+from __future__ import annotations
+
+from mlx_lm.sample_utils import make_logits_processors
+from serving import NO_CALL
+
+import streamer
+
+
+def test_a_streamed_text_completion_is_the_whole_one(client, served_folder, local):
+    model, tokenizer = local
+    no_call = make_logits_processors({512: -100})
+    want = streamer.generate(model, tokenizer, "The file", 8, logits_processors=no_call)
+    ask = dict(model=str(served_folder), prompt="The file", max_tokens=8, logit_bias=NO_CALL)
+    whole = client.completions.create(**ask, logprobs=2)
+    chunks = list(
+        client.completions.create(
+            **ask, logprobs=2, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert "".join(texts) == whole.choices[0].text == want
+    streamed = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.tokens
+    ]
+    assert streamed == whole.choices[0].logprobs.tokens
+    (usage,) = [c.usage for c in chunks if c.usage is not None]
+    assert (usage.prompt_tokens, usage.completion_tokens) == (
+        whole.usage.prompt_tokens,
+        whole.usage.completion_tokens,
+    )
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finals] == ["length"]
+    assert "expert_mb_per_token" in finals[0].model_extra["streamer"]
+
+    stop = want[3:5]  # cut exactly where the stop string starts, streamed as whole
+    cut = client.completions.create(**ask, stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in cut if c.choices) == want[: want.index(stop)]
