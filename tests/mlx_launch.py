@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -42,31 +43,44 @@ def free_ports(count: int = RANKS) -> int:
     raise RuntimeError(f"no {count} free ports in a row on 127.0.0.1 in {PORTS}")
 
 
-def start(command: list[str], cwd: Path, stdin=subprocess.DEVNULL) -> subprocess.Popen:
+def start(command: list[str], cwd: Path, typed: str = "") -> subprocess.Popen:
     """mlx.launch running `command` on RANKS ranks, in a process group of its own (the ranks go
-    down with it on a timeout), Ctrl-C reaching it as from a terminal."""
+    down with it on a timeout), Ctrl-C reaching it as from a terminal, `typed` on its input.
+
+    Its input stays open and idle after `typed`, as a terminal's does. At end of input (a closed
+    pipe, /dev/null) mlx.launch's main loop never waits: it passes an empty read to every rank's
+    queue again and again, so a Ctrl-C can land inside a queue's lock, which the interrupt can
+    leave held; that rank's thread then waits on it forever and mlx.launch never ends (seen once
+    in 10 runs of the serve test). Idle input keeps that loop waiting in select() instead."""
     launcher = shutil.which("mlx.launch") or str(Path(sys.executable).with_name("mlx.launch"))
     argv = [launcher, "--backend", "ring", "--hosts", "127.0.0.1", "-n", str(RANKS)]
     argv += ["--starting-port", str(free_ports()), "--", *command]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        # a runner started in the background can leave SIGINT ignored, and so every rank
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-
-
-def finish(proc: subprocess.Popen, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """Wait for a launch (feeding it `stdin`); killed, and the test failed, if it hangs."""
+    read_end, write_end = os.pipe()
     try:
-        out, err = proc.communicate(stdin, timeout=LAUNCH_SECONDS)
+        process = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=read_end,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            # a runner started in the background can leave SIGINT ignored, and so every rank
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+    finally:
+        os.close(read_end)
+    os.write(write_end, typed.encode())  # a few lines: within the pipe's buffer
+    weakref.finalize(process, os.close, write_end)  # open as long as the launch is
+    return process
+
+
+def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    """Wait for a launch; killed, and the test failed, if it hangs."""
+    try:
+        out, err = proc.communicate(timeout=LAUNCH_SECONDS)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
@@ -74,7 +88,6 @@ def finish(proc: subprocess.Popen, stdin: str | None = None) -> subprocess.Compl
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def launch(command: list[str], cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """Run `command` on RANKS ranks to its end."""
-    pipe = subprocess.DEVNULL if stdin is None else subprocess.PIPE
-    return finish(start(command, cwd, pipe), stdin)
+def launch(command: list[str], cwd: Path, stdin: str = "") -> subprocess.CompletedProcess:
+    """Run `command` on RANKS ranks to its end, `stdin` typed on its input."""
+    return finish(start(command, cwd, stdin))
