@@ -190,10 +190,15 @@ def test_a_rank_with_a_damaged_shard_is_named_and_the_group_ends(models, tmp_pat
         tmp_path,
     )
     errors = [line for line in result.stderr.splitlines() if line.startswith("streamer: error")]
-    assert errors[0].startswith(f"streamer: error: rank 1: {damaged} holds "), result.stderr
+    # rank 1 says what is wrong with its files (mlx.launch relays the ranks' lines in any order)
+    own = [line for line in errors if line.startswith(f"streamer: error: rank 1: {damaged} holds ")]
+    assert len(own) == 1, result.stderr
     # rank 0, left waiting in the check, says that a rank is gone (unless stopped first), in one
     # line: the backend either fails the collective or returns it without rank 1's row
-    assert all(re.fullmatch(GONE, line) for line in errors[1:]), result.stderr
-    assert len(errors) <= 2 and "Traceback" not in result.stderr, result.stderr
-    assert "Node with rank 1 exited with code 2" in result.stderr
+    others = [line for line in errors if line not in own]
+    assert len(others) <= 1 and all(re.fullmatch(GONE, line) for line in others), result.stderr
+    assert "Traceback" not in result.stderr
+    # both ended, with an error or stopped by mlx.launch once the other had ended
+    assert re.search(r"Node with rank 1 exited with code (2|-15)\b", result.stderr)
+    assert re.search(r"Node with rank 0 exited with code (2|-15)\b", result.stderr)
     assert result.stdout == ""
