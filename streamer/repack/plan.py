@@ -71,9 +71,11 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     arch = architecture(config, where)
     if "quantization" not in config and "quantization_config" in config:
         method = config["quantization_config"].get("quant_method", "?")
+        fmt = config["quantization_config"].get("format")
         raise StreamerError(
-            f"{where}: quantization_config ({method}) is not supported; repack the bf16/fp16 "
-            "checkpoint (optionally with --quantize) or an MLX-quantized one."
+            f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
+            "supported, nor read by mlx-lm; repack the bf16/fp16 checkpoint (optionally with "
+            "--quantize) or an MLX-quantized one."
         )
     # MLX-quantized checkpoints are refused; a published MXFP4 gpt-oss is not (its MXFP4 experts
     # are kept and the other weights quantized, as `mlx_lm.convert --quantize` does)
