@@ -102,7 +102,8 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     resident = {
         n: a
         for n, a in weights.items()
-        if not in_containers(n, containers) and not unstacked_expert(n, arch, containers)
+        if not in_containers(n, containers)
+        and not unstacked_expert(n, arch, containers, num_experts)
     }
     quantize_like_mlx_lm(model, config, weights)
     prequantized = {name.rsplit(".", 1)[0] for name in weights if name.endswith(".scales")}
@@ -117,13 +118,17 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     )
 
 
-def unstacked_expert(name: str, arch: Architecture, containers: dict[str, nn.Module]) -> bool:
+def unstacked_expert(
+    name: str, arch: Architecture, containers: dict[str, nn.Module], num_experts: int
+) -> bool:
     """A per-expert tensor that sanitize renamed but left unstacked: mlx-lm's qwen3_5_moe reads its
     experts fused only, and transformers 5 saves them one per expert. Sources reads them as it
-    reads any per-expert tensor, so they are not resident weights."""
+    reads any per-expert tensor, so they are not resident weights (an expert past config.json's
+    count stays one, and is refused as not part of the model)."""
     match = hf_expert_key(arch).match(name)
     return (
         match is not None
+        and int(match["expert"]) < num_experts
         and match["proj"] in arch.hf_projections
         and any(match["parent"] == arch.hf_parent(c) for c in containers)
     )
