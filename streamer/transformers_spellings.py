@@ -80,7 +80,11 @@ def normalize_config(config: dict) -> dict:
                 "mode": "mxfp4",
             }
         elif method == "compressed-tensors":
-            try:  # mlx-lm's reading of the format (int4 or FP4 packs); others stay refused
+            # mlx-lm's reading of the format (int4 or MXFP4 packs); others stay refused, the NVFP4
+            # pack too: no mlx-lm sanitize reads its global scales (`weight_global_scale`)
+            if quantization_config.get("format") == "nvfp4-pack-quantized":
+                return config
+            try:
                 packed = _compressed_tensors_quantization(quantization_config)
             except ValueError:
                 return config

@@ -4,6 +4,8 @@ Kimi K3's MXFP4 (`mxfp4-pack-quantized`, copied as they are) and Kimi K2 Thinkin
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import reference_model
 from test_parity import compare
@@ -49,3 +51,14 @@ def test_a_hadamard_pack_streams_as_mlx_lm_loads_it(tmp_path):
     reference = reference_model(src)
     compare(tmp_path / "dst", reference, tolerance=0.0)
     compare(src, reference, tolerance=0.0)
+
+
+def test_an_nvfp4_pack_is_refused_naming_its_format(tmp_path):
+    """compressed-tensors' NVFP4 pack carries global scales no mlx-lm sanitize reads."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("kimi_k3"), pack="mxfp4-pack-quantized")
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"]["format"] = "nvfp4-pack-quantized"
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(StreamerError, match="compressed-tensors 'nvfp4-pack-quantized'.*not"):
+        repack(src, tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists()

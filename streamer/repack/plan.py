@@ -71,9 +71,11 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     arch = architecture(config, where)
     if "quantization" not in config and "quantization_config" in config:
         method = config["quantization_config"].get("quant_method", "?")
+        fmt = config["quantization_config"].get("format")
         raise StreamerError(
-            f"{where}: quantization_config ({method}) is not supported; repack the bf16/fp16 "
-            "checkpoint (optionally with --quantize) or an MLX-quantized one."
+            f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
+            "supported, nor read by mlx-lm; repack the bf16/fp16 checkpoint (optionally with "
+            "--quantize) or an MLX-quantized one."
         )
     # MLX-quantized checkpoints are refused; a published MXFP4 gpt-oss is not (its MXFP4 experts
     # are kept and the other weights quantized, as `mlx_lm.convert --quantize` does)
@@ -100,7 +102,8 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     resident = {
         n: a
         for n, a in weights.items()
-        if not in_containers(n, containers) and not unstacked_expert(n, arch, containers)
+        if not in_containers(n, containers)
+        and not unstacked_expert(n, arch, containers, num_experts)
     }
     quantize_like_mlx_lm(model, config, weights)
     prequantized = {name.rsplit(".", 1)[0] for name in weights if name.endswith(".scales")}
@@ -115,13 +118,17 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     )
 
 
-def unstacked_expert(name: str, arch: Architecture, containers: dict[str, nn.Module]) -> bool:
+def unstacked_expert(
+    name: str, arch: Architecture, containers: dict[str, nn.Module], num_experts: int
+) -> bool:
     """A per-expert tensor that sanitize renamed but left unstacked: mlx-lm's qwen3_5_moe reads its
     experts fused only, and transformers 5 saves them one per expert. Sources reads them as it
-    reads any per-expert tensor, so they are not resident weights."""
+    reads any per-expert tensor, so they are not resident weights (an expert past config.json's
+    count stays one, and is refused as not part of the model)."""
     match = hf_expert_key(arch).match(name)
     return (
         match is not None
+        and int(match["expert"]) < num_experts
         and match["proj"] in arch.hf_projections
         and any(match["parent"] == arch.hf_parent(c) for c in containers)
     )
