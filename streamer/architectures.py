@@ -1,9 +1,9 @@
-"""Which MoE architectures stream: the families refused and why, mlx-lm's model built for a
-config, its expert containers found by type, quantized as mlx-lm loads it, its routing recorded.
+"""mlx-lm's model built for a config, its expert containers found by type, quantized as mlx-lm
+loads it, its routing recorded.
 
-Architectures themselves come from mlx-lm (`mlx_lm.models.<model_type>`); how each family's
-checkpoints name expert tensors is hf_naming.py, transformers 5's config spellings
-transformers_spellings.py.
+Architectures themselves come from mlx-lm (`mlx_lm.models.<model_type>`); which model types
+stream (and why the others do not) is model_types.py, how each family's checkpoints name expert
+tensors hf_naming.py, transformers 5's config spellings transformers_spellings.py.
 """
 
 from __future__ import annotations
@@ -14,64 +14,22 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx_lm
 from mlx.utils import tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
 from mlx_lm.utils import _get_classes, infer_quant_config
 
 from .config import check_config
 from .errors import StreamerError
-from .hf_naming import NAMING, Architecture
+from .model_types import refuse
 from .stats import ExpertStats, Routing, RoutingRecorder
 
 EXPERT_CONTAINERS = (SwitchGLU, SwitchMLP)
 EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
 
 
-# mlx-lm model files that build experts streamer does not stream (yet), and why.
-REFUSED: dict[str, str] = {
-    "kimi_vl": "mlx-lm's kimi_vl sanitize does not split MLA's kv_b_proj, so mlx-lm cannot load "
-    "the published checkpoint either (its MLX conversions come from mlx-vlm).",
-    "dbrx": "its experts are a list of per-expert MLPs that mlx-lm computes one by one, not a "
-    "Switch layer that streamer's expert layer replaces.",
-    "deepseek_v41": "mlx-lm reads its published checkpoint (DeepSeek's own tensor names such "
-    "as layers.{l}.ffn.experts.{e}.w1.weight with a .scale: FP4 and FP8 weights with UE8M0 scales "
-    "that its sanitize turns into MXFP4 / MXFP8), but streamer has no fixture in that format yet, "
-    "so its streamed outputs are not verified against mlx-lm's.",
-    "muse_spark": "its NVFP4 experts carry a per-expert global scale (gate_up_proj_weight_scale_2, "
-    "mlx-lm's global_scale), which streamer's expert records do not hold yet.",
-}
-
-
-def architecture(config: dict, where: Path | str) -> Architecture:
-    """The HF expert naming of `config`'s family (after mlx-lm's own model-type remapping)."""
-    model_type = mlx_lm_model_type(config, where)
-    if model_type in REFUSED:
-        _refuse(config, where, REFUSED[model_type])
-    return NAMING.get(model_type, Architecture())
-
-
-def mlx_lm_model_type(config: dict, where: Path | str = "config.json") -> str:
-    """The mlx-lm model file `config` runs on (`mlx_lm.models.<this>`), as mlx-lm's loader picks."""
-    try:
-        _, args_class = _get_classes(config)
-    except (KeyError, ValueError, TypeError):
-        _refuse(config, where, f"it is not a model that mlx-lm {mlx_lm.__version__} runs.")
-    # the file mlx-lm imports (its Model may come from another: solar_open runs glm4_moe's)
-    return args_class.__module__.rsplit(".", 1)[1]
-
-
-def _refuse(config: dict, where: Path | str, reason: str):
-    raise StreamerError(
-        f"{where}: model_type {config.get('model_type')!r} is not supported for expert "
-        f"streaming: {reason} The README lists the model types that stream."
-    )
-
-
 def build_model(config: dict, where: Path | str) -> nn.Module:
     """An mlx-lm model for `config` with lazily initialised (never evaluated) weights."""
-    check_config(config, where)
-    architecture(config, where)
+    check_config(config, where)  # the family's refusals too
     model_class, args_class = _get_classes(config)
     try:
         model = model_class(args_class.from_dict(config))
@@ -83,7 +41,7 @@ def build_model(config: dict, where: Path | str) -> nn.Module:
             f"build ({type(e).__name__}: {e}); download config.json again."
         ) from e
     if not any(isinstance(m, EXPERT_CONTAINERS) for _, m in model.named_modules()):
-        _refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.")
+        refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.")
     return model
 
 

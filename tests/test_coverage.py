@@ -15,14 +15,9 @@ from mlx_lm.utils import MODEL_REMAPPING, _compressed_tensors_quantization, _get
 
 from fixtures import TINY_CONFIGS, tiny_config
 from fixtures.hadamard_pack import hadamard_pack_config
-from streamer.architectures import (
-    REFUSED,
-    architecture,
-    build_model,
-    expert_containers,
-    mlx_lm_model_type,
-)
+from streamer.architectures import build_model, expert_containers
 from streamer.errors import StreamerError
+from streamer.model_types import REFUSED, architecture, mlx_lm_model_type
 
 SWITCH = re.compile(r"\b(SwitchGLU|SwitchMLP|SwitchLinear)\b")
 EXPERT_LIST = re.compile(r"self\.experts\s*=\s*\[")  # DBRX: a list of per-expert MLPs

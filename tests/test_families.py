@@ -14,10 +14,11 @@ from conftest import reference_model
 from test_parity import compare
 
 from fixtures import TINY_CONFIGS, VOCAB_SIZE, tiny_config, write_hf_checkpoint
-from streamer.architectures import build_model, mlx_lm_model_type
+from streamer.architectures import build_model
 from streamer.errors import StreamerError
 from streamer.io.checkpoint import Checkpoint
 from streamer.io.manifest import read_manifest
+from streamer.model_types import mlx_lm_model_type
 from streamer.repack import Quantize, repack
 from streamer.transformers_spellings import normalize_config
 

@@ -43,7 +43,7 @@ def check_config(config: object, where: Path | str) -> dict:
     """`config` if mlx-lm can build a streaming model from it; else StreamerError naming a field."""
     from mlx_lm.utils import _get_classes  # here: experts_per_token and plan run without mlx-lm
 
-    from ..architectures import architecture
+    from ..model_types import architecture
 
     _check_object(config, where)
     architecture(config, where)

@@ -14,7 +14,6 @@ from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.utils import quantize_model
 
 from ..architectures import (
-    architecture,
     build_model,
     container_projections,
     expert_containers,
@@ -25,6 +24,7 @@ from ..errors import StreamerError
 from ..hf_naming import Architecture, hf_expert_key
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
+from ..model_types import architecture
 from ..transformers_spellings import normalize_config
 from .dtypes import compatible, describe
 from .layouts import sanitizer
