@@ -21,13 +21,18 @@ class Architecture:
     hf_experts: str = "experts"
     # the MoE block's own name in HF checkpoints where mlx-lm names it otherwise (`mlp`)
     hf_block: str | None = None
+    # (mlx-lm's, the checkpoint's) spellings in the block's path, for a family whose checkpoints
+    # use names of their own throughout (DeepSeek-V4.1's `layers.{l}.ffn`)
+    hf_path_spellings: tuple[tuple[str, str], ...] = ()
 
     def hf_parent(self, container: str) -> str:
         """The HF name of the MoE block that holds `container` (an expert container's path)."""
         block = container.rsplit(".", 1)[0]
-        if self.hf_block is None:
-            return block
-        return f"{block.rsplit('.', 1)[0]}.{self.hf_block}"
+        if self.hf_block is not None:
+            block = f"{block.rsplit('.', 1)[0]}.{self.hf_block}"
+        for ours, theirs in self.hf_path_spellings:
+            block = block.replace(ours, theirs)
+        return block
 
     def hf_parents(self, container: str) -> tuple[str, ...]:
         """`hf_parent`, and its spelling in vision-language checkpoints that transformers 5
@@ -52,6 +57,11 @@ NAMING: dict[str, Architecture] = {
     "kimi_k3": Architecture(_W123, hf_block="block_sparse_moe"),
     "nemotron_h": Architecture({"up_proj": "fc1", "down_proj": "fc2"}),
     "phixtral": Architecture({"fc1": "fc1", "fc2": "fc2"}, hf_experts="mlp"),
+    # DeepSeek's own names: `layers.{l}.ffn.experts.{e}.w1` for mlx-lm's
+    # `model.layers.{l}.mlp.experts.switch_mlp.gate_proj`
+    "deepseek_v41": Architecture(
+        _W123, hf_path_spellings=(("model.layers.", "layers."), (".mlp.experts", ".ffn"))
+    ),
 }
 
 

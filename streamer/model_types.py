@@ -17,10 +17,6 @@ REFUSED: dict[str, str] = {
     "the published checkpoint either (its MLX conversions come from mlx-vlm).",
     "dbrx": "its experts are a list of per-expert MLPs that mlx-lm computes one by one, not a "
     "Switch layer that streamer's expert layer replaces.",
-    "deepseek_v41": "mlx-lm reads its published checkpoint (DeepSeek's own tensor names such "
-    "as layers.{l}.ffn.experts.{e}.w1.weight with a .scale: FP4 and FP8 weights with UE8M0 scales "
-    "that its sanitize turns into MXFP4 / MXFP8), but streamer has no fixture in that format yet, "
-    "so its streamed outputs are not verified against mlx-lm's.",
     "muse_spark": "its NVFP4 experts carry a per-expert global scale (gate_up_proj_weight_scale_2, "
     "mlx-lm's global_scale), which streamer's expert records do not hold yet.",
 }

@@ -93,6 +93,14 @@ def normalize_config(config: dict) -> dict:
             # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as
             # in mlx-lm
             del config["quantization_config"]
+        elif method == "fp8" and quantization_config.get("scale_fmt") == "ue8m0":
+            # power-of-two scales over 32x32 tiles (DeepSeek-V4.1) are MXFP8, and its FP4 experts
+            # MXFP4: mlx-lm keeps them packed, each module's mode read from its weights
+            config["quantization"] = config["quantization_config"] = {
+                "group_size": 32,
+                "bits": 8,
+                "mode": "mxfp8",
+            }
     return config
 
 

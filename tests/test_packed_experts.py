@@ -1,6 +1,8 @@
-"""Experts published in compressed-tensors' packed formats stream exactly as mlx-lm loads them:
-Kimi K3's MXFP4 (`mxfp4-pack-quantized`, copied as they are) and Kimi K2 Thinking's int4
-(`pack-quantized`, each expert through mlx-lm's sanitize, which adds the zero points)."""
+"""Experts published in packed formats stream exactly as mlx-lm loads them: Kimi K3's MXFP4
+(compressed-tensors' `mxfp4-pack-quantized`, copied as they are), Kimi K2 Thinking's int4
+(`pack-quantized`, each expert through mlx-lm's sanitize, which adds the zero points) and
+DeepSeek-V4.1's FP4 experts beside FP8 projections, UE8M0-scaled (each expert through sanitize,
+which reads them as MXFP4; the FP8 ones as MXFP8)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,11 @@ from streamer.repack import repack
 
 @pytest.mark.parametrize(
     "model_type, fmt, mode",
-    [("kimi_k3", "mxfp4-pack-quantized", "mxfp4"), ("kimi_k2", "pack-quantized", "affine")],
+    [
+        ("kimi_k3", "mxfp4-pack-quantized", "mxfp4"),
+        ("kimi_k2", "pack-quantized", "affine"),
+        ("deepseek_v41", "ue8m0", "mxfp4"),
+    ],
 )
 def test_packed_experts_stream_as_mlx_lm_loads_them(tmp_path, model_type, fmt, mode):
     src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type), pack=fmt)

@@ -39,8 +39,12 @@ DTYPES: dict[str, tuple[np.dtype, mx.Dtype]] = {
     "U8": (np.dtype("u1"), mx.uint8),
     "BOOL": (np.dtype("?"), mx.bool_),
     "F8_E4M3": (np.dtype("u1"), mx.uint8),  # mlx has no fp8 dtype: bytes, decoded by mx.from_fp8
+    # power-of-two scales (DeepSeek-V4.1's UE8M0): the exponent byte, as mlx reads it
+    "F8_E8M0": (np.dtype("u1"), mx.uint8),
 }
-MLX_TO_SAFETENSORS = {mlx: name for name, (_, mlx) in DTYPES.items() if name != "F8_E4M3"}
+MLX_TO_SAFETENSORS = {
+    mlx: name for name, (_, mlx) in DTYPES.items() if name not in ("F8_E4M3", "F8_E8M0")
+}
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
 LFS_POINTER_PREFIX = b"version https://git-lfs"
 
