@@ -20,6 +20,7 @@ from mlx_lm.utils import _get_classes, infer_quant_config
 
 from .config import check_config
 from .errors import StreamerError
+from .expert_lists import STACKED_MODELS
 from .model_types import refuse
 from .stats import ExpertStats, Routing, RoutingRecorder
 
@@ -31,6 +32,8 @@ def build_model(config: dict, where: Path | str) -> nn.Module:
     """An mlx-lm model for `config` with lazily initialised (never evaluated) weights."""
     check_config(config, where)  # the family's refusals too
     model_class, args_class = _get_classes(config)
+    # a model whose experts are a list of MLPs: built with them stacked in a Switch layer
+    model_class = STACKED_MODELS.get(model_class.__module__.rsplit(".", 1)[1], model_class)
     try:
         model = model_class(args_class.from_dict(config))
     except Exception as e:

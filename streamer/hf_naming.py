@@ -24,6 +24,9 @@ class Architecture:
     # (mlx-lm's, the checkpoint's) spellings in the block's path, for a family whose checkpoints
     # use names of their own throughout (DeepSeek-V4.1's `layers.{l}.ffn`)
     hf_path_spellings: tuple[tuple[str, str], ...] = ()
+    # fused tensors (names containing one of these) whose first axis holds each expert's rows one
+    # after another (DBRX's `experts.mlp.w1` [E*F, D]): read as [E, F, D]
+    hf_expert_rows: tuple[str, ...] = ()
 
     def hf_parent(self, container: str) -> str:
         """The HF name of the MoE block that holds `container` (an expert container's path)."""
@@ -57,6 +60,11 @@ NAMING: dict[str, Architecture] = {
     "kimi_k3": Architecture(_W123, hf_block="block_sparse_moe"),
     "nemotron_h": Architecture({"up_proj": "fc1", "down_proj": "fc2"}),
     "phixtral": Architecture({"fc1": "fc1", "fc2": "fc2"}, hf_experts="mlp"),
+    # mlx_lm.convert's per-expert MLPs (expert_lists.py stacks them under `ffn.switch_mlp`); the
+    # hub's fused `ffn.experts.mlp.*` hold each expert's rows one after another
+    "dbrx": Architecture(
+        {"w1": "gate_proj", "v1": "up_proj", "w2": "down_proj"}, hf_expert_rows=("experts.mlp.",)
+    ),
     # DeepSeek's own names: `layers.{l}.ffn.experts.{e}.w1` for mlx-lm's
     # `model.layers.{l}.mlp.experts.switch_mlp.gate_proj`
     "deepseek_v41": Architecture(

@@ -64,7 +64,7 @@ def test_dense_layers_between_moe_layers(tmp_path):
     compare(folder, reference_model(src), tolerance=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_5_moe"])
+@pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_5_moe", "dbrx"])
 def test_fused_hf_experts_become_what_mlx_lm_sanitize_makes(checkpoints, arch):
     """Each expert record holds exactly that expert's slice of mlx-lm's sanitized stacked
     tensors."""

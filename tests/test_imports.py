@@ -30,6 +30,7 @@ LAYERS = {
         "streamer.assembly",
         "streamer.handle",
         "streamer.architectures",
+        "streamer.expert_lists",
         "streamer.model_types",
         "streamer.hf_naming",
         "streamer.transformers_spellings",

@@ -97,7 +97,14 @@ def test_kv_from_the_config_is_what_mlx_lm_caches():
 
 
 def test_experts_per_token_under_every_name():
-    want = {"qwen3_vl_moe": 4, "hunyuan": 2, "gemma4": 4, "ernie4_5_moe": 4, "step3p5": 4}
+    want = {
+        "qwen3_vl_moe": 4,
+        "hunyuan": 2,
+        "gemma4": 4,
+        "ernie4_5_moe": 4,
+        "step3p5": 4,
+        "dbrx": 4,
+    }
     assert {arch: experts_per_token(TINY_CONFIGS[arch]) for arch in want} == want
 
 

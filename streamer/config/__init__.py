@@ -31,8 +31,8 @@ LAYER_INDEX = re.compile(r"\blayers\.(\d+)\.")
 
 def experts_per_token(config: dict) -> int:
     """Routed experts per token, under whichever name the family gives it (a VLM's in its
-    text_config; a per-layer list counts its largest)."""
-    for where in (config, config.get("text_config") or {}):
+    text_config, DBRX's in its ffn_config; a per-layer list counts its largest)."""
+    for where in (config, config.get("text_config") or {}, config.get("ffn_config") or {}):
         value = next((where[n] for n in TOP_K if where.get(n) is not None), None)
         if value is not None:
             return int(max(value) if isinstance(value, list) else value)

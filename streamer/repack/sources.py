@@ -7,8 +7,8 @@ A source checkpoint holds an expert container's weights in one of these conventi
               (`Architecture`): an expert is its tensors
   fused       tensors holding a whole layer's experts in a layout of the family's own (Qwen3.5's
               and Gemma 4's `experts.gate_up_proj`, Llama 4's transposed one, Granite's
-              `input_linear`, gpt-oss's MXFP4 blocks), found by asking sanitize: it converts each
-              expert's slice
+              `input_linear`, gpt-oss's MXFP4 blocks, DBRX's `experts.mlp.w1` [E*F, D] read as
+              [E, F, D]), found by asking sanitize: it converts each expert's slice
   converted   per-expert tensors in another form (FP8 with `weight_scale_inv`, compressed-tensors'
               int4 `weight_packed`): sanitize converts each expert's tensors; compressed-tensors'
               FP4 packs are MLX's packing renamed (packed_fp4.py), copied as per-expert tensors
@@ -17,6 +17,8 @@ when mlx-lm's sanitize reads it.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -54,6 +56,7 @@ class Sources:
         candidates: dict[str, TensorInfo] = {}
         resident: dict[str, TensorInfo] = {}
         for name, info in ckpt.tensors.items():
+            info = _expert_rows(info, arch, num_experts)
             prefix = name.rsplit(".", 2)[0]
             match = per_expert_key.match(name)
             if prefix in containers:
@@ -221,6 +224,21 @@ class Sources:
 def _stand_in(info: TensorInfo, experts: int) -> mx.array:
     """A lazy tensor of `info`'s shape with `experts` on the first axis, never evaluated."""
     return mx.zeros((experts, *info.shape[1:]), DTYPES[info.dtype][1])
+
+
+def _expert_rows(info: TensorInfo, arch: Architecture, num_experts: int) -> TensorInfo:
+    """A fused tensor holding each expert's rows one after another (`hf_expert_rows`: DBRX's
+    [E*F, D]), viewed with the experts on an axis of their own ([E, F, D]): the same bytes."""
+    if not any(part in info.name for part in arch.hf_expert_rows):
+        return info
+    if not info.shape or info.shape[0] % num_experts:
+        raise StreamerError(
+            f"{info.path}: tensor '{info.name}' has shape {list(info.shape)}, expected the rows "
+            f"of {num_experts} experts (from config.json)."
+        )
+    return dataclasses.replace(
+        info, shape=(num_experts, info.shape[0] // num_experts, *info.shape[1:])
+    )
 
 
 def _layer_prefix(name: str) -> str:
