@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import StreamerError
 from .expert_layout import ByteRange, LayerLayout, TensorPlacement, repacked_layout
-from .files import open_regular
+from .files import close_when_collected, open_regular
 from .integrity import check_expert_file_size
 from .manifest import Manifest
 from .mapping import OS_PAGE, MappedFile, Residency, Span, page_span
@@ -126,6 +126,7 @@ class ExpertFiles:
 
     def __init__(self, layouts: list[LayerLayout]):
         self._fds: dict[Path, int] = {}
+        self._close_fds = close_when_collected(self, self._fds)
         self._opened: dict[tuple[Path, int, int], tuple[int, MappedFile]] = {}
         self.layers: list[LayerFiles] = []
         self.evictions = 0  # bumped by evict(): readers then forget what they had mapped
@@ -177,10 +178,8 @@ class ExpertFiles:
     def close(self) -> None:
         for _, mapped in self._opened.values():
             mapped.close()
-        for fd in self._fds.values():
-            os.close(fd)
+        self._close_fds()
         self._opened.clear()
-        self._fds.clear()
         self.layers.clear()
 
 

@@ -7,9 +7,11 @@ the tool reads is opened here with O_NONBLOCK and refused by its fstat unless it
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+import weakref
 from pathlib import Path
 
 from ..errors import StreamerError
@@ -95,3 +97,18 @@ def check_tmpdir() -> None:
             f"TMPDIR is {tmpdir}, which is not a folder: MLX writes its compiled kernels there. "
             "Create it, or unset TMPDIR."
         )
+
+
+def close_when_collected(owner: object, fds: dict | list) -> weakref.finalize:
+    """Close the descriptors in `fds` (a container `owner` may still add to) once `owner` is
+    garbage collected, or when the returned finalizer is called: a model dropped without
+    `model.streamer.close()` must not keep its files open (mlx-lm lowers the process's limit to
+    2048 descriptors when it is imported)."""
+    return weakref.finalize(owner, _close_all, fds)
+
+
+def _close_all(fds: dict | list) -> None:
+    for fd in list(fds.values() if isinstance(fds, dict) else fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import close_when_collected
+
 DIRECT_ALIGN = 4096  # O_DIRECT's alignment for buffers, lengths and file offsets (a safe bound)
 MAX_GAP = 1 << 16  # bytes between two tensors that one read still spans (into the scratch)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
@@ -32,12 +34,15 @@ class ReadFile:
         self.path = Path(path)
         self.fd: int | None = os.open(path, os.O_RDONLY)
         self.direct_fd: int | None = None  # Linux: a second descriptor opened with O_DIRECT
+        opened = [self.fd]
+        self._close = close_when_collected(self, opened)
         try:
             if bypass_page_cache and sys.platform == "darwin":
                 fcntl.fcntl(self.fd, _F_NOCACHE, 1)
             elif bypass_page_cache and _O_DIRECT:
                 try:
                     self.direct_fd = os.open(path, os.O_RDONLY | _O_DIRECT)
+                    opened.append(self.direct_fd)
                 except OSError:  # a file system without O_DIRECT (tmpfs): read through the cache
                     self.direct_fd = None
         except BaseException:
@@ -55,9 +60,7 @@ class ReadFile:
             raise OSError(f"short read: {got} of {want} bytes at offset {offset}")
 
     def close(self) -> None:
-        for fd in (self.fd, self.direct_fd):
-            if fd is not None:
-                os.close(fd)
+        self._close()
         self.fd = self.direct_fd = None
 
 
