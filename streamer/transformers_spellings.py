@@ -49,6 +49,12 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
 }
 
 
+# Values published checkpoints write as integers where transformers 5's strict config classes
+# declare a float, so that loading the tokenizer (which builds the config class) fails:
+# model_type -> (section of config.json, field). DBRX's config.json has
+# "moe_normalize_expert_weights": 1.
+INTEGERS_AS_FLOATS = {"dbrx": (("ffn_config", "moe_normalize_expert_weights"),)}
+
 # Fields mlx-lm reads at the top level of a vision-language config that transformers 5 keeps only
 # in its text_config: model_type -> fields.
 TEXT_FIELDS_ON_TOP = {"gemma4": ("vocab_size",)}
@@ -68,6 +74,10 @@ def normalize_config(config: dict) -> dict:
         for name in TEXT_FIELDS_ON_TOP.get(model_type, ()):
             if name not in config and name in config["text_config"]:
                 config[name] = config["text_config"][name]
+    for section, name in INTEGERS_AS_FLOATS.get(model_type, ()):
+        values = config.get(section)
+        if isinstance(values, dict) and type(values.get(name)) is int:
+            config[section] = {**values, name: float(values[name])}
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
     quantization_config = config.get("quantization_config")

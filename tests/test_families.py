@@ -107,3 +107,18 @@ def test_fp8_is_refused_where_mlx_lm_does_not_dequantize_it(tmp_path):
     with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
         repack(src, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_dbrx_as_published_loads_its_tokenizer(tmp_path):
+    """DBRX's own config.json writes moe_normalize_expert_weights as the integer 1, which
+    transformers 5's strict DbrxConfig refuses while the tokenizer loads: the repacked
+    config.json holds it as a float, and the model loads and generates."""
+    import streamer
+
+    config = tiny_config("dbrx")
+    config["ffn_config"]["moe_normalize_expert_weights"] = 1
+    src = write_hf_checkpoint(tmp_path / "src", config)
+    repack(src, tmp_path / "dst", log=lambda _: None)
+    model, tokenizer = streamer.load(tmp_path / "dst")
+    assert model.streamer.manifest.config["ffn_config"]["moe_normalize_expert_weights"] == 1.0
+    assert streamer.generate(model, tokenizer, "hello", max_tokens=2)
