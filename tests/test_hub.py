@@ -71,9 +71,10 @@ def test_a_cached_mlx_download_runs_and_plans_by_name(hub, capsys):
         assert main(["generate", "--model", model, "--prompt", "hi", "--max-tokens", "4"]) == 0
         answers.append(capsys.readouterr().out)
     assert answers[0] == answers[1] and answers[0].strip()
-    assert main(["plan", "tiny-org/Tiny-MLX", "--json"]) == 0
+    # a given --memory: by default the plan fits the memory available now, which moves
+    assert main(["plan", "tiny-org/Tiny-MLX", "--json", "--memory", "16G"]) == 0
     by_name = capsys.readouterr().out
-    assert main(["plan", str(snapshot), "--json"]) == 0
+    assert main(["plan", str(snapshot), "--json", "--memory", "16G"]) == 0
     assert by_name == capsys.readouterr().out and '"expert_bytes"' in by_name
 
 
