@@ -47,8 +47,7 @@ class Prefetcher:
         self._evictions = files.evictions
         self.recent_misses = 0
         self.payload_bytes = layer.layout.payload_bytes
-        self._lengths = np.array([r.length for r in layer.layout.expert_ranges], dtype=np.int64)
-        self.measured_bytes = int(self._lengths.sum())
+        self.measured_bytes = int(layer.range_lengths.sum())
         self.checksums = checksums
         self.verified = np.zeros(num_experts, dtype=bool)
         self._ranges: list[list[ByteRange] | None] = [None] * num_experts  # made on first use
@@ -66,7 +65,7 @@ class Prefetcher:
             traffic.bytes_measured += measured
             traffic.bytes_in_page_cache += resident
             if resident < measured:  # some ranges are cold
-                cold = counts < self._lengths
+                cold = counts < self._files.range_lengths
                 for i, j in zip(*np.nonzero(cold)):  # a repacked record is 1 range, a download 9
                     files.advise(self._ranges_of(experts[i])[j], mmap.MADV_WILLNEED)
                 fetched = np.asarray(experts)[cold.any(axis=1)]
@@ -90,12 +89,14 @@ class Prefetcher:
             self.recent_misses = 0
             return False
         self._forget_evicted()
-        regions = self._files.layout.regions
         counts = self._files.regions_resident_bytes()
-        total = sum(r.length for r in regions)
-        if counts is None or counts.sum() < FILE_CACHED_SHARE * total:  # None: the OS cannot tell
+        if counts is None:  # the OS cannot tell
             return False
-        if counts.sum() < total or not self._populated.all():
+        cached, total = int(counts.sum()), self._files.regions_bytes
+        if cached < FILE_CACHED_SHARE * total:
+            return False
+        if cached < total or not self._populated.all():
+            regions = self._files.layout.regions
             self._populated[:] = all([self._files.populate(r) for r in regions])
         return True
 

@@ -33,11 +33,14 @@ class LayerFiles:
         mx.eval(self.views)
         self._residency = Residency()
         self._spans: list[list[Span] | None] = [None] * layout.num_experts  # made on first use
-        self._lengths = np.array([r.length for r in layout.expert_ranges], dtype=np.int64)
+        # bytes of each of an expert's ranges (the unit of residency), in `ranges` order
+        self.range_lengths = np.array([r.length for r in layout.expert_ranges], dtype=np.int64)
         self._tiled: dict[int, np.ndarray] = {}  # experts per call -> their ranges' lengths
         self._region_spans = [
             page_span(self.address(r.file, r.offset), r.length) for r in layout.regions
         ]
+        self._region_lengths = np.array([r.length for r in layout.regions], dtype=np.int64)
+        self.regions_bytes = int(self._region_lengths.sum())  # all of the layer's experts
 
     def _view(self, t: TensorPlacement) -> mx.array:
         mapped = self._maps[t.at.file]
@@ -68,9 +71,9 @@ class LayerFiles:
         spans = [span for expert in experts for span in self._spans_of(expert)]
         lengths = self._tiled.get(len(experts))
         if lengths is None:
-            lengths = self._tiled[len(experts)] = np.tile(self._lengths, len(experts))
+            lengths = self._tiled[len(experts)] = np.tile(self.range_lengths, len(experts))
         counts = self._residency.resident_bytes(spans, lengths)
-        return None if counts is None else counts.reshape(len(experts), len(self._lengths))
+        return None if counts is None else counts.reshape(len(experts), len(self.range_lengths))
 
     def _spans_of(self, expert: int) -> list[Span]:
         spans = self._spans[expert]
@@ -83,8 +86,7 @@ class LayerFiles:
     def regions_resident_bytes(self) -> np.ndarray | None:
         """Bytes of each of the layout's regions in the page cache; None where the OS cannot
         tell."""
-        lengths = np.array([r.length for r in self.layout.regions], dtype=np.int64)
-        return self._residency.resident_bytes(self._region_spans, lengths)
+        return self._residency.resident_bytes(self._region_spans, self._region_lengths)
 
     def advise(self, r: ByteRange, advice: int) -> None:
         mapped = self._maps[r.file]
