@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import torch
 from test_parity import PROMPT, greedy_tokens
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForImageTextToText
 
 import streamer
+from fixtures.tokenizer import write_tokenizer
 from fixtures.transformers_families import COMMON, FAMILIES
+from fixtures.transformers_vision_families import VISION_LANGUAGE
 from fixtures.transformers_written import families, write_transformers_checkpoint
 from streamer.errors import StreamerError
 from streamer.io.checkpoint import Checkpoint
@@ -79,4 +81,19 @@ def test_ling_3_layers_mlx_lm_places_otherwise_are_refused(tmp_path):
     config.architectures = ["BailingHybridForCausalLM"]  # as its model's save_pretrained writes
     config.save_pretrained(tmp_path / "src")
     with pytest.raises(StreamerError, match=r"computes it otherwise.*layer_types \['linear_atten"):
+        repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+
+
+def test_kimi_k25_without_q_lora_as_transformers_saves_it_is_refused(tmp_path):
+    """transformers 5.24 saves a Kimi K2.5 text model without q LoRA with its q_proj under the
+    vision tower's fused name, rows permuted by the vision heads (which transformers cannot load
+    back either): refused, naming the tensor."""
+    text, vision, top = VISION_LANGUAGE["kimi_k25"]
+    text = {**COMMON, **text, "q_lora_rank": None}
+    config = AutoConfig.for_model("kimi_k25", text_config=text, vision_config=vision, **top)
+    AutoModelForImageTextToText.from_config(config).save_pretrained(tmp_path / "src")
+    write_tokenizer(tmp_path / "src")
+    with pytest.raises(
+        StreamerError, match=r"'language_model\.model\.blocks\.0\.self_wqkv\.weight'"
+    ):
         repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
