@@ -12,6 +12,7 @@ from mlx_lm.models.base import BaseModelArgs
 from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
 
 from .io.json_file import decode_tagged_floats
+from .transformers_fixed_longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH
 
 # Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
 # `attribute_map`): mlx-lm's name -> transformers 5's.
@@ -46,6 +47,8 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
         "scoring_func": lambda _: "sigmoid",
         "moe_layer_freq": lambda _: 1,
     },
+    "longcat_flash": LONGCAT_FLASH,
+    "mimo_v2_flash": MIMO_V2_FLASH,
 }
 
 

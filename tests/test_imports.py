@@ -34,6 +34,7 @@ LAYERS = {
         "streamer.model_types",
         "streamer.hf_naming",
         "streamer.transformers_spellings",
+        "streamer.transformers_fixed_longcat_mimo",
         "streamer.config",
         "streamer.tokenizer",
         "streamer.backend",
