@@ -12,6 +12,7 @@ from mlx_lm.models.base import BaseModelArgs
 from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
 
 from .io.json_file import decode_tagged_floats
+from .transformers_models import as_published
 
 # Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
 # `attribute_map`): mlx-lm's name -> transformers 5's.
@@ -64,7 +65,7 @@ def normalize_config(config: dict) -> dict:
     """Accept newer transformers spellings that mlx-lm's model args do not read yet (checkpoints
     that transformers 5 itself writes), in config.json and in a vision-language model's
     text_config."""
-    config = decode_tagged_floats(config)
+    config = as_published(decode_tagged_floats(config))
     model_type = config.get("model_type")
     config = _spell_fields(config, _args_fields(config), model_type)
     if isinstance(config.get("text_config"), dict):

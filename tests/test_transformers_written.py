@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 import torch
 from test_parity import PROMPT, greedy_tokens
+from transformers import AutoConfig
 
 import streamer
+from fixtures.transformers_families import COMMON, FAMILIES
 from fixtures.transformers_written import families, write_transformers_checkpoint
+from streamer.errors import StreamerError
 from streamer.io.checkpoint import Checkpoint
 from streamer.repack import repack
 
@@ -65,3 +68,15 @@ def test_gpt_oss_is_written_in_the_unquantized_transformers_layout(tmp_path):
         "down_proj": (8, inter, hidden),
         "down_proj_bias": (8, hidden),
     }
+
+
+def test_ling_3_layers_mlx_lm_places_otherwise_are_refused(tmp_path):
+    """transformers' Ling 3 makes the layers after the last whole group KDA, mlx-lm's
+    bailing_moe_v3 MLA: such a config, as transformers writes it, is refused with the reason."""
+    write_transformers_checkpoint(tmp_path / "src", "bailing_hybrid")
+    fields = {**COMMON, **FAMILIES["bailing_hybrid"], "num_hidden_layers": 3}
+    config = AutoConfig.for_model("bailing_hybrid", **fields)
+    config.architectures = ["BailingHybridForCausalLM"]  # as its model's save_pretrained writes
+    config.save_pretrained(tmp_path / "src")
+    with pytest.raises(StreamerError, match=r"computes it otherwise.*layer_types \['linear_atten"):
+        repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
