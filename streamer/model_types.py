@@ -10,6 +10,7 @@ from mlx_lm.utils import _get_classes
 
 from .errors import StreamerError
 from .hf_naming import NAMING, Architecture
+from .transformers_models import computed_otherwise
 
 # mlx-lm model files that build experts streamer does not stream (yet), and why.
 REFUSED: dict[str, str] = {
@@ -25,6 +26,9 @@ def architecture(config: dict, where: Path | str) -> Architecture:
     model_type = mlx_lm_model_type(config, where)
     if model_type in REFUSED:
         refuse(config, where, REFUSED[model_type])
+    otherwise = computed_otherwise(config)  # config.json as transformers wrote it
+    if otherwise is not None:
+        refuse(config, where, f"mlx-lm computes it otherwise than transformers: {otherwise}")
     return NAMING.get(model_type, Architecture())
 
 

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 from test_parity import PROMPT, greedy_tokens
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 import streamer
+from fixtures.transformers_families import COMMON, FAMILIES
 from fixtures.transformers_written import families, write_transformers_checkpoint
 from streamer.errors import StreamerError
 from streamer.io.checkpoint import Checkpoint
@@ -129,3 +130,15 @@ def test_mimo_v2_flash_rope_mlx_lm_cannot_compute_is_refused(tmp_path):
     with pytest.raises(StreamerError, match="rope_parameters.*one partial_rotary_factor"):
         repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
     assert not (tmp_path / "dst").exists()
+
+
+def test_ling_3_layers_mlx_lm_places_otherwise_are_refused(tmp_path):
+    """transformers' Ling 3 makes the layers after the last whole group KDA, mlx-lm's
+    bailing_moe_v3 MLA: such a config, as transformers writes it, is refused with the reason."""
+    write_transformers_checkpoint(tmp_path / "src", "bailing_hybrid")
+    fields = {**COMMON, **FAMILIES["bailing_hybrid"], "num_hidden_layers": 3}
+    config = AutoConfig.for_model("bailing_hybrid", **fields)
+    config.architectures = ["BailingHybridForCausalLM"]  # as its model's save_pretrained writes
+    config.save_pretrained(tmp_path / "src")
+    with pytest.raises(StreamerError, match=r"computes it otherwise.*layer_types \['linear_atten"):
+        repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)

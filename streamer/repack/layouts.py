@@ -96,12 +96,28 @@ def zero_experts_from_transformers(weights: dict[str, mx.array]) -> dict[str, mx
 _PER_EXPERT = re.compile(r"^(?P<expert>.+\.experts\.\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.")
 
 
+def bailing_v3_from_transformers_5(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Ling 3 as transformers 5 writes it: every attention's output projection as
+    `attention.dense` (its save renames its o_proj back to the published MLA name, for the KDA
+    layers too, which the published checkpoints and mlx-lm name `attention.o_proj`). A KDA
+    layer is told by its forget gate's `attention.A_log`."""
+    out = dict(weights)
+    for name in weights:
+        if name.endswith(".attention.A_log"):
+            attention = name.removesuffix("A_log")
+            dense, o_proj = attention + "dense.weight", attention + "o_proj.weight"
+            if dense in out and o_proj not in out:
+                out[o_proj] = out.pop(dense)
+    return out
+
+
 # mlx-lm model file -> the conversion run before its sanitize
 LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
     "gpt_oss": gpt_oss_from_transformers,
     "qwen3_vl_moe": inputs_first_from_transformers_5,
     "kimi_linear": kimi_linear_dense_from_transformers_5,
     "longcat_flash": zero_experts_from_transformers,
+    "bailing_moe_v3": bailing_v3_from_transformers_5,
 }
 
 
