@@ -35,6 +35,7 @@ LAYERS = {
         "streamer.hf_naming",
         "streamer.transformers_spellings",
         "streamer.transformers_fixed_longcat_mimo",
+        "streamer.transformers_models",
         "streamer.config",
         "streamer.tokenizer",
         "streamer.backend",
