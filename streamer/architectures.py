@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
-from mlx_lm.utils import _get_classes, infer_quant_config
+from mlx_lm.utils import _get_classes, _takes_global_scale, infer_quant_config
 
 from .config import check_config
 from .errors import StreamerError
@@ -65,6 +65,21 @@ def container_projections(container: nn.Module) -> list[str]:
     ]
 
 
+def quantization_of(container: nn.Module) -> dict[str, dict | None]:
+    """Projection -> the parameters `to_quantized` rebuilds it with (None: unquantized), as a
+    manifest records them; `global_scale` where each expert has an NVFP4 tensor scale."""
+    quantization = {}
+    for proj in container_projections(container):
+        m = container[proj]
+        params = None
+        if isinstance(m, QuantizedSwitchLinear):
+            params = {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}
+            if m.get("global_scale") is not None:
+                params["global_scale"] = True
+        quantization[proj] = params
+    return quantization
+
+
 def replace_modules(model: nn.Module, replacements: dict[str, nn.Module]) -> None:
     model.update_modules(tree_unflatten(list(replacements.items())))
 
@@ -77,7 +92,8 @@ def quantize_like_mlx_lm(
     quantizable: Callable[[str, nn.Module], bool | dict] | None = None,
 ) -> None:
     """Quantize `model`'s layers exactly as `mlx_lm.utils.load_model` would for these weights:
-    config.json's per-module entries first, then each layer whose weights have scales.
+    config.json's per-module entries first, then each layer whose weights have scales (and a
+    per-expert global scale, NVFP4's, where they have one).
     `quantizable(path, module)` decides instead of the weights where there are none (a plan)."""
     quantization = config.get("quantization")
     if quantization is None:
@@ -86,7 +102,11 @@ def quantize_like_mlx_lm(
     def from_weights(path: str, module: nn.Module):
         if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
             return False
-        return infer_quant_config(path, module, weights)
+        params = infer_quant_config(path, module, weights)
+        # NVFP4 experts with one tensor scale each (mlx-lm's `global_scale`: Muse Spark's)
+        if f"{path}.global_scale" in weights and _takes_global_scale(module):
+            params["global_scale"] = True
+        return params
 
     decide = quantizable or from_weights
 

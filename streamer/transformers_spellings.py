@@ -12,6 +12,7 @@ from mlx_lm.models.base import BaseModelArgs
 from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
 
 from .io.json_file import decode_tagged_floats
+from .transformers_fixed_longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH
 from .transformers_models import as_published
 
 # Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
@@ -47,6 +48,8 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
         "scoring_func": lambda _: "sigmoid",
         "moe_layer_freq": lambda _: 1,
     },
+    "longcat_flash": LONGCAT_FLASH,
+    "mimo_v2_flash": MIMO_V2_FLASH,
 }
 
 
@@ -81,6 +84,10 @@ def normalize_config(config: dict) -> dict:
             config[section] = {**values, name: float(values[name])}
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
+    text = config.get("text_config")
+    if "quantization_config" not in config and isinstance(text, dict):
+        if "quantization_config" in text:  # as mlx-lm's loader looks for it
+            config["quantization_config"] = text["quantization_config"]
     quantization_config = config.get("quantization_config")
     if "quantization" not in config and isinstance(quantization_config, dict):
         method = quantization_config.get("quant_method")
@@ -90,9 +97,19 @@ def normalize_config(config: dict) -> dict:
                 "bits": 4,
                 "mode": "mxfp4",
             }
+        elif method == "modelopt" and _modelopt_nvfp4(quantization_config):
+            # NVIDIA ModelOpt's NVFP4 (Muse Spark's): MLX's nvfp4, each expert's tensor scale
+            # (`weight_scale_2`) made mlx-lm's `global_scale` by the family's sanitize
+            settings = quantization_config.get("quantization", quantization_config)
+            config["quantization"] = config["quantization_config"] = {
+                "group_size": settings.get("group_size", 16),
+                "bits": 4,
+                "mode": "nvfp4",
+            }
         elif method == "compressed-tensors":
             # mlx-lm's reading of the format (int4 or MXFP4 packs); others stay refused, the NVFP4
-            # pack too: no mlx-lm sanitize reads its global scales (`weight_global_scale`)
+            # pack too: no sanitize of mlx-lm 0.32 reads its `weight_global_scale`, so mlx-lm
+            # loads no such checkpoint
             if quantization_config.get("format") == "nvfp4-pack-quantized":
                 return config
             try:
@@ -113,6 +130,13 @@ def normalize_config(config: dict) -> dict:
                 "mode": "mxfp8",
             }
     return config
+
+
+def _modelopt_nvfp4(quantization_config: dict) -> bool:
+    """ModelOpt's quantization_config for NVFP4 (its settings nested under `quantization` in
+    hf_quant_config.json's form), the one ModelOpt algorithm mlx-lm reads."""
+    settings = quantization_config.get("quantization", quantization_config)
+    return isinstance(settings, dict) and settings.get("quant_algo") == "NVFP4"
 
 
 def _args_fields(config: dict) -> dict[str, dataclasses.Field]:

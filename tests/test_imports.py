@@ -34,6 +34,8 @@ LAYERS = {
         "streamer.model_types",
         "streamer.hf_naming",
         "streamer.transformers_spellings",
+        "streamer.transformers_fixed_longcat_mimo",
+        "streamer.transformers_models",
         "streamer.config",
         "streamer.tokenizer",
         "streamer.backend",
