@@ -19,6 +19,7 @@ from test_parity import PROMPT, greedy_tokens
 from transformers import AutoConfig, AutoTokenizer
 
 import streamer
+from fixtures import TINY_CONFIGS
 from fixtures.transformers_families import COMMON, FAMILIES
 from fixtures.transformers_written import families, write_transformers_checkpoint
 from streamer.errors import StreamerError
@@ -41,7 +42,11 @@ def transformers_greedy(model, prompt: list[int], n: int = 64) -> list[int]:
 
 @pytest.mark.parametrize("model_type", families())
 def test_streams_what_transformers_computes(tmp_path, model_type):
-    oracle = write_transformers_checkpoint(tmp_path / "src", model_type)
+    assert_streams_as(write_transformers_checkpoint(tmp_path / "src", model_type), tmp_path)
+
+
+def assert_streams_as(oracle, tmp_path) -> None:
+    """The checkpoint in tmp_path/src, repacked and streamed, computes what `oracle` computes."""
     repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
     model, tokenizer = streamer.load(tmp_path / "dst", memory_budget=0, dtype=mx.float32)
     prompt = tokenizer.encode(PROMPT)
@@ -142,3 +147,22 @@ def test_ling_3_layers_mlx_lm_places_otherwise_are_refused(tmp_path):
     config.save_pretrained(tmp_path / "src")
     with pytest.raises(StreamerError, match=r"computes it otherwise.*layer_types \['linear_atten"):
         repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+
+
+def test_mimo_v2_flash_carrying_the_hub_fields_streams_what_transformers_computes(
+    tmp_path, monkeypatch
+):
+    """A config transformers 5 makes from a published config.json keeps the hub's own fields
+    (hybrid_layer_pattern, swa_*, rope_theta, sliding_window_size, ...), which its model does not
+    read: it attends to sliding_window_size + 1 keys, rotates by its per-type rope_parameters and
+    gives the sliding layers twice the KV heads. Here they disagree with its own fields, as they
+    would once a published config is made smaller: transformers' own fields decide."""
+    own = AutoConfig.for_model("mimo_v2_flash").to_dict()
+    published = TINY_CONFIGS["mimo_v2_flash"]
+    hub = {k: v for k, v in published.items() if k not in own and k != "torch_dtype"}
+    monkeypatch.setitem(FAMILIES, "mimo_v2_flash", {**FAMILIES["mimo_v2_flash"], **hub})
+    oracle = write_transformers_checkpoint(tmp_path / "src", "mimo_v2_flash")
+    config = json.loads((tmp_path / "src" / "config.json").read_text())
+    assert config["sliding_window"] == config["sliding_window_size"] + 1
+    assert config["hybrid_layer_pattern"] == published["hybrid_layer_pattern"]
+    assert_streams_as(oracle, tmp_path)
