@@ -111,6 +111,37 @@ def bailing_v3_from_transformers_5(weights: dict[str, mx.array]) -> dict[str, mx
     return out
 
 
+def kimi_k25_from_transformers_5(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Kimi K2.5 as transformers 5.24 writes it: the renames its loader makes to the vision
+    tower's published names (`blocks` -> `layers`, `wqkv` -> `attn.{q,k,v}_proj` permuted for
+    the vision RoPE) run backwards over the whole model on save, so the text model's layers come
+    out as `language_model.model.blocks.{l}`, and the projector's norm stays
+    `model.mm_projector.pre_norm`; the published checkpoints, and mlx-lm, name them
+    `language_model.model.layers.{l}` and `mm_projector.pre_norm` (dropped with the vision
+    tower). A text model without q LoRA has its `self_attn.q_proj` written as `self_wqkv`, its
+    rows permuted by the vision tower's head count, which the weights do not hold: refused."""
+    out = {}
+    for name, value in weights.items():
+        if name.endswith(".self_wqkv.weight"):
+            raise StreamerError(
+                f"tensor {name!r}: Kimi K2.5's text q_proj as transformers 5.24's save_pretrained"
+                " writes it without q LoRA, under the vision tower's fused name with its rows"
+                " permuted for the vision heads (transformers cannot load it back either);"
+                " repack the published checkpoint instead."
+            )
+        for theirs, ours in _KIMI_K25_NAMES:
+            if name.startswith(theirs):
+                name = ours + name[len(theirs) :]
+        out[name] = value
+    return out
+
+
+_KIMI_K25_NAMES = (
+    ("language_model.model.blocks.", "language_model.model.layers."),
+    ("model.mm_projector.", "mm_projector."),
+)
+
+
 # mlx-lm model file -> the conversion run before its sanitize
 LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
     "gpt_oss": gpt_oss_from_transformers,
@@ -118,6 +149,7 @@ LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
     "kimi_linear": kimi_linear_dense_from_transformers_5,
     "longcat_flash": zero_experts_from_transformers,
     "bailing_moe_v3": bailing_v3_from_transformers_5,
+    "kimi_k25": kimi_k25_from_transformers_5,
 }
 
 
