@@ -1,7 +1,8 @@
 """Fields mlx-lm's LongCat-Flash and MiMo-V2-Flash model args require that transformers 5 does not
 write, because its models fix them or derive them from other fields: model_type -> field -> the
 value transformers' model computes with (transformers' modeling_longcat_flash.py and
-modeling_mimo_v2_flash.py). Merged into transformers_spellings.TRANSFORMERS_FIXED."""
+modeling_mimo_v2_flash.py). Merged into transformers_spellings.TRANSFORMERS_FIXED; where
+config.json carries WRITTEN_BY_TRANSFORMERS' fields, they replace the hub's spellings of them."""
 
 from __future__ import annotations
 
@@ -85,4 +86,15 @@ MIMO_V2_FLASH: dict[str, Callable[[dict], object]] = {
     "swa_num_key_value_heads": lambda c: 2 * _field(c, "num_key_value_heads"),
     "swa_head_dim": lambda c: _field(c, "head_dim"),
     "swa_v_head_dim": lambda c: _field(c, "v_head_dim"),
+}
+
+
+# model_type -> fields transformers 5 writes for it and its hub configs do not: where config.json
+# has them all, transformers wrote it, and its model computes with its own fields only, whatever
+# hub fields a config it read carried through (MiMo-V2-Flash's config class keeps the hub's
+# hybrid_layer_pattern, swa_*, rope_theta, sliding_window_size unread: a window of
+# sliding_window_size + 1 keys, the default per-type rope_parameters, twice the KV heads), so
+# TRANSFORMERS_FIXED's values replace them
+WRITTEN_BY_TRANSFORMERS = {
+    "mimo_v2_flash": ("layer_types", "mlp_layer_types", "rope_parameters", "sliding_window")
 }

@@ -12,7 +12,7 @@ from mlx_lm.models.base import BaseModelArgs
 from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
 
 from .io.json_file import decode_tagged_floats
-from .transformers_fixed_longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH
+from .transformers_fixed_longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH, WRITTEN_BY_TRANSFORMERS
 from .transformers_models import as_published
 
 # Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
@@ -190,8 +190,10 @@ def _spell_fields(
                 config[name] = rope[name]
         if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
             config["rope_scaling"] = rope
+    own = WRITTEN_BY_TRANSFORMERS.get(model_type, ())
+    written = bool(own) and all(name in config for name in own)  # then its values decide
     for name, value in TRANSFORMERS_FIXED.get(model_type, {}).items():
-        if name not in config:
+        if written or name not in config:
             config[name] = value(config)
     scaling = fields.get("rope_scaling")
     if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
