@@ -23,12 +23,12 @@ REFUSED: dict[str, str] = {
 
 def architecture(config: dict, where: Path | str) -> Architecture:
     """The HF expert naming of `config`'s family (after mlx-lm's own model-type remapping)."""
-    model_type = mlx_lm_model_type(config, where)
-    if model_type in REFUSED:
-        refuse(config, where, REFUSED[model_type])
     otherwise = computed_otherwise(config)  # config.json as transformers wrote it
     if otherwise is not None:
         refuse(config, where, f"mlx-lm computes it otherwise than transformers: {otherwise}")
+    model_type = mlx_lm_model_type(config, where)
+    if model_type in REFUSED:
+        refuse(config, where, REFUSED[model_type])
     return NAMING.get(model_type, Architecture())
 
 

@@ -103,8 +103,22 @@ def as_published(config: dict) -> dict:
     return config
 
 
+# transformers' model types for models mlx-lm runs under another, which it computes otherwise:
+# model_type -> why (so they are not read as mlx-lm's)
+COMPUTED_OTHERWISE: dict[str, str] = {
+    # Hunyuan-A13B (its published config: model_type hunyuan, custom code). Its RoPE (NTK alpha),
+    # q/k norms after RoPE and shared expert are mlx-lm's hunyuan's (README: the logits agree
+    # within 2e-5 once mlx-lm's top-k weights are renormalized); its routing weights are not.
+    "hunyuan_v1_moe": "it is Hunyuan-A13B, which mlx-lm runs as model_type 'hunyuan', but "
+    "mlx-lm's hunyuan weights each token's top-k experts by their softmax probabilities over all "
+    "experts and transformers' hunyuan_v1_moe by those renormalized to sum to 1.",
+}
+
+
 def computed_otherwise(config: dict) -> str | None:
     """Why mlx-lm's model computes otherwise than transformers' for `config` as transformers
     wrote it (None: the same, or not written by transformers otherwise than published)."""
+    if config.get("model_type") in COMPUTED_OTHERWISE:
+        return COMPUTED_OTHERWISE[config["model_type"]]
     model = written_by(config)
     return None if model is None else model.differs(config)

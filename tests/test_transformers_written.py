@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from test_parity import PROMPT, greedy_tokens
-from transformers import AutoConfig, AutoModelForImageTextToText
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 import streamer
 from fixtures.tokenizer import write_tokenizer
@@ -100,4 +100,14 @@ def test_kimi_k25_without_q_lora_as_transformers_saves_it_is_refused(tmp_path):
     with pytest.raises(
         StreamerError, match=r"'language_model\.model\.blocks\.0\.self_wqkv\.weight'"
     ):
+        repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+
+
+def test_hunyuan_v1_moe_is_refused_with_how_mlx_lm_computes_it_otherwise(tmp_path):
+    """transformers' Hunyuan MoE is Hunyuan-A13B, mlx-lm's hunyuan, but weighted otherwise."""
+    fields = {**COMMON, "tie_word_embeddings": True}  # as Hunyuan-A13B publishes
+    config = AutoConfig.for_model("hunyuan_v1_moe", **fields)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "src")
+    write_tokenizer(tmp_path / "src")
+    with pytest.raises(StreamerError, match="hunyuan_v1_moe.*renormalized to sum to 1"):
         repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
