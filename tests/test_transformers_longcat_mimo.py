@@ -4,20 +4,31 @@ streams each tiny checkpoint against transformers' logits)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import shutil
+from pathlib import Path
 
+import mlx.core as mx
+import mlx.nn as nn
 import pytest
 import torch
-from test_parity import PROMPT
+from mlx_lm.utils import quantize_model, save_model
+from test_parity import PROMPT, assert_exactly_as
 from test_transformers_written import assert_streams_as
 from transformers import AutoConfig, AutoTokenizer
 
+import streamer
 from fixtures import TINY_CONFIGS
 from fixtures.transformers_families import FAMILIES
 from fixtures.transformers_written import write_transformers_checkpoint
+from streamer.architectures import build_model
 from streamer.errors import StreamerError
 from streamer.io.checkpoint import Checkpoint
-from streamer.repack import repack
+from streamer.repack import Quantize, repack
+from streamer.repack.layouts import sanitizer
+from streamer.transformers_spellings import normalize_config
 
 
 def _prompt(folder) -> torch.Tensor:
@@ -97,3 +108,41 @@ def test_mimo_v2_flash_carrying_the_hub_fields_streams_what_transformers_compute
     assert config["sliding_window"] == config["sliding_window_size"] + 1
     assert config["hybrid_layer_pattern"] == published["hybrid_layer_pattern"]
     assert_streams_as(oracle, tmp_path)
+
+
+def mlx_quantized(src: Path, folder: Path) -> nn.Module:
+    """`src` quantized as mlx_lm.convert quantizes (4 bits, group 64: mlx-lm's quantize_model and
+    save_model, on mlx-lm's model of src's weights as streamer reads them) into `folder`, with
+    transformers 5's config.json kept. Returns mlx-lm's resident model of it, in float32."""
+    with Checkpoint(src) as ckpt:
+        config = normalize_config(ckpt.config)
+        reference = build_model(config, src)
+        weights = sanitizer(reference, src)({n: ckpt.lazy(n) for n in ckpt.tensors})
+        reference.load_weights(list(weights.items()))
+        mx.eval(reference.parameters())
+        published = dict(ckpt.config)
+    with contextlib.redirect_stdout(io.StringIO()):  # its bits-per-weight line
+        _, quantized = quantize_model(reference, config, 64, 4)
+    save_model(folder, reference)
+    for name in ("quantization", "quantization_config"):
+        published[name] = quantized[name]
+    (folder / "config.json").write_text(json.dumps(published))
+    for path in src.glob("tokenizer*"):
+        shutil.copy(path, folder)
+    reference.set_dtype(mx.float32)
+    return reference
+
+
+@pytest.mark.parametrize("model_type", ["longcat_flash", "mimo_v2_flash"])
+def test_quantized_in_place_and_with_quantize_as_mlx_lm_quantizes(tmp_path, model_type):
+    """The transformers-written checkpoint quantized as mlx_lm.convert would (were its config.json
+    one mlx-lm reads) streams in place from its shards, and `--quantize` repacks the bf16
+    checkpoint into the same model: both identical to mlx-lm's resident model of the quantized
+    weights (logits to the bit, 24 greedy tokens)."""
+    write_transformers_checkpoint(tmp_path / "src", model_type)
+    reference = mlx_quantized(tmp_path / "src", tmp_path / "mlx")
+    repack(tmp_path / "src", tmp_path / "dst", quantize=Quantize(4, 64), log=lambda _: None)
+    for folder in (tmp_path / "mlx", tmp_path / "dst"):
+        model, tokenizer = streamer.load(folder, memory_budget=0, dtype=mx.float32)
+        assert_exactly_as(model, reference, mx.array(tokenizer.encode(PROMPT)), 24)
+        model.streamer.close()
