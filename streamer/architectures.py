@@ -72,6 +72,21 @@ def container_projections(container: nn.Module) -> list[str]:
     ]
 
 
+def quantization_of(container: nn.Module) -> dict[str, dict | None]:
+    """Projection -> the parameters `to_quantized` rebuilds it with (None: unquantized), as a
+    manifest records them; `global_scale` where each expert has an NVFP4 tensor scale."""
+    quantization = {}
+    for proj in container_projections(container):
+        m = container[proj]
+        params = None
+        if isinstance(m, QuantizedSwitchLinear):
+            params = {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}
+            if m.get("global_scale") is not None:
+                params["global_scale"] = True
+        quantization[proj] = params
+    return quantization
+
+
 def replace_modules(model: nn.Module, replacements: dict[str, nn.Module]) -> None:
     model.update_modules(tree_unflatten(list(replacements.items())))
 
@@ -84,7 +99,8 @@ def quantize_like_mlx_lm(
     quantizable: Callable[[str, nn.Module], bool | dict] | None = None,
 ) -> None:
     """Quantize `model`'s layers exactly as `mlx_lm.utils.load_model` would for these weights:
-    config.json's per-module entries first, then each layer whose weights have scales.
+    config.json's per-module entries first, then each layer whose weights have scales (and a
+    per-expert global scale, NVFP4's, where they have one).
     `quantizable(path, module)` decides instead of the weights where there are none (a plan)."""
     quantization = config.get("quantization")
     if quantization is None:
@@ -93,9 +109,13 @@ def quantize_like_mlx_lm(
     def from_weights(path: str, module: nn.Module):
         if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
             return False
-        from mlx_lm.utils import infer_quant_config  # with weights only: not for a plan
+        from mlx_lm.utils import _takes_global_scale, infer_quant_config  # not for a plan
 
-        return infer_quant_config(path, module, weights)
+        params = infer_quant_config(path, module, weights)
+        # NVFP4 experts with one tensor scale each (mlx-lm's `global_scale`: Muse Spark's)
+        if f"{path}.global_scale" in weights and _takes_global_scale(module):
+            params["global_scale"] = True
+        return params
 
     decide = quantizable or from_weights
 

@@ -51,6 +51,8 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
     (MLX's CPU gather_mm runs only in float32: unquantized experts in bf16 fail there; its
     quantized gather_qmm takes every float dtype). `layers`: a manifest's or a download's MoE
     layers (each with `quantization` per projection and `tensors` named "proj.kind")."""
+    if any(q and q.get("global_scale") for layer in layers for q in layer.quantization.values()):
+        check_global_scales()
     unquantized = [
         t.dtype
         for layer in layers
@@ -69,4 +71,29 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
             f"dtype {name} cannot compute this model's unquantized experts on MLX's "
             f"{mx.default_device()} backend ({one_line(e)}); pass dtype='float32' (the default "
             "there) or repack with --quantize."
+        ) from None
+
+
+def check_global_scales() -> None:
+    """NVFP4 experts with a tensor scale each (Muse Spark's) need a gather_qmm that takes global
+    scales: MLX's takes them only on a GPU, so on the CPU mlx-lm cannot run such a model either."""
+    w, scales = mx.quantize(mx.ones((32, 32)), 16, 4, mode="nvfp4", global_scale=mx.array(1.0))
+    try:
+        mx.eval(
+            mx.gather_qmm(
+                mx.zeros((1, 1, 32)),
+                w[None],
+                scales[None],
+                rhs_indices=mx.array([[0]], mx.uint32),
+                group_size=16,
+                bits=4,
+                mode="nvfp4",
+                global_scale=mx.ones((1,)),
+            )
+        )
+    except (RuntimeError, ValueError) as e:
+        raise StreamerError(
+            "this model's NVFP4 experts carry a global scale each, which MLX's gather_qmm takes "
+            f"only on a GPU, not on its {backend()} backend ({one_line(e)}): run it on "
+            "Metal or CUDA, or repack the bf16 checkpoint with --quantize."
         ) from None

@@ -9,12 +9,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .architectures import container_projections
+from .architectures import container_projections, quantization_of
 from .errors import StreamerError
 from .io.checkpoint import Checkpoint
 from .io.safetensors import DTYPES, TensorInfo, itemsize
 
-KINDS = ("weight", "scales", "biases", "bias")
+KINDS = ("weight", "scales", "biases", "global_scale", "bias")  # as repack.sources.KIND_ORDER
 
 
 @dataclass(frozen=True)
@@ -98,15 +98,7 @@ def in_place_layer(
             "with this config.json does not have: the download is incomplete or config.json "
             "belongs to another model."
         )
-    quantization = {
-        proj: (
-            {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}
-            if hasattr(m := container[proj], "group_size")
-            else None
-        )
-        for proj in container_projections(container)
-    }
-    return InPlaceLayer(module, num_experts, quantization, tuple(tensors))
+    return InPlaceLayer(module, num_experts, quantization_of(container), tuple(tensors))
 
 
 def _stored(

@@ -17,6 +17,7 @@ from typing import NoReturn
 from .errors import StreamerError
 from .hf_naming import NAMING, Architecture
 from .mlx_lm_models import model_file, package_folder, package_version
+from .transformers_models import computed_otherwise
 
 REMAPPING_TABLES = ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING")
 
@@ -31,6 +32,9 @@ REFUSED: dict[str, str] = {
 
 def architecture(config: dict, where: Path | str) -> Architecture:
     """The HF expert naming of `config`'s family (after mlx-lm's own model-type remapping)."""
+    otherwise = computed_otherwise(config)  # config.json as transformers wrote it
+    if otherwise is not None:
+        refuse(config, where, f"mlx-lm computes it otherwise than transformers: {otherwise}")
     model_type = mlx_lm_model_type(config, where)
     if model_type in REFUSED:
         refuse(config, where, REFUSED[model_type])

@@ -12,6 +12,8 @@ from .errors import StreamerError
 from .io.json_file import decode_tagged_floats
 from .mlx_lm_models import models_without_package_init
 from .model_types import mlx_lm_classes
+from .transformers_fixed_longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH, WRITTEN_BY_TRANSFORMERS
+from .transformers_models import as_published
 
 with models_without_package_init():
     from mlx_lm.models.base import BaseModelArgs
@@ -49,6 +51,8 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
         "scoring_func": lambda _: "sigmoid",
         "moe_layer_freq": lambda _: 1,
     },
+    "longcat_flash": LONGCAT_FLASH,
+    "mimo_v2_flash": MIMO_V2_FLASH,
 }
 
 
@@ -67,7 +71,7 @@ def normalize_config(config: dict) -> dict:
     """Accept newer transformers spellings that mlx-lm's model args do not read yet (checkpoints
     that transformers 5 itself writes), in config.json and in a vision-language model's
     text_config."""
-    config = decode_tagged_floats(config)
+    config = as_published(decode_tagged_floats(config))
     model_type = config.get("model_type")
     config = _spell_fields(config, _args_fields(config), model_type)
     if isinstance(config.get("text_config"), dict):
@@ -83,6 +87,10 @@ def normalize_config(config: dict) -> dict:
             config[section] = {**values, name: float(values[name])}
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
+    text = config.get("text_config")
+    if "quantization_config" not in config and isinstance(text, dict):
+        if "quantization_config" in text:  # as mlx-lm's loader looks for it
+            config["quantization_config"] = text["quantization_config"]
     quantization_config = config.get("quantization_config")
     if "quantization" not in config and isinstance(quantization_config, dict):
         method = quantization_config.get("quant_method")
@@ -92,9 +100,19 @@ def normalize_config(config: dict) -> dict:
                 "bits": 4,
                 "mode": "mxfp4",
             }
+        elif method == "modelopt" and _modelopt_nvfp4(quantization_config):
+            # NVIDIA ModelOpt's NVFP4 (Muse Spark's): MLX's nvfp4, each expert's tensor scale
+            # (`weight_scale_2`) made mlx-lm's `global_scale` by the family's sanitize
+            settings = quantization_config.get("quantization", quantization_config)
+            config["quantization"] = config["quantization_config"] = {
+                "group_size": settings.get("group_size", 16),
+                "bits": 4,
+                "mode": "nvfp4",
+            }
         elif method == "compressed-tensors":
             # mlx-lm's reading of the format (int4 or MXFP4 packs); others stay refused, the NVFP4
-            # pack too: no mlx-lm sanitize reads its global scales (`weight_global_scale`)
+            # pack too: no sanitize of mlx-lm 0.32 reads its `weight_global_scale`, so mlx-lm
+            # loads no such checkpoint
             if quantization_config.get("format") == "nvfp4-pack-quantized":
                 return config
             from mlx_lm.utils import _compressed_tensors_quantization  # imports transformers
@@ -117,6 +135,13 @@ def normalize_config(config: dict) -> dict:
                 "mode": "mxfp8",
             }
     return config
+
+
+def _modelopt_nvfp4(quantization_config: dict) -> bool:
+    """ModelOpt's quantization_config for NVFP4 (its settings nested under `quantization` in
+    hf_quant_config.json's form), the one ModelOpt algorithm mlx-lm reads."""
+    settings = quantization_config.get("quantization", quantization_config)
+    return isinstance(settings, dict) and settings.get("quant_algo") == "NVFP4"
 
 
 def _args_fields(config: dict) -> dict[str, dataclasses.Field]:
@@ -170,8 +195,10 @@ def _spell_fields(
                 config[name] = rope[name]
         if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
             config["rope_scaling"] = rope
+    own = WRITTEN_BY_TRANSFORMERS.get(model_type, ())
+    written = bool(own) and all(name in config for name in own)  # then its values decide
     for name, value in TRANSFORMERS_FIXED.get(model_type, {}).items():
-        if name not in config:
+        if written or name not in config:
             config[name] = value(config)
     scaling = fields.get("rope_scaling")
     if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:

@@ -11,7 +11,12 @@ from pathlib import Path
 import mlx_lm.models
 import pytest
 from mlx_lm.models import switch_layers
-from mlx_lm.utils import MODEL_REMAPPING, _compressed_tensors_quantization, _get_classes
+from mlx_lm.utils import (
+    MODEL_REMAPPING,
+    _compressed_tensors_quantization,
+    _get_classes,
+    _takes_global_scale,
+)
 
 from fixtures import TINY_CONFIGS, tiny_config
 from fixtures.hadamard_pack import hadamard_pack_config
@@ -91,6 +96,10 @@ def test_private_mlx_lm_helpers_behave_as_streamer_expects(model_type):
     quantized = glu.gate_proj.to_quantized(group_size=32, bits=4)
     assert isinstance(quantized, switch_layers.QuantizedSwitchLinear)
     assert (quantized.num_experts, quantized.group_size, quantized.bits) == (4, 32, 4)
+    # `_takes_global_scale` (mlx_lm.utils): which layers hold NVFP4's per-expert tensor scale
+    assert _takes_global_scale(glu.gate_proj)
+    nvfp4 = glu.gate_proj.to_quantized(group_size=16, bits=4, mode="nvfp4", global_scale=True)
+    assert nvfp4.global_scale.shape == (4,)
 
 
 def test_mlx_lm_reads_compressed_tensors_packs_as_streamer_expects():

@@ -35,6 +35,8 @@ LAYERS = {
         "streamer.mlx_lm_models",
         "streamer.hf_naming",
         "streamer.transformers_spellings",
+        "streamer.transformers_fixed_longcat_mimo",
+        "streamer.transformers_models",
         "streamer.config",
         "streamer.tokenizer",
         "streamer.backend",

@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..architectures import container_projections
+from ..architectures import container_projections, quantization_of
 from ..errors import StreamerError
 from ..io.manifest import RECORD_ALIGN, TENSOR_ALIGN, ExpertTensor, MoeLayer
 from ..io.mapping import align
@@ -113,7 +113,7 @@ def write_layer(
         rel,
         plan.num_experts,
         size,
-        layer_quantization(container),
+        quantization_of(container),
         tensors,
         tuple(offsets),
         tuple(crcs),
@@ -124,17 +124,6 @@ def layer_file(index: int) -> str:
     return f"experts/{index:03d}.bin"
 
 
-def layer_quantization(container: nn.Module) -> dict[str, dict | None]:
-    return {
-        proj: (
-            {"group_size": m.group_size, "bits": m.bits, "mode": m.mode}
-            if isinstance(m := container[proj], QuantizedSwitchLinear)
-            else None
-        )
-        for proj in container_projections(container)
-    }
-
-
 def matches_plan(plan: Plan, index: int, layer: MoeLayer) -> bool:
     """Is `layer` (as an interrupted run recorded it) what this plan writes for layer `index`:
     same module, file, expert count, quantization and record layout?"""
@@ -143,7 +132,7 @@ def matches_plan(plan: Plan, index: int, layer: MoeLayer) -> bool:
         return False
     module = modules[index]
     container = plan.containers[module]
-    expected = (module, layer_file(index), plan.num_experts, layer_quantization(container))
+    expected = (module, layer_file(index), plan.num_experts, quantization_of(container))
     if (layer.module, layer.file, layer.num_experts, layer.quantization) != expected:
         return False
     try:

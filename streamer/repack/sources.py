@@ -31,7 +31,9 @@ from .dtypes import check_dtype
 from .layouts import Sanitize
 from .packed_fp4 import as_words, fp4_pack_kinds
 
-KIND_ORDER = ("weight", "scales", "biases", "bias")
+# an expert's tensors of one projection, in record order (`global_scale`: NVFP4's one tensor scale
+# per expert, a scalar)
+KIND_ORDER = ("weight", "scales", "biases", "global_scale", "bias")
 
 
 class Sources:

@@ -189,16 +189,18 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
 
 
 def _quantization(params: dict | None, bad) -> dict | None:
-    """Quantization parameters of one projection: None, or group_size/bits ints and a mode name."""
+    """Quantization parameters of one projection: None, or group_size/bits ints, a mode name and
+    whether each expert has an NVFP4 tensor scale (`global_scale`, true if there)."""
     if params is None:
         return None
     group_size, bits, mode = params["group_size"], params["bits"], params.get("mode", "affine")
-    if set(params) - {"group_size", "bits", "mode"} or not (
+    if set(params) - {"group_size", "bits", "mode", "global_scale"} or not (
         type(group_size) is int
         and type(bits) is int
         and 0 < bits <= 8
         and group_size > 0
         and isinstance(mode, str)
+        and params.get("global_scale", True) is True
     ):
         raise bad(f"invalid quantization parameters {params!r}")
     return dict(params)

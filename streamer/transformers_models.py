@@ -1,0 +1,124 @@
+"""Models that transformers 5 names otherwise than their published checkpoints (and so mlx-lm)
+do: config.json as transformers' `save_pretrained` writes it for them, read as the published
+config that mlx-lm's model for them reads, and what of it mlx-lm's model cannot compute."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TransformersModel:
+    """How transformers writes one model's config.json, against the published one."""
+
+    # fields the published config.json has instead (its architectures, its model_type)
+    published: dict[str, object]
+    # mlx-lm's field -> the one transformers writes for it (its config's attribute_map, or a
+    # field its config overwrites): where transformers wrote it, it is what its model computes with
+    renamed: dict[str, str] = field(default_factory=dict)
+    # fields mlx-lm's model args require that transformers does not write because its model fixes
+    # them: field -> the value it computes with, from the config
+    fixed: dict[str, Callable[[dict], object]] = field(default_factory=dict)
+    # why a config that transformers' model computes with is one mlx-lm's computes otherwise
+    # (None: it computes the same)
+    differs: Callable[[dict], str | None] = lambda _: None
+
+
+def _bailing_v3_differs(config: dict) -> str | None:
+    layers = config.get("num_hidden_layers")
+    group = config.get("layer_group_size")
+    kinds = config.get("layer_types")
+    if isinstance(kinds, list) and type(layers) is int and type(group) is int and group > 0:
+        # mlx-lm's rule: every group's last layer and the layers after the last whole group MLA
+        mla = [(i + 1) % group == 0 or i >= layers // group * group for i in range(layers)]
+        if kinds != ["full_attention" if m else "linear_attention" for m in mla]:
+            return (
+                f"its layer_types {kinds} are not mlx-lm's bailing_moe_v3 layers, MLA the last of "
+                f"every {group} (layer_group_size) and those after the last whole group."
+            )
+    dense = config.get("first_k_dense_replace")
+    mlp = config.get("mlp_layer_types")
+    if isinstance(mlp, list) and type(dense) is int:
+        if mlp != ["dense" if i < dense else "sparse" for i in range(len(mlp))]:
+            return f"its mlp_layer_types {mlp} are not a first_k_dense_replace={dense} prefix."
+    if config.get("moe_renormalize") is False:
+        return "moe_renormalize is false; mlx-lm's bailing_moe_v3 always renormalizes the top-k."
+    if config.get("attention_bias"):
+        return "attention_bias is true; mlx-lm's bailing_moe_v3 has no attention biases."
+    return None
+
+
+# (model_type, transformers' architecture) -> how it writes that model
+TRANSFORMERS_MODELS: dict[tuple[str, str], TransformersModel] = {
+    # Ling 3: KDA and gated MLA layers (transformers' docs name inclusionAI/Ling-3.0-Flash), which
+    # the hub names BailingMoeV3ForCausalLM and mlx-lm runs as bailing_moe_v3 (mlx-lm's
+    # bailing_hybrid is Ling 2.5, BailingMoeLinearV2_5ForCausalLM). transformers' config
+    # overwrites head_dim with qk_rope_head_dim (its RoPE's width) and keeps the KDA heads' in
+    # linear_head_dim; its shared expert is moe_intermediate_size wide per shared expert.
+    ("bailing_hybrid", "BailingHybridForCausalLM"): TransformersModel(
+        published={"architectures": ["BailingMoeV3ForCausalLM"]},
+        renamed={
+            "num_experts_per_tok": "num_experts_per_token",
+            "n_group": "num_expert_group",
+            "max_position_embeddings": "model_max_length",
+            "head_dim": "linear_head_dim",
+        },
+        fixed={"moe_shared_expert_intermediate_size": lambda c: c.get("moe_intermediate_size")},
+        differs=_bailing_v3_differs,
+    ),
+}
+
+
+def written_by(config: dict) -> TransformersModel | None:
+    """How transformers wrote `config`, if it is one of TRANSFORMERS_MODELS as transformers
+    writes it."""
+    architectures = config.get("architectures")
+    if not isinstance(architectures, list):
+        return None
+    model_type = config.get("model_type")
+    return next(
+        (
+            TRANSFORMERS_MODELS[(model_type, a)]
+            for a in architectures
+            if isinstance(a, str) and (model_type, a) in TRANSFORMERS_MODELS
+        ),
+        None,
+    )
+
+
+def as_published(config: dict) -> dict:
+    """`config` as the published config.json of its model spells it (itself if transformers did
+    not write it otherwise). Its transformers spelling stays beside, as written."""
+    model = written_by(config)
+    if model is None:
+        return config
+    config = {**config, **model.published}
+    for name, theirs in model.renamed.items():
+        if theirs in config:
+            config[name] = config[theirs]
+    for name, value in model.fixed.items():
+        if name not in config:
+            config[name] = value(config)
+    return config
+
+
+# transformers' model types for models mlx-lm runs under another, which it computes otherwise:
+# model_type -> why (so they are not read as mlx-lm's)
+COMPUTED_OTHERWISE: dict[str, str] = {
+    # Hunyuan-A13B (its published config: model_type hunyuan, custom code). Its RoPE (NTK alpha),
+    # q/k norms after RoPE and shared expert are mlx-lm's hunyuan's (README: the logits agree
+    # within 2e-5 once mlx-lm's top-k weights are renormalized); its routing weights are not.
+    "hunyuan_v1_moe": "it is Hunyuan-A13B, which mlx-lm runs as model_type 'hunyuan', but "
+    "mlx-lm's hunyuan weights each token's top-k experts by their softmax probabilities over all "
+    "experts and transformers' hunyuan_v1_moe by those renormalized to sum to 1.",
+}
+
+
+def computed_otherwise(config: dict) -> str | None:
+    """Why mlx-lm's model computes otherwise than transformers' for `config` as transformers
+    wrote it (None: the same, or not written by transformers otherwise than published)."""
+    if config.get("model_type") in COMPUTED_OTHERWISE:
+        return COMPUTED_OTHERWISE[config["model_type"]]
+    model = written_by(config)
+    return None if model is None else model.differs(config)
