@@ -14,8 +14,9 @@ class TransformersModel:
 
     # fields the published config.json has instead (its architectures, its model_type)
     published: dict[str, object]
-    # mlx-lm's field -> the one transformers writes for it (its config's attribute_map, or a
-    # field its config overwrites): where transformers wrote it, it is what its model computes with
+    # mlx-lm's field -> the one transformers writes for it (its config's attribute_map, a field
+    # its config overwrites, `section.field` inside one): where transformers wrote it, it is what
+    # its model computes with
     renamed: dict[str, str] = field(default_factory=dict)
     # fields mlx-lm's model args require that transformers does not write because its model fixes
     # them: field -> the value it computes with, from the config
@@ -63,6 +64,8 @@ TRANSFORMERS_MODELS: dict[tuple[str, str], TransformersModel] = {
             "n_group": "num_expert_group",
             "max_position_embeddings": "model_max_length",
             "head_dim": "linear_head_dim",
+            # its model's RoPE; the top-level rope_theta it also writes is unread
+            "rope_theta": "rope_parameters.rope_theta",
         },
         fixed={"moe_shared_expert_intermediate_size": lambda c: c.get("moe_intermediate_size")},
         differs=_bailing_v3_differs,
@@ -95,8 +98,10 @@ def as_published(config: dict) -> dict:
         return config
     config = {**config, **model.published}
     for name, theirs in model.renamed.items():
-        if theirs in config:
-            config[name] = config[theirs]
+        section, _, field = theirs.rpartition(".")  # "rope_parameters.rope_theta": nested
+        values = config.get(section) if section else config
+        if isinstance(values, dict) and field in values:
+            config[name] = values[field]
     for name, value in model.fixed.items():
         if name not in config:
             config[name] = value(config)
