@@ -8,12 +8,15 @@ import sys
 import types
 from collections.abc import Callable
 
-from mlx_lm.models.base import BaseModelArgs
-from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
-
+from .errors import StreamerError
 from .io.json_file import decode_tagged_floats
+from .mlx_lm_models import models_without_package_init
+from .model_types import mlx_lm_classes
 from .transformers_fixed_longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH, WRITTEN_BY_TRANSFORMERS
 from .transformers_models import as_published
+
+with models_without_package_init():
+    from mlx_lm.models.base import BaseModelArgs
 
 # Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
 # `attribute_map`): mlx-lm's name -> transformers 5's.
@@ -112,6 +115,8 @@ def normalize_config(config: dict) -> dict:
             # loads no such checkpoint
             if quantization_config.get("format") == "nvfp4-pack-quantized":
                 return config
+            from mlx_lm.utils import _compressed_tensors_quantization  # imports transformers
+
             try:
                 packed = _compressed_tensors_quantization(quantization_config)
             except ValueError:
@@ -143,8 +148,8 @@ def _args_fields(config: dict) -> dict[str, dataclasses.Field]:
     """The fields of mlx-lm's model args for `config` (none for a config it cannot run: the
     checks that follow say why)."""
     try:
-        _, args_class = _get_classes(config)
-    except (KeyError, ValueError, TypeError):
+        _, args_class = mlx_lm_classes(config)
+    except StreamerError:
         return {}
     return {f.name: f for f in dataclasses.fields(args_class)}
 
@@ -224,8 +229,8 @@ def _text_args_fields(config: dict) -> dict[str, dataclasses.Field]:
     mlx-lm's module for it and in the model modules it imports (qwen3_vl_moe's text model is
     qwen3_moe's)."""
     try:
-        _, args_class = _get_classes(config)
-    except (KeyError, ValueError, TypeError):
+        _, args_class = mlx_lm_classes(config)
+    except StreamerError:
         return {}
     module = sys.modules[args_class.__module__]
     spaces = [vars(module)] + [

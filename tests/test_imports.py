@@ -32,6 +32,7 @@ LAYERS = {
         "streamer.architectures",
         "streamer.expert_lists",
         "streamer.model_types",
+        "streamer.mlx_lm_models",
         "streamer.hf_naming",
         "streamer.transformers_spellings",
         "streamer.transformers_fixed_longcat_mimo",

@@ -17,10 +17,11 @@ import torch
 from mlx_lm.utils import quantize_model, save_model
 from test_parity import PROMPT, assert_exactly_as
 from test_transformers_written import assert_streams_as
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import streamer
 from fixtures import TINY_CONFIGS
+from fixtures.tokenizer import write_tokenizer
 from fixtures.transformers_families import FAMILIES
 from fixtures.transformers_written import write_transformers_checkpoint
 from streamer.architectures import build_model
@@ -146,3 +147,23 @@ def test_quantized_in_place_and_with_quantize_as_mlx_lm_quantizes(tmp_path, mode
         model, tokenizer = streamer.load(folder, memory_budget=0, dtype=mx.float32)
         assert_exactly_as(model, reference, mx.array(tokenizer.encode(PROMPT)), 24)
         model.streamer.close()
+
+
+@pytest.mark.parametrize("model_type", ["longcat_flash", "mimo_v2_flash"])
+def test_loaded_in_bf16_and_saved_again_streams_what_transformers_computes(tmp_path, model_type):
+    """Loaded by transformers in bfloat16 (through its weight conversions) and saved again: its
+    float32 modules (MiMo-V2-Flash's router, `_keep_in_fp32_modules_strict`) stay float32 in a
+    bf16 checkpoint, and the bf16 copy of LongCat-Flash's correction bias rounds it."""
+    oracle = write_transformers_checkpoint(tmp_path / "first", model_type)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "first", dtype=torch.bfloat16)
+    loaded.save_pretrained(tmp_path / "src")
+    write_tokenizer(tmp_path / "src")
+    with Checkpoint(tmp_path / "src") as ckpt:
+        wider = {n.rsplit(".", 1)[0] for n, info in ckpt.tensors.items() if info.dtype == "F32"}
+    routers = {
+        f"model.layers.{i}.mlp.gate"  # its weight and correction bias
+        for i, kind in enumerate(getattr(oracle.config, "mlp_layer_types", ()))
+        if kind == "sparse"
+    }
+    assert wider == routers
+    assert_streams_as(oracle, tmp_path)

@@ -11,7 +11,6 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
-from mlx_lm.utils import quantize_model
 
 from ..architectures import (
     build_model,
@@ -206,6 +205,8 @@ def quantize_resident(
                 model.parameters(),
             )
         )
+    from mlx_lm.utils import quantize_model  # here: a plan without --quantize needs no mlx_lm.utils
+
     with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
         _, config = quantize_model(model, config, quantize.group_size, quantize.bits)
     return config
