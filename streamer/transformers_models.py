@@ -82,6 +82,8 @@ def written_by(config: dict) -> TransformersModel | None:
     """How transformers wrote `config`, if it is one of TRANSFORMERS_MODELS as transformers
     writes it."""
     architectures = config.get("architectures")
+    if isinstance(architectures, str):  # mlx-lm's loader takes one name too
+        architectures = [architectures]
     if not isinstance(architectures, list):
         return None
     model_type = config.get("model_type")
