@@ -10,12 +10,14 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx_lm
 from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.utils import quantize_model
 
 from ..architectures import (
     build_model,
     container_projections,
+    expert_container_of,
     expert_containers,
     quantize_like_mlx_lm,
 )
@@ -31,6 +33,13 @@ from .layouts import sanitizer
 from .sources import Sources
 
 CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
+
+
+# quantization formats mlx-lm names but whose checkpoints no mlx-lm model loads: why
+UNREAD_FORMATS = {
+    "nvfp4-pack-quantized": f"as no sanitize of mlx-lm {mlx_lm.__version__} reads its experts' "
+    "`weight_global_scale`, so mlx-lm cannot load it either (nothing to be exact against)",
+}
 
 
 @dataclass
@@ -60,7 +69,7 @@ class Plan:
 
 
 def in_containers(name: str, containers: dict[str, nn.Module]) -> bool:
-    return any(name.startswith(c + ".") for c in containers)
+    return expert_container_of(name, containers) is not None
 
 
 def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
@@ -72,10 +81,11 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     if "quantization" not in config and "quantization_config" in config:
         method = config["quantization_config"].get("quant_method", "?")
         fmt = config["quantization_config"].get("format")
+        why = UNREAD_FORMATS.get(fmt, "nor read by mlx-lm")
         raise StreamerError(
             f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
-            "supported, nor read by mlx-lm; repack the bf16/fp16 checkpoint (optionally with "
-            "--quantize) or an MLX-quantized one."
+            f"supported, {why}; repack the bf16/fp16 checkpoint (optionally with --quantize) or "
+            "an MLX-quantized one."
         )
     # MLX-quantized checkpoints are refused; a published MXFP4 gpt-oss is not (its MXFP4 experts
     # are kept and the other weights quantized, as `mlx_lm.convert --quantize` does)
