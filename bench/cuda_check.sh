@@ -7,7 +7,9 @@
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
 #
 # WHEELS_DIR holds mlx-0.32.4 (cp312), mlx_lm-0.32.2 and the mlx-cuda-13 0.32.4 wheel, or that
-# wheel split in parts (mlx_cuda_13.part.*), which are joined and checked against its sha256.
+# wheel split in parts (mlx_cuda_13.part.*), which are joined and checked against its sha256, and
+# the cp312 wheels of `openai` and its dependencies (tests/conftest.py loads the server fixtures):
+# `pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 openai`.
 # Each stage runs in its own process under `timeout`: a CUDA fault can leave a process hung.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +36,7 @@ install)
   if [ ! -f "$wheels/$CUDA_WHEEL" ]; then cat "$wheels"/mlx_cuda_13.part.* > "$wheels/$CUDA_WHEEL"; fi
   echo "$CUDA_SHA256  $wheels/$CUDA_WHEEL" | sha256sum -c - || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
-    "$wheels"/mlx-0.32.4-*.whl "$wheels/$CUDA_WHEEL" "$wheels"/mlx_lm-0.32.2-*.whl || exit 1
+    "$wheels"/*.whl || exit 1
   env_setup
   timeout 120 python3 -c "import mlx.core as mx; print(mx.default_device(), mx.cuda.is_available(),
     (mx.ones((4, 4)) @ mx.ones((4, 4))).sum().item())"

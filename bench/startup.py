@@ -2,9 +2,9 @@
 
     python bench/startup.py [--repeats 5] [--model DIR]
 
-`--help`, `--version`, `info` and `plan` of a repacked folder should not import mlx-lm or
-transformers (`plan` of a config.json does: it builds mlx-lm's model). Prints the median wall
-time of each command in seconds.
+`--help`, `--version`, `info` and `plan` of a repacked folder should not import mlx-lm, nor
+`plan` of a config.json or a download import transformers (it builds mlx-lm's model from its model
+files alone: streamer/mlx_lm_models.py). Prints the median wall time of each command in seconds.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def main() -> None:
             ("streamer info DIR", ["info", model]),
             ("streamer plan DIR", ["plan", model]),
             ("streamer plan config.json", ["plan", str(DEMO_MODEL / "config.json")]),
+            ("streamer plan DOWNLOAD", ["plan", str(DEMO_MODEL)]),
         ):
             print(f"{name:<30}{seconds(command, args.repeats):.2f} s")
 

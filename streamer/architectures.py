@@ -15,14 +15,21 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU, SwitchLinear, SwitchMLP
-from mlx_lm.utils import _get_classes, _takes_global_scale, infer_quant_config
 
 from .config import check_config
 from .errors import StreamerError
 from .expert_lists import STACKED_MODELS
-from .model_types import refuse
+from .mlx_lm_models import models_without_package_init
+from .model_types import mlx_lm_classes, refuse
 from .stats import ExpertStats, Routing, RoutingRecorder
+
+with models_without_package_init():
+    from mlx_lm.models.switch_layers import (
+        QuantizedSwitchLinear,
+        SwitchGLU,
+        SwitchLinear,
+        SwitchMLP,
+    )
 
 EXPERT_CONTAINERS = (SwitchGLU, SwitchMLP)
 EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
@@ -31,7 +38,7 @@ EXPERT_PROJECTIONS = (SwitchLinear, QuantizedSwitchLinear)
 def build_model(config: dict, where: Path | str) -> nn.Module:
     """An mlx-lm model for `config` with lazily initialised (never evaluated) weights."""
     check_config(config, where)  # the family's refusals too
-    model_class, args_class = _get_classes(config)
+    model_class, args_class = mlx_lm_classes(config, where)
     # a model whose experts are a list of MLPs: built with them stacked in a Switch layer
     model_class = STACKED_MODELS.get(model_class.__module__.rsplit(".", 1)[1], model_class)
     try:
@@ -121,6 +128,8 @@ def quantize_like_mlx_lm(
     def from_weights(path: str, module: nn.Module):
         if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
             return False
+        from mlx_lm.utils import _takes_global_scale, infer_quant_config  # not for a plan
+
         params = infer_quant_config(path, module, weights)
         # NVFP4 experts with one tensor scale each (mlx-lm's `global_scale`: Muse Spark's)
         if f"{path}.global_scale" in weights and _takes_global_scale(module):

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import dbrx
-from mlx_lm.models.switch_layers import SwitchGLU
 
 from .errors import StreamerError
 from .hf_naming import NAMING
+from .mlx_lm_models import models_without_package_init
+
+with models_without_package_init():
+    from mlx_lm.models import dbrx
+    from mlx_lm.models.switch_layers import SwitchGLU
 
 # DBRX's projection -> SwitchGLU's
 DBRX_PROJECTIONS = NAMING["dbrx"].hf_projections

@@ -27,6 +27,9 @@ class Architecture:
     # fused tensors (names containing one of these) whose first axis holds each expert's rows one
     # after another (DBRX's `experts.mlp.w1` [E*F, D]): read as [E, F, D]
     hf_expert_rows: tuple[str, ...] = ()
+    # (mlx-lm's, transformers 5's) spellings of the block's path's start where transformers'
+    # save writes one of its own beside the published one (Kimi K2.5's text `blocks.{l}`)
+    hf_transformers_spellings: tuple[tuple[str, str], ...] = ()
 
     def hf_parent(self, container: str) -> str:
         """The HF name of the MoE block that holds `container` (an expert container's path)."""
@@ -38,13 +41,17 @@ class Architecture:
         return block
 
     def hf_parents(self, container: str) -> tuple[str, ...]:
-        """`hf_parent`, and its spelling in vision-language checkpoints that transformers 5
-        writes (`model.language_model.` for mlx-lm's `language_model.model.`)."""
+        """`hf_parent`, and its spellings in checkpoints that transformers 5 writes: vision-language
+        ones' `model.language_model.` for mlx-lm's `language_model.model.`, and the family's
+        `hf_transformers_spellings`."""
         block = self.hf_parent(container)
-        nested = "language_model.model."
-        if block.startswith(nested):
-            return block, "model.language_model." + block[len(nested) :]
-        return (block,)
+        spellings = (("language_model.model.", "model.language_model."),)
+        theirs = [
+            their + block[len(ours) :]
+            for ours, their in spellings + self.hf_transformers_spellings
+            if block.startswith(ours)
+        ]
+        return (block, *theirs)
 
 
 _GLU = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
@@ -64,6 +71,12 @@ NAMING: dict[str, Architecture] = {
     # hub's fused `ffn.experts.mlp.*` hold each expert's rows one after another
     "dbrx": Architecture(
         {"w1": "gate_proj", "v1": "up_proj", "w2": "down_proj"}, hf_expert_rows=("experts.mlp.",)
+    ),
+    # transformers 5.24 saves Kimi K2.5's text layers as `blocks` (repack/layouts.py)
+    "kimi_k25": Architecture(
+        hf_transformers_spellings=(
+            ("language_model.model.layers.", "language_model.model.blocks."),
+        )
     ),
     # DeepSeek's own names: `layers.{l}.ffn.experts.{e}.w1` for mlx-lm's
     # `model.layers.{l}.mlp.experts.switch_mlp.gate_proj`

@@ -14,8 +14,9 @@ class TransformersModel:
 
     # fields the published config.json has instead (its architectures, its model_type)
     published: dict[str, object]
-    # mlx-lm's field -> the one transformers writes for it (its config's attribute_map, or a
-    # field its config overwrites): where transformers wrote it, it is what its model computes with
+    # mlx-lm's field -> the one transformers writes for it (its config's attribute_map, a field
+    # its config overwrites, `section.field` inside one): where transformers wrote it, it is what
+    # its model computes with
     renamed: dict[str, str] = field(default_factory=dict)
     # fields mlx-lm's model args require that transformers does not write because its model fixes
     # them: field -> the value it computes with, from the config
@@ -63,6 +64,8 @@ TRANSFORMERS_MODELS: dict[tuple[str, str], TransformersModel] = {
             "n_group": "num_expert_group",
             "max_position_embeddings": "model_max_length",
             "head_dim": "linear_head_dim",
+            # its model's RoPE; the top-level rope_theta it also writes is unread
+            "rope_theta": "rope_parameters.rope_theta",
         },
         fixed={"moe_shared_expert_intermediate_size": lambda c: c.get("moe_intermediate_size")},
         differs=_bailing_v3_differs,
@@ -95,16 +98,32 @@ def as_published(config: dict) -> dict:
         return config
     config = {**config, **model.published}
     for name, theirs in model.renamed.items():
-        if theirs in config:
-            config[name] = config[theirs]
+        section, _, field = theirs.rpartition(".")  # "rope_parameters.rope_theta": nested
+        values = config.get(section) if section else config
+        if isinstance(values, dict) and field in values:
+            config[name] = values[field]
     for name, value in model.fixed.items():
         if name not in config:
             config[name] = value(config)
     return config
 
 
+# transformers' model types for models mlx-lm runs under another, which it computes otherwise:
+# model_type -> why (so they are not read as mlx-lm's)
+COMPUTED_OTHERWISE: dict[str, str] = {
+    # Hunyuan-A13B (its published config: model_type hunyuan, custom code). Its RoPE (NTK alpha),
+    # q/k norms after RoPE and shared expert are mlx-lm's hunyuan's (README: the logits agree
+    # within 2e-5 once mlx-lm's top-k weights are renormalized); its routing weights are not.
+    "hunyuan_v1_moe": "it is Hunyuan-A13B, which mlx-lm runs as model_type 'hunyuan', but "
+    "mlx-lm's hunyuan weights each token's top-k experts by their softmax probabilities over all "
+    "experts and transformers' hunyuan_v1_moe by those renormalized to sum to 1.",
+}
+
+
 def computed_otherwise(config: dict) -> str | None:
     """Why mlx-lm's model computes otherwise than transformers' for `config` as transformers
     wrote it (None: the same, or not written by transformers otherwise than published)."""
+    if config.get("model_type") in COMPUTED_OTHERWISE:
+        return COMPUTED_OTHERWISE[config["model_type"]]
     model = written_by(config)
     return None if model is None else model.differs(config)

@@ -8,11 +8,15 @@ import sys
 import types
 from collections.abc import Callable
 
-from mlx_lm.models.base import BaseModelArgs
-from mlx_lm.utils import _compressed_tensors_quantization, _get_classes
-
+from .errors import StreamerError
 from .io.json_file import decode_tagged_floats
+from .mlx_lm_models import models_without_package_init
+from .model_types import mlx_lm_classes
+from .transformers_fixed_longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH, WRITTEN_BY_TRANSFORMERS
 from .transformers_models import as_published
+
+with models_without_package_init():
+    from mlx_lm.models.base import BaseModelArgs
 
 # Fields transformers 5 writes under another name than mlx-lm's model args read (its configs'
 # `attribute_map`): mlx-lm's name -> transformers 5's.
@@ -47,6 +51,8 @@ TRANSFORMERS_FIXED: dict[str, dict[str, Callable[[dict], object]]] = {
         "scoring_func": lambda _: "sigmoid",
         "moe_layer_freq": lambda _: 1,
     },
+    "longcat_flash": LONGCAT_FLASH,
+    "mimo_v2_flash": MIMO_V2_FLASH,
 }
 
 
@@ -109,6 +115,8 @@ def normalize_config(config: dict) -> dict:
             # loads no such checkpoint
             if quantization_config.get("format") == "nvfp4-pack-quantized":
                 return config
+            from mlx_lm.utils import _compressed_tensors_quantization  # imports transformers
+
             try:
                 packed = _compressed_tensors_quantization(quantization_config)
             except ValueError:
@@ -140,8 +148,8 @@ def _args_fields(config: dict) -> dict[str, dataclasses.Field]:
     """The fields of mlx-lm's model args for `config` (none for a config it cannot run: the
     checks that follow say why)."""
     try:
-        _, args_class = _get_classes(config)
-    except (KeyError, ValueError, TypeError):
+        _, args_class = mlx_lm_classes(config)
+    except StreamerError:
         return {}
     return {f.name: f for f in dataclasses.fields(args_class)}
 
@@ -187,8 +195,10 @@ def _spell_fields(
                 config[name] = rope[name]
         if "rope_scaling" not in config and rope.get("rope_type", "default") != "default":
             config["rope_scaling"] = rope
+    own = WRITTEN_BY_TRANSFORMERS.get(model_type, ())
+    written = bool(own) and all(name in config for name in own)  # then its values decide
     for name, value in TRANSFORMERS_FIXED.get(model_type, {}).items():
-        if name not in config:
+        if written or name not in config:
             config[name] = value(config)
     scaling = fields.get("rope_scaling")
     if scaling and "rope_scaling" not in config and scaling.default is dataclasses.MISSING:
@@ -219,8 +229,8 @@ def _text_args_fields(config: dict) -> dict[str, dataclasses.Field]:
     mlx-lm's module for it and in the model modules it imports (qwen3_vl_moe's text model is
     qwen3_moe's)."""
     try:
-        _, args_class = _get_classes(config)
-    except (KeyError, ValueError, TypeError):
+        _, args_class = mlx_lm_classes(config)
+    except StreamerError:
         return {}
     module = sys.modules[args_class.__module__]
     spaces = [vars(module)] + [

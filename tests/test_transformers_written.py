@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import torch
 from test_parity import PROMPT, greedy_tokens
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 import streamer
+from fixtures.tokenizer import write_tokenizer
 from fixtures.transformers_families import COMMON, FAMILIES
+from fixtures.transformers_vision_families import VISION_LANGUAGE
 from fixtures.transformers_written import families, write_transformers_checkpoint
 from streamer.errors import StreamerError
 from streamer.io.checkpoint import Checkpoint
@@ -39,7 +41,11 @@ def transformers_greedy(model, prompt: list[int], n: int = 64) -> list[int]:
 
 @pytest.mark.parametrize("model_type", families())
 def test_streams_what_transformers_computes(tmp_path, model_type):
-    oracle = write_transformers_checkpoint(tmp_path / "src", model_type)
+    assert_streams_as(write_transformers_checkpoint(tmp_path / "src", model_type), tmp_path)
+
+
+def assert_streams_as(oracle, tmp_path) -> None:
+    """The checkpoint in tmp_path/src, repacked and streamed, computes what `oracle` computes."""
     repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
     model, tokenizer = streamer.load(tmp_path / "dst", memory_budget=0, dtype=mx.float32)
     prompt = tokenizer.encode(PROMPT)
@@ -79,4 +85,29 @@ def test_ling_3_layers_mlx_lm_places_otherwise_are_refused(tmp_path):
     config.architectures = ["BailingHybridForCausalLM"]  # as its model's save_pretrained writes
     config.save_pretrained(tmp_path / "src")
     with pytest.raises(StreamerError, match=r"computes it otherwise.*layer_types \['linear_atten"):
+        repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+
+
+def test_kimi_k25_without_q_lora_as_transformers_saves_it_is_refused(tmp_path):
+    """transformers 5.24 saves a Kimi K2.5 text model without q LoRA with its q_proj under the
+    vision tower's fused name, rows permuted by the vision heads (which transformers cannot load
+    back either): refused, naming the tensor."""
+    text, vision, top = VISION_LANGUAGE["kimi_k25"]
+    text = {**COMMON, **text, "q_lora_rank": None}
+    config = AutoConfig.for_model("kimi_k25", text_config=text, vision_config=vision, **top)
+    AutoModelForImageTextToText.from_config(config).save_pretrained(tmp_path / "src")
+    write_tokenizer(tmp_path / "src")
+    with pytest.raises(
+        StreamerError, match=r"'language_model\.model\.blocks\.0\.self_wqkv\.weight'"
+    ):
+        repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+
+
+def test_hunyuan_v1_moe_is_refused_with_how_mlx_lm_computes_it_otherwise(tmp_path):
+    """transformers' Hunyuan MoE is Hunyuan-A13B, mlx-lm's hunyuan, but weighted otherwise."""
+    fields = {**COMMON, "tie_word_embeddings": True}  # as Hunyuan-A13B publishes
+    config = AutoConfig.for_model("hunyuan_v1_moe", **fields)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "src")
+    write_tokenizer(tmp_path / "src")
+    with pytest.raises(StreamerError, match="hunyuan_v1_moe.*renormalized to sum to 1"):
         repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)

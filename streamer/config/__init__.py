@@ -41,14 +41,12 @@ def experts_per_token(config: dict) -> int:
 
 def check_config(config: object, where: Path | str) -> dict:
     """`config` if mlx-lm can build a streaming model from it; else StreamerError naming a field."""
-    from mlx_lm.utils import _get_classes  # here: experts_per_token and plan run without mlx-lm
-
-    from ..model_types import architecture
+    from ..model_types import architecture, mlx_lm_classes
 
     _check_object(config, where)
     architecture(config, where)
     check_common_fields(config, where)
-    model_class, args_class = _get_classes(config)
+    model_class, args_class = mlx_lm_classes(config, where)
     check_declared_types(config, args_class, where)
     model_config = config
     text_args = text_args_class(model_class)

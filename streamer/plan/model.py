@@ -30,6 +30,7 @@ from ..config import check_config, experts_per_token
 from ..io.json_file import read_json_object
 from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN
 from ..io.mapping import align
+from ..mlx_lm_models import models_without_package_init
 from ..transformers_spellings import normalize_config
 from .repacked import stored_bytes
 from .report import ModelPlan, fitted
@@ -158,7 +159,8 @@ def _resident(model: nn.Module, containers: dict, dtype: mx.Dtype | None) -> int
 def _kv_bytes(model: nn.Module, dtype: mx.Dtype) -> tuple[int, int]:
     """(bytes per token, fixed bytes) of mlx-lm's caches, measured after a lazy prompt and one
     decode step (a sliding window is trimmed on the step after the prompt) at two lengths."""
-    from mlx_lm.models.cache import make_prompt_cache
+    with models_without_package_init():
+        from mlx_lm.models.cache import make_prompt_cache
 
     model.set_dtype(dtype)
     sizes = []

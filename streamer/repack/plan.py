@@ -10,9 +10,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx_lm
 from mlx.utils import tree_flatten, tree_map_with_path
-from mlx_lm.utils import quantize_model
 
 from ..architectures import (
     build_model,
@@ -26,6 +24,7 @@ from ..errors import StreamerError
 from ..hf_naming import Architecture, hf_expert_key
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
+from ..mlx_lm_models import package_version
 from ..model_types import architecture
 from ..transformers_spellings import normalize_config
 from .dtypes import compatible, describe
@@ -37,7 +36,7 @@ CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": 
 
 # quantization formats mlx-lm names but whose checkpoints no mlx-lm model loads: why
 UNREAD_FORMATS = {
-    "nvfp4-pack-quantized": f"as no sanitize of mlx-lm {mlx_lm.__version__} reads its experts' "
+    "nvfp4-pack-quantized": f"as no sanitize of mlx-lm {package_version()} reads its experts' "
     "`weight_global_scale`, so mlx-lm cannot load it either (nothing to be exact against)",
 }
 
@@ -216,6 +215,8 @@ def quantize_resident(
                 model.parameters(),
             )
         )
+    from mlx_lm.utils import quantize_model  # here: a plan without --quantize needs no mlx_lm.utils
+
     with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
         _, config = quantize_model(model, config, quantize.group_size, quantize.bits)
     return config
