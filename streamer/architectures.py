@@ -14,7 +14,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_unflatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 from .config import check_config
 from .errors import StreamerError
@@ -70,6 +70,25 @@ def container_projections(container: nn.Module) -> list[str]:
         for name, child in container.children().items()
         if isinstance(child, EXPERT_PROJECTIONS)
     ]
+
+
+def expert_container_of(name: str, containers: dict[str, nn.Module]) -> str | None:
+    """The expert container whose projections hold tensor `name`; None for any other tensor. A
+    container's other children (Muse Spark's `experts.post_expert_norm`) are resident weights."""
+    for path, container in containers.items():
+        if name.startswith(path + "."):
+            projection = name[len(path) + 1 :].split(".", 1)[0]
+            return path if projection in container_projections(container) else None
+    return None
+
+
+def projection_tensors(container: nn.Module) -> dict[str, mx.array]:
+    """`proj.kind` -> stacked array of each of `container`'s expert projections."""
+    return {
+        f"{proj}.{name}": array
+        for proj in container_projections(container)
+        for name, array in tree_flatten(container[proj].parameters())
+    }
 
 
 def quantization_of(container: nn.Module) -> dict[str, dict | None]:

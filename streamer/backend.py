@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -97,3 +98,21 @@ def check_global_scales() -> None:
             f"only on a GPU, not on its {backend()} backend ({one_line(e)}): run it on "
             "Metal or CUDA, or repack the bf16 checkpoint with --quantize."
         ) from None
+
+
+def check_model_kernels(model) -> None:
+    """A model whose mlx-lm file computes with Metal kernels of mlx-lm's own (`mlx_lm.kernels`,
+    which have no other implementation: Muse Spark's) runs only where Metal does."""
+    module = sys.modules[type(model).__module__]
+    kernels = sorted(
+        name
+        for name, value in vars(module).items()
+        if callable(value) and getattr(value, "__module__", "").startswith("mlx_lm.kernels")
+    )
+    if kernels and not mx.metal.is_available():
+        raise StreamerError(
+            f"mlx-lm's {module.__name__.rsplit('.', 1)[1]} model computes with Metal kernels "
+            f"({', '.join(kernels)}; mlx_lm.kernels), which run only on Apple silicon's Metal "
+            f"backend, not on this machine's {backend()} backend, where mlx-lm cannot run it "
+            "either: stream it on a Mac (a folder repacked here streams there)."
+        )

@@ -18,7 +18,12 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from .architectures import build_model, expert_containers, quantize_like_mlx_lm
+from .architectures import (
+    build_model,
+    expert_container_of,
+    expert_containers,
+    quantize_like_mlx_lm,
+)
 from .config import check_config, check_layer_count
 from .download_layers import InPlaceLayer, in_place_layer
 from .errors import StreamerError
@@ -85,7 +90,7 @@ def open_download(folder: Path | str) -> tuple[Download, nn.Module, dict[str, mx
         resident = {
             name: arr
             for name, arr in weights.items()
-            if not any(name.startswith(module + ".") for module in containers)
+            if expert_container_of(name, containers) is None
         }
         shards = {info.path for info in ckpt.tensors.values()}
         file_bytes = {path.name: path.stat().st_size for path in sorted(shards)}

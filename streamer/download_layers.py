@@ -7,9 +7,13 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
-from .architectures import container_projections, quantization_of
+from .architectures import (
+    container_projections,
+    expert_container_of,
+    projection_tensors,
+    quantization_of,
+)
 from .errors import StreamerError
 from .io.checkpoint import Checkpoint
 from .io.safetensors import DTYPES, TensorInfo, itemsize
@@ -64,7 +68,7 @@ def in_place_layer(
     weights: dict[str, mx.array],
     source_of: dict[int, str],
 ) -> InPlaceLayer:
-    expected = dict(tree_flatten(container.parameters()))
+    expected = projection_tensors(container)
     num_experts = None
     tensors = []
     for proj in container_projections(container):
@@ -89,7 +93,8 @@ def in_place_layer(
     extra = sorted(
         n
         for n in weights
-        if n.startswith(module + ".") and n[len(module) + 1 :] not in {t.name for t in tensors}
+        if expert_container_of(n, {module: container})
+        and n[len(module) + 1 :] not in {t.name for t in tensors}
     )
     if expected or extra:
         what = f"lacks '{module}.{next(iter(expected))}'" if expected else f"holds '{extra[0]}'"

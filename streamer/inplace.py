@@ -17,7 +17,12 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .architectures import expert_containers, replace_modules
 from .assembly import apply_budget, load_resident
-from .backend import check_backend_computes, default_dtype, read_path_for_backend
+from .backend import (
+    check_backend_computes,
+    check_model_kernels,
+    default_dtype,
+    read_path_for_backend,
+)
 from .cache.budget import check_budget
 from .download import Download, layouts, open_download
 from .errors import StreamerError
@@ -54,6 +59,7 @@ def load_in_place(
         recorded = _recorded(download, sidecar, verify_reads)
         dtype = dtype if dtype is not None else default_dtype()
         check_backend_computes(download.layers, dtype)
+        check_model_kernels(model)
         if memory_budget is not None:
             check_budget(download, memory_budget, dtype)
         placed = layouts(download)

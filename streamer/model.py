@@ -7,13 +7,23 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .architectures import build_model, expert_containers, quantize_like_mlx_lm, replace_modules
+from .architectures import (
+    build_model,
+    expert_containers,
+    projection_tensors,
+    quantize_like_mlx_lm,
+    replace_modules,
+)
 from .arguments import check_flag, parse_dtype, parse_size
 from .assembly import apply_budget, load_resident
-from .backend import check_backend_computes, default_dtype, read_path_for_backend
+from .backend import (
+    check_backend_computes,
+    check_model_kernels,
+    default_dtype,
+    read_path_for_backend,
+)
 from .cache.budget import check_budget
 from .config import check_config, check_layer_count
 from .distributed import expert_shares
@@ -122,6 +132,7 @@ def load(
         )
     dtype = dtype if dtype is not None else default_dtype()
     check_backend_computes(manifest.layers, dtype)
+    check_model_kernels(model)
     if memory_budget is not None:
         check_budget(manifest, memory_budget, dtype)
     read_path, why = read_path_for_backend(read_path)
@@ -211,7 +222,7 @@ def _check_layout(folder: Path, index: int, layer: MoeLayer, container: nn.Modul
     """The manifest's expert record must hold exactly the tensors the model expects, in its shapes:
     a hand-edited or mismatched manifest is refused here rather than computing with garbage.
     Returns the model's number of experts in the layer (a shard's file holds some of them)."""
-    expected = dict(tree_flatten(container.parameters()))
+    expected = projection_tensors(container)
     total = next(iter(expected.values())).shape[0]
     ids = layer.expert_ids
     if (layer.num_experts != total) if ids is None else (ids[-1] >= total):

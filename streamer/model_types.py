@@ -25,8 +25,6 @@ REMAPPING_TABLES = ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING")
 REFUSED: dict[str, str] = {
     "kimi_vl": "mlx-lm's kimi_vl sanitize does not split MLA's kv_b_proj, so mlx-lm cannot load "
     "the published checkpoint either (its MLX conversions come from mlx-vlm).",
-    "muse_spark": "its NVFP4 experts carry a per-expert global scale (gate_up_proj_weight_scale_2, "
-    "mlx-lm's global_scale), which streamer's expert records do not hold yet.",
 }
 
 

@@ -57,6 +57,19 @@ def _layer_flags(config: dict, field: str, kind: str) -> list[int]:
     return [int(k == kind) for k in kinds]
 
 
+def _attention_pattern(config: dict) -> list[int]:
+    """mlx-lm's hybrid_layer_pattern (1 for a sliding layer) from transformers 5's layer_types.
+    mlx-lm's model makes each kind's mask from its first layer of that kind: it needs both."""
+    pattern = _layer_flags(config, "layer_types", "sliding_attention")
+    if len(set(pattern)) != 2:
+        raise StreamerError(
+            f"config.json: layer_types {sorted(set(config['layer_types']))}: mlx-lm's "
+            "mimo_v2_flash model needs both sliding and full attention layers (it makes each "
+            "kind's mask from its first layer of that kind), so this checkpoint is refused."
+        )
+    return pattern
+
+
 def _field(config: dict, name: str):
     """config.json's `name`, which transformers 5 always writes for this family."""
     if name not in config:
@@ -70,7 +83,7 @@ def _field(config: dict, name: str):
 # transformers config's 129, the hub's 128 plus the query, is read as 129); a sigmoid router with
 # its correction bias and no shared expert
 MIMO_V2_FLASH: dict[str, Callable[[dict], object]] = {
-    "hybrid_layer_pattern": lambda c: _layer_flags(c, "layer_types", "sliding_attention"),
+    "hybrid_layer_pattern": lambda c: _attention_pattern(c),
     "moe_layer_freq": lambda c: _layer_flags(c, "mlp_layer_types", "sparse"),
     "add_swa_attention_sink_bias": lambda _: True,
     "add_full_attention_sink_bias": lambda _: False,

@@ -24,8 +24,9 @@ from streamer.repack import repack
 
 ARCHS = sorted(TINY_CONFIGS)
 
-# The live server the test_server_*.py files share, started once per session when first asked for.
-pytest_plugins = ["serving"]
+# The live server the test_server_*.py files share, started once per session when first asked
+# for; the fixture that computes NVFP4 global scales on the CPU.
+pytest_plugins = ["serving", "gather_qmm_stand_in"]
 
 
 class Checkpoints:
@@ -70,6 +71,22 @@ class Checkpoints:
         if not dst.exists():
             repack(src, dst, log=lambda _: None, **kwargs)
         return dst
+
+
+@pytest.fixture(scope="session", autouse=True)
+def metal_kernels_stood_in():
+    """Muse Spark's Metal kernels, where Metal is absent: stand-ins for both sides of every
+    comparison (metal_stand_ins.py)."""
+    if mx.metal.is_available():
+        yield
+        return
+    from metal_stand_ins import KERNELS
+    from mlx_lm.models import muse_spark
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, kernel in KERNELS.items():
+            patch.setattr(muse_spark, name, kernel)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -122,3 +122,28 @@ def test_dbrx_as_published_loads_its_tokenizer(tmp_path):
     model, tokenizer = streamer.load(tmp_path / "dst")
     assert model.streamer.manifest.config["ffn_config"]["moe_normalize_expert_weights"] == 1.0
     assert streamer.generate(model, tokenizer, "hello", max_tokens=2)
+
+
+def test_muse_spark_is_refused_where_its_metal_kernels_do_not_run(checkpoints, monkeypatch):
+    """mlx-lm's Muse Spark computes with Metal kernels only: off Apple silicon (conftest gives the
+    other tests stand-ins) a repacked folder and a download in place are refused at load, and its
+    plan, which runs the model lazily, too; the repack itself needs no kernel."""
+    from mlx_lm import kernels
+    from mlx_lm.models import muse_spark
+
+    import streamer
+    from streamer.plan import plan
+
+    if mx.metal.is_available():
+        pytest.skip("Metal runs mlx-lm's kernels")
+    for name in kernels.__all__:
+        monkeypatch.setattr(muse_spark, name, getattr(kernels, name))
+    refused = "muse_spark model computes with Metal kernels .*stream it on a Mac"
+    for folder in (
+        checkpoints.repacked(checkpoints.hf("muse_spark")),
+        checkpoints.mlx("muse_spark"),
+    ):
+        with pytest.raises(StreamerError, match=refused):
+            streamer.load(folder, memory_budget=0)
+    with pytest.raises(StreamerError, match=refused):
+        plan(checkpoints.hf("muse_spark") / "config.json", 1 << 34)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from conftest import reference_model
-from gather_qmm_stand_in import global_scales_on_cpu  # noqa: F401 - a fixture
 from test_parity import PROMPT, assert_exactly_as, compare, read_paths
 
 import streamer

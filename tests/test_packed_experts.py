@@ -6,13 +6,16 @@ which reads them as MXFP4; the FP8 ones as MXFP8)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
+import mlx_lm
 import pytest
 from conftest import reference_model
 from test_parity import compare
 
-from fixtures import tiny_config, write_hf_checkpoint
+from fixtures import muse_spark, tiny_config, write_hf_checkpoint
 from fixtures.hadamard_pack import write_hadamard_pack
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
@@ -68,3 +71,23 @@ def test_an_nvfp4_pack_is_refused_naming_its_format(tmp_path):
     with pytest.raises(StreamerError, match="compressed-tensors 'nvfp4-pack-quantized'.*not"):
         repack(src, tmp_path / "dst", log=lambda _: None)
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.usefixtures("global_scales_on_cpu")
+def test_muse_spark_nvfp4_streams_as_mlx_lm_loads_it(tmp_path):
+    """Muse Spark's NVFP4 checkpoint (ModelOpt's format: the experts of every MoE layer but the
+    first and the last in NVFP4 with a global scale each, those two bf16), repacked; and
+    mlx_lm.convert's MLX form of it (stacked global scales), in place and repacked."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("muse_spark"), pack=muse_spark.FORMAT)
+    repack(src, tmp_path / "dst", log=lambda _: None)
+    nvfp4 = {"group_size": 16, "bits": 4, "mode": "nvfp4", "global_scale": True}
+    assert [layer.quantization for layer in read_manifest(tmp_path / "dst").layers] == [
+        dict.fromkeys(("gate_proj", "up_proj", "down_proj"), q) for q in (None, nvfp4, nvfp4, None)
+    ]
+    compare(tmp_path / "dst", reference_model(src), tolerance=0.0)
+    with contextlib.redirect_stdout(io.StringIO()):
+        mlx_lm.convert(str(src), str(tmp_path / "mlx"))
+    reference = reference_model(tmp_path / "mlx")
+    compare(tmp_path / "mlx", reference, tolerance=0.0)
+    repack(tmp_path / "mlx", tmp_path / "mlx-dst", log=lambda _: None)
+    compare(tmp_path / "mlx-dst", reference, tolerance=0.0)

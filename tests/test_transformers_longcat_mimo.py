@@ -92,6 +92,17 @@ def test_mimo_v2_flash_rope_mlx_lm_cannot_compute_is_refused(tmp_path):
     assert not (tmp_path / "dst").exists()
 
 
+def test_mimo_v2_flash_of_one_attention_kind_is_refused(tmp_path, monkeypatch):
+    """transformers runs a MiMo-V2-Flash whose layers all have full attention; mlx-lm's model
+    cannot (it takes each kind's mask from its first layer of that kind): refused, naming it."""
+    fields = {**FAMILIES["mimo_v2_flash"], "layer_types": ["full_attention"] * 4}
+    monkeypatch.setitem(FAMILIES, "mimo_v2_flash", fields)
+    write_transformers_checkpoint(tmp_path / "src", "mimo_v2_flash")
+    with pytest.raises(StreamerError, match=r"layer_types \['full_attention'\].*needs both"):
+        repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists()
+
+
 def test_mimo_v2_flash_carrying_the_hub_fields_streams_what_transformers_computes(
     tmp_path, monkeypatch
 ):

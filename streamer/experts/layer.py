@@ -88,6 +88,12 @@ class StreamingExperts(nn.Module):
         # Held outside the parameter tree: its stacked weights are views of the expert files,
         # slot pool arrays or per-call copies, never evaluated, saved or loaded with the model.
         object.__setattr__(self, "container", container)
+        # the container's other children are resident weights the model reads through it (Muse
+        # Spark's `experts.post_expert_norm`): children of this layer, loaded with the others
+        projections = {t.name.split(".")[0] for t in layout.tensors}
+        for name, child in container.children().items():
+            if name not in projections and isinstance(child, nn.Module) and child.parameters():
+                setattr(self, name, child)
         object.__setattr__(self, "_slots", [tuple(t.name.split(".")) for t in layout.tensors])
         self.index = layout.index
         self.num_experts = layout.num_experts

@@ -19,7 +19,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..architectures import build_model, expert_containers, quantize_like_mlx_lm
+from ..architectures import (
+    build_model,
+    expert_container_of,
+    expert_containers,
+    quantize_like_mlx_lm,
+)
+from ..backend import check_model_kernels
 from ..config import check_config, experts_per_token
 from ..io.json_file import read_json_object
 from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN
@@ -104,6 +110,7 @@ def _config_model(
         config = _read_config(path)
     config = normalize_config(check_config(config, path))
     model = build_model(config, path)
+    check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
     if quantize and "quantization" not in config:
         from mlx_lm.utils import quantize_model
@@ -140,7 +147,7 @@ def _record_bytes(container: nn.Module) -> int:
 def _resident(model: nn.Module, containers: dict, dtype: mx.Dtype | None) -> int:
     total = 0
     for name, array in tree_flatten(model.parameters()):
-        if any(name.startswith(c + ".") for c in containers):
+        if expert_container_of(name, containers):
             continue
         if dtype is not None and mx.issubdtype(array.dtype, mx.floating):
             total += array.size * dtype.size

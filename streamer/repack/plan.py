@@ -15,6 +15,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 from ..architectures import (
     build_model,
     container_projections,
+    expert_container_of,
     expert_containers,
     quantize_like_mlx_lm,
 )
@@ -23,6 +24,7 @@ from ..errors import StreamerError
 from ..hf_naming import Architecture, hf_expert_key
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
+from ..mlx_lm_models import package_version
 from ..model_types import architecture
 from ..transformers_spellings import normalize_config
 from .dtypes import compatible, describe
@@ -30,6 +32,13 @@ from .layouts import sanitizer
 from .sources import Sources
 
 CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
+
+
+# quantization formats mlx-lm names but whose checkpoints no mlx-lm model loads: why
+UNREAD_FORMATS = {
+    "nvfp4-pack-quantized": f"as no sanitize of mlx-lm {package_version()} reads its experts' "
+    "`weight_global_scale`, so mlx-lm cannot load it either (nothing to be exact against)",
+}
 
 
 @dataclass
@@ -59,7 +68,7 @@ class Plan:
 
 
 def in_containers(name: str, containers: dict[str, nn.Module]) -> bool:
-    return any(name.startswith(c + ".") for c in containers)
+    return expert_container_of(name, containers) is not None
 
 
 def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
@@ -71,10 +80,11 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     if "quantization" not in config and "quantization_config" in config:
         method = config["quantization_config"].get("quant_method", "?")
         fmt = config["quantization_config"].get("format")
+        why = UNREAD_FORMATS.get(fmt, "nor read by mlx-lm")
         raise StreamerError(
             f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
-            "supported, nor read by mlx-lm; repack the bf16/fp16 checkpoint (optionally with "
-            "--quantize) or an MLX-quantized one."
+            f"supported, {why}; repack the bf16/fp16 checkpoint (optionally with --quantize) or "
+            "an MLX-quantized one."
         )
     # MLX-quantized checkpoints are refused; a published MXFP4 gpt-oss is not (its MXFP4 experts
     # are kept and the other weights quantized, as `mlx_lm.convert --quantize` does)
