@@ -18,8 +18,8 @@ class TransformersModel:
     # its config overwrites, `section.field` inside one): where transformers wrote it, it is what
     # its model computes with
     renamed: dict[str, str] = field(default_factory=dict)
-    # fields mlx-lm's model args require that transformers does not write because its model fixes
-    # them: field -> the value it computes with, from the config
+    # fields whose value transformers' model fixes, whatever config.json says (or does not say):
+    # field -> the value it computes with, from the config
     fixed: dict[str, Callable[[dict], object]] = field(default_factory=dict)
     # why a config that transformers' model computes with is one mlx-lm's computes otherwise
     # (None: it computes the same)
@@ -67,7 +67,12 @@ TRANSFORMERS_MODELS: dict[tuple[str, str], TransformersModel] = {
             # its model's RoPE; the top-level rope_theta it also writes is unread
             "rope_theta": "rope_parameters.rope_theta",
         },
-        fixed={"moe_shared_expert_intermediate_size": lambda c: c.get("moe_intermediate_size")},
+        fixed={
+            "moe_shared_expert_intermediate_size": lambda c: c.get("moe_intermediate_size"),
+            # it never ties its lm_head to the embeddings (no tied weights), whatever
+            # tie_word_embeddings says: its save writes both
+            "tie_word_embeddings": lambda _: False,
+        },
         differs=_bailing_v3_differs,
     ),
 }
@@ -77,6 +82,8 @@ def written_by(config: dict) -> TransformersModel | None:
     """How transformers wrote `config`, if it is one of TRANSFORMERS_MODELS as transformers
     writes it."""
     architectures = config.get("architectures")
+    if isinstance(architectures, str):  # mlx-lm's loader takes one name too
+        architectures = [architectures]
     if not isinstance(architectures, list):
         return None
     model_type = config.get("model_type")
@@ -103,8 +110,7 @@ def as_published(config: dict) -> dict:
         if isinstance(values, dict) and field in values:
             config[name] = values[field]
     for name, value in model.fixed.items():
-        if name not in config:
-            config[name] = value(config)
+        config[name] = value(config)
     return config
 
 

@@ -153,13 +153,31 @@ LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
 }
 
 
+# mlx-lm model file -> (embeddings, output projection) of a model that mlx-lm always gives an
+# output projection of its own, where transformers ties the two (config.json's
+# tie_word_embeddings; its save then writes the embeddings only): the output is the embeddings.
+# Kimi K2.5's config in transformers ties them by default.
+TIED_OUTPUTS = {
+    "kimi_k25": ("language_model.model.embed_tokens.weight", "language_model.lm_head.weight"),
+}
+
 Sanitize = Callable[[dict[str, mx.array]], dict[str, mx.array]]
 
 
-def sanitizer(model: nn.Module, folder: Path) -> Sanitize:
+def sanitizer(model: nn.Module, folder: Path, config: dict | None = None) -> Sanitize:
     """mlx-lm's own sanitize (source names -> mlx-lm's names), after the conversion of a layout it
-    does not read (`layouts.LAYOUTS`); a missing tensor: a clear error."""
-    convert = LAYOUTS.get(type(model).__module__.rsplit(".", 1)[1], lambda weights: weights)
+    does not read (`layouts.LAYOUTS`) and, where `config` ties them, the output projection taken
+    from the embeddings (`TIED_OUTPUTS`); a missing tensor: a clear error."""
+    family = type(model).__module__.rsplit(".", 1)[1]
+    layout = LAYOUTS.get(family, lambda weights: weights)
+    tied = TIED_OUTPUTS.get(family) if (config or {}).get("tie_word_embeddings") else None
+
+    def convert(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        weights = layout(weights)
+        if tied and tied[0] in weights and tied[1] not in weights:
+            weights = {**weights, tied[1]: weights[tied[0]]}
+        return weights
+
     if not hasattr(model, "sanitize"):
         return convert
 

@@ -113,7 +113,7 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     containers = expert_containers(model)
     first = next(iter(containers.values()))
     num_experts = first[container_projections(first)[0]].num_experts
-    sanitize = sanitizer(model, ckpt.folder)
+    sanitize = sanitizer(model, ckpt.folder, config)
     # mlx-lm's own sanitize maps every source name to mlx-lm's names (and drops what the model
     # does not use); it runs on lazy arrays, so expert tensors it stacks or splits are never read.
     weights = sanitize({name: ckpt.lazy(name) for name in ckpt.tensors})
