@@ -103,9 +103,10 @@ def written_by(config: dict) -> TransformersModel | None:
 
 def as_published(config: dict) -> dict:
     """`config` as the published config.json of its model spells it (itself if transformers did
-    not write it otherwise). Its transformers spelling stays beside, as written."""
+    not write it otherwise, or if mlx-lm computes it otherwise: then it is refused as written,
+    whichever is first, this or the check). Its transformers spelling stays beside, as written."""
     model = written_by(config)
-    if model is None:
+    if model is None or model.differs(config) is not None:
         return config
     config = {**config, **model.published}
     for name, theirs in model.renamed.items():
