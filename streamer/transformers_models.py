@@ -47,6 +47,10 @@ def _bailing_v3_differs(config: dict) -> str | None:
         return "moe_renormalize is false; mlx-lm's bailing_moe_v3 always renormalizes the top-k."
     if config.get("attention_bias"):
         return "attention_bias is true; mlx-lm's bailing_moe_v3 has no attention biases."
+    if config.get("kda_safe_gate") is False:
+        return "kda_safe_gate is false; mlx-lm's bailing_moe_v3 computes the bounded gate only."
+    if config.get("hidden_act", "silu") != "silu":
+        return f"hidden_act is {config['hidden_act']!r}; mlx-lm's bailing_moe_v3 computes SiLU."
     return None
 
 
