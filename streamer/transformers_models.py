@@ -47,6 +47,10 @@ def _bailing_v3_differs(config: dict) -> str | None:
         return "moe_renormalize is false; mlx-lm's bailing_moe_v3 always renormalizes the top-k."
     if config.get("attention_bias"):
         return "attention_bias is true; mlx-lm's bailing_moe_v3 has no attention biases."
+    if config.get("kda_safe_gate") is False:
+        return "kda_safe_gate is false; mlx-lm's bailing_moe_v3 computes the bounded gate only."
+    if config.get("hidden_act", "silu") != "silu":
+        return f"hidden_act is {config['hidden_act']!r}; mlx-lm's bailing_moe_v3 computes SiLU."
     return None
 
 
@@ -99,9 +103,10 @@ def written_by(config: dict) -> TransformersModel | None:
 
 def as_published(config: dict) -> dict:
     """`config` as the published config.json of its model spells it (itself if transformers did
-    not write it otherwise). Its transformers spelling stays beside, as written."""
+    not write it otherwise, or if mlx-lm computes it otherwise: then it is refused as written,
+    whichever is first, this or the check). Its transformers spelling stays beside, as written."""
     model = written_by(config)
-    if model is None:
+    if model is None or model.differs(config) is not None:
         return config
     config = {**config, **model.published}
     for name, theirs in model.renamed.items():

@@ -46,11 +46,15 @@ class Checkpoints:
         group_size: int = 64,
         recipe: str | None = None,
         dtype: str | None = None,
+        mode: str = "affine",
     ) -> Path:
         """`recipe`: one of mlx-lm's mixed-bit recipes (e.g. "mixed_3_6": some down_proj at 6 bits);
-        `dtype`: mlx_lm.convert's --dtype (float32: float32 scales, as the CPU computes)."""
+        `dtype`: mlx_lm.convert's --dtype (float32: float32 scales, as the CPU computes); `mode`:
+        its --q-mode."""
         path = self.root / (
-            f"mlx-{arch}-{recipe or bits}-{group_size}" + (f"-{dtype}" if dtype else "")
+            f"mlx-{arch}-{recipe or bits}-{group_size}"
+            + (f"-{dtype}" if dtype else "")
+            + (f"-{mode}" if mode != "affine" else "")
         )
         if not path.exists():
             with contextlib.redirect_stdout(io.StringIO()):
@@ -62,6 +66,7 @@ class Checkpoints:
                     q_group_size=group_size,
                     quant_predicate=recipe,
                     dtype=dtype,
+                    q_mode=mode,
                 )
         return path
 

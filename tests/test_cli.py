@@ -202,3 +202,18 @@ def test_tokenizer_and_template_faults_are_one_line(checkpoints, tmp_path):
     (folder / "tokenizer.json").unlink()
     result = run(*args, check=False)
     assert result.returncode == 2 and "cannot load the tokenizer" in result.stderr
+
+
+def test_repack_quantize_modes(checkpoints, tmp_path):
+    """`--q-mode` as mlx_lm.convert's: each mode's own group size; a mode's other bits refused."""
+    src, dst = str(checkpoints.hf("qwen3_moe")), str(tmp_path / "model")
+    run("repack", src, dst, "--quantize", "4", "--q-mode", "nvfp4")
+    assert "4-bit nvfp4, group 16" in run("info", dst).stdout
+    refused = run(
+        "repack", src, str(tmp_path / "no"), "--quantize", "8", "--q-mode", "nvfp4", check=False
+    )
+    assert refused.returncode == 2 and not (tmp_path / "no").exists()
+    assert refused.stderr.strip().splitlines() == [
+        "streamer: error: --q-mode nvfp4 quantizes to 4 bits in groups of 16: pass --quantize 4 "
+        "(and no other --group-size)."
+    ]

@@ -91,3 +91,18 @@ def test_muse_spark_nvfp4_streams_as_mlx_lm_loads_it(tmp_path):
     compare(tmp_path / "mlx", reference, tolerance=0.0)
     repack(tmp_path / "mlx", tmp_path / "mlx-dst", log=lambda _: None)
     compare(tmp_path / "mlx-dst", reference, tolerance=0.0)
+
+
+@pytest.mark.usefixtures("global_scales_on_cpu")
+def test_nvfp4_quantization_in_hf_quant_config_json(tmp_path):
+    """ModelOpt's exports may keep their quantization in hf_quant_config.json instead of
+    config.json: read there, as mlx-lm's loader reads it."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("muse_spark"), pack=muse_spark.FORMAT)
+    config = json.loads((src / "config.json").read_text())
+    del config["quantization_config"]
+    (src / "config.json").write_text(json.dumps(config))
+    (src / "hf_quant_config.json").write_text(json.dumps(muse_spark.hf_quant_config(config)))
+    repack(src, tmp_path / "dst", log=lambda _: None)
+    modes = [layer.quantization["gate_proj"] for layer in read_manifest(tmp_path / "dst").layers]
+    assert [q and q["mode"] for q in modes] == [None, "nvfp4", "nvfp4", None]
+    compare(tmp_path / "dst", reference_model(src), tolerance=0.0)

@@ -13,6 +13,7 @@ import streamer
 from fixtures import TINY_CONFIGS
 from streamer.backend import READ_PATHS, backend
 from streamer.expert_lists import STACKED_MODELS
+from streamer.io.manifest import read_manifest
 from streamer.model_types import mlx_lm_model_type
 from streamer.repack import Quantize
 
@@ -105,6 +106,27 @@ def test_quantize_while_repacking_equals_mlx_lm_convert(checkpoints, arch):
     compare(streamed, reference_model(checkpoints.mlx(arch)), tolerance=0.0)
 
 
+@pytest.mark.parametrize(
+    "arch, bits, mode",
+    [("qwen3_moe", 4, "nvfp4"), ("qwen3_moe", 4, "mxfp4"), ("qwen3_moe", 8, "mxfp8")]
+    + [("muse_spark", 4, "nvfp4"), ("gpt_oss", 4, "nvfp4")],
+)
+def test_quantize_modes_equal_mlx_lm_convert(checkpoints, arch, bits, mode):
+    """`--quantize --q-mode` as `mlx_lm.convert --q-mode` (each mode's own group size)."""
+    group_size = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}[mode]
+    quantize = Quantize(bits, group_size, mode)
+    streamed = checkpoints.repacked(checkpoints.hf(arch), quantize=quantize)
+    modes = {
+        q["mode"]
+        for layer in read_manifest(streamed).layers
+        for q in layer.quantization.values()
+        if q
+    }
+    assert modes == ({"mxfp4"} if arch == "gpt_oss" else {mode})  # gpt-oss keeps its MXFP4 experts
+    reference = reference_model(checkpoints.mlx(arch, bits, group_size, mode=mode))
+    compare(streamed, reference, tolerance=0.0)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_other_source_dtypes(checkpoints, dtype):
     src = checkpoints.hf("qwen3_moe", dtype)
@@ -135,7 +157,6 @@ def test_memory_budget_keeps_experts_resident_with_identical_outputs(
     checkpoints, budget, read_path
 ):
     from streamer.cache.budget import largest_expert_bytes
-    from streamer.io.manifest import read_manifest
 
     src = checkpoints.mlx("qwen3_moe")
     folder = checkpoints.repacked(src)

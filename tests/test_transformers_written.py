@@ -9,6 +9,8 @@ The only module that imports torch (fixtures/transformers_written.py): a few sec
 
 from __future__ import annotations
 
+import re
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from fixtures.tokenizer import write_tokenizer
 from fixtures.transformers_families import COMMON, FAMILIES
 from fixtures.transformers_vision_families import VISION_LANGUAGE
 from fixtures.transformers_written import families, write_transformers_checkpoint
+from streamer.config import check_config
 from streamer.errors import StreamerError
 from streamer.io.checkpoint import Checkpoint
 from streamer.repack import repack
@@ -111,3 +114,23 @@ def test_hunyuan_v1_moe_is_refused_with_how_mlx_lm_computes_it_otherwise(tmp_pat
     write_tokenizer(tmp_path / "src")
     with pytest.raises(StreamerError, match="hunyuan_v1_moe.*renormalized to sum to 1"):
         repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        (dict(mlp_layer_types=["sparse", "dense"]), "mlp_layer_types"),
+        (dict(moe_renormalize=False), "moe_renormalize is false"),
+        (dict(attention_bias=True), "attention_bias is true"),
+        (dict(kda_safe_gate=False), "kda_safe_gate is false"),
+        (dict(hidden_act="gelu"), "hidden_act is 'gelu'"),
+    ],
+)
+def test_ling_3_configs_mlx_lm_computes_otherwise_are_refused(fields, reason):
+    """The Ling 3 configs transformers computes with that mlx-lm's bailing_moe_v3 does not."""
+    config = AutoConfig.for_model("bailing_hybrid", **{**COMMON, **FAMILIES["bailing_hybrid"]})
+    config.architectures = ["BailingHybridForCausalLM"]
+    for name, value in fields.items():
+        setattr(config, name, value)
+    with pytest.raises(StreamerError, match=f"computes it otherwise.*{re.escape(reason)}"):
+        check_config(config.to_dict(), "config.json")

@@ -17,6 +17,8 @@ INDEX_FILE = "model.safetensors.index.json"
 UNLOADABLE = ("F64",)  # a valid safetensors dtype that mx.load refuses
 
 
+# NVIDIA ModelOpt's exports may keep their quantization beside config.json rather than in it
+QUANTIZATION_SIDECAR = "hf_quant_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
 
@@ -54,6 +56,13 @@ class Checkpoint:
             missing="point at the folder that holds the model's config.json and *.safetensors "
             "files.",
         )
+        sidecar = self.folder / QUANTIZATION_SIDECAR
+        text = self.config.get("text_config")
+        placed = "quantization_config" in self.config or (
+            isinstance(text, dict) and "quantization_config" in text
+        )
+        if not placed and sidecar.exists():  # read as mlx-lm's loader reads it
+            self.config["quantization_config"] = read_json_object(sidecar, "download it again.")
         self.tensors = self._tensor_table()
         self._fds: dict[Path, int] = {}
         self._lazy_shards: dict[Path, dict[str, mx.array]] = {}

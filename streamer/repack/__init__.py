@@ -76,6 +76,8 @@ def repack(
         plan = make_plan(ckpt, quantize)
         publish.warn_without_tokenizer(src, log)
         options = {"quantize": quantize and [quantize.bits, quantize.group_size]}
+        if quantize and quantize.mode != "affine":  # affine as before: its progress resumes
+            options["mode"] = quantize.mode
         identity = source_identity(ckpt, options)
         readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads
         consumer = None

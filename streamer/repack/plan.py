@@ -42,10 +42,27 @@ UNREAD_FORMATS = {
 }
 
 
+# MLX's quantization modes: (bits, group size) each allows; affine takes any of its bits
+MODES = {"affine": None, "nvfp4": (4, 16), "mxfp4": (4, 32), "mxfp8": (8, 32)}
+
+
 @dataclass
 class Quantize:
+    """`--quantize`: as `mlx_lm.convert --quantize --q-bits --q-group-size --q-mode`."""
+
     bits: int
     group_size: int = 64
+    mode: str = "affine"
+
+    def __post_init__(self):
+        fixed = MODES.get(self.mode, ())
+        if fixed == ():
+            raise StreamerError(f"--q-mode must be one of {', '.join(MODES)}, not {self.mode!r}.")
+        if fixed is not None and (self.bits, self.group_size) != fixed:
+            raise StreamerError(
+                f"--q-mode {self.mode} quantizes to {fixed[0]} bits in groups of {fixed[1]}: "
+                f"pass --quantize {fixed[0]} (and no other --group-size)."
+            )
 
 
 @dataclass
@@ -220,5 +237,7 @@ def quantize_resident(
     from mlx_lm.utils import quantize_model  # here: a plan without --quantize needs no mlx_lm.utils
 
     with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
-        _, config = quantize_model(model, config, quantize.group_size, quantize.bits)
+        _, config = quantize_model(
+            model, config, quantize.group_size, quantize.bits, mode=quantize.mode
+        )
     return config
