@@ -48,10 +48,13 @@ def untied_where_saved(config: dict, tensor_names: Iterable[str]) -> dict:
 
 def with_tied_lm_head(model: nn.Module, config: dict, weights: dict[str, mx.array]) -> dict:
     """`weights` (sanitized, mlx-lm's names) with the lm_head that `model` has and a tied
-    checkpoint leaves out: its embeddings, the one table of their shape beside it."""
+    checkpoint leaves out: its embeddings, the one table of their shape beside it. One that a
+    tied `model` has not (Qwen3-VL-MoE's sanitize keeps its top-level lm_head, filled by
+    layouts.TIED_OUTPUTS) is dropped: a tied model computes with the embeddings."""
     if not ties(config):
         return weights
     expected = dict(tree_flatten(model.parameters()))
+    weights = {n: a for n, a in weights.items() if n in expected or not n.endswith(LM_HEAD)}
     for head, arr in expected.items():
         if not head.endswith(LM_HEAD) or head in weights:
             continue

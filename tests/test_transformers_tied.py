@@ -36,3 +36,12 @@ def test_kimi_linear_computes_with_the_lm_head_it_saves_though_tied(tmp_path):
     tied, names = saved(tmp_path / "src")
     assert tied and "lm_head.weight" in names
     assert_streams_as(oracle, tmp_path)
+
+
+def test_qwen3_vl_moe_tied_as_transformers_saves_it(tmp_path):
+    """mlx-lm's Qwen3-VL-MoE sanitize reads a top-level lm_head, which transformers leaves out
+    when its text model ties (and mlx-lm's tied text model has none)."""
+    oracle = write_transformers_checkpoint(tmp_path / "src", "qwen3_vl_moe", changes=TIED)
+    with Checkpoint(tmp_path / "src") as ckpt:
+        assert not any(name.endswith("lm_head.weight") for name in ckpt.tensors)
+    assert_streams_as(oracle, tmp_path)

@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import StreamerError
+from ..tied_embeddings import ties
 
 
 def gpt_oss_from_transformers(weights: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -159,6 +160,8 @@ LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
 # Kimi K2.5's config in transformers ties them by default.
 TIED_OUTPUTS = {
     "kimi_k25": ("language_model.model.embed_tokens.weight", "language_model.lm_head.weight"),
+    # Qwen3-VL-MoE's sanitize reads the top-level lm_head, which its text model always has
+    "qwen3_vl_moe": ("model.language_model.embed_tokens.weight", "lm_head.weight"),
 }
 
 Sanitize = Callable[[dict[str, mx.array]], dict[str, mx.array]]
@@ -170,7 +173,7 @@ def sanitizer(model: nn.Module, folder: Path, config: dict | None = None) -> San
     from the embeddings (`TIED_OUTPUTS`); a missing tensor: a clear error."""
     family = type(model).__module__.rsplit(".", 1)[1]
     layout = LAYOUTS.get(family, lambda weights: weights)
-    tied = TIED_OUTPUTS.get(family) if (config or {}).get("tie_word_embeddings") else None
+    tied = TIED_OUTPUTS.get(family) if ties(config or {}) else None
 
     def convert(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         weights = layout(weights)
