@@ -26,7 +26,8 @@ def plan(
     dtype: mx.Dtype | None = None,
 ) -> ModelPlan:
     """`source`: a config.json, a download's folder or a repacked folder. `quantize`: (bits,
-    group size[, mode]) of `repack --quantize`. `dtype`: the compute dtype (None: the checkpoint's)."""
+    group size[, mode]) of `repack --quantize`. `dtype`: the compute dtype (None: the
+    checkpoint's)."""
     folder = source if source.is_dir() else source.parent  # a FIFO is a file: refused as one
     if (folder / MANIFEST_FILE).exists():
         if quantize:
