@@ -129,7 +129,7 @@ def mlx_quantized(src: Path, folder: Path) -> nn.Module:
     with Checkpoint(src) as ckpt:
         config = normalize_config(ckpt.config)
         reference = build_model(config, src)
-        weights = sanitizer(reference, src)({n: ckpt.lazy(n) for n in ckpt.tensors})
+        weights = sanitizer(reference, src, config)({n: ckpt.lazy(n) for n in ckpt.tensors})
         reference.load_weights(list(weights.items()))
         mx.eval(reference.parameters())
         published = dict(ckpt.config)
@@ -145,7 +145,9 @@ def mlx_quantized(src: Path, folder: Path) -> nn.Module:
     return reference
 
 
-@pytest.mark.parametrize("model_type", ["longcat_flash", "mimo_v2_flash"])
+@pytest.mark.parametrize(
+    "model_type", ["longcat_flash", "mimo_v2_flash", "bailing_hybrid", "kimi_k25"]
+)
 def test_quantized_in_place_and_with_quantize_as_mlx_lm_quantizes(tmp_path, model_type):
     """The transformers-written checkpoint quantized as mlx_lm.convert would (were its config.json
     one mlx-lm reads) streams in place from its shards, and `--quantize` repacks the bf16

@@ -26,6 +26,7 @@ from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
 from ..mlx_lm_models import package_version
 from ..model_types import architecture
+from ..tied_embeddings import untied_where_saved, with_tied_lm_head
 from ..transformers_spellings import normalize_config
 from .dtypes import compatible, describe
 from .layouts import sanitizer
@@ -91,7 +92,7 @@ def in_containers(name: str, containers: dict[str, nn.Module]) -> bool:
 def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     """Check the checkpoint against its config.json and plan its repack; refuse what cannot be."""
     where = ckpt.folder / "config.json"
-    config = normalize_config(check_config(ckpt.config, where))
+    config = untied_where_saved(normalize_config(check_config(ckpt.config, where)), ckpt.tensors)
     check_layer_count(config, ckpt.tensors, where)
     arch = architecture(config, where)
     if "quantization" not in config and "quantization_config" in config:
@@ -117,6 +118,7 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     # mlx-lm's own sanitize maps every source name to mlx-lm's names (and drops what the model
     # does not use); it runs on lazy arrays, so expert tensors it stacks or splits are never read.
     weights = sanitize({name: ckpt.lazy(name) for name in ckpt.tensors})
+    weights = with_tied_lm_head(model, config, weights)
     if any(name.endswith("_scale_inv") for name in weights):
         raise StreamerError(
             f"{where}: FP8 weights with block scales, which mlx-lm's model dequantizes for some "
