@@ -18,6 +18,7 @@ from streamer.io.manifest import read_manifest
 from streamer.plan import plan
 from streamer.plan.model import _kv_bytes, model_plan
 from streamer.plan.repacked import KV_LAYOUT, kv_bytes_per_token, repacked_plan
+from streamer.repack import Quantize
 from streamer.transformers_spellings import normalize_config
 
 GB = 1 << 30
@@ -46,6 +47,10 @@ def test_quantized_plans_match_quantized_repacks(checkpoints):
     quantized = checkpoints.repacked(src, quantize=streamer.repack.Quantize(4))
     want = read_manifest(quantized).expert_file_bytes
     assert plan(src, GB, quantize=(4, 64)).expert_bytes == want
+    for q in ((4, 16, "nvfp4"), (8, 32, "mxfp8")):  # and with --q-mode, from the download or
+        want = read_manifest(checkpoints.repacked(src, quantize=Quantize(*q))).expert_file_bytes
+        assert plan(src, GB, quantize=q).expert_bytes == want  # from its config.json alone
+        assert plan(src / "config.json", GB, quantize=q).expert_bytes == want
     mlx = checkpoints.mlx("qwen3_moe")  # an mlx_lm.convert download: config.json says how
     want = read_manifest(checkpoints.repacked(mlx)).expert_file_bytes
     assert plan(mlx, GB).expert_bytes == want

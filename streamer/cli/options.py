@@ -24,6 +24,38 @@ def size(text: str) -> int:
         ) from None
 
 
+def add_quantize(p: argparse.ArgumentParser, what: str) -> None:
+    """`--quantize BITS [--group-size N] [--q-mode M]`, as mlx_lm.convert's."""
+    p.add_argument("--quantize", type=int, choices=(2, 3, 4, 5, 6, 8), help=what)
+    p.add_argument(
+        "--group-size",
+        type=int,
+        choices=(16, 32, 64, 128),
+        help="quantization group size (default: 64 affine; the mode's own otherwise)",
+    )
+    p.add_argument(
+        "--q-mode",
+        default="affine",
+        choices=("affine", "nvfp4", "mxfp4", "mxfp8"),
+        help="quantization mode, as mlx_lm.convert --q-mode (nvfp4 and mxfp4: 4 bits, mxfp8: 8)",
+    )
+
+
+def quantize_option(args: argparse.Namespace):
+    """The `Quantize` the --quantize flags ask for (None without --quantize)."""
+    from ..repack.plan import MODES, Quantize
+
+    if not args.quantize:
+        if args.q_mode != "affine" or args.group_size:
+            raise StreamerError(
+                "--q-mode and --group-size choose how --quantize quantizes: pass it."
+            )
+        return None
+    fixed = MODES[args.q_mode]
+    group_size = args.group_size or (64 if fixed is None else fixed[1])
+    return Quantize(args.quantize, group_size, args.q_mode)
+
+
 def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument(
         "--model",

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from .options import size
+from .options import add_quantize, quantize_option, size
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="disk, memory and context a model needs, from its config.json")
     p.add_argument("source", help="config.json, a download's folder, a repacked one, or org/name")
     p.add_argument("--memory", type=size, default=None, help="memory to plan for (default: free)")
-    p.add_argument("--quantize", type=int, choices=(2, 3, 4, 5, 6, 8), help="as repack --quantize")
-    p.add_argument("--group-size", type=int, default=64, choices=(32, 64, 128))
+    add_quantize(p, "as repack --quantize")
     p.add_argument("--json", action="store_true", help="one JSON object, for tools")
     p.set_defaults(run=plan)
 
@@ -28,6 +27,7 @@ def plan(args: argparse.Namespace) -> None:
         memory = psutil.virtual_memory().available
     else:
         memory = args.memory
-    quantize = (args.quantize, args.group_size) if args.quantize else None
+    q = quantize_option(args)
+    quantize = q and (q.bits, q.group_size, q.mode)
     result = plan(resolve(args.source, "model"), memory, quantize=quantize, dtype=default_dtype())
     print(result.json() if args.json else "\n".join(result.lines()))

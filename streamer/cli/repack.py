@@ -7,30 +7,14 @@ from pathlib import Path
 
 from ..errors import StreamerError
 from .interrupts import raising_on_ctrl_c
+from .options import add_quantize, quantize_option
 
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("repack", help="convert a downloaded checkpoint into the streaming layout")
     p.add_argument("src", help="checkpoint folder (config.json + safetensors), or org/name")
     p.add_argument("dst", help="output folder")
-    p.add_argument(
-        "--quantize",
-        type=int,
-        choices=(2, 3, 4, 5, 6, 8),
-        help="quantize to this many bits (as mlx_lm.convert --quantize --q-bits)",
-    )
-    p.add_argument(
-        "--group-size",
-        type=int,
-        choices=(16, 32, 64, 128),
-        help="quantization group size (default: 64 affine; the mode's own otherwise)",
-    )
-    p.add_argument(
-        "--q-mode",
-        default="affine",
-        choices=("affine", "nvfp4", "mxfp4", "mxfp8"),
-        help="quantization mode, as mlx_lm.convert --q-mode (nvfp4 and mxfp4: 4 bits, mxfp8: 8)",
-    )
+    add_quantize(p, "quantize to this many bits (as mlx_lm.convert --quantize --q-bits)")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.add_argument(
         "--resume",
@@ -62,16 +46,9 @@ def add_parsers(sub) -> None:
 
 def repack(args: argparse.Namespace) -> None:
     from ..hub import resolve
-    from ..repack import Quantize, repack
-    from ..repack.plan import MODES
+    from ..repack import repack
 
-    quantize = None
-    if args.quantize:
-        fixed = MODES[args.q_mode]
-        group_size = args.group_size or (64 if fixed is None else fixed[1])
-        quantize = Quantize(args.quantize, group_size, args.q_mode)
-    elif args.q_mode != "affine" or args.group_size:
-        raise StreamerError("--q-mode and --group-size choose how --quantize quantizes: pass it.")
+    quantize = quantize_option(args)
     src = resolve(args.src, "source")
     if args.delete_source and src != Path(args.src):
         raise StreamerError(

@@ -22,11 +22,12 @@ def plan(
     source: Path,
     memory_bytes: int,
     *,
-    quantize: tuple[int, int] | None = None,
+    quantize: tuple | None = None,
     dtype: mx.Dtype | None = None,
 ) -> ModelPlan:
     """`source`: a config.json, a download's folder or a repacked folder. `quantize`: (bits,
-    group size) of `repack --quantize`. `dtype`: the compute dtype (None: the checkpoint's)."""
+    group size[, mode]) of `repack --quantize`. `dtype`: the compute dtype (None: the
+    checkpoint's)."""
     folder = source if source.is_dir() else source.parent  # a FIFO is a file: refused as one
     if (folder / MANIFEST_FILE).exists():
         if quantize:

@@ -41,7 +41,7 @@ KV_LENGTHS = (256, 512)
 
 
 def model_plan(
-    source: Path, memory: int, quantize: tuple[int, int] | None, dtype: mx.Dtype | None
+    source: Path, memory: int, quantize: tuple | None, dtype: mx.Dtype | None
 ) -> ModelPlan:
     folder = source if source.is_dir() else source.parent
     config_path = source / "config.json" if source.is_dir() else source  # a FIFO too: refused
@@ -82,7 +82,7 @@ def model_plan(
     )
 
 
-def _download_model(folder: Path, quantize: tuple[int, int] | None) -> tuple[nn.Module, dict]:
+def _download_model(folder: Path, quantize: tuple | None) -> tuple[nn.Module, dict]:
     """repack's own plan of a download: resident weights as the checkpoint holds them (lazily,
     never read), experts in their target shapes, quantized as repack will."""
     from ..io.checkpoint import Checkpoint
@@ -97,9 +97,7 @@ def _download_model(folder: Path, quantize: tuple[int, int] | None) -> tuple[nn.
     return model, config
 
 
-def _config_model(
-    path: Path, repacked: bool, quantize: tuple[int, int] | None
-) -> tuple[nn.Module, dict]:
+def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[nn.Module, dict]:
     """mlx-lm's model for a config.json alone, in its dtype, quantized as it says (or as
     `quantize`)."""
     if repacked:
@@ -116,7 +114,8 @@ def _config_model(
         from mlx_lm.utils import quantize_model
 
         with contextlib.redirect_stdout(io.StringIO()):  # its bits-per-weight line
-            quantize_model(model, config, quantize[1], quantize[0])
+            bits, group_size, *mode = quantize  # (bits, group size[, mode]): repack's Quantize
+            quantize_model(model, config, group_size, bits, mode=mode[0] if mode else "affine")
     else:  # as mlx-lm loads an MLX-quantized model, except that no weights say which layers are:
         # every layer that can be is (per-module entries still win)
         quantize_like_mlx_lm(model, config, quantizable=lambda _, m: hasattr(m, "to_quantized"))
