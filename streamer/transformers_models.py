@@ -88,9 +88,18 @@ def written_by(config: dict) -> TransformersModel | None:
     architectures = config.get("architectures")
     if isinstance(architectures, str):  # mlx-lm's loader takes one name too
         architectures = [architectures]
+    model_type = config.get("model_type")
+    if architectures is None:  # left out: transformers' own spelling of the fields says
+        return next(
+            (
+                model
+                for (kind, _), model in TRANSFORMERS_MODELS.items()
+                if kind == model_type and _spelled_by_transformers(model, config)
+            ),
+            None,
+        )
     if not isinstance(architectures, list):
         return None
-    model_type = config.get("model_type")
     return next(
         (
             TRANSFORMERS_MODELS[(model_type, a)]
@@ -99,6 +108,13 @@ def written_by(config: dict) -> TransformersModel | None:
         ),
         None,
     )
+
+
+def _spelled_by_transformers(model: TransformersModel, config: dict) -> bool:
+    """Every top-level field `model` renames is in `config` in transformers' spelling, and some
+    only in it (as written, mlx-lm's model could not read them)."""
+    top = {name: theirs for name, theirs in model.renamed.items() if "." not in theirs}
+    return all(t in config for t in top.values()) and any(n not in config for n in top)
 
 
 def as_published(config: dict) -> dict:
