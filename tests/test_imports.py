@@ -37,6 +37,7 @@ LAYERS = {
         "streamer.transformers_spellings",
         "streamer.transformers_fixed_longcat_mimo",
         "streamer.transformers_models",
+        "streamer.tied_embeddings",
         "streamer.config",
         "streamer.tokenizer",
         "streamer.backend",
