@@ -21,6 +21,7 @@ from .errors import StreamerError
 from .expert_lists import STACKED_MODELS
 from .mlx_lm_models import models_without_package_init
 from .model_types import mlx_lm_classes, refuse
+from .saved_quantization import saved_quantization
 from .stats import ExpertStats, Routing, RoutingRecorder
 
 with models_without_package_init():
@@ -118,23 +119,15 @@ def quantize_like_mlx_lm(
     quantizable: Callable[[str, nn.Module], bool | dict] | None = None,
 ) -> None:
     """Quantize `model`'s layers exactly as `mlx_lm.utils.load_model` would for these weights:
-    config.json's per-module entries first, then each layer whose weights have scales (and a
-    per-expert global scale, NVFP4's, where they have one).
+    config.json's per-module entries first, then each layer whose weights have scales, as
+    saved_quantization.py decides (a per-expert global scale, NVFP4's, where they have one).
     `quantizable(path, module)` decides instead of the weights where there are none (a plan)."""
     quantization = config.get("quantization")
     if quantization is None:
         return
 
-    def from_weights(path: str, module: nn.Module):
-        if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
-            return False
-        from mlx_lm.utils import _takes_global_scale, infer_quant_config  # not for a plan
-
-        params = infer_quant_config(path, module, weights)
-        # NVFP4 experts with one tensor scale each (mlx-lm's `global_scale`: Muse Spark's)
-        if f"{path}.global_scale" in weights and _takes_global_scale(module):
-            params["global_scale"] = True
-        return params
+    def from_weights(path: str, module: nn.Module) -> bool | dict:
+        return saved_quantization(path, module, weights, quantization)
 
     decide = quantizable or from_weights
 

@@ -20,6 +20,7 @@ import pytest
 from mlx_lm.utils import load_model
 
 from fixtures import TINY_CONFIGS, tiny_config, write_hf_checkpoint
+from fixtures.nvfp4 import write_mlx_nvfp4
 from streamer.repack import repack
 
 ARCHS = sorted(TINY_CONFIGS)
@@ -69,6 +70,11 @@ class Checkpoints:
                     q_mode=mode,
                 )
         return path
+
+    def mlx_nvfp4_global_scales(self) -> Path:
+        """qwen3_moe in NVFP4 with a global scale per expert (fixtures/nvfp4.py)."""
+        path = self.root / "mlx-qwen3_moe-nvfp4-global"
+        return path if path.exists() else write_mlx_nvfp4(self.hf("qwen3_moe"), path)
 
     def repacked(self, src: Path, **kwargs) -> Path:
         name = src.name + "".join(f"-{k}{v}" for k, v in sorted(kwargs.items()))

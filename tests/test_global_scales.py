@@ -12,7 +12,6 @@ from conftest import reference_model
 from test_parity import PROMPT, assert_exactly_as, compare, read_paths
 
 import streamer
-from fixtures.nvfp4 import write_mlx_nvfp4
 from streamer.io.manifest import read_manifest
 
 pytestmark = pytest.mark.usefixtures("global_scales_on_cpu")
@@ -20,8 +19,7 @@ pytestmark = pytest.mark.usefixtures("global_scales_on_cpu")
 
 @pytest.fixture(scope="module")
 def nvfp4(checkpoints):
-    path = checkpoints.root / "mlx-qwen3_moe-nvfp4-global"
-    return path if path.exists() else write_mlx_nvfp4(checkpoints.hf("qwen3_moe"), path)
+    return checkpoints.mlx_nvfp4_global_scales()
 
 
 def test_global_scales_stream_repacked_and_in_place(checkpoints, nvfp4):

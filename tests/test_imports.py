@@ -30,6 +30,7 @@ LAYERS = {
         "streamer.assembly",
         "streamer.handle",
         "streamer.architectures",
+        "streamer.saved_quantization",
         "streamer.expert_lists",
         "streamer.model_types",
         "streamer.mlx_lm_models",

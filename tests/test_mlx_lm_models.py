@@ -23,14 +23,14 @@ def heavy():
     return sorted(m for m in {heavy} if m in sys.modules)
 
 imported = {{}}
-for source in sys.argv[1:4]:
+for source in sys.argv[1:-1]:
     assert main(["plan", source, "--json", "--memory", "16G"]) == 0
     imported[source] = heavy()
 from mlx_lm.generate import generate_step  # a submodule first: mlx-lm's __init__ runs before it
 from mlx_lm import convert, generate
 import mlx_lm, mlx_lm.models.switch_layers, mlx_lm.utils
 import streamer, streamer.architectures
-model, tokenizer = streamer.load(sys.argv[4])
+model, tokenizer = streamer.load(sys.argv[-1])
 print(json.dumps({{
     "imported": imported,
     "generate": type(generate).__name__,
@@ -57,18 +57,21 @@ def run_python(code: str, *args: str, env: dict | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def after_plans(checkpoints, tmp_path_factory) -> dict:
-    """A process that plans a config.json, a download and a cached name, then loads a model."""
-    download = checkpoints.hf("qwen3_moe")
+    """A process that plans a config.json, a download and a cached name, an MLX-quantized
+    download and its cached name, then loads a model."""
+    download, mlx = checkpoints.hf("qwen3_moe"), checkpoints.mlx("qwen3_moe")
     cache = tmp_path_factory.mktemp("hub")
     cache_repo(cache, "tiny-org/Tiny-MoE", download)
+    cache_repo(cache, "tiny-org/Tiny-MLX", mlx)
     sources = [str(download / "config.json"), str(download), "tiny-org/Tiny-MoE"]
+    sources += [str(mlx), "tiny-org/Tiny-MLX"]
     repacked = str(checkpoints.repacked(download))
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     return run_python(PLANS_THEN_LOAD.format(heavy=HEAVY), *sources, repacked, env=env)
 
 
 def test_plans_import_neither_mlx_lm_utils_nor_transformers(after_plans):
-    assert len(after_plans["imported"]) == 3
+    assert len(after_plans["imported"]) == 5
     assert after_plans["imported"] == {source: [] for source in after_plans["imported"]}
 
 
