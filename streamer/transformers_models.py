@@ -147,10 +147,27 @@ COMPUTED_OTHERWISE: dict[str, str] = {
 }
 
 
+def _phimoe_differs(config: dict) -> str | None:
+    top_k = config.get("num_experts_per_tok", 2)  # mlx-lm's default, Phi-3.5-MoE's value
+    if top_k == 2:
+        return None
+    return (
+        f"its num_experts_per_tok is {top_k!r}: transformers' phimoe sparsemixer (as Phi-3.5-MoE's "
+        "own code) routes every token to 2 experts whatever it says, mlx-lm's to that many; set "
+        "num_experts_per_tok to 2 in config.json, what the model computes."
+    )
+
+
+# model_type -> why mlx-lm's model computes a config otherwise than transformers' (None: the same)
+CONFIGS_COMPUTED_OTHERWISE: dict[str, Callable[[dict], str | None]] = {"phimoe": _phimoe_differs}
+
+
 def computed_otherwise(config: dict) -> str | None:
     """Why mlx-lm's model computes otherwise than transformers' for `config` as transformers
     wrote it (None: the same, or not written by transformers otherwise than published)."""
     if config.get("model_type") in COMPUTED_OTHERWISE:
         return COMPUTED_OTHERWISE[config["model_type"]]
+    if config.get("model_type") in CONFIGS_COMPUTED_OTHERWISE:
+        return CONFIGS_COMPUTED_OTHERWISE[config["model_type"]](config)
     model = written_by(config)
     return None if model is None else model.differs(config)

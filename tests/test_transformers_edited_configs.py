@@ -1,13 +1,17 @@
 """A config.json transformers wrote, edited as people edit them (`architectures` left out, fields
-no model reads added), still streams to what transformers computes."""
+no model reads added), still streams to what transformers computes; one with a field that mlx-lm
+computes otherwise is refused with the reason."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from test_transformers_written import assert_streams_as
 
 from fixtures.transformers_written import write_transformers_checkpoint
+from streamer.errors import StreamerError
+from streamer.repack import repack
 
 
 def test_ling_3_without_architectures_is_read_by_transformers_spelling(tmp_path):
@@ -20,3 +24,15 @@ def test_ling_3_without_architectures_is_read_by_transformers_spelling(tmp_path)
     config.update(unknown_field=3, unknown_section={"a": [1, 2], "b": None})
     path.write_text(json.dumps(config))
     assert_streams_as(oracle, tmp_path)
+
+
+def test_phimoe_routing_more_than_two_experts_is_refused_with_the_reason(tmp_path):
+    """transformers' sparsemixer routes to 2 experts whatever num_experts_per_tok says (3.7 logits
+    off mlx-lm's top 4 on this model; 3e-6 with the field at 2)."""
+    changes = {"num_experts_per_tok": 4}
+    write_transformers_checkpoint(tmp_path / "src", "phimoe", changes=changes)
+    with pytest.raises(
+        StreamerError, match=r"num_experts_per_tok is 4.*set num_experts_per_tok to 2"
+    ):
+        repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists()

@@ -193,3 +193,19 @@ def sanitizer(model: nn.Module, folder: Path, config: dict | None = None) -> San
             ) from None
 
     return sanitize
+
+
+def refuse_in_memory_layout(weights: dict[str, mx.array], where: Path, model_type: str) -> None:
+    """transformers 5's in-memory experts (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`
+    [E, H, I]: what `save_pretrained(save_original_format=False)` writes, its other tensors
+    under its in-memory names too) left in `weights` after sanitize: a layout that neither this
+    family's published checkpoints nor mlx-lm's model use (where they do, sanitize or LAYOUTS
+    has read them)."""
+    for name, value in weights.items():
+        if name.endswith((".experts.gate_up_proj", ".experts.down_proj")) and value.ndim == 3:
+            raise StreamerError(
+                f"{where}: tensor '{name}' is transformers 5's in-memory expert layout (what "
+                "save_pretrained(save_original_format=False) writes), which neither the published "
+                f"{model_type} checkpoints nor mlx-lm use: save the model again with "
+                "save_original_format=True (the default)."
+            )

@@ -29,7 +29,7 @@ from ..model_types import architecture
 from ..tied_embeddings import untied_where_saved, with_tied_lm_head
 from ..transformers_spellings import normalize_config
 from .dtypes import compatible, describe
-from .layouts import sanitizer
+from .layouts import refuse_in_memory_layout, sanitizer
 from .sources import Sources
 
 CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
@@ -135,6 +135,7 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     }
     quantize_like_mlx_lm(model, config, weights)
     prequantized = {name.rsplit(".", 1)[0] for name in weights if name.endswith(".scales")}
+    refuse_in_memory_layout(resident, ckpt.folder, config["model_type"])
     check_resident(model, containers, resident, ckpt)
     model.load_weights(list(resident.items()), strict=False)
     cast = None
