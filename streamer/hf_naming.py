@@ -42,10 +42,14 @@ class Architecture:
 
     def hf_parents(self, container: str) -> tuple[str, ...]:
         """`hf_parent`, and its spellings in checkpoints that transformers 5 writes: vision-language
-        ones' `model.language_model.` for mlx-lm's `language_model.model.`, and the family's
+        ones' `model.language_model.` for mlx-lm's `language_model.model.` (`model.` where it
+        saves the text model alone: Qwen3.5-MoE's for AutoModelForCausalLM), and the family's
         `hf_transformers_spellings`."""
         block = self.hf_parent(container)
-        spellings = (("language_model.model.", "model.language_model."),)
+        spellings = (
+            ("language_model.model.", "model.language_model."),
+            ("language_model.model.", "model."),
+        )
         theirs = [
             their + block[len(ours) :]
             for ours, their in spellings + self.hf_transformers_spellings

@@ -17,7 +17,7 @@ from typing import NoReturn
 from .errors import StreamerError
 from .hf_naming import NAMING, Architecture
 from .mlx_lm_models import model_file, package_folder, package_version
-from .transformers_models import computed_otherwise
+from .transformers_models import as_published, computed_otherwise
 
 REMAPPING_TABLES = ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING")
 
@@ -49,6 +49,7 @@ def mlx_lm_classes(config: dict, where: Path | str = "config.json") -> tuple[typ
     """mlx-lm's Model and ModelArgs classes for `config`, as `mlx_lm.utils._get_classes` picks
     them; a config mlx-lm has no model file for is refused."""
     model_remapping, architecture_remapping = remapping_tables()
+    config = as_published(config)  # a model transformers names otherwise: as mlx-lm knows it
     model_type = config.get("model_type")
     architectures = config.get("architectures") or ()
     if isinstance(architectures, str):

@@ -79,6 +79,11 @@ TRANSFORMERS_MODELS: dict[tuple[str, str], TransformersModel] = {
         },
         differs=_bailing_v3_differs,
     ),
+    # Qwen3.5-MoE's text model alone (what AutoModelForCausalLM builds for a qwen3_5_moe config),
+    # which mlx-lm's qwen3_5_moe runs from a config without text_config
+    ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"): TransformersModel(
+        published={"model_type": "qwen3_5_moe"}
+    ),
 }
 
 
