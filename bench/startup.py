@@ -3,8 +3,10 @@
     python bench/startup.py [--repeats 5] [--model DIR]
 
 `--help`, `--version`, `info` and `plan` of a repacked folder should not import mlx-lm, nor
-`plan` of a config.json or a download import transformers (it builds mlx-lm's model from its model
-files alone: streamer/mlx_lm_models.py). Prints the median wall time of each command in seconds.
+`plan` of a config.json, a download or an MLX-quantized download import transformers (it builds
+mlx-lm's model from its model files alone: streamer/mlx_lm_models.py; each saved layer's
+quantization from its shapes: streamer/saved_quantization.py). Prints the median wall time of
+each command in seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,22 @@ def seconds(command: list[str], repeats: int) -> float:
     return statistics.median(times)
 
 
+def mlx_download(tmp: Path) -> str:
+    """The demo model as `mlx_lm.convert --quantize` writes it (4 bits): an MLX-quantized
+    download."""
+    import contextlib
+    import io
+
+    from mlx_lm import convert
+
+    from streamer.cli import DEMO_MODEL
+
+    folder = tmp / "demo-mlx"
+    with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
+        convert(str(DEMO_MODEL), str(folder), quantize=True)
+    return str(folder)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -41,6 +59,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = model_or_demo(args.model, Path(tmp))
+        quantized = mlx_download(Path(tmp))
         from streamer.cli import DEMO_MODEL
 
         baseline = [sys.executable, "-c", "import mlx_lm"]
@@ -54,6 +73,7 @@ def main() -> None:
             ("streamer plan DIR", ["plan", model]),
             ("streamer plan config.json", ["plan", str(DEMO_MODEL / "config.json")]),
             ("streamer plan DOWNLOAD", ["plan", str(DEMO_MODEL)]),
+            ("streamer plan MLX-DOWNLOAD", ["plan", quantized]),
         ):
             print(f"{name:<30}{seconds(command, args.repeats):.2f} s")
 
