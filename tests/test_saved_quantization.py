@@ -23,7 +23,7 @@ from streamer.transformers_spellings import normalize_config
 QUANTIZED = [
     *(
         {"mode": "affine", "bits": b, "group_size": g}
-        for b in (2, 3, 4, 5, 6, 8)
+        for b in (1, 2, 3, 4, 5, 6, 8)
         for g in (32, 64, 128)
     ),
     {"mode": "mxfp4", "bits": 4, "group_size": 32},
@@ -60,7 +60,7 @@ def saved(module: nn.Module, path: str, **params) -> dict[str, mx.array]:
 
 
 @pytest.mark.parametrize("kind", MODULES)
-@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
 def test_every_mode_bits_and_group_size_against_every_default(kind, dtype):
     """A layer saved with each quantization MLX has, read with each as config.json's default."""
     for params in QUANTIZED:
