@@ -24,6 +24,9 @@ class TransformersModel:
     # why a config that transformers' model computes with is one mlx-lm's computes otherwise
     # (None: it computes the same)
     differs: Callable[[dict], str | None] = lambda _: None
+    # a vision-language model's text model saved alone, whose published config holds it as
+    # text_config under `published`'s fields
+    text_alone: bool = False
 
 
 def _bailing_v3_differs(config: dict) -> str | None:
@@ -51,6 +54,18 @@ def _bailing_v3_differs(config: dict) -> str | None:
         return "kda_safe_gate is false; mlx-lm's bailing_moe_v3 computes the bounded gate only."
     if config.get("hidden_act", "silu") != "silu":
         return f"hidden_act is {config['hidden_act']!r}; mlx-lm's bailing_moe_v3 computes SiLU."
+    return None
+
+
+def _llama4_moe_layers_differ(config: dict) -> str | None:
+    layers, moe = config.get("num_hidden_layers"), config.get("moe_layers")
+    step = config.get("interleave_moe_layer_step", 1)
+    if isinstance(moe, list) and type(layers) is int and type(step) is int and step > 0:
+        if moe != list(range(step - 1, layers, step)):  # transformers' moe_layers overrides it
+            return (
+                f"its moe_layers {moe} are not mlx-lm's llama4 MoE layers, the last of every "
+                f"{step} (interleave_moe_layer_step)."
+            )
     return None
 
 
@@ -83,6 +98,13 @@ TRANSFORMERS_MODELS: dict[tuple[str, str], TransformersModel] = {
     # which mlx-lm's qwen3_5_moe runs from a config without text_config
     ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"): TransformersModel(
         published={"model_type": "qwen3_5_moe"}
+    ),
+    # Llama 4's text model alone (what AutoModelForCausalLM builds for a llama4 config); mlx-lm's
+    # llama4_text is a dense model, its llama4 reads the MoE text model from text_config
+    ("llama4_text", "Llama4ForCausalLM"): TransformersModel(
+        published={"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"]},
+        differs=_llama4_moe_layers_differ,
+        text_alone=True,
     ),
 }
 
@@ -129,6 +151,8 @@ def as_published(config: dict) -> dict:
     model = written_by(config)
     if model is None or model.differs(config) is not None:
         return config
+    if model.text_alone:
+        return {**model.published, "text_config": config}
     config = {**config, **model.published}
     for name, theirs in model.renamed.items():
         section, _, field = theirs.rpartition(".")  # "rope_parameters.rope_theta": nested
@@ -164,7 +188,15 @@ def _phimoe_differs(config: dict) -> str | None:
 
 
 # model_type -> why mlx-lm's model computes a config otherwise than transformers' (None: the same)
-CONFIGS_COMPUTED_OTHERWISE: dict[str, Callable[[dict], str | None]] = {"phimoe": _phimoe_differs}
+CONFIGS_COMPUTED_OTHERWISE: dict[str, Callable[[dict], str | None]] = {
+    "phimoe": _phimoe_differs,
+    "llama4": lambda c: _llama4_moe_layers_differ(_text_config(c)),
+}
+
+
+def _text_config(config: dict) -> dict:
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else {}
 
 
 def computed_otherwise(config: dict) -> str | None:

@@ -143,6 +143,17 @@ _KIMI_K25_NAMES = (
 )
 
 
+def text_alone_from_transformers(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Llama 4's text model as transformers saves it alone (`Llama4ForCausalLM`: `model.*`,
+    `lm_head.*`), which mlx-lm's llama4 reads under `language_model.` as published."""
+    if any(name.startswith("language_model.") for name in weights):
+        return weights
+    return {
+        f"language_model.{name}" if name.startswith(("model.", "lm_head.")) else name: value
+        for name, value in weights.items()
+    }
+
+
 # mlx-lm model file -> the conversion run before its sanitize
 LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
     "gpt_oss": gpt_oss_from_transformers,
@@ -151,6 +162,7 @@ LAYOUTS: dict[str, Callable[[dict[str, mx.array]], dict[str, mx.array]]] = {
     "longcat_flash": zero_experts_from_transformers,
     "bailing_moe_v3": bailing_v3_from_transformers_5,
     "kimi_k25": kimi_k25_from_transformers_5,
+    "llama4": text_alone_from_transformers,
 }
 
 
