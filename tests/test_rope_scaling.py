@@ -1,0 +1,34 @@
+"""A config whose RoPE scaling mlx-lm's model for it does not apply (it builds a plain RoPE
+whatever rope_scaling says) is refused with the reason; where mlx-lm applies it, it streams to
+what transformers computes (streamer/rope_scaling.py)."""
+
+from __future__ import annotations
+
+import pytest
+from test_transformers_written import assert_streams_as
+
+from fixtures.transformers_written import write_transformers_checkpoint
+from streamer.errors import StreamerError
+from streamer.repack import repack
+
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 512,
+}
+SCALED = {"rope_parameters": YARN, "max_position_embeddings": 2048}
+
+
+def test_rope_scaling_mlx_lm_does_not_apply_is_refused(tmp_path):
+    """mlx-lm's qwen3_moe computes plain RoPE with YaRN asked for (1.2 logits off transformers on
+    this model), as Qwen's docs tell Qwen3 users to add for long contexts."""
+    write_transformers_checkpoint(tmp_path / "src", "qwen3_moe", changes=SCALED)
+    with pytest.raises(StreamerError, match=r"rope_scaling 'yarn'.*mlx-lm's qwen3_moe model"):
+        repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_rope_scaling_mlx_lm_applies_streams(tmp_path):
+    oracle = write_transformers_checkpoint(tmp_path / "src", "afmoe", changes=SCALED)
+    assert_streams_as(oracle, tmp_path)
