@@ -21,6 +21,7 @@ from .errors import StreamerError
 from .expert_lists import STACKED_MODELS
 from .mlx_lm_models import models_without_package_init
 from .model_types import mlx_lm_classes, refuse
+from .rope_scaling import refuse_ignored_rope_scaling
 from .saved_quantization import saved_quantization
 from .stats import ExpertStats, Routing, RoutingRecorder
 
@@ -53,6 +54,7 @@ def build_model(config: dict, where: Path | str) -> nn.Module:
         ) from e
     if not any(isinstance(m, EXPERT_CONTAINERS) for _, m in model.named_modules()):
         refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.")
+    refuse_ignored_rope_scaling(model, config, where)
     return model
 
 

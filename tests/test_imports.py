@@ -39,6 +39,7 @@ LAYERS = {
         "streamer.transformers_fixed_longcat_mimo",
         "streamer.transformers_models",
         "streamer.tied_embeddings",
+        "streamer.rope_scaling",
         "streamer.config",
         "streamer.tokenizer",
         "streamer.backend",

@@ -9,6 +9,7 @@ from test_transformers_written import assert_streams_as
 
 from fixtures.transformers_written import write_transformers_checkpoint
 from streamer.errors import StreamerError
+from streamer.plan import plan
 from streamer.repack import repack
 
 YARN = {
@@ -27,6 +28,8 @@ def test_rope_scaling_mlx_lm_does_not_apply_is_refused(tmp_path):
     with pytest.raises(StreamerError, match=r"rope_scaling 'yarn'.*mlx-lm's qwen3_moe model"):
         repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
     assert not (tmp_path / "dst").exists()
+    with pytest.raises(StreamerError, match=r"rope_scaling 'yarn'"):  # from config.json alone
+        plan(tmp_path / "src" / "config.json", 2**34)
 
 
 def test_rope_scaling_mlx_lm_applies_streams(tmp_path):

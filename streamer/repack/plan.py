@@ -26,7 +26,6 @@ from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
 from ..mlx_lm_models import package_version
 from ..model_types import architecture
-from ..rope_scaling import refuse_ignored_rope_scaling
 from ..tied_embeddings import untied_where_saved, with_tied_lm_head
 from ..transformers_spellings import normalize_config
 from .dtypes import compatible, describe
@@ -112,7 +111,6 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
             f"{where}: the checkpoint is already quantized; repack it without --quantize."
         )
     model = build_model(config, where)
-    refuse_ignored_rope_scaling(model, config, where)
     containers = expert_containers(model)
     first = next(iter(containers.values()))
     num_experts = first[container_projections(first)[0]].num_experts
