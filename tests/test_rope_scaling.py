@@ -35,3 +35,14 @@ def test_rope_scaling_mlx_lm_does_not_apply_is_refused(tmp_path):
 def test_rope_scaling_mlx_lm_applies_streams(tmp_path):
     oracle = write_transformers_checkpoint(tmp_path / "src", "afmoe", changes=SCALED)
     assert_streams_as(oracle, tmp_path)
+
+
+def test_rope_scaling_of_another_type_than_mlx_lm_computes_is_refused(tmp_path):
+    """mlx-lm's DeepSeek-V2 computes YaRN from rope_scaling whatever its type (1.6 logits off
+    transformers' linear scaling on this model)."""
+    linear = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+    write_transformers_checkpoint(
+        tmp_path / "src", "deepseek_v2", changes={"rope_parameters": linear}
+    )
+    with pytest.raises(StreamerError, match=r"rope_scaling 'linear'.*computes 'yarn'"):
+        repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
