@@ -29,6 +29,12 @@ def scaling_type(config: dict) -> str | None:
         scaling = values.get("rope_scaling") if isinstance(values, dict) else None
         if isinstance(scaling, dict):
             kind = scaling.get("type") or scaling.get("rope_type") or "default"
+            context = values.get("max_position_embeddings")
+            trained = scaling.get("original_max_position_embeddings", context)
+            if kind == "dynamic" and type(trained) is int and type(context) is int:
+                # NTK scaling past the trained context only, which no prompt reaches (generate
+                # refuses one past max_position_embeddings): plain RoPE within it
+                return None if trained >= context else str(kind)
             return None if kind == "default" else str(kind)
     return None
 

@@ -46,3 +46,13 @@ def test_rope_scaling_of_another_type_than_mlx_lm_computes_is_refused(tmp_path):
     )
     with pytest.raises(StreamerError, match=r"rope_scaling 'linear'.*computes 'yarn'"):
         repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
+
+
+def test_dynamic_scaling_past_the_context_only_streams_on_plain_rope(tmp_path):
+    """transformers' dynamic NTK scaling changes nothing within max_position_embeddings, past
+    which no prompt is run: mlx-lm's plain RoPE computes the same."""
+    dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    oracle = write_transformers_checkpoint(
+        tmp_path / "src", "qwen3_moe", changes={"rope_parameters": dynamic}
+    )
+    assert_streams_as(oracle, tmp_path)
