@@ -50,7 +50,7 @@ def build_model(config: dict, where: Path | str) -> nn.Module:
         # mlx-lm's constructors raise no common error type
         raise StreamerError(
             f"{where}: the config does not describe a {config['model_type']} model mlx-lm can "
-            f"build ({type(e).__name__}: {e}); download config.json again."
+            f"build ({type(e).__name__}: {e}); compare it with the model's published config.json."
         ) from e
     if not any(isinstance(m, EXPERT_CONTAINERS) for _, m in model.named_modules()):
         refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.")
