@@ -73,6 +73,19 @@ def test_an_nvfp4_pack_is_refused_naming_its_format(tmp_path):
     assert not (tmp_path / "dst").exists()
 
 
+def test_a_quantization_mlx_lm_converts_but_streamer_does_not_is_refused(tmp_path):
+    """GPTQ, which mlx-lm's loader converts and streamer does not: refused naming the method,
+    without saying that mlx-lm cannot read it."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("qwen3_moe"))
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(StreamerError) as refused:
+        repack(src, tmp_path / "dst", log=lambda _: None)
+    assert "quantization_config (gptq) is not supported; repack the bf16" in str(refused.value)
+    assert not (tmp_path / "dst").exists()
+
+
 @pytest.mark.usefixtures("global_scales_on_cpu")
 def test_muse_spark_nvfp4_streams_as_mlx_lm_loads_it(tmp_path):
     """Muse Spark's NVFP4 checkpoint (ModelOpt's format: the experts of every MoE layer but the

@@ -98,10 +98,11 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     if "quantization" not in config and "quantization_config" in config:
         method = config["quantization_config"].get("quant_method", "?")
         fmt = config["quantization_config"].get("format")
-        why = UNREAD_FORMATS.get(fmt, "nor read by mlx-lm")
+        # mlx-lm's loader reads some that streamer does not (AWQ, GPTQ): no claim about mlx-lm
+        why = f", {UNREAD_FORMATS[fmt]}" if fmt in UNREAD_FORMATS else ""
         raise StreamerError(
             f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
-            f"supported, {why}; repack the bf16/fp16 checkpoint (optionally with --quantize) or "
+            f"supported{why}; repack the bf16/fp16 checkpoint (optionally with --quantize) or "
             "an MLX-quantized one."
         )
     # MLX-quantized checkpoints are refused; a published MXFP4 gpt-oss is not (its MXFP4 experts
