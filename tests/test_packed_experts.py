@@ -19,6 +19,7 @@ from fixtures import muse_spark, tiny_config, write_hf_checkpoint
 from fixtures.hadamard_pack import write_hadamard_pack
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
+from streamer.plan.model import model_plan
 from streamer.repack import repack
 
 
@@ -84,6 +85,9 @@ def test_a_quantization_mlx_lm_converts_but_streamer_does_not_is_refused(tmp_pat
         repack(src, tmp_path / "dst", log=lambda _: None)
     assert "quantization_config (gptq) is not supported; repack the bf16" in str(refused.value)
     assert not (tmp_path / "dst").exists()
+    # plan of its config.json alone refuses it too, rather than planning it as unquantized
+    with pytest.raises(StreamerError, match=r"quantization_config \(gptq\) is not supported"):
+        model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
 
 
 @pytest.mark.usefixtures("global_scales_on_cpu")

@@ -107,6 +107,10 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
     else:
         config = _read_config(path)
     config = normalize_config(check_config(config, path))
+    if not repacked:
+        from ..repack.unread_quantization import refuse_unread_quantization
+
+        refuse_unread_quantization(config, path)  # as repack would
     model = build_model(config, path)
     check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))

@@ -24,22 +24,15 @@ from ..errors import StreamerError
 from ..hf_naming import Architecture, hf_expert_key
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
-from ..mlx_lm_models import package_version
 from ..model_types import architecture
 from ..tied_embeddings import untied_where_saved, with_tied_lm_head
 from ..transformers_spellings import normalize_config
 from .dtypes import compatible, describe
 from .layouts import refuse_in_memory_layout, sanitizer
 from .sources import Sources
+from .unread_quantization import refuse_unread_quantization
 
 CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
-
-
-# quantization formats mlx-lm names but whose checkpoints no mlx-lm model loads: why
-UNREAD_FORMATS = {
-    "nvfp4-pack-quantized": f"as no sanitize of mlx-lm {package_version()} reads its experts' "
-    "`weight_global_scale`, so mlx-lm cannot load it either (nothing to be exact against)",
-}
 
 
 # MLX's quantization modes: (bits, group size) each allows; affine takes any of its bits
@@ -95,16 +88,7 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     config = untied_where_saved(normalize_config(check_config(ckpt.config, where)), ckpt.tensors)
     check_layer_count(config, ckpt.tensors, where)
     arch = architecture(config, where)
-    if "quantization" not in config and "quantization_config" in config:
-        method = config["quantization_config"].get("quant_method", "?")
-        fmt = config["quantization_config"].get("format")
-        # mlx-lm's loader reads some that streamer does not (AWQ, GPTQ): no claim about mlx-lm
-        why = f", {UNREAD_FORMATS[fmt]}" if fmt in UNREAD_FORMATS else ""
-        raise StreamerError(
-            f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
-            f"supported{why}; repack the bf16/fp16 checkpoint (optionally with --quantize) or "
-            "an MLX-quantized one."
-        )
+    refuse_unread_quantization(config, where)
     # MLX-quantized checkpoints are refused; a published MXFP4 gpt-oss is not (its MXFP4 experts
     # are kept and the other weights quantized, as `mlx_lm.convert --quantize` does)
     if quantize and "quantization" in ckpt.config:
