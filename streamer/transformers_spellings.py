@@ -94,11 +94,11 @@ def normalize_config(config: dict) -> dict:
     quantization_config = config.get("quantization_config")
     if "quantization" not in config and isinstance(quantization_config, dict):
         method = quantization_config.get("quant_method")
-        if method == "mxfp4":  # gpt-oss: mlx-lm reads it as mxfp4 quantization
+        if method in ("mxfp4", "mxfp8"):  # gpt-oss's mxfp4; mlx-lm reads both as MLX's modes
             config["quantization"] = config["quantization_config"] = {
                 "group_size": 32,
-                "bits": 4,
-                "mode": "mxfp4",
+                "bits": 4 if method == "mxfp4" else 8,
+                "mode": method,
             }
         elif method == "modelopt" and _modelopt_nvfp4(quantization_config):
             # NVIDIA ModelOpt's NVFP4 (Muse Spark's): MLX's nvfp4, each expert's tensor scale

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 
 import mlx_lm
 import pytest
@@ -20,7 +21,7 @@ from fixtures.hadamard_pack import write_hadamard_pack
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
 from streamer.plan.model import model_plan
-from streamer.repack import repack
+from streamer.repack import Quantize, repack
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,39 @@ def test_packed_experts_stream_as_mlx_lm_loads_them(tmp_path, model_type, fmt, m
         mode
     }
     compare(tmp_path / "dst", reference_model(src), tolerance=0.0)
+
+
+@pytest.mark.parametrize(
+    "model_type, fmt",
+    [("kimi_k3", "mxfp4-pack-quantized"), ("kimi_k2", "pack-quantized"), ("deepseek_v41", "ue8m0")],
+)
+def test_quantize_of_packed_experts_equals_mlx_lm_convert(tmp_path, model_type, fmt):
+    """--quantize on a checkpoint whose experts are published packed: as mlx_lm.convert
+    --quantize makes it (the packed experts kept as mlx-lm reads them, the rest quantized)."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type), pack=fmt)
+    assert_quantize_equals_mlx_lm_convert(src, tmp_path)
+
+
+def test_quant_method_mxfp8_streams_as_mlx_lm_loads_it(checkpoints, tmp_path):
+    """config.json's `quantization_config: {quant_method: mxfp8}` over MLX-packed weights, which
+    mlx-lm's loader reads as its mxfp8 mode: repacked identical to mlx-lm, and --quantize as
+    mlx_lm.convert --quantize makes it. Not in place, as for every config.json not mlx-lm's own."""
+    src = tmp_path / "src"
+    shutil.copytree(checkpoints.mlx("qwen3_moe", bits=8, group_size=32, mode="mxfp8"), src)
+    config = json.loads((src / "config.json").read_text())
+    config.pop("quantization")
+    config["quantization_config"] = {"quant_method": "mxfp8"}
+    (src / "config.json").write_text(json.dumps(config))
+    repack(src, tmp_path / "dst", log=lambda _: None)
+    compare(tmp_path / "dst", reference_model(src), tolerance=0.0)
+    assert_quantize_equals_mlx_lm_convert(src, tmp_path)
+
+
+def assert_quantize_equals_mlx_lm_convert(src, tmp_path) -> None:
+    repack(src, tmp_path / "quantized", quantize=Quantize(4, 64), log=lambda _: None)
+    with contextlib.redirect_stdout(io.StringIO()):
+        mlx_lm.convert(str(src), str(tmp_path / "converted"), quantize=True, q_bits=4)
+    compare(tmp_path / "quantized", reference_model(tmp_path / "converted"), tolerance=0.0)
 
 
 def test_int4_packed_kimi_k3_is_refused_as_mlx_lm_cannot_load_it(tmp_path):
