@@ -46,7 +46,7 @@ def worker(args: argparse.Namespace) -> None:
     from mlx_lm.sample_utils import make_sampler
 
     import streamer
-    from streamer.distributed import gather_floats, launched_group, time_all_sum
+    from streamer.parallel.group import gather_floats, launched_group, time_all_sum
 
     group = launched_group()
     folder = Path(args.model.replace("{rank}", str(rank)))
@@ -190,7 +190,7 @@ def main() -> None:
     from models import ensure_models
     from presets import ROUTING
 
-    from streamer.repack.split import split
+    from streamer.parallel.split import split
 
     models = ensure_models(
         args.preset,

@@ -31,7 +31,7 @@ from mlx_lm.utils import MAX_FILE_SIZE_GB, get_total_parameters, quantize_model,
 from presets import PRESETS, ROUTING, add_checkpoint_arguments, preset_config, routing_of
 from synthetic_values import RandomValues
 
-from streamer.architectures import build_model
+from streamer.families.architectures import build_model
 from streamer.io.safetensors import MLX_TO_SAFETENSORS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # fixtures/: not installed

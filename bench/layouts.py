@@ -105,8 +105,8 @@ def disk_bytes(models) -> dict:
 def amplification(models, trace: list) -> dict:
     """Bytes of whole pages read per payload byte for the routed experts of `trace` (decode
     steps: [layer, experts]), for both layouts, at each page size; and one expert alone."""
-    from streamer.download import open_download
     from streamer.io.manifest import read_manifest
+    from streamer.loading.download_folder import open_download
 
     download, _, _ = open_download(models.mlx)
     manifest = read_manifest(models.streaming)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import mlx.nn as nn
 import numpy as np
 
-from streamer.architectures import recording_routing
+from streamer.families.architectures import recording_routing
 from streamer.stats import routing_skew
 
 

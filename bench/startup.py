@@ -4,9 +4,9 @@
 
 `--help`, `--version`, `info` and `plan` of a repacked folder should not import mlx-lm, nor
 `plan` of a config.json, a download or an MLX-quantized download import transformers (it builds
-mlx-lm's model from its model files alone: streamer/mlx_lm_models.py; each saved layer's
-quantization from its shapes: streamer/saved_quantization.py). Prints the median wall time of
-each command in seconds.
+mlx-lm's model from its model files alone: streamer/families/mlx_lm_models.py; each saved layer's
+quantization from its shapes: streamer/families/saved_quantization.py). Prints the median wall
+time of each command in seconds.
 """
 
 from __future__ import annotations

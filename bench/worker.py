@@ -27,7 +27,7 @@ from mlx_lm.sample_utils import make_sampler
 from pagecache import drop
 from routing_profile import routing_profile
 
-from streamer.handle import streaming
+from streamer.loading.handle import streaming
 from streamer.stats import peak_rss_bytes
 
 ENGINES = ("streamer", "mlx_lm")
@@ -36,7 +36,7 @@ ENGINES = ("streamer", "mlx_lm")
 def load(
     engine: str, folder: Path, memory_budget: int, read_path: str | None, bypass: bool = False
 ) -> nn.Module:
-    from streamer.backend import default_dtype
+    from streamer.loading.backend import default_dtype
 
     if engine == "streamer":
         import streamer

@@ -16,7 +16,7 @@ from .errors import StreamerError
 
 if TYPE_CHECKING:
     from .generate import Response, RunStats, generate, stream_generate
-    from .model import load
+    from .loading.load import load
 
 try:
     __version__ = version("streamer")
@@ -28,7 +28,7 @@ _LAZY = {
     "RunStats": "generate",
     "generate": "generate",
     "stream_generate": "generate",
-    "load": "model",
+    "load": "loading.load",
 }
 
 __all__ = ["StreamerError", "Response", "RunStats", "generate", "load", "stream_generate"]

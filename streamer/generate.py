@@ -15,7 +15,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .arguments import check_at_least, check_request, check_sampling
 from .errors import StreamerError
-from .handle import streaming
+from .loading.handle import streaming
 from .stats import ExpertStats, peak_rss_bytes
 
 

@@ -46,7 +46,7 @@ def verify(
     A download folder (no manifest.json) is checked against the checksums recorded in its sidecar
     (`checksums`, default `default_sidecar(folder)`); `record` computes and writes them.
     """
-    from .download import is_download
+    from .loading.download_folder import is_download
 
     folder = Path(folder)
     if is_download(folder):
@@ -108,7 +108,7 @@ def verify_download(folder: Path, sidecar: Path, *, record: bool, log) -> list[P
     """Check a download against the checksums in `sidecar`; with `record`, (re)write them from
     the files as they are now, unless a whole-file hash the download carries (a Hugging Face
     cache blob's sha256) says a shard is damaged."""
-    from .download import open_download
+    from .loading.download_folder import open_download
 
     download, _, _ = open_download(folder)  # headers, index and layout: a clear error if broken
     recorded = read_checksums(sidecar)

@@ -17,7 +17,7 @@ from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.sample_utils import make_sampler
 
 import streamer
-from streamer.distributed import launched_group
+from streamer.parallel.group import launched_group
 
 
 def run(model_path: str, out: str, mode: str, prompt_text: str, tokens: int, group) -> None:

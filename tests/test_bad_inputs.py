@@ -29,7 +29,7 @@ def test_unknown_and_non_moe_model_types(checkpoints, tmp_path):
     for model_type, reason in reasons.items():
         config = json.loads((src / "config.json").read_text())
         (src / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
-        assert_refused(src, tmp_path, f"'{model_type}' is not supported", reason, "README")
+        assert_refused(src, tmp_path, f"'{model_type}' is not supported", reason, "docs/support.md")
 
 
 def test_truncated_shard(checkpoints, tmp_path):

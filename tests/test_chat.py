@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import streamer
-from streamer.chat import templated
+from streamer.cli.chat import templated
 
 
 @pytest.fixture(scope="module")

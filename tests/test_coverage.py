@@ -20,9 +20,9 @@ from mlx_lm.utils import (
 
 from fixtures import TINY_CONFIGS, tiny_config
 from fixtures.hadamard_pack import hadamard_pack_config
-from streamer.architectures import build_model, expert_containers
 from streamer.errors import StreamerError
-from streamer.model_types import REFUSED, architecture, mlx_lm_model_type
+from streamer.families.architectures import build_model, expert_containers
+from streamer.families.model_types import REFUSED, architecture, mlx_lm_model_type
 
 SWITCH = re.compile(r"\b(SwitchGLU|SwitchMLP|SwitchLinear)\b")
 EXPERT_LIST = re.compile(r"self\.experts\s*=\s*\[")  # DBRX: a list of per-expert MLPs
@@ -122,5 +122,5 @@ def test_a_refused_family_is_refused_with_its_reason(model_type):
         architecture({"model_type": model_type}, "config.json")
     assert str(refused.value) == (
         f"config.json: model_type {model_type!r} is not supported for expert streaming: "
-        f"{REFUSED[model_type]} The README lists the model types that stream."
+        f"{REFUSED[model_type]} docs/support.md lists the model types that stream."
     )

@@ -20,7 +20,7 @@ import pytest
 from mlx_launch import RANKS, launch
 
 import streamer
-from streamer.repack.split import split
+from streamer.parallel.split import split
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 GONE = r"streamer: error: (rank 1|a rank) is gone from the group \(.*\): its own error says why\."

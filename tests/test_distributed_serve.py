@@ -22,7 +22,7 @@ from mlx_launch import LAUNCH_SECONDS, RANKS, launch, start
 from mlx_lm.sample_utils import make_logits_processors
 
 import streamer
-from streamer.repack.split import split
+from streamer.parallel.split import split
 
 FAILING = Path(__file__).with_name("distributed_failing.py")
 STREAMED = ["--memory-budget", "0"]  # every expert streamed: each layer syncs on its routing

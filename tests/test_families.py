@@ -14,13 +14,13 @@ from conftest import reference_model
 from test_parity import compare
 
 from fixtures import TINY_CONFIGS, VOCAB_SIZE, tiny_config, write_hf_checkpoint
-from streamer.architectures import build_model
 from streamer.errors import StreamerError
+from streamer.families.architectures import build_model
+from streamer.families.model_types import mlx_lm_model_type
+from streamer.families.transformers.spellings import normalize_config
 from streamer.io.checkpoint import Checkpoint
 from streamer.io.manifest import read_manifest
-from streamer.model_types import mlx_lm_model_type
 from streamer.repack import Quantize, repack
-from streamer.transformers_spellings import normalize_config
 
 
 def test_every_tiny_config_is_its_family_at_the_tokenizer_s_vocabulary():

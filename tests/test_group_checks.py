@@ -15,11 +15,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import streamer.distributed
-from streamer.distributed import GroupError, expert_shares, peer_gone
+import streamer.parallel.group
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
-from streamer.repack.split import split
+from streamer.parallel.group import GroupError, expert_shares, peer_gone
+from streamer.parallel.split import split
 
 HOST = socket.gethostname()
 
@@ -45,12 +45,12 @@ def gathered(group: Rank, row: np.ndarray) -> np.ndarray:
     return rows
 
 
-GATHER = streamer.distributed._all_gather  # the real one, for the tests of a rank gone
+GATHER = streamer.parallel.group._all_gather  # the real one, for the tests of a rank gone
 
 
 @pytest.fixture(autouse=True)
 def threads_for_ranks(monkeypatch):
-    monkeypatch.setattr(streamer.distributed, "_all_gather", gathered)
+    monkeypatch.setattr(streamer.parallel.group, "_all_gather", gathered)
 
 
 def run_group(folders: list[Path], manifests: list, totals: list[int]) -> list:

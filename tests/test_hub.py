@@ -13,7 +13,7 @@ import pytest
 
 from streamer.cli import main
 from streamer.errors import StreamerError
-from streamer.hub import resolve, streamable
+from streamer.loading.hub import resolve, streamable
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 

@@ -20,8 +20,8 @@ from test_parity import PROMPT, assert_exactly_as, greedy_tokens
 
 import streamer
 from streamer.cache.budget import largest_expert_bytes
-from streamer.download import open_download
 from streamer.errors import StreamerError
+from streamer.loading.download_folder import open_download
 from streamer.repack import repack
 from streamer.verify import verify
 

@@ -14,8 +14,8 @@ from conftest import private_download
 from hostile_files import flip_byte
 
 import streamer
-from streamer.download import open_download
 from streamer.io.checksums import default_sidecar
+from streamer.loading.download_folder import open_download
 from streamer.verify import verify
 
 QUIET = {"log": lambda _: None}

@@ -1,6 +1,7 @@
 """`streamer plan` builds mlx-lm's model without mlx-lm's package __init__ (which imports
 transformers), and mlx-lm behaves afterwards, in the same process, as if imported first
-(streamer/mlx_lm_models.py). Each check runs in a fresh process: the tests' own has mlx-lm."""
+(streamer/families/mlx_lm_models.py). Each check runs in a fresh process: the tests' own has
+mlx-lm."""
 
 from __future__ import annotations
 
@@ -29,14 +30,15 @@ for source in sys.argv[1:-1]:
 from mlx_lm.generate import generate_step  # a submodule first: mlx-lm's __init__ runs before it
 from mlx_lm import convert, generate
 import mlx_lm, mlx_lm.models.switch_layers, mlx_lm.utils
-import streamer, streamer.architectures
+import streamer
+from streamer.families import architectures
 model, tokenizer = streamer.load(sys.argv[-1])
 print(json.dumps({{
     "imported": imported,
     "generate": type(generate).__name__,
     "convert": type(convert).__name__,
     "load": mlx_lm.load is mlx_lm.utils.load,
-    "same classes": streamer.architectures.SwitchGLU is mlx_lm.models.switch_layers.SwitchGLU,
+    "same classes": architectures.SwitchGLU is mlx_lm.models.switch_layers.SwitchGLU,
     "loader picks them": mlx_lm.utils._get_classes({{"model_type": "qwen3_moe"}})[0] is type(model),
     "text": streamer.generate(model, tokenizer, "hello", max_tokens=8),
 }}))
@@ -89,7 +91,7 @@ def test_after_a_plan_load_generates_as_without_one(after_plans, checkpoints):
 
 KEPT_REFERENCE = """
 import json, sys
-from streamer.mlx_lm_models import model_file, models_without_package_init
+from streamer.families.mlx_lm_models import model_file, models_without_package_init
 
 qwen3_moe = model_file("qwen3_moe")
 with models_without_package_init():

@@ -12,9 +12,9 @@ from mlx_lm import utils
 
 from fixtures import TINY_CONFIGS, tiny_config
 from fixtures.hadamard_pack import hadamard_pack_config
-from streamer import model_types
 from streamer.errors import StreamerError
-from streamer.model_types import mlx_lm_classes, remapping_tables
+from streamer.families import model_types
+from streamer.families.model_types import mlx_lm_classes, remapping_tables
 
 
 def configs() -> list[dict]:

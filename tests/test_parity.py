@@ -11,10 +11,10 @@ from mlx_lm.sample_utils import make_sampler
 
 import streamer
 from fixtures import TINY_CONFIGS
-from streamer.backend import READ_PATHS, backend
-from streamer.expert_lists import STACKED_MODELS
+from streamer.families.expert_lists import STACKED_MODELS
+from streamer.families.model_types import mlx_lm_model_type
 from streamer.io.manifest import read_manifest
-from streamer.model_types import mlx_lm_model_type
+from streamer.loading.backend import READ_PATHS, backend
 from streamer.repack import Quantize
 
 PROMPT = (

@@ -10,16 +10,16 @@ from mlx_lm.models.cache import make_prompt_cache
 
 import streamer
 from fixtures import TINY_CONFIGS
-from streamer.architectures import build_model
 from streamer.cli import main
-from streamer.config import experts_per_token
 from streamer.errors import StreamerError
+from streamer.families.architectures import build_model
+from streamer.families.config import experts_per_token
+from streamer.families.transformers.spellings import normalize_config
 from streamer.io.manifest import read_manifest
 from streamer.plan import plan
 from streamer.plan.model import _kv_bytes, model_plan
 from streamer.plan.repacked import KV_LAYOUT, kv_bytes_per_token, repacked_plan
 from streamer.repack import Quantize
-from streamer.transformers_spellings import normalize_config
 
 GB = 1 << 30
 

@@ -1,6 +1,6 @@
 """A config whose RoPE scaling mlx-lm's model for it does not apply (it builds a plain RoPE
 whatever rope_scaling says) is refused with the reason; where mlx-lm applies it, it streams to
-what transformers computes (streamer/rope_scaling.py)."""
+what transformers computes (streamer/families/rope_scaling.py)."""
 
 from __future__ import annotations
 

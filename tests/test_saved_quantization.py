@@ -1,6 +1,6 @@
 """streamer decides how each saved layer of an MLX-quantized checkpoint is quantized as mlx-lm's
 load_model does (`infer_quant_config`, plus the NVFP4 global scale), asking mlx-lm only where the
-saved tensors are not what config.json's default gives (streamer/saved_quantization.py)."""
+saved tensors are not what config.json's default gives (streamer/families/saved_quantization.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.switch_layers import SwitchLinear
 from mlx_lm.utils import _takes_global_scale, infer_quant_config
 
-from streamer.architectures import build_model
-from streamer.saved_quantization import saved_quantization
-from streamer.transformers_spellings import normalize_config
+from streamer.families.architectures import build_model
+from streamer.families.saved_quantization import saved_quantization
+from streamer.families.transformers.spellings import normalize_config
 
 # every (mode, bits, group size) MLX quantizes with, and two it refuses (only as a default)
 QUANTIZED = [

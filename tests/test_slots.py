@@ -14,9 +14,9 @@ from conftest import reference_model
 from test_parity import PROMPT, assert_exactly_as
 
 import streamer
-from streamer import backend as backends
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
+from streamer.loading import backend as backends
 
 
 def slot_bytes(folder) -> int:

@@ -16,9 +16,9 @@ from repack_checks import interrupted_repack
 
 import streamer
 from streamer.io.checksums import default_sidecar
+from streamer.parallel.split import split
 from streamer.plan import plan
 from streamer.repack import repack
-from streamer.repack.split import split
 from streamer.verify import verify
 
 QUIET = {"log": lambda _: None}

@@ -13,8 +13,8 @@ import streamer
 from streamer.cli import main
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
-from streamer.repack.split import split
-from streamer.shards import balanced, interleaved
+from streamer.parallel.shards import balanced, interleaved
+from streamer.parallel.split import split
 from streamer.verify import verify
 
 

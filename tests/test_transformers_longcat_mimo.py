@@ -24,12 +24,12 @@ from fixtures import TINY_CONFIGS
 from fixtures.tokenizer import write_tokenizer
 from fixtures.transformers_families import FAMILIES
 from fixtures.transformers_written import write_transformers_checkpoint
-from streamer.architectures import build_model
 from streamer.errors import StreamerError
+from streamer.families.architectures import build_model
+from streamer.families.transformers.spellings import normalize_config
 from streamer.io.checkpoint import Checkpoint
 from streamer.repack import Quantize, repack
 from streamer.repack.layouts import sanitizer
-from streamer.transformers_spellings import normalize_config
 
 
 def _prompt(folder) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Checkpoints transformers writes with `tie_word_embeddings: true` compute what transformers'
-model computes, where mlx-lm's model reads the flag otherwise (streamer/tied_embeddings.py)."""
+model computes, where mlx-lm's model reads the flag otherwise
+(streamer/families/tied_embeddings.py)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ from fixtures.tokenizer import write_tokenizer
 from fixtures.transformers_families import COMMON, FAMILIES
 from fixtures.transformers_vision_families import VISION_LANGUAGE
 from fixtures.transformers_written import families, write_transformers_checkpoint
-from streamer.config import check_config
 from streamer.errors import StreamerError
+from streamer.families.config import check_config
 from streamer.io.checkpoint import Checkpoint
 from streamer.repack import repack
 

@@ -31,8 +31,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from streamer.architectures import container_projections, expert_containers, recording_routing
 from streamer.cli import DEMO_MODEL
+from streamer.families.architectures import (
+    container_projections,
+    expert_containers,
+    recording_routing,
+)
 from streamer.stats import routing_skew, top_tenth
 
 

@@ -51,7 +51,7 @@ def _run(argv: list[str] | None) -> int:
     except RuntimeError as e:  # under mlx.launch, a rank that ended fails the others' collectives
         if getattr(args, "group", None) is None:
             raise
-        from ..distributed import peer_gone
+        from ..parallel.group import peer_gone
 
         gone = peer_gone(e)
         if gone is None:

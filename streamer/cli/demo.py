@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
 
 def demo(args: argparse.Namespace) -> int:
     text = prompt(args)
-    from ..model import load
+    from ..loading.load import load
     from ..repack import Quantize, repack
 
     # from here on a Ctrl-C raises, so that the temporary folder is removed

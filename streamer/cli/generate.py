@@ -51,9 +51,9 @@ def generate(args: argparse.Namespace) -> int:
             "model."
         )
     text = prompt(args)  # before the slow imports: bad input fails fast
-    from ..chat import templated
-    from ..distributed import launched_group, shared_seed
-    from ..model import load
+    from ..loading.load import load
+    from ..parallel.group import launched_group, shared_seed
+    from .chat import templated
 
     group = args.group = launched_group()  # started by mlx.launch: expert-parallel
     rank = group.rank() if group else 0
@@ -121,7 +121,7 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
         return 130
     line = stats.line() if stats is not None else None
     if group is not None and stats is not None:
-        from ..distributed import group_stats_line
+        from ..parallel.group import group_stats_line
 
         line = f"{line} | {group_stats_line(group, model, stats)}"  # every rank takes part
     if shown:

@@ -21,7 +21,9 @@ def info(args: argparse.Namespace) -> None:
 
     folder = Path(args.dir)
     if not (folder / MANIFEST_FILE).exists() and (folder / "config.json").exists():
-        from ..download import open_download  # builds mlx-lm's model: only for a download
+        from ..loading.download_folder import (
+            open_download,  # builds mlx-lm's model: only for a download
+        )
 
         # streamed in place: an expert is one range per stacked tensor
         manifest = open_download(folder)[0]
@@ -46,7 +48,7 @@ def info(args: argparse.Namespace) -> None:
 
 
 def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> list[str]:
-    from ..config import experts_per_token
+    from ..families.config import experts_per_token
 
     config = manifest.config
     layers = manifest.layers

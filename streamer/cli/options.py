@@ -69,7 +69,7 @@ def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
 def model_folder(args: argparse.Namespace, group: mx.distributed.Group | None) -> str:
     """The folder --model names for this rank: under mlx.launch "{rank}" is the rank's number (a
     folder per shard); org/name is looked up in the hub cache."""
-    from ..hub import streamable
+    from ..loading.hub import streamable
 
     return streamable(args.model.replace("{rank}", str(group.rank() if group else 0)))
 

@@ -50,7 +50,7 @@ def error_line(args: argparse.Namespace | None, error: StreamerError) -> str:
     group = getattr(args, "group", None)
     if group is None:
         return f"streamer: error: {text}"
-    from ..distributed import GroupError
+    from ..parallel.group import GroupError
 
     if isinstance(error, GroupError):
         return f"streamer: error: {text}" if group.rank() == 0 else ""

@@ -17,8 +17,8 @@ def add_parser(sub) -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
-    from ..backend import default_dtype
-    from ..hub import resolve
+    from ..loading.backend import default_dtype
+    from ..loading.hub import resolve
     from ..plan import plan
 
     if args.memory is None:

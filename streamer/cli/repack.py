@@ -45,7 +45,7 @@ def add_parsers(sub) -> None:
 
 
 def repack(args: argparse.Namespace) -> None:
-    from ..hub import resolve
+    from ..loading.hub import resolve
     from ..repack import repack
 
     quantize = quantize_option(args)
@@ -67,8 +67,8 @@ def repack(args: argparse.Namespace) -> None:
 
 
 def split(args: argparse.Namespace) -> None:
-    from ..repack.split import split
-    from ..shards import parse_shard
+    from ..parallel.shards import parse_shard
+    from ..parallel.split import split
 
     rank, ranks = parse_shard(args.shard)
     with raising_on_ctrl_c():  # a partial share is removed on the way out

@@ -47,7 +47,7 @@ def serve(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
     check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
-    from ..distributed import launched_group
+    from ..parallel.group import launched_group
     from ..server import open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
 
@@ -74,10 +74,10 @@ def serve(args: argparse.Namespace) -> None:
 
 def chat(args: argparse.Namespace) -> None:
     check_sampling_flags(args)
-    from ..chat import chat
-    from ..distributed import launched_group
+    from ..parallel.group import launched_group
     from ..server import open_engine, open_model
     from ..server.api import Sampling
+    from .chat import chat
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))

@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
 
 
 def verify(args: argparse.Namespace) -> int:
-    from ..download import is_download
+    from ..loading.download_folder import is_download
     from ..verify import verify
 
     # --record and --refresh write a file, atomically: a Ctrl-C raises, so no temporary is left

@@ -19,19 +19,19 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..architectures import (
+from ..families.architectures import (
     build_model,
     expert_container_of,
     expert_containers,
     quantize_like_mlx_lm,
 )
-from ..backend import check_model_kernels
-from ..config import check_config, experts_per_token
+from ..families.config import check_config, experts_per_token
+from ..families.mlx_lm_models import models_without_package_init
+from ..families.transformers.spellings import normalize_config
 from ..io.json_file import read_json_object
 from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN
 from ..io.mapping import align
-from ..mlx_lm_models import models_without_package_init
-from ..transformers_spellings import normalize_config
+from ..loading.backend import check_model_kernels
 from .repacked import stored_bytes
 from .report import ModelPlan, fitted
 

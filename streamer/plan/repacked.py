@@ -11,7 +11,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..config import check_sizes, experts_per_token
+from ..families.config import check_sizes, experts_per_token
 from ..io.files import not_regular
 from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
 from ..io.safetensors import DTYPES, read_header

@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import StreamerError
-from ..tied_embeddings import ties
+from ..families.tied_embeddings import ties
 
 
 def gpt_oss_from_transformers(weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -12,21 +12,21 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from ..architectures import (
+from ..errors import StreamerError
+from ..families.architectures import (
     build_model,
     container_projections,
     expert_container_of,
     expert_containers,
     quantize_like_mlx_lm,
 )
-from ..config import check_config, check_layer_count
-from ..errors import StreamerError
-from ..hf_naming import Architecture, hf_expert_key
+from ..families.config import check_config, check_layer_count
+from ..families.hf_naming import Architecture, hf_expert_key
+from ..families.model_types import architecture
+from ..families.tied_embeddings import untied_where_saved, with_tied_lm_head
+from ..families.transformers.spellings import normalize_config
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
-from ..model_types import architecture
-from ..tied_embeddings import untied_where_saved, with_tied_lm_head
-from ..transformers_spellings import normalize_config
 from .dtypes import compatible, describe
 from .layouts import refuse_in_memory_layout, sanitizer
 from .sources import Sources

@@ -10,12 +10,12 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..architectures import container_projections, quantization_of
 from ..errors import StreamerError
+from ..families.architectures import container_projections, quantization_of
+from ..families.mlx_lm_models import models_without_package_init
 from ..io.manifest import RECORD_ALIGN, TENSOR_ALIGN, ExpertTensor, MoeLayer
 from ..io.mapping import align
 from ..io.safetensors import MLX_TO_SAFETENSORS, nonfinite_count, read_header, to_mlx
-from ..mlx_lm_models import models_without_package_init
 from .plan import Plan
 from .sources import KIND_ORDER
 

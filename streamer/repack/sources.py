@@ -24,7 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import StreamerError
-from ..hf_naming import Architecture, hf_expert_key
+from ..families.hf_naming import Architecture, hf_expert_key
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo, to_mlx
 from .dtypes import check_dtype

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import StreamerError
-from ..mlx_lm_models import package_version
+from ..families.mlx_lm_models import package_version
 
 # quantization formats mlx-lm names but whose checkpoints no mlx-lm model loads: why
 UNREAD_FORMATS = {

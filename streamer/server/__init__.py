@@ -18,7 +18,7 @@ def open_model(folder: Path, group=None, **load_options):
     """The model, its tokenizer and its context length in tokens (None if config.json has none);
     `group`: this rank's share of an expert-parallel group (streamer/server/group_engine.py);
     `load_options`: streamer.load's keywords (memory_budget, read_path, ...)."""
-    from ..model import load
+    from ..loading.load import load
 
     model, tokenizer = load(folder, group=group, **load_options)
     if group is None or group.rank() == 0:

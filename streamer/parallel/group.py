@@ -18,8 +18,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .errors import StreamerError
-from .io.manifest import Manifest
+from ..errors import StreamerError
+from ..io.manifest import Manifest
 from .shards import interleaved
 
 WHERE_BYTES = 240  # room for "host:/folder" in the load-time check

@@ -8,12 +8,12 @@ import sys
 import types
 from collections.abc import Callable
 
-from .errors import StreamerError
-from .io.json_file import decode_tagged_floats
-from .mlx_lm_models import models_without_package_init
-from .model_types import mlx_lm_classes
-from .transformers_fixed_longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH, WRITTEN_BY_TRANSFORMERS
-from .transformers_models import as_published
+from ...errors import StreamerError
+from ...io.json_file import decode_tagged_floats
+from ..mlx_lm_models import models_without_package_init
+from ..model_types import mlx_lm_classes
+from .longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH, WRITTEN_BY_TRANSFORMERS
+from .renamed_models import as_published
 
 with models_without_package_init():
     from mlx_lm.models.base import BaseModelArgs

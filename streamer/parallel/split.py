@@ -1,10 +1,11 @@
 """`streamer split`: one rank's share of a repacked model, for expert-parallel runs.
 
 The shard is a repacked folder holding the resident weights and only rank r's expert records
-(which ones: streamer/shards.py), so each machine of a group stores 1/N of the experts. Records
-are copied byte for byte and each tensor's crc32 is checked on the way, so a shard of a damaged
-folder is refused instead of spreading the damage. Output goes to `.DST.partial` and is renamed
-into place when complete; a failure or Ctrl-C removes it (a split is a fast copy: no resume).
+(which ones: streamer/parallel/shards.py), so each machine of a group stores 1/N of the experts.
+Records are copied byte for byte and each tensor's crc32 is checked on the way, so a shard of a
+damaged folder is refused instead of spreading the damage. Output goes to `.DST.partial` and is
+renamed into place when complete; a failure or Ctrl-C removes it (a split is a fast copy: no
+resume).
 """
 
 from __future__ import annotations
@@ -28,8 +29,14 @@ from ..io.manifest import (
     read_manifest,
     write_manifest,
 )
-from ..shards import owners
-from .publish import check_free_space, check_not_in_the_way, make_partial, partial_folder, publish
+from ..repack.publish import (
+    check_free_space,
+    check_not_in_the_way,
+    make_partial,
+    partial_folder,
+    publish,
+)
+from .shards import owners
 
 
 def split(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..errors import StreamerError
+from ...errors import StreamerError
 from .common_fields import check_common_fields, check_eos_ids
 from .declared_types import check_declared_types, text_args_class
 from .field_error import bad_field, remedy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import StreamerError
+from ...errors import StreamerError
 
 
 def bad_field(where, field: str, value: object, want: str) -> StreamerError:

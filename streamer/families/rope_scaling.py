@@ -15,7 +15,7 @@ from pathlib import Path
 
 import mlx.nn as nn
 
-from .errors import StreamerError
+from ..errors import StreamerError
 
 # mlx-lm model file -> the rope_scaling types its own RoPE computes, where it computes one kind
 # whatever the type says (DeepSeek-V2's YaRN)

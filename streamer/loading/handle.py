@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache.slot_pool import SlotPool
-from .experts import StreamingExperts
-from .io.expert_files import ExpertFiles
-from .io.lock import FolderLock
-from .io.manifest import Manifest
+from ..cache.slot_pool import SlotPool
+from ..experts import StreamingExperts
+from ..io.expert_files import ExpertFiles
+from ..io.lock import FolderLock
+from ..io.manifest import Manifest
 
 if TYPE_CHECKING:
-    from .download import Download
-from .stats import ExpertStats
+    from .download_folder import Download
+from ..stats import ExpertStats
 
 
 @contextmanager

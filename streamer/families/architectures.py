@@ -16,14 +16,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..errors import StreamerError
+from ..stats import ExpertStats, Routing, RoutingRecorder
 from .config import check_config
-from .errors import StreamerError
 from .expert_lists import STACKED_MODELS
 from .mlx_lm_models import models_without_package_init
 from .model_types import mlx_lm_classes, refuse
 from .rope_scaling import refuse_ignored_rope_scaling
 from .saved_quantization import saved_quantization
-from .stats import ExpertStats, Routing, RoutingRecorder
 
 with models_without_package_init():
     from mlx_lm.models.switch_layers import (

@@ -14,7 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from .errors import StreamerError
+from ..errors import StreamerError
 from .hf_naming import NAMING
 from .mlx_lm_models import models_without_package_init
 

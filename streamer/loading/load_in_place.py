@@ -15,7 +15,16 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .architectures import expert_containers, replace_modules
+from ..cache.budget import check_budget
+from ..errors import StreamerError
+from ..experts import StreamingExperts
+from ..families.architectures import expert_containers, replace_modules
+from ..io.checkpoint import Checkpoint
+from ..io.checksums import Checksums, default_sidecar, read_checksums
+from ..io.expert_files import ExpertFiles
+from ..io.integrity import file_stat, stat_change
+from ..io.lock import lock_download_for_reading
+from ..stats import ExpertStats
 from .assembly import apply_budget, load_resident
 from .backend import (
     check_backend_computes,
@@ -23,17 +32,8 @@ from .backend import (
     default_dtype,
     read_path_for_backend,
 )
-from .cache.budget import check_budget
-from .download import Download, layouts, open_download
-from .errors import StreamerError
-from .experts import StreamingExperts
+from .download_folder import Download, layouts, open_download
 from .handle import Streaming, release
-from .io.checkpoint import Checkpoint
-from .io.checksums import Checksums, default_sidecar, read_checksums
-from .io.expert_files import ExpertFiles
-from .io.integrity import file_stat, stat_change
-from .io.lock import lock_download_for_reading
-from .stats import ExpertStats
 from .tokenizer import load_tokenizer
 
 

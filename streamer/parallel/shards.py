@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import StreamerError
-from .io.files import open_regular
-from .io.manifest import Manifest
+from ..errors import StreamerError
+from ..io.files import open_regular
+from ..io.manifest import Manifest
 
 
 def interleaved(num_experts: int, ranks: int) -> np.ndarray:

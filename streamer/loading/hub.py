@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import StreamerError
+from ..errors import StreamerError
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -42,8 +42,8 @@ def resolve(name: str | Path, what: str = "model") -> Path:
 def streamable(name: str | Path) -> Path:
     """A folder written by `streamer repack`, or an MLX-quantized download (streamed in place);
     a download that is not MLX-quantized is refused, saying how to repack it."""
-    from .download import is_download
-    from .io.json_file import read_json_object
+    from ..io.json_file import read_json_object
+    from .download_folder import is_download
 
     folder = resolve(name)
     if is_download(folder):

@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache.budget import all_experts_bytes, chosen_budget, largest_expert_bytes
-from .cache.expert_cache import ExpertCache
-from .cache.slot_pool import SlotPool
-from .errors import StreamerError
-from .experts import StreamingExperts
-from .experts.slots import resident_pools, slot_budget
-from .io.expert_layout import LayerLayout
-from .io.manifest import Manifest
-from .progress import progress_bar
+from ..cache.budget import all_experts_bytes, chosen_budget, largest_expert_bytes
+from ..cache.expert_cache import ExpertCache
+from ..cache.slot_pool import SlotPool
+from ..errors import StreamerError
+from ..experts import StreamingExperts
+from ..experts.slots import resident_pools, slot_budget
+from ..io.expert_layout import LayerLayout
+from ..io.manifest import Manifest
+from ..progress import progress_bar
 
 if TYPE_CHECKING:
-    from .download import Download
+    from .download_folder import Download
 
 
 def load_resident(

@@ -14,10 +14,10 @@ import functools
 from pathlib import Path
 from typing import NoReturn
 
-from .errors import StreamerError
+from ..errors import StreamerError
 from .hf_naming import NAMING, Architecture
 from .mlx_lm_models import model_file, package_folder, package_version
-from .transformers_models import as_published, computed_otherwise
+from .transformers.renamed_models import as_published, computed_otherwise
 
 REMAPPING_TABLES = ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING")
 
@@ -90,5 +90,5 @@ def remapping_tables() -> tuple[dict, dict]:
 def refuse(config: dict, where: Path | str, reason: str) -> NoReturn:
     raise StreamerError(
         f"{where}: model_type {config.get('model_type')!r} is not supported for expert "
-        f"streaming: {reason} The README lists the model types that stream."
+        f"streaming: {reason} docs/support.md lists the model types that stream."
     )

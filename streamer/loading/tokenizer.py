@@ -8,9 +8,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_config
 from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
 
-from .config import check_eos_ids
-from .errors import StreamerError, one_line
-from .io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
+from ..errors import StreamerError, one_line
+from ..families.config import check_eos_ids
+from ..io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
 
 
 def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:

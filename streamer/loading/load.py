@@ -9,14 +9,29 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .architectures import (
+from ..arguments import check_flag, parse_dtype, parse_size
+from ..cache.budget import check_budget
+from ..errors import StreamerError
+from ..experts import StreamingExperts
+from ..experts.parallel import ExpertShare
+from ..families.architectures import (
     build_model,
     expert_containers,
     projection_tensors,
     quantize_like_mlx_lm,
     replace_modules,
 )
-from .arguments import check_flag, parse_dtype, parse_size
+from ..families.config import check_config, check_layer_count
+from ..io.expert_files import ExpertFiles, open_repacked
+from ..io.expert_layout import LayerLayout, repacked_layout
+from ..io.files import check_folder_files, check_tmpdir, check_utf8_path
+from ..io.integrity import check_files
+from ..io.lock import lock_for_reading
+from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, MoeLayer, read_manifest
+from ..io.safetensors import DTYPES, read_header
+from ..io.tensor_crcs import verify_resident
+from ..parallel.group import expert_shares
+from ..stats import ExpertStats
 from .assembly import apply_budget, load_resident
 from .backend import (
     check_backend_computes,
@@ -24,23 +39,8 @@ from .backend import (
     default_dtype,
     read_path_for_backend,
 )
-from .cache.budget import check_budget
-from .config import check_config, check_layer_count
-from .distributed import expert_shares
-from .download import is_download
-from .errors import StreamerError
-from .experts import StreamingExperts
-from .experts.parallel import ExpertShare
+from .download_folder import is_download
 from .handle import Streaming, release
-from .io.expert_files import ExpertFiles, open_repacked
-from .io.expert_layout import LayerLayout, repacked_layout
-from .io.files import check_folder_files, check_tmpdir, check_utf8_path
-from .io.integrity import check_files
-from .io.lock import lock_for_reading
-from .io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, MoeLayer, read_manifest
-from .io.safetensors import DTYPES, read_header
-from .io.tensor_crcs import verify_resident
-from .stats import ExpertStats
 from .tokenizer import load_tokenizer
 
 
@@ -96,7 +96,7 @@ def load(
                 f"{folder} is a download: expert-parallel runs need a repacked folder on every "
                 "rank. Run `streamer repack` (and `streamer split` for each rank's share) first."
             )
-        from .inplace import load_in_place
+        from .load_in_place import load_in_place
 
         return load_in_place(
             folder,

@@ -10,10 +10,10 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from .server.api import Completion, Sampling
-from .server.engine import Done, Engine, Job, Step, fit
-from .server.fields import ApiError
-from .server.prompts import prompt_tokens
+from ..server.api import Completion, Sampling
+from ..server.engine import Done, Engine, Job, Step, fit
+from ..server.fields import ApiError
+from ..server.prompts import prompt_tokens
 
 
 def templated(tokenizer, prompt: str, system_prompt: str | None = None) -> str:

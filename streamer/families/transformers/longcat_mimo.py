@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .errors import StreamerError
+from ...errors import StreamerError
 
 # transformers' LongcatFlashMLA always scales the q and kv latents by sqrt(hidden / rank) and its
 # experts past n_routed_experts are identities; mlx-lm reads no attention_method (the hub's "MLA")

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
-from .errors import StreamerError, one_line
-from .io.safetensors import DTYPES
+from ..errors import StreamerError, one_line
+from ..io.safetensors import DTYPES
 
 
 def default_dtype() -> mx.Dtype | None:

@@ -8,15 +8,15 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from .architectures import (
+from ..errors import StreamerError
+from ..families.architectures import (
     container_projections,
     expert_container_of,
     projection_tensors,
     quantization_of,
 )
-from .errors import StreamerError
-from .io.checkpoint import Checkpoint
-from .io.safetensors import DTYPES, TensorInfo, itemsize
+from ..io.checkpoint import Checkpoint
+from ..io.safetensors import DTYPES, TensorInfo, itemsize
 
 KINDS = ("weight", "scales", "biases", "global_scale", "bias")  # as repack.sources.KIND_ORDER
 
@@ -40,7 +40,7 @@ class PlacedTensor:
     def aligned(self) -> bool:
         """Whether the data starts on a multiple of its element size. mlx's safetensors writer
         does not pad its header, so often it does not: the CPU reads such a view as it is, a
-        Metal kernel binding may not (see README, In place)."""
+        Metal kernel binding may not (see docs/design.md, A download in place)."""
         return self.start % itemsize(self.dtype) == 0
 
 

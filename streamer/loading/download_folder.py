@@ -18,20 +18,20 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from .architectures import (
+from ..errors import StreamerError
+from ..families.architectures import (
     build_model,
     expert_container_of,
     expert_containers,
     quantize_like_mlx_lm,
 )
-from .config import check_config, check_layer_count
-from .download_layers import InPlaceLayer, in_place_layer
-from .errors import StreamerError
-from .io.checkpoint import Checkpoint
-from .io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
-from .io.manifest import MANIFEST_FILE
-from .io.safetensors import DTYPES
-from .transformers_spellings import normalize_config
+from ..families.config import check_config, check_layer_count
+from ..families.transformers.spellings import normalize_config
+from ..io.checkpoint import Checkpoint
+from ..io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
+from ..io.manifest import MANIFEST_FILE
+from ..io.safetensors import DTYPES
+from .download_tensors import InPlaceLayer, in_place_layer
 
 REMEDY = "download that file again"
 

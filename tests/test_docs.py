@@ -1,0 +1,73 @@
+"""The documents hold: docs/layout.md ("Where things are") names every module of streamer/ under
+its own folder, so the map a newcomer reads is the tree (a new module fails here until it is
+placed), and every file the README and docs/ link to exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "streamer"
+
+
+def groups() -> dict[str, str]:
+    """Label (the first column, e.g. "streamer/io/") -> its text, from the section's code block."""
+    section = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    block = section[section.index("```\n") + 4 :]
+    block = block[: block.index("```")]
+    found: dict[str, str] = {}
+    label = None
+    for line in block.splitlines():
+        if line[:1].strip():
+            label, _, line = line.partition(" ")
+            found[label] = ""
+        found[label] += " " + line.strip()
+    return found
+
+
+def label_of(path: Path) -> str:
+    """The group a module belongs in: its first folder under streamer/, or streamer/ itself."""
+    parts = path.relative_to(ROOT).parts
+    return "/".join(parts[:2]) + "/" if len(parts) > 2 else "streamer/"
+
+
+def test_every_module_is_named_under_its_folder():
+    listed = groups()
+    missing = sorted(
+        str(path.relative_to(ROOT))
+        for path in PACKAGE.rglob("*.py")
+        if not (path.name == "__init__.py" and path.parent != PACKAGE)  # the folder's own label
+        and not re.search(rf"(^|[\s(/]){re.escape(path.name)}\b", listed.get(label_of(path), ""))
+    )
+    assert not missing, f"name these in docs/layout.md: {missing}"
+
+
+def test_every_folder_has_its_group():
+    folders = {f"streamer/{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders - set(groups()) == set()
+    assert "streamer/io/" in groups() and "mapping.py" in groups()["streamer/io/"]
+
+
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_every_linked_file_exists(document):
+    """Markdown links to files of the repository ([text](path) or path#anchor) resolve, from the
+    document's own folder; links to the web are not followed."""
+    text = document.read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    local = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+:", t) and t[:1] != "#"]
+    missing = sorted({t for t in local if t and not (document.parent / t).exists()})
+    assert not missing, f"{document.name} links to files that do not exist: {missing}"
+
+
+def test_the_readme_links_every_document():
+    """Each document of docs/ is reachable from the README's first screen."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    first_screen = "\n".join(readme.splitlines()[:150])
+    unlinked = [p.name for p in DOCUMENTS[1:] if f"(docs/{p.name})" not in first_screen]
+    assert not unlinked, f"link these from the README's first 150 lines: {unlinked}"
