@@ -168,8 +168,8 @@ def as_published(config: dict) -> dict:
 # model_type -> why (so they are not read as mlx-lm's)
 COMPUTED_OTHERWISE: dict[str, str] = {
     # Hunyuan-A13B (its published config: model_type hunyuan, custom code). Its RoPE (NTK alpha),
-    # q/k norms after RoPE and shared expert are mlx-lm's hunyuan's (docs/support.md: the logits agree
-    # within 2e-5 once mlx-lm's top-k weights are renormalized); its routing weights are not.
+    # q/k norms after RoPE and shared expert are mlx-lm's hunyuan's (docs/support.md: the logits
+    # agree within 2e-5 once mlx-lm's top-k weights are renormalized); its routing weights are not.
     "hunyuan_v1_moe": "it is Hunyuan-A13B, which mlx-lm runs as model_type 'hunyuan', but "
     "mlx-lm's hunyuan weights each token's top-k experts by their softmax probabilities over all "
     "experts and transformers' hunyuan_v1_moe by those renormalized to sum to 1.",
