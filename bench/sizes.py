@@ -36,18 +36,18 @@ G = 1 << 30
 # first-token reads stay within a few GB here; the full depth where it does.
 SHAPES = [
     ("qwen3-30b-a3b", 8, None),
-    ("qwen3-30b-a3b", 48, None),
     *(("qwen3-235b-a22b", n, None) for n in (4, 8)),
     *(("qwen3.5-397b-a17b", n, None) for n in (4, 8)),
     *(("deepseek-v3", n, None) for n in (4, 6)),
     ("deepseek-v3", 6, 64),
     *(("kimi-k2", n, None) for n in (2, 4)),
     *(("glm-4.5", n, None) for n in (4, 6)),
-    *(("gpt-oss-120b", n, None) for n in (4, 12, 36)),
+    *(("gpt-oss-120b", n, None) for n in (4, 12)),
+    ("qwen3-30b-a3b", 48, None),  # the issue's download, at every budget: last (the longest)
 ]
 # Budgets past the smallest on one shape per path: the largest stays under what this machine
 # lends a run (RSS_LIMIT, resident weights included).
-BUDGETS = {("qwen3-30b-a3b", 48): [1 * G, 2 * G, 4 * G], ("deepseek-v3", 6): [2 * G]}
+BUDGETS = {("qwen3-30b-a3b", 48): [1 * G, 4 * G, 8 * G], ("deepseek-v3", 6): [2 * G]}
 RSS_LIMIT = 5.5 * G
 MACHINE = "Linux x86-64 VM, 2 CPU cores shared with other work, 24 GiB, no GPU, mlx[cpu]"
 # The slot path's budget 0 is one layer's experts: 6.3 GB for DeepSeek-V3, 9.5 GB for Kimi K2,
@@ -90,7 +90,8 @@ def run_point(folder: Path, read_path: str, budget: int, tokens: int) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def measure(families: list[str], tokens: int, log, save) -> list[dict]:
+def measure(families: list[str], tokens: int, log, save, done: set) -> list[dict]:
+    """Every point of `families` not in `done` (points measured already, kept)."""
     rows = []
     for family, layers, experts in SHAPES:
         if family not in families:
@@ -99,9 +100,12 @@ def measure(families: list[str], tokens: int, log, save) -> list[dict]:
         for read_path in ("mapped", "slots"):
             floor = SLOT_FLOOR.get(family, 0) if read_path == "slots" else 0
             for budget in [floor, *BUDGETS.get((family, layers), [])]:
+                if (family, layers, experts, read_path, budget) in done:
+                    continue
                 row = {
                     "family": family,
                     "layers": layers,
+                    "shape_experts": experts,
                     **run_point(folder, read_path, budget, tokens),
                 }
                 log(json.dumps({k: row.get(k) for k in TABLE_KEYS}))
@@ -201,6 +205,10 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def point(row: dict) -> tuple:
+    return row["family"], row["layers"], row.get("shape_experts"), row["read_path"], row["budget"]
+
+
 def preset_experts(family: str) -> int:
     text = text_config(preset_config(family))
     return next(
@@ -214,23 +222,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--families", nargs="+", default=list(PUBLISHED_SHAPES))
     ap.add_argument("--tokens", type=int, default=3, help="the prompt's pass, then decoded tokens")
     ap.add_argument("--table", type=Path, help="print the README's tables from this result")
+    ap.add_argument("--again", action="store_true", help="measure points --out has already")
     args = ap.parse_args(argv)
     if args.table:
         print(table(json.loads(args.table.read_text())))
         return
-    kept = []
-    if args.out.exists():  # a run of some families replaces theirs, keeps the others'
-        kept = [
-            r for r in json.loads(args.out.read_text())["rows"] if r["family"] not in args.families
-        ]
+    kept = json.loads(args.out.read_text())["rows"] if args.out.exists() else []
 
     def save(rows: list[dict], full: list[dict]) -> None:  # after every point: a long run
-        everything = kept + rows
+        new = {point(r) for r in rows}  # a point measured again replaces its earlier result
+        everything = [r for r in kept if point(r) not in new] + rows
         result = {"machine": MACHINE, "rows": everything, "fits": fits(everything), "full": full}
         args.out.write_text(json.dumps(result, indent=1))
 
     rows = measure(
-        args.families, args.tokens, lambda m: print(m, file=sys.stderr, flush=True), save
+        args.families,
+        args.tokens,
+        lambda m: print(m, file=sys.stderr, flush=True),
+        save,
+        set() if args.again else {point(r) for r in kept},
     )
     families = list(dict.fromkeys(r["family"] for r in kept + rows))
     save(rows, [full_shape(family) for family in families])

@@ -107,7 +107,7 @@ def slot_budget(
     its share of the budget in proportion to the class's experts, at least one slot; 0: one
     layer's experts each (the smallest pool in which any call, a whole prompt chunk too, runs in
     one round)."""
-    budget, why = chosen_budget(manifest, budget, dtype)
+    budget, why = chosen_budget(manifest, budget, dtype, "slots")
     experts, slot_bytes, per_layer = {}, {}, {}
     for layout in layouts:
         key = shape_class(layout)
