@@ -7,7 +7,6 @@ produces. Bad input is answered with a 4xx before anything is queued.
 
 from __future__ import annotations
 
-import hmac
 import itertools
 import json
 import logging
@@ -19,6 +18,7 @@ from queue import Empty
 from urllib.parse import unquote, urlsplit
 
 from .api import Completion, Sampling, parse_completion
+from .auth import check_key
 from .engine import Done, Engine, Job, Step, fit
 from .fields import MAX_BODY_BYTES, ApiError, parse_body
 from .output import Piece
@@ -46,15 +46,6 @@ class App:
     ):
         self.engine, self.model_id, self.api_key = engine, model_id, api_key
         self.defaults, self.max_tokens, self.context = defaults, max_tokens, context
-
-    def authorized(self, header: str | None) -> bool:
-        """Whether `Authorization: Bearer KEY` carries the key (always, without --api-key)."""
-        if self.api_key is None:
-            return True
-        scheme, _, key = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            key.strip().encode(), self.api_key.encode()
-        )
 
     def job(self, request: Completion) -> Job:
         with self.engine.tokenizer_lock:
@@ -100,18 +91,13 @@ class Handler(BaseHTTPRequestHandler):
         return urlsplit(self.path).path  # a query string (?api-version=...) changes nothing
 
     def _refused(self) -> bool:
-        """Answer 401 (and say so) when the request lacks the --api-key; /health stays open."""
-        if self.route == "/health" or self.server.app.authorized(self.headers.get("Authorization")):
-            return False
-        self._error(
-            ApiError(
-                401,
-                "a valid API key is required: send the header `Authorization: Bearer KEY` with "
-                "the server's --api-key",
-                code="invalid_api_key",
-            )
-        )
-        return True
+        """Whether the request lacks the --api-key (then answered 401)."""
+        try:
+            check_key(self.server.app.api_key, self.route, self.headers.get("Authorization"))
+        except ApiError as e:
+            self._error(e)
+            return True
+        return False
 
     def do_GET(self) -> None:
         app, route = self.server.app, self.route
