@@ -7,13 +7,12 @@ import sys
 
 from ..errors import StreamerError
 from .interrupts import raising_on_ctrl_c
+from .kv_options import add_kv_cache, kv_options
 from .options import (
-    add_kv_cache,
     add_loading,
     add_model,
     add_prompt,
     add_template,
-    kv_options,
     load_options,
     model_folder,
     prompt,
