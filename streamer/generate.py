@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -16,7 +16,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from .arguments import check_at_least, check_request, check_sampling
 from .errors import StreamerError
 from .loading.handle import streaming
-from .stats import ExpertStats, peak_rss_bytes
+from .speculative import stream as speculative
+from .stats import Drafts, ExpertStats, peak_rss_bytes
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,19 @@ class RunStats:
     syncs_per_token: float
     page_cache_hit_rate: float | None  # share of expert bytes already in the page cache when read
     prefill_expert_bytes: int
+    drafts: Drafts | None = None  # speculative decoding: its passes, drafts and waste
+    wasted_bytes_per_token: float = 0.0  # expert bytes read only for drafts the model rejected
 
     def line(self) -> str:
         hit = "n/a" if self.page_cache_hit_rate is None else f"{self.page_cache_hit_rate:.0%}"
+        drafts = "" if self.drafts is None else self.drafts.line(self.wasted_bytes_per_token)
         return (
             f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
             f"decode: {self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s | "
             f"experts: {self.expert_bytes_per_token / 1e6:.2f} MB/token, "
             f"{self.expert_reads_per_token:.1f} reads/token, "
             f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "
-            f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB"
+            f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB{drafts}"
         )
 
 
@@ -86,6 +90,8 @@ def run_stats(
         syncs_per_token=decode.syncs / steps,
         page_cache_hit_rate=decode.page_cache_hit_rate,
         prefill_expert_bytes=stats.prefill.bytes_read,
+        drafts=replace(stats.drafts) if stats.drafts.passes else None,
+        wasted_bytes_per_token=stats.drafts.wasted_bytes / steps,
     )
 
 
@@ -110,11 +116,18 @@ def stream_generate(
         check_at_least(kwargs["max_kv_size"], "max_kv_size", 1)
     kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
+    drafter = speculative.drafter(kwargs, tokenizer)
     if seed is not None:
         mx.random.seed(seed)
     model.streamer.stats.reset()
     mx.reset_peak_memory()
-    for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs):
+    if drafter is None:
+        steps = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs)
+    else:
+        steps = speculative.stream_generate(
+            model, tokenizer, prompt, drafter, max_tokens=max_tokens, **kwargs
+        )
+    for r in steps:
         stats = run_stats(
             model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps
         )
@@ -128,7 +141,7 @@ _SAMPLER_KEYWORDS = set(inspect.signature(make_sampler).parameters) - {"temp", "
 _PROCESSOR_KEYWORDS = set(inspect.signature(make_logits_processors).parameters)
 _STEP_KEYWORDS = (
     set(inspect.signature(generate_step).parameters) - {"prompt", "model", "max_tokens"}
-) | {"draft_model", "num_draft_tokens"}
+) | speculative.KEYWORDS
 
 
 def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
