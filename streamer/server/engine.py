@@ -65,25 +65,33 @@ class Job:
         self.cancelled = threading.Event()
 
 
-def fit(prompt: int, asked: int | None, default: int, context: int | None) -> int:
+def fit(
+    prompt: int,
+    asked: int | None,
+    default: int,
+    context: int | None,
+    fields: tuple[str, str] = ("messages", "max_tokens"),
+) -> int:
     """The tokens to generate after a `prompt`-token prompt: `asked`, else `default` (at most what
-    the context leaves); ApiError when the prompt or the ask does not fit the model's context."""
+    the context leaves); ApiError when the prompt or the ask does not fit the model's context,
+    naming `fields` (the request's prompt field and the max tokens field it set)."""
     if context is None:
         return asked or default
+    prompt_field, asked_field = fields
     if prompt >= context:
         raise ApiError(
             400,
             f"the prompt is {prompt} tokens but the model's context is {context} tokens",
-            param="messages",
+            param=prompt_field,
             code="context_length_exceeded",
         )
     room = context - prompt
     if asked is not None and asked > room:
         raise ApiError(
             400,
-            f"the prompt is {prompt} tokens and max_tokens is {asked}, but the model's context is "
-            f"{context} tokens: ask for at most {room}",
-            param="max_tokens",
+            f"the prompt is {prompt} tokens and {asked_field} is {asked}, but the model's context "
+            f"is {context} tokens: ask for at most {room}",
+            param=asked_field,
             code="context_length_exceeded",
         )
     return asked or min(default, room)
