@@ -26,16 +26,16 @@ def open_model(folder: Path, group=None, **load_options):
     return model, tokenizer, model.streamer.context_length
 
 
-def open_engine(model, tokenizer, prompt_cache_size: int, group=None):
+def open_engine(model, tokenizer, prompt_cache_size: int, group=None, options: dict | None = None):
     """The engine that computes the requests: under a group, every rank's (the ranks other than
-    0 then call its `follow()`)."""
+    0 then call its `follow()`); `options`: streamer.generate's keywords for every request."""
     from .engine import Engine
 
     if group is None:
-        return Engine(model, tokenizer, prompt_cache_size)
+        return Engine(model, tokenizer, prompt_cache_size, options)
     from .group_engine import GroupEngine
 
-    return GroupEngine(model, tokenizer, prompt_cache_size, group)
+    return GroupEngine(model, tokenizer, prompt_cache_size, group, options)
 
 
 def start_logging() -> None:

@@ -25,7 +25,7 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..generate import RunStats, stream_generate
+from ..generate import RunStats, check_kv_cache_quantizes, stream_generate
 from .api import Completion
 from .fields import ApiError
 from .output import Output, Piece
@@ -98,8 +98,18 @@ def fit(
 
 
 class Engine:
-    def __init__(self, model: nn.Module, tokenizer: TokenizerWrapper, prompt_cache_size: int = 10):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: TokenizerWrapper,
+        prompt_cache_size: int = 10,
+        options: dict | None = None,
+    ):
+        """`options`: streamer.generate's keywords for every request (kv_bits, ...)."""
         self.model, self.tokenizer = model, tokenizer
+        self.options = options or {}
+        if self.options.get("kv_bits") is not None:
+            check_kv_cache_quantizes(model, self.options)  # at start, not in every request
         self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
         self.prompt_cache = LRUPromptCache(prompt_cache_size)
         self.jobs: Queue[Job] = Queue()
@@ -152,6 +162,7 @@ class Engine:
             logits_processors=processors,
             prompt_cache=cache,
             stream=stream,
+            **self.options,
         ):
             generated.append(response.token)
             stats = response.stats

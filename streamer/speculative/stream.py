@@ -8,6 +8,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx_lm
 from mlx_lm.generate import GenerationResponse, generation_stream, wired_limit
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -56,18 +57,29 @@ def drafter(kwargs: dict, tokenizer: TokenizerWrapper) -> DraftModel | PromptLoo
 
 
 def stream_generate(
+    model: nn.Module, tokenizer: TokenizerWrapper, prompt: list[int], max_tokens: int, kwargs: dict
+) -> Iterator[GenerationResponse]:
+    """mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens, **kwargs), drafting as
+    `kwargs` ask (checked now, before any token): with a drafter, the speculative loop's."""
+    drafts = drafter(kwargs, tokenizer)
+    if drafts is None:
+        return mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs)
+    return _responses(model, tokenizer, prompt, drafts, max_tokens=max_tokens, **kwargs)
+
+
+def _responses(
     model: nn.Module,
     tokenizer: TokenizerWrapper,
     prompt: list[int],
     drafter: DraftModel | PromptLookup,
     *,
-    max_tokens: int = 256,
+    max_tokens: int,
     stream=generation_stream,
     num_draft_tokens: int | None = None,
     **kwargs,
 ) -> Iterator[GenerationResponse]:
-    """mlx_lm.stream_generate with `drafter` drafting: the same responses (from_draft says which
-    tokens a draft gave), the same end at an EOS token or max_tokens."""
+    """mlx_lm.stream_generate's responses (from_draft says which tokens a draft gave), ending as
+    it ends: at an EOS token or max_tokens."""
     prompt_array = mx.array(prompt)
     detokenizer = tokenizer.detokenizer
     steps = speculative_generate_step(
