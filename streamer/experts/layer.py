@@ -45,7 +45,7 @@ from ..cache.expert_cache import ExpertCache
 from ..cache.slot_pool import SlotPool
 from ..io.expert_files import ExpertFiles
 from ..io.expert_layout import LayerLayout
-from ..stats import ExpertStats
+from ..stats import ExpertStats, PassCall
 from .gather import GatherConvert
 from .hot_cache import HotCache
 from .mapped import PageCacheWatch, Prefetched, Prefetcher
@@ -150,9 +150,18 @@ class StreamingExperts(nn.Module):
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         traffic = self.stats.phase(indices.size // indices.shape[-1])
         traffic.layer_calls += 1
+        if self.stats.verifying is not None:  # a speculative verify pass: its waste is counted
+            self.stats.verifying.append(PassCall(indices, self.read_bytes))
         if self.share is not None:
             return self.share(self, x, indices, traffic)
         return self.read(self, x, indices, traffic)
+
+    @property
+    def read_bytes(self) -> int:
+        """What reading one routed expert costs this layer (bytes_read per expert)."""
+        if self.resident:
+            return 0
+        return self.pool.slot_bytes if self.pool is not None else self.prefetcher.payload_bytes
 
     def convert(self, tensor: mx.array) -> mx.array:
         """`tensor` in the compute dtype (floating tensors only); itself when already so."""
