@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..arguments import check_at_least
 from ..errors import StreamerError
+from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c
 from .options import (
     add_kv_cache,
@@ -54,6 +55,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
     p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
     add_kv_cache(p)
+    add_drafting(p)
     add_loading(p)
     p.set_defaults(run=serve)
 
@@ -63,6 +65,7 @@ def add_parsers(sub) -> None:
     add_sampling(p)
     add_template(p)
     add_kv_cache(p)
+    add_drafting(p)
     add_loading(p)
     p.set_defaults(run=chat)
 
@@ -73,6 +76,7 @@ def serve(args: argparse.Namespace) -> None:
         raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
     check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
     options = kv_options(args)
+    check_drafting(args)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     for flag, value in (("--api-key", api_key), ("--served-model-name", args.served_model_name)):
         if value is not None and not value.strip():
@@ -85,6 +89,7 @@ def serve(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
     folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, group, **load_options(args))
+    options.update(draft_options(args, tokenizer, group))
     engine = open_engine(model, tokenizer, args.prompt_cache_size, group, options)
     if group is not None and group.rank() != 0:
         return engine.follow()
@@ -114,6 +119,7 @@ def served_name(given: str, folder: Path) -> str:
 def chat(args: argparse.Namespace) -> None:
     check_sampling_flags(args)
     options = kv_options(args)
+    check_drafting(args)
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model
     from ..server.api import Sampling
@@ -121,6 +127,7 @@ def chat(args: argparse.Namespace) -> None:
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
+    options.update(draft_options(args, tokenizer, group))
     engine = open_engine(model, tokenizer, 2, group, options)
     if group is not None and group.rank() != 0:
         return engine.follow()
