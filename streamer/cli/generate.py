@@ -8,13 +8,12 @@ import sys
 from ..errors import StreamerError
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c
+from .kv_options import add_kv_cache, kv_options
 from .options import (
-    add_kv_cache,
     add_loading,
     add_model,
     add_prompt,
     add_template,
-    kv_options,
     load_options,
     model_folder,
     prompt,
