@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -13,7 +14,13 @@ from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .arguments import check_at_least, check_request, check_sampling
+from .arguments import (
+    check_at_least,
+    check_processing,
+    check_request,
+    check_sampling,
+    check_token_ids,
+)
 from .errors import StreamerError
 from .loading.handle import streaming
 from .stats import ExpertStats, peak_rss_bytes
@@ -108,6 +115,7 @@ def stream_generate(
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
     if kwargs.get("max_kv_size") is not None:
         check_at_least(kwargs["max_kv_size"], "max_kv_size", 1)
+    check_processing(kwargs)
     kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     if seed is not None:
@@ -148,9 +156,24 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
     if processing:
         kwargs["logits_processors"] = [
             *(kwargs.get("logits_processors") or []),
+            *_vocabulary_checked(processing.get("logit_bias")),
             *make_logits_processors(**processing),
         ]
     return kwargs
+
+
+def _vocabulary_checked(logit_bias: dict | None) -> list[Callable]:
+    """A processor refusing logit_bias keys past the logits' width (the vocabulary, known at the
+    first step), before mlx-lm's adds to them: an index past the end reads and writes out of
+    bounds (a crash, or other memory changed)."""
+    if not logit_bias:
+        return []
+
+    def check(tokens: mx.array, logits: mx.array) -> mx.array:
+        check_token_ids(logit_bias, "logit_bias", logits.shape[-1])
+        return logits
+
+    return [check]
 
 
 def any_top_k_sampler(temp: float, top_p: float = 1.0, top_k: int = 0, **rest) -> Callable:
@@ -180,6 +203,7 @@ def _prompt_tokens(
         tokens = tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
     else:
         tokens = list(prompt)
+        check_token_ids(tokens, "prompt", _vocabulary(tokenizer))
     handle = streaming(model)
     context = handle.context_length if handle is not None else None
     if context and len(tokens) > context:
@@ -194,6 +218,18 @@ def _prompt_tokens(
             f"max_tokens to at most {context - len(tokens)} or shorten the prompt."
         )
     return tokens
+
+
+_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _vocabulary(tokenizer: TokenizerWrapper) -> int:
+    """How many tokens the tokenizer has (as serve counts them), counted once per tokenizer:
+    get_vocab builds a dict of every token, milliseconds for a large vocabulary."""
+    size = _vocabularies.get(tokenizer)
+    if size is None:
+        size = _vocabularies[tokenizer] = len(tokenizer.get_vocab())
+    return size
 
 
 def generate(
