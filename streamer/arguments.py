@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import weakref
+from collections.abc import Callable
 
 from .errors import StreamerError
 
@@ -18,6 +20,9 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(i?b?)\s*
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Compute dtypes a model can be loaded in, by the names users write.
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
+# mlx-lm's quantized KV cache (QuantizedKVCache): the bits and groups mx.quantize takes
+KV_BITS = (2, 3, 4, 5, 6, 8)
+KV_GROUP_SIZES = (32, 64, 128)
 
 
 def parse_size(value: object, name: str) -> int:
@@ -83,9 +88,41 @@ def check_token_ids(ids: object, name: str, vocabulary: int) -> None:
         )
 
 
-def check_processing(keywords: dict) -> None:
-    """mlx-lm's logits-processor and sampler keywords, refused as the CLI refuses its options:
-    mlx-lm takes a NaN penalty (every logit NaN: an empty answer) and any logit_bias key."""
+def check_prompt_ids(tokens: list, tokenizer) -> None:
+    """A prompt of token ids checked against the tokenizer's vocabulary, as serve checks one."""
+    check_token_ids(tokens, "prompt", vocabulary(tokenizer))
+
+
+_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def vocabulary(tokenizer) -> int:
+    """How many tokens the tokenizer has (as serve counts them), counted once per tokenizer:
+    get_vocab builds a dict of every token, milliseconds for a large vocabulary."""
+    size = _vocabularies.get(tokenizer)
+    if size is None:
+        size = _vocabularies[tokenizer] = len(tokenizer.get_vocab())
+    return size
+
+
+def logit_bias_in_vocabulary(logit_bias: dict | None) -> list[Callable]:
+    """A logits processor refusing logit_bias keys past the logits' width (the vocabulary, first
+    known at the first step), placed before mlx-lm's, which would add out of bounds (SIGSEGV)."""
+    if not logit_bias:
+        return []
+
+    def check(tokens, logits):
+        check_token_ids(logit_bias, "logit_bias", logits.shape[-1])
+        return logits
+
+    return [check]
+
+
+def check_keywords(keywords: dict) -> None:
+    """mlx-lm's generation, logits-processor and sampler keywords, refused as the CLI refuses its
+    options: mlx-lm takes a NaN penalty (every logit NaN: an empty answer), any logit_bias key."""
+    if keywords.get("max_kv_size") is not None:
+        check_at_least(keywords["max_kv_size"], "max_kv_size", 1)
     bias = keywords.get("logit_bias")
     if bias is not None and (
         not isinstance(bias, dict)
@@ -147,6 +184,25 @@ def check_at_least(value: object, name: str, low: int) -> None:
         raise StreamerError(f"{name} must be an integer (got {value!r}).")
     if value < low:
         raise StreamerError(f"{name} must be at least {low} (got {value}).")
+
+
+def check_kv_quantization(
+    bits: object, group_size: object, start: object, *, option: str = "", dash: bool = False
+) -> None:
+    """mlx-lm's kv_bits (None: off), kv_group_size and quantized_kv_start."""
+
+    def name(n: str) -> str:
+        return option + (n.replace("_", "-") if dash else n)
+
+    if bits is not None and (type(bits) is not int or bits not in KV_BITS):
+        choices = ", ".join(map(str, KV_BITS))
+        raise StreamerError(f"{name('kv_bits')} must be one of {choices} (got {bits!r}).")
+    if type(group_size) is not int or group_size not in KV_GROUP_SIZES:
+        choices = ", ".join(map(str, KV_GROUP_SIZES))
+        raise StreamerError(
+            f"{name('kv_group_size')} must be one of {choices} (got {group_size!r})."
+        )
+    check_at_least(start, name("quantized_kv_start"), 0)
 
 
 def check_flag(value: object, name: str) -> None:

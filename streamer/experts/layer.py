@@ -47,7 +47,7 @@ from ..errors import StreamerError
 from ..io.expert_files import ExpertFiles
 from ..io.expert_layout import LayerLayout
 from ..io.file_watch import watch_files
-from ..stats import ExpertStats
+from ..stats import ExpertStats, PassCall
 from .gather import GatherConvert
 from .hot_cache import HotCache
 from .mapped import PageCacheWatch, Prefetched, Prefetcher
@@ -159,6 +159,8 @@ class StreamingExperts(nn.Module):
         traffic = self.stats.phase(indices.size // indices.shape[-1])
         traffic.layer_calls += 1
         self.check_unchanged()
+        if self.stats.verifying is not None:  # a speculative verify pass: its waste is counted
+            self.stats.verifying.append(PassCall(indices, self.read_bytes))
         if self.share is not None:
             return self.share(self, x, indices, traffic)
         return self.read(self, x, indices, traffic)
@@ -174,6 +176,13 @@ class StreamingExperts(nn.Module):
                     f"its experts would compute on other weights, so generation stops; "
                     f"{self._layout.remedy}, then load the model again."
                 )
+
+    @property
+    def read_bytes(self) -> int:
+        """What reading one routed expert costs this layer (bytes_read per expert)."""
+        if self.resident:
+            return 0
+        return self.pool.slot_bytes if self.pool is not None else self.prefetcher.payload_bytes
 
     def convert(self, tensor: mx.array) -> mx.array:
         """`tensor` in the compute dtype (floating tensors only); itself when already so."""
