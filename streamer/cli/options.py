@@ -136,7 +136,7 @@ def add_loading(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verify-reads",
         action="store_true",
-        help="check each expert's crc32 the first time it is read",
+        help="check each expert's crc32 whenever it is read from the disk",
     )
     p.add_argument(
         "--checksums",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..arguments import check_at_least
 from ..errors import StreamerError
+from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c
 from .kv_options import add_kv_cache, add_prompt_cache_dir, disk_option, kv_options
 from .options import (
@@ -54,6 +55,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
     add_prompt_cache_dir(p)
     add_kv_cache(p)
+    add_drafting(p)
     add_loading(p)
     p.set_defaults(run=serve)
 
@@ -64,6 +66,7 @@ def add_parsers(sub) -> None:
     add_template(p)
     add_prompt_cache_dir(p)
     add_kv_cache(p)
+    add_drafting(p)
     add_loading(p)
     p.set_defaults(run=chat)
 
@@ -74,6 +77,7 @@ def serve(args: argparse.Namespace) -> None:
         raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
     check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
     options, disk = kv_options(args), disk_option(args)
+    check_drafting(args)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     for flag, value in (("--api-key", api_key), ("--served-model-name", args.served_model_name)):
         if value is not None and not value.strip():
@@ -86,6 +90,7 @@ def serve(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
     folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, group, **load_options(args))
+    options.update(draft_options(args, tokenizer, group))
     engine = open_engine(model, tokenizer, args.prompt_cache_size, group, options, disk)
     if group is not None and group.rank() != 0:
         return engine.follow()
@@ -115,6 +120,7 @@ def served_name(given: str, folder: Path) -> str:
 def chat(args: argparse.Namespace) -> None:
     check_sampling_flags(args)
     options, disk = kv_options(args), disk_option(args)
+    check_drafting(args)
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model
     from ..server.api import Sampling
@@ -122,6 +128,7 @@ def chat(args: argparse.Namespace) -> None:
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
+    options.update(draft_options(args, tokenizer, group))
     engine = open_engine(model, tokenizer, 2, group, options, disk)
     if group is not None and group.rank() != 0:
         return engine.follow()

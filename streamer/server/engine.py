@@ -165,7 +165,7 @@ class Engine:
             logits_processors=processors,
             prompt_cache=cache,
             stream=stream,
-            **self.options,
+            **self._options(request, job.prompt[: len(job.prompt) - len(rest)]),
         ):
             generated.append(response.token)
             stats = response.stats
@@ -186,6 +186,14 @@ class Engine:
             finish = "tool_calls"
         cached = len(job.prompt) - len(rest)
         job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
+
+    def _options(self, request: Completion, cached: list[int]) -> dict:
+        """The server's options for this request: its num_draft_tokens (0: no drafts) replaces
+        the server's; a drafter also sees the tokens the prompt cache holds."""
+        options = {**self.options, "prompt_cache_tokens": cached}
+        if request.num_draft_tokens is not None:
+            options["num_draft_tokens"] = request.num_draft_tokens
+        return options
 
     def _stops(self, job: Job, stopped: bool, generated: int) -> bool:
         """Whether generation ends after this token: a stop string came, or the client went
