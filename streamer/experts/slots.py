@@ -25,6 +25,7 @@ from ..cache.slot_pool import LayerSource, SlotPool, SlotTensor
 from ..io.expert_layout import LayerLayout
 from ..io.manifest import Manifest
 from ..io.reads import ReadFile
+from ..io.sizes import size_text
 from ..stats import ExpertTraffic
 from .routing import finish, host_routing
 
@@ -131,7 +132,7 @@ def slot_budget(
     if bypass_page_cache:
         kind += ", read around the page cache"
     return (
-        f"experts stream from disk into a slot pool of {sizes} slots ({size / 1e9:.2f} GB, "
+        f"experts stream from disk into a slot pool of {sizes} slots ({size_text(size)}, "
         f"{kind}; {why})",
         pools,
     )
