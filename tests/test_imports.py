@@ -20,6 +20,7 @@ LAYERS = {
         "streamer",  # the package: load, generate
         "streamer.generate",
         "streamer.verify",
+        "streamer.pull",
         "streamer.plan",
         "streamer.repack",
         "streamer.parallel.split",
