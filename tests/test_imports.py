@@ -19,6 +19,7 @@ LAYERS = {
     "API and tools": {
         "streamer",  # the package: load, generate
         "streamer.generate",
+        "streamer.speculative",
         "streamer.verify",
         "streamer.pull",
         "streamer.plan",

@@ -48,6 +48,8 @@ class Slots:
             traffic.experts_fetched += misses
             traffic.bytes_read += misses * pool.slot_bytes
             traffic.cache_hits += len(group) - misses
+            if layer.stats.verifying is not None:
+                layer.stats.verifying[-1].hits.update(group[~pool.last_missed].tolist())
             part = self._compute(layer, x, routed, group, slots, traffic)
             pool.computed(part)  # no slot it reads is rewritten before it is computed
             if out is None:
