@@ -6,14 +6,14 @@ import argparse
 import sys
 
 from ..errors import StreamerError
+from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c
+from .kv_options import add_kv_cache, kv_options
 from .options import (
-    add_kv_cache,
     add_loading,
     add_model,
     add_prompt,
     add_template,
-    kv_options,
     load_options,
     model_folder,
     prompt,
@@ -42,6 +42,7 @@ def add_parser(sub) -> None:
         help="more tokens that end the answer (text or id)",
     )
     add_kv_cache(p)
+    add_drafting(p)
     add_loading(p)
     p.set_defaults(run=generate)
 
@@ -55,6 +56,7 @@ def generate(args: argparse.Namespace) -> int:
         )
     text = prompt(args)  # before the slow imports: bad input fails fast
     kv_options(args)
+    check_drafting(args)
     from ..loading.load import load
     from ..parallel.group import launched_group, shared_seed
     from .chat import templated
@@ -72,6 +74,7 @@ def generate(args: argparse.Namespace) -> int:
             "every MoE layer's routed experts",
             file=sys.stderr,
         )
+    args.drafting = draft_options(args, tokenizer, group)
     for token in args.extra_eos_token:
         try:
             tokenizer.add_eos_token(token)
@@ -115,6 +118,7 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 seed=args.seed,
                 max_kv_size=getattr(args, "max_kv_size", None),
                 **(kv_options(args) if hasattr(args, "kv_bits") else {}),
+                **getattr(args, "drafting", {}),  # `streamer demo` has no drafting flags
             ):
                 if shown:
                     emit(response.text, end="")

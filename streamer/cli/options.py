@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 
 from ..arguments import (
     DTYPE_NAMES,
-    KV_BITS,
-    KV_GROUP_SIZES,
     check_at_least,
     check_request,
     check_sampling,
@@ -145,47 +143,6 @@ def add_loading(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="an MLX download's checksum sidecar, if not the default (see `streamer verify`)",
     )
-
-
-# mlx_lm.generate's DEFAULT_QUANTIZED_KV_START (tests/test_kv_bits.py checks it), written here so
-# that --help needs no mlx-lm import
-QUANTIZED_KV_START = 5000
-
-
-def add_kv_cache(p: argparse.ArgumentParser) -> None:
-    """mlx-lm's quantized KV cache flags, as mlx_lm.generate spells them."""
-    p.add_argument(
-        "--kv-bits",
-        type=int,
-        choices=KV_BITS,
-        help="quantize the KV cache to this many bits (default: not quantized)",
-    )
-    p.add_argument(
-        "--kv-group-size",
-        type=int,
-        choices=KV_GROUP_SIZES,
-        default=64,
-        help="group size of the KV cache's quantization (default: %(default)s)",
-    )
-    p.add_argument(
-        "--quantized-kv-start",
-        type=int,
-        default=QUANTIZED_KV_START,
-        metavar="N",
-        help="with --kv-bits, quantize once the cache holds N tokens (default: %(default)s)",
-    )
-
-
-def kv_options(args: argparse.Namespace) -> dict:
-    """streamer.generate's keywords for the KV cache flags (none without --kv-bits)."""
-    check_at_least(args.quantized_kv_start, "--quantized-kv-start", 0)
-    if args.kv_bits is None:
-        return {}
-    return {
-        "kv_bits": args.kv_bits,
-        "kv_group_size": args.kv_group_size,
-        "quantized_kv_start": args.quantized_kv_start,
-    }
 
 
 def load_options(args: argparse.Namespace) -> dict:
