@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..errors import StreamerError
 from ..io.sizes import size_text
@@ -11,16 +10,19 @@ from .output import emit
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("info", help="describe a repacked model")
-    p.add_argument("dir")
+    p = sub.add_parser("info", help="describe a repacked model or an MLX download")
+    p.add_argument(
+        "dir", help="a repacked folder, a download, or org/name (pulled, or the hub cache)"
+    )
     p.set_defaults(run=info)
 
 
 def info(args: argparse.Namespace) -> None:
     from ..io.integrity import check_files
     from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
+    from ..loading.hub import model_path
 
-    folder = Path(args.dir)
+    folder = model_path(args.dir)
     if not (folder / MANIFEST_FILE).exists() and (folder / "config.json").exists():
         from ..loading.download_folder import (
             open_download,  # builds mlx-lm's model: only for a download
