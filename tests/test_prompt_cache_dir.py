@@ -36,6 +36,7 @@ def ask(engine: Engine, text: str, max_tokens: int = 6) -> tuple[str, Done]:
     while not isinstance(event := job.events.get(timeout=120), Done):
         assert isinstance(event, Step), event
         pieces.append(event.piece.content)
+    engine.wait_kept()  # the file is written after the answer is sent
     return "".join(pieces), event
 
 
