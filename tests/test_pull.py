@@ -22,9 +22,11 @@ from local_hub import LocalHub, commit_of
 
 from streamer.cli import main
 from streamer.loading.hub import ALLOW_PATTERNS
+from streamer.pull import pull
 from streamer.repack import repack
 from streamer.repack.plan import Quantize
 
+TEMPLATE = "/{repo_id}/resolve/{revision}/{filename}"  # huggingface_hub's, after ENDPOINT
 GENERATE = ["--prompt", "def read(path):", "--max-tokens", "6"]
 
 
@@ -112,6 +114,30 @@ def test_pull_a_bf16_download_repacked_to_4_bits(hub, here, checkpoints, tmp_pat
     assert "pulled already" in capsys.readouterr().err and len(hub.requests) == asked
     assert main(["info", "tiny-org/Tiny-BF16"]) == 0
     assert "4-bit" in capsys.readouterr().out
+
+
+def test_a_pull_interrupted_while_repacking_resumes_without_fetching_again(
+    hub, here, checkpoints, tmp_path, monkeypatch, capsys
+):
+    """Stopped once --delete-source has deleted a shard: the next pull finishes the repack from
+    its stand-ins, and fetches nothing (the shards it consumed are not downloaded again)."""
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # both read at import time
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + TEMPLATE)
+    name, quantize = "tiny-org/Tiny-BF16", Quantize(4, 64)
+
+    def interrupt(line: str) -> None:
+        if "deleted source shard" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pull(name, quantize=quantize, delete_source=True, log=interrupt)
+    first = len(hub.requests)
+    folder = pull(name, quantize=quantize, delete_source=True, log=lambda _: None)
+    assert not [p for _, p, _ in hub.requests[first:] if "/resolve/" in p]
+    reference = tmp_path / "reference"
+    repack(checkpoints.hf("qwen3_moe"), reference, quantize=quantize, log=lambda _: None)
+    assert generated(name, capsys) == generated(reference, capsys)
+    assert folder == tmp_path / "streamer-cache" / "models" / "tiny-org--Tiny-BF16"
 
 
 def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
