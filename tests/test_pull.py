@@ -20,6 +20,7 @@ from huggingface_hub import constants
 from huggingface_hub.utils import filter_repo_objects
 from local_hub import LocalHub, commit_of
 
+import streamer
 from streamer.cli import main
 from streamer.loading.hub import ALLOW_PATTERNS
 from streamer.pull import pull
@@ -50,7 +51,7 @@ def hub(tmp_path, checkpoints):
     hub.close()
 
 
-def streamer(hub: LocalHub, *args: str, **popen) -> subprocess.Popen:
+def start(hub: LocalHub, *args: str, **popen) -> subprocess.Popen:
     """`streamer ARGS` with HF_ENDPOINT at the local hub and the caches in tmp folders."""
     popen = {"stdin": subprocess.DEVNULL, "stderr": subprocess.PIPE, **popen}
     return subprocess.Popen(
@@ -63,7 +64,7 @@ def streamer(hub: LocalHub, *args: str, **popen) -> subprocess.Popen:
 
 
 def run(hub: LocalHub, *args: str) -> tuple[int, str, str]:
-    process = streamer(hub, *args)
+    process = start(hub, *args)
     out, err = process.communicate(timeout=300)
     return process.returncode, out, err
 
@@ -95,6 +96,11 @@ def test_pull_an_mlx_download_then_generate_by_name(hub, here, checkpoints, caps
     assert generated("tiny-org/Tiny-MLX", capsys) == generated(checkpoints.mlx("qwen3_moe"), capsys)
     assert main(["info", "tiny-org/Tiny-MLX"]) == 0 and "in place" in capsys.readouterr().out
     assert main(["verify", "tiny-org/Tiny-MLX", "--record"]) == 0
+    texts = [  # the Python API takes the name too
+        streamer.generate(*streamer.load(model), "def read(path):", 6)
+        for model in ("tiny-org/Tiny-MLX", checkpoints.mlx("qwen3_moe"))
+    ]
+    assert texts[0] == texts[1]
     assert len(hub.requests) == asked
 
 
@@ -151,7 +157,7 @@ def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
     big = "eval_results.jsonl"
     (folder / big).write_bytes(os.urandom(2 * constants.DOWNLOAD_CHUNK_SIZE + 4096))
     hub.hang = {big}
-    process = streamer(hub, "pull", repo)
+    process = start(hub, "pull", repo)
     files = list(filter_repo_objects(hub.files(repo), allow_patterns=ALLOW_PATTERNS))
     others = [f for f in files if f != big]
     snapshot = tmp_path / "hf-cache" / "models--tiny-org--Tiny-MLX" / "snapshots" / commit_of(repo)
@@ -203,7 +209,7 @@ def test_missing_names_say_what_to_do_in_one_line(hub, here, monkeypatch, capsys
 def test_at_a_terminal_generate_offers_to_pull(hub, checkpoints, capsys):
     """stdin and stderr a terminal (a pseudo-terminal here): asked, a yes pulls, then it runs."""
     primary, secondary = pty.openpty()
-    process = streamer(
+    process = start(
         hub,
         "generate",
         "--model",
