@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -177,13 +178,16 @@ def open_pools(
 ) -> dict[int, SlotPool]:
     """The pool of each layer (by index): per shape class of `layouts`, `slots[class]` slots in
     arrays of at most `chunk_bytes` (None: one per tensor), in one pool or (`grouped`) one per
-    group of layers (layer_groups); each layer's files opened for reads (never mapped).
+    group of layers (layer_groups); the layers' files opened for reads (never mapped), each
+    once: the pools share them, and are closed together.
     `checksums[layer]`: [expert][tensor] crc32s, checked on every read."""
     classes: dict[tuple, list[LayerLayout]] = {}
     for layout in layouts:
         classes.setdefault(shape_class(layout), []).append(layout)
     pools: dict[int, SlotPool] = {}
-    sources: dict[int, LayerSource] = {}
+    # each path opened once: a download's layer names a shard once per stacked tensor, and
+    # Kimi K2's 60 layers would otherwise open 540 descriptors (macOS allows 256 by default)
+    opened: dict[Path, ReadFile] = {}
     try:
         for key, members in classes.items():
             tensors = [SlotTensor(t.name, t.dtype, t.shape) for t in members[0].tensors]
@@ -192,23 +196,21 @@ def open_pools(
             for first, end, count in groups:
                 sources = {}
                 for layout in members[first:end]:
-                    files = []
+                    for path in layout.files:
+                        if path not in opened:
+                            opened[path] = ReadFile(path, bypass_page_cache)
                     sources[layout.index] = LayerSource(
-                        files,
+                        [opened[path] for path in layout.files],
                         [t.at for t in layout.tensors],
                         layout.num_experts,
                         checksums[layout.index] if checksums is not None else None,
                         layout.where,
                     )
-                    files.extend(ReadFile(path, bypass_page_cache) for path in layout.files)
                 pool = SlotPool(tensors, count, sources, chunk_bytes)
                 pools.update(dict.fromkeys(sources, pool))
     except BaseException:
-        for pool in {id(pool): pool for pool in pools.values()}.values():
-            pool.close()
-        for source in sources.values():  # the group whose pool was not made
-            for file in source.files:
-                file.close()
+        for file in opened.values():
+            file.close()
         raise
     return pools
 
