@@ -103,6 +103,7 @@ class SlotPool:
             self._rows.append([rows for _, rows in made])
         self._scratch = _aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
         self._pending: list[mx.array] = []
+        self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
 
@@ -120,6 +121,7 @@ class SlotPool:
         # decode: the router sync has evaluated them).
         self.fence()
         slots, miss = self.policy.assign(self._base[layer] + experts)
+        self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
         if miss.any():
             reads = [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])]
             if len(reads) == 1:

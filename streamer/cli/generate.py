@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from ..errors import StreamerError
+from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c
+from .kv_options import add_kv_cache, kv_options
 from .options import (
     add_loading,
     add_model,
@@ -39,6 +41,8 @@ def add_parser(sub) -> None:
         metavar="TOKEN",
         help="more tokens that end the answer (text or id)",
     )
+    add_kv_cache(p)
+    add_drafting(p)
     add_loading(p)
     p.set_defaults(run=generate)
 
@@ -51,6 +55,8 @@ def generate(args: argparse.Namespace) -> int:
             "model."
         )
     text = prompt(args)  # before the slow imports: bad input fails fast
+    kv_options(args)
+    check_drafting(args)
     from ..loading.load import load
     from ..parallel.group import launched_group, shared_seed
     from .chat import templated
@@ -68,6 +74,7 @@ def generate(args: argparse.Namespace) -> int:
             "every MoE layer's routed experts",
             file=sys.stderr,
         )
+    args.drafting = draft_options(args, tokenizer, group)
     for token in args.extra_eos_token:
         try:
             tokenizer.add_eos_token(token)
@@ -110,6 +117,8 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 min_p=args.min_p,
                 seed=args.seed,
                 max_kv_size=getattr(args, "max_kv_size", None),
+                **(kv_options(args) if hasattr(args, "kv_bits") else {}),
+                **getattr(args, "drafting", {}),  # `streamer demo` has no drafting flags
             ):
                 if shown:
                     emit(response.text, end="")

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..errors import StreamerError
 from .output import emit
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("info", help="describe a repacked model")
-    p.add_argument("dir")
+    p = sub.add_parser("info", help="describe a repacked model or an MLX download")
+    p.add_argument(
+        "dir", help="a repacked folder, a download, or org/name (pulled, or the hub cache)"
+    )
     p.set_defaults(run=info)
 
 
 def info(args: argparse.Namespace) -> None:
     from ..io.integrity import check_files
     from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
+    from ..loading.hub import model_path
 
-    folder = Path(args.dir)
+    folder = model_path(args.dir)
     if not (folder / MANIFEST_FILE).exists() and (folder / "config.json").exists():
         from ..loading.download_folder import (
             open_download,  # builds mlx-lm's model: only for a download

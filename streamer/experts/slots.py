@@ -57,6 +57,8 @@ class Slots:
             traffic.experts_fetched += misses
             traffic.bytes_read += misses * pool.slot_bytes
             traffic.cache_hits += len(group) - misses
+            if layer.stats.verifying is not None:
+                layer.stats.verifying[-1].hits.update(group[~pool.last_missed].tolist())
             chunks, rows = np.divmod(slots, pool.chunk_slots)
             for chunk in np.unique(chunks):
                 mine = chunks == chunk

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import StreamerError
 from .expert_layout import ByteRange, LayerLayout, TensorPlacement, repacked_layout
+from .file_watch import watch_files
 from .files import close_when_collected, open_regular
 from .integrity import check_expert_file_size
 from .manifest import Manifest
@@ -41,6 +42,7 @@ class LayerFiles:
         ]
         self._region_lengths = np.array([r.length for r in layout.regions], dtype=np.int64)
         self.regions_bytes = int(self._region_lengths.sum())  # all of the layer's experts
+        self.watches = watch_files(layout.files, fds)
 
     def _view(self, t: TensorPlacement) -> mx.array:
         mapped = self._maps[t.at.file]
@@ -102,19 +104,6 @@ class LayerFiles:
                 mapped.host[r.offset - mapped.offset : r.offset - mapped.offset + r.length]
             )
         return parts
-
-    def check_unchanged(self) -> None:
-        """Touching a page past a file's end kills the process (SIGBUS): one fstat per file."""
-        checked = set()
-        for file, (fd, size) in enumerate(zip(self._fds, self.layout.file_bytes)):
-            if fd in checked:  # a file that holds several of the layer's tensors
-                continue
-            checked.add(fd)
-            if os.fstat(fd).st_size != size:
-                raise StreamerError(
-                    f"{self.layout.where(file)}: the file was truncated or overwritten since the "
-                    f"model was loaded; {self.layout.remedy}."
-                )
 
 
 class ExpertFiles:
