@@ -161,6 +161,11 @@ def add_loading(p: argparse.ArgumentParser) -> None:
 
 def load_options(args: argparse.Namespace) -> dict:
     """The keywords of `streamer.load` that add_loading's flags set."""
+    if args.checksums is not None and not os.path.isfile(args.checksums):
+        raise StreamerError(
+            f"--checksums {args.checksums}: no such file; `streamer verify DIR --record "
+            "--checksums FILE` writes one (leave the flag out for the default sidecar)."
+        )
     return {
         "memory_budget": args.memory_budget,
         "dtype": args.dtype,

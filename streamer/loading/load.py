@@ -92,6 +92,8 @@ def load(
     check_flag(bypass_page_cache, "bypass_page_cache")
     if checksums is not None and not isinstance(checksums, (str, os.PathLike)):
         raise StreamerError(f"checksums must be a file name (str or Path), got {checksums!r}.")
+    if checksums is not None and not os.path.isfile(checksums):
+        raise StreamerError(f"checksums {checksums}: no such file (None: the default sidecar).")
     if group is not None and not isinstance(group, mx.distributed.Group):
         raise StreamerError(
             f"group must be an mx.distributed group (mx.distributed.init()), got {group!r}."
