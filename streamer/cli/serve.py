@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..arguments import check_at_least
 from ..errors import StreamerError
+from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import end_interrupted, raising_on_ctrl_c
 from .kv_options import add_kv_cache, add_prompt_cache_dir, disk_option, kv_options
@@ -136,6 +137,8 @@ def chat(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
     options.update(draft_options(args, tokenizer, group))
+    if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
+        options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
     engine = open_engine(model, tokenizer, 2, group, options, disk)
     if group is not None and group.rank() != 0:
         return engine.follow()

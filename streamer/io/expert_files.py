@@ -46,18 +46,14 @@ class LayerFiles:
 
     def _view(self, t: TensorPlacement) -> mx.array:
         mapped = self._maps[t.at.file]
-        start, size = t.at.offset - mapped.offset, t.dtype.size
-        span = (self.layout.num_experts - 1) * t.at.stride + t.at.length
-        # A tensor need not start on a multiple of its element size (mlx's safetensors writer
-        # does not pad its header): its bytes are sliced first, so the view starts where it does.
-        data = mapped.array[start : start + span] if start % size else mapped.array
-        typed = data if t.dtype == mx.uint8 else data.view(t.dtype)
+        size = t.dtype.size
         row = [1] * len(t.shape)  # row-major strides of one expert's tensor, in elements
         for axis in range(len(t.shape) - 2, -1, -1):
             row[axis] = row[axis + 1] * t.shape[axis + 1]
         shape = (self.layout.num_experts, *t.shape)
-        first = 0 if start % size else start // size
-        return mx.as_strided(typed, shape, (t.at.stride // size, *row), first)
+        # A tensor need not start on a multiple of its element size (mlx's safetensors writer
+        # does not pad its header): the view starts where its bytes do.
+        return mapped.view(t.at.offset - mapped.offset, t.dtype, shape, (t.at.stride // size, *row))
 
     def ranges(self, expert: int) -> list[ByteRange]:
         return [r.of(expert) for r in self.layout.expert_ranges]
