@@ -125,7 +125,8 @@ def served_name(given: str, folder: Path) -> str:
 def chat(args: argparse.Namespace) -> None:
     if sys.stdin is None:
         raise StreamerError(CLOSED_STDIN.format("chat reads the conversation"))
-    sys.stdin.reconfigure(errors="surrogateescape")  # a line not UTF-8 is refused, not fatal
+    if hasattr(sys.stdin, "reconfigure"):  # a text stream: a line not UTF-8 refused, not fatal
+        sys.stdin.reconfigure(errors="surrogateescape")
     check_sampling_flags(args)
     options, disk = kv_options(args), disk_option(args)
     check_drafting(args)
