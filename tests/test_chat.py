@@ -84,7 +84,7 @@ def test_turns_keep_the_conversation_and_reset_forgets_it(folder):
 
 def test_a_model_that_is_not_repacked_is_refused(checkpoints):
     result = run_chat(checkpoints.hf("qwen3_moe"), ["hi"])
-    assert result.returncode == 2 and "repack it into a new folder" in result.stderr
+    assert result.returncode == 2 and "into a new folder and pass DST" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -167,6 +167,8 @@ def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)  # mid-file, as a power cut or `kill -9` stops it
     process.communicate()
+    blobs = snapshot.parent.parent / "blobs"
+    assert list(blobs.glob("*.incomplete"))  # what huggingface_hub leaves of the file
     hub.hang = set()
     hub.release.set()
     hub.drop_once = {big}
@@ -178,6 +180,7 @@ def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
     ranges = [r for m, _, r in again if m == "GET" and r]
     assert ranges == [f"bytes={constants.DOWNLOAD_CHUNK_SIZE}-"], again
     assert (snapshot / big).read_bytes() == (folder / big).read_bytes()
+    assert not list(blobs.glob("*.incomplete"))  # the killed pull's part-file is gone
     assert generated(repo, capsys) == generated(checkpoints.mlx("qwen3_moe"), capsys)
 
 

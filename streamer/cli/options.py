@@ -67,8 +67,8 @@ def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
         "--model",
         required=required,
         help="a folder written by `streamer repack` or `streamer split`, an MLX download (streamed "
-        "in place), or org/name (the hub cache); under mlx.launch, {rank} in it is replaced by "
-        "the rank",
+        "in place), or org/name (pulled, or the hub cache); under mlx.launch, {rank} in it is "
+        "replaced by the rank",
     )
 
 
