@@ -53,7 +53,7 @@ def build_model(config: dict, where: Path | str) -> nn.Module:
             f"build ({type(e).__name__}: {e}); compare it with the model's published config.json."
         ) from e
     if not any(isinstance(m, EXPERT_CONTAINERS) for _, m in model.named_modules()):
-        refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.")
+        refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.", True)
     refuse_ignored_rope_scaling(model, config, where)
     return model
 
