@@ -79,7 +79,7 @@ def test_a_cached_mlx_download_runs_and_plans_by_name(hub, capsys):
 
 
 def test_names_that_cannot_run_say_what_to_do(hub, tmp_path, capsys):
-    with pytest.raises(StreamerError, match="hf download tiny-org/Missing"):
+    with pytest.raises(StreamerError, match="streamer pull tiny-org/Missing"):
         resolve("tiny-org/Missing")
     with pytest.raises(StreamerError, match=r"streamer repack tiny-org/Tiny-MoE DST"):
         streamable("tiny-org/Tiny-MoE")
@@ -91,4 +91,30 @@ def test_names_that_cannot_run_say_what_to_do(hub, tmp_path, capsys):
     assert main(["chat", "--model", "tiny-org/Tiny-MoE"]) == 2
     assert "streamer repack tiny-org/Tiny-MoE DST" in capsys.readouterr().err
     assert main(["generate", "--model", "tiny-org/Missing", "--prompt", "hi"]) == 2
-    assert "hf download tiny-org/Missing" in capsys.readouterr().err
+    assert "streamer pull tiny-org/Missing" in capsys.readouterr().err
+
+
+def test_a_lookup_expects_what_mlx_lm_downloads():
+    """A pull fetches, and a lookup checks complete, the files mlx-lm's loader takes."""
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    from streamer.loading.hub import ALLOW_PATTERNS
+
+    assert ALLOW_PATTERNS == DEFAULT_ALLOW_PATTERNS
+
+
+def test_a_damaged_cache_entry_is_named(hub, capsys):
+    """Both were reported as "manifest.json is missing ...: not a repacked model"."""
+    repo = hub.parent.parent
+    config = hub / "config.json"
+    config.resolve().unlink()  # the snapshot's link to a blob that is gone
+    link = rf"{config} is a symbolic link to \.\./\.\./blobs/\w+, which is missing"
+    with pytest.raises(StreamerError, match=rf"copy of tiny-org/Tiny-MoE is damaged: {link}"):
+        resolve("tiny-org/Tiny-MoE")
+    assert main(["generate", "--model", str(hub), "--prompt", "hi"]) == 2
+    assert "which is missing: the download is incomplete" in capsys.readouterr().err
+    (repo / "refs" / "main").write_text("")
+    with pytest.raises(
+        StreamerError, match=r"refs/main is empty: it names no snapshot\. `streamer"
+    ):
+        resolve("tiny-org/Tiny-MoE")

@@ -7,7 +7,13 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from ..arguments import check_at_least, check_request, check_sampling, parse_size
+from ..arguments import (
+    DTYPE_NAMES,
+    check_at_least,
+    check_request,
+    check_sampling,
+    parse_size,
+)
 from ..errors import StreamerError
 
 if TYPE_CHECKING:  # mlx is imported only once a command runs
@@ -61,25 +67,39 @@ def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
         "--model",
         required=required,
         help="a folder written by `streamer repack` or `streamer split`, an MLX download (streamed "
-        "in place), or org/name (the hub cache); under mlx.launch, {rank} in it is replaced by "
-        "the rank",
+        "in place), or org/name (pulled, or the hub cache); under mlx.launch, {rank} in it is "
+        "replaced by the rank",
     )
 
 
 def model_folder(args: argparse.Namespace, group: mx.distributed.Group | None) -> str:
     """The folder --model names for this rank: under mlx.launch "{rank}" is the rank's number (a
-    folder per shard); org/name is looked up in the hub cache."""
-    from ..loading.hub import streamable
+    folder per shard); org/name is a pulled model or is looked up in the hub cache. A name not
+    downloaded is offered to `streamer pull` when a person is at the terminal to say yes."""
+    from ..loading.hub import NotDownloaded, streamable
 
-    return streamable(args.model.replace("{rank}", str(group.rank() if group else 0)))
+    name = args.model.replace("{rank}", str(group.rank() if group else 0))
+    try:
+        return streamable(name)
+    except NotDownloaded as e:
+        if group is not None or not (sys.stdin.isatty() and sys.stderr.isatty()):
+            raise
+        print(f"[streamer] {e}", file=sys.stderr)
+        print(f"Pull {e.name} now (`streamer pull {e.name}`)? [y/N] ", end="", file=sys.stderr)
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            raise
+    from ..pull import pull
+
+    pull(name)
+    return streamable(name)
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the likeliest top-p")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: random)")
 
 
 def add_prompt(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
@@ -89,7 +109,7 @@ def add_prompt(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
         required=prompt_default is None,
         help="text to continue ('-': read stdin)",
     )
-    p.add_argument("--max-tokens", type=int, default=100)
+    p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate at most")
     add_sampling(p)
 
 
@@ -110,6 +130,13 @@ def add_loading(p: argparse.ArgumentParser) -> None:
         help="bytes of experts to keep resident, e.g. 4G",
     )
     p.add_argument(
+        "--dtype",
+        choices=DTYPE_NAMES,
+        help="what to compute in (default: float32 on the CPU, the checkpoint's own on a GPU); "
+        "mlx-lm computes an MLX-quantized download in its scales' dtype, bfloat16 as a rule: "
+        "pass that to get mlx-lm's exact text",
+    )
+    p.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="allow a tokenizer that ships Python code (Kimi K2)",
@@ -123,7 +150,7 @@ def add_loading(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verify-reads",
         action="store_true",
-        help="check each expert's crc32 the first time it is read",
+        help="check each expert's crc32 whenever it is read from the disk",
     )
     p.add_argument(
         "--checksums",
@@ -134,8 +161,14 @@ def add_loading(p: argparse.ArgumentParser) -> None:
 
 def load_options(args: argparse.Namespace) -> dict:
     """The keywords of `streamer.load` that add_loading's flags set."""
+    if args.checksums is not None and not os.path.isfile(args.checksums):
+        raise StreamerError(
+            f"--checksums {args.checksums}: no such file; `streamer verify DIR --record "
+            "--checksums FILE` writes one (leave the flag out for the default sidecar)."
+        )
     return {
         "memory_budget": args.memory_budget,
+        "dtype": args.dtype,
         "trust_remote_code": args.trust_remote_code,
         "read_path": args.read_path,
         "verify_reads": args.verify_reads,
@@ -160,6 +193,9 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
         check_at_least(args.max_kv_size, "--max-kv-size", 1)
 
 
+CLOSED_STDIN = "{} from standard input, which is closed: give it a file or a pipe (`< FILE`)."
+
+
 def prompt(args: argparse.Namespace) -> str:
     """The prompt as UTF-8 text, from --prompt or (with `--prompt -`) from stdin's bytes.
 
@@ -167,6 +203,8 @@ def prompt(args: argparse.Namespace) -> str:
     the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
     An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
     """
+    if args.prompt == "-" and sys.stdin is None:
+        raise StreamerError(CLOSED_STDIN.format("--prompt - reads the prompt"))
     raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
     try:
         text = raw.decode("utf-8")

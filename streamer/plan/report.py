@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from ..cache.budget import SLOT_SHARE, expected_pool_hits, slot_default
+from ..io.sizes import size_text
 
 MIN_CONTEXT = 4096  # "runs": the resident weights plus this much context fit
 
@@ -32,9 +33,10 @@ class ModelPlan:
     slot_budget_bytes: int  # the slot path's default budget (Metal, CUDA) in `memory_bytes`
     slot_pool_hits: float  # the share of routed experts to expect from that pool
     mapped_budget_bytes: int  # the mapped path's default (the CPU): all experts, or 0
+    kv_bits: int | None = None  # mlx-lm's quantized KV cache, counted from the first token
 
     def lines(self) -> list[str]:
-        gb = size
+        gb = size_text
         lines = [
             f"model_type         {self.model_type}",
             f"experts            {self.experts} per layer in {self.moe_layers} MoE layers, "
@@ -53,6 +55,7 @@ class ModelPlan:
             f"experts            {gb(self.expert_bytes)} (streamed from disk)",
             f"read per token     {gb(self.expert_bytes_per_token)} of experts with no cache hits",
             f"KV cache           {gb(self.kv_bytes_per_1k_tokens)} per 1k tokens"
+            + (f" at {self.kv_bits} bits" if self.kv_bits else "")
             + (f" (+ {gb(self.kv_fixed_bytes)} fixed)" if self.kv_fixed_bytes else ""),
             f"longest context    {self.longest_context} tokens in {gb(self.memory_bytes)}"
             + (f" (the model's limit is {self.context_length})" if self.context_length else ""),
@@ -75,9 +78,10 @@ class ModelPlan:
         """The slot path's default budget (Metal and CUDA) and the pool hits it should get."""
         left = max(self.memory_bytes - self.resident_bytes, 0)
         if self.slot_budget_bytes >= self.expert_bytes:
-            return f"all {size(self.expert_bytes)} of experts in memory, no reads"
+            return f"all {size_text(self.expert_bytes)} of experts in memory, no reads"
         return (
-            f"{size(self.slot_budget_bytes)} slot pool ({SLOT_SHARE:.0%} of the {size(left)} "
+            f"{size_text(self.slot_budget_bytes)} slot pool ({SLOT_SHARE:.0%} of the "
+            f"{size_text(left)} "
             f"left, {self.slot_budget_bytes / self.expert_bytes:.0%} of the experts): about "
             f"{self.slot_pool_hits:.0%} pool hits on the bench's routing"
         )
@@ -118,10 +122,3 @@ def fitted(
         longest_context=int(longest),
         runs=need <= memory,
     )
-
-
-def size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} bytes"

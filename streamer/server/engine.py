@@ -25,13 +25,15 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..generate import RunStats, stream_generate
+from ..generate import RunStats, check_kv_cache_quantizes, stream_generate
 from .api import Completion
+from .disk_cache import DiskCache
 from .fields import ApiError
 from .output import Output, Piece
 from .sampling import sampler_and_processors
 
 log = logging.getLogger("streamer.server")
+KEEP_SECONDS = 120  # close() waits this long at most for a prompt cache being written
 MODEL_KEY = "served"  # one model per server: the prompt cache's key for it
 
 
@@ -65,33 +67,54 @@ class Job:
         self.cancelled = threading.Event()
 
 
-def fit(prompt: int, asked: int | None, default: int, context: int | None) -> int:
+def fit(
+    prompt: int,
+    asked: int | None,
+    default: int,
+    context: int | None,
+    fields: tuple[str, str] = ("messages", "max_tokens"),
+) -> int:
     """The tokens to generate after a `prompt`-token prompt: `asked`, else `default` (at most what
-    the context leaves); ApiError when the prompt or the ask does not fit the model's context."""
+    the context leaves); ApiError when the prompt or the ask does not fit the model's context,
+    naming `fields` (the request's prompt field and the max tokens field it set)."""
     if context is None:
         return asked or default
+    prompt_field, asked_field = fields
     if prompt >= context:
         raise ApiError(
             400,
             f"the prompt is {prompt} tokens but the model's context is {context} tokens",
-            param="messages",
+            param=prompt_field,
             code="context_length_exceeded",
         )
     room = context - prompt
     if asked is not None and asked > room:
         raise ApiError(
             400,
-            f"the prompt is {prompt} tokens and max_tokens is {asked}, but the model's context is "
-            f"{context} tokens: ask for at most {room}",
-            param="max_tokens",
+            f"the prompt is {prompt} tokens and {asked_field} is {asked}, but the model's context "
+            f"is {context} tokens: ask for at most {room}",
+            param=asked_field,
             code="context_length_exceeded",
         )
     return asked or min(default, room)
 
 
 class Engine:
-    def __init__(self, model: nn.Module, tokenizer: TokenizerWrapper, prompt_cache_size: int = 10):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: TokenizerWrapper,
+        prompt_cache_size: int = 10,
+        options: dict | None = None,
+        disk: DiskCache | None = None,
+    ):
+        """`options`: streamer.generate's keywords for every request (kv_bits, ...); `disk`: the
+        prompt caches on disk, beside those in memory."""
         self.model, self.tokenizer = model, tokenizer
+        self.options, self.disk = options or {}, disk
+        self._keeping = threading.Lock()  # held while a finished sequence's cache is kept
+        if self.options.get("kv_bits") is not None:
+            check_kv_cache_quantizes(model, self.options)  # at start, not in every request
         self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
         self.prompt_cache = LRUPromptCache(prompt_cache_size)
         self.jobs: Queue[Job] = Queue()
@@ -112,6 +135,13 @@ class Engine:
         run in two here), so it ends with the process (it is a daemon)."""
         while not self.jobs.empty():
             self.jobs.get_nowait().cancelled.set()
+        self.wait_kept()
+
+    def wait_kept(self) -> None:
+        """Wait (KEEP_SECONDS at most) until the last answered sequence's KV cache is kept, in
+        memory and in --prompt-cache-dir: its lock is taken before its Done is sent."""
+        if self._keeping.acquire(timeout=KEEP_SECONDS):
+            self._keeping.release()
 
     def _run(self) -> None:
         stream = mx.default_stream(mx.default_device())  # this thread's own, as mlx-lm's server
@@ -144,6 +174,7 @@ class Engine:
             logits_processors=processors,
             prompt_cache=cache,
             stream=stream,
+            **self._options(request, job.prompt[: len(job.prompt) - len(rest)]),
         ):
             generated.append(response.token)
             stats = response.stats
@@ -159,11 +190,20 @@ class Engine:
         last = output.finish()
         if last:
             job.events.put(Step(last))
-        self._keep_cache(job.prompt + generated, cache)
         if finish == "stop" and output.made_tool_call:
             finish = "tool_calls"
         cached = len(job.prompt) - len(rest)
-        job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
+        with self._keeping:  # the answer is complete: the client need not wait for a disk write
+            job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
+            self._keep_cache(job.prompt + generated, cache)
+
+    def _options(self, request: Completion, cached: list[int]) -> dict:
+        """The server's options for this request: its num_draft_tokens (0: no drafts) replaces
+        the server's; a drafter also sees the tokens the prompt cache holds."""
+        options = {**self.options, "prompt_cache_tokens": cached}
+        if request.num_draft_tokens is not None:
+            options["num_draft_tokens"] = request.num_draft_tokens
+        return options
 
     def _stops(self, job: Job, stopped: bool, generated: int) -> bool:
         """Whether generation ends after this token: a stop string came, or the client went
@@ -177,6 +217,11 @@ class Engine:
         """The KV cache of the longest cached prefix of `prompt` and the tokens still to compute
         (at least one: the first new token's logits come from the last prompt token)."""
         cache, rest = self.prompt_cache.fetch_nearest_cache(MODEL_KEY, prompt)
+        if self.disk is not None:
+            held = len(prompt) - len(rest) if cache is not None else 0
+            found = self.disk.fetch(prompt, longer_than=held)
+            if found is not None:
+                cache, rest = found[0], prompt[found[1] :]
         if cache is not None and not rest:
             if can_trim_prompt_cache(cache):
                 trim_prompt_cache(cache, 1)
@@ -192,6 +237,8 @@ class Engine:
         offsets = {c.offset for c in cache if hasattr(c, "offset")}
         if len(offsets) == 1:
             tokens = tokens[: offsets.pop()]
+        if self.disk is not None:
+            self.disk.save(tokens, cache)
         self.prompt_cache.insert_cache(MODEL_KEY, tokens, cache)
 
     def _token(self, response, request: Completion) -> Token:
