@@ -12,8 +12,10 @@ from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .arguments import check_at_least, check_kv_quantization, check_request, check_sampling
+from . import arguments
+from .arguments import check_kv_quantization, check_request, check_sampling
 from .errors import StreamerError, one_line
+from .io.sizes import size_text
 from .loading.handle import streaming
 from .speculative import stream as speculative
 from .stats import Drafts, ExpertStats, peak_rss_bytes
@@ -47,10 +49,10 @@ class RunStats:
         return (
             f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
             f"decode: {self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s | "
-            f"experts: {self.expert_bytes_per_token / 1e6:.2f} MB/token, "
+            f"experts: {size_text(self.expert_bytes_per_token)}/token, "
             f"{self.expert_reads_per_token:.1f} reads/token, "
             f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "
-            f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB"
+            f"peak RSS {size_text(self.peak_rss_bytes)}"
             + (f" | {self.dtype}" if self.dtype else "")
             + drafts
         )
@@ -115,8 +117,7 @@ def stream_generate(
     an unknown keyword is refused by name."""
     check_request(prompt, max_tokens)
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
-    if kwargs.get("max_kv_size") is not None:
-        check_at_least(kwargs["max_kv_size"], "max_kv_size", 1)
+    arguments.check_keywords(kwargs)
     kv_bits = kwargs.get("kv_bits")
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
@@ -188,6 +189,7 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
     if processing:
         kwargs["logits_processors"] = [
             *(kwargs.get("logits_processors") or []),
+            *arguments.logit_bias_in_vocabulary(processing.get("logit_bias")),
             *make_logits_processors(**processing),
         ]
     return kwargs
@@ -220,6 +222,7 @@ def _prompt_tokens(
         tokens = tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
     else:
         tokens = list(prompt)
+        arguments.check_prompt_ids(tokens, tokenizer)
     handle = streaming(model)
     context = handle.context_length if handle is not None else None
     if context and len(tokens) > context:

@@ -21,6 +21,7 @@ LAYERS = {
         "streamer.generate",
         "streamer.speculative",
         "streamer.verify",
+        "streamer.pull",
         "streamer.plan",
         "streamer.repack",
         "streamer.parallel.split",

@@ -1,12 +1,17 @@
 """A bounded pool of expert slots: the only expert memory a GPU kernel is given on the slot path.
 
 Experts of one shape class (the same tensors, dtypes and shapes: usually every MoE layer of a
-model) share a pool of S slots, allocated once as one MLX array `[S, *shape]` per tensor, each
-starting on a 16 KiB boundary (Apple silicon's page; a real expert's tensors are whole pages, so
-every slot row is page aligned too). A layer call asks for its routed experts: hits cost nothing,
-misses are read from the expert file straight into their slots' rows (one scatter read per
-expert, several in flight, no intermediate buffer), and the kernels then run on the pool arrays
-with slot indices. Victims are chosen by LFU with aging, never among the call's own experts.
+model, or a group of them: experts/slots.py) share a pool of S slots, allocated once in chunks of
+`chunk_slots` slots: per chunk one MLX array `[chunk slots, *shape]` per tensor, each starting on
+a 16 KiB boundary (Apple silicon's page; a real expert's tensors are whole pages, so every slot
+row is page aligned too). A chunk's array holds at most CHUNK_BYTES: MLX refuses a dimension past
+2^31, Metal a buffer past the device's maxBufferLength, and kernels index within one array, so
+no array grows with the budget. The arrays are allocated untouched (io/buffers.py): a slot's
+pages are committed when its first expert is read. A layer call asks for its routed experts: hits
+cost nothing, misses are read from the expert file straight into their slots' rows (one scatter
+read per expert, several in flight, no intermediate buffer), and the kernels then run on the
+chunks' arrays with slot indices within the chunk. Victims are chosen by LFU with aging, never
+among the call's own experts.
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
@@ -29,11 +34,16 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from ..io import buffers
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, ReadFile, plan_reads
 from .policies import SlotLFU
 
 SLOT_ALIGN = 16384  # Apple silicon's page size; a multiple of Linux's 4 KiB and of DIRECT_ALIGN
 READERS = 8  # expert reads in flight at once (threads: preadv releases the GIL)
+# The most bytes one array of a pool holds: far below any Mac's maxBufferLength, large enough
+# that a decode call's experts lie in one chunk when its layer's pool is one (experts/slots.py
+# gives each group of layers a pool of its own for that), and a 2^31 dimension is never near.
+CHUNK_BYTES = 1 << 30
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
 
 
@@ -60,8 +70,21 @@ class LayerSource:
     where: Callable[[int], str] = str  # file number -> where to say a read failed
 
 
+def chunk_slots(tensors: Sequence[SlotTensor], slots: int, chunk_bytes: int | None) -> int:
+    """Slots per chunk: as many as keep every tensor's array within `chunk_bytes` (None: all)."""
+    if chunk_bytes is None:
+        return slots
+    return max(1, min(slots, chunk_bytes // max(t.nbytes for t in tensors)))
+
+
 class SlotPool:
-    def __init__(self, tensors: Sequence[SlotTensor], slots: int, layers: dict[int, LayerSource]):
+    def __init__(
+        self,
+        tensors: Sequence[SlotTensor],
+        slots: int,
+        layers: dict[int, LayerSource],
+        chunk_bytes: int | None = CHUNK_BYTES,
+    ):
         self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
@@ -70,16 +93,25 @@ class SlotPool:
         for index, layer in layers.items():
             self._base[index], keys = keys, keys + layer.num_experts
         self.policy = SlotLFU(slots, keys)
-        self.arrays, self._rows = [], []  # per tensor: MLX [S, *shape] and host uint8 [S, nbytes]
-        for t in self.tensors:
-            array, rows = _allocate(slots, t)
-            self.arrays.append(array)
-            self._rows.append(rows)
+        self.chunk_slots = chunk_slots(self.tensors, slots, chunk_bytes)
+        # per chunk, per tensor: MLX [chunk slots, *shape] and host uint8 [chunk slots, nbytes]
+        self.chunks: list[list[mx.array]] = []
+        self._rows: list[list[np.ndarray]] = []
+        for first in range(0, slots, self.chunk_slots):
+            made = [_allocate(min(self.chunk_slots, slots - first), t) for t in self.tensors]
+            self.chunks.append([array for array, _ in made])
+            self._rows.append([rows for _, rows in made])
         self._scratch = _aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
         self._pending: list[mx.array] = []
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        """The pool's arrays, one per tensor, slot s at row s: a pool of one chunk."""
+        (arrays,) = self.chunks
+        return arrays
 
     def place(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int]:
         """Slots holding `experts` of `layer` (distinct, at most `slots` of them), reading the
@@ -110,9 +142,11 @@ class SlotPool:
 
     def _read(self, layer: int, expert: int, slot: int) -> None:
         source = self.layers[layer]
+        chunk, row = divmod(slot, self.chunk_slots)
+        slot_rows = [rows[row] for rows in self._rows[chunk]]
         spans = [
-            (at.file, at.offset + expert * at.stride, rows[slot])
-            for at, rows in zip(source.placements, self._rows)
+            (at.file, at.offset + expert * at.stride, rows)
+            for at, rows in zip(source.placements, slot_rows)
         ]
         file = spans[0][0]
         try:
@@ -125,8 +159,8 @@ class SlotPool:
                 "or run `streamer verify` on the model folder."
             ) from e
         if source.checksums is not None:
-            for t, rows, crc in zip(self.tensors, self._rows, source.checksums[expert]):
-                if zlib.crc32(rows[slot]) != crc:
+            for t, rows, crc in zip(self.tensors, slot_rows, source.checksums[expert]):
+                if zlib.crc32(rows) != crc:
                     self._forget(layer, expert, slot)
                     raise StreamerError(
                         f"{source.where(file)}: expert {expert} tensor {t.name} does not "
@@ -155,14 +189,11 @@ def _aligned_host(nbytes: int) -> np.ndarray:
 def _allocate(slots: int, t: SlotTensor) -> tuple[mx.array, np.ndarray]:
     """One tensor's slots: an MLX array [slots, *shape] and a writable host view of its rows.
 
-    The buffer is made from host memory (on CUDA: managed memory, which both the host's reads
-    and the GPU's kernels reach; on Metal: unified memory) and sliced to start on SLOT_ALIGN."""
+    The buffer is MLX's, untouched (on CUDA: managed memory, which both the host's reads and the
+    GPU's kernels reach; on Metal: unified memory), viewed from its first SLOT_ALIGN boundary."""
     length = slots * t.nbytes
-    base = mx.array(np.zeros(length + SLOT_ALIGN, dtype=np.uint8))
-    mx.eval(base)
-    host = np.asarray(memoryview(base))
-    pad = -host.ctypes.data % SLOT_ALIGN
-    flat = base[pad : pad + length]
-    array = (flat if t.dtype == mx.uint8 else flat.view(t.dtype)).reshape(slots, *t.shape)
+    buffer = buffers.untouched(length + SLOT_ALIGN)
+    pad = -buffers.address(buffer) % SLOT_ALIGN
+    array = buffers.view(buffer, pad, t.dtype, (slots, *t.shape))
     mx.eval(array)
-    return array, host[pad : pad + length].reshape(slots, t.nbytes)
+    return array, buffers.host_bytes(buffer)[pad : pad + length].reshape(slots, t.nbytes)

@@ -67,17 +67,31 @@ def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
         "--model",
         required=required,
         help="a folder written by `streamer repack` or `streamer split`, an MLX download (streamed "
-        "in place), or org/name (the hub cache); under mlx.launch, {rank} in it is replaced by "
-        "the rank",
+        "in place), or org/name (pulled, or the hub cache); under mlx.launch, {rank} in it is "
+        "replaced by the rank",
     )
 
 
 def model_folder(args: argparse.Namespace, group: mx.distributed.Group | None) -> str:
     """The folder --model names for this rank: under mlx.launch "{rank}" is the rank's number (a
-    folder per shard); org/name is looked up in the hub cache."""
-    from ..loading.hub import streamable
+    folder per shard); org/name is a pulled model or is looked up in the hub cache. A name not
+    downloaded is offered to `streamer pull` when a person is at the terminal to say yes."""
+    from ..loading.hub import NotDownloaded, streamable
 
-    return streamable(args.model.replace("{rank}", str(group.rank() if group else 0)))
+    name = args.model.replace("{rank}", str(group.rank() if group else 0))
+    try:
+        return streamable(name)
+    except NotDownloaded as e:
+        if group is not None or not (sys.stdin.isatty() and sys.stderr.isatty()):
+            raise
+        print(f"[streamer] {e}", file=sys.stderr)
+        print(f"Pull {e.name} now (`streamer pull {e.name}`)? [y/N] ", end="", file=sys.stderr)
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            raise
+    from ..pull import pull
+
+    pull(name)
+    return streamable(name)
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -136,7 +150,7 @@ def add_loading(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verify-reads",
         action="store_true",
-        help="check each expert's crc32 the first time it is read",
+        help="check each expert's crc32 whenever it is read from the disk",
     )
     p.add_argument(
         "--checksums",
@@ -147,6 +161,11 @@ def add_loading(p: argparse.ArgumentParser) -> None:
 
 def load_options(args: argparse.Namespace) -> dict:
     """The keywords of `streamer.load` that add_loading's flags set."""
+    if args.checksums is not None and not os.path.isfile(args.checksums):
+        raise StreamerError(
+            f"--checksums {args.checksums}: no such file; `streamer verify DIR --record "
+            "--checksums FILE` writes one (leave the flag out for the default sidecar)."
+        )
     return {
         "memory_budget": args.memory_budget,
         "dtype": args.dtype,

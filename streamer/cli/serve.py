@@ -9,8 +9,9 @@ from pathlib import Path
 
 from ..arguments import check_at_least
 from ..errors import StreamerError
+from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
-from .interrupts import raising_on_ctrl_c
+from .interrupts import end_interrupted, raising_on_ctrl_c
 from .kv_options import add_kv_cache, add_prompt_cache_dir, disk_option, kv_options
 from .options import (
     add_loading,
@@ -95,17 +96,20 @@ def serve(args: argparse.Namespace) -> None:
     if group is not None and group.rank() != 0:
         return engine.follow()
     defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
-    with raising_on_ctrl_c():  # Ctrl-C stops serving: the engine closes, other ranks are told
-        serve(
-            engine,
-            args.served_model_name or served_name(args.model, folder),
-            context,
-            host=args.host,
-            port=args.port,
-            defaults=defaults,
-            max_tokens=args.max_tokens,
-            api_key=api_key,
-        )
+    try:
+        with raising_on_ctrl_c():  # Ctrl-C stops serving: the engine closes, other ranks are told
+            serve(
+                engine,
+                args.served_model_name or served_name(args.model, folder),
+                context,
+                host=args.host,
+                port=args.port,
+                defaults=defaults,
+                max_tokens=args.max_tokens,
+                api_key=api_key,
+            )
+    except KeyboardInterrupt:  # the generation thread may be mid-answer, in MLX
+        end_interrupted()
 
 
 def served_name(given: str, folder: Path) -> str:
@@ -129,6 +133,8 @@ def chat(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
     options.update(draft_options(args, tokenizer, group))
+    if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
+        options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
     engine = open_engine(model, tokenizer, 2, group, options, disk)
     if group is not None and group.rank() != 0:
         return engine.follow()
