@@ -36,6 +36,7 @@ def ask(engine: Engine, text: str, max_tokens: int = 6) -> tuple[str, Done]:
     while not isinstance(event := job.events.get(timeout=120), Done):
         assert isinstance(event, Step), event
         pieces.append(event.piece.content)
+    engine.wait_kept()  # the file is written after the answer is sent
     return "".join(pieces), event
 
 
@@ -150,3 +151,13 @@ def test_a_file_given_as_the_folder_is_refused_before_loading(tmp_path, capsys):
         capsys.readouterr().err
         == f"streamer: error: --prompt-cache-dir {tmp_path / 'file'} is not a folder.\n"
     )
+
+
+def test_a_quantized_cache_comes_back_quantized(local, tmp_path):
+    model, tokenizer = local
+    quantized = {"kv_bits": 8, "kv_group_size": 32, "quantized_kv_start": 0}
+    text = SYSTEM + "import os"
+    want = streamer.generate(model, tokenizer, text, 6, **quantized)
+    assert ask(engine_over(local, tmp_path, options=quantized), text)[0] == want
+    answer, done = ask(engine_over(local, tmp_path, options=quantized), text)
+    assert answer == want and done.cached_tokens == done.prompt_tokens - 1

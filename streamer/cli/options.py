@@ -193,6 +193,9 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
         check_at_least(args.max_kv_size, "--max-kv-size", 1)
 
 
+CLOSED_STDIN = "{} from standard input, which is closed: give it a file or a pipe (`< FILE`)."
+
+
 def prompt(args: argparse.Namespace) -> str:
     """The prompt as UTF-8 text, from --prompt or (with `--prompt -`) from stdin's bytes.
 
@@ -200,6 +203,8 @@ def prompt(args: argparse.Namespace) -> str:
     the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
     An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
     """
+    if args.prompt == "-" and sys.stdin is None:
+        raise StreamerError(CLOSED_STDIN.format("--prompt - reads the prompt"))
     raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
     try:
         text = raw.decode("utf-8")
