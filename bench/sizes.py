@@ -167,7 +167,8 @@ TABLE_KEYS = [
 
 def table(result: dict) -> str:
     """Markdown: every point measured, then each published shape as planned and as the fitted
-    lines predict it (CPU seconds: the machine is shared, wall times are not comparable)."""
+    lines predict its memory, mappings and descriptors (CPU seconds: the machine is shared, wall
+    times are not comparable; load times are too noisy here for a line to say much)."""
     mb = 1e6
     lines = [
         "| shape | path | budget | experts GB | load s | first token s | per token s "
@@ -189,8 +190,8 @@ def table(result: dict) -> str:
     lines += [
         "",
         "| published shape | download GB | read per token GB | resident GB "
-        "| plan s (cold / warm) | path | load s | engine MB | maps | fds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| plan s (cold / warm) | path | engine MB | maps | fds |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for full in result["full"]:
         total = full["moe_layers"] * full["experts"]
@@ -204,7 +205,7 @@ def table(result: dict) -> str:
                 f"| {full['expert_bytes_per_token'] / 1e9:.2f} "
                 f"| {full['resident_bytes'] / 1e9:.1f} "
                 f"| {full['plan_cold_s']:.1f} / {full['plan_s']:.1f} | {read_path} "
-                f"| {at['load_cpu_s']:.0f} | {at['engine_bytes'] / mb:.0f} "
+                f"| {at['engine_bytes'] / mb:.0f} "
                 f"| {at['maps_on_checkpoint_loaded']:.0f} | {at['fds_loaded']:.0f} |"
             )
     return "\n".join(lines)
