@@ -42,7 +42,7 @@ def write_layer(path, experts: int, seed: int) -> list[list[np.ndarray]]:
     return truth
 
 
-def pool_over(tmp_path, slots: int, layers: int = 2, experts: int = 6, bypass=False):
+def pool_over(tmp_path, slots: int, layers: int = 2, experts: int = 6, bypass=False, landing=None):
     truth = {}
     files = {}
     for layer in range(layers):
@@ -50,7 +50,7 @@ def pool_over(tmp_path, slots: int, layers: int = 2, experts: int = 6, bypass=Fa
         truth[layer] = write_layer(path, experts, seed=layer)
         at = [At(offset) for offset in OFFSETS]
         files[layer] = LayerSource([ReadFile(path, bypass)], at, experts, where=lambda _, p=path: p)
-    return SlotPool(TENSORS, slots, files), truth
+    return SlotPool(TENSORS, slots, files, landing), truth
 
 
 def slot_bytes(pool: SlotPool, slot: int) -> list[np.ndarray]:

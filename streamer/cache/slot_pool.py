@@ -7,6 +7,9 @@ every slot row is page aligned too). A layer call asks for its routed experts: h
 misses are read from the expert file straight into their slots' rows (one scatter read per
 expert, several in flight, no intermediate buffer), and the kernels then run on the pool arrays
 with slot indices. Victims are chosen by LFU with aging, never among the call's own experts.
+Where reads land is the pool's `landing`: the slot itself on Metal (unified memory) and the CPU;
+on CUDA, where the slots are managed memory that host stores migrate page by page, a pinned
+staging buffer copied into the slot by the copy engine (io/cuda_copy.py).
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
@@ -23,7 +26,9 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
@@ -60,8 +65,24 @@ class LayerSource:
     where: Callable[[int], str] = str  # file number -> where to say a read failed
 
 
+class Landing(Protocol):
+    """Where a miss is read: `into(rows)` gives the buffers to read one slot's tensors into and,
+    on leaving without an error, has put their bytes in `rows` (the slot's host rows)."""
+
+    def into(self, rows: Sequence[np.ndarray]) -> AbstractContextManager[Sequence[np.ndarray]]: ...
+
+    def close(self) -> None: ...
+
+
 class SlotPool:
-    def __init__(self, tensors: Sequence[SlotTensor], slots: int, layers: dict[int, LayerSource]):
+    def __init__(
+        self,
+        tensors: Sequence[SlotTensor],
+        slots: int,
+        layers: dict[int, LayerSource],
+        landing: Landing | None = None,
+    ):
+        """`landing`: None reads into the slots themselves, except on CUDA (`landing_for`)."""
         self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
@@ -79,6 +100,7 @@ class SlotPool:
         self._pending: list[mx.array] = []
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
+        self._landing = landing if landing is not None else landing_for(self.tensors)
 
     def place(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int]:
         """Slots holding `experts` of `layer` (distinct, at most `slots` of them), reading the
@@ -107,25 +129,34 @@ class SlotPool:
             self._pending.clear()
 
     def _read(self, layer: int, expert: int, slot: int) -> None:
+        try:
+            with self._land([rows[slot] for rows in self._rows]) as buffers:
+                self._read_into(layer, expert, buffers)
+        except BaseException:
+            self._forget(layer, expert, slot)
+            raise
+
+    def _land(self, rows: list[np.ndarray]) -> AbstractContextManager[Sequence[np.ndarray]]:
+        return nullcontext(rows) if self._landing is None else self._landing.into(rows)
+
+    def _read_into(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> None:
         source = self.layers[layer]
         spans = [
-            (at.file, at.offset + expert * at.stride, rows[slot])
-            for at, rows in zip(source.placements, self._rows)
+            (at.file, at.offset + expert * at.stride, buffer)
+            for at, buffer in zip(source.placements, buffers)
         ]
         file = spans[0][0]
         try:
-            for file, offset, buffers in plan_reads(spans, self._scratch):
-                source.files[file].preadv(offset, buffers)
+            for file, offset, parts in plan_reads(spans, self._scratch):
+                source.files[file].preadv(offset, parts)
         except OSError as e:
-            self._forget(layer, expert, slot)
             raise StreamerError(
                 f"{source.where(file)}: cannot read expert {expert} ({e}); check the disk, "
                 "or run `streamer verify` on the model folder."
             ) from e
         if source.checksums is not None:
-            for t, rows, crc in zip(self.tensors, self._rows, source.checksums[expert]):
-                if zlib.crc32(rows[slot]) != crc:
-                    self._forget(layer, expert, slot)
+            for t, buffer, crc in zip(self.tensors, buffers, source.checksums[expert]):
+                if zlib.crc32(buffer) != crc:
                     raise StreamerError(
                         f"{source.where(file)}: expert {expert} tensor {t.name} does not "
                         "match its checksum: the file is corrupt. Run `streamer verify` on the "
@@ -139,9 +170,22 @@ class SlotPool:
 
     def close(self) -> None:
         self.fence()
+        if self._landing is not None:
+            self._landing.close()
+            self._landing = None
         for layer in self.layers.values():
             for file in layer.files:
                 file.close()
+
+
+def landing_for(tensors: Sequence[SlotTensor]) -> Landing | None:
+    """Pinned staging and copy-engine copies when MLX computes on a CUDA GPU; else None (reads
+    land in the slot). io/cuda_copy.py is imported only then."""
+    if not (mx.default_device() == mx.gpu and mx.cuda.is_available()):
+        return None
+    from ..io.cuda_copy import CudaRuntime, StagedCopies
+
+    return StagedCopies([t.nbytes for t in tensors], READERS, CudaRuntime())
 
 
 def _aligned_host(nbytes: int) -> np.ndarray:
