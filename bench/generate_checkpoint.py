@@ -187,7 +187,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sparse", action="store_true", help="headers and sizes only, data a hole")
     args = ap.parse_args(argv)
     config = preset_config(
-        args.preset, num_hidden_layers=args.layers, vocab_size=args.vocab, torch_dtype=args.dtype
+        args.preset,
+        num_hidden_layers=args.layers,
+        experts=args.experts,
+        vocab_size=args.vocab,
+        torch_dtype=args.dtype,
     )
     write_checkpoint(
         args.out,

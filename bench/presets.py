@@ -1,38 +1,19 @@
-"""The checkpoint shapes the benchmark generates (a real model's config, trimmed variants) and the
+"""The checkpoint shapes the benchmark generates (real models' configs, trimmed variants) and the
 synthetic routing's defaults and options."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-QWEN3_30B_A3B: dict = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
-    "hidden_size": 2048,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "norm_topk_prob": True,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "attention_bias": False,
-    "hidden_act": "silu",
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 0,  # the synthetic tokenizer's <|endoftext|>
-    "eos_token_id": 0,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # fixtures/: not installed
+from fixtures.published_shapes import PUBLISHED_SHAPES, QWEN3_30B_A3B, with_size  # noqa: E402
+
 PRESETS: dict[str, dict] = {
-    "qwen3-30b-a3b": QWEN3_30B_A3B,
+    # The published shapes (fixtures/published_shapes.py cites each config.json): run them from
+    # --sparse checkpoints (bench/sizes.py); random values at these sizes need the disk they say.
+    **PUBLISHED_SHAPES,
     # A quarter of the depth and a quarter of the vocabulary: the output projection keeps the share
     # of a token's compute it has in the 48-layer model (on CPU it would otherwise dominate).
     "qwen3-30b-a3b-12l": {**QWEN3_30B_A3B, "num_hidden_layers": 12, "vocab_size": 151936 // 4},
@@ -54,8 +35,12 @@ PRESETS: dict[str, dict] = {
 ROUTING = {"skew": 0.3, "topic_share": 0.7, "stickiness": 6.0}
 
 
-def preset_config(name: str, **overrides) -> dict:
-    return {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
+def preset_config(
+    name: str, *, num_hidden_layers: int | None = None, experts: int | None = None, **overrides
+) -> dict:
+    """A preset with fields replaced; the layer and expert counts where the family keeps them."""
+    config = with_size(PRESETS[name], layers=num_hidden_layers, experts=experts)
+    return {**config, **{k: v for k, v in overrides.items() if v is not None}}
 
 
 def add_checkpoint_arguments(ap: argparse.ArgumentParser) -> None:
@@ -63,6 +48,7 @@ def add_checkpoint_arguments(ap: argparse.ArgumentParser) -> None:
     (bench/synthetic_values.py says what --skew, --topic-share and --stickiness do), seed and
     float dtype."""
     ap.add_argument("--layers", type=int, help="override the preset's layer count")
+    ap.add_argument("--experts", type=int, help="override the preset's routed expert count")
     ap.add_argument("--vocab", type=int, help="override the preset's vocabulary size")
     ap.add_argument("--skew", type=float, default=ROUTING["skew"], help="expert popularity skew")
     ap.add_argument(

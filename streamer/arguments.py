@@ -17,6 +17,9 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(i?b?)\s*
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Compute dtypes a model can be loaded in, by the names users write.
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
+# mlx-lm's quantized KV cache (QuantizedKVCache): the bits and groups mx.quantize takes
+KV_BITS = (2, 3, 4, 5, 6, 8)
+KV_GROUP_SIZES = (32, 64, 128)
 
 
 def parse_size(value: object, name: str) -> int:
@@ -84,6 +87,25 @@ def check_at_least(value: object, name: str, low: int) -> None:
         raise StreamerError(f"{name} must be an integer (got {value!r}).")
     if value < low:
         raise StreamerError(f"{name} must be at least {low} (got {value}).")
+
+
+def check_kv_quantization(
+    bits: object, group_size: object, start: object, *, option: str = "", dash: bool = False
+) -> None:
+    """mlx-lm's kv_bits (None: off), kv_group_size and quantized_kv_start."""
+
+    def name(n: str) -> str:
+        return option + (n.replace("_", "-") if dash else n)
+
+    if bits is not None and (type(bits) is not int or bits not in KV_BITS):
+        choices = ", ".join(map(str, KV_BITS))
+        raise StreamerError(f"{name('kv_bits')} must be one of {choices} (got {bits!r}).")
+    if type(group_size) is not int or group_size not in KV_GROUP_SIZES:
+        choices = ", ".join(map(str, KV_GROUP_SIZES))
+        raise StreamerError(
+            f"{name('kv_group_size')} must be one of {choices} (got {group_size!r})."
+        )
+    check_at_least(start, name("quantized_kv_start"), 0)
 
 
 def check_flag(value: object, name: str) -> None:

@@ -13,8 +13,8 @@ from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .arguments import check_at_least, check_request, check_sampling
-from .errors import StreamerError
+from .arguments import check_at_least, check_kv_quantization, check_request, check_sampling
+from .errors import StreamerError, one_line
 from .loading.handle import streaming
 from .stats import ExpertStats, peak_rss_bytes
 
@@ -37,6 +37,7 @@ class RunStats:
     syncs_per_token: float
     page_cache_hit_rate: float | None  # share of expert bytes already in the page cache when read
     prefill_expert_bytes: int
+    dtype: str = ""  # what the model computed in
 
     def line(self) -> str:
         hit = "n/a" if self.page_cache_hit_rate is None else f"{self.page_cache_hit_rate:.0%}"
@@ -47,6 +48,7 @@ class RunStats:
             f"{self.expert_reads_per_token:.1f} reads/token, "
             f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "
             f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB"
+            + (f" | {self.dtype}" if self.dtype else "")
         )
 
 
@@ -86,6 +88,7 @@ def run_stats(
         syncs_per_token=decode.syncs / steps,
         page_cache_hit_rate=decode.page_cache_hit_rate,
         prefill_expert_bytes=stats.prefill.bytes_read,
+        dtype=handle.dtype,
     )
 
 
@@ -108,20 +111,51 @@ def stream_generate(
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
     if kwargs.get("max_kv_size") is not None:
         check_at_least(kwargs["max_kv_size"], "max_kv_size", 1)
+    kv_bits = kwargs.get("kv_bits")
+    if kv_bits is not None:
+        check_kv_cache_quantizes(model, kwargs)
     kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     if seed is not None:
         mx.random.seed(seed)
     model.streamer.stats.reset()
     mx.reset_peak_memory()
-    for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs):
-        stats = run_stats(
-            model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps
-        )
-        yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
+    try:
+        for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs):
+            stats = run_stats(
+                model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps
+            )
+            yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
+    except ValueError as e:  # mx.quantize's: the keys' width is not a multiple of the group
+        if kv_bits is None or not str(e).startswith("[quantize]"):
+            raise
+        raise StreamerError(
+            f"kv_group_size {kwargs.get('kv_group_size', 64)} does not divide this model's "
+            f"key and value widths ({one_line(e)}): choose a smaller kv_group_size."
+        ) from None
     # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums must
     # finish before any later collective, or the ranks' messages interleave
     mx.synchronize(kwargs.get("stream", generation_stream))
+
+
+def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
+    """mlx-lm's kv_bits keywords checked, and refused for a cache mlx-lm cannot quantize (a
+    rotating one: max_kv_size, or a model's sliding-window layers) before anything is computed,
+    where mlx-lm would fail part way."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    group = kwargs.get("kv_group_size", 64)
+    check_kv_quantization(kwargs["kv_bits"], group, kwargs.get("quantized_kv_start", 0))
+    for cache in make_prompt_cache(model, kwargs.get("max_kv_size")):
+        try:
+            if hasattr(cache, "to_quantized"):
+                cache.to_quantized(group_size=group, bits=kwargs["kv_bits"])
+        except NotImplementedError:
+            why = "max_kv_size" if kwargs.get("max_kv_size") else "the model's sliding windows"
+            raise StreamerError(
+                f"kv_bits: mlx-lm cannot quantize a {type(cache).__name__} (what {why} "
+                "make): drop kv_bits" + (" or max_kv_size." if "max" in why else ".")
+            ) from None
 
 
 _SAMPLER_KEYWORDS = set(inspect.signature(make_sampler).parameters) - {"temp", "top_p"}

@@ -4,8 +4,10 @@ library's own answer to compare with."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -71,25 +73,17 @@ def served_folder(tmp_path_factory) -> Path:
 SERVE_FLAGS = ["--read-path", "slots", "--memory-budget", "0", "--verify-reads"]
 
 
-@pytest.fixture(scope="session")
-def server(served_folder):
-    """`streamer serve` on a free port; yields (base url, log file)."""
-    log = served_folder.parent / "serve.log"
+@contextlib.contextmanager
+def live_server(folder: Path, flags: list[str], log: Path, env: dict | None = None):
+    """`streamer serve --model folder --port 0 flags` running; yields its base url. After it
+    stops, its log shows no traceback."""
     with open(log, "w") as err:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamer",
-                "serve",
-                "--model",
-                str(served_folder),
-                "--port",
-                "0",
-            ]
-            + SERVE_FLAGS,
+            [sys.executable, "-m", "streamer", "serve", "--model", str(folder), "--port", "0"]
+            + flags,
             stdout=subprocess.DEVNULL,
             stderr=err,
+            env=None if env is None else {**os.environ, **env},
         )
     try:
         deadline = time.monotonic() + 120
@@ -97,12 +91,20 @@ def server(served_folder):
             assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.1)
-        yield found.group(1), log
+        yield found.group(1)
     finally:
         process.terminate()
         process.wait(timeout=30)
-    # after every server test of the session, whichever file it is in: nothing reached a traceback
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+@pytest.fixture(scope="session")
+def server(served_folder):
+    """`streamer serve` on a free port; yields (base url, log file). After every server test of
+    the session, whichever file it is in, nothing reached a traceback."""
+    log = served_folder.parent / "serve.log"
+    with live_server(served_folder, SERVE_FLAGS, log) as url:
+        yield url, log
 
 
 @pytest.fixture(scope="session")
@@ -131,11 +133,12 @@ def connection(url: str, timeout: float = 60) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
 
 
-def request(url: str, method: str, path: str, body: bytes | None = None):
+def request(url: str, method: str, path: str, body: bytes | None = None, headers=None):
     """(status, JSON body) of one raw request to the server at `url` (its /v1 base)."""
     http = connection(url)
     try:
-        http.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        http.request(method, path, body=body, headers=headers)
         response = http.getresponse()
         return response.status, json.loads(response.read())
     finally:

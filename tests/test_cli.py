@@ -126,6 +126,8 @@ def test_sampling_arguments_are_checked_before_loading():
         ("serve", ["--max-tokens", "-3"], "--max-tokens must be at least 1 (got -3)"),
         ("serve", ["--port", "99999"], "--port must be from 0 (any free port) to 65535"),
         ("serve", ["--prompt-cache-size", "-1"], "--prompt-cache-size must be at least 0"),
+        ("serve", ["--api-key", " "], "--api-key is empty"),
+        ("serve", ["--served-model-name", ""], "--served-model-name is empty"),
     ],
 )
 def test_every_command_checks_its_sampling_and_count_flags_before_loading(

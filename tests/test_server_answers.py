@@ -17,7 +17,7 @@ import streamer
 
 
 def test_models_and_health(server, client, served_folder):
-    assert [m.id for m in client.models.list()] == [str(served_folder)]
+    assert [m.id for m in client.models.list()] == [served_folder.name]
     assert "read path slots (asked for)" in server[1].read_text()
     assert request(server[0], "GET", "/health") == (200, {"status": "ok"})
 

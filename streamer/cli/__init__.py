@@ -15,8 +15,36 @@ from .output import OutputFailed, error_line, report, silence_output
 __all__ = ["DEMO_MODEL", "main", "parser"]
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Help that ends with an option's default where it has one worth saying (not a flag's False,
+    not None: those help texts say what happens without them)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        unsaid = (
+            default is None or default is False or default == [] or default == argparse.SUPPRESS
+        )
+        if "default" in text or unsaid or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are the one line every other error is (`streamer: error:
+    ...`, exit 2), with where to look instead of the usage block. Its subcommands' parsers are
+    of this class too (add_subparsers makes its parent's class), help showing defaults."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsShown)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        raise StreamerError(f"{message} (see `{self.prog} --help`)")
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="streamer", description="Run MoE LLMs larger than RAM by streaming experts from SSD."
     )
     ap.add_argument("--version", action="version", version=f"streamer {__version__}")

@@ -8,10 +8,12 @@ import sys
 from ..errors import StreamerError
 from .interrupts import raising_on_ctrl_c
 from .options import (
+    add_kv_cache,
     add_loading,
     add_model,
     add_prompt,
     add_template,
+    kv_options,
     load_options,
     model_folder,
     prompt,
@@ -39,6 +41,7 @@ def add_parser(sub) -> None:
         metavar="TOKEN",
         help="more tokens that end the answer (text or id)",
     )
+    add_kv_cache(p)
     add_loading(p)
     p.set_defaults(run=generate)
 
@@ -51,6 +54,7 @@ def generate(args: argparse.Namespace) -> int:
             "model."
         )
     text = prompt(args)  # before the slow imports: bad input fails fast
+    kv_options(args)
     from ..loading.load import load
     from ..parallel.group import launched_group, shared_seed
     from .chat import templated
@@ -110,6 +114,7 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 min_p=args.min_p,
                 seed=args.seed,
                 max_kv_size=getattr(args, "max_kv_size", None),
+                **(kv_options(args) if hasattr(args, "kv_bits") else {}),
             ):
                 if shown:
                     emit(response.text, end="")

@@ -7,7 +7,15 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from ..arguments import check_at_least, check_request, check_sampling, parse_size
+from ..arguments import (
+    DTYPE_NAMES,
+    KV_BITS,
+    KV_GROUP_SIZES,
+    check_at_least,
+    check_request,
+    check_sampling,
+    parse_size,
+)
 from ..errors import StreamerError
 
 if TYPE_CHECKING:  # mlx is imported only once a command runs
@@ -76,10 +84,10 @@ def model_folder(args: argparse.Namespace, group: mx.distributed.Group | None) -
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the likeliest top-p")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: random)")
 
 
 def add_prompt(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
@@ -89,7 +97,7 @@ def add_prompt(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
         required=prompt_default is None,
         help="text to continue ('-': read stdin)",
     )
-    p.add_argument("--max-tokens", type=int, default=100)
+    p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate at most")
     add_sampling(p)
 
 
@@ -108,6 +116,13 @@ def add_loading(p: argparse.ArgumentParser) -> None:
         type=size,
         default=None,
         help="bytes of experts to keep resident, e.g. 4G",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_NAMES,
+        help="what to compute in (default: float32 on the CPU, the checkpoint's own on a GPU); "
+        "mlx-lm computes an MLX-quantized download in its scales' dtype, bfloat16 as a rule: "
+        "pass that to get mlx-lm's exact text",
     )
     p.add_argument(
         "--trust-remote-code",
@@ -132,10 +147,52 @@ def add_loading(p: argparse.ArgumentParser) -> None:
     )
 
 
+# mlx_lm.generate's DEFAULT_QUANTIZED_KV_START (tests/test_kv_bits.py checks it), written here so
+# that --help needs no mlx-lm import
+QUANTIZED_KV_START = 5000
+
+
+def add_kv_cache(p: argparse.ArgumentParser) -> None:
+    """mlx-lm's quantized KV cache flags, as mlx_lm.generate spells them."""
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=KV_BITS,
+        help="quantize the KV cache to this many bits (default: not quantized)",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=KV_GROUP_SIZES,
+        default=64,
+        help="group size of the KV cache's quantization (default: %(default)s)",
+    )
+    p.add_argument(
+        "--quantized-kv-start",
+        type=int,
+        default=QUANTIZED_KV_START,
+        metavar="N",
+        help="with --kv-bits, quantize once the cache holds N tokens (default: %(default)s)",
+    )
+
+
+def kv_options(args: argparse.Namespace) -> dict:
+    """streamer.generate's keywords for the KV cache flags (none without --kv-bits)."""
+    check_at_least(args.quantized_kv_start, "--quantized-kv-start", 0)
+    if args.kv_bits is None:
+        return {}
+    return {
+        "kv_bits": args.kv_bits,
+        "kv_group_size": args.kv_group_size,
+        "quantized_kv_start": args.quantized_kv_start,
+    }
+
+
 def load_options(args: argparse.Namespace) -> dict:
     """The keywords of `streamer.load` that add_loading's flags set."""
     return {
         "memory_budget": args.memory_budget,
+        "dtype": args.dtype,
         "trust_remote_code": args.trust_remote_code,
         "read_path": args.read_path,
         "verify_reads": args.verify_reads,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..arguments import KV_BITS, KV_GROUP_SIZES
 from .options import add_quantize, quantize_option, size
 
 
@@ -12,6 +13,19 @@ def add_parser(sub) -> None:
     p.add_argument("source", help="config.json, a download's folder, a repacked one, or org/name")
     p.add_argument("--memory", type=size, default=None, help="memory to plan for (default: free)")
     add_quantize(p, "as repack --quantize")
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=KV_BITS,
+        help="count the KV cache quantized to this many bits (generate's --kv-bits)",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=KV_GROUP_SIZES,
+        default=64,
+        help="the KV cache's quantization group size (default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object, for tools")
     p.set_defaults(run=plan)
 
@@ -29,5 +43,7 @@ def plan(args: argparse.Namespace) -> None:
         memory = args.memory
     q = quantize_option(args)
     quantize = q and (q.bits, q.group_size, q.mode)
-    result = plan(resolve(args.source, "model"), memory, quantize=quantize, dtype=default_dtype())
+    kv = (args.kv_bits, args.kv_group_size) if args.kv_bits else None
+    source = resolve(args.source, "model")
+    result = plan(source, memory, quantize=quantize, dtype=default_dtype(), kv=kv)
     print(result.json() if args.json else "\n".join(result.lines()))

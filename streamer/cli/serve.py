@@ -3,26 +3,49 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from ..arguments import check_at_least
 from ..errors import StreamerError
 from .interrupts import raising_on_ctrl_c
 from .options import (
+    add_kv_cache,
     add_loading,
     add_model,
     add_sampling,
     add_template,
     check_sampling_flags,
+    kv_options,
     load_options,
     model_folder,
 )
+
+API_KEY_ENV = "STREAMER_API_KEY"
 
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a streamed model")
     add_model(p)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--served-model-name",
+        metavar="NAME",
+        help="the model's name in /v1/models and in answers (default: --model's folder name, or "
+        "the org/name given); a request may name any model, or none",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every "
+        "interface, then set --api-key)",
+    )
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require `Authorization: Bearer KEY` on every endpoint but /health (default: "
+        f"${API_KEY_ENV} if set, else no key)",
+    )
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
     p.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
@@ -30,6 +53,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
     p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
+    add_kv_cache(p)
     add_loading(p)
     p.set_defaults(run=serve)
 
@@ -38,6 +62,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=512, help="per answer")
     add_sampling(p)
     add_template(p)
+    add_kv_cache(p)
     add_loading(p)
     p.set_defaults(run=chat)
 
@@ -47,6 +72,11 @@ def serve(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
     check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
+    options = kv_options(args)
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    for flag, value in (("--api-key", api_key), ("--served-model-name", args.served_model_name)):
+        if value is not None and not value.strip():
+            raise StreamerError(f"{flag} is empty: give a value, or leave the flag out.")
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
@@ -55,25 +85,35 @@ def serve(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
     folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, group, **load_options(args))
-    engine = open_engine(model, tokenizer, args.prompt_cache_size, group)
+    engine = open_engine(model, tokenizer, args.prompt_cache_size, group, options)
     if group is not None and group.rank() != 0:
         return engine.follow()
     defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
     with raising_on_ctrl_c():  # Ctrl-C stops serving: the engine closes, other ranks are told
         serve(
             engine,
-            args.model,
-            folder,
+            args.served_model_name or served_name(args.model, folder),
             context,
             host=args.host,
             port=args.port,
             defaults=defaults,
             max_tokens=args.max_tokens,
+            api_key=api_key,
         )
+
+
+def served_name(given: str, folder: Path) -> str:
+    """The name a model is served under by default: the org/name given, else the folder's name
+    (rank 0's under mlx.launch, which is the rank that serves)."""
+    given = given.replace("{rank}", "0")
+    if Path(given) != Path(folder):  # looked up in the hub cache: its snapshot is a hash
+        return given
+    return os.path.basename(os.path.abspath(given))
 
 
 def chat(args: argparse.Namespace) -> None:
     check_sampling_flags(args)
+    options = kv_options(args)
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model
     from ..server.api import Sampling
@@ -81,7 +121,7 @@ def chat(args: argparse.Namespace) -> None:
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
-    engine = open_engine(model, tokenizer, 2, group)
+    engine = open_engine(model, tokenizer, 2, group, options)
     if group is not None and group.rank() != 0:
         return engine.follow()
     template = tokenizer.has_chat_template and not args.ignore_chat_template

@@ -56,6 +56,7 @@ class Streaming:
     context_length: int | None  # max_position_embeddings: prompt plus output must fit
     folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
     pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools
+    dtype: str = ""  # what the model computes in (compute_dtype's), for the stats line
     _scopes: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +87,20 @@ class Streaming:
         slot path maps none)."""
         if self.files is not None:
             self.files.evict()
+
+
+def compute_dtype(model: nn.Module) -> str:
+    """The floating dtype most of the model's resident parameters hold (a quantized layer's
+    scales included): what its activations are computed in, "float32" or "bfloat16"."""
+    from mlx.utils import tree_flatten
+
+    counts: dict[mx.Dtype, int] = {}
+    for _, value in tree_flatten(model.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating):
+            counts[value.dtype] = counts.get(value.dtype, 0) + 1
+    if not counts:
+        return "unknown"
+    return str(max(counts, key=counts.get)).removeprefix("mlx.core.")
 
 
 def streaming(model: nn.Module) -> Streaming | None:

@@ -40,7 +40,7 @@ from .backend import (
     read_path_for_backend,
 )
 from .download_folder import is_download
-from .handle import Streaming, release
+from .handle import Streaming, compute_dtype, release
 from .tokenizer import load_tokenizer
 
 
@@ -153,7 +153,16 @@ def load(
     residency = f"{residency}; read path {read_path} ({why})"
     context = config.get("max_position_embeddings")
     model.streamer = Streaming(
-        residency, manifest, read_path, files, stats, layers, context, folder_lock, pools
+        residency,
+        manifest,
+        read_path,
+        files,
+        stats,
+        layers,
+        context,
+        folder_lock,
+        pools,
+        dtype=compute_dtype(model),
     )
     return model, tokenizer
 

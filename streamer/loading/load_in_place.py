@@ -33,7 +33,7 @@ from .backend import (
     read_path_for_backend,
 )
 from .download_folder import Download, layouts, open_download
-from .handle import Streaming, release
+from .handle import Streaming, compute_dtype, release
 from .tokenizer import load_tokenizer
 
 
@@ -109,7 +109,18 @@ def load_in_place(
         raise
     context = download.config.get("max_position_embeddings")
     residency = f"{residency}; read path {read_path} ({why})"
-    handle = Streaming(residency, download, read_path, files, stats, layers, context, lock, pools)
+    handle = Streaming(
+        residency,
+        download,
+        read_path,
+        files,
+        stats,
+        layers,
+        context,
+        lock,
+        pools,
+        dtype=compute_dtype(model),
+    )
     model.streamer = handle
     return model, tokenizer
 

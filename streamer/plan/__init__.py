@@ -24,10 +24,11 @@ def plan(
     *,
     quantize: tuple | None = None,
     dtype: mx.Dtype | None = None,
+    kv: tuple[int, int] | None = None,
 ) -> ModelPlan:
     """`source`: a config.json, a download's folder or a repacked folder. `quantize`: (bits,
     group size[, mode]) of `repack --quantize`. `dtype`: the compute dtype (None: the
-    checkpoint's)."""
+    checkpoint's). `kv`: (bits, group size) of mlx-lm's quantized KV cache (--kv-bits)."""
     folder = source if source.is_dir() else source.parent  # a FIFO is a file: refused as one
     if (folder / MANIFEST_FILE).exists():
         if quantize:
@@ -37,9 +38,9 @@ def plan(
         if source.is_dir():
             from .repacked import repacked_plan
 
-            found = repacked_plan(folder, memory_bytes, dtype)
+            found = repacked_plan(folder, memory_bytes, dtype, kv)
             if found is not None:
                 return found
     from .model import model_plan
 
-    return model_plan(source, memory_bytes, quantize, dtype)
+    return model_plan(source, memory_bytes, quantize, dtype, kv)

@@ -19,6 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ..errors import StreamerError, one_line
 from ..families.architectures import (
     build_model,
     expert_container_of,
@@ -41,7 +42,11 @@ KV_LENGTHS = (256, 512)
 
 
 def model_plan(
-    source: Path, memory: int, quantize: tuple | None, dtype: mx.Dtype | None
+    source: Path,
+    memory: int,
+    quantize: tuple | None,
+    dtype: mx.Dtype | None,
+    kv: tuple[int, int] | None = None,
 ) -> ModelPlan:
     folder = source if source.is_dir() else source.parent
     config_path = source / "config.json" if source.is_dir() else source  # a FIFO too: refused
@@ -62,7 +67,8 @@ def model_plan(
     if repacked:  # the files as written
         stored_resident, expert_bytes = stored_bytes(folder)
         resident = stored_resident if dtype is None else resident
-    per_token, fixed = _kv_bytes(model, dtype or DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
+    compute = dtype or DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
+    per_token, fixed = _kv_bytes(model, compute, kv)
     top_k = experts_per_token(config)
     return fitted(
         model_type=config["model_type"],
@@ -79,6 +85,7 @@ def model_plan(
         kv_fixed=fixed,
         context=config.get("max_position_embeddings"),
         memory=memory,
+        kv_bits=kv and kv[0],
     )
 
 
@@ -159,10 +166,14 @@ def _resident(model: nn.Module, containers: dict, dtype: mx.Dtype | None) -> int
     return total
 
 
-def _kv_bytes(model: nn.Module, dtype: mx.Dtype) -> tuple[int, int]:
+def _kv_bytes(
+    model: nn.Module, dtype: mx.Dtype, kv: tuple[int, int] | None = None
+) -> tuple[int, int]:
     """(bytes per token, fixed bytes) of mlx-lm's caches, measured after a lazy prompt and one
-    decode step (a sliding window is trimmed on the step after the prompt) at two lengths."""
+    decode step (a sliding window is trimmed on the step after the prompt) at two lengths; with
+    `kv` (bits, group size), once mlx-lm's generate_step has quantized them (from the start)."""
     with models_without_package_init():
+        from mlx_lm.generate import maybe_quantize_kv_cache
         from mlx_lm.models.cache import make_prompt_cache
 
     model.set_dtype(dtype)
@@ -171,9 +182,25 @@ def _kv_bytes(model: nn.Module, dtype: mx.Dtype) -> tuple[int, int]:
         cache = make_prompt_cache(model)
         model(mx.zeros((1, length - 1), dtype=mx.int32), cache=cache)
         model(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
+        if kv is not None:
+            _quantized(maybe_quantize_kv_cache, cache, kv)
         sizes.append(sum(c.nbytes for c in cache))
     per_token = (sizes[1] - sizes[0]) // (KV_LENGTHS[1] - KV_LENGTHS[0])
     return per_token, max(0, sizes[0] - per_token * KV_LENGTHS[0])
+
+
+def _quantized(maybe_quantize_kv_cache, cache: list, kv: tuple[int, int]) -> None:
+    try:
+        maybe_quantize_kv_cache(cache, 0, kv[1], kv[0])
+    except NotImplementedError:
+        raise StreamerError(
+            "--kv-bits: mlx-lm cannot quantize this model's sliding-window (rotating) KV cache."
+        ) from None
+    except ValueError as e:
+        raise StreamerError(
+            f"--kv-group-size {kv[1]} does not divide this model's key and value widths "
+            f"({one_line(e)}): choose a smaller one."
+        ) from None
 
 
 def _download_bytes(folder: Path) -> int | None:

@@ -47,8 +47,11 @@ KV_LAYOUT = {
 }
 
 
-def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int | None:
-    """KV cache bytes per token from the config alone; None where that takes mlx-lm's model."""
+def kv_bytes_per_token(
+    config: dict, dtype_bytes: int, kv: tuple[int, int] | None = None
+) -> int | None:
+    """KV cache bytes per token from the config alone; None where that takes mlx-lm's model.
+    `kv`: (bits, group size) of mlx-lm's quantized KV cache."""
     text = config.get("text_config") or config
     layout = KV_LAYOUT.get(text.get("model_type", config.get("model_type")))
     layers = text.get("num_hidden_layers")
@@ -66,7 +69,16 @@ def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int | None:
             return None
         head_dim = text.get("head_dim") or hidden // heads
         width = 2 * text.get("num_key_value_heads", heads) * head_dim
-    return layers * width * dtype_bytes
+    return layers * quantized_width(width, dtype_bytes, kv)
+
+
+def quantized_width(elements: int, dtype_bytes: int, kv: tuple[int, int] | None) -> int:
+    """Bytes of `elements` cached values: as they are, or as mlx-lm's QuantizedKVCache holds
+    them (`kv`: bits and group size): packed bits, and a scale and a bias per group."""
+    if kv is None:
+        return elements * dtype_bytes
+    bits, group = kv
+    return elements * bits // 8 + 2 * (elements // group) * dtype_bytes
 
 
 def stored_bytes(folder: Path) -> tuple[int, int]:
@@ -83,13 +95,15 @@ def _size(path: Path, what: str) -> int:
     return st.st_size
 
 
-def repacked_plan(folder: Path, memory: int, dtype: mx.Dtype | None) -> ModelPlan | None:
+def repacked_plan(
+    folder: Path, memory: int, dtype: mx.Dtype | None, kv: tuple[int, int] | None = None
+) -> ModelPlan | None:
     """The plan of repacked `folder` from its files; None where mlx-lm's model is needed (a
     family not in KV_LAYOUT, a shard of an expert-parallel split)."""
     manifest = read_manifest(folder)
     config = check_sizes(manifest.config, folder / MANIFEST_FILE)  # no model is built to check it
     dtype_bytes = dtype.size if dtype is not None else DTYPE_BYTES.get(config.get("torch_dtype"), 2)
-    per_token = kv_bytes_per_token(config, dtype_bytes)
+    per_token = kv_bytes_per_token(config, dtype_bytes, kv)
     if per_token is None or manifest.shard is not None or not manifest.layers:
         return None
     stored_resident, expert_bytes = stored_bytes(folder)
@@ -115,6 +129,7 @@ def repacked_plan(folder: Path, memory: int, dtype: mx.Dtype | None) -> ModelPla
         kv_fixed=0,
         context=config.get("max_position_embeddings"),
         memory=memory,
+        kv_bits=kv and kv[0],
     )
 
 

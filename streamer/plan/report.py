@@ -27,6 +27,7 @@ class ModelPlan:
     memory_bytes: int
     longest_context: int  # tokens of KV cache that fit beside the resident weights
     runs: bool
+    kv_bits: int | None = None  # mlx-lm's quantized KV cache, counted from the first token
 
     def lines(self) -> list[str]:
         gb = size
@@ -48,6 +49,7 @@ class ModelPlan:
             f"experts            {gb(self.expert_bytes)} (streamed from disk)",
             f"read per token     {gb(self.expert_bytes_per_token)} of experts with no cache hits",
             f"KV cache           {gb(self.kv_bytes_per_1k_tokens)} per 1k tokens"
+            + (f" at {self.kv_bits} bits" if self.kv_bits else "")
             + (f" (+ {gb(self.kv_fixed_bytes)} fixed)" if self.kv_fixed_bytes else ""),
             f"longest context    {self.longest_context} tokens in {gb(self.memory_bytes)}"
             + (f" (the model's limit is {self.context_length})" if self.context_length else ""),

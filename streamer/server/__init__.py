@@ -26,16 +26,16 @@ def open_model(folder: Path, group=None, **load_options):
     return model, tokenizer, model.streamer.context_length
 
 
-def open_engine(model, tokenizer, prompt_cache_size: int, group=None):
+def open_engine(model, tokenizer, prompt_cache_size: int, group=None, options: dict | None = None):
     """The engine that computes the requests: under a group, every rank's (the ranks other than
-    0 then call its `follow()`)."""
+    0 then call its `follow()`); `options`: streamer.generate's keywords for every request."""
     from .engine import Engine
 
     if group is None:
-        return Engine(model, tokenizer, prompt_cache_size)
+        return Engine(model, tokenizer, prompt_cache_size, options)
     from .group_engine import GroupEngine
 
-    return GroupEngine(model, tokenizer, prompt_cache_size, group)
+    return GroupEngine(model, tokenizer, prompt_cache_size, group, options)
 
 
 def start_logging() -> None:
@@ -46,21 +46,21 @@ def start_logging() -> None:
 def serve(
     engine,
     name: str,
-    folder: Path,
     context: int | None,
     *,
     host: str = "127.0.0.1",
     port: int = 8080,
     defaults: Sampling | None = None,
     max_tokens: int = 512,
+    api_key: str | None = None,
 ) -> None:
-    """Answer requests with `engine` (open_engine's; rank 0's under an expert-parallel group)
-    for the model at `folder`, served as `name`, until interrupted; the engine is closed at the
-    end, whatever ends it (under a group that tells the other ranks to stop)."""
+    """Answer requests with `engine` (open_engine's; rank 0's under an expert-parallel group),
+    its model served as `name` (whatever name a request gives), until interrupted; with
+    `api_key`, only to requests that carry it. The engine is closed at the end, whatever ends it
+    (under a group that tells the other ranks to stop)."""
     from .http import App, Handler, Server
 
-    aliases = {str(folder), folder.name, str(folder.resolve())}
-    app = App(engine, name, aliases, defaults or Sampling(), max_tokens, context)
+    app = App(engine, name, defaults or Sampling(), max_tokens, context, api_key)
     try:
         try:
             httpd = Server((host, port), Handler)
@@ -69,6 +69,12 @@ def serve(
 
             raise StreamerError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         httpd.app = app
+        if api_key is None and not _loopback(host):
+            print(
+                f"[serve] {host} is reachable from other machines and no --api-key is set: "
+                "anyone who reaches the port can use the model",
+                file=sys.stderr,
+            )
         print(
             f"[serve] {name}: listening on http://{host}:{httpd.server_port}/v1",
             file=sys.stderr,
@@ -80,3 +86,14 @@ def serve(
             httpd.server_close()
     finally:
         engine.close()
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False

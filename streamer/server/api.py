@@ -2,7 +2,9 @@
 
 Fields follow OpenAI's API reference; the extra sampling fields mlx-lm's server accepts (top_k,
 min_p, repetition_penalty) are accepted too. Unknown fields are ignored, as OpenAI's clients send
-some (`user`, `metadata`) that change nothing here.
+some (`user`, `metadata`) that change nothing here. The server serves one model: a request's
+`model` may be missing or any string (clients send "default" or a placeholder, as mlx-lm's server
+and llama-server accept), and the answer names the served model.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class Completion:
     """One validated request. `prompt` holds token ids once the request is tokenized."""
 
     chat: bool
-    model: str
+    model: str  # the served model's name, whatever the request's `model` said
     max_tokens: int | None
     sampling: Sampling
     stream: bool = False
@@ -50,21 +52,22 @@ class Completion:
     template_kwargs: dict = field(default_factory=dict)
     text: str | None = None  # /v1/completions: the prompt as text...
     prompt: list[int] = field(default_factory=list)  # ...or as token ids
+    max_tokens_field: str = "max_tokens"  # the field the request set it with, named in errors
+
+    @property
+    def prompt_field(self) -> str:
+        """The field that holds the prompt at this endpoint, named in errors about it."""
+        return "messages" if self.chat else "prompt"
 
 
-def parse_completion(body: dict, *, chat: bool, models: set[str], defaults: Sampling) -> Completion:
-    model = checked(body, "model", str, required=True)
-    if model not in models:
-        raise ApiError(
-            404,
-            f"model {model!r} is not served here: this server serves {sorted(models)[0]!r} "
-            "(see /v1/models)",
-            param="model",
-            code="model_not_found",
-        )
+def parse_completion(body: dict, *, chat: bool, model: str, defaults: Sampling) -> Completion:
+    """`body` checked; the answer is `model`'s (the served model), whatever body["model"] says."""
+    checked(body, "model", str)  # optional, any name: but a string where it is given
     max_tokens = checked(body, "max_completion_tokens", int, low=1)
+    max_tokens_field = "max_completion_tokens"
     if max_tokens is None:
         max_tokens = checked(body, "max_tokens", int, low=1)
+        max_tokens_field = "max_tokens"
     if checked(body, "n", int, low=1) not in (None, 1):
         raise ApiError(400, "n must be 1: one sequence is computed at a time", param="n")
     request = Completion(
@@ -73,12 +76,15 @@ def parse_completion(body: dict, *, chat: bool, models: set[str], defaults: Samp
         max_tokens=max_tokens,
         sampling=_sampling(body, defaults),
         stop=_stop(body),
+        max_tokens_field=max_tokens_field,
     )
     request.stream = bool(checked(body, "stream", bool))
     options = checked(body, "stream_options", dict)
     if options is not None:
         if not request.stream:
-            raise ApiError(400, "stream_options is only allowed with stream: true", param="stream")
+            raise ApiError(
+                400, "stream_options is only allowed with stream: true", param="stream_options"
+            )
         usage = checked(options, "include_usage", bool, where="stream_options")
         request.include_usage = bool(usage)
     if chat:
@@ -121,12 +127,13 @@ def _text_fields(body: dict, request: Completion) -> None:
         )
     top = checked(body, "logprobs", int, low=0, high=20)
     request.logprobs, request.top_logprobs = top is not None, top or 0
-    if (
-        checked(body, "echo", bool)
-        or checked(body, "suffix", str)
-        or (checked(body, "best_of", int, low=1) or 1) > 1
+    for name, unsupported in (
+        ("echo", checked(body, "echo", bool)),
+        ("suffix", checked(body, "suffix", str)),
+        ("best_of", (checked(body, "best_of", int, low=1) or 1) > 1),
     ):
-        raise ApiError(400, "echo, suffix and best_of > 1 are not supported", param="prompt")
+        if unsupported:
+            raise ApiError(400, "echo, suffix and best_of > 1 are not supported", param=name)
 
 
 def _sampling(body: dict, defaults: Sampling) -> Sampling:

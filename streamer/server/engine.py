@@ -25,7 +25,7 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..generate import RunStats, stream_generate
+from ..generate import RunStats, check_kv_cache_quantizes, stream_generate
 from .api import Completion
 from .fields import ApiError
 from .output import Output, Piece
@@ -65,33 +65,51 @@ class Job:
         self.cancelled = threading.Event()
 
 
-def fit(prompt: int, asked: int | None, default: int, context: int | None) -> int:
+def fit(
+    prompt: int,
+    asked: int | None,
+    default: int,
+    context: int | None,
+    fields: tuple[str, str] = ("messages", "max_tokens"),
+) -> int:
     """The tokens to generate after a `prompt`-token prompt: `asked`, else `default` (at most what
-    the context leaves); ApiError when the prompt or the ask does not fit the model's context."""
+    the context leaves); ApiError when the prompt or the ask does not fit the model's context,
+    naming `fields` (the request's prompt field and the max tokens field it set)."""
     if context is None:
         return asked or default
+    prompt_field, asked_field = fields
     if prompt >= context:
         raise ApiError(
             400,
             f"the prompt is {prompt} tokens but the model's context is {context} tokens",
-            param="messages",
+            param=prompt_field,
             code="context_length_exceeded",
         )
     room = context - prompt
     if asked is not None and asked > room:
         raise ApiError(
             400,
-            f"the prompt is {prompt} tokens and max_tokens is {asked}, but the model's context is "
-            f"{context} tokens: ask for at most {room}",
-            param="max_tokens",
+            f"the prompt is {prompt} tokens and {asked_field} is {asked}, but the model's context "
+            f"is {context} tokens: ask for at most {room}",
+            param=asked_field,
             code="context_length_exceeded",
         )
     return asked or min(default, room)
 
 
 class Engine:
-    def __init__(self, model: nn.Module, tokenizer: TokenizerWrapper, prompt_cache_size: int = 10):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: TokenizerWrapper,
+        prompt_cache_size: int = 10,
+        options: dict | None = None,
+    ):
+        """`options`: streamer.generate's keywords for every request (kv_bits, ...)."""
         self.model, self.tokenizer = model, tokenizer
+        self.options = options or {}
+        if self.options.get("kv_bits") is not None:
+            check_kv_cache_quantizes(model, self.options)  # at start, not in every request
         self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
         self.prompt_cache = LRUPromptCache(prompt_cache_size)
         self.jobs: Queue[Job] = Queue()
@@ -144,6 +162,7 @@ class Engine:
             logits_processors=processors,
             prompt_cache=cache,
             stream=stream,
+            **self.options,
         ):
             generated.append(response.token)
             stats = response.stats

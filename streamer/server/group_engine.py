@@ -50,13 +50,20 @@ class GroupEngine(Engine):
     as the single-process engine does (from HTTP handlers or the chat loop); the other ranks call
     `follow()`, which computes rank 0's jobs until rank 0 closes."""
 
-    def __init__(self, model, tokenizer, prompt_cache_size: int, group: mx.distributed.Group):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        prompt_cache_size: int,
+        group: mx.distributed.Group,
+        options: dict | None = None,
+    ):
         self.group, self.rank = group, group.rank()
         self._closing = threading.Event()  # rank 0 is closing: its running job stops
         self._told_to_quit = threading.Event()  # the other ranks have been told to stop
         self._quit = Job(Completion(False, "", 0, Sampling()), [], 0)  # closing, in the queue
         self._stream = None  # the generation stream, where every collective is issued
-        super().__init__(model, tokenizer, prompt_cache_size)
+        super().__init__(model, tokenizer, prompt_cache_size, options)
 
     def close(self) -> None:
         """Rank 0: stop the running job, drop the waiting ones and tell the other ranks to stop

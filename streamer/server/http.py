@@ -15,9 +15,10 @@ import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from queue import Empty
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .api import Completion, Sampling, parse_completion
+from .auth import check_key
 from .engine import Done, Engine, Job, Step, fit
 from .fields import MAX_BODY_BYTES, ApiError, parse_body
 from .output import Piece
@@ -38,21 +39,20 @@ class App:
         self,
         engine: Engine,
         model_id: str,
-        aliases: set[str],
         defaults: Sampling,
         max_tokens: int,
         context: int | None,
+        api_key: str | None = None,
     ):
-        self.engine, self.model_id = engine, model_id
-        self.model_ids = {model_id, *aliases}
+        self.engine, self.model_id, self.api_key = engine, model_id, api_key
         self.defaults, self.max_tokens, self.context = defaults, max_tokens, context
 
     def job(self, request: Completion) -> Job:
         with self.engine.tokenizer_lock:
             prompt = prompt_tokens(request, self.engine.tokenizer)
-        return Job(
-            request, prompt, fit(len(prompt), request.max_tokens, self.max_tokens, self.context)
-        )
+        fields = (request.prompt_field, request.max_tokens_field)
+        asked = request.max_tokens
+        return Job(request, prompt, fit(len(prompt), asked, self.max_tokens, self.context, fields))
 
 
 class ClientGone(Exception):
@@ -90,14 +90,25 @@ class Handler(BaseHTTPRequestHandler):
     def route(self) -> str:
         return urlsplit(self.path).path  # a query string (?api-version=...) changes nothing
 
+    def _refused(self) -> bool:
+        """Whether the request lacks the --api-key (then answered 401)."""
+        try:
+            check_key(self.server.app.api_key, self.route, self.headers.get("Authorization"))
+        except ApiError as e:
+            self._error(e)
+            return True
+        return False
+
     def do_GET(self) -> None:
         app, route = self.server.app, self.route
+        if self._refused():
+            return
         if route == "/health":
             healthy = app.engine.healthy
             self._json(200 if healthy else 503, {"status": "ok" if healthy else "unavailable"})
         elif route.rstrip("/") == "/v1/models":
             self._json(200, {"object": "list", "data": [self._model()]})
-        elif route.startswith("/v1/models/") and route[11:] in app.model_ids:
+        elif route.startswith("/v1/models/") and unquote(route[11:]) == app.model_id:
             self._json(200, self._model())
         else:
             self._error(ApiError(404, f"no such endpoint: GET {route}"))
@@ -107,12 +118,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         chat = self.route in CHAT_PATHS
+        if self._refused():
+            return
         try:
             if not chat and self.route not in TEXT_PATHS:
                 raise ApiError(404, f"no such endpoint: POST {self.route}")
             app = self.server.app
             body = parse_body(self._body())
-            request = parse_completion(body, chat=chat, models=app.model_ids, defaults=app.defaults)
+            request = parse_completion(body, chat=chat, model=app.model_id, defaults=app.defaults)
             job = app.engine.submit(app.job(request))
         except ApiError as e:
             self._error(e)

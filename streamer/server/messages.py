@@ -44,34 +44,45 @@ def check_messages(messages: list) -> None:
 
 def _check_message(message: Any, where: str) -> None:
     if not isinstance(message, dict):
-        raise ApiError(400, f"{where} must be an object", param="messages")
+        raise ApiError(400, f"{where} must be an object", param=where)
     if message.get("role") not in ROLES:
         raise ApiError(
             400, f"{where}.role must be one of {', '.join(ROLES)}", param=f"{where}.role"
         )
+    _check_content(message, where)
+    for key in ("name", "tool_call_id"):
+        if message.get(key) is not None and not isinstance(message[key], str):
+            raise ApiError(400, f"{where}.{key} must be a string", param=f"{where}.{key}")
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise ApiError(400, f"{where}.tool_calls must be an array", param=f"{where}.tool_calls")
+    for j, call in enumerate(calls or ()):
+        _check_tool_call(call, f"{where}.tool_calls[{j}]")
+
+
+def _check_content(message: dict, where: str) -> None:
+    """content: a string or text parts; required as OpenAI requires it (an assistant's message
+    may have tool_calls instead)."""
+    param = f"{where}.content"
     content = message.get("content")
-    if isinstance(content, list):
-        for part in content:
+    if content is None:
+        if message["role"] != "assistant" or not message.get("tool_calls"):
+            also = " (or tool_calls)" if message["role"] == "assistant" else ""
+            raise ApiError(400, f"{param}{also} is required", param=param)
+    elif isinstance(content, list):
+        for k, part in enumerate(content):
             if not (
                 isinstance(part, dict)
                 and part.get("type") == "text"
                 and isinstance(part.get("text"), str)
             ):
                 raise ApiError(
-                    400, f"{where}.content: only text parts are supported", param="messages"
+                    400,
+                    f"{param}[{k}]: only text parts ({{type: text, text: ...}}) are supported",
+                    param=f"{param}[{k}]",
                 )
-    elif content is not None and not isinstance(content, str):
-        raise ApiError(
-            400, f"{where}.content must be a string or a list of text parts", param="messages"
-        )
-    for key in ("name", "tool_call_id"):
-        if message.get(key) is not None and not isinstance(message[key], str):
-            raise ApiError(400, f"{where}.{key} must be a string", param="messages")
-    calls = message.get("tool_calls")
-    if calls is not None and not isinstance(calls, list):
-        raise ApiError(400, f"{where}.tool_calls must be an array", param="messages")
-    for j, call in enumerate(calls or ()):
-        _check_tool_call(call, f"{where}.tool_calls[{j}]")
+    elif not isinstance(content, str):
+        raise ApiError(400, f"{param} must be a string or a list of text parts", param=param)
 
 
 def _check_tool_call(call: Any, where: str) -> None:
@@ -80,14 +91,15 @@ def _check_tool_call(call: Any, where: str) -> None:
         raise ApiError(
             400, f"{where} must be {{type: function, function: {{name, arguments}}}}", param=where
         )
+    param = f"{where}.function.arguments"
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
             json.loads(arguments)
         except ValueError:
-            raise ApiError(400, f"{where}: arguments are not JSON", param="messages") from None
+            raise ApiError(400, f"{param} is not JSON", param=param) from None
     elif arguments is not None and not isinstance(arguments, dict):
-        raise ApiError(400, f"{where}: arguments must be a JSON string or object", param=where)
+        raise ApiError(400, f"{param} must be a JSON string or object", param=param)
 
 
 def check_tools(tools: list | None, choice: Any) -> list[dict] | None:
@@ -104,8 +116,8 @@ def check_tools(tools: list | None, choice: Any) -> list[dict] | None:
             raise ApiError(
                 400,
                 f"tools[{i}] must be {{type: function, function: {{name, description, "
-                "parameters: {...}}}}",
-                param="tools",
+                "parameters: {...}}}",
+                param=f"tools[{i}]",
             )
     if choice not in (None, "auto", "none"):
         raise ApiError(

@@ -1,0 +1,104 @@
+"""--dtype and mlx-lm's quantized KV cache (--kv-bits) on generate, chat, serve and plan, each
+checked against mlx-lm computing the same checkpoint with the same settings."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
+from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
+
+import streamer
+from streamer.cli import main
+from streamer.cli.options import QUANTIZED_KV_START
+from streamer.errors import StreamerError
+from streamer.plan import plan
+from streamer.plan.model import model_plan
+from streamer.plan.repacked import repacked_plan
+from streamer.server.api import Completion, Sampling
+from streamer.server.engine import MODEL_KEY, Done, Engine, Job, Step
+
+PROMPT = "def read_config(path):"
+KV = ["--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "3"]
+KV_KEYWORDS = {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 3}
+
+
+def cli_generate(capsys, folder, *flags: str, prompt: str = PROMPT) -> tuple[str, str]:
+    argv = ["generate", "--model", str(folder), "--prompt", prompt, "--max-tokens", "12"]
+    assert main([*argv, "--ignore-chat-template", *flags]) == 0
+    out = capsys.readouterr()
+    return out.out, out.err
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe"])
+def test_dtype_bfloat16_prints_what_mlx_lm_prints(checkpoints, capsys, arch):
+    """mlx-lm computes an MLX 4-bit download in bf16 (its scales' dtype); the CPU's default is
+    float32, whose greedy text differs from it on these two tiny families."""
+    folder = checkpoints.mlx(arch)
+    model, tokenizer = mlx_lm.load(str(folder))
+    want = mlx_lm.generate(model, tokenizer, "def main():", max_tokens=12)
+    text, stats = cli_generate(capsys, folder, "--dtype", "bfloat16", prompt="def main():")
+    assert text == want + "\n" and stats.rstrip().endswith("| bfloat16")
+    text, stats = cli_generate(capsys, folder, prompt="def main():")
+    assert text != want + "\n" and stats.rstrip().endswith("| float32")
+
+
+def test_kv_bits_is_mlx_lm_quantized_cache(checkpoints, capsys):
+    folder = checkpoints.mlx("qwen3_moe")
+    model, tokenizer = mlx_lm.load(str(folder))
+    want = mlx_lm.generate(model, tokenizer, PROMPT, max_tokens=12, **KV_KEYWORDS)
+    assert cli_generate(capsys, folder, "--dtype", "bfloat16", *KV)[0] == want + "\n"
+    assert QUANTIZED_KV_START == DEFAULT_QUANTIZED_KV_START  # the flag's default is mlx-lm's
+
+
+def test_the_server_engine_keeps_a_quantized_cache(checkpoints):
+    """serve and chat: every request quantizes its KV cache as generate does, and the cache kept
+    for the next turn is the quantized one."""
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    prompt = tokenizer.encode(PROMPT)
+    want = streamer.generate(model, tokenizer, prompt, 8, **KV_KEYWORDS)
+    engine = Engine(model, tokenizer, 2, options=KV_KEYWORDS)
+    job = engine.submit(Job(Completion(False, "m", 8, Sampling(), text=PROMPT), prompt, 8))
+    pieces = []
+    while not isinstance(event := job.events.get(timeout=120), Done):
+        assert isinstance(event, Step), event
+        pieces.append(event.piece.content)
+    assert "".join(pieces) == want
+    kept = engine.prompt_cache.fetch_nearest_cache(MODEL_KEY, prompt)[0]
+    assert kept and all(isinstance(c, QuantizedKVCache) for c in kept)
+    engine.close()
+
+
+def test_kv_bits_refusals(checkpoints, capsys):
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, tokenizer = streamer.load(folder)
+    # head_dim 32: mlx-lm's default group of 64 cannot quantize it
+    with pytest.raises(StreamerError, match="kv_group_size 64 does not divide"):
+        streamer.generate(model, tokenizer, PROMPT, 4, kv_bits=4, quantized_kv_start=0)
+    with pytest.raises(StreamerError, match="RotatingKVCache .*max_kv_size"):
+        streamer.generate(model, tokenizer, PROMPT, 4, kv_bits=4, max_kv_size=8)
+    with pytest.raises(StreamerError, match="kv_bits must be one of 2, 3, 4, 5, 6, 8"):
+        streamer.generate(model, tokenizer, PROMPT, 4, kv_bits=7)
+    gpt_oss = checkpoints.repacked(checkpoints.hf("gpt_oss"))  # sliding-window layers
+    assert main(["generate", "--model", str(gpt_oss), "--prompt", "x", "--kv-bits", "4"]) == 2
+    assert "the model's sliding windows" in capsys.readouterr().err
+    assert main(["generate", "--model", str(folder), "--prompt", "x", "--kv-bits", "7"]) == 2
+    assert "argument --kv-bits: invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_plan_counts_the_quantized_cache(checkpoints, capsys, arch):
+    folder = checkpoints.repacked(checkpoints.hf(arch))
+    kv = (4, 32)
+    fast = repacked_plan(folder, 1 << 30, mx.float32, kv)
+    assert fast == model_plan(folder, 1 << 30, None, mx.float32, kv)
+    # mlx-lm's own cache after its generate_step quantized it, at 256 tokens
+    model, _ = streamer.load(folder)
+    cache = make_prompt_cache(model)
+    model(mx.zeros((1, 256), dtype=mx.int32), cache=cache)
+    cache = [c.to_quantized(group_size=32, bits=4) for c in cache]
+    assert fast.kv_bytes_per_1k_tokens * 256 == sum(c.nbytes for c in cache) * 1000
+    assert fast.kv_bytes_per_1k_tokens < plan(folder, 1 << 30).kv_bytes_per_1k_tokens
+    assert main(["plan", str(folder), "--kv-bits", "4", "--kv-group-size", "32"]) == 0
+    assert " per 1k tokens at 4 bits" in capsys.readouterr().out
