@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from test_slot_pool import TENSORS, pool_over, slot_bytes
@@ -23,23 +24,26 @@ from streamer.io.cuda_copy import STAGING_ALIGN, CudaRuntime, StagedCopies
 class FakeRuntime:
     """CudaRuntime's calls on host memory: a copy is a memmove, done when `wait` is called."""
 
-    def __init__(self, fail_register_after: int | None = None):
-        self.registered: dict[int, int] = {}
+    def __init__(self, fail_streams_after: int | None = None):
+        self.allocated: dict[int, np.ndarray] = {}
         self.queued: dict[int, list[tuple[int, int, int]]] = {}
         self.copies: list[tuple[int, int, int]] = []
         self.streams = 0
-        self._fail_after = fail_register_after
+        self._fail_after = fail_streams_after
         self._lock = threading.Lock()
 
-    def register(self, address: int, nbytes: int) -> None:
-        if self._fail_after is not None and len(self.registered) == self._fail_after:
-            raise StreamerError("CUDA cudaHostRegister failed: out of memory (error 2)")
-        self.registered[address] = nbytes
+    def host_alloc(self, nbytes: int) -> int:
+        memory = np.empty(nbytes + 4096, dtype=np.uint8)
+        address = memory.ctypes.data + (-memory.ctypes.data % 4096)  # pages, as CUDA's are
+        self.allocated[address] = memory
+        return address
 
-    def unregister(self, address: int) -> None:
-        del self.registered[address]
+    def free_host(self, address: int) -> None:
+        del self.allocated[address]
 
     def new_stream(self) -> int:
+        if self._fail_after is not None and self.streams == self._fail_after:
+            raise StreamerError("CUDA cudaStreamCreateWithFlags failed: out of memory (error 2)")
         with self._lock:
             self.streams += 1
             self.queued[self.streams] = []
@@ -49,7 +53,7 @@ class FakeRuntime:
         assert not self.queued.pop(stream), "a stream destroyed with copies not waited for"
 
     def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        assert any(a <= src and src + nbytes <= a + n for a, n in self.registered.items())
+        assert any(a <= src and src + nbytes <= a + m.nbytes for a, m in self.allocated.items())
         self.queued[stream].append((dst, src, nbytes))  # not yet done: nothing is written
 
     def wait(self, stream: int) -> None:
@@ -71,9 +75,8 @@ def test_misses_reach_their_slots_through_the_staging_copies(tmp_path):
         for expert, slot in zip(experts, slots):
             for got, want in zip(slot_bytes(pool, slot), truth[layer][expert]):
                 assert np.array_equal(got, want)
-    assert all(a % STAGING_ALIGN == 0 for a in runtime.registered)
     pool.close()
-    assert runtime.registered == {} and runtime.queued == {}  # unregistered, streams destroyed
+    assert runtime.allocated == {} and runtime.queued == {}  # freed, streams destroyed
 
 
 def test_a_failed_read_copies_nothing_and_lends_its_buffer_again(tmp_path):
@@ -90,11 +93,21 @@ def test_a_failed_read_copies_nothing_and_lends_its_buffer_again(tmp_path):
     pool.close()
 
 
-def test_a_registration_that_fails_releases_the_buffers_already_registered():
-    runtime = FakeRuntime(fail_register_after=2)
-    with pytest.raises(StreamerError, match="cudaHostRegister failed"):
+def test_a_failed_setup_releases_what_it_took():
+    runtime = FakeRuntime(fail_streams_after=2)
+    with pytest.raises(StreamerError, match="cudaStreamCreateWithFlags failed"):
         StagedCopies([4096], 4, runtime)
-    assert runtime.registered == {} and runtime.queued == {}
+    assert runtime.allocated == {} and runtime.queued == {}
+
+
+def test_staging_views_are_aligned_and_released_when_collected():
+    runtime = FakeRuntime()
+    landing = StagedCopies([100, 5000, 7], 2, runtime)
+    with landing.into([np.zeros(n, np.uint8) for n in (100, 5000, 7)]) as views:
+        assert [v.nbytes for v in views] == [100, 5000, 7]
+        assert all((v.ctypes.data - views[0].ctypes.data) % STAGING_ALIGN == 0 for v in views)
+    del landing, views
+    assert runtime.allocated == {} and runtime.queued == {}
 
 
 def test_a_cuda_error_is_one_line_with_its_name():
@@ -112,5 +125,8 @@ def test_a_cuda_error_is_one_line_with_its_name():
         CudaRuntime(lib).copy(1, 2, 3, 0)
 
 
-def test_off_cuda_reads_land_in_the_slot():
-    assert landing_for(TENSORS) is None
+def test_reads_are_staged_on_cuda_only():
+    landing = landing_for(TENSORS)
+    assert (landing is not None) == (mx.default_device() == mx.gpu and mx.cuda.is_available())
+    if landing is not None:
+        landing.close()

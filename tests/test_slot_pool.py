@@ -6,6 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from streamer.cache import slot_pool
 from streamer.cache.policies import SlotLFU
 from streamer.cache.slot_pool import SLOT_ALIGN, LayerSource, SlotPool, SlotTensor
 from streamer.errors import StreamerError
@@ -57,8 +58,9 @@ def slot_bytes(pool: SlotPool, slot: int) -> list[np.ndarray]:
     return [np.array(a[slot].view(mx.uint8)).ravel() for a in pool.arrays]
 
 
-@pytest.mark.parametrize("bypass", [False, True])
-def test_misses_are_read_exactly_into_their_slots(tmp_path, bypass):
+@pytest.mark.parametrize("bypass, piece", [(False, 1 << 19), (True, 1 << 19), (False, 4096)])
+def test_misses_are_read_exactly_into_their_slots(tmp_path, monkeypatch, bypass, piece):
+    monkeypatch.setattr(slot_pool, "PIECE", piece)  # 4096: a tensor read by several threads
     pool, truth = pool_over(tmp_path, slots=4, bypass=bypass)
     for a in pool.arrays:
         assert np.asarray(memoryview(a.view(mx.uint8))).ctypes.data % SLOT_ALIGN == 0

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,11 +34,12 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
-from ..io.reads import DIRECT_ALIGN, MAX_GAP, ReadFile, plan_reads
+from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, ReadFile, plan_reads, split
 from .policies import SlotLFU
 
 SLOT_ALIGN = 16384  # Apple silicon's page size; a multiple of Linux's 4 KiB and of DIRECT_ALIGN
-READERS = 8  # expert reads in flight at once (threads: preadv releases the GIL)
+READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
+PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 threads
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
 
 
@@ -68,6 +69,8 @@ class LayerSource:
 class Landing(Protocol):
     """Where a miss is read: `into(rows)` gives the buffers to read one slot's tensors into and,
     on leaving without an error, has put their bytes in `rows` (the slot's host rows)."""
+
+    buffers: int  # how many `into` blocks can be open at once
 
     def into(self, rows: Sequence[np.ndarray]) -> AbstractContextManager[Sequence[np.ndarray]]: ...
 
@@ -111,12 +114,7 @@ class SlotPool:
         self.fence()
         slots, miss = self.policy.assign(self._base[layer] + experts)
         if miss.any():
-            reads = [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])]
-            if len(reads) == 1:
-                self._read(layer, *reads[0])
-            else:
-                for done in [_readers.submit(self._read, layer, e, s) for e, s in reads]:
-                    done.result()
+            self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, int(miss.sum())
 
     def computed(self, output: mx.array) -> None:
@@ -128,40 +126,71 @@ class SlotPool:
             mx.eval(self._pending)  # returns once the kernels have run (Metal, CUDA) or computed
             self._pending.clear()
 
-    def _read(self, layer: int, expert: int, slot: int) -> None:
+    def _read_misses(self, layer: int, reads: list[tuple[int, int]]) -> None:
+        """Read each (expert, slot) of `layer`, as many experts at a time as the landing lends
+        buffers (READERS reading into the slots themselves), each expert's reads cut into pieces
+        of at most PIECE bytes that the reader threads share: a lone miss is read by several
+        threads at once, as page-cache copies and SSD queues want. A failure forgets every slot
+        of `reads`: none is left half read."""
+        at_once = READERS if self._landing is None else self._landing.buffers
         try:
-            with self._land([rows[slot] for rows in self._rows]) as buffers:
-                self._read_into(layer, expert, buffers)
+            for lo in range(0, len(reads), at_once):
+                wave = reads[lo : lo + at_once]
+                with ExitStack() as stack:
+                    landed = [stack.enter_context(self._land(slot)) for _, slot in wave]
+                    pieces = [
+                        (expert, piece)
+                        for (expert, _), buffers in zip(wave, landed)
+                        for piece in self._pieces(layer, expert, buffers)
+                    ]
+                    if len(pieces) == 1:
+                        self._read_piece(layer, *pieces[0])
+                    else:  # every piece finishes before a buffer is lent again, failed or not
+                        done = [_readers.submit(self._read_piece, layer, *p) for p in pieces]
+                        for future in wait(done).done:
+                            future.result()
+                    for (expert, _), buffers in zip(wave, landed):
+                        self._check(layer, expert, buffers)
         except BaseException:
-            self._forget(layer, expert, slot)
+            for expert, slot in reads:
+                self._forget(layer, expert, slot)
             raise
 
-    def _land(self, rows: list[np.ndarray]) -> AbstractContextManager[Sequence[np.ndarray]]:
+    def _land(self, slot: int) -> AbstractContextManager[Sequence[np.ndarray]]:
+        rows = [rows[slot] for rows in self._rows]
         return nullcontext(rows) if self._landing is None else self._landing.into(rows)
 
-    def _read_into(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> None:
-        source = self.layers[layer]
+    def _pieces(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> list[Read]:
         spans = [
             (at.file, at.offset + expert * at.stride, buffer)
-            for at, buffer in zip(source.placements, buffers)
+            for at, buffer in zip(self.layers[layer].placements, buffers)
         ]
-        file = spans[0][0]
+        return [piece for read in plan_reads(spans, self._scratch) for piece in split(read, PIECE)]
+
+    def _read_piece(self, layer: int, expert: int, piece: Read) -> None:
+        source = self.layers[layer]
+        file, offset, parts = piece
         try:
-            for file, offset, parts in plan_reads(spans, self._scratch):
-                source.files[file].preadv(offset, parts)
+            source.files[file].preadv(offset, parts)
         except OSError as e:
             raise StreamerError(
                 f"{source.where(file)}: cannot read expert {expert} ({e}); check the disk, "
                 "or run `streamer verify` on the model folder."
             ) from e
-        if source.checksums is not None:
-            for t, buffer, crc in zip(self.tensors, buffers, source.checksums[expert]):
-                if zlib.crc32(buffer) != crc:
-                    raise StreamerError(
-                        f"{source.where(file)}: expert {expert} tensor {t.name} does not "
-                        "match its checksum: the file is corrupt. Run `streamer verify` on the "
-                        "model folder to list every bad tensor, then repack."
-                    )
+
+    def _check(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> None:
+        source = self.layers[layer]
+        if source.checksums is None:
+            return
+        for t, at, buffer, crc in zip(
+            self.tensors, source.placements, buffers, source.checksums[expert]
+        ):
+            if zlib.crc32(buffer) != crc:
+                raise StreamerError(
+                    f"{source.where(at.file)}: expert {expert} tensor {t.name} does not "
+                    "match its checksum: the file is corrupt. Run `streamer verify` on the "
+                    "model folder to list every bad tensor, then repack."
+                )
 
     def _forget(self, layer: int, expert: int, slot: int) -> None:
         """A read that failed leaves its slot empty, not holding a half-read expert."""

@@ -55,9 +55,6 @@ class Slots:
             else:  # every routed entry belongs to exactly one round
                 mask = mx.array(np.isin(routed, group))[..., None]
                 out = mx.where(mask, part, out)
-        # The GPU starts on the experts while the host builds the rest of the layer and the next
-        # one's attention and router, instead of idling until the next layer's routing sync.
-        mx.async_eval(out)
         return finish(layer, out, traffic, start)
 
     def _compute(

@@ -5,8 +5,8 @@ pages (a preadv straight into the slot) fault every page the GPU last used back 
 a time, and the next kernel faults them back again: 1.4-2.3 GB/s measured on an H200, where
 `cudaMemAdvise` and `cudaMemPrefetchAsync` did not help (shared/notes/cuda.md). A copy by the copy
 engine (`cudaMemcpyAsync`, the pool's host address is also its device address) writes the pages
-on the GPU side and leaves them there; from a pinned (`cudaHostRegister`ed) source it is a DMA at
-~33 GB/s. So a miss is read into one of a few registered staging buffers, laid out as the slot's
+on the GPU side and leaves them there; from a pinned source it is a DMA at ~33 GB/s. So a miss
+is read into one of a few pinned staging buffers (`cudaHostAlloc`), laid out as the slot's
 tensors, then copied tensor by tensor into the slot on that buffer's own stream, and the stream is
 synchronised before the buffer is used again. The pool's reuse rule still holds: the copies of a
 `place` have finished before it returns, and it writes no slot before the kernels reading it ran.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import queue
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ import numpy as np
 
 from ..errors import StreamerError
 
-STAGING_ALIGN = 16384  # each tensor's staging view starts on a page (and an O_DIRECT) boundary
+STAGING_ALIGN = 16384  # each tensor's view starts on a page (and O_DIRECT) boundary; cudaHostAlloc
+# returns page-aligned memory
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the unified addresses
 _STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit sync with MLX's streams
 
@@ -41,16 +43,20 @@ class CudaRuntime:
         void, size = ctypes.c_void_p, ctypes.c_size_t
         self._lib.cudaMemcpyAsync.argtypes = [void, void, size, ctypes.c_int, void]
         self._lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(void), ctypes.c_uint]
-        self._lib.cudaHostRegister.argtypes = [void, size, ctypes.c_uint]
-        self._lib.cudaHostUnregister.argtypes = [void]
+        self._lib.cudaHostAlloc.argtypes = [ctypes.POINTER(void), size, ctypes.c_uint]
+        self._lib.cudaFreeHost.argtypes = [void]
         self._lib.cudaStreamSynchronize.argtypes = [void]
         self._lib.cudaStreamDestroy.argtypes = [void]
 
-    def register(self, address: int, nbytes: int) -> None:
-        self._check(self._lib.cudaHostRegister(address, nbytes, 0), "cudaHostRegister")
+    def host_alloc(self, nbytes: int) -> int:
+        """Pinned host memory CUDA owns (so no other allocation can reuse its addresses while the
+        driver still counts them pinned, as a freed registered numpy buffer's could)."""
+        address = ctypes.c_void_p()
+        self._check(self._lib.cudaHostAlloc(ctypes.byref(address), nbytes, 0), "cudaHostAlloc")
+        return address.value or 0
 
-    def unregister(self, address: int) -> None:
-        self._check(self._lib.cudaHostUnregister(address), "cudaHostUnregister")
+    def free_host(self, address: int) -> None:
+        self._check(self._lib.cudaFreeHost(address), "cudaFreeHost")
 
     def new_stream(self) -> int:
         stream = ctypes.c_void_p()
@@ -78,31 +84,34 @@ class CudaRuntime:
 
 @dataclass
 class _Staging:
-    buffer: np.ndarray  # the registered host memory
-    views: list[np.ndarray]  # one per slot tensor, in the pool's order
+    views: list[np.ndarray]  # one per slot tensor, in the pool's order, in pinned memory
     stream: int
 
 
 class StagedCopies:
     """Where slot reads land on CUDA. `into(rows)` lends a staging buffer shaped as `rows` (one
     slot's uint8 rows, one per tensor) to read into; when the block ends without an error its bytes
-    are copied into `rows` and the copies have finished. `buffers` reads can be in flight at once
-    (one per reader thread); a further one waits for a buffer."""
+    are copied into `rows` and the copies have finished. `buffers` reads can be in flight at once;
+    a further one waits for a buffer. The pinned memory and streams are released by `close` or,
+    failing that, when the object is collected."""
 
     def __init__(self, nbytes: Sequence[int], buffers: int, runtime: CudaRuntime):
         self._runtime = runtime
+        self.buffers = buffers
         self._free: queue.SimpleQueue[_Staging] = queue.SimpleQueue()
-        self._all: list[_Staging] = []
         starts = np.cumsum([0] + [_up(n) for n in nbytes])
+        size = int(starts[-1])
+        streams: list[int] = []
+        address = runtime.host_alloc(size * buffers)
+        self._release = weakref.finalize(self, _release, runtime, address, streams)
         try:
-            for _ in range(buffers):
-                buffer = _aligned(int(starts[-1]))
-                runtime.register(buffer.ctypes.data, buffer.nbytes)
-                staging = _Staging(buffer, [], 0)
-                self._all.append(staging)
-                staging.views = [buffer[s : s + n] for s, n in zip(starts, nbytes)]
-                staging.stream = runtime.new_stream()
-                self._free.put(staging)
+            pinned = (ctypes.c_uint8 * (size * buffers)).from_address(address)
+            memory = np.ctypeslib.as_array(pinned)
+            for i in range(buffers):
+                streams.append(runtime.new_stream())
+                base = i * size
+                views = [memory[base + s : base + s + n] for s, n in zip(starts, nbytes)]
+                self._free.put(_Staging(views, streams[-1]))
         except BaseException:
             self.close()
             raise
@@ -119,11 +128,13 @@ class StagedCopies:
             self._free.put(staging)
 
     def close(self) -> None:
-        for staging in self._all:
-            if staging.stream:
-                self._runtime.destroy_stream(staging.stream)
-            self._runtime.unregister(staging.buffer.ctypes.data)
-        self._all.clear()
+        self._release()
+
+
+def _release(runtime: CudaRuntime, address: int, streams: list[int]) -> None:
+    for stream in streams:
+        runtime.destroy_stream(stream)
+    runtime.free_host(address)
 
 
 def _loaded_cudart() -> str:
@@ -141,9 +152,3 @@ def _loaded_cudart() -> str:
 
 def _up(nbytes: int) -> int:
     return -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN
-
-
-def _aligned(nbytes: int) -> np.ndarray:
-    raw = np.empty(nbytes + STAGING_ALIGN, dtype=np.uint8)
-    pad = -raw.ctypes.data % STAGING_ALIGN
-    return raw[pad : pad + nbytes]
