@@ -8,7 +8,10 @@ argument as the caller spells it (`--top-p` on the command line, `top_p` in Pyth
 from __future__ import annotations
 
 import math
+import numbers
 import re
+import weakref
+from collections.abc import Callable
 
 from .errors import StreamerError
 
@@ -41,14 +44,108 @@ def parse_size(value: object, name: str) -> int:
 
 
 def check_request(
-    prompt: str | list[int], max_tokens: int, *, option: str = "max_tokens", how: str = ""
+    prompt: object, max_tokens: object, *, option: str = "max_tokens", how: str = ""
 ) -> None:
-    """Refuse an empty prompt or a max_tokens below 1. The CLI asks before loading the model,
-    naming its own option and how to give a prompt (`how`)."""
-    if max_tokens <= 0:
-        raise StreamerError(f"{option} must be at least 1 (got {max_tokens}).")
+    """Refuse a prompt that is not text or token ids, an empty one, and a max_tokens that is not
+    an integer of at least 1. The CLI asks before loading the model, naming its own option and
+    how to give a prompt (`how`)."""
+    check_at_least(max_tokens, option, 1)
+    if isinstance(prompt, str):
+        check_text(prompt, "the prompt")
+    elif isinstance(prompt, (list, tuple)):
+        bad = next((t for t in prompt if not _integer(t) or t < 0), None)
+        if bad is not None:
+            raise StreamerError(
+                f"a prompt of token ids holds {bad!r}: each must be an integer from 0."
+            )
+    else:
+        raise StreamerError(
+            f"the prompt must be text (a str) or a list of token ids (got {type(prompt).__name__})."
+        )
     if not prompt:
         raise StreamerError(f"the prompt is empty: give some text to continue{how}.")
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse a str that is not Unicode text (a lone surrogate: no encoding writes it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise StreamerError(
+            f"{what} holds a lone surrogate ({text[e.start]!r} at character {e.start}), which is "
+            "not text: decode the bytes it came from with errors='replace'."
+        ) from None
+
+
+def check_token_ids(ids: object, name: str, vocabulary: int) -> None:
+    """Token ids (a prompt's, logit_bias's keys) that the model has: integers below
+    `vocabulary`; past it the embedding is read out of bounds."""
+    past = next((t for t in ids if not _integer(t) or not 0 <= t < vocabulary), None)
+    if past is not None:
+        raise StreamerError(
+            f"{name}: token id {past!r} is not one of the model's ({vocabulary} tokens, ids 0 to "
+            f"{vocabulary - 1})."
+        )
+
+
+def check_prompt_ids(tokens: list, tokenizer) -> None:
+    """A prompt of token ids checked against the tokenizer's vocabulary, as serve checks one."""
+    check_token_ids(tokens, "prompt", vocabulary(tokenizer))
+
+
+_vocabularies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def vocabulary(tokenizer) -> int:
+    """How many tokens the tokenizer has (as serve counts them), counted once per tokenizer:
+    get_vocab builds a dict of every token, milliseconds for a large vocabulary."""
+    size = _vocabularies.get(tokenizer)
+    if size is None:
+        size = _vocabularies[tokenizer] = len(tokenizer.get_vocab())
+    return size
+
+
+def logit_bias_in_vocabulary(logit_bias: dict | None) -> list[Callable]:
+    """A logits processor refusing logit_bias keys past the logits' width (the vocabulary, first
+    known at the first step), placed before mlx-lm's, which would add out of bounds (SIGSEGV)."""
+    if not logit_bias:
+        return []
+
+    def check(tokens, logits):
+        check_token_ids(logit_bias, "logit_bias", logits.shape[-1])
+        return logits
+
+    return [check]
+
+
+def check_keywords(keywords: dict) -> None:
+    """mlx-lm's generation, logits-processor and sampler keywords, refused as the CLI refuses its
+    options: mlx-lm takes a NaN penalty (every logit NaN: an empty answer), any logit_bias key."""
+    if keywords.get("max_kv_size") is not None:
+        check_at_least(keywords["max_kv_size"], "max_kv_size", 1)
+    bias = keywords.get("logit_bias")
+    if bias is not None and (
+        not isinstance(bias, dict)
+        or not all(_integer(k) and k >= 0 and _finite(v) for k, v in bias.items())
+    ):
+        raise StreamerError(
+            "logit_bias must map token ids (integers from 0) to finite numbers "
+            f"(got {_short(bias)})."
+        )
+    for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+        value = keywords.get(name)
+        if value is not None and (not _finite(value) or name == "repetition_penalty" and value < 0):
+            low = "0 or more" if name == "repetition_penalty" else "a finite number"
+            raise StreamerError(f"{name} must be {low} (got {value!r}).")
+    for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
+        if keywords.get(name) is not None:
+            check_at_least(keywords[name], name, 1)
+    for name, high in (("xtc_probability", 1.0), ("xtc_threshold", 0.5)):
+        value = keywords.get(name, 0.0)
+        if not _finite(value) or not 0 <= value <= high:
+            raise StreamerError(f"{name} must be from 0 to {high} (got {value!r}).")
+    if "min_tokens_to_keep" in keywords:
+        check_at_least(keywords["min_tokens_to_keep"], "min_tokens_to_keep", 1)
 
 
 def check_sampling(
@@ -131,3 +228,17 @@ def parse_dtype(value: object):
 
 def _number(value: object) -> bool:
     return type(value) in (int, float) and not math.isnan(value)
+
+
+def _finite(value: object) -> bool:
+    return _number(value) and math.isfinite(value)
+
+
+def _integer(value: object) -> bool:
+    """An int, or an integer of numpy's (a prompt from an array); never a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

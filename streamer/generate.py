@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx_lm
 from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .arguments import check_at_least, check_kv_quantization, check_request, check_sampling
+from . import arguments
+from .arguments import check_kv_quantization, check_request, check_sampling
 from .errors import StreamerError, one_line
+from .io.sizes import size_text
 from .loading.handle import streaming
-from .stats import ExpertStats, peak_rss_bytes
+from .speculative import stream as speculative
+from .stats import Drafts, ExpertStats, peak_rss_bytes
 
 
 @dataclass(frozen=True)
@@ -37,18 +39,22 @@ class RunStats:
     syncs_per_token: float
     page_cache_hit_rate: float | None  # share of expert bytes already in the page cache when read
     prefill_expert_bytes: int
+    drafts: Drafts | None = None  # speculative decoding: its passes, drafts and waste
+    wasted_bytes_per_token: float = 0.0  # expert bytes read only for drafts the model rejected
     dtype: str = ""  # what the model computed in
 
     def line(self) -> str:
         hit = "n/a" if self.page_cache_hit_rate is None else f"{self.page_cache_hit_rate:.0%}"
+        drafts = "" if self.drafts is None else self.drafts.line(self.wasted_bytes_per_token)
         return (
             f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
             f"decode: {self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s | "
-            f"experts: {self.expert_bytes_per_token / 1e6:.2f} MB/token, "
+            f"experts: {size_text(self.expert_bytes_per_token)}/token, "
             f"{self.expert_reads_per_token:.1f} reads/token, "
             f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "
-            f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB"
+            f"peak RSS {size_text(self.peak_rss_bytes)}"
             + (f" | {self.dtype}" if self.dtype else "")
+            + drafts
         )
 
 
@@ -88,6 +94,8 @@ def run_stats(
         syncs_per_token=decode.syncs / steps,
         page_cache_hit_rate=decode.page_cache_hit_rate,
         prefill_expert_bytes=stats.prefill.bytes_read,
+        drafts=replace(stats.drafts) if stats.drafts.passes else None,
+        wasted_bytes_per_token=stats.drafts.wasted_bytes / steps,
         dtype=handle.dtype,
     )
 
@@ -109,8 +117,7 @@ def stream_generate(
     an unknown keyword is refused by name."""
     check_request(prompt, max_tokens)
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
-    if kwargs.get("max_kv_size") is not None:
-        check_at_least(kwargs["max_kv_size"], "max_kv_size", 1)
+    arguments.check_keywords(kwargs)
     kv_bits = kwargs.get("kv_bits")
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
@@ -120,8 +127,8 @@ def stream_generate(
         mx.random.seed(seed)
     model.streamer.stats.reset()
     mx.reset_peak_memory()
-    try:
-        for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs):
+    try:  # mlx_lm.stream_generate's responses, or with drafts the speculative loop's
+        for r in speculative.stream_generate(model, tokenizer, prompt, max_tokens, kwargs):
             stats = run_stats(
                 model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps
             )
@@ -162,7 +169,7 @@ _SAMPLER_KEYWORDS = set(inspect.signature(make_sampler).parameters) - {"temp", "
 _PROCESSOR_KEYWORDS = set(inspect.signature(make_logits_processors).parameters)
 _STEP_KEYWORDS = (
     set(inspect.signature(generate_step).parameters) - {"prompt", "model", "max_tokens"}
-) | {"draft_model", "num_draft_tokens"}
+) | speculative.KEYWORDS
 
 
 def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
@@ -182,6 +189,7 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
     if processing:
         kwargs["logits_processors"] = [
             *(kwargs.get("logits_processors") or []),
+            *arguments.logit_bias_in_vocabulary(processing.get("logit_bias")),
             *make_logits_processors(**processing),
         ]
     return kwargs
@@ -214,6 +222,7 @@ def _prompt_tokens(
         tokens = tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
     else:
         tokens = list(prompt)
+        arguments.check_prompt_ids(tokens, tokenizer)
     handle = streaming(model)
     context = handle.context_length if handle is not None else None
     if context and len(tokens) > context:

@@ -12,6 +12,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from .io.sizes import size_text
+
 # One routed token of one MoE layer: (MoE layer number, the token's experts, sorted).
 Routing = tuple[int, tuple[int, ...]]
 
@@ -44,6 +46,38 @@ class ExpertTraffic:
 
 
 @dataclass
+class PassCall:
+    """One MoE layer call of a speculative verify pass: its routing (evaluated with the pass), what
+    one expert read costs there, and the experts it found in memory instead (slot or cache hits)."""
+
+    indices: object  # mx.array [..., inputs, k]
+    read_bytes: int
+    hits: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Drafts:
+    """Speculative decoding: verify passes, the draft tokens they checked and accepted, the tokens
+    they emitted, and the expert reads only rejected drafts routed to (wasted)."""
+
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    wasted_experts: int = 0
+    wasted_bytes: int = 0
+
+    def line(self, wasted_bytes_per_token: float) -> str:
+        """The stats line's part for drafts (`wasted_bytes_per_token`: per decoded token)."""
+        kept = f"{self.accepted / self.drafted:.0%}" if self.drafted else "n/a"
+        return (
+            f" | drafts: {self.accepted / self.passes:.1f} of {self.drafted / self.passes:.1f} "
+            f"kept per pass ({kept}), {self.emitted / self.passes:.2f} tokens/pass, wasted "
+            f"{size_text(wasted_bytes_per_token)}/token"
+        )
+
+
+@dataclass
 class ExpertStats:
     moe_layers: int
     profile: bool = False  # evaluate each layer's expert output on its own to time the compute
@@ -55,6 +89,8 @@ class ExpertStats:
     # routed indices, payload bytes and measured bytes per expert), counted once the indices
     # have been computed.
     unsettled: list[tuple[ExpertTraffic, object, int, int]] = field(default_factory=list)
+    drafts: Drafts = field(default_factory=Drafts)
+    verifying: list[PassCall] | None = None  # the layer calls of the verify pass under way
 
     @property
     def wants_routing(self) -> bool:
@@ -74,10 +110,34 @@ class ExpertStats:
     def reset(self) -> None:
         self._prefill, self._decode = ExpertTraffic(), ExpertTraffic()
         self.unsettled.clear()
+        self.drafts, self.verifying = Drafts(), None
 
     def phase(self, tokens: int) -> ExpertTraffic:
-        """Single-token calls are decode steps; anything wider is prompt processing."""
-        return self._decode if tokens == 1 else self._prefill
+        """Single-token calls and verify passes are decode steps; anything wider is prompt
+        processing."""
+        return self._decode if tokens == 1 or self.verifying is not None else self._prefill
+
+    def start_pass(self) -> None:
+        """The layer calls from here to `end_pass` verify drafted tokens: decode, logged."""
+        self.verifying = []
+
+    def end_pass(self, drafted: int, accepted: int) -> None:
+        """The pass's inputs were the last token and `drafted` drafts, of which `accepted` were
+        kept (the loop counts `drafts.emitted` as it yields). An expert only the rejected inputs
+        routed to was read for nothing: counted as waste (evaluated with the pass: no sync)."""
+        calls, self.verifying = self.verifying or [], None
+        drafts = self.drafts
+        drafts.passes += 1
+        drafts.drafted += drafted
+        drafts.accepted += accepted
+        kept = accepted + 1
+        for call in calls if kept <= drafted else ():
+            routed = np.array(call.indices)
+            routed = routed.reshape(-1, routed.shape[-1])  # one row per input, in order
+            wasted = set(np.unique(routed[kept:]).tolist()) - set(routed[:kept].ravel().tolist())
+            wasted -= call.hits
+            drafts.wasted_experts += len(wasted)
+            drafts.wasted_bytes += len(wasted) * call.read_bytes
 
     def record_routing(self, layer: int, routed: np.ndarray) -> None:
         """Append one call's routing ([..., k] expert ids on the host) to the trace."""
@@ -96,7 +156,8 @@ class ExpertStats:
 
     @property
     def decode_tokens(self) -> int:
-        return self.decode.layer_calls // self.moe_layers
+        """Tokens decoded: one per step, and every token a verify pass yielded."""
+        return self.decode.layer_calls // self.moe_layers + self.drafts.emitted - self.drafts.passes
 
 
 class RoutingRecorder(nn.Module):

@@ -95,3 +95,48 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)
+
+
+def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints):
+    """Each of these ran before: ids past the vocabulary or negative returned text (or ended the
+    process with SIGSEGV), a NaN penalty an empty answer, max_tokens=2.5 never stopped."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, tokenizer = streamer.load(folder)
+    vocab = len(tokenizer.get_vocab())
+    assert streamer.generate(model, tokenizer, [1, vocab - 1], max_tokens=2)  # the last id runs
+    for prompt, kwargs, message in [
+        ([1, vocab], {}, rf"prompt: token id {vocab} is not one of the model's \({vocab} tokens"),
+        ([10**9], {}, "prompt: token id 1000000000 is not one of the model's"),
+        ([2**40], {}, "prompt: token id 1099511627776 is not one of the model's"),
+        ([-1], {}, "a prompt of token ids holds -1: each must be an integer from 0"),
+        (["a"], {}, "a prompt of token ids holds 'a'"),
+        ([True], {}, "a prompt of token ids holds True"),
+        ("a\ud800b", {}, r"the prompt holds a lone surrogate \('\\ud800' at character 1\)"),
+        (5, {}, r"the prompt must be text \(a str\) or a list of token ids \(got int\)"),
+        ("hi", {"max_tokens": 2.5}, r"max_tokens must be an integer \(got 2.5\)"),
+        ("hi", {"max_tokens": "5"}, r"max_tokens must be an integer \(got '5'\)"),
+        ("hi", {"max_tokens": None}, r"max_tokens must be an integer \(got None\)"),
+        ("hi", {"repetition_penalty": float("nan")}, r"repetition_penalty must be 0 or more"),
+        ("hi", {"repetition_penalty": -1.0}, r"repetition_penalty must be 0 or more"),
+        ("hi", {"presence_penalty": float("inf")}, "presence_penalty must be a finite number"),
+        ("hi", {"repetition_context_size": 0}, "repetition_context_size must be at least 1"),
+        ("hi", {"logit_bias": {10**9: 1.0}}, "logit_bias: token id 1000000000 is not one of"),
+        ("hi", {"logit_bias": {-1: 1.0}}, "logit_bias must map token ids"),
+        ("hi", {"logit_bias": {"1": 1.0}}, "logit_bias must map token ids"),
+        ("hi", {"logit_bias": {1: float("nan")}}, "logit_bias must map token ids"),
+        ("hi", {"logit_bias": [1]}, "logit_bias must map token ids"),
+        ("hi", {"xtc_probability": 2.0}, "xtc_probability must be from 0 to 1.0"),
+        ("hi", {"min_tokens_to_keep": 0}, "min_tokens_to_keep must be at least 1"),
+    ]:
+        kwargs = {"max_tokens": 2, **kwargs}
+        with pytest.raises(StreamerError, match=message):
+            streamer.generate(model, tokenizer, prompt, **kwargs)
+    biased = streamer.stream_generate(model, tokenizer, "hi", 2, logit_bias={vocab - 1: 100.0})
+    assert [r.token for r in biased] == [vocab - 1] * 2  # the bias reached mlx-lm's processor
+    for kwargs, message in [
+        ({"group": "x"}, "group must be an mx.distributed group"),
+        ({"checksums": 5}, r"checksums must be a file name \(str or Path\), got 5"),
+        ({"read_path": ["slots"]}, "read_path must be one of slots, mapped"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.load(folder, **kwargs)

@@ -5,7 +5,10 @@ repack is tests/test_repack_interrupted.py's, during generation tests/test_concu
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,6 +66,24 @@ def test_ctrl_c_while_serving(model):
         text=True,
     )
     assert_interrupted(process, read_until(process.stderr, "listening on http://"))
+
+
+def test_ctrl_c_while_an_answer_streams(model):
+    """The generation thread is computing in MLX: Python's shutdown under it aborted the process
+    (`terminate called without an active exception`, exit -6)."""
+    process = subprocess.Popen(
+        [*STREAMER, "serve", "--model", model, "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    before = read_until(process.stderr, "/v1")
+    port = int(re.search(r"127\.0\.0\.1:(\d+)/v1", before).group(1))
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = {"prompt": "hello", "max_tokens": 1000, "stream": True, "logit_bias": {"0": -100}}
+    connection.request("POST", "/v1/completions", json.dumps(body))
+    assert connection.getresponse().read(200)  # tokens are arriving
+    assert_interrupted(process, before)
 
 
 def test_ctrl_c_at_the_chat_prompt(model):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_slot_pool import TENSORS, pool_over, slot_bytes
 
-from streamer.cache.slot_pool import landing_for
+from streamer.cache.landing import landing_for
 from streamer.errors import StreamerError
 from streamer.io.cuda_copy import STAGING_ALIGN, CudaRuntime, StagedCopies
 
@@ -126,7 +126,7 @@ def test_a_cuda_error_is_one_line_with_its_name():
 
 
 def test_reads_are_staged_on_cuda_only():
-    landing = landing_for(TENSORS)
+    landing = landing_for(TENSORS, 2)
     assert (landing is not None) == (mx.default_device() == mx.gpu and mx.cuda.is_available())
     if landing is not None:
         landing.close()

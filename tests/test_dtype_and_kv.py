@@ -11,7 +11,7 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 import streamer
 from streamer.cli import main
-from streamer.cli.options import QUANTIZED_KV_START
+from streamer.cli.kv_options import QUANTIZED_KV_START
 from streamer.errors import StreamerError
 from streamer.plan import plan
 from streamer.plan.model import model_plan

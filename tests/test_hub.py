@@ -79,7 +79,7 @@ def test_a_cached_mlx_download_runs_and_plans_by_name(hub, capsys):
 
 
 def test_names_that_cannot_run_say_what_to_do(hub, tmp_path, capsys):
-    with pytest.raises(StreamerError, match="hf download tiny-org/Missing"):
+    with pytest.raises(StreamerError, match="streamer pull tiny-org/Missing"):
         resolve("tiny-org/Missing")
     with pytest.raises(StreamerError, match=r"streamer repack tiny-org/Tiny-MoE DST"):
         streamable("tiny-org/Tiny-MoE")
@@ -91,4 +91,13 @@ def test_names_that_cannot_run_say_what_to_do(hub, tmp_path, capsys):
     assert main(["chat", "--model", "tiny-org/Tiny-MoE"]) == 2
     assert "streamer repack tiny-org/Tiny-MoE DST" in capsys.readouterr().err
     assert main(["generate", "--model", "tiny-org/Missing", "--prompt", "hi"]) == 2
-    assert "hf download tiny-org/Missing" in capsys.readouterr().err
+    assert "streamer pull tiny-org/Missing" in capsys.readouterr().err
+
+
+def test_a_lookup_expects_what_mlx_lm_downloads():
+    """A pull fetches, and a lookup checks complete, the files mlx-lm's loader takes."""
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    from streamer.loading.hub import ALLOW_PATTERNS
+
+    assert ALLOW_PATTERNS == DEFAULT_ALLOW_PATTERNS

@@ -19,7 +19,9 @@ LAYERS = {
     "API and tools": {
         "streamer",  # the package: load, generate
         "streamer.generate",
+        "streamer.speculative",
         "streamer.verify",
+        "streamer.pull",
         "streamer.plan",
         "streamer.repack",
         "streamer.parallel.split",

@@ -200,3 +200,22 @@ def test_values_the_sampler_cannot_take_as_given_still_answer(client, served_fol
     every = client.chat.completions.create(**common, extra_body={"top_k": 100000})
     off = client.chat.completions.create(**common, extra_body={"top_k": 0})
     assert every.choices[0].message.content == off.choices[0].message.content
+
+
+def test_a_burst_of_clients_is_queued_never_reset(server):
+    """64 clients connecting at once: each is answered (socketserver's listen backlog of 5 reset
+    most of them)."""
+    url, _ = server
+    start, answers = threading.Barrier(64), []
+
+    def ask():
+        start.wait()
+        body = json.dumps({"prompt": "hello", "max_tokens": 2}).encode()
+        answers.append(request(url, "POST", "/v1/completions", body)[0])
+
+    threads = [threading.Thread(target=ask) for _ in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert answers == [200] * 64

@@ -206,6 +206,19 @@ def test_malformed_bodies_and_connections(server, served_folder):
     url = urlsplit(server[0])
     deep = b'{"model": ' + b"[" * 100000 + b"]" * 100000 + b"}"
     assert request(server[0], "POST", "/v1/chat/completions", deep)[0] == 400
+    nested = {}  # 900 deep: json.loads takes it, what copies and renders the messages did not
+    for _ in range(900):
+        nested = {"a": nested}
+    message = {"role": "user", "content": "hi", "extra": nested}
+    call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": nested}}
+    called = {"role": "assistant", "content": "", "tool_calls": [call]}
+    for messages in ([message], [{"role": "user", "content": "hi"}, called]):
+        body = json.dumps({"model": "M", "messages": messages, "max_tokens": 1}).encode()
+        status, answer = request(server[0], "POST", "/v1/chat/completions", body)
+        assert status == 400 and "over 64 deep" in answer["error"]["message"], answer
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: \xc2\xb2\r\n\r\n{}")
+        assert s.recv(100).startswith(b"HTTP/1.0 400")  # "\u00b2" is a digit to str.isdigit
     http = connection(server[0])
     http.request("HEAD", "/v1/models")
     assert http.getresponse().status == 405  # (a HEAD answer has no body)

@@ -8,8 +8,9 @@ import pytest
 
 from streamer.cache import slot_pool
 from streamer.cache.policies import SlotLFU
-from streamer.cache.slot_pool import SLOT_ALIGN, LayerSource, SlotPool, SlotTensor
+from streamer.cache.slot_pool import CHUNK_BYTES, SLOT_ALIGN, LayerSource, SlotPool, SlotTensor
 from streamer.errors import StreamerError
+from streamer.io.mapping import OS_PAGE, resident_bytes
 from streamer.io.reads import ReadFile
 
 # An expert record as repack writes one: tensors 64-byte aligned back to back (a gap after the
@@ -43,7 +44,15 @@ def write_layer(path, experts: int, seed: int) -> list[list[np.ndarray]]:
     return truth
 
 
-def pool_over(tmp_path, slots: int, layers: int = 2, experts: int = 6, bypass=False, landing=None):
+def pool_over(
+    tmp_path,
+    slots: int,
+    layers: int = 2,
+    experts: int = 6,
+    bypass=False,
+    chunk_bytes=CHUNK_BYTES,
+    landing=None,
+):
     truth = {}
     files = {}
     for layer in range(layers):
@@ -51,19 +60,32 @@ def pool_over(tmp_path, slots: int, layers: int = 2, experts: int = 6, bypass=Fa
         truth[layer] = write_layer(path, experts, seed=layer)
         at = [At(offset) for offset in OFFSETS]
         files[layer] = LayerSource([ReadFile(path, bypass)], at, experts, where=lambda _, p=path: p)
-    return SlotPool(TENSORS, slots, files, landing), truth
+    return SlotPool(TENSORS, slots, files, chunk_bytes, landing), truth
 
 
 def slot_bytes(pool: SlotPool, slot: int) -> list[np.ndarray]:
-    return [np.array(a[slot].view(mx.uint8)).ravel() for a in pool.arrays]
+    chunk, row = divmod(slot, pool.chunk_slots)
+    return [np.array(a[row].view(mx.uint8)).ravel() for a in pool.chunks[chunk]]
 
 
-@pytest.mark.parametrize("bypass, piece", [(False, 1 << 19), (True, 1 << 19), (False, 4096)])
-def test_misses_are_read_exactly_into_their_slots(tmp_path, monkeypatch, bypass, piece):
-    monkeypatch.setattr(slot_pool, "PIECE", piece)  # 4096: a tensor read by several threads
-    pool, truth = pool_over(tmp_path, slots=4, bypass=bypass)
-    for a in pool.arrays:
+LARGEST = max(t.nbytes for t in TENSORS)
+
+
+@pytest.mark.parametrize(
+    "bypass, chunk_bytes, piece",
+    [(False, CHUNK_BYTES, 1 << 19), (True, CHUNK_BYTES, 1 << 19), (False, 3 * LARGEST, 4096)],
+)
+def test_misses_are_read_exactly_into_their_slots(
+    tmp_path, monkeypatch, bypass, chunk_bytes, piece
+):
+    """With chunks of 3 slots too: slot s is row s % 3 of chunk s // 3, each array bounded; and
+    with reads cut into 4 KiB pieces (a tensor read by several threads)."""
+    monkeypatch.setattr(slot_pool, "PIECE", piece)
+    pool, truth = pool_over(tmp_path, slots=4, bypass=bypass, chunk_bytes=chunk_bytes)
+    assert len(pool.chunks) == (1 if chunk_bytes == CHUNK_BYTES else 2)
+    for a in [a for chunk in pool.chunks for a in chunk]:
         assert np.asarray(memoryview(a.view(mx.uint8))).ctypes.data % SLOT_ALIGN == 0
+        assert a.nbytes <= chunk_bytes
     for layer, experts in [(0, [1, 4]), (1, [0, 1, 5]), (0, [2, 3, 4])]:
         slots, _ = pool.place(layer, np.array(experts))
         for expert, slot in zip(experts, slots):
@@ -113,3 +135,21 @@ def test_a_failed_read_leaves_no_half_read_expert(tmp_path):
         pool.place(1, np.array([2]))
     assert pool.policy.slot_of[pool._base[1] + 2] == -1
     pool.close()
+
+
+def test_a_pools_pages_are_committed_only_as_slots_are_read(tmp_path):
+    """A budget is an upper bound, not an allocation: untouched slots take no memory. (Chunks of
+    64 MB: glibc maps fresh pages for any allocation past 32 MB, and MLX's cache is emptied, so
+    no recycled buffer is handed out.)"""
+    mx.clear_cache()
+    pool, _ = pool_over(tmp_path, slots=8192, chunk_bytes=4096 * LARGEST)  # 2 chunks of 64 MB
+    rows = pool._rows[1][2]  # chunk 1's b.weight rows
+    assert mincore_pages(rows) == 0
+    pool.place(0, np.array([1]))  # slot 0: chunk 0
+    assert mincore_pages(rows) == 0 and mincore_pages(pool._rows[0][2][:1]) > 0
+    pool.close()
+
+
+def mincore_pages(rows: np.ndarray) -> int:
+    """Pages of `rows` in memory (mincore counts an anonymous page once it is written)."""
+    return resident_bytes(rows.ctypes.data, 0, rows.nbytes) // OS_PAGE

@@ -15,6 +15,8 @@ from test_parity import PROMPT, assert_exactly_as
 
 import streamer
 from streamer.errors import StreamerError
+from streamer.experts import slots as slot_path
+from streamer.experts.slots import layer_groups
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
 
@@ -49,6 +51,33 @@ def test_a_tiny_pool_under_heavy_eviction_matches_the_resident_model(float32_mod
     for layer in model.streamer.layers:  # the container's stacked tensors are the pool's arrays
         tensors = [layer.container[p][k] for p, k in layer._slots]
         assert all(t is a for t, a in zip(tensors, pool.arrays))
+
+
+@pytest.mark.parametrize("slots", [0, 12])
+def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch, slots):
+    """Arrays of at most 3 slots. Budget 0: one pool of 16 slots in 6 chunks, so every call's
+    experts lie in several chunks (computed once per chunk, the outputs masked together). 12
+    slots: 6 per layer, more than a chunk, so each layer has a pool of its own, in 2 chunks."""
+    src, folder = float32_model
+    largest = max(t.nbytes for t in read_manifest(folder).layers[0].tensors)
+    monkeypatch.setattr(slot_path, "CHUNK_BYTES", 3 * largest)
+    model, tokenizer = streamer.load(
+        folder, memory_budget=slots * slot_bytes(folder), read_path="slots"
+    )
+    pools = model.streamer.pools
+    assert [(p.slots, len(p.chunks)) for p in pools] == ([(16, 6)] if slots == 0 else [(6, 2)] * 2)
+    assert all(a.nbytes <= 3 * largest for p in pools for chunk in p.chunks for a in chunk)
+    prompt = mx.array(tokenizer.encode(PROMPT))
+    assert_exactly_as(model, reference_model(src), prompt, 40)
+    assert f"{sum(len(p.chunks) for p in pools)} chunks" in model.streamer.residency
+
+
+def test_layers_are_grouped_so_a_group_fits_one_chunk():
+    """48 layers, 3000 slots, 1365 to a chunk (a Qwen3-30B-A3B at 8 GB, arrays of 1 GiB): three
+    pools of one chunk each; a layer whose own share passes a chunk has a pool of its own."""
+    assert layer_groups(48, 3000, 1365) == [(0, 21, 1312), (21, 42, 1313), (42, 48, 375)]
+    assert layer_groups(48, 1000, 1365) == [(0, 48, 1000)]
+    assert layer_groups(2, 12, 3) == [(0, 1, 6), (1, 2, 6)]
 
 
 def test_forward_passes_built_before_either_is_evaluated(float32_model):

@@ -13,6 +13,7 @@ import psutil
 from ..errors import StreamerError
 from ..io.manifest import Manifest, MoeLayer
 from ..io.safetensors import DTYPES
+from ..io.sizes import size_text
 
 
 def layer_bytes(layer: MoeLayer, dtype: mx.Dtype | None) -> int:
@@ -42,12 +43,11 @@ def default_budget(manifest: Manifest, dtype: mx.Dtype | None) -> tuple[int, str
     if need <= available // 2:
         return (
             need,
-            f"default: all {need / 1e9:.2f} GB fit in half of {available / 1e9:.1f} GB available",
+            f"default: all {size_text(need)} fit in half of {size_text(available)} available",
         )
     return (
         0,
-        f"default: {need / 1e9:.2f} GB of experts exceed half of {available / 1e9:.1f} GB "
-        "available",
+        f"default: {size_text(need)} of experts exceed half of {size_text(available)} available",
     )
 
 
@@ -57,7 +57,7 @@ def chosen_budget(
     """The budget to apply and why: `budget` as given, or the default for None."""
     if budget is None:
         return default_budget(manifest, dtype)
-    return budget, f"memory budget {budget / 1e9:.2f} GB"
+    return budget, f"memory budget {size_text(budget)}"
 
 
 def check_budget(manifest: Manifest, budget: int, dtype: mx.Dtype | None) -> None:
@@ -65,6 +65,5 @@ def check_budget(manifest: Manifest, budget: int, dtype: mx.Dtype | None) -> Non
     if budget < 0 or 0 < budget < one:
         raise StreamerError(
             f"memory budget {budget} bytes is below the minimum: one expert takes {one} bytes "
-            f"({one / 1e6:.1f} MB). Give 0 to stream every expert, or at least "
-            f"{one / 1e6:.1f} MB."
+            f"({size_text(one)}). Give 0 to stream every expert, or at least {size_text(one)}."
         )

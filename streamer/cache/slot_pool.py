@@ -1,15 +1,20 @@
 """A bounded pool of expert slots: the only expert memory a GPU kernel is given on the slot path.
 
 Experts of one shape class (the same tensors, dtypes and shapes: usually every MoE layer of a
-model) share a pool of S slots, allocated once as one MLX array `[S, *shape]` per tensor, each
-starting on a 16 KiB boundary (Apple silicon's page; a real expert's tensors are whole pages, so
-every slot row is page aligned too). A layer call asks for its routed experts: hits cost nothing,
-misses are read from the expert file straight into their slots' rows (one scatter read per
-expert, several in flight, no intermediate buffer), and the kernels then run on the pool arrays
-with slot indices. Victims are chosen by LFU with aging, never among the call's own experts.
-Where reads land is the pool's `landing`: the slot itself on Metal (unified memory) and the CPU;
-on CUDA, where the slots are managed memory that host stores migrate page by page, a pinned
-staging buffer copied into the slot by the copy engine (io/cuda_copy.py).
+model, or a group of them: experts/slots.py) share a pool of S slots, allocated once in chunks of
+`chunk_slots` slots: per chunk one MLX array `[chunk slots, *shape]` per tensor, each starting on
+a 16 KiB boundary (Apple silicon's page; a real expert's tensors are whole pages, so every slot
+row is page aligned too). A chunk's array holds at most CHUNK_BYTES: MLX refuses a dimension past
+2^31, Metal a buffer past the device's maxBufferLength, and kernels index within one array, so
+no array grows with the budget. The arrays are allocated untouched (io/buffers.py): a slot's
+pages are committed when its first expert is read. A layer call asks for its routed experts: hits
+cost nothing, misses are read from the expert file straight into their slots' rows (one scatter
+read per expert, several in flight, no intermediate buffer), and the kernels then run on the
+chunks' arrays with slot indices within the chunk. Victims are chosen by LFU with aging, never
+among the call's own experts. Where reads land is the pool's `landing`: the slot itself on Metal
+(unified memory) and the CPU; on CUDA, where the slots are managed memory that host stores
+migrate page by page, a pinned staging buffer copied into the slot by the copy engine
+(io/cuda_copy.py).
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
@@ -28,18 +33,23 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
-from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from ..io import buffers
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, ReadFile, plan_reads, split
+from .landing import Landing, landing_for
 from .policies import SlotLFU
 
 SLOT_ALIGN = 16384  # Apple silicon's page size; a multiple of Linux's 4 KiB and of DIRECT_ALIGN
 READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
 PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 threads
+# The most bytes one array of a pool holds: far below any Mac's maxBufferLength, large enough
+# that a decode call's experts lie in one chunk when its layer's pool is one (experts/slots.py
+# gives each group of layers a pool of its own for that), and a 2^31 dimension is never near.
+CHUNK_BYTES = 1 << 30
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
 
 
@@ -66,15 +76,11 @@ class LayerSource:
     where: Callable[[int], str] = str  # file number -> where to say a read failed
 
 
-class Landing(Protocol):
-    """Where a miss is read: `into(rows)` gives the buffers to read one slot's tensors into and,
-    on leaving without an error, has put their bytes in `rows` (the slot's host rows)."""
-
-    buffers: int  # how many `into` blocks can be open at once
-
-    def into(self, rows: Sequence[np.ndarray]) -> AbstractContextManager[Sequence[np.ndarray]]: ...
-
-    def close(self) -> None: ...
+def chunk_slots(tensors: Sequence[SlotTensor], slots: int, chunk_bytes: int | None) -> int:
+    """Slots per chunk: as many as keep every tensor's array within `chunk_bytes` (None: all)."""
+    if chunk_bytes is None:
+        return slots
+    return max(1, min(slots, chunk_bytes // max(t.nbytes for t in tensors)))
 
 
 class SlotPool:
@@ -83,6 +89,7 @@ class SlotPool:
         tensors: Sequence[SlotTensor],
         slots: int,
         layers: dict[int, LayerSource],
+        chunk_bytes: int | None = CHUNK_BYTES,
         landing: Landing | None = None,
     ):
         """`landing`: None reads into the slots themselves, except on CUDA (`landing_for`)."""
@@ -94,16 +101,26 @@ class SlotPool:
         for index, layer in layers.items():
             self._base[index], keys = keys, keys + layer.num_experts
         self.policy = SlotLFU(slots, keys)
-        self.arrays, self._rows = [], []  # per tensor: MLX [S, *shape] and host uint8 [S, nbytes]
-        for t in self.tensors:
-            array, rows = _allocate(slots, t)
-            self.arrays.append(array)
-            self._rows.append(rows)
+        self.chunk_slots = chunk_slots(self.tensors, slots, chunk_bytes)
+        # per chunk, per tensor: MLX [chunk slots, *shape] and host uint8 [chunk slots, nbytes]
+        self.chunks: list[list[mx.array]] = []
+        self._rows: list[list[np.ndarray]] = []
+        for first in range(0, slots, self.chunk_slots):
+            made = [_allocate(min(self.chunk_slots, slots - first), t) for t in self.tensors]
+            self.chunks.append([array for array, _ in made])
+            self._rows.append([rows for _, rows in made])
         self._scratch = _aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
         self._pending: list[mx.array] = []
+        self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
-        self._landing = landing if landing is not None else landing_for(self.tensors)
+        self._landing = landing if landing is not None else landing_for(self.tensors, READERS)
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        """The pool's arrays, one per tensor, slot s at row s: a pool of one chunk."""
+        (arrays,) = self.chunks
+        return arrays
 
     def place(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int]:
         """Slots holding `experts` of `layer` (distinct, at most `slots` of them), reading the
@@ -113,6 +130,7 @@ class SlotPool:
         # decode: the router sync has evaluated them).
         self.fence()
         slots, miss = self.policy.assign(self._base[layer] + experts)
+        self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
         if miss.any():
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, int(miss.sum())
@@ -157,7 +175,8 @@ class SlotPool:
             raise
 
     def _land(self, slot: int) -> AbstractContextManager[Sequence[np.ndarray]]:
-        rows = [rows[slot] for rows in self._rows]
+        chunk, row = divmod(slot, self.chunk_slots)
+        rows = [rows[row] for rows in self._rows[chunk]]
         return nullcontext(rows) if self._landing is None else self._landing.into(rows)
 
     def _pieces(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> list[Read]:
@@ -207,16 +226,6 @@ class SlotPool:
                 file.close()
 
 
-def landing_for(tensors: Sequence[SlotTensor]) -> Landing | None:
-    """Pinned staging and copy-engine copies when MLX computes on a CUDA GPU; else None (reads
-    land in the slot). io/cuda_copy.py is imported only then."""
-    if not (mx.default_device() == mx.gpu and mx.cuda.is_available()):
-        return None
-    from ..io.cuda_copy import CudaRuntime, StagedCopies
-
-    return StagedCopies([t.nbytes for t in tensors], READERS, CudaRuntime())
-
-
 def _aligned_host(nbytes: int) -> np.ndarray:
     raw = np.zeros(nbytes + SLOT_ALIGN, dtype=np.uint8)
     pad = -raw.ctypes.data % SLOT_ALIGN
@@ -226,14 +235,11 @@ def _aligned_host(nbytes: int) -> np.ndarray:
 def _allocate(slots: int, t: SlotTensor) -> tuple[mx.array, np.ndarray]:
     """One tensor's slots: an MLX array [slots, *shape] and a writable host view of its rows.
 
-    The buffer is made from host memory (on CUDA: managed memory, which both the host's reads
-    and the GPU's kernels reach; on Metal: unified memory) and sliced to start on SLOT_ALIGN."""
+    The buffer is MLX's, untouched (on CUDA: managed memory, which both the host's reads and the
+    GPU's kernels reach; on Metal: unified memory), viewed from its first SLOT_ALIGN boundary."""
     length = slots * t.nbytes
-    base = mx.array(np.zeros(length + SLOT_ALIGN, dtype=np.uint8))
-    mx.eval(base)
-    host = np.asarray(memoryview(base))
-    pad = -host.ctypes.data % SLOT_ALIGN
-    flat = base[pad : pad + length]
-    array = (flat if t.dtype == mx.uint8 else flat.view(t.dtype)).reshape(slots, *t.shape)
+    buffer = buffers.untouched(length + SLOT_ALIGN)
+    pad = -buffers.address(buffer) % SLOT_ALIGN
+    array = buffers.view(buffer, pad, t.dtype, (slots, *t.shape))
     mx.eval(array)
-    return array, host[pad : pad + length].reshape(slots, t.nbytes)
+    return array, buffers.host_bytes(buffer)[pad : pad + length].reshape(slots, t.nbytes)

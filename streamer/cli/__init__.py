@@ -7,7 +7,7 @@ import errno
 
 from .. import __version__
 from ..errors import StreamerError
-from . import demo, generate, info, plan, repack, serve, verify
+from . import demo, generate, info, plan, pull, repack, serve, verify
 from .demo import DEMO_MODEL
 from .interrupts import caused_by_ctrl_c, exiting_on_ctrl_c, interrupted_status
 from .output import OutputFailed, error_line, report, silence_output
@@ -49,6 +49,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--version", action="version", version=f"streamer {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
+    pull.add_parser(sub)
     repack.add_parsers(sub)
     verify.add_parser(sub)
     generate.add_parser(sub)

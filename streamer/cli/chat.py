@@ -14,6 +14,7 @@ from ..server.api import Completion, Sampling
 from ..server.engine import Done, Engine, Job, Step, fit
 from ..server.fields import ApiError
 from ..server.prompts import prompt_tokens
+from .repl import HELP, Reader, command
 
 
 def templated(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
@@ -21,9 +22,6 @@ def templated(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": prompt})
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
-HELP = "/reset starts over, /stats shows the last answer's figures, /quit (or Ctrl-D) ends"
 
 
 class Conversation:
@@ -60,33 +58,53 @@ def chat(
     conversation = Conversation(system_prompt, template)
     sampling = sampling or Sampling()
     last: Done | None = None
+    reader = Reader(stdin, stderr)
     print(f"[chat] {HELP}", file=stderr)
-    while True:
-        print(">> ", end="", file=stderr, flush=True)
-        line = stdin.readline()
-        if not line or line.strip() in ("/quit", "/exit"):
-            break
-        text = line.rstrip("\n")
-        if text.strip() == "/reset":
-            conversation.reset()
-            print("[chat] the conversation starts over", file=stderr)
-        elif text.strip() == "/stats":
-            print(_stats(last), file=stderr)
-        elif text.strip() in ("/help", "/?"):
-            print(f"[chat] {HELP}", file=stderr)
-        elif text.strip():
-            conversation.messages.append({"role": "user", "content": text})
-            request = conversation.request("chat", sampling)
-            try:
-                with engine.tokenizer_lock:
-                    prompt = prompt_tokens(request, engine.tokenizer)
-                job = Job(request, prompt, fit(len(prompt), None, max_tokens, context))
-            except ApiError as e:
-                conversation.messages.pop()
-                print(f"[chat] {e.message}: /reset to start over", file=stderr)
-                continue
-            answer, last = _answer(engine.submit(job), stdout, stderr)
-            conversation.messages.append({"role": "assistant", "content": answer})
+    try:
+        while (text := reader.message()) is not None:
+            name, text = command(text)
+            if name == "/quit":
+                break
+            if name == "/reset":
+                conversation.reset()
+                print("[chat] the conversation starts over", file=stderr)
+            elif name == "/stats":
+                print(_stats(last), file=stderr)
+            elif name == "/help":
+                print(f"[chat] {HELP}", file=stderr)
+            elif name == "?":
+                print(f"[chat] unknown command {text.split()[0]} (not sent): {HELP}", file=stderr)
+            elif text.strip():
+                asked = (sampling, max_tokens, context)
+                last = _turn(engine, conversation, text, asked, stdout, stderr) or last
+    finally:
+        reader.close()
+
+
+def _turn(
+    engine: Engine,
+    conversation: Conversation,
+    text: str,
+    asked: tuple[Sampling, int, int | None],
+    stdout: TextIO,
+    stderr: TextIO,
+) -> Done | None:
+    """One message and its answer, both kept in the conversation; `asked`: the sampling, the
+    tokens per answer and the model's context."""
+    sampling, max_tokens, context = asked
+    conversation.messages.append({"role": "user", "content": text})
+    request = conversation.request("chat", sampling)
+    try:
+        with engine.tokenizer_lock:
+            prompt = prompt_tokens(request, engine.tokenizer)
+        job = Job(request, prompt, fit(len(prompt), None, max_tokens, context))
+    except ApiError as e:
+        conversation.messages.pop()
+        print(f"[chat] {e.message}: /reset to start over", file=stderr)
+        return None
+    answer, done = _answer(engine.submit(job), stdout, stderr)
+    conversation.messages.append({"role": "assistant", "content": answer})
+    return done
 
 
 def _stats(done: Done | None) -> str:

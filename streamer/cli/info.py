@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..errors import StreamerError
+from ..io.sizes import size_text
 from .output import emit
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("info", help="describe a repacked model")
-    p.add_argument("dir")
+    p = sub.add_parser("info", help="describe a repacked model or an MLX download")
+    p.add_argument(
+        "dir", help="a repacked folder, a download, or org/name (pulled, or the hub cache)"
+    )
     p.set_defaults(run=info)
 
 
 def info(args: argparse.Namespace) -> None:
     from ..io.integrity import check_files
     from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
+    from ..loading.hub import model_path
 
-    folder = Path(args.dir)
+    folder = model_path(args.dir)
     if not (folder / MANIFEST_FILE).exists() and (folder / "config.json").exists():
         from ..loading.download_folder import (
             open_download,  # builds mlx-lm's model: only for a download
@@ -68,9 +71,9 @@ def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> li
         *_shard_lines(manifest),
         f"quantization      {_describe_quantization(quant) if quant else 'none'}",
         f"expert weights    {', '.join(sorted(expert_quant))}",
-        f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)",
-        f"expert bytes      {manifest.expert_file_bytes / 1e9:.3f} GB (streamed from disk)",
-        f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)",
+        f"resident bytes    {size_text(resident)} (non-expert weights, kept in memory)",
+        f"expert bytes      {size_text(manifest.expert_file_bytes)} (streamed from disk)",
+        f"active per token  {size_text(active)} of experts ({top_k} x {len(layers)} layers)",
     ]
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 from .output import report
 
@@ -55,6 +57,20 @@ def raising_on_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def end_interrupted() -> NoReturn:
+    """Report Ctrl-C and end the process now, without Python's shutdown: for a command whose
+    other threads may be computing in MLX (serve's generation thread, mid-answer), under which
+    that shutdown destroys MLX's state, and the process aborts (`terminate called without an
+    active exception`, SIGABRT) instead of exiting 130."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed by its reader: nothing more reaches it
+            pass
+    _exit_130()
 
 
 def interrupted_status() -> int:

@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 
 from ..arguments import (
     DTYPE_NAMES,
-    KV_BITS,
-    KV_GROUP_SIZES,
     check_at_least,
     check_request,
     check_sampling,
@@ -69,17 +67,31 @@ def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
         "--model",
         required=required,
         help="a folder written by `streamer repack` or `streamer split`, an MLX download (streamed "
-        "in place), or org/name (the hub cache); under mlx.launch, {rank} in it is replaced by "
-        "the rank",
+        "in place), or org/name (pulled, or the hub cache); under mlx.launch, {rank} in it is "
+        "replaced by the rank",
     )
 
 
 def model_folder(args: argparse.Namespace, group: mx.distributed.Group | None) -> str:
     """The folder --model names for this rank: under mlx.launch "{rank}" is the rank's number (a
-    folder per shard); org/name is looked up in the hub cache."""
-    from ..loading.hub import streamable
+    folder per shard); org/name is a pulled model or is looked up in the hub cache. A name not
+    downloaded is offered to `streamer pull` when a person is at the terminal to say yes."""
+    from ..loading.hub import NotDownloaded, streamable
 
-    return streamable(args.model.replace("{rank}", str(group.rank() if group else 0)))
+    name = args.model.replace("{rank}", str(group.rank() if group else 0))
+    try:
+        return streamable(name)
+    except NotDownloaded as e:
+        if group is not None or not (sys.stdin.isatty() and sys.stderr.isatty()):
+            raise
+        print(f"[streamer] {e}", file=sys.stderr)
+        print(f"Pull {e.name} now (`streamer pull {e.name}`)? [y/N] ", end="", file=sys.stderr)
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            raise
+    from ..pull import pull
+
+    pull(name)
+    return streamable(name)
 
 
 def add_sampling(p: argparse.ArgumentParser) -> None:
@@ -138,7 +150,7 @@ def add_loading(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verify-reads",
         action="store_true",
-        help="check each expert's crc32 the first time it is read",
+        help="check each expert's crc32 whenever it is read from the disk",
     )
     p.add_argument(
         "--checksums",
@@ -147,49 +159,13 @@ def add_loading(p: argparse.ArgumentParser) -> None:
     )
 
 
-# mlx_lm.generate's DEFAULT_QUANTIZED_KV_START (tests/test_kv_bits.py checks it), written here so
-# that --help needs no mlx-lm import
-QUANTIZED_KV_START = 5000
-
-
-def add_kv_cache(p: argparse.ArgumentParser) -> None:
-    """mlx-lm's quantized KV cache flags, as mlx_lm.generate spells them."""
-    p.add_argument(
-        "--kv-bits",
-        type=int,
-        choices=KV_BITS,
-        help="quantize the KV cache to this many bits (default: not quantized)",
-    )
-    p.add_argument(
-        "--kv-group-size",
-        type=int,
-        choices=KV_GROUP_SIZES,
-        default=64,
-        help="group size of the KV cache's quantization (default: %(default)s)",
-    )
-    p.add_argument(
-        "--quantized-kv-start",
-        type=int,
-        default=QUANTIZED_KV_START,
-        metavar="N",
-        help="with --kv-bits, quantize once the cache holds N tokens (default: %(default)s)",
-    )
-
-
-def kv_options(args: argparse.Namespace) -> dict:
-    """streamer.generate's keywords for the KV cache flags (none without --kv-bits)."""
-    check_at_least(args.quantized_kv_start, "--quantized-kv-start", 0)
-    if args.kv_bits is None:
-        return {}
-    return {
-        "kv_bits": args.kv_bits,
-        "kv_group_size": args.kv_group_size,
-        "quantized_kv_start": args.quantized_kv_start,
-    }
-
-
 def load_options(args: argparse.Namespace) -> dict:
     """The keywords of `streamer.load` that add_loading's flags set."""
+    if args.checksums is not None and not os.path.isfile(args.checksums):
+        raise StreamerError(
+            f"--checksums {args.checksums}: no such file; `streamer verify DIR --record "
+            "--checksums FILE` writes one (leave the flag out for the default sidecar)."
+        )
     return {
         "memory_budget": args.memory_budget,
         "dtype": args.dtype,

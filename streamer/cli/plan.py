@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
 
 def plan(args: argparse.Namespace) -> None:
     from ..loading.backend import default_dtype
-    from ..loading.hub import resolve
+    from ..loading.hub import model_path, resolve
     from ..plan import plan
 
     if args.memory is None:
@@ -44,6 +44,7 @@ def plan(args: argparse.Namespace) -> None:
     q = quantize_option(args)
     quantize = q and (q.bits, q.group_size, q.mode)
     kv = (args.kv_bits, args.kv_group_size) if args.kv_bits else None
-    source = resolve(args.source, "model")
+    # --quantize plans a repack of the download; without it, a pulled name is its repacked folder
+    source = resolve(args.source) if quantize else model_path(args.source)
     result = plan(source, memory, quantize=quantize, dtype=default_dtype(), kv=kv)
     print(result.json() if args.json else "\n".join(result.lines()))

@@ -9,15 +9,16 @@ from pathlib import Path
 
 from ..arguments import check_at_least
 from ..errors import StreamerError
-from .interrupts import raising_on_ctrl_c
+from ..progress import PrefillProgress
+from .drafting import add_drafting, check_drafting, draft_options
+from .interrupts import end_interrupted, raising_on_ctrl_c
+from .kv_options import add_kv_cache, add_prompt_cache_dir, disk_option, kv_options
 from .options import (
-    add_kv_cache,
     add_loading,
     add_model,
     add_sampling,
     add_template,
     check_sampling_flags,
-    kv_options,
     load_options,
     model_folder,
 )
@@ -53,7 +54,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
     p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
+    add_prompt_cache_dir(p)
     add_kv_cache(p)
+    add_drafting(p)
     add_loading(p)
     p.set_defaults(run=serve)
 
@@ -62,7 +65,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=512, help="per answer")
     add_sampling(p)
     add_template(p)
+    add_prompt_cache_dir(p)
     add_kv_cache(p)
+    add_drafting(p)
     add_loading(p)
     p.set_defaults(run=chat)
 
@@ -72,7 +77,8 @@ def serve(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
     check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
-    options = kv_options(args)
+    options, disk = kv_options(args), disk_option(args)
+    check_drafting(args)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
     for flag, value in (("--api-key", api_key), ("--served-model-name", args.served_model_name)):
         if value is not None and not value.strip():
@@ -85,21 +91,25 @@ def serve(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
     folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, group, **load_options(args))
-    engine = open_engine(model, tokenizer, args.prompt_cache_size, group, options)
+    options.update(draft_options(args, tokenizer, group))
+    engine = open_engine(model, tokenizer, args.prompt_cache_size, group, options, disk)
     if group is not None and group.rank() != 0:
         return engine.follow()
     defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
-    with raising_on_ctrl_c():  # Ctrl-C stops serving: the engine closes, other ranks are told
-        serve(
-            engine,
-            args.served_model_name or served_name(args.model, folder),
-            context,
-            host=args.host,
-            port=args.port,
-            defaults=defaults,
-            max_tokens=args.max_tokens,
-            api_key=api_key,
-        )
+    try:
+        with raising_on_ctrl_c():  # Ctrl-C stops serving: the engine closes, other ranks are told
+            serve(
+                engine,
+                args.served_model_name or served_name(args.model, folder),
+                context,
+                host=args.host,
+                port=args.port,
+                defaults=defaults,
+                max_tokens=args.max_tokens,
+                api_key=api_key,
+            )
+    except KeyboardInterrupt:  # the generation thread may be mid-answer, in MLX
+        end_interrupted()
 
 
 def served_name(given: str, folder: Path) -> str:
@@ -113,7 +123,8 @@ def served_name(given: str, folder: Path) -> str:
 
 def chat(args: argparse.Namespace) -> None:
     check_sampling_flags(args)
-    options = kv_options(args)
+    options, disk = kv_options(args), disk_option(args)
+    check_drafting(args)
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model
     from ..server.api import Sampling
@@ -121,7 +132,10 @@ def chat(args: argparse.Namespace) -> None:
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
-    engine = open_engine(model, tokenizer, 2, group, options)
+    options.update(draft_options(args, tokenizer, group))
+    if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
+        options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
+    engine = open_engine(model, tokenizer, 2, group, options, disk)
     if group is not None and group.rank() != 0:
         return engine.follow()
     template = tokenizer.has_chat_template and not args.ignore_chat_template

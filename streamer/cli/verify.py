@@ -14,7 +14,9 @@ def add_parser(sub) -> None:
         "verify",
         help="check every checksum of a repacked model or a download; names each bad tensor",
     )
-    p.add_argument("dir")
+    p.add_argument(
+        "dir", help="a repacked folder, a download, or org/name (pulled, or the hub cache)"
+    )
     p.add_argument(
         "--refresh",
         action="store_true",
@@ -35,20 +37,22 @@ def add_parser(sub) -> None:
 
 def verify(args: argparse.Namespace) -> int:
     from ..loading.download_folder import is_download
+    from ..loading.hub import model_path
     from ..verify import verify
 
+    folder = model_path(args.dir)
     # --record and --refresh write a file, atomically: a Ctrl-C raises, so no temporary is left
     writes = args.record or args.refresh
     with raising_on_ctrl_c() if writes else contextlib.nullcontext():
         problems = verify(
-            args.dir, refresh=args.refresh, record=args.record, checksums=args.checksums
+            folder, refresh=args.refresh, record=args.record, checksums=args.checksums
         )
     for problem in problems:
         print(f"streamer: bad: {problem}", file=sys.stderr)
     if problems:
         remedy = (
             "download the named files again, then record their checksums again with --record."
-            if is_download(args.dir)
+            if is_download(folder)
             else "repack the model from its source."
         )
         print(

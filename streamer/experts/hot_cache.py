@@ -21,6 +21,8 @@ class HotCache:
         cached = [self._cache.access(layer.index, expert) for expert in experts]
         misses = [expert for expert, (tensors, _) in zip(experts, cached) if tensors is None]
         traffic.cache_hits += len(experts) - len(misses)
+        if layer.stats.verifying is not None:
+            layer.stats.verifying[-1].hits.update(set(experts) - set(misses))
         layer.prefetcher.fetch(misses, traffic)
         per_expert = []
         for expert, (tensors, admitted) in zip(experts, cached):

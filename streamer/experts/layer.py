@@ -43,9 +43,11 @@ import numpy as np
 
 from ..cache.expert_cache import ExpertCache
 from ..cache.slot_pool import SlotPool
+from ..errors import StreamerError
 from ..io.expert_files import ExpertFiles
 from ..io.expert_layout import LayerLayout
-from ..stats import ExpertStats
+from ..io.file_watch import watch_files
+from ..stats import ExpertStats, PassCall
 from .gather import GatherConvert
 from .hot_cache import HotCache
 from .mapped import PageCacheWatch, Prefetched, Prefetcher
@@ -63,7 +65,7 @@ def choose_read_path(layer: StreamingExperts):
         return HotCache(layer)
     if layer.converts:
         return GatherConvert()
-    # checksums are checked on a routed expert's first read: that needs the routing each call
+    # checksums are checked as a routed expert's bytes are read: that needs the routing each call
     watch = PageCacheWatch(layer) if layer.prefetcher.checksums is None else None
     return Prefetched(layer, watch)  # it moves to InPageCache once the files are found cached
 
@@ -81,9 +83,9 @@ class StreamingExperts(nn.Module):
         share: ExpertShare | None = None,
     ):
         """With `files` the layer computes on their mapped views (checking `checksums`, [expert]
-        [tensor] crc32s, once before each expert's first use); without, it waits for a slot pool
-        (`use_pool`) and its files are never mapped. `share`: expert-parallel, the experts this
-        rank computes (parallel.py wraps the read path)."""
+        [tensor] crc32s, before an expert is computed from bytes read from the disk); without, it
+        waits for a slot pool (`use_pool`) and its files are never mapped. `share`:
+        expert-parallel, the experts this rank computes (parallel.py wraps the read path)."""
         super().__init__()
         # Held outside the parameter tree: its stacked weights are views of the expert files,
         # slot pool arrays or per-call copies, never evaluated, saved or loaded with the model.
@@ -106,12 +108,15 @@ class StreamingExperts(nn.Module):
         self.pool: SlotPool | None = None
         self.resident = False
         object.__setattr__(self, "views", None)
+        object.__setattr__(self, "_layout", layout)
+        object.__setattr__(self, "_watches", [])  # (file number, FileWatch) of the files read
         self.prefetcher = None
         self.read = None
         if files is not None:
             layer_files = files.layers[self.index]
             object.__setattr__(self, "views", layer_files.views)
             self.files = layer_files
+            object.__setattr__(self, "_watches", layer_files.watches)
             self.prefetcher = Prefetcher(files, layer_files, checksums)
             self.install(self.views)
             self.read = choose_read_path(self)
@@ -135,6 +140,7 @@ class StreamingExperts(nn.Module):
             self.pool.close()  # read once: its files are closed, its arrays are the experts now
             self.pool = None
         self.resident = True
+        object.__setattr__(self, "_watches", [])  # no file is read from now on
         self.read = choose_read_path(self)
 
     def use_cache(self, cache: ExpertCache) -> None:
@@ -145,14 +151,38 @@ class StreamingExperts(nn.Module):
     def use_pool(self, pool: SlotPool) -> None:
         """Compute on `pool` (shared by the layers of one shape class) from now on."""
         self.pool = pool
+        fds = [file.fd for file in pool.layers[self.index].files]
+        object.__setattr__(self, "_watches", watch_files(self._layout.files, fds))
         self.read = choose_read_path(self)
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         traffic = self.stats.phase(indices.size // indices.shape[-1])
         traffic.layer_calls += 1
+        self.check_unchanged()
+        if self.stats.verifying is not None:  # a speculative verify pass: its waste is counted
+            self.stats.verifying.append(PassCall(indices, self.read_bytes))
         if self.share is not None:
             return self.share(self, x, indices, traffic)
         return self.read(self, x, indices, traffic)
+
+    def check_unchanged(self) -> None:
+        """Stop if a file this layer reads changed since it was opened (io/file_watch.py): the
+        experts would compute on other bytes than the ones loaded, and say nothing."""
+        for file, watch in self._watches:
+            change = watch.change()
+            if change is not None:
+                raise StreamerError(
+                    f"{self._layout.where(file)} {change} while the model was running from it: "
+                    f"its experts would compute on other weights, so generation stops; "
+                    f"{self._layout.remedy}, then load the model again."
+                )
+
+    @property
+    def read_bytes(self) -> int:
+        """What reading one routed expert costs this layer (bytes_read per expert)."""
+        if self.resident:
+            return 0
+        return self.pool.slot_bytes if self.pool is not None else self.prefetcher.payload_bytes
 
     def convert(self, tensor: mx.array) -> mx.array:
         """`tensor` in the compute dtype (floating tensors only); itself when already so."""

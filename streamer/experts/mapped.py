@@ -57,7 +57,6 @@ class Prefetcher:
         files, populated = self._files, self._populated
         start = time.perf_counter()
         self._forget_evicted()
-        files.check_unchanged()
         counts = files.resident_bytes(experts)  # [expert, range]
         if counts is not None:  # None: the OS cannot tell, no hint is given
             measured = len(experts) * self.measured_bytes
@@ -71,6 +70,7 @@ class Prefetcher:
                 fetched = np.asarray(experts)[cold.any(axis=1)]
                 traffic.experts_fetched += len(fetched)
                 populated[fetched] = False  # evicted pages were unmapped too
+                self.verified[fetched] = False  # bytes from the disk again: checked again
                 self.recent_misses += len(fetched)
         for expert in experts:
             if not populated[expert]:
@@ -112,7 +112,8 @@ class Prefetcher:
             self._populated[:] = False
 
     def verify(self, experts) -> None:
-        """With checksums, refuse any of `experts` whose bytes do not match (each checked once)."""
+        """With checksums, refuse any of `experts` whose bytes do not match: checked on each read
+        from the disk (the first, and again whenever the page cache had dropped some of them)."""
         if self.checksums is None:
             return
         layout = self._files.layout

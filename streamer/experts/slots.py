@@ -6,7 +6,13 @@ slot indices, so its kernels compute exactly what they compute on the resident s
 Nothing the compute sees views a file: the expert files are opened for reads, never mapped.
 
 A call that routes more experts than the pool has slots (a long prompt chunk on a small pool)
-runs in rounds of at most `slots` experts; each round's output is kept for its own experts.
+runs in rounds of at most `slots` experts; each round's output is kept for its own experts. A
+pool is made of chunks (cache/slot_pool.py: no array past CHUNK_BYTES); a round whose experts
+lie in several chunks computes once per chunk on that chunk's arrays, each output kept for the
+experts in it, the same masking as rounds. So that a decode call's experts lie in one chunk, a
+budget larger than one chunk is given to groups of consecutive layers, each group a pool of its
+own of at most one chunk (its LFU shared by its layers); only a layer whose own share is larger
+(or budget 0: one layer's experts shared by all) has a pool of several chunks.
 Where the compute dtype differs from the stored one (the CPU backend with bf16 scales) the routed
 slots are taken and converted per call (counted in bytes_copied); on a GPU the default compute
 dtype is the stored one and nothing is copied.
@@ -16,15 +22,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+import psutil
 
 from ..cache.budget import chosen_budget
-from ..cache.slot_pool import LayerSource, SlotPool, SlotTensor
+from ..cache.slot_pool import CHUNK_BYTES, LayerSource, SlotPool, SlotTensor, chunk_slots
+from ..errors import StreamerError
 from ..io.expert_layout import LayerLayout
 from ..io.manifest import Manifest
 from ..io.reads import ReadFile
+from ..io.sizes import size_text
 from ..stats import ExpertTraffic
 from .routing import finish, host_routing
 
@@ -48,13 +58,18 @@ class Slots:
             traffic.experts_fetched += misses
             traffic.bytes_read += misses * pool.slot_bytes
             traffic.cache_hits += len(group) - misses
-            part = self._compute(layer, x, routed, group, slots, traffic)
-            pool.computed(part)  # no slot it reads is rewritten before it is computed
-            if out is None:
-                out = part
-            else:  # every routed entry belongs to exactly one round
-                mask = mx.array(np.isin(routed, group))[..., None]
-                out = mx.where(mask, part, out)
+            if layer.stats.verifying is not None:
+                layer.stats.verifying[-1].hits.update(group[~pool.last_missed].tolist())
+            chunks, rows = np.divmod(slots, pool.chunk_slots)
+            for chunk in np.unique(chunks):
+                mine = chunks == chunk
+                part = self._compute(layer, x, routed, group[mine], rows[mine], chunk, traffic)
+                pool.computed(part)  # no slot it reads is rewritten before it is computed
+                if out is None:
+                    out = part
+                else:  # every routed entry belongs to exactly one round and chunk
+                    mask = mx.array(np.isin(routed, group[mine]))[..., None]
+                    out = mx.where(mask, part, out)
         return finish(layer, out, traffic, start)
 
     def _compute(
@@ -63,19 +78,21 @@ class Slots:
         x: mx.array,
         routed: np.ndarray,
         group: np.ndarray,
-        slots: np.ndarray,
+        rows: np.ndarray,
+        chunk: int,
         traffic: ExpertTraffic,
     ) -> mx.array:
-        pool = self._pool
+        """The container on one chunk's arrays, for `group`'s experts at `rows` of it."""
+        arrays = self._pool.chunks[chunk]
         if layer.converts:  # take the routed slots, converted, in `group` order
-            taken = mx.array(slots.astype(np.uint32))
-            tensors = [layer.convert(mx.take(a, taken, axis=0)) for a in pool.arrays]
+            taken = mx.array(rows.astype(np.uint32))
+            tensors = [layer.convert(mx.take(a, taken, axis=0)) for a in arrays]
             traffic.bytes_copied += sum(t.nbytes for t in tensors)
             position = np.minimum(np.searchsorted(group, routed), len(group) - 1)
         else:  # the pool itself: the kernels gather the routed slots
-            tensors = pool.arrays
+            tensors = arrays
             table = np.zeros(layer.num_experts, dtype=np.int64)  # outside the group: any slot
-            table[group] = slots
+            table[group] = rows
             position = table[routed]
         layer.install(tensors)
         return layer.container(x, mx.array(position.astype(np.uint32)))
@@ -87,8 +104,8 @@ def resident_pools(
     """Every layer's experts read once into a pool of its own, then run resident; `done` is
     called after each layer (a progress bar)."""
     for layout, layer in zip(layouts, layers):
-        own = open_pools([layout], {shape_class(layout): layout.num_experts}, checksums, False)
-        layer.use_pool(own[shape_class(layout)])
+        own = open_pools([layout], {shape_class(layout): layout.num_experts}, checksums, None)
+        layer.use_pool(own[layout.index])  # one array per tensor, as mlx-lm holds the layer
         layer.make_resident()
         done()
 
@@ -103,10 +120,11 @@ def slot_budget(
     bypass_page_cache: bool = False,
 ) -> tuple[str, list[SlotPool]]:
     """Give every layer its pool for `budget` bytes of slots (None: the default, cache/budget.py),
-    less than every expert's bytes (more: resident_pools), and say so: one pool per shape class,
-    its share of the budget in proportion to the class's experts, at least one slot; 0: one
-    layer's experts each (the smallest pool in which any call, a whole prompt chunk too, runs in
-    one round)."""
+    less than every expert's bytes (more: resident_pools), and say so: per shape class its share
+    of the budget in proportion to the class's experts, at least one slot, in pools of one chunk
+    per group of layers (open_pools); 0: one layer's experts each, one pool (the smallest in
+    which any call, a whole prompt chunk too, runs in one round). Slots that do not fit in the
+    available memory are refused before any pool is made."""
     budget, why = chosen_budget(manifest, budget, dtype)
     experts, slot_bytes, per_layer = {}, {}, {}
     for layout in layouts:
@@ -119,20 +137,34 @@ def slot_budget(
         key: min(experts[key], max(1, budget * experts[key] // total) if budget else per_layer[key])
         for key in experts
     }
-    by_class = open_pools(layouts, slots, checksums, bypass_page_cache)
+    need = sum(slots[key] * slot_bytes[key] for key in slots)
+    available = psutil.virtual_memory().available
+    if need > available:
+        raise StreamerError(
+            f"a slot pool of {need / 1e9:.2f} GB ({why}) does not fit in the {available / 1e9:.2f} "
+            "GB of memory available: give a smaller memory budget."
+        )
+    by_layer = open_pools(layouts, slots, checksums, CHUNK_BYTES, bypass_page_cache, budget > 0)
     for layout, layer in zip(layouts, layers):
-        layer.use_pool(by_class[shape_class(layout)])
-    pools = list(by_class.values())
+        layer.use_pool(by_layer[layout.index])
+    pools = list({id(pool): pool for pool in by_layer.values()}.values())
     size = sum(pool.nbytes for pool in pools)
-    sizes = ", ".join(str(pool.slots) for pool in pools)
+    sizes = ", ".join(str(sum(p.slots for p in pools if p.tensors == t)) for t in _classes(pools))
+    arrays = sum(len(pool.chunks) for pool in pools)
     kind = "one layer's experts" if budget == 0 else "LFU with aging"
     if bypass_page_cache:
         kind += ", read around the page cache"
+    if arrays > 1:
+        kind += f", {arrays} chunks"
     return (
-        f"experts stream from disk into a slot pool of {sizes} slots ({size / 1e9:.2f} GB, "
+        f"experts stream from disk into a slot pool of {sizes} slots ({size_text(size)}, "
         f"{kind}; {why})",
         pools,
     )
+
+
+def _classes(pools: list[SlotPool]) -> list[tuple]:
+    return list(dict.fromkeys(pool.tensors for pool in pools))
 
 
 def shape_class(layout: LayerLayout) -> tuple:
@@ -143,35 +175,60 @@ def open_pools(
     layouts: list[LayerLayout],
     slots: dict[tuple, int],
     checksums: list | None,
+    chunk_bytes: int | None = CHUNK_BYTES,
     bypass_page_cache: bool = False,
-) -> dict[tuple, SlotPool]:
-    """One pool per shape class of `layouts` with `slots[class]` slots; each layer's files opened
-    for reads (never mapped). `checksums[layer]`: [expert][tensor] crc32s, checked on every read."""
+    grouped: bool = False,
+) -> dict[int, SlotPool]:
+    """The pool of each layer (by index): per shape class of `layouts`, `slots[class]` slots in
+    arrays of at most `chunk_bytes` (None: one per tensor), in one pool or (`grouped`) one per
+    group of layers (layer_groups); the layers' files opened for reads (never mapped), each
+    once: the pools share them, and are closed together.
+    `checksums[layer]`: [expert][tensor] crc32s, checked on every read."""
     classes: dict[tuple, list[LayerLayout]] = {}
     for layout in layouts:
         classes.setdefault(shape_class(layout), []).append(layout)
-    pools: dict[tuple, SlotPool] = {}
-    sources: dict[int, LayerSource] = {}
+    pools: dict[int, SlotPool] = {}
+    # each path opened once: a download's layer names a shard once per stacked tensor, and
+    # Kimi K2's 60 layers would otherwise open 540 descriptors (macOS allows 256 by default)
+    opened: dict[Path, ReadFile] = {}
     try:
         for key, members in classes.items():
-            sources = {}
-            for layout in members:
-                files = []
-                sources[layout.index] = LayerSource(
-                    files,
-                    [t.at for t in layout.tensors],
-                    layout.num_experts,
-                    checksums[layout.index] if checksums is not None else None,
-                    layout.where,
-                )
-                files.extend(ReadFile(path, bypass_page_cache) for path in layout.files)
             tensors = [SlotTensor(t.name, t.dtype, t.shape) for t in members[0].tensors]
-            pools[key] = SlotPool(tensors, slots[key], sources)
+            per_chunk = chunk_slots(tensors, slots[key], chunk_bytes)
+            groups = layer_groups(len(members), slots[key], per_chunk if grouped else slots[key])
+            for first, end, count in groups:
+                sources = {}
+                for layout in members[first:end]:
+                    for path in layout.files:
+                        if path not in opened:
+                            opened[path] = ReadFile(path, bypass_page_cache)
+                    sources[layout.index] = LayerSource(
+                        [opened[path] for path in layout.files],
+                        [t.at for t in layout.tensors],
+                        layout.num_experts,
+                        checksums[layout.index] if checksums is not None else None,
+                        layout.where,
+                    )
+                pool = SlotPool(tensors, count, sources, chunk_bytes)
+                pools.update(dict.fromkeys(sources, pool))
     except BaseException:
-        for pool in pools.values():
-            pool.close()
-        for source in sources.values():  # the class whose pool was not made
-            for file in source.files:
-                file.close()
+        for file in opened.values():
+            file.close()
         raise
     return pools
+
+
+def layer_groups(layers: int, slots: int, per_chunk: int) -> list[tuple[int, int, int]]:
+    """(first, end, slots) of groups of consecutive layers, each group's share of `slots` (in
+    proportion to its layers) within one chunk of `per_chunk` slots, where one layer's share
+    fits in one; a layer whose share does not is a group of its own."""
+    if slots <= per_chunk:
+        return [(0, layers, slots)]
+    size = max(1, layers * per_chunk // slots)
+    bounds = [*range(0, layers, size), layers]
+    return [(a, b, _share(slots, layers, a, b, per_chunk)) for a, b in zip(bounds, bounds[1:])]
+
+
+def _share(slots: int, layers: int, first: int, end: int, per_chunk: int) -> int:
+    share = max(1, slots * end // layers - slots * first // layers)
+    return share if end - first == 1 else min(share, per_chunk)  # rounding may pass a chunk

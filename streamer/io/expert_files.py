@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import StreamerError
 from .expert_layout import ByteRange, LayerLayout, TensorPlacement, repacked_layout
+from .file_watch import watch_files
 from .files import close_when_collected, open_regular
 from .integrity import check_expert_file_size
 from .manifest import Manifest
@@ -41,21 +42,18 @@ class LayerFiles:
         ]
         self._region_lengths = np.array([r.length for r in layout.regions], dtype=np.int64)
         self.regions_bytes = int(self._region_lengths.sum())  # all of the layer's experts
+        self.watches = watch_files(layout.files, fds)
 
     def _view(self, t: TensorPlacement) -> mx.array:
         mapped = self._maps[t.at.file]
-        start, size = t.at.offset - mapped.offset, t.dtype.size
-        span = (self.layout.num_experts - 1) * t.at.stride + t.at.length
-        # A tensor need not start on a multiple of its element size (mlx's safetensors writer
-        # does not pad its header): its bytes are sliced first, so the view starts where it does.
-        data = mapped.array[start : start + span] if start % size else mapped.array
-        typed = data if t.dtype == mx.uint8 else data.view(t.dtype)
+        size = t.dtype.size
         row = [1] * len(t.shape)  # row-major strides of one expert's tensor, in elements
         for axis in range(len(t.shape) - 2, -1, -1):
             row[axis] = row[axis + 1] * t.shape[axis + 1]
         shape = (self.layout.num_experts, *t.shape)
-        first = 0 if start % size else start // size
-        return mx.as_strided(typed, shape, (t.at.stride // size, *row), first)
+        # A tensor need not start on a multiple of its element size (mlx's safetensors writer
+        # does not pad its header): the view starts where its bytes do.
+        return mapped.view(t.at.offset - mapped.offset, t.dtype, shape, (t.at.stride // size, *row))
 
     def ranges(self, expert: int) -> list[ByteRange]:
         return [r.of(expert) for r in self.layout.expert_ranges]
@@ -106,19 +104,6 @@ class LayerFiles:
                 mapped.host[r.offset - mapped.offset : r.offset - mapped.offset + r.length]
             )
         return parts
-
-    def check_unchanged(self) -> None:
-        """Touching a page past a file's end kills the process (SIGBUS): one fstat per file."""
-        checked = set()
-        for file, (fd, size) in enumerate(zip(self._fds, self.layout.file_bytes)):
-            if fd in checked:  # a file that holds several of the layer's tensors
-                continue
-            checked.add(fd)
-            if os.fstat(fd).st_size != size:
-                raise StreamerError(
-                    f"{self.layout.where(file)}: the file was truncated or overwritten since the "
-                    f"model was loaded; {self.layout.remedy}."
-                )
 
 
 class ExpertFiles:

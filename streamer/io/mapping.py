@@ -2,10 +2,14 @@
 
 Metal adopts page-aligned host memory (`mx.asarray(..., copy=False)` wraps it in a no-copy
 buffer), so there the mapping itself becomes the array. MLX's CPU allocator cannot adopt foreign
-memory, so on the CPU backend an MLX buffer is allocated and the file is mapped over its pages
-(`MAP_FIXED`): the array then reads the page cache directly. Before that buffer can go back to
-MLX's allocator (which may recycle it), its range is turned back into ordinary anonymous memory,
-so no later allocation can land on read-only file pages.
+memory, so on the CPU backend an MLX buffer is allocated, untouched (buffers.py: its pages never
+written, so mapping costs what the mapping costs, not a zero-fill of the file's size), and the
+file is mapped over its pages (`MAP_FIXED`): the array then reads the page cache directly. Before
+that buffer can go back to MLX's allocator (which may recycle it), its range is turned back into
+ordinary anonymous memory, so no later allocation can land on read-only file pages.
+
+Either way the array is uint8 [pages, OS page] (no dimension past 2^31, whatever the file's size)
+and a tensor in it is `view`ed at its byte offset (buffers.view).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import weakref
 
 import mlx.core as mx
 import numpy as np
+
+from . import buffers
 
 OS_PAGE = mmap.PAGESIZE  # 4 KiB on Linux x86, 16 KiB on Apple silicon
 _MAP_FIXED = 0x10  # the same on Linux and macOS; Python's mmap module does not export it
@@ -56,19 +62,24 @@ except AttributeError:  # a libc without mincore
 
 class MappedFile:
     """A read-only map of `size` bytes of a file from `offset` (a multiple of the OS page):
-    `array` (uint8, MLX), `host` (numpy) and `address` share it. Offsets given to its methods
-    are relative to the mapping's start."""
+    `array` (uint8 MLX [rows, ROW], the mapping from byte `start` of it), `host` (numpy, the
+    mapping's bytes) and `address` share it. Offsets given to its methods are relative to the
+    mapping's start."""
 
     def __init__(self, fd: int, size: int, offset: int = 0):
         self.size, self.offset = size, offset
         if mx.metal.is_available():
             self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ, offset=offset)
             self.host = np.frombuffer(self._map, dtype=np.uint8)
-            self.array = mx.asarray(self.host, copy=False)
+            # whole pages, as rows: the last page is mapped whole, past the file's end too
+            rows = np.lib.stride_tricks.as_strided(
+                self.host, (align(size, OS_PAGE) // buffers.ROW, buffers.ROW), (buffers.ROW, 1)
+            )
+            self.array, self.start = mx.asarray(rows, copy=False), 0
         else:
             self._map = None
-            self.array = _map_over_mlx_buffer(fd, size, offset)
-            self.host = np.asarray(memoryview(self.array))
+            self.array, self.start = _map_over_mlx_buffer(fd, size, offset)
+            self.host = buffers.host_bytes(self.array)[self.start : self.start + size]
             self.host.flags.writeable = False  # the pages are mapped read-only: a write would fault
         self.address = self.host.ctypes.data
         if self._map is None:
@@ -76,6 +87,12 @@ class MappedFile:
             self._restore = weakref.finalize(
                 self, _unmap_file_pages, self.address, self.size, self.array
             )
+
+    def view(
+        self, offset: int, dtype: mx.Dtype, shape: tuple[int, ...], strides: tuple[int, ...]
+    ) -> mx.array:
+        """`dtype` elements [shape] with `strides` (in elements) from byte `offset`, no copy."""
+        return buffers.view(self.array, self.start + offset, dtype, shape, strides)
 
     def advise(self, advice: int, offset: int, length: int) -> None:
         advise(self.address, advice, offset, length)
@@ -94,19 +111,18 @@ class MappedFile:
             self._restore()
 
 
-def _map_over_mlx_buffer(fd: int, size: int, offset: int) -> mx.array:
+def _map_over_mlx_buffer(fd: int, size: int, offset: int) -> tuple[mx.array, int]:
+    """An untouched MLX buffer with the file mapped over it from its first page boundary: the
+    buffer and where in it the mapping starts."""
     length = align(size, OS_PAGE)
-    buffer = mx.zeros((length + OS_PAGE,), dtype=mx.uint8)  # a page to spare for alignment
-    mx.eval(buffer)
-    base = np.asarray(memoryview(buffer)).ctypes.data
+    buffer = buffers.untouched(length + OS_PAGE)  # a page to spare for alignment
+    base = buffers.address(buffer)
     pad = -base % OS_PAGE
     got = libc.mmap(base + pad, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
     if got in (None, _MAP_FAILED):
         err = ctypes.get_errno()
         raise OSError(err, f"mmap failed: {os.strerror(err)}")
-    array = buffer[pad : pad + size]
-    mx.eval(array)
-    return array
+    return buffer, pad
 
 
 def _unmap_file_pages(address: int, size: int, array: mx.array) -> None:

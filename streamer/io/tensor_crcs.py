@@ -1,5 +1,6 @@
 """Every crc32 of a repacked folder recomputed: `streamer verify`, the --resume check of what a
-repack already wrote, and `load(verify_reads=True)` (one expert's tensors as it is first read)."""
+repack already wrote, and `load(verify_reads=True)` (an expert's tensors as it
+is read)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 The lookup is offline: huggingface_hub resolves the cached snapshot (a folder of symlinks into the
 cache's blobs) and nothing is downloaded; a name that is not cached is refused with the command
-that downloads it.
+that downloads it (`streamer pull`, streamer/pull.py). A name `streamer pull` repacked (a download
+that was not MLX-quantized) stands for its repacked folder, `pulled_folder(name)`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,41 @@ from pathlib import Path
 from ..errors import StreamerError
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# What a pull downloads and a lookup expects: mlx-lm's (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS,
+# copied: importing mlx_lm.utils imports transformers, seconds `plan` does not spend)
+ALLOW_PATTERNS = [
+    "*.json",
+    "model*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
+
+
+class NotDownloaded(StreamerError):
+    """A Hugging Face name that is not in the cache (nor pulled): `streamer pull` fetches it."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
+
+
+def is_repo_id(name: str | Path) -> bool:
+    """Whether `name` is a hub name rather than a folder that exists."""
+    return not Path(name).exists() and bool(REPO_ID.match(str(name)))
+
+
+def pulled_folder(name: str) -> Path:
+    """Where `streamer pull` repacks `org/name`: the user cache folder's models/org--name
+    ($STREAMER_CACHE_DIR, else ~/.cache/streamer or ~/Library/Caches/streamer), beside the
+    Hugging Face cache (~/.cache/huggingface/hub) as pip's and huggingface_hub's caches lie."""
+    from ..io.checksums import cache_dir
+
+    return cache_dir() / "models" / name.replace("/", "--")
 
 
 def resolve(name: str | Path, what: str = "model") -> Path:
@@ -26,31 +62,53 @@ def resolve(name: str | Path, what: str = "model") -> Path:
             f"{what} {text!r} is not a folder, nor a Hugging Face name such as Qwen/Qwen3-30B-A3B."
         )
     from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(text, local_files_only=True))
+        return Path(snapshot_download(text, local_files_only=True, allow_patterns=ALLOW_PATTERNS))
+    except IncompleteSnapshotError:
+        raise NotDownloaded(
+            text,
+            f"the download of {text} in the Hugging Face cache is incomplete: `streamer pull "
+            f"{text}` finishes it.",
+        ) from None
     except LocalEntryNotFoundError:
-        raise StreamerError(
+        raise NotDownloaded(
+            text,
             f"{text} is neither a folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}): "
-            f"download it with `hf download {text}`, or check the name."
+            f"download it with `streamer pull {text}`, or check the name.",
         ) from None
     except Exception as e:  # a malformed repo id or a damaged cache entry
         raise StreamerError(f"cannot look up {text} in the Hugging Face cache: {e}") from None
 
 
-def streamable(name: str | Path) -> Path:
-    """A folder written by `streamer repack`, or an MLX-quantized download (streamed in place);
-    a download that is not MLX-quantized is refused, saying how to repack it."""
+def model_path(name: str | Path) -> Path:
+    """The folder `--model name` (and `verify`, `info`) stands for: a folder, the repacked folder
+    of a pulled name, else the name's snapshot in the Hugging Face cache."""
+    if is_repo_id(name) and pulled_folder(str(name)).exists():
+        return pulled_folder(str(name))
+    return resolve(name)
+
+
+def needs_repack(folder: Path) -> bool:
+    """Whether `folder` is a download that is not MLX-quantized (it cannot stream in place)."""
     from ..io.json_file import read_json_object
     from .download_folder import is_download
 
-    folder = resolve(name)
-    if is_download(folder):
-        config = read_json_object(folder / "config.json", "download config.json again.")
-        if "quantization" not in config:
-            raise StreamerError(
-                f"{name} is a checkpoint as downloaded, not MLX-quantized: repack it into a new "
-                f"folder with `streamer repack {name} DST --quantize 4` and pass DST."
-            )
+    if not is_download(folder):
+        return False
+    config = read_json_object(folder / "config.json", "download config.json again.")
+    return "quantization" not in config
+
+
+def streamable(name: str | Path) -> Path:
+    """A folder written by `streamer repack`, or an MLX-quantized download (streamed in place);
+    a download that is not MLX-quantized is refused, saying how to repack it."""
+    folder = model_path(name)
+    if needs_repack(folder):
+        pull = f"`streamer pull {name} --quantize 4`, or " if is_repo_id(name) else ""
+        raise StreamerError(
+            f"{name} is a checkpoint as downloaded, not MLX-quantized: repack it with {pull}"
+            f"`streamer repack {name} DST --quantize 4` into a new folder and pass DST."
+        )
     return folder

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from ..io.sizes import size_text
+
 MIN_CONTEXT = 4096  # "runs": the resident weights plus this much context fit
 
 
@@ -30,7 +32,7 @@ class ModelPlan:
     kv_bits: int | None = None  # mlx-lm's quantized KV cache, counted from the first token
 
     def lines(self) -> list[str]:
-        gb = size
+        gb = size_text
         lines = [
             f"model_type         {self.model_type}",
             f"experts            {self.experts} per layer in {self.moe_layers} MoE layers, "
@@ -90,10 +92,3 @@ def fitted(
         longest_context=int(longest),
         runs=need <= memory,
     )
-
-
-def size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} bytes"

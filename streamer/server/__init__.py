@@ -26,16 +26,42 @@ def open_model(folder: Path, group=None, **load_options):
     return model, tokenizer, model.streamer.context_length
 
 
-def open_engine(model, tokenizer, prompt_cache_size: int, group=None, options: dict | None = None):
+def open_engine(
+    model,
+    tokenizer,
+    prompt_cache_size: int,
+    group=None,
+    options: dict | None = None,
+    disk: tuple[Path, int] | None = None,
+):
     """The engine that computes the requests: under a group, every rank's (the ranks other than
-    0 then call its `follow()`); `options`: streamer.generate's keywords for every request."""
+    0 then call its `follow()`); `options`: streamer.generate's keywords for every request;
+    `disk`: (folder, byte bound) of the prompt caches kept on disk."""
     from .engine import Engine
 
     if group is None:
-        return Engine(model, tokenizer, prompt_cache_size, options)
+        return Engine(
+            model, tokenizer, prompt_cache_size, options, prompt_cache_on_disk(model, options, disk)
+        )
+    if disk is not None:
+        from ..errors import StreamerError
+
+        raise StreamerError(
+            "--prompt-cache-dir is for one process: under mlx.launch every rank would have to "
+            "find the same caches, which is not implemented; leave it out."
+        )
     from .group_engine import GroupEngine
 
     return GroupEngine(model, tokenizer, prompt_cache_size, group, options)
+
+
+def prompt_cache_on_disk(model, options: dict | None, disk: tuple[Path, int] | None):
+    """The prompt caches on disk (disk_cache.py) for this model, or None."""
+    if disk is None:
+        return None
+    from .disk_cache import DiskCache, model_identity
+
+    return DiskCache(Path(disk[0]), model_identity(model, options or {}), disk[1])
 
 
 def start_logging() -> None:

@@ -53,6 +53,7 @@ class Completion:
     text: str | None = None  # /v1/completions: the prompt as text...
     prompt: list[int] = field(default_factory=list)  # ...or as token ids
     max_tokens_field: str = "max_tokens"  # the field the request set it with, named in errors
+    num_draft_tokens: int | None = None  # drafts per pass, where the server drafts (0: none)
 
     @property
     def prompt_field(self) -> str:
@@ -79,6 +80,7 @@ def parse_completion(body: dict, *, chat: bool, model: str, defaults: Sampling) 
         max_tokens_field=max_tokens_field,
     )
     request.stream = bool(checked(body, "stream", bool))
+    request.num_draft_tokens = checked(body, "num_draft_tokens", int, low=0, high=64)
     options = checked(body, "stream_options", dict)
     if options is not None:
         if not request.stream:

@@ -27,6 +27,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..generate import RunStats, check_kv_cache_quantizes, stream_generate
 from .api import Completion
+from .disk_cache import DiskCache
 from .fields import ApiError
 from .output import Output, Piece
 from .sampling import sampler_and_processors
@@ -104,10 +105,12 @@ class Engine:
         tokenizer: TokenizerWrapper,
         prompt_cache_size: int = 10,
         options: dict | None = None,
+        disk: DiskCache | None = None,
     ):
-        """`options`: streamer.generate's keywords for every request (kv_bits, ...)."""
+        """`options`: streamer.generate's keywords for every request (kv_bits, ...); `disk`: the
+        prompt caches on disk, beside those in memory."""
         self.model, self.tokenizer = model, tokenizer
-        self.options = options or {}
+        self.options, self.disk = options or {}, disk
         if self.options.get("kv_bits") is not None:
             check_kv_cache_quantizes(model, self.options)  # at start, not in every request
         self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
@@ -162,7 +165,7 @@ class Engine:
             logits_processors=processors,
             prompt_cache=cache,
             stream=stream,
-            **self.options,
+            **self._options(request, job.prompt[: len(job.prompt) - len(rest)]),
         ):
             generated.append(response.token)
             stats = response.stats
@@ -184,6 +187,14 @@ class Engine:
         cached = len(job.prompt) - len(rest)
         job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
 
+    def _options(self, request: Completion, cached: list[int]) -> dict:
+        """The server's options for this request: its num_draft_tokens (0: no drafts) replaces
+        the server's; a drafter also sees the tokens the prompt cache holds."""
+        options = {**self.options, "prompt_cache_tokens": cached}
+        if request.num_draft_tokens is not None:
+            options["num_draft_tokens"] = request.num_draft_tokens
+        return options
+
     def _stops(self, job: Job, stopped: bool, generated: int) -> bool:
         """Whether generation ends after this token: a stop string came, or the client went
         away (an expert-parallel group's engine decides for all its ranks together)."""
@@ -196,6 +207,11 @@ class Engine:
         """The KV cache of the longest cached prefix of `prompt` and the tokens still to compute
         (at least one: the first new token's logits come from the last prompt token)."""
         cache, rest = self.prompt_cache.fetch_nearest_cache(MODEL_KEY, prompt)
+        if self.disk is not None:
+            held = len(prompt) - len(rest) if cache is not None else 0
+            found = self.disk.fetch(prompt, longer_than=held)
+            if found is not None:
+                cache, rest = found[0], prompt[found[1] :]
         if cache is not None and not rest:
             if can_trim_prompt_cache(cache):
                 trim_prompt_cache(cache, 1)
@@ -211,6 +227,8 @@ class Engine:
         offsets = {c.offset for c in cache if hasattr(c, "offset")}
         if len(offsets) == 1:
             tokens = tokens[: offsets.pop()]
+        if self.disk is not None:
+            self.disk.save(tokens, cache)
         self.prompt_cache.insert_cache(MODEL_KEY, tokens, cache)
 
     def _token(self, response, request: Completion) -> Token:

@@ -12,6 +12,10 @@ from typing import Any
 
 MAX_BODY_BYTES = 32 << 20
 MAX_INT = (1 << 31) - 1  # counts (tokens, top_k): what MLX's int32 indices can hold
+# Arrays and objects within one another: a request needs a few levels (a tool's JSON schema
+# some more). The body is copied, rendered and serialized recursively after json.loads, which
+# takes ~1000: 900 levels in a message's extra key ran out of stack there (a 500).
+MAX_DEPTH = 64
 
 
 class ApiError(Exception):
@@ -40,7 +44,22 @@ def parse_body(raw: bytes) -> dict:
         raise ApiError(400, "the request body nests arrays or objects too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if _depth(body) > MAX_DEPTH:
+        raise ApiError(400, f"the request body nests arrays or objects over {MAX_DEPTH} deep")
     return body
+
+
+def _depth(value: Any) -> int:
+    """How many arrays and objects deep `value` nests (without recursing: it may be deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_DEPTH:
+                children = value.values() if isinstance(value, dict) else value
+                stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _no_constant(name: str):

@@ -145,7 +145,7 @@ class Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length")
         if length is None:
             raise ApiError(411, "a Content-Length header is required")
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()):  # "²" is a digit to isdigit, not to int
             raise ApiError(400, f"Content-Length {length!r} is not a number of bytes")
         if int(length) > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
@@ -243,6 +243,10 @@ class Handler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    # connections waiting to be accepted: socketserver's 5 reset the rest of a burst (64 at once
+    # saw 17-44 resets); the kernel caps it at net.core.somaxconn. Accepted requests queue for
+    # the one generation thread (engine.py).
+    request_queue_size = socket.SOMAXCONN
     app: App
 
 

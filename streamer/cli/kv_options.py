@@ -1,0 +1,78 @@
+"""The KV cache's flags (generate, chat and serve): mlx-lm's quantized cache, and the prompt
+caches kept on disk."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..arguments import KV_BITS, KV_GROUP_SIZES, check_at_least
+from ..errors import StreamerError
+from .options import size
+
+# mlx_lm.generate's DEFAULT_QUANTIZED_KV_START (tests/test_dtype_and_kv.py checks it), written
+# here so that --help needs no mlx-lm import
+QUANTIZED_KV_START = 5000
+
+
+def add_kv_cache(p: argparse.ArgumentParser) -> None:
+    """mlx-lm's quantized KV cache flags, as mlx_lm.generate spells them."""
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=KV_BITS,
+        help="quantize the KV cache to this many bits (default: not quantized)",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        choices=KV_GROUP_SIZES,
+        default=64,
+        help="group size of the KV cache's quantization (default: %(default)s)",
+    )
+    p.add_argument(
+        "--quantized-kv-start",
+        type=int,
+        default=QUANTIZED_KV_START,
+        metavar="N",
+        help="with --kv-bits, quantize once the cache holds N tokens (default: %(default)s)",
+    )
+
+
+def kv_options(args: argparse.Namespace) -> dict:
+    """streamer.generate's keywords for the KV cache flags (none without --kv-bits)."""
+    check_at_least(args.quantized_kv_start, "--quantized-kv-start", 0)
+    if args.kv_bits is None:
+        return {}
+    return {
+        "kv_bits": args.kv_bits,
+        "kv_group_size": args.kv_group_size,
+        "quantized_kv_start": args.quantized_kv_start,
+    }
+
+
+def add_prompt_cache_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prompt-cache-dir",
+        metavar="DIR",
+        help="keep KV caches in DIR too (mlx-lm's prompt cache files), so a long system prompt "
+        "or a conversation is not computed again after a restart (default: in memory only)",
+    )
+    p.add_argument(
+        "--prompt-cache-disk",
+        type=size,
+        default="10G",
+        metavar="SIZE",
+        help="at most this much in --prompt-cache-dir, the least recently used files removed "
+        "(default: 10G)",
+    )
+
+
+def disk_option(args: argparse.Namespace) -> tuple[Path, int] | None:
+    """open_engine's `disk`: (folder, byte bound), or None without --prompt-cache-dir."""
+    if args.prompt_cache_dir is None:
+        return None
+    folder = Path(args.prompt_cache_dir)
+    if folder.exists() and not folder.is_dir():
+        raise StreamerError(f"--prompt-cache-dir {folder} is not a folder.")
+    return folder, args.prompt_cache_disk

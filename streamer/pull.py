@@ -1,0 +1,166 @@
+"""`streamer pull org/name`: a model from the Hugging Face Hub, made ready to stream.
+
+huggingface_hub's `snapshot_download` fetches what mlx-lm's loader fetches (hub.ALLOW_PATTERNS)
+into the normal Hugging Face cache ($HF_HUB_CACHE), with its progress bars. A pull that stops
+keeps every file it finished (the next pull fetches only the rest), and a connection that drops
+mid-file resumes from the byte it reached (a Range request). An MLX-quantized download then
+streams where it lies. Any other is repacked (streamer/repack) into `pulled_folder(name)`, where
+`--model org/name` finds it; with `delete_source`, the cache's copy goes shard by shard as the
+repack writes (repack/consume.py), and the cache entry at the end, so the disk holds one copy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+
+from .errors import StreamerError
+from .loading.hub import ALLOW_PATTERNS, REPO_ID, needs_repack, pulled_folder
+from .repack import repack
+from .repack.consume import stand_ins
+from .repack.plan import Quantize
+from .repack.publish import partial_folder
+
+
+def pull(
+    name: str,
+    *,
+    revision: str | None = None,
+    quantize: Quantize | None = None,
+    delete_source: bool = False,
+    dst: str | Path | None = None,
+    force: bool = False,
+    log=lambda msg: print(msg, file=sys.stderr, flush=True),
+) -> Path:
+    """Download `name` and return the folder that streams: its snapshot (MLX-quantized) or the
+    folder it was repacked into (`dst`, default `pulled_folder(name)`)."""
+    if not REPO_ID.match(name):
+        raise StreamerError(f"{name!r} is not a Hugging Face name such as Qwen/Qwen3-30B-A3B.")
+    dst = Path(dst) if dst is not None else pulled_folder(name)
+    partial = partial_folder(dst)
+    if dst.exists() and not partial.exists() and not force:
+        log(f"[pull] {name} is pulled already, repacked in {dst} (--force pulls it again)")
+        return dst
+    # shards an interrupted --delete-source repack consumed are in its partial folder already
+    consumed = sorted(stand_ins(partial)) if partial.exists() else []
+    drop_stale_parts(name)
+    snapshot = download(name, revision, consumed)
+    if not needs_repack(snapshot):
+        unused = " (nothing to repack: --quantize and --delete-source do not apply)"
+        note = unused if quantize or delete_source else ""
+        log(f"[pull] {name}: MLX-quantized, streams in place from {snapshot}{note}")
+        return snapshot
+    log(f"[pull] {name} is not MLX-quantized: repacking it into {dst}")
+    if delete_source:
+        own_files(snapshot)
+    repack(
+        snapshot,
+        dst,
+        quantize=quantize,
+        force=force,
+        resume=partial.exists(),
+        delete_source=delete_source,
+        log=log,
+    )
+    if delete_source:
+        forget(snapshot)
+        log(f"[pull] {name}: the download is removed from the Hugging Face cache")
+    else:
+        log(
+            f"[pull] {name}: the download stays in the Hugging Face cache ({snapshot}); "
+            "--delete-source keeps only the repacked copy"
+        )
+    return dst
+
+
+def download(name: str, revision: str | None, skip: list[str]) -> Path:
+    """snapshot_download, its failures one line each (what was fetched stays for the next pull)."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    again = f"the files fetched so far are kept: `streamer pull {name}` resumes."
+    try:
+        folder = snapshot_download(
+            name, revision=revision, allow_patterns=ALLOW_PATTERNS, ignore_patterns=skip or None
+        )
+    except GatedRepoError:
+        raise StreamerError(
+            f"{name} is gated: accept its terms on the Hub, then log in with `hf auth login`."
+        ) from None
+    except RepositoryNotFoundError:
+        raise StreamerError(
+            f"{name} is not on the Hub ({constants.ENDPOINT}): check the name (a private model "
+            "needs `hf auth login`)."
+        ) from None
+    except RevisionNotFoundError:
+        raise StreamerError(f"{name} has no revision {revision!r} on the Hub.") from None
+    except LocalEntryNotFoundError as e:  # the Hub unreachable, nothing cached
+        cause = e.__cause__ or e
+        raise StreamerError(
+            f"cannot reach the Hub ({constants.ENDPOINT}) for {name}: {type(cause).__name__}: "
+            f"{cause}; {again}"
+        ) from None
+    except Exception as e:  # a transfer that failed past huggingface_hub's retries
+        raise StreamerError(
+            f"the download of {name} failed ({type(e).__name__}: {e}); {again}"
+        ) from None
+    return Path(folder)
+
+
+def drop_stale_parts(name: str) -> None:
+    """Delete the part-files killed pulls left: huggingface_hub (2.4) writes each file to a new
+    `blobs/<etag>.<random>.incomplete`, removed on any error but not when the process is killed,
+    and never reused. One that a running download holds (the etag's lock) is left alone."""
+    from filelock import FileLock, Timeout
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = repo_folder_name(repo_id=name, repo_type="model")
+    for part in (Path(constants.HF_HUB_CACHE) / folder / "blobs").glob("*.incomplete"):
+        lock = FileLock(
+            Path(constants.HF_HUB_CACHE) / ".locks" / folder / f"{part.name.split('.')[0]}.lock"
+        )
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        try:
+            part.unlink(missing_ok=True)
+        finally:
+            lock.release()
+
+
+def own_files(snapshot: Path) -> None:
+    """Make each of the snapshot's links the file it points to (a rename of its blob, no copy),
+    so that --delete-source frees the space when it deletes a shard; a blob that another link
+    shares (another revision's, a duplicate file) is copied instead."""
+    links = [p for p in (snapshot.parent).rglob("*") if p.is_symlink()]
+    shared = Counter(os.path.realpath(p) for p in links)
+    for link in sorted(p for p in snapshot.rglob("*") if p.is_symlink()):
+        blob = os.path.realpath(link)
+        if shared[blob] > 1:
+            tmp = link.with_name(f".{link.name}.copy")
+            shutil.copyfile(blob, tmp)
+            blob = tmp
+        os.replace(blob, link)  # the link itself is replaced, atomically
+
+
+def forget(snapshot: Path) -> None:
+    """Remove the repacked download from the Hugging Face cache: the whole repo entry when this
+    was its only revision, else this snapshot and the refs that name it."""
+    storage = snapshot.parent.parent
+    if [p.name for p in snapshot.parent.iterdir()] == [snapshot.name]:
+        shutil.rmtree(storage)
+        return
+    shutil.rmtree(snapshot)
+    for ref in (storage / "refs").rglob("*"):
+        if ref.is_file() and ref.read_text().strip() == snapshot.name:
+            ref.unlink()

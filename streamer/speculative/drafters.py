@@ -1,0 +1,90 @@
+"""Where drafted tokens come from: a small resident model (as mlx-lm drafts), or the prompt itself.
+
+A drafter sees every token of the sequence (`start`, then `advance` after each verify pass) and
+proposes up to n tokens that may come next (`draft`). What it proposes never changes the output,
+only how many tokens a pass keeps: the target model checks every draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+from ..errors import StreamerError
+
+# what a prompt-lookup drafter matches by default: the last 3 tokens, then 2, then 1
+PROMPT_LOOKUP_NGRAM = 3
+
+
+class DraftModel:
+    """mlx-lm's drafting: the draft model samples each draft with the target's sampler (the same
+    random draws, in the same order, as mlx_lm's speculative_generate_step), and its KV cache is
+    trimmed back to the accepted tokens after each pass."""
+
+    def __init__(self, model: nn.Module, sampler: Callable, prefill_step_size: int = 512):
+        self.model, self.sampler, self.prefill_step_size = model, sampler, prefill_step_size
+        self.cache = make_prompt_cache(model)
+        self.pending: list[int] = []  # tokens the draft model has not computed yet
+
+    def start(self, tokens: list[int]) -> None:
+        """Compute all but the last of `tokens` (the sequence so far) into the draft's cache."""
+        done = 0
+        while len(tokens) - done > 1:
+            n = min(self.prefill_step_size, len(tokens) - done - 1)
+            self.model(mx.array(tokens[done : done + n])[None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            done += n
+        self.pending = tokens[done:]
+
+    def draft(self, n: int) -> list[int]:
+        drafts, inputs = [], self.pending
+        for _ in range(n):
+            logits = self.model(mx.array(inputs, mx.uint32)[None], cache=self.cache)[0, -1:]
+            token = self.sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+            mx.async_eval(token)
+            drafts.append(token)
+            inputs = token
+        return mx.concatenate(drafts).tolist() if drafts else []
+
+    def advance(self, drafts: list[int], accepted: int, token: int) -> None:
+        """`accepted` of `drafts` were kept, then the target gave `token`. The draft computed
+        every draft but the last: the rejected ones are trimmed from its cache."""
+        if not drafts:
+            self.pending = self.pending + [token]
+            return
+        trim_prompt_cache(self.cache, max(len(drafts) - accepted - 1, 0))
+        self.pending = ([drafts[-1]] if accepted == len(drafts) else []) + [token]
+
+
+class PromptLookup:
+    """Prompt lookup decoding: the drafts are what followed the latest earlier occurrence of the
+    sequence's last `ngram` tokens (then of fewer, down to one), in the prompt and output so far.
+    It pays where text repeats: code edits, quoting, reformatting. No match: no drafts, and the
+    pass is a plain decode step."""
+
+    def __init__(self, ngram: int = PROMPT_LOOKUP_NGRAM):
+        if ngram < 1:
+            raise StreamerError(f"prompt lookup matches n-grams of at least 1 token (got {ngram}).")
+        self.ngram = ngram
+        self.tokens: list[int] = []
+
+    def start(self, tokens: list[int]) -> None:
+        self.tokens = list(tokens)
+
+    def draft(self, n: int) -> list[int]:
+        tokens = np.array(self.tokens)
+        for size in range(min(self.ngram, len(tokens) - 1), 0, -1):
+            # every window before the tail itself (its continuation is not empty) that equals it
+            windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], size)
+            found = np.flatnonzero((windows == tokens[-size:]).all(axis=1))
+            if len(found):
+                start = int(found[-1]) + size  # the latest: text repeats what it said last
+                return tokens[start : start + n].tolist()
+        return []
+
+    def advance(self, drafts: list[int], accepted: int, token: int) -> None:
+        self.tokens += [*drafts[:accepted], token]

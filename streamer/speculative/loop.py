@@ -1,0 +1,148 @@
+"""The speculative decoding loop: mlx_lm's speculative_generate_step, with any drafter, with
+verify passes counted as decode in the streaming statistics, and exact against plain decoding.
+
+Each pass feeds the target the last token and up to k drafts in one forward pass: a streamed
+MoE layer then syncs once and reads each routed expert once for all k+1 inputs (experts/ treats a
+pass as it treats a prompt chunk). The target's token at every position is sampled as plain
+decoding samples it; drafts are kept while they equal it, and the first that does not is replaced
+by the target's token. So greedy output is plain greedy output, and a sampler gives exactly what
+mlx_lm's speculative_generate_step gives (the same draws in the same order). The target's KV
+cache is trimmed back to the kept tokens with mlx-lm's trim_prompt_cache.
+
+Where this differs from mlx-lm: logits processors see the whole sequence (prompt, output and the
+drafts before the position), as they do in plain decoding, so a repetition penalty is applied
+exactly as without drafts; and a drafter may propose fewer than k tokens (prompt lookup).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import maybe_quantize_kv_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+
+from ..errors import StreamerError
+from ..loading.handle import streaming
+from .drafters import DraftModel, PromptLookup
+
+
+def speculative_generate_step(
+    prompt: mx.array,
+    model: nn.Module,
+    drafter: DraftModel | PromptLookup,
+    *,
+    num_draft_tokens: int,
+    max_tokens: int = 256,
+    sampler: Callable | None = None,
+    logits_processors: list[Callable] | None = None,
+    prompt_cache: list | None = None,
+    prompt_cache_tokens: list[int] | None = None,
+    prefill_step_size: int = 2048,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
+    prompt_progress_callback: Callable[[int, int], None] | None = None,
+) -> Iterator[tuple[int, mx.array, bool]]:
+    """Yield (token, logprobs, from_draft) as mlx_lm's speculative_generate_step does.
+    `prompt_cache_tokens`: the tokens `prompt_cache` already holds (the drafter sees them too)."""
+    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
+    if not can_trim_prompt_cache(cache):
+        kinds = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
+        raise StreamerError(
+            f"speculative decoding trims the KV cache after each pass, and {', '.join(kinds)} "
+            "cannot be trimmed: drop max_kv_size (or the draft)."
+        )
+    sampler = sampler or make_sampler(0.0)
+    quantize = functools.partial(
+        maybe_quantize_kv_cache,
+        quantized_kv_start=quantized_kv_start,
+        kv_group_size=kv_group_size,
+        kv_bits=kv_bits,
+    )
+    handle = streaming(model)
+    stats = handle.stats if handle is not None else None
+    prompt = prompt.tolist()
+    progress = prompt_progress_callback or (lambda *_: None)
+    y = _prefill(model, cache, prompt, prefill_step_size, quantize, progress)
+    seen = prompt[:-1]  # before the pass's first input: what processors see, as in generate_step
+    drafter.start([*(prompt_cache_tokens or []), *prompt])
+    emitted = drafted = accepted = 0
+    try:
+        while emitted < max_tokens:
+            drafts = drafter.draft(min(max_tokens - emitted, num_draft_tokens))
+            inputs = [y, *drafts]
+            if stats is not None:
+                stats.start_pass()
+            logits = model(mx.array(inputs, mx.uint32)[None], cache=cache)[0]
+            quantize(cache)
+            tokens, logprobs = _sample(logits, seen, inputs, sampler, logits_processors)
+            mx.eval(tokens, logprobs)
+            tokens = tokens.tolist()
+            drafted, accepted = len(drafts), 0
+            while accepted < drafted and tokens[accepted] == drafts[accepted]:
+                accepted += 1
+            if stats is not None:
+                stats.end_pass(drafted, accepted)
+            if emitted == 0:
+                progress(len(prompt), len(prompt))
+            for i in range(min(accepted + 1, max_tokens - emitted)):
+                emitted += 1
+                if stats is not None:
+                    stats.drafts.emitted += 1
+                yield tokens[i], logprobs[i], i < accepted
+            seen += inputs[: accepted + 1]
+            y = tokens[accepted]
+            trim_prompt_cache(cache, drafted - accepted)
+            drafter.advance(drafts, accepted, y)
+            drafted = accepted = 0
+    finally:  # closed early: the cache keeps only the kept tokens, as mlx-lm leaves it
+        trim_prompt_cache(cache, drafted - accepted)
+        if stats is not None:
+            stats.verifying = None
+
+
+def _prefill(
+    model: nn.Module, cache: list, prompt: list[int], step: int, quantize, progress
+) -> int:
+    """Compute all but the prompt's last token into `cache` (as generate_step does, in chunks of
+    `step`); the last one is the first pass's first input."""
+    done = 0
+    progress(0, len(prompt))
+    while len(prompt) - done > 1:
+        n = min(step, len(prompt) - done - 1)
+        model(mx.array(prompt[done : done + n], mx.uint32)[None], cache=cache)
+        quantize(cache)
+        mx.eval([c.state for c in cache])
+        done += n
+        progress(done, len(prompt))
+        mx.clear_cache()
+    return prompt[-1]
+
+
+def _sample(
+    logits: mx.array,
+    seen: list[int],
+    inputs: list[int],
+    sampler: Callable,
+    processors: list[Callable] | None,
+) -> tuple[mx.array, mx.array]:
+    """The target's token at every position of the pass, and its logprobs. Without processors
+    one sampler call for all positions (as mlx-lm's); with them one per position, each seeing the
+    sequence up to that input, as plain decoding does."""
+    if not processors:
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return sampler(logprobs), logprobs
+    tokens, rows = [], []
+    for i in range(len(inputs)):
+        row = logits[i : i + 1]
+        tokens_so_far = mx.array([*seen, *inputs[: i + 1]])
+        for processor in processors:
+            row = processor(tokens_so_far, row)
+        row = row - mx.logsumexp(row, axis=-1, keepdims=True)
+        tokens.append(sampler(row))
+        rows.append(row)
+    return mx.concatenate(tokens), mx.concatenate(rows)

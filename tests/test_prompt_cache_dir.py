@@ -1,0 +1,152 @@
+"""Prompt caches on disk (--prompt-cache-dir): a restarted engine computes only what follows the
+longest prefix a file holds, with the same text; damaged, foreign and interrupted files are never
+used; the folder stays under its bound."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+import streamer
+from streamer.server import disk_cache as disk_module
+from streamer.server.api import Completion, Sampling
+from streamer.server.disk_cache import PARTIAL, PREFIX, DiskCache, model_identity
+from streamer.server.engine import Done, Engine, Job, Step
+
+SYSTEM = "You write Python. " * 12  # a long shared prefix
+
+
+@pytest.fixture(scope="module")
+def local(checkpoints):
+    return streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+
+
+def ask(engine: Engine, text: str, max_tokens: int = 6) -> tuple[str, Done]:
+    prompt = engine.tokenizer.encode(text)
+    request = Completion(False, "m", max_tokens, Sampling(), text=text)
+    job = engine.submit(Job(request, prompt, max_tokens))
+    pieces = []
+    while not isinstance(event := job.events.get(timeout=120), Done):
+        assert isinstance(event, Step), event
+        pieces.append(event.piece.content)
+    return "".join(pieces), event
+
+
+def engine_over(local, folder, max_bytes: int = 1 << 30, options: dict | None = None) -> Engine:
+    model, tokenizer = local
+    disk = DiskCache(folder, model_identity(model, options or {}), max_bytes)
+    return Engine(model, tokenizer, 2, options, disk)
+
+
+def files(folder) -> list:
+    return sorted(folder.glob(f"{PREFIX}*"))
+
+
+def test_a_restarted_engine_starts_from_the_file(local, tmp_path):
+    model, tokenizer = local
+    first = SYSTEM + "import os"
+    want = streamer.generate(model, tokenizer, first, 6)
+    text, done = ask(engine_over(local, tmp_path), first)
+    assert text == want and done.cached_tokens == 0 and len(files(tmp_path)) == 1
+    # a new engine (as after a restart): nothing in memory, the file holds the prompt and answer
+    text, done = ask(engine_over(local, tmp_path), first)
+    assert text == want and done.cached_tokens == done.prompt_tokens - 1
+    # another question after the same system prompt: the file is cut back to what is shared
+    second = SYSTEM + "def main():"
+    text, done = ask(engine_over(local, tmp_path), second)
+    assert text == streamer.generate(model, tokenizer, second, 6)
+    shared = len(os.path.commonprefix([tokenizer.encode(first), tokenizer.encode(second)]))
+    assert done.cached_tokens == shared > 0
+
+
+def test_files_of_another_model_or_damaged_are_not_used(local, tmp_path, caplog):
+    model, tokenizer = local
+    text = SYSTEM + "import os"
+    ask(engine_over(local, tmp_path), text)
+    # other settings are another model: the file is not theirs
+    quantized = {"kv_bits": 8, "kv_group_size": 32, "quantized_kv_start": 0}
+    assert ask(engine_over(local, tmp_path, options=quantized), text)[1].cached_tokens == 0
+    for path in files(tmp_path):
+        data = bytearray(path.read_bytes())
+        data[-5] ^= 0xFF  # one flipped bit in the cached values: the crc32 catches it
+        path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        answer, done = ask(engine_over(local, tmp_path), text)
+    assert answer == streamer.generate(model, tokenizer, text, 6) and done.cached_tokens == 0
+    damaged = [r.getMessage() for r in caplog.records if "damaged prompt cache" in r.getMessage()]
+    assert len(damaged) >= 1 and "crc32 does not match" in damaged[0]
+    # a file that is not safetensors at all is named and removed at start
+    (tmp_path / f"{PREFIX}junk-00000000.safetensors").write_bytes(b"\xff" * 100)
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        engine_over(local, tmp_path)
+    assert not (tmp_path / f"{PREFIX}junk-00000000.safetensors").exists()
+
+
+def test_the_folder_stays_under_its_bound_and_writes_are_atomic(local, tmp_path, monkeypatch):
+    engine = engine_over(local, tmp_path, max_bytes=1)  # every file is over: none is kept
+    ask(engine, "import os")
+    assert files(tmp_path) == []
+    engine = engine_over(local, tmp_path)
+    ask(engine, "import os")
+    (size,) = {p.stat().st_size for p in files(tmp_path)}
+    engine = engine_over(local, tmp_path, max_bytes=2 * size + size // 2)  # two fit
+    for text in ("import sys", "import re", "import json"):
+        ask(engine, text)
+    assert len(files(tmp_path)) == 2
+    # a write interrupted part way leaves no cache file, only a partial one
+    real = disk_module.save_prompt_cache
+
+    def interrupted(name, cache, metadata):
+        real(name, cache, metadata)
+        with open(name, "r+b") as f:
+            f.truncate(100)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(disk_module, "save_prompt_cache", interrupted)
+    before = files(tmp_path)
+    model, _ = local
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([[1, 2, 3]]), cache=cache))
+    with pytest.raises(KeyboardInterrupt):
+        engine.disk.save([1, 2, 3], cache)
+    assert files(tmp_path) == before and list(tmp_path.glob(f"{PARTIAL}*"))
+    # the partial file of a process that is gone is removed at the next start
+    dead = tmp_path / f"{PARTIAL}999999999-abc.safetensors"
+    dead.write_bytes(b"x")
+    engine_over(local, tmp_path)
+    assert not dead.exists()
+
+
+def test_chat_remembers_the_system_prompt_across_runs(checkpoints, tmp_path):
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    command = [sys.executable, "-m", "streamer", "chat", "--model", str(folder)]
+    flags = ["--max-tokens", "4", "--system-prompt", SYSTEM, "--prompt-cache-dir", str(tmp_path)]
+    runs = [
+        subprocess.run(
+            [*command, *flags], input="import os\n/stats\n", capture_output=True, text=True
+        )
+        for _ in range(2)
+    ]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    assert runs[0].stdout == runs[1].stdout
+    cached = [int(re.search(r"(\d+) of the prompt's", r.stderr)[1]) for r in runs]
+    assert cached[0] == 0 and cached[1] > 0
+
+
+def test_a_file_given_as_the_folder_is_refused_before_loading(tmp_path, capsys):
+    from streamer.cli import main
+
+    (tmp_path / "file").write_text("")
+    argv = ["chat", "--model", "/nonexistent", "--prompt-cache-dir", str(tmp_path / "file")]
+    assert main(argv) == 2
+    assert (
+        capsys.readouterr().err
+        == f"streamer: error: --prompt-cache-dir {tmp_path / 'file'} is not a folder.\n"
+    )

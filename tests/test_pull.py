@@ -1,0 +1,240 @@
+"""`streamer pull` against a Hub served from this machine (tests/local_hub.py): the installed
+huggingface_hub downloads over HTTP into a Hugging Face cache in a tmp folder; then the name
+generates, as a folder would."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pty
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from huggingface_hub import constants
+from huggingface_hub.utils import filter_repo_objects
+from local_hub import LocalHub, commit_of
+
+import streamer
+from streamer.cli import main
+from streamer.loading.hub import ALLOW_PATTERNS
+from streamer.pull import pull
+from streamer.repack import repack
+from streamer.repack.plan import Quantize
+
+TEMPLATE = "/{repo_id}/resolve/{revision}/{filename}"  # huggingface_hub's, after ENDPOINT
+GENERATE = ["--prompt", "def read(path):", "--max-tokens", "6"]
+
+
+@pytest.fixture
+def hub(tmp_path, checkpoints):
+    hub = LocalHub(
+        {
+            "tiny-org/Tiny-MLX": checkpoints.mlx("qwen3_moe"),
+            "tiny-org/Tiny-BF16": checkpoints.hf("qwen3_moe"),
+        }
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
+    hub.env = {
+        **env,
+        "HF_ENDPOINT": hub.url,
+        "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+        "STREAMER_CACHE_DIR": str(tmp_path / "streamer-cache"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    yield hub
+    hub.close()
+
+
+def start(hub: LocalHub, *args: str, **popen) -> subprocess.Popen:
+    """`streamer ARGS` with HF_ENDPOINT at the local hub and the caches in tmp folders."""
+    popen = {"stdin": subprocess.DEVNULL, "stderr": subprocess.PIPE, **popen}
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamer", *args],
+        env=hub.env,
+        stdout=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+
+
+def run(hub: LocalHub, *args: str) -> tuple[int, str, str]:
+    process = start(hub, *args)
+    out, err = process.communicate(timeout=300)
+    return process.returncode, out, err
+
+
+def generated(model: str | Path, capsys) -> str:
+    """What `streamer generate` prints for the folder (or name), in this process."""
+    assert main(["generate", "--model", str(model), *GENERATE]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.fixture
+def here(hub, monkeypatch):
+    """This process looks names up where the pulls put them (offline: a lookup never fetches)."""
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", hub.env["HF_HUB_CACHE"])  # read at import
+    monkeypatch.setenv("STREAMER_CACHE_DIR", hub.env["STREAMER_CACHE_DIR"])
+
+
+def test_pull_an_mlx_download_then_generate_by_name(hub, here, checkpoints, capsys):
+    status, _, err = run(hub, "pull", "tiny-org/Tiny-MLX")
+    assert status == 0 and "streams in place" in err, err
+    assert "Downloading" in err or "Fetching" in err  # huggingface_hub's progress
+    fetched = [p.split("/", 5)[-1] for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]
+    wanted = list(
+        filter_repo_objects(hub.files("tiny-org/Tiny-MLX"), allow_patterns=ALLOW_PATTERNS)
+    )
+    assert sorted(fetched) == wanted and "README.md" not in wanted  # what mlx-lm's loader takes
+    asked = len(hub.requests)
+    # the name is its snapshot in the cache, looked up offline
+    assert generated("tiny-org/Tiny-MLX", capsys) == generated(checkpoints.mlx("qwen3_moe"), capsys)
+    assert main(["info", "tiny-org/Tiny-MLX"]) == 0 and "in place" in capsys.readouterr().out
+    assert main(["verify", "tiny-org/Tiny-MLX", "--record"]) == 0
+    texts = [  # the Python API takes the name too
+        streamer.generate(*streamer.load(model), "def read(path):", 6)
+        for model in ("tiny-org/Tiny-MLX", checkpoints.mlx("qwen3_moe"))
+    ]
+    assert texts[0] == texts[1]
+    assert len(hub.requests) == asked
+
+
+def test_pull_a_bf16_download_repacked_to_4_bits(hub, here, checkpoints, tmp_path, capsys):
+    status, _, err = run(hub, "pull", "tiny-org/Tiny-BF16", "--quantize", "4", "--delete-source")
+    assert status == 0, err
+    pulled = tmp_path / "streamer-cache" / "models" / "tiny-org--Tiny-BF16"
+    assert (pulled / "manifest.json").is_file(), err
+    assert "deleted source shard" in err
+    # --delete-source: one copy on disk, the repacked one
+    assert not (tmp_path / "hf-cache" / "models--tiny-org--Tiny-BF16").exists()
+    reference = tmp_path / "reference"
+    repack(checkpoints.hf("qwen3_moe"), reference, quantize=Quantize(4, 64), log=lambda _: None)
+    assert generated("tiny-org/Tiny-BF16", capsys) == generated(reference, capsys)
+    asked = len(hub.requests)
+    assert main(["pull", "tiny-org/Tiny-BF16"]) == 0  # pulled already: no request
+    assert "pulled already" in capsys.readouterr().err and len(hub.requests) == asked
+    assert main(["info", "tiny-org/Tiny-BF16"]) == 0
+    assert "4-bit" in capsys.readouterr().out
+
+
+def test_a_pull_interrupted_while_repacking_resumes_without_fetching_again(
+    hub, here, checkpoints, tmp_path, monkeypatch, capsys
+):
+    """Stopped once --delete-source has deleted a shard: the next pull finishes the repack from
+    its stand-ins, and fetches nothing (the shards it consumed are not downloaded again)."""
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # both read at import time
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + TEMPLATE)
+    name, quantize = "tiny-org/Tiny-BF16", Quantize(4, 64)
+
+    def interrupt(line: str) -> None:
+        if "deleted source shard" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pull(name, quantize=quantize, delete_source=True, log=interrupt)
+    first = len(hub.requests)
+    folder = pull(name, quantize=quantize, delete_source=True, log=lambda _: None)
+    assert not [p for _, p, _ in hub.requests[first:] if "/resolve/" in p]
+    reference = tmp_path / "reference"
+    repack(checkpoints.hf("qwen3_moe"), reference, quantize=quantize, log=lambda _: None)
+    assert generated(name, capsys) == generated(reference, capsys)
+    assert folder == tmp_path / "streamer-cache" / "models" / "tiny-org--Tiny-BF16"
+
+
+def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
+    """Killed while a file comes: the next pull fetches only that file; a connection cut midway
+    resumes from the byte it reached (a Range request)."""
+    repo = "tiny-org/Tiny-MLX"
+    folder = hub.repos[repo] = tmp_path / "repo"
+    shutil.copytree(checkpoints.mlx("qwen3_moe"), folder)
+    # http_get resumes from what it has written, which comes in DOWNLOAD_CHUNK_SIZE reads: a file
+    # past two of them is cut after one
+    big = "eval_results.jsonl"
+    (folder / big).write_bytes(os.urandom(2 * constants.DOWNLOAD_CHUNK_SIZE + 4096))
+    hub.hang = {big}
+    process = start(hub, "pull", repo)
+    files = list(filter_repo_objects(hub.files(repo), allow_patterns=ALLOW_PATTERNS))
+    others = [f for f in files if f != big]
+    snapshot = tmp_path / "hf-cache" / "models--tiny-org--Tiny-MLX" / "snapshots" / commit_of(repo)
+    deadline = time.monotonic() + 120
+    while not (hub.hanging.is_set() and all((snapshot / f).exists() for f in others)):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)  # mid-file, as a power cut or `kill -9` stops it
+    process.communicate()
+    blobs = snapshot.parent.parent / "blobs"
+    assert list(blobs.glob("*.incomplete"))  # what huggingface_hub leaves of the file
+    hub.hang = set()
+    hub.release.set()
+    hub.drop_once = {big}
+    first = len(hub.requests)
+    status, _, err = run(hub, "pull", repo)
+    assert status == 0, err
+    again = [(m, p, r) for m, p, r in hub.requests[first:] if "/resolve/" in p]
+    assert {p.rsplit("/", 1)[-1] for _, p, _ in again} == {big}  # the others were kept
+    ranges = [r for m, _, r in again if m == "GET" and r]
+    assert ranges == [f"bytes={constants.DOWNLOAD_CHUNK_SIZE}-"], again
+    assert (snapshot / big).read_bytes() == (folder / big).read_bytes()
+    assert not list(blobs.glob("*.incomplete"))  # the killed pull's part-file is gone
+    assert generated(repo, capsys) == generated(checkpoints.mlx("qwen3_moe"), capsys)
+
+
+def test_missing_names_say_what_to_do_in_one_line(hub, here, monkeypatch, capsys):
+    """In this process, huggingface_hub pointed at the local hub and an empty cache."""
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # read at import time
+
+    def one_line(argv: list[str]) -> str:
+        assert main(argv) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1, lines
+        return lines[0]
+
+    assert "tiny-org/Missing is not on the Hub" in one_line(["pull", "tiny-org/Missing"])
+    # not downloaded, and no one at a terminal to ask (stdin is not one): the command that
+    # pulls it, no prompt
+    for argv in (
+        ["generate", "--model", "tiny-org/Tiny-MLX", *GENERATE],
+        ["chat", "--model", "tiny-org/Tiny-MLX"],
+        ["serve", "--model", "tiny-org/Tiny-MLX"],
+        ["info", "tiny-org/Tiny-MLX"],
+        ["verify", "tiny-org/Tiny-MLX"],
+    ):
+        assert "download it with `streamer pull tiny-org/Tiny-MLX`" in one_line(argv), argv
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    assert "cannot reach the Hub" in one_line(["pull", "tiny-org/Tiny-MLX"])
+
+
+def test_at_a_terminal_generate_offers_to_pull(hub, checkpoints, capsys):
+    """stdin and stderr a terminal (a pseudo-terminal here): asked, a yes pulls, then it runs."""
+    primary, secondary = pty.openpty()
+    process = start(
+        hub,
+        "generate",
+        "--model",
+        "tiny-org/Tiny-MLX",
+        *GENERATE,
+        stdin=secondary,
+        stderr=secondary,
+    )
+    os.close(secondary)
+    seen = b""
+    deadline = time.monotonic() + 120
+    while b"[y/N]" not in seen:
+        assert process.poll() is None and time.monotonic() < deadline, seen
+        if select.select([primary], [], [], 0.1)[0]:
+            seen += os.read(primary, 4096)
+    assert b"streamer pull tiny-org/Tiny-MLX" in seen
+    os.write(primary, b"y\n")
+    with contextlib.suppress(OSError):  # the terminal's other side closes when the process ends
+        while process.poll() is None or select.select([primary], [], [], 0)[0]:
+            if select.select([primary], [], [], 0.1)[0]:
+                seen += os.read(primary, 65536)
+    os.close(primary)
+    out = process.stdout.read()
+    assert process.wait() == 0, seen.decode(errors="replace")
+    assert out == generated(checkpoints.mlx("qwen3_moe"), capsys)

@@ -1,0 +1,149 @@
+"""Speculative decoding on a streamed model is exact: greedy output with a draft model or prompt
+lookup is plain greedy output on both read paths, sampling is mlx-lm's speculative sampling, the
+KV cache is trimmed to the kept tokens, and a verify pass syncs once per layer."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+from conftest import reference_model
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+from test_parity import PROMPT, read_paths
+
+import streamer
+from fixtures import tiny_config, write_hf_checkpoint
+from streamer.speculative.draft_model import load_draft_model
+
+TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def target(checkpoints):
+    """The streamed model (4-bit, as mlx_lm.convert writes it) and mlx-lm's resident one."""
+    src = checkpoints.mlx("qwen3_moe")
+    return checkpoints.repacked(src), reference_model(src)
+
+
+@pytest.fixture(scope="module")
+def random_draft(checkpoints):
+    """A draft with the target's tokenizer and random weights of its own: most drafts rejected."""
+    folder = checkpoints.root / "draft-qwen3_moe-seed1"
+    if not folder.exists():
+        write_hf_checkpoint(folder, tiny_config("qwen3_moe"), seed=1)
+    return reference_model(folder)
+
+
+def tokens(model, tokenizer, n: int = TOKENS, **kwargs) -> list[int]:
+    return [r.token for r in streamer.stream_generate(model, tokenizer, PROMPT, n, **kwargs)]
+
+
+@pytest.mark.parametrize("read_path", read_paths())
+def test_greedy_with_drafts_is_plain_greedy(target, random_draft, read_path):
+    folder, reference = target
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path=read_path)
+    plain = tokens(model, tokenizer)
+    stats = model.streamer.stats
+    layers = stats.moe_layers
+    drafters = {
+        "oracle": dict(draft_model=reference, num_draft_tokens=4),  # the target's own greedy
+        "random draft": dict(draft_model=random_draft, num_draft_tokens=3),
+        "prompt lookup": dict(prompt_lookup=2, num_draft_tokens=5),
+    }
+    for name, kwargs in drafters.items():
+        assert tokens(model, tokenizer, **kwargs) == plain, (read_path, name)
+        drafts, decode = stats.drafts, stats.decode
+        assert stats.decode_tokens == TOKENS and drafts.emitted == TOKENS, name
+        assert decode.layer_calls == drafts.passes * layers  # one call per layer per pass
+        # one host sync per layer for a whole pass (none while a file is in the page cache)
+        assert decode.syncs <= decode.layer_calls
+        if read_path == "slots":
+            assert decode.syncs == decode.layer_calls
+        if name == "oracle":  # every draft kept: k+1 tokens per pass
+            assert drafts.accepted == drafts.drafted and drafts.passes == -(-TOKENS // 5)
+            assert drafts.wasted_experts == 0
+        if name == "random draft":  # rejected drafts' reads counted as waste
+            assert drafts.accepted < drafts.drafted
+            assert drafts.wasted_experts > 0 and drafts.wasted_bytes > 0
+            assert drafts.wasted_bytes <= decode.bytes_read
+        if name == "prompt lookup":  # the random model repeats itself: lookup finds drafts
+            assert drafts.accepted > 0 and drafts.passes < TOKENS
+
+
+@pytest.mark.parametrize("temp, seed", [(0.5, 5), (0.3, 1)])
+def test_sampling_with_a_draft_is_mlx_lms_speculative_sampling(target, temp, seed):
+    """The oracle draft samples with its own draws: some drafts kept, some not."""
+    folder, reference = target
+    model, tokenizer = streamer.load(folder, memory_budget=0)
+    ours = tokens(model, tokenizer, draft_model=reference, num_draft_tokens=3, temp=temp, seed=seed)
+    mx.random.seed(seed)
+    theirs = mlx_lm.stream_generate(
+        reference,
+        tokenizer,
+        PROMPT,
+        max_tokens=TOKENS,
+        draft_model=reference,
+        num_draft_tokens=3,
+        sampler=make_sampler(temp),
+    )
+    assert ours == [r.token for r in theirs]
+    drafts = model.streamer.stats.drafts
+    assert 0 < drafts.accepted < drafts.drafted
+
+
+def test_logits_processors_see_the_sequence_as_in_plain_decoding(target):
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    plain = tokens(model, tokenizer, repetition_penalty=1.5, repetition_context_size=8)
+    looked_up = tokens(
+        model, tokenizer, prompt_lookup=1, repetition_penalty=1.5, repetition_context_size=8
+    )
+    assert looked_up == plain
+
+
+def test_the_kv_cache_keeps_only_the_kept_tokens(target, random_draft):
+    """A run stopped after n tokens leaves the cache holding the prompt and n - 1 of them (the
+    last is the next run's prompt): continuing from it gives what one plain run gives."""
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    plain = tokens(model, tokenizer, 2 * TOKENS)
+    cache = make_prompt_cache(model)
+    first = tokens(model, tokenizer, draft_model=random_draft, prompt_cache=cache)
+    assert cache[0].offset == len(tokenizer.encode(PROMPT)) + TOKENS - 1
+    rest = streamer.stream_generate(
+        model, tokenizer, first[-1:], TOKENS, prompt_lookup=True, prompt_cache=cache
+    )
+    assert first + [r.token for r in rest] == plain
+
+
+def test_the_stats_line_reports_drafts(target):
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    *_, last = streamer.stream_generate(model, tokenizer, PROMPT, 16, prompt_lookup=True)
+    assert "kept per pass" in last.stats.line() and "wasted" in last.stats.line()
+    *_, last = streamer.stream_generate(model, tokenizer, PROMPT, 16, num_draft_tokens=4)
+    assert last.stats.drafts is None and "drafts" not in last.stats.line()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompt_lookup=2, draft_model="x"), "not both"),
+        (dict(prompt_lookup=2, num_draft_tokens=-1), "num_draft_tokens must be at least 0"),
+        (dict(prompt_lookup="3"), "prompt_lookup is an n-gram size"),
+        (dict(prompt_lookup=-1), "n-grams of at least 1 token"),
+        (dict(prompt_lookup=2, max_kv_size=64), "max_kv_size cannot be combined"),
+        (dict(draft_model="no/such-draft"), "neither a folder nor in the Hugging Face cache"),
+    ],
+)
+def test_bad_speculative_arguments_are_refused(target, kwargs, message):
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    with pytest.raises(streamer.StreamerError, match=message):
+        tokens(model, tokenizer, 4, **kwargs)
+
+
+def test_a_draft_with_another_tokenizer_is_refused(target):
+    from pathlib import Path
+
+    _, tokenizer = streamer.load(target[0], memory_budget=0)
+    demo = Path(streamer.__file__).parent / "demo_model"  # its own tokenizer, 2k tokens
+    with pytest.raises(streamer.StreamerError, match="must use the model's own tokenizer"):
+        load_draft_model(demo, tokenizer)
