@@ -125,7 +125,7 @@ def slot_budget(
     per group of layers (open_pools); 0: one layer's experts each, one pool (the smallest in
     which any call, a whole prompt chunk too, runs in one round). Slots that do not fit in the
     available memory are refused before any pool is made."""
-    budget, why = chosen_budget(manifest, budget, dtype)
+    budget, why = chosen_budget(manifest, budget, dtype, "slots")
     experts, slot_bytes, per_layer = {}, {}, {}
     for layout in layouts:
         key = shape_class(layout)
