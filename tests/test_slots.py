@@ -72,6 +72,20 @@ def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch,
     assert f"{sum(len(p.chunks) for p in pools)} chunks" in model.streamer.residency
 
 
+def test_converted_copies_are_not_kept_after_the_call(checkpoints):
+    """bf16 scales computed in float32 (this CPU): each call takes and converts its routed slots.
+    The containers must not keep those copies once the output is built: every layer's would stay
+    in memory (Kimi K2 at full depth: 176 MB a layer, 10 GB in all)."""
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    mx.eval(model(mx.array(tokenizer.encode(PROMPT))[None]))
+    (pool,) = model.streamer.pools
+    assert model.streamer.stats.prefill.bytes_copied > 0  # it did convert
+    for layer in model.streamer.layers:
+        tensors = [layer.container[p][k] for p, k in layer._slots]
+        assert all(t is a for t, a in zip(tensors, pool.arrays))
+
+
 def test_layers_are_grouped_so_a_group_fits_one_chunk():
     """48 layers, 3000 slots, 1365 to a chunk (a Qwen3-30B-A3B at 8 GB, arrays of 1 GiB): three
     pools of one chunk each; a layer whose own share passes a chunk has a pool of its own."""
