@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -84,6 +85,18 @@ def test_converted_copies_are_not_kept_after_the_call(checkpoints):
     for layer in model.streamer.layers:
         tensors = [layer.container[p][k] for p, k in layer._slots]
         assert all(t is a for t, a in zip(tensors, pool.arrays))
+
+
+def test_a_pool_larger_than_the_available_memory_is_refused_before_it_is_made(
+    float32_model, monkeypatch
+):
+    _, folder = float32_model
+    monkeypatch.setattr(slot_path.psutil, "virtual_memory", lambda: SimpleNamespace(available=1))
+    made = []
+    monkeypatch.setattr(slot_path, "SlotPool", lambda *a, **k: made.append(a))
+    with pytest.raises(StreamerError, match=r"does not fit in the 0.00 GB of memory available"):
+        streamer.load(folder, memory_budget=4 * slot_bytes(folder), read_path="slots")
+    assert made == []
 
 
 def test_layers_are_grouped_so_a_group_fits_one_chunk():
