@@ -15,6 +15,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from . import arguments
 from .arguments import check_kv_quantization, check_request, check_sampling
 from .errors import StreamerError, one_line
+from .io.sizes import size_text
 from .loading.handle import streaming
 from .speculative import stream as speculative
 from .stats import Drafts, ExpertStats, peak_rss_bytes
@@ -48,10 +49,10 @@ class RunStats:
         return (
             f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
             f"decode: {self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s | "
-            f"experts: {self.expert_bytes_per_token / 1e6:.2f} MB/token, "
+            f"experts: {size_text(self.expert_bytes_per_token)}/token, "
             f"{self.expert_reads_per_token:.1f} reads/token, "
             f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "
-            f"peak RSS {self.peak_rss_bytes / 1e9:.2f} GB"
+            f"peak RSS {size_text(self.peak_rss_bytes)}"
             + (f" | {self.dtype}" if self.dtype else "")
             + drafts
         )

@@ -38,3 +38,40 @@ def above(bar, log):
             log(message)
 
     return write
+
+
+PREFILL_BAR_TOKENS = 512  # a shorter prompt's prefill is over before a bar says anything
+
+
+class PrefillProgress:
+    """mlx-lm's `prompt_progress_callback` as a bar of prompt tokens (on a terminal only, for a
+    prompt of PREFILL_BAR_TOKENS or more), updated after each prefill chunk and gone at the first
+    token. One instance serves one generation after another."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if done == 0:
+            self.close()  # a new prompt (an earlier one may have stopped part way)
+        if self.bar is None:
+            if done >= total or total < PREFILL_BAR_TOKENS:
+                return
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total,
+                desc="prefill",
+                unit="tok",
+                disable=not sys.stderr.isatty(),
+                leave=False,
+                file=sys.stderr,
+            )
+        self.bar.update(done - self.bar.n)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

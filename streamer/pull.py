@@ -46,6 +46,7 @@ def pull(
         return dst
     # shards an interrupted --delete-source repack consumed are in its partial folder already
     consumed = sorted(stand_ins(partial)) if partial.exists() else []
+    drop_stale_parts(name)
     snapshot = download(name, revision, consumed)
     if not needs_repack(snapshot):
         unused = " (nothing to repack: --quantize and --delete-source do not apply)"
@@ -112,6 +113,29 @@ def download(name: str, revision: str | None, skip: list[str]) -> Path:
             f"the download of {name} failed ({type(e).__name__}: {e}); {again}"
         ) from None
     return Path(folder)
+
+
+def drop_stale_parts(name: str) -> None:
+    """Delete the part-files killed pulls left: huggingface_hub (2.4) writes each file to a new
+    `blobs/<etag>.<random>.incomplete`, removed on any error but not when the process is killed,
+    and never reused. One that a running download holds (the etag's lock) is left alone."""
+    from filelock import FileLock, Timeout
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = repo_folder_name(repo_id=name, repo_type="model")
+    for part in (Path(constants.HF_HUB_CACHE) / folder / "blobs").glob("*.incomplete"):
+        lock = FileLock(
+            Path(constants.HF_HUB_CACHE) / ".locks" / folder / f"{part.name.split('.')[0]}.lock"
+        )
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        try:
+            part.unlink(missing_ok=True)
+        finally:
+            lock.release()
 
 
 def own_files(snapshot: Path) -> None:

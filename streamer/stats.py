@@ -12,6 +12,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from .io.sizes import size_text
+
 # One routed token of one MoE layer: (MoE layer number, the token's experts, sorted).
 Routing = tuple[int, tuple[int, ...]]
 
@@ -71,7 +73,7 @@ class Drafts:
         return (
             f" | drafts: {self.accepted / self.passes:.1f} of {self.drafted / self.passes:.1f} "
             f"kept per pass ({kept}), {self.emitted / self.passes:.2f} tokens/pass, wasted "
-            f"{wasted_bytes_per_token / 1e6:.2f} MB/token"
+            f"{size_text(wasted_bytes_per_token)}/token"
         )
 
 

@@ -51,6 +51,14 @@ def test_demo_prints_readable_text(capsys, tmp_path):
     assert len(text) > 40
     printable = sum(c.isascii() and (c.isprintable() or c in "\n\t") for c in text)
     assert printable / len(text) > 0.95
+    # --keep DIR is the model's folder itself (it was empty), ready for --model DIR
+    assert (tmp_path / "manifest.json").exists()
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "x", "--max-tokens", "2"]) == 0
+    # a folder that holds anything is not written into
+    capsys.readouterr()
+    assert main(["demo", "--keep", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--keep {tmp_path}: not an empty folder" in err and len(err.splitlines()) == 1
 
 
 def test_routing_summary_writes_a_trace(tmp_path, capsys):

@@ -20,11 +20,14 @@ from huggingface_hub import constants
 from huggingface_hub.utils import filter_repo_objects
 from local_hub import LocalHub, commit_of
 
+import streamer
 from streamer.cli import main
 from streamer.loading.hub import ALLOW_PATTERNS
+from streamer.pull import pull
 from streamer.repack import repack
 from streamer.repack.plan import Quantize
 
+TEMPLATE = "/{repo_id}/resolve/{revision}/{filename}"  # huggingface_hub's, after ENDPOINT
 GENERATE = ["--prompt", "def read(path):", "--max-tokens", "6"]
 
 
@@ -48,7 +51,7 @@ def hub(tmp_path, checkpoints):
     hub.close()
 
 
-def streamer(hub: LocalHub, *args: str, **popen) -> subprocess.Popen:
+def start(hub: LocalHub, *args: str, **popen) -> subprocess.Popen:
     """`streamer ARGS` with HF_ENDPOINT at the local hub and the caches in tmp folders."""
     popen = {"stdin": subprocess.DEVNULL, "stderr": subprocess.PIPE, **popen}
     return subprocess.Popen(
@@ -61,7 +64,7 @@ def streamer(hub: LocalHub, *args: str, **popen) -> subprocess.Popen:
 
 
 def run(hub: LocalHub, *args: str) -> tuple[int, str, str]:
-    process = streamer(hub, *args)
+    process = start(hub, *args)
     out, err = process.communicate(timeout=300)
     return process.returncode, out, err
 
@@ -93,6 +96,11 @@ def test_pull_an_mlx_download_then_generate_by_name(hub, here, checkpoints, caps
     assert generated("tiny-org/Tiny-MLX", capsys) == generated(checkpoints.mlx("qwen3_moe"), capsys)
     assert main(["info", "tiny-org/Tiny-MLX"]) == 0 and "in place" in capsys.readouterr().out
     assert main(["verify", "tiny-org/Tiny-MLX", "--record"]) == 0
+    texts = [  # the Python API takes the name too
+        streamer.generate(*streamer.load(model), "def read(path):", 6)
+        for model in ("tiny-org/Tiny-MLX", checkpoints.mlx("qwen3_moe"))
+    ]
+    assert texts[0] == texts[1]
     assert len(hub.requests) == asked
 
 
@@ -114,6 +122,30 @@ def test_pull_a_bf16_download_repacked_to_4_bits(hub, here, checkpoints, tmp_pat
     assert "4-bit" in capsys.readouterr().out
 
 
+def test_a_pull_interrupted_while_repacking_resumes_without_fetching_again(
+    hub, here, checkpoints, tmp_path, monkeypatch, capsys
+):
+    """Stopped once --delete-source has deleted a shard: the next pull finishes the repack from
+    its stand-ins, and fetches nothing (the shards it consumed are not downloaded again)."""
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # both read at import time
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + TEMPLATE)
+    name, quantize = "tiny-org/Tiny-BF16", Quantize(4, 64)
+
+    def interrupt(line: str) -> None:
+        if "deleted source shard" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pull(name, quantize=quantize, delete_source=True, log=interrupt)
+    first = len(hub.requests)
+    folder = pull(name, quantize=quantize, delete_source=True, log=lambda _: None)
+    assert not [p for _, p, _ in hub.requests[first:] if "/resolve/" in p]
+    reference = tmp_path / "reference"
+    repack(checkpoints.hf("qwen3_moe"), reference, quantize=quantize, log=lambda _: None)
+    assert generated(name, capsys) == generated(reference, capsys)
+    assert folder == tmp_path / "streamer-cache" / "models" / "tiny-org--Tiny-BF16"
+
+
 def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
     """Killed while a file comes: the next pull fetches only that file; a connection cut midway
     resumes from the byte it reached (a Range request)."""
@@ -125,7 +157,7 @@ def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
     big = "eval_results.jsonl"
     (folder / big).write_bytes(os.urandom(2 * constants.DOWNLOAD_CHUNK_SIZE + 4096))
     hub.hang = {big}
-    process = streamer(hub, "pull", repo)
+    process = start(hub, "pull", repo)
     files = list(filter_repo_objects(hub.files(repo), allow_patterns=ALLOW_PATTERNS))
     others = [f for f in files if f != big]
     snapshot = tmp_path / "hf-cache" / "models--tiny-org--Tiny-MLX" / "snapshots" / commit_of(repo)
@@ -135,6 +167,8 @@ def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)  # mid-file, as a power cut or `kill -9` stops it
     process.communicate()
+    blobs = snapshot.parent.parent / "blobs"
+    assert list(blobs.glob("*.incomplete"))  # what huggingface_hub leaves of the file
     hub.hang = set()
     hub.release.set()
     hub.drop_once = {big}
@@ -146,6 +180,7 @@ def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
     ranges = [r for m, _, r in again if m == "GET" and r]
     assert ranges == [f"bytes={constants.DOWNLOAD_CHUNK_SIZE}-"], again
     assert (snapshot / big).read_bytes() == (folder / big).read_bytes()
+    assert not list(blobs.glob("*.incomplete"))  # the killed pull's part-file is gone
     assert generated(repo, capsys) == generated(checkpoints.mlx("qwen3_moe"), capsys)
 
 
@@ -177,7 +212,7 @@ def test_missing_names_say_what_to_do_in_one_line(hub, here, monkeypatch, capsys
 def test_at_a_terminal_generate_offers_to_pull(hub, checkpoints, capsys):
     """stdin and stderr a terminal (a pseudo-terminal here): asked, a yes pulls, then it runs."""
     primary, secondary = pty.openpty()
-    process = streamer(
+    process = start(
         hub,
         "generate",
         "--model",

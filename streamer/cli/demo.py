@@ -7,6 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..errors import StreamerError
 from .generate import stream
 from .interrupts import raising_on_ctrl_c
 from .options import add_prompt, prompt
@@ -20,20 +21,30 @@ DEMO_QUANTIZE = 4
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="repack the built-in tiny trained MoE and generate (offline)")
     add_prompt(p, 'def read_config(path):\n    """')
-    p.add_argument("--keep", metavar="DIR", help="keep the repacked demo model in DIR")
+    p.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="keep the repacked demo model in DIR (a new or empty folder), to run it again with "
+        "generate, chat or serve --model DIR",
+    )
     # a 3M-parameter model loops under greedy decoding; mild sampling with a fixed seed reads better
     p.set_defaults(run=demo, max_tokens=40, temp=0.5, top_p=0.9, seed=0)
 
 
 def demo(args: argparse.Namespace) -> int:
     text = prompt(args)
+    keep = Path(args.keep) if args.keep else None
+    if keep is not None and (keep.is_symlink() or keep.exists()) and not _empty_folder(keep):
+        raise StreamerError(
+            f"--keep {keep}: not an empty folder; give a new (or empty) one, so that nothing in "
+            "it is replaced."
+        )
     from ..loading.load import load
     from ..repack import Quantize, repack
 
     # from here on a Ctrl-C raises, so that the temporary folder is removed
     with raising_on_ctrl_c(), tempfile.TemporaryDirectory(prefix="streamer-demo-") as tmp:
-        work = Path(args.keep) if args.keep else Path(tmp)
-        dst = work / "streaming"
+        dst = keep if keep is not None else Path(tmp) / "streaming"
         quantize = Quantize(DEMO_QUANTIZE) if DEMO_QUANTIZE else None
         precision = f"with {DEMO_QUANTIZE}-bit experts" if DEMO_QUANTIZE else "unquantized (bf16)"
         print(
@@ -41,10 +52,16 @@ def demo(args: argparse.Namespace) -> int:
             f"library (tools/train_demo.py); repacking it {precision} to {dst}",
             file=sys.stderr,
         )
-        repack(DEMO_MODEL, dst, quantize=quantize, force=True)
+        if dst.exists():
+            dst.rmdir()  # an empty --keep folder: repack writes DST itself (rmdir takes no file)
+        repack(DEMO_MODEL, dst, quantize=quantize)
         model, tokenizer = load(dst, memory_budget=0)  # stream every layer, to show the mechanism
         print(f"[demo] generating; expert weights are streamed from {dst}", file=sys.stderr)
         return stream(model, tokenizer, text, args)
+
+
+def _empty_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
 
 
 def _demo_size() -> str:

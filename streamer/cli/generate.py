@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..arguments import check_token_ids, vocabulary
 from ..errors import StreamerError
+from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c
 from .kv_options import add_kv_cache, kv_options
@@ -55,6 +57,10 @@ def generate(args: argparse.Namespace) -> int:
             "model."
         )
     text = prompt(args)  # before the slow imports: bad input fails fast
+    if args.chat and args.ignore_chat_template:
+        raise StreamerError(
+            "--chat asks for the chat template and --ignore-chat-template for none: pass one."
+        )
     kv_options(args)
     check_drafting(args)
     from ..loading.load import load
@@ -76,6 +82,8 @@ def generate(args: argparse.Namespace) -> int:
         )
     args.drafting = draft_options(args, tokenizer, group)
     for token in args.extra_eos_token:
+        if _integer(token):  # an id, as mlx-lm's add_eos_token reads one
+            check_token_ids([int(token)], "--extra-eos-token", vocabulary(tokenizer))
         try:
             tokenizer.add_eos_token(token)
         except ValueError as e:
@@ -97,6 +105,14 @@ def generate(args: argparse.Namespace) -> int:
     return stream(model, tokenizer, text, args)
 
 
+def _integer(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
 def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     """Print the answer as it comes, then the run's stats line; Ctrl-C ends it with 130."""
     from ..generate import run_stats, stream_generate
@@ -104,6 +120,10 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     group = getattr(args, "group", None)
     shown = group is None or group.rank() == 0  # rank 0 prints for the group
     stats = None
+    drafting = getattr(args, "drafting", {})  # `streamer demo` has no drafting flags
+    # a bar while a long prompt prefills (mlx-lm's callback; its speculative loop has none)
+    progress = PrefillProgress()
+    prefill = {} if drafting or not shown else {"prompt_progress_callback": progress}
     try:
         with raising_on_ctrl_c():  # from here Ctrl-C stops the answer, with its stats
             for response in stream_generate(
@@ -118,12 +138,14 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 seed=args.seed,
                 max_kv_size=getattr(args, "max_kv_size", None),
                 **(kv_options(args) if hasattr(args, "kv_bits") else {}),
-                **getattr(args, "drafting", {}),  # `streamer demo` has no drafting flags
+                **drafting,
+                **prefill,
             ):
                 if shown:
                     emit(response.text, end="")
                 stats = response.stats
     except KeyboardInterrupt:
+        progress.close()
         if shown:
             print("\n[interrupted]", file=sys.stderr)
             print((stats or run_stats(model)).line(), file=sys.stderr)

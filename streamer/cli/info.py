@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import StreamerError
+from ..io.sizes import size_text
 from .output import emit
 
 
@@ -70,9 +71,9 @@ def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> li
         *_shard_lines(manifest),
         f"quantization      {_describe_quantization(quant) if quant else 'none'}",
         f"expert weights    {', '.join(sorted(expert_quant))}",
-        f"resident bytes    {resident / 1e9:.3f} GB (non-expert weights, kept in memory)",
-        f"expert bytes      {manifest.expert_file_bytes / 1e9:.3f} GB (streamed from disk)",
-        f"active per token  {active / 1e6:.1f} MB of experts ({top_k} x {len(layers)} layers)",
+        f"resident bytes    {size_text(resident)} (non-expert weights, kept in memory)",
+        f"expert bytes      {size_text(manifest.expert_file_bytes)} (streamed from disk)",
+        f"active per token  {size_text(active)} of experts ({top_k} x {len(layers)} layers)",
     ]
 
 

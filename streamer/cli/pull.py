@@ -26,6 +26,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--dst",
+        metavar="DIR",
         help="where to repack (default: ~/.cache/streamer/models/org--name, under "
         "$STREAMER_CACHE_DIR if set; --model org/name finds it there)",
     )

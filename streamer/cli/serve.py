@@ -9,10 +9,12 @@ from pathlib import Path
 
 from ..arguments import check_at_least
 from ..errors import StreamerError
+from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import end_interrupted, raising_on_ctrl_c
 from .kv_options import add_kv_cache, add_prompt_cache_dir, disk_option, kv_options
 from .options import (
+    CLOSED_STDIN,
     add_loading,
     add_model,
     add_sampling,
@@ -121,6 +123,10 @@ def served_name(given: str, folder: Path) -> str:
 
 
 def chat(args: argparse.Namespace) -> None:
+    if sys.stdin is None:
+        raise StreamerError(CLOSED_STDIN.format("chat reads the conversation"))
+    if hasattr(sys.stdin, "reconfigure"):  # a text stream: a line not UTF-8 refused, not fatal
+        sys.stdin.reconfigure(errors="surrogateescape")
     check_sampling_flags(args)
     options, disk = kv_options(args), disk_option(args)
     check_drafting(args)
@@ -132,6 +138,8 @@ def chat(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
     options.update(draft_options(args, tokenizer, group))
+    if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
+        options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
     engine = open_engine(model, tokenizer, 2, group, options, disk)
     if group is not None and group.rank() != 0:
         return engine.follow()

@@ -34,6 +34,7 @@ from ..errors import StreamerError
 from ..io.expert_layout import LayerLayout
 from ..io.manifest import Manifest
 from ..io.reads import ReadFile
+from ..io.sizes import size_text
 from ..stats import ExpertTraffic
 from .routing import finish, host_routing
 
@@ -127,7 +128,7 @@ def slot_budget(
     per group of layers (open_pools); 0: one layer's experts each, one pool (the smallest in
     which any call, a whole prompt chunk too, runs in one round). Slots that do not fit in the
     available memory are refused before any pool is made."""
-    budget, why = chosen_budget(manifest, budget, dtype)
+    budget, why = chosen_budget(manifest, budget, dtype, "slots")
     experts, slot_bytes, per_layer = {}, {}, {}
     for layout in layouts:
         key = shape_class(layout)
@@ -159,7 +160,7 @@ def slot_budget(
     if arrays > 1:
         kind += f", {arrays} chunks"
     return (
-        f"experts stream from disk into a slot pool of {sizes} slots ({size / 1e9:.2f} GB, "
+        f"experts stream from disk into a slot pool of {sizes} slots ({size_text(size)}, "
         f"{kind}; {why})",
         pools,
     )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from ..cache.budget import all_experts_bytes, chosen_budget, largest_expert_bytes
 from ..cache.expert_cache import ExpertCache
@@ -22,6 +23,9 @@ from ..progress import progress_bar
 
 if TYPE_CHECKING:
     from .download_folder import Download
+
+
+EVAL_BATCH = 32  # arrays per evaluation while the resident weights load
 
 
 def load_resident(
@@ -39,7 +43,13 @@ def load_resident(
         raise StreamerError(mismatch(e)) from e
     if dtype is not None:
         model.set_dtype(dtype)
-    mx.eval(model.parameters())
+    arrays = [array for _, array in tree_flatten(model.parameters())]
+    # evaluated a few at a time, so that a terminal shows the read going (GBs for large models)
+    with progress_bar(sum(a.nbytes for a in arrays), "[streamer] non-expert weights", "B") as bar:
+        for start in range(0, len(arrays), EVAL_BATCH):
+            batch = arrays[start : start + EVAL_BATCH]
+            mx.eval(batch)
+            bar.update(sum(a.nbytes for a in batch))
     model.eval()
 
 
@@ -57,7 +67,7 @@ def apply_budget(
     Enough for every expert: each layer's are read into memory (a bar on a terminal) and run
     resident. Less: the slot path reads into pools (experts/slots.py); the mapped path caches
     the hottest, or leaves them all to the page cache (0)."""
-    chosen, why = chosen_budget(manifest, budget, dtype)
+    chosen, why = chosen_budget(manifest, budget, dtype, read_path)
     if chosen >= all_experts_bytes(manifest, dtype):
         with progress_bar(len(layers), "experts into memory", "layer") as bar:
             if read_path == "slots":

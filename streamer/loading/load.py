@@ -41,6 +41,7 @@ from .backend import (
 )
 from .download_folder import is_download
 from .handle import Streaming, compute_dtype, release
+from .hub import is_repo_id, streamable
 from .tokenizer import load_tokenizer
 
 
@@ -57,7 +58,7 @@ def load(
     checksums: str | Path | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper]:
     """Load a repacked model, or an MLX-quantized download in place (inplace.py): non-expert
-    weights resident, experts streamed from disk.
+    weights resident, experts streamed from disk. `path` may be org/name (loading/hub.py).
 
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
     resident (no syncs, no reads); less: the hottest experts are cached (LFU with aging) and the
@@ -82,7 +83,7 @@ def load(
     """
     if not isinstance(path, (str, os.PathLike)):
         raise StreamerError(f"path must be a folder name (str or Path), got {path!r}.")
-    folder = Path(path)
+    folder = streamable(path) if is_repo_id(path) else Path(path)  # org/name: pulled or cached
     if memory_budget is not None:
         memory_budget = parse_size(memory_budget, "memory_budget")
     dtype = parse_dtype(dtype)
@@ -91,6 +92,8 @@ def load(
     check_flag(bypass_page_cache, "bypass_page_cache")
     if checksums is not None and not isinstance(checksums, (str, os.PathLike)):
         raise StreamerError(f"checksums must be a file name (str or Path), got {checksums!r}.")
+    if checksums is not None and not os.path.isfile(checksums):
+        raise StreamerError(f"checksums {checksums}: no such file (None: the default sidecar).")
     if group is not None and not isinstance(group, mx.distributed.Group):
         raise StreamerError(
             f"group must be an mx.distributed group (mx.distributed.init()), got {group!r}."

@@ -29,6 +29,7 @@ from ..io.manifest import (
     read_manifest,
     write_manifest,
 )
+from ..io.sizes import size_text
 from ..repack.publish import (
     check_free_space,
     check_not_in_the_way,
@@ -95,8 +96,8 @@ def split(
             readers.release()
     log(
         f"[split] {dst}: shard {rank}/{ranks} ({shard.assignment}), "
-        f"{result.expert_file_bytes / 1e9:.2f} of {manifest.expert_file_bytes / 1e9:.2f} GB "
-        "of experts"
+        f"{size_text(result.expert_file_bytes)} of {size_text(manifest.expert_file_bytes)} of "
+        "experts"
     )
     return result
 

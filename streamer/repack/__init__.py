@@ -27,6 +27,7 @@ from ..io.integrity import file_stat
 from ..io.lock import lock_for_replacing
 from ..io.manifest import RESIDENT_FILE, Manifest, read_manifest, write_manifest
 from ..io.safetensors import write_safetensors
+from ..io.sizes import size_text
 from ..progress import above, progress_bar
 from . import consume, publish
 from .plan import Plan, Quantize, make_plan
@@ -96,8 +97,8 @@ def repack(
                 plan, progress, *layer_and_resident_bytes(plan, progress)
             )
             log(
-                f"[repack] disk: {consume.size_text(keep)} to write beside the source; with "
-                f"--delete-source at most {consume.size_text(peak)} more at any moment"
+                f"[repack] disk: {size_text(keep)} to write beside the source; with "
+                f"--delete-source at most {size_text(peak)} more at any moment"
                 + (" (deleting as it goes)" if delete_source else "")
             )
             if consumer is not None and _same_disk(src, partial):
@@ -117,7 +118,7 @@ def repack(
                 if held is not None:
                     held.release()
     log(
-        f"[repack] done: {dst} ({manifest.expert_file_bytes / 1e9:.2f} GB of experts in "
+        f"[repack] done: {dst} ({size_text(manifest.expert_file_bytes)} of experts in "
         f"{len(manifest.layers)} MoE layers)"
     )
     return manifest
@@ -210,7 +211,7 @@ def write_model(plan: Plan, out: Path, progress: Progress, log, collect=lambda _
             rate = written / max(time.perf_counter() - start, 1e-9) / 1e6
             log(
                 f"[repack] layer {index + 1}/{total} {module}: "
-                f"{layer.file_bytes / 1e6:.1f} MB ({rate:.0f} MB/s)"
+                f"{size_text(layer.file_bytes)} ({rate:.0f} MB/s)"
             )
     warnings.summary()
     publish.copy_side_files(plan.folder, out)

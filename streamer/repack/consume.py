@@ -20,14 +20,11 @@ from ..errors import StreamerError
 from ..io.checkpoint import Checkpoint
 from ..io.durable import fsync_dir
 from ..io.lock import FolderLock, lock_source_for_deleting
+from ..io.sizes import size_text
 from .plan import Plan
 from .progress import Progress
 
 CONSUMED = "consumed"
-
-
-def size_text(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def stand_ins(partial: Path) -> dict[str, Path]:

@@ -16,6 +16,7 @@ from ..io.files import check_utf8_path
 from ..io.json_file import encode_tagged_floats, read_json_object
 from ..io.lock import lock_directory
 from ..io.manifest import FORMAT, MANIFEST_FILE
+from ..io.sizes import size_text
 from .consume import stand_ins
 from .progress import Progress
 
@@ -79,7 +80,7 @@ def check_free_space(partial: Path, left: int) -> None:
     if left > free:
         raise StreamerError(
             f"not enough disk space in {partial.parent}: the repacked model needs about "
-            f"{left / 1e9:.2f} GB more, {free / 1e9:.2f} GB is free. Free space or choose a "
+            f"{size_text(left)} more, {size_text(free)} is free. Free space or choose a "
             "destination on another disk."
         )
 
@@ -114,7 +115,7 @@ def failed(
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return StreamerError(
             f"the disk holding {partial.parent} is full: the repacked model needs about "
-            f"{needed_bytes / 1e9:.2f} GB in all. Free space, then {again}. ({done}.)"
+            f"{size_text(needed_bytes)} in all. Free space, then {again}. ({done}.)"
         )
     where = f" ({error.filename})" if error.filename else ""
     return StreamerError(

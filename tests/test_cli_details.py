@@ -1,0 +1,74 @@
+"""What a user notices at the command line: sizes in a unit that fits, defaults in the help,
+options that contradict or name nothing refused in one line, progress on a terminal."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_progress import on_a_terminal
+
+from streamer.cli import main
+from streamer.io.sizes import size_text
+
+
+def test_sizes_take_a_unit_that_fits():
+    assert [size_text(n) for n in (0, 512, 1536, 3 << 20, 5.5 * (1 << 30))] == [
+        "0 B",
+        "512 B",
+        "1.50 KiB",
+        "3.00 MiB",
+        "5.50 GiB",
+    ]
+
+
+def test_info_and_plan_print_no_zero_gigabytes(checkpoints, capsys):
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    for argv in (["info", str(folder)], ["plan", str(folder)]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert not re.search(r"(?<![\d.])0\.00 ", out) and " GB" not in out and "MiB" in out, out
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 8080)", "(default: 512)", "(default: 10)", "(default: 64)"):
+        assert default in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--chat", "--ignore-chat-template"], "--chat asks for the chat template"),
+        (["--checksums", "/nonexistent/sums.json"], "--checksums /nonexistent/sums.json: no such"),
+        (["--extra-eos-token", "99999"], "--extra-eos-token: token id 99999 is not one of the"),
+        (["--extra-eos-token", "-1"], "--extra-eos-token: token id -1 is not one of the"),
+        (["--kv-bits", "4", "--quantized-kv-start", "-1"], "--quantized-kv-start must be at least"),
+    ],
+)
+def test_contradictions_and_missing_files_are_refused(checkpoints, capsys, flags, message):
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    argv = ["generate", "--model", str(folder), "--prompt", "hi", "--max-tokens", "2", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # (after the residency line, for a refusal after the load)
+    line = err.splitlines()[-1]
+    assert line.startswith("streamer: error: ") and message in line and "Traceback" not in err
+
+
+def test_a_terminal_sees_the_load_and_a_long_prefill(checkpoints):
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    prompt = "import os\n" * 100  # 700 tokens: over 512
+    text = on_a_terminal(
+        "generate",
+        "--model",
+        str(folder),
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "1",
+        "--ignore-chat-template",
+    )
+    assert "[streamer] non-expert weights:" in text and "prefill:" in text
