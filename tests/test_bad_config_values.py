@@ -24,6 +24,8 @@ BAD_CONFIG_VALUES = [
     ("hidden_size", 1 << 40, "hidden_size is 1099511627776"),
     ("rms_norm_eps", "tiny", "rms_norm_eps is 'tiny', expected a finite number"),
     ("quantization", {"bits": 4, "group_size": "64"}, "quantization.group_size is '64'"),
+    ("quantization", {"bits": 4, "group_size": 7}, "quantization.group_size is 7, expected what"),
+    ("quantization", {"bits": 4, "group_size": 64, "mode": "foo"}, "quantization.mode is 'foo'"),
 ]
 
 
@@ -81,3 +83,19 @@ def test_manifest_config_values_are_checked_by_plan(checkpoints, tmp_path, field
         plan(folder, 8 << 30)
     named = message.split(", expected")[0]  # the field and its value (ranges word the want)
     assert named in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("changed", [{"group_size": 7}, {"mode": "foo"}, {"bits": 7}])
+def test_plan_of_a_config_json_refuses_what_mlx_cannot_quantize(tmp_path, changed):
+    """These reached MLX's ValueError while plan built the model (a traceback)."""
+    from fixtures import tiny_config
+    from streamer.plan import plan
+
+    config = tmp_path / "config.json"
+    quantization = {"group_size": 64, "bits": 4, **changed}
+    config.write_text(json.dumps({**tiny_config("qwen3_moe"), "quantization": quantization}))
+    ((field, value),) = changed.items()
+    with pytest.raises(StreamerError) as err:
+        plan(config, 8 << 30)
+    assert f"config.json: config field quantization.{field} is {value!r}" in str(err.value)
+    assert "expected what MLX quantizes with ([quantize]" in str(err.value)

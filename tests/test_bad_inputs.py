@@ -25,11 +25,17 @@ def test_missing_config(checkpoints, tmp_path):
 
 def test_unknown_and_non_moe_model_types(checkpoints, tmp_path):
     src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
-    reasons = {"llama": "model has no MoE layers", "not_a_model": "not a model that mlx-lm"}
+    closest = "The closest model type that streams is"
+    reasons = {  # a dense sibling or a misspelling: the nearest model type that streams named
+        "llama": ["model has no MoE layers.", f"{closest} 'llama4'; docs/support.md"],
+        "qwen3": ["model has no MoE layers.", f"{closest} 'qwen3_moe'; docs/support.md"],
+        "qwen3_mo": ["not a model that mlx-lm", f"runs. {closest} 'qwen3_moe'; docs/support.md"],
+        "not_a_model": ["not a model that mlx-lm", "runs. docs/support.md lists"],  # none near
+    }
     for model_type, reason in reasons.items():
         config = json.loads((src / "config.json").read_text())
         (src / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
-        assert_refused(src, tmp_path, f"'{model_type}' is not supported", reason, "docs/support.md")
+        assert_refused(src, tmp_path, f"'{model_type}' is not supported", *reason)
 
 
 def test_truncated_shard(checkpoints, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -83,7 +84,7 @@ def test_turns_keep_the_conversation_and_reset_forgets_it(folder):
 
 def test_a_model_that_is_not_repacked_is_refused(checkpoints):
     result = run_chat(checkpoints.hf("qwen3_moe"), ["hi"])
-    assert result.returncode == 2 and "repack it into a new folder" in result.stderr
+    assert result.returncode == 2 and "into a new folder and pass DST" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -130,3 +131,37 @@ def test_generate_speaks_mlx_lm_flags(folder, tmp_path, capsys):
     result = run_chat(plain, ["import os"])  # chat says so, and continues the text
     assert result.returncode == 0 and result.stdout == plain_answer + "\n", result.stderr
     assert "no chat template: the conversation is plain text" in result.stderr
+
+
+@pytest.mark.parametrize(  # stdin strict UTF-8, or with surrogate escapes
+    "locale, template", [("C.UTF-8", []), ("C", ["--ignore-chat-template"])]
+)
+def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(folder, locale, template):
+    command = [sys.executable, "-m", "streamer", "chat", "--model", str(folder), "--max-tokens"]
+    result = subprocess.run(
+        [*command, "2", *template],
+        input=b"caf\xe9\nhello\n",
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "LC_ALL": locale},
+    )
+    stderr = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in stderr, stderr
+    assert "the message is not valid UTF-8 (byte 0xe9 at character 3), not sent" in stderr
+    assert "template refused" not in stderr and result.stdout.strip()  # "hello" was answered
+
+
+@pytest.mark.parametrize("command", [["chat"], ["generate", "--prompt", "-"]])
+def test_standard_input_closed(folder, command):
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", *command, "--model", str(folder)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.endswith(
+        "from standard input, which is closed: give it a file or a pipe (`< FILE`).\n"
+    ), result.stderr

@@ -52,7 +52,7 @@ def test_chat_answers_as_one_process_does(shards):
     result = launch([*command, pattern], Path(pattern).parent, stdin=typed)
     assert result.returncode == 0, result.stderr
     assert result.stdout == alone.stdout and result.stdout.count("\n") == 3
-    assert result.stderr.count("[chat] /reset starts over") == 1  # rank 0 alone talks
+    assert result.stderr.count("[chat] the conversation starts over") == 1  # rank 0 alone talks
 
 
 def test_an_error_on_one_rank_ends_every_rank(shards):

@@ -3,6 +3,9 @@ checked against mlx-lm computing the same checkpoint with the same settings."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import mlx.core as mx
 import mlx_lm
 import pytest
@@ -11,6 +14,7 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 import streamer
 from streamer.cli import main
+from streamer.cli.chat import templated
 from streamer.cli.kv_options import QUANTIZED_KV_START
 from streamer.errors import StreamerError
 from streamer.plan import plan
@@ -70,6 +74,22 @@ def test_the_server_engine_keeps_a_quantized_cache(checkpoints):
     engine.close()
 
 
+def test_chat_computes_in_the_dtype_and_kv_bits_asked_for(checkpoints):
+    folder = checkpoints.mlx("qwen3_moe")  # 4-bit: bf16 computes on the CPU
+    model, tokenizer = streamer.load(folder, dtype="bfloat16")
+    want = streamer.generate(model, tokenizer, templated(tokenizer, "import os"), 6, **KV_KEYWORDS)
+    chat = [sys.executable, "-m", "streamer", "chat", "--model", str(folder), "--max-tokens", "6"]
+    result = subprocess.run(
+        [*chat, "--dtype", "bfloat16", *KV],
+        input="import os\n/stats\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and result.stdout == want + "\n", result.stderr
+    assert "| bfloat16\n" in result.stderr
+
+
 def test_kv_bits_refusals(checkpoints, capsys):
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     model, tokenizer = streamer.load(folder)
@@ -102,3 +122,6 @@ def test_plan_counts_the_quantized_cache(checkpoints, capsys, arch):
     assert fast.kv_bytes_per_1k_tokens < plan(folder, 1 << 30).kv_bytes_per_1k_tokens
     assert main(["plan", str(folder), "--kv-bits", "4", "--kv-group-size", "32"]) == 0
     assert " per 1k tokens at 4 bits" in capsys.readouterr().out
+    if arch == "qwen3_moe":  # sliding windows: mlx-lm has no quantized rotating cache
+        with pytest.raises(StreamerError, match="cannot quantize this model's sliding-window"):
+            plan(checkpoints.repacked(checkpoints.hf("gpt_oss")), 1 << 30, kv=kv)

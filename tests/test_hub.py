@@ -101,3 +101,20 @@ def test_a_lookup_expects_what_mlx_lm_downloads():
     from streamer.loading.hub import ALLOW_PATTERNS
 
     assert ALLOW_PATTERNS == DEFAULT_ALLOW_PATTERNS
+
+
+def test_a_damaged_cache_entry_is_named(hub, capsys):
+    """Both were reported as "manifest.json is missing ...: not a repacked model"."""
+    repo = hub.parent.parent
+    config = hub / "config.json"
+    config.resolve().unlink()  # the snapshot's link to a blob that is gone
+    link = rf"{config} is a symbolic link to \.\./\.\./blobs/\w+, which is missing"
+    with pytest.raises(StreamerError, match=rf"copy of tiny-org/Tiny-MoE is damaged: {link}"):
+        resolve("tiny-org/Tiny-MoE")
+    assert main(["generate", "--model", str(hub), "--prompt", "hi"]) == 2
+    assert "which is missing: the download is incomplete" in capsys.readouterr().err
+    (repo / "refs" / "main").write_text("")
+    with pytest.raises(
+        StreamerError, match=r"refs/main is empty: it names no snapshot\. `streamer"
+    ):
+        resolve("tiny-org/Tiny-MoE")

@@ -4,6 +4,7 @@ byte for byte; the shares are balanced; bad input is refused with nothing writte
 from __future__ import annotations
 
 import shutil
+import zipfile
 
 import numpy as np
 import pytest
@@ -131,3 +132,25 @@ def test_hand_edited_shard_manifests_are_refused(shards, tmp_path):
         folder = edited_copy(shards[0], tmp_path / f"edited{number}", edit)
         with pytest.raises(StreamerError, match=message):
             read_manifest(folder)
+
+
+def test_hostile_traces_are_refused_before_numpy_reads_them(full, tmp_path):
+    layers = len(read_manifest(full).layers)
+    header = {"descr": "<i8", "fortran_order": False, "shape": (10**14, layers, 4)}
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w") as archive:  # 10^14 ids declared, 8 held
+        with archive.open("experts.npy", "w") as npy:
+            np.lib.format.write_array_header_1_0(npy, header)
+            npy.write(bytes(8))
+    (tmp_path / "random.npz").write_bytes(np.random.default_rng(0).bytes(4096))
+    np.savez(tmp_path / "none.npz", routed=np.zeros((3, layers, 4), dtype=np.int64))
+    for name, message in [
+        ("huge", r"declares 800000000000000 routed ids, more than its \d+ bytes hold"),
+        ("random", r"random.npz \(not an .npz archive, a zip of .npy arrays\)"),
+        ("none", "none.npz holds no 'experts' array"),
+    ]:
+        with pytest.raises(StreamerError, match=message) as error:
+            split(full, tmp_path / "out", 0, 2, trace=tmp_path / f"{name}.npz")
+        assert "pickle" not in str(error.value)
+    compressed = tmp_path / "compressed.npz"  # as tools/routing_summary.py writes it
+    np.savez_compressed(compressed, experts=np.zeros((30, layers, 4), dtype=np.int64))
+    assert split(full, tmp_path / "s0", 0, 2, trace=compressed, log=lambda _: None).shard

@@ -14,7 +14,7 @@ from ..server.api import Completion, Sampling
 from ..server.engine import Done, Engine, Job, Step, fit
 from ..server.fields import ApiError
 from ..server.prompts import prompt_tokens
-from .repl import HELP, Reader, command
+from .repl import HELP, Reader, command, not_text
 
 
 def templated(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
@@ -74,6 +74,8 @@ def chat(
                 print(f"[chat] {HELP}", file=stderr)
             elif name == "?":
                 print(f"[chat] unknown command {text.split()[0]} (not sent): {HELP}", file=stderr)
+            elif (why := not_text(text)) is not None:
+                print(f"[chat] {why}", file=stderr)
             elif text.strip():
                 asked = (sampling, max_tokens, context)
                 last = _turn(engine, conversation, text, asked, stdout, stderr) or last

@@ -99,7 +99,7 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="sample from the likeliest top-p")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top")
-    p.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: random)")
+    p.add_argument("--seed", type=int, default=None, help="the sampler's seed (unset: random)")
 
 
 def add_prompt(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
@@ -193,6 +193,9 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
         check_at_least(args.max_kv_size, "--max-kv-size", 1)
 
 
+CLOSED_STDIN = "{} from standard input, which is closed: give it a file or a pipe (`< FILE`)."
+
+
 def prompt(args: argparse.Namespace) -> str:
     """The prompt as UTF-8 text, from --prompt or (with `--prompt -`) from stdin's bytes.
 
@@ -200,6 +203,8 @@ def prompt(args: argparse.Namespace) -> str:
     the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
     An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
     """
+    if args.prompt == "-" and sys.stdin is None:
+        raise StreamerError(CLOSED_STDIN.format("--prompt - reads the prompt"))
     raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
     try:
         text = raw.decode("utf-8")

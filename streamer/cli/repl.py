@@ -85,6 +85,21 @@ class Reader:
             pass  # no history yet
 
 
+def not_text(text: str) -> str | None:
+    """Why a line read with surrogate escapes (the chat's stdin) is not UTF-8 text, in words;
+    None if it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = ord(text[e.start])
+        what = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else repr(text[e.start])
+        return (
+            f"the message is not valid UTF-8 ({what} at character {e.start}), not sent: check "
+            "the terminal's or the file's encoding"
+        )
+    return None
+
+
 def command(text: str) -> tuple[str | None, str]:
     """(the command, "") for a line that is one, else (None, the message): `//...` is a message
     that starts with `/`; an unknown `/word` is ("?", the line): refused, not sent."""

@@ -14,6 +14,7 @@ from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import end_interrupted, raising_on_ctrl_c
 from .kv_options import add_kv_cache, add_prompt_cache_dir, disk_option, kv_options
 from .options import (
+    CLOSED_STDIN,
     add_loading,
     add_model,
     add_sampling,
@@ -122,6 +123,10 @@ def served_name(given: str, folder: Path) -> str:
 
 
 def chat(args: argparse.Namespace) -> None:
+    if sys.stdin is None:
+        raise StreamerError(CLOSED_STDIN.format("chat reads the conversation"))
+    if hasattr(sys.stdin, "reconfigure"):  # a text stream: a line not UTF-8 refused, not fatal
+        sys.stdin.reconfigure(errors="surrogateescape")
     check_sampling_flags(args)
     options, disk = kv_options(args), disk_option(args)
     check_drafting(args)

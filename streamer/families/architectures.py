@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..errors import StreamerError
+from ..errors import StreamerError, one_line
 from ..stats import ExpertStats, Routing, RoutingRecorder
 from .config import check_config
 from .expert_lists import STACKED_MODELS
@@ -53,7 +53,7 @@ def build_model(config: dict, where: Path | str) -> nn.Module:
             f"build ({type(e).__name__}: {e}); compare it with the model's published config.json."
         ) from e
     if not any(isinstance(m, EXPERT_CONTAINERS) for _, m in model.named_modules()):
-        refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.")
+        refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.", True)
     refuse_ignored_rope_scaling(model, config, where)
     return model
 
@@ -138,13 +138,20 @@ def quantize_like_mlx_lm(
             return quantization[path]
         return decide(path, module)
 
-    nn.quantize(
-        model,
-        group_size=quantization["group_size"],
-        bits=quantization["bits"],
-        mode=quantization.get("mode", "affine"),
-        class_predicate=predicate,
-    )
+    try:
+        nn.quantize(
+            model,
+            group_size=quantization["group_size"],
+            bits=quantization["bits"],
+            mode=quantization.get("mode", "affine"),
+            class_predicate=predicate,
+        )
+    except ValueError as e:  # MLX's: a group size that does not divide a layer, an unknown mode
+        settings = {k: v for k, v in quantization.items() if k in ("group_size", "bits", "mode")}
+        raise StreamerError(
+            f"the model config's quantization {settings} is not one MLX can quantize this "
+            f"model with ({one_line(e)}): the config is damaged or belongs to another model."
+        ) from None
 
 
 @contextmanager

@@ -10,7 +10,9 @@ mlx_lm.utils' own and that the classes picked here are `_get_classes`'.
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
+import re
 from pathlib import Path
 from typing import NoReturn
 
@@ -20,6 +22,7 @@ from .mlx_lm_models import model_file, package_folder, package_version
 from .transformers.renamed_models import as_published, computed_otherwise
 
 REMAPPING_TABLES = ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING")
+MOE_SOURCE = re.compile(r"\b(SwitchGLU|SwitchMLP|SwitchLinear)\b|self\.experts\s*=\s*\[")
 
 # mlx-lm model files that build experts streamer does not stream (yet), and why.
 REFUSED: dict[str, str] = {
@@ -65,7 +68,7 @@ def mlx_lm_classes(config: dict, where: Path | str = "config.json") -> tuple[typ
         return module.Model, module.ModelArgs
     # no such file, not a model's, or one that needs a package not installed (olmo exits)
     except (ImportError, ValueError, TypeError, AttributeError, SystemExit):
-        refuse(config, where, f"it is not a model that mlx-lm {package_version()} runs.")
+        refuse(config, where, f"it is not a model that mlx-lm {package_version()} runs.", True)
 
 
 @functools.cache
@@ -87,8 +90,29 @@ def remapping_tables() -> tuple[dict, dict]:
         return tuple(getattr(utils, name) for name in REMAPPING_TABLES)
 
 
-def refuse(config: dict, where: Path | str, reason: str) -> NoReturn:
+def refuse(config: dict, where: Path | str, reason: str, nearest: bool = False) -> NoReturn:
+    """`nearest`: name the model type that streams whose name is closest, where the config's may
+    be a misspelling or a dense sibling (qwen3 for qwen3_moe)."""
+    model_type = config.get("model_type")
+    closest = closest_streaming(model_type) if nearest else None
+    hint = f" The closest model type that streams is {closest!r};" if closest else ""
     raise StreamerError(
-        f"{where}: model_type {config.get('model_type')!r} is not supported for expert "
-        f"streaming: {reason} docs/support.md lists the model types that stream."
+        f"{where}: model_type {model_type!r} is not supported for expert streaming: {reason}"
+        f"{hint} docs/support.md lists the model types that stream."
     )
+
+
+def closest_streaming(model_type: object) -> str | None:
+    """The streaming model type whose name is nearest `model_type` (difflib), if one is near:
+    mlx-lm's model files that build experts (as tests/test_coverage.py finds them: each streams
+    or is REFUSED) and the names mlx-lm remaps onto them."""
+    if not isinstance(model_type, str):
+        return None
+    files = {
+        path.stem
+        for path in (package_folder() / "models").glob("*.py")
+        if path.stem != "switch_layers" and MOE_SOURCE.search(path.read_text())
+    } - set(REFUSED)
+    names = files | {k for k, v in remapping_tables()[0].items() if v in files}
+    close = difflib.get_close_matches(model_type, sorted(names), n=1)
+    return close[0] if close else None

@@ -8,6 +8,8 @@ that was not MLX-quantized) stands for its repacked folder, `pulled_folder(name)
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import re
 from pathlib import Path
 
@@ -64,6 +66,13 @@ def resolve(name: str | Path, what: str = "model") -> Path:
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
 
+    damage = cache_damage(Path(constants.HF_HUB_CACHE), text)
+    if damage:
+        raise NotDownloaded(
+            text,
+            f"the Hugging Face cache's copy of {text} is damaged: {damage}. `streamer pull "
+            f"{text}` downloads it again.",
+        )
     try:
         return Path(snapshot_download(text, local_files_only=True, allow_patterns=ALLOW_PATTERNS))
     except IncompleteSnapshotError:
@@ -80,6 +89,28 @@ def resolve(name: str | Path, what: str = "model") -> Path:
         ) from None
     except Exception as e:  # a malformed repo id or a damaged cache entry
         raise StreamerError(f"cannot look up {text} in the Hugging Face cache: {e}") from None
+
+
+def cache_damage(cache: Path, name: str) -> str | None:
+    """What is wrong with `name`'s entry in the hub cache, in words, where a lookup would report
+    it as absent or hand back a folder without the model: refs/main empty or naming no snapshot,
+    a snapshot link whose blob is missing. None if nothing is (or there is no entry)."""
+    repo = cache / f"models--{name.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    try:
+        commit = ref.read_text().strip()
+    except OSError:  # no entry, or no main ref: huggingface_hub says so
+        return None
+    snapshot = repo / "snapshots" / commit
+    if not commit:
+        return f"{ref} is empty: it names no snapshot"
+    if not snapshot.is_dir():
+        return f"{ref} names snapshot {commit}, which is not in {snapshot.parent}"
+    for link in sorted(snapshot.rglob("*")):
+        wanted = any(fnmatch.fnmatch(link.name, p) for p in ALLOW_PATTERNS)
+        if wanted and link.is_symlink() and not link.exists():
+            return f"{link} is a symbolic link to {os.readlink(link)}, which is missing"
+    return None
 
 
 def model_path(name: str | Path) -> Path:

@@ -9,8 +9,10 @@ first, go to the rank with the least traffic so far among those not yet holding 
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -54,27 +56,31 @@ def owners(manifest: Manifest, ranks: int, trace: Path | None = None) -> list[np
     return [balanced(c, ranks) for c in counts]
 
 
+DEFLATE_RATIO = 1032  # the most deflate expands: a member's bytes are at most this its stored
+
+
 def trace_counts(path: Path, layers: list[int]) -> list[np.ndarray]:
     """How often each expert of each MoE layer was routed in a trace (.npz with `experts`:
     [tokens, moe_layers, top_k] routed ids, as tools/routing_summary.py --trace writes)."""
     fix = "give an .npz written by tools/routing_summary.py --trace."
     try:
         with os.fdopen(open_regular(path, "a routing trace"), "rb") as f:  # a FIFO is refused
-            archive = np.load(f)
-            if not isinstance(archive, np.lib.npyio.NpzFile):  # a bare .npy
-                raise ValueError("not an .npz archive")
-            routed = archive["experts"]
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            if not zipfile.is_zipfile(f):  # np.load would take it for a pickle, and say so
+                raise ValueError("not an .npz archive, a zip of .npy arrays")
+            size = os.fstat(f.fileno()).st_size
+            with zipfile.ZipFile(f) as archive:
+                member = archive.getinfo("experts.npy")
+                with archive.open(member) as npy:
+                    shape, dtype = _npy_header(npy)
+                # what the member can hold: its size as the zip says, and as deflate can make
+                held = min(member.file_size, DEFLATE_RATIO * min(member.compress_size, size))
+                _check_routed(path, shape, dtype, held, layers)
+                with archive.open(member) as npy:
+                    routed = np.lib.format.read_array(npy, allow_pickle=False)
+    except KeyError:
+        raise StreamerError(f"the routing trace {path} holds no 'experts' array: {fix}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise StreamerError(f"cannot read the routing trace {path} ({e}): {fix}") from e
-    if (
-        routed.ndim != 3
-        or routed.shape[1] != len(layers)
-        or not np.issubdtype(routed.dtype, np.integer)
-    ):
-        raise StreamerError(
-            f"{path}: the trace's experts are {routed.dtype} {list(routed.shape)}, expected "
-            f"integer [tokens, {len(layers)}, top_k] for this model's {len(layers)} MoE layers."
-        )
     counts = []
     for index, num_experts in enumerate(layers):
         ids = routed[:, index].ravel()
@@ -85,6 +91,33 @@ def trace_counts(path: Path, layers: list[int]) -> list[np.ndarray]:
             )
         counts.append(np.bincount(ids, minlength=num_experts))
     return counts
+
+
+def _npy_header(npy) -> tuple[tuple[int, ...], np.dtype]:
+    """An .npy member's shape and dtype, from its header alone."""
+    if np.lib.format.read_magic(npy) == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(npy)
+    else:
+        shape, _, dtype = np.lib.format.read_array_header_2_0(npy)
+    return shape, dtype
+
+
+def _check_routed(
+    path: Path, shape: tuple[int, ...], dtype: np.dtype, stored: int, layers: list[int]
+) -> None:
+    """Refuse a trace that is not integer [tokens, moe_layers, top_k] ids, or whose header
+    declares more ids than its member holds (numpy would allocate them all first)."""
+    if len(shape) != 3 or shape[1] != len(layers) or not np.issubdtype(dtype, np.integer):
+        raise StreamerError(
+            f"{path}: the trace's experts are {dtype} {list(shape)}, expected "
+            f"integer [tokens, {len(layers)}, top_k] for this model's {len(layers)} MoE layers."
+        )
+    if math.prod(shape) * dtype.itemsize > stored:
+        raise StreamerError(
+            f"{path}: the trace's header declares {math.prod(shape)} routed ids, more than its "
+            f"{stored} bytes hold: the file is damaged; write it again with "
+            "tools/routing_summary.py --trace."
+        )
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -122,9 +122,10 @@ class DiskCache:
             path = self.folder / f"{PREFIX}{key}-{crc:08x}{SUFFIX}"
             os.replace(partial, path)
             fsync_dir(self.folder)
-        except OSError as e:  # a full disk costs the cache, not the request
+        except Exception as e:  # a full disk (or a cache mlx-lm cannot save) costs the cache only
             partial.unlink(missing_ok=True)
-            log.warning("prompt cache not written to %s: %s", self.folder, e.strerror or e)
+            why = e.strerror if isinstance(e, OSError) and e.strerror else one_line(e)
+            log.warning("prompt cache not written to %s: %s", self.folder, why)
             return
         self.entries[path] = Entry(path, tuple(tokens), metadata["streamer_trimmable"] == "True")
         self._bound()

@@ -33,6 +33,7 @@ from .output import Output, Piece
 from .sampling import sampler_and_processors
 
 log = logging.getLogger("streamer.server")
+KEEP_SECONDS = 120  # close() waits this long at most for a prompt cache being written
 MODEL_KEY = "served"  # one model per server: the prompt cache's key for it
 
 
@@ -111,6 +112,7 @@ class Engine:
         prompt caches on disk, beside those in memory."""
         self.model, self.tokenizer = model, tokenizer
         self.options, self.disk = options or {}, disk
+        self._keeping = threading.Lock()  # held while a finished sequence's cache is kept
         if self.options.get("kv_bits") is not None:
             check_kv_cache_quantizes(model, self.options)  # at start, not in every request
         self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
@@ -133,6 +135,13 @@ class Engine:
         run in two here), so it ends with the process (it is a daemon)."""
         while not self.jobs.empty():
             self.jobs.get_nowait().cancelled.set()
+        self.wait_kept()
+
+    def wait_kept(self) -> None:
+        """Wait (KEEP_SECONDS at most) until the last answered sequence's KV cache is kept, in
+        memory and in --prompt-cache-dir: its lock is taken before its Done is sent."""
+        if self._keeping.acquire(timeout=KEEP_SECONDS):
+            self._keeping.release()
 
     def _run(self) -> None:
         stream = mx.default_stream(mx.default_device())  # this thread's own, as mlx-lm's server
@@ -181,11 +190,12 @@ class Engine:
         last = output.finish()
         if last:
             job.events.put(Step(last))
-        self._keep_cache(job.prompt + generated, cache)
         if finish == "stop" and output.made_tool_call:
             finish = "tool_calls"
         cached = len(job.prompt) - len(rest)
-        job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
+        with self._keeping:  # the answer is complete: the client need not wait for a disk write
+            job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
+            self._keep_cache(job.prompt + generated, cache)
 
     def _options(self, request: Completion, cached: list[int]) -> dict:
         """The server's options for this request: its num_draft_tokens (0: no drafts) replaces

@@ -140,4 +140,5 @@ def stats_json(stats: RunStats | None) -> dict:
         "page_cache_hit_rate": stats.page_cache_hit_rate,
         "syncs_per_token": round(stats.syncs_per_token, 3),
         "peak_rss_bytes": stats.peak_rss_bytes,
+        "dtype": stats.dtype,  # what the model computed in (--dtype)
     }

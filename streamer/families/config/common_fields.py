@@ -3,13 +3,16 @@ quantization."""
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
+from ...errors import one_line
 from .field_error import bad_field
 from .ranges import MAX_SIZE
 
 QUANT_BITS = range(1, 9)
+MAX_GROUP = 4096  # past any group size MLX quantizes with: not asked of it
 SCALED_ROPE = ("linear", "dynamic", "yarn", "llama3")  # the RoPE types that need a factor
 
 
@@ -69,6 +72,26 @@ def _check_quantization(params: dict, where, field: str) -> None:
         raise bad_field(where, f"{field}.group_size", group_size, "a group size such as 64")
     if mode is not None and not isinstance(mode, str):
         raise bad_field(where, f"{field}.mode", mode, "a mode name such as 'affine'")
+    refused = _mlx_refuses(group_size, bits, mode or "affine")
+    if refused:  # else nn.quantize raises it as MLX's ValueError, once the model is built
+        name = next((n for n in ("mode", "bits") if n in refused), "group_size")
+        value = {"mode": mode, "bits": bits, "group_size": group_size}[name]
+        raise bad_field(where, f"{field}.{name}", value, f"what MLX quantizes with ({refused})")
+
+
+@functools.cache
+def _mlx_refuses(group_size: int, bits: int, mode: str) -> str | None:
+    """MLX's own word on quantizing with these settings (None: it does), from a tiny matrix: the
+    group sizes and bits each mode takes are MLX's to say (affine: 32, 64, 128; nvfp4: 16)."""
+    if group_size > MAX_GROUP:
+        return f"group size {group_size} is larger than any MLX takes"
+    import mlx.core as mx
+
+    try:
+        mx.eval(mx.quantize(mx.zeros((1, 32 * group_size)), group_size, bits, mode=mode))
+    except (ValueError, RuntimeError) as e:
+        return one_line(e)
+    return None
 
 
 def check_eos_ids(ids: object, where: Path | str) -> None:

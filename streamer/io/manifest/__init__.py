@@ -17,6 +17,7 @@ expert_ids[i]); `num_experts` counts the records in the file.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ...errors import StreamerError
@@ -65,7 +66,14 @@ def read_manifest(folder: Path | str) -> Manifest:
     """Read and validate a manifest; raise StreamerError naming the defect and what to do."""
     path = Path(folder) / MANIFEST_FILE
     if not path.exists() and not path.is_symlink():
-        if (Path(folder) / "config.json").exists():  # a download: repack writes a new folder
+        config = Path(folder) / "config.json"
+        if config.is_symlink() and not config.exists():  # a hub snapshot without its blob
+            raise StreamerError(
+                f"{config} is a symbolic link to {os.readlink(config)}, which is missing: the "
+                "download is incomplete (a Hugging Face cache without that blob); download "
+                "the model again."
+            )
+        if config.exists():  # a download: repack writes a new folder
             raise StreamerError(
                 f"{folder} is a checkpoint as downloaded, not a repacked model: repack it into a "
                 f"new folder with `streamer repack {folder} DST` and pass DST."
