@@ -3,10 +3,13 @@ history, /help, unknown commands refused, a message of several lines, a newline 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -17,6 +20,7 @@ from streamer.cli.repl import command
 class Terminal:
     def __init__(self, argv: list[str], env: dict):
         self.master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))  # 100 columns
         self.process = subprocess.Popen(
             argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
         )
@@ -84,12 +88,16 @@ def test_chat_in_a_terminal(terminal):
     # readline: the cursor moves left over "s" and "o" goes in before it; the line is history
     term.type("import s\x1b[Do\n")
     term.expect(">> ")
+    term.type("/reset\n")
+    term.expect(">> ")
+    term.type("import os; " * 150 + "\n")  # over 512 tokens: a bar while it prefills
+    assert "prefill:" in term.expect(">> ")
     term.type("\x04")  # Ctrl-D at the prompt: a newline, and the chat ends
     rest = term.rest()
     assert term.process.wait(timeout=60) == 0, rest
     assert rest.startswith("\r\n") and "Traceback" not in rest
     history = (cache / "chat_history").read_text().splitlines()
-    assert history[-1] == "import os" and "/nope" in history
+    assert "import os" in history and "import so" not in history and "/nope" in history
 
 
 def test_commands_and_messages():

@@ -122,3 +122,6 @@ def test_plan_counts_the_quantized_cache(checkpoints, capsys, arch):
     assert fast.kv_bytes_per_1k_tokens < plan(folder, 1 << 30).kv_bytes_per_1k_tokens
     assert main(["plan", str(folder), "--kv-bits", "4", "--kv-group-size", "32"]) == 0
     assert " per 1k tokens at 4 bits" in capsys.readouterr().out
+    if arch == "qwen3_moe":  # sliding windows: mlx-lm has no quantized rotating cache
+        with pytest.raises(StreamerError, match="cannot quantize this model's sliding-window"):
+            plan(checkpoints.repacked(checkpoints.hf("gpt_oss")), 1 << 30, kv=kv)

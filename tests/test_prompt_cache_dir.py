@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import mlx.core as mx
 import pytest
@@ -161,3 +162,27 @@ def test_a_quantized_cache_comes_back_quantized(local, tmp_path):
     assert ask(engine_over(local, tmp_path, options=quantized), text)[0] == want
     answer, done = ask(engine_over(local, tmp_path, options=quantized), text)
     assert answer == want and done.cached_tokens == done.prompt_tokens - 1
+
+
+def test_serve_remembers_a_conversation_across_restarts(checkpoints, tmp_path):
+    """The openai client against two servers in turn over one --prompt-cache-dir."""
+    import openai
+    from serving import live_server
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "import os"}]
+    flags = ["--prompt-cache-dir", str(tmp_path / "cache")]
+    answers = []
+    for run in range(2):
+        with live_server(folder, flags, tmp_path / f"serve{run}.log") as url:
+            client = openai.OpenAI(base_url=url, api_key="unused", timeout=120, max_retries=0)
+            answers.append(
+                client.chat.completions.create(model="m", messages=messages, max_tokens=6)
+            )
+            deadline = time.monotonic() + 60  # written just after the answer: not cut short
+            while not files(tmp_path / "cache") and time.monotonic() < deadline:
+                time.sleep(0.05)
+    first, second = answers
+    assert second.choices[0].message.content == first.choices[0].message.content
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1

@@ -92,3 +92,15 @@ def test_the_server_drafts_unless_a_request_says_num_draft_tokens_0(folder):
         parse_completion(
             {**body, "num_draft_tokens": -1}, chat=False, model="m", defaults=Sampling()
         )
+
+
+def test_chat_with_prompt_lookup_answers_as_without(folder):
+    """Two turns (the second from the first's kept KV cache): the answers chat gives plainly."""
+    from test_chat import run_chat
+
+    lines = ["def read_config(path):", "/stats", "import os", "/stats"]
+    plain = run_chat(folder, lines)
+    drafted = run_chat(folder, lines, "--prompt-lookup", "2", "--num-draft-tokens", "4")
+    assert plain.returncode == drafted.returncode == 0, drafted.stderr
+    assert drafted.stdout == plain.stdout and plain.stdout.count("\n") == 2
+    assert "kept per pass" in drafted.stderr and "kept per pass" not in plain.stderr

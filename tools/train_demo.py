@@ -12,6 +12,12 @@ machine is in bench/README.md):
 Quick check that the loss falls (a few minutes):
 
     python tools/train_demo.py --out /tmp/demo --steps 40
+
+A draft model for speculative decoding beside the demo model (its tokenizer, a smaller shape; the
+one bench/speculative.py measures):
+
+    python tools/train_demo.py --out /tmp/draft --tokenizer streamer/demo_model/tokenizer.json \
+        --layers 1 --hidden 64 --experts 8 --top-k 2 --steps 150
 """
 
 from __future__ import annotations
@@ -136,6 +142,11 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--aux-weight", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer", type=Path, help="a tokenizer.json to use, not one trained")
+    ap.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"])
+    ap.add_argument("--hidden", type=int, default=CONFIG["hidden_size"])
+    ap.add_argument("--experts", type=int, default=CONFIG["num_experts"])
+    ap.add_argument("--top-k", type=int, default=CONFIG["num_experts_per_tok"])
     args = ap.parse_args()
 
     mx.random.seed(args.seed)
@@ -143,7 +154,12 @@ def main() -> None:
     train_files, val_files = corpus_files()
     t0 = time.time()
     train_texts = read_texts(train_files)
-    tokenizer = train_bpe(train_texts, CONFIG["vocab_size"])
+    if args.tokenizer:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(args.tokenizer))
+    else:
+        tokenizer = train_bpe(train_texts, CONFIG["vocab_size"])
     train_tokens = encode(tokenizer, train_texts)
     val_tokens = encode(tokenizer, read_texts(val_files))
     print(
@@ -153,7 +169,13 @@ def main() -> None:
     )
 
     config = dict(
-        CONFIG, eos_token_id=tokenizer.token_to_id(EOS), bos_token_id=tokenizer.token_to_id(EOS)
+        CONFIG,
+        eos_token_id=tokenizer.token_to_id(EOS),
+        bos_token_id=tokenizer.token_to_id(EOS),
+        num_hidden_layers=args.layers,
+        hidden_size=args.hidden,
+        num_experts=args.experts,
+        num_experts_per_tok=args.top_k,
     )
     model = qwen3_moe.Model(qwen3_moe.ModelArgs.from_dict(config))
     install_recording_gates(model)

@@ -99,7 +99,7 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="sample from the likeliest top-p")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top")
-    p.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: random)")
+    p.add_argument("--seed", type=int, default=None, help="the sampler's seed (unset: random)")
 
 
 def add_prompt(p: argparse.ArgumentParser, prompt_default: str | None) -> None:

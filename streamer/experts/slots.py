@@ -95,7 +95,10 @@ class Slots:
             table[group] = rows
             position = table[routed]
         layer.install(tensors)
-        return layer.container(x, mx.array(position.astype(np.uint32)))
+        out = layer.container(x, mx.array(position.astype(np.uint32)))
+        if layer.converts:  # the output's graph holds the copies until it is evaluated; kept on
+            layer.install(arrays)  # the container, every layer's would stay (Kimi K2: 10 GB)
+        return out
 
 
 def resident_pools(
@@ -125,7 +128,7 @@ def slot_budget(
     per group of layers (open_pools); 0: one layer's experts each, one pool (the smallest in
     which any call, a whole prompt chunk too, runs in one round). Slots that do not fit in the
     available memory are refused before any pool is made."""
-    budget, why = chosen_budget(manifest, budget, dtype)
+    budget, why = chosen_budget(manifest, budget, dtype, "slots")
     experts, slot_bytes, per_layer = {}, {}, {}
     for layout in layouts:
         key = shape_class(layout)

@@ -67,7 +67,7 @@ def apply_budget(
     Enough for every expert: each layer's are read into memory (a bar on a terminal) and run
     resident. Less: the slot path reads into pools (experts/slots.py); the mapped path caches
     the hottest, or leaves them all to the page cache (0)."""
-    chosen, why = chosen_budget(manifest, budget, dtype)
+    chosen, why = chosen_budget(manifest, budget, dtype, read_path)
     if chosen >= all_experts_bytes(manifest, dtype):
         with progress_bar(len(layers), "experts into memory", "layer") as bar:
             if read_path == "slots":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from ..cache.budget import SLOT_SHARE, expected_pool_hits, slot_default
 from ..io.sizes import size_text
 
 MIN_CONTEXT = 4096  # "runs": the resident weights plus this much context fit
@@ -29,6 +30,9 @@ class ModelPlan:
     memory_bytes: int
     longest_context: int  # tokens of KV cache that fit beside the resident weights
     runs: bool
+    slot_budget_bytes: int  # the slot path's default budget (Metal, CUDA) in `memory_bytes`
+    slot_pool_hits: float  # the share of routed experts to expect from that pool
+    mapped_budget_bytes: int  # the mapped path's default (the CPU): all experts, or 0
     kv_bits: int | None = None  # mlx-lm's quantized KV cache, counted from the first token
 
     def lines(self) -> list[str]:
@@ -60,8 +64,27 @@ class ModelPlan:
                 f"{gb(self.resident_bytes)} resident + KV of {self.min_context} tokens "
                 f"{'fit' if self.runs else 'do not fit'} in {gb(self.memory_bytes)}"
             ),
+            f"budget (GPU)       {self.slot_budget_line()}",
+            "budget (CPU)       "
+            + (
+                "all experts in memory (they fit in half of what is left)"
+                if self.mapped_budget_bytes
+                else "0: experts computed in place from the page cache"
+            ),
         ]
         return lines
+
+    def slot_budget_line(self) -> str:
+        """The slot path's default budget (Metal and CUDA) and the pool hits it should get."""
+        left = max(self.memory_bytes - self.resident_bytes, 0)
+        if self.slot_budget_bytes >= self.expert_bytes:
+            return f"all {size_text(self.expert_bytes)} of experts in memory, no reads"
+        return (
+            f"{size_text(self.slot_budget_bytes)} slot pool ({SLOT_SHARE:.0%} of the "
+            f"{size_text(left)} "
+            f"left, {self.slot_budget_bytes / self.expert_bytes:.0%} of the experts): about "
+            f"{self.slot_pool_hits:.0%} pool hits on the bench's routing"
+        )
 
     @property
     def min_context(self) -> int:
@@ -74,17 +97,24 @@ class ModelPlan:
 def fitted(
     *, kv_per_token: int, kv_fixed: int, context: int | None, memory: int, **fields
 ) -> ModelPlan:
-    """The plan, with the longest context that fits in `memory` beside the resident weights and
+    """The plan, with the longest context that fits in `memory` beside the resident weights,
     whether the model runs (resident weights plus MIN_CONTEXT tokens, or the model's whole
-    context if shorter, fit)."""
+    context if shorter, fit) and the default budgets in what the resident weights leave of
+    `memory` (as a load measures the memory available after loading them: cache/budget.py)."""
     resident = fields["resident_bytes"]
     room = memory - resident - kv_fixed
     longest = max(0, room // kv_per_token) if kv_per_token else (context or 0)
     if context:
         longest = min(longest, context)
     need = resident + kv_fixed + kv_per_token * min(MIN_CONTEXT, context or MIN_CONTEXT)
+    experts, left = fields["expert_bytes"], max(memory - resident, 0)
+    one_expert = experts // max(fields["moe_layers"] * fields["experts"], 1)
+    slots = slot_default(experts, one_expert, left)
     return ModelPlan(
         **fields,
+        slot_budget_bytes=slots,
+        slot_pool_hits=1.0 if slots >= experts else expected_pool_hits(slots / experts),
+        mapped_budget_bytes=experts if experts <= left // 2 else 0,
         kv_bytes_per_1k_tokens=kv_per_token * 1000,
         kv_fixed_bytes=kv_fixed,
         context_length=context,

@@ -64,10 +64,10 @@ def stream_generate(
     drafts = drafter(kwargs, tokenizer)
     if drafts is None:
         return mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs)
-    return _responses(model, tokenizer, prompt, drafts, max_tokens=max_tokens, **kwargs)
+    return responses(model, tokenizer, prompt, drafts, max_tokens=max_tokens, **kwargs)
 
 
-def _responses(
+def responses(
     model: nn.Module,
     tokenizer: TokenizerWrapper,
     prompt: list[int],

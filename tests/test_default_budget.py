@@ -1,0 +1,84 @@
+"""The default memory budget by read path, and what `streamer plan` says it will choose."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import mlx.core as mx
+import psutil
+
+import streamer
+from streamer.cache.budget import (
+    SLOT_SHARE,
+    all_experts_bytes,
+    default_budget,
+    expected_pool_hits,
+    largest_expert_bytes,
+    slot_default,
+)
+from streamer.cli import main
+from streamer.io.manifest import read_manifest
+from streamer.plan import plan
+
+
+def test_the_slot_default_is_a_share_of_what_is_available():
+    assert slot_default(10, 1, 100) == 10  # all experts fit: all of them
+    assert slot_default(1000, 1, 100) == int(100 * SLOT_SHARE)
+    assert slot_default(1000, 7, 4) == 7  # never below one expert
+
+
+def test_expected_hits_grow_with_the_budget():
+    hits = [expected_pool_hits(f / 20) for f in range(21)]
+    assert hits[0] == 0 and hits[-1] == 1 and expected_pool_hits(2.0) == 1
+    assert all(a <= b for a, b in zip(hits, hits[1:])) and 0 < hits[10] < 1
+
+
+def _available(monkeypatch, nbytes: int) -> None:
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=nbytes))
+
+
+def test_default_budget_by_read_path(checkpoints, monkeypatch):
+    manifest = read_manifest(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    need = all_experts_bytes(manifest, None)
+    _available(monkeypatch, need)  # all of them would fit, but not in the slot path's share
+    budget, why = default_budget(manifest, None, "slots")
+    assert budget == int(need * SLOT_SHARE) and budget > largest_expert_bytes(manifest, None)
+    assert f"expect about {expected_pool_hits(budget / need):.0%} pool hits" in why
+    assert default_budget(manifest, None, "mapped")[0] == 0  # not in half: the page cache
+    _available(monkeypatch, 2 * need)
+    assert default_budget(manifest, None, "slots") == (
+        need,
+        default_budget(manifest, None, "slots")[1],
+    )
+    assert default_budget(manifest, None, "mapped")[0] == need
+
+
+def test_a_slot_load_takes_the_default(checkpoints, monkeypatch):
+    dst = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    need = all_experts_bytes(read_manifest(dst), mx.float32)
+    _available(monkeypatch, need)
+    model, _ = streamer.load(dst, read_path="slots", dtype=mx.float32)
+    pools = model.streamer.pools
+    assert pools and sum(p.nbytes for p in pools) <= need * SLOT_SHARE
+    assert "pool hits" in model.streamer.residency
+    model.streamer.close()
+
+
+def test_plan_says_the_default_budget_and_its_hits(checkpoints, capsys):
+    dst = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    roomy = plan(dst, 1 << 34)
+    assert roomy.slot_budget_bytes == roomy.expert_bytes and roomy.slot_pool_hits == 1
+    assert roomy.mapped_budget_bytes == roomy.expert_bytes
+    memory = roomy.resident_bytes + roomy.expert_bytes  # the experts fit, not in the share
+    tight = plan(dst, memory)
+    assert tight.slot_budget_bytes == int(roomy.expert_bytes * SLOT_SHARE)
+    assert tight.slot_pool_hits == expected_pool_hits(SLOT_SHARE) and tight.mapped_budget_bytes == 0
+    cli = plan(dst, memory, dtype=mx.float32)  # the command's compute dtype on this CPU
+    assert main(["plan", str(dst), "--memory", str(memory)]) == 0
+    text = capsys.readouterr().out
+    assert f"slot pool ({SLOT_SHARE:.0%} of the" in text
+    assert f"about {cli.slot_pool_hits:.0%} pool hits" in text
+    assert "budget (CPU)       0: experts computed in place" in text
+    assert main(["plan", str(dst), "--memory", str(memory), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slot_budget_bytes"] == cli.slot_budget_bytes
