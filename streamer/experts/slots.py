@@ -95,7 +95,10 @@ class Slots:
             table[group] = rows
             position = table[routed]
         layer.install(tensors)
-        return layer.container(x, mx.array(position.astype(np.uint32)))
+        out = layer.container(x, mx.array(position.astype(np.uint32)))
+        if layer.converts:  # the output's graph holds the copies until it is evaluated; kept on
+            layer.install(arrays)  # the container, every layer's would stay (Kimi K2: 10 GB)
+        return out
 
 
 def resident_pools(
