@@ -166,6 +166,7 @@ def _printable(kwargs: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path.home() / ".cache" / "streamer-bench")
+    ap.add_argument("--preset", default="qwen3-30b-a3b-12l", help="quick: seconds, not real-shaped")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--k", type=int, default=3)
@@ -178,7 +179,7 @@ def main() -> None:
     args = ap.parse_args()
     args.rates = [float(r) for r in args.rates.split(",")]
     models = ensure_models(
-        "qwen3-30b-a3b-12l",
+        args.preset,
         args.data,
         layers=args.layers,
         vocab=None,

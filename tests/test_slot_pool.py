@@ -6,6 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from streamer.cache import slot_pool
 from streamer.cache.policies import SlotLFU
 from streamer.cache.slot_pool import CHUNK_BYTES, SLOT_ALIGN, LayerSource, SlotPool, SlotTensor
 from streamer.errors import StreamerError
@@ -44,7 +45,13 @@ def write_layer(path, experts: int, seed: int) -> list[list[np.ndarray]]:
 
 
 def pool_over(
-    tmp_path, slots: int, layers: int = 2, experts: int = 6, bypass=False, chunk_bytes=CHUNK_BYTES
+    tmp_path,
+    slots: int,
+    layers: int = 2,
+    experts: int = 6,
+    bypass=False,
+    chunk_bytes=CHUNK_BYTES,
+    landing=None,
 ):
     truth = {}
     files = {}
@@ -53,7 +60,7 @@ def pool_over(
         truth[layer] = write_layer(path, experts, seed=layer)
         at = [At(offset) for offset in OFFSETS]
         files[layer] = LayerSource([ReadFile(path, bypass)], at, experts, where=lambda _, p=path: p)
-    return SlotPool(TENSORS, slots, files, chunk_bytes), truth
+    return SlotPool(TENSORS, slots, files, chunk_bytes, landing), truth
 
 
 def slot_bytes(pool: SlotPool, slot: int) -> list[np.ndarray]:
@@ -65,10 +72,15 @@ LARGEST = max(t.nbytes for t in TENSORS)
 
 
 @pytest.mark.parametrize(
-    "bypass, chunk_bytes", [(False, CHUNK_BYTES), (True, CHUNK_BYTES), (False, 3 * LARGEST)]
+    "bypass, chunk_bytes, piece",
+    [(False, CHUNK_BYTES, 1 << 19), (True, CHUNK_BYTES, 1 << 19), (False, 3 * LARGEST, 4096)],
 )
-def test_misses_are_read_exactly_into_their_slots(tmp_path, bypass, chunk_bytes):
-    """With chunks of 3 slots too: slot s is row s % 3 of chunk s // 3, each array bounded."""
+def test_misses_are_read_exactly_into_their_slots(
+    tmp_path, monkeypatch, bypass, chunk_bytes, piece
+):
+    """With chunks of 3 slots too: slot s is row s % 3 of chunk s // 3, each array bounded; and
+    with reads cut into 4 KiB pieces (a tensor read by several threads)."""
+    monkeypatch.setattr(slot_pool, "PIECE", piece)
     pool, truth = pool_over(tmp_path, slots=4, bypass=bypass, chunk_bytes=chunk_bytes)
     assert len(pool.chunks) == (1 if chunk_bytes == CHUNK_BYTES else 2)
     for a in [a for chunk in pool.chunks for a in chunk]:
