@@ -10,6 +10,7 @@ from streamer.cache import slot_pool
 from streamer.cache.policies import SlotLFU
 from streamer.cache.slot_pool import CHUNK_BYTES, SLOT_ALIGN, LayerSource, SlotPool, SlotTensor
 from streamer.errors import StreamerError
+from streamer.io import buffers
 from streamer.io.mapping import OS_PAGE, resident_bytes
 from streamer.io.reads import ReadFile
 
@@ -153,3 +154,15 @@ def test_a_pools_pages_are_committed_only_as_slots_are_read(tmp_path):
 def mincore_pages(rows: np.ndarray) -> int:
     """Pages of `rows` in memory (mincore counts an anonymous page once it is written)."""
     return resident_bytes(rows.ctypes.data, 0, rows.nbytes) // OS_PAGE
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_buffer_written_through_its_host_view_is_what_mlx_reads(monkeypatch, cuda):
+    """Either allocation (untouched through mx.load; from numpy, as on CUDA): the host view and
+    the array are one memory, and a view may start at any byte and span rows."""
+    monkeypatch.setattr(buffers.mx.cuda, "is_available", lambda: cuda)
+    buffer = buffers.untouched(3 * buffers.ROW)
+    host = buffers.host_bytes(buffer)
+    host[buffers.ROW - 3 : buffers.ROW + 5] = np.arange(1, 9, dtype=np.uint8)
+    view = buffers.view(buffer, buffers.ROW - 3, mx.uint16, (2, 2), (1, 2))
+    assert np.array(view).tolist() == [[0x0201, 0x0605], [0x0403, 0x0807]]
