@@ -144,8 +144,8 @@ def slot_budget(
     available = psutil.virtual_memory().available
     if need > available:
         raise StreamerError(
-            f"a slot pool of {need / 1e9:.2f} GB ({why}) does not fit in the {available / 1e9:.2f} "
-            "GB of memory available: give a smaller memory budget."
+            f"a slot pool of {size_text(need)} ({why}) does not fit in the {size_text(available)} "
+            "of memory available: give a smaller memory budget."
         )
     by_layer = open_pools(layouts, slots, checksums, CHUNK_BYTES, bypass_page_cache, budget > 0)
     for layout, layer in zip(layouts, layers):
