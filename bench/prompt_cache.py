@@ -3,7 +3,7 @@ what zstandard would change in them.
 
 Each "restart" is a new engine with nothing in memory (as after a restart of serve or chat); the
 cache file is then in the page cache (warm), which is the common case for a file just written.
-Usage: python bench/prompt_cache.py [--model DIR] [--tokens 1500] [--repeats 3]
+Usage: python bench/prompt_cache.py [--model DIR] [--tokens 1500] [--repeats 3] [--memory-budget 0]
 (default model: the demo model, repacked into a temporary folder).
 """
 
@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, help="a repacked folder or MLX download")
     ap.add_argument("--tokens", type=int, default=1500, help="tokens of the long prompt")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--memory-budget", default=None, help="as generate's (0: every expert streams)")
     args = ap.parse_args()
 
     import streamer
@@ -74,7 +75,7 @@ def main() -> None:
 
             folder = Path(tmp) / "demo"
             repack(DEMO_MODEL, folder, quantize=Quantize(4), log=lambda _: None)
-        model, tokenizer = streamer.load(folder)
+        model, tokenizer = streamer.load(folder, memory_budget=args.memory_budget)
         corpus = (Path(streamer.__file__).parent / "generate.py").read_text()
         ids = tokenizer.encode(corpus * (1 + args.tokens // 500))[: args.tokens]
         text = tokenizer.decode(ids)
@@ -91,6 +92,7 @@ def main() -> None:
         (path,) = cache_dir.glob(f"{PREFIX}*")
         result = {
             "model": str(args.model or "demo model"),
+            "residency": model.streamer.residency,
             "prompt_tokens": len(tokenizer.encode(text)),
             "ttft_without_s": round(min(cold), 3),
             "ttft_after_restart_s": round(min(t for t, _ in restarted), 3),

@@ -159,6 +159,12 @@ def _greedy():
     return make_sampler(0.0)
 
 
+def _device() -> str:
+    from streamer.loading.backend import backend
+
+    return backend()
+
+
 def _printable(kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if isinstance(v, (int, float, str, bool, type(None)))}
 
@@ -166,6 +172,7 @@ def _printable(kwargs: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path.home() / ".cache" / "streamer-bench")
+    ap.add_argument("--preset", default="qwen3-30b-a3b-12l", help="quick: seconds, not real-shaped")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--k", type=int, default=3)
@@ -175,16 +182,22 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--no-warm", action="store_true", help="only the squeezed regimes")
     ap.add_argument("--no-acceptance", action="store_true", help="no runs on the demo model")
+    ap.add_argument(
+        "--page-cache",
+        action="store_true",
+        help="slot pools read through the page cache (warm), not around it: as the H200 runs",
+    )
+    ap.add_argument("--dtype", default="float32", help="the checkpoint's scales (bfloat16: a GPU)")
     args = ap.parse_args()
     args.rates = [float(r) for r in args.rates.split(",")]
     models = ensure_models(
-        "qwen3-30b-a3b-12l",
+        args.preset,
         args.data,
         layers=args.layers,
         vocab=None,
         routing=ROUTING,
         seed=0,
-        dtype="float32",
+        dtype=None if args.dtype == "bfloat16" else args.dtype,  # the preset's own: bfloat16
     )
     experts = models.info["expert_bytes"]
     regimes = (
@@ -193,17 +206,24 @@ def main() -> None:
     for share in [float(b) for b in args.budgets.split(",") if b]:
         regimes.append(
             (
-                f"squeezed, slot pool {share:.0%} of the experts",
+                ("" if args.page_cache else "squeezed, ")
+                + (f"slot pool {share:.0%} of the experts" if share else "one layer's experts"),
                 {
                     "memory_budget": int(share * experts),
                     "read_path": "slots",
-                    "bypass_page_cache": True,
+                    "bypass_page_cache": not args.page_cache,
                 },
             )
         )
     result = {
         "model": models.info,
-        "settings": {"tokens": args.tokens, "k": args.k, "rates": args.rates},
+        "settings": {
+            "tokens": args.tokens,
+            "k": args.k,
+            "rates": args.rates,
+            "device": _device(),
+            "checkpoint_dtype": args.dtype,
+        },
         "curves": [cost_curve(args, name, kwargs, models) for name, kwargs in regimes],
         "acceptance": [] if args.no_acceptance else acceptance(args),
     }

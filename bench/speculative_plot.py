@@ -121,7 +121,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("decode tokens/s (dashed: plain decoding)")
     ax.set_title(
         f"speculative decoding: {model['layers']} layers x {model['num_experts']} experts, "
-        f"top-{model['top_k']}; random weights, CPU float32",
+        f"top-{model['top_k']}; random weights, {_where(result['settings'])}",
         fontsize=9,
     )
     ax.set_ylim(bottom=0)
@@ -130,6 +130,11 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _where(settings: dict) -> str:
+    """The backend and checkpoint dtype (results from before they were recorded: this CPU's)."""
+    return f"{settings.get('device', 'cpu').upper()} {settings.get('checkpoint_dtype', 'float32')}"
 
 
 def main() -> None:

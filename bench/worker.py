@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--read-path", choices=["slots", "mapped"], help="streamer: default by backend")
     ap.add_argument("--bypass-page-cache", action="store_true", help="streamer slots: O_DIRECT")
+    ap.add_argument(
+        "--profile", action="store_true", help="streamer: time each layer's expert compute (a sync)"
+    )
     args = ap.parse_args(argv)
 
     sampler = MemorySampler()
@@ -159,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
         args.engine, args.model, args.memory_budget, args.read_path, args.bypass_page_cache
     )
     load_s = time.perf_counter() - start
+    if args.profile:
+        engine_stats(model).profile = True
     print(f"[{args.engine}] loaded in {load_s:.1f} s", file=sys.stderr, flush=True)
     cold = None
     if args.cold_decode:

@@ -109,3 +109,46 @@ def test_sizes_parse(bench_path):
         and size("1.5GiB") == 3 << 29
         and size("4096") == 4096
     )
+
+
+def test_speculative_bench_quick(tmp_path):
+    """bench/speculative.py on the quick shape (it asserts every drafted run prints the plain
+    run's tokens), then its plot and tables; traffic is exact, timings are not checked."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = tmp_path / "speculative.json"
+    cmd = [sys.executable, "bench/speculative.py", "--preset", "quick", "--layers", "2"]
+    cmd += ["--tokens", "8", "--rates", "0,1", "--budgets", "0.5", "--data", str(tmp_path)]
+    proc = subprocess.run(
+        [*cmd, "--results", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    warm, squeezed = result["curves"]
+    for curve in (warm, squeezed):
+        none, every = curve["oracle"]
+        assert none["acceptance"] == 0 and every["acceptance"] == 1
+        assert every["tokens_per_pass"] == 4 and none["tokens_per_pass"] == 1
+        assert none["wasted_mb_per_token"] > 0 == every["wasted_mb_per_token"]
+    # the slot pool syncs once per layer and pass (in place, a cached file needs no sync at all)
+    assert squeezed["oracle"][1]["syncs_per_token"] * 4 == squeezed["plain"]["syncs_per_token"]
+    assert {(r["drafter"], r["text"]) for r in result["acceptance"]} == {
+        ("prompt lookup", "code"),
+        ("prompt lookup", "prose"),
+    }
+    plot = subprocess.run(
+        [sys.executable, "bench/speculative_plot.py", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plot.returncode == 0 and "break-even" in plot.stdout, plot.stderr[-3000:]
+    assert out.with_suffix(".png").stat().st_size > 0

@@ -6,9 +6,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from streamer.cache import slot_pool
 from streamer.cache.policies import SlotLFU
 from streamer.cache.slot_pool import CHUNK_BYTES, SLOT_ALIGN, LayerSource, SlotPool, SlotTensor
 from streamer.errors import StreamerError
+from streamer.io import buffers
 from streamer.io.mapping import OS_PAGE, resident_bytes
 from streamer.io.reads import ReadFile
 
@@ -44,7 +46,13 @@ def write_layer(path, experts: int, seed: int) -> list[list[np.ndarray]]:
 
 
 def pool_over(
-    tmp_path, slots: int, layers: int = 2, experts: int = 6, bypass=False, chunk_bytes=CHUNK_BYTES
+    tmp_path,
+    slots: int,
+    layers: int = 2,
+    experts: int = 6,
+    bypass=False,
+    chunk_bytes=CHUNK_BYTES,
+    landing=None,
 ):
     truth = {}
     files = {}
@@ -53,7 +61,7 @@ def pool_over(
         truth[layer] = write_layer(path, experts, seed=layer)
         at = [At(offset) for offset in OFFSETS]
         files[layer] = LayerSource([ReadFile(path, bypass)], at, experts, where=lambda _, p=path: p)
-    return SlotPool(TENSORS, slots, files, chunk_bytes), truth
+    return SlotPool(TENSORS, slots, files, chunk_bytes, landing), truth
 
 
 def slot_bytes(pool: SlotPool, slot: int) -> list[np.ndarray]:
@@ -65,10 +73,15 @@ LARGEST = max(t.nbytes for t in TENSORS)
 
 
 @pytest.mark.parametrize(
-    "bypass, chunk_bytes", [(False, CHUNK_BYTES), (True, CHUNK_BYTES), (False, 3 * LARGEST)]
+    "bypass, chunk_bytes, piece",
+    [(False, CHUNK_BYTES, 1 << 19), (True, CHUNK_BYTES, 1 << 19), (False, 3 * LARGEST, 4096)],
 )
-def test_misses_are_read_exactly_into_their_slots(tmp_path, bypass, chunk_bytes):
-    """With chunks of 3 slots too: slot s is row s % 3 of chunk s // 3, each array bounded."""
+def test_misses_are_read_exactly_into_their_slots(
+    tmp_path, monkeypatch, bypass, chunk_bytes, piece
+):
+    """With chunks of 3 slots too: slot s is row s % 3 of chunk s // 3, each array bounded; and
+    with reads cut into 4 KiB pieces (a tensor read by several threads)."""
+    monkeypatch.setattr(slot_pool, "PIECE", piece)
     pool, truth = pool_over(tmp_path, slots=4, bypass=bypass, chunk_bytes=chunk_bytes)
     assert len(pool.chunks) == (1 if chunk_bytes == CHUNK_BYTES else 2)
     for a in [a for chunk in pool.chunks for a in chunk]:
@@ -125,10 +138,12 @@ def test_a_failed_read_leaves_no_half_read_expert(tmp_path):
     pool.close()
 
 
-def test_a_pools_pages_are_committed_only_as_slots_are_read(tmp_path):
+def test_a_pools_pages_are_committed_only_as_slots_are_read(tmp_path, monkeypatch):
     """A budget is an upper bound, not an allocation: untouched slots take no memory. (Chunks of
     64 MB: glibc maps fresh pages for any allocation past 32 MB, and MLX's cache is emptied, so
-    no recycled buffer is handed out.)"""
+    no recycled buffer is handed out.) Reads land in the slots here on every backend: CUDA's
+    staging has the copy engine write them, and no host page of the pool is ever committed."""
+    monkeypatch.setattr(slot_pool, "landing_for", lambda tensors, buffers: None)
     mx.clear_cache()
     pool, _ = pool_over(tmp_path, slots=8192, chunk_bytes=4096 * LARGEST)  # 2 chunks of 64 MB
     rows = pool._rows[1][2]  # chunk 1's b.weight rows
@@ -141,3 +156,15 @@ def test_a_pools_pages_are_committed_only_as_slots_are_read(tmp_path):
 def mincore_pages(rows: np.ndarray) -> int:
     """Pages of `rows` in memory (mincore counts an anonymous page once it is written)."""
     return resident_bytes(rows.ctypes.data, 0, rows.nbytes) // OS_PAGE
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_buffer_written_through_its_host_view_is_what_mlx_reads(monkeypatch, cuda):
+    """Either allocation (untouched through mx.load; from numpy, as on CUDA): the host view and
+    the array are one memory, and a view may start at any byte and span rows."""
+    monkeypatch.setattr(buffers.mx.cuda, "is_available", lambda: cuda)
+    buffer = buffers.untouched(3 * buffers.ROW)
+    host = buffers.host_bytes(buffer)
+    host[buffers.ROW - 3 : buffers.ROW + 5] = np.arange(1, 9, dtype=np.uint8)
+    view = buffers.view(buffer, buffers.ROW - 3, mx.uint16, (2, 2), (1, 2))
+    assert np.array(view).tolist() == [[0x0201, 0x0605], [0x0403, 0x0807]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
@@ -70,6 +71,32 @@ def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch,
     prompt = mx.array(tokenizer.encode(PROMPT))
     assert_exactly_as(model, reference_model(src), prompt, 40)
     assert f"{sum(len(p.chunks) for p in pools)} chunks" in model.streamer.residency
+
+
+def test_converted_copies_are_not_kept_after_the_call(checkpoints):
+    """bf16 scales computed in float32 (this CPU): each call takes and converts its routed slots.
+    The containers must not keep those copies once the output is built: every layer's would stay
+    in memory (Kimi K2 at full depth: 176 MB a layer, 10 GB in all)."""
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    mx.eval(model(mx.array(tokenizer.encode(PROMPT))[None]))
+    (pool,) = model.streamer.pools
+    assert model.streamer.stats.prefill.bytes_copied > 0  # it did convert
+    for layer in model.streamer.layers:
+        tensors = [layer.container[p][k] for p, k in layer._slots]
+        assert all(t is a for t, a in zip(tensors, pool.arrays))
+
+
+def test_a_pool_larger_than_the_available_memory_is_refused_before_it_is_made(
+    float32_model, monkeypatch
+):
+    _, folder = float32_model
+    monkeypatch.setattr(slot_path.psutil, "virtual_memory", lambda: SimpleNamespace(available=1))
+    made = []
+    monkeypatch.setattr(slot_path, "SlotPool", lambda *a, **k: made.append(a))
+    with pytest.raises(StreamerError, match=r"does not fit in the 1 B of memory available"):
+        streamer.load(folder, memory_budget=4 * slot_bytes(folder), read_path="slots")
+    assert made == []
 
 
 def test_layers_are_grouped_so_a_group_fits_one_chunk():

@@ -113,6 +113,11 @@ def test_the_kv_cache_keeps_only_the_kept_tokens(target, random_draft):
         model, tokenizer, first[-1:], TOKENS, prompt_lookup=True, prompt_cache=cache
     )
     assert first + [r.token for r in rest] == plain
+    # all drafts kept, max_tokens ending a pass part way: the cache ends where the output does
+    cache = make_prompt_cache(model)
+    tokens(model, tokenizer, 10, draft_model=target[1], num_draft_tokens=3, prompt_cache=cache)
+    assert model.streamer.stats.drafts.accepted == 8  # passes of 4 + 4 + 2: all drafts kept
+    assert cache[0].offset == len(tokenizer.encode(PROMPT)) + 10 - 1
 
 
 def test_the_stats_line_reports_drafts(target):

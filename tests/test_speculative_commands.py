@@ -11,6 +11,7 @@ from streamer.cli import main
 from streamer.server.api import Sampling, parse_completion
 from streamer.server.engine import Done, Engine, Job, Step
 from streamer.server.fields import ApiError
+from streamer.server.responses import stats_json
 
 PROMPT = "def read_config(path):"
 
@@ -82,11 +83,14 @@ def test_the_server_drafts_unless_a_request_says_num_draft_tokens_0(folder):
     body = {"prompt": PROMPT, "max_tokens": 16}
     text, done = engine_text(engine, tokenizer, body)
     assert text == want and done.stats.drafts is not None
+    figures = stats_json(done.stats)  # a response's `streamer` field
+    assert "drafts_kept" in figures and figures["tokens_per_pass"] >= 1
     # the same prompt again: from the prompt cache, which the drafter sees too
     text, done = engine_text(engine, tokenizer, body)
     assert text == want and done.cached_tokens > 0 and done.stats.drafts is not None
     text, done = engine_text(engine, tokenizer, {**body, "num_draft_tokens": 0})
     assert text == want and done.stats.drafts is None
+    assert "drafts_kept" not in stats_json(done.stats)
     engine.close()
     with pytest.raises(ApiError, match="num_draft_tokens"):
         parse_completion(

@@ -11,7 +11,10 @@ pages are committed when its first expert is read. A layer call asks for its rou
 cost nothing, misses are read from the expert file straight into their slots' rows (one scatter
 read per expert, several in flight, no intermediate buffer), and the kernels then run on the
 chunks' arrays with slot indices within the chunk. Victims are chosen by LFU with aging, never
-among the call's own experts.
+among the call's own experts. Where reads land is the pool's `landing`: the slot itself on Metal
+(unified memory) and the CPU; on CUDA, where the slots are managed memory that host stores
+migrate page by page, a pinned staging buffer copied into the slot by the copy engine
+(io/cuda_copy.py).
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
@@ -27,7 +30,8 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -35,11 +39,13 @@ import numpy as np
 
 from ..errors import StreamerError
 from ..io import buffers
-from ..io.reads import DIRECT_ALIGN, MAX_GAP, ReadFile, plan_reads
+from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, ReadFile, plan_reads, split
+from .landing import Landing, landing_for
 from .policies import SlotLFU
 
 SLOT_ALIGN = 16384  # Apple silicon's page size; a multiple of Linux's 4 KiB and of DIRECT_ALIGN
-READERS = 8  # expert reads in flight at once (threads: preadv releases the GIL)
+READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
+PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 threads
 # The most bytes one array of a pool holds: far below any Mac's maxBufferLength, large enough
 # that a decode call's experts lie in one chunk when its layer's pool is one (experts/slots.py
 # gives each group of layers a pool of its own for that), and a 2^31 dimension is never near.
@@ -84,7 +90,9 @@ class SlotPool:
         slots: int,
         layers: dict[int, LayerSource],
         chunk_bytes: int | None = CHUNK_BYTES,
+        landing: Landing | None = None,
     ):
+        """`landing`: None reads into the slots themselves, except on CUDA (`landing_for`)."""
         self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
@@ -106,6 +114,7 @@ class SlotPool:
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
+        self._landing = landing if landing is not None else landing_for(self.tensors, READERS)
 
     @property
     def arrays(self) -> list[mx.array]:
@@ -123,12 +132,7 @@ class SlotPool:
         slots, miss = self.policy.assign(self._base[layer] + experts)
         self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
         if miss.any():
-            reads = [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])]
-            if len(reads) == 1:
-                self._read(layer, *reads[0])
-            else:
-                for done in [_readers.submit(self._read, layer, e, s) for e, s in reads]:
-                    done.result()
+            self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, int(miss.sum())
 
     def computed(self, output: mx.array) -> None:
@@ -140,33 +144,72 @@ class SlotPool:
             mx.eval(self._pending)  # returns once the kernels have run (Metal, CUDA) or computed
             self._pending.clear()
 
-    def _read(self, layer: int, expert: int, slot: int) -> None:
-        source = self.layers[layer]
-        chunk, row = divmod(slot, self.chunk_slots)
-        slot_rows = [rows[row] for rows in self._rows[chunk]]
-        spans = [
-            (at.file, at.offset + expert * at.stride, rows)
-            for at, rows in zip(source.placements, slot_rows)
-        ]
-        file = spans[0][0]
+    def _read_misses(self, layer: int, reads: list[tuple[int, int]]) -> None:
+        """Read each (expert, slot) of `layer`, as many experts at a time as the landing lends
+        buffers (READERS reading into the slots themselves), each expert's reads cut into pieces
+        of at most PIECE bytes that the reader threads share: a lone miss is read by several
+        threads at once, as page-cache copies and SSD queues want. A failure forgets every slot
+        of `reads`: none is left half read."""
+        at_once = READERS if self._landing is None else self._landing.buffers
         try:
-            for file, offset, buffers in plan_reads(spans, self._scratch):
-                source.files[file].preadv(offset, buffers)
+            for lo in range(0, len(reads), at_once):
+                wave = reads[lo : lo + at_once]
+                with ExitStack() as stack:
+                    landed = [stack.enter_context(self._land(slot)) for _, slot in wave]
+                    pieces = [
+                        (expert, piece)
+                        for (expert, _), buffers in zip(wave, landed)
+                        for piece in self._pieces(layer, expert, buffers)
+                    ]
+                    if len(pieces) == 1:
+                        self._read_piece(layer, *pieces[0])
+                    else:  # every piece finishes before a buffer is lent again, failed or not
+                        done = [_readers.submit(self._read_piece, layer, *p) for p in pieces]
+                        for future in wait(done).done:
+                            future.result()
+                    for (expert, _), buffers in zip(wave, landed):
+                        self._check(layer, expert, buffers)
+        except BaseException:
+            for expert, slot in reads:
+                self._forget(layer, expert, slot)
+            raise
+
+    def _land(self, slot: int) -> AbstractContextManager[Sequence[np.ndarray]]:
+        chunk, row = divmod(slot, self.chunk_slots)
+        rows = [rows[row] for rows in self._rows[chunk]]
+        return nullcontext(rows) if self._landing is None else self._landing.into(rows)
+
+    def _pieces(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> list[Read]:
+        spans = [
+            (at.file, at.offset + expert * at.stride, buffer)
+            for at, buffer in zip(self.layers[layer].placements, buffers)
+        ]
+        return [piece for read in plan_reads(spans, self._scratch) for piece in split(read, PIECE)]
+
+    def _read_piece(self, layer: int, expert: int, piece: Read) -> None:
+        source = self.layers[layer]
+        file, offset, parts = piece
+        try:
+            source.files[file].preadv(offset, parts)
         except OSError as e:
-            self._forget(layer, expert, slot)
             raise StreamerError(
                 f"{source.where(file)}: cannot read expert {expert} ({e}); check the disk, "
                 "or run `streamer verify` on the model folder."
             ) from e
-        if source.checksums is not None:
-            for t, rows, crc in zip(self.tensors, slot_rows, source.checksums[expert]):
-                if zlib.crc32(rows) != crc:
-                    self._forget(layer, expert, slot)
-                    raise StreamerError(
-                        f"{source.where(file)}: expert {expert} tensor {t.name} does not "
-                        "match its checksum: the file is corrupt. Run `streamer verify` on the "
-                        "model folder to list every bad tensor, then repack."
-                    )
+
+    def _check(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> None:
+        source = self.layers[layer]
+        if source.checksums is None:
+            return
+        for t, at, buffer, crc in zip(
+            self.tensors, source.placements, buffers, source.checksums[expert]
+        ):
+            if zlib.crc32(buffer) != crc:
+                raise StreamerError(
+                    f"{source.where(at.file)}: expert {expert} tensor {t.name} does not "
+                    "match its checksum: the file is corrupt. Run `streamer verify` on the "
+                    "model folder to list every bad tensor, then repack."
+                )
 
     def _forget(self, layer: int, expert: int, slot: int) -> None:
         """A read that failed leaves its slot empty, not holding a half-read expert."""
@@ -175,6 +218,9 @@ class SlotPool:
 
     def close(self) -> None:
         self.fence()
+        if self._landing is not None:
+            self._landing.close()
+            self._landing = None
         for layer in self.layers.values():
             for file in layer.files:
                 file.close()

@@ -133,11 +133,14 @@ class StreamingExperts(nn.Module):
         else:
             slots, _ = self.pool.place(self.index, np.arange(self.num_experts))
             assert (slots == np.arange(self.num_experts)).all(), "needs an empty pool of its own"
-            tensors = self.pool.arrays
+            # Copied out of the pool, which is then freed: on CUDA the pool is managed memory, in
+            # which the kernels ran at 0.8x of mlx-lm's (bench/README.md); MLX's copy lands in
+            # device memory and runs at its speed. Elsewhere the copy is one pass at load.
+            tensors = [mx.array(a) for a in self.pool.arrays]
         self.install([self.convert(t) for t in tensors])
         mx.eval([self.container[p][k] for p, k in self._slots])
         if self.pool is not None:
-            self.pool.close()  # read once: its files are closed, its arrays are the experts now
+            self.pool.close()  # read once: its files are closed, its arrays freed with it
             self.pool = None
         self.resident = True
         object.__setattr__(self, "_watches", [])  # no file is read from now on

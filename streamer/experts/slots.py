@@ -95,7 +95,10 @@ class Slots:
             table[group] = rows
             position = table[routed]
         layer.install(tensors)
-        return layer.container(x, mx.array(position.astype(np.uint32)))
+        out = layer.container(x, mx.array(position.astype(np.uint32)))
+        if layer.converts:  # the output's graph holds the copies until it is evaluated; kept on
+            layer.install(arrays)  # the container, every layer's would stay (Kimi K2: 10 GB)
+        return out
 
 
 def resident_pools(
@@ -141,8 +144,8 @@ def slot_budget(
     available = psutil.virtual_memory().available
     if need > available:
         raise StreamerError(
-            f"a slot pool of {need / 1e9:.2f} GB ({why}) does not fit in the {available / 1e9:.2f} "
-            "GB of memory available: give a smaller memory budget."
+            f"a slot pool of {size_text(need)} ({why}) does not fit in the {size_text(available)} "
+            "of memory available: give a smaller memory budget."
         )
     by_layer = open_pools(layouts, slots, checksums, CHUNK_BYTES, bypass_page_cache, budget > 0)
     for layout, layer in zip(layouts, layers):

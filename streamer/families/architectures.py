@@ -77,11 +77,15 @@ def container_projections(container: nn.Module) -> list[str]:
 
 def expert_container_of(name: str, containers: dict[str, nn.Module]) -> str | None:
     """The expert container whose projections hold tensor `name`; None for any other tensor. A
-    container's other children (Muse Spark's `experts.post_expert_norm`) are resident weights."""
-    for path, container in containers.items():
-        if name.startswith(path + "."):
-            projection = name[len(path) + 1 :].split(".", 1)[0]
-            return path if projection in container_projections(container) else None
+    container's other children (Muse Spark's `experts.post_expert_norm`) are resident weights.
+    Looked up by the name's prefixes, not by scanning the containers: a load asks for every
+    tensor (Kimi K2: 2,558 tensors, 60 containers)."""
+    parts = name.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        path = ".".join(parts[:end])
+        container = containers.get(path)
+        if container is not None:
+            return path if parts[end] in container_projections(container) else None
     return None
 
 

@@ -60,9 +60,16 @@ class _ReadsNothing(io.RawIOBase):
 
 
 def untouched(nbytes: int) -> mx.array:
-    """An evaluated uint8 MLX array [rows, ROW] of at least `nbytes` bytes, none of them written."""
+    """An evaluated uint8 MLX array [rows, ROW] of at least `nbytes` bytes, none of them written.
+
+    On CUDA the array is built from numpy instead (its bytes written, zeros): that is the one way
+    known there (shared/notes/cuda.md) to get managed memory, which the host's view writes and the
+    GPU's kernels read alike; this machine has no GPU to check an `mx.load` buffer on."""
     rows = max(1, -(-nbytes // ROW))
-    array = mx.load(_ReadsNothing((rows, ROW)), format="safetensors")["x"]
+    if mx.cuda.is_available():
+        array = mx.array(np.zeros((rows, ROW), dtype=np.uint8))
+    else:
+        array = mx.load(_ReadsNothing((rows, ROW)), format="safetensors")["x"]
     mx.eval(array)
     return array
 

@@ -25,6 +25,7 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _F_NOCACHE = getattr(fcntl, "F_NOCACHE", 48 if sys.platform == "darwin" else None)
 
 Span = tuple[int, int, np.ndarray]  # (file index, file offset, writable contiguous uint8 buffer)
+Read = tuple[int, int, list[np.ndarray]]  # (file index, file offset, the buffers it fills in turn)
 
 
 class ReadFile:
@@ -64,10 +65,10 @@ class ReadFile:
         self.fd = self.direct_fd = None
 
 
-def plan_reads(spans: list[Span], scratch: np.ndarray) -> list[tuple[int, int, list[np.ndarray]]]:
+def plan_reads(spans: list[Span], scratch: np.ndarray) -> list[Read]:
     """Group spans into reads: (file, offset, buffers), spans of one file at most
     min(MAX_GAP, len(scratch)) bytes apart sharing one read, the gap read into `scratch`."""
-    reads: list[tuple[int, int, list[np.ndarray]]] = []
+    reads: list[Read] = []
     end = None
     for file, offset, buffer in sorted(spans, key=lambda s: (s[0], s[1])):
         gap = None if end is None or reads[-1][0] != file else offset - end
@@ -79,6 +80,26 @@ def plan_reads(spans: list[Span], scratch: np.ndarray) -> list[tuple[int, int, l
             reads.append((file, offset, [buffer]))
         end = offset + buffer.nbytes
     return reads
+
+
+def split(read: Read, size: int) -> list[Read]:
+    """`read` as consecutive reads of at most `size` bytes (a multiple of DIRECT_ALIGN keeps an
+    aligned read's pieces aligned), its buffers cut where a piece ends."""
+    file, offset, buffers = read
+    pieces: list[Read] = []
+    parts, length = [], 0
+    for buffer in buffers:
+        at = 0
+        while at < buffer.nbytes:
+            take = min(size - length, buffer.nbytes - at)
+            parts.append(buffer[at : at + take])
+            at, length = at + take, length + take
+            if length == size:
+                pieces.append((file, offset, parts))
+                offset, parts, length = offset + size, [], 0
+    if parts:
+        pieces.append((file, offset, parts))
+    return pieces
 
 
 def _aligned(offset: int, buffers: list[np.ndarray]) -> bool:

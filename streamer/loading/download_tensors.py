@@ -90,11 +90,13 @@ def in_place_layer(
                     info.nbytes // num_experts,
                 )
             )
+    placed = {t.name for t in tensors}
     extra = sorted(
         n
         for n in weights
-        if expert_container_of(n, {module: container})
-        and n[len(module) + 1 :] not in {t.name for t in tensors}
+        if n.startswith(f"{module}.")  # first: a cheap test over every layer's tensors
+        and expert_container_of(n, {module: container})
+        and n[len(module) + 1 :] not in placed
     )
     if expected or extra:
         what = f"lacks '{module}.{next(iter(expected))}'" if expected else f"holds '{extra[0]}'"

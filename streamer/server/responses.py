@@ -141,4 +141,17 @@ def stats_json(stats: RunStats | None) -> dict:
         "syncs_per_token": round(stats.syncs_per_token, 3),
         "peak_rss_bytes": stats.peak_rss_bytes,
         "dtype": stats.dtype,  # what the model computed in (--dtype)
+        **_drafts_json(stats),
+    }
+
+
+def _drafts_json(stats: RunStats) -> dict:
+    """With drafts: the share kept, tokens per verify pass, expert MB read for rejected drafts."""
+    drafts = stats.drafts
+    if drafts is None:
+        return {}
+    return {
+        "drafts_kept": round(drafts.accepted / drafts.drafted, 4) if drafts.drafted else None,
+        "tokens_per_pass": round(drafts.emitted / drafts.passes, 3),
+        "wasted_expert_mb_per_token": round(stats.wasted_bytes_per_token / 1e6, 4),
     }

@@ -70,7 +70,7 @@ def speculative_generate_step(
     y = _prefill(model, cache, prompt, prefill_step_size, quantize, progress)
     seen = prompt[:-1]  # before the pass's first input: what processors see, as in generate_step
     drafter.start([*(prompt_cache_tokens or []), *prompt])
-    emitted = drafted = accepted = 0
+    emitted = unfed = 0  # unfed: inputs of the pass under way past the tokens yielded but one
     try:
         while emitted < max_tokens:
             drafts = drafter.draft(min(max_tokens - emitted, num_draft_tokens))
@@ -82,25 +82,26 @@ def speculative_generate_step(
             tokens, logprobs = _sample(logits, seen, inputs, sampler, logits_processors)
             mx.eval(tokens, logprobs)
             tokens = tokens.tolist()
-            drafted, accepted = len(drafts), 0
-            while accepted < drafted and tokens[accepted] == drafts[accepted]:
+            accepted = 0
+            while accepted < len(drafts) and tokens[accepted] == drafts[accepted]:
                 accepted += 1
             if stats is not None:
-                stats.end_pass(drafted, accepted)
+                stats.end_pass(len(drafts), accepted)
             if emitted == 0:
                 progress(len(prompt), len(prompt))
             for i in range(min(accepted + 1, max_tokens - emitted)):
                 emitted += 1
                 if stats is not None:
                     stats.drafts.emitted += 1
+                unfed = len(drafts) - i  # stopped after this token: the cache ends before it
                 yield tokens[i], logprobs[i], i < accepted
+            trim_prompt_cache(cache, unfed)  # the rejected drafts (and any past max_tokens)
+            unfed = 0
             seen += inputs[: accepted + 1]
             y = tokens[accepted]
-            trim_prompt_cache(cache, drafted - accepted)
             drafter.advance(drafts, accepted, y)
-            drafted = accepted = 0
-    finally:  # closed early: the cache keeps only the kept tokens, as mlx-lm leaves it
-        trim_prompt_cache(cache, drafted - accepted)
+    finally:  # the cache holds every token yielded but the last (the next run's first input)
+        trim_prompt_cache(cache, unfed)
         if stats is not None:
             stats.verifying = None
 

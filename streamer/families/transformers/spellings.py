@@ -12,6 +12,7 @@ from ...errors import StreamerError
 from ...io.json_file import decode_tagged_floats
 from ..mlx_lm_models import models_without_package_init
 from ..model_types import mlx_lm_classes
+from .defaults import fill_defaults
 from .longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH, WRITTEN_BY_TRANSFORMERS
 from .renamed_models import as_published
 
@@ -71,7 +72,7 @@ def normalize_config(config: dict) -> dict:
     """Accept newer transformers spellings that mlx-lm's model args do not read yet (checkpoints
     that transformers 5 itself writes), in config.json and in a vision-language model's
     text_config."""
-    config = as_published(decode_tagged_floats(config))
+    config = fill_defaults(as_published(decode_tagged_floats(config)))
     model_type = config.get("model_type")
     config = _spell_fields(config, _args_fields(config), model_type)
     if isinstance(config.get("text_config"), dict):

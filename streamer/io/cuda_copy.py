@@ -1,0 +1,154 @@
+"""Slot misses on MLX's CUDA backend: read into pinned staging buffers, copied by the copy engine.
+
+A slot pool built from host memory is CUDA managed memory there. The CPU's own stores into its
+pages (a preadv straight into the slot) fault every page the GPU last used back to the host one at
+a time, and the next kernel faults them back again: 1.4-2.3 GB/s measured on an H200, where
+`cudaMemAdvise` and `cudaMemPrefetchAsync` did not help (shared/notes/cuda.md). A copy by the copy
+engine (`cudaMemcpyAsync`, the pool's host address is also its device address) writes the pages
+on the GPU side and leaves them there; from a pinned source it is a DMA at ~33 GB/s. So a miss
+is read into one of a few pinned staging buffers (`cudaHostAlloc`), laid out as the slot's
+tensors, then copied tensor by tensor into the slot on that buffer's own stream, and the stream is
+synchronised before the buffer is used again. The pool's reuse rule still holds: the copies of a
+`place` have finished before it returns, and it writes no slot before the kernels reading it ran.
+
+Only the slot pool loads this module, and only when MLX computes on a CUDA GPU: on Metal the pool
+is unified memory and a read straight into the slot stays the design; the CPU needs no copy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import StreamerError
+
+STAGING_ALIGN = 16384  # each tensor's view starts on a page (and O_DIRECT) boundary; cudaHostAlloc
+# returns page-aligned memory
+_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the unified addresses
+_STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit sync with MLX's streams
+
+
+class CudaRuntime:
+    """The few CUDA runtime calls the staging needs, from the libcudart that mlx-cuda loaded."""
+
+    def __init__(self, lib: ctypes.CDLL | None = None):
+        self._lib = lib if lib is not None else ctypes.CDLL(_loaded_cudart())
+        self._lib.cudaGetErrorString.restype = ctypes.c_char_p
+        void, size = ctypes.c_void_p, ctypes.c_size_t
+        self._lib.cudaMemcpyAsync.argtypes = [void, void, size, ctypes.c_int, void]
+        self._lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(void), ctypes.c_uint]
+        self._lib.cudaHostAlloc.argtypes = [ctypes.POINTER(void), size, ctypes.c_uint]
+        self._lib.cudaFreeHost.argtypes = [void]
+        self._lib.cudaStreamSynchronize.argtypes = [void]
+        self._lib.cudaStreamDestroy.argtypes = [void]
+
+    def host_alloc(self, nbytes: int) -> int:
+        """Pinned host memory CUDA owns (so no other allocation can reuse its addresses while the
+        driver still counts them pinned, as a freed registered numpy buffer's could)."""
+        address = ctypes.c_void_p()
+        self._check(self._lib.cudaHostAlloc(ctypes.byref(address), nbytes, 0), "cudaHostAlloc")
+        return address.value or 0
+
+    def free_host(self, address: int) -> None:
+        self._check(self._lib.cudaFreeHost(address), "cudaFreeHost")
+
+    def new_stream(self) -> int:
+        stream = ctypes.c_void_p()
+        self._check(
+            self._lib.cudaStreamCreateWithFlags(ctypes.byref(stream), _STREAM_NON_BLOCKING),
+            "cudaStreamCreateWithFlags",
+        )
+        return stream.value or 0
+
+    def destroy_stream(self, stream: int) -> None:
+        self._check(self._lib.cudaStreamDestroy(stream), "cudaStreamDestroy")
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        err = self._lib.cudaMemcpyAsync(dst, src, nbytes, _MEMCPY_DEFAULT, stream)
+        self._check(err, "cudaMemcpyAsync")
+
+    def wait(self, stream: int) -> None:
+        self._check(self._lib.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+
+    def _check(self, err: int, call: str) -> None:
+        if err:
+            name = self._lib.cudaGetErrorString(err).decode(errors="replace")
+            raise StreamerError(f"CUDA {call} failed: {name} (error {err})")
+
+
+@dataclass
+class _Staging:
+    views: list[np.ndarray]  # one per slot tensor, in the pool's order, in pinned memory
+    stream: int
+
+
+class StagedCopies:
+    """Where slot reads land on CUDA. `into(rows)` lends a staging buffer shaped as `rows` (one
+    slot's uint8 rows, one per tensor) to read into; when the block ends without an error its bytes
+    are copied into `rows` and the copies have finished. `buffers` reads can be in flight at once;
+    a further one waits for a buffer. The pinned memory and streams are released by `close` or,
+    failing that, when the object is collected."""
+
+    def __init__(self, nbytes: Sequence[int], buffers: int, runtime: CudaRuntime):
+        self._runtime = runtime
+        self.buffers = buffers
+        self._free: queue.SimpleQueue[_Staging] = queue.SimpleQueue()
+        starts = np.cumsum([0] + [_up(n) for n in nbytes])
+        size = int(starts[-1])
+        streams: list[int] = []
+        address = runtime.host_alloc(size * buffers)
+        self._release = weakref.finalize(self, _release, runtime, address, streams)
+        try:
+            pinned = (ctypes.c_uint8 * (size * buffers)).from_address(address)
+            memory = np.ctypeslib.as_array(pinned)
+            for i in range(buffers):
+                streams.append(runtime.new_stream())
+                base = i * size
+                views = [memory[base + s : base + s + n] for s, n in zip(starts, nbytes)]
+                self._free.put(_Staging(views, streams[-1]))
+        except BaseException:
+            self.close()
+            raise
+
+    @contextmanager
+    def into(self, rows: Sequence[np.ndarray]) -> Iterator[list[np.ndarray]]:
+        staging = self._free.get()
+        try:
+            yield staging.views
+            for view, row in zip(staging.views, rows):
+                self._runtime.copy(row.ctypes.data, view.ctypes.data, view.nbytes, staging.stream)
+            self._runtime.wait(staging.stream)  # then the buffer may take the next read
+        finally:
+            self._free.put(staging)
+
+    def close(self) -> None:
+        self._release()
+
+
+def _release(runtime: CudaRuntime, address: int, streams: list[int]) -> None:
+    for stream in streams:
+        runtime.destroy_stream(stream)
+    runtime.free_host(address)
+
+
+def _loaded_cudart() -> str:
+    """The path of the libcudart this process has mapped (mlx-cuda's), else its usual name."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(" ", 1)[-1].strip()
+                if "/libcudart.so" in path:
+                    return path
+    except OSError:
+        pass
+    return "libcudart.so.13"
+
+
+def _up(nbytes: int) -> int:
+    return -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN

@@ -1,0 +1,79 @@
+"""Fields a config leaves out where transformers' default is not mlx-lm's: filled as transformers
+fills them (streamer/families/transformers/defaults.py); Nemotron-H's layer pattern as a string."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+
+import pytest
+
+import streamer
+from fixtures import tiny_config
+from streamer.families.architectures import build_model
+from streamer.families.config import check_config
+from streamer.families.mlx_lm_models import model_file
+from streamer.families.transformers.defaults import FILLED
+from streamer.families.transformers.spellings import normalize_config
+from streamer.repack import repack
+
+FILLS = [(t, f, v) for t, fields in FILLED.items() for f, v in fields.items()]
+
+
+def transformers_default(model_type: str, field: str):
+    from transformers import CONFIG_MAPPING
+
+    values = CONFIG_MAPPING[model_type]().to_dict()
+    if field == "rope_scaling":  # transformers 5 keeps it in rope_parameters, with rope_theta
+        return {k: v for k, v in values["rope_parameters"].items() if k != "rope_theta"}
+    return values[field]
+
+
+@pytest.mark.parametrize("model_type, field, value", FILLS)
+def test_each_fill_is_transformers_default_and_not_mlx_lms(model_type, field, value):
+    wanted = transformers_default(model_type, field)
+    assert value == wanted or (isinstance(value, list) and list(wanted) == value), wanted
+    args = {f.name: f for f in dataclasses.fields(model_file(model_type).ModelArgs)}
+    assert field in args, f"mlx-lm's {model_type} does not read {field}"
+    default = args[field].default
+    assert default != value and not (isinstance(default, tuple) and list(default) == value), (
+        "mlx-lm fills it alike: nothing to fill"
+    )
+
+
+def test_gpt_oss_without_rope_scaling_is_yarn_as_transformers_computes_it():
+    config = {k: v for k, v in tiny_config("gpt_oss").items() if k != "rope_scaling"}
+    config.pop("rope_parameters", None)
+    ropes = [
+        type(m).__name__ for _, m in build_model(normalize_config(config), "c").named_modules()
+    ]
+    assert any("Yarn" in name for name in ropes), ropes  # mlx-lm's own default: nn.RoPE
+    assert math.isclose(normalize_config(config)["rope_scaling"]["factor"], 32.0)
+    given = {**config, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}}
+    assert normalize_config(given)["rope_scaling"]["factor"] == 8.0  # what a config says stays
+
+
+def test_nemotron_h_pattern_as_a_string_streams_as_the_list(checkpoints, tmp_path):
+    """NVIDIA's configs and transformers write "ME*EME"; mlx-lm iterates it, a letter a layer."""
+    src = tmp_path / "src"
+    shutil.copytree(checkpoints.hf("nemotron_h"), src)
+    config = json.loads((src / "config.json").read_text())
+    listed = config["hybrid_override_pattern"]
+    (src / "config.json").write_text(
+        json.dumps({**config, "hybrid_override_pattern": "".join(listed)})
+    )
+    assert (
+        check_config(json.loads((src / "config.json").read_text()), "c")["hybrid_override_pattern"]
+        == listed
+    )
+    repack(src, tmp_path / "string", log=lambda _: None)
+    as_list = checkpoints.repacked(checkpoints.hf("nemotron_h"))
+    texts = [
+        streamer.generate(*streamer.load(f), "hello", max_tokens=8)
+        for f in (tmp_path / "string", as_list)
+    ]
+    assert texts[0] == texts[1]
+    with pytest.raises(streamer.StreamerError, match="hybrid_override_pattern is 'MX"):
+        check_config({**config, "hybrid_override_pattern": "MX"}, "config.json")

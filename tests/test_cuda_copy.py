@@ -1,0 +1,132 @@
+"""The CUDA miss path's staging (io/cuda_copy.py) on this CPU: a fake runtime copies by memmove.
+
+What the GPU adds (the copy engine, pinned memory) is checked on a CUDA machine by test_slots and
+test_parity (bench/cuda_check.sh); here: the bytes reach their slots only through the staging
+copies, each read's copies are waited for before its buffer is lent again, a failed read copies
+nothing, and off CUDA the module is not used at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from test_slot_pool import TENSORS, pool_over, slot_bytes
+
+from streamer.cache.landing import landing_for
+from streamer.errors import StreamerError
+from streamer.io.cuda_copy import STAGING_ALIGN, CudaRuntime, StagedCopies
+
+
+class FakeRuntime:
+    """CudaRuntime's calls on host memory: a copy is a memmove, done when `wait` is called."""
+
+    def __init__(self, fail_streams_after: int | None = None):
+        self.allocated: dict[int, np.ndarray] = {}
+        self.queued: dict[int, list[tuple[int, int, int]]] = {}
+        self.copies: list[tuple[int, int, int]] = []
+        self.streams = 0
+        self._fail_after = fail_streams_after
+        self._lock = threading.Lock()
+
+    def host_alloc(self, nbytes: int) -> int:
+        memory = np.empty(nbytes + 4096, dtype=np.uint8)
+        address = memory.ctypes.data + (-memory.ctypes.data % 4096)  # pages, as CUDA's are
+        self.allocated[address] = memory
+        return address
+
+    def free_host(self, address: int) -> None:
+        del self.allocated[address]
+
+    def new_stream(self) -> int:
+        if self._fail_after is not None and self.streams == self._fail_after:
+            raise StreamerError("CUDA cudaStreamCreateWithFlags failed: out of memory (error 2)")
+        with self._lock:
+            self.streams += 1
+            self.queued[self.streams] = []
+            return self.streams
+
+    def destroy_stream(self, stream: int) -> None:
+        assert not self.queued.pop(stream), "a stream destroyed with copies not waited for"
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        assert any(a <= src and src + nbytes <= a + m.nbytes for a, m in self.allocated.items())
+        self.queued[stream].append((dst, src, nbytes))  # not yet done: nothing is written
+
+    def wait(self, stream: int) -> None:
+        for dst, src, nbytes in self.queued[stream]:
+            ctypes.memmove(dst, src, nbytes)
+            with self._lock:
+                self.copies.append((dst, src, nbytes))
+        self.queued[stream].clear()
+
+
+def test_misses_reach_their_slots_through_the_staging_copies(tmp_path):
+    runtime = FakeRuntime()
+    landing = StagedCopies([t.nbytes for t in TENSORS], 3, runtime)
+    pool, truth = pool_over(tmp_path, slots=4, landing=landing)
+    for layer, experts in [(0, [1, 4, 5]), (1, [0, 1, 2, 5]), (0, [2, 3, 4])]:
+        before = len(runtime.copies)
+        slots, misses = pool.place(layer, np.array(experts))
+        assert len(runtime.copies) - before == misses * len(TENSORS)  # one copy per tensor
+        for expert, slot in zip(experts, slots):
+            for got, want in zip(slot_bytes(pool, slot), truth[layer][expert]):
+                assert np.array_equal(got, want)
+    pool.close()
+    assert runtime.allocated == {} and runtime.queued == {}  # freed, streams destroyed
+
+
+def test_a_failed_read_copies_nothing_and_lends_its_buffer_again(tmp_path):
+    runtime = FakeRuntime()
+    landing = StagedCopies([t.nbytes for t in TENSORS], 1, runtime)
+    pool, truth = pool_over(tmp_path, slots=2, landing=landing)
+    pool.layers[1].checksums = [[0, 0, 0]] * 6  # every read of layer 1 fails its checksum
+    with pytest.raises(StreamerError, match="does not match its checksum"):
+        pool.place(1, np.array([2]))
+    assert runtime.copies == [] and pool.policy.slot_of[pool._base[1] + 2] == -1
+    pool.layers[1].checksums = None
+    (slot,), misses = pool.place(1, np.array([2]))  # the one buffer was given back
+    assert misses == 1 and np.array_equal(slot_bytes(pool, slot)[0], truth[1][2][0])
+    pool.close()
+
+
+def test_a_failed_setup_releases_what_it_took():
+    runtime = FakeRuntime(fail_streams_after=2)
+    with pytest.raises(StreamerError, match="cudaStreamCreateWithFlags failed"):
+        StagedCopies([4096], 4, runtime)
+    assert runtime.allocated == {} and runtime.queued == {}
+
+
+def test_staging_views_are_aligned_and_released_when_collected():
+    runtime = FakeRuntime()
+    landing = StagedCopies([100, 5000, 7], 2, runtime)
+    with landing.into([np.zeros(n, np.uint8) for n in (100, 5000, 7)]) as views:
+        assert [v.nbytes for v in views] == [100, 5000, 7]
+        assert all((v.ctypes.data - views[0].ctypes.data) % STAGING_ALIGN == 0 for v in views)
+    del landing, views
+    assert runtime.allocated == {} and runtime.queued == {}
+
+
+def test_a_cuda_error_is_one_line_with_its_name():
+    class Lib:  # ctypes-like functions: attributes settable, each returns a cudaError_t
+        def __getattr__(self, name):
+            function = lambda *args: 2  # noqa: E731 (cudaErrorMemoryAllocation)
+            function.__name__ = name
+            setattr(self, name, function)
+            return function
+
+    lib = Lib()
+    lib.cudaGetErrorString = lambda err: b"out of memory"
+    message = r"^CUDA cudaMemcpyAsync failed: out of memory \(error 2\)$"
+    with pytest.raises(StreamerError, match=message):
+        CudaRuntime(lib).copy(1, 2, 3, 0)
+
+
+def test_reads_are_staged_on_cuda_only():
+    landing = landing_for(TENSORS, 2)
+    assert (landing is not None) == (mx.default_device() == mx.gpu and mx.cuda.is_available())
+    if landing is not None:
+        landing.close()
