@@ -48,7 +48,7 @@ SHAPES = [
 # Budgets past the smallest on one shape per path: the largest stays under what this machine
 # lends a run (RSS_LIMIT, resident weights included).
 BUDGETS = {
-    ("qwen3-30b-a3b", 48, "slots"): [1 * G, 4 * G, 8 * G],
+    ("qwen3-30b-a3b", 48, "slots"): [1 * G, 4 * G, 8 * G, 12 * G, 16 * G],
     ("qwen3-30b-a3b", 48, "mapped"): [4 * G],
     ("deepseek-v3", 6, "slots"): [2 * G],
 }
