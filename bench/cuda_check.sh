@@ -5,11 +5,14 @@
 #   bash bench/cuda_check.sh slot-tests           # the slot pool and slot path tests
 #   bash bench/cuda_check.sh parity               # the parity suite (slot path only there)
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
+#   bash bench/cuda_check.sh decode48 OUT_DIR     # the same on 48 layers at 2/4/8 GiB and all
 #
 # WHEELS_DIR holds mlx-0.32.4 (cp312), mlx_lm-0.32.2 and the mlx-cuda-13 0.32.4 wheel, or that
 # wheel split in parts (mlx_cuda_13.part.*), which are joined and checked against its sha256, and
 # the cp312 wheels of `openai` and its dependencies (tests/conftest.py loads the server fixtures):
-# `pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 openai`.
+# `pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 openai`
+# (openai 3.57 needs httpx2, httpcore2, truststore, jiter, pydantic, pydantic-core,
+# annotated-types, typing-inspection and sniffio beside what the image has).
 # Each stage runs in its own process under `timeout`: a CUDA fault can leave a process hung.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +46,8 @@ install)
   ;;
 slot-tests)
   env_setup
-  timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_slot_pool.py tests/test_slots.py
+  timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_slot_pool.py tests/test_slots.py \
+    tests/test_cuda_copy.py
   ;;
 parity)
   env_setup
@@ -74,8 +78,30 @@ decode)
     run streamer "$data/q8-stream" "slots-$budget" --read-path slots --memory-budget "$budget"
   done
   ;;
+decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy tokens, budgets
+  env_setup
+  out=$2 data=/root/bench-data
+  mkdir -p "$out" "$data"
+  if [ ! -f "$data/q48-stream/manifest.json" ]; then
+    timeout 300 python3 bench/generate_checkpoint.py qwen3-30b-a3b "$data/q48-mlx" --layers 48 || exit 1
+    timeout 300 python3 -m streamer repack "$data/q48-mlx" "$data/q48-stream" || exit 1
+  fi
+  run() {  # engine folder tag args...
+    local engine=$1 folder=$2 tag=$3
+    shift 3
+    timeout 200 python3 bench/worker.py "$engine" "$folder" --prompt-tokens 16 --decode-tokens 32 \
+      --repeats 3 --warmup --temp 0 "$@" > "$out/$tag.json" 2> "$out/$tag.log"
+    echo "$tag: exit $?"; grep decode "$out/$tag.log"
+  }
+  run mlx_lm "$data/q48-mlx" mlx_lm
+  for gib in 2 4 8 24; do  # 24: every expert (resident)
+    run streamer "$data/q48-stream" "slots-${gib}g" --read-path slots --memory-budget $((gib << 30))
+  done
+  run mlx_lm "$data/q48-mlx" mlx_lm-again
+  python3 bench/layer_costs.py "$out"/*.json
+  ;;
 *)
-  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR" >&2
+  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | decode48 OUT_DIR" >&2
   exit 2
   ;;
 esac

@@ -23,6 +23,7 @@ def plot(result: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = [r for r in result["rows"] if "error" not in r and r["budget"] <= 1 << 30]
     families = list(dict.fromkeys(r["family"] for r in rows))
@@ -49,6 +50,8 @@ def plot(result: dict, path: Path) -> None:
                     ys = [r[key] / (1e6 if key == "engine_bytes" else 1) for r in mine]
                     ax.plot(xs, ys, marker=marker, color=colour, mfc=fill, ls=":", lw=0.8)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("experts in the checkpoint run (GB, 4-bit)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

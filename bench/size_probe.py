@@ -50,6 +50,46 @@ def mappings(folder: Path) -> dict[str, int]:
     }
 
 
+def rss_within(spans: list[tuple[int, int]], folder: Path) -> tuple[int, int]:
+    """Bytes in memory within the address `spans` (each buffer's share of the Rss of the mappings
+    it lies in; an untouched buffer takes address space, not memory), and in mappings of the
+    checkpoint's files outside them (/proc/self/smaps)."""
+    root = str(folder.resolve())
+    within = on_files = 0.0
+    mapping = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            mapping = (lo, hi, root in line)
+        elif head == "Rss:" and mapping is not None:
+            lo, hi, on_checkpoint = mapping
+            rss = int(line.split()[1]) * 1024
+            inside = sum(max(0, min(hi, b) - max(lo, a)) for a, b in spans) / (hi - lo)
+            within += rss * inside
+            on_files += rss * (1 - inside) if on_checkpoint else 0
+    return int(within), int(on_files)
+
+
+def buffer_spans(model, pools) -> tuple[list, list]:
+    """Address ranges of the resident weights' buffers and of the slot pools' buffers."""
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    from streamer.experts import StreamingExperts
+
+    streamed = tuple(
+        f"{name}." for name, m in model.named_modules() if isinstance(m, StreamingExperts)
+    )
+    weights = []
+    for name, v in tree_flatten(model.parameters()):
+        if not name.startswith(streamed):
+            host = np.asarray(memoryview(v))
+            weights.append((host.ctypes.data, host.ctypes.data + v.nbytes))
+    pool = [(r.ctypes.data, r.ctypes.data + r.nbytes) for p in pools for c in p._rows for r in c]
+    return weights, pool
+
+
 def resident_weight_bytes(model) -> int:
     """The non-expert weights' bytes: every parameter outside the streaming layers."""
     from mlx.utils import tree_flatten
@@ -99,6 +139,7 @@ def imported(folder: Path) -> dict:
     found = plan(folder, 24 << 30)
     took = time.perf_counter() - start
     keep = ("moe_layers", "experts", "experts_per_token", "resident_bytes", "expert_bytes")
+    keep += ("expert_bytes_per_token", "download_bytes")
     return {"plan_cold_s": cold, "plan_s": took, **{k: getattr(found, k) for k in keep}}
 
 
@@ -119,6 +160,9 @@ def probe(folder: Path, read_path: str, budget: int, count: int) -> dict:
     handle = model.streamer
     loaded = status()
     pool = sum(p.nbytes for p in handle.pools)
+    weight_spans, pool_spans = buffer_spans(model, handle.pools)
+    weights_in_memory, files_in_memory = rss_within(weight_spans, folder)
+    pool_in_memory, _ = rss_within(pool_spans, folder)
     resident = resident_weight_bytes(model)
     result |= {
         "residency": handle.residency,
@@ -128,9 +172,16 @@ def probe(folder: Path, read_path: str, budget: int, count: int) -> dict:
         "rss_loaded": loaded["VmRSS"],
         "anon_loaded": loaded["RssAnon"],
         "file_loaded": loaded["RssFile"],
-        # what the engine holds beside the pool and the weights: its Python objects, tables,
-        # checksums, layouts (anonymous memory only: mapped file pages are the page cache's)
-        "engine_bytes": loaded["RssAnon"] - before["RssAnon"] - pool - resident,
+        "pool_rss_loaded": pool_in_memory,
+        "weights_rss_loaded": weights_in_memory,
+        "expert_files_rss_loaded": files_in_memory,
+        # what the engine holds beside the pool, the weights and the expert files' pages: its
+        # Python objects, tables, checksums, layouts, allocator slack
+        "engine_bytes": loaded["VmRSS"]
+        - before["VmRSS"]
+        - pool_in_memory
+        - weights_in_memory
+        - files_in_memory,
         "mlx_active": mx.get_active_memory(),
         **{f"{k}_loaded": v for k, v in mappings(folder).items()},
     }

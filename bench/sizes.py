@@ -47,7 +47,11 @@ SHAPES = [
 ]
 # Budgets past the smallest on one shape per path: the largest stays under what this machine
 # lends a run (RSS_LIMIT, resident weights included).
-BUDGETS = {("qwen3-30b-a3b", 48): [1 * G, 4 * G, 8 * G], ("deepseek-v3", 6): [2 * G]}
+BUDGETS = {
+    ("qwen3-30b-a3b", 48, "slots"): [1 * G, 4 * G, 8 * G],
+    ("qwen3-30b-a3b", 48, "mapped"): [4 * G],
+    ("deepseek-v3", 6, "slots"): [2 * G],
+}
 RSS_LIMIT = 5.5 * G
 MACHINE = "Linux x86-64 VM, 2 CPU cores shared with other work, 24 GiB, no GPU, mlx[cpu]"
 # The slot path's budget 0 is one layer's experts: 6.3 GB for DeepSeek-V3, 9.5 GB for Kimi K2,
@@ -99,7 +103,7 @@ def measure(families: list[str], tokens: int, log, save, done: set) -> list[dict
         folder = checkpoint(family, layers, experts)
         for read_path in ("mapped", "slots"):
             floor = SLOT_FLOOR.get(family, 0) if read_path == "slots" else 0
-            for budget in [floor, *BUDGETS.get((family, layers), [])]:
+            for budget in [floor, *BUDGETS.get((family, layers, read_path), [])]:
                 if (family, layers, experts, read_path, budget) in done:
                     continue
                 row = {
@@ -163,7 +167,8 @@ TABLE_KEYS = [
 
 def table(result: dict) -> str:
     """Markdown: every point measured, then each published shape as planned and as the fitted
-    lines predict it (CPU seconds: the machine is shared, wall times are not comparable)."""
+    lines predict its memory, mappings and descriptors (CPU seconds: the machine is shared, wall
+    times are not comparable; load times are too noisy here for a line to say much)."""
     mb = 1e6
     lines = [
         "| shape | path | budget | experts GB | load s | first token s | per token s "
@@ -184,8 +189,8 @@ def table(result: dict) -> str:
         )
     lines += [
         "",
-        "| published shape | experts GB | resident GB | plan s (cold / warm) | path "
-        "| load s | engine MB | maps | fds |",
+        "| published shape | download GB | read per token GB | resident GB "
+        "| plan s (cold / warm) | path | engine MB | maps | fds |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for full in result["full"]:
@@ -196,12 +201,34 @@ def table(result: dict) -> str:
                 continue
             at = {k: v["base"] + v["per_expert"] * total for k, v in fit.items()}
             lines.append(
-                f"| {full['family']} | {full['expert_bytes'] / 1e9:.0f} "
+                f"| {full['family']} | {full['download_bytes'] / 1e9:.0f} "
+                f"| {full['expert_bytes_per_token'] / 1e9:.2f} "
                 f"| {full['resident_bytes'] / 1e9:.1f} "
                 f"| {full['plan_cold_s']:.1f} / {full['plan_s']:.1f} | {read_path} "
-                f"| {at['load_cpu_s']:.0f} | {at['engine_bytes'] / mb:.0f} "
+                f"| {at['engine_bytes'] / mb:.0f} "
                 f"| {at['maps_on_checkpoint_loaded']:.0f} | {at['fds_loaded']:.0f} |"
             )
+    return "\n".join(lines)
+
+
+def versus(before: dict, after: dict) -> str:
+    """Markdown: load CPU seconds and first-token CPU seconds of the points both results have."""
+    earlier = {point(r): r for r in before["rows"] if "error" not in r}
+    lines = [
+        "",
+        "| shape | path | budget | experts GB | load s before / after "
+        "| first token s before / after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in after["rows"]:
+        old = earlier.get(point(r))
+        if old is None or "error" in r:
+            continue
+        lines.append(
+            f"| {r['family']} {r['layers']}L | {r['read_path']} | {r['budget'] / G:g}G "
+            f"| {r['expert_bytes'] / 1e9:.1f} | {old['load_cpu_s']:.1f} / {r['load_cpu_s']:.1f} "
+            f"| {old['first_token_cpu_s']:.1f} / {r['first_token_cpu_s']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -222,10 +249,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--families", nargs="+", default=list(PUBLISHED_SHAPES))
     ap.add_argument("--tokens", type=int, default=3, help="the prompt's pass, then decoded tokens")
     ap.add_argument("--table", type=Path, help="print the README's tables from this result")
+    ap.add_argument("--before", type=Path, help="with --table: load times against this result")
     ap.add_argument("--again", action="store_true", help="measure points --out has already")
     args = ap.parse_args(argv)
     if args.table:
-        print(table(json.loads(args.table.read_text())))
+        result = json.loads(args.table.read_text())
+        print(table(result))
+        if args.before:
+            print(versus(json.loads(args.before.read_text()), result))
         return
     kept = json.loads(args.out.read_text())["rows"] if args.out.exists() else []
 

@@ -143,3 +143,13 @@ def test_no_package_imports_another_that_imports_it_back():
 
     for u in sorted(arrows):
         walk(u, [])
+
+
+def test_every_module_fits_on_a_few_screens():
+    """A module is one idea: past 260 lines it is two, and is split (docs/layout.md maps them)."""
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in SOURCES
+        if (n := len(p.read_text().splitlines())) > 260
+    }
+    assert not long, long

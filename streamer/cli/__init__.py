@@ -75,6 +75,10 @@ def _run(argv: list[str] | None) -> int:
         args = parser().parse_args(argv)
         return args.run(args) or 0
     except StreamerError as e:
+        if getattr(args, "group", None) is not None:  # rank 0 is told which rank failed, and why
+            from ..parallel.group import tell_failure
+
+            tell_failure(args.group, e)
         line = error_line(args, e)
         return report(line, 2) if line else 2
     except RuntimeError as e:  # under mlx.launch, a rank that ended fails the others' collectives

@@ -17,7 +17,6 @@ from ..experts.parallel import ExpertShare
 from ..families.architectures import (
     build_model,
     expert_containers,
-    projection_tensors,
     quantize_like_mlx_lm,
     replace_modules,
 )
@@ -27,8 +26,8 @@ from ..io.expert_layout import LayerLayout, repacked_layout
 from ..io.files import check_folder_files, check_tmpdir, check_utf8_path
 from ..io.integrity import check_files
 from ..io.lock import lock_for_reading
-from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, MoeLayer, read_manifest
-from ..io.safetensors import DTYPES, read_header
+from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, read_manifest
+from ..io.safetensors import read_header
 from ..io.tensor_crcs import verify_resident
 from ..parallel.group import expert_shares
 from ..stats import ExpertStats
@@ -42,6 +41,7 @@ from .backend import (
 from .download_folder import is_download
 from .handle import Streaming, compute_dtype, release
 from .hub import is_repo_id, streamable
+from .manifest_layers import check_layer, quantized
 from .tokenizer import load_tokenizer
 
 
@@ -195,8 +195,8 @@ def _assemble(
         layer = manifest.layers[index]
         for projection, params in layer.quantization.items():
             if params:
-                container[projection] = _quantized(container, projection, params, folder)
-        totals.append(_check_layout(folder, index, layer, container))
+                container[projection] = quantized(container, projection, params, folder)
+        totals.append(check_layer(folder, index, layer, container))
     records = expert_shares(group, folder, manifest, totals)  # every rank's folder checked
     stats = ExpertStats(moe_layers=len(containers))
     streaming: dict[str, StreamingExperts] = {}
@@ -225,48 +225,3 @@ def _assemble(
         lambda e: f"{resident_path} does not match the model: {e}; repack the model.",
     )
     return stats, list(streaming.values())
-
-
-def _quantized(container: nn.Module, projection: str, params: dict, folder: Path) -> nn.Module:
-    try:
-        return container[projection].to_quantized(**params)
-    except (TypeError, ValueError) as e:
-        raise StreamerError(
-            f"{folder / MANIFEST_FILE}: quantization {params} of {projection} is invalid ({e}); "
-            "repack the model."
-        ) from e
-
-
-def _check_layout(folder: Path, index: int, layer: MoeLayer, container: nn.Module) -> int:
-    """The manifest's expert record must hold exactly the tensors the model expects, in its shapes:
-    a hand-edited or mismatched manifest is refused here rather than computing with garbage.
-    Returns the model's number of experts in the layer (a shard's file holds some of them)."""
-    expected = projection_tensors(container)
-    total = next(iter(expected.values())).shape[0]
-    ids = layer.expert_ids
-    if (layer.num_experts != total) if ids is None else (ids[-1] >= total):
-        held = f"{layer.num_experts} experts" if ids is None else f"expert {ids[-1]}"
-        raise StreamerError(
-            f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) holds {held} but the "
-            f"model expects {total} experts; repack the model."
-        )
-    for tensor in layer.tensors:
-        param = expected.pop(tensor.name, None)
-        floating = mx.issubdtype(DTYPES[tensor.dtype][1], mx.floating)
-        if (
-            param is None
-            or tuple(param.shape) != (total, *tensor.shape)
-            or floating != mx.issubdtype(param.dtype, mx.floating)
-        ):
-            want = "no such tensor" if param is None else f"{list(param.shape)} ({param.dtype})"
-            raise StreamerError(
-                f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) tensor "
-                f"{tensor.name} is {layer.num_experts} x {list(tensor.shape)} {tensor.dtype} but "
-                f"the model expects {want}; repack the model."
-            )
-    if expected:
-        raise StreamerError(
-            f"{folder / MANIFEST_FILE}: MoE layer {index} ({layer.module}) lacks tensor "
-            f"{next(iter(expected))}; repack the model."
-        )
-    return total

@@ -22,7 +22,9 @@ from ..errors import StreamerError
 from ..io.manifest import Manifest
 from .shards import interleaved
 
-WHERE_BYTES = 240  # room for "host:/folder" in the load-time check
+WHERE_BYTES = 1024  # room for "host:/folder" in the load-time check, or a rank's error
+FAILED = -1  # a gathered header's flag: the rank's own folder failed, its row holds the error
+_checking: set[int] = set()  # the groups whose load-time check this rank has begun
 PRESENT = np.frombuffer(b"streamer-rank-ok", dtype=np.uint8)  # leads every rank's gathered row
 # Set by mlx.launch (ring, jaccl: MLX_RANK; nccl: MLX_WORLD_SIZE) or by an MPI launcher. Without
 # them no group is asked for: mx.distributed.init() tries every backend, and after it a process
@@ -101,8 +103,25 @@ def expert_shares(
     return records
 
 
+def tell_failure(group: mx.distributed.Group, error: StreamerError) -> None:
+    """A rank whose own folder failed before the group's load-time check (a damaged file, a
+    missing folder) takes part in it with its error, so that rank 0 says which rank failed and
+    why; left waiting there, it could say only that a rank was gone."""
+    if id(group) in _checking or isinstance(error, GroupError):
+        return  # past the check: the others are elsewhere, and rank 0 says a rank is gone
+    header = np.zeros(3 + 16 + WHERE_BYTES, dtype=np.int64)
+    header[2] = FAILED
+    text = " ".join(str(error).split()).encode()[:WHERE_BYTES]
+    header[19 : 19 + len(text)] = np.frombuffer(text, dtype=np.uint8)
+    try:
+        _all_gather(group, header)
+    except (RuntimeError, StreamerError):
+        pass  # another rank failed too, or is gone: this rank's own error is said all the same
+
+
 def _check_headers(group: mx.distributed.Group, folder: Path, manifest: Manifest) -> list[str]:
     """Gather each rank's model identity, shard claim and "host:folder"; return the latter."""
+    _checking.add(id(group))
     shard = manifest.shard
     where = f"{socket.gethostname()}:{folder.resolve()}".encode()[:WHERE_BYTES]
     header = np.zeros(3 + 16 + WHERE_BYTES, dtype=np.int64)
@@ -112,6 +131,9 @@ def _check_headers(group: mx.distributed.Group, folder: Path, manifest: Manifest
     rows = _all_gather(group, header)
     text = rows[:, 3:].astype(np.uint8)
     places = [bytes(row[16:]).rstrip(b"\0").decode(errors="replace") for row in text]
+    for rank, flag in enumerate(rows[:, 2].tolist()):
+        if flag == FAILED:
+            raise GroupError(f"rank {rank} cannot load its folder: {places[rank]}")
     models = [bytes(row[:16]).hex() for row in text]
     common, _ = Counter(models).most_common(1)[0]
     for rank, model in enumerate(models):
