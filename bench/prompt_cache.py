@@ -31,6 +31,7 @@ def first_token_seconds(engine, text: str) -> tuple[float, int]:
     while not isinstance(event := job.events.get(timeout=600), Done):
         if isinstance(event, Step) and first is None:
             first = time.perf_counter() - start
+    engine.wait_kept()  # the file is written just after the answer: the next engine reads it
     return first if first is not None else time.perf_counter() - start, event.cached_tokens
 
 
