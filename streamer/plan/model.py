@@ -173,7 +173,6 @@ def _kv_bytes(
     decode step (a sliding window is trimmed on the step after the prompt) at two lengths; with
     `kv` (bits, group size), once mlx-lm's generate_step has quantized them (from the start)."""
     with models_without_package_init():
-        from mlx_lm.generate import maybe_quantize_kv_cache
         from mlx_lm.models.cache import make_prompt_cache
 
     model.set_dtype(dtype)
@@ -183,13 +182,16 @@ def _kv_bytes(
         model(mx.zeros((1, length - 1), dtype=mx.int32), cache=cache)
         model(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
         if kv is not None:
-            _quantized(maybe_quantize_kv_cache, cache, kv)
+            _quantized(cache, kv)
         sizes.append(sum(c.nbytes for c in cache))
     per_token = (sizes[1] - sizes[0]) // (KV_LENGTHS[1] - KV_LENGTHS[0])
     return per_token, max(0, sizes[0] - per_token * KV_LENGTHS[0])
 
 
-def _quantized(maybe_quantize_kv_cache, cache: list, kv: tuple[int, int]) -> None:
+def _quantized(cache: list, kv: tuple[int, int]) -> None:
+    # mlx_lm.generate imports mlx_lm.utils and so transformers (seconds): only with --kv-bits
+    from mlx_lm.generate import maybe_quantize_kv_cache
+
     try:
         maybe_quantize_kv_cache(cache, 0, kv[1], kv[0])
     except NotImplementedError:
