@@ -39,49 +39,36 @@ def tokens(model, tokenizer, n: int = TOKENS, **kwargs) -> list[int]:
     return [r.token for r in streamer.stream_generate(model, tokenizer, PROMPT, n, **kwargs)]
 
 
-def no_eos(tokenizer) -> dict:
-    """A logit bias holding off the end-of-sequence ids (drafted passes apply it too), so a run
-    decodes exactly the tokens asked for whatever the random weights favour: the counts below
-    rely on it."""
-    return {"logit_bias": {eos: -1e9 for eos in tokenizer.eos_token_ids}}
-
-
 @pytest.mark.parametrize("read_path", read_paths())
 def test_greedy_with_drafts_is_plain_greedy(target, random_draft, read_path):
     folder, reference = target
     model, tokenizer = streamer.load(folder, memory_budget=0, read_path=read_path)
-    plain = tokens(model, tokenizer)  # up to TOKENS: an end-of-sequence token may end it sooner
+    plain = tokens(model, tokenizer)
     stats = model.streamer.stats
     layers = stats.moe_layers
     drafters = {
         "oracle": dict(draft_model=reference, num_draft_tokens=4),  # the target's own greedy
         "random draft": dict(draft_model=random_draft, num_draft_tokens=3),
-        # TOKENS of them, without an end-of-sequence: the random model then repeats itself
-        "prompt lookup": dict(prompt_lookup=1, num_draft_tokens=5, **no_eos(tokenizer)),
+        "prompt lookup": dict(prompt_lookup=2, num_draft_tokens=5),
     }
     for name, kwargs in drafters.items():
-        expected = (
-            tokens(model, tokenizer, **no_eos(tokenizer)) if "logit_bias" in kwargs else plain
-        )
-        n = len(expected)
-        assert tokens(model, tokenizer, **kwargs) == expected, (read_path, name)
+        assert tokens(model, tokenizer, **kwargs) == plain, (read_path, name)
         drafts, decode = stats.drafts, stats.decode
-        assert stats.decode_tokens == n and drafts.emitted == n, name
+        assert stats.decode_tokens == TOKENS and drafts.emitted == TOKENS, name
         assert decode.layer_calls == drafts.passes * layers  # one call per layer per pass
         # one host sync per layer for a whole pass (none while a file is in the page cache)
         assert decode.syncs <= decode.layer_calls
         if read_path == "slots":
             assert decode.syncs == decode.layer_calls
         if name == "oracle":  # every draft kept: k+1 tokens per pass
-            assert drafts.accepted == drafts.drafted and drafts.passes == -(-n // 5)
+            assert drafts.accepted == drafts.drafted and drafts.passes == -(-TOKENS // 5)
             assert drafts.wasted_experts == 0
         if name == "random draft":  # rejected drafts' reads counted as waste
             assert drafts.accepted < drafts.drafted
             assert drafts.wasted_experts > 0 and drafts.wasted_bytes > 0
             assert drafts.wasted_bytes <= decode.bytes_read
-        if name == "prompt lookup":  # drafts only where the text repeats (random weights:
-            # it may not), each pass still one token at least
-            assert drafts.accepted <= drafts.drafted and drafts.passes <= n
+        if name == "prompt lookup":  # the random model repeats itself: lookup finds drafts
+            assert drafts.accepted > 0 and drafts.passes < TOKENS
 
 
 @pytest.mark.parametrize("temp, seed", [(0.5, 5), (0.3, 1)])
@@ -118,20 +105,12 @@ def test_the_kv_cache_keeps_only_the_kept_tokens(target, random_draft):
     """A run stopped after n tokens leaves the cache holding the prompt and n - 1 of them (the
     last is the next run's prompt): continuing from it gives what one plain run gives."""
     model, tokenizer = streamer.load(target[0], memory_budget=0)
-    plain = tokens(model, tokenizer, 2 * TOKENS, **no_eos(tokenizer))
+    plain = tokens(model, tokenizer, 2 * TOKENS)
     cache = make_prompt_cache(model)
-    first = tokens(
-        model, tokenizer, draft_model=random_draft, prompt_cache=cache, **no_eos(tokenizer)
-    )
+    first = tokens(model, tokenizer, draft_model=random_draft, prompt_cache=cache)
     assert cache[0].offset == len(tokenizer.encode(PROMPT)) + TOKENS - 1
     rest = streamer.stream_generate(
-        model,
-        tokenizer,
-        first[-1:],
-        TOKENS,
-        prompt_lookup=True,
-        prompt_cache=cache,
-        **no_eos(tokenizer),
+        model, tokenizer, first[-1:], TOKENS, prompt_lookup=True, prompt_cache=cache
     )
     assert first + [r.token for r in rest] == plain
     # all drafts kept, max_tokens ending a pass part way: the cache ends where the output does
