@@ -64,7 +64,9 @@ def test_text_completion_and_logprobs(client, served_folder, local):
     logprobs = result.choices[0].logprobs
     assert len(logprobs.tokens) == 6 and "".join(logprobs.tokens).removeprefix(" ") == want
     for logprob, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):
-        assert len(top) == 3 and max(top.values()) == pytest.approx(logprob)  # greedy: the top
+        # OpenAI's legacy top_logprobs is a dict by token text: two tokens that decode alike
+        # (byte pieces of one character, "\ufffd") are one entry
+        assert 1 <= len(top) <= 3 and max(top.values()) == pytest.approx(logprob)  # greedy: the top
     chat = client.chat.completions.create(
         model=str(served_folder),
         messages=HELLO,

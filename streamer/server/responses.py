@@ -79,10 +79,11 @@ class Answer:
             choice = {"index": 0, "text": piece.content, "logprobs": logprobs}
         else:
             body = self._head("chat.completion")
-            message = {"role": "assistant", "content": piece.content or None}
+            calls = self.tool_calls(piece.tool_calls)
+            # null only beside tool calls, as OpenAI answers; an empty answer is ""
+            message = {"role": "assistant", "content": piece.content or (None if calls else "")}
             if piece.reasoning:
                 message["reasoning"] = piece.reasoning
-            calls = self.tool_calls(piece.tool_calls)
             if calls:
                 message["tool_calls"] = calls
             choice = {"index": 0, "message": message}
@@ -114,9 +115,18 @@ class Answer:
         return {
             "tokens": [t.text for t in tokens],
             "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [dict(t.top) for t in tokens],
+            "top_logprobs": [_by_text(t.top) for t in tokens],
             "text_offset": offsets,
         }
+
+
+def _by_text(top: list[tuple[str, float]]) -> dict[str, float]:
+    """The legacy top_logprobs: a dict by token text. Tokens that decode alike (byte pieces of
+    one character, each "\ufffd") are one entry, with the best logprob, not the last one's."""
+    by_text: dict[str, float] = {}
+    for text, value in top:  # best first
+        by_text.setdefault(text, value)
+    return by_text
 
 
 def _usage(done: Done) -> dict:
