@@ -20,6 +20,30 @@ from ..errors import StreamerError
 PROMPT_LOOKUP_NGRAM = 3
 
 
+def prefill(
+    model: nn.Module,
+    cache: list,
+    tokens: list[int],
+    step: int,
+    quantize: Callable[[list], None] = lambda cache: None,
+    progress: Callable[[int, int], None] = lambda done, total: None,
+) -> int:
+    """Compute all but the last of `tokens` into `cache`, in chunks of `step` (as mlx-lm's
+    generate_step prefills): the last is the next pass's first input. Returns how many were
+    computed."""
+    done = 0
+    progress(0, len(tokens))
+    while len(tokens) - done > 1:
+        n = min(step, len(tokens) - done - 1)
+        model(mx.array(tokens[done : done + n], mx.uint32)[None], cache=cache)
+        quantize(cache)
+        mx.eval([c.state for c in cache])
+        done += n
+        progress(done, len(tokens))
+        mx.clear_cache()
+    return done
+
+
 class DraftModel:
     """mlx-lm's drafting: the draft model samples each draft with the target's sampler (the same
     random draws, in the same order, as mlx_lm's speculative_generate_step), and its KV cache is
@@ -32,12 +56,7 @@ class DraftModel:
 
     def start(self, tokens: list[int]) -> None:
         """Compute all but the last of `tokens` (the sequence so far) into the draft's cache."""
-        done = 0
-        while len(tokens) - done > 1:
-            n = min(self.prefill_step_size, len(tokens) - done - 1)
-            self.model(mx.array(tokens[done : done + n])[None], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
-            done += n
+        done = prefill(self.model, self.cache, tokens, self.prefill_step_size)
         self.pending = tokens[done:]
 
     def draft(self, n: int) -> list[int]:

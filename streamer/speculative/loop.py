@@ -27,7 +27,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from ..errors import StreamerError
 from ..loading.handle import streaming
-from .drafters import DraftModel, PromptLookup
+from .drafters import DraftModel, PromptLookup, prefill
 
 
 def speculative_generate_step(
@@ -67,7 +67,7 @@ def speculative_generate_step(
     stats = handle.stats if handle is not None else None
     prompt = prompt.tolist()
     progress = prompt_progress_callback or (lambda *_: None)
-    y = _prefill(model, cache, prompt, prefill_step_size, quantize, progress)
+    y = prompt[prefill(model, cache, prompt, prefill_step_size, quantize, progress)]
     seen = prompt[:-1]  # before the pass's first input: what processors see, as in generate_step
     drafter.start([*(prompt_cache_tokens or []), *prompt])
     emitted = unfed = 0  # unfed: inputs of the pass under way past the tokens yielded but one
@@ -104,24 +104,6 @@ def speculative_generate_step(
         trim_prompt_cache(cache, unfed)
         if stats is not None:
             stats.verifying = None
-
-
-def _prefill(
-    model: nn.Module, cache: list, prompt: list[int], step: int, quantize, progress
-) -> int:
-    """Compute all but the prompt's last token into `cache` (as generate_step does, in chunks of
-    `step`); the last one is the first pass's first input."""
-    done = 0
-    progress(0, len(prompt))
-    while len(prompt) - done > 1:
-        n = min(step, len(prompt) - done - 1)
-        model(mx.array(prompt[done : done + n], mx.uint32)[None], cache=cache)
-        quantize(cache)
-        mx.eval([c.state for c in cache])
-        done += n
-        progress(done, len(prompt))
-        mx.clear_cache()
-    return prompt[-1]
 
 
 def _sample(
