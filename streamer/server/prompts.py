@@ -8,6 +8,7 @@ import copy
 from mlx_lm.server import convert_chat, process_message_content
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from ..arguments import vocabulary
 from .api import Completion
 from .fields import ApiError
 
@@ -15,7 +16,7 @@ from .fields import ApiError
 def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]:
     if not request.chat:
         if request.text is None:
-            vocab = len(tokenizer.get_vocab())
+            vocab = vocabulary(tokenizer)  # counted once per tokenizer
             if max(request.prompt) >= vocab:
                 raise ApiError(400, f"prompt token ids must be below {vocab}", param="prompt")
             return request.prompt
