@@ -131,9 +131,15 @@ class SlotPool:
         self.fence()
         slots, miss = self.policy.assign(self._base[layer] + experts)
         self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
-        if miss.any():
+        misses = int(np.count_nonzero(miss))
+        if misses:
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
-        return slots, int(miss.sum())
+        return slots, misses
+
+    def slots_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        """The slot of each of `experts` (any shape), every one of them placed by the last
+        `place`: one lookup for a whole routing array."""
+        return self.policy.slot_of[self._base[layer] + experts]
 
     def computed(self, output: mx.array) -> None:
         """An output whose graph reads the pool: the next write waits until it is computed."""
