@@ -7,7 +7,9 @@
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
 #   bash bench/cuda_check.sh data48               # build decode48's checkpoint ahead
 #   bash bench/cuda_check.sh decode48 OUT_DIR     # the same on 48 layers at 2/4/8 GiB and all
-#                                                 # (GIBS="4 24" picks budgets)
+#                                                 # (GIBS="4 24" picks budgets, MISSES="staged
+#                                                 # mapped registered" the CUDA miss paths)
+#   bash bench/cuda_check.sh misspaths OUT_DIR    # bench/cuda_miss_paths.py: a miss's ways
 #
 # WHEELS_DIR holds mlx-0.32.4 (cp312), mlx_lm-0.32.2 and the mlx-cuda-13 0.32.4 wheel, or that
 # wheel split in parts (mlx_cuda_13.part.*), which are joined and checked against its sha256, and
@@ -117,13 +119,23 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
   }
   run mlx_lm "$data/q48-mlx" mlx_lm
   for gib in ${GIBS:-2 4 8 24}; do  # 24: every expert (resident)
-    run streamer "$data/q48-stream" "slots-${gib}g" --read-path slots --memory-budget $((gib << 30))
+    for way in ${MISSES:-staged}; do  # STREAMER_CUDA_MISSES: where a miss's copy reads from
+      [ "$gib" = 24 ] && [ "$way" != "${MISSES%% *}" ] && continue  # no misses to compare
+      export STREAMER_CUDA_MISSES=$way
+      run streamer "$data/q48-stream" "slots-${gib}g-$way" --read-path slots \
+        --memory-budget $((gib << 30))
+    done
   done
-  run mlx_lm "$data/q48-mlx" mlx_lm-again
+  [ -n "${AGAIN-1}" ] && run mlx_lm "$data/q48-mlx" mlx_lm-again
   python3 bench/layer_costs.py "$out"/*.json
   ;;
+misspaths)
+  env_setup
+  mkdir -p "$2" /root/bench-data
+  timeout 240 python3 bench/cuda_miss_paths.py /root/bench-data --out "$2/miss-paths.json"
+  ;;
 *)
-  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | data48 | decode48 OUT_DIR" >&2
+  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | data48 | decode48 OUT_DIR | misspaths OUT_DIR" >&2
   exit 2
   ;;
 esac
