@@ -118,9 +118,10 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
     echo "$tag: exit $?"; grep decode "$out/$tag.log"
   }
   run mlx_lm "$data/q48-mlx" mlx_lm
+  ways=${MISSES:-staged}
   for gib in ${GIBS:-2 4 8 24}; do  # 24: every expert (resident)
-    for way in ${MISSES:-staged}; do  # STREAMER_CUDA_MISSES: where a miss's copy reads from
-      [ "$gib" = 24 ] && [ "$way" != "${MISSES%% *}" ] && continue  # no misses to compare
+    for way in $ways; do  # STREAMER_CUDA_MISSES: where a miss's copy reads from
+      [ "$gib" = 24 ] && [ "$way" != "${ways%% *}" ] && continue  # no misses to compare
       export STREAMER_CUDA_MISSES=$way
       run streamer "$data/q48-stream" "slots-${gib}g-$way" --read-path slots \
         --memory-budget $((gib << 30))
