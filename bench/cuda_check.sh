@@ -6,6 +6,8 @@
 #   bash bench/cuda_check.sh parity               # the parity suite (slot path only there)
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
 #   bash bench/cuda_check.sh decode48 OUT_DIR     # the same on 48 layers at 2/4/8 GiB and all
+#   bash bench/cuda_check.sh speculative OUT_DIR  # drafts vs plain on 48 layers, 4 GiB and all;
+#                                                 # greedy drafted output checked against plain
 #
 # WHEELS_DIR holds mlx-0.32.4 (cp312), mlx_lm-0.32.2 and the mlx-cuda-13 0.32.4 wheel, or that
 # wheel split in parts (mlx_cuda_13.part.*), which are joined and checked against its sha256, and
@@ -31,6 +33,14 @@ EOF
   export PYTHONPATH="$SITE:$PWD:${PYTHONPATH:-}"
   export CUDA_HOME=/usr/local/cuda MLX_PTX_CACHE_DIR=/root/ptx-cache PYTHONUNBUFFERED=1
   mkdir -p "$MLX_PTX_CACHE_DIR"
+}
+
+q48() {  # the 48-layer Qwen3-30B-A3B-shaped checkpoint (16.3 GB of experts) and its repack
+  local data=$1
+  if [ ! -f "$data/q48-stream/manifest.json" ]; then
+    timeout 300 python3 bench/generate_checkpoint.py qwen3-30b-a3b "$data/q48-mlx" --layers 48 || return 1
+    timeout 300 python3 -m streamer repack "$data/q48-mlx" "$data/q48-stream" || return 1
+  fi
 }
 
 case "${1:-}" in
@@ -82,10 +92,7 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
   env_setup
   out=$2 data=/root/bench-data
   mkdir -p "$out" "$data"
-  if [ ! -f "$data/q48-stream/manifest.json" ]; then
-    timeout 300 python3 bench/generate_checkpoint.py qwen3-30b-a3b "$data/q48-mlx" --layers 48 || exit 1
-    timeout 300 python3 -m streamer repack "$data/q48-mlx" "$data/q48-stream" || exit 1
-  fi
+  q48 "$data" || exit 1
   run() {  # engine folder tag args...
     local engine=$1 folder=$2 tag=$3
     shift 3
@@ -100,8 +107,27 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
   run mlx_lm "$data/q48-mlx" mlx_lm-again
   python3 bench/layer_costs.py "$out"/*.json
   ;;
+speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (kernels compile once)
+  env_setup
+  out=$2 data=/root/bench-data
+  mkdir -p "$out" "$data"
+  q48 "$data" || exit 1
+  # Slot pools of 4 GiB (25% of the experts) and 24 GiB (every expert), read through the warm page
+  # cache; oracle drafts kept at rates 0 (every draft wrong) to 1 (the upper bound), prompt lookup;
+  # best of 2 runs each. Exits 1 when a drafted run's tokens differ from plain decoding's.
+  timeout 340 python3 bench/speculative.py --models "$data/q48-mlx" "$data/q48-stream" \
+    --dtype bfloat16 --no-warm --no-acceptance --page-cache --budgets 4G,24G --tokens 32 \
+    --rates 0,0.5,0.8,1 --prompt-lookup --repeats 2 --results "$out/speculative.json" \
+    2> "$out/speculative.log"
+  echo "speculative: exit $?"
+  grep -E '^(\[spec\]|PASS|FAIL)|Error' "$out/speculative.log"
+  if [ -f "$out/speculative.json" ]; then  # the README's tables (and a plot, with matplotlib)
+    python3 bench/speculative_plot.py "$out/speculative.json" | tee "$out/speculative.md"
+  fi
+  ;;
 *)
-  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | decode48 OUT_DIR" >&2
+  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | decode48 OUT_DIR |" \
+    "speculative OUT_DIR" >&2
   exit 2
   ;;
 esac
