@@ -10,6 +10,8 @@
 #                                                 # (GIBS="4 24" picks budgets, MISSES="staged
 #                                                 # mapped registered" the CUDA miss paths)
 #   bash bench/cuda_check.sh misspaths OUT_DIR    # bench/cuda_miss_paths.py: a miss's ways
+#   bash bench/cuda_check.sh speculative OUT_DIR  # drafts vs plain on 48 layers, 4 GiB and all;
+#                                                 # greedy drafted output checked against plain
 #
 # WHEELS_DIR holds mlx-0.32.4 (cp312), mlx_lm-0.32.2 and the mlx-cuda-13 0.32.4 wheel, or that
 # wheel split in parts (mlx_cuda_13.part.*), which are joined and checked against its sha256, and
@@ -135,8 +137,27 @@ misspaths)
   mkdir -p "$2" /root/bench-data
   timeout 240 python3 bench/cuda_miss_paths.py /root/bench-data --out "$2/miss-paths.json"
   ;;
+speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (kernels compile once)
+  env_setup
+  out=$2 data=/root/bench-data
+  mkdir -p "$out" "$data"
+  data48 "$data" || exit 1
+  # Slot pools of 4 GiB (25% of the experts) and 24 GiB (every expert), read through the warm page
+  # cache; oracle drafts kept at rates 0 (every draft wrong) to 1 (the upper bound), prompt lookup;
+  # best of 2 runs each. Exits 1 when a drafted run's tokens differ from plain decoding's.
+  timeout 340 python3 bench/speculative.py --models "$data/q48-mlx" "$data/q48-stream" \
+    --dtype bfloat16 --no-warm --no-acceptance --page-cache --budgets 4G,24G --tokens 32 \
+    --rates 0,0.5,0.8,1 --prompt-lookup --repeats 2 --results "$out/speculative.json" \
+    2> "$out/speculative.log"
+  echo "speculative: exit $?"
+  grep -E '^(\[spec\]|PASS|FAIL)|Error' "$out/speculative.log"
+  if [ -f "$out/speculative.json" ]; then  # the README's tables (and a plot, with matplotlib)
+    python3 bench/speculative_plot.py "$out/speculative.json" | tee "$out/speculative.md"
+  fi
+  ;;
 *)
-  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | data48 | decode48 OUT_DIR | misspaths OUT_DIR" >&2
+  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | data48 |" \
+    "decode48 OUT_DIR | misspaths OUT_DIR | speculative OUT_DIR" >&2
   exit 2
   ;;
 esac
