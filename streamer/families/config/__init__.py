@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 
 from ...errors import StreamerError
-from ..transformers.defaults import letters_listed, refuse_unfilled
+from ..transformers.defaults import letters_listed
+from ..transformers.unfilled import refuse_unfilled
 from .common_fields import check_common_fields, check_eos_ids
 from .declared_types import check_declared_types, text_args_class
 from .field_error import bad_field, remedy

@@ -12,16 +12,13 @@ them). Found by comparing, for each family that streams, the config class's defa
 ModelArgs' for the fields the model reads; tests/test_config_defaults.py checks each value below
 against transformers' class and that mlx-lm's default differs. Not filled: sizes and counts (a
 config without them is refused, or its weights' shapes are), and fields no fill makes what the
-published model computes: UNFILLED refuses those with the reason.
+published model computes: unfilled.py refuses those with the reason.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
-
-from ...errors import StreamerError
 
 # gpt-oss's rope_parameters default, as rope_scaling (mlx-lm's gpt_oss reads its rope_theta alone)
 GPT_OSS_YARN = {
@@ -33,6 +30,20 @@ GPT_OSS_YARN = {
     "original_max_position_embeddings": 4096,
 }
 DEEPSEEK_V3 = {"routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4}
+# Mistral 4's rope_parameters default, less what transformers derives from other fields and
+# mlx-lm's mistral4 does not read (partial_rotary_factor, max_position_embeddings); mlx-lm's model
+# without it fails at its first token (it reads llama_4_scaling_beta there)
+MISTRAL4_YARN = {
+    "type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 128.0,
+    "original_max_position_embeddings": 8192,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale_all_dim": 1.0,
+    "mscale": 1.0,
+    "llama_4_scaling_beta": 0.1,
+}
 
 # model_type -> field -> transformers' default, filled where config.json has no such field
 FILLED: dict[str, dict[str, object]] = {
@@ -54,10 +65,56 @@ FILLED: dict[str, dict[str, object]] = {
     "granitemoe": {"tie_word_embeddings": False},
     "olmoe": {"tie_word_embeddings": False},
     "jamba": {"tie_word_embeddings": False},
+    "mistral4": {"rope_parameters": MISTRAL4_YARN},  # mistral3's text model too
+    # the indexer's top-k blocks, flat as transformers 5 spells it (the hub's
+    # sparse_attention_config nests it, and wins in both): mlx-lm's None failed at a sparse layer
+    "minimax_m3_vl_text": {"index_topk_blocks": 16},
 }
-# transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them): one given
-# there is not left out
-WRITTEN_AS = {"rope_scaling": "rope_parameters"}
+# transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them), transformers 4
+# in rope_scaling: one given in either is not left out
+WRITTEN_AS = {"rope_scaling": "rope_parameters", "rope_parameters": "rope_scaling"}
+
+
+def _rope_from_theta(config: dict) -> dict | None:
+    """rope_parameters as transformers 5 reads a transformers 4 config's rope_theta (and
+    partial_rotary_factor) into them: mlx-lm's qwen3_5 reads rope_parameters only, and its
+    default's base (100000) then replaces the config's rope_theta (Qwen3.5's 10000000)."""
+    if "rope_theta" not in config:
+        return None
+    return {
+        "rope_type": "default",
+        "rope_theta": config["rope_theta"],
+        "partial_rotary_factor": config.get("partial_rotary_factor", 0.25),
+    }
+
+
+# model_type -> field -> its value as transformers reads it from the config's other fields,
+# where config.json leaves it out (None: nothing to read it from)
+READ_FROM: dict[str, dict[str, Callable[[dict], object]]] = {
+    "qwen3_5_moe_text": {"rope_parameters": _rope_from_theta},
+}
+
+# A vision-language model_type -> the model_type of transformers' config class for its
+# text_config, where that class is fixed (Kimi K2.5's text model, published as "kimi_k2", is
+# transformers' DeepSeek-V3); another's (mistral3's) is its text_config's own model_type
+TEXT_MODEL_TYPES = {
+    "gemma4": "gemma4_text",
+    "kimi_k25": "deepseek_v3",
+    "llama4": "llama4_text",
+    "minimax_m3_vl": "minimax_m3_vl_text",
+    "muse_spark": "muse_spark_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
+    "qwen3_vl_moe": "qwen3_vl_moe_text",
+}
+
+
+def text_model_type(config: dict) -> str | None:
+    """The model_type transformers reads a vision-language config's text_config as (None: the
+    config has no text_config)."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        return None
+    return TEXT_MODEL_TYPES.get(config.get("model_type"), text.get("model_type"))
 
 
 # Lists of one-letter layer kinds published as one string (Nemotron-H's "ME*EME", in NVIDIA's
@@ -77,60 +134,24 @@ def letters_listed(config: dict) -> dict:
 
 
 def fill_defaults(config: dict) -> dict:
-    """`config` with the fields of FILLED it leaves out set to transformers' defaults."""
-    filled = FILLED.get(config.get("model_type"), {})
+    """`config` with the fields of FILLED and READ_FROM it leaves out set as transformers sets
+    them, in a vision-language model's text_config too."""
+    config = _filled(config, config.get("model_type"))
+    kind = text_model_type(config)
+    if kind is not None:
+        text = _filled(config["text_config"], kind)
+        if text is not config["text_config"]:
+            config = {**config, "text_config": text}
+    return config
+
+
+def _filled(values: dict, model_type: object) -> dict:
     missing = {
         field: value
-        for field, value in filled.items()
-        if field not in config and WRITTEN_AS.get(field) not in config
+        for field, value in FILLED.get(model_type, {}).items()
+        if field not in values and WRITTEN_AS.get(field) not in values
     }
-    return {**config, **missing} if missing else config
-
-
-def _step3p5_window(config: dict) -> str | None:
-    """A null sliding_window (transformers' default) is a window only where no layer slides."""
-    if config.get("sliding_window", 0) is not None:  # left out: mlx-lm's default, 512
-        return None
-    kinds, layers = config.get("layer_types"), config.get("num_hidden_layers")
-    if isinstance(kinds, list):
-        sliding, how = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"], ""
-    else:  # mlx-lm's step3p5 without layer_types: every even layer slides
-        sliding = list(range(0, layers, 2)) if type(layers) is int else [0]
-        how = " (mlx-lm slides every even layer without layer_types)"
-    if not sliding:
-        return None  # all full attention: neither model reads the window
-    shown = ", ".join(map(str, sliding[:4]))
-    shown += f" ... ({len(sliding)} layers)" if len(sliding) > 4 else ""
-    return (
-        f"sliding_window is null, but layers {shown} are sliding_attention{how}: a sliding layer "
-        "needs its window (transformers' step3p5 model raises without one, mlx-lm's cannot cache "
-        "one); set sliding_window to the model's window, as its published config.json says."
-    )
-
-
-def _mimo_value_scale(config: dict) -> str | None:
-    """transformers' MiMo-V2-Flash scales the attention values by 0.707 where the field is left
-    out, the hub's own code (and mlx-lm) by 1: the published configs all say 0.707."""
-    if "attention_value_scale" in config:
-        return None  # a number both compute; null is no scaling to both
-    return (
-        "attention_value_scale is left out: transformers' mimo_v2_flash then scales the attention "
-        "values by 0.707 (its default, the published models' value), MiMo's own code and mlx-lm "
-        'by 1; add "attention_value_scale": 0.707 to config.json as published (null: no scaling).'
-    )
-
-
-# model_type -> why a config that leaves out (or nulls) a field cannot be computed as the
-# published model means, by filling or by mlx-lm's default (None: it can)
-UNFILLED: dict[str, Callable[[dict], str | None]] = {
-    "step3p5": _step3p5_window,
-    "mimo_v2_flash": _mimo_value_scale,
-}
-
-
-def refuse_unfilled(config: dict, where: Path | str) -> None:
-    """Refuse `config` where UNFILLED says no value of a field it leaves out is the model's."""
-    check = UNFILLED.get(config.get("model_type"))
-    reason = check(config) if check is not None else None
-    if reason is not None:
-        raise StreamerError(f"{where}: {reason}")
+    for field, read in READ_FROM.get(model_type, {}).items():
+        if field not in values and (value := read(values)) is not None:
+            missing[field] = value
+    return {**values, **missing} if missing else values
