@@ -2,21 +2,26 @@
 ModelArgs does not, or fills another: filled as transformers fills them. And Nemotron-H's layer
 pattern as one string.
 
-transformers' `save_pretrained` writes only the fields that differ from its config class's
-defaults, so a checkpoint it wrote at a default leaves that field out, and mlx-lm's ModelArgs then
-computes with its own default: gpt-oss without `rope_scaling` is YaRN (factor 32) to transformers
-and plain RoPE to mlx-lm (0.43 logits apart from the first token, through the attention sinks).
+A config.json written by hand, trimmed, or written by a model's own code can leave a field out
+(transformers 5.24's own `save_pretrained` writes them all, defaults too); transformers then
+computes with its class's default, and mlx-lm's ModelArgs with its own: gpt-oss without
+`rope_scaling` is YaRN (factor 32) to transformers and plain RoPE to mlx-lm (0.43 logits apart
+from the first token, through the attention sinks).
 transformers' defaults are the published models' values (its config classes are written from
 them). Found by comparing, for each family that streams, the config class's defaults with
 ModelArgs' for the fields the model reads; tests/test_config_defaults.py checks each value below
 against transformers' class and that mlx-lm's default differs. Not filled: sizes and counts (a
-config without them is refused, or its weights' shapes are), and fields whose transformers
-default mlx-lm's model cannot compute (Step-3.5's `sliding_window: null`).
+config without them is refused, or its weights' shapes are), and fields no fill makes what the
+published model computes: UNFILLED refuses those with the reason.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from pathlib import Path
+
+from ...errors import StreamerError
 
 # gpt-oss's rope_parameters default, as rope_scaling (mlx-lm's gpt_oss reads its rope_theta alone)
 GPT_OSS_YARN = {
@@ -80,3 +85,52 @@ def fill_defaults(config: dict) -> dict:
         if field not in config and WRITTEN_AS.get(field) not in config
     }
     return {**config, **missing} if missing else config
+
+
+def _step3p5_window(config: dict) -> str | None:
+    """A null sliding_window (transformers' default) is a window only where no layer slides."""
+    if config.get("sliding_window", 0) is not None:  # left out: mlx-lm's default, 512
+        return None
+    kinds, layers = config.get("layer_types"), config.get("num_hidden_layers")
+    if isinstance(kinds, list):
+        sliding, how = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"], ""
+    else:  # mlx-lm's step3p5 without layer_types: every even layer slides
+        sliding = list(range(0, layers, 2)) if type(layers) is int else [0]
+        how = " (mlx-lm slides every even layer without layer_types)"
+    if not sliding:
+        return None  # all full attention: neither model reads the window
+    shown = ", ".join(map(str, sliding[:4]))
+    shown += f" ... ({len(sliding)} layers)" if len(sliding) > 4 else ""
+    return (
+        f"sliding_window is null, but layers {shown} are sliding_attention{how}: a sliding layer "
+        "needs its window (transformers' step3p5 model raises without one, mlx-lm's cannot cache "
+        "one); set sliding_window to the model's window, as its published config.json says."
+    )
+
+
+def _mimo_value_scale(config: dict) -> str | None:
+    """transformers' MiMo-V2-Flash scales the attention values by 0.707 where the field is left
+    out, the hub's own code (and mlx-lm) by 1: the published configs all say 0.707."""
+    if "attention_value_scale" in config:
+        return None  # a number both compute; null is no scaling to both
+    return (
+        "attention_value_scale is left out: transformers' mimo_v2_flash then scales the attention "
+        "values by 0.707 (its default, the published models' value), MiMo's own code and mlx-lm "
+        'by 1; add "attention_value_scale": 0.707 to config.json as published (null: no scaling).'
+    )
+
+
+# model_type -> why a config that leaves out (or nulls) a field cannot be computed as the
+# published model means, by filling or by mlx-lm's default (None: it can)
+UNFILLED: dict[str, Callable[[dict], str | None]] = {
+    "step3p5": _step3p5_window,
+    "mimo_v2_flash": _mimo_value_scale,
+}
+
+
+def refuse_unfilled(config: dict, where: Path | str) -> None:
+    """Refuse `config` where UNFILLED says no value of a field it leaves out is the model's."""
+    check = UNFILLED.get(config.get("model_type"))
+    reason = check(config) if check is not None else None
+    if reason is not None:
+        raise StreamerError(f"{where}: {reason}")
