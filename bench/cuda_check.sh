@@ -3,7 +3,7 @@
 #
 #   bash bench/cuda_check.sh install WHEELS_DIR   # mlx + mlx-cuda-13 + mlx-lm into /root/site
 #   bash bench/cuda_check.sh slot-tests           # the slot pool and slot path tests
-#   bash bench/cuda_check.sh parity               # the parity suite (slot path only there), 3 shards
+#   bash bench/cuda_check.sh parity               # the parity suite (slot path only there), 4 shards
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
 #   bash bench/cuda_check.sh data48               # build decode48's checkpoint ahead
 #   bash bench/cuda_check.sh decode48 OUT_DIR     # the same on 48 layers at 2/4/8 GiB and all
@@ -72,18 +72,18 @@ parity)
   # mlx-lm itself fails these families on CUDA (shared/notes/cuda.md): missing quantized_matmul
   # shapes, or different logits for the same prompt twice. Deselected, not hidden: listed here.
   broken="deepseek_v2 or deepseek_v3 or deepseek_v32 or kimi_k2 or glm4_moe or glm_moe_dsa or qwen3_next or qwen3_5_moe"
-  # Three shards side by side: on a fresh machine the suite is mostly MLX compiling kernels on the
+  # Four shards side by side: on a fresh machine the suite is mostly MLX compiling kernels on the
   # CPU (nvrtc), one family after another, and the GPU machine has cores to spare.
-  shards=("hf_bf16" "mlx_quantized" "not (hf_bf16 or mlx_quantized)")
-  for i in 0 1 2; do
+  shards=("hf_bf16" "mlx_quantized" "quantize_while" "not (hf_bf16 or mlx_quantized or quantize_while)")
+  for i in 0 1 2 3; do
     timeout "${PARITY_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider tests/test_parity.py \
       -k "(${shards[$i]}) and not ($broken)" > "/tmp/parity-$i.log" 2>&1 &
   done
   status=0
-  for i in 0 1 2; do
+  for i in 0 1 2 3; do
     wait -n || status=1
   done
-  for i in 0 1 2; do echo "== parity shard: ${shards[$i]}"; tail -15 "/tmp/parity-$i.log"; done
+  for i in 0 1 2 3; do echo "== parity shard: ${shards[$i]}"; tail -15 "/tmp/parity-$i.log"; done
   exit $status
   ;;
 decode)
