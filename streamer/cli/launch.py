@@ -26,12 +26,9 @@ from .output import report
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "launch",
-        help="mlx.launch (same options), exiting with the first failing rank's status",
-        description="Start a command on every rank as mlx.launch does (its options: "
-        "`streamer launch --help`), e.g. `streamer launch --hosts mac0,mac1 -- generate "
-        "--model ~/shard{rank} --prompt hi`. A streamer command after `--` runs under this "
-        "Python. Exits with the first failing rank's status, naming it.",
-        prefix_chars="+",  # every word, options included, is mlx.launch's to parse
+        help="mlx.launch (same options; `-- generate ...`), exiting with the first failing "
+        "rank's status",
+        prefix_chars="+",  # every word, options included, is mlx.launch's to parse (--help too)
         add_help=False,
     )
     p.add_argument("words", nargs=argparse.REMAINDER)
