@@ -89,7 +89,7 @@ def test_a_failed_read_copies_nothing_and_lends_its_buffer_again(tmp_path):
     pool.layers[1].checksums = [[0, 0, 0]] * 6  # every read of layer 1 fails its checksum
     with pytest.raises(StreamerError, match="does not match its checksum"):
         pool.place(1, np.array([2]))
-    assert runtime.copies == [] and pool.policy.slot_of[pool._base[1] + 2] == -1
+    assert runtime.copies == [] and pool.policy.slot_of[pool.base[1] + 2] == -1
     pool.layers[1].checksums = None
     (slot,), misses = pool.place(1, np.array([2]))  # the one buffer was given back
     assert misses == 1 and np.array_equal(slot_bytes(pool, slot)[0], truth[1][2][0])
@@ -183,7 +183,7 @@ def test_a_mapped_copy_checks_checksums_and_names_a_short_file(tmp_path):
     pool.layers[1].checksums = [[0, 0, 0]] * 6
     with pytest.raises(StreamerError, match="does not match its checksum"):
         pool.place(1, np.array([2]))
-    assert pool.policy.slot_of[pool._base[1] + 2] == -1 and runtime.registered == {}
+    assert pool.policy.slot_of[pool.base[1] + 2] == -1 and runtime.registered == {}
     pool.layers[1].checksums = None
     path = tmp_path / "000.bin"
     os.truncate(path, path.stat().st_size // 2)  # before layer 0 is first mapped

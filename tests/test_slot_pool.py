@@ -134,7 +134,7 @@ def test_a_failed_read_leaves_no_half_read_expert(tmp_path):
     (tmp_path / "001.bin").write_bytes(b"")  # truncated under the open file
     with pytest.raises(StreamerError, match="001.bin: cannot read expert 2"):
         pool.place(1, np.array([2]))
-    assert pool.policy.slot_of[pool._base[1] + 2] == -1
+    assert pool.policy.slot_of[pool.base[1] + 2] == -1
     pool.close()
 
 

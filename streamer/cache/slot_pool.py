@@ -96,10 +96,10 @@ class SlotPool:
         self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
-        self._base = {}  # layer index -> its first key: the policy's keys are base + expert
+        self.base = {}  # layer index -> its first key: the policy's keys are base + expert
         keys = 0
         for index, layer in layers.items():
-            self._base[index], keys = keys, keys + layer.num_experts
+            self.base[index], keys = keys, keys + layer.num_experts
         self.policy = SlotLFU(slots, keys)
         self.chunk_slots = chunk_slots(self.tensors, slots, chunk_bytes)
         # per chunk, per tensor: MLX [chunk slots, *shape] and host uint8 [chunk slots, nbytes]
@@ -130,17 +130,12 @@ class SlotPool:
         # call, not just on misses, so the list holds one call's outputs (nothing to wait for in
         # decode: the router sync has evaluated them).
         self.fence()
-        slots, miss = self.policy.assign(self._base[layer] + experts)
+        slots, miss = self.policy.assign(self.base[layer] + experts)
         self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
         misses = int(np.count_nonzero(miss))
         if misses:
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, misses
-
-    def slots_of(self, layer: int, experts: np.ndarray) -> np.ndarray:
-        """The slot of each of `experts` (any shape), every one of them placed by the last
-        `place`: one lookup for a whole routing array."""
-        return self.policy.slot_of[self._base[layer] + experts]
 
     def computed(self, output: mx.array) -> None:
         """An output whose graph reads the pool: the next write waits until it is computed."""
@@ -233,7 +228,7 @@ class SlotPool:
 
     def _forget(self, layer: int, expert: int, slot: int) -> None:
         """A read that failed leaves its slot empty, not holding a half-read expert."""
-        self.policy.slot_of[self._base[layer] + expert] = -1
+        self.policy.slot_of[self.base[layer] + expert] = -1
         self.policy.slot_key[slot] = -1
 
     def close(self) -> None:

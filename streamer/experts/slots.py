@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 import psutil
 
-from ..cache.budget import chosen_budget
+from ..cache.budget import chosen_budget, layer_groups
 from ..cache.slot_pool import CHUNK_BYTES, LayerSource, SlotPool, SlotTensor, chunk_slots
 from ..errors import StreamerError
 from ..io.expert_layout import LayerLayout
@@ -53,7 +53,8 @@ class Slots:
             # a decode call, and most prompt chunks: one round on one chunk, every routed
             # expert placed, so each routed entry's slot is the pool's own table's
             self._place(layer, experts, traffic)
-            out = self._on_pool(layer, x, pool.slots_of(layer.index, routed), 0)
+            slots = pool.policy.slot_of[pool.base[layer.index] + routed]
+            out = self._on_pool(layer, x, slots, 0)
             pool.computed(out)
             return finish(layer, out, traffic, start)
         out = None
@@ -242,19 +243,3 @@ def open_pools(
             file.close()
         raise
     return pools
-
-
-def layer_groups(layers: int, slots: int, per_chunk: int) -> list[tuple[int, int, int]]:
-    """(first, end, slots) of groups of consecutive layers, each group's share of `slots` (in
-    proportion to its layers) within one chunk of `per_chunk` slots, where one layer's share
-    fits in one; a layer whose share does not is a group of its own."""
-    if slots <= per_chunk:
-        return [(0, layers, slots)]
-    size = max(1, layers * per_chunk // slots)
-    bounds = [*range(0, layers, size), layers]
-    return [(a, b, _share(slots, layers, a, b, per_chunk)) for a, b in zip(bounds, bounds[1:])]
-
-
-def _share(slots: int, layers: int, first: int, end: int, per_chunk: int) -> int:
-    share = max(1, slots * end // layers - slots * first // layers)
-    return share if end - first == 1 else min(share, per_chunk)  # rounding may pass a chunk
