@@ -3,11 +3,13 @@
 #
 #   bash bench/cuda_check.sh install WHEELS_DIR   # mlx + mlx-cuda-13 + mlx-lm into /root/site
 #   bash bench/cuda_check.sh slot-tests           # the slot pool and slot path tests
-#   bash bench/cuda_check.sh parity               # the parity suite (slot path only there), 3 shards
+#   bash bench/cuda_check.sh parity               # the parity suite (slot path only there), 4 shards
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
 #   bash bench/cuda_check.sh data48               # build decode48's checkpoint ahead
 #   bash bench/cuda_check.sh decode48 OUT_DIR     # the same on 48 layers at 2/4/8 GiB and all
-#                                                 # (GIBS="4 24" picks budgets)
+#                                                 # (GIBS="4 24" picks budgets, MISSES="staged
+#                                                 # mapped registered" the CUDA miss paths)
+#   bash bench/cuda_check.sh misspaths OUT_DIR    # bench/cuda_miss_paths.py: a miss's ways
 #   bash bench/cuda_check.sh speculative OUT_DIR  # drafts vs plain on 48 layers, 4 GiB and all;
 #                                                 # greedy drafted output checked against plain
 #
@@ -70,18 +72,18 @@ parity)
   # mlx-lm itself fails these families on CUDA (shared/notes/cuda.md): missing quantized_matmul
   # shapes, or different logits for the same prompt twice. Deselected, not hidden: listed here.
   broken="deepseek_v2 or deepseek_v3 or deepseek_v32 or kimi_k2 or glm4_moe or glm_moe_dsa or qwen3_next or qwen3_5_moe"
-  # Three shards side by side: on a fresh machine the suite is mostly MLX compiling kernels on the
+  # Four shards side by side: on a fresh machine the suite is mostly MLX compiling kernels on the
   # CPU (nvrtc), one family after another, and the GPU machine has cores to spare.
-  shards=("hf_bf16" "mlx_quantized" "not (hf_bf16 or mlx_quantized)")
-  for i in 0 1 2; do
-    timeout 540 python3 -m pytest -q -p no:cacheprovider tests/test_parity.py \
+  shards=("hf_bf16" "mlx_quantized" "quantize_while" "not (hf_bf16 or mlx_quantized or quantize_while)")
+  for i in 0 1 2 3; do
+    timeout "${PARITY_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider tests/test_parity.py \
       -k "(${shards[$i]}) and not ($broken)" > "/tmp/parity-$i.log" 2>&1 &
   done
   status=0
-  for i in 0 1 2; do
+  for i in 0 1 2 3; do
     wait -n || status=1
   done
-  for i in 0 1 2; do echo "== parity shard: ${shards[$i]}"; tail -15 "/tmp/parity-$i.log"; done
+  for i in 0 1 2 3; do echo "== parity shard: ${shards[$i]}"; tail -15 "/tmp/parity-$i.log"; done
   exit $status
   ;;
 decode)
@@ -118,11 +120,22 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
     echo "$tag: exit $?"; grep decode "$out/$tag.log"
   }
   run mlx_lm "$data/q48-mlx" mlx_lm
+  ways=${MISSES:-staged}
   for gib in ${GIBS:-2 4 8 24}; do  # 24: every expert (resident)
-    run streamer "$data/q48-stream" "slots-${gib}g" --read-path slots --memory-budget $((gib << 30))
+    for way in $ways; do  # STREAMER_CUDA_MISSES: where a miss's copy reads from
+      [ "$gib" = 24 ] && [ "$way" != "${ways%% *}" ] && continue  # no misses to compare
+      export STREAMER_CUDA_MISSES=$way
+      run streamer "$data/q48-stream" "slots-${gib}g-$way" --read-path slots \
+        --memory-budget $((gib << 30))
+    done
   done
-  run mlx_lm "$data/q48-mlx" mlx_lm-again
+  [ -n "${AGAIN-1}" ] && run mlx_lm "$data/q48-mlx" mlx_lm-again
   python3 bench/layer_costs.py "$out"/*.json
+  ;;
+misspaths)
+  env_setup
+  mkdir -p "$2" /root/bench-data
+  timeout 240 python3 bench/cuda_miss_paths.py /root/bench-data --out "$2/miss-paths.json"
   ;;
 speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (kernels compile once)
   env_setup
@@ -144,7 +157,7 @@ speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (k
   ;;
 *)
   echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | data48 |" \
-    "decode48 OUT_DIR | speculative OUT_DIR" >&2
+    "decode48 OUT_DIR | misspaths OUT_DIR | speculative OUT_DIR" >&2
   exit 2
   ;;
 esac

@@ -219,10 +219,10 @@ def test_a_rank_with_a_damaged_shard_is_named_and_the_group_ends(models, tmp_pat
     (tmp_path / "rank0").symlink_to(shards.replace("{rank}", "0"))
     damaged = sorted((tmp_path / "rank1" / "experts").iterdir())[0]
     os.truncate(damaged, damaged.stat().st_size - 4096)
-    result = launch(
-        [sys.executable, "-m", "streamer", "generate", "--model", str(tmp_path / "rank{rank}")]
-        + ["--prompt", "x", "--max-tokens", "2"],
+    result = launch(  # by `streamer launch`, which a bare streamer command runs under
+        ["generate", "--model", str(tmp_path / "rank{rank}"), "--prompt", "x", "--max-tokens", "2"],
         tmp_path,
+        streamer=True,
     )
     errors = [line for line in result.stderr.splitlines() if line.startswith("streamer: error")]
     # rank 1 says what is wrong with its files (mlx.launch relays the ranks' lines in any order)
@@ -230,9 +230,18 @@ def test_a_rank_with_a_damaged_shard_is_named_and_the_group_ends(models, tmp_pat
     assert len(own) == 1, result.stderr
     # rank 1 takes part in the group's check with its error: rank 0 says which rank failed and
     # why (it said only that a rank was gone), unless mlx.launch stopped it first
-    others = [line for line in errors if line not in own]
     told = f"streamer: error: rank 1 cannot load its folder: {damaged} holds "
+    # the launcher's last line names the first rank to fail: rank 1, or rank 0 telling of it
+    *others, summary = [line for line in errors if line not in own]
     assert len(others) <= 1 and all(line.startswith(told) for line in others), result.stderr
+    first = (
+        "rank 1 exited with status 2: ",
+        "rank 0 exited with status 2: rank 1 cannot load its folder: ",
+    )
+    assert summary in {f"streamer: error: {said}{own[0].split(': ', 3)[3]}" for said in first}, (
+        result.stderr
+    )
+    assert result.returncode == 2  # mlx.launch exits 0 whatever its ranks return
     assert "Traceback" not in result.stderr
     # both ended, with an error or stopped by mlx.launch once the other had ended
     assert re.search(r"Node with rank 1 exited with code (2|-15)\b", result.stderr)

@@ -7,7 +7,8 @@ pass as it treats a prompt chunk). The target's token at every position is sampl
 decoding samples it; drafts are kept while they equal it, and the first that does not is replaced
 by the target's token. So greedy output is plain greedy output, and a sampler gives exactly what
 mlx_lm's speculative_generate_step gives (the same draws in the same order). The target's KV
-cache is trimmed back to the kept tokens with mlx-lm's trim_prompt_cache.
+cache is trimmed back to the kept tokens (trim.py: sliding-window caches too, which mlx-lm's
+trim_prompt_cache leaves untrimmed once their window is full).
 
 Where this differs from mlx-lm: logits processors see the whole sequence (prompt, output and the
 drafts before the position), as they do in plain decoding, so a repetition penalty is applied
@@ -28,13 +29,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import maybe_quantize_kv_cache
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
-from ..errors import StreamerError
 from ..loading.handle import streaming
 from ..parallel.group import GroupError, gather_floats
 from .drafters import DraftModel, PromptLookup, prefill
+from .trim import check_trimmable, trim
 
 
 def speculative_generate_step(
@@ -57,12 +58,7 @@ def speculative_generate_step(
     """Yield (token, logprobs, from_draft) as mlx_lm's speculative_generate_step does.
     `prompt_cache_tokens`: the tokens `prompt_cache` already holds (the drafter sees them too)."""
     cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-    if not can_trim_prompt_cache(cache):
-        kinds = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
-        raise StreamerError(
-            f"speculative decoding trims the KV cache after each pass, and {', '.join(kinds)} "
-            "cannot be trimmed: drop max_kv_size (or the draft)."
-        )
+    check_trimmable(cache)
     sampler = sampler or make_sampler(0.0)
     quantize = functools.partial(
         maybe_quantize_kv_cache,
@@ -110,12 +106,12 @@ def speculative_generate_step(
                     stats.drafts.emitted += 1
                 unfed = len(drafts) - i  # stopped after this token: the cache ends before it
                 yield tokens[i], logprobs[i], i < accepted
-            trim_prompt_cache(cache, unfed)  # the rejected drafts (and any past max_tokens)
+            trim(cache, unfed)  # the rejected drafts (and any past max_tokens)
             unfed = 0
             seen += inputs[: accepted + 1]
             drafts = upcoming
     finally:  # the cache holds every token yielded but the last (the next run's first input)
-        trim_prompt_cache(cache, unfed)
+        trim(cache, unfed)
         if stats is not None:
             stats.verifying = None
 
