@@ -71,7 +71,9 @@ parity)
   env_setup
   # mlx-lm itself fails these families on CUDA (shared/notes/cuda.md): missing quantized_matmul
   # shapes, or different logits for the same prompt twice. Deselected, not hidden: listed here.
-  broken="deepseek_v2 or deepseek_v3 or deepseek_v32 or kimi_k2 or glm4_moe or glm_moe_dsa or qwen3_next or qwen3_5_moe"
+  # Drafted output is not token-identical on CUDA (several rows run other kernels than one: the
+  # speculative stage measures it), so the parity suite's speculative cases are the CPU's.
+  broken="speculative or deepseek_v2 or deepseek_v3 or deepseek_v32 or kimi_k2 or glm4_moe or glm_moe_dsa or qwen3_next or qwen3_5_moe"
   # Four shards side by side: on a fresh machine the suite is mostly MLX compiling kernels on the
   # CPU (nvrtc), one family after another, and the GPU machine has cores to spare.
   shards=("hf_bf16" "mlx_quantized" "quantize_while" "not (hf_bf16 or mlx_quantized or quantize_while)")

@@ -66,6 +66,10 @@ def tables(result: dict) -> str:
                 f"| {row['expert_mb_per_token']:.1f} | {row['syncs_per_token']:.2f} "
                 f"| {row['wasted_mb_per_token']:.1f} |"
             )
+    for curve in result["curves"]:
+        truth = curve["plain"].get("oracle_truth", "plain")
+        if truth != "plain":  # a GPU: a pass's greedy tokens left plain decoding's
+            lines.append(f"\n{curve['regime']}: the oracle drafted {truth} (not plain decoding's).")
     lines += ["", f"| regime | break-even acceptance (k={k}) |", "|---|---|"]
     for curve in result["curves"]:
         even = break_even(curve)

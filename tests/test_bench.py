@@ -140,8 +140,10 @@ def test_speculative_bench_quick(tmp_path):
         assert none["wasted_mb_per_token"] > 0 == every["wasted_mb_per_token"]
         assert [r["drafter"] for r in curve["drafters"]] == ["prompt lookup"]
         assert all(r["exact"] for r in curve["oracle"] + curve["drafters"])
-        # on the CPU a verify pass computes each position bit for bit as a single step does
+        # on the CPU a verify pass computes each position bit for bit as a single step does,
+        # so the oracle drafts plain decoding's own tokens
         assert curve["pass_against_steps"]["identical"]
+        assert curve["plain"]["oracle_truth"] == "plain"
     assert squeezed["regime"] == "squeezed, slot pool 0.00781 GiB (53% of the experts)"
     assert "PASS speculative greedy output on cpu: 6 drafted runs" in proc.stderr
     # the slot pool syncs once per layer and pass (in place, a cached file needs no sync at all)
