@@ -84,7 +84,9 @@ class Slots:
         """`group`'s experts placed in the pool (misses read), counted; their slots, misses."""
         pool, placed = self._pool, time.perf_counter()
         slots, misses = pool.place(layer.index, group)
-        traffic.read_seconds += time.perf_counter() - placed
+        placed = time.perf_counter() - placed
+        traffic.read_seconds += placed
+        traffic.miss_seconds += placed if misses else 0.0  # the rest: the fence and LFU alone
         traffic.experts_read += misses
         traffic.experts_fetched += misses
         traffic.bytes_read += misses * pool.slot_bytes
