@@ -3,9 +3,15 @@
 #
 #   bash bench/cuda_check.sh install WHEELS_DIR   # mlx + mlx-cuda-13 + mlx-lm into /root/site
 #   bash bench/cuda_check.sh slot-tests           # the slot pool and slot path tests
-#   bash bench/cuda_check.sh parity               # the parity suite (slot path only there)
+#   bash bench/cuda_check.sh parity               # the parity suite (slot path only there), 4 shards
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
+#   bash bench/cuda_check.sh data48               # build decode48's checkpoint ahead
 #   bash bench/cuda_check.sh decode48 OUT_DIR     # the same on 48 layers at 2/4/8 GiB and all
+#                                                 # (GIBS="4 24" picks budgets, MISSES="staged
+#                                                 # mapped registered" the CUDA miss paths)
+#   bash bench/cuda_check.sh misspaths OUT_DIR    # bench/cuda_miss_paths.py: a miss's ways
+#   bash bench/cuda_check.sh speculative OUT_DIR  # drafts vs plain on 48 layers, 4 GiB and all;
+#                                                 # greedy drafted output checked against plain
 #
 # WHEELS_DIR holds mlx-0.32.4 (cp312), mlx_lm-0.32.2 and the mlx-cuda-13 0.32.4 wheel, or that
 # wheel split in parts (mlx_cuda_13.part.*), which are joined and checked against its sha256, and
@@ -33,7 +39,19 @@ EOF
   mkdir -p "$MLX_PTX_CACHE_DIR"
 }
 
+data48() {  # the 48-layer checkpoint (MLX download and its repack) in $1, once per machine
+  if [ ! -f "$1/q48-stream/manifest.json" ]; then
+    timeout 300 python3 bench/generate_checkpoint.py qwen3-30b-a3b "$1/q48-mlx" --layers 48 || return 1
+    timeout 300 python3 -m streamer repack "$1/q48-mlx" "$1/q48-stream" || return 1
+  fi
+}
+
 case "${1:-}" in
+data48)  # build it ahead (e.g. in the background while the tests run)
+  env_setup
+  mkdir -p /root/bench-data
+  data48 /root/bench-data
+  ;;
 install)
   wheels=$2
   if [ ! -f "$wheels/$CUDA_WHEEL" ]; then cat "$wheels"/mlx_cuda_13.part.* > "$wheels/$CUDA_WHEEL"; fi
@@ -53,9 +71,22 @@ parity)
   env_setup
   # mlx-lm itself fails these families on CUDA (shared/notes/cuda.md): missing quantized_matmul
   # shapes, or different logits for the same prompt twice. Deselected, not hidden: listed here.
-  broken="deepseek_v2 or deepseek_v3 or deepseek_v32 or kimi_k2 or glm4_moe or glm_moe_dsa or qwen3_next or qwen3_5_moe"
-  timeout 540 python3 -m pytest -q -p no:cacheprovider tests/test_parity.py -k "not ($broken)" \
-    --durations=5
+  # Drafted output is not token-identical on CUDA (several rows run other kernels than one: the
+  # speculative stage measures it), so the parity suite's speculative cases are the CPU's.
+  broken="speculative or deepseek_v2 or deepseek_v3 or deepseek_v32 or kimi_k2 or glm4_moe or glm_moe_dsa or qwen3_next or qwen3_5_moe"
+  # Four shards side by side: on a fresh machine the suite is mostly MLX compiling kernels on the
+  # CPU (nvrtc), one family after another, and the GPU machine has cores to spare.
+  shards=("hf_bf16" "mlx_quantized" "quantize_while" "not (hf_bf16 or mlx_quantized or quantize_while)")
+  for i in 0 1 2 3; do
+    timeout "${PARITY_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider tests/test_parity.py \
+      -k "(${shards[$i]}) and not ($broken)" > "/tmp/parity-$i.log" 2>&1 &
+  done
+  status=0
+  for i in 0 1 2 3; do
+    wait -n || status=1
+  done
+  for i in 0 1 2 3; do echo "== parity shard: ${shards[$i]}"; tail -15 "/tmp/parity-$i.log"; done
+  exit $status
   ;;
 decode)
   env_setup
@@ -82,10 +113,7 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
   env_setup
   out=$2 data=/root/bench-data
   mkdir -p "$out" "$data"
-  if [ ! -f "$data/q48-stream/manifest.json" ]; then
-    timeout 300 python3 bench/generate_checkpoint.py qwen3-30b-a3b "$data/q48-mlx" --layers 48 || exit 1
-    timeout 300 python3 -m streamer repack "$data/q48-mlx" "$data/q48-stream" || exit 1
-  fi
+  data48 "$data" || exit 1
   run() {  # engine folder tag args...
     local engine=$1 folder=$2 tag=$3
     shift 3
@@ -94,14 +122,44 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
     echo "$tag: exit $?"; grep decode "$out/$tag.log"
   }
   run mlx_lm "$data/q48-mlx" mlx_lm
-  for gib in 2 4 8 24; do  # 24: every expert (resident)
-    run streamer "$data/q48-stream" "slots-${gib}g" --read-path slots --memory-budget $((gib << 30))
+  ways=${MISSES:-staged}
+  for gib in ${GIBS:-2 4 8 24}; do  # 24: every expert (resident)
+    for way in $ways; do  # STREAMER_CUDA_MISSES: where a miss's copy reads from
+      [ "$gib" = 24 ] && [ "$way" != "${ways%% *}" ] && continue  # no misses to compare
+      export STREAMER_CUDA_MISSES=$way
+      run streamer "$data/q48-stream" "slots-${gib}g-$way" --read-path slots \
+        --memory-budget $((gib << 30))
+    done
   done
-  run mlx_lm "$data/q48-mlx" mlx_lm-again
+  [ -n "${AGAIN-1}" ] && run mlx_lm "$data/q48-mlx" mlx_lm-again
   python3 bench/layer_costs.py "$out"/*.json
   ;;
+misspaths)
+  env_setup
+  mkdir -p "$2" /root/bench-data
+  timeout 240 python3 bench/cuda_miss_paths.py /root/bench-data --out "$2/miss-paths.json"
+  ;;
+speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (kernels compile once)
+  env_setup
+  out=$2 data=/root/bench-data
+  mkdir -p "$out" "$data"
+  data48 "$data" || exit 1
+  # Slot pools of 4 GiB (25% of the experts) and 24 GiB (every expert), read through the warm page
+  # cache; oracle drafts kept at rates 0 (every draft wrong) to 1 (the upper bound), prompt lookup;
+  # best of 2 runs each. Exits 1 when a drafted run's tokens differ from plain decoding's.
+  timeout 340 python3 bench/speculative.py --models "$data/q48-mlx" "$data/q48-stream" \
+    --dtype bfloat16 --no-warm --no-acceptance --page-cache --budgets 4G,24G --tokens 32 \
+    --rates 0,0.5,0.8,1 --prompt-lookup --repeats 2 --results "$out/speculative.json" \
+    2> "$out/speculative.log"
+  echo "speculative: exit $?"
+  grep -E '^(\[spec\]|PASS|FAIL)|Error' "$out/speculative.log"
+  if [ -f "$out/speculative.json" ]; then  # the README's tables (and a plot, with matplotlib)
+    python3 bench/speculative_plot.py "$out/speculative.json" | tee "$out/speculative.md"
+  fi
+  ;;
 *)
-  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | decode48 OUT_DIR" >&2
+  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | data48 |" \
+    "decode48 OUT_DIR | misspaths OUT_DIR | speculative OUT_DIR" >&2
   exit 2
   ;;
 esac

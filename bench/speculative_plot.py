@@ -3,9 +3,10 @@
     python bench/speculative_plot.py [RESULTS_JSON]   # writes bench/results/speculative.png and
                                                       # prints the markdown tables
 
-Needs matplotlib (`pip install -e ".[bench]"`). The x axis is the measured acceptance (drafts
-kept / drafts checked), on which the real drafters' runs are marked; one line of decode tok/s per
-regime, its plain decode dashed.
+The plot needs matplotlib (`pip install -e ".[bench]"`; without it, the tables alone). The x axis
+is the measured acceptance (drafts kept / drafts checked), on which the real drafters' runs are
+marked; one line of decode tok/s per regime, its plain decode dashed, and a star for prompt lookup
+measured on the regime's own model (`--prompt-lookup`).
 """
 
 from __future__ import annotations
@@ -57,18 +58,38 @@ def tables(result: dict) -> str:
             f"| {curve['regime']} | plain | | 1 | {plain['decode_tok_s']:.2f} | 1.00 | "
             f"{plain['expert_mb_per_token']:.1f} | {plain['syncs_per_token']:.1f} | |"
         )
-        for row in curve["oracle"]:
+        for row in curve["oracle"] + curve.get("drafters", []):
             lines.append(
-                f"| | {row['rate']:.2f} | {row['acceptance']:.0%} | {row['tokens_per_pass']:.2f} "
+                f"| | {row.get('drafter') or format(row['rate'], '.2f')} "
+                f"| {row['acceptance'] or 0:.0%} | {row['tokens_per_pass']:.2f} "
                 f"| {row['decode_tok_s']:.2f} | {row['decode_tok_s'] / plain['decode_tok_s']:.2f} "
                 f"| {row['expert_mb_per_token']:.1f} | {row['syncs_per_token']:.2f} "
                 f"| {row['wasted_mb_per_token']:.1f} |"
             )
+    for curve in result["curves"]:
+        truth = curve["plain"].get("oracle_truth", "plain")
+        if truth != "plain":  # a GPU: a pass's greedy tokens left plain decoding's
+            lines.append(f"\n{curve['regime']}: the oracle drafted {truth} (not plain decoding's).")
     lines += ["", f"| regime | break-even acceptance (k={k}) |", "|---|---|"]
     for curve in result["curves"]:
         even = break_even(curve)
         shown = "never, in the measured range" if even is None else f"{even:.0%}"
         lines.append(f"| {curve['regime']} | {shown} |")
+    checks = [c for c in result["curves"] if "pass_against_steps" in c]
+    if checks:
+        lines += [
+            "",
+            "| regime | one pass against single steps: max abs logit diff | argmax agree |",
+        ]
+        lines.append("|---|---|---|")
+    for curve in checks:
+        check = curve["pass_against_steps"]
+        lines.append(
+            f"| {curve['regime']} | {check['max_abs_logit_diff']:.3g} | "
+            f"{check['argmax_agree']} of {check['rows']} |"
+        )
+    if not result["acceptance"]:
+        return "\n".join(lines)
     lines += [
         "",
         "| drafter | text | kept | tokens/pass | "
@@ -104,6 +125,9 @@ def plot(result: dict, path: Path) -> None:
             label=f"{curve['regime']}: oracle drafts",
         )
         ax.axhline(curve["plain"]["decode_tok_s"], color=colour, linestyle="--", linewidth=0.8)
+        for row in curve.get("drafters", []):  # measured on this curve's model: a star
+            ax.plot(row["acceptance"] or 0.0, row["decode_tok_s"], "*", color=colour, ms=10)
+            ax.annotate(row["drafter"], (row["acceptance"] or 0.0, row["decode_tok_s"]), fontsize=7)
     for row in result["acceptance"]:
         kept = row["acceptance"] or 0.0
         ax.axvline(kept, color="grey", linestyle=":", linewidth=0.8)
@@ -140,8 +164,11 @@ def _where(settings: dict) -> str:
 def main() -> None:
     source = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
     result = json.loads(source.read_text())
-    plot(result, source.with_suffix(".png"))
     print(tables(result))
+    try:
+        plot(result, source.with_suffix(".png"))
+    except ImportError:  # a GPU machine with no package index: the tables are what it pastes
+        print("(no matplotlib: no plot; run this script on the JSON elsewhere for it)")
 
 
 if __name__ == "__main__":

@@ -43,17 +43,22 @@ def free_ports(count: int = RANKS) -> int:
     raise RuntimeError(f"no {count} free ports in a row on 127.0.0.1 in {PORTS}")
 
 
-def start(command: list[str], cwd: Path, typed: str = "") -> subprocess.Popen:
-    """mlx.launch running `command` on RANKS ranks, in a process group of its own (the ranks go
-    down with it on a timeout), Ctrl-C reaching it as from a terminal, `typed` on its input.
+def start(
+    command: list[str], cwd: Path, typed: str = "", streamer: bool = False
+) -> subprocess.Popen:
+    """mlx.launch (`streamer launch` with `streamer`) running `command` on RANKS ranks, in a
+    process group of its own (the ranks go down with it on a timeout), Ctrl-C reaching it as
+    from a terminal, `typed` on its input.
 
     Its input stays open and idle after `typed`, as a terminal's does. At end of input (a closed
     pipe, /dev/null) mlx.launch's main loop never waits: it passes an empty read to every rank's
     queue again and again, so a Ctrl-C can land inside a queue's lock, which the interrupt can
     leave held; that rank's thread then waits on it forever and mlx.launch never ends (seen once
     in 10 runs of the serve test). Idle input keeps that loop waiting in select() instead."""
-    launcher = shutil.which("mlx.launch") or str(Path(sys.executable).with_name("mlx.launch"))
-    argv = [launcher, "--backend", "ring", "--hosts", "127.0.0.1", "-n", str(RANKS)]
+    launcher = [shutil.which("mlx.launch") or str(Path(sys.executable).with_name("mlx.launch"))]
+    if streamer:
+        launcher = [sys.executable, "-m", "streamer", "launch"]
+    argv = [*launcher, "--backend", "ring", "--hosts", "127.0.0.1", "-n", str(RANKS)]
     argv += ["--starting-port", str(free_ports()), "--", *command]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     read_end, write_end = os.pipe()
@@ -88,6 +93,8 @@ def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def launch(command: list[str], cwd: Path, stdin: str = "") -> subprocess.CompletedProcess:
+def launch(
+    command: list[str], cwd: Path, stdin: str = "", streamer: bool = False
+) -> subprocess.CompletedProcess:
     """Run `command` on RANKS ranks to its end, `stdin` typed on its input."""
-    return finish(start(command, cwd, stdin))
+    return finish(start(command, cwd, stdin, streamer))

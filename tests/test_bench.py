@@ -120,7 +120,8 @@ def test_speculative_bench_quick(tmp_path):
     }
     out = tmp_path / "speculative.json"
     cmd = [sys.executable, "bench/speculative.py", "--preset", "quick", "--layers", "2"]
-    cmd += ["--tokens", "8", "--rates", "0,1", "--budgets", "0.5", "--data", str(tmp_path)]
+    cmd += ["--tokens", "8", "--rates", "0,1", "--budgets", "8M", "--data", str(tmp_path)]
+    cmd += ["--prompt-lookup"]
     proc = subprocess.run(
         [*cmd, "--results", str(out)],
         cwd=ROOT,
@@ -137,6 +138,14 @@ def test_speculative_bench_quick(tmp_path):
         assert none["acceptance"] == 0 and every["acceptance"] == 1
         assert every["tokens_per_pass"] == 4 and none["tokens_per_pass"] == 1
         assert none["wasted_mb_per_token"] > 0 == every["wasted_mb_per_token"]
+        assert [r["drafter"] for r in curve["drafters"]] == ["prompt lookup"]
+        assert all(r["exact"] for r in curve["oracle"] + curve["drafters"])
+        # on the CPU a verify pass computes each position bit for bit as a single step does,
+        # so the oracle drafts plain decoding's own tokens
+        assert curve["pass_against_steps"]["identical"]
+        assert curve["plain"]["oracle_truth"] == "plain"
+    assert squeezed["regime"] == "squeezed, slot pool 0.00781 GiB (53% of the experts)"
+    assert "PASS speculative greedy output on cpu: 6 drafted runs" in proc.stderr
     # the slot pool syncs once per layer and pass (in place, a cached file needs no sync at all)
     assert squeezed["oracle"][1]["syncs_per_token"] * 4 == squeezed["plain"]["syncs_per_token"]
     assert {(r["drafter"], r["text"]) for r in result["acceptance"]} == {
@@ -152,3 +161,23 @@ def test_speculative_bench_quick(tmp_path):
     )
     assert plot.returncode == 0 and "break-even" in plot.stdout, plot.stderr[-3000:]
     assert out.with_suffix(".png").stat().st_size > 0
+    assert "| | prompt lookup |" in plot.stdout
+
+
+def test_speculative_exactness_says_where_output_differs(bench_path):
+    """The GPU check's verdict: the first token a drafted run changed, and plain's own repeats."""
+    from speculative import exactness, first_difference
+
+    assert first_difference([1, 2, 3], [[1, 2, 3], [1, 5, 3], [1, 2]]) == 1
+    assert first_difference([1, 2, 3], [[1, 2, 3]]) is None
+    plain = {"repeats_agree": True}
+    same = {"rate": 1.0, "exact": True, "first_difference": None}
+    off = {"drafter": "prompt lookup", "exact": False, "first_difference": 7}
+    curve = {"regime": "slot pool 4 GiB", "plain": plain, "oracle": [same], "drafters": [off]}
+    result = {"settings": {"device": "cuda"}, "curves": [curve]}
+    assert exactness(result) == (
+        "FAIL speculative greedy output on cuda: slot pool 4 GiB, prompt lookup: first differs "
+        "at token 7"
+    )
+    curve["drafters"] = []
+    assert exactness(result).startswith("PASS speculative greedy output on cuda: 1 drafted run")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shutil
 
 import pytest
@@ -20,6 +21,13 @@ from streamer.families.transformers.spellings import normalize_config
 from streamer.repack import repack
 
 FILLS = [(t, f, v) for t, fields in FILLED.items() for f, v in fields.items()]
+# transformers' text model types -> mlx-lm's text model args for them
+TEXT_ARGS = {"minimax_m3_vl_text": ("minimax_m3_vl", "TextArgs")}
+
+
+def mlx_lm_args(model_type: str) -> type:
+    module, name = TEXT_ARGS.get(model_type, (model_type, "ModelArgs"))
+    return getattr(model_file(module), name)
 
 
 def transformers_default(model_type: str, field: str):
@@ -31,11 +39,18 @@ def transformers_default(model_type: str, field: str):
     return values[field]
 
 
+# what transformers derives from other fields into its RoPE default, unread by mlx-lm's model
+DERIVED = {"max_position_embeddings", "partial_rotary_factor", "rope_type"}
+
+
 @pytest.mark.parametrize("model_type, field, value", FILLS)
 def test_each_fill_is_transformers_default_and_not_mlx_lms(model_type, field, value):
     wanted = transformers_default(model_type, field)
-    assert value == wanted or (isinstance(value, list) and list(wanted) == value), wanted
-    args = {f.name: f for f in dataclasses.fields(model_file(model_type).ModelArgs)}
+    if isinstance(value, dict):  # Mistral 4's RoPE: all but what transformers derives
+        assert value.items() <= wanted.items() and set(wanted) - set(value) <= DERIVED, wanted
+    else:
+        assert value == wanted or (isinstance(value, list) and list(wanted) == value), wanted
+    args = {f.name: f for f in dataclasses.fields(mlx_lm_args(model_type))}
     assert field in args, f"mlx-lm's {model_type} does not read {field}"
     default = args[field].default
     assert default != value and not (isinstance(default, tuple) and list(default) == value), (
@@ -77,3 +92,53 @@ def test_nemotron_h_pattern_as_a_string_streams_as_the_list(checkpoints, tmp_pat
     assert texts[0] == texts[1]
     with pytest.raises(streamer.StreamerError, match="hybrid_override_pattern is 'MX"):
         check_config({**config, "hybrid_override_pattern": "MX"}, "config.json")
+
+
+@pytest.mark.parametrize(
+    "fields, said",
+    [
+        ({"sliding_window": None}, "layers 1 are sliding_attention: a sliding layer needs"),
+        (
+            {"sliding_window": None, "layer_types": None, "num_hidden_layers": 12},
+            "layers 0, 2, 4, 6 ... (6 layers) are sliding_attention (mlx-lm slides every even",
+        ),
+    ],
+)
+def test_step3p5_without_a_window_for_its_sliding_layers_is_refused(fields, said):
+    """transformers' default window is null, which its model raises on and mlx-lm's cannot cache
+    (a TypeError at the first token, before)."""
+    config = {**tiny_config("step3p5"), **fields}
+    with pytest.raises(
+        streamer.StreamerError, match=re.escape(f"c: sliding_window is null, but {said}")
+    ):
+        check_config(config, "c")
+
+
+def test_step3p5_without_a_window_and_no_sliding_layer_streams_as_with_one(checkpoints, tmp_path):
+    """No layer reads the window when none slides: a null one streams what any window gives."""
+    texts = []
+    for window in (None, 8):
+        src = tmp_path / f"src{window}"
+        shutil.copytree(checkpoints.hf("step3p5"), src)
+        config = json.loads((src / "config.json").read_text())
+        layers = ["full_attention"] * config["num_hidden_layers"]
+        config.update(sliding_window=window, layer_types=layers)
+        (src / "config.json").write_text(json.dumps(config))
+        repack(src, tmp_path / f"repacked{window}", log=lambda _: None)
+        texts.append(
+            streamer.generate(*streamer.load(tmp_path / f"repacked{window}"), "hi", max_tokens=8)
+        )
+    assert texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("scale", [0.707, 0.5, None])
+def test_mimo_value_scale_is_read_where_given_and_refused_where_left_out(scale):
+    """transformers' default (0.707, the published value) is not MiMo's own code's nor mlx-lm's
+    (no scaling) where the field is left out: no fill is right for both, so it is refused."""
+    config = {**tiny_config("mimo_v2_flash"), "attention_value_scale": scale}
+    assert check_config(config, "c")["attention_value_scale"] == scale  # both compute it
+    left_out = {k: v for k, v in config.items() if k != "attention_value_scale"}
+    with pytest.raises(
+        streamer.StreamerError, match=r"c: attention_value_scale is left out: .*0\.707"
+    ):
+        check_config(left_out, "c")

@@ -9,6 +9,8 @@ nothing, and off CUDA the module is not used at all.
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 import threading
 
 import mlx.core as mx
@@ -18,7 +20,8 @@ from test_slot_pool import TENSORS, pool_over, slot_bytes
 
 from streamer.cache.landing import landing_for
 from streamer.errors import StreamerError
-from streamer.io.cuda_copy import STAGING_ALIGN, CudaRuntime, StagedCopies
+from streamer.io import cuda_copy
+from streamer.io.cuda_copy import STAGING_ALIGN, CudaRuntime, MappedCopies, StagedCopies
 
 
 class FakeRuntime:
@@ -86,7 +89,7 @@ def test_a_failed_read_copies_nothing_and_lends_its_buffer_again(tmp_path):
     pool.layers[1].checksums = [[0, 0, 0]] * 6  # every read of layer 1 fails its checksum
     with pytest.raises(StreamerError, match="does not match its checksum"):
         pool.place(1, np.array([2]))
-    assert runtime.copies == [] and pool.policy.slot_of[pool._base[1] + 2] == -1
+    assert runtime.copies == [] and pool.policy.slot_of[pool.base[1] + 2] == -1
     pool.layers[1].checksums = None
     (slot,), misses = pool.place(1, np.array([2]))  # the one buffer was given back
     assert misses == 1 and np.array_equal(slot_bytes(pool, slot)[0], truth[1][2][0])
@@ -130,3 +133,84 @@ def test_reads_are_staged_on_cuda_only():
     assert (landing is not None) == (mx.default_device() == mx.gpu and mx.cuda.is_available())
     if landing is not None:
         landing.close()
+
+
+class MappingRuntime(FakeRuntime):
+    """A copy from a file's mapping (MappedCopies): from a range registered for it, if any."""
+
+    def __init__(self, register: bool):
+        super().__init__()
+        self.registered: dict[int, int] = {}  # start: bytes, while page-locked
+        self.registrations = 0
+        self._must_register = register
+
+    def register(self, address: int, nbytes: int) -> None:
+        assert address % mmap.PAGESIZE == 0 and nbytes % mmap.PAGESIZE == 0
+        assert all(address + nbytes <= a or a + n <= address for a, n in self.registered.items())
+        self.registered[address] = nbytes
+        self.registrations += 1
+
+    def unregister(self, address: int) -> None:
+        del self.registered[address]
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        if self._must_register:
+            assert any(a <= src and src + nbytes <= a + n for a, n in self.registered.items())
+        self.queued[stream].append((dst, src, nbytes))
+
+
+@pytest.mark.parametrize("register", [False, True])
+def test_misses_are_copied_from_the_files_mappings(tmp_path, register):
+    """STREAMER_CUDA_MISSES=mapped / registered: the copy engine reads the file's mapping (each
+    expert's pages locked for its copies, then unlocked), and every slot gets its expert's bytes;
+    no staging is allocated."""
+    runtime = MappingRuntime(register)
+    pool, truth = pool_over(tmp_path, slots=4, landing=MappedCopies(runtime, register))
+    for layer, experts in [(0, [1, 4, 5]), (1, [0, 1, 2, 5]), (0, [2, 3, 4])]:
+        slots, misses = pool.place(layer, np.array(experts))
+        for expert, slot in zip(experts, slots):
+            for got, want in zip(slot_bytes(pool, slot), truth[layer][expert]):
+                assert np.array_equal(got, want)
+    assert runtime.allocated == {} and runtime.registered == {}
+    assert (runtime.registrations > 0) == register
+    pool.close()
+    assert runtime.queued == {}  # its stream destroyed
+
+
+def test_a_mapped_copy_checks_checksums_and_names_a_short_file(tmp_path):
+    runtime = MappingRuntime(register=True)
+    pool, truth = pool_over(tmp_path, slots=2, landing=MappedCopies(runtime, True))
+    pool.layers[1].checksums = [[0, 0, 0]] * 6
+    with pytest.raises(StreamerError, match="does not match its checksum"):
+        pool.place(1, np.array([2]))
+    assert pool.policy.slot_of[pool.base[1] + 2] == -1 and runtime.registered == {}
+    pool.layers[1].checksums = None
+    path = tmp_path / "000.bin"
+    os.truncate(path, path.stat().st_size // 2)  # before layer 0 is first mapped
+    with pytest.raises(StreamerError, match=r"000\.bin: cannot read expert 5 \(short read"):
+        pool.place(0, np.array([5]))
+    pool.close()
+
+
+def test_cuda_misses_come_from_the_way_the_environment_names(tmp_path, monkeypatch):
+    made = []
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda_copy, "CudaRuntime", lambda: made.append(1) or FakeRuntime())
+    for way, page_cache, kind in [
+        (None, True, StagedCopies),
+        ("mapped", True, MappedCopies),
+        ("registered", True, MappedCopies),
+        ("registered", False, StagedCopies),  # reads around the page cache: staged as asked
+    ]:
+        if way is None:
+            monkeypatch.delenv("STREAMER_CUDA_MISSES", raising=False)
+        else:
+            monkeypatch.setenv("STREAMER_CUDA_MISSES", way)
+        landing = landing_for(TENSORS, 2, page_cache)
+        assert type(landing) is kind
+        assert getattr(landing, "_register", way == "registered") == (way == "registered")
+        landing.close()
+    monkeypatch.setenv("STREAMER_CUDA_MISSES", "fast")
+    with pytest.raises(StreamerError, match="STREAMER_CUDA_MISSES='fast': use one of staged"):
+        landing_for(TENSORS, 2)

@@ -41,13 +41,14 @@ def models(checkpoints, tmp_path_factory) -> dict[str, Path]:
             split(full, root / f"{name}-shard{rank}", rank, RANKS, log=lambda _: None)
         folders[f"{name}-shards"] = root / f"{name}-shard{{rank}}"
     folders["root"] = root
+    folders["draft"] = checkpoints.hf("qwen3_moe")  # the float weights: a draft kept most times
     return folders
 
 
 RUNS = {  # name: (model folder, mode)
     "float-shards": ("float-shards", "stream"),
-    "quantized-shards": ("quantized-shards", "stream"),
-    "quantized-resident": ("quantized-shards", "resident"),
+    "quantized-shards": ("quantized-shards", "stream+drafts"),
+    "quantized-resident": ("quantized-shards", "resident+drafts"),
     "float-full": ("float", "stream"),
 }
 
@@ -56,7 +57,7 @@ RUNS = {  # name: (model folder, mode)
 def parallel(models) -> dict[str, list[dict]]:
     """Every run of RUNS on 2 ranks, in one launch: name -> per-rank results."""
     root = models["root"]
-    command = [sys.executable, str(WORKER), "--prompt", PROMPT]
+    command = [sys.executable, str(WORKER), "--prompt", PROMPT, "--draft", str(models["draft"])]
     for name, (model, mode) in RUNS.items():
         command += ["--run", str(models[model]), str(root / f"{name}-{{rank}}.npz"), mode]
     result = launch(command, root)
@@ -78,7 +79,7 @@ def single(models) -> dict[str, dict]:
     for name, (model, mode) in RUNS.items():
         full = models[model.removesuffix("-shards")]
         out = models["root"] / f"{name}-single.npz"
-        run(str(full), str(out), mode, PROMPT, 64, None)
+        run(str(full), str(out), mode, PROMPT, 64, None, str(models["draft"]))
         results[name] = dict(np.load(out))
     return results
 
@@ -96,8 +97,37 @@ def test_every_rank_computes_the_single_process_output(parallel, single, name):
         # none on the sync-free (resident) path, one per layer call on the streamed paths
         assert result["collectives"] == result["layer_calls"] > 0
         assert result["syncs"] == alone["syncs"], f"rank {rank}"
-        expected = 0 if RUNS[name][1] == "resident" else result["layer_calls"]
+        expected = 0 if RUNS[name][1].startswith("resident") else result["layer_calls"]
         assert result["syncs"] == expected, f"rank {rank}"
+
+
+@pytest.mark.parametrize("name", ["quantized-shards", "quantized-resident"])
+def test_drafted_group_output_is_the_plain_output(parallel, single, name):
+    """Speculative decoding on 2 ranks: every verify pass is a chunk of the last token and its
+    drafts, and the ranks keep the same drafts (the same logits after each layer's sums), so
+    the greedy tokens are one process's plain tokens, in the passes one process takes."""
+    alone = single[name]
+    for drafter, count in (("lookup", 64), ("draft", 24)):
+        plain = alone["tokens"].tolist()[:count]
+        assert alone[f"{drafter}_tokens"].tolist() == plain, drafter
+        for rank, result in enumerate(parallel[name]):
+            assert result[f"{drafter}_tokens"].tolist() == plain, (drafter, rank)
+            for figure in ("passes", "accepted", "drafted"):
+                key = f"{drafter}_{figure}"
+                assert result[key] == alone[key], (key, rank)
+    # each drafter's passes keep some drafts and reject others: both ends of a pass on the group
+    for drafter in ("lookup", "draft"):
+        assert 0 < alone[f"{drafter}_accepted"] < alone[f"{drafter}_drafted"], drafter
+
+
+def test_a_rank_drafting_otherwise_stops_every_rank(parallel):
+    """A rank whose drafts differ (here made to) would run a pass of another length and hang the
+    group: every rank finds it before that pass and stops with the same line, still in step
+    (the launch's later runs completed)."""
+    messages = [str(result["out_of_step"]) for result in parallel["quantized-shards"]]
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("rank 1 computed other tokens or drafts than rank 0 by output")
+    assert all("tokens" in result for result in parallel["float-full"])
 
 
 @pytest.mark.parametrize("name", ["float-shards", "quantized-shards", "float-full"])
@@ -125,26 +155,30 @@ def test_each_shard_holds_only_its_share_on_disk(models):
 
 
 def test_generate_under_mlx_launch(models):
-    """`mlx.launch ... -- streamer generate` prints once, from rank 0, what one process prints,
-    and every rank's statistics in one line."""
+    """`mlx.launch ... -- streamer generate`, drafting by prompt lookup, prints once, from rank
+    0, what one process prints without drafts, and every rank's statistics in one line: each
+    rank's reads add up to one process's drafting alike."""
     model, tokenizer = streamer.load(models["quantized"], memory_budget=0)
-    alone = streamer.generate(model, tokenizer, "def read(path):", max_tokens=12)
+    alone = streamer.generate(model, tokenizer, "def read(path):", max_tokens=16)
+    drafted = streamer.generate(model, tokenizer, "def read(path):", 16, prompt_lookup=1)
+    assert drafted == alone
     stats = model.streamer.stats
-    steps = stats.decode_tokens
+    steps, passes = stats.decode_tokens, stats.drafts.passes
     alone_mb, alone_reads = stats.decode.bytes_read / steps / 1e6, stats.decode.experts_read / steps
-    args = ["--prompt", "def read(path):", "--max-tokens", "12", "--memory-budget", "0"]
-    args.append("--ignore-chat-template")  # the text as given, as streamer.generate takes it
+    assert 0 < stats.drafts.accepted and passes < steps  # some passes of several tokens
+    args = ["--prompt", "def read(path):", "--max-tokens", "16", "--memory-budget", "0"]
+    args += ["--ignore-chat-template", "--prompt-lookup", "1"]  # the text as streamer.generate
     shards = str(models["quantized-shards"])
     result = launch(
         [sys.executable, "-m", "streamer", "generate", "--model", shards, *args], models["root"]
     )
     assert result.stdout == alone + "\n", result.stderr
     lines = [line for line in result.stderr.splitlines() if "expert MB/token by rank" in line]
-    assert len(lines) == 1, result.stderr
+    assert len(lines) == 1 and "kept per pass" in lines[0], result.stderr
     found = re.search(
         rf"{RANKS} ranks \| expert MB/token by rank (?P<mb>[\d. ]+) \| "
         r"reads/token by rank (?P<reads>[\d. ]+) \| .*"
-        r"all_sum 2/token, (?P<us>\d+) us each \((?P<ms>[\d.]+) ms/token",
+        r"all_sum (?P<sums>\d+)/token, (?P<us>\d+) us each \((?P<ms>[\d.]+) ms/token",
         lines[0],
     )
     assert found, lines[0]
@@ -153,8 +187,10 @@ def test_generate_under_mlx_launch(models):
     assert len(mb) == len(reads) == RANKS and min(mb) > 0 and min(reads) > 0
     assert sum(mb) == pytest.approx(alone_mb, abs=0.01 * RANKS)
     assert sum(reads) == pytest.approx(alone_reads, abs=0.1 * RANKS)
-    # the collective's time per token: 2 all_sums (one per MoE layer) at the time of one
-    assert float(found["ms"]) == pytest.approx(2 * int(found["us"]) / 1e3, abs=0.01)
+    # the collective's time per token: one all_sum per MoE layer (2) and pass, at one's time
+    sums = 2 * passes / steps
+    assert int(found["sums"]) == round(sums)
+    assert float(found["ms"]) == pytest.approx(sums * int(found["us"]) / 1e3, abs=0.01)
 
 
 def test_a_rank_given_another_ranks_shard_is_named(models, tmp_path):
@@ -183,10 +219,10 @@ def test_a_rank_with_a_damaged_shard_is_named_and_the_group_ends(models, tmp_pat
     (tmp_path / "rank0").symlink_to(shards.replace("{rank}", "0"))
     damaged = sorted((tmp_path / "rank1" / "experts").iterdir())[0]
     os.truncate(damaged, damaged.stat().st_size - 4096)
-    result = launch(
-        [sys.executable, "-m", "streamer", "generate", "--model", str(tmp_path / "rank{rank}")]
-        + ["--prompt", "x", "--max-tokens", "2"],
+    result = launch(  # by `streamer launch`, which a bare streamer command runs under
+        ["generate", "--model", str(tmp_path / "rank{rank}"), "--prompt", "x", "--max-tokens", "2"],
         tmp_path,
+        streamer=True,
     )
     errors = [line for line in result.stderr.splitlines() if line.startswith("streamer: error")]
     # rank 1 says what is wrong with its files (mlx.launch relays the ranks' lines in any order)
@@ -194,9 +230,18 @@ def test_a_rank_with_a_damaged_shard_is_named_and_the_group_ends(models, tmp_pat
     assert len(own) == 1, result.stderr
     # rank 1 takes part in the group's check with its error: rank 0 says which rank failed and
     # why (it said only that a rank was gone), unless mlx.launch stopped it first
-    others = [line for line in errors if line not in own]
     told = f"streamer: error: rank 1 cannot load its folder: {damaged} holds "
+    # the launcher's last line names the first rank to fail: rank 1, or rank 0 telling of it
+    *others, summary = [line for line in errors if line not in own]
     assert len(others) <= 1 and all(line.startswith(told) for line in others), result.stderr
+    first = (
+        "rank 1 exited with status 2: ",
+        "rank 0 exited with status 2: rank 1 cannot load its folder: ",
+    )
+    assert summary in {f"streamer: error: {said}{own[0].split(': ', 3)[3]}" for said in first}, (
+        result.stderr
+    )
+    assert result.returncode == 2  # mlx.launch exits 0 whatever its ranks return
     assert "Traceback" not in result.stderr
     # both ended, with an error or stopped by mlx.launch once the other had ended
     assert re.search(r"Node with rank 1 exited with code (2|-15)\b", result.stderr)

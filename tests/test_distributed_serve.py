@@ -39,11 +39,14 @@ def shards(checkpoints, tmp_path_factory) -> tuple[Path, str]:
     return full, str(root / "shard{rank}")
 
 
-def test_chat_answers_as_one_process_does(shards):
+def test_chat_answers_as_one_process_does(shards, checkpoints):
+    """Sampled, with a draft model (the model's float weights: it drafts some tokens the 4-bit
+    model samples, and some it does not): every rank drafts and samples alike, with one seed."""
     full, pattern = shards
-    lines = ["def read(path):", "and then?", "/reset", "x =", "/quit"]
+    lines = ["def read(path):", "/stats", "and then?", "/reset", "x =", "/quit"]
     typed = "".join(f"{line}\n" for line in lines)
     flags = ["--max-tokens", "8", "--temp", "0.8", "--seed", "3", *STREAMED]  # seed shared
+    flags += ["--draft-model", str(checkpoints.hf("qwen3_moe")), "--num-draft-tokens", "2"]
     command = [sys.executable, "-m", "streamer", "chat", *flags, "--model"]
     alone = subprocess.run(
         [*command, str(full)], input=typed, capture_output=True, text=True, timeout=300
@@ -52,6 +55,7 @@ def test_chat_answers_as_one_process_does(shards):
     result = launch([*command, pattern], Path(pattern).parent, stdin=typed)
     assert result.returncode == 0, result.stderr
     assert result.stdout == alone.stdout and result.stdout.count("\n") == 3
+    assert "kept per pass" in alone.stderr and "kept per pass" in result.stderr  # /stats
     assert result.stderr.count("[chat] the conversation starts over") == 1  # rank 0 alone talks
 
 
@@ -71,8 +75,8 @@ def test_an_error_on_one_rank_ends_every_rank(shards):
 class Server:
     """`streamer serve` on 2 ranks, its stderr collected as it comes."""
 
-    def __init__(self, pattern: str):
-        command = [sys.executable, "-m", "streamer", "serve", "--port", "0", *STREAMED]
+    def __init__(self, pattern: str, *flags: str):
+        command = [sys.executable, "-m", "streamer", "serve", "--port", "0", *STREAMED, *flags]
         self.process = start([*command, "--model", pattern], Path(pattern).parent)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self.lines.extend, args=(self.process.stderr,))
@@ -124,15 +128,20 @@ def test_serve_answers_as_one_process_does_and_stops_together(shards):
     no_eos = make_logits_processors({0: -100})
     want = streamer.generate(model, tokenizer, "def read(path):", 12, logits_processors=no_eos)
     greedy = dict(prompt="def read(path):", max_tokens=12, logit_bias=NO_EOS)
-    server = Server(pattern)
+    # the server drafts by prompt lookup (one launch for both: each costs 10-30 s here), a
+    # request with num_draft_tokens 0 decodes plainly and one with 4 drafts 4: every rank alike
+    server = Server(pattern, "--prompt-lookup", "1")
     try:
-        assert server.complete(**greedy)["choices"][0]["text"] == want
+        drafted = server.complete(**greedy)
+        assert drafted["choices"][0]["text"] == want and "drafts_kept" in drafted["streamer"]
         server.hang_up_after_the_first_token(prompt="x", max_tokens=1000, logit_bias=NO_EOS)
         cut = server.complete(**greedy, stop=[want[5:8]])["choices"][0]
         assert (cut["text"], cut["finish_reason"]) == (want[: want.index(want[5:8])], "stop")
         server.complete(prompt="y", max_tokens=6, temperature=1.0)  # no seed: rank 0 picks it
-        again = server.complete(**greedy)  # the ranks are still in step
-        assert again["choices"][0]["text"] == want and again["usage"]["prompt_tokens_details"]
+        plain = server.complete(**greedy, num_draft_tokens=0)  # the ranks are still in step
+        assert plain["choices"][0]["text"] == want and plain["usage"]["prompt_tokens_details"]
+        assert "drafts_kept" not in plain["streamer"]
+        assert server.complete(**greedy, num_draft_tokens=4)["choices"][0]["text"] == want
     finally:
         server.interrupt()
     stopped = re.findall(r"client gone: stopped after (\d+) of 1000", server.log)

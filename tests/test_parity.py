@@ -245,3 +245,49 @@ def test_generate_stops_where_mlx_lm_generate_stops(checkpoints, tmp_path):
     assert stop in streamed_tokenizer.eos_token_ids
     assert streamer.generate(model, streamed_tokenizer, PROMPT, max_tokens=24) == expected
     assert len(tokenizer.encode(expected, add_special_tokens=False)) < 24  # it did stop early
+
+
+@pytest.fixture(scope="module")
+def random_draft(checkpoints):
+    """A draft model sharing every fixture's tokenizer, with weights of its own: it drafts
+    tokens the target mostly rejects, so passes are cut short and caches trimmed."""
+    from fixtures import tiny_config, write_hf_checkpoint
+
+    folder = checkpoints.root / "draft-qwen3_moe-seed1"
+    if not folder.exists():
+        write_hf_checkpoint(folder, tiny_config("qwen3_moe"), seed=1)
+    return reference_model(folder)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_speculative_decoding_is_plain_decoding(checkpoints, random_draft, arch):
+    """Greedy output with drafts is plain greedy output, for every architecture, on the slot
+    path with one layer's slots (misses rewrite slots between a pass's layers): drafted by the
+    model's own resident twin (every draft kept), by a foreign draft (most rejected: passes cut
+    short, caches trimmed, sliding windows too) and by prompt lookup. A cache that cannot be
+    trimmed (linear attention, state-space layers) is refused in one line."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from streamer.speculative.trim import check_trimmable
+
+    src = checkpoints.mlx(arch)
+    model, tokenizer = streamer.load(checkpoints.repacked(src), memory_budget=0, read_path="slots")
+
+    def run(**kwargs) -> list[int]:
+        steps = streamer.stream_generate(model, tokenizer, PROMPT, 16, **kwargs)
+        return [r.token for r in steps]
+
+    plain = run()
+    oracle = dict(draft_model=reference_model(src), num_draft_tokens=4)
+    foreign = dict(draft_model=random_draft, num_draft_tokens=3)
+    try:
+        check_trimmable(make_prompt_cache(model))
+    except streamer.StreamerError:
+        with pytest.raises(streamer.StreamerError, match="cannot be trimmed"):
+            run(**foreign)
+        return
+    for kwargs in (oracle, foreign, dict(prompt_lookup=1, num_draft_tokens=3)):
+        assert run(**kwargs) == plain, kwargs
+        drafts = model.streamer.stats.drafts
+        if "draft_model" in kwargs:
+            assert drafts.drafted > 0 and (drafts.passes < 8 or kwargs is foreign)

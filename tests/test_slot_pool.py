@@ -134,7 +134,7 @@ def test_a_failed_read_leaves_no_half_read_expert(tmp_path):
     (tmp_path / "001.bin").write_bytes(b"")  # truncated under the open file
     with pytest.raises(StreamerError, match="001.bin: cannot read expert 2"):
         pool.place(1, np.array([2]))
-    assert pool.policy.slot_of[pool._base[1] + 2] == -1
+    assert pool.policy.slot_of[pool.base[1] + 2] == -1
     pool.close()
 
 
@@ -143,7 +143,7 @@ def test_a_pools_pages_are_committed_only_as_slots_are_read(tmp_path, monkeypatc
     64 MB: glibc maps fresh pages for any allocation past 32 MB, and MLX's cache is emptied, so
     no recycled buffer is handed out.) Reads land in the slots here on every backend: CUDA's
     staging has the copy engine write them, and no host page of the pool is ever committed."""
-    monkeypatch.setattr(slot_pool, "landing_for", lambda tensors, buffers: None)
+    monkeypatch.setattr(slot_pool, "landing_for", lambda tensors, buffers, page_cache: None)
     mx.clear_cache()
     pool, _ = pool_over(tmp_path, slots=8192, chunk_bytes=4096 * LARGEST)  # 2 chunks of 64 MB
     rows = pool._rows[1][2]  # chunk 1's b.weight rows

@@ -15,9 +15,9 @@ from conftest import reference_model
 from test_parity import PROMPT, assert_exactly_as
 
 import streamer
+from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
 from streamer.experts import slots as slot_path
-from streamer.experts.slots import layer_groups
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
 

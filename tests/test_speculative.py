@@ -153,3 +153,26 @@ def test_a_draft_with_another_tokenizer_is_refused(target):
     demo = Path(streamer.__file__).parent / "demo_model"  # its own tokenizer, 2k tokens
     with pytest.raises(streamer.StreamerError, match="must use the model's own tokenizer"):
         load_draft_model(demo, tokenizer)
+
+
+def test_a_sliding_window_cache_is_trimmed_past_its_window():
+    """mlx-lm's trim_prompt_cache trims nothing from a RotatingKVCache once its window is full;
+    trim.py drops a pass's rejected tokens there, so the next step sees the last window of kept
+    tokens (each key here holds its token's position)."""
+    from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
+
+    from streamer.speculative.trim import trim
+
+    def keys(positions):
+        return mx.array(list(positions), mx.float32).reshape(1, 1, -1, 1)
+
+    def seen_by_next_step(trimmer) -> list[int]:
+        cache = RotatingKVCache(max_size=8)
+        cache.update_and_fetch(keys(range(20)), keys(range(20)))  # the prompt
+        cache.update_and_fetch(keys(range(20, 24)), keys(range(20, 24)))  # a pass: 3 drafts
+        trimmer([cache], 3)  # all three rejected
+        seen, _ = cache.update_and_fetch(keys([100]), keys([100]))  # the next step
+        return sorted(int(v) for v in seen.reshape(-1).tolist())
+
+    assert seen_by_next_step(trim) == [*range(14, 21), 100]
+    assert seen_by_next_step(trim_prompt_cache) != [*range(14, 21), 100]  # mlx-lm 0.32.2's

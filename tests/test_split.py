@@ -59,7 +59,7 @@ def test_shards_hold_each_expert_once_byte_for_byte(full, shards):
 
 def test_a_shard_alone_is_refused_naming_the_ranks(shards):
     with pytest.raises(
-        StreamerError, match=r"holds only shard 1/2 .* run it on 2 ranks with `mlx.launch`"
+        StreamerError, match=r"holds only shard 1/2 .* run it on 2 ranks with `streamer launch`"
     ):
         streamer.load(shards[1])
 

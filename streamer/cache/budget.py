@@ -121,3 +121,19 @@ def check_budget(manifest: Manifest, budget: int, dtype: mx.Dtype | None) -> Non
             f"memory budget {budget} bytes is below the minimum: one expert takes {one} bytes "
             f"({size_text(one)}). Give 0 to stream every expert, or at least {size_text(one)}."
         )
+
+
+def layer_groups(layers: int, slots: int, per_chunk: int) -> list[tuple[int, int, int]]:
+    """(first, end, slots) of groups of consecutive layers, each group's share of `slots` (in
+    proportion to its layers) within one chunk of `per_chunk` slots, where one layer's share
+    fits in one; a layer whose share does not is a group of its own."""
+    if slots <= per_chunk:
+        return [(0, layers, slots)]
+    size = max(1, layers * per_chunk // slots)
+    bounds = [*range(0, layers, size), layers]
+    return [(a, b, _share(slots, layers, a, b, per_chunk)) for a, b in zip(bounds, bounds[1:])]
+
+
+def _share(slots: int, layers: int, first: int, end: int, per_chunk: int) -> int:
+    share = max(1, slots * end // layers - slots * first // layers)
+    return share if end - first == 1 else min(share, per_chunk)  # rounding may pass a chunk

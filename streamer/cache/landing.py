@@ -2,12 +2,15 @@
 
 On Metal the pool is unified memory and the CPU backend's is host memory: a miss is read straight
 into its slot. On CUDA the pool is managed memory, which the CPU's stores migrate page by page:
-there a miss is read into a pinned staging buffer and copied into its slot by the copy engine
-(io/cuda_copy.py, measured in bench/README.md).
+there the copy engine writes the slot, from a pinned staging buffer a miss was read into, or
+(`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/README.md).
+STREAMER_CUDA_MISSES picks one on CUDA: "staged", "mapped" or "registered" (page-locked for
+each copy); benchmarks compare them side by side.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
@@ -15,24 +18,42 @@ from typing import Protocol
 import mlx.core as mx
 import numpy as np
 
+from ..errors import StreamerError
+
+CUDA_MISSES = ("staged", "mapped", "registered")
+
 
 class Landing(Protocol):
     """Where a miss is read: `into(rows)` gives the buffers to read one slot's tensors into and,
     on leaving without an error, has put their bytes in `rows` (the slot's host rows)."""
 
     buffers: int  # how many `into` blocks can be open at once
+    reads_files: bool  # True: `copy(spans)` moves a slot's bytes from the files, not `into`
 
     def into(self, rows: Sequence[np.ndarray]) -> AbstractContextManager[Sequence[np.ndarray]]: ...
 
     def close(self) -> None: ...
 
 
-def landing_for(tensors: Sequence, buffers: int) -> Landing | None:
-    """Pinned staging (`buffers` reads at once) and copy-engine copies when MLX computes on a CUDA
-    GPU; else None (reads land in the slot). io/cuda_copy.py is imported only then. `tensors`:
-    the pool's SlotTensors."""
+def landing_for(tensors: Sequence, buffers: int, page_cache: bool = True) -> Landing | None:
+    """Copy-engine copies when MLX computes on a CUDA GPU, from pinned staging (`buffers` reads at
+    once) or, when the reads go through the page cache, from the files' mappings as
+    STREAMER_CUDA_MISSES says; else None (reads land in the slot). io/cuda_copy.py is imported
+    only then. `tensors`: the pool's SlotTensors."""
     if not (mx.default_device() == mx.gpu and mx.cuda.is_available()):
         return None
-    from ..io.cuda_copy import CudaRuntime, StagedCopies
+    from ..io.cuda_copy import CudaRuntime, MappedCopies, StagedCopies
 
-    return StagedCopies([t.nbytes for t in tensors], buffers, CudaRuntime())
+    way = os.environ.get("STREAMER_CUDA_MISSES", "staged")
+    if way not in CUDA_MISSES:
+        raise StreamerError(f"STREAMER_CUDA_MISSES={way!r}: use one of {', '.join(CUDA_MISSES)}.")
+    if way == "staged" or not page_cache:
+        return StagedCopies([t.nbytes for t in tensors], buffers, CudaRuntime())
+    return MappedCopies(CudaRuntime(), register=way == "registered")
+
+
+def unreadable(where: str, expert: int, error: OSError) -> StreamerError:
+    return StreamerError(
+        f"{where}: cannot read expert {expert} ({error}); check the disk, "
+        "or run `streamer verify` on the model folder."
+    )

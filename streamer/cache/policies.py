@@ -105,7 +105,7 @@ class SlotLFU:
         self.counts[keys] += 1
         slots = self.slot_of[keys]
         miss = slots < 0
-        wanted = int(miss.sum())
+        wanted = np.count_nonzero(miss)
         if wanted:
             empty = np.flatnonzero(self.slot_key < 0)
             if len(empty) >= wanted:

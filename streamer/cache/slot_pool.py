@@ -13,7 +13,7 @@ read per expert, several in flight, no intermediate buffer), and the kernels the
 chunks' arrays with slot indices within the chunk. Victims are chosen by LFU with aging, never
 among the call's own experts. Where reads land is the pool's `landing`: the slot itself on Metal
 (unified memory) and the CPU; on CUDA, where the slots are managed memory that host stores
-migrate page by page, a pinned staging buffer copied into the slot by the copy engine
+migrate page by page, the copy engine writes the slot from pinned staging or the file's mapping
 (io/cuda_copy.py).
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import StreamerError
 from ..io import buffers
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, ReadFile, plan_reads, split
-from .landing import Landing, landing_for
+from .landing import Landing, landing_for, unreadable
 from .policies import SlotLFU
 
 SLOT_ALIGN = 16384  # Apple silicon's page size; a multiple of Linux's 4 KiB and of DIRECT_ALIGN
@@ -96,10 +96,10 @@ class SlotPool:
         self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
-        self._base = {}  # layer index -> its first key: the policy's keys are base + expert
+        self.base = {}  # layer index -> its first key: the policy's keys are base + expert
         keys = 0
         for index, layer in layers.items():
-            self._base[index], keys = keys, keys + layer.num_experts
+            self.base[index], keys = keys, keys + layer.num_experts
         self.policy = SlotLFU(slots, keys)
         self.chunk_slots = chunk_slots(self.tensors, slots, chunk_bytes)
         # per chunk, per tensor: MLX [chunk slots, *shape] and host uint8 [chunk slots, nbytes]
@@ -114,7 +114,8 @@ class SlotPool:
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
-        self._landing = landing if landing is not None else landing_for(self.tensors, READERS)
+        page_cache = all(f.direct_fd is None for source in layers.values() for f in source.files)
+        self._landing = landing or landing_for(self.tensors, READERS, page_cache)
 
     @property
     def arrays(self) -> list[mx.array]:
@@ -129,11 +130,12 @@ class SlotPool:
         # call, not just on misses, so the list holds one call's outputs (nothing to wait for in
         # decode: the router sync has evaluated them).
         self.fence()
-        slots, miss = self.policy.assign(self._base[layer] + experts)
+        slots, miss = self.policy.assign(self.base[layer] + experts)
         self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
-        if miss.any():
+        misses = int(np.count_nonzero(miss))
+        if misses:
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
-        return slots, int(miss.sum())
+        return slots, misses
 
     def computed(self, output: mx.array) -> None:
         """An output whose graph reads the pool: the next write waits until it is computed."""
@@ -152,6 +154,10 @@ class SlotPool:
         of `reads`: none is left half read."""
         at_once = READERS if self._landing is None else self._landing.buffers
         try:
+            if self._landing is not None and self._landing.reads_files:
+                for expert, slot in reads:
+                    self._check(layer, expert, self._copy(layer, expert, slot))
+                return
             for lo in range(0, len(reads), at_once):
                 wave = reads[lo : lo + at_once]
                 with ExitStack() as stack:
@@ -179,6 +185,18 @@ class SlotPool:
         rows = [rows[row] for rows in self._rows[chunk]]
         return nullcontext(rows) if self._landing is None else self._landing.into(rows)
 
+    def _copy(self, layer: int, expert: int, slot: int) -> list[np.ndarray]:
+        """CUDA from the page cache: the copy engine reads the expert from the files' mappings."""
+        source, (chunk, row) = self.layers[layer], divmod(slot, self.chunk_slots)
+        spans = [
+            (source.files[at.file], at.offset + expert * at.stride, rows[row])
+            for at, rows in zip(source.placements, self._rows[chunk])
+        ]
+        try:
+            return self._landing.copy(spans)
+        except OSError as e:
+            raise unreadable(source.where(source.placements[0].file), expert, e) from e
+
     def _pieces(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> list[Read]:
         spans = [
             (at.file, at.offset + expert * at.stride, buffer)
@@ -192,10 +210,7 @@ class SlotPool:
         try:
             source.files[file].preadv(offset, parts)
         except OSError as e:
-            raise StreamerError(
-                f"{source.where(file)}: cannot read expert {expert} ({e}); check the disk, "
-                "or run `streamer verify` on the model folder."
-            ) from e
+            raise unreadable(source.where(file), expert, e) from e
 
     def _check(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> None:
         source = self.layers[layer]
@@ -213,7 +228,7 @@ class SlotPool:
 
     def _forget(self, layer: int, expert: int, slot: int) -> None:
         """A read that failed leaves its slot empty, not holding a half-read expert."""
-        self.policy.slot_of[self._base[layer] + expert] = -1
+        self.policy.slot_of[self.base[layer] + expert] = -1
         self.policy.slot_key[slot] = -1
 
     def close(self) -> None:

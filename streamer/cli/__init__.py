@@ -7,7 +7,7 @@ import errno
 
 from .. import __version__
 from ..errors import StreamerError
-from . import demo, generate, info, plan, pull, repack, serve, verify
+from . import demo, generate, info, launch, plan, pull, repack, serve, verify
 from .demo import DEMO_MODEL
 from .interrupts import caused_by_ctrl_c, exiting_on_ctrl_c, interrupted_status
 from .output import OutputFailed, error_line, report, silence_output
@@ -57,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     info.add_parser(sub)
     demo.add_parser(sub)
+    launch.add_parser(sub)  # last: it knows the other commands' names
     return ap
 
 

@@ -46,16 +46,12 @@ def check_drafting(args: argparse.Namespace) -> None:
         check_at_least(args.num_draft_tokens, "--num-draft-tokens", 1)
 
 
-def draft_options(args: argparse.Namespace, tokenizer, group=None) -> dict:
+def draft_options(args: argparse.Namespace, tokenizer) -> dict:
     """streamer.generate's keywords for the drafting flags: the draft model loaded once (checked
-    against the streamed model's tokenizer)."""
+    against the streamed model's tokenizer). On an expert-parallel group every rank loads it and
+    drafts alike (streamer/speculative/loop.py checks that they do)."""
     if args.draft_model is None and args.prompt_lookup is None:
         return {}
-    if group is not None:
-        raise StreamerError(
-            "speculative decoding does not run on an expert-parallel group yet: drop "
-            "--draft-model / --prompt-lookup, or run on one machine."
-        )
     options = {"num_draft_tokens": args.num_draft_tokens} if args.num_draft_tokens else {}
     if args.prompt_lookup is not None:
         return {**options, "prompt_lookup": args.prompt_lookup}

@@ -59,6 +59,21 @@ def raising_on_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextmanager
+def second_ctrl_c_exits() -> Iterator[None]:
+    """The first Ctrl-C is the started processes' to handle: a terminal's reaches its whole
+    foreground process group, so they get it too and end as they choose, while this process
+    goes on relaying what they say; a second one ends it with status 130 at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: signal.signal(signal.SIGINT, _exit_130))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def end_interrupted() -> NoReturn:
     """Report Ctrl-C and end the process now, without Python's shutdown: for a command whose
     other threads may be computing in MLX (serve's generation thread, mid-answer), under which

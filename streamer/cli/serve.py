@@ -92,7 +92,7 @@ def serve(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
     folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, group, **load_options(args))
-    options.update(draft_options(args, tokenizer, group))
+    options.update(draft_options(args, tokenizer))
     engine = open_engine(model, tokenizer, args.prompt_cache_size, group, options, disk)
     if group is not None and group.rank() != 0:
         return engine.follow()
@@ -138,7 +138,7 @@ def chat(args: argparse.Namespace) -> None:
     model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
     from .chat import chat  # the engine's modules import mlx-lm's generate: after a refusal
 
-    options.update(draft_options(args, tokenizer, group))
+    options.update(draft_options(args, tokenizer))
     if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
         options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
     engine = open_engine(model, tokenizer, 2, group, options, disk)

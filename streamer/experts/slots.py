@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 import psutil
 
-from ..cache.budget import chosen_budget
+from ..cache.budget import chosen_budget, layer_groups
 from ..cache.slot_pool import CHUNK_BYTES, LayerSource, SlotPool, SlotTensor, chunk_slots
 from ..errors import StreamerError
 from ..io.expert_layout import LayerLayout
@@ -42,24 +42,25 @@ from .routing import finish, host_routing
 class Slots:
     def __init__(self, pool: SlotPool):
         self._pool = pool
+        self._installed: int | None = None  # the chunk whose arrays the container holds now
 
     def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
         start = time.perf_counter()
         routed, experts = host_routing(layer, indices, traffic)
         experts = np.array(experts, dtype=np.int64)
         pool = self._pool
+        if len(experts) <= pool.slots and len(pool.chunks) == 1 and not layer.converts:
+            # a decode call, and most prompt chunks: one round on one chunk, every routed
+            # expert placed, so each routed entry's slot is the pool's own table's
+            self._place(layer, experts, traffic)
+            slots = pool.policy.slot_of[pool.base[layer.index] + routed]
+            out = self._on_pool(layer, x, slots, 0)
+            pool.computed(out)
+            return finish(layer, out, traffic, start)
         out = None
         for lo in range(0, len(experts), pool.slots):
             group = experts[lo : lo + pool.slots]
-            placed = time.perf_counter()
-            slots, misses = pool.place(layer.index, group)
-            traffic.read_seconds += time.perf_counter() - placed
-            traffic.experts_read += misses
-            traffic.experts_fetched += misses
-            traffic.bytes_read += misses * pool.slot_bytes
-            traffic.cache_hits += len(group) - misses
-            if layer.stats.verifying is not None:
-                layer.stats.verifying[-1].hits.update(group[~pool.last_missed].tolist())
+            slots = self._place(layer, group, traffic)
             chunks, rows = np.divmod(slots, pool.chunk_slots)
             for chunk in np.unique(chunks):
                 mine = chunks == chunk
@@ -72,6 +73,28 @@ class Slots:
                     out = mx.where(mask, part, out)
         return finish(layer, out, traffic, start)
 
+    def _place(self, layer, group: np.ndarray, traffic: ExpertTraffic) -> np.ndarray:
+        """`group`'s experts placed in the pool (misses read), counted; their slots."""
+        pool, placed = self._pool, time.perf_counter()
+        slots, misses = pool.place(layer.index, group)
+        traffic.read_seconds += time.perf_counter() - placed
+        traffic.experts_read += misses
+        traffic.experts_fetched += misses
+        traffic.bytes_read += misses * pool.slot_bytes
+        traffic.cache_hits += len(group) - misses
+        if layer.stats.verifying is not None:
+            layer.stats.verifying[-1].hits.update(group[~pool.last_missed].tolist())
+        return slots
+
+    def _on_pool(self, layer, x: mx.array, position: np.ndarray, chunk: int) -> mx.array:
+        """The container on chunk `chunk`'s arrays themselves (installed once, not per call:
+        nothing else installs into a slot layer's container), the routed entries at `position`
+        (rows of that chunk)."""
+        if self._installed != chunk:
+            layer.install(self._pool.chunks[chunk])
+            self._installed = chunk
+        return layer.container(x, mx.array(position.astype(np.uint32)))
+
     def _compute(
         self,
         layer,
@@ -83,21 +106,22 @@ class Slots:
         traffic: ExpertTraffic,
     ) -> mx.array:
         """The container on one chunk's arrays, for `group`'s experts at `rows` of it."""
-        arrays = self._pool.chunks[chunk]
-        if layer.converts:  # take the routed slots, converted, in `group` order
-            taken = mx.array(rows.astype(np.uint32))
-            tensors = [layer.convert(mx.take(a, taken, axis=0)) for a in arrays]
-            traffic.bytes_copied += sum(t.nbytes for t in tensors)
-            position = np.minimum(np.searchsorted(group, routed), len(group) - 1)
-        else:  # the pool itself: the kernels gather the routed slots
-            tensors = arrays
+        if not layer.converts:  # the pool itself: the kernels gather the routed slots
             table = np.zeros(layer.num_experts, dtype=np.int64)  # outside the group: any slot
             table[group] = rows
-            position = table[routed]
+            return self._on_pool(layer, x, table[routed], chunk)
+        # take the routed slots, converted, in `group` order
+        arrays = self._pool.chunks[chunk]
+        taken = mx.array(rows.astype(np.uint32))
+        tensors = [layer.convert(mx.take(a, taken, axis=0)) for a in arrays]
+        traffic.bytes_copied += sum(t.nbytes for t in tensors)
+        position = np.minimum(np.searchsorted(group, routed), len(group) - 1)
         layer.install(tensors)
         out = layer.container(x, mx.array(position.astype(np.uint32)))
-        if layer.converts:  # the output's graph holds the copies until it is evaluated; kept on
-            layer.install(arrays)  # the container, every layer's would stay (Kimi K2: 10 GB)
+        # the output's graph holds the copies until it is evaluated; kept on the container,
+        # every layer's would stay (Kimi K2: 10 GB)
+        layer.install(arrays)
+        self._installed = chunk
         return out
 
 
@@ -219,19 +243,3 @@ def open_pools(
             file.close()
         raise
     return pools
-
-
-def layer_groups(layers: int, slots: int, per_chunk: int) -> list[tuple[int, int, int]]:
-    """(first, end, slots) of groups of consecutive layers, each group's share of `slots` (in
-    proportion to its layers) within one chunk of `per_chunk` slots, where one layer's share
-    fits in one; a layer whose share does not is a group of its own."""
-    if slots <= per_chunk:
-        return [(0, layers, slots)]
-    size = max(1, layers * per_chunk // slots)
-    bounds = [*range(0, layers, size), layers]
-    return [(a, b, _share(slots, layers, a, b, per_chunk)) for a, b in zip(bounds, bounds[1:])]
-
-
-def _share(slots: int, layers: int, first: int, end: int, per_chunk: int) -> int:
-    share = max(1, slots * end // layers - slots * first // layers)
-    return share if end - first == 1 else min(share, per_chunk)  # rounding may pass a chunk

@@ -24,12 +24,13 @@ class FileWatch:
 
     def __init__(self, path: Path, fd: int):
         self.path = Path(path)
+        self._name = os.fspath(path)  # stat by str: a Path converts itself on every call
         self._was = _identity(os.fstat(fd))
 
     def change(self) -> str | None:
         """How the file at `path` differs from the one opened, in words; None if it does not."""
         try:
-            now = _identity(os.stat(self.path))
+            now = _identity(os.stat(self._name))
         except OSError as e:
             return f"was removed or renamed ({e.strerror or e})"
         if now[:2] != self._was[:2]:

@@ -82,6 +82,12 @@ class Streaming:
         sources = [source for pool in self.pools for source in pool.layers.values()]
         return sorted({file.path for source in sources for file in source.files})
 
+    @property
+    def group(self) -> mx.distributed.Group | None:
+        """The expert-parallel group whose ranks sum each MoE layer's rows; None alone."""
+        share = self.layers[0].share if self.layers else None
+        return share.group if share is not None else None
+
     def evict(self) -> None:
         """Unmap the expert pages this process maps, so a page-cache drop can take them (the
         slot path maps none)."""

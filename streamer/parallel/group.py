@@ -67,8 +67,9 @@ def expert_shares(
     if group is None:
         if shard is not None:
             raise StreamerError(
-                f"{folder} holds only shard {shard.rank}/{shard.ranks} of a model's experts: run "
-                f"it on {shard.ranks} ranks with `mlx.launch`, or load the full repacked folder."
+                f"{folder} holds only shard {shard.rank}/{shard.ranks} of a model's experts: "
+                f"run it on {shard.ranks} ranks with `streamer launch`, or load the full repacked "
+                "folder."
             )
         return None
     rank, ranks = group.rank(), group.size()

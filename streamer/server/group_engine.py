@@ -166,10 +166,16 @@ class GroupEngine(Engine):
 
 
 def _encode(job: Job) -> bytes:
-    """What the other ranks need of a job to compute the same tokens."""
+    """What the other ranks need of a job to compute the same tokens, in the same passes (its
+    num_draft_tokens: a rank drafting otherwise would run other passes, and hang the group)."""
     sampling = dataclasses.asdict(job.request.sampling)
     return json.dumps(
-        {"prompt": job.prompt, "max_tokens": job.max_tokens, "sampling": sampling}
+        {
+            "prompt": job.prompt,
+            "max_tokens": job.max_tokens,
+            "sampling": sampling,
+            "num_draft_tokens": job.request.num_draft_tokens,
+        }
     ).encode()
 
 
@@ -179,4 +185,5 @@ def _decode(payload: bytes) -> Job:
     if sampling.get("logit_bias"):  # JSON keys are strings
         sampling["logit_bias"] = {int(k): v for k, v in sampling["logit_bias"].items()}
     request = Completion(False, "", message["max_tokens"], Sampling(**sampling))
+    request.num_draft_tokens = message["num_draft_tokens"]
     return Job(request, message["prompt"], message["max_tokens"])

@@ -7,27 +7,35 @@ pass as it treats a prompt chunk). The target's token at every position is sampl
 decoding samples it; drafts are kept while they equal it, and the first that does not is replaced
 by the target's token. So greedy output is plain greedy output, and a sampler gives exactly what
 mlx_lm's speculative_generate_step gives (the same draws in the same order). The target's KV
-cache is trimmed back to the kept tokens with mlx-lm's trim_prompt_cache.
+cache is trimmed back to the kept tokens (trim.py: sliding-window caches too, which mlx-lm's
+trim_prompt_cache leaves untrimmed once their window is full).
 
 Where this differs from mlx-lm: logits processors see the whole sequence (prompt, output and the
 drafts before the position), as they do in plain decoding, so a repetition penalty is applied
 exactly as without drafts; and a drafter may propose fewer than k tokens (prompt lookup).
+
+On an expert-parallel group every rank runs this loop on the same tokens: a pass is a chunk of
+k+1 inputs, as a prompt chunk is, and its logits are the same on every rank after the layers'
+sums, so the ranks keep the same drafts and run the same passes (checked once per pass).
 """
 
 from __future__ import annotations
 
 import functools
+import zlib
 from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.generate import maybe_quantize_kv_cache
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
-from ..errors import StreamerError
 from ..loading.handle import streaming
+from ..parallel.group import GroupError, gather_floats
 from .drafters import DraftModel, PromptLookup, prefill
+from .trim import check_trimmable, trim
 
 
 def speculative_generate_step(
@@ -50,12 +58,7 @@ def speculative_generate_step(
     """Yield (token, logprobs, from_draft) as mlx_lm's speculative_generate_step does.
     `prompt_cache_tokens`: the tokens `prompt_cache` already holds (the drafter sees them too)."""
     cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-    if not can_trim_prompt_cache(cache):
-        kinds = sorted({type(c).__name__ for c in cache if not c.is_trimmable()})
-        raise StreamerError(
-            f"speculative decoding trims the KV cache after each pass, and {', '.join(kinds)} "
-            "cannot be trimmed: drop max_kv_size (or the draft)."
-        )
+    check_trimmable(cache)
     sampler = sampler or make_sampler(0.0)
     quantize = functools.partial(
         maybe_quantize_kv_cache,
@@ -71,9 +74,11 @@ def speculative_generate_step(
     seen = prompt[:-1]  # before the pass's first input: what processors see, as in generate_step
     drafter.start([*(prompt_cache_tokens or []), *prompt])
     emitted = unfed = 0  # unfed: inputs of the pass under way past the tokens yielded but one
+    in_step = _lockstep(handle)
+    drafts = drafter.draft(min(max_tokens, num_draft_tokens))
+    in_step(emitted, [y], drafts)
     try:
         while emitted < max_tokens:
-            drafts = drafter.draft(min(max_tokens - emitted, num_draft_tokens))
             inputs = [y, *drafts]
             if stats is not None:
                 stats.start_pass()
@@ -89,21 +94,54 @@ def speculative_generate_step(
                 stats.end_pass(len(drafts), accepted)
             if emitted == 0:
                 progress(len(prompt), len(prompt))
-            for i in range(min(accepted + 1, max_tokens - emitted)):
+            kept = min(accepted + 1, max_tokens - emitted)
+            y, upcoming = tokens[accepted], []
+            if emitted + kept < max_tokens:  # the next pass's drafts, before this one's tokens go
+                drafter.advance(drafts, accepted, y)
+                upcoming = drafter.draft(min(max_tokens - emitted - kept, num_draft_tokens))
+            in_step(emitted + kept, [*tokens[:kept], y], upcoming)
+            for i in range(kept):
                 emitted += 1
                 if stats is not None:
                     stats.drafts.emitted += 1
                 unfed = len(drafts) - i  # stopped after this token: the cache ends before it
                 yield tokens[i], logprobs[i], i < accepted
-            trim_prompt_cache(cache, unfed)  # the rejected drafts (and any past max_tokens)
+            trim(cache, unfed)  # the rejected drafts (and any past max_tokens)
             unfed = 0
             seen += inputs[: accepted + 1]
-            y = tokens[accepted]
-            drafter.advance(drafts, accepted, y)
+            drafts = upcoming
     finally:  # the cache holds every token yielded but the last (the next run's first input)
-        trim_prompt_cache(cache, unfed)
+        trim(cache, unfed)
         if stats is not None:
             stats.verifying = None
+
+
+def _lockstep(handle) -> Callable[[int, list[int], list[int]], None]:
+    """On an expert-parallel group, a check that every rank is in step, called once per pass
+    before its tokens are yielded: the same count emitted, the same tokens and the same drafts
+    for the next pass. A rank whose pass differed in length would wait in another all_sum than
+    the others, and one that stopped at another token would leave them waiting: the group hangs.
+    The ranks agree by construction (one model, the same logits after each layer's sums, one
+    sampling seed; prompt lookup is deterministic, a draft model is the same resident model on
+    every rank); where a rank's arithmetic differs all the same (another chip), every rank stops
+    here with one line. Alone: nothing to check."""
+    group = handle.group if handle is not None else None
+    if group is None:
+        return lambda *_: None
+
+    def check(emitted: int, tokens: list[int], drafts: list[int]) -> None:
+        digest = zlib.crc32(np.array([*tokens, -1, *drafts], np.int64).tobytes())
+        rows = gather_floats(group, [emitted, len(drafts), digest])
+        differs = np.flatnonzero((rows != rows[0]).any(axis=1))
+        if differs.size:
+            raise GroupError(
+                f"rank {differs[0]} computed other tokens or drafts than rank 0 by output token "
+                f"{min(rows[:, 0]):.0f} (its arithmetic differs): speculative decoding needs "
+                "every rank to take the same decisions, so every rank stops. Drop the drafting "
+                "flags on this group."
+            )
+
+    return check
 
 
 def _sample(

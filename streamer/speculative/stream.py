@@ -38,7 +38,7 @@ def drafter(kwargs: dict, tokenizer: TokenizerWrapper) -> DraftModel | PromptLoo
         kwargs.pop("prompt_cache_tokens", None)
         return None
     for name, why in (
-        ("max_kv_size", "a rotating KV cache cannot be trimmed back to the drafts kept"),
+        ("max_kv_size", "drafting into a bounded KV cache is not checked exact yet"),
         ("input_embeddings", "drafts are tokens"),
     ):
         if kwargs.get(name) is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ...errors import StreamerError
 from ..transformers.defaults import letters_listed
+from ..transformers.unfilled import refuse_unfilled
 from .common_fields import check_common_fields, check_eos_ids
 from .declared_types import check_declared_types, text_args_class
 from .field_error import bad_field, remedy
@@ -47,6 +48,7 @@ def check_config(config: object, where: Path | str) -> dict:
     _check_object(config, where)
     config = letters_listed(config)
     architecture(config, where)
+    refuse_unfilled(config, where)
     check_common_fields(config, where)
     model_class, args_class = mlx_lm_classes(config, where)
     check_declared_types(config, args_class, where)

@@ -2,21 +2,23 @@
 ModelArgs does not, or fills another: filled as transformers fills them. And Nemotron-H's layer
 pattern as one string.
 
-transformers' `save_pretrained` writes only the fields that differ from its config class's
-defaults, so a checkpoint it wrote at a default leaves that field out, and mlx-lm's ModelArgs then
-computes with its own default: gpt-oss without `rope_scaling` is YaRN (factor 32) to transformers
-and plain RoPE to mlx-lm (0.43 logits apart from the first token, through the attention sinks).
+A config.json written by hand, trimmed, or written by a model's own code can leave a field out
+(transformers 5.24's own `save_pretrained` writes them all, defaults too); transformers then
+computes with its class's default, and mlx-lm's ModelArgs with its own: gpt-oss without
+`rope_scaling` is YaRN (factor 32) to transformers and plain RoPE to mlx-lm (0.43 logits apart
+from the first token, through the attention sinks).
 transformers' defaults are the published models' values (its config classes are written from
 them). Found by comparing, for each family that streams, the config class's defaults with
 ModelArgs' for the fields the model reads; tests/test_config_defaults.py checks each value below
 against transformers' class and that mlx-lm's default differs. Not filled: sizes and counts (a
-config without them is refused, or its weights' shapes are), and fields whose transformers
-default mlx-lm's model cannot compute (Step-3.5's `sliding_window: null`).
+config without them is refused, or its weights' shapes are), and fields no fill makes what the
+published model computes: unfilled.py refuses those with the reason.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 # gpt-oss's rope_parameters default, as rope_scaling (mlx-lm's gpt_oss reads its rope_theta alone)
 GPT_OSS_YARN = {
@@ -28,6 +30,20 @@ GPT_OSS_YARN = {
     "original_max_position_embeddings": 4096,
 }
 DEEPSEEK_V3 = {"routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4}
+# Mistral 4's rope_parameters default, less what transformers derives from other fields and
+# mlx-lm's mistral4 does not read (partial_rotary_factor, max_position_embeddings); mlx-lm's model
+# without it fails at its first token (it reads llama_4_scaling_beta there)
+MISTRAL4_YARN = {
+    "type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 128.0,
+    "original_max_position_embeddings": 8192,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale_all_dim": 1.0,
+    "mscale": 1.0,
+    "llama_4_scaling_beta": 0.1,
+}
 
 # model_type -> field -> transformers' default, filled where config.json has no such field
 FILLED: dict[str, dict[str, object]] = {
@@ -49,10 +65,56 @@ FILLED: dict[str, dict[str, object]] = {
     "granitemoe": {"tie_word_embeddings": False},
     "olmoe": {"tie_word_embeddings": False},
     "jamba": {"tie_word_embeddings": False},
+    "mistral4": {"rope_parameters": MISTRAL4_YARN},  # mistral3's text model too
+    # the indexer's top-k blocks, flat as transformers 5 spells it (the hub's
+    # sparse_attention_config nests it, and wins in both): mlx-lm's None failed at a sparse layer
+    "minimax_m3_vl_text": {"index_topk_blocks": 16},
 }
-# transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them): one given
-# there is not left out
-WRITTEN_AS = {"rope_scaling": "rope_parameters"}
+# transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them), transformers 4
+# in rope_scaling: one given in either is not left out
+WRITTEN_AS = {"rope_scaling": "rope_parameters", "rope_parameters": "rope_scaling"}
+
+
+def _rope_from_theta(config: dict) -> dict | None:
+    """rope_parameters as transformers 5 reads a transformers 4 config's rope_theta (and
+    partial_rotary_factor) into them: mlx-lm's qwen3_5 reads rope_parameters only, and its
+    default's base (100000) then replaces the config's rope_theta (Qwen3.5's 10000000)."""
+    if "rope_theta" not in config:
+        return None
+    return {
+        "rope_type": "default",
+        "rope_theta": config["rope_theta"],
+        "partial_rotary_factor": config.get("partial_rotary_factor", 0.25),
+    }
+
+
+# model_type -> field -> its value as transformers reads it from the config's other fields,
+# where config.json leaves it out (None: nothing to read it from)
+READ_FROM: dict[str, dict[str, Callable[[dict], object]]] = {
+    "qwen3_5_moe_text": {"rope_parameters": _rope_from_theta},
+}
+
+# A vision-language model_type -> the model_type of transformers' config class for its
+# text_config, where that class is fixed (Kimi K2.5's text model, published as "kimi_k2", is
+# transformers' DeepSeek-V3); another's (mistral3's) is its text_config's own model_type
+TEXT_MODEL_TYPES = {
+    "gemma4": "gemma4_text",
+    "kimi_k25": "deepseek_v3",
+    "llama4": "llama4_text",
+    "minimax_m3_vl": "minimax_m3_vl_text",
+    "muse_spark": "muse_spark_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
+    "qwen3_vl_moe": "qwen3_vl_moe_text",
+}
+
+
+def text_model_type(config: dict) -> str | None:
+    """The model_type transformers reads a vision-language config's text_config as (None: the
+    config has no text_config)."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        return None
+    return TEXT_MODEL_TYPES.get(config.get("model_type"), text.get("model_type"))
 
 
 # Lists of one-letter layer kinds published as one string (Nemotron-H's "ME*EME", in NVIDIA's
@@ -72,11 +134,24 @@ def letters_listed(config: dict) -> dict:
 
 
 def fill_defaults(config: dict) -> dict:
-    """`config` with the fields of FILLED it leaves out set to transformers' defaults."""
-    filled = FILLED.get(config.get("model_type"), {})
+    """`config` with the fields of FILLED and READ_FROM it leaves out set as transformers sets
+    them, in a vision-language model's text_config too."""
+    config = _filled(config, config.get("model_type"))
+    kind = text_model_type(config)
+    if kind is not None:
+        text = _filled(config["text_config"], kind)
+        if text is not config["text_config"]:
+            config = {**config, "text_config": text}
+    return config
+
+
+def _filled(values: dict, model_type: object) -> dict:
     missing = {
         field: value
-        for field, value in filled.items()
-        if field not in config and WRITTEN_AS.get(field) not in config
+        for field, value in FILLED.get(model_type, {}).items()
+        if field not in values and WRITTEN_AS.get(field) not in values
     }
-    return {**config, **missing} if missing else config
+    for field, read in READ_FROM.get(model_type, {}).items():
+        if field not in values and (value := read(values)) is not None:
+            missing[field] = value
+    return {**values, **missing} if missing else values

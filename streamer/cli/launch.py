@@ -1,0 +1,163 @@
+"""`streamer launch`: mlx.launch whose exit status is the group's.
+
+MLX's launcher (mlx 0.32.4, mlx/_distributed_utils/launch.py) starts the ranks, relays their
+input and output, and stops the others once one ends with an error, but its `main` returns None
+whatever the ranks returned: `mlx.launch ... ; echo $?` prints 0 when every rank failed. Its
+statuses are read once per rank from the command class it is given (`exit_status`, after the
+rank's output is drained), and nothing a rank can do reaches the launcher's own status. So this
+command runs MLX's own `main`, parser and all, handing its relay a command class that records
+each rank's end, and returns the first failing rank's status with one line saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ..errors import StreamerError
+from .interrupts import second_ctrl_c_exits
+from .output import report
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "launch",
+        help="mlx.launch (same options; `-- generate ...`), exiting with the first failing "
+        "rank's status",
+        prefix_chars="+",  # every word, options included, is mlx.launch's to parse (--help too)
+        add_help=False,
+    )
+    p.add_argument("words", nargs=argparse.REMAINDER)
+    p.set_defaults(run=launch, commands=tuple(sub.choices))
+
+
+@dataclass
+class RankEnd:
+    """How a rank ended: its status, whether the launcher stopped it, its last stderr line."""
+
+    rank: int
+    status: int
+    stopped: bool
+    last_line: str
+
+
+def launch(args: argparse.Namespace) -> int:
+    words = _command_words(args.words, args.commands)
+    ends: list[RankEnd] = []
+    with _recording(ends), second_ctrl_c_exits():
+        _mlx_main(words)
+    failed = [end for end in ends if end.status != 0]
+    if not failed:
+        return 0
+    # a rank the launcher stopped because another had failed is not the cause
+    first = next((end for end in failed if not end.stopped), failed[0])
+    return report(f"streamer: error: {_ended(first)}", _shell_status(first.status))
+
+
+def _command_words(words: list[str], commands: tuple[str, ...]) -> list[str]:
+    """mlx.launch's words; a streamer subcommand after `--` runs as this Python's `-m streamer`
+    (under --python, that interpreter's: mlx.launch puts it first)."""
+    if not words or words[-1] == "--":
+        raise StreamerError(
+            "give the command to run after `--`: streamer launch -n 2 -- generate ..."
+        )
+    if "--" not in words:
+        return words  # --help, --print-python, or a command mlx.launch's parser finds alone
+    at = words.index("--")
+    command = words[at + 1 :]
+    if command and command[0] in commands:
+        own_python = any(w == "--python" or w.startswith("--python=") for w in words[:at])
+        command = [*([] if own_python else [sys.executable]), "-m", "streamer", *command]
+    return [*words[: at + 1], *command]
+
+
+def _mlx_main(words: list[str]) -> None:
+    try:
+        from mlx._distributed_utils import launch as mlx_launch
+    except ImportError as e:
+        raise StreamerError(f"this mlx has no launcher to run ({e}); use mlx.launch") from e
+    argv = sys.argv
+    sys.argv = ["streamer launch", *words]  # what MLX's parser reads, and names in its errors
+    try:
+        mlx_launch.main()
+    finally:
+        sys.argv = argv
+
+
+@contextmanager
+def _recording(ends: list[RankEnd]) -> Iterator[None]:
+    """MLX's relay, run with its command class extended to append each rank's end to `ends`
+    (in the order they end); MPI groups, which mpirun relays and MLX drops the status of,
+    refused."""
+    from mlx._distributed_utils import launch as mlx_launch
+
+    relay, mpi = mlx_launch._launch_with_io, mlx_launch.launch_mpi
+
+    def recorded_relay(command_class, arguments, verbose):
+        return relay(_recorder(command_class, ends), arguments, verbose)
+
+    def refuse_mpi(*_):
+        raise StreamerError(
+            "streamer launch runs ring, jaccl and nccl groups: start an MPI group with mpirun, "
+            "whose exit status is the ranks' (mlx.launch --backend mpi drops it)"
+        )
+
+    mlx_launch._launch_with_io, mlx_launch.launch_mpi = recorded_relay, refuse_mpi
+    try:
+        yield
+    finally:
+        mlx_launch._launch_with_io, mlx_launch.launch_mpi = relay, mpi
+
+
+def _recorder(command_class: type, ends: list[RankEnd]) -> type:
+    class Recorded(command_class):
+        def __init__(self, rank: int, *args, **kwargs):
+            super().__init__(rank, *args, **kwargs)
+            self._rank, self._stopped, self._err = rank, False, ""
+
+        def preprocess_output(self, data: str, is_stdout: bool = False) -> str:
+            text = super().preprocess_output(data, is_stdout)
+            if not is_stdout:
+                self._err = (self._err + text)[-4096:]  # enough for the last line
+            return text
+
+        def terminate(self):
+            self._stopped = True
+            return super().terminate()
+
+        @property
+        def exit_status(self):
+            status = super().exit_status
+            if status[0] is not None and not any(end.rank == self._rank for end in ends):
+                lines = [line for line in self._err.splitlines() if line.strip()]
+                last = lines[-1].strip() if lines else ""
+                ends.append(RankEnd(self._rank, status[0], self._stopped, last))
+            return status
+
+    return Recorded
+
+
+def _ended(end: RankEnd) -> str:
+    """`rank 1 exited with status 2: <its last line, without its own prefix>`."""
+    if end.status < 0:
+        how = f"rank {end.rank} was ended by {_signal_name(-end.status)}"
+    else:
+        how = f"rank {end.rank} exited with status {end.status}"
+    said = end.last_line.removeprefix("streamer: error: ").removeprefix(f"rank {end.rank}: ")
+    return f"{how}: {said}" if said else f"{how} (it wrote nothing on stderr)"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _shell_status(status: int) -> int:
+    """A status as a shell reports it: a rank ended by signal N is 128 + N."""
+    return 128 - status if status < 0 else status

@@ -1,0 +1,152 @@
+"""A vision-language model's text_config that leaves a field out, where transformers' text config
+class fills a default mlx-lm's text model args do not: filled as transformers fills it, or refused
+where no value is the published models' (streamer/families/transformers/defaults.py, unfilled.py).
+The same for the text models' own model types (Mistral 4, Gemma 4, a Qwen3.5 text model)."""
+
+from __future__ import annotations
+
+import re
+
+import mlx.core as mx
+import pytest
+
+import streamer
+from fixtures import TINY_CONFIGS, tiny_config
+from streamer.families.architectures import build_model
+from streamer.families.config import check_config
+from streamer.families.mlx_lm_models import model_file
+from streamer.families.transformers.defaults import DEEPSEEK_V3, MISTRAL4_YARN, text_model_type
+from streamer.families.transformers.spellings import normalize_config
+
+
+def without(values: dict, *fields: str) -> dict:
+    return {k: v for k, v in values.items() if k not in fields}
+
+
+def text_left_out(model_type: str, *fields: str) -> dict:
+    config = tiny_config(model_type)
+    return {**config, "text_config": without(config["text_config"], *fields)}
+
+
+def test_every_vision_language_family_has_the_text_model_transformers_reads():
+    from transformers import CONFIG_MAPPING
+
+    for model_type in TINY_CONFIGS:
+        config = tiny_config(model_type)
+        if isinstance(config.get("text_config"), dict):
+            assert text_model_type(config) in CONFIG_MAPPING, model_type
+
+
+def test_kimi_k25_routing_left_out_of_its_text_config_is_deepseek_v3s():
+    """transformers reads Kimi K2.5's text model as DeepSeek-V3 (2.5, 8 groups, top 4), mlx-lm's
+    deepseek_v3 args default to 1.0 and one group: the top-level fill, in text_config too."""
+    config = normalize_config(text_left_out("kimi_k25", *DEEPSEEK_V3))
+    args = model_file("kimi_k25").ModelArgs.from_dict(config).text_config
+    assert {field: getattr(args, field) for field in DEEPSEEK_V3} == DEEPSEEK_V3
+
+
+@pytest.mark.parametrize("model_type", ["mistral4", "mistral3"])
+def test_mistral_4_without_rope_parameters_computes_transformers_yarn(model_type):
+    """mlx-lm's mistral4 without rope_parameters failed at its first token (a TypeError)."""
+    config = tiny_config(model_type)
+    if "text_config" in config:
+        config = text_left_out(model_type, "rope_parameters")
+    else:
+        config = without(config, "rope_parameters")
+    normalized = normalize_config(config)
+    assert normalized.get("text_config", normalized)["rope_parameters"] == MISTRAL4_YARN
+    logits = build_model(normalized, "c")(mx.array([[1, 2, 3]]))
+    assert bool(mx.isfinite(logits).all())
+
+
+def rope_bases(config: dict) -> set:
+    model = build_model(normalize_config(config), "c")
+    return {m.base for _, m in model.named_modules() if type(m).__name__.endswith("RoPE")}
+
+
+def test_qwen3_5_text_rope_theta_alone_is_its_rope_base():
+    """A transformers 4 spelling (rope_theta beside partial_rotary_factor): mlx-lm's default
+    rope_parameters replaced it with base 100000."""
+    config = text_left_out("qwen3_5_moe", "rope_parameters")
+    config["text_config"].update(rope_theta=10_000_000, partial_rotary_factor=0.25)
+    assert rope_bases(config) == {10_000_000}
+    assert rope_bases(tiny_config("qwen3_5_moe")) == {10_000_000}  # as published
+
+
+@pytest.mark.parametrize(
+    "config, said",
+    [
+        (
+            text_left_out("qwen3_5_moe", "rope_parameters"),
+            "text_config.rope_parameters is left out: transformers' qwen3_5_moe_text then "
+            "computes RoPE with base 10000, mlx-lm with 100000, the published models with",
+        ),
+        (
+            text_left_out("gemma4", "final_logit_softcapping"),
+            "text_config.final_logit_softcapping is left out: transformers' gemma4 then caps "
+            "no logits, mlx-lm at 30.0",
+        ),
+        (
+            without(tiny_config("gemma4_text"), "final_logit_softcapping"),
+            "final_logit_softcapping is left out: transformers' gemma4 then caps no logits",
+        ),
+    ],
+)
+def test_a_field_whose_defaults_are_not_the_published_models_is_refused(config, said):
+    with pytest.raises(streamer.StreamerError, match=f"^c: {said}"):
+        check_config(config, "c")
+    # a null is a value both compute: no cap, no refusal
+    if "softcapping" in said:
+        null = {"final_logit_softcapping": None}
+        text = config.get("text_config")
+        check_config(
+            {**config, "text_config": {**text, **null}} if text else {**config, **null}, "c"
+        )
+
+
+def minimax_m3_flat(**changes) -> dict:
+    """MiniMax-M3-VL's text_config as transformers 5 spells it: the indexer's fields flat, the
+    sparse layers in layer_types (the hub's sparse_attention_config nests them)."""
+    config = tiny_config("minimax_m3_vl")
+    text = dict(config["text_config"])
+    nested = text.pop("sparse_attention_config")
+    text.update(
+        index_n_heads=nested["sparse_num_index_heads"],
+        index_head_dim=nested["sparse_index_dim"],
+        index_block_size=nested["sparse_block_size"],
+        index_local_blocks=nested["sparse_local_block"],
+        layer_types=[
+            "minimax_m3_sparse" if f else "full_attention" for f in nested["sparse_attention_freq"]
+        ],
+        **changes,
+    )
+    return {**config, "text_config": text}
+
+
+def test_minimax_m3_indexer_top_k_left_out_is_transformers_16():
+    """mlx-lm's None failed at the first sparse layer (a TypeError)."""
+    normalized = normalize_config(check_config(minimax_m3_flat(), "c"))
+    assert normalized["text_config"]["index_topk_blocks"] == 16
+    logits = build_model(normalized, "c")(mx.array([[1, 2, 3, 4, 5, 6, 7, 8, 9]]))
+    assert bool(mx.isfinite(logits).all())
+
+
+@pytest.mark.parametrize(
+    "changes, said",
+    [
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 5e6}},
+            "rope_parameters has no partial_rotary_factor: transformers' minimax_m3_vl then "
+            "rotates all of each head, mlx-lm half of it",
+        ),
+        (  # transformers 5 writes its default rotary_dim (64) whatever the head
+            {"rotary_dim": 64},
+            "rotary_dim is 64, but rope_parameters' share of the 32-dim head is 16 dims: "
+            "transformers' minimax_m3_vl rotates those 16 (it reads no rotary_dim), mlx-lm 64",
+        ),
+    ],
+)
+def test_minimax_m3_rotation_transformers_and_mlx_lm_read_otherwise_is_refused(changes, said):
+    with pytest.raises(streamer.StreamerError, match=f"^c: text_config.{re.escape(said)}"):
+        check_config(minimax_m3_flat(**changes), "c")
+    check_config(minimax_m3_flat(rotary_dim=16), "c")  # as published: they agree
