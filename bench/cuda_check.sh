@@ -87,7 +87,7 @@ parity)
   done
   for i in 0 1 2 3; do  # each failure's name and first error line; the whole logs in OUT_DIR
     echo "== parity shard: ${shards[$i]}: $(tail -1 "/tmp/parity-$i.log")"
-    grep -E "^(FAILED|E  )" "/tmp/parity-$i.log" | grep -A1 -E "^E  " | head -40
+    grep -E "^(FAILED|E   )" "/tmp/parity-$i.log" | head -40
     [ -n "${2:-}" ] && mkdir -p "$2" && cp "/tmp/parity-$i.log" "$2/"
   done
   exit $status
