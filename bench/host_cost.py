@@ -13,7 +13,8 @@ calls (`mlx.core` functions and array methods: each builds graph nodes or syncs)
 mlx-lm's own container on the same inputs is timed the same way: the difference is the engine's.
 
 FOLDER: a repacked folder or an MLX download (in place). A narrow model makes compute small and
-the host's work visible: `bench/generate_checkpoint.py quick DIR --experts 128` (bench/README.md).
+the host's work visible: `bench/generate_checkpoint.py narrow DIR --dtype float32` (128 experts,
+top-8, hidden 512; float32 so the CPU computes on the pool itself, as a GPU does).
 Routings come from `--routings` fixed draws (default 64, skewed), so after a warm-up a pool that
 holds their experts only hits; `--fresh` draws a new routing for every call (misses too).
 """

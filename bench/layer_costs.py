@@ -3,7 +3,9 @@
     python bench/layer_costs.py RESULT.json [RESULT.json ...]
 
 For each worker result (one engine at one budget) and each of its runs: decode tok/s, slot hits,
-bytes read per token and at what rate, and per layer call: the wait on the routing sync (the GPU
+bytes read per token and at what rate (`read_gb_s` over `place`'s time in every synced call,
+`miss_gb_s` over the calls that read a miss only: the rest is the fence and LFU), and per layer
+call: the wait on the routing sync (the GPU
 finishing the queued work: earlier experts, this layer's attention and router), the misses'
 reads, the rest of the layer's host time (routing on the host, placing, building the expert
 graph), and the host time outside the expert layers (the model's other Python and graph building,
@@ -34,6 +36,9 @@ def rows(result: dict) -> list[dict]:
                 hits=d["cache_hits"] / routed if routed else None,
                 read_mb_token=d["bytes_read"] / tokens / 1e6,
                 read_gb_s=d["bytes_read"] / d["read_seconds"] / 1e9 if d["read_seconds"] else None,
+                miss_gb_s=d["bytes_read"] / d["miss_seconds"] / 1e9  # calls that missed only
+                if d.get("miss_seconds")
+                else None,
                 syncs_token=d["syncs"] / tokens,
                 sync_ms=d["sync_seconds"] * per,
                 read_ms=d["read_seconds"] * per,
@@ -50,7 +55,8 @@ def cell(value, digits: int = 3) -> str:
 
 
 def main(paths: list[str]) -> None:
-    columns = ("tok_s", "ms_token", "hits", "read_mb_token", "read_gb_s", "syncs_token")
+    columns = ("tok_s", "ms_token", "hits", "read_mb_token", "read_gb_s", "miss_gb_s")
+    columns += ("syncs_token",)
     columns += ("sync_ms", "read_ms", "layer_host_ms", "outside_ms", "kernel_ms")
     print("| result | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 1) + "|")

@@ -32,6 +32,7 @@ class ExpertTraffic:
     bytes_in_page_cache: int = 0  # of bytes_read, how many were resident before the read
     bytes_measured: int = 0  # of bytes_read, how many had their residency measured
     read_seconds: float = 0.0  # read-ahead: residency checks, WILLNEED hints, populating
+    miss_seconds: float = 0.0  # slot path: of read_seconds, the calls that read a miss
     sync_seconds: float = (
         0.0  # blocked on the routing sync (attention, router, earlier expert compute)
     )

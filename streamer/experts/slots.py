@@ -3,7 +3,10 @@
 One host sync learns the routing; the routed experts are placed in the pool (hits cost nothing,
 misses are read into their slots), and mlx-lm's own container then runs on the pool's arrays with
 slot indices, so its kernels compute exactly what they compute on the resident stacked tensors.
-Nothing the compute sees views a file: the expert files are opened for reads, never mapped.
+Nothing the compute sees views a file: the expert files are opened for reads, never mapped. The
+slot indices are gathered on the device from a per-layer table of slots, rebuilt only when the
+layer's call missed (an expert's slot changes only when its own layer reads it again): a call
+that hits uploads nothing (on CUDA an array from numpy is managed memory the GPU faults in).
 
 A call that routes more experts than the pool has slots (a long prompt chunk on a small pool)
 runs in rounds of at most `slots` experts; each round's output is kept for its own experts. A
@@ -43,6 +46,7 @@ class Slots:
     def __init__(self, pool: SlotPool):
         self._pool = pool
         self._installed: int | None = None  # the chunk whose arrays the container holds now
+        self._table: mx.array | None = None  # the slot of each of the layer's experts
 
     def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
         start = time.perf_counter()
@@ -51,16 +55,19 @@ class Slots:
         pool = self._pool
         if len(experts) <= pool.slots and len(pool.chunks) == 1 and not layer.converts:
             # a decode call, and most prompt chunks: one round on one chunk, every routed
-            # expert placed, so each routed entry's slot is the pool's own table's
-            self._place(layer, experts, traffic)
-            slots = pool.policy.slot_of[pool.base[layer.index] + routed]
-            out = self._on_pool(layer, x, slots, 0)
+            # expert placed, its slot gathered on the device from the layer's table
+            if self._place(layer, experts, traffic)[1] or self._table is None:
+                base = pool.base[layer.index]
+                table = pool.policy.slot_of[base : base + layer.num_experts]
+                self._table = mx.array(table.astype(np.uint32))  # -1: never gathered
+            out = self._on_pool(layer, x, mx.take(self._table, indices), 0)
             pool.computed(out)
             return finish(layer, out, traffic, start)
+        self._table = None  # rounds move slots without it
         out = None
         for lo in range(0, len(experts), pool.slots):
             group = experts[lo : lo + pool.slots]
-            slots = self._place(layer, group, traffic)
+            slots, _ = self._place(layer, group, traffic)
             chunks, rows = np.divmod(slots, pool.chunk_slots)
             for chunk in np.unique(chunks):
                 mine = chunks == chunk
@@ -73,27 +80,29 @@ class Slots:
                     out = mx.where(mask, part, out)
         return finish(layer, out, traffic, start)
 
-    def _place(self, layer, group: np.ndarray, traffic: ExpertTraffic) -> np.ndarray:
-        """`group`'s experts placed in the pool (misses read), counted; their slots."""
+    def _place(self, layer, group: np.ndarray, traffic: ExpertTraffic) -> tuple[np.ndarray, int]:
+        """`group`'s experts placed in the pool (misses read), counted; their slots, misses."""
         pool, placed = self._pool, time.perf_counter()
         slots, misses = pool.place(layer.index, group)
-        traffic.read_seconds += time.perf_counter() - placed
+        placed = time.perf_counter() - placed
+        traffic.read_seconds += placed
+        traffic.miss_seconds += placed if misses else 0.0  # the rest: the fence and LFU alone
         traffic.experts_read += misses
         traffic.experts_fetched += misses
         traffic.bytes_read += misses * pool.slot_bytes
         traffic.cache_hits += len(group) - misses
         if layer.stats.verifying is not None:
             layer.stats.verifying[-1].hits.update(group[~pool.last_missed].tolist())
-        return slots
+        return slots, misses
 
-    def _on_pool(self, layer, x: mx.array, position: np.ndarray, chunk: int) -> mx.array:
+    def _on_pool(self, layer, x: mx.array, position: mx.array, chunk: int) -> mx.array:
         """The container on chunk `chunk`'s arrays themselves (installed once, not per call:
         nothing else installs into a slot layer's container), the routed entries at `position`
         (rows of that chunk)."""
         if self._installed != chunk:
             layer.install(self._pool.chunks[chunk])
             self._installed = chunk
-        return layer.container(x, mx.array(position.astype(np.uint32)))
+        return layer.container(x, position)
 
     def _compute(
         self,
@@ -109,7 +118,7 @@ class Slots:
         if not layer.converts:  # the pool itself: the kernels gather the routed slots
             table = np.zeros(layer.num_experts, dtype=np.int64)  # outside the group: any slot
             table[group] = rows
-            return self._on_pool(layer, x, table[routed], chunk)
+            return self._on_pool(layer, x, mx.array(table[routed].astype(np.uint32)), chunk)
         # take the routed slots, converted, in `group` order
         arrays = self._pool.chunks[chunk]
         taken = mx.array(rows.astype(np.uint32))
