@@ -3,7 +3,7 @@
 #
 #   bash bench/cuda_check.sh install WHEELS_DIR   # mlx + mlx-cuda-13 + mlx-lm into /root/site
 #   bash bench/cuda_check.sh slot-tests           # the slot pool and slot path tests
-#   bash bench/cuda_check.sh parity               # the parity suite (slot path only there), 4 shards
+#   bash bench/cuda_check.sh parity [OUT_DIR]     # the parity suite (slot path only there), 4 shards
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
 #   bash bench/cuda_check.sh data48               # build decode48's checkpoint ahead
 #   bash bench/cuda_check.sh decode48 OUT_DIR     # the same on 48 layers at 2/4/8 GiB and all
@@ -85,7 +85,11 @@ parity)
   for i in 0 1 2 3; do
     wait -n || status=1
   done
-  for i in 0 1 2 3; do echo "== parity shard: ${shards[$i]}"; tail -15 "/tmp/parity-$i.log"; done
+  for i in 0 1 2 3; do  # each failure's name and first error line; the whole logs in OUT_DIR
+    echo "== parity shard: ${shards[$i]}: $(tail -1 "/tmp/parity-$i.log")"
+    grep -E "^(FAILED|E   )" "/tmp/parity-$i.log" | head -40
+    [ -n "${2:-}" ] && mkdir -p "$2" && cp "/tmp/parity-$i.log" "$2/"
+  done
   exit $status
   ;;
 decode)

@@ -10,7 +10,8 @@ random slots of a managed pool, then runs one kernel over those slots, as decode
   cudaMemcpyAsync per tensor and a stream sync (the slot path's CUDA landing today);
 - register: the file's read-only mapping, each expert's page range cudaHostRegister'ed for its
   copies and unregistered after (the copy engine reads the page cache itself: no CPU copy);
-- pinned-file: the same with the whole mapping registered once (its cost reported apart);
+- pinned-file: the same with the whole mapping registered once (its cost reported apart;
+  STREAMER_CUDA_MISSES=pinned);
 - pageable: cudaMemcpyAsync straight from the unregistered mapping (the driver's own staging).
 Needs MLX's CUDA backend (it loads the libcudart this uses). Prints a table; --out keeps JSON.
 """

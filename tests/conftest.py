@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import os
 import shutil
 from pathlib import Path
 
 import mlx.core as mx
 import mlx_lm
 import pytest
+from filelock import FileLock
 from mlx_lm.utils import load_model
 
 from fixtures import TINY_CONFIGS, tiny_config, write_hf_checkpoint
@@ -31,14 +33,28 @@ pytest_plugins = ["serving", "gather_qmm_stand_in"]
 
 
 class Checkpoints:
+    """Each checkpoint made on first use, once per run: pytest-xdist's workers share the folder
+    (each made by one of them, under a lock; the others wait and read it)."""
+
     def __init__(self, root: Path):
         self.root = root
+        self._ready: set[Path] = set()
+
+    def made(self, path: Path, make) -> Path:
+        """`path`, made by `make(path)` if no worker has made it yet."""
+        if path not in self._ready:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(f"{path}.lock"):
+                if not path.exists():
+                    make(path)
+            self._ready.add(path)
+        return path
 
     def hf(self, arch: str, dtype: str = "bfloat16") -> Path:
-        path = self.root / f"hf-{arch}-{dtype}"
-        if not path.exists():
-            write_hf_checkpoint(path, tiny_config(arch), dtype=dtype)
-        return path
+        return self.made(
+            self.root / f"hf-{arch}-{dtype}",
+            lambda path: write_hf_checkpoint(path, tiny_config(arch), dtype=dtype),
+        )
 
     def mlx(
         self,
@@ -57,10 +73,12 @@ class Checkpoints:
             + (f"-{dtype}" if dtype else "")
             + (f"-{mode}" if mode != "affine" else "")
         )
-        if not path.exists():
+        hf = self.hf(arch)
+
+        def convert(path: Path) -> None:
             with contextlib.redirect_stdout(io.StringIO()):
                 mlx_lm.convert(
-                    str(self.hf(arch)),
+                    str(hf),
                     str(path),
                     quantize=True,
                     q_bits=bits,
@@ -69,19 +87,22 @@ class Checkpoints:
                     dtype=dtype,
                     q_mode=mode,
                 )
-        return path
+
+        return self.made(path, convert)
 
     def mlx_nvfp4_global_scales(self) -> Path:
         """qwen3_moe in NVFP4 with a global scale per expert (fixtures/nvfp4.py)."""
-        path = self.root / "mlx-qwen3_moe-nvfp4-global"
-        return path if path.exists() else write_mlx_nvfp4(self.hf("qwen3_moe"), path)
+        hf = self.hf("qwen3_moe")
+        return self.made(
+            self.root / "mlx-qwen3_moe-nvfp4-global", lambda path: write_mlx_nvfp4(hf, path)
+        )
 
     def repacked(self, src: Path, **kwargs) -> Path:
         name = src.name + "".join(f"-{k}{v}" for k, v in sorted(kwargs.items()))
-        dst = self.root / "repacked" / name
-        if not dst.exists():
-            repack(src, dst, log=lambda _: None, **kwargs)
-        return dst
+        return self.made(
+            self.root / "repacked" / name,
+            lambda dst: repack(src, dst, log=lambda _: None, **kwargs),
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -102,6 +123,8 @@ def metal_kernels_stood_in():
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> Checkpoints:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one folder for the run: beside each worker's own
+        return Checkpoints(tmp_path_factory.getbasetemp().parent / "checkpoints")
     return Checkpoints(tmp_path_factory.mktemp("checkpoints"))
 
 

@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import struct
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,9 +77,13 @@ def make_special(path: Path, kind: str) -> None:
     elif kind == "dir":
         path.mkdir()
     else:
-        sock = socket.socket(socket.AF_UNIX)
-        sock.bind(str(path))
-        sock.close()
+        # bound under a short name, then moved (tmp_path lies in the same temp folder): a
+        # socket's path is at most 107 bytes, and pytest-xdist's worker folders lengthen tmp_path
+        with tempfile.TemporaryDirectory() as short:
+            sock = socket.socket(socket.AF_UNIX)
+            sock.bind(os.path.join(short, "s"))
+            sock.close()
+            os.rename(os.path.join(short, "s"), path)
 
 
 def refused_without_hanging(call: Callable[[], object], *patterns: str) -> None:

@@ -159,27 +159,31 @@ class MappingRuntime(FakeRuntime):
         self.queued[stream].append((dst, src, nbytes))
 
 
-@pytest.mark.parametrize("register", [False, True])
-def test_misses_are_copied_from_the_files_mappings(tmp_path, register):
-    """STREAMER_CUDA_MISSES=mapped / registered: the copy engine reads the file's mapping (each
-    expert's pages locked for its copies, then unlocked), and every slot gets its expert's bytes;
-    no staging is allocated."""
-    runtime = MappingRuntime(register)
-    pool, truth = pool_over(tmp_path, slots=4, landing=MappedCopies(runtime, register))
+@pytest.mark.parametrize(
+    "lock, pinnable", [("none", 0), ("copy", 0), ("file", 1 << 40), ("file", 1)]
+)
+def test_misses_are_copied_from_the_files_mappings(tmp_path, lock, pinnable):
+    """STREAMER_CUDA_MISSES=mapped / registered / pinned: the copy engine reads the file's mapping
+    (each expert's pages locked for its copies then unlocked, or each whole file locked once
+    while `pinnable` bytes allow, else per copy), and every slot gets its expert's bytes; no
+    staging is allocated."""
+    runtime = MappingRuntime(register=lock != "none")
+    pool, truth = pool_over(tmp_path, slots=4, landing=MappedCopies(runtime, lock, pinnable))
     for layer, experts in [(0, [1, 4, 5]), (1, [0, 1, 2, 5]), (0, [2, 3, 4])]:
         slots, misses = pool.place(layer, np.array(experts))
         for expert, slot in zip(experts, slots):
             for got, want in zip(slot_bytes(pool, slot), truth[layer][expert]):
                 assert np.array_equal(got, want)
-    assert runtime.allocated == {} and runtime.registered == {}
-    assert (runtime.registrations > 0) == register
+    whole_files = len(runtime.registered)  # still locked between calls: whole files only
+    assert whole_files == (2 if pinnable > 1 else 0) and runtime.allocated == {}
+    assert runtime.registrations == {"none": 0, "copy": 10}.get(lock, 2 if pinnable > 1 else 10)
     pool.close()
-    assert runtime.queued == {}  # its stream destroyed
+    assert runtime.queued == {} and runtime.registered == {}  # stream destroyed, files unlocked
 
 
 def test_a_mapped_copy_checks_checksums_and_names_a_short_file(tmp_path):
     runtime = MappingRuntime(register=True)
-    pool, truth = pool_over(tmp_path, slots=2, landing=MappedCopies(runtime, True))
+    pool, truth = pool_over(tmp_path, slots=2, landing=MappedCopies(runtime, "copy"))
     pool.layers[1].checksums = [[0, 0, 0]] * 6
     with pytest.raises(StreamerError, match="does not match its checksum"):
         pool.place(1, np.array([2]))
@@ -201,6 +205,7 @@ def test_cuda_misses_come_from_the_way_the_environment_names(tmp_path, monkeypat
         (None, True, StagedCopies),
         ("mapped", True, MappedCopies),
         ("registered", True, MappedCopies),
+        ("pinned", True, MappedCopies),
         ("registered", False, StagedCopies),  # reads around the page cache: staged as asked
     ]:
         if way is None:
@@ -209,7 +214,8 @@ def test_cuda_misses_come_from_the_way_the_environment_names(tmp_path, monkeypat
             monkeypatch.setenv("STREAMER_CUDA_MISSES", way)
         landing = landing_for(TENSORS, 2, page_cache)
         assert type(landing) is kind
-        assert getattr(landing, "_register", way == "registered") == (way == "registered")
+        lock = {"mapped": "none", "registered": "copy", "pinned": "file"}.get(way)
+        assert getattr(landing, "_lock", None) == (lock if page_cache else None)
         landing.close()
     monkeypatch.setenv("STREAMER_CUDA_MISSES", "fast")
     with pytest.raises(StreamerError, match="STREAMER_CUDA_MISSES='fast': use one of staged"):

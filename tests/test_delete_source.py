@@ -16,6 +16,7 @@ from repack_checks import assert_same_model, resumed_by_the_command
 
 from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
+from streamer.plan import plan
 from streamer.repack import disk_needs, repack
 from streamer.repack.consume import size_text
 
@@ -80,7 +81,8 @@ def test_each_shard_goes_once_written_and_the_disk_peak_is_as_predicted(
         peak = max(peak, written - deleted)
         held_open.extend(open_deleted_files())
 
-    keep, predicted = disk_needs(source)  # what `streamer plan` reports
+    keep, predicted = disk_needs(source)
+    assert plan(source, 1 << 30).delete_source_peak_bytes == predicted  # `streamer plan`'s
     repack(source, dst, delete_source=True, log=watch)
     assert_same_model(dst, reference)
     assert shards(source) == {} and (source / "config.json").exists()  # only shards go

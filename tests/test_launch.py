@@ -55,7 +55,9 @@ def test_ctrl_c_reaches_the_ranks_and_their_status_is_the_groups(tmp_path):
 
 
 def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):
+    """And mlx.launch's own parser errors: one line, not its usage block."""
     for words, said in [
+        (["-n", "0", "--", "true"], "invalid positive_number value: '0' (streamer launch --help"),
         ([], "give the command to run after `--`"),
         (["-n", "2", "--"], "give the command to run after `--`"),
         (["--backend", "mpi", "--", "true"], "start an MPI group with mpirun"),

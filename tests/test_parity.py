@@ -53,6 +53,11 @@ def reference_run(reference, prompt: mx.array) -> tuple[mx.array, list[int]]:
     return _REFERENCE_RUNS[key][1:]
 
 
+# float32 against float32 on MLX's CUDA backend differs by TF32-sized amounts between kernels
+# (measured on an H200: 8e-4 for dbrx and llama4 between the slot path and mlx-lm resident).
+CUDA_FLOAT_TOLERANCE = 2e-3
+
+
 def compare(streamed_path, reference, tolerance: float) -> None:
     """Logits and 64 greedy tokens of the streamed model against `reference`, on both read
     paths: in place on the mapped files, and a slot pool of one layer's experts per shape class
@@ -64,6 +69,8 @@ def compare(streamed_path, reference, tolerance: float) -> None:
         )
         prompt = mx.array(tokenizer.encode(PROMPT))
         logits, tokens = reference_run(reference, prompt)
+        if tolerance and backend() == "cuda":
+            tolerance = max(tolerance, CUDA_FLOAT_TOLERANCE)
         diff = mx.abs(model(prompt[None]) - logits).max().item()
         assert diff <= tolerance, f"{read_path}: max abs logit difference {diff}"
         assert greedy_tokens(model, prompt) == tokens, read_path

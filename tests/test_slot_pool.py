@@ -13,6 +13,7 @@ from streamer.errors import StreamerError
 from streamer.io import buffers
 from streamer.io.mapping import OS_PAGE, resident_bytes
 from streamer.io.reads import ReadFile
+from streamer.loading.backend import backend
 
 # An expert record as repack writes one: tensors 64-byte aligned back to back (a gap after the
 # odd-sized first one), the record padded to a 16 KiB boundary.
@@ -143,6 +144,8 @@ def test_a_pools_pages_are_committed_only_as_slots_are_read(tmp_path, monkeypatc
     64 MB: glibc maps fresh pages for any allocation past 32 MB, and MLX's cache is emptied, so
     no recycled buffer is handed out.) Reads land in the slots here on every backend: CUDA's
     staging has the copy engine write them, and no host page of the pool is ever committed."""
+    if backend() == "cuda":  # measured on an H200: all 16384 pages of a chunk committed
+        pytest.skip("on CUDA the pool is built from numpy (io/buffers.py): committed when made")
     monkeypatch.setattr(slot_pool, "landing_for", lambda tensors, buffers, page_cache: None)
     mx.clear_cache()
     pool, _ = pool_over(tmp_path, slots=8192, chunk_bytes=4096 * LARGEST)  # 2 chunks of 64 MB
@@ -161,10 +164,13 @@ def mincore_pages(rows: np.ndarray) -> int:
 @pytest.mark.parametrize("cuda", [False, True])
 def test_a_buffer_written_through_its_host_view_is_what_mlx_reads(monkeypatch, cuda):
     """Either allocation (untouched through mx.load; from numpy, as on CUDA): the host view and
-    the array are one memory, and a view may start at any byte and span rows."""
+    the array are one memory, and a view may span rows and, on the CPU, start at any byte. A GPU
+    is given aligned views only (slot rows start on SLOT_ALIGN): on an H200 a uint16 view at an
+    odd byte read its first element and zeros."""
     monkeypatch.setattr(buffers.mx.cuda, "is_available", lambda: cuda)
     buffer = buffers.untouched(3 * buffers.ROW)
     host = buffers.host_bytes(buffer)
-    host[buffers.ROW - 3 : buffers.ROW + 5] = np.arange(1, 9, dtype=np.uint8)
-    view = buffers.view(buffer, buffers.ROW - 3, mx.uint16, (2, 2), (1, 2))
+    start = buffers.ROW - (3 if backend() == "cpu" else 4)
+    host[start : start + 8] = np.arange(1, 9, dtype=np.uint8)
+    view = buffers.view(buffer, start, mx.uint16, (2, 2), (1, 2))
     assert np.array(view).tolist() == [[0x0201, 0x0605], [0x0403, 0x0807]]

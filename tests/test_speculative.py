@@ -29,9 +29,10 @@ def target(checkpoints):
 @pytest.fixture(scope="module")
 def random_draft(checkpoints):
     """A draft with the target's tokenizer and random weights of its own: most drafts rejected."""
-    folder = checkpoints.root / "draft-qwen3_moe-seed1"
-    if not folder.exists():
-        write_hf_checkpoint(folder, tiny_config("qwen3_moe"), seed=1)
+    folder = checkpoints.made(
+        checkpoints.root / "draft-qwen3_moe-seed1",
+        lambda path: write_hf_checkpoint(path, tiny_config("qwen3_moe"), seed=1),
+    )
     return reference_model(folder)
 
 

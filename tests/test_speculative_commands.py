@@ -24,8 +24,10 @@ def folder(checkpoints):
 @pytest.fixture(scope="module")
 def draft_folder(checkpoints):
     """A random model with the fixtures' tokenizer: a draft for the CLI to load."""
-    path = checkpoints.root / "draft-qwen3_moe-seed2"
-    return path if path.exists() else write_hf_checkpoint(path, tiny_config("qwen3_moe"), seed=2)
+    return checkpoints.made(
+        checkpoints.root / "draft-qwen3_moe-seed2",
+        lambda path: write_hf_checkpoint(path, tiny_config("qwen3_moe"), seed=2),
+    )
 
 
 def cli_generate(capsys, folder, *flags: str) -> tuple[str, str]:

@@ -30,3 +30,13 @@ def test_help_version_info_and_plan_of_a_repacked_folder_do_not_import_mlx_lm(ch
         [sys.executable, "-m", "streamer", "--version"], capture_output=True, text=True
     )
     assert version.stdout.strip() == f"streamer {streamer.__version__}"
+
+
+def test_generate_and_chat_refused_before_the_tokenizer_do_not_import_transformers(tmp_path):
+    """A missing model is refused at once: transformers (seconds) comes with the tokenizer only.
+    Both commands in one process: neither may import it."""
+    missing = str(tmp_path / "missing")
+    commands = [["generate", "--model", missing, "--prompt", "x"], ["chat", "--model", missing]]
+    run = "from streamer.cli import main\nassert [main(a) for a in {}] == [2, 2]"
+    modules = imports_of(run.format(commands))
+    assert "transformers" not in modules and "mlx_lm.tokenizer_utils" not in modules

@@ -4,8 +4,9 @@ On Metal the pool is unified memory and the CPU backend's is host memory: a miss
 into its slot. On CUDA the pool is managed memory, which the CPU's stores migrate page by page:
 there the copy engine writes the slot, from a pinned staging buffer a miss was read into, or
 (`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/README.md).
-STREAMER_CUDA_MISSES picks one on CUDA: "staged", "mapped" or "registered" (page-locked for
-each copy); benchmarks compare them side by side.
+STREAMER_CUDA_MISSES picks one on CUDA: "staged", "mapped", "registered" (page-locked for each
+copy) or "pinned" (whole files page-locked while half the RAM holds them); benchmarks compare
+them side by side.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
+import psutil
 
 from ..errors import StreamerError
 
-CUDA_MISSES = ("staged", "mapped", "registered")
+CUDA_MISSES = ("staged", "mapped", "registered", "pinned")
+_LOCKS = {"mapped": "none", "registered": "copy", "pinned": "file"}
+PINNED_SHARE = 0.5  # "pinned" page-locks whole expert files while they fit in this share of RAM
 
 
 class Landing(Protocol):
@@ -49,7 +53,8 @@ def landing_for(tensors: Sequence, buffers: int, page_cache: bool = True) -> Lan
         raise StreamerError(f"STREAMER_CUDA_MISSES={way!r}: use one of {', '.join(CUDA_MISSES)}.")
     if way == "staged" or not page_cache:
         return StagedCopies([t.nbytes for t in tensors], buffers, CudaRuntime())
-    return MappedCopies(CudaRuntime(), register=way == "registered")
+    pinnable = int(psutil.virtual_memory().available * PINNED_SHARE)
+    return MappedCopies(CudaRuntime(), _LOCKS[way], pinnable)
 
 
 def unreadable(where: str, expert: int, error: OSError) -> StreamerError:

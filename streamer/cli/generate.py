@@ -65,7 +65,6 @@ def generate(args: argparse.Namespace) -> int:
     check_drafting(args)
     from ..loading.load import load
     from ..parallel.group import launched_group, shared_seed
-    from .chat import templated
 
     group = args.group = launched_group()  # started by mlx.launch: expert-parallel
     rank = group.rank() if group else 0
@@ -94,6 +93,8 @@ def generate(args: argparse.Namespace) -> int:
             "chat_template): drop --chat to continue the prompt as plain text."
         )
     if tokenizer.has_chat_template and not args.ignore_chat_template:
+        from .chat import templated  # the server's modules: mlx-lm's generate, once it is needed
+
         try:
             text = templated(tokenizer, text, args.system_prompt)
         except Exception as e:  # jinja2's errors, or whatever the template raises

@@ -80,12 +80,17 @@ def _mlx_main(words: list[str]) -> None:
         from mlx._distributed_utils import launch as mlx_launch
     except ImportError as e:
         raise StreamerError(f"this mlx has no launcher to run ({e}); use mlx.launch") from e
-    argv = sys.argv
+    argv, error = sys.argv, argparse.ArgumentParser.error
     sys.argv = ["streamer launch", *words]  # what MLX's parser reads, and names in its errors
+
+    def one_line(parser: argparse.ArgumentParser, message: str) -> None:
+        raise StreamerError(f"{message} (streamer launch --help lists mlx.launch's options)")
+
+    argparse.ArgumentParser.error = one_line  # its usage block, as every command's, one line
     try:
         mlx_launch.main()
     finally:
-        sys.argv = argv
+        sys.argv, argparse.ArgumentParser.error = argv, error
 
 
 @contextmanager

@@ -133,10 +133,11 @@ def chat(args: argparse.Namespace) -> None:
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model
     from ..server.api import Sampling
-    from .chat import chat
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
+    from .chat import chat  # the engine's modules import mlx-lm's generate: after a refusal
+
     options.update(draft_options(args, tokenizer))
     if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
         options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..arguments import check_flag, parse_dtype, parse_size
 from ..cache.budget import check_budget
@@ -43,6 +43,10 @@ from .handle import Streaming, compute_dtype, release
 from .hub import is_repo_id, streamable
 from .manifest_layers import check_layer, quantized
 from .tokenizer import load_tokenizer
+
+if TYPE_CHECKING:  # mlx_lm.tokenizer_utils imports transformers: seconds, paid where a
+    # tokenizer is built (tokenizer.py), not by a load refused before that
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
 def load(

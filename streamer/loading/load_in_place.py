@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..cache.budget import check_budget
 from ..errors import StreamerError
@@ -35,6 +35,9 @@ from .backend import (
 from .download_folder import Download, layouts, open_download
 from .handle import Streaming, compute_dtype, release
 from .tokenizer import load_tokenizer
+
+if TYPE_CHECKING:  # transformers comes with it: imported where the tokenizer is built
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
 def load_in_place(

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import load_config
-from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
+from typing import TYPE_CHECKING
 
 from ..errors import StreamerError, one_line
 from ..families.config import check_eos_ids
 from ..io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
 
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
 
 def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
     """The tokenizer exactly as mlx_lm.load builds it: its eos ids are config.json's, replaced by
     generation_config.json's where that file lists them (chat models' end-of-turn ids)."""
+    # mlx_lm.utils imports transformers (seconds): here, not by every module that loads a model,
+    # so that a command refused before its tokenizer is built is refused at once
+    from mlx_lm.utils import load_config
+    from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
+
     try:
         eos_ids = load_config(folder).get("eos_token_id")
     except (OSError, ValueError) as e:

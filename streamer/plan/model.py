@@ -4,9 +4,9 @@ Parameter shapes give the resident and expert bytes (quantized as config.json's 
 `--quantize` says, each expert record laid out as the repacker lays it out), and the KV cache
 bytes per token are those of mlx-lm's caches after a lazy forward pass at two lengths (so sliding
 windows, MLA's compressed cache and linear-attention state count as they are). With a download
-present, repack's own plan of it gives the shapes and dtypes from its safetensors headers, and
-`repack.disk_needs` the disk peak with --delete-source (which reads one expert's bytes to size a
-record). No other weights are read.
+present, repack's own plan of it (made once) gives the shapes and dtypes from its safetensors
+headers, and `repack.planned_disk_needs` of that plan the disk peak with --delete-source (which
+reads one expert's bytes to size a record). No other weights are read.
 """
 
 from __future__ import annotations
@@ -53,10 +53,7 @@ def model_plan(
     repacked = (folder / MANIFEST_FILE).exists()
     peak = None
     if source.is_dir() and not repacked and any(folder.glob("*.safetensors")):
-        from ..repack import Quantize, disk_needs
-
-        model, config = _download_model(folder, quantize)  # exactly as repack will write it
-        peak = disk_needs(folder, Quantize(*quantize) if quantize else None)[1]
+        model, config, peak = _download_model(folder, quantize)  # exactly as repack will write it
     else:
         model, config = _config_model(config_path, repacked, quantize)
     containers = expert_containers(model)
@@ -89,19 +86,22 @@ def model_plan(
     )
 
 
-def _download_model(folder: Path, quantize: tuple | None) -> tuple[nn.Module, dict]:
-    """repack's own plan of a download: resident weights as the checkpoint holds them (lazily,
-    never read), experts in their target shapes, quantized as repack will."""
+def _download_model(folder: Path, quantize: tuple | None) -> tuple[nn.Module, dict, int]:
+    """repack's own plan of a download (made once: it builds and sanitizes the whole model):
+    resident weights as the checkpoint holds them (lazily, never read), experts in their target
+    shapes, quantized as repack will; and the disk peak with --delete-source."""
     from ..io.checkpoint import Checkpoint
-    from ..repack.plan import Quantize, make_plan
+    from ..repack import Quantize, planned_disk_needs
+    from ..repack.plan import make_plan
 
     with Checkpoint(folder) as checkpoint:
         repack_plan = make_plan(checkpoint, Quantize(*quantize) if quantize else None)
+        peak = planned_disk_needs(repack_plan)[1]
     model, config = repack_plan.model, repack_plan.config
     stored = DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
     for container in repack_plan.containers.values():  # unquantized records keep the source dtype
         container.set_dtype(repack_plan.cast or stored)
-    return model, config
+    return model, config, peak
 
 
 def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[nn.Module, dict]:

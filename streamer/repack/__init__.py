@@ -34,16 +34,21 @@ from .plan import Plan, Quantize, make_plan
 from .progress import PROGRESS_FILE, Progress, source_identity
 from .records import NonfiniteWarnings, record_bytes, write_layer
 
-__all__ = ["Quantize", "disk_needs", "repack"]
+__all__ = ["Quantize", "disk_needs", "planned_disk_needs", "repack"]
 
 
 def disk_needs(src: str | Path, quantize: Quantize | None = None) -> tuple[int, int]:
     """The most disk a repack of `src` takes beyond the source at any moment: keeping the source
     (the whole repacked model) and with --delete-source (for `streamer plan`)."""
     with Checkpoint(src) as ckpt:
-        plan = make_plan(ckpt, quantize)
-        progress = Progress(Path(src), "")  # nothing done yet; never saved
-        return consume.disk_peaks(plan, progress, *layer_and_resident_bytes(plan, progress))
+        return planned_disk_needs(make_plan(ckpt, quantize))
+
+
+def planned_disk_needs(plan: Plan) -> tuple[int, int]:
+    """disk_needs of a plan made already, its checkpoint still open (one expert is read to size
+    a record): `streamer plan` plans a download once, for its sizes and for these."""
+    progress = Progress(plan.folder, "")  # nothing done yet; never saved
+    return consume.disk_peaks(plan, progress, *layer_and_resident_bytes(plan, progress))
 
 
 def repack(

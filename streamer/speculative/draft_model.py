@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..errors import StreamerError, one_line
 from ..loading.backend import default_dtype
 from ..loading.hub import resolve
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
 def load_draft_model(name: str | Path, tokenizer: TokenizerWrapper) -> nn.Module:
