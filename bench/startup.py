@@ -5,8 +5,9 @@
 `--help`, `--version`, `info` and `plan` of a repacked folder should not import mlx-lm, nor
 `plan` of a config.json, a download or an MLX-quantized download import transformers (it builds
 mlx-lm's model from its model files alone: streamer/families/mlx_lm_models.py; each saved layer's
-quantization from its shapes: streamer/families/saved_quantization.py). Prints the median wall
-time of each command in seconds.
+quantization from its shapes: streamer/families/saved_quantization.py), nor `generate` of a
+missing model (refused before its tokenizer is built). Prints the median wall time of each
+command in seconds.
 """
 
 from __future__ import annotations
@@ -25,14 +26,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def seconds(command: list[str], repeats: int) -> float:
+def seconds(command: list[str], repeats: int, status: int = 0) -> float:
+    """The median wall time of `streamer COMMAND`, which must exit with `status`."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "streamer", *command], capture_output=True, check=True, cwd=REPO
+        done = subprocess.run(
+            [sys.executable, "-m", "streamer", *command], capture_output=True, text=True, cwd=REPO
         )
         times.append(time.perf_counter() - start)
+        if done.returncode != status:
+            raise SystemExit(f"streamer {' '.join(command)}: exit {done.returncode}\n{done.stderr}")
     return statistics.median(times)
 
 
@@ -76,6 +80,9 @@ def main() -> None:
             ("streamer plan MLX-DOWNLOAD", ["plan", quantized]),
         ):
             print(f"{name:<30}{seconds(command, args.repeats):.2f} s")
+        # refused before the tokenizer is built: no transformers import
+        missing = ["generate", "--model", str(Path(tmp) / "missing"), "--prompt", "x"]
+        print(f"{'streamer generate MISSING':<30}{seconds(missing, args.repeats, status=2):.2f} s")
 
 
 if __name__ == "__main__":

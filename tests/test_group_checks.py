@@ -115,7 +115,7 @@ def test_a_shard_loaded_alone_is_refused(group):
         expert_shares(None, shards[1], manifests[1], totals)
     assert str(e.value) == (
         f"{shards[1]} holds only shard 1/2 of a model's experts: run it on 2 ranks with "
-        "`mlx.launch`, or load the full repacked folder."
+        "`streamer launch`, or load the full repacked folder."
     )
 
 
