@@ -122,3 +122,23 @@ def test_a_repacked_folder_is_planned_from_its_files_as_from_its_model(checkpoin
             assert fast == model_plan(folder, 16 * GB, None, dtype), (folder, dtype)
             assert fast.experts_per_token == 4 and fast.expert_bytes_per_token > 0
     assert repacked_plan(checkpoints.repacked(checkpoints.hf("gpt_oss")), GB, None) is None
+
+
+def test_plan_says_what_streaming_a_download_in_place_costs(checkpoints, capsys):
+    """An MLX download streams without a repack: plan says so, with its ranges per expert (one
+    per tensor of the record: 9 for affine gate/up/down) and what they cost per read path; a
+    bf16 download, a planned --quantize and a repacked folder have no such line."""
+    mlx_download = checkpoints.mlx("qwen3_moe")
+    assert main(["plan", str(mlx_download)]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("in place")]
+    assert line == [
+        "in place           yes, 9 ranges an expert: as fast as a repack on the slot path "
+        "(Metal, CUDA); +0.18 ms a synced layer call on the mapped path (CPU; a repack reads 1)"
+    ]
+    for words in (
+        [str(checkpoints.hf("qwen3_moe"))],
+        [str(checkpoints.hf("qwen3_moe")), "--quantize", "4"],
+        [str(checkpoints.repacked(mlx_download))],
+    ):
+        assert main(["plan", *words]) == 0
+        assert "in place" not in capsys.readouterr().out, words

@@ -27,7 +27,9 @@ from ..families.architectures import (
     quantize_like_mlx_lm,
 )
 from ..families.config import check_config, experts_per_token
+from ..families.expert_lists import STACKED_MODELS
 from ..families.mlx_lm_models import models_without_package_init
+from ..families.model_types import mlx_lm_model_type
 from ..families.transformers.spellings import normalize_config
 from ..io.json_file import read_json_object
 from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN
@@ -75,6 +77,7 @@ def model_plan(
         disk_bytes=stored_resident + expert_bytes,
         delete_source_peak_bytes=peak,
         download_bytes=_download_bytes(folder) if not repacked else None,
+        in_place_ranges=_in_place_ranges(config, containers, repacked, peak),
         resident_bytes=resident,
         expert_bytes=expert_bytes,
         expert_bytes_per_token=sum(records) * top_k,
@@ -203,6 +206,16 @@ def _quantized(cache: list, kv: tuple[int, int]) -> None:
             f"--kv-group-size {kv[1]} does not divide this model's key and value widths "
             f"({one_line(e)}): choose a smaller one."
         ) from None
+
+
+def _in_place_ranges(config: dict, containers: dict, repacked: bool, peak) -> int | None:
+    """Byte ranges per expert in the shards when the download streams in place (MLX-quantized;
+    `peak` is set for a download's safetensors): one per tensor of its record; else None."""
+    if repacked or peak is None or "quantization" not in config:
+        return None
+    if mlx_lm_model_type(config) in STACKED_MODELS:  # mlx_lm.convert leaves them unstacked
+        return None
+    return len(tree_flatten(next(iter(containers.values())).parameters()))
 
 
 def _download_bytes(folder: Path) -> int | None:
