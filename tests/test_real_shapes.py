@@ -129,8 +129,11 @@ def test_the_weights_as_read_are_freed_once_cast():
     bfloat16, kept beside their float32 casts until the load returned. Held now: the casts."""
     model = nn.Sequential(nn.Linear(512, 512), nn.RMSNorm(512))
     mx.eval(model.parameters())
+    gc.collect()  # other tests' arrays: freed before, not during
     before = mx.get_active_memory()
     weights = {n: mx.ones(v.shape, mx.bfloat16) for n, v in tree_flatten(model.parameters())}
+    as_read = sum(v.nbytes for v in weights.values())
     load_resident(model, weights, mx.float32, str)  # read lazily as mx.load reads: on eval
     gc.collect()
-    assert not weights and mx.get_active_memory() == before  # float32 in place of float32
+    # float32 in place of float32 (a few KB may be anything else the process holds since)
+    assert not weights and mx.get_active_memory() - before < as_read // 4
