@@ -137,3 +137,4 @@ def test_the_weights_as_read_are_freed_once_cast():
     gc.collect()
     # float32 in place of float32 (a few KB may be anything else the process holds since)
     assert not weights and mx.get_active_memory() - before < as_read // 4
+    assert mx.get_cache_memory() == 0  # nor kept in MLX's cache

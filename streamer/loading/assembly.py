@@ -54,6 +54,7 @@ def load_resident(
             batch = arrays[start : start + EVAL_BATCH]
             mx.eval(batch)
             bar.update(sum(a.nbytes for a in batch))
+    mx.clear_cache()  # what the casts freed goes back to the system, not kept for later arrays
     model.eval()
 
 
