@@ -12,6 +12,7 @@ from hostile_files import flip_byte
 
 import streamer
 from streamer.errors import StreamerError
+from streamer.io.integrity import MTIME_TOLERANCE_NS
 from streamer.io.manifest import read_manifest
 from streamer.verify import verify
 
@@ -110,11 +111,13 @@ def test_verify_reads_checks_resident_weights_at_load(folder):
 def test_a_copy_without_file_times_loads_and_a_file_edited_in_place_is_caught(folder, tmp_path):
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-r", str(folder), str(copy)], check=True)  # no times kept
+    later_than_tolerated(copy)  # a checkpoint repacked within 2 s of the copy: times the same
     streamer.load(copy)
     assert verify(copy, **QUIET) == []
     # an edit with a new time, in a sampled expert (the first) or a resident tensor
     path = copy / "experts" / "001.bin"
     flip_byte(path, expert_tensor_offset(copy, 1, 0, tensor=-1), keep_time=False)
+    later_than_tolerated(path)
     with pytest.raises(StreamerError, match="001.bin changed after it was repacked.*sampled"):
         streamer.load(copy)
     assert len(verify(copy, refresh=True, **QUIET)) == 1  # --refresh waves no edit through
@@ -124,6 +127,15 @@ def test_a_copy_without_file_times_loads_and_a_file_edited_in_place_is_caught(fo
     flip_byte(path, expert_tensor_offset(copy, 1, 0, tensor=-1), keep_time=False)  # undo
     assert verify(copy, refresh=True, **QUIET) == []
     streamer.load(copy)
+
+
+def later_than_tolerated(path) -> None:
+    """Every file at or under `path` timed past MTIME_TOLERANCE_NS after its recorded time, as a
+    copy or an edit made later than 2 s after the repack: the test does not depend on how long
+    ago the session's checkpoint was repacked."""
+    for file in [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]:
+        later = file.stat().st_mtime_ns + 2 * MTIME_TOLERANCE_NS
+        os.utime(file, ns=(later, later))
 
 
 def test_expert_file_truncated_while_loaded(folder):
