@@ -114,6 +114,38 @@ def test_step3p5_without_a_window_for_its_sliding_layers_is_refused(fields, said
         check_config(config, "c")
 
 
+@pytest.mark.parametrize(
+    "left_out, said",
+    [
+        (
+            ("sliding_window",),
+            "sliding_window is left out, but layers 1 are sliding_attention: a sliding layer "
+            "needs its window (transformers' step3p5 then has none and its model raises, mlx-lm "
+            "slides over 512 tokens, the published config.json's window)",
+        ),
+        (
+            ("sliding_window", "layer_types"),
+            "sliding_window is left out, but layers 0, 2 are sliding_attention (mlx-lm slides "
+            "every even layer without layer_types)",
+        ),
+        (
+            ("layer_types",),
+            "layer_types is left out: transformers' step3p5 then makes every layer full "
+            "attention, mlx-lm slides every even layer, the published models 3 layers of 4",
+        ),
+    ],
+)
+def test_step3p5_window_or_layer_kinds_left_out_is_refused(left_out, said):
+    """Left out, transformers' default is not mlx-lm's (no window and no sliding layer to it):
+    mlx-lm streamed its own 512 and its even layers sliding, silently."""
+    config = {k: v for k, v in tiny_config("step3p5").items() if k not in left_out}
+    with pytest.raises(streamer.StreamerError, match=f"^c: {re.escape(said)}"):
+        check_config(config, "c")
+    full = ["full_attention"] * config["num_hidden_layers"]
+    if "layer_types" not in left_out:  # no layer slides: neither model reads the window
+        check_config({**config, "layer_types": full}, "c")
+
+
 def test_step3p5_without_a_window_and_no_sliding_layer_streams_as_with_one(checkpoints, tmp_path):
     """No layer reads the window when none slides: a null one streams what any window gives."""
     texts = []

@@ -150,3 +150,74 @@ def test_minimax_m3_rotation_transformers_and_mlx_lm_read_otherwise_is_refused(c
     with pytest.raises(streamer.StreamerError, match=f"^c: text_config.{re.escape(said)}"):
         check_config(minimax_m3_flat(**changes), "c")
     check_config(minimax_m3_flat(rotary_dim=16), "c")  # as published: they agree
+
+
+def old_spelling(model_type: str, *left_out: str) -> dict:
+    """Mistral 4's RoPE settings (mistral3's text model's) as transformers 4 spells them:
+    rope_scaling beside rope_theta, without rope_parameters."""
+    config = tiny_config(model_type)
+    text = config.get("text_config", config)
+    rope = without(text["rope_parameters"], "rope_theta", *left_out)
+    text = {**without(text, "rope_parameters"), "rope_scaling": rope, "rope_theta": 20000.0}
+    return {**config, "text_config": text} if "text_config" in config else text
+
+
+def logits(config: dict) -> mx.array:
+    mx.random.seed(0)  # the same weights for each spelling
+    return build_model(normalize_config(check_config(config, "c")), "c")(mx.array([[1, 2, 3]]))
+
+
+@pytest.mark.parametrize("model_type", ["mistral4", "mistral3"])
+def test_mistral_4_rope_scaling_alone_is_read_as_transformers_reads_it(model_type):
+    """mlx-lm's mistral4 reads rope_parameters only: it failed at its first token (a TypeError)
+    or refused as unapplied the YaRN it ignored; transformers reads rope_scaling into them."""
+    from transformers import Mistral4Config
+
+    old = old_spelling(model_type)
+    text = normalize_config(old).get("text_config", normalize_config(old))
+    read = Mistral4Config(**old.get("text_config", old)).rope_parameters
+    assert text["rope_parameters"] == without(read, "partial_rotary_factor")
+    rope = {**old.get("text_config", old)["rope_scaling"], "rope_theta": 20000.0}
+    new = tiny_config(model_type)
+    if "text_config" in new:
+        new = {**new, "text_config": {**new["text_config"], "rope_parameters": rope}}
+    else:
+        new = {**new, "rope_parameters": rope}
+    assert mx.array_equal(logits(old), logits(new))
+
+
+@pytest.mark.parametrize(
+    "config, said",
+    [
+        (
+            old_spelling("mistral4", "llama_4_scaling_beta"),
+            "rope_scaling has no llama_4_scaling_beta: Mistral 4 scales its queries by them",
+        ),
+        (
+            old_spelling("mistral3", "llama_4_scaling_beta", "original_max_position_embeddings"),
+            "text_config.rope_scaling has no llama_4_scaling_beta or "
+            "original_max_position_embeddings: Mistral 4 scales its queries by them",
+        ),
+        (
+            tiny_config("mistral4", rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+            "rope_parameters has no llama_4_scaling_beta or original_max_position_embeddings",
+        ),
+    ],
+)
+def test_mistral_4_rope_settings_without_its_query_scaling_are_refused(config, said):
+    """Both transformers' model and mlx-lm's fail without them (mlx-lm's with a traceback)."""
+    with pytest.raises(streamer.StreamerError, match=f"^c: {said}"):
+        check_config(config, "c")
+
+
+def flat_qwen3_5(*left_out: str, **given) -> dict:
+    """A Qwen3.5 config without text_config: mlx-lm reads its fields as the text model's."""
+    config = tiny_config("qwen3_5_moe")
+    return {**without(config["text_config"], *left_out), "model_type": "qwen3_5_moe", **given}
+
+
+def test_flat_qwen3_5_rope_theta_alone_is_its_rope_base():
+    """As in its text_config: mlx-lm's default rope_parameters replaced it with base 100000."""
+    assert rope_bases(flat_qwen3_5("rope_parameters", rope_theta=10_000_000)) == {10_000_000}
+    with pytest.raises(streamer.StreamerError, match="^c: rope_parameters is left out: "):
+        check_config(flat_qwen3_5("rope_parameters"), "c")

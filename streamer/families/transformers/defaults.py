@@ -88,10 +88,26 @@ def _rope_from_theta(config: dict) -> dict | None:
     }
 
 
+def _rope_from_scaling(config: dict) -> dict | None:
+    """rope_parameters as transformers 5 reads a transformers 4 config's rope_scaling: the same
+    settings, with the config's rope_theta (else 10000) and its type as rope_type where they have
+    none. mlx-lm's mistral4 reads rope_parameters only: without them it fails at its first token
+    (a TypeError, reading llama_4_scaling_beta), or refused a YaRN it then left unapplied."""
+    scaling = config.get("rope_scaling")
+    if not isinstance(scaling, dict):
+        return None
+    return {
+        "rope_theta": config.get("rope_theta", 10000.0),
+        "rope_type": scaling.get("type", "default"),
+        **scaling,
+    }
+
+
 # model_type -> field -> its value as transformers reads it from the config's other fields,
 # where config.json leaves it out (None: nothing to read it from)
 READ_FROM: dict[str, dict[str, Callable[[dict], object]]] = {
     "qwen3_5_moe_text": {"rope_parameters": _rope_from_theta},
+    "mistral4": {"rope_parameters": _rope_from_scaling},  # mistral3's text model too
 }
 
 # A vision-language model_type -> the model_type of transformers' config class for its
@@ -106,6 +122,20 @@ TEXT_MODEL_TYPES = {
     "qwen3_5_moe": "qwen3_5_moe_text",
     "qwen3_vl_moe": "qwen3_vl_moe_text",
 }
+
+
+# Vision-language model types whose config.json mlx-lm reads as the text model's own where it has
+# no text_config (qwen3_5_moe's ModelArgs.from_dict): filled and checked as that text model's
+FLAT_AS_TEXT = {"qwen3_5_moe"}
+
+
+def own_model_type(config: dict) -> object:
+    """The model_type config.json's own fields are read as (a flat FLAT_AS_TEXT config's: its
+    text model's)."""
+    model_type = config.get("model_type")
+    if model_type in FLAT_AS_TEXT and "text_config" not in config:
+        return TEXT_MODEL_TYPES[model_type]
+    return model_type
 
 
 def text_model_type(config: dict) -> str | None:
@@ -135,8 +165,8 @@ def letters_listed(config: dict) -> dict:
 
 def fill_defaults(config: dict) -> dict:
     """`config` with the fields of FILLED and READ_FROM it leaves out set as transformers sets
-    them, in a vision-language model's text_config too."""
-    config = _filled(config, config.get("model_type"))
+    them, in a vision-language model's text_config (or its flat config) too."""
+    config = _filled(config, own_model_type(config))
     kind = text_model_type(config)
     if kind is not None:
         text = _filled(config["text_config"], kind)

@@ -11,27 +11,49 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import StreamerError
-from .defaults import text_model_type
+from .defaults import MISTRAL4_YARN, own_model_type, text_model_type
+
+# what Mistral 4's attention reads from its RoPE settings to scale the queries by position
+MISTRAL4_QUERY_SCALING = ("llama_4_scaling_beta", "original_max_position_embeddings")
 
 
 def _step3p5_window(config: dict) -> str | None:
-    """A null sliding_window (transformers' default) is a window only where no layer slides."""
-    if config.get("sliding_window", 0) is not None:  # left out: mlx-lm's default, 512
-        return None
+    """Left out, Step-3.5's window is none to transformers (its model raises at a sliding layer)
+    and 512 to mlx-lm (the published config.json's; sglang's notes say 128), and its layer_types
+    all full attention to transformers and every even layer sliding to mlx-lm (the published
+    config lists 3 sliding layers to each full one): no value is both's. A null window is a
+    window only where no layer slides."""
     kinds, layers = config.get("layer_types"), config.get("num_hidden_layers")
     if isinstance(kinds, list):
         sliding, how = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"], ""
     else:  # mlx-lm's step3p5 without layer_types: every even layer slides
         sliding = list(range(0, layers, 2)) if type(layers) is int else [0]
         how = " (mlx-lm slides every even layer without layer_types)"
-    if not sliding:
-        return None  # all full attention: neither model reads the window
+    if sliding and config.get("sliding_window") is None:
+        return _no_window(sliding, how, "null" if "sliding_window" in config else "left out")
+    if kinds is None:
+        return (
+            f"layer_types is {'null' if 'layer_types' in config else 'left out'}: "
+            "transformers' step3p5 then makes every layer full "
+            "attention, mlx-lm slides every even layer, the published models 3 layers of 4; add "
+            "the published layer_types to config.json."
+        )
+    return None
+
+
+def _no_window(sliding: list[int], how: str, said: str) -> str:
     shown = ", ".join(map(str, sliding[:4]))
     shown += f" ... ({len(sliding)} layers)" if len(sliding) > 4 else ""
+    defaults = (
+        "transformers' step3p5 then has none and its model raises, mlx-lm slides over 512 "
+        "tokens, the published config.json's window"
+        if said == "left out"
+        else "transformers' step3p5 model raises without one, mlx-lm's cannot cache one"
+    )
     return (
-        f"sliding_window is null, but layers {shown} are sliding_attention{how}: a sliding layer "
-        "needs its window (transformers' step3p5 model raises without one, mlx-lm's cannot cache "
-        "one); set sliding_window to the model's window, as its published config.json says."
+        f"sliding_window is {said}, but layers {shown} are sliding_attention{how}: a sliding "
+        f"layer needs its window ({defaults}); set sliding_window to the model's window, as its "
+        "published config.json says."
     )
 
 
@@ -64,6 +86,25 @@ def _qwen3_5_rope(config: dict) -> str | None:
         "rope_parameters is left out: transformers' qwen3_5_moe_text then computes RoPE with base "
         "10000, mlx-lm with 100000, the published models with 10000000; add the published "
         "rope_parameters to config.json."
+    )
+
+
+def _mistral4_llama_4_scaling(config: dict) -> str | None:
+    """Mistral 4 scales its queries by rope_parameters' llama_4_scaling_beta and
+    original_max_position_embeddings: transformers' model and mlx-lm's fail without them (a
+    TypeError, a KeyError), and the fill (defaults.py) is transformers' only where no RoPE
+    settings are given."""
+    given = "rope_parameters" if "rope_parameters" in config else "rope_scaling"
+    rope = config.get(given)
+    if not isinstance(rope, dict):
+        return None  # left out: filled; another value: check_common_fields names it
+    lacking = [k for k in MISTRAL4_QUERY_SCALING if k not in rope]
+    if not lacking:
+        return None
+    return (
+        f"{given} has no {' or '.join(lacking)}: Mistral 4 scales its queries by them "
+        "(transformers' and mlx-lm's models fail without them); add them as the published "
+        f"rope_parameters give them ({', '.join(f'{k}: {MISTRAL4_YARN[k]}' for k in lacking)})."
     )
 
 
@@ -101,16 +142,17 @@ UNFILLED: dict[str, Callable[[dict], str | None]] = {
     "mimo_v2_flash": _mimo_value_scale,
     "gemma4_text": _gemma4_softcap,
     "qwen3_5_moe_text": _qwen3_5_rope,
+    "mistral4": _mistral4_llama_4_scaling,
     "minimax_m3_vl_text": _minimax_m3_rotary,
 }
 
 
 def refuse_unfilled(config: dict, where: Path | str) -> None:
     """Refuse `config` where UNFILLED says no value of a field it leaves out is the model's, in
-    a vision-language model's text_config too."""
+    a vision-language model's text_config (or its flat config) too."""
     text = config.get("text_config")
     for values, kind, prefix in (
-        (config, config.get("model_type"), ""),
+        (config, own_model_type(config), ""),
         (text, text_model_type(config), "text_config."),
     ):
         check = UNFILLED.get(kind) if isinstance(values, dict) else None
