@@ -15,18 +15,22 @@ Kimi K2's architecture with smaller expert tensors, so only Kimi K2 generates.""
 
 from __future__ import annotations
 
+import gc
 import struct
 import sys
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import psutil
 import pytest
+from mlx.utils import tree_flatten
 
 import streamer
 from fixtures.published_shapes import PUBLISHED_SHAPES, text_config, with_size
 from streamer.experts.slots import open_pools, shape_class
 from streamer.io.expert_files import ExpertFiles
+from streamer.loading.assembly import load_resident
 from streamer.loading.download_folder import layouts, open_download
 from streamer.plan import plan
 
@@ -117,3 +121,16 @@ def test_one_moe_layer_generates_a_token_on_both_read_paths(downloads, name):
             assert pool.nbytes <= 512 * 2**20 and token.experts_read > 0
         model.streamer.close()
         del model
+
+
+def test_the_weights_as_read_are_freed_once_cast():
+    """What the engine held beyond the weights, the pool and the mapped files at real shapes
+    (35-73 KB per expert, 1.1 GB for a full GLM-4.5) was the non-expert weights as read, in
+    bfloat16, kept beside their float32 casts until the load returned. Held now: the casts."""
+    model = nn.Sequential(nn.Linear(512, 512), nn.RMSNorm(512))
+    mx.eval(model.parameters())
+    before = mx.get_active_memory()
+    weights = {n: mx.ones(v.shape, mx.bfloat16) for n, v in tree_flatten(model.parameters())}
+    load_resident(model, weights, mx.float32, str)  # read lazily as mx.load reads: on eval
+    gc.collect()
+    assert not weights and mx.get_active_memory() == before  # float32 in place of float32

@@ -36,11 +36,15 @@ def load_resident(
 ) -> None:
     """Load the resident weights into a model whose expert containers are already swapped for
     streaming layers, strictly: weights the model does not take are refused (`mismatch` words
-    the error); then cast to `dtype` and evaluate."""
+    the error); then cast to `dtype` and evaluate. `weights` is emptied: an array it held would
+    keep its data once evaluated, so each weight as read (bfloat16, before a cast to float32)
+    would be held beside its cast until the load returned, freed then into the allocator's
+    fragments, not to the OS (bench/README.md, "Real shapes": 35-73 KB per expert)."""
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
         raise StreamerError(mismatch(e)) from e
+    weights.clear()
     if dtype is not None:
         model.set_dtype(dtype)
     arrays = [array for _, array in tree_flatten(model.parameters())]
