@@ -22,8 +22,8 @@ import psutil
 
 from ..errors import StreamerError
 
-CUDA_MISSES = ("staged", "mapped", "registered", "pinned")
-_LOCKS = {"mapped": "none", "registered": "copy", "pinned": "file"}
+_LOCKS = {"mapped": "none", "registered": "copy", "pinned": "file"}  # MappedCopies' `lock`
+CUDA_MISSES = ("staged", *_LOCKS)
 PINNED_SHARE = 0.5  # "pinned" page-locks whole expert files while they fit in this share of RAM
 
 

@@ -168,11 +168,13 @@ class MappedCopies:
         self._closed = False
 
     def copy(self, spans: Sequence[tuple[ReadFile, int, np.ndarray]]) -> list[np.ndarray]:
-        mapped = [self._mapped(file) for file, _, _ in spans]
-        sources = [m[offset : offset + row.nbytes] for m, (_, offset, row) in zip(mapped, spans)]
+        mapped = [self._mapped(file) for file, _, _ in spans]  # (view, locked) per span
+        sources = [
+            m[offset : offset + row.nbytes] for (m, _), (_, offset, row) in zip(mapped, spans)
+        ]
         if any(source.nbytes != row.nbytes for source, (_, _, row) in zip(sources, spans)):
             raise OSError("short read: the file ends inside the expert")
-        unlocked = [s for s, (file, _, _) in zip(sources, spans) if not self._maps[id(file)][2]]
+        unlocked = [s for s, (_, locked) in zip(sources, mapped) if not locked]
         registered = []
         try:
             if self._lock != "none":
@@ -189,15 +191,16 @@ class MappedCopies:
                 self._runtime.unregister(start)
         return sources
 
-    def _mapped(self, file: ReadFile) -> np.ndarray:
+    def _mapped(self, file: ReadFile) -> tuple[np.ndarray, bool]:
+        """The file's read-only mapping, and whether it is locked whole."""
         if id(file) not in self._maps:
             view = np.frombuffer(mmap.mmap(file.fd, 0, prot=mmap.PROT_READ), np.uint8)
             locked = self._lock == "file" and view.nbytes <= self._pinnable
             if locked:
-                self._runtime.register(view.ctypes.data, _up_to_page(view.nbytes))
+                self._runtime.register(view.ctypes.data, _up(view.nbytes, PAGE))
                 self._pinnable -= view.nbytes
             self._maps[id(file)] = (file, view, locked)
-        return self._maps[id(file)][1]
+        return self._maps[id(file)][1:]
 
     def close(self) -> None:
         if self._closed:
@@ -210,16 +213,10 @@ class MappedCopies:
         self._maps.clear()  # each mapping is unmapped once no source view is left
 
 
-def _up_to_page(nbytes: int) -> int:
-    return -(-nbytes // PAGE) * PAGE
-
-
 def _pages(addresses: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, int]]:
     """The page ranges covering [address, address + size) of each span, merged where they touch
     (CUDA refuses to register a page twice)."""
-    ranges = sorted(
-        (a // PAGE * PAGE, -(-(a + n) // PAGE) * PAGE) for a, n in zip(addresses, sizes)
-    )
+    ranges = sorted((a // PAGE * PAGE, _up(a + n, PAGE)) for a, n in zip(addresses, sizes))
     merged: list[list[int]] = []
     for start, end in ranges:
         if merged and start <= merged[-1][1]:
@@ -248,5 +245,5 @@ def _loaded_cudart() -> str:
     return "libcudart.so.13"
 
 
-def _up(nbytes: int) -> int:
-    return -(-nbytes // STAGING_ALIGN) * STAGING_ALIGN
+def _up(nbytes: int, align: int = STAGING_ALIGN) -> int:
+    return -(-nbytes // align) * align

@@ -77,7 +77,7 @@ def model_plan(
         disk_bytes=stored_resident + expert_bytes,
         delete_source_peak_bytes=peak,
         download_bytes=_download_bytes(folder) if not repacked else None,
-        in_place_ranges=_in_place_ranges(config, containers, repacked, peak, quantize),
+        in_place_ranges=_in_place_ranges(config, containers, peak, quantize),
         resident_bytes=resident,
         expert_bytes=expert_bytes,
         expert_bytes_per_token=sum(records) * top_k,
@@ -208,13 +208,11 @@ def _quantized(cache: list, kv: tuple[int, int]) -> None:
         ) from None
 
 
-def _in_place_ranges(
-    config: dict, containers: dict, repacked: bool, peak, quantize: tuple | None
-) -> int | None:
+def _in_place_ranges(config: dict, containers: dict, peak, quantize: tuple | None) -> int | None:
     """Byte ranges per expert in the shards when the download streams in place (MLX-quantized,
     not planned with --quantize, whose plan's config says "quantization" too; `peak` is set for
-    a download's safetensors): one per tensor of its record; else None."""
-    if repacked or peak is None or quantize or "quantization" not in config:
+    a download's safetensors, never a repacked folder): one per tensor of its record; else None."""
+    if peak is None or quantize or "quantization" not in config:
         return None
     if mlx_lm_model_type(config) in STACKED_MODELS:  # mlx_lm.convert leaves them unstacked
         return None
