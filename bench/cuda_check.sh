@@ -3,6 +3,7 @@
 #
 #   bash bench/cuda_check.sh install WHEELS_DIR   # mlx + mlx-cuda-13 + mlx-lm into /root/site
 #   bash bench/cuda_check.sh slot-tests           # the slot pool and slot path tests
+#   bash bench/cuda_check.sh tests FILE...        # the named test files
 #   bash bench/cuda_check.sh parity [OUT_DIR]     # the parity suite (slot path only there), 4 shards
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
 #   bash bench/cuda_check.sh data48               # build decode48's checkpoint ahead
@@ -62,10 +63,15 @@ install)
   timeout 120 python3 -c "import mlx.core as mx; print(mx.default_device(), mx.cuda.is_available(),
     (mx.ones((4, 4)) @ mx.ones((4, 4))).sum().item())"
   ;;
+tests)  # the named test files
+  env_setup
+  shift
+  timeout "${TESTS_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider "$@"
+  ;;
 slot-tests)
   env_setup
   timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_slot_pool.py tests/test_slots.py \
-    tests/test_cuda_copy.py
+    tests/test_cuda_copy.py tests/test_cuda_gather.py
   ;;
 parity)
   env_setup
@@ -141,7 +147,8 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
 misspaths)
   env_setup
   mkdir -p "$2" /root/bench-data
-  timeout 240 python3 bench/cuda_miss_paths.py /root/bench-data --out "$2/miss-paths.json"
+  timeout 240 python3 bench/cuda_miss_paths.py /root/bench-data --out "$2/miss-paths.json" \
+    ${MISSPATHS_ARGS:-}
   ;;
 speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (kernels compile once)
   env_setup

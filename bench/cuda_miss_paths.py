@@ -12,7 +12,10 @@ random slots of a managed pool, then runs one kernel over those slots, as decode
   copies and unregistered after (the copy engine reads the page cache itself: no CPU copy);
 - pinned-file: the same with the whole mapping registered once (its cost reported apart;
   STREAMER_CUDA_MISSES=pinned);
-- pageable: cudaMemcpyAsync straight from the unregistered mapping (the driver's own staging).
+- pageable: cudaMemcpyAsync straight from the unregistered mapping (the driver's own staging);
+- gather-miss / gather-hit: no copy at all: the slot path's gather kernel (io/cuda_gather.py)
+  reads the K experts over the bus from the whole file's mapping (registered mapped), or from
+  K pool slots (the cost a hit adds to a decode layer), into a stack the expert kernel reads.
 Needs MLX's CUDA backend (it loads the libcudart this uses). Prints a table; --out keeps JSON.
 """
 
@@ -37,6 +40,7 @@ EXPERT = sum(TENSORS)
 PIECE = 1 << 19
 PAGE = mmap.PAGESIZE
 READ_ONLY = 8  # cudaHostRegisterReadOnly
+MAPPED = 2  # cudaHostRegisterMapped
 
 
 def main() -> None:
@@ -112,15 +116,51 @@ def main() -> None:
             results.append(timed(name, k, move, pool, rows, mapping, experts, args, rng))
             print(row(results[-1]), flush=True)
     t = time.perf_counter()
-    cuda._check(lib.cudaHostRegister(base, len(mapping), READ_ONLY), "register whole file")
+    flags = READ_ONLY | MAPPED
+    cuda._check(lib.cudaHostRegister(base, len(mapping), flags), "register whole file")
     whole = time.perf_counter() - t
     print(f"registering the whole {len(mapping) / 2**30:.2f} GiB mapping: {whole:.3f} s")
     for k in (1, 4, 16):
         results.append(timed("pinned-file", k, straight, pool, rows, mapping, experts, args, rng))
         print(row(results[-1]), flush=True)
+    for name, hits in (("gather-miss", False), ("gather-hit", True)):
+        gather = gathered(cuda.device_address(base), pool, hits, mapping)
+        for k in (1, 4, 8, 16):
+            results.append(timed(name, k, gather, pool, rows, mapping, experts, args, rng))
+            print(row(results[-1]), flush=True)
     cuda._check(lib.cudaHostUnregister(base), "unregister whole file")
     if args.out:
         args.out.write_text(json.dumps({"register_whole_s": whole, "rows": results}, indent=1))
+
+
+def gathered(device_base: int, pool: mx.array, hits: bool, mapping: mmap.mmap):
+    """A move that is the gather kernel: each (expert, slot) read from the file, or from its slot
+    (`hits`: the slot's bytes stand for the expert's), into a fresh stack. It returns the stack's
+    first tensor (the kernel that follows reads it) and a check of its last row's bytes."""
+    from streamer.cache.slot_pool import SlotTensor
+    from streamer.io.cuda_gather import NO_SLOT, ExpertGather
+
+    tensors = [SlotTensor(f"t{i}", mx.uint8, (n,)) for i, n in enumerate(TENSORS)]
+    kernel = ExpertGather(tensors, EXPERT)
+    starts = np.cumsum([0] + TENSORS[:-1])
+    sources = mx.array(np.array([[device_base + s, EXPERT] for s in starts], np.uint64))
+    # per tensor its slots [slots, n], as a pool holds them
+    views = [mx.contiguous(pool[:, s : s + n]) for s, n in zip(starts, TENSORS)]
+    mx.eval(views)
+    file = np.frombuffer(mapping, np.uint8)
+
+    def move(moves):
+        table = np.full(max(e for e, _ in moves) + 1, NO_SLOT, np.uint32)
+        if hits:
+            for e, s in moves:
+                table[e] = s
+        routed = mx.array(np.array([e for e, _ in moves], np.uint32))
+        stack = kernel(routed, mx.array(table), sources, views)[0]
+        e, s = moves[-1]
+        want = np.array(views[0][s]) if hits else file[e * EXPERT : e * EXPERT + TENSORS[0]]
+        return stack, lambda: np.array_equal(np.array(stack[-1]), want)
+
+    return move
 
 
 def timed(name, k, move, pool, rows, mapping, experts, args, rng) -> dict:
@@ -129,16 +169,23 @@ def timed(name, k, move, pool, rows, mapping, experts, args, rng) -> dict:
         picks = zip(rng.choice(experts, k, replace=False), rng.choice(args.slots, k, False))
         moves = [(int(e), int(s)) for e, s in picks]
         t0 = time.perf_counter()
-        move(moves)
+        moved = move(moves)
         t1 = time.perf_counter()
-        mx.eval(mx.take(pool, mx.array([s for _, s in moves]), axis=0).astype(mx.uint32).sum())
+        if moved is None:  # the moves wrote the slots: the kernel reads them there
+            stack, check = mx.take(pool, mx.array([s for _, s in moves]), axis=0), None
+        else:  # the move was the gather kernel itself
+            stack, check = moved
+        mx.eval(stack.astype(mx.uint32).sum())
         t2 = time.perf_counter()
         if i >= 2:  # the first two warm the threads, streams and kernels
             host.append(t1 - t0)
             token.append(t2 - t0)
     e, s = moves[-1]
-    exact = bool(np.array_equal(rows[s], np.frombuffer(mapping, np.uint8, EXPERT, e * EXPERT)))
-    ms = float(np.median(host)) * 1e3
+    if check is None:
+        exact = bool(np.array_equal(rows[s], np.frombuffer(mapping, np.uint8, EXPERT, e * EXPERT)))
+    else:
+        exact = bool(check())
+    ms = float(np.median(token if check else host)) * 1e3  # a gather's work is all on the GPU
     return {
         "way": name,
         "misses": k,

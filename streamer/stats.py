@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import resource
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -86,10 +86,9 @@ class ExpertStats:
     trace_prefill: bool = False  # the trace also records every prompt token
     _prefill: ExpertTraffic = field(default_factory=ExpertTraffic)
     _decode: ExpertTraffic = field(default_factory=ExpertTraffic)
-    # Calls that ran without a sync (their layer's files were all in the page cache): (traffic,
-    # routed indices, payload bytes and measured bytes per expert), counted once the indices
-    # have been computed.
-    unsettled: list[tuple[ExpertTraffic, object, int, int]] = field(default_factory=list)
+    # Calls that ran without a sync (their layer's files all in the page cache, or gathered by the
+    # GPU): each one's count of its routed experts, called once its indices are computed.
+    unsettled: list[Callable[[], None]] = field(default_factory=list)
     drafts: Drafts = field(default_factory=Drafts)
     verifying: list[PassCall] | None = None  # the layer calls of the verify pass under way
 
@@ -147,12 +146,8 @@ class ExpertStats:
             self.trace.extend((layer, tuple(sorted(token))) for token in tokens.tolist())
 
     def _settle(self) -> None:
-        for traffic, indices, payload_bytes, measured_bytes in self.unsettled:
-            routed = len(np.unique(np.array(indices)))  # computed by now: no wait
-            traffic.experts_read += routed
-            traffic.bytes_read += routed * payload_bytes
-            traffic.bytes_in_page_cache += routed * measured_bytes  # the whole file was cached
-            traffic.bytes_measured += routed * measured_bytes
+        for count in self.unsettled:
+            count()
         self.unsettled.clear()
 
     @property

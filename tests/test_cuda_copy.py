@@ -144,7 +144,7 @@ class MappingRuntime(FakeRuntime):
         self.registrations = 0
         self._must_register = register
 
-    def register(self, address: int, nbytes: int) -> None:
+    def register(self, address: int, nbytes: int, mapped: bool = False) -> None:
         assert address % mmap.PAGESIZE == 0 and nbytes % mmap.PAGESIZE == 0
         assert all(address + nbytes <= a or a + n <= address for a, n in self.registered.items())
         self.registered[address] = nbytes
@@ -202,7 +202,9 @@ def test_cuda_misses_come_from_the_way_the_environment_names(tmp_path, monkeypat
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda_copy, "CudaRuntime", lambda: made.append(1) or FakeRuntime())
     for way, page_cache, kind in [
-        (None, True, StagedCopies),
+        (None, True, MappedCopies),  # "gathered"
+        ("staged", True, StagedCopies),
+        ("gathered", False, StagedCopies),  # reads around the page cache: nothing to map
         ("mapped", True, MappedCopies),
         ("registered", True, MappedCopies),
         ("pinned", True, MappedCopies),
@@ -214,8 +216,9 @@ def test_cuda_misses_come_from_the_way_the_environment_names(tmp_path, monkeypat
             monkeypatch.setenv("STREAMER_CUDA_MISSES", way)
         landing = landing_for(TENSORS, 2, page_cache)
         assert type(landing) is kind
-        lock = {"mapped": "none", "registered": "copy", "pinned": "file"}.get(way)
+        lock = {"mapped": "none", "registered": "copy", "pinned": "file", None: "file"}.get(way)
         assert getattr(landing, "_lock", None) == (lock if page_cache else None)
+        assert getattr(landing, "gathers", False) == (way is None and page_cache)
         landing.close()
     monkeypatch.setenv("STREAMER_CUDA_MISSES", "fast")
     with pytest.raises(StreamerError, match="STREAMER_CUDA_MISSES='fast': use one of staged"):

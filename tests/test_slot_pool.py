@@ -174,3 +174,49 @@ def test_a_buffer_written_through_its_host_view_is_what_mlx_reads(monkeypatch, c
     host[start : start + 8] = np.arange(1, 9, dtype=np.uint8)
     view = buffers.view(buffer, start, mx.uint16, (2, 2), (1, 2))
     assert np.array(view).tolist() == [[0x0201, 0x0605], [0x0403, 0x0807]]
+
+
+def test_settled_routings_leave_the_slots_a_synced_run_would(tmp_path):
+    """Gathered calls only record their routing (`defer`); `settle` gives it to the policy in
+    order, so the pool then holds what `place` call by call would have left, each moved expert's
+    bytes in its slot, and its version says the tables changed."""
+    routings = [
+        (0, [1, 4]),
+        (1, [0, 1]),
+        (0, [2, 4]),
+        (1, [3, 5]),
+        (0, [0, 1]),
+    ]  # sorted, as routed
+    (tmp_path / "synced").mkdir()
+    (tmp_path / "gathered").mkdir()
+    synced, truth = pool_over(tmp_path / "synced", slots=3)
+    for layer, experts in routings:
+        synced.place(layer, np.array(experts))
+    pool, _ = pool_over(tmp_path / "gathered", slots=3)
+    for layer, experts in routings:
+        pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)))
+    assert pool.version == 0 and pool.settle_due is False
+    pool.settle()
+    assert pool.version == 1
+    assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
+    for slot, key in enumerate(pool.policy.slot_key):
+        layer = int(key >= pool.base[1])
+        for got, want in zip(slot_bytes(pool, slot), truth[layer][key - pool.base[layer]]):
+            assert np.array_equal(got, want)
+    pool.settle()  # nothing deferred: nothing moves
+    assert pool.version == 1
+    synced.close()
+    pool.close()
+
+
+def test_a_settle_that_fails_to_read_leaves_no_slot_claiming_an_expert(tmp_path):
+    pool, _ = pool_over(tmp_path, slots=4)
+    pool.layers[1].checksums = [[0, 0, 0]] * 6  # layer 1's reads all fail their checksums
+    pool.defer(0, mx.array(np.array([[2, 3]], dtype=np.uint32)))
+    pool.defer(1, mx.array(np.array([[4, 5]], dtype=np.uint32)))
+    with pytest.raises(StreamerError, match="does not match its checksum"):
+        pool.settle()
+    held = pool.policy.slot_key[pool.policy.slot_key >= 0]
+    assert sorted(held.tolist()) == [2, 3]  # layer 0's, read; layer 1's forgotten
+    assert all(pool.policy.slot_key[pool.policy.slot_of[k]] == k for k in held)
+    pool.close()

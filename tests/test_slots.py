@@ -10,14 +10,17 @@ import sys
 from types import SimpleNamespace
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from conftest import reference_model
-from test_parity import PROMPT, assert_exactly_as
+from test_parity import PROMPT, assert_exactly_as, greedy_tokens
 
 import streamer
+from streamer.cache import slot_pool
 from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
 from streamer.experts import slots as slot_path
+from streamer.io.cuda_gather import NO_SLOT
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
 
@@ -106,6 +109,62 @@ def test_layers_are_grouped_so_a_group_fits_one_chunk():
     assert layer_groups(48, 3000, 1365) == [(0, 21, 1312), (21, 42, 1313), (42, 48, 375)]
     assert layer_groups(48, 1000, 1365) == [(0, 48, 1000)]
     assert layer_groups(2, 12, 3) == [(0, 1, 6), (1, 2, 6)]
+
+
+class GatherStandIn:
+    """io/cuda_gather.py's kernel on this CPU: each routed expert's tensors from its slot when the
+    table has one, else read from the layer's files (never from the pool: a table that named a
+    slot its expert has left would compute on another expert and change the tokens)."""
+
+    def __init__(self, pool, layer: int):
+        self._pool, self._source = pool, pool.layers[layer]
+        self.calls = 0
+
+    def __call__(self, indices, table, sources, arrays):
+        assert sources is None and arrays is self._pool.arrays
+        self.calls += 1
+        routed, slot_of = np.array(indices).ravel(), np.array(table)
+        stacks = []
+        for t, (tensor, at) in enumerate(zip(self._pool.tensors, self._source.placements)):
+            rows = []
+            for expert in routed:
+                if slot_of[expert] != NO_SLOT:
+                    rows.append(np.array(arrays[t][int(slot_of[expert])].view(mx.uint8)).ravel())
+                else:
+                    row = np.empty(tensor.nbytes, np.uint8)
+                    self._source.files[at.file].preadv(at.offset + int(expert) * at.stride, [row])
+                    rows.append(row)
+            stack = mx.array(np.stack(rows)).view(tensor.dtype)
+            stacks.append(stack.reshape(len(routed), *tensor.shape))
+        return stacks
+
+
+@pytest.mark.parametrize("settle_tokens", [1, 3])
+def test_gathered_decode_matches_the_resident_model(float32_model, monkeypatch, settle_tokens):
+    """CUDA's gathered calls (no sync: the GPU takes misses from the pinned files), here with a
+    stand-in for the kernel: 6 slots for 2 layers x top-4 of 16 experts, so most settles move
+    slots, and the tables must follow every move. Decode never syncs; the prompt does (too
+    many routes for one stack)."""
+    src, folder = float32_model
+    monkeypatch.setattr(slot_pool, "SETTLE_TOKENS", settle_tokens)
+    stand_ins = {}
+
+    def gather_source(pool, layer):
+        return stand_ins.setdefault(layer, GatherStandIn(pool, layer)), None
+
+    monkeypatch.setattr(slot_pool.SlotPool, "gather_source", gather_source)
+    model, tokenizer = streamer.load(
+        folder, memory_budget=6 * slot_bytes(folder), read_path="slots"
+    )
+    (pool,) = model.streamer.pools
+    prompt = mx.array(tokenizer.encode(PROMPT))
+    tokens, reference = 24, reference_model(src)
+    assert greedy_tokens(model, prompt, tokens) == greedy_tokens(reference, prompt, tokens)
+    decode, prefill = model.streamer.stats.decode, model.streamer.stats.prefill
+    assert decode.syncs == 0 and prefill.syncs == 2  # one prompt call a layer
+    assert sum(s.calls for s in stand_ins.values()) == decode.layer_calls >= 2 * (tokens - 1)
+    assert decode.cache_hits > 0 and decode.experts_read > 0  # counted once computed
+    assert pool.version > 1  # settles moved slots (the last few routings wait for the next one)
 
 
 def test_forward_passes_built_before_either_is_evaluated(float32_model):

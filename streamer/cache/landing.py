@@ -5,8 +5,10 @@ into its slot. On CUDA the pool is managed memory, which the CPU's stores migrat
 there the copy engine writes the slot, from a pinned staging buffer a miss was read into, or
 (`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/README.md).
 STREAMER_CUDA_MISSES picks one on CUDA: "staged", "mapped", "registered" (page-locked for each
-copy) or "pinned" (whole files page-locked while half the RAM holds them); benchmarks compare
-them side by side.
+copy), "pinned" (whole files page-locked while half the RAM holds them) or "gathered" (the
+default: pinned, and mapped for kernels too, so that a decode call's misses are read by the GPU
+itself with no host sync: io/cuda_gather.py, experts/slots.py); benchmarks compare them side by
+side.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import psutil
 
 from ..errors import StreamerError
 
-_LOCKS = {"mapped": "none", "registered": "copy", "pinned": "file"}  # MappedCopies' `lock`
-CUDA_MISSES = ("staged", *_LOCKS)
+_LOCKS = {"mapped": "none", "registered": "copy", "pinned": "file", "gathered": "file"}
+CUDA_MISSES = ("staged", *_LOCKS)  # _LOCKS: MappedCopies' `lock` for each way
 PINNED_SHARE = 0.5  # "pinned" page-locks whole expert files while they fit in this share of RAM
 
 
@@ -48,13 +50,13 @@ def landing_for(tensors: Sequence, buffers: int, page_cache: bool = True) -> Lan
         return None
     from ..io.cuda_copy import CudaRuntime, MappedCopies, StagedCopies
 
-    way = os.environ.get("STREAMER_CUDA_MISSES", "staged")
+    way = os.environ.get("STREAMER_CUDA_MISSES", "gathered")
     if way not in CUDA_MISSES:
         raise StreamerError(f"STREAMER_CUDA_MISSES={way!r}: use one of {', '.join(CUDA_MISSES)}.")
     if way == "staged" or not page_cache:
         return StagedCopies([t.nbytes for t in tensors], buffers, CudaRuntime())
     pinnable = int(psutil.virtual_memory().available * PINNED_SHARE)
-    return MappedCopies(CudaRuntime(), _LOCKS[way], pinnable)
+    return MappedCopies(CudaRuntime(), _LOCKS[way], pinnable, gathers=way == "gathered")
 
 
 def unreadable(where: str, expert: int, error: OSError) -> StreamerError:

@@ -24,10 +24,19 @@ prefill this costs nothing: a layer's router sync already evaluated every earlie
 output (the router input depends on it) and the previous token's (it produced the input token),
 so the fence finds them done. It matters when a caller builds two forward passes before
 evaluating either, or when one call routes more experts than the pool has slots (rounds).
+
+Gathered calls (CUDA, files locked whole and mapped: `gather_source`) read no slot on the host:
+the GPU takes each routed expert from its slot or, a miss, from the file (io/cuda_gather.py),
+and the call's routing is only recorded (`defer`). `settle`, every SETTLE_TOKENS tokens' worth of
+calls and before any `place`, gives the policy those routings in order, as `place` would have
+had them, and copies each expert that ends with a new slot into it: the slots hold what the
+synced path's would, a few tokens late. `version` changes whenever a slot's expert does: a
+gathered call trusts its slot table, so it makes a new one then.
 """
 
 from __future__ import annotations
 
+import bisect
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -50,6 +59,7 @@ PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 thre
 # that a decode call's experts lie in one chunk when its layer's pool is one (experts/slots.py
 # gives each group of layers a pool of its own for that), and a 2^31 dimension is never near.
 CHUNK_BYTES = 1 << 30
+SETTLE_TOKENS = 16  # gathered decode tokens between two settles: each waits for the GPU once
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
 
 
@@ -111,6 +121,9 @@ class SlotPool:
             self._rows.append([rows for _, rows in made])
         self._scratch = _aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
         self._pending: list[mx.array] = []
+        self._deferred: list[tuple[int, mx.array]] = []  # gathered calls: (layer, routed indices)
+        self._gathers: dict[int, tuple | None] = {}  # layer -> (kernel, sources) or None
+        self.version = 0  # changes whenever a slot gets another expert
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
@@ -129,13 +142,72 @@ class SlotPool:
         # The rule above: no kernel may still read a slot about to be written. Fenced on every
         # call, not just on misses, so the list holds one call's outputs (nothing to wait for in
         # decode: the router sync has evaluated them).
+        self.settle()
         self.fence()
         slots, miss = self.policy.assign(self.base[layer] + experts)
         self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
         misses = int(np.count_nonzero(miss))
         if misses:
+            self.version += 1
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, misses
+
+    def gather_source(self, layer: int) -> tuple | None:
+        """(kernel, sources) for gathered calls of `layer` (io/cuda_gather.py): when the landing
+        lets kernels read files, every file of the layer is locked whole, the pool is one chunk
+        and no read is checked (a checksum needs the bytes on the host); else None."""
+        if layer not in self._gathers:
+            self._gathers[layer] = None
+            source = self.layers[layer]
+            if (
+                getattr(self._landing, "gathers", False)
+                and source.checksums is None
+                and len(self.chunks) == 1
+            ):
+                bases = [self._landing.device_address(file) for file in source.files]
+                if None not in bases:
+                    self._gathers[layer] = _gather_source(self.tensors, source, bases)
+        return self._gathers[layer]
+
+    def defer(self, layer: int, indices: mx.array) -> None:
+        """A gathered call of `layer` routed `indices`: the policy learns it at `settle`."""
+        self._deferred.append((layer, indices))
+
+    @property
+    def settle_due(self) -> bool:
+        return len(self._deferred) >= SETTLE_TOKENS * len(self.layers)
+
+    def settle(self) -> None:
+        """The deferred routings given to the policy, in order; each expert that ends with a new
+        slot is copied into it once the kernels reading the pool have run. A failed copy
+        forgets every slot not yet filled."""
+        if not self._deferred:
+            return
+        deferred, self._deferred = self._deferred, []
+        self.fence()
+        before = self.policy.slot_key.copy()
+        for layer, indices in deferred:
+            self.policy.assign(self.base[layer] + np.unique(np.array(indices)))
+        keys = self.policy.slot_key
+        moved = [(int(s), int(keys[s])) for s in np.flatnonzero((keys != before) & (keys >= 0))]
+        if not moved:
+            return
+        self.version += 1
+        owners = sorted((base, index) for index, base in self.base.items())
+        reads: dict[int, list[tuple[int, int]]] = {}
+        for slot, key in moved:
+            base, index = owners[bisect.bisect_right(owners, (key, float("inf"))) - 1]
+            reads.setdefault(index, []).append((key - base, slot))
+        done = set()
+        try:
+            for index, layer_reads in reads.items():
+                self._read_misses(index, layer_reads)
+                done.add(index)
+        except BaseException:  # no slot is left claiming an expert it does not hold
+            for index, layer_reads in reads.items():
+                for expert, slot in layer_reads if index not in done else ():
+                    self._forget(index, expert, slot)
+            raise
 
     def computed(self, output: mx.array) -> None:
         """An output whose graph reads the pool: the next write waits until it is computed."""
@@ -239,6 +311,17 @@ class SlotPool:
         for layer in self.layers.values():
             for file in layer.files:
                 file.close()
+
+
+def _gather_source(tensors: Sequence[SlotTensor], source: LayerSource, bases: list[int]) -> tuple:
+    """The gather kernel for a layer whose file `f` kernels reach at `bases[f]`, and the device
+    address of expert 0's bytes and the stride of each tensor (uint64 [tensors, 2])."""
+    from ..io.cuda_gather import ExpertGather
+
+    at = source.placements
+    sources = np.array([[bases[a.file] + a.offset, a.stride] for a in at], dtype=np.uint64)
+    alignment = int(np.gcd.reduce(sources.ravel().astype(np.int64)))
+    return ExpertGather(tensors, alignment), mx.array(sources)
 
 
 def _aligned_host(nbytes: int) -> np.ndarray:

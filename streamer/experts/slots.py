@@ -19,12 +19,18 @@ own of at most one chunk (its LFU shared by its layers); only a layer whose own 
 Where the compute dtype differs from the stored one (the CPU backend with bf16 scales) the routed
 slots are taken and converted per call (counted in bytes_copied); on a GPU the default compute
 dtype is the stored one and nothing is copied.
+
+On CUDA with the layer's files locked whole and mapped (cache/landing.py, "gathered"), a decode
+call does not sync at all: the GPU gathers its routed experts from the slots or, misses, from the
+files (io/cuda_gather.py) and the container computes on that stack; the pool learns the routing
+later (SlotPool.settle) and the call's hits and misses are counted then (stats.unsettled).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -41,15 +47,24 @@ from ..io.sizes import size_text
 from ..stats import ExpertTraffic
 from .routing import finish, host_routing
 
+GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
+
 
 class Slots:
     def __init__(self, pool: SlotPool):
         self._pool = pool
         self._installed: int | None = None  # the chunk whose arrays the container holds now
         self._table: mx.array | None = None  # the slot of each of the layer's experts
+        self._slot_of: np.ndarray | None = None  # the same on the host
+        self._version = -1  # the pool's version when the table was made
+        self._positions: dict[tuple, mx.array] = {}  # gathered calls: row j is routed entry j
 
     def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
         start = time.perf_counter()
+        gather = self._gather(layer, indices)
+        if gather is not None:
+            out = self._gathered(layer, x, indices, traffic, *gather)
+            return finish(layer, out, traffic, start)
         routed, experts = host_routing(layer, indices, traffic)
         experts = np.array(experts, dtype=np.int64)
         pool = self._pool
@@ -57,9 +72,7 @@ class Slots:
             # a decode call, and most prompt chunks: one round on one chunk, every routed
             # expert placed, its slot gathered on the device from the layer's table
             if self._place(layer, experts, traffic)[1] or self._table is None:
-                base = pool.base[layer.index]
-                table = pool.policy.slot_of[base : base + layer.num_experts]
-                self._table = mx.array(table.astype(np.uint32))  # -1: never gathered
+                self._new_table(layer)
             out = self._on_pool(layer, x, mx.take(self._table, indices), 0)
             pool.computed(out)
             return finish(layer, out, traffic, start)
@@ -79,6 +92,49 @@ class Slots:
                     mask = mx.array(np.isin(routed, group[mine]))[..., None]
                     out = mx.where(mask, part, out)
         return finish(layer, out, traffic, start)
+
+    def _new_table(self, layer) -> None:
+        pool, base = self._pool, self._pool.base[layer.index]
+        self._slot_of = pool.policy.slot_of[base : base + layer.num_experts].copy()
+        self._table = mx.array(self._slot_of.astype(np.uint32))  # -1: NO_SLOT, never gathered
+        self._version = pool.version
+
+    def _gather(self, layer, indices: mx.array) -> tuple | None:
+        """The pool's gather for this call, if it may run without a sync: a decode-sized call
+        (at most GATHERED_ROUTES entries, no more than the pool's slots), nothing converted, and
+        no one waiting for the routing on the host (a trace, a profile, a verify pass)."""
+        stats = layer.stats
+        if (
+            indices.size > min(GATHERED_ROUTES, self._pool.slots)
+            or layer.converts
+            or stats.wants_routing
+            or stats.verifying is not None
+        ):
+            return None
+        return self._pool.gather_source(layer.index)
+
+    def _gathered(self, layer, x, indices, traffic: ExpertTraffic, kernel, sources) -> mx.array:
+        """The container on the stack the GPU gathered (io/cuda_gather.py): no sync, no read."""
+        pool = self._pool
+        if pool.settle_due:
+            settled = time.perf_counter()
+            pool.settle()
+            traffic.read_seconds += time.perf_counter() - settled
+        if self._version != pool.version or self._table is None:
+            self._new_table(layer)
+        stacks = kernel(indices, self._table, sources, pool.arrays)
+        if indices.shape not in self._positions:
+            rows = mx.arange(indices.size, dtype=mx.uint32)
+            self._positions[indices.shape] = rows.reshape(indices.shape)
+        layer.install(stacks)
+        out = layer.container(x, self._positions[indices.shape])
+        layer.install(pool.arrays)  # the output's graph holds the stacks until it is evaluated
+        self._installed = 0
+        pool.computed(out)
+        pool.defer(layer.index, indices)
+        count = partial(_count_gathered, traffic, indices, self._slot_of, pool.slot_bytes)
+        layer.stats.unsettled.append(count)
+        return out
 
     def _place(self, layer, group: np.ndarray, traffic: ExpertTraffic) -> tuple[np.ndarray, int]:
         """`group`'s experts placed in the pool (misses read), counted; their slots, misses."""
@@ -132,6 +188,19 @@ class Slots:
         layer.install(arrays)
         self._installed = chunk
         return out
+
+
+def _count_gathered(
+    traffic: ExpertTraffic, indices: mx.array, slot_of: np.ndarray, slot_bytes: int
+) -> None:
+    """A gathered call's hits (experts its table held) and misses (read by the GPU), counted once
+    its routing is computed."""
+    experts = np.unique(np.array(indices))
+    misses = int(np.count_nonzero(slot_of[experts] < 0))
+    traffic.cache_hits += len(experts) - misses
+    traffic.experts_read += misses
+    traffic.experts_fetched += misses
+    traffic.bytes_read += misses * slot_bytes
 
 
 def resident_pools(

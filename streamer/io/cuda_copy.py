@@ -34,6 +34,7 @@ STAGING_ALIGN = 16384  # each tensor's view starts on a page (and O_DIRECT) boun
 # returns page-aligned memory
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the unified addresses
 _STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit sync with MLX's streams
+_REGISTER_MAPPED = 2  # cudaHostRegisterMapped: kernels may read the range (io/cuda_gather.py)
 _REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the mapping is PROT_READ
 PAGE = mmap.PAGESIZE
 
@@ -53,6 +54,7 @@ class CudaRuntime:
         self._lib.cudaStreamDestroy.argtypes = [void]
         self._lib.cudaHostRegister.argtypes = [void, size, ctypes.c_uint]
         self._lib.cudaHostUnregister.argtypes = [void]
+        self._lib.cudaHostGetDevicePointer.argtypes = [ctypes.POINTER(void), void, ctypes.c_uint]
 
     def host_alloc(self, nbytes: int) -> int:
         """Pinned host memory CUDA owns (so no other allocation can reuse its addresses while the
@@ -64,11 +66,18 @@ class CudaRuntime:
     def free_host(self, address: int) -> None:
         self._check(self._lib.cudaFreeHost(address), "cudaFreeHost")
 
-    def register(self, address: int, nbytes: int) -> None:
-        """Page-lock a read-only host range (a file's mapping) so the copy engine reads it."""
-        self._check(
-            self._lib.cudaHostRegister(address, nbytes, _REGISTER_READ_ONLY), "cudaHostRegister"
-        )
+    def register(self, address: int, nbytes: int, mapped: bool = False) -> None:
+        """Page-lock a read-only host range (a file's mapping) so the copy engine reads it, and
+        (`mapped`) map it for kernels to read."""
+        flags = _REGISTER_READ_ONLY | (_REGISTER_MAPPED if mapped else 0)
+        self._check(self._lib.cudaHostRegister(address, nbytes, flags), "cudaHostRegister")
+
+    def device_address(self, address: int) -> int:
+        """Where kernels reach a host range registered `mapped`."""
+        pointer = ctypes.c_void_p()
+        err = self._lib.cudaHostGetDevicePointer(ctypes.byref(pointer), address, 0)
+        self._check(err, "cudaHostGetDevicePointer")
+        return pointer.value or 0
 
     def unregister(self, address: int) -> None:
         self._check(self._lib.cudaHostUnregister(address), "cudaHostUnregister")
@@ -156,13 +165,15 @@ class MappedCopies:
     (about 0.5 ms an expert on an H200), "file" locks each whole file once (0.03 ms a MB; then
     a miss moves at 26-31 GB/s) while `pinnable` bytes allow and per copy after that, "none"
     leaves the driver to stage the pageable mapping. `copy(spans)` returns when the slot's bytes
-    are in place, and gives the mapped source bytes (for checksums)."""
+    are in place, and gives the mapped source bytes (for checksums). `gathers`: the slot path
+    may let kernels read the files locked whole (`device_address`: io/cuda_gather.py)."""
 
     reads_files = True
     buffers = 1  # one expert's copies at a time, on one stream
 
-    def __init__(self, runtime: CudaRuntime, lock: str, pinnable: int = 0):
+    def __init__(self, runtime: CudaRuntime, lock: str, pinnable: int = 0, gathers: bool = False):
         self._runtime, self._lock, self._pinnable = runtime, lock, pinnable
+        self.gathers = gathers
         self._stream = runtime.new_stream()
         self._maps: dict[int, tuple[ReadFile, np.ndarray, bool]] = {}  # id(file): kept alive
         self._closed = False
@@ -197,10 +208,15 @@ class MappedCopies:
             view = np.frombuffer(mmap.mmap(file.fd, 0, prot=mmap.PROT_READ), np.uint8)
             locked = self._lock == "file" and view.nbytes <= self._pinnable
             if locked:
-                self._runtime.register(view.ctypes.data, _up(view.nbytes, PAGE))
+                self._runtime.register(view.ctypes.data, _up(view.nbytes, PAGE), mapped=True)
                 self._pinnable -= view.nbytes
             self._maps[id(file)] = (file, view, locked)
         return self._maps[id(file)][1:]
+
+    def device_address(self, file: ReadFile) -> int | None:
+        """Where a kernel reads `file`'s byte 0 when the file is locked whole, else None."""
+        view, locked = self._mapped(file)
+        return self._runtime.device_address(view.ctypes.data) if locked else None
 
     def close(self) -> None:
         if self._closed:

@@ -1,0 +1,105 @@
+"""A layer call's routed experts gathered on the GPU, from the slot pool or the pinned files.
+
+On MLX's CUDA backend the slot path's cost is not the bytes but the host sync each MoE layer
+needs to learn its routing (48 a token on a Qwen3-30B-A3B-shaped model: bench/README.md). When
+every expert file of a layer is page-locked whole and mapped into the GPU's address space
+(`cudaHostRegister` with the mapped flag: io/cuda_copy.py, "pinned"), the GPU can read a miss
+itself: one kernel takes each routed expert's tensors from its slot when the layer's slot table
+has one (device memory) or else straight from the file's pinned mapping over the bus, into a
+stack [routed, *shape] per tensor that mlx-lm's container then computes on, exactly as on the
+resident stacks. The routing never reaches the host, so nothing waits: the layers of a token are
+queued as one graph, as mlx-lm queues them. The slot pool's policy learns the routing later, in
+batches (experts/slots.py): which experts keep a slot follows the same LFU, a few tokens late.
+
+Only CUDA loads this module (experts/slots.py asks `cuda_gather_ready`); on Metal a no-copy
+buffer over a file is wired whole on first GPU use, so the GPU there sees only the pool.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+NO_SLOT = 0xFFFFFFFF  # a slot table's entry for an expert without a slot (-1 as uint32)
+THREADS = 256  # per block
+BLOCKS_PER_TENSOR = 64  # per routed expert and tensor: ~16k threads copying 16 bytes each at once
+
+
+def _source(nbytes: Sequence[int], vector: int) -> str:
+    """The kernel's body: block (x, j, t) copies tensor t of routed entry j, in `vector`-byte
+    words, from its slot in `pool{t}` or, without one, from the pinned file (`sources` holds,
+    per tensor, the device address of expert 0's bytes and the stride between experts)."""
+    word = {16: "uint4", 8: "uint2", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}[vector]
+    cases = "\n".join(
+        f"    case {t}: n = {n}ull; pool = reinterpret_cast<const uint8_t*>(pool{t}); "
+        f"out = reinterpret_cast<uint8_t*>(out{t}); break;"
+        for t, n in enumerate(nbytes)
+    )
+    return f"""
+    const uint32_t j = blockIdx.y, t = blockIdx.z;
+    const uint32_t expert = routed[j];
+    const uint32_t slot = table[expert];
+    unsigned long long n = 0;
+    const uint8_t* pool = nullptr;
+    uint8_t* out = nullptr;
+    switch (t) {{
+{cases}
+    }}
+    const uint8_t* from = slot != {NO_SLOT}u
+        ? pool + slot * n
+        : reinterpret_cast<const uint8_t*>(sources[2 * t] + expert * sources[2 * t + 1]);
+    const {word}* src = reinterpret_cast<const {word}*>(from);
+    {word}* dst = reinterpret_cast<{word}*>(out + j * n);
+    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n / {vector};
+         i += gridDim.x * blockDim.x) {{
+        dst[i] = src[i];
+    }}
+"""
+
+
+def word_bytes(sizes: Sequence[int]) -> int:
+    """The widest copy word (16 bytes down to 1) that every size and address divides."""
+    common = math.gcd(*sizes)
+    return next(v for v in (16, 8, 4, 2, 1) if common % v == 0)
+
+
+class ExpertGather:
+    """The gather kernel for one pool's tensors (SlotTensors), compiled once by MLX (nvrtc).
+    `alignment`: what every source address divides (a multiple of each tensor's file offset and
+    stride); the kernel copies in the widest word that it and every tensor size allow (a word
+    misaligned would be a CUDA error that ends the process's context)."""
+
+    def __init__(self, tensors: Sequence, alignment: int):
+        self._tensors = tuple(tensors)
+        count = len(self._tensors)
+        word = self._word = word_bytes([*self._sizes, alignment])
+        self._kernel = mx.fast.cuda_kernel(
+            name=f"streamer_expert_gather_{count}_{word}_{abs(hash(self._sizes)):x}",
+            input_names=["routed", "table", "sources", *(f"pool{t}" for t in range(count))],
+            output_names=[f"out{t}" for t in range(count)],
+            source=_source(self._sizes, word),
+            ensure_row_contiguous=False,  # the pool's arrays are views at their slot alignment
+        )
+
+    @property
+    def _sizes(self) -> tuple[int, ...]:
+        return tuple(t.nbytes for t in self._tensors)
+
+    def __call__(
+        self, routed: mx.array, table: mx.array, sources: mx.array, pool: Sequence[mx.array]
+    ) -> list[mx.array]:
+        """Per tensor, [routed.size, *shape]: row j holds expert routed[j]'s tensor, from its slot
+        (`table`: uint32 slot per expert, NO_SLOT for none) or from `sources` (uint64 [tensors,
+        2]: device address of expert 0's bytes, stride)."""
+        count = routed.size
+        largest = max(self._sizes) // self._word
+        per_tensor = min(BLOCKS_PER_TENSOR * THREADS, -(-largest // THREADS) * THREADS)
+        return self._kernel(
+            inputs=[routed.reshape(-1).astype(mx.uint32), table, sources, *pool],
+            grid=(per_tensor, count, len(self._tensors)),
+            threadgroup=(THREADS, 1, 1),
+            output_shapes=[(count, *t.shape) for t in self._tensors],
+            output_dtypes=[t.dtype for t in self._tensors],
+        )

@@ -1,0 +1,71 @@
+"""The GPU's own gather of routed experts (io/cuda_gather.py), on a CUDA machine only.
+
+The kernel is CUDA source MLX compiles with nvrtc: it exists only on MLX's CUDA backend, so this
+file runs there (bench/cuda_check.sh slot-tests) and is skipped elsewhere. What it checks: every
+routed expert's bytes come from its slot when the table has one and from the pinned file
+otherwise, bit for bit, and mlx-lm's quantized expert kernel on the gathered stack computes
+exactly what it computes on the resident stack. The slot path's use of it (when it is chosen,
+how the pool learns the routing later) is tested on this CPU in test_slots.py with a stand-in.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from test_slot_pool import OFFSETS, RECORD, TENSORS, pool_over
+
+from streamer.cache.slot_pool import SlotTensor
+
+pytestmark = pytest.mark.skipif(
+    not (mx.default_device() == mx.gpu and mx.cuda.is_available()),
+    reason="the gather kernel is CUDA source: it runs on MLX's CUDA backend only",
+)
+
+
+@pytest.fixture
+def pinned(tmp_path, monkeypatch):
+    """A pool of 3 slots over two layers of 6 experts, files locked whole and mapped."""
+    monkeypatch.setenv("STREAMER_CUDA_MISSES", "pinned")
+    pool, truth = pool_over(tmp_path, slots=3)
+    yield pool, truth
+    pool.close()
+
+
+def test_routed_experts_come_from_their_slots_or_the_pinned_file(pinned):
+    from streamer.io.cuda_gather import NO_SLOT, ExpertGather
+
+    pool, truth = pinned
+    slots, _ = pool.place(1, np.array([0, 4, 5]))
+    gather = ExpertGather(TENSORS, np.gcd.reduce([*OFFSETS, RECORD]))  # 4-byte words
+    base = pool._landing.device_address(pool.layers[1].files[0])
+    sources = mx.array(np.array([[base + o, RECORD] for o in OFFSETS], dtype=np.uint64))
+    table = np.full(6, NO_SLOT, dtype=np.uint32)
+    table[[0, 4, 5]] = slots
+    routed = np.array([[5, 2, 0, 3, 3, 1]], dtype=np.uint32)  # hits, misses, a repeat
+    out = gather(mx.array(routed), mx.array(table), sources, pool.arrays)
+    for t, tensor in enumerate(out):
+        got = np.array(tensor.view(mx.uint8)).reshape(routed.size, -1)
+        for j, expert in enumerate(routed.ravel()):
+            assert np.array_equal(got[j], truth[1][expert][t]), (t, j, expert)
+
+
+def test_quantized_experts_compute_the_same_on_the_gathered_stack():
+    from streamer.io.cuda_gather import ExpertGather
+
+    rng = np.random.default_rng(0)
+    experts, d, hidden = 16, 256, 128
+    w = mx.array(rng.standard_normal((experts, hidden, d)).astype(np.float32)).astype(mx.bfloat16)
+    wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
+    x = mx.array(rng.standard_normal((1, 1, 1, d)).astype(np.float32)).astype(mx.bfloat16)
+    routed = mx.array(np.array([[[3, 9, 14, 0]]], dtype=np.uint32))
+    want = mx.gather_qmm(x, wq, scales, biases, rhs_indices=routed, transpose=True)
+    # the resident stacks stand in for a pool holding expert e in slot e: every routed one hits
+    # (the test above reads misses); no source address is ever read
+    table = np.arange(experts, dtype=np.uint32)
+    tensors = [SlotTensor(n, a.dtype, a.shape[1:]) for n, a in zip("wsb", (wq, scales, biases))]
+    sources = mx.zeros((3, 2), dtype=mx.uint64)
+    stack = ExpertGather(tensors, 16)(routed, mx.array(table), sources, [wq, scales, biases])
+    position = mx.arange(routed.size, dtype=mx.uint32).reshape(routed.shape)
+    got = mx.gather_qmm(x, *stack, rhs_indices=position, transpose=True)
+    assert mx.array_equal(got, want).item()
