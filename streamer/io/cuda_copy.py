@@ -174,9 +174,12 @@ class MappedCopies:
     def __init__(self, runtime: CudaRuntime, lock: str, pinnable: int = 0, gathers: bool = False):
         self._runtime, self._lock, self._pinnable = runtime, lock, pinnable
         self.gathers = gathers
-        self._stream = runtime.new_stream()
         self._maps: dict[int, tuple[ReadFile, np.ndarray, bool]] = {}  # id(file): kept alive
-        self._closed = False
+        # Closed or collected, whole files are unlocked before their mappings go: a range left
+        # registered after its munmap makes CUDA refuse the next mapping at that address.
+        stream = runtime.new_stream()
+        self._stream = stream
+        self._release = weakref.finalize(self, _unlock, runtime, stream, self._maps)
 
     def copy(self, spans: Sequence[tuple[ReadFile, int, np.ndarray]]) -> list[np.ndarray]:
         mapped = [self._mapped(file) for file, _, _ in spans]  # (view, locked) per span
@@ -205,6 +208,8 @@ class MappedCopies:
     def _mapped(self, file: ReadFile) -> tuple[np.ndarray, bool]:
         """The file's read-only mapping, and whether it is locked whole."""
         if id(file) not in self._maps:
+            if file.size() == 0:  # mmap refuses an empty file
+                raise OSError("short read: the file is empty")
             view = np.frombuffer(mmap.mmap(file.fd, 0, prot=mmap.PROT_READ), np.uint8)
             locked = self._lock == "file" and view.nbytes <= self._pinnable
             if locked:
@@ -219,14 +224,7 @@ class MappedCopies:
         return self._runtime.device_address(view.ctypes.data) if locked else None
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._runtime.destroy_stream(self._stream)
-        for _, view, locked in self._maps.values():
-            if locked:
-                self._runtime.unregister(view.ctypes.data)
-        self._maps.clear()  # each mapping is unmapped once no source view is left
+        self._release()
 
 
 def _pages(addresses: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, int]]:
@@ -240,6 +238,14 @@ def _pages(addresses: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, in
         else:
             merged.append([start, end])
     return [(start, end - start) for start, end in merged]
+
+
+def _unlock(runtime: CudaRuntime, stream: int, maps: dict) -> None:
+    runtime.destroy_stream(stream)
+    for _, view, locked in maps.values():
+        if locked:
+            runtime.unregister(view.ctypes.data)
+    maps.clear()  # each mapping is unmapped once no source view is left
 
 
 def _release(runtime: CudaRuntime, address: int, streams: list[int]) -> None:
