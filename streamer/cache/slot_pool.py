@@ -185,9 +185,12 @@ class SlotPool:
             return
         deferred, self._deferred = self._deferred, []
         self.fence()
+        # one pull for all of them (each np.array of a GPU array is a sync of its own)
+        routed = np.array(mx.concatenate([indices.reshape(-1) for _, indices in deferred]))
+        ends = np.cumsum([indices.size for _, indices in deferred])
         before = self.policy.slot_key.copy()
-        for layer, indices in deferred:
-            self.policy.assign(self.base[layer] + np.unique(np.array(indices)))
+        for (layer, _), experts in zip(deferred, np.split(routed, ends[:-1])):
+            self.policy.assign(self.base[layer] + np.unique(experts))
         keys = self.policy.slot_key
         moved = [(int(s), int(keys[s])) for s in np.flatnonzero((keys != before) & (keys >= 0))]
         if not moved:
@@ -227,8 +230,8 @@ class SlotPool:
         at_once = READERS if self._landing is None else self._landing.buffers
         try:
             if self._landing is not None and self._landing.reads_files:
-                for expert, slot in reads:
-                    self._check(layer, expert, self._copy(layer, expert, slot))
+                for (expert, _), sources in zip(reads, self._copy(layer, reads)):
+                    self._check(layer, expert, sources)
                 return
             for lo in range(0, len(reads), at_once):
                 wave = reads[lo : lo + at_once]
@@ -257,17 +260,23 @@ class SlotPool:
         rows = [rows[row] for rows in self._rows[chunk]]
         return nullcontext(rows) if self._landing is None else self._landing.into(rows)
 
-    def _copy(self, layer: int, expert: int, slot: int) -> list[np.ndarray]:
-        """CUDA from the page cache: the copy engine reads the expert from the files' mappings."""
-        source, (chunk, row) = self.layers[layer], divmod(slot, self.chunk_slots)
-        spans = [
-            (source.files[at.file], at.offset + expert * at.stride, rows[row])
-            for at, rows in zip(source.placements, self._rows[chunk])
-        ]
-        try:
-            return self._landing.copy(spans)
-        except OSError as e:
-            raise unreadable(source.where(source.placements[0].file), expert, e) from e
+    def _copy(self, layer: int, reads: list[tuple[int, int]]) -> list[list[np.ndarray]]:
+        """CUDA from the page cache: the copy engine moves each (expert, slot) from the files'
+        mappings, all queued before one wait; each expert's mapped source bytes returned."""
+        source, moves = self.layers[layer], []
+        for expert, slot in reads:
+            chunk, row = divmod(slot, self.chunk_slots)
+            spans = [
+                (source.files[at.file], at.offset + expert * at.stride, t.nbytes)
+                for at, t in zip(source.placements, self.tensors)
+            ]
+            try:
+                sources = self._landing.sources(spans)
+            except OSError as e:
+                raise unreadable(source.where(source.placements[0].file), expert, e) from e
+            moves.append((sources, [rows[row] for rows in self._rows[chunk]]))
+        self._landing.copy(moves)
+        return [sources for sources, _ in moves]
 
     def _pieces(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> list[Read]:
         spans = [

@@ -3,7 +3,8 @@
 One host sync learns the routing; the routed experts are placed in the pool (hits cost nothing,
 misses are read into their slots), and mlx-lm's own container then runs on the pool's arrays with
 slot indices, so its kernels compute exactly what they compute on the resident stacked tensors.
-Nothing the compute sees views a file: the expert files are opened for reads, never mapped. The
+Nothing the compute sees views a file: the expert files are opened for reads (on CUDA mapped
+read-only for the copy engine, and for the gather kernel below, never for an MLX array). The
 slot indices are gathered on the device from a per-layer table of slots, rebuilt only when the
 layer's call missed (an expert's slot changes only when its own layer reads it again): a call
 that hits uploads nothing (on CUDA an array from numpy is managed memory the GPU faults in).

@@ -181,14 +181,22 @@ class MappedCopies:
         self._stream = stream
         self._release = weakref.finalize(self, _unlock, runtime, stream, self._maps)
 
-    def copy(self, spans: Sequence[tuple[ReadFile, int, np.ndarray]]) -> list[np.ndarray]:
-        mapped = [self._mapped(file) for file, _, _ in spans]  # (view, locked) per span
-        sources = [
-            m[offset : offset + row.nbytes] for (m, _), (_, offset, row) in zip(mapped, spans)
-        ]
-        if any(source.nbytes != row.nbytes for source, (_, _, row) in zip(sources, spans)):
+    def sources(self, spans: Sequence[tuple[ReadFile, int, int]]) -> list[np.ndarray]:
+        """The mapped bytes of each (file, offset, nbytes): one expert's tensors."""
+        views = [self._mapped(file)[0][offset : offset + n] for file, offset, n in spans]
+        if any(view.nbytes != n for view, (_, _, n) in zip(views, spans)):
             raise OSError("short read: the file ends inside the expert")
-        unlocked = [s for s, (_, locked) in zip(sources, mapped) if not locked]
+        return views
+
+    def copy(self, moves: Sequence[tuple[Sequence[np.ndarray], Sequence[np.ndarray]]]) -> None:
+        """Each move's sources (from `sources`) copied into its rows, all queued on the stream
+        and waited for once: returns when every slot's bytes are in place."""
+        unlocked = [
+            source
+            for sources, _ in moves
+            for source in sources
+            if not self._mapped_at(source.ctypes.data)
+        ]
         registered = []
         try:
             if self._lock != "none":
@@ -197,13 +205,21 @@ class MappedCopies:
                 ):
                     self._runtime.register(start, nbytes)
                     registered.append(start)
-            for source, (_, _, row) in zip(sources, spans):
-                self._runtime.copy(row.ctypes.data, source.ctypes.data, row.nbytes, self._stream)
+            stream = self._stream
+            for sources, rows in moves:
+                for source, row in zip(sources, rows):
+                    self._runtime.copy(row.ctypes.data, source.ctypes.data, row.nbytes, stream)
             self._runtime.wait(self._stream)
         finally:
             for start in registered:
                 self._runtime.unregister(start)
-        return sources
+
+    def _mapped_at(self, address: int) -> bool:
+        """Whether `address` lies in a mapping locked whole."""
+        return any(
+            locked and view.ctypes.data <= address < view.ctypes.data + view.nbytes
+            for _, view, locked in self._maps.values()
+        )
 
     def _mapped(self, file: ReadFile) -> tuple[np.ndarray, bool]:
         """The file's read-only mapping, and whether it is locked whole."""
