@@ -33,7 +33,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from streamer.io.cuda_copy import CudaRuntime
+from streamer.io.cuda_runtime import CudaRuntime
 
 TENSORS = [786_432, 98_304, 98_304] * 3  # gate, up, down: weight, scales, biases
 EXPERT = sum(TENSORS)
@@ -137,7 +137,7 @@ def gathered(device_base: int, pool: mx.array, hits: bool, mapping: mmap.mmap):
     """A move that is the gather kernel: each (expert, slot) read from the file, or from its slot
     (`hits`: the slot's bytes stand for the expert's), into a fresh stack. It returns the stack's
     first tensor (the kernel that follows reads it) and a check of its last row's bytes."""
-    from streamer.cache.slot_pool import SlotTensor
+    from streamer.cache.slot_memory import SlotTensor
     from streamer.io.cuda_gather import NO_SLOT, ExpertGather
 
     tensors = [SlotTensor(f"t{i}", mx.uint8, (n,)) for i, n in enumerate(TENSORS)]

@@ -20,8 +20,9 @@ from test_slot_pool import TENSORS, pool_over, slot_bytes
 
 from streamer.cache.landing import landing_for
 from streamer.errors import StreamerError
-from streamer.io import cuda_copy
-from streamer.io.cuda_copy import STAGING_ALIGN, CudaRuntime, MappedCopies, StagedCopies
+from streamer.io import cuda_runtime
+from streamer.io.cuda_copy import STAGING_ALIGN, MappedCopies, StagedCopies
+from streamer.io.cuda_runtime import CudaRuntime
 
 
 class FakeRuntime:
@@ -200,7 +201,7 @@ def test_cuda_misses_come_from_the_way_the_environment_names(tmp_path, monkeypat
     made = []
     monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cuda_copy, "CudaRuntime", lambda: made.append(1) or FakeRuntime())
+    monkeypatch.setattr(cuda_runtime, "CudaRuntime", lambda: made.append(1) or FakeRuntime())
     for way, page_cache, kind in [
         (None, True, MappedCopies),  # "gathered"
         ("staged", True, StagedCopies),

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_slot_pool import OFFSETS, RECORD, TENSORS, pool_over
 
-from streamer.cache.slot_pool import SlotTensor
+from streamer.cache.slot_memory import SlotTensor
 
 pytestmark = pytest.mark.skipif(
     not (mx.default_device() == mx.gpu and mx.cuda.is_available()),

@@ -28,7 +28,7 @@ from mlx.utils import tree_flatten
 
 import streamer
 from fixtures.published_shapes import PUBLISHED_SHAPES, text_config, with_size
-from streamer.experts.slots import open_pools, shape_class
+from streamer.experts.slot_pools import open_pools, shape_class
 from streamer.io.expert_files import ExpertFiles
 from streamer.loading.assembly import load_resident
 from streamer.loading.download_folder import layouts, open_download

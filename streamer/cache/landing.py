@@ -48,7 +48,8 @@ def landing_for(tensors: Sequence, buffers: int, page_cache: bool = True) -> Lan
     only then. `tensors`: the pool's SlotTensors."""
     if not (mx.default_device() == mx.gpu and mx.cuda.is_available()):
         return None
-    from ..io.cuda_copy import CudaRuntime, MappedCopies, StagedCopies
+    from ..io.cuda_copy import MappedCopies, StagedCopies
+    from ..io.cuda_runtime import CudaRuntime
 
     way = os.environ.get("STREAMER_CUDA_MISSES", "gathered")
     if way not in CUDA_MISSES:

@@ -25,34 +25,26 @@ output (the router input depends on it) and the previous token's (it produced th
 so the fence finds them done. It matters when a caller builds two forward passes before
 evaluating either, or when one call routes more experts than the pool has slots (rounds).
 
-Gathered calls (CUDA, files locked whole and mapped: `gather_source`) read no slot on the host:
-the GPU takes each routed expert from its slot or, a miss, from the file (io/cuda_gather.py),
-and the call's routing is only recorded (`defer`). `settle`, every SETTLE_TOKENS tokens' worth of
-calls and before any `place`, gives the policy those routings in order, as `place` would have
-had them, and copies each expert that ends with a new slot into it: the slots hold what the
-synced path's would, a few tokens late. `version` changes whenever a slot's expert does: a
-gathered call trusts its slot table, so it makes a new one then.
+Gathered calls on CUDA, which read no slot on the host, reach the pool later: cache/settle.py.
 """
 
 from __future__ import annotations
 
-import bisect
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
-from ..io import buffers
-from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, ReadFile, plan_reads, split
+from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
 from .landing import Landing, landing_for, unreadable
 from .policies import SlotLFU
+from .settle import settle
+from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_slots
 
-SLOT_ALIGN = 16384  # Apple silicon's page size; a multiple of Linux's 4 KiB and of DIRECT_ALIGN
 READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
 PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 threads
 # The most bytes one array of a pool holds: far below any Mac's maxBufferLength, large enough
@@ -61,36 +53,6 @@ PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 thre
 CHUNK_BYTES = 1 << 30
 SETTLE_TOKENS = 16  # gathered decode tokens between two settles: each waits for the GPU once
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
-
-
-@dataclass(frozen=True)
-class SlotTensor:
-    name: str  # mlx-lm's name inside the container, e.g. "gate_proj.weight"
-    dtype: mx.Dtype
-    shape: tuple[int, ...]  # one expert's shape
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.size
-
-
-@dataclass
-class LayerSource:
-    """Where one MoE layer's experts lie: per tensor, expert e's bytes start at
-    `offset + e * stride` of file number `file` (objects with those three attributes)."""
-
-    files: Sequence[ReadFile]
-    placements: Sequence  # one per pool tensor, in the pool's order
-    num_experts: int
-    checksums: Sequence | None = None  # [expert][tensor] crc32: checked on every read
-    where: Callable[[int], str] = str  # file number -> where to say a read failed
-
-
-def chunk_slots(tensors: Sequence[SlotTensor], slots: int, chunk_bytes: int | None) -> int:
-    """Slots per chunk: as many as keep every tensor's array within `chunk_bytes` (None: all)."""
-    if chunk_bytes is None:
-        return slots
-    return max(1, min(slots, chunk_bytes // max(t.nbytes for t in tensors)))
 
 
 class SlotPool:
@@ -116,10 +78,10 @@ class SlotPool:
         self.chunks: list[list[mx.array]] = []
         self._rows: list[list[np.ndarray]] = []
         for first in range(0, slots, self.chunk_slots):
-            made = [_allocate(min(self.chunk_slots, slots - first), t) for t in self.tensors]
+            made = [allocate(min(self.chunk_slots, slots - first), t) for t in self.tensors]
             self.chunks.append([array for array, _ in made])
             self._rows.append([rows for _, rows in made])
-        self._scratch = _aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
+        self._scratch = aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
         self._pending: list[mx.array] = []
         self._deferred: list[tuple[int, mx.array]] = []  # gathered calls: (layer, routed indices)
         self._gathers: dict[int, tuple | None] = {}  # layer -> (kernel, sources) or None
@@ -142,7 +104,7 @@ class SlotPool:
         # The rule above: no kernel may still read a slot about to be written. Fenced on every
         # call, not just on misses, so the list holds one call's outputs (nothing to wait for in
         # decode: the router sync has evaluated them).
-        self.settle()
+        settle(self)
         self.fence()
         slots, miss = self.policy.assign(self.base[layer] + experts)
         self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
@@ -152,23 +114,6 @@ class SlotPool:
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, misses
 
-    def gather_source(self, layer: int) -> tuple | None:
-        """(kernel, sources) for gathered calls of `layer` (io/cuda_gather.py): when the landing
-        lets kernels read files, every file of the layer is locked whole, the pool is one chunk
-        and no read is checked (a checksum needs the bytes on the host); else None."""
-        if layer not in self._gathers:
-            self._gathers[layer] = None
-            source = self.layers[layer]
-            if (
-                getattr(self._landing, "gathers", False)
-                and source.checksums is None
-                and len(self.chunks) == 1
-            ):
-                bases = [self._landing.device_address(file) for file in source.files]
-                if None not in bases:
-                    self._gathers[layer] = _gather_source(self.tensors, source, bases)
-        return self._gathers[layer]
-
     def defer(self, layer: int, indices: mx.array) -> None:
         """A gathered call of `layer` routed `indices`: the policy learns it at `settle`."""
         self._deferred.append((layer, indices))
@@ -176,41 +121,6 @@ class SlotPool:
     @property
     def settle_due(self) -> bool:
         return len(self._deferred) >= SETTLE_TOKENS * len(self.layers)
-
-    def settle(self) -> None:
-        """The deferred routings given to the policy, in order; each expert that ends with a new
-        slot is copied into it once the kernels reading the pool have run. A failed copy
-        forgets every slot not yet filled."""
-        if not self._deferred:
-            return
-        deferred, self._deferred = self._deferred, []
-        self.fence()
-        # one pull for all of them (each np.array of a GPU array is a sync of its own)
-        routed = np.array(mx.concatenate([indices.reshape(-1) for _, indices in deferred]))
-        ends = np.cumsum([indices.size for _, indices in deferred])
-        before = self.policy.slot_key.copy()
-        for (layer, _), experts in zip(deferred, np.split(routed, ends[:-1])):
-            self.policy.assign(self.base[layer] + np.unique(experts))
-        keys = self.policy.slot_key
-        moved = [(int(s), int(keys[s])) for s in np.flatnonzero((keys != before) & (keys >= 0))]
-        if not moved:
-            return
-        self.version += 1
-        owners = sorted((base, index) for index, base in self.base.items())
-        reads: dict[int, list[tuple[int, int]]] = {}
-        for slot, key in moved:
-            base, index = owners[bisect.bisect_right(owners, (key, float("inf"))) - 1]
-            reads.setdefault(index, []).append((key - base, slot))
-        done = set()
-        try:
-            for index, layer_reads in reads.items():
-                self._read_misses(index, layer_reads)
-                done.add(index)
-        except BaseException:  # no slot is left claiming an expert it does not hold
-            for index, layer_reads in reads.items():
-                for expert, slot in layer_reads if index not in done else ():
-                    self._forget(index, expert, slot)
-            raise
 
     def computed(self, output: mx.array) -> None:
         """An output whose graph reads the pool: the next write waits until it is computed."""
@@ -320,33 +230,3 @@ class SlotPool:
         for layer in self.layers.values():
             for file in layer.files:
                 file.close()
-
-
-def _gather_source(tensors: Sequence[SlotTensor], source: LayerSource, bases: list[int]) -> tuple:
-    """The gather kernel for a layer whose file `f` kernels reach at `bases[f]`, and the device
-    address of expert 0's bytes and the stride of each tensor (uint64 [tensors, 2])."""
-    from ..io.cuda_gather import ExpertGather
-
-    at = source.placements
-    sources = np.array([[bases[a.file] + a.offset, a.stride] for a in at], dtype=np.uint64)
-    alignment = int(np.gcd.reduce(sources.ravel().astype(np.int64)))
-    return ExpertGather(tensors, alignment), mx.array(sources)
-
-
-def _aligned_host(nbytes: int) -> np.ndarray:
-    raw = np.zeros(nbytes + SLOT_ALIGN, dtype=np.uint8)
-    pad = -raw.ctypes.data % SLOT_ALIGN
-    return raw[pad : pad + nbytes]
-
-
-def _allocate(slots: int, t: SlotTensor) -> tuple[mx.array, np.ndarray]:
-    """One tensor's slots: an MLX array [slots, *shape] and a writable host view of its rows.
-
-    The buffer is MLX's, untouched (on CUDA: managed memory, which both the host's reads and the
-    GPU's kernels reach; on Metal: unified memory), viewed from its first SLOT_ALIGN boundary."""
-    length = slots * t.nbytes
-    buffer = buffers.untouched(length + SLOT_ALIGN)
-    pad = -buffers.address(buffer) % SLOT_ALIGN
-    array = buffers.view(buffer, pad, t.dtype, (slots, *t.shape))
-    mx.eval(array)
-    return array, buffers.host_bytes(buffer)[pad : pad + length].reshape(slots, t.nbytes)

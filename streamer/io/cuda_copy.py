@@ -27,83 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import StreamerError
+from .cuda_runtime import CudaRuntime
 from .reads import ReadFile
 
 STAGING_ALIGN = 16384  # each tensor's view starts on a page (and O_DIRECT) boundary; cudaHostAlloc
 # returns page-aligned memory
-_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the unified addresses
-_STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit sync with MLX's streams
-_REGISTER_MAPPED = 2  # cudaHostRegisterMapped: kernels may read the range (io/cuda_gather.py)
-_REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the mapping is PROT_READ
 PAGE = mmap.PAGESIZE
-
-
-class CudaRuntime:
-    """The few CUDA runtime calls the staging needs, from the libcudart that mlx-cuda loaded."""
-
-    def __init__(self, lib: ctypes.CDLL | None = None):
-        self._lib = lib if lib is not None else ctypes.CDLL(_loaded_cudart())
-        self._lib.cudaGetErrorString.restype = ctypes.c_char_p
-        void, size = ctypes.c_void_p, ctypes.c_size_t
-        self._lib.cudaMemcpyAsync.argtypes = [void, void, size, ctypes.c_int, void]
-        self._lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(void), ctypes.c_uint]
-        self._lib.cudaHostAlloc.argtypes = [ctypes.POINTER(void), size, ctypes.c_uint]
-        self._lib.cudaFreeHost.argtypes = [void]
-        self._lib.cudaStreamSynchronize.argtypes = [void]
-        self._lib.cudaStreamDestroy.argtypes = [void]
-        self._lib.cudaHostRegister.argtypes = [void, size, ctypes.c_uint]
-        self._lib.cudaHostUnregister.argtypes = [void]
-        self._lib.cudaHostGetDevicePointer.argtypes = [ctypes.POINTER(void), void, ctypes.c_uint]
-
-    def host_alloc(self, nbytes: int) -> int:
-        """Pinned host memory CUDA owns (so no other allocation can reuse its addresses while the
-        driver still counts them pinned, as a freed registered numpy buffer's could)."""
-        address = ctypes.c_void_p()
-        self._check(self._lib.cudaHostAlloc(ctypes.byref(address), nbytes, 0), "cudaHostAlloc")
-        return address.value or 0
-
-    def free_host(self, address: int) -> None:
-        self._check(self._lib.cudaFreeHost(address), "cudaFreeHost")
-
-    def register(self, address: int, nbytes: int, mapped: bool = False) -> None:
-        """Page-lock a read-only host range (a file's mapping) so the copy engine reads it, and
-        (`mapped`) map it for kernels to read."""
-        flags = _REGISTER_READ_ONLY | (_REGISTER_MAPPED if mapped else 0)
-        self._check(self._lib.cudaHostRegister(address, nbytes, flags), "cudaHostRegister")
-
-    def device_address(self, address: int) -> int:
-        """Where kernels reach a host range registered `mapped`."""
-        pointer = ctypes.c_void_p()
-        err = self._lib.cudaHostGetDevicePointer(ctypes.byref(pointer), address, 0)
-        self._check(err, "cudaHostGetDevicePointer")
-        return pointer.value or 0
-
-    def unregister(self, address: int) -> None:
-        self._check(self._lib.cudaHostUnregister(address), "cudaHostUnregister")
-
-    def new_stream(self) -> int:
-        stream = ctypes.c_void_p()
-        self._check(
-            self._lib.cudaStreamCreateWithFlags(ctypes.byref(stream), _STREAM_NON_BLOCKING),
-            "cudaStreamCreateWithFlags",
-        )
-        return stream.value or 0
-
-    def destroy_stream(self, stream: int) -> None:
-        self._check(self._lib.cudaStreamDestroy(stream), "cudaStreamDestroy")
-
-    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        err = self._lib.cudaMemcpyAsync(dst, src, nbytes, _MEMCPY_DEFAULT, stream)
-        self._check(err, "cudaMemcpyAsync")
-
-    def wait(self, stream: int) -> None:
-        self._check(self._lib.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-
-    def _check(self, err: int, call: str) -> None:
-        if err:
-            name = self._lib.cudaGetErrorString(err).decode(errors="replace")
-            raise StreamerError(f"CUDA {call} failed: {name} (error {err})")
 
 
 @dataclass
@@ -268,19 +197,6 @@ def _release(runtime: CudaRuntime, address: int, streams: list[int]) -> None:
     for stream in streams:
         runtime.destroy_stream(stream)
     runtime.free_host(address)
-
-
-def _loaded_cudart() -> str:
-    """The path of the libcudart this process has mapped (mlx-cuda's), else its usual name."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(" ", 1)[-1].strip()
-                if "/libcudart.so" in path:
-                    return path
-    except OSError:
-        pass
-    return "libcudart.so.13"
 
 
 def _up(nbytes: int, align: int = STAGING_ALIGN) -> int:

@@ -16,7 +16,7 @@ from ..cache.expert_cache import ExpertCache
 from ..cache.slot_pool import SlotPool
 from ..errors import StreamerError
 from ..experts import StreamingExperts
-from ..experts.slots import resident_pools, slot_budget
+from ..experts.slot_pools import resident_pools, slot_budget
 from ..io.expert_layout import LayerLayout
 from ..io.manifest import Manifest
 from ..progress import progress_bar
