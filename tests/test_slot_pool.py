@@ -8,7 +8,6 @@ import pytest
 
 from streamer.cache import slot_pool
 from streamer.cache.policies import SlotLFU
-from streamer.cache.settle import settle
 from streamer.cache.slot_memory import SLOT_ALIGN, LayerSource, SlotTensor
 from streamer.cache.slot_pool import CHUNK_BYTES, SlotPool
 from streamer.errors import StreamerError
@@ -198,14 +197,14 @@ def test_settled_routings_leave_the_slots_a_synced_run_would(tmp_path):
     for layer, experts in routings:
         pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)))
     assert pool.version == 0 and pool.settle_due is False
-    settle(pool)
+    pool.settle()
     assert pool.version == 1
     assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
     for slot, key in enumerate(pool.policy.slot_key):
         layer = int(key >= pool.base[1])
         for got, want in zip(slot_bytes(pool, slot), truth[layer][key - pool.base[layer]]):
             assert np.array_equal(got, want)
-    settle(pool)  # nothing deferred: nothing moves
+    pool.settle()  # nothing deferred: nothing moves
     assert pool.version == 1
     synced.close()
     pool.close()
@@ -217,7 +216,7 @@ def test_a_settle_that_fails_to_read_leaves_no_slot_claiming_an_expert(tmp_path)
     pool.defer(0, mx.array(np.array([[2, 3]], dtype=np.uint32)))
     pool.defer(1, mx.array(np.array([[4, 5]], dtype=np.uint32)))
     with pytest.raises(StreamerError, match="does not match its checksum"):
-        settle(pool)
+        pool.settle()
     held = pool.policy.slot_key[pool.policy.slot_key >= 0]
     assert sorted(held.tolist()) == [2, 3]  # layer 0's, read; layer 1's forgotten
     assert all(pool.policy.slot_key[pool.policy.slot_of[k]] == k for k in held)

@@ -20,7 +20,6 @@ from streamer.cache import slot_pool
 from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
 from streamer.experts import slot_pools as slot_path
-from streamer.experts import slots as slots_module
 from streamer.io.cuda_gather import NO_SLOT
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
@@ -153,7 +152,7 @@ def test_gathered_decode_matches_the_resident_model(float32_model, monkeypatch, 
     def gather_source(pool, layer):
         return stand_ins.setdefault(layer, GatherStandIn(pool, layer)), None
 
-    monkeypatch.setattr(slots_module, "gather_source", gather_source)
+    monkeypatch.setattr(slot_pool.SlotPool, "gather_source", gather_source)
     model, tokenizer = streamer.load(
         folder, memory_budget=6 * slot_bytes(folder), read_path="slots"
     )

@@ -6,12 +6,14 @@ SLOT_ALIGN boundary, with a writable host view of its rows for the reads that la
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
+from ..errors import StreamerError
 from ..io import buffers
 from ..io.reads import ReadFile
 
@@ -39,6 +41,19 @@ class LayerSource:
     num_experts: int
     checksums: Sequence | None = None  # [expert][tensor] crc32: checked on every read
     where: Callable[[int], str] = str  # file number -> where to say a read failed
+
+    def check(self, tensors: Sequence[SlotTensor], expert: int, read: Sequence) -> None:
+        """Refuse `expert`'s bytes as `read` (one buffer per tensor) unless they match their
+        checksums (none kept: nothing to check)."""
+        if self.checksums is None:
+            return
+        for t, at, buffer, crc in zip(tensors, self.placements, read, self.checksums[expert]):
+            if zlib.crc32(buffer) != crc:
+                raise StreamerError(
+                    f"{self.where(at.file)}: expert {expert} tensor {t.name} does not "
+                    "match its checksum: the file is corrupt. Run `streamer verify` on the "
+                    "model folder to list every bad tensor, then repack."
+                )
 
 
 def chunk_slots(tensors: Sequence[SlotTensor], slots: int, chunk_bytes: int | None) -> int:

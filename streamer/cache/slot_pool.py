@@ -30,7 +30,6 @@ Gathered calls on CUDA, which read no slot on the host, reach the pool later: ca
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -38,11 +37,10 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 import mlx.core as mx
 import numpy as np
 
-from ..errors import StreamerError
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
 from .landing import Landing, landing_for, unreadable
 from .policies import SlotLFU
-from .settle import settle
+from .settle import gather_kernel, replay
 from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_slots
 
 READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
@@ -104,7 +102,7 @@ class SlotPool:
         # The rule above: no kernel may still read a slot about to be written. Fenced on every
         # call, not just on misses, so the list holds one call's outputs (nothing to wait for in
         # decode: the router sync has evaluated them).
-        settle(self)
+        self.settle()
         self.fence()
         slots, miss = self.policy.assign(self.base[layer] + experts)
         self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
@@ -114,6 +112,22 @@ class SlotPool:
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, misses
 
+    def gather_source(self, layer: int) -> tuple | None:
+        """(kernel, sources) for gathered calls of `layer` (io/cuda_gather.py) when the landing
+        lets kernels read files, all of the layer's are locked whole, the pool is one chunk and
+        no read is checked (a checksum needs the bytes on the host); else None."""
+        if layer not in self._gathers:
+            source, landing, self._gathers[layer] = self.layers[layer], self._landing, None
+            if (
+                getattr(landing, "gathers", False)
+                and not source.checksums
+                and len(self.chunks) == 1
+            ):
+                bases = [landing.device_address(file) for file in source.files]
+                if None not in bases:
+                    self._gathers[layer] = gather_kernel(self.tensors, source, bases)
+        return self._gathers[layer]
+
     def defer(self, layer: int, indices: mx.array) -> None:
         """A gathered call of `layer` routed `indices`: the policy learns it at `settle`."""
         self._deferred.append((layer, indices))
@@ -121,6 +135,25 @@ class SlotPool:
     @property
     def settle_due(self) -> bool:
         return len(self._deferred) >= SETTLE_TOKENS * len(self.layers)
+
+    def settle(self) -> None:
+        """The deferred routings given to the policy (settle.replay), then each expert that ended
+        with a new slot read into it, after the fence. A failure leaves no slot claiming an
+        expert it does not hold (_read_misses forgets its own layer's, this the layers after)."""
+        if not self._deferred:
+            return
+        deferred, self._deferred = self._deferred, []
+        self.fence()
+        reads = replay(self.policy, self.base, deferred)
+        self.version += bool(reads)
+        for n, (layer, layer_reads) in enumerate(reads.items()):
+            try:
+                self._read_misses(layer, layer_reads)
+            except BaseException:
+                for later, later_reads in list(reads.items())[n + 1 :]:
+                    for expert, slot in later_reads:
+                        self._forget(later, expert, slot)
+                raise
 
     def computed(self, output: mx.array) -> None:
         """An output whose graph reads the pool: the next write waits until it is computed."""
@@ -141,7 +174,7 @@ class SlotPool:
         try:
             if self._landing is not None and self._landing.reads_files:
                 for (expert, _), sources in zip(reads, self._copy(layer, reads)):
-                    self._check(layer, expert, sources)
+                    self.layers[layer].check(self.tensors, expert, sources)
                 return
             for lo in range(0, len(reads), at_once):
                 wave = reads[lo : lo + at_once]
@@ -159,7 +192,7 @@ class SlotPool:
                         for future in wait(done).done:
                             future.result()
                     for (expert, _), buffers in zip(wave, landed):
-                        self._check(layer, expert, buffers)
+                        self.layers[layer].check(self.tensors, expert, buffers)
         except BaseException:
             for expert, slot in reads:
                 self._forget(layer, expert, slot)
@@ -186,7 +219,7 @@ class SlotPool:
                 raise unreadable(source.where(source.placements[0].file), expert, e) from e
             moves.append((sources, [rows[row] for rows in self._rows[chunk]]))
         self._landing.copy(moves)
-        return [sources for sources, _ in moves]
+        return [sources.views for sources, _ in moves]
 
     def _pieces(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> list[Read]:
         spans = [
@@ -202,20 +235,6 @@ class SlotPool:
             source.files[file].preadv(offset, parts)
         except OSError as e:
             raise unreadable(source.where(file), expert, e) from e
-
-    def _check(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> None:
-        source = self.layers[layer]
-        if source.checksums is None:
-            return
-        for t, at, buffer, crc in zip(
-            self.tensors, source.placements, buffers, source.checksums[expert]
-        ):
-            if zlib.crc32(buffer) != crc:
-                raise StreamerError(
-                    f"{source.where(at.file)}: expert {expert} tensor {t.name} does not "
-                    "match its checksum: the file is corrupt. Run `streamer verify` on the "
-                    "model folder to list every bad tensor, then repack."
-                )
 
     def _forget(self, layer: int, expert: int, slot: int) -> None:
         """A read that failed leaves its slot empty, not holding a half-read expert."""

@@ -35,7 +35,6 @@ from functools import partial
 import mlx.core as mx
 import numpy as np
 
-from ..cache.settle import gather_source, settle
 from ..cache.slot_pool import SlotPool
 from ..stats import ExpertTraffic
 from .routing import finish, host_routing
@@ -104,14 +103,14 @@ class Slots:
             or stats.verifying is not None
         ):
             return None
-        return gather_source(self._pool, layer.index)
+        return self._pool.gather_source(layer.index)
 
     def _gathered(self, layer, x, indices, traffic: ExpertTraffic, kernel, sources) -> mx.array:
         """The container on the stack the GPU gathered (io/cuda_gather.py): no sync, no read."""
         pool = self._pool
         if pool.settle_due:
             settled = time.perf_counter()
-            settle(pool)
+            pool.settle()
             traffic.read_seconds += time.perf_counter() - settled
         if self._version != pool.version or self._table is None:
             self._new_table(layer)

@@ -86,6 +86,15 @@ class StagedCopies:
         self._release()
 
 
+@dataclass
+class MappedSources:
+    """One expert's tensors in their files' mappings, and those not locked whole (a copy locks
+    their pages for itself)."""
+
+    views: list[np.ndarray]
+    unlocked: list[np.ndarray]
+
+
 class MappedCopies:
     """Where slot misses come from on CUDA when the page cache holds them: the copy engine reads
     each tensor's bytes from its file's read-only mapping into the slot, so no CPU copy touches
@@ -110,22 +119,18 @@ class MappedCopies:
         self._stream = stream
         self._release = weakref.finalize(self, _unlock, runtime, stream, self._maps)
 
-    def sources(self, spans: Sequence[tuple[ReadFile, int, int]]) -> list[np.ndarray]:
+    def sources(self, spans: Sequence[tuple[ReadFile, int, int]]) -> MappedSources:
         """The mapped bytes of each (file, offset, nbytes): one expert's tensors."""
-        views = [self._mapped(file)[0][offset : offset + n] for file, offset, n in spans]
+        mapped = [self._mapped(file) for file, _, _ in spans]
+        views = [view[offset : offset + n] for (view, _), (_, offset, n) in zip(mapped, spans)]
         if any(view.nbytes != n for view, (_, _, n) in zip(views, spans)):
             raise OSError("short read: the file ends inside the expert")
-        return views
+        return MappedSources(views, [v for v, (_, locked) in zip(views, mapped) if not locked])
 
-    def copy(self, moves: Sequence[tuple[Sequence[np.ndarray], Sequence[np.ndarray]]]) -> None:
+    def copy(self, moves: Sequence[tuple[MappedSources, Sequence[np.ndarray]]]) -> None:
         """Each move's sources (from `sources`) copied into its rows, all queued on the stream
         and waited for once: returns when every slot's bytes are in place."""
-        unlocked = [
-            source
-            for sources, _ in moves
-            for source in sources
-            if not self._mapped_at(source.ctypes.data)
-        ]
+        unlocked = [view for sources, _ in moves for view in sources.unlocked]
         registered = []
         try:
             if self._lock != "none":
@@ -136,19 +141,12 @@ class MappedCopies:
                     registered.append(start)
             stream = self._stream
             for sources, rows in moves:
-                for source, row in zip(sources, rows):
-                    self._runtime.copy(row.ctypes.data, source.ctypes.data, row.nbytes, stream)
-            self._runtime.wait(self._stream)
+                for view, row in zip(sources.views, rows):
+                    self._runtime.copy(row.ctypes.data, view.ctypes.data, row.nbytes, stream)
+            self._runtime.wait(stream)
         finally:
             for start in registered:
                 self._runtime.unregister(start)
-
-    def _mapped_at(self, address: int) -> bool:
-        """Whether `address` lies in a mapping locked whole."""
-        return any(
-            locked and view.ctypes.data <= address < view.ctypes.data + view.nbytes
-            for _, view, locked in self._maps.values()
-        )
 
     def _mapped(self, file: ReadFile) -> tuple[np.ndarray, bool]:
         """The file's read-only mapping, and whether it is locked whole."""

@@ -9,10 +9,11 @@ has one (device memory) or else straight from the file's pinned mapping over the
 stack [routed, *shape] per tensor that mlx-lm's container then computes on, exactly as on the
 resident stacks. The routing never reaches the host, so nothing waits: the layers of a token are
 queued as one graph, as mlx-lm queues them. The slot pool's policy learns the routing later, in
-batches (experts/slots.py): which experts keep a slot follows the same LFU, a few tokens late.
+batches (cache/settle.py): which experts keep a slot follows the same LFU, a few tokens late.
 
-Only CUDA loads this module (experts/slots.py asks `cuda_gather_ready`); on Metal a no-copy
-buffer over a file is wired whole on first GPU use, so the GPU there sees only the pool.
+Only CUDA loads this module (cache/settle.py, for a pool whose landing lets kernels read files);
+on Metal a no-copy buffer over a file is wired whole on first GPU use, so the GPU there sees only
+the pool.
 """
 
 from __future__ import annotations
@@ -73,19 +74,19 @@ class ExpertGather:
 
     def __init__(self, tensors: Sequence, alignment: int):
         self._tensors = tuple(tensors)
-        count = len(self._tensors)
-        word = self._word = word_bytes([*self._sizes, alignment])
+        count, sizes = len(self._tensors), tuple(t.nbytes for t in self._tensors)
+        word = word_bytes([*sizes, alignment])
+        # threads per routed expert and tensor: one a word of the largest tensor, at most
+        # BLOCKS_PER_TENSOR blocks of them (each thread's loop strides over the rest)
+        blocks = min(BLOCKS_PER_TENSOR, -(-max(sizes) // word // THREADS))
+        self._threads = blocks * THREADS
         self._kernel = mx.fast.cuda_kernel(
-            name=f"streamer_expert_gather_{count}_{word}_{abs(hash(self._sizes)):x}",
+            name=f"streamer_expert_gather_{count}_{word}_{abs(hash(sizes)):x}",
             input_names=["routed", "table", "sources", *(f"pool{t}" for t in range(count))],
             output_names=[f"out{t}" for t in range(count)],
-            source=_source(self._sizes, word),
+            source=_source(sizes, word),
             ensure_row_contiguous=False,  # the pool's arrays are views at their slot alignment
         )
-
-    @property
-    def _sizes(self) -> tuple[int, ...]:
-        return tuple(t.nbytes for t in self._tensors)
 
     def __call__(
         self, routed: mx.array, table: mx.array, sources: mx.array, pool: Sequence[mx.array]
@@ -94,11 +95,9 @@ class ExpertGather:
         (`table`: uint32 slot per expert, NO_SLOT for none) or from `sources` (uint64 [tensors,
         2]: device address of expert 0's bytes, stride)."""
         count = routed.size
-        largest = max(self._sizes) // self._word
-        per_tensor = min(BLOCKS_PER_TENSOR * THREADS, -(-largest // THREADS) * THREADS)
         return self._kernel(
             inputs=[routed.reshape(-1).astype(mx.uint32), table, sources, *pool],
-            grid=(per_tensor, count, len(self._tensors)),
+            grid=(self._threads, count, len(self._tensors)),
             threadgroup=(THREADS, 1, 1),
             output_shapes=[(count, *t.shape) for t in self._tensors],
             output_dtypes=[t.dtype for t in self._tensors],
