@@ -9,7 +9,8 @@
 #   bash bench/cuda_check.sh data48               # build decode48's checkpoint ahead
 #   bash bench/cuda_check.sh decode48 OUT_DIR     # the same on 48 layers at 2/4/8 GiB and all
 #                                                 # (GIBS="4 24" picks budgets, MISSES="staged
-#                                                 # mapped registered" the CUDA miss paths)
+#                                                 # mapped registered" the CUDA miss paths,
+#                                                 # LAYOUTS="stream mlx" adds in place)
 #   bash bench/cuda_check.sh misspaths OUT_DIR    # bench/cuda_miss_paths.py: a miss's ways
 #   bash bench/cuda_check.sh speculative OUT_DIR  # drafts vs plain on 48 layers, 4 GiB and all;
 #                                                 # greedy drafted output checked against plain
@@ -137,8 +138,10 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
     for way in $ways; do  # STREAMER_CUDA_MISSES: where a miss's copy reads from
       [ "$gib" = 24 ] && [ "$way" != "${ways%% *}" ] && continue  # no misses to compare
       export STREAMER_CUDA_MISSES=$way
-      run streamer "$data/q48-stream" "slots-${gib}g-$way" --read-path slots \
-        --memory-budget $((gib << 30))
+      for layout in ${LAYOUTS:-stream}; do  # stream: the repack; mlx: in place from the download
+        tag=slots-${gib}g-$way && [ "$layout" = mlx ] && tag=$tag-inplace
+        run streamer "$data/q48-$layout" "$tag" --read-path slots --memory-budget $((gib << 30))
+      done
     done
   done
   [ -n "${AGAIN-1}" ] && run mlx_lm "$data/q48-mlx" mlx_lm-again

@@ -22,6 +22,7 @@ Routing = tuple[int, tuple[int, ...]]
 class ExpertTraffic:
     layer_calls: int = 0  # MoE layer invocations
     syncs: int = 0  # host syncs (one per MoE layer call that needs routed indices on the host)
+    gathered: int = 0  # slot path on CUDA: calls whose experts the GPU gathered itself, no sync
     experts_read: int = (
         0  # routed experts computed from the store's mapped files (page cache or disk)
     )

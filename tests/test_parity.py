@@ -39,17 +39,19 @@ def read_paths() -> list[str]:
     return [p for p in READ_PATHS if not (p == "mapped" and backend() == "cuda")]
 
 
-_REFERENCE_RUNS: dict[int, tuple[mx.array, mx.array, list[int]]] = {}
+_REFERENCE_RUNS: dict[int, tuple[mx.array, mx.array, list[int], float]] = {}
 
 
-def reference_run(reference, prompt: mx.array) -> tuple[mx.array, list[int]]:
+def reference_run(reference, prompt: mx.array) -> tuple[mx.array, list[int], float]:
     """The reference model's logits and greedy tokens for `prompt`, computed once per model
-    (reference_model is cached, so a model's id stands for its checkpoint)."""
+    (reference_model is cached, so a model's id stands for its checkpoint), and how far apart
+    its logits come out when computed again (0 where the backend is deterministic)."""
     key = id(reference)
     if key not in _REFERENCE_RUNS or not mx.array_equal(_REFERENCE_RUNS[key][0], prompt):
         logits = reference(prompt[None])
-        mx.eval(logits)
-        _REFERENCE_RUNS[key] = (prompt, logits, greedy_tokens(reference, prompt))
+        again = reference(prompt[None]) if backend() == "cuda" else logits
+        spread = mx.abs(again - logits).max().item()
+        _REFERENCE_RUNS[key] = (prompt, logits, greedy_tokens(reference, prompt), spread)
     return _REFERENCE_RUNS[key][1:]
 
 
@@ -68,11 +70,15 @@ def compare(streamed_path, reference, tolerance: float) -> None:
             streamed_path, memory_budget=0, read_path=read_path, dtype=mx.float32
         )
         prompt = mx.array(tokenizer.encode(PROMPT))
-        logits, tokens = reference_run(reference, prompt)
+        logits, tokens, spread = reference_run(reference, prompt)
         if tolerance and backend() == "cuda":
             tolerance = max(tolerance, CUDA_FLOAT_TOLERANCE)
+        if not spread <= tolerance:  # NaN included
+            # seen on CUDA only: mlx-lm's own model disagrees with itself (bench/README.md)
+            pytest.xfail(f"mlx-lm's resident model gives logits {spread} apart run to run")
         diff = mx.abs(model(prompt[None]) - logits).max().item()
-        assert diff <= tolerance, f"{read_path}: max abs logit difference {diff}"
+        scale = mx.abs(logits).max().item()
+        assert diff <= tolerance, f"{read_path}: max abs logit difference {diff} of {scale}"
         assert greedy_tokens(model, prompt) == tokens, read_path
         stats = model.streamer.stats
         assert stats.decode_tokens >= 63
@@ -82,7 +88,8 @@ def compare(streamed_path, reference, tolerance: float) -> None:
         assert stats.decode.syncs <= stats.decode.layer_calls
         if read_path == "slots":  # every expert reached the pool by a read
             assert stats.prefill.experts_read + stats.decode.experts_read > 0
-            assert stats.decode.syncs == stats.decode.layer_calls
+            # a sync per call, or none where the GPU gathers a call's experts itself (CUDA)
+            assert stats.decode.syncs + stats.decode.gathered == stats.decode.layer_calls
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -248,7 +255,9 @@ def test_generate_stops_where_mlx_lm_generate_stops(checkpoints, tmp_path):
     reference, tokenizer = mlx_lm.load(str(src))
     reference.set_dtype(mx.float32)
     expected = mlx_lm.generate(reference, tokenizer, PROMPT, max_tokens=24)
-    model, streamed_tokenizer = streamer.load(checkpoints.repacked(src), memory_budget=0)
+    model, streamed_tokenizer = streamer.load(
+        checkpoints.repacked(src), memory_budget=0, dtype=mx.float32
+    )
     assert stop in streamed_tokenizer.eos_token_ids
     assert streamer.generate(model, streamed_tokenizer, PROMPT, max_tokens=24) == expected
     assert len(tokenizer.encode(expected, add_special_tokens=False)) < 24  # it did stop early

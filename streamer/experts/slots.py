@@ -108,6 +108,7 @@ class Slots:
     def _gathered(self, layer, x, indices, traffic: ExpertTraffic, kernel, sources) -> mx.array:
         """The container on the stack the GPU gathered (io/cuda_gather.py): no sync, no read."""
         pool = self._pool
+        traffic.gathered += 1
         if pool.settle_due:
             settled = time.perf_counter()
             pool.settle()
