@@ -39,25 +39,43 @@ def read_paths() -> list[str]:
     return [p for p in READ_PATHS if not (p == "mapped" and backend() == "cuda")]
 
 
-_REFERENCE_RUNS: dict[int, tuple[mx.array, mx.array, list[int], float]] = {}
-
-
-def reference_run(reference, prompt: mx.array) -> tuple[mx.array, list[int], float]:
-    """The reference model's logits and greedy tokens for `prompt`, computed once per model
-    (reference_model is cached, so a model's id stands for its checkpoint), and how far apart
-    its logits come out when computed again (0 where the backend is deterministic)."""
-    key = id(reference)
-    if key not in _REFERENCE_RUNS or not mx.array_equal(_REFERENCE_RUNS[key][0], prompt):
-        logits = reference(prompt[None])
-        again = reference(prompt[None]) if backend() == "cuda" else logits
-        spread = mx.abs(again - logits).max().item()
-        _REFERENCE_RUNS[key] = (prompt, logits, greedy_tokens(reference, prompt), spread)
-    return _REFERENCE_RUNS[key][1:]
-
-
 # float32 against float32 on MLX's CUDA backend differs by TF32-sized amounts between kernels
 # (measured on an H200: 8e-4 for dbrx and llama4 between the slot path and mlx-lm resident).
 CUDA_FLOAT_TOLERANCE = 2e-3
+# mlx-lm's model on the GPU this far from its own on the CPU is not rounding: its kernels are
+# wrong at the fixtures' tiny shapes there (0.4 to 32 seen on an H200; bench/README.md)
+CUDA_BROKEN = 0.05
+
+_REFERENCE_RUNS: dict[int, tuple] = {}
+
+
+def reference_run(reference, prompt: mx.array) -> tuple[mx.array, list[int], float, str | None]:
+    """The reference model's logits and greedy tokens for `prompt`, computed once per model
+    (reference_model is cached, so a model's id stands for its checkpoint); on CUDA also how far
+    its logits are from its own on the CPU (0 elsewhere), and why it cannot be the oracle there
+    (None where it can)."""
+    key = id(reference)
+    if key not in _REFERENCE_RUNS or not mx.array_equal(_REFERENCE_RUNS[key][0], prompt):
+        _REFERENCE_RUNS[key] = (prompt, *_reference(reference, prompt))
+    return _REFERENCE_RUNS[key][1:]
+
+
+def _reference(reference, prompt: mx.array) -> tuple[mx.array, list[int], float, str | None]:
+    if backend() != "cuda":
+        return reference(prompt[None]), greedy_tokens(reference, prompt), 0.0, None
+    try:
+        logits, again = reference(prompt[None]), reference(prompt[None])
+        with mx.stream(mx.cpu):
+            on_cpu = reference(prompt[None])
+        mx.eval(logits, again, on_cpu)
+    except (RuntimeError, IndexError) as error:  # missing quantized_matmul shapes, dbrx
+        return None, [], 0.0, f"mlx-lm's own model fails on CUDA: {str(error)[:120]}"
+    again = mx.abs(again - logits).max().item()
+    off = mx.abs(on_cpu - logits).max().item()
+    if not (again == 0 and off <= CUDA_BROKEN):  # NaN included
+        doubt = f"mlx-lm's own model on CUDA: {again} apart run to run, {off} from its CPU run"
+        return logits, [], off, doubt
+    return logits, greedy_tokens(reference, prompt), off, None
 
 
 def compare(streamed_path, reference, tolerance: float) -> None:
@@ -70,12 +88,11 @@ def compare(streamed_path, reference, tolerance: float) -> None:
             streamed_path, memory_budget=0, read_path=read_path, dtype=mx.float32
         )
         prompt = mx.array(tokenizer.encode(PROMPT))
-        logits, tokens, spread = reference_run(reference, prompt)
-        if tolerance and backend() == "cuda":
-            tolerance = max(tolerance, CUDA_FLOAT_TOLERANCE)
-        if not spread <= tolerance:  # NaN included
-            # seen on CUDA only: mlx-lm's own model disagrees with itself (bench/README.md)
-            pytest.xfail(f"mlx-lm's resident model gives logits {spread} apart run to run")
+        logits, tokens, off, doubt = reference_run(reference, prompt)
+        if doubt:  # CUDA only; on the CPU every family is checked
+            pytest.xfail(doubt)
+        if tolerance and backend() == "cuda":  # as far as mlx-lm's own GPU rounding goes
+            tolerance = max(tolerance, CUDA_FLOAT_TOLERANCE, 2 * off)
         diff = mx.abs(model(prompt[None]) - logits).max().item()
         scale = mx.abs(logits).max().item()
         assert diff <= tolerance, f"{read_path}: max abs logit difference {diff} of {scale}"
