@@ -100,6 +100,22 @@ def test_balloon_refuses_to_starve_the_machine(bench_path):
             pass
 
 
+def test_next_layer_guesses_on_the_demo_model(bench_path, tmp_path):
+    """bench/next_layer.py on the trained demo model: the true routing rebuilt from the recorded
+    hidden states is the routing the experts got (checked inside), recalls are fractions, 2k
+    guesses find at least what k find, and the next router on this layer's residual guesses far
+    better than chance (k / experts = 0.125)."""
+    from next_layer import GUESSES, main
+
+    out = tmp_path / "recall.json"
+    main(["--max-tokens", "512", "--out", str(out)])
+    recall = json.loads(out.read_text())
+    for guess in GUESSES:
+        k, twice = recall[f"{guess} k"], recall[f"{guess} 2k"]
+        assert len(k) == 3 and all(0 <= a <= b <= 1 for a, b in zip(k, twice))
+    assert min(recall["early k"]) > 0.25 and min(recall["late k"]) > 0.25
+
+
 def test_sizes_parse(bench_path):
     from run import size
 
