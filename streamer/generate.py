@@ -60,8 +60,9 @@ class RunStats:
 
 @dataclass(frozen=True)
 class Response:
-    """One streamed piece of text; `stats` covers the run so far, `logprobs` (log-softmax over the
-    vocabulary) is the distribution `token` was sampled from."""
+    """One streamed piece of text; `stats` covers the run so far (its expert counters leave out
+    the calls not yet settled, but in the last piece: `settled` completes them), `logprobs`
+    (log-softmax over the vocabulary) is the distribution `token` was sampled from."""
 
     text: str
     token: int
@@ -76,10 +77,13 @@ def run_stats(
     prompt_tps: float = 0.0,
     generation_tokens: int = 0,
     generation_tps: float = 0.0,
+    settle: bool = True,
 ) -> RunStats:
+    """The run's figures; `settle=False` leaves out the calls whose counting would wait for the
+    GPU (every piece but the last: mlx-lm has the next token in flight)."""
     handle = model.streamer
     stats: ExpertStats = handle.stats
-    decode = stats.decode
+    prefill, decode = (stats.prefill, stats.decode) if settle else stats.counted()
     steps = max(stats.decode_tokens, 1)
     return RunStats(
         prompt_tokens=prompt_tokens,
@@ -93,10 +97,18 @@ def run_stats(
         expert_reads_per_token=decode.experts_read / steps,
         syncs_per_token=decode.syncs / steps,
         page_cache_hit_rate=decode.page_cache_hit_rate,
-        prefill_expert_bytes=stats.prefill.bytes_read,
+        prefill_expert_bytes=prefill.bytes_read,
         drafts=replace(stats.drafts) if stats.drafts.passes else None,
         wasted_bytes_per_token=stats.drafts.wasted_bytes / steps,
         dtype=handle.dtype,
+    )
+
+
+def settled(model: nn.Module, stats: RunStats) -> RunStats:
+    """`stats` (a streamed piece's) with every call made so far counted: for a consumer that
+    stops before the last piece."""
+    return run_stats(
+        model, stats.prompt_tokens, stats.prompt_tps, stats.generation_tokens, stats.generation_tps
     )
 
 
@@ -130,7 +142,12 @@ def stream_generate(
     try:  # mlx_lm.stream_generate's responses, or with drafts the speculative loop's
         for r in speculative.stream_generate(model, tokenizer, prompt, max_tokens, kwargs):
             stats = run_stats(
-                model, r.prompt_tokens, r.prompt_tps, r.generation_tokens, r.generation_tps
+                model,
+                r.prompt_tokens,
+                r.prompt_tps,
+                r.generation_tokens,
+                r.generation_tps,
+                settle=r.finish_reason is not None,
             )
             yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
     except ValueError as e:  # mx.quantize's: the keys' width is not a multiple of the group

@@ -16,6 +16,7 @@ from .io.sizes import size_text
 
 # One routed token of one MoE layer: (MoE layer number, the token's experts, sorted).
 Routing = tuple[int, tuple[int, ...]]
+UNSETTLED_MAX = 4096  # in-page-cache counts kept for the next read: 85 tokens of 48 layers
 
 
 @dataclass
@@ -87,9 +88,12 @@ class ExpertStats:
     trace_prefill: bool = False  # the trace also records every prompt token
     _prefill: ExpertTraffic = field(default_factory=ExpertTraffic)
     _decode: ExpertTraffic = field(default_factory=ExpertTraffic)
-    # Calls that ran without a sync (their layer's files all in the page cache, or gathered by the
-    # GPU): each one's count of its routed experts, called once its indices are computed.
+    # What counts the calls that ran without a sync, once their indices are computed: each
+    # in-page-cache call's count (defer), and the slot pools holding gathered calls' routings
+    # (settle_before_reading). Run when the counters are read, not before: a count pulls its
+    # call's routing, which waits for the GPU to compute it.
     unsettled: list[Callable[[], None]] = field(default_factory=list)
+    settles: list[Callable[[], None]] = field(default_factory=list)
     drafts: Drafts = field(default_factory=Drafts)
     verifying: list[PassCall] | None = None  # the layer calls of the verify pass under way
 
@@ -108,9 +112,32 @@ class ExpertStats:
         self._settle()
         return self._decode
 
+    def counted(self) -> tuple[ExpertTraffic, ExpertTraffic]:
+        """(prefill, decode) as counted so far, without the calls still unsettled: what a reader
+        that must not wait for the GPU sees (mlx-lm keeps the next token in flight while it
+        yields one; counting that token's calls would wait for all of it)."""
+        return self._prefill, self._decode
+
+    def defer(self, count: Callable[[], None]) -> None:
+        """`count` run when the counters are next read; the oldest counts are run here once
+        UNSETTLED_MAX wait, so a long run read only at its end holds a bounded list (calls that
+        many layers back are computed: nothing waits)."""
+        self.unsettled.append(count)
+        if len(self.unsettled) > UNSETTLED_MAX:
+            half = UNSETTLED_MAX // 2
+            older, self.unsettled = self.unsettled[:half], self.unsettled[half:]
+            for each in older:
+                each()
+
+    def settle_before_reading(self, settle: Callable[[], None]) -> None:
+        """`settle` (a slot pool's) run before the counters are next read."""
+        if settle not in self.settles:
+            self.settles.append(settle)
+
     def reset(self) -> None:
         self._prefill, self._decode = ExpertTraffic(), ExpertTraffic()
         self.unsettled.clear()
+        self.settles.clear()
         self.drafts, self.verifying = Drafts(), None
 
     def phase(self, tokens: int) -> ExpertTraffic:
@@ -150,11 +177,16 @@ class ExpertStats:
         for count in self.unsettled:
             count()
         self.unsettled.clear()
+        for settle in self.settles:
+            settle()
+        self.settles.clear()
 
     @property
     def decode_tokens(self) -> int:
-        """Tokens decoded: one per step, and every token a verify pass yielded."""
-        return self.decode.layer_calls // self.moe_layers + self.drafts.emitted - self.drafts.passes
+        """Tokens decoded: one per step, and every token a verify pass yielded (layer calls are
+        counted when made: nothing to settle)."""
+        calls = self._decode.layer_calls
+        return calls // self.moe_layers + self.drafts.emitted - self.drafts.passes
 
 
 class RoutingRecorder(nn.Module):

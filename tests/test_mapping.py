@@ -18,7 +18,8 @@ from streamer.experts.mapped import Prefetcher
 from streamer.io.expert_files import ExpertFiles
 from streamer.io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
 from streamer.io.mapping import OS_PAGE, MappedFile
-from streamer.stats import ExpertTraffic
+from streamer.generate import settled
+from streamer.stats import UNSETTLED_MAX, ExpertTraffic
 
 
 def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):
@@ -69,6 +70,28 @@ def test_experts_are_computed_in_place_when_the_stored_dtype_is_the_compute_dtyp
     assert decode.bytes_copied == 0
     # the files are all in the page cache: no layer needs a sync
     assert decode.syncs == 0 and decode.experts_fetched == 0 and decode.page_cache_hit_rate == 1.0
+
+
+def test_streamed_pieces_count_sync_free_calls_only_at_the_end(checkpoints):
+    """Counting a sync-free call pulls its routing, which waits for the token mlx-lm has in
+    flight: each streamed piece but the last leaves such calls uncounted, the last counts all of
+    them, as a read of the stats after the run does, and a long run keeps a bounded list."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe", dtype="float32"))
+    for file in (folder / "experts").iterdir():  # all in the page cache: no layer syncs
+        file.read_bytes()
+    model, tokenizer = streamer.load(folder, memory_budget=0)
+    stats = model.streamer.stats
+    waiting = []
+    for piece in streamer.stream_generate(model, tokenizer, PROMPT, max_tokens=8):
+        waiting.append(len(stats.unsettled))
+    assert min(waiting[:-1]) > 0 and stats.unsettled == []  # the last piece settled them
+    after = settled(model, piece.stats)
+    for figure in ("expert_bytes_per_token", "expert_reads_per_token", "prefill_expert_bytes"):
+        assert getattr(piece.stats, figure) == getattr(after, figure)
+    assert piece.stats.expert_reads_per_token > 0 and piece.stats.syncs_per_token == 0
+    for _ in range(UNSETTLED_MAX + 1):
+        stats.defer(lambda: None)
+    assert len(stats.unsettled) <= UNSETTLED_MAX
 
 
 def test_converted_experts_are_copied_once(checkpoints):

@@ -194,11 +194,13 @@ def test_settled_routings_leave_the_slots_a_synced_run_would(tmp_path):
     for layer, experts in routings:
         synced.place(layer, np.array(experts))
     pool, _ = pool_over(tmp_path / "gathered", slots=3)
+    counted = []  # each call's distinct experts, given to its count at the settle
     for layer, experts in routings:
-        pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)))
-    assert pool.version == 0 and pool.settle_due is False
+        pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)), counted.append)
+    assert pool.version == 0 and pool.settle_due is False and counted == []
     pool.settle()
     assert pool.version == 1
+    assert [c.tolist() for c in counted] == [experts for _, experts in routings]
     assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
     for slot, key in enumerate(pool.policy.slot_key):
         layer = int(key >= pool.base[1])
@@ -213,8 +215,8 @@ def test_settled_routings_leave_the_slots_a_synced_run_would(tmp_path):
 def test_a_settle_that_fails_to_read_leaves_no_slot_claiming_an_expert(tmp_path):
     pool, _ = pool_over(tmp_path, slots=4)
     pool.layers[1].checksums = [[0, 0, 0]] * 6  # layer 1's reads all fail their checksums
-    pool.defer(0, mx.array(np.array([[2, 3]], dtype=np.uint32)))
-    pool.defer(1, mx.array(np.array([[4, 5]], dtype=np.uint32)))
+    pool.defer(0, mx.array(np.array([[2, 3]], dtype=np.uint32)), lambda experts: None)
+    pool.defer(1, mx.array(np.array([[4, 5]], dtype=np.uint32)), lambda experts: None)
     with pytest.raises(StreamerError, match="does not match its checksum"):
         pool.settle()
     held = pool.policy.slot_key[pool.policy.slot_key >= 0]

@@ -22,18 +22,23 @@ from .policies import SlotLFU
 from .slot_memory import LayerSource, SlotTensor
 
 
+def pull(routed: list[mx.array]) -> list[np.ndarray]:
+    """Each call's distinct routed experts, on the host, in one pull for all of them (each
+    np.array of a GPU array is a sync of its own)."""
+    together = np.array(mx.concatenate([indices.reshape(-1) for indices in routed]))
+    ends = np.cumsum([indices.size for indices in routed])
+    return [np.unique(experts) for experts in np.split(together, ends[:-1])]
+
+
 def replay(
-    policy: SlotLFU, base: dict[int, int], deferred: list[tuple[int, mx.array]]
+    policy: SlotLFU, base: dict[int, int], deferred: list[tuple[int, np.ndarray]]
 ) -> dict[int, list[tuple[int, int]]]:
-    """`deferred` (layer, routed indices) given to `policy` in order, as `place` gives a synced
-    call's sorted distinct experts; per layer (keys from `base[layer]`), the (expert, slot) of
-    each expert that ends with a new slot: the reads that fill them."""
-    # one pull for all of them (each np.array of a GPU array is a sync of its own)
-    routed = np.array(mx.concatenate([indices.reshape(-1) for _, indices in deferred]))
-    ends = np.cumsum([indices.size for _, indices in deferred])
+    """`deferred` (layer, distinct routed experts) given to `policy` in order, as `place` gives a
+    synced call's; per layer (keys from `base[layer]`), the (expert, slot) of each expert that
+    ends with a new slot: the reads that fill them."""
     before = policy.slot_key.copy()
-    for (layer, _), experts in zip(deferred, np.split(routed, ends[:-1])):
-        policy.assign(base[layer] + np.unique(experts))
+    for layer, experts in deferred:
+        policy.assign(base[layer] + experts)
     keys = policy.slot_key
     owners = sorted((first, layer) for layer, first in base.items())
     reads: dict[int, list[tuple[int, int]]] = {}

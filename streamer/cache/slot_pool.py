@@ -30,7 +30,7 @@ Gathered calls on CUDA, which read no slot on the host, reach the pool later: ca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 
@@ -40,7 +40,7 @@ import numpy as np
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
 from .landing import Landing, landing_for, unreadable
 from .policies import SlotLFU
-from .settle import gather_kernel, replay
+from .settle import gather_kernel, pull, replay
 from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_slots
 
 READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
@@ -81,7 +81,8 @@ class SlotPool:
             self._rows.append([rows for _, rows in made])
         self._scratch = aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
         self._pending: list[mx.array] = []
-        self._deferred: list[tuple[int, mx.array]] = []  # gathered calls: (layer, routed indices)
+        # gathered calls: (layer, routed indices, what counts their distinct experts)
+        self._deferred: list[tuple[int, mx.array, Callable[[np.ndarray], None]]] = []
         self._gathers: dict[int, tuple | None] = {}  # layer -> (kernel, sources) or None
         self.version = 0  # changes whenever a slot gets another expert
         self.last_missed = np.zeros(0, dtype=bool)
@@ -128,9 +129,11 @@ class SlotPool:
                     self._gathers[layer] = gather_kernel(self.tensors, source, bases)
         return self._gathers[layer]
 
-    def defer(self, layer: int, indices: mx.array) -> None:
-        """A gathered call of `layer` routed `indices`: the policy learns it at `settle`."""
-        self._deferred.append((layer, indices))
+    def defer(self, layer: int, indices: mx.array, count: Callable[[np.ndarray], None]) -> None:
+        """A gathered call of `layer` routed `indices`: the policy learns it at `settle`, and
+        `count` is given its distinct experts then (hits and misses as the call found them: no
+        slot changes in between)."""
+        self._deferred.append((layer, indices, count))
 
     @property
     def settle_due(self) -> bool:
@@ -144,7 +147,10 @@ class SlotPool:
             return
         deferred, self._deferred = self._deferred, []
         self.fence()
-        reads = replay(self.policy, self.base, deferred)
+        routed = pull([indices for _, indices, _ in deferred])
+        for (_, _, count), experts in zip(deferred, routed):
+            count(experts)
+        reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
         self.version += bool(reads)
         for n, (layer, layer_reads) in enumerate(reads.items()):
             try:

@@ -116,7 +116,7 @@ def _integer(text: str) -> bool:
 
 def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     """Print the answer as it comes, then the run's stats line; Ctrl-C ends it with 130."""
-    from ..generate import run_stats, stream_generate
+    from ..generate import run_stats, settled, stream_generate
 
     group = getattr(args, "group", None)
     shown = group is None or group.rank() == 0  # rank 0 prints for the group
@@ -149,7 +149,7 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
         progress.close()
         if shown:
             print("\n[interrupted]", file=sys.stderr)
-            print((stats or run_stats(model)).line(), file=sys.stderr)
+            print((settled(model, stats) if stats else run_stats(model)).line(), file=sys.stderr)
         return 130
     line = stats.line() if stats is not None else None
     if group is not None and stats is not None:

@@ -7,7 +7,7 @@ layer's read path, chosen once when the layer is built and again when what it ho
 
   resident.Resident        every expert in memory: runs as mlx-lm's, no sync, no reads
   mapped.InPageCache       the layer's files all in the page cache: computes on the mapped
-                           files, no sync (the routing is counted later, from stats.unsettled)
+                           files, no sync (the routing is counted later, when the counters are read)
   mapped.Prefetched        one host sync for the routing, read-ahead of the cold routed experts,
                            then computes on the mapped files: no copy
   gather.GatherConvert     the compute dtype differs from the stored one: routed experts copied
@@ -25,8 +25,9 @@ The read-path contract (the seam a new path plugs into):
     `host_routing` counts syncs and their time (and records stats.trace), `Prefetcher.fetch`
     counts reads, residency and read time, `finish` the layer time (and compute time when
     profiling); a path that copies counts `bytes_copied`, one that hits a cache `cache_hits`.
-    A path that never syncs appends `(traffic, indices, payload_bytes, measured_bytes)` to
-    stats.unsettled, which counts the routed experts once they are computed.
+    A path that never syncs hands stats.defer a count of the call's routed experts (a slot
+    pool's gathered call: the pool's settle, stats.settle_before_reading), run when the
+    counters are read.
   - A path may hand the layer to another (`layer.read = ...`), as the mapped ones do when the
     page cache changes.
   - Adding a path (a slot pool, in place from a download, another backend): a module here with

@@ -173,7 +173,7 @@ class Prefetched:
 
 class InPageCache:
     """The layer's files are all in the page cache: nothing to fetch, no need to know the routing
-    now. The routed experts are counted later from stats.unsettled."""
+    now. The routed experts are counted later (stats.defer)."""
 
     def __init__(self, layer, watch: PageCacheWatch):
         self._watch = watch
@@ -184,7 +184,7 @@ class InPageCache:
         if layer.stats.wants_routing or not self._watch.file_cached():
             layer.read = Prefetched(layer, self._watch)
             return layer.read(layer, x, indices, traffic)
-        layer.stats.unsettled.append(partial(count_in_page_cache, traffic, indices, *self._sizes))
+        layer.stats.defer(partial(count_in_page_cache, traffic, indices, *self._sizes))
         return layer.container(x, indices)
 
 

@@ -19,12 +19,12 @@ own of at most one chunk (its LFU shared by its layers); only a layer whose own 
 (or budget 0: one layer's experts shared by all) has a pool of several chunks.
 Where the compute dtype differs from the stored one (the CPU backend with bf16 scales) the routed
 slots are taken and converted per call (counted in bytes_copied); on a GPU the default compute
-dtype is the stored one and nothing is copied.
+dtype is the stored one and nothing is copied (but the gathered stacks, below).
 
 On CUDA with the layer's files locked whole and mapped (cache/landing.py, "gathered"), a decode
 call does not sync at all: the GPU gathers its routed experts from the slots or, misses, from the
 files (io/cuda_gather.py) and the container computes on that stack; the pool learns the routing
-later (SlotPool.settle) and the call's hits and misses are counted then (stats.unsettled).
+later (SlotPool.settle), and the call's hits and misses are counted then.
 """
 
 from __future__ import annotations
@@ -124,9 +124,9 @@ class Slots:
         layer.install(pool.arrays)  # the output's graph holds the stacks until it is evaluated
         self._installed = 0
         pool.computed(out)
-        pool.defer(layer.index, indices)
-        count = partial(_count_gathered, traffic, indices, self._slot_of, pool.slot_bytes)
-        layer.stats.unsettled.append(count)
+        traffic.bytes_copied += indices.size * pool.slot_bytes  # the stacks
+        pool.defer(layer.index, indices, partial(_count_gathered, traffic, self._slot_of, pool))
+        layer.stats.settle_before_reading(pool.settle)
         return out
 
     def _place(self, layer, group: np.ndarray, traffic: ExpertTraffic) -> tuple[np.ndarray, int]:
@@ -184,13 +184,12 @@ class Slots:
 
 
 def _count_gathered(
-    traffic: ExpertTraffic, indices: mx.array, slot_of: np.ndarray, slot_bytes: int
+    traffic: ExpertTraffic, slot_of: np.ndarray, pool: SlotPool, experts: np.ndarray
 ) -> None:
-    """A gathered call's hits (experts its table held) and misses (read by the GPU), counted once
-    its routing is computed."""
-    experts = np.unique(np.array(indices))
+    """A gathered call's hits (`experts` its table held) and misses (read by the GPU), counted
+    when the pool settles its routing."""
     misses = int(np.count_nonzero(slot_of[experts] < 0))
     traffic.cache_hits += len(experts) - misses
     traffic.experts_read += misses
     traffic.experts_fetched += misses
-    traffic.bytes_read += misses * slot_bytes
+    traffic.bytes_read += misses * pool.slot_bytes

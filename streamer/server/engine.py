@@ -25,7 +25,7 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..generate import RunStats, check_kv_cache_quantizes, stream_generate
+from ..generate import RunStats, check_kv_cache_quantizes, settled, stream_generate
 from .api import Completion
 from .disk_cache import DiskCache
 from .fields import ApiError
@@ -187,6 +187,8 @@ class Engine:
                 finish = "stop"
                 break
             finish = response.finish_reason or finish
+        if stats is not None:  # a stop string or a client gone: before the last piece
+            stats = settled(self.model, stats)
         last = output.finish()
         if last:
             job.events.put(Step(last))
