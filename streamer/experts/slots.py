@@ -125,7 +125,8 @@ class Slots:
         self._installed = 0
         pool.computed(out)
         traffic.bytes_copied += indices.size * pool.slot_bytes  # the stacks
-        pool.defer(layer.index, indices, partial(_count_gathered, traffic, self._slot_of, pool))
+        count = partial(_count_gathered, traffic, self._slot_of, pool.slot_bytes)
+        pool.defer(layer.index, indices, count)
         layer.stats.settle_before_reading(pool.settle)
         return out
 
@@ -184,7 +185,7 @@ class Slots:
 
 
 def _count_gathered(
-    traffic: ExpertTraffic, slot_of: np.ndarray, pool: SlotPool, experts: np.ndarray
+    traffic: ExpertTraffic, slot_of: np.ndarray, slot_bytes: int, experts: np.ndarray
 ) -> None:
     """A gathered call's hits (`experts` its table held) and misses (read by the GPU), counted
     when the pool settles its routing."""
@@ -192,4 +193,4 @@ def _count_gathered(
     traffic.cache_hits += len(experts) - misses
     traffic.experts_read += misses
     traffic.experts_fetched += misses
-    traffic.bytes_read += misses * pool.slot_bytes
+    traffic.bytes_read += misses * slot_bytes
