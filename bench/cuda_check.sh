@@ -11,6 +11,8 @@
 #                                                 # (GIBS="4 24" picks budgets, MISSES="staged
 #                                                 # mapped registered" the CUDA miss paths,
 #                                                 # LAYOUTS="stream mlx" adds in place)
+#   bash bench/cuda_check.sh cli48                # the generate commands: mlx_lm's, streamer's
+#                                                 # at GIBS (default 4), twice each
 #   bash bench/cuda_check.sh misspaths OUT_DIR    # bench/cuda_miss_paths.py: a miss's ways
 #   bash bench/cuda_check.sh speculative OUT_DIR  # drafts vs plain on 48 layers, 4 GiB and all;
 #                                                 # greedy drafted output checked against plain
@@ -146,6 +148,21 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
   done
   [ -n "${AGAIN-1}" ] && run mlx_lm "$data/q48-mlx" mlx_lm-again
   python3 bench/layer_costs.py "$out"/*.json
+  ;;
+cli48)  # what a user's command decodes at (stream_generate, stats per piece) beside mlx-lm's
+  env_setup
+  data=/root/bench-data
+  data48 "$data" || exit 1
+  words="Explain how a mixture of experts model routes each token to a few of its experts"
+  for run in 1 2; do
+    timeout 200 python3 -m mlx_lm generate --model "$data/q48-mlx" --prompt "$words" \
+      --max-tokens 64 --ignore-chat-template 2>&1 | grep -E "^(Prompt|Generation):"
+    for gib in ${GIBS:-4}; do
+      timeout 200 python3 -m streamer generate --model "$data/q48-stream" --prompt "$words" \
+        --max-tokens 64 --ignore-chat-template --read-path slots --memory-budget "${gib}G" \
+        2>&1 | grep -E "^prompt:"
+    done
+  done
   ;;
 misspaths)
   env_setup
