@@ -15,10 +15,10 @@ import streamer
 from streamer.errors import StreamerError
 from streamer.experts import RECHECK_CALLS
 from streamer.experts.mapped import Prefetcher
+from streamer.generate import settled
 from streamer.io.expert_files import ExpertFiles
 from streamer.io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
 from streamer.io.mapping import OS_PAGE, MappedFile
-from streamer.generate import settled
 from streamer.stats import UNSETTLED_MAX, ExpertTraffic
 
 
@@ -81,10 +81,12 @@ def test_streamed_pieces_count_sync_free_calls_only_at_the_end(checkpoints):
         file.read_bytes()
     model, tokenizer = streamer.load(folder, memory_budget=0)
     stats = model.streamer.stats
-    waiting = []
+    waiting, pieces = [], []
     for piece in streamer.stream_generate(model, tokenizer, PROMPT, max_tokens=8):
         waiting.append(len(stats.unsettled))
+        pieces.append(piece)
     assert min(waiting[:-1]) > 0 and stats.unsettled == []  # the last piece settled them
+    piece = pieces[-1]
     after = settled(model, piece.stats)
     for figure in ("expert_bytes_per_token", "expert_reads_per_token", "prefill_expert_bytes"):
         assert getattr(piece.stats, figure) == getattr(after, figure)
