@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from .errors import StreamerError
 
 if TYPE_CHECKING:
-    from .generate import Response, RunStats, generate, stream_generate
+    from .generate import Response, generate, stream_generate
     from .loading.load import load
+    from .run_stats import RunStats
 
 try:
     __version__ = version("streamer")
@@ -25,7 +26,7 @@ except PackageNotFoundError:  # a source tree that was not installed
 
 _LAZY = {
     "Response": "generate",
-    "RunStats": "generate",
+    "RunStats": "run_stats",
     "generate": "generate",
     "stream_generate": "generate",
     "load": "loading.load",

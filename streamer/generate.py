@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -15,47 +15,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from . import arguments
 from .arguments import check_kv_quantization, check_request, check_sampling
 from .errors import StreamerError, one_line
-from .io.sizes import size_text
 from .loading.handle import streaming
+from .run_stats import RunStats, run_stats
 from .speculative import stream as speculative
-from .stats import Drafts, ExpertStats, peak_rss_bytes
-
-
-@dataclass(frozen=True)
-class RunStats:
-    """What one generation cost. Per-token figures are for decode steps (prompt excluded)."""
-
-    prompt_tokens: int
-    prompt_tps: float
-    generation_tokens: int
-    generation_tps: float
-    peak_rss_bytes: int
-    peak_mlx_bytes: int  # MLX's own memory: the mapped expert files are not counted
-    expert_bytes_per_token: float
-    expert_bytes_copied_per_token: (
-        float  # memory copies of expert bytes (one per read, plus cache hits)
-    )
-    expert_reads_per_token: float
-    syncs_per_token: float
-    page_cache_hit_rate: float | None  # share of expert bytes already in the page cache when read
-    prefill_expert_bytes: int
-    drafts: Drafts | None = None  # speculative decoding: its passes, drafts and waste
-    wasted_bytes_per_token: float = 0.0  # expert bytes read only for drafts the model rejected
-    dtype: str = ""  # what the model computed in
-
-    def line(self) -> str:
-        hit = "n/a" if self.page_cache_hit_rate is None else f"{self.page_cache_hit_rate:.0%}"
-        drafts = "" if self.drafts is None else self.drafts.line(self.wasted_bytes_per_token)
-        return (
-            f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
-            f"decode: {self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s | "
-            f"experts: {size_text(self.expert_bytes_per_token)}/token, "
-            f"{self.expert_reads_per_token:.1f} reads/token, "
-            f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "
-            f"peak RSS {size_text(self.peak_rss_bytes)}"
-            + (f" | {self.dtype}" if self.dtype else "")
-            + drafts
-        )
 
 
 @dataclass(frozen=True)
@@ -69,47 +31,6 @@ class Response:
     finish_reason: str | None
     stats: RunStats
     logprobs: mx.array | None = None
-
-
-def run_stats(
-    model: nn.Module,
-    prompt_tokens: int = 0,
-    prompt_tps: float = 0.0,
-    generation_tokens: int = 0,
-    generation_tps: float = 0.0,
-    settle: bool = True,
-) -> RunStats:
-    """The run's figures; `settle=False` leaves out the calls whose counting would wait for the
-    GPU (every piece but the last: mlx-lm has the next token in flight)."""
-    handle = model.streamer
-    stats: ExpertStats = handle.stats
-    prefill, decode = (stats.prefill, stats.decode) if settle else stats.counted()
-    steps = max(stats.decode_tokens, 1)
-    return RunStats(
-        prompt_tokens=prompt_tokens,
-        prompt_tps=prompt_tps,
-        generation_tokens=generation_tokens,
-        generation_tps=generation_tps,
-        peak_rss_bytes=peak_rss_bytes(),
-        peak_mlx_bytes=mx.get_peak_memory() - handle.mapped_bytes,
-        expert_bytes_per_token=decode.bytes_read / steps,
-        expert_bytes_copied_per_token=decode.bytes_copied / steps,
-        expert_reads_per_token=decode.experts_read / steps,
-        syncs_per_token=decode.syncs / steps,
-        page_cache_hit_rate=decode.page_cache_hit_rate,
-        prefill_expert_bytes=prefill.bytes_read,
-        drafts=replace(stats.drafts) if stats.drafts.passes else None,
-        wasted_bytes_per_token=stats.drafts.wasted_bytes / steps,
-        dtype=handle.dtype,
-    )
-
-
-def settled(model: nn.Module, stats: RunStats) -> RunStats:
-    """`stats` (a streamed piece's) with every call made so far counted: for a consumer that
-    stops before the last piece."""
-    return run_stats(
-        model, stats.prompt_tokens, stats.prompt_tps, stats.generation_tokens, stats.generation_tps
-    )
 
 
 def stream_generate(

@@ -15,10 +15,10 @@ import streamer
 from streamer.errors import StreamerError
 from streamer.experts import RECHECK_CALLS
 from streamer.experts.mapped import Prefetcher
-from streamer.generate import settled
 from streamer.io.expert_files import ExpertFiles
 from streamer.io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
 from streamer.io.mapping import OS_PAGE, MappedFile
+from streamer.run_stats import settled
 from streamer.stats import UNSETTLED_MAX, ExpertTraffic
 
 

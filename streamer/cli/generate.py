@@ -116,7 +116,8 @@ def _integer(text: str) -> bool:
 
 def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     """Print the answer as it comes, then the run's stats line; Ctrl-C ends it with 130."""
-    from ..generate import run_stats, settled, stream_generate
+    from ..generate import stream_generate
+    from ..run_stats import run_stats, settled
 
     group = getattr(args, "group", None)
     shown = group is None or group.rank() == 0  # rank 0 prints for the group

@@ -25,7 +25,8 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..generate import RunStats, check_kv_cache_quantizes, settled, stream_generate
+from ..generate import check_kv_cache_quantizes, stream_generate
+from ..run_stats import RunStats, settled
 from .api import Completion
 from .disk_cache import DiskCache
 from .fields import ApiError
@@ -187,13 +188,11 @@ class Engine:
                 finish = "stop"
                 break
             finish = response.finish_reason or finish
-        if stats is not None:  # a stop string or a client gone: before the last piece
-            stats = settled(self.model, stats)
-        last = output.finish()
-        if last:
+        if last := output.finish():
             job.events.put(Step(last))
         if finish == "stop" and output.made_tool_call:
             finish = "tool_calls"
+        stats = stats and settled(self.model, stats)  # a stop string ends before the last piece
         cached = len(job.prompt) - len(rest)
         with self._keeping:  # the answer is complete: the client need not wait for a disk write
             job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))

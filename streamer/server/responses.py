@@ -10,7 +10,7 @@ import uuid
 
 from mlx_lm.server import ToolCallFormatter
 
-from ..generate import RunStats
+from ..run_stats import RunStats
 from .api import Completion
 from .engine import Done, Token
 from .output import Piece
