@@ -208,8 +208,11 @@ def test_settled_routings_leave_the_slots_a_synced_run_would(tmp_path):
             assert np.array_equal(got, want)
     pool.settle()  # nothing deferred: nothing moves
     assert pool.version == 1
+    pool.defer(0, mx.array(np.array([[3, 5]], dtype=np.uint32)), counted.append)
     synced.close()
-    pool.close()
+    pool.close()  # a call deferred at the end is counted, and nothing read from closed files
+    assert counted[-1].tolist() == [3, 5] and pool.version == 1
+    pool.settle()  # what reading the stats after close does: nothing left to settle
 
 
 def test_a_settle_that_fails_to_read_leaves_no_slot_claiming_an_expert(tmp_path):

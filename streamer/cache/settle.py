@@ -13,7 +13,7 @@ gathered call trusts its slot table, so it makes a new one then.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -22,12 +22,16 @@ from .policies import SlotLFU
 from .slot_memory import LayerSource, SlotTensor
 
 
-def pull(routed: list[mx.array]) -> list[np.ndarray]:
-    """Each call's distinct routed experts, on the host, in one pull for all of them (each
-    np.array of a GPU array is a sync of its own)."""
-    together = np.array(mx.concatenate([indices.reshape(-1) for indices in routed]))
-    ends = np.cumsum([indices.size for indices in routed])
-    return [np.unique(experts) for experts in np.split(together, ends[:-1])]
+def counted(deferred: list[tuple[int, mx.array, Callable[[np.ndarray], None]]]) -> list:
+    """Each deferred (layer, routed indices, count) call's distinct routed experts, on the host
+    in one pull for all of them (each np.array of a GPU array is a sync of its own), given to
+    its count."""
+    together = np.array(mx.concatenate([indices.reshape(-1) for _, indices, _ in deferred]))
+    ends = np.cumsum([indices.size for _, indices, _ in deferred])
+    routed = [np.unique(experts) for experts in np.split(together, ends[:-1])]
+    for (_, _, count), experts in zip(deferred, routed):
+        count(experts)
+    return routed
 
 
 def replay(

@@ -40,7 +40,7 @@ import numpy as np
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
 from .landing import Landing, landing_for, unreadable
 from .policies import SlotLFU
-from .settle import gather_kernel, pull, replay
+from .settle import counted, gather_kernel, replay
 from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_slots
 
 READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
@@ -147,9 +147,7 @@ class SlotPool:
             return
         deferred, self._deferred = self._deferred, []
         self.fence()
-        routed = pull([indices for _, indices, _ in deferred])
-        for (_, _, count), experts in zip(deferred, routed):
-            count(experts)
+        routed = counted(deferred)
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
         self.version += bool(reads)
         for n, (layer, layer_reads) in enumerate(reads.items()):
@@ -249,6 +247,9 @@ class SlotPool:
 
     def close(self) -> None:
         self.fence()
+        if self._deferred:  # counted, not replayed: no slot is written once the files close
+            counted(self._deferred)
+            self._deferred = []
         if self._landing is not None:
             self._landing.close()
             self._landing = None
