@@ -12,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from .cache.settle import distinct
 from .io.sizes import size_text
 
 # One routed token of one MoE layer: (MoE layer number, the token's experts, sorted).
@@ -88,11 +89,11 @@ class ExpertStats:
     trace_prefill: bool = False  # the trace also records every prompt token
     _prefill: ExpertTraffic = field(default_factory=ExpertTraffic)
     _decode: ExpertTraffic = field(default_factory=ExpertTraffic)
-    # What counts the calls that ran without a sync, once their indices are computed: each
-    # in-page-cache call's count (defer), and the slot pools holding gathered calls' routings
-    # (settle_before_reading). Run when the counters are read, not before: a count pulls its
-    # call's routing, which waits for the GPU to compute it.
-    unsettled: list[Callable[[], None]] = field(default_factory=list)
+    # Calls that ran without a sync, counted when the counters are read, not before (counting
+    # pulls a call's routing, which waits for the GPU to compute it): in-page-cache calls
+    # (defer: traffic, routed indices, payload and measured bytes per expert), and the slot
+    # pools holding gathered calls' routings (settle_before_reading).
+    unsettled: list[tuple[ExpertTraffic, mx.array, int, int]] = field(default_factory=list)
     settles: list[Callable[[], None]] = field(default_factory=list)
     drafts: Drafts = field(default_factory=Drafts)
     verifying: list[PassCall] | None = None  # the layer calls of the verify pass under way
@@ -118,16 +119,17 @@ class ExpertStats:
         yields one; counting that token's calls would wait for all of it)."""
         return self._prefill, self._decode
 
-    def defer(self, count: Callable[[], None]) -> None:
-        """`count` run when the counters are next read; the oldest counts are run here once
-        UNSETTLED_MAX wait, so a long run read only at its end holds a bounded list (calls that
-        many layers back are computed: nothing waits)."""
-        self.unsettled.append(count)
+    def defer(
+        self, traffic: ExpertTraffic, indices: mx.array, payload_bytes: int, measured_bytes: int
+    ) -> None:
+        """An in-page-cache call, counted when the counters are next read; the oldest are
+        counted here once UNSETTLED_MAX wait, so a long run read only at its end holds a bounded
+        list (calls that many layers back are computed: nothing waits)."""
+        self.unsettled.append((traffic, indices, payload_bytes, measured_bytes))
         if len(self.unsettled) > UNSETTLED_MAX:
             half = UNSETTLED_MAX // 2
-            older, self.unsettled = self.unsettled[:half], self.unsettled[half:]
-            for each in older:
-                each()
+            _count_in_page_cache(self.unsettled[:half])
+            del self.unsettled[:half]
 
     def settle_before_reading(self, settle: Callable[[], None]) -> None:
         """`settle` (a slot pool's) run before the counters are next read."""
@@ -174,9 +176,9 @@ class ExpertStats:
             self.trace.extend((layer, tuple(sorted(token))) for token in tokens.tolist())
 
     def _settle(self) -> None:
-        for count in self.unsettled:
-            count()
-        self.unsettled.clear()
+        if self.unsettled:
+            _count_in_page_cache(self.unsettled)
+            self.unsettled.clear()
         for settle in self.settles:
             settle()
         self.settles.clear()
@@ -187,6 +189,17 @@ class ExpertStats:
         counted when made: nothing to settle)."""
         calls = self._decode.layer_calls
         return calls // self.moe_layers + self.drafts.emitted - self.drafts.passes
+
+
+def _count_in_page_cache(calls: list[tuple[ExpertTraffic, mx.array, int, int]]) -> None:
+    """In-page-cache calls' routed experts counted, all their routings pulled at once."""
+    for (traffic, _, payload_bytes, measured_bytes), experts in zip(
+        calls, distinct([indices for _, indices, _, _ in calls])
+    ):
+        traffic.experts_read += len(experts)
+        traffic.bytes_read += len(experts) * payload_bytes
+        traffic.bytes_in_page_cache += len(experts) * measured_bytes  # the whole file was cached
+        traffic.bytes_measured += len(experts) * measured_bytes
 
 
 class RoutingRecorder(nn.Module):

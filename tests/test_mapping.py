@@ -91,9 +91,12 @@ def test_streamed_pieces_count_sync_free_calls_only_at_the_end(checkpoints):
     for figure in ("expert_bytes_per_token", "expert_reads_per_token", "prefill_expert_bytes"):
         assert getattr(piece.stats, figure) == getattr(after, figure)
     assert piece.stats.expert_reads_per_token > 0 and piece.stats.syncs_per_token == 0
+    traffic, routed = ExpertTraffic(), mx.array([[3, 1, 3]])
     for _ in range(UNSETTLED_MAX + 1):
-        stats.defer(lambda: None)
+        stats.defer(traffic, routed, 10, 4)
     assert len(stats.unsettled) <= UNSETTLED_MAX
+    counted = UNSETTLED_MAX + 1 - len(stats.unsettled)  # the oldest, two experts each
+    assert traffic.experts_read == 2 * counted and traffic.bytes_read == 20 * counted
 
 
 def test_converted_experts_are_copied_once(checkpoints):

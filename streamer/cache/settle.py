@@ -22,13 +22,18 @@ from .policies import SlotLFU
 from .slot_memory import LayerSource, SlotTensor
 
 
+def distinct(routed: Sequence[mx.array]) -> list[np.ndarray]:
+    """Each call's distinct routed experts (sorted), on the host in one pull for all of them
+    (each np.array of a GPU array is a sync of its own)."""
+    together = np.array(mx.concatenate([indices.reshape(-1) for indices in routed]))
+    ends = np.cumsum([indices.size for indices in routed])
+    return [np.unique(experts) for experts in np.split(together, ends[:-1])]
+
+
 def counted(deferred: list[tuple[int, mx.array, Callable[[np.ndarray], None]]]) -> list:
-    """Each deferred (layer, routed indices, count) call's distinct routed experts, on the host
-    in one pull for all of them (each np.array of a GPU array is a sync of its own), given to
-    its count."""
-    together = np.array(mx.concatenate([indices.reshape(-1) for _, indices, _ in deferred]))
-    ends = np.cumsum([indices.size for _, indices, _ in deferred])
-    routed = [np.unique(experts) for experts in np.split(together, ends[:-1])]
+    """Each deferred (layer, routed indices, count) call's distinct routed experts (`distinct`),
+    given to its count."""
+    routed = distinct([indices for _, indices, _ in deferred])
     for (_, _, count), experts in zip(deferred, routed):
         count(experts)
     return routed

@@ -25,9 +25,8 @@ The read-path contract (the seam a new path plugs into):
     `host_routing` counts syncs and their time (and records stats.trace), `Prefetcher.fetch`
     counts reads, residency and read time, `finish` the layer time (and compute time when
     profiling); a path that copies counts `bytes_copied`, one that hits a cache `cache_hits`.
-    A path that never syncs hands stats.defer a count of the call's routed experts (a slot
-    pool's gathered call: the pool's settle, stats.settle_before_reading), run when the
-    counters are read.
+    A path that never syncs hands its call to stats.defer (a slot pool's gathered call: the
+    pool's settle to stats.settle_before_reading), counted when the counters are read.
   - A path may hand the layer to another (`layer.read = ...`), as the mapped ones do when the
     page cache changes.
   - Adding a path (a slot pool, in place from a download, another backend): a module here with

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import mmap
 import time
-from functools import partial
 
 import mlx.core as mx
 import numpy as np
@@ -184,16 +183,5 @@ class InPageCache:
         if layer.stats.wants_routing or not self._watch.file_cached():
             layer.read = Prefetched(layer, self._watch)
             return layer.read(layer, x, indices, traffic)
-        layer.stats.defer(partial(count_in_page_cache, traffic, indices, *self._sizes))
+        layer.stats.defer(traffic, indices, *self._sizes)
         return layer.container(x, indices)
-
-
-def count_in_page_cache(
-    traffic: ExpertTraffic, indices: mx.array, payload_bytes: int, measured_bytes: int
-) -> None:
-    """An InPageCache call's routed experts, counted once its indices are computed (no wait)."""
-    routed = len(np.unique(np.array(indices)))
-    traffic.experts_read += routed
-    traffic.bytes_read += routed * payload_bytes
-    traffic.bytes_in_page_cache += routed * measured_bytes  # the whole file was cached
-    traffic.bytes_measured += routed * measured_bytes

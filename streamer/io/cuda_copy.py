@@ -102,9 +102,10 @@ class MappedCopies:
     how the mapping is page-locked for that DMA: "copy" locks each expert's pages for its copies
     (about 0.5 ms an expert on an H200), "file" locks each whole file once (0.03 ms a MB; then
     a miss moves at 26-31 GB/s) while `pinnable` bytes allow and per copy after that, "none"
-    leaves the driver to stage the pageable mapping. `copy(spans)` returns when the slot's bytes
-    are in place, and gives the mapped source bytes (for checksums). `gathers`: the slot path
-    may let kernels read the files locked whole (`device_address`: io/cuda_gather.py)."""
+    leaves the driver to stage the pageable mapping. `sources(spans)` gives an expert's mapped
+    bytes (checksums read them), `copy(moves)` returns when every slot's bytes are in place.
+    `gathers`: the slot path may let kernels read the files locked whole (`device_address`:
+    io/cuda_gather.py)."""
 
     reads_files = True
     buffers = 1  # one expert's copies at a time, on one stream
