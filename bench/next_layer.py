@@ -71,11 +71,15 @@ def router_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def top(logits: mx.array, n: int) -> np.ndarray:
-    """The `n` highest-ranked experts of each row, as a boolean mask [rows, experts]."""
-    ranked = np.argsort(-np.array(logits, dtype=np.float64), axis=-1)[:, :n]
-    mask = np.zeros(logits.shape, dtype=bool)
-    np.put_along_axis(mask, ranked, True, axis=-1)
+def ranking(logits: mx.array) -> np.ndarray:
+    """Each row's experts, highest router logit first."""
+    return np.argsort(-np.array(logits, dtype=np.float64), axis=-1)
+
+
+def top(ranked: np.ndarray, n: int) -> np.ndarray:
+    """The first `n` experts of each row of a `ranking`, as a boolean mask [rows, experts]."""
+    mask = np.zeros(ranked.shape, dtype=bool)
+    np.put_along_axis(mask, ranked[:, :n], True, axis=-1)
     return mask
 
 
@@ -112,7 +116,8 @@ def _score(layers, after_attention, before_attention, trace, hits) -> None:
     for j, layer in enumerate(layers):
         router = layer.mlp.gate
         norm = layer.post_attention_layernorm.inner
-        routed = top(router(norm(after_attention[j].inputs[0][0])), k)
+        own = ranking(router(norm(after_attention[j].inputs[0][0])))
+        routed = top(own, k)
         recorded = np.zeros_like(routed)
         for t, experts in enumerate(e for moe_layer, e in trace if moe_layer == j):
             recorded[t, list(experts)] = True
@@ -122,15 +127,14 @@ def _score(layers, after_attention, before_attention, trace, hits) -> None:
                 raise StreamerError(f"layer {j}: rebuilt routing agrees on only {agree:.3%}")
         if j == 0:
             continue
-        inputs = {
-            "early": after_attention[j - 1].inputs[0][0],
-            "late": before_attention[j].inputs[0][0],
+        guesses = {  # each guess's ranking, and the routing it is scored against
+            "early": (ranking(router(norm(after_attention[j - 1].inputs[0][0]))), routed),
+            "late": (ranking(router(norm(before_attention[j].inputs[0][0]))), routed),
+            "previous token": (own[:-1], routed[1:]),
         }
         for n, count in (("k", k), ("2k", 2 * k)):
-            for guess, h in inputs.items():
-                hits[guess, n][j - 1].append((top(router(norm(h)), count) & routed).sum(-1) / k)
-            previous = top(router(norm(after_attention[j].inputs[0][0][:-1])), count)
-            hits["previous token", n][j - 1].append((previous & routed[1:]).sum(-1) / k)
+            for guess, (ranked, truth) in guesses.items():
+                hits[guess, n][j - 1].append((top(ranked, count) & truth).sum(-1) / k)
 
 
 def main(argv: list[str] | None = None) -> None:
