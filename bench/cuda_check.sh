@@ -87,7 +87,7 @@ parity)
   # CPU (nvrtc), one family after another, and the GPU machine has cores to spare.
   shards=("hf_bf16" "mlx_quantized" "quantize_while" "not (hf_bf16 or mlx_quantized or quantize_while)")
   for i in 0 1 2 3; do
-    timeout "${PARITY_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider tests/test_parity.py \
+    timeout "${PARITY_TIMEOUT:-540}" python3 -m pytest -q -rxf -p no:cacheprovider tests/test_parity.py \
       -k "(${shards[$i]}) and not ($broken)" > "/tmp/parity-$i.log" 2>&1 &
   done
   status=0
