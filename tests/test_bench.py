@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,6 +115,27 @@ def test_next_layer_guesses_on_the_demo_model(bench_path, tmp_path):
         k, twice = recall[f"{guess} k"], recall[f"{guess} 2k"]
         assert len(k) == 3 and all(0 <= a <= b <= 1 for a, b in zip(k, twice))
     assert min(recall["early k"]) > 0.25 and min(recall["late k"]) > 0.25
+
+
+def test_settle_interval_replays_the_schedules(bench_path, tmp_path):
+    """bench/settle_interval.py: an expert routed every token misses once synced and on every
+    token until the first settle deferred; on the demo model each schedule settles as often as
+    it says and misses no more than it routes."""
+    from settle_interval import SCHEDULES, main, replay
+
+    tokens = [[np.array([3])] for _ in range(20)]  # one layer, expert 3 every token
+    prefill = [np.array([], dtype=int)]
+    assert sum(replay(prefill, tokens, 8, 2, None)["misses"]) == 1
+    assert sum(replay(prefill, tokens, 8, 2, [16])["misses"]) == 16
+    assert replay(prefill, tokens, 8, 2, [1, 2, 4, 8, 16])["misses"][:2] == [1, 0]
+    out = tmp_path / "settle.json"
+    main(["--prompts", "2", "--decode", "64", "--budgets", "0.25", "--out", str(out)])
+    rows = {row["schedule"]: row for row in json.loads(out.read_text())["results"]}
+    assert set(rows) == set(SCHEDULES)
+    settles = {"synced": 0, "every 16": 4, "every 4": 16, "1, 2, 4, 8, 16": 7}  # of 64 tokens
+    for name, row in rows.items():
+        assert row["settles"] == settles[name]
+        assert 0 < row["misses_first_16"] <= row["misses_all"] <= 64 * row["routed_per_token"]
 
 
 def test_sizes_parse(bench_path):

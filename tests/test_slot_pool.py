@@ -215,6 +215,30 @@ def test_settled_routings_leave_the_slots_a_synced_run_would(tmp_path):
     pool.settle()  # what reading the stats after close does: nothing left to settle
 
 
+def test_settles_come_sooner_after_a_synced_call_moved_slots(tmp_path):
+    """After a prompt's synced calls read misses, gathered calls settle after 1 token's worth of
+    calls (one per layer), then 2, 4, ... up to SETTLE_TOKENS: until a settle, an expert that
+    missed misses again on every call routing it."""
+    pool, _ = pool_over(tmp_path, slots=4)
+
+    def tokens_until_due() -> int:
+        tokens = 0
+        while not pool.settle_due:
+            for layer in (0, 1):
+                pool.defer(layer, mx.array(np.array([[0, 1]], dtype=np.uint32)), len)
+            tokens += 1
+        pool.settle()
+        return tokens
+
+    assert pool.settle_due is False
+    assert [tokens_until_due() for _ in range(3)] == [16, 16, 16]  # nothing placed yet
+    pool.place(0, np.array([2, 3]))  # misses read: the slots moved under a synced call
+    assert [tokens_until_due() for _ in range(6)] == [1, 2, 4, 8, 16, 16]
+    pool.place(1, np.array([0, 1]))  # hits only (the settles placed them): nothing moved
+    assert tokens_until_due() == 16
+    pool.close()
+
+
 def test_a_settle_that_fails_to_read_leaves_no_slot_claiming_an_expert(tmp_path):
     pool, _ = pool_over(tmp_path, slots=4)
     pool.layers[1].checksums = [[0, 0, 0]] * 6  # layer 1's reads all fail their checksums

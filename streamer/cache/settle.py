@@ -4,7 +4,9 @@
 Gathered calls (CUDA, files locked whole and mapped: `gather_source`) read no slot on the host:
 the GPU takes each routed expert from its slot or, a miss, from the file (io/cuda_gather.py),
 and the call's routing is only recorded (`defer`). `settle`, every SETTLE_TOKENS tokens' worth of
-calls and before any `place`, gives the policy those routings in order, as `place` would have
+calls (after a synced call moved slots, a prompt, 1, 2, 4, ... tokens first: until a settle, a
+missed expert misses again on every call routing it; bench/settle_interval.py) and before any
+`place`, gives the policy those routings in order, as `place` would have
 had them, and copies each expert that ends with a new slot into it: the slots hold what the
 synced path's would, a few tokens late. `version` changes whenever a slot's expert does: a
 gathered call trusts its slot table, so it makes a new one then.

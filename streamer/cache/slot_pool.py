@@ -49,7 +49,7 @@ PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 thre
 # that a decode call's experts lie in one chunk when its layer's pool is one (experts/slots.py
 # gives each group of layers a pool of its own for that), and a 2^31 dimension is never near.
 CHUNK_BYTES = 1 << 30
-SETTLE_TOKENS = 16  # gathered decode tokens between two settles: each waits for the GPU once
+SETTLE_TOKENS = 16  # gathered tokens between two settles (after a prompt 1, 2, 4, ... first)
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
 
 
@@ -84,6 +84,7 @@ class SlotPool:
         # gathered calls: (layer, routed indices, what counts their distinct experts)
         self._deferred: list[tuple[int, mx.array, Callable[[np.ndarray], None]]] = []
         self._gathers: dict[int, tuple | None] = {}  # layer -> (kernel, sources) or None
+        self._settle_tokens = SETTLE_TOKENS  # tokens' worth of deferred calls the next settle waits
         self.version = 0  # changes whenever a slot gets another expert
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
@@ -110,6 +111,7 @@ class SlotPool:
         misses = int(np.count_nonzero(miss))
         if misses:
             self.version += 1
+            self._settle_tokens = 1
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, misses
 
@@ -137,7 +139,7 @@ class SlotPool:
 
     @property
     def settle_due(self) -> bool:
-        return len(self._deferred) >= SETTLE_TOKENS * len(self.layers)
+        return len(self._deferred) >= self._settle_tokens * len(self.layers)
 
     def settle(self) -> None:
         """The deferred routings given to the policy (settle.replay), then each expert that ended
@@ -146,6 +148,7 @@ class SlotPool:
         if not self._deferred:
             return
         deferred, self._deferred = self._deferred, []
+        self._settle_tokens = min(2 * self._settle_tokens, SETTLE_TOKENS)
         self.fence()
         routed = counted(deferred)
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
@@ -240,8 +243,7 @@ class SlotPool:
         except OSError as e:
             raise unreadable(source.where(file), expert, e) from e
 
-    def _forget(self, layer: int, expert: int, slot: int) -> None:
-        """A read that failed leaves its slot empty, not holding a half-read expert."""
+    def _forget(self, layer: int, expert: int, slot: int) -> None:  # a failed read's slot: empty
         self.policy.slot_of[self.base[layer] + expert] = -1
         self.policy.slot_key[slot] = -1
 
