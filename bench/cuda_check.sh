@@ -13,6 +13,8 @@
 #                                                 # LAYOUTS="stream mlx" adds in place)
 #   bash bench/cuda_check.sh cli48                # the generate commands: mlx_lm's, streamer's
 #                                                 # at GIBS (default 4), twice each
+#   bash bench/cuda_check.sh rounds48 OUT_DIR     # bench/generate_rounds.py: mlx-lm's and
+#                                                 # streamer's generate 3 rounds in one process
 #   bash bench/cuda_check.sh misspaths OUT_DIR    # bench/cuda_miss_paths.py: a miss's ways
 #   bash bench/cuda_check.sh speculative OUT_DIR  # drafts vs plain on 48 layers, 4 GiB and all;
 #                                                 # greedy drafted output checked against plain
@@ -164,6 +166,17 @@ cli48)  # what a user's command decodes at (stream_generate, stats per piece) be
     done
   done
   ;;
+rounds48)  # what a one-shot generate's first run pays, token by token (cli48's gap)
+  env_setup
+  out=$2 data=/root/bench-data
+  mkdir -p "$out"
+  data48 "$data" || exit 1
+  timeout 200 python3 bench/generate_rounds.py mlx_lm "$data/q48-mlx" --out "$out/mlx_lm.json"
+  for gib in ${GIBS:-4 24}; do
+    timeout 200 python3 bench/generate_rounds.py streamer "$data/q48-stream" \
+      --memory-budget "${gib}G" --out "$out/streamer-${gib}g.json"
+  done
+  ;;
 misspaths)
   env_setup
   mkdir -p "$2" /root/bench-data
@@ -190,7 +203,7 @@ speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (k
   ;;
 *)
   echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | data48 |" \
-    "decode48 OUT_DIR | misspaths OUT_DIR | speculative OUT_DIR" >&2
+    "decode48 OUT_DIR | cli48 | rounds48 OUT_DIR | misspaths OUT_DIR | speculative OUT_DIR" >&2
   exit 2
   ;;
 esac

@@ -138,6 +138,25 @@ def test_settle_interval_replays_the_schedules(bench_path, tmp_path):
         assert 0 < row["misses_first_16"] <= row["misses_all"] <= 64 * row["routed_per_token"]
 
 
+def test_generate_rounds_on_the_demo_model(bench_path, tmp_path):
+    """bench/generate_rounds.py: each round's rate and a time per decode piece, for both engines
+    (streamer on the demo model repacked, mlx-lm on its download), both ways for streamer."""
+    from generate_rounds import main
+
+    from streamer.cli import DEMO_MODEL
+    from streamer.repack import repack
+
+    repacked = tmp_path / "demo"
+    repack(DEMO_MODEL, repacked, log=lambda _: None)
+    for engine, folder in (("mlx_lm", DEMO_MODEL), ("streamer", repacked)):
+        out = tmp_path / f"{engine}.json"
+        main([engine, str(folder), "--max-tokens", "6", "--rounds", "2", "--out", str(out)])
+        rounds = json.loads(out.read_text())["rounds"]
+        assert len(rounds) == 2 * (1 if engine == "mlx_lm" else 2)
+        for r in rounds:
+            assert r["decode_tok_s"] > 0 and len(r["ms_per_piece"]) == 5
+
+
 def test_sizes_parse(bench_path):
     from run import size
 
