@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from routing_summary import held_out_text  # noqa: E402
 
 from streamer.cache.policies import SlotLFU  # noqa: E402
+from streamer.cache.settle import replay  # noqa: E402
 from streamer.cli import DEMO_MODEL  # noqa: E402
 from streamer.families.architectures import recording_routing  # noqa: E402
 
@@ -61,11 +62,13 @@ def routed_run(model, tokenizer, text: str, decode: int) -> tuple[list, list]:
     ]
 
 
-def replay(prefill, tokens, num_experts: int, slots: int, intervals) -> dict:
+def misses_under(prefill, tokens, num_experts: int, slots: int, intervals) -> dict:
     """Misses per decode token and settles of one schedule (`intervals` None: synced)."""
     policy = SlotLFU(slots, len(prefill) * num_experts)
-    for layer, experts in enumerate(prefill):
-        policy.assign(layer * num_experts + experts[:slots])
+    base = {layer: layer * num_experts for layer in range(len(prefill))}  # the pool's keys
+    for layer, experts in enumerate(prefill):  # in rounds of `slots`, as experts/slots.py runs
+        for lo in range(0, len(experts), slots):
+            policy.assign(base[layer] + experts[lo : lo + slots])
     schedule = list(intervals or [0])
 
     def interval() -> int:  # the schedule's next, its last repeated
@@ -75,16 +78,15 @@ def replay(prefill, tokens, num_experts: int, slots: int, intervals) -> dict:
     for step, token in enumerate(tokens, start=1):
         missed = 0
         for layer, experts in enumerate(token):
-            keys = layer * num_experts + experts
+            keys = base[layer] + experts
             if intervals is None:
                 missed += int(np.count_nonzero(policy.assign(keys)[1]))
             else:
                 missed += int(np.count_nonzero(policy.slot_of[keys] < 0))
-                deferred.append(keys)
+                deferred.append((layer, experts))
         misses.append(missed)
         if intervals is not None and step >= due:  # settle before the next token's calls
-            for keys in deferred:
-                policy.assign(keys)
+            replay(policy, base, deferred)  # the pool's own settle, less its reads
             deferred, settles = [], settles + 1
             due = step + interval()
     return {"misses": misses, "settles": settles}
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     for share in (float(b) for b in args.budgets.split(",")):
         slots = max(1, round(share * layers * num_experts))
         for name, intervals in SCHEDULES.items():
-            done = [replay(*run, num_experts, slots, intervals) for run in runs]
+            done = [misses_under(*run, num_experts, slots, intervals) for run in runs]
             misses = np.array([d["misses"] for d in done], dtype=float)  # [runs, tokens]
             row = {
                 "budget": share,

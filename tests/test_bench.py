@@ -121,13 +121,13 @@ def test_settle_interval_replays_the_schedules(bench_path, tmp_path):
     """bench/settle_interval.py: an expert routed every token misses once synced and on every
     token until the first settle deferred; on the demo model each schedule settles as often as
     it says and misses no more than it routes."""
-    from settle_interval import SCHEDULES, main, replay
+    from settle_interval import SCHEDULES, main, misses_under
 
     tokens = [[np.array([3])] for _ in range(20)]  # one layer, expert 3 every token
     prefill = [np.array([], dtype=int)]
-    assert sum(replay(prefill, tokens, 8, 2, None)["misses"]) == 1
-    assert sum(replay(prefill, tokens, 8, 2, [16])["misses"]) == 16
-    assert replay(prefill, tokens, 8, 2, [1, 2, 4, 8, 16])["misses"][:2] == [1, 0]
+    assert sum(misses_under(prefill, tokens, 8, 2, None)["misses"]) == 1
+    assert sum(misses_under(prefill, tokens, 8, 2, [16])["misses"]) == 16
+    assert misses_under(prefill, tokens, 8, 2, [1, 2, 4, 8, 16])["misses"][:2] == [1, 0]
     out = tmp_path / "settle.json"
     main(["--prompts", "2", "--decode", "64", "--budgets", "0.25", "--out", str(out)])
     rows = {row["schedule"]: row for row in json.loads(out.read_text())["results"]}
