@@ -20,6 +20,7 @@ from streamer.cache import slot_pool
 from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
 from streamer.experts import slot_pools as slot_path
+from streamer.experts import slots as slot_calls
 from streamer.io.cuda_gather import NO_SLOT
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
@@ -38,10 +39,12 @@ def float32_model(checkpoints):
     return src, checkpoints.repacked(src)
 
 
-def test_a_tiny_pool_under_heavy_eviction_matches_the_resident_model(float32_model):
+def test_a_tiny_pool_under_heavy_eviction_matches_the_resident_model(float32_model, monkeypatch):
     """A pool of 4 slots for 2 layers x top-4 of 16 experts: nearly every routed expert rewrites
     a slot that the previous layer's kernels just read, and the prompt runs in rounds. A slot
-    reused before those kernels finished would change the tokens."""
+    reused before those kernels finished would change the tokens. Every call takes the synced
+    path (on CUDA decode would otherwise gather, reading misses without placing them)."""
+    monkeypatch.setattr(slot_calls, "GATHERED_ROUTES", 0)
     src, folder = float32_model
     one = slot_bytes(folder)
     model, tokenizer = streamer.load(folder, memory_budget=4 * one, read_path="slots")
