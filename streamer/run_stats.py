@@ -36,9 +36,11 @@ class RunStats:
     def line(self) -> str:
         hit = "n/a" if self.page_cache_hit_rate is None else f"{self.page_cache_hit_rate:.0%}"
         drafts = "" if self.drafts is None else self.drafts.line(self.wasted_bytes_per_token)
+        # mlx-lm times decode from the first token: one token has no interval to rate
+        rate = f"{self.generation_tps:.1f}" if self.generation_tokens > 1 else "n/a"
         return (
             f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
-            f"decode: {self.generation_tokens} tokens, {self.generation_tps:.1f} tok/s | "
+            f"decode: {self.generation_tokens} tokens, {rate} tok/s | "
             f"experts: {size_text(self.expert_bytes_per_token)}/token, "
             f"{self.expert_reads_per_token:.1f} reads/token, "
             f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "

@@ -129,6 +129,17 @@ def test_the_stats_line_reports_drafts(target):
     assert last.stats.drafts is None and "drafts" not in last.stats.line()
 
 
+def test_one_decode_token_has_no_rate(target):
+    """mlx-lm rates decode from the first token's time: over one token it has no interval (it
+    reads thousands of tok/s), so the line says n/a there and a rate from two tokens on."""
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    *_, one = streamer.stream_generate(model, tokenizer, PROMPT, 1)
+    assert one.stats.generation_tokens == 1 and "decode: 1 tokens, n/a tok/s" in one.stats.line()
+    *_, two = streamer.stream_generate(model, tokenizer, PROMPT, 2)
+    rate = f"decode: 2 tokens, {two.stats.generation_tps:.1f} tok/s"
+    assert two.stats.generation_tps > 0 and rate in two.stats.line()
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
