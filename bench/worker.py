@@ -28,7 +28,7 @@ from pagecache import drop
 from routing_profile import routing_profile
 
 from streamer.loading.handle import streaming
-from streamer.stats import peak_rss_bytes
+from streamer.run_stats import peak_rss_bytes
 
 ENGINES = ("streamer", "mlx_lm")
 

@@ -21,8 +21,8 @@ from .errors import StreamerError
 from .loading.hub import ALLOW_PATTERNS, REPO_ID, needs_repack, pulled_folder
 from .repack import repack
 from .repack.consume import stand_ins
-from .repack.plan import Quantize
 from .repack.publish import partial_folder
+from .repack.recipe import Quantize
 
 
 def pull(
