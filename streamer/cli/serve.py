@@ -89,8 +89,9 @@ def serve(args: argparse.Namespace) -> None:
 
     start_logging()
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
+    loading = load_options(args, group)
     folder = model_folder(args, group)
-    model, tokenizer, context = open_model(folder, group, **load_options(args))
+    model, tokenizer, context = open_model(folder, loading)
     options.update(draft_options(args, tokenizer))
     engine = open_engine(model, tokenizer, args.prompt_cache_size, group, options, disk)
     if group is not None and group.rank() != 0:
@@ -144,7 +145,8 @@ def chat(args: argparse.Namespace) -> None:
     from ..server.api import Sampling
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
-    model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
+    loading = load_options(args, group)
+    model, tokenizer, context = open_model(model_folder(args, group), loading)
     from .chat import chat  # the engine's modules import mlx-lm's generate: after a refusal
 
     options.update(draft_options(args, tokenizer))

@@ -3,7 +3,7 @@ loads it, its routing recorded.
 
 Architectures themselves come from mlx-lm (`mlx_lm.models.<model_type>`); which model types
 stream (and why the others do not) is model_types.py, how each family's checkpoints name expert
-tensors hf_naming.py, transformers 5's config spellings transformers_spellings.py.
+tensors hf_naming.py, transformers 5's config spellings transformers/spellings.py.
 """
 
 from __future__ import annotations
