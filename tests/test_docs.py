@@ -129,3 +129,13 @@ def test_every_file_a_docstring_or_comment_names_exists():
         if not resolves(name, path)
     ]
     assert not stale, "these name files that do not exist:\n" + "\n".join(stale)
+
+
+def test_the_bench_index_names_every_script():
+    """bench/README.md's front door lists every script of bench/ in its index ("The scripts")."""
+    readme = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    index = readme[readme.index("\n## The scripts\n") :]
+    index = index[: index.index("\n## ", 1)]
+    scripts = [p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")]
+    missing = sorted(name for name in scripts if f"`{name}`" not in index)
+    assert not missing, f"name these in bench/README.md's index of scripts: {missing}"
