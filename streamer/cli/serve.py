@@ -80,10 +80,9 @@ def serve(args: argparse.Namespace) -> None:
     check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
     options, disk = kv_options(args), disk_option(args)
     check_drafting(args)
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
-    for flag, value in (("--api-key", api_key), ("--served-model-name", args.served_model_name)):
-        if value is not None and not value.strip():
-            raise StreamerError(f"{flag} is empty: give a value, or leave the flag out.")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise StreamerError("--served-model-name is empty: give a value, or leave the flag out.")
+    api_key = api_key_option(args)
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
@@ -112,6 +111,16 @@ def serve(args: argparse.Namespace) -> None:
             )
     except KeyboardInterrupt:  # the generation thread may be mid-answer, in MLX
         end_interrupted()
+
+
+def api_key_option(args: argparse.Namespace) -> str | None:
+    """--api-key, else $STREAMER_API_KEY, checked that a client can send it."""
+    from ..server.auth import usable_key
+
+    if args.api_key is not None:
+        return usable_key(args.api_key, "--api-key")
+    key = os.environ.get(API_KEY_ENV)
+    return None if key is None else usable_key(key, f"${API_KEY_ENV}")
 
 
 def served_name(given: str, folder: Path) -> str:

@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..cache.expert_cache import ExpertCache
+from ..cache.hot_experts import HotExperts
 from ..cache.slot_pool import SlotPool
 from ..errors import StreamerError
 from ..experts import StreamingExperts
@@ -77,7 +77,7 @@ def apply_residency(
             layer.use_pool(by_layer[layout.index])
         return list({id(pool): pool for pool in by_layer.values()}.values())
     if plan.form == "hot cache":
-        cache = ExpertCache(plan.budget, plan.largest_expert)
+        cache = HotExperts(plan.budget, plan.largest_expert)
         for layer in layers:
             layer.use_cache(cache)
     return []

@@ -20,7 +20,7 @@ from .residency import ResidencyPlan
 
 if TYPE_CHECKING:
     from .download_folder import Download
-from ..stats import ExpertStats
+from ..expert_traffic import ExpertStats
 
 
 @contextmanager
