@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
@@ -19,11 +18,13 @@ import streamer
 from streamer.cache import slot_pool
 from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
-from streamer.experts import slot_pools as slot_path
 from streamer.experts import slots as slot_calls
 from streamer.io.cuda_gather import NO_SLOT
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
+from streamer.loading import load as loading
+from streamer.loading import load_in_place as in_place
+from streamer.loading import pools, residency
 
 
 def slot_bytes(folder) -> int:
@@ -101,7 +102,7 @@ def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch,
     slots: 6 per layer, more than a chunk, so each layer has a pool of its own, in 2 chunks."""
     src, folder = float32_model
     largest = max(t.nbytes for t in read_manifest(folder).layers[0].tensors)
-    monkeypatch.setattr(slot_path, "CHUNK_BYTES", 3 * largest)
+    monkeypatch.setattr(residency, "CHUNK_BYTES", 3 * largest)
     model, tokenizer = streamer.load(
         folder, memory_budget=slots * slot_bytes(folder), read_path="slots"
     )
@@ -132,9 +133,10 @@ def test_a_pool_larger_than_the_available_memory_is_refused_before_it_is_made(
     float32_model, monkeypatch
 ):
     _, folder = float32_model
-    monkeypatch.setattr(slot_path.psutil, "virtual_memory", lambda: SimpleNamespace(available=1))
+    for module in (loading, in_place):  # the one reading a load's plan is made from
+        monkeypatch.setattr(module, "available_memory", lambda: 1)
     made = []
-    monkeypatch.setattr(slot_path, "SlotPool", lambda *a, **k: made.append(a))
+    monkeypatch.setattr(pools, "SlotPool", lambda *a, **k: made.append(a))
     with pytest.raises(StreamerError, match=r"does not fit in the 1 B of memory available"):
         streamer.load(folder, memory_budget=4 * slot_bytes(folder), read_path="slots")
     assert made == []

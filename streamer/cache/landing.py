@@ -3,7 +3,7 @@
 On Metal the pool is unified memory and the CPU backend's is host memory: a miss is read straight
 into its slot. On CUDA the pool is managed memory, which the CPU's stores migrate page by page:
 there the copy engine writes the slot, from a pinned staging buffer a miss was read into, or
-(`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/README.md).
+(`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/findings.md).
 STREAMER_CUDA_MISSES picks one on CUDA: "staged", "mapped", "registered" (page-locked for each
 copy), "pinned" (whole files page-locked while half the RAM holds them) or "gathered" (the
 default: pinned, and mapped for kernels too, so that a decode call's misses are read by the GPU

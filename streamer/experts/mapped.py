@@ -6,7 +6,7 @@ miss: page faults fetch one OS page at a time, in series. So before a layer comp
 asks mincore which routed experts are cold and announces each of their ranges with one
 madvise(WILLNEED), which starts the kernel reading all of them at once in large requests; it then
 populates the routed ranges not yet in this process's page tables, which waits for those reads,
-so the compute touches only mapped pages (bench/README.md has the measured rates).
+so the compute touches only mapped pages (bench/findings.md has the measured rates).
 
 While the layer's files are all in the page cache none of this is needed, nor the routing on the
 host: InPageCache computes as a resident layer does, with no sync. Every RECHECK_CALLS calls (and
@@ -23,10 +23,10 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from ..expert_traffic import ExpertTraffic
 from ..io.expert_files import ExpertFiles, LayerFiles
 from ..io.expert_layout import ByteRange
 from ..io.tensor_crcs import mismatched_tensors
-from ..stats import ExpertTraffic
 from .routing import finish, host_routing
 
 RECHECK_CALLS = 16  # how often a layer asks again whether its files are all in the page cache

@@ -27,18 +27,18 @@ def backend() -> str:
     return "cuda" if mx.cuda.is_available() else "metal"
 
 
-def read_path_for_backend(read_path: str | None) -> tuple[str, str]:
+def read_path_for_backend(read_path: object, name: str = "read_path") -> tuple[str, str]:
     """The read path to use and why. A GPU gets the slot pool: on Metal a no-copy buffer over a
     mapped file is wired whole on first GPU use, and MLX's CUDA backend cannot read a mapped file
     at all (an illegal memory access). The CPU computes in place on the mapped files (measured
-    fastest there) unless asked otherwise."""
+    fastest there) unless asked otherwise. Decided once, in options.load_options."""
     where = backend()
     if read_path is None:
         if where == "cpu":
             return "mapped", "the CPU default: computed in place on the mapped files"
         return "slots", f"the {where} default: the GPU sees only the bounded slot pool"
     if read_path not in READ_PATHS:
-        raise StreamerError(f"read_path must be one of {', '.join(READ_PATHS)}, not {read_path!r}.")
+        raise StreamerError(f"{name} must be one of {', '.join(READ_PATHS)}, not {read_path!r}.")
     if read_path == "mapped" and where == "cuda":
         raise StreamerError(
             'read_path="mapped" does not run on MLX\'s CUDA backend (the GPU cannot read a mapped '
@@ -67,12 +67,17 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
         x, w = mx.zeros((1, 1, 32), compute), mx.zeros((2, 32, 32), compute)
         mx.eval(mx.gather_mm(x, w, rhs_indices=mx.array([[0]], mx.uint32)))
     except (RuntimeError, ValueError) as e:
-        name = str(compute).removeprefix("mlx.core.")
-        raise StreamerError(
-            f"dtype {name} cannot compute this model's unquantized experts on MLX's "
-            f"{mx.default_device()} backend ({one_line(e)}); pass dtype='float32' (the default "
-            "there) or repack with --quantize."
-        ) from None
+        name, why = str(compute).removeprefix("mlx.core."), one_line(e)
+
+        def message(option: str, fix: str) -> str:  # as the Python API and the CLI spell them
+            return (
+                f"{option} {name} cannot compute this model's unquantized experts on MLX's "
+                f"{mx.default_device()} backend ({why}); pass {fix} (the default there) or repack "
+                "with --quantize."
+            )
+
+        flags = message("--dtype", "--dtype float32")
+        raise StreamerError(message("dtype", "dtype='float32'"), flags) from None
 
 
 def check_global_scales() -> None:

@@ -5,7 +5,7 @@ tensors `{container}.{projection}.{weight,scales,biases}` of shape [E, ...], eac
 shard (mlx-lm never splits a tensor across shards). Expert e of such a tensor is the byte range
 `start + e * nbytes` of length `nbytes`, so one expert is a handful of ranges (9 for a quantized
 GLU) instead of one record. This module reads the index and the headers, never the data, checks
-every expert tensor against the model mlx-lm builds for config.json (download_layers.py), and
+every expert tensor against the model mlx-lm builds for config.json (download_tensors.py), and
 describes each layer for the read path. The non-expert weights are loaded as mlx-lm loads them
 (mx.load, sanitize, quantize); only the expert tensors are left to the read path.
 """
@@ -21,6 +21,7 @@ import mlx.nn as nn
 from ..errors import StreamerError
 from ..families.architectures import (
     build_model,
+    check_streams,
     expert_container_of,
     expert_containers,
     quantize_like_mlx_lm,
@@ -70,6 +71,7 @@ def open_download(folder: Path | str) -> tuple[Download, nn.Module, dict[str, mx
         config = normalize_config(ckpt.config)
         where = folder / "config.json"
         if "quantization" not in ckpt.config:
+            check_streams(ckpt.config, where)  # a dense model is told so, not to repack
             raise StreamerError(
                 f"{where}: this checkpoint is not MLX-quantized (no quantization in config.json), "
                 "so it cannot stream in place: run "
