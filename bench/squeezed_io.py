@@ -84,7 +84,7 @@ def one(args: argparse.Namespace) -> dict:
         positions.start(0, args.prompt_tokens + args.decode_tokens + 2)
     marks = []
     for _ in tokens(model, prompt_ids(args.prompt_tokens), args.decode_tokens, 1.0):
-        marks.append((time.perf_counter(), disk_read_bytes()))
+        marks.append((time.perf_counter(), disk_read_bytes(), time.process_time()))
         if len(marks) == 1:
             handle.stats.reset()  # the engine's counts cover the decode steps, as the marks do
     steps = len(marks) - 1
@@ -98,6 +98,7 @@ def one(args: argparse.Namespace) -> dict:
         "decode_tokens": steps,
         "decode_tok_s": steps / (marks[-1][0] - marks[0][0]),
         "disk_bytes_per_token": (marks[-1][1] - marks[0][1]) / steps,
+        "cpu_s_per_token": (marks[-1][2] - marks[0][2]) / steps,
         "engine_bytes_per_token": traffic.bytes_read / steps,
         "engine_misses_per_token": traffic.experts_fetched / steps,
         "residency": handle.residency,
