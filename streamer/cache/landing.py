@@ -4,11 +4,16 @@ On Metal the pool is unified memory and the CPU backend's is host memory: a miss
 into its slot. On CUDA the pool is managed memory, which the CPU's stores migrate page by page:
 there the copy engine writes the slot, from a pinned staging buffer a miss was read into, or
 (`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/README.md).
-STREAMER_CUDA_MISSES picks one on CUDA: "staged", "mapped", "registered" (page-locked for each
-copy), "pinned" (whole files page-locked while half the RAM holds them) or "gathered" (the
-default: pinned, and mapped for kernels too, so that a decode call's misses are read by the GPU
+STREAMER_CUDA_MISSES picks one on CUDA: "staged" (the default), "mapped", "registered"
+(page-locked for each copy), "pinned" (whole files page-locked while half the RAM holds them) or
+"gathered" (pinned, and mapped for kernels too, so that a decode call's misses are read by the GPU
 itself with no host sync: io/cuda_gather.py, experts/slots.py); benchmarks compare them side by
-side.
+side. Staged is the default because it alone keeps the memory budget: the GPU can read only
+page-locked host memory, so a decode with no sync needs every expert file locked whole, and the
+process then holds every expert's bytes in RAM whatever the budget (RssFile 17.6 GiB at a 2 GiB
+budget on the 48-layer model on an H200); the mapped ways keep each page a copy touched mapped.
+Staging holds only its buffers. "gathered" is for a machine whose RAM holds the expert files
+anyway and that would rather have the speed (bench/README.md measures both).
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ def landing_for(tensors: Sequence, buffers: int, page_cache: bool = True) -> Lan
     from ..io.cuda_copy import MappedCopies, StagedCopies
     from ..io.cuda_runtime import CudaRuntime
 
-    way = os.environ.get("STREAMER_CUDA_MISSES", "gathered")
+    way = os.environ.get("STREAMER_CUDA_MISSES", "staged")
     if way not in CUDA_MISSES:
         raise StreamerError(f"STREAMER_CUDA_MISSES={way!r}: use one of {', '.join(CUDA_MISSES)}.")
     if way == "staged" or not page_cache:
