@@ -5,10 +5,11 @@
 #   bash bench/cuda_goals.sh setup WHEELS_DIR      # install (cuda_check.sh install), the 48-layer
 #                                                  # checkpoint, a carried PTX cache if any
 #   bash bench/cuda_goals.sh decode OUT PROFILE... # per profile: mlx-lm, then the slot path at
-#                                                  # WAYS (default "staged gathered") x GIBS
-#                                                  # (default "2 4 8"); ALL=1 adds every expert
-#   bash bench/cuda_goals.sh prefill OUT           # 64- and 2k-token prompts at 25% (4 GiB)
-#   bash bench/cuda_goals.sh host-pool OUT PROFILE # 8 GiB with the pool left in host memory (the
+#                                                  # WAYS (default "staged gathered") x SHARES
+#                                                  # (default "12 25 50" % of the 15.19 GiB of
+#                                                  # experts); ALL=1 adds every expert
+#   bash bench/cuda_goals.sh prefill OUT           # 64- and 2k-token prompts at 25%
+#   bash bench/cuda_goals.sh host-pool OUT PROFILE # 50% with the pool left in host memory (the
 #                                                  # managed pages not moved to the GPU): before
 #   bash bench/cuda_goals.sh ptx OUT               # the PTX cache as a tar, to carry next time
 #   python3 bench/goals_table.py OUT/*.json        # the table (here or there)
@@ -20,6 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 DATA=/root/bench-data SITE=/root/site
 DECODE=${DECODE:-128}
+declare -A MIB=([12]=1944 [25]=3889 [50]=7777 [all]=24576)  # shares of 15554 MiB of experts
 
 worker() {  # out tag engine folder args...: one run, its JSON and log in out
   local out=$1 tag=$2
@@ -45,13 +47,13 @@ decode)
     args=(--prompt-tokens 16 --decode-tokens "$DECODE" --repeats 2 --warmup --temp 0 --routing "$profile")
     worker "$out" "$profile-mlx_lm" mlx_lm "$DATA/q48-mlx" "${args[@]}"
     for way in ${WAYS:-staged gathered}; do
-      for gib in ${GIBS:-2 4 8}; do
-        STREAMER_CUDA_MISSES=$way worker "$out" "$profile-$way-${gib}g" streamer "$DATA/q48-stream" \
-          "${args[@]}" --read-path slots --memory-budget $((gib << 30))
+      for share in ${SHARES:-12 25 50}; do
+        STREAMER_CUDA_MISSES=$way worker "$out" "$profile-$way-$share" streamer "$DATA/q48-stream" \
+          "${args[@]}" --read-path slots --memory-budget $((MIB[$share] << 20))
       done
     done
     [ -n "${ALL:-}" ] && worker "$out" "$profile-all" streamer "$DATA/q48-stream" "${args[@]}" \
-      --read-path slots --memory-budget $((24 << 30))
+      --read-path slots --memory-budget $((MIB[all] << 20))
   done
   ;;
 prefill)
@@ -61,8 +63,8 @@ prefill)
   args=(--prompt-tokens 64,2048 --decode-tokens 4 --repeats 2 --temp 0 --routing medium)
   worker "$out" prefill-mlx_lm mlx_lm "$DATA/q48-mlx" "${args[@]}"
   for way in ${WAYS:-staged gathered}; do
-    STREAMER_CUDA_MISSES=$way worker "$out" "prefill-$way-4g" streamer "$DATA/q48-stream" \
-      "${args[@]}" --read-path slots --memory-budget $((4 << 30))
+    STREAMER_CUDA_MISSES=$way worker "$out" "prefill-$way-25" streamer "$DATA/q48-stream" \
+      "${args[@]}" --read-path slots --memory-budget $((MIB[25] << 20))
   done
   ;;
 host-pool)  # the pool's managed pages left where numpy put them (the tree before c869d8d)
@@ -76,8 +78,8 @@ slot_memory.on_gpu = lambda rows: None
 import worker
 worker.main(sys.argv[1:])')
   for way in ${WAYS:-staged gathered}; do
-    STREAMER_CUDA_MISSES=$way worker "$out" "$profile-$way-8g-hostpool" streamer \
-      "$DATA/q48-stream" "${args[@]}" --read-path slots --memory-budget $((8 << 30))
+    STREAMER_CUDA_MISSES=$way worker "$out" "$profile-$way-50-hostpool" streamer \
+      "$DATA/q48-stream" "${args[@]}" --read-path slots --memory-budget $((MIB[50] << 20))
   done
   ;;
 ptx)
