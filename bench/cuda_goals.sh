@@ -60,7 +60,7 @@ prefill)
   source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
   out=$2
   mkdir -p "$out"
-  args=(--prompt-tokens 64,2048 --decode-tokens 4 --repeats 2 --temp 0 --routing medium)
+  args=(--prompt-tokens 64,2048 --decode-tokens 4 --repeats 2 --warmup --temp 0 --routing medium)
   worker "$out" prefill-mlx_lm mlx_lm "$DATA/q48-mlx" "${args[@]}"
   for way in ${WAYS:-staged gathered}; do
     STREAMER_CUDA_MISSES=$way worker "$out" "prefill-$way-25" streamer "$DATA/q48-stream" \
