@@ -9,7 +9,7 @@ building. mlx-lm's own container on the same inputs is timed the same way; the d
 streamer's overhead. Each mode is timed on a warm CPU (the same call back to back), which is the
 floor; in a real decode the first Python after each sync also runs on caches the compute has just
 flushed, which is why `layer_overhead_ms_per_token` in bench/run.py results is larger (numbers in
-bench/README.md).
+bench/findings.md).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ PRESETS: dict[str, dict] = {
 # The quick shape routed as Qwen3-30B-A3B is (128 experts, top-8): compute small, so the engine's
 # own host work per layer call shows (bench/host_cost.py).
 PRESETS["narrow"] = {**PRESETS["quick"], "num_experts": 128, "num_experts_per_tok": 8}
-# Calibrated on qwen3-30b-a3b-12l to the published statistics (bench/README.md, "Routing").
+# Calibrated on qwen3-30b-a3b-12l to the published statistics (bench/README.md, "The models").
 ROUTING = {"skew": 0.3, "topic_share": 0.7, "stickiness": 6.0}
 
 

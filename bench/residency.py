@@ -13,7 +13,7 @@ and its routed experts' residency is asked for random routings of k experts:
   per file refreshed once per layer call), which asks about pages no expert of the call uses.
 Every call's counts are compared between the first two (they must be equal), and
 `fetch_us` times the whole read-ahead step (`Prefetcher.fetch`) with the files warm. Times are
-[wall, thread CPU] microseconds per layer call, printed as JSON; bench/README.md has the numbers
+[wall, thread CPU] microseconds per layer call, printed as JSON; bench/findings.md has the numbers
 for this machine.
 """
 

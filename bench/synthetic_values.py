@@ -1,6 +1,6 @@
 """Random values by parameter name, with synthetic routing.
 
-Routing is synthetic, calibrated to two published statistics (bench/README.md, "Routing"):
+Routing is synthetic, calibrated to two published statistics (bench/README.md, "The models"):
 - skew (how popular the popular experts are): each router row (one per expert) is scaled by
   exp(skew * z_e), z_e ~ N(0, 1) drawn per layer. The router input is RMS-normalised, so a larger
   row means a wider logit spread and more top-k wins. skew=0 is uniform.

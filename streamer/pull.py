@@ -3,7 +3,9 @@
 huggingface_hub's `snapshot_download` fetches what mlx-lm's loader fetches (hub.ALLOW_PATTERNS)
 into the normal Hugging Face cache ($HF_HUB_CACHE), with its progress bars. A pull that stops
 keeps every file it finished (the next pull fetches only the rest), and a connection that drops
-mid-file resumes from the byte it reached (a Range request). An MLX-quantized download then
+mid-file resumes from the byte it reached (a Range request). A repo that holds no model, or one
+that cannot stream, is refused before its weights come (pulled_files.py), and each weight file is
+checked against the sha256 the Hub lists once it is down. An MLX-quantized download then
 streams where it lies. Any other is repacked (streamer/repack) into `pulled_folder(name)`, where
 `--model org/name` finds it; with `delete_source`, the cache's copy goes shard by shard as the
 repack writes (repack/consume.py), and the cache entry at the end, so the disk holds one copy.
@@ -15,10 +17,12 @@ import os
 import shutil
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import StreamerError
 from .loading.hub import ALLOW_PATTERNS, REPO_ID, needs_repack, pulled_folder
+from .pulled_files import check_hashes, listing, present, refuse_no_model, refuse_unstreamable
 from .repack import repack
 from .repack.consume import stand_ins
 from .repack.plan import Quantize
@@ -77,8 +81,30 @@ def pull(
 
 
 def download(name: str, revision: str | None, skip: list[str]) -> Path:
-    """snapshot_download, its failures one line each (what was fetched stays for the next pull)."""
-    from huggingface_hub import constants, snapshot_download
+    """The repo's files checked (a model, one that streams), then snapshot_download; each weight
+    file fetched now is checked against the Hub's sha256."""
+    from huggingface_hub import constants, hf_hub_download, snapshot_download
+    from huggingface_hub.file_download import repo_folder_name
+
+    with hub_errors(name, revision):
+        commit, files = listing(name, revision)
+        refuse_no_model(name, files)
+        refuse_unstreamable(name, Path(hf_hub_download(name, "config.json", revision=commit)))
+        cached = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model")
+        old = present(cached / "snapshots" / commit, files)
+        snapshot = Path(
+            snapshot_download(
+                name, revision=revision, allow_patterns=ALLOW_PATTERNS, ignore_patterns=skip or None
+            )
+        )
+    check_hashes(name, snapshot, files, old)
+    return snapshot
+
+
+@contextmanager
+def hub_errors(name: str, revision: str | None):
+    """The Hub's failures one line each (what was fetched stays for the next pull)."""
+    from huggingface_hub import constants
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
@@ -88,9 +114,9 @@ def download(name: str, revision: str | None, skip: list[str]) -> Path:
 
     again = f"the files fetched so far are kept: `streamer pull {name}` resumes."
     try:
-        folder = snapshot_download(
-            name, revision=revision, allow_patterns=ALLOW_PATTERNS, ignore_patterns=skip or None
-        )
+        yield
+    except StreamerError:
+        raise
     except GatedRepoError:
         raise StreamerError(
             f"{name} is gated: accept its terms on the Hub, then log in with `hf auth login`."
@@ -102,7 +128,7 @@ def download(name: str, revision: str | None, skip: list[str]) -> Path:
         ) from None
     except RevisionNotFoundError:
         raise StreamerError(f"{name} has no revision {revision!r} on the Hub.") from None
-    except LocalEntryNotFoundError as e:  # the Hub unreachable, nothing cached
+    except (LocalEntryNotFoundError, *connect_errors()) as e:  # the Hub unreachable
         cause = e.__cause__ or e
         raise StreamerError(
             f"cannot reach the Hub ({constants.ENDPOINT}) for {name}: {type(cause).__name__}: "
@@ -112,7 +138,15 @@ def download(name: str, revision: str | None, skip: list[str]) -> Path:
         raise StreamerError(
             f"the download of {name} failed ({type(e).__name__}: {e}); {again}"
         ) from None
-    return Path(folder)
+
+
+def connect_errors() -> tuple[type[Exception], ...]:
+    """The HTTP client's failures to connect (huggingface_hub 2.4 uses httpx2, earlier httpx)."""
+    try:
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
+    return httpx.ConnectError, httpx.ConnectTimeout
 
 
 def drop_stale_parts(name: str) -> None:

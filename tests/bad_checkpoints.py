@@ -17,7 +17,8 @@ def copy_checkpoint(src, tmp_path):
     return dst
 
 
-def assert_refused(src, tmp_path, *patterns: str, **kwargs) -> None:
+def assert_refused(src, tmp_path, *patterns: str, **kwargs) -> str:
+    """The one-line message refusing a repack of `src`, which holds every pattern."""
     dst = tmp_path / "out"
     with pytest.raises(StreamerError) as err:
         repack(src, dst, log=lambda _: None, **kwargs)
@@ -27,3 +28,4 @@ def assert_refused(src, tmp_path, *patterns: str, **kwargs) -> None:
     assert "\n" not in message, "an error is one line"
     assert not dst.exists()
     assert not list(tmp_path.glob(".out*")), "a partial output was left behind"
+    return message

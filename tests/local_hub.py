@@ -11,7 +11,9 @@ huggingface_hub talks to it over HTTP through HF_ENDPOINT, as it talks to huggin
 - a missing repo: 401 with `X-Error-Code: RepoNotFound`, as the Hub answers it
 
 Faults a test sets: `drop_once` (file names whose next GET is cut halfway, the connection closed),
-`hang` (file names whose GET sends half, then waits for `release`: the client is killed there).
+`hang` (file names whose GET sends half, then waits for `release`: the client is killed there),
+`corrupt` (file names whose GETs send other bytes of the same size than the tree's sha256 and the
+ETag name, as a proxy or a disk that damages them would).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class LocalHub:
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self.drop_once: set[str] = set()
         self.hang: set[str] = set()
+        self.corrupt: set[str] = set()
         self.hanging, self.release = threading.Event(), threading.Event()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -120,6 +123,8 @@ class Handler(BaseHTTPRequestHandler):
             hashlib.sha256(data).hexdigest() if name.endswith(".safetensors") else git_blob_id(data)
         )
         start = _range_start(self.headers.get("Range"))
+        if name in self.hub.corrupt:
+            data = data[:-1] + bytes([data[-1] ^ 1])
         body = data[start:]
         self.send_response(206 if start else 200)
         self.send_header("ETag", f'"{etag}"')

@@ -13,6 +13,7 @@ from bad_checkpoints import assert_refused, copy_checkpoint
 from hostile_files import edited_copy
 
 import streamer
+from streamer.cli import main
 from streamer.errors import StreamerError
 from streamer.repack import repack
 
@@ -26,16 +27,36 @@ def test_missing_config(checkpoints, tmp_path):
 def test_unknown_and_non_moe_model_types(checkpoints, tmp_path):
     src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
     closest = "The closest model type that streams is"
-    reasons = {  # a dense sibling or a misspelling: the nearest model type that streams named
-        "llama": ["model has no MoE layers.", f"{closest} 'llama4'; docs/support.md"],
-        "qwen3": ["model has no MoE layers.", f"{closest} 'qwen3_moe'; docs/support.md"],
+    dense = "is a dense model, not a MoE model"
+    reasons = {  # a dense model is told so, with no other name; a misspelling is named
+        "llama": [dense, "mlx_lm.models.llama model has no MoE layers", "mlx_lm.generate"],
+        "qwen3": [dense, "mlx_lm.models.qwen3 model has no MoE layers", "mlx-lm runs dense"],
         "qwen3_mo": ["not a model that mlx-lm", f"runs. {closest} 'qwen3_moe'; docs/support.md"],
         "not_a_model": ["not a model that mlx-lm", "runs. docs/support.md lists"],  # none near
     }
     for model_type, reason in reasons.items():
         config = json.loads((src / "config.json").read_text())
         (src / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
-        assert_refused(src, tmp_path, f"'{model_type}' is not supported", *reason)
+        message = assert_refused(src, tmp_path, f"'{model_type}'", *reason)
+        assert dense not in message or closest not in message, message
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_dense_download_is_told_it_is_dense_not_to_repack(
+    checkpoints, tmp_path, capsys, quantized
+):
+    """A dense bf16 download was told to repack with --quantize 4, which then refused it."""
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    if quantized:  # an MLX download of a dense model streams in place no better
+        config["quantization"] = {"group_size": 64, "bits": 4}
+    (src / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
+    with pytest.raises(StreamerError, match="'qwen3' is a dense model, not a MoE model") as e:
+        streamer.load(src)
+    assert "--quantize" not in str(e.value) and "closest" not in str(e.value)
+    assert main(["generate", "--model", str(src), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "'qwen3' is a dense model" in err and "--quantize" not in err, err
 
 
 def test_truncated_shard(checkpoints, tmp_path):

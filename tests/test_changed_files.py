@@ -13,6 +13,9 @@ from hostile_files import flip_byte
 import streamer
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
+from streamer.server.api import Completion, Sampling
+from streamer.server.engine import Done, Engine, Job, Step
+from streamer.server.fields import ApiError
 
 PROMPT = "hello world, this is a prompt"
 
@@ -64,14 +67,70 @@ def test_a_change_in_the_middle_of_an_answer_stops_it(folder):
         list(stream)
 
 
-def test_an_expert_file_replaced_by_another_is_noticed(folder, tmp_path):
-    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+@pytest.mark.parametrize("read_path", ["mapped", "slots"])
+def test_an_expert_file_replaced_by_another_runs_on_the_open_one(folder, tmp_path, read_path):
+    """A new file at the path (os.replace) leaves the open one's bytes as they were."""
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path=read_path)
+    expected = streamer.generate(model, tokenizer, PROMPT, max_tokens=4)
     path = folder / read_manifest(folder).layers[0].file
     other = tmp_path / "other.bin"
-    shutil.copy2(path, other)  # the same bytes and time, another inode
+    shutil.copy2(path, other)
+    overwrite(other)  # other bytes at the path, not in the open file
     os.replace(other, path)
-    with pytest.raises(StreamerError, match="000.bin .* was replaced by another file"):
-        streamer.generate(model, tokenizer, PROMPT, max_tokens=2)
+    assert streamer.generate(model, tokenizer, PROMPT, max_tokens=4) == expected
+
+
+@pytest.mark.parametrize("read_path", ["mapped", "slots"])
+def test_a_folder_deleted_and_repacked_anew_under_an_answer_finishes_it(
+    checkpoints, folder, read_path
+):
+    """`rm -rf` and a repack into the same path while an answer streams: its open files are
+    intact, so it finishes as it would have."""
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path=read_path)
+    expected = streamer.generate(model, tokenizer, PROMPT, max_tokens=6)
+    stream = streamer.stream_generate(model, tokenizer, PROMPT, max_tokens=6)
+    text = next(stream).text
+    shutil.rmtree(folder)
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)  # new inodes
+    text += "".join(response.text for response in stream)
+    assert text == expected
+
+
+def answer(engine: Engine, prompt: list[int]) -> str | ApiError:
+    """The served text of one request, or the error it was answered with."""
+    job = engine.submit(Job(Completion(False, "m", 4, Sampling(), text=PROMPT), prompt, 4))
+    pieces = []
+    while not isinstance(event := job.events.get(timeout=120), Done):
+        if isinstance(event, ApiError):
+            return event
+        assert isinstance(event, Step), event
+        pieces.append(event.piece.content)
+    return "".join(pieces)
+
+
+def test_a_server_keeps_serving_when_its_files_change(checkpoints, folder, caplog):
+    """A folder repacked anew under the server: requests are answered as before. A file rewritten
+    in place: each request is answered with one clear error (no traceback in the log), and the
+    server still answers the next."""
+    model, tokenizer = streamer.load(folder, memory_budget=0)
+    prompt = tokenizer.encode(PROMPT)
+    engine = Engine(model, tokenizer, 2)
+    expected = answer(engine, prompt)
+    assert isinstance(expected, str) and expected
+    shutil.rmtree(folder)
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
+    assert answer(engine, prompt) == expected
+    engine.close()
+    model, tokenizer = streamer.load(folder, memory_budget=0)  # the new files, then rewritten
+    engine = Engine(model, tokenizer, 2)
+    overwrite(folder / read_manifest(folder).layers[0].file)
+    for _ in range(2):
+        error = answer(engine, prompt)
+        assert isinstance(error, ApiError) and error.status == 500, error
+        assert "000.bin (MoE layer 0, " in error.message and "was written to" in error.message
+        assert engine.healthy
+    assert not any(record.exc_info for record in caplog.records), "a traceback was logged"
+    engine.close()
 
 
 @pytest.mark.parametrize("read_path", ["mapped", "slots"])

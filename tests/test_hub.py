@@ -118,3 +118,28 @@ def test_a_damaged_cache_entry_is_named(hub, capsys):
         StreamerError, match=r"refs/main is empty: it names no snapshot\. `streamer"
     ):
         resolve("tiny-org/Tiny-MoE")
+
+
+def test_a_broken_link_to_a_file_the_model_does_not_need_is_ignored(hub, capsys):
+    """A README and a LICENSE.txt whose blobs are gone: the model loads, by name and as a
+    folder; a broken link to a file it reads is still damage."""
+    snapshot = resolve("tiny-org/Tiny-MLX")
+    for name in ("README.md", "LICENSE.txt"):
+        (snapshot / name).unlink(missing_ok=True)
+        (snapshot / name).symlink_to("../../blobs/" + "0" * 64)  # a blob that never landed
+    for model in ("tiny-org/Tiny-MLX", str(snapshot)):
+        assert main(["generate", "--model", model, "--prompt", "hi", "--max-tokens", "2"]) == 0, (
+            capsys.readouterr().err
+        )
+        assert capsys.readouterr().out.strip()
+    (snapshot / "merges.txt").symlink_to("../../blobs/" + "0" * 64)
+    with pytest.raises(StreamerError, match=r"Tiny-MLX is damaged: .*/merges\.txt is a symbolic"):
+        resolve("tiny-org/Tiny-MLX")
+
+
+@pytest.mark.parametrize("ref", ["..", "../..", "."])
+def test_a_ref_naming_no_snapshot_names_the_repo(hub, ref):
+    (hub.parent.parent / "refs" / "main").write_text(ref)
+    with pytest.raises(StreamerError, match="tiny-org/Tiny-MoE") as caught:
+        resolve("tiny-org/Tiny-MoE")
+    assert "refs/main" in str(caught.value) and "pull tiny-org/Tiny-MoE" in str(caught.value)

@@ -23,6 +23,7 @@ LAYERS = {
         "streamer.speculative",
         "streamer.verify",
         "streamer.pull",
+        "streamer.pulled_files",
         "streamer.plan",
         "streamer.repack",
         "streamer.parallel.split",

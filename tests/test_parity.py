@@ -43,7 +43,7 @@ def read_paths() -> list[str]:
 # (measured on an H200: 8e-4 for dbrx and llama4 between the slot path and mlx-lm resident).
 CUDA_FLOAT_TOLERANCE = 2e-3
 # mlx-lm's model on the GPU this far from its own on the CPU is not rounding: its kernels are
-# wrong at the fixtures' tiny shapes there (0.4 to 32 seen on an H200; bench/README.md)
+# wrong at the fixtures' tiny shapes there (0.4 to 32 seen on an H200; bench/findings.md)
 CUDA_BROKEN = 0.05
 
 _REFERENCE_RUNS: dict[int, tuple] = {}

@@ -5,6 +5,7 @@ generates, as a folder would."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pty
 import select
@@ -238,3 +239,64 @@ def test_at_a_terminal_generate_offers_to_pull(hub, checkpoints, capsys):
     out = process.stdout.read()
     assert process.wait() == 0, seen.decode(errors="replace")
     assert out == generated(checkpoints.mlx("qwen3_moe"), capsys)
+
+
+@pytest.fixture
+def in_process(hub, here, monkeypatch):
+    """This process's huggingface_hub pointed at the local hub (both read at import time)."""
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + TEMPLATE)
+
+
+def refused(argv: list[str], capsys) -> str:
+    """The one error line (after huggingface_hub's progress bars, if it downloaded)."""
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in lines if "error" in line or "Traceback" in line]
+    assert len(errors) == 1 and lines[-1] == errors[0], lines
+    return errors[0]
+
+
+def test_a_repo_without_a_model_that_streams_is_refused_before_its_weights(
+    hub, in_process, checkpoints, tmp_path, capsys
+):
+    """Only a README and a license, or an MLX download of a dense model: refused at pull in one
+    line saying what the repo holds and why it cannot stream (it said "ready", then generate
+    called the cache's copy damaged and said to pull again)."""
+    docs = hub.repos["tiny-org/Docs"] = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "README.md").write_text("# a model card\n")
+    (docs / "LICENSE").write_text("MIT\n")
+    line = refused(["pull", "tiny-org/Docs"], capsys)
+    assert "tiny-org/Docs holds LICENSE, README.md, but no config.json and no model" in line
+    dense = hub.repos["tiny-org/Dense-MLX"] = tmp_path / "dense"
+    shutil.copytree(checkpoints.mlx("qwen3_moe"), dense)
+    config = json.loads((dense / "config.json").read_text())
+    (dense / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
+    line = refused(["pull", "tiny-org/Dense-MLX"], capsys)
+    assert "'qwen3' is not supported for expert streaming" in line and "no MoE layers" in line
+    fetched = [p for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]
+    assert fetched == [
+        "/tiny-org/Dense-MLX/resolve/" + commit_of("tiny-org/Dense-MLX") + "/config.json"
+    ]  # no weights downloaded
+
+
+def test_a_weight_file_that_differs_from_the_hubs_sha256_is_removed_and_refused(
+    hub, in_process, checkpoints, tmp_path, capsys
+):
+    repo = "tiny-org/Tiny-MLX"
+    shard = sorted(f for f in hub.files(repo) if f.endswith(".safetensors"))[0]
+    hub.corrupt = {shard}
+    line = refused(["pull", repo], capsys)
+    assert f"{shard} of {repo} does not match the sha256 the Hub lists" in line, line
+    snapshot = tmp_path / "hf-cache" / "models--tiny-org--Tiny-MLX" / "snapshots" / commit_of(repo)
+    assert not (snapshot / shard).exists() and not os.path.lexists(snapshot / shard)
+    assert (snapshot / "config.json").exists()  # the rest is kept for the next pull
+    hub.corrupt = set()
+    first = len(hub.requests)
+    assert main(["pull", repo]) == 0, capsys.readouterr().err
+    again = {
+        p.rsplit("/", 1)[-1] for m, p, _ in hub.requests[first:] if m == "GET" and "/resolve/" in p
+    }
+    assert again == {shard}  # the files that were right are kept
+    assert generated(repo, capsys) == generated(checkpoints.mlx("qwen3_moe"), capsys)

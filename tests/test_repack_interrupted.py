@@ -3,7 +3,7 @@
 After any of them the destination is absent or complete and valid, the source is untouched, and
 `--resume` finishes the job to the same bytes as an uninterrupted repack. The environment's faults
 are tests/test_repack_environment.py's, a lying progress file and kills while publishing
-tests/test_repack_resume.py's.
+tests/test_resume_faults.py's.
 """
 
 from __future__ import annotations

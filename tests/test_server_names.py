@@ -67,3 +67,53 @@ def test_an_api_key_is_required_on_every_endpoint_but_health(keyed):
     basic = {"Authorization": f"Basic {KEY}"}
     assert request(keyed, "GET", "/v1/models", headers=basic)[0] == 401
     assert request(keyed, "GET", "/health") == (200, {"status": "ok"})
+
+
+def sent(key: bytes) -> str:
+    """The Authorization header as http.server hands it over for a client that sent `key`."""
+    import http.client
+    import io
+
+    raw = b"Authorization: Bearer " + key + b"\r\n\r\n"
+    return http.client.parse_headers(io.BytesIO(raw))["Authorization"]
+
+
+def test_a_non_ascii_key_matches_the_utf8_bytes_a_client_sends():
+    """Headers arrive decoded as latin-1: the UTF-8 bytes of a key like 'clé' never matched."""
+    from streamer.server.auth import check_key
+    from streamer.server.fields import ApiError
+
+    for key in ("clé-ключ-鍵", "sk-plain"):
+        check_key(key, "/v1/models", sent(key.encode()))  # accepted: no ApiError
+        for other in (key.encode("latin-1", "replace"), key.encode() + b"x", b"\xff\xfe"):
+            if other == key.encode():  # an ASCII key's latin-1 bytes are its UTF-8 bytes
+                continue
+            with pytest.raises(ApiError):
+                check_key(key, "/v1/models", sent(other))
+
+
+@pytest.mark.parametrize(
+    "env, argv, message",
+    [
+        ({}, ["--api-key", " k1 "], "--api-key begins or ends with white space (' k1 ')"),
+        (
+            {},
+            ["--api-key", "k\x01"],
+            "--api-key holds a control character ('\\x01' at character 2)",
+        ),
+        ({}, ["--api-key", " "], "--api-key is empty"),
+        ({"STREAMER_API_KEY": "k\udce9y"}, [], "$STREAMER_API_KEY is not valid UTF-8 (byte 0xe9"),
+        ({"STREAMER_API_KEY": "k1 "}, [], "$STREAMER_API_KEY begins or ends with white space"),
+    ],
+)
+def test_a_key_no_client_can_send_is_refused_at_start(env, argv, message, monkeypatch, capsys):
+    """A configured ' k1 ' never matched (the sent key is stripped); STREAMER_API_KEY of bytes
+    that are not UTF-8 started a server that answered nothing but /health (a traceback a
+    request). Refused before the (missing) model is looked at: one line."""
+    from streamer.cli import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["serve", "--model", "/nonexistent", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

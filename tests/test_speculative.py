@@ -168,8 +168,8 @@ def test_a_draft_with_another_tokenizer_is_refused(target):
 
 def test_a_sliding_window_cache_is_trimmed_past_its_window():
     """mlx-lm's trim_prompt_cache trims nothing from a RotatingKVCache once its window is full;
-    trim.py drops a pass's rejected tokens there, so the next step sees the last window of kept
-    tokens (each key here holds its token's position)."""
+    streamer/speculative/trim.py drops a pass's rejected tokens there, so the next step sees the
+    last window of kept tokens (each key here holds its token's position)."""
     from mlx_lm.models.cache import RotatingKVCache, trim_prompt_cache
 
     from streamer.speculative.trim import trim

@@ -1,7 +1,8 @@
 """A vision-language model's text_config that leaves a field out, where transformers' text config
 class fills a default mlx-lm's text model args do not: filled as transformers fills it, or refused
-where no value is the published models' (streamer/families/transformers/defaults.py, unfilled.py).
-The same for the text models' own model types (Mistral 4, Gemma 4, a Qwen3.5 text model)."""
+where no value is the published models' (streamer/families/transformers/defaults.py and
+streamer/families/transformers/unfilled.py). The same for the text models' own model types
+(Mistral 4, Gemma 4, a Qwen3.5 text model)."""
 
 from __future__ import annotations
 

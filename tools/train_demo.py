@@ -5,7 +5,7 @@ mlx-lm's `qwen3_moe.Model` so the result loads in mlx-lm unchanged. Writes a Hug
 checkpoint: config.json, model.safetensors with per-expert tensor names, tokenizer files.
 
 Reproduce the shipped model (the defaults: 300 steps of 16x128 tokens; its training time on one
-machine is in bench/README.md):
+machine is in bench/findings.md):
 
     python tools/train_demo.py --out streamer/demo_model
 

@@ -3,7 +3,7 @@
 On Metal the pool is unified memory and the CPU backend's is host memory: a miss is read straight
 into its slot. On CUDA the pool is managed memory, which the CPU's stores migrate page by page:
 there the copy engine writes the slot, from a pinned staging buffer a miss was read into, or
-(`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/README.md).
+(`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/findings.md).
 STREAMER_CUDA_MISSES picks one on CUDA: "staged" (the default), "mapped", "registered"
 (page-locked for each copy), "pinned" (whole files page-locked while half the RAM holds them) or
 "gathered" (pinned, and mapped for kernels too, so that a decode call's misses are read by the GPU
@@ -13,7 +13,7 @@ page-locked host memory, so a decode with no sync needs every expert file locked
 process then holds every expert's bytes in RAM whatever the budget (RssFile 17.6 GiB at a 2 GiB
 budget on the 48-layer model on an H200); the mapped ways keep each page a copy touched mapped.
 Staging holds only its buffers. "gathered" is for a machine whose RAM holds the expert files
-anyway and that would rather have the speed (bench/README.md measures both).
+anyway and that would rather have the speed (bench/findings.md measures both).
 """
 
 from __future__ import annotations

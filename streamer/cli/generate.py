@@ -63,12 +63,13 @@ def generate(args: argparse.Namespace) -> int:
         )
     kv_options(args)
     check_drafting(args)
-    from ..loading.load import load
+    from ..loading.load import load_decided
     from ..parallel.group import launched_group, shared_seed
 
     group = args.group = launched_group()  # started by mlx.launch: expert-parallel
     rank = group.rank() if group else 0
-    model, tokenizer = load(model_folder(args, group), **load_options(args), group=group)
+    options = load_options(args, group)
+    model, tokenizer = load_decided(model_folder(args, group), options)
     if group is not None:
         args.seed = shared_seed(group, args.seed)  # sampled tokens must agree on every rank
     if rank == 0:

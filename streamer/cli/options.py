@@ -19,6 +19,8 @@ from ..errors import StreamerError
 if TYPE_CHECKING:  # mlx is imported only once a command runs
     import mlx.core as mx
 
+    from ..loading.options import LoadOptions
+
 
 def size(text: str) -> int:
     """argparse type for a size such as 8G."""
@@ -159,21 +161,21 @@ def add_loading(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load_options(args: argparse.Namespace) -> dict:
-    """The keywords of `streamer.load` that add_loading's flags set."""
-    if args.checksums is not None and not os.path.isfile(args.checksums):
-        raise StreamerError(
-            f"--checksums {args.checksums}: no such file; `streamer verify DIR --record "
-            "--checksums FILE` writes one (leave the flag out for the default sidecar)."
-        )
-    return {
-        "memory_budget": args.memory_budget,
-        "dtype": args.dtype,
-        "trust_remote_code": args.trust_remote_code,
-        "read_path": args.read_path,
-        "verify_reads": args.verify_reads,
-        "checksums": args.checksums,
-    }
+def load_options(args: argparse.Namespace, group: mx.distributed.Group | None) -> LoadOptions:
+    """streamer.load's options as add_loading's flags set them, decided by the function the API's
+    keywords go through (loading/options.py), before the model folder is looked up."""
+    from ..loading.options import load_options as decided
+
+    return decided(
+        memory_budget=args.memory_budget,
+        dtype=args.dtype,
+        read_path=args.read_path,
+        verify_reads=args.verify_reads,
+        trust_remote_code=args.trust_remote_code,
+        checksums=args.checksums,
+        group=group,
+        option="--",
+    )
 
 
 def check_sampling_flags(args: argparse.Namespace) -> None:

@@ -80,18 +80,18 @@ def serve(args: argparse.Namespace) -> None:
     check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
     options, disk = kv_options(args), disk_option(args)
     check_drafting(args)
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
-    for flag, value in (("--api-key", api_key), ("--served-model-name", args.served_model_name)):
-        if value is not None and not value.strip():
-            raise StreamerError(f"{flag} is empty: give a value, or leave the flag out.")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise StreamerError("--served-model-name is empty: give a value, or leave the flag out.")
+    api_key = api_key_option(args)
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
 
     start_logging()
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
+    loading = load_options(args, group)
     folder = model_folder(args, group)
-    model, tokenizer, context = open_model(folder, group, **load_options(args))
+    model, tokenizer, context = open_model(folder, loading)
     options.update(draft_options(args, tokenizer))
     engine = open_engine(model, tokenizer, args.prompt_cache_size, group, options, disk)
     if group is not None and group.rank() != 0:
@@ -111,6 +111,16 @@ def serve(args: argparse.Namespace) -> None:
             )
     except KeyboardInterrupt:  # the generation thread may be mid-answer, in MLX
         end_interrupted()
+
+
+def api_key_option(args: argparse.Namespace) -> str | None:
+    """--api-key, else $STREAMER_API_KEY, checked that a client can send it."""
+    from ..server.auth import usable_key
+
+    if args.api_key is not None:
+        return usable_key(args.api_key, "--api-key")
+    key = os.environ.get(API_KEY_ENV)
+    return None if key is None else usable_key(key, f"${API_KEY_ENV}")
 
 
 def served_name(given: str, folder: Path) -> str:
@@ -135,7 +145,8 @@ def chat(args: argparse.Namespace) -> None:
     from ..server.api import Sampling
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
-    model, tokenizer, context = open_model(model_folder(args, group), group, **load_options(args))
+    loading = load_options(args, group)
+    model, tokenizer, context = open_model(model_folder(args, group), loading)
     from .chat import chat  # the engine's modules import mlx-lm's generate: after a refusal
 
     options.update(draft_options(args, tokenizer))

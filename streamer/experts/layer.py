@@ -134,7 +134,7 @@ class StreamingExperts(nn.Module):
             slots, _ = self.pool.place(self.index, np.arange(self.num_experts))
             assert (slots == np.arange(self.num_experts)).all(), "needs an empty pool of its own"
             # Copied out of the pool, which is then freed: on CUDA the pool is managed memory, in
-            # which the kernels ran at 0.8x of mlx-lm's (bench/README.md); MLX's copy lands in
+            # which the kernels ran at 0.8x of mlx-lm's (bench/findings.md); MLX's copy lands in
             # device memory and runs at its speed. Elsewhere the copy is one pass at load.
             tensors = [mx.array(a) for a in self.pool.arrays]
         self.install([self.convert(t) for t in tensors])

@@ -6,7 +6,7 @@ miss: page faults fetch one OS page at a time, in series. So before a layer comp
 asks mincore which routed experts are cold and announces each of their ranges with one
 madvise(WILLNEED), which starts the kernel reading all of them at once in large requests; it then
 populates the routed ranges not yet in this process's page tables, which waits for those reads,
-so the compute touches only mapped pages (bench/README.md has the measured rates).
+so the compute touches only mapped pages (bench/findings.md has the measured rates).
 
 While the layer's files are all in the page cache none of this is needed, nor the routing on the
 host: InPageCache computes as a resident layer does, with no sync. Every RECHECK_CALLS calls (and

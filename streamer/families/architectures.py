@@ -3,7 +3,7 @@ loads it, its routing recorded.
 
 Architectures themselves come from mlx-lm (`mlx_lm.models.<model_type>`); which model types
 stream (and why the others do not) is model_types.py, how each family's checkpoints name expert
-tensors hf_naming.py, transformers 5's config spellings transformers_spellings.py.
+tensors hf_naming.py, transformers 5's config spellings transformers/spellings.py.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -21,9 +22,10 @@ from ..stats import ExpertStats, Routing, RoutingRecorder
 from .config import check_config
 from .expert_lists import STACKED_MODELS
 from .mlx_lm_models import models_without_package_init
-from .model_types import mlx_lm_classes, refuse
+from .model_types import mlx_lm_classes
 from .rope_scaling import refuse_ignored_rope_scaling
 from .saved_quantization import saved_quantization
+from .transformers.spellings import normalize_config
 
 with models_without_package_init():
     from mlx_lm.models.switch_layers import (
@@ -53,9 +55,27 @@ def build_model(config: dict, where: Path | str) -> nn.Module:
             f"build ({type(e).__name__}: {e}); compare it with the model's published config.json."
         ) from e
     if not any(isinstance(m, EXPERT_CONTAINERS) for _, m in model.named_modules()):
-        refuse(config, where, f"mlx-lm's {model_class.__module__} model has no MoE layers.", True)
+        refuse_dense(config, where, model_class.__module__)
     refuse_ignored_rope_scaling(model, config, where)
     return model
+
+
+def refuse_dense(config: dict, where: Path | str, module: str) -> NoReturn:
+    """A dense model (mlx-lm builds it with no MoE layers) is told so first: it has no experts to
+    stream, and mlx-lm runs it as it is. No near model type is offered: the config's is right."""
+    folder = Path(where).parent
+    raise StreamerError(
+        f"{where}: model_type {config.get('model_type')!r} is a dense model, not a MoE model "
+        f"(mlx-lm's {module} model has no MoE layers): it has no experts to stream. mlx-lm runs "
+        f"dense models as they are (`mlx_lm.generate --model {folder}`); docs/support.md lists "
+        "the model types that stream."
+    )
+
+
+def check_streams(config: dict, where: Path | str) -> None:
+    """Refuse, as a repack would, a config.json whose model cannot stream (a dense model, a
+    family refused), before a message suggests repacking it."""
+    build_model(normalize_config(check_config(config, where)), where)
 
 
 def expert_containers(model: nn.Module) -> dict[str, nn.Module]:

@@ -23,6 +23,7 @@ from .transformers.renamed_models import as_published, computed_otherwise
 
 REMAPPING_TABLES = ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING")
 MOE_SOURCE = re.compile(r"\b(SwitchGLU|SwitchMLP|SwitchLinear)\b|self\.experts\s*=\s*\[")
+CLOSE = 0.8  # difflib ratio: a misspelling (qwen3_mo for qwen3_moe: 0.94), not a shared half
 
 # mlx-lm model files that build experts streamer does not stream (yet), and why.
 REFUSED: dict[str, str] = {
@@ -91,8 +92,8 @@ def remapping_tables() -> tuple[dict, dict]:
 
 
 def refuse(config: dict, where: Path | str, reason: str, nearest: bool = False) -> NoReturn:
-    """`nearest`: name the model type that streams whose name is closest, where the config's may
-    be a misspelling or a dense sibling (qwen3 for qwen3_moe)."""
+    """`nearest`: name the model type that streams whose name is close, where the config's may
+    be a misspelling (qwen3_mo for qwen3_moe)."""
     model_type = config.get("model_type")
     closest = closest_streaming(model_type) if nearest else None
     hint = f" The closest model type that streams is {closest!r};" if closest else ""
@@ -103,7 +104,8 @@ def refuse(config: dict, where: Path | str, reason: str, nearest: bool = False) 
 
 
 def closest_streaming(model_type: object) -> str | None:
-    """The streaming model type whose name is nearest `model_type` (difflib), if one is near:
+    """The streaming model type whose name is nearest `model_type`, if one is near (difflib's
+    ratio at least CLOSE: a letter or two apart, as a misspelling is):
     mlx-lm's model files that build experts (as tests/test_coverage.py finds them: each streams
     or is REFUSED) and the names mlx-lm remaps onto them."""
     if not isinstance(model_type, str):
@@ -114,5 +116,5 @@ def closest_streaming(model_type: object) -> str | None:
         if path.stem != "switch_layers" and MOE_SOURCE.search(path.read_text())
     } - set(REFUSED)
     names = files | {k for k, v in remapping_tables()[0].items() if v in files}
-    close = difflib.get_close_matches(model_type, sorted(names), n=1)
+    close = difflib.get_close_matches(model_type, sorted(names), n=1, cutoff=CLOSE)
     return close[0] if close else None

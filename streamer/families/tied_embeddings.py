@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten
 
 # model_types whose transformers model never ties its lm_head to the embeddings, whatever
 # tie_word_embeddings says, and whose mlx-lm model ties where it says so (transformers'
-# bailing_hybrid is the same: transformers_models.py reads its config as published)
+# bailing_hybrid is the same: transformers/renamed_models.py reads its config as published)
 NEVER_TIED = {"kimi_linear"}
 
 LM_HEAD = "lm_head.weight"

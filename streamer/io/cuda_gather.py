@@ -1,7 +1,7 @@
 """A layer call's routed experts gathered on the GPU, from the slot pool or the pinned files.
 
 On MLX's CUDA backend the slot path's cost is not the bytes but the host sync each MoE layer
-needs to learn its routing (48 a token on a Qwen3-30B-A3B-shaped model: bench/README.md). When
+needs to learn its routing (48 a token on a Qwen3-30B-A3B-shaped model: bench/findings.md). When
 every expert file of a layer is page-locked whole and mapped into the GPU's address space
 (`cudaHostRegister` with the mapped flag: io/cuda_copy.py, "pinned"), the GPU can read a miss
 itself: one kernel takes each routed expert's tensors from its slot when the layer's slot table

@@ -3,10 +3,14 @@
 A file overwritten in place while the model streams from it (a download's shard fetched again, a
 repacked expert file rewritten, same size, other bytes) changes what the experts compute, and
 nothing else would say so: the mapped path sees the new page-cache bytes, the slot path reads
-them. Every layer call therefore stats its files by name and compares what it finds with what the
-open descriptor was at load (device, inode, size, modification time): a change is noticed at the
-next layer call that reads the file, within the token it happened in, and generation stops with
-one line naming the file. A stat is a few microseconds, a layer call milliseconds.
+them. Every layer call therefore stats the open descriptor (fstat, not the path) and compares its
+size and modification time with what they were at load: a change is noticed at the next layer
+call that reads the file, within the token it happened in, and generation stops with one line
+naming the file. A stat is a few microseconds, a layer call milliseconds.
+
+The path is not what is watched: a folder deleted, or a file replaced by a new one (a repack into
+the same path, `os.replace`), leaves the open file's bytes as they were, and the model runs on
+them to the end, as it would had it read them all at load.
 
 A write that keeps the size and restores the time (`touch -r`) is not seen here; `--verify-reads`
 checks each expert's crc32 as its bytes come from disk.
@@ -20,21 +24,22 @@ from pathlib import Path
 
 
 class FileWatch:
-    """What a file was when it was opened, to tell whether the name still holds those bytes."""
+    """What an open file was when it was opened, to tell whether its bytes changed since."""
 
     def __init__(self, path: Path, fd: int):
         self.path = Path(path)
-        self._name = os.fspath(path)  # stat by str: a Path converts itself on every call
+        self._fd = fd
         self._was = _identity(os.fstat(fd))
 
     def change(self) -> str | None:
-        """How the file at `path` differs from the one opened, in words; None if it does not."""
+        """How the open file differs from what it was when opened, in words; None if it does
+        not."""
         try:
-            now = _identity(os.stat(self._name))
-        except OSError as e:
-            return f"was removed or renamed ({e.strerror or e})"
-        if now[:2] != self._was[:2]:
-            return "was replaced by another file"
+            now = _identity(os.fstat(self._fd))
+        except OSError as e:  # closed: the model was closed under the run
+            return f"was closed ({e.strerror or e})"
+        if now[:2] != self._was[:2]:  # its number now names another file: closed and reused
+            return "was closed"
         if now[2] != self._was[2]:
             return f"changed size ({self._was[2]} bytes, now {now[2]})"
         if now[3] != self._was[3]:

@@ -142,7 +142,7 @@ def advise(address: int, advice: int, offset: int, length: int) -> None:
 
 def populate(address: int, offset: int, length: int) -> bool:
     """Map a range into this process's page tables now, waiting for any read in flight, so the
-    compute does not take a page fault per OS page (bench/README.md has the measured gain).
+    compute does not take a page fault per OS page (bench/findings.md has the measured gain).
     False where the OS has no such call (macOS)."""
     global _MADV_POPULATE_READ
     if _MADV_POPULATE_READ is None:
@@ -171,7 +171,7 @@ class Residency:
     """mincore(2): which pages of mapped ranges are in the page cache, many ranges per call.
 
     Each range is asked on its own (one call over the gaps between routed experts would make the
-    kernel check pages no expert of the call uses, and it costs per page: bench/README.md), from
+    kernel check pages no expert of the call uses, and it costs per page: bench/findings.md), from
     one loop over page spans made once, and the answer is counted in numpy only where some page
     is missing, so a layer call with many routed ranges (9 per expert in a download) costs
     little more than its OS calls. The page vector is kept between calls."""

@@ -27,18 +27,18 @@ def backend() -> str:
     return "cuda" if mx.cuda.is_available() else "metal"
 
 
-def read_path_for_backend(read_path: str | None) -> tuple[str, str]:
+def read_path_for_backend(read_path: object, name: str = "read_path") -> tuple[str, str]:
     """The read path to use and why. A GPU gets the slot pool: on Metal a no-copy buffer over a
     mapped file is wired whole on first GPU use, and MLX's CUDA backend cannot read a mapped file
     at all (an illegal memory access). The CPU computes in place on the mapped files (measured
-    fastest there) unless asked otherwise."""
+    fastest there) unless asked otherwise. Decided once, in options.load_options."""
     where = backend()
     if read_path is None:
         if where == "cpu":
             return "mapped", "the CPU default: computed in place on the mapped files"
         return "slots", f"the {where} default: the GPU sees only the bounded slot pool"
     if read_path not in READ_PATHS:
-        raise StreamerError(f"read_path must be one of {', '.join(READ_PATHS)}, not {read_path!r}.")
+        raise StreamerError(f"{name} must be one of {', '.join(READ_PATHS)}, not {read_path!r}.")
     if read_path == "mapped" and where == "cuda":
         raise StreamerError(
             'read_path="mapped" does not run on MLX\'s CUDA backend (the GPU cannot read a mapped '

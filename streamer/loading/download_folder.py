@@ -21,6 +21,7 @@ import mlx.nn as nn
 from ..errors import StreamerError
 from ..families.architectures import (
     build_model,
+    check_streams,
     expert_container_of,
     expert_containers,
     quantize_like_mlx_lm,
@@ -70,6 +71,7 @@ def open_download(folder: Path | str) -> tuple[Download, nn.Module, dict[str, mx
         config = normalize_config(ckpt.config)
         where = folder / "config.json"
         if "quantization" not in ckpt.config:
+            check_streams(ckpt.config, where)  # a dense model is told so, not to repack
             raise StreamerError(
                 f"{where}: this checkpoint is not MLX-quantized (no quantization in config.json), "
                 "so it cannot stream in place: run "

@@ -29,6 +29,9 @@ ALLOW_PATTERNS = [
     "*.jsonl",
     "*.jinja",
 ]
+# Files of a download written for people, which no loader reads: a broken link to one (its blob
+# never fetched, or removed) is no damage to the model.
+FOR_PEOPLE = ["README*", "LICENSE*", "LICENCE*", "NOTICE*", "COPYING*", "USE_POLICY*", "*.md"]
 
 
 class NotDownloaded(StreamerError):
@@ -104,13 +107,22 @@ def cache_damage(cache: Path, name: str) -> str | None:
     snapshot = repo / "snapshots" / commit
     if not commit:
         return f"{ref} is empty: it names no snapshot"
-    if not snapshot.is_dir():
-        return f"{ref} names snapshot {commit}, which is not in {snapshot.parent}"
+    if commit in (".", "..") or Path(commit).name != commit or not snapshot.is_dir():
+        return f"{ref} names snapshot {commit!r}, which is not in {snapshot.parent}"
     for link in sorted(snapshot.rglob("*")):
-        wanted = any(fnmatch.fnmatch(link.name, p) for p in ALLOW_PATTERNS)
-        if wanted and link.is_symlink() and not link.exists():
+        if needed(link.name) and link.is_symlink() and not link.exists():
             return f"{link} is a symbolic link to {os.readlink(link)}, which is missing"
     return None
+
+
+def needed(name: str) -> bool:
+    """Whether a file named `name` is one a lookup expects (mlx-lm's patterns), not a file for
+    people (a README, a LICENSE.txt)."""
+    return _matches(name, ALLOW_PATTERNS) and not _matches(name, FOR_PEOPLE)
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
 
 
 def model_path(name: str | Path) -> Path:
@@ -122,14 +134,20 @@ def model_path(name: str | Path) -> Path:
 
 
 def needs_repack(folder: Path) -> bool:
-    """Whether `folder` is a download that is not MLX-quantized (it cannot stream in place)."""
+    """Whether `folder` is a download that is not MLX-quantized (it cannot stream in place); one
+    that cannot stream at all, repacked or not (a dense model), is refused."""
     from ..io.json_file import read_json_object
     from .download_folder import is_download
 
     if not is_download(folder):
         return False
     config = read_json_object(folder / "config.json", "download config.json again.")
-    return "quantization" not in config
+    if "quantization" in config:
+        return False
+    from ..families.architectures import check_streams
+
+    check_streams(config, folder / "config.json")  # a dense model is told so, not to repack
+    return True
 
 
 def streamable(name: str | Path) -> Path:

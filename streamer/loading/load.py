@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..arguments import check_flag, parse_dtype, parse_size
 from ..cache.budget import check_budget
 from ..errors import StreamerError
 from ..experts import StreamingExperts
@@ -32,16 +31,12 @@ from ..io.tensor_crcs import verify_resident
 from ..parallel.group import expert_shares
 from ..stats import ExpertStats
 from .assembly import apply_budget, load_resident
-from .backend import (
-    check_backend_computes,
-    check_model_kernels,
-    default_dtype,
-    read_path_for_backend,
-)
+from .backend import check_backend_computes, check_model_kernels
 from .download_folder import is_download
 from .handle import Streaming, compute_dtype, release
 from .hub import is_repo_id, streamable
 from .manifest_layers import check_layer, quantized
+from .options import LoadOptions, load_options
 from .tokenizer import load_tokenizer
 
 if TYPE_CHECKING:  # mlx_lm.tokenizer_utils imports transformers: seconds, paid where a
@@ -85,49 +80,44 @@ def load(
     Every rank must call load, and then run the same computations in the same order.
     `checksums`: a download's checksum sidecar, if not the default one (io/checksums.py).
     """
+    options = load_options(
+        memory_budget=memory_budget,
+        dtype=dtype,
+        read_path=read_path,
+        bypass_page_cache=bypass_page_cache,
+        verify_reads=verify_reads,
+        trust_remote_code=trust_remote_code,
+        group=group,
+        checksums=checksums,
+    )
+    return load_decided(path, options)
+
+
+def load_decided(path: str | Path, options: LoadOptions) -> tuple[nn.Module, TokenizerWrapper]:
+    """`load` with its options already decided (the CLI decides them from its flags)."""
     if not isinstance(path, (str, os.PathLike)):
         raise StreamerError(f"path must be a folder name (str or Path), got {path!r}.")
     folder = streamable(path) if is_repo_id(path) else Path(path)  # org/name: pulled or cached
-    if memory_budget is not None:
-        memory_budget = parse_size(memory_budget, "memory_budget")
-    dtype = parse_dtype(dtype)
-    check_flag(verify_reads, "verify_reads")
-    check_flag(trust_remote_code, "trust_remote_code")
-    check_flag(bypass_page_cache, "bypass_page_cache")
-    if checksums is not None and not isinstance(checksums, (str, os.PathLike)):
-        raise StreamerError(f"checksums must be a file name (str or Path), got {checksums!r}.")
-    if checksums is not None and not os.path.isfile(checksums):
-        raise StreamerError(f"checksums {checksums}: no such file (None: the default sidecar).")
-    if group is not None and not isinstance(group, mx.distributed.Group):
-        raise StreamerError(
-            f"group must be an mx.distributed group (mx.distributed.init()), got {group!r}."
-        )
     check_utf8_path(folder, "the model folder")
     check_tmpdir()
     if is_download(folder):
-        if group is not None:
+        if options.group is not None:
             raise StreamerError(
                 f"{folder} is a download: expert-parallel runs need a repacked folder on every "
                 "rank. Run `streamer repack` (and `streamer split` for each rank's share) first."
             )
         from .load_in_place import load_in_place
 
-        return load_in_place(
-            folder,
-            memory_budget=memory_budget,
-            dtype=dtype,
-            verify_reads=verify_reads,
-            trust_remote_code=trust_remote_code,
-            checksums=checksums,
-            read_path=read_path,
-            bypass_page_cache=bypass_page_cache,
-        )
+        return load_in_place(folder, options)
+    dtype, verify_reads, group = options.dtype, options.verify_reads, options.group
+    read_path, why = options.read_path, options.read_path_why
+    memory_budget = options.memory_budget
     manifest = read_manifest(folder)
     folder_lock = lock_for_reading(folder)  # held while the model lives: `repack --force` refuses
     check_folder_files(folder, "a file of the repacked model")
     check_files(folder, manifest)
     config = check_config(manifest.config, folder / MANIFEST_FILE)
-    tokenizer = load_tokenizer(folder, trust_remote_code)  # before the slow part: fail fast
+    tokenizer = load_tokenizer(folder, options.trust_remote_code)  # before the slow part: fail fast
     resident_path = folder / RESIDENT_FILE
     names = read_header(resident_path)  # clear errors for a truncated or corrupt file
     if set(names) != set(manifest.resident_crc32):
@@ -144,12 +134,10 @@ def load(
             f"{folder / MANIFEST_FILE} lists MoE layers {modules[:3]}... but the model has "
             f"{list(containers)[:3]}...: the manifest does not match its config; repack the model."
         )
-    dtype = dtype if dtype is not None else default_dtype()
     check_backend_computes(manifest.layers, dtype)
     check_model_kernels(model)
     if memory_budget is not None:
         check_budget(manifest, memory_budget, dtype)
-    read_path, why = read_path_for_backend(read_path)
     layouts = [repacked_layout(folder, i, layer) for i, layer in enumerate(manifest.layers)]
     files = open_repacked(folder, manifest) if read_path == "mapped" else None
     pools = []
@@ -159,7 +147,14 @@ def load(
         )
         checksums = [layer.expert_crc32 for layer in manifest.layers] if verify_reads else None
         residency, pools = apply_budget(
-            read_path, manifest, layouts, layers, memory_budget, dtype, checksums, bypass_page_cache
+            read_path,
+            manifest,
+            layouts,
+            layers,
+            memory_budget,
+            dtype,
+            checksums,
+            options.bypass_page_cache,
         )
     except BaseException:
         release(pools, files, folder_lock)

@@ -12,7 +12,6 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache.budget import check_budget
@@ -26,41 +25,28 @@ from ..io.integrity import file_stat, stat_change
 from ..io.lock import lock_download_for_reading
 from ..stats import ExpertStats
 from .assembly import apply_budget, load_resident
-from .backend import (
-    check_backend_computes,
-    check_model_kernels,
-    default_dtype,
-    read_path_for_backend,
-)
+from .backend import check_backend_computes, check_model_kernels
 from .download_folder import Download, layouts, open_download
 from .handle import Streaming, compute_dtype, release
+from .options import LoadOptions
 from .tokenizer import load_tokenizer
 
 if TYPE_CHECKING:  # transformers comes with it: imported where the tokenizer is built
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
-def load_in_place(
-    folder: Path,
-    *,
-    memory_budget: int | None,
-    dtype: mx.Dtype | None,
-    verify_reads: bool,
-    trust_remote_code: bool,
-    checksums: str | Path | None = None,
-    read_path: str | None = None,
-    bypass_page_cache: bool = False,
-) -> tuple[nn.Module, TokenizerWrapper]:
-    """streamer.load for a download folder (see model.load). `checksums`: the sidecar, by
+def load_in_place(folder: Path, options: LoadOptions) -> tuple[nn.Module, TokenizerWrapper]:
+    """streamer.load for a download folder (see load.load). `options.checksums`: the sidecar, by
     default under the user cache folder; used, when it exists, to refuse shards changed since it
     was recorded, and needed by `verify_reads`."""
-    read_path, why = read_path_for_backend(read_path)
+    read_path, why = options.read_path, options.read_path_why
+    memory_budget, dtype, verify_reads = options.memory_budget, options.dtype, options.verify_reads
+    checksums = options.checksums
     lock = lock_download_for_reading(folder)  # `repack --delete-source` refuses while held
     try:
         download, model, resident = open_download(folder)
         sidecar = Path(checksums) if checksums is not None else default_sidecar(folder)
         recorded = _recorded(download, sidecar, verify_reads)
-        dtype = dtype if dtype is not None else default_dtype()
         check_backend_computes(download.layers, dtype)
         check_model_kernels(model)
         if memory_budget is not None:
@@ -104,9 +90,16 @@ def load_in_place(
         )
         layers = list(streaming.values())
         residency, pools = apply_budget(
-            read_path, download, placed, layers, memory_budget, dtype, crcs, bypass_page_cache
+            read_path,
+            download,
+            placed,
+            layers,
+            memory_budget,
+            dtype,
+            crcs,
+            options.bypass_page_cache,
         )
-        tokenizer = load_tokenizer(folder, trust_remote_code)
+        tokenizer = load_tokenizer(folder, options.trust_remote_code)
     except BaseException:
         release(pools, files, lock)
         raise

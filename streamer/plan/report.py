@@ -78,7 +78,7 @@ class ModelPlan:
         return lines
 
     def in_place_line(self) -> str:
-        """What streaming the download without a repack costs, measured (bench/README.md, "The
+        """What streaming the download without a repack costs, measured (bench/findings.md, "The
         host's work per layer call"): nothing on the slot path; on the mapped path a residency
         check per range in each synced layer call."""
         n = self.in_place_ranges

@@ -14,13 +14,14 @@ from pathlib import Path
 from .api import Sampling
 
 
-def open_model(folder: Path, group=None, **load_options):
+def open_model(folder: Path, options):
     """The model, its tokenizer and its context length in tokens (None if config.json has none);
-    `group`: this rank's share of an expert-parallel group (streamer/server/group_engine.py);
-    `load_options`: streamer.load's keywords (memory_budget, read_path, ...)."""
-    from ..loading.load import load
+    `options`: the load's decided options (loading/options.py), its group this rank's share of an
+    expert-parallel group (streamer/server/group_engine.py)."""
+    from ..loading.load import load_decided
 
-    model, tokenizer = load(folder, group=group, **load_options)
+    model, tokenizer = load_decided(folder, options)
+    group = options.group
     if group is None or group.rank() == 0:
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     return model, tokenizer, model.streamer.context_length

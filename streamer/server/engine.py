@@ -25,6 +25,7 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from ..errors import StreamerError
 from ..generate import check_kv_cache_quantizes, stream_generate
 from ..run_stats import RunStats, settled
 from .api import Completion
@@ -155,7 +156,7 @@ class Engine:
             except ApiError as e:
                 job.events.put(e)
             except Exception as e:  # the server keeps serving; the request learns why it failed
-                log.exception("generation failed")
+                log.error("generation failed: %s", e, exc_info=not isinstance(e, StreamerError))
                 job.events.put(ApiError(500, f"generation failed: {e}"))
 
     def _generate(self, job: Job, stream) -> None:
@@ -228,9 +229,7 @@ class Engine:
                 trim_prompt_cache(cache, 1)
                 return cache, prompt[-1:]
             cache = None
-        if cache is None:
-            return make_prompt_cache(self.model), prompt
-        return cache, rest
+        return (make_prompt_cache(self.model), prompt) if cache is None else (cache, rest)
 
     def _keep_cache(self, tokens: list[int], cache: list) -> None:
         # every token stream_generate yielded has been fed to the model (it computes one step
