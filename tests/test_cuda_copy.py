@@ -203,9 +203,8 @@ def test_cuda_misses_come_from_the_way_the_environment_names(tmp_path, monkeypat
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda_runtime, "CudaRuntime", lambda: made.append(1) or FakeRuntime())
     for way, page_cache, kind in [
-        (None, True, StagedCopies),  # "staged": only its buffers held, whatever the budget
+        (None, True, MappedCopies),  # "gathered"
         ("staged", True, StagedCopies),
-        ("gathered", True, MappedCopies),
         ("gathered", False, StagedCopies),  # reads around the page cache: nothing to map
         ("mapped", True, MappedCopies),
         ("registered", True, MappedCopies),
@@ -218,9 +217,9 @@ def test_cuda_misses_come_from_the_way_the_environment_names(tmp_path, monkeypat
             monkeypatch.setenv("STREAMER_CUDA_MISSES", way)
         landing = landing_for(TENSORS, 2, page_cache)
         assert type(landing) is kind
-        lock = {"mapped": "none", "registered": "copy", "pinned": "file", "gathered": "file"}
-        assert getattr(landing, "_lock", None) == (lock.get(way) if page_cache else None)
-        assert getattr(landing, "gathers", False) == (way == "gathered" and page_cache)
+        lock = {"mapped": "none", "registered": "copy", "pinned": "file", None: "file"}.get(way)
+        assert getattr(landing, "_lock", None) == (lock if page_cache else None)
+        assert getattr(landing, "gathers", False) == (way is None and page_cache)
         landing.close()
     monkeypatch.setenv("STREAMER_CUDA_MISSES", "fast")
     with pytest.raises(StreamerError, match="STREAMER_CUDA_MISSES='fast': use one of staged"):
@@ -241,8 +240,9 @@ def test_a_pool_on_cuda_moves_its_pages_to_the_gpu_once(monkeypatch):
 
     monkeypatch.setattr(cuda_runtime, "CudaRuntime", Moves)
     tensor = TENSORS[0]
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.cpu))
     slot_memory.allocate(3, tensor)
-    assert moved == []  # this CPU
+    assert moved == []  # not computing on a CUDA GPU
     monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
     monkeypatch.setattr(

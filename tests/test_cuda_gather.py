@@ -80,7 +80,7 @@ def test_a_pool_holds_no_host_memory_and_reads_right(tmp_path, monkeypatch):
     """The pool's managed pages are moved to the GPU when it is made (cache/slot_memory.py): the
     process does not grow by the pool (built from numpy, it grew by all of it, counted as file
     pages of the driver's mapping), and staged misses still land in their slots."""
-    monkeypatch.delenv("STREAMER_CUDA_MISSES", raising=False)  # staged, the default
+    monkeypatch.setenv("STREAMER_CUDA_MISSES", "staged")
     before = _rss()
     pool, truth = pool_over(tmp_path, slots=16384)  # 256 MiB for its largest tensor
     assert pool.nbytes > 256 << 20 and _rss() - before < pool.nbytes // 8

@@ -189,9 +189,9 @@ def test_forward_passes_built_before_either_is_evaluated(float32_model):
 
 
 def test_the_slot_path_never_maps_an_expert_file(float32_model, monkeypatch):
-    """Reads go into the slots (on CUDA: through pinned staging, the default; the other ways
-    map the files read-only for the copy engine and the gather kernel, cache/landing.py)."""
-    monkeypatch.delenv("STREAMER_CUDA_MISSES", raising=False)
+    """Reads go into the slots (on CUDA: through pinned staging, asked for here; its default
+    maps the files read-only for the copy engine and the gather kernel, cache/landing.py)."""
+    monkeypatch.setenv("STREAMER_CUDA_MISSES", "staged")
     _, folder = float32_model
     model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
     streamer.generate(model, tokenizer, PROMPT, max_tokens=4)

@@ -4,16 +4,15 @@ On Metal the pool is unified memory and the CPU backend's is host memory: a miss
 into its slot. On CUDA the pool is managed memory, which the CPU's stores migrate page by page:
 there the copy engine writes the slot, from a pinned staging buffer a miss was read into, or
 (`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/findings.md).
-STREAMER_CUDA_MISSES picks one on CUDA: "staged" (the default), "mapped", "registered"
-(page-locked for each copy), "pinned" (whole files page-locked while half the RAM holds them) or
-"gathered" (pinned, and mapped for kernels too, so that a decode call's misses are read by the GPU
+STREAMER_CUDA_MISSES picks one on CUDA: "staged", "mapped", "registered" (page-locked for each
+copy), "pinned" (whole files page-locked while half the RAM holds them) or "gathered" (the
+default: pinned, and mapped for kernels too, so that a decode call's misses are read by the GPU
 itself with no host sync: io/cuda_gather.py, experts/slots.py); benchmarks compare them side by
-side. Staged is the default because it alone keeps the memory budget: the GPU can read only
-page-locked host memory, so a decode with no sync needs every expert file locked whole, and the
-process then holds every expert's bytes in RAM whatever the budget (RssFile 17.6 GiB at a 2 GiB
-budget on the 48-layer model on an H200); the mapped ways keep each page a copy touched mapped.
-Staging holds only its buffers. "gathered" is for a machine whose RAM holds the expert files
-anyway and that would rather have the speed (bench/findings.md measures both).
+side. The GPU reads only page-locked host memory, so the no-sync decode keeps every expert file
+it locked in RAM whatever the budget (RssFile 15.9 GiB on the 48-layer model at any budget on an
+H200); "staged" holds only its buffers (0.97-1.40 GiB) but syncs every layer call and decoded at
+0.06-0.21x of mlx-lm there against gathered's 0.32-0.63x (medium and uniform routing,
+bench/findings.md, issue 35).
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ def landing_for(tensors: Sequence, buffers: int, page_cache: bool = True) -> Lan
     from ..io.cuda_copy import MappedCopies, StagedCopies
     from ..io.cuda_runtime import CudaRuntime
 
-    way = os.environ.get("STREAMER_CUDA_MISSES", "staged")
+    way = os.environ.get("STREAMER_CUDA_MISSES", "gathered")
     if way not in CUDA_MISSES:
         raise StreamerError(f"STREAMER_CUDA_MISSES={way!r}: use one of {', '.join(CUDA_MISSES)}.")
     if way == "staged" or not page_cache:

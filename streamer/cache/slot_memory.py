@@ -88,10 +88,10 @@ def allocate(slots: int, t: SlotTensor) -> tuple[mx.array, np.ndarray]:
 
 def on_gpu(rows: np.ndarray) -> None:
     """A CUDA pool's managed pages moved to the GPU once, at allocation. Built from numpy, they
-    start in host memory: there they count in the process's RSS (the whole pool, as file-backed
-    pages of the driver's mapping), and every page a kernel first reads would be faulted over on
-    its own during decode, a cost that grows with the pool. Only the copy engine writes slots
-    there (cache/landing.py), which leaves the pages on the GPU."""
+    start in host memory, where they count in the process's RSS: the whole pool, as file-backed
+    pages of the driver's mapping (on an H200, 48 layers at a 7.6 GiB budget: RssFile 8.16 GiB
+    staged, 1.40 moved; decode as fast or faster, bench/findings.md). Only the copy engine
+    writes slots there (cache/landing.py), which leaves the pages on the GPU."""
     from ..io.cuda_runtime import CudaRuntime
 
     CudaRuntime().to_device(rows.ctypes.data, rows.nbytes)
