@@ -45,7 +45,8 @@ def rows(results: dict[str, dict]) -> list[str]:
         runs = result["runs"]
         base = results.get(tag.split("-")[0] + "-mlx_lm")
         ratio = "-"
-        if base is not None and rates(runs, "steady") and rates(base["runs"], "steady"):
+        mine_base = base is result  # mlx-lm's own row: no ratio
+        if not mine_base and base and rates(runs, "steady") and rates(base["runs"], "steady"):
             mine, theirs = rates(runs, "steady"), rates(base["runs"], "steady")
             ratio = f"{min(mine) / max(theirs):.2f}-{max(mine) / min(theirs):.2f}"
         h = hits(runs)
