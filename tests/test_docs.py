@@ -139,3 +139,32 @@ def test_the_bench_index_names_every_script():
     scripts = [p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")]
     missing = sorted(name for name in scripts if f"`{name}`" not in index)
     assert not missing, f"name these in bench/README.md's index of scripts: {missing}"
+
+
+# A section of the bench's documents named by its title: bench/findings.md, "Real shapes" (the
+# title may run over lines of a comment or docstring).
+SECTION = re.compile(r"bench/(README|findings)\.md,? \(?\"([^\"]+)\"")
+
+
+def test_every_bench_section_named_is_a_heading():
+    """A bench section the code or the docs name by its title begins a heading of that document."""
+    headings = {
+        name: [
+            line.lstrip("#").strip()
+            for line in (ROOT / "bench" / f"{name}.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("#")
+        ]
+        for name in ("README", "findings")
+    }
+    texts = [*SOURCES, *sorted((ROOT / "fixtures").rglob("*.py")), *DOCUMENTS]
+    named = [
+        (path, name, re.sub(r"\s*\n\s*(#\s*)?", " ", quoted))  # one line, comment marks gone
+        for path in texts
+        for name, quoted in SECTION.findall(path.read_text(encoding="utf-8"))
+    ]
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: bench/{name}.md, {title!r}"
+        for path, name, title in named
+        if not any(heading.startswith(title) for heading in headings[name])
+    )
+    assert not missing, "these name bench sections no heading begins with:\n" + "\n".join(missing)
