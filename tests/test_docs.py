@@ -56,17 +56,33 @@ def test_every_folder_has_its_group():
 
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BENCH_DOCUMENTS = [ROOT / "bench" / "README.md", ROOT / "bench" / "findings.md"]
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def anchors(document: Path) -> set[str]:
+    """The anchors of a Markdown document's headings, as GitHub makes them."""
+    text = document.read_text(encoding="utf-8")
+    titles = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")]
+    return {re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in titles}
+
+
+def broken(document: Path, target: str) -> bool:
+    """Whether a link of `document` to `target` (path, path#anchor or #anchor) leads nowhere."""
+    path, _, anchor = target.partition("#")
+    linked = document.parent / path if path else document
+    if not linked.exists():
+        return True
+    return bool(anchor) and linked.suffix == ".md" and anchor not in anchors(linked)
+
+
+@pytest.mark.parametrize("document", DOCUMENTS + BENCH_DOCUMENTS, ids=lambda p: p.name)
 def test_every_linked_file_exists(document):
     """Markdown links to files of the repository ([text](path) or path#anchor) resolve, from the
-    document's own folder; links to the web are not followed."""
-    text = document.read_text(encoding="utf-8")
-    targets = re.findall(r"\]\(([^)\s]+)\)", text)
-    local = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+:", t) and t[:1] != "#"]
-    missing = sorted({t for t in local if t and not (document.parent / t).exists()})
-    assert not missing, f"{document.name} links to files that do not exist: {missing}"
+    document's own folder, and an anchor into a Markdown file is one of its headings; links to
+    the web are not followed."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", document.read_text(encoding="utf-8"))
+    missing = sorted({t for t in targets if not re.match(r"[a-z]+:", t) and broken(document, t)})
+    assert not missing, f"{document.name} links to files or headings that do not exist: {missing}"
 
 
 def test_the_readme_links_every_document():
