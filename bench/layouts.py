@@ -43,7 +43,9 @@ def scenario_layouts(models, args, disk: dict) -> dict:
         for name, (_, files) in layouts.items():
             log(f"[bench] layouts warm round {r + 1}/{args.rounds}: {name}")
             pagecache.warm(files)
-            extra = ["--routing", str(args.routing_tokens), "--keep-trace"] if not trace else []
+            extra = (
+                ["--routing-steps", str(args.routing_tokens), "--keep-trace"] if not trace else []
+            )
             warm[name].append(run(name, "--warmup", *extra))
             trace = trace or warm[name][-1].get("routing", {}).get("trace")
     out["warm"] = {name: summarize(w, models, disk["read_gbps"]) for name, w in warm.items()}

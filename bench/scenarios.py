@@ -63,7 +63,9 @@ def scenario_warm(models: Models, args: argparse.Namespace, disk: dict) -> dict:
             log(f"[bench] round {r + 1}/{args.rounds}: mlx-lm resident")
             pagecache.warm(models.checkpoint_files)
             extra = (
-                ["--routing", str(args.routing_tokens)] if r == 0 and args.routing_tokens else []
+                ["--routing-steps", str(args.routing_tokens)]
+                if r == 0 and args.routing_tokens
+                else []
             )
             baseline.append(worker("mlx_lm", models, *common_args(args), "--warmup", *extra))
             routing = routing or baseline[-1].get("routing")

@@ -2,6 +2,12 @@
 
     python bench/worker.py streamer DIR   --prompt-tokens 32 --decode-tokens 32 --repeats 3
     python bench/worker.py mlx_lm   DIR   ...
+    python bench/worker.py streamer DIR   --routing medium --decode-tokens 500 --repeats 2
+
+`--routing PROFILE` replaces every MoE layer's router by the routing model's (profile_routing.py:
+the same experts at the same (layer, position) in both engines); each run is a prompt of its own
+(a new working set), and its first COLD_TOKENS decode tokens are reported apart ("cold": rate
+and, for streamer, traffic) from the rest ("steady").
 
 `streamer` loads a repacked folder with streamer.load (experts streamed); `mlx_lm` loads the MLX
 checkpoint fully resident with mlx_lm.utils.load_model. Both compute in float32 on CPU and decode
@@ -25,10 +31,12 @@ from memory_sampler import MemorySampler
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 from pagecache import drop
+from profile_routing import install
+from routing_model import COLD_TOKENS, PROFILES
 from routing_profile import routing_profile
 
 from streamer.loading.handle import streaming
-from streamer.stats import peak_rss_bytes
+from streamer.run_stats import peak_rss_bytes
 
 ENGINES = ("streamer", "mlx_lm")
 
@@ -94,16 +102,19 @@ def run_once(
     temp: float = 1.0,
     cold_decode: list | None = None,
 ) -> dict:
-    """Time one generation: TTFT, then the decode rate over the remaining tokens."""
+    """Time one generation: TTFT, then the decode rate over the remaining tokens, and over the
+    first COLD_TOKENS of them ("cold") and the rest ("steady") apart."""
     stats = engine_stats(model)
     if stats is not None:
         stats.reset()
-    times = []
+    times, cold = [], None
     start = time.perf_counter()
     for _ in tokens(model, prompt, decode_tokens, temp):
         times.append(time.perf_counter())
         if len(times) == 1:
             ttft = times[0] - start
+        if len(times) == COLD_TOKENS + 1:
+            cold = traffic(model)
         if len(times) == 1 and cold_decode is not None:
             drop(
                 *cold_decode
@@ -118,8 +129,24 @@ def run_once(
         "decode_s": times[-1] - times[0],
         "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else None,
     }
-    result["traffic"] = traffic(model)
+    result["traffic"] = counts = traffic(model)
+    if len(times) > COLD_TOKENS + 1:
+        steady = counts and {k: v - cold["decode"][k] for k, v in counts["decode"].items()}
+        result["cold"] = phase(times[: COLD_TOKENS + 1], cold and cold["decode"])
+        result["steady"] = phase(times[COLD_TOKENS:], steady)
     return result
+
+
+def phase(times: list[float], decode: dict | None) -> dict:
+    """The decode rate over `times` (a step's end each), streamer's decode traffic and slot hits."""
+    out = {
+        "decode_tokens": len(times) - 1,
+        "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]),
+    }
+    if decode is not None:
+        routed = decode["cache_hits"] + decode["experts_read"]
+        out.update(decode=decode, hits=decode["cache_hits"] / routed if routed else None)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -138,7 +165,14 @@ def main(argv: list[str] | None = None) -> None:
         "--cold-decode", action="store_true", help="drop the expert files after the first token"
     )
     ap.add_argument(
-        "--routing", type=int, default=0, help="then profile routing over this many decode steps"
+        "--routing", choices=PROFILES, help="the routing model's profile in place of the routers"
+    )
+    ap.add_argument("--routing-seed", type=int, default=0, help="the routing model's seed")
+    ap.add_argument(
+        "--routing-steps",
+        type=int,
+        default=0,
+        help="then profile routing over this many decode steps",
     )
     ap.add_argument(
         "--temp", type=float, default=1.0, help="sampling temperature (seeded; 0: greedy)"
@@ -164,6 +198,15 @@ def main(argv: list[str] | None = None) -> None:
     load_s = time.perf_counter() - start
     if args.profile:
         engine_stats(model).profile = True
+    positions = install(model, args.routing, args.routing_seed) if args.routing else None
+
+    def prompt(n: int, index: int) -> mx.array:
+        """Prompt `index` of n tokens; with --routing, its routing starts (enough positions for
+        every forward pass of the run)."""
+        if positions is not None:
+            positions.start(index, n + args.decode_tokens + 2)
+        return prompt_ids(n, seed=index if positions is not None else 0)
+
     print(f"[{args.engine}] loaded in {load_s:.1f} s", file=sys.stderr, flush=True)
     cold = None
     if args.cold_decode:
@@ -171,12 +214,12 @@ def main(argv: list[str] | None = None) -> None:
         # the files the experts are read from: a repack's expert files, or a download's shards
         cold = [handle.expert_paths, handle.evict]
     if args.warmup:
-        run_once(model, prompt_ids(8, seed=99), 4, temp=args.temp)
+        run_once(model, prompt(8, 10_000), 4, temp=args.temp)  # a prompt of its own
     runs = []
     for n in [int(x) for x in args.prompt_tokens.split(",")]:
         for _ in range(args.repeats):
             run = run_once(
-                model, prompt_ids(n), args.decode_tokens, temp=args.temp, cold_decode=cold
+                model, prompt(n, len(runs)), args.decode_tokens, temp=args.temp, cold_decode=cold
             )
             runs.append(run)
             rate = run["decode_tok_s"] or 0.0
@@ -185,11 +228,13 @@ def main(argv: list[str] | None = None) -> None:
                 file=sys.stderr,
                 flush=True,
             )
-    result = {"engine": args.engine, "load_s": load_s, "runs": runs}
-    if args.routing:
+    result = {"engine": args.engine, "load_s": load_s, "runs": runs, "routing_model": args.routing}
+    if args.routing_steps:
         config = json.loads((args.model / "config.json").read_text())
         num_experts = config.get("num_experts") or config["num_local_experts"]
-        steps = tokens(model, prompt_ids(32, seed=7), args.routing, args.temp, seed=1)
+        if positions is not None:
+            positions.start(20_000, 32 + args.routing_steps + 2)
+        steps = tokens(model, prompt_ids(32, seed=7), args.routing_steps, args.temp, seed=1)
         result["routing"] = routing_profile(model, steps, num_experts, args.keep_trace)
     sampler.stop()
     result.update(

@@ -80,29 +80,25 @@ class StaticLayers:
         return key[0] < self.layers, False, None
 
 
-class SlotLFU:
-    """LFU with aging for a slot pool, where every miss must get a slot (it is computed with).
+class _SlotPolicy:
+    """A slot pool's policy, where every miss must get a slot (it is computed with). Keys are ints
+    below `keys`; a call's misses take the empty slots first, then those of the lowest `_score`.
+    A slot holding a key of the current call is never a victim."""
 
-    Keys are ints below `keys`. Counts are kept for every key and halved every `half_life`
-    accesses, as in LFUAging; a call's misses take the empty slots first, then those of the least
-    frequently used keys. A slot holding a key of the current call is never a victim.
-    """
-
-    def __init__(self, slots: int, keys: int, half_life: int = 4096):
-        self.counts = np.zeros(keys)
+    def __init__(self, slots: int, keys: int):
         self.slot_key = np.full(slots, -1, dtype=np.int64)  # the key each slot holds, -1: empty
         self.slot_of = np.full(keys, -1, dtype=np.int64)  # the slot each key is in, -1: none
-        self.half_life = half_life
-        self._until_halving = half_life
+
+    def _score(self) -> np.ndarray:
+        """Per slot, how much it is worth keeping (only held slots' scores are read)."""
+        raise NotImplementedError
+
+    def _seen(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """A call's keys, now in `slots`."""
 
     def assign(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The slot of each key (distinct keys, at most as many as slots) and which are misses:
         those slots now belong to their new keys and must be filled before they are read."""
-        self._until_halving -= len(keys)
-        if self._until_halving <= 0:
-            self.counts /= 2
-            self._until_halving += self.half_life
-        self.counts[keys] += 1
         slots = self.slot_of[keys]
         miss = slots < 0
         wanted = np.count_nonzero(miss)
@@ -111,7 +107,7 @@ class SlotLFU:
             if len(empty) >= wanted:
                 victims = empty[:wanted]
             else:
-                score = np.where(self.slot_key >= 0, self.counts[self.slot_key], -1.0)
+                score = np.where(self.slot_key >= 0, self._score(), -1.0)
                 score[slots[~miss]] = np.inf  # routed in this call: never a victim
                 victims = np.argpartition(score, wanted - 1)[:wanted]
             evicted = self.slot_key[victims]
@@ -119,4 +115,43 @@ class SlotLFU:
             self.slot_key[victims] = keys[miss]
             self.slot_of[keys[miss]] = victims
             slots[miss] = victims
+        self._seen(keys, slots)
         return slots, miss
+
+
+class SlotLFU(_SlotPolicy):
+    """LFU with aging for a slot pool: counts are kept for every key and halved every
+    `half_life` accesses, as in LFUAging; misses evict the least frequently used keys."""
+
+    def __init__(self, slots: int, keys: int, half_life: int = 4096):
+        super().__init__(slots, keys)
+        self.counts = np.zeros(keys)
+        self.half_life = half_life
+        self._until_halving = half_life
+
+    def assign(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self._until_halving -= len(keys)
+        if self._until_halving <= 0:
+            self.counts /= 2
+            self._until_halving += self.half_life
+        self.counts[keys] += 1
+        return super().assign(keys)
+
+    def _score(self) -> np.ndarray:
+        return self.counts[self.slot_key]
+
+
+class SlotLRU(_SlotPolicy):
+    """Least recently used for a slot pool: misses evict the keys of the oldest calls."""
+
+    def __init__(self, slots: int, keys: int):
+        super().__init__(slots, keys)
+        self.last_call = np.zeros(slots)  # the call that last routed each slot's key
+        self._calls = 0
+
+    def _score(self) -> np.ndarray:
+        return self.last_call
+
+    def _seen(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        self._calls += 1
+        self.last_call[slots] = self._calls

@@ -11,6 +11,7 @@ import mlx.nn as nn
 
 from ..cache.budget import check_budget
 from ..errors import StreamerError
+from ..expert_traffic import ExpertStats
 from ..experts import StreamingExperts
 from ..experts.parallel import ExpertShare
 from ..families.architectures import (
@@ -29,14 +30,14 @@ from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, read_manifest
 from ..io.safetensors import read_header
 from ..io.tensor_crcs import verify_resident
 from ..parallel.group import expert_shares
-from ..stats import ExpertStats
-from .assembly import apply_budget, load_resident
+from .assembly import apply_residency, load_resident
 from .backend import check_backend_computes, check_model_kernels
 from .download_folder import is_download
 from .handle import Streaming, compute_dtype, release
 from .hub import is_repo_id, streamable
 from .manifest_layers import check_layer, quantized
 from .options import LoadOptions, load_options
+from .residency import available_memory, layer_shapes, plan_residency
 from .tokenizer import load_tokenizer
 
 if TYPE_CHECKING:  # mlx_lm.tokenizer_utils imports transformers: seconds, paid where a
@@ -56,7 +57,7 @@ def load(
     group: mx.distributed.Group | None = None,
     checksums: str | Path | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper]:
-    """Load a repacked model, or an MLX-quantized download in place (inplace.py): non-expert
+    """Load a repacked model, or an MLX-quantized download in place (load_in_place.py): non-expert
     weights resident, experts streamed from disk. `path` may be org/name (loading/hub.py).
 
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
@@ -146,23 +147,21 @@ def load_decided(path: str | Path, options: LoadOptions) -> tuple[nn.Module, Tok
             folder, manifest, config, model, containers, layouts, files, dtype, verify_reads, group
         )
         checksums = [layer.expert_crc32 for layer in manifest.layers] if verify_reads else None
-        residency, pools = apply_budget(
-            read_path,
-            manifest,
-            layouts,
-            layers,
+        plan = plan_residency(
+            layer_shapes(manifest.layers, layouts, dtype),
             memory_budget,
-            dtype,
-            checksums,
+            read_path,
+            why,
+            available_memory(),
             options.bypass_page_cache,
         )
+        pools = apply_residency(plan, layouts, layers, checksums)
     except BaseException:
         release(pools, files, folder_lock)
         raise
-    residency = f"{residency}; read path {read_path} ({why})"
     context = config.get("max_position_embeddings")
     model.streamer = Streaming(
-        residency,
+        plan,
         manifest,
         read_path,
         files,

@@ -1,6 +1,6 @@
 """Model assembly for a download streamed in place: an MLX-quantized checkpoint, no repack.
 
-The same layers, read paths, budget and handle as a repacked model (model.py); only where the
+The same layers, read paths, budget and handle as a repacked model (load.py); only where the
 experts lie differs (download.layouts: a handful of ranges per expert in the shards) and where the
 checksums come from (the sidecar `streamer verify DIR --record` writes, io/checksums.py). Nothing
 is written into the download folder.
@@ -16,6 +16,7 @@ import mlx.nn as nn
 
 from ..cache.budget import check_budget
 from ..errors import StreamerError
+from ..expert_traffic import ExpertStats
 from ..experts import StreamingExperts
 from ..families.architectures import expert_containers, replace_modules
 from ..io.checkpoint import Checkpoint
@@ -23,12 +24,12 @@ from ..io.checksums import Checksums, default_sidecar, read_checksums
 from ..io.expert_files import ExpertFiles
 from ..io.integrity import file_stat, stat_change
 from ..io.lock import lock_download_for_reading
-from ..stats import ExpertStats
-from .assembly import apply_budget, load_resident
+from .assembly import apply_residency, load_resident
 from .backend import check_backend_computes, check_model_kernels
 from .download_folder import Download, layouts, open_download
 from .handle import Streaming, compute_dtype, release
 from .options import LoadOptions
+from .residency import available_memory, layer_shapes, plan_residency
 from .tokenizer import load_tokenizer
 
 if TYPE_CHECKING:  # transformers comes with it: imported where the tokenizer is built
@@ -89,24 +90,22 @@ def load_in_place(folder: Path, options: LoadOptions) -> tuple[nn.Module, Tokeni
             ),
         )
         layers = list(streaming.values())
-        residency, pools = apply_budget(
-            read_path,
-            download,
-            placed,
-            layers,
+        plan = plan_residency(
+            layer_shapes(download.layers, placed, dtype),
             memory_budget,
-            dtype,
-            crcs,
+            read_path,
+            why,
+            available_memory(),
             options.bypass_page_cache,
         )
+        pools = apply_residency(plan, placed, layers, crcs)
         tokenizer = load_tokenizer(folder, options.trust_remote_code)
     except BaseException:
         release(pools, files, lock)
         raise
     context = download.config.get("max_position_embeddings")
-    residency = f"{residency}; read path {read_path} ({why})"
     handle = Streaming(
-        residency,
+        plan,
         download,
         read_path,
         files,

@@ -1,0 +1,132 @@
+"""bench/routing_model.py (the routing model fitted to published cache curves, and its replay) and
+bench/worker.py --routing (that model in place of both engines' routers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))  # scripts, not a package
+
+from routing_model import PROFILES, RoutingModel, overlap, replay  # noqa: E402
+
+RANGES = {  # hits at 25% of each layer's experts, per-layer LRU (issue 35)
+    "high": (0.70, 0.88),
+    "medium": (0.55, 0.82),
+    "low": (0.40, 0.65),
+    "uniform": (0.22, 0.28),
+}
+
+
+def test_the_check_interface():
+    """The command issue 35 names, exactly: one JSON object whose hits are keyed by the budgets
+    as given, every one a rate, never fewer with more cache."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [sys.executable, "bench/routing_model.py", "--profile", "medium", "--experts", "128"]
+    cmd += ["--top-k", "8", "--budgets", "0.125,0.25,0.5", "--policy", "lru"]
+    cmd += ["--tokens", "2000", "--json"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    hits = json.loads(proc.stdout)["hits"]
+    assert list(hits) == ["0.125", "0.25", "0.5"]
+    assert RANGES["medium"][0] < hits["0.25"] < RANGES["medium"][1]
+    assert hits["0.125"] <= hits["0.25"] <= hits["0.5"] < 1
+
+
+@pytest.mark.parametrize("profile", list(RANGES))
+def test_each_profile_in_its_range_and_monotonic(profile):
+    """Fewer layers than the check's 48 (layers are drawn independently: only the noise grows),
+    the same tokens; the range holds for two seeds."""
+    for seed in (0, 1):
+        model = RoutingModel(profile, 128, 8, layers=8, seed=seed)
+        result = replay(model, [0.125, 0.25, 0.5], "lru", tokens=2000, prompts=4)
+        low, high = RANGES[profile]
+        assert low < result["hits"][1] < high, (profile, seed, result)
+        assert result["hits"][0] <= result["hits"][1] <= result["hits"][2]
+        # the cold start of a prompt hits less than its steady state (uniform: no locality)
+        if profile != "uniform":
+            assert result["cold"][1] < result["steady"][1]
+
+
+def test_seeded_and_prefix_stable():
+    a = RoutingModel("high", 128, 8, layers=6, seed=3)
+    b = RoutingModel("high", 128, 8, layers=6, seed=3)
+    long = a.prompt(2, 100)
+    assert np.array_equal(long, b.prompt(2, 100))
+    assert np.array_equal(
+        long[:40], b.prompt(2, 40)
+    )  # a prompt's routing does not depend on length
+    assert not np.array_equal(long, a.prompt(3, 100))  # another prompt, another working set
+    assert not np.array_equal(long, RoutingModel("high", 128, 8, layers=6, seed=4).prompt(2, 100))
+    # k distinct experts per (token, layer), all valid
+    assert long.shape == (100, 6, 8)
+    assert all(len(set(row)) == 8 for row in long.reshape(-1, 8).tolist())
+    assert long.min() >= 0 and long.max() < 128
+
+
+def test_reuse_between_tokens_ordered_by_profile():
+    """Consecutive-token overlap: high (Qwen3-30B-A3B: about 45% published) above medium above
+    low, and uniform at chance (k / N)."""
+    share = {
+        name: overlap(RoutingModel(name, 128, 8, layers=8).prompt(0, 300)) for name in PROFILES
+    }
+    assert share["high"] > share["medium"] > share["low"] > share["uniform"]
+    assert abs(share["uniform"] - 8 / 128) < 0.02
+
+
+def test_pool_policies_replay_the_real_classes():
+    """The pool's policies replay through cache/policies.py, grouped as the slot pools are, and
+    also never lose hits with more slots."""
+    model = RoutingModel("medium", 128, 8, layers=12)
+    for policy in ("pool", "pool-lru", "lfu"):
+        hits = replay(model, [0.125, 0.25, 0.5], policy, tokens=600, prompts=2)["hits"]
+        assert 0 < hits[0] <= hits[1] <= hits[2] < 1, (policy, hits)
+
+
+def test_bad_budgets_are_one_line_errors():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for budgets in ("0.25,x", "0,0.5", "1.5"):
+        cmd = [sys.executable, "bench/routing_model.py", "--profile", "low", "--budgets", budgets]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0
+        assert "Traceback" not in proc.stderr and "--budgets" in proc.stderr
+
+
+def test_worker_routing_same_experts_in_both_engines(checkpoints):
+    """--routing's gates make mlx-lm's resident model and streamer's streamed one (a slot pool
+    smaller than the experts) route every prompt and decode position through the same experts:
+    the routing model's."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from profile_routing import install
+    from worker import load, prompt_ids
+
+    from streamer.families.architectures import recording_routing
+
+    src = checkpoints.mlx("qwen3_moe", dtype="float32")
+    traces = {}
+    for engine, folder in (("mlx_lm", src), ("streamer", checkpoints.repacked(src))):
+        model = load(engine, folder, memory_budget=1 << 16, read_path="slots")
+        positions = install(model, "high", seed=5)
+        positions.start(7, 6 + 5 + 2)
+        with recording_routing(model, prefill=True) as trace:
+            for _ in generate_step(prompt_ids(6, seed=7), model, max_tokens=5):
+                pass
+            mx.eval(model.parameters())
+        traces[engine] = [(layer, sorted(experts)) for layer, experts in trace]
+    assert traces["mlx_lm"] == traces["streamer"]
+    expected = positions.model.prompt(7, 6 + 5 + 2)  # [positions, layers, k]
+    for layer in range(expected.shape[1]):
+        routed = [experts for at, experts in traces["mlx_lm"] if at == layer]
+        assert len(routed) >= 6 + 4  # the prompt's positions, then each decode step's
+        assert routed == [sorted(e) for e in expected[: len(routed), layer].tolist()]
