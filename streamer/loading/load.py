@@ -46,7 +46,7 @@ def load(
     group: mx.distributed.Group | None = None,
     checksums: str | Path | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper]:
-    """Load a repacked model, or an MLX-quantized download in place (load_in_place.py): non-expert
+    """Load a repacked model, or an MLX-quantized download in place: non-expert
     weights resident, experts streamed from disk. `path` may be org/name (loading/hub.py).
 
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
