@@ -32,7 +32,7 @@ def load_resident(
     the error); then cast to `dtype` and evaluate. `weights` is emptied: an array it held would
     keep its data once evaluated, so each weight as read (bfloat16, before a cast to float32)
     would be held beside its cast until the load returned, freed then into the allocator's
-    fragments, not to the OS (bench/README.md, "Real shapes": 35-73 KB per expert)."""
+    fragments, not to the OS (bench/findings.md, "Real shapes": 35-73 KB per expert)."""
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
