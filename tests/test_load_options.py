@@ -30,7 +30,7 @@ BAD = [
 def test_bad_options_are_refused_before_any_file_is_read(checkpoints, monkeypatch, kwargs, message):
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     touched = []
-    for name in ("streamable", "is_download", "read_manifest", "check_utf8_path"):
+    for name in ("streamable", "is_download", "open_repacked_source", "open_download_source"):
         monkeypatch.setattr(loading, name, lambda *a, n=name: touched.append(n))
     for path in (folder, "no-such-org/no-such-model", "/nonexistent/folder"):
         with pytest.raises(StreamerError, match=message):
