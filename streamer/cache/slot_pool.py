@@ -38,7 +38,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
-from .landing import Landing, landing_for, unreadable
+from .landing import CUDA_MISSES_DEFAULT, Landing, landing_for, unreadable
 from .policies import SlotLFU
 from .settle import counted, gather_kernel, replay
 from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_slots
@@ -61,8 +61,10 @@ class SlotPool:
         layers: dict[int, LayerSource],
         chunk_bytes: int | None = CHUNK_BYTES,
         landing: Landing | None = None,
+        cuda_misses: str = CUDA_MISSES_DEFAULT,
     ):
-        """`landing`: None reads into the slots themselves, except on CUDA (`landing_for`)."""
+        """`landing`: None reads into the slots themselves, except on CUDA (`landing_for`, where
+        `cuda_misses` says where a miss's bytes come from)."""
         self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
@@ -90,7 +92,7 @@ class SlotPool:
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
         page_cache = all(f.direct_fd is None for source in layers.values() for f in source.files)
-        self._landing = landing or landing_for(self.tensors, READERS, page_cache)
+        self._landing = landing or landing_for(self.tensors, READERS, page_cache, cuda_misses)
 
     @property
     def arrays(self) -> list[mx.array]:
