@@ -13,8 +13,7 @@ read per expert, several in flight, no intermediate buffer), and the kernels the
 chunks' arrays with slot indices within the chunk. Victims are chosen by LFU with aging, never
 among the call's own experts. Where reads land is the pool's `landing`: the slot itself on Metal
 (unified memory) and the CPU; on CUDA, where the slots are managed memory that host stores
-migrate page by page, the copy engine writes the slot from pinned staging or the file's mapping
-(io/cuda_copy.py).
+migrate page by page, the copy engine writes it from pinned staging or the file's mapping.
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
@@ -63,8 +62,7 @@ class SlotPool:
         landing: Landing | None = None,
         cuda_misses: str = CUDA_MISSES_DEFAULT,
     ):
-        """`landing`: None reads into the slots themselves, except on CUDA (`landing_for`, where
-        `cuda_misses` says where a miss's bytes come from)."""
+        """`landing`: None reads into the slots, except on CUDA (`landing_for`: `cuda_misses`)."""
         self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
