@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 import streamer
+from fixtures.published_shapes import PUBLISHED_SHAPES
 
 TOKENIZER_CODE = '''
 import os
@@ -64,15 +65,7 @@ def test_a_model_type_transformers_does_not_know_with_rope_scaling(checkpoints, 
     shutil.copytree(checkpoints.hf("kimi_k2"), src)
     plain = mlx_lm.utils.load_tokenizer(src)
     config = json.loads((src / "config.json").read_text())
-    config["rope_scaling"] = {
-        "type": "yarn",
-        "factor": 32.0,
-        "beta_fast": 1.0,
-        "beta_slow": 1.0,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-        "original_max_position_embeddings": 4096,
-    }
+    config["rope_scaling"] = PUBLISHED_SHAPES["kimi-k2"]["rope_scaling"]  # yarn, factor 32
     (src / "config.json").write_text(json.dumps(config))
     tokenizer = load_tokenizer(src, trust_remote_code=False)
     assert type(tokenizer._tokenizer) is type(plain._tokenizer)
