@@ -23,6 +23,7 @@ BAD = [
     ({"read_path": "pool"}, "read_path must be one of slots, mapped"),
     ({"checksums": "/nonexistent/sums.json"}, "checksums /nonexistent/sums.json: no such file"),
     ({"group": "x"}, "group must be an mx.distributed group"),
+    ({"cuda_misses": "fast"}, "cuda_misses must be one of staged, mapped, registered, pinned"),
 ]
 
 
@@ -56,6 +57,7 @@ def test_options_are_decided_once_and_frozen():
         verify_reads=False,
         bypass_page_cache=False,
         group=None,
+        cuda_misses="gathered",
     )
 
 

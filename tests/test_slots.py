@@ -225,9 +225,11 @@ def test_forward_passes_built_before_either_is_evaluated(float32_model):
 def test_the_slot_path_never_maps_an_expert_file(float32_model, monkeypatch):
     """Reads go into the slots (on CUDA: through pinned staging, asked for here; its default
     maps the files read-only for the copy engine and the gather kernel, cache/landing.py)."""
-    monkeypatch.setenv("STREAMER_CUDA_MISSES", "staged")
     _, folder = float32_model
-    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    model, tokenizer = streamer.load(
+        folder, memory_budget=0, read_path="slots", cuda_misses="staged"
+    )
+    assert model.streamer.plan.cuda_misses == "staged"
     streamer.generate(model, tokenizer, PROMPT, max_tokens=4)
     assert model.streamer.files is None and model.streamer.mapped_bytes == 0
     maps = open("/proc/self/maps").read() if sys.platform == "linux" else ""

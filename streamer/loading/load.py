@@ -45,6 +45,7 @@ def load(
     trust_remote_code: bool = False,
     group: mx.distributed.Group | None = None,
     checksums: str | Path | None = None,
+    cuda_misses: str | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper]:
     """Load a repacked model, or an MLX-quantized download in place: non-expert
     weights resident, experts streamed from disk. `path` may be org/name (loading/hub.py).
@@ -70,6 +71,9 @@ def load(
     folder is a shard written by `streamer split`, or the full model, shared out by interleaving).
     Every rank must call load, and then run the same computations in the same order.
     `checksums`: a download's checksum sidecar, if not the default one (io/checksums.py).
+    `cuda_misses`: on CUDA, where the slot path's misses come from (cache/landing.py): "staged",
+    "mapped", "registered", "pinned" or "gathered" (None: "gathered", the default; a bench
+    switch, bench/worker.py --cuda-misses); elsewhere misses are read into their slots.
     """
     options = load_options(
         memory_budget=memory_budget,
@@ -80,6 +84,7 @@ def load(
         trust_remote_code=trust_remote_code,
         group=group,
         checksums=checksums,
+        cuda_misses=cuda_misses,
     )
     return load_decided(path, options)
 
@@ -119,6 +124,7 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
             options.read_path_why,
             available_memory(),
             options.bypass_page_cache,
+            options.cuda_misses,
         )
         pools = apply_residency(plan, source.layouts, layers, source.checksums)
     except BaseException:
