@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from test_slot_pool import OFFSETS, RECORD, TENSORS, pool_over
 
+from streamer.cache.landing import landing_for
 from streamer.cache.slot_memory import SlotTensor
+from streamer.cache.slot_pool import READERS
 
 pytestmark = pytest.mark.skipif(
     not (mx.default_device() == mx.gpu and mx.cuda.is_available()),
@@ -26,8 +28,9 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def pinned(tmp_path, monkeypatch):
     """A pool of 3 slots over two layers of 6 experts, files locked whole and mapped."""
-    monkeypatch.setenv("STREAMER_CUDA_MISSES", "pinned")
-    pool, truth = pool_over(tmp_path, slots=3)
+    pool, truth = pool_over(
+        tmp_path, slots=3, landing=landing_for(TENSORS, READERS, True, "pinned")
+    )
     yield pool, truth
     pool.close()
 

@@ -18,7 +18,6 @@ from streamer.cache.budget import (
 from streamer.cli import main
 from streamer.io.manifest import read_manifest
 from streamer.loading import load as loading
-from streamer.loading import load_in_place as in_place
 from streamer.plan import plan
 
 
@@ -37,8 +36,7 @@ def test_expected_hits_grow_with_the_budget():
 def _available(monkeypatch, nbytes: int) -> list:
     """The one memory reading a load's plan is made from, faked; its calls are counted."""
     calls = []
-    for module in (loading, in_place):
-        monkeypatch.setattr(module, "available_memory", lambda: calls.append(1) or nbytes)
+    monkeypatch.setattr(loading, "available_memory", lambda: calls.append(1) or nbytes)
     return calls
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import psutil
 
 from ..cache.budget import default_budget, expected_pool_hits, layer_bytes, layer_groups
+from ..cache.landing import CUDA_MISSES_DEFAULT
 from ..cache.slot_memory import SlotTensor, chunk_slots
 from ..cache.slot_pool import CHUNK_BYTES
 from ..errors import StreamerError
@@ -72,6 +73,7 @@ class ResidencyPlan:
     cache_slots: int = 0  # the hot cache's experts
     bypass_page_cache: bool = False  # the slot pool reads around the page cache
     chunk_bytes: int = CHUNK_BYTES  # the slot pool's arrays hold this many bytes at most
+    cuda_misses: str = CUDA_MISSES_DEFAULT  # where a slot miss's bytes come from on CUDA
 
     @property
     def pool_bytes(self) -> int:
@@ -139,6 +141,7 @@ def plan_residency(
     read_path_why: str,
     available: int,
     bypass_page_cache: bool = False,
+    cuda_misses: str = CUDA_MISSES_DEFAULT,
 ) -> ResidencyPlan:
     """The plan for `budget` bytes of experts (None: the read path's default in `available`).
     Enough for every expert: all resident. Less: the slot path's pool (slot_classes); the mapped
@@ -151,7 +154,7 @@ def plan_residency(
         why = f"memory budget {size_text(budget)}"
     plan = ResidencyPlan(
         "resident", read_path, read_path_why, budget, why, available, need, largest,
-        bypass_page_cache=bypass_page_cache,
+        bypass_page_cache=bypass_page_cache, cuda_misses=cuda_misses,
     )  # fmt: skip
     if budget >= need:
         return plan
