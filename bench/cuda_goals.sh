@@ -48,8 +48,8 @@ decode)
     worker "$out" "$profile-mlx_lm" mlx_lm "$DATA/q48-mlx" "${args[@]}"
     for way in ${WAYS:-staged gathered}; do
       for share in ${SHARES:-12 25 50}; do
-        STREAMER_CUDA_MISSES=$way worker "$out" "$profile-$way-$share" streamer "$DATA/q48-stream" \
-          "${args[@]}" --read-path slots --memory-budget $((MIB[$share] << 20))
+        worker "$out" "$profile-$way-$share" streamer "$DATA/q48-stream" "${args[@]}" \
+          --read-path slots --memory-budget $((MIB[$share] << 20)) --cuda-misses "$way"
       done
     done
     [ -n "${ALL:-}" ] && worker "$out" "$profile-all" streamer "$DATA/q48-stream" "${args[@]}" \
@@ -63,8 +63,8 @@ prefill)
   args=(--prompt-tokens 64,2048 --decode-tokens 4 --repeats 2 --warmup --temp 0 --routing medium)
   worker "$out" prefill-mlx_lm mlx_lm "$DATA/q48-mlx" "${args[@]}"
   for way in ${WAYS:-staged gathered}; do
-    STREAMER_CUDA_MISSES=$way worker "$out" "prefill-$way-25" streamer "$DATA/q48-stream" \
-      "${args[@]}" --read-path slots --memory-budget $((MIB[25] << 20))
+    worker "$out" "prefill-$way-25" streamer "$DATA/q48-stream" "${args[@]}" \
+      --read-path slots --memory-budget $((MIB[25] << 20)) --cuda-misses "$way"
   done
   ;;
 host-pool)  # the pool's managed pages left where numpy put them (the tree before c869d8d)
@@ -78,8 +78,8 @@ slot_memory.on_gpu = lambda rows: None
 import worker
 worker.main(sys.argv[1:])')
   for way in ${WAYS:-staged gathered}; do
-    STREAMER_CUDA_MISSES=$way worker "$out" "$profile-$way-50-hostpool" streamer \
-      "$DATA/q48-stream" "${args[@]}" --read-path slots --memory-budget $((MIB[50] << 20))
+    worker "$out" "$profile-$way-50-hostpool" streamer "$DATA/q48-stream" "${args[@]}" \
+      --read-path slots --memory-budget $((MIB[50] << 20)) --cuda-misses "$way"
   done
   ;;
 ptx)

@@ -1,10 +1,14 @@
-"""The documents hold: docs/layout.md ("Where things are") names every module of streamer/ under
+"""The documents hold: docs/layout.md ("Every module") names every module of streamer/ under
 its own folder, so the map a newcomer reads is the tree (a new module fails here until it is
 placed), and every file the README and docs/ link to exists."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,8 @@ PACKAGE = ROOT / "streamer"
 
 def groups() -> dict[str, str]:
     """Label (the first column, e.g. "streamer/io/") -> its text, from the section's code block."""
-    section = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    section = layout[layout.index("\n## Every module\n") :]
     block = section[section.index("```\n") + 4 :]
     block = block[: block.index("```")]
     found: dict[str, str] = {}
@@ -52,17 +57,33 @@ def test_every_folder_has_its_group():
 
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BENCH_DOCUMENTS = [ROOT / "bench" / "README.md", ROOT / "bench" / "findings.md"]
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def anchors(document: Path) -> set[str]:
+    """The anchors of a Markdown document's headings, as GitHub makes them."""
+    text = document.read_text(encoding="utf-8")
+    titles = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")]
+    return {re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in titles}
+
+
+def broken(document: Path, target: str) -> bool:
+    """Whether a link of `document` to `target` (path, path#anchor or #anchor) leads nowhere."""
+    path, _, anchor = target.partition("#")
+    linked = document.parent / path if path else document
+    if not linked.exists():
+        return True
+    return bool(anchor) and linked.suffix == ".md" and anchor not in anchors(linked)
+
+
+@pytest.mark.parametrize("document", DOCUMENTS + BENCH_DOCUMENTS, ids=lambda p: p.name)
 def test_every_linked_file_exists(document):
     """Markdown links to files of the repository ([text](path) or path#anchor) resolve, from the
-    document's own folder; links to the web are not followed."""
-    text = document.read_text(encoding="utf-8")
-    targets = re.findall(r"\]\(([^)\s]+)\)", text)
-    local = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+:", t) and t[:1] != "#"]
-    missing = sorted({t for t in local if t and not (document.parent / t).exists()})
-    assert not missing, f"{document.name} links to files that do not exist: {missing}"
+    document's own folder, and an anchor into a Markdown file is one of its headings; links to
+    the web are not followed."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", document.read_text(encoding="utf-8"))
+    missing = sorted({t for t in targets if not re.match(r"[a-z]+:", t) and broken(document, t)})
+    assert not missing, f"{document.name} links to files or headings that do not exist: {missing}"
 
 
 def test_the_readme_links_every_document():
@@ -71,3 +92,96 @@ def test_the_readme_links_every_document():
     first_screen = "\n".join(readme.splitlines()[:150])
     unlinked = [p.name for p in DOCUMENTS[1:] if f"(docs/{p.name})" not in first_screen]
     assert not unlinked, f"link these from the README's first 150 lines: {unlinked}"
+
+
+# A file a docstring or comment names: a module, a path from the package or the repository root,
+# a document (a `*` is a glob: tests/test_server_*.py). Placeholders (<model_type>) are not names.
+FILE_NAME = re.compile(r"(?<![\w./*<>-])((?:[\w*-]+/)*[\w*-]+\.(?:py|md|sh))\b(?![\w/-])")
+# Files of other projects named where the code follows them: mlx-lm's, MLX's, transformers' own
+# sources (resolved in the installed package), and the remote code a Hugging Face download ships.
+INSTALLED = ("mlx_lm", "mlx", "transformers")
+NOTES = "shared/notes/"  # the team's measured facts, kept beside the repository, not in it
+DOWNLOAD_CODE = re.compile(r"(modeling|configuration|tokenization)_\w+\.py")
+SOURCES = sorted(
+    path for d in ("streamer", "tools", "bench", "tests") for path in (ROOT / d).rglob("*.py")
+)
+
+
+def docstrings_and_comments(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every comment and every module, class and function docstring."""
+    source = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        return [(n, line.partition("#")[2]) for n, line in enumerate(source.splitlines(), 1)]
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_docstring(node, clean=False)
+            if text is not None:
+                found.append((node.body[0].lineno, text))
+    return found
+
+
+def resolves(name: str, source: Path) -> bool:
+    """`name` is a file of this repository, from the naming file's folder, the repository root or
+    the streamer package; or a file of an installed project the code follows, or of a download."""
+    if name.startswith(NOTES) or DOWNLOAD_CODE.fullmatch(name):
+        return True
+    bases = [source.parent, ROOT, PACKAGE]
+    top = name.split("/")[0]
+    if top in INSTALLED and "/" in name and (spec := importlib.util.find_spec(top)):
+        bases += [Path(p).parent for p in spec.submodule_search_locations or []]
+    return any(any(base.glob(name)) for base in bases)
+
+
+def test_every_file_a_docstring_or_comment_names_exists():
+    stale = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in [*SOURCES, ROOT / "pyproject.toml"]
+        for line, text in docstrings_and_comments(path)
+        for name in FILE_NAME.findall(text)
+        if not resolves(name, path)
+    ]
+    assert not stale, "these name files that do not exist:\n" + "\n".join(stale)
+
+
+def test_the_bench_index_names_every_script():
+    """bench/README.md's front door lists every script of bench/ in its index ("The scripts")."""
+    readme = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    index = readme[readme.index("\n## The scripts\n") :]
+    index = index[: index.index("\n## ", 1)]
+    scripts = [p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")]
+    missing = sorted(name for name in scripts if f"`{name}`" not in index)
+    assert not missing, f"name these in bench/README.md's index of scripts: {missing}"
+
+
+# A section of the bench's documents named by its title: bench/findings.md, "Real shapes" (the
+# title may run over lines of a comment or docstring).
+SECTION = re.compile(r"bench/(README|findings)\.md,? \(?\"([^\"]+)\"")
+
+
+def test_every_bench_section_named_is_a_heading():
+    """A bench section the code or the docs name by its title begins a heading of that document."""
+    headings = {
+        name: [
+            line.lstrip("#").strip()
+            for line in (ROOT / "bench" / f"{name}.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("#")
+        ]
+        for name in ("README", "findings")
+    }
+    texts = [*SOURCES, *sorted((ROOT / "fixtures").rglob("*.py")), *DOCUMENTS]
+    named = [
+        (path, name, re.sub(r"\s*\n\s*(#\s*)?", " ", quoted))  # one line, comment marks gone
+        for path in texts
+        for name, quoted in SECTION.findall(path.read_text(encoding="utf-8"))
+    ]
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: bench/{name}.md, {title!r}"
+        for path, name, title in named
+        if not any(heading.startswith(title) for heading in headings[name])
+    )
+    assert not missing, "these name bench sections no heading begins with:\n" + "\n".join(missing)

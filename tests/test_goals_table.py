@@ -1,4 +1,4 @@
-"""bench/goals_table.py: issue 35's table from cuda_goals.sh's worker JSONs (no GPU needed)."""
+"""bench/goals_table.py: issue 35's table from bench/cuda_goals.sh's worker JSONs, on the CPU."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ LAYERS = {
     "API and tools": {
         "streamer",  # the package: load, generate
         "streamer.generate",
+        "streamer.kv_quantization",
         "streamer.run_stats",
         "streamer.speculative",
         "streamer.verify",
@@ -35,7 +36,12 @@ LAYERS = {
         "streamer.arguments",
         "streamer.progress",
     },
-    "layer": {"streamer.experts", "streamer.stats"},
+    "layer": {
+        "streamer.experts",
+        "streamer.expert_traffic",
+        "streamer.draft_accounting",
+        "streamer.routing_trace",
+    },
     "cache": {"streamer.cache"},
     "io": {"streamer.io"},
     "the one error type": {"streamer.errors"},

@@ -26,7 +26,7 @@ from streamer.cli import main
 from streamer.loading.hub import ALLOW_PATTERNS
 from streamer.pull import pull
 from streamer.repack import repack
-from streamer.repack.plan import Quantize
+from streamer.repack.recipe import Quantize
 
 TEMPLATE = "/{repo_id}/resolve/{revision}/{filename}"  # huggingface_hub's, after ENDPOINT
 GENERATE = ["--prompt", "def read(path):", "--max-tokens", "6"]
@@ -274,7 +274,7 @@ def test_a_repo_without_a_model_that_streams_is_refused_before_its_weights(
     config = json.loads((dense / "config.json").read_text())
     (dense / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
     line = refused(["pull", "tiny-org/Dense-MLX"], capsys)
-    assert "'qwen3' is not supported for expert streaming" in line and "no MoE layers" in line
+    assert "tiny-org/Dense-MLX: config.json: model_type 'qwen3'" in line and "not a MoE" in line
     fetched = [p for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]
     assert fetched == [
         "/tiny-org/Dense-MLX/resolve/" + commit_of("tiny-org/Dense-MLX") + "/config.json"

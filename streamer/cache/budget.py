@@ -2,14 +2,13 @@
 
 A budget that holds every expert makes every layer resident: it then runs exactly as mlx-lm's
 (stacked experts, no host sync, no reads). A smaller budget holds the hottest single experts
-(streamer/cache/expert_cache.py) and every layer streams the rest.
+(streamer/cache/hot_experts.py) and every layer streams the rest.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-import psutil
 
 from ..errors import StreamerError
 from ..io.manifest import Manifest, MoeLayer
@@ -37,15 +36,12 @@ def all_experts_bytes(manifest: Manifest, dtype: mx.Dtype | None) -> int:
 
 
 # The slot path's default: this share of the memory available once the resident weights are in
-# memory, the rest left to the KV cache, the OS and the page cache. bench/budget_model.py replays
-# the calibrated synthetic routing through the pool and the page cache under it: read time per
-# token falls as the pool grows at every memory size and disk speed modelled, so the pool takes
-# most of what is left (bench/README.md, "A budget people can pick").
+# memory, the rest left to the KV cache, the OS and the page cache; why most of what is left goes
+# to the pool: bench/findings.md, "A budget people can pick" (bench/budget_model.py).
 SLOT_SHARE = 0.75
 # The pool's steady-state hit rate (routed experts found in it) at a budget of each share of all
-# expert bytes, on that routing (Qwen3-30B-A3B's shape, 128 experts, top-8; 400 decode tokens
-# after 100 of warm-up; bench/budget_model.py replay): what plan says to expect. Real routing
-# differs (docs/design.md: the demo model's LFU replay is lower, 26% at 10%, 55% at 25%).
+# expert bytes, replayed on the bench's calibrated synthetic routing by bench/budget_model.py:
+# what plan says to expect. How it was measured, and how real routing differs: that same section.
 POOL_HIT_RATES = (
     (0.0, 0.000),
     (0.05, 0.147),
@@ -77,15 +73,15 @@ def expected_pool_hits(fraction: float) -> float:
 
 
 def default_budget(
-    manifest: Manifest, dtype: mx.Dtype | None, read_path: str = "mapped"
+    need: int, largest_expert: int, available: int, read_path: str
 ) -> tuple[int, str]:
-    """The slot path: slot_default. The mapped path: all experts if they fit in half of the
-    available memory; otherwise none, leaving the memory to the page cache, whose hits it
-    computes on in place at no cost (an application cache beside it mostly duplicates it)."""
-    need = all_experts_bytes(manifest, dtype)
-    available = psutil.virtual_memory().available
+    """The budget for None, and why, for experts of `need` bytes in all (the largest one
+    `largest_expert`) and `available` bytes of memory. The slot path: slot_default. The mapped
+    path: all experts if they fit in half of it; otherwise none, leaving the memory to the page
+    cache, whose hits it computes on in place at no cost (an application cache beside it mostly
+    duplicates it)."""
     if read_path == "slots":
-        chosen = slot_default(need, largest_expert_bytes(manifest, dtype), available)
+        chosen = slot_default(need, largest_expert, available)
         if chosen >= need:
             fits = f"{SLOT_SHARE:.0%} of {size_text(available)} available"
             return need, f"default: all {size_text(need)} fit in {fits}"
@@ -103,15 +99,6 @@ def default_budget(
         0,
         f"default: {size_text(need)} of experts exceed half of {size_text(available)} available",
     )
-
-
-def chosen_budget(
-    manifest: Manifest, budget: int | None, dtype: mx.Dtype | None, read_path: str = "mapped"
-) -> tuple[int, str]:
-    """The budget to apply and why: `budget` as given, or the read path's default for None."""
-    if budget is None:
-        return default_budget(manifest, dtype, read_path)
-    return budget, f"memory budget {size_text(budget)}"
 
 
 def check_budget(manifest: Manifest, budget: int, dtype: mx.Dtype | None) -> None:

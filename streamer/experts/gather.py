@@ -1,4 +1,4 @@
-"""Read path for a compute dtype other than the stored one (on the CPU backend float32
+"""Compute mode for a compute dtype other than the stored one (on the CPU backend float32
 activations need float32 scales): the routed experts are copied out of the files, converted."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import mlx.core as mx
 
-from ..stats import ExpertTraffic
+from ..expert_traffic import ExpertTraffic
 from .routing import compute_stacked, finish, host_routing
 
 

@@ -1,10 +1,10 @@
-"""Read path of a layer made resident: its experts are in memory, it runs exactly as mlx-lm's."""
+"""Compute mode of a layer made resident: its experts are in memory, it runs exactly as mlx-lm's."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from ..stats import ExpertTraffic
+from ..expert_traffic import ExpertTraffic
 
 
 class Resident:

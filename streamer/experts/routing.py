@@ -1,4 +1,5 @@
-"""What the synced read paths share: the routing on the host, compute on stacked copies, timing."""
+"""What the synced compute modes share: the routing on the host, compute on stacked copies,
+timing."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..stats import ExpertTraffic
+from ..expert_traffic import ExpertTraffic
 
 
 def host_routing(layer, indices: mx.array, traffic: ExpertTraffic) -> tuple[np.ndarray, list[int]]:

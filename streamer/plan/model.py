@@ -4,8 +4,8 @@ Parameter shapes give the resident and expert bytes (quantized as config.json's 
 `--quantize` says, each expert record laid out as the repacker lays it out), and the KV cache
 bytes per token are those of mlx-lm's caches after a lazy forward pass at two lengths (so sliding
 windows, MLA's compressed cache and linear-attention state count as they are). With a download
-present, repack's own plan of it (made once) gives the shapes and dtypes from its safetensors
-headers, and `repack.planned_disk_needs` of that plan the disk peak with --delete-source (which
+present, repack's own recipe for it (made once) gives the shapes and dtypes from its safetensors
+headers, and `repack.recipe_disk_needs` of that recipe the disk peak with --delete-source (which
 reads one expert's bytes to size a record). No other weights are read.
 """
 
@@ -32,10 +32,11 @@ from ..families.mlx_lm_models import models_without_package_init
 from ..families.model_types import mlx_lm_model_type
 from ..families.transformers.spellings import normalize_config
 from ..io.json_file import read_json_object
-from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN
+from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN, read_manifest
 from ..io.mapping import align
 from ..loading.backend import check_model_kernels
-from .repacked import stored_bytes
+from ..loading.residency import LayerShape
+from .repacked import manifest_shapes, stored_bytes
 from .report import ModelPlan, fitted
 
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
@@ -63,9 +64,11 @@ def model_plan(
     expert_bytes = sum(r * _num_experts(c) for r, c in zip(records, containers.values()))
     stored_resident = _resident(model, containers, None)
     resident = _resident(model, containers, dtype)
+    shapes = [_shape(i, c, r) for i, (c, r) in enumerate(zip(containers.values(), records))]
     if repacked:  # the files as written
         stored_resident, expert_bytes = stored_bytes(folder)
         resident = stored_resident if dtype is None else resident
+        shapes = manifest_shapes(folder, read_manifest(folder), dtype)  # as its load plans them
     compute = dtype or DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
     per_token, fixed = _kv_bytes(model, compute, kv)
     top_k = experts_per_token(config)
@@ -86,24 +89,25 @@ def model_plan(
         context=config.get("max_position_embeddings"),
         memory=memory,
         kv_bits=kv and kv[0],
+        shapes=shapes,
     )
 
 
 def _download_model(folder: Path, quantize: tuple | None) -> tuple[nn.Module, dict, int]:
-    """repack's own plan of a download (made once: it builds and sanitizes the whole model):
+    """repack's own recipe for a download (made once: it builds and sanitizes the whole model):
     resident weights as the checkpoint holds them (lazily, never read), experts in their target
     shapes, quantized as repack will; and the disk peak with --delete-source."""
     from ..io.checkpoint import Checkpoint
-    from ..repack import Quantize, planned_disk_needs
-    from ..repack.plan import make_plan
+    from ..repack import Quantize, recipe_disk_needs
+    from ..repack.recipe import make_recipe
 
     with Checkpoint(folder) as checkpoint:
-        repack_plan = make_plan(checkpoint, Quantize(*quantize) if quantize else None)
-        peak = planned_disk_needs(repack_plan)[1]
-    model, config = repack_plan.model, repack_plan.config
+        recipe = make_recipe(checkpoint, Quantize(*quantize) if quantize else None)
+        peak = recipe_disk_needs(recipe)[1]
+    model, config = recipe.model, recipe.config
     stored = DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
-    for container in repack_plan.containers.values():  # unquantized records keep the source dtype
-        container.set_dtype(repack_plan.cast or stored)
+    for container in recipe.containers.values():  # unquantized records keep the source dtype
+        container.set_dtype(recipe.cast or stored)
     return model, config, peak
 
 
@@ -111,8 +115,6 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
     """mlx-lm's model for a config.json alone, in its dtype, quantized as it says (or as
     `quantize`)."""
     if repacked:
-        from ..io.manifest import read_manifest
-
         config = read_manifest(path.parent).config
     else:
         config = _read_config(path)
@@ -147,6 +149,18 @@ def _read_config(path: Path) -> dict:
 
 def _num_experts(container: nn.Module) -> int:
     return next(a.shape[0] for _, a in tree_flatten(container.parameters()))
+
+
+def _shape(index: int, container: nn.Module, record: int) -> LayerShape:
+    """A layer as a load's residency plan sees it, each expert one repacked record in memory."""
+    tensors = tree_flatten(container.parameters())
+    return LayerShape(
+        index=index,
+        tensors=tuple((name, a.dtype, tuple(a.shape[1:])) for name, a in tensors),
+        experts=_num_experts(container),
+        slot_bytes=sum(a.nbytes // a.shape[0] for _, a in tensors),
+        resident_bytes=record,
+    )
 
 
 def _record_bytes(container: nn.Module) -> int:
