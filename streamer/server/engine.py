@@ -25,6 +25,7 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from ..arguments import tokens_text
 from ..errors import StreamerError
 from ..generate import stream_generate
 from ..kv_quantization import check_kv_cache_quantizes
@@ -86,7 +87,8 @@ def fit(
     if prompt >= context:
         raise ApiError(
             400,
-            f"the prompt is {prompt} tokens but the model's context is {context} tokens",
+            f"the prompt is {tokens_text(prompt)} but the model's context is "
+            f"{tokens_text(context)}",
             param=prompt_field,
             code="context_length_exceeded",
         )
@@ -94,8 +96,8 @@ def fit(
     if asked is not None and asked > room:
         raise ApiError(
             400,
-            f"the prompt is {prompt} tokens and {asked_field} is {asked}, but the model's context "
-            f"is {context} tokens: ask for at most {room}",
+            f"the prompt is {tokens_text(prompt)} and {asked_field} is {asked}, but the model's "
+            f"context is {tokens_text(context)}: ask for at most {room}",
             param=asked_field,
             code="context_length_exceeded",
         )
