@@ -1,4 +1,4 @@
-"""The documents hold: docs/layout.md ("Where things are") names every module of streamer/ under
+"""The documents hold: docs/layout.md ("Every module") names every module of streamer/ under
 its own folder, so the map a newcomer reads is the tree (a new module fails here until it is
 placed), and every file the README and docs/ link to exists."""
 
@@ -19,7 +19,8 @@ PACKAGE = ROOT / "streamer"
 
 def groups() -> dict[str, str]:
     """Label (the first column, e.g. "streamer/io/") -> its text, from the section's code block."""
-    section = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    section = layout[layout.index("\n## Every module\n") :]
     block = section[section.index("```\n") + 4 :]
     block = block[: block.index("```")]
     found: dict[str, str] = {}

@@ -58,7 +58,8 @@ def load(
     "slots" reads experts into a bounded slot pool of `memory_budget` bytes and computes there
     (the Metal and CUDA default; a budget of 0 gives one layer's experts per shape class).
     `bypass_page_cache`: the slot path reads around the page cache (O_DIRECT on Linux, F_NOCACHE
-    on macOS) instead of through it; off by default (bench/README.md says why).
+    on macOS) instead of through it; off by default (bench/findings.md,
+    "Page cache or not", says why).
     Returns an mlx-lm model (usable with mlx_lm.generate / generate_step) and its tokenizer;
     `model.streamer` (handle.Streaming) holds the streaming side: stats, files, `close()`.
     Sizes, file times and the layout are always checked; `verify_reads` also checks the crc32 of

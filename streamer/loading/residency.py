@@ -153,9 +153,17 @@ def plan_residency(
     else:
         why = f"memory budget {size_text(budget)}"
     plan = ResidencyPlan(
-        "resident", read_path, read_path_why, budget, why, available, need, largest,
-        bypass_page_cache=bypass_page_cache, cuda_misses=cuda_misses,
-    )  # fmt: skip
+        form="resident",
+        read_path=read_path,
+        read_path_why=read_path_why,
+        budget=budget,
+        budget_why=why,
+        available=available,
+        expert_bytes=need,
+        largest_expert=largest,
+        bypass_page_cache=bypass_page_cache,
+        cuda_misses=cuda_misses,
+    )
     if budget >= need:
         return plan
     if read_path == "slots":
