@@ -83,21 +83,16 @@ def fit(
     naming `fields` (the request's prompt field and the max tokens field it set)."""
     if context is None:
         return asked or default
-    prompt_field, asked_field = fields
+    (prompt_field, asked_field), said = fields, f"the prompt is {tokens_text(prompt)}"
     if prompt >= context:
-        raise ApiError(
-            400,
-            f"the prompt is {tokens_text(prompt)} but the model's context is "
-            f"{tokens_text(context)}",
-            param=prompt_field,
-            code="context_length_exceeded",
-        )
+        message = f"{said} but the model's context is {tokens_text(context)}"
+        raise ApiError(400, message, param=prompt_field, code="context_length_exceeded")
     room = context - prompt
     if asked is not None and asked > room:
         raise ApiError(
             400,
-            f"the prompt is {tokens_text(prompt)} and {asked_field} is {asked}, but the model's "
-            f"context is {tokens_text(context)}: ask for at most {room}",
+            f"{said} and {asked_field} is {asked}, but the model's context is "
+            f"{tokens_text(context)}: ask for at most {room}",
             param=asked_field,
             code="context_length_exceeded",
         )
