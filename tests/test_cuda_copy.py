@@ -221,3 +221,60 @@ def test_cuda_misses_come_from_the_way_the_load_names(tmp_path, monkeypatch):
         landing.close()
     with pytest.raises(StreamerError, match="cuda_misses must be one of staged, mapped"):
         load_options(cuda_misses="fast")  # refused with the load's other options, not here
+
+
+def test_a_pool_on_cuda_moves_its_pages_to_the_gpu_once(monkeypatch):
+    """On a CUDA GPU the pool's managed pages are prefetched to the device when allocated (the
+    whole buffer, in one call): else they count in the process's RSS and fault over one at a
+    time. Elsewhere nothing is called."""
+    from streamer.cache import slot_memory
+
+    moved = []
+
+    class Moves:
+        def to_device(self, address: int, nbytes: int) -> None:
+            moved.append((address, nbytes))
+
+    monkeypatch.setattr(cuda_runtime, "CudaRuntime", Moves)
+    tensor = TENSORS[0]
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.cpu))
+    slot_memory.allocate(3, tensor)
+    assert moved == []  # not computing on a CUDA GPU
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        slot_memory.buffers, "untouched", lambda n: mx.zeros((-(-n // 4096), 4096), mx.uint8)
+    )
+    _, rows = slot_memory.allocate(3, tensor)
+    ((address, nbytes),) = moved
+    assert address <= rows.ctypes.data and rows.ctypes.data + rows.nbytes <= address + nbytes
+
+
+def test_the_prefetch_names_the_current_gpu_and_waits():
+    calls = []
+
+    class Lib:
+        def __getattr__(self, name):
+            def function(*args):
+                calls.append((name, args))
+                if name == "cudaGetDevice":
+                    args[0]._obj.value = 3
+                if name == "cudaStreamCreateWithFlags":
+                    args[0]._obj.value = 77
+                return 0
+
+            function.__name__ = name
+            setattr(self, name, function)
+            return function
+
+    CudaRuntime(Lib()).to_device(4096, 8192)
+    names = [name for name, _ in calls]
+    assert names == [
+        "cudaGetDevice",
+        "cudaStreamCreateWithFlags",
+        "cudaMemPrefetchAsync",
+        "cudaStreamSynchronize",
+        "cudaStreamDestroy",
+    ]
+    address, nbytes, where, flags, stream = calls[2][1]
+    assert (address, nbytes, where.type, where.id, flags, stream) == (4096, 8192, 1, 3, 0, 77)

@@ -8,7 +8,11 @@ A load's `cuda_misses` (loading/options.py; bench/worker.py --cuda-misses) picks
 "staged", "mapped", "registered" (page-locked for each copy), "pinned" (whole files page-locked
 while half the RAM holds them) or "gathered" (the default: pinned, and mapped for kernels too,
 so that a decode call's misses are read by the GPU itself with no host sync: io/cuda_gather.py,
-experts/slots.py); benchmarks compare them side by side.
+experts/slots.py); benchmarks compare them side by side. The GPU reads only page-locked host
+memory, so the no-sync decode keeps every expert file it locked in RAM whatever the budget
+(RssFile 15.9 GiB on the 48-layer model at any budget on an H200); "staged" holds only its
+buffers (0.97-1.40 GiB) but syncs every layer call and decoded at 0.06-0.21x of mlx-lm there
+against gathered's 0.32-0.63x (medium and uniform routing, bench/findings.md, issue 35).
 """
 
 from __future__ import annotations
