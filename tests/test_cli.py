@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
@@ -219,3 +220,15 @@ def test_repack_quantize_modes(checkpoints, tmp_path):
         "streamer: error: --q-mode nvfp4 quantizes to 4 bits in groups of 16: pass --quantize 4 "
         "(and no other --group-size)."
     ]
+
+
+def test_no_help_says_both_unset_and_a_default():
+    """`demo --help` said "--seed (unset: random) (default: 0)"."""
+    from streamer.cli import DefaultsShown, parser
+
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        formatter = DefaultsShown(name)
+        for action in sub._actions:
+            text = formatter._get_help_string(action) or ""
+            assert not ("unset" in text and "(default:" in text), (name, action.dest, text)

@@ -60,3 +60,17 @@ def test_cli_prompt_bytes_from_the_shell_and_stdin(checkpoints):
         [*command, "--prompt", "-"], input="caf\u00e9 au lait".encode(), capture_output=True
     )
     assert result.returncode == 0 and b"decode: 2 tokens" in result.stderr, result.stderr
+
+
+def test_one_token_is_said_in_the_singular(checkpoints):
+    """ "the prompt is 1 tokens" (the library, the server's fit, the stats line)."""
+    from streamer.server.engine import fit
+    from streamer.server.fields import ApiError
+
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    with pytest.raises(StreamerError, match="the prompt is 1 token and max_tokens is 2048, but"):
+        streamer.generate(model, tokenizer, [7], max_tokens=2048)
+    with pytest.raises(ApiError, match="the prompt is 1 token and max_tokens is 5, but the model"):
+        fit(1, 5, 100, 4, ("prompt", "max_tokens"))
+    one = list(streamer.stream_generate(model, tokenizer, [7], max_tokens=1))[-1]
+    assert "prompt: 1 token, " in one.stats.line() and "decode: 1 token, " in one.stats.line()
