@@ -300,3 +300,23 @@ def test_a_weight_file_that_differs_from_the_hubs_sha256_is_removed_and_refused(
     }
     assert again == {shard}  # the files that were right are kept
     assert generated(repo, capsys) == generated(checkpoints.mlx("qwen3_moe"), capsys)
+
+
+def test_weight_files_are_hashed_as_they_land(tmp_path):
+    """While the download goes on: a file that lands is hashed then, not after the last one."""
+    import hashlib
+
+    from streamer.pulled_files import LandedHashes
+
+    data = os.urandom(1 << 20)
+    files = {"model-1.safetensors": hashlib.sha256(data).hexdigest(), "config.json": None}
+    hashes = LandedHashes(tmp_path, files, set())
+    (tmp_path / "part").write_bytes(data)
+    os.replace(tmp_path / "part", tmp_path / "model-1.safetensors")  # it lands whole, as a link
+    deadline = time.monotonic() + 30
+    while "model-1.safetensors" not in hashes.digests:
+        assert time.monotonic() < deadline and hashes.thread.is_alive()
+        time.sleep(0.05)
+    assert not hashes.downloaded.is_set()
+    hashes.finish("org/name", tmp_path)  # it matches: nothing raised, nothing removed
+    assert (tmp_path / "model-1.safetensors").read_bytes() == data
