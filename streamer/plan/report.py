@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from ..cache.budget import SLOT_SHARE, expected_pool_hits, slot_default
+from ..cache.budget import SLOT_SHARE, slot_default
+from ..cache.expected_hits import PROFILES, TYPICAL, expected_pool_hits
 from ..io.sizes import size_text
 
 MIN_CONTEXT = 4096  # "runs": the resident weights plus this much context fit
@@ -31,7 +32,7 @@ class ModelPlan:
     longest_context: int  # tokens of KV cache that fit beside the resident weights
     runs: bool
     slot_budget_bytes: int  # the slot path's default budget (Metal, CUDA) in `memory_bytes`
-    slot_pool_hits: float  # the share of routed experts to expect from that pool
+    slot_pool_hits: dict[str, float]  # routed experts to expect from that pool, by routing
     mapped_budget_bytes: int  # the mapped path's default (the CPU): all experts, or 0
     kv_bits: int | None = None  # mlx-lm's quantized KV cache, counted from the first token
     in_place_ranges: int | None = None  # byte ranges per expert in a download streamed in place
@@ -92,11 +93,12 @@ class ModelPlan:
         left = max(self.memory_bytes - self.resident_bytes, 0)
         if self.slot_budget_bytes >= self.expert_bytes:
             return f"all {size_text(self.expert_bytes)} of experts in memory, no reads"
+        hits = ", ".join(f"{p} {h:.0%}" for p, h in self.slot_pool_hits.items())
         return (
             f"{size_text(self.slot_budget_bytes)} slot pool ({SLOT_SHARE:.0%} of the "
-            f"{size_text(left)} "
-            f"left, {self.slot_budget_bytes / self.expert_bytes:.0%} of the experts): about "
-            f"{self.slot_pool_hits:.0%} pool hits on the bench's routing"
+            f"{size_text(left)} left, {self.slot_budget_bytes / self.expert_bytes:.0%} of the "
+            f"experts): about {self.slot_pool_hits[TYPICAL]:.0%} pool hits on typical routing "
+            f"({hits}; bench/routing_model.py's profiles)"
         )
 
     @property
@@ -126,7 +128,9 @@ def fitted(
     return ModelPlan(
         **fields,
         slot_budget_bytes=slots,
-        slot_pool_hits=1.0 if slots >= experts else expected_pool_hits(slots / experts),
+        slot_pool_hits={
+            p: 1.0 if slots >= experts else expected_pool_hits(slots / experts, p) for p in PROFILES
+        },
         mapped_budget_bytes=experts if experts <= left // 2 else 0,
         kv_bytes_per_1k_tokens=kv_per_token * 1000,
         kv_fixed_bytes=kv_fixed,
