@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from streamer.expert_traffic import ExpertTraffic
 from streamer.io.mapping import OS_PAGE, _mincore, align
-from streamer.stats import ExpertTraffic
 
 
 def per_range_counts(layer, experts: list[int], vectors: dict) -> list[list[int]]:

@@ -9,7 +9,7 @@ import mlx.nn as nn
 import numpy as np
 
 from streamer.families.architectures import recording_routing
-from streamer.stats import routing_skew
+from streamer.routing_trace import routing_skew
 
 
 def routing_profile(

@@ -36,7 +36,7 @@ from routing_model import COLD_TOKENS, PROFILES
 from routing_profile import routing_profile
 
 from streamer.loading.handle import streaming
-from streamer.stats import peak_rss_bytes
+from streamer.run_stats import peak_rss_bytes
 
 ENGINES = ("streamer", "mlx_lm")
 

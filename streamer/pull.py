@@ -25,8 +25,8 @@ from .loading.hub import ALLOW_PATTERNS, REPO_ID, needs_repack, pulled_folder
 from .pulled_files import check_hashes, listing, present, refuse_no_model, refuse_unstreamable
 from .repack import repack
 from .repack.consume import stand_ins
-from .repack.plan import Quantize
 from .repack.publish import partial_folder
+from .repack.recipe import Quantize
 
 
 def pull(

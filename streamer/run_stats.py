@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import resource
+import sys
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from .draft_accounting import Drafts
+from .expert_traffic import ExpertStats
 from .io.sizes import size_text
-from .stats import Drafts, ExpertStats, peak_rss_bytes
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,11 @@ class RunStats:
             + (f" | {self.dtype}" if self.dtype else "")
             + drafts
         )
+
+
+def peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
 
 
 def run_stats(

@@ -66,9 +66,9 @@ def test_decode_routing_trace_and_replay(checkpoints, tmp_path):
 def test_a_miss_evicted_by_a_later_miss_of_the_same_call():
     """A layer call asks about all its experts before it puts the misses: an earlier admitted
     miss may be evicted by a later one before it is put."""
-    from streamer.cache.expert_cache import ExpertCache
+    from streamer.cache.hot_experts import HotExperts
 
-    cache = ExpertCache(budget_bytes=1, slot_bytes=1, policy=LRU)  # one slot
+    cache = HotExperts(budget_bytes=1, slot_bytes=1, policy=LRU)  # one slot
     assert cache.access(0, 1) == (None, True)
     assert cache.access(0, 2) == (None, True)  # evicts expert 1, not yet put
     cache.put(0, 1, ["one"])  # evicted meanwhile: not kept
@@ -81,7 +81,7 @@ def test_hot_cache_with_a_tiny_budget_and_many_experts_per_call(checkpoints):
     """Prefill routes many experts per layer call through a cache of two slots, on each policy;
     the text is the streamed model's (memory_budget=0) on every one."""
     from streamer.cache.budget import largest_expert_bytes
-    from streamer.cache.expert_cache import ExpertCache
+    from streamer.cache.hot_experts import HotExperts
 
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     prompt = "The function returns the value of the argument, or raises an error " * 3
@@ -91,7 +91,7 @@ def test_hot_cache_with_a_tiny_budget_and_many_experts_per_call(checkpoints):
         model, tokenizer = streamer.load(folder, memory_budget=0)
         handle = model.streamer
         slot = largest_expert_bytes(handle.manifest, mx.float32)
-        cache = ExpertCache(2 * slot, slot, policy=policy)
+        cache = HotExperts(2 * slot, slot, policy=policy)
         for layer in handle.layers:
             layer.use_cache(cache)
         assert streamer.generate(model, tokenizer, prompt, max_tokens=6) == expected, policy

@@ -4,7 +4,11 @@ placed), and every file the README and docs/ link to exists."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -71,3 +75,67 @@ def test_the_readme_links_every_document():
     first_screen = "\n".join(readme.splitlines()[:150])
     unlinked = [p.name for p in DOCUMENTS[1:] if f"(docs/{p.name})" not in first_screen]
     assert not unlinked, f"link these from the README's first 150 lines: {unlinked}"
+
+
+# A file a docstring or comment names: a module, a path from the package or the repository root,
+# a document (a `*` is a glob: tests/test_server_*.py). Placeholders (<model_type>) are not names.
+FILE_NAME = re.compile(r"(?<![\w./*<>-])((?:[\w*-]+/)*[\w*-]+\.(?:py|md|sh))\b(?![\w/-])")
+# Files of other projects named where the code follows them: mlx-lm's, MLX's, transformers' own
+# sources (resolved in the installed package), and the remote code a Hugging Face download ships.
+INSTALLED = ("mlx_lm", "mlx", "transformers")
+NOTES = "shared/notes/"  # the team's measured facts, kept beside the repository, not in it
+DOWNLOAD_CODE = re.compile(r"(modeling|configuration|tokenization)_\w+\.py")
+SOURCES = sorted(
+    path for d in ("streamer", "tools", "bench", "tests") for path in (ROOT / d).rglob("*.py")
+)
+
+
+def docstrings_and_comments(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every comment and every module, class and function docstring."""
+    source = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        return [(n, line.partition("#")[2]) for n, line in enumerate(source.splitlines(), 1)]
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_docstring(node, clean=False)
+            if text is not None:
+                found.append((node.body[0].lineno, text))
+    return found
+
+
+def resolves(name: str, source: Path) -> bool:
+    """`name` is a file of this repository, from the naming file's folder, the repository root or
+    the streamer package; or a file of an installed project the code follows, or of a download."""
+    if name.startswith(NOTES) or DOWNLOAD_CODE.fullmatch(name):
+        return True
+    bases = [source.parent, ROOT, PACKAGE]
+    top = name.split("/")[0]
+    if top in INSTALLED and "/" in name and (spec := importlib.util.find_spec(top)):
+        bases += [Path(p).parent for p in spec.submodule_search_locations or []]
+    return any(any(base.glob(name)) for base in bases)
+
+
+def test_every_file_a_docstring_or_comment_names_exists():
+    stale = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in [*SOURCES, ROOT / "pyproject.toml"]
+        for line, text in docstrings_and_comments(path)
+        for name in FILE_NAME.findall(text)
+        if not resolves(name, path)
+    ]
+    assert not stale, "these name files that do not exist:\n" + "\n".join(stale)
+
+
+def test_the_bench_index_names_every_script():
+    """bench/README.md's front door lists every script of bench/ in its index ("The scripts")."""
+    readme = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    index = readme[readme.index("\n## The scripts\n") :]
+    index = index[: index.index("\n## ", 1)]
+    scripts = [p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")]
+    missing = sorted(name for name in scripts if f"`{name}`" not in index)
+    assert not missing, f"name these in bench/README.md's index of scripts: {missing}"

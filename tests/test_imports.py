@@ -35,7 +35,12 @@ LAYERS = {
         "streamer.arguments",
         "streamer.progress",
     },
-    "layer": {"streamer.experts", "streamer.stats"},
+    "layer": {
+        "streamer.experts",
+        "streamer.expert_traffic",
+        "streamer.draft_accounting",
+        "streamer.routing_trace",
+    },
     "cache": {"streamer.cache"},
     "io": {"streamer.io"},
     "the one error type": {"streamer.errors"},

@@ -13,13 +13,13 @@ from test_parity import PROMPT, greedy_tokens
 
 import streamer
 from streamer.errors import StreamerError
+from streamer.expert_traffic import UNSETTLED_MAX, ExpertTraffic
 from streamer.experts import RECHECK_CALLS
 from streamer.experts.mapped import Prefetcher
 from streamer.io.expert_files import ExpertFiles
 from streamer.io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
 from streamer.io.mapping import OS_PAGE, MappedFile
 from streamer.run_stats import settled
-from streamer.stats import UNSETTLED_MAX, ExpertTraffic
 
 
 def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):

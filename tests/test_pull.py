@@ -26,7 +26,7 @@ from streamer.cli import main
 from streamer.loading.hub import ALLOW_PATTERNS
 from streamer.pull import pull
 from streamer.repack import repack
-from streamer.repack.plan import Quantize
+from streamer.repack.recipe import Quantize
 
 TEMPLATE = "/{repo_id}/resolve/{revision}/{filename}"  # huggingface_hub's, after ENDPOINT
 GENERATE = ["--prompt", "def read(path):", "--max-tokens", "6"]

@@ -10,11 +10,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from streamer.expert_traffic import ExpertTraffic
 from streamer.experts.mapped import Prefetcher
 from streamer.io.expert_files import ExpertFiles
 from streamer.io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
 from streamer.io.mapping import OS_PAGE, MappedFile, Residency, _mincore, libc, page_span
-from streamer.stats import ExpertTraffic
 
 pytestmark = pytest.mark.skipif(_mincore is None, reason="this libc has no mincore")
 PAGES = 100

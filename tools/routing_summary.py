@@ -37,7 +37,7 @@ from streamer.families.architectures import (
     expert_containers,
     recording_routing,
 )
-from streamer.stats import routing_skew, top_tenth
+from streamer.routing_trace import routing_skew, top_tenth
 
 
 def moe_layers(model: nn.Module) -> tuple[list[int], int]:

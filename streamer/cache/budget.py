@@ -2,7 +2,7 @@
 
 A budget that holds every expert makes every layer resident: it then runs exactly as mlx-lm's
 (stacked experts, no host sync, no reads). A smaller budget holds the hottest single experts
-(streamer/cache/expert_cache.py) and every layer streams the rest.
+(streamer/cache/hot_experts.py) and every layer streams the rest.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def add_quantize(p: argparse.ArgumentParser, what: str) -> None:
 
 def quantize_option(args: argparse.Namespace):
     """The `Quantize` the --quantize flags ask for (None without --quantize)."""
-    from ..repack.plan import MODES, Quantize
+    from ..repack.recipe import MODES, Quantize
 
     if not args.quantize:
         if args.q_mode != "affine" or args.group_size:

@@ -7,7 +7,7 @@ import time
 
 import mlx.core as mx
 
-from ..stats import ExpertTraffic
+from ..expert_traffic import ExpertTraffic
 from .routing import compute_stacked, finish, host_routing
 
 

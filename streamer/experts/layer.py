@@ -11,7 +11,7 @@ layer's read path, chosen once when the layer is built and again when what it ho
   mapped.Prefetched        one host sync for the routing, read-ahead of the cold routed experts,
                            then computes on the mapped files: no copy
   gather.GatherConvert     the compute dtype differs from the stored one: routed experts copied
-  hot_cache.HotCache       a hot-expert cache: hits from memory, misses copied from the files
+  hot_reads.HotCache       a hot-expert cache: hits from memory, misses copied from the files
   slots.Slots              a bounded slot pool filled by reads, the files never mapped: the
                            default on Metal and CUDA (the GPU only ever sees bounded buffers)
 
@@ -41,15 +41,16 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..cache.expert_cache import ExpertCache
+from ..cache.hot_experts import HotExperts
 from ..cache.slot_pool import SlotPool
+from ..draft_accounting import PassCall
 from ..errors import StreamerError
+from ..expert_traffic import ExpertStats
 from ..io.expert_files import ExpertFiles
 from ..io.expert_layout import LayerLayout
 from ..io.file_watch import watch_files
-from ..stats import ExpertStats, PassCall
 from .gather import GatherConvert
-from .hot_cache import HotCache
+from .hot_reads import HotCache
 from .mapped import PageCacheWatch, Prefetched, Prefetcher
 from .parallel import ExpertShare
 from .resident import Resident
@@ -104,7 +105,7 @@ class StreamingExperts(nn.Module):
         self.converts = dtype is not None and any(
             mx.issubdtype(t.dtype, mx.floating) and t.dtype != dtype for t in layout.tensors
         )
-        self.cache: ExpertCache | None = None
+        self.cache: HotExperts | None = None
         self.pool: SlotPool | None = None
         self.resident = False
         object.__setattr__(self, "views", None)
@@ -146,7 +147,7 @@ class StreamingExperts(nn.Module):
         object.__setattr__(self, "_watches", [])  # no file is read from now on
         self.read = choose_read_path(self)
 
-    def use_cache(self, cache: ExpertCache) -> None:
+    def use_cache(self, cache: HotExperts) -> None:
         """Serve hot experts from `cache` (shared by all layers) from now on."""
         self.cache = cache
         self.read = choose_read_path(self)

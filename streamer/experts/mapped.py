@@ -23,10 +23,10 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from ..expert_traffic import ExpertTraffic
 from ..io.expert_files import ExpertFiles, LayerFiles
 from ..io.expert_layout import ByteRange
 from ..io.tensor_crcs import mismatched_tensors
-from ..stats import ExpertTraffic
 from .routing import finish, host_routing
 
 RECHECK_CALLS = 16  # how often a layer asks again whether its files are all in the page cache

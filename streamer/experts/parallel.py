@@ -20,7 +20,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..stats import ExpertTraffic
+from ..expert_traffic import ExpertTraffic
 from .mapped import InPageCache
 from .resident import Resident
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..stats import ExpertTraffic
+from ..expert_traffic import ExpertTraffic
 
 
 class Resident:

@@ -7,7 +7,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..stats import ExpertTraffic
+from ..expert_traffic import ExpertTraffic
 
 
 def host_routing(layer, indices: mx.array, traffic: ExpertTraffic) -> tuple[np.ndarray, list[int]]:

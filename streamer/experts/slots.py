@@ -36,7 +36,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..cache.slot_pool import SlotPool
-from ..stats import ExpertTraffic
+from ..expert_traffic import ExpertTraffic
 from .routing import finish, host_routing
 
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts

@@ -18,7 +18,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import StreamerError, one_line
-from ..stats import ExpertStats, Routing, RoutingRecorder
+from ..expert_traffic import ExpertStats
+from ..routing_trace import Routing, RoutingRecorder
 from .config import check_config
 from .expert_lists import STACKED_MODELS
 from .mlx_lm_models import models_without_package_init
@@ -189,7 +190,10 @@ def recording_routing(model: nn.Module, prefill: bool = False) -> Iterator[list[
     else:
         containers = expert_containers(model)
         stats = ExpertStats(moe_layers=len(containers))
-        recorders = {p: RoutingRecorder(c, stats, i) for i, (p, c) in enumerate(containers.items())}
+        recorders = {
+            p: RoutingRecorder(c, stats.record_routing, i)
+            for i, (p, c) in enumerate(containers.items())
+        }
         replace_modules(model, recorders)
     stats.trace, stats.trace_prefill = [], prefill
     try:

@@ -1,4 +1,4 @@
-"""What assembling a repacked model (model.py) and a download in place (inplace.py) share once
+"""What assembling a repacked model (load.py) and a download in place (load_in_place.py) share once
 their streaming layers are in place: the resident weights loaded, then the memory budget applied
 by read path."""
 
@@ -12,7 +12,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..cache.budget import all_experts_bytes, chosen_budget, largest_expert_bytes
-from ..cache.expert_cache import ExpertCache
+from ..cache.hot_experts import HotExperts
 from ..cache.slot_pool import SlotPool
 from ..errors import StreamerError
 from ..experts import StreamingExperts
@@ -86,7 +86,7 @@ def apply_budget(
         return slot_budget(manifest, layouts, layers, budget, dtype, checksums, bypass_page_cache)
     if chosen == 0:
         return f"experts stream from disk, page cache only ({why})", []
-    cache = ExpertCache(chosen, largest_expert_bytes(manifest, dtype))
+    cache = HotExperts(chosen, largest_expert_bytes(manifest, dtype))
     for layer in layers:
         layer.use_cache(cache)
     return (

@@ -5,7 +5,7 @@ tensors `{container}.{projection}.{weight,scales,biases}` of shape [E, ...], eac
 shard (mlx-lm never splits a tensor across shards). Expert e of such a tensor is the byte range
 `start + e * nbytes` of length `nbytes`, so one expert is a handful of ranges (9 for a quantized
 GLU) instead of one record. This module reads the index and the headers, never the data, checks
-every expert tensor against the model mlx-lm builds for config.json (download_layers.py), and
+every expert tensor against the model mlx-lm builds for config.json (download_tensors.py), and
 describes each layer for the read path. The non-expert weights are loaded as mlx-lm loads them
 (mx.load, sanitize, quantize); only the expert tensors are left to the read path.
 """

@@ -19,7 +19,7 @@ from ..io.manifest import Manifest
 
 if TYPE_CHECKING:
     from .download_folder import Download
-from ..stats import ExpertStats
+from ..expert_traffic import ExpertStats
 
 
 @contextmanager

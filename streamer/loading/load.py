@@ -11,6 +11,7 @@ import mlx.nn as nn
 
 from ..cache.budget import check_budget
 from ..errors import StreamerError
+from ..expert_traffic import ExpertStats
 from ..experts import StreamingExperts
 from ..experts.parallel import ExpertShare
 from ..families.architectures import (
@@ -29,7 +30,6 @@ from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, read_manifest
 from ..io.safetensors import read_header
 from ..io.tensor_crcs import verify_resident
 from ..parallel.group import expert_shares
-from ..stats import ExpertStats
 from .assembly import apply_budget, load_resident
 from .backend import check_backend_computes, check_model_kernels
 from .download_folder import is_download
@@ -56,7 +56,7 @@ def load(
     group: mx.distributed.Group | None = None,
     checksums: str | Path | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper]:
-    """Load a repacked model, or an MLX-quantized download in place (inplace.py): non-expert
+    """Load a repacked model, or an MLX-quantized download in place (load_in_place.py): non-expert
     weights resident, experts streamed from disk. `path` may be org/name (loading/hub.py).
 
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs

@@ -1,6 +1,6 @@
 """Model assembly for a download streamed in place: an MLX-quantized checkpoint, no repack.
 
-The same layers, read paths, budget and handle as a repacked model (model.py); only where the
+The same layers, read paths, budget and handle as a repacked model (load.py); only where the
 experts lie differs (download.layouts: a handful of ranges per expert in the shards) and where the
 checksums come from (the sidecar `streamer verify DIR --record` writes, io/checksums.py). Nothing
 is written into the download folder.
@@ -16,6 +16,7 @@ import mlx.nn as nn
 
 from ..cache.budget import check_budget
 from ..errors import StreamerError
+from ..expert_traffic import ExpertStats
 from ..experts import StreamingExperts
 from ..families.architectures import expert_containers, replace_modules
 from ..io.checkpoint import Checkpoint
@@ -23,7 +24,6 @@ from ..io.checksums import Checksums, default_sidecar, read_checksums
 from ..io.expert_files import ExpertFiles
 from ..io.integrity import file_stat, stat_change
 from ..io.lock import lock_download_for_reading
-from ..stats import ExpertStats
 from .assembly import apply_budget, load_resident
 from .backend import check_backend_computes, check_model_kernels
 from .download_folder import Download, layouts, open_download

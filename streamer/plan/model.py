@@ -4,8 +4,8 @@ Parameter shapes give the resident and expert bytes (quantized as config.json's 
 `--quantize` says, each expert record laid out as the repacker lays it out), and the KV cache
 bytes per token are those of mlx-lm's caches after a lazy forward pass at two lengths (so sliding
 windows, MLA's compressed cache and linear-attention state count as they are). With a download
-present, repack's own plan of it (made once) gives the shapes and dtypes from its safetensors
-headers, and `repack.planned_disk_needs` of that plan the disk peak with --delete-source (which
+present, repack's own recipe for it (made once) gives the shapes and dtypes from its safetensors
+headers, and `repack.recipe_disk_needs` of that recipe the disk peak with --delete-source (which
 reads one expert's bytes to size a record). No other weights are read.
 """
 
@@ -90,20 +90,20 @@ def model_plan(
 
 
 def _download_model(folder: Path, quantize: tuple | None) -> tuple[nn.Module, dict, int]:
-    """repack's own plan of a download (made once: it builds and sanitizes the whole model):
+    """repack's own recipe for a download (made once: it builds and sanitizes the whole model):
     resident weights as the checkpoint holds them (lazily, never read), experts in their target
     shapes, quantized as repack will; and the disk peak with --delete-source."""
     from ..io.checkpoint import Checkpoint
-    from ..repack import Quantize, planned_disk_needs
-    from ..repack.plan import make_plan
+    from ..repack import Quantize, recipe_disk_needs
+    from ..repack.recipe import make_recipe
 
     with Checkpoint(folder) as checkpoint:
-        repack_plan = make_plan(checkpoint, Quantize(*quantize) if quantize else None)
-        peak = planned_disk_needs(repack_plan)[1]
-    model, config = repack_plan.model, repack_plan.config
+        recipe = make_recipe(checkpoint, Quantize(*quantize) if quantize else None)
+        peak = recipe_disk_needs(recipe)[1]
+    model, config = recipe.model, recipe.config
     stored = DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
-    for container in repack_plan.containers.values():  # unquantized records keep the source dtype
-        container.set_dtype(repack_plan.cast or stored)
+    for container in recipe.containers.values():  # unquantized records keep the source dtype
+        container.set_dtype(recipe.cast or stored)
     return model, config, peak
 
 

@@ -4,12 +4,12 @@ It works expert by expert: peak memory is one expert plus the resident (non-expe
 which are written one tensor at a time. Output goes to a hidden `.NAME.partial` folder that is
 renamed into place only when complete, so an interrupted repack never leaves a folder that looks
 valid. An interruption (Ctrl-C, a full disk, a kill) keeps the finished layers there, and
-`resume=True` continues from them (see progress.py). The source is only ever read.
+`resume=True` continues from them (see resume_sidecar.py). The source is only ever read.
 
-  plan.py      what to write: the model from config.json, resident weights checked (and quantized)
+  recipe.py    what to write: the model from config.json, resident weights checked (and quantized)
   sources.py   where each expert tensor's bytes come from, per checkpoint convention
   records.py   one MoE layer's experts -> one file of fixed-size records
-  progress.py  the resume sidecar
+  resume_sidecar.py  the resume sidecar
   publish.py   the partial folder: opened, checked for space, published or kept after a failure
 """
 
@@ -30,25 +30,25 @@ from ..io.safetensors import write_safetensors
 from ..io.sizes import size_text
 from ..progress import above, progress_bar
 from . import consume, publish
-from .plan import Plan, Quantize, make_plan
-from .progress import PROGRESS_FILE, Progress, source_identity
+from .recipe import Quantize, Recipe, make_recipe
 from .records import NonfiniteWarnings, record_bytes, write_layer
+from .resume_sidecar import SIDECAR_FILE, ResumeSidecar, source_identity
 
-__all__ = ["Quantize", "disk_needs", "planned_disk_needs", "repack"]
+__all__ = ["Quantize", "disk_needs", "recipe_disk_needs", "repack"]
 
 
 def disk_needs(src: str | Path, quantize: Quantize | None = None) -> tuple[int, int]:
     """The most disk a repack of `src` takes beyond the source at any moment: keeping the source
     (the whole repacked model) and with --delete-source (for `streamer plan`)."""
     with Checkpoint(src) as ckpt:
-        return planned_disk_needs(make_plan(ckpt, quantize))
+        return recipe_disk_needs(make_recipe(ckpt, quantize))
 
 
-def planned_disk_needs(plan: Plan) -> tuple[int, int]:
-    """disk_needs of a plan made already, its checkpoint still open (one expert is read to size
+def recipe_disk_needs(recipe: Recipe) -> tuple[int, int]:
+    """disk_needs of a recipe made already, its checkpoint still open (one expert is read to size
     a record): `streamer plan` plans a download once, for its sizes and for these."""
-    progress = Progress(plan.folder, "")  # nothing done yet; never saved
-    return consume.disk_peaks(plan, progress, *layer_and_resident_bytes(plan, progress))
+    sidecar = ResumeSidecar(recipe.folder, "")  # nothing done yet; never saved
+    return consume.disk_peaks(recipe, sidecar, *layer_and_resident_bytes(recipe, sidecar))
 
 
 def repack(
@@ -79,7 +79,7 @@ def repack(
             "--delete-source: run the same command with --resume to finish it."
         )
     with Checkpoint(src, consumed) as ckpt:
-        plan = make_plan(ckpt, quantize)
+        recipe = make_recipe(ckpt, quantize)
         publish.warn_without_tokenizer(src, log)
         options = {"quantize": quantize and [quantize.bits, quantize.group_size]}
         if quantize and quantize.mode != "affine":  # affine as before: its progress resumes
@@ -89,17 +89,17 @@ def repack(
         consumer = None
         try:
             if delete_source:
-                consumer = consume.SourceConsumer(ckpt, plan, partial, log)
-            partial_fd, progress = publish.open_partial(partial, identity, resume, log)
+                consumer = consume.SourceConsumer(ckpt, recipe, partial, log)
+            partial_fd, sidecar = publish.open_partial(partial, identity, resume, log)
         except BaseException:
             for held in (readers, consumer):
                 if held is not None:
                     held.release()
             raise
         try:
-            needed, left = disk_needed(plan, progress)
+            needed, left = disk_needed(recipe, sidecar)
             keep, peak = consume.disk_peaks(
-                plan, progress, *layer_and_resident_bytes(plan, progress)
+                recipe, sidecar, *layer_and_resident_bytes(recipe, sidecar)
             )
             log(
                 f"[repack] disk: {size_text(keep)} to write beside the source; with "
@@ -110,10 +110,10 @@ def repack(
                 left = min(left, peak)
             publish.check_free_space(partial, left)  # a refusal keeps resumable work as it is
             manifest = _write_and_publish(
-                plan, partial, dst, progress, needed, consumer, log, force
+                recipe, partial, dst, sidecar, needed, consumer, log, force
             )
         except StreamerError:
-            if not progress.started and not consume.stand_ins(partial):
+            if not sidecar.started and not consume.stand_ins(partial):
                 shutil.rmtree(partial, ignore_errors=True)  # nothing written: leave nothing behind
             raise
         finally:
@@ -129,20 +129,20 @@ def repack(
     return manifest
 
 
-def layer_and_resident_bytes(plan: Plan, progress: Progress) -> tuple[int, int]:
+def layer_and_resident_bytes(recipe: Recipe, sidecar: ResumeSidecar) -> tuple[int, int]:
     """Bytes of one MoE layer's expert file and of the resident file, as they will be written
     (a layer already written says it without reading a source shard that may be deleted)."""
-    done = next(iter(progress.layers.values()), None)
-    per_layer = done.file_bytes if done is not None else record_bytes(plan) * plan.num_experts
-    return per_layer, sum(a.nbytes for _, a in plan.resident_items())
+    done = next(iter(sidecar.layers.values()), None)
+    per_layer = done.file_bytes if done is not None else record_bytes(recipe) * recipe.num_experts
+    return per_layer, sum(a.nbytes for _, a in recipe.resident_items())
 
 
-def disk_needed(plan: Plan, progress: Progress) -> tuple[int, int]:
+def disk_needed(recipe: Recipe, sidecar: ResumeSidecar) -> tuple[int, int]:
     """Bytes of the whole repacked model, and of what is left to write (all unless resuming)."""
-    per_layer, resident = layer_and_resident_bytes(plan, progress)
-    needed = per_layer * len(plan.containers) + resident
-    left = per_layer * (len(plan.containers) - len(progress.layers))
-    return needed, left + (resident if progress.resident is None else 0)
+    per_layer, resident = layer_and_resident_bytes(recipe, sidecar)
+    needed = per_layer * len(recipe.containers) + resident
+    left = per_layer * (len(recipe.containers) - len(sidecar.layers))
+    return needed, left + (resident if sidecar.resident is None else 0)
 
 
 def _same_disk(src: Path, partial: Path) -> bool:
@@ -150,10 +150,10 @@ def _same_disk(src: Path, partial: Path) -> bool:
 
 
 def _write_and_publish(
-    plan: Plan,
+    recipe: Recipe,
     partial: Path,
     dst: Path,
-    progress: Progress,
+    sidecar: ResumeSidecar,
     needed: int,
     consumer: consume.SourceConsumer | None,
     log,
@@ -161,56 +161,58 @@ def _write_and_publish(
 ) -> Manifest:
     try:
         collect = consumer.collect if consumer is not None else lambda _: None
-        manifest = write_model(plan, partial, progress, log, collect)
+        manifest = write_model(recipe, partial, sidecar, log, collect)
         publish.publish(partial, dst, replace=replace)
-        # the progress and stand-ins go only once published: until then they are all there is
+        # the sidecar and stand-ins go only once published: until then they are all there is
         # of the source shards already deleted
-        (dst / PROGRESS_FILE).unlink(missing_ok=True)
+        (dst / SIDECAR_FILE).unlink(missing_ok=True)
         shutil.rmtree(dst / consume.CONSUMED, ignore_errors=True)
     except BaseException as e:
-        failure = publish.failed(e, partial, progress, len(plan.containers), needed, log)
+        failure = publish.failed(e, partial, sidecar, len(recipe.containers), needed, log)
         if failure is e:
             raise
         raise failure from e
     return manifest
 
 
-def write_model(plan: Plan, out: Path, progress: Progress, log, collect=lambda _: None) -> Manifest:
-    """Write the resident file, each MoE layer not already in `progress`, the side files, the
+def write_model(
+    recipe: Recipe, out: Path, sidecar: ResumeSidecar, log, collect=lambda _: None
+) -> Manifest:
+    """Write the resident file, each MoE layer not already in `sidecar`, the side files, the
     config and the manifest into `out`, recording progress after each file (then `collect`
     deletes the source shards that no longer hold anything left to write)."""
     warnings = NonfiniteWarnings(log)
-    total = len(plan.containers)
-    log(f"[repack] {plan.folder} -> {total} MoE layers x {plan.num_experts} experts")
-    progress.keep_verified(plan, log)  # a resumed run publishes only what it has checked
-    if progress.resident is None:
-        if plan.sources.ckpt.stand_ins:  # their data would be read as zeros: never write it
+    total = len(recipe.containers)
+    log(f"[repack] {recipe.folder} -> {total} MoE layers x {recipe.num_experts} experts")
+    sidecar.keep_verified(recipe, log)  # a resumed run publishes only what it has checked
+    if sidecar.resident is None:
+        if recipe.sources.ckpt.stand_ins:  # their data would be read as zeros: never write it
             raise StreamerError(
                 f"{out / RESIDENT_FILE} is missing but source shards it needs were deleted by "
                 "--delete-source: the repack cannot finish; download the model again."
             )
-        items = plan.resident_items()
+        items = recipe.resident_items()
         with progress_bar(sum(a.nbytes for _, a in items), "[repack] resident", "B") as bar:
-            progress.record_resident(
+            sidecar.record_resident(
                 write_safetensors(out / RESIDENT_FILE, items, written=bar.update)
             )
         warnings.check_file(out / RESIDENT_FILE)
-    collect(progress)
+    collect(sidecar)
     layers = []
     start = time.perf_counter()
     written = 0
-    left = (total - len(progress.layers)) * plan.num_experts
+    left = (total - len(sidecar.layers)) * recipe.num_experts
     with progress_bar(left, "[repack] experts", "expert") as bar:
         log = above(bar, log)
-        for index, module in enumerate(plan.containers):
-            layer = progress.layers.get(index)
+        for index, module in enumerate(recipe.containers):
+            layer = sidecar.layers.get(index)
             if layer is not None:
                 layers.append(layer)
                 log(f"[repack] layer {index + 1}/{total} {module}: kept from the interrupted run")
                 continue
-            layer = write_layer(plan, out, index, module, warnings, lambda: bar.update(1))
-            progress.record_layer(index, layer)
-            collect(progress)
+            layer = write_layer(recipe, out, index, module, warnings, lambda: bar.update(1))
+            sidecar.record_layer(index, layer)
+            collect(sidecar)
             layers.append(layer)
             written += layer.file_bytes
             rate = written / max(time.perf_counter() - start, 1e-9) / 1e6
@@ -219,11 +221,11 @@ def write_model(plan: Plan, out: Path, progress: Progress, log, collect=lambda _
                 f"{size_text(layer.file_bytes)} ({rate:.0f} MB/s)"
             )
     warnings.summary()
-    publish.copy_side_files(plan.folder, out)
-    publish.write_config(out, plan.config)
+    publish.copy_side_files(recipe.folder, out)
+    publish.write_config(out, recipe.config)
     # sizes and times as written: load refuses a file changed after this point
     names = [RESIDENT_FILE, *(layer.file for layer in layers)]
     files = {name: file_stat(out / name) for name in names}
-    manifest = Manifest(plan.config, progress.resident, tuple(layers), files)
+    manifest = Manifest(recipe.config, sidecar.resident, tuple(layers), files)
     write_manifest(out, manifest)
     return manifest

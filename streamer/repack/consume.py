@@ -21,8 +21,8 @@ from ..io.checkpoint import Checkpoint
 from ..io.durable import fsync_dir
 from ..io.lock import FolderLock, lock_source_for_deleting
 from ..io.sizes import size_text
-from .plan import Plan
-from .progress import Progress
+from .recipe import Recipe
+from .resume_sidecar import ResumeSidecar
 
 CONSUMED = "consumed"
 
@@ -33,10 +33,10 @@ def stand_ins(partial: Path) -> dict[str, Path]:
     return {p.name: p for p in sorted(folder.iterdir())} if folder.is_dir() else {}
 
 
-def layers_by_shard(plan: Plan) -> dict[Path, set[int]]:
+def layers_by_shard(recipe: Recipe) -> dict[Path, set[int]]:
     """Every source shard -> the MoE layers (by index) with an expert tensor in it."""
-    index = {module: i for i, module in enumerate(plan.containers)}
-    sources = plan.sources
+    index = {module: i for i, module in enumerate(recipe.containers)}
+    sources = recipe.sources
     needs: dict[Path, set[int]] = {info.path: set() for info in sources.ckpt.tensors.values()}
     for (module, _, _), info in sources.stacked.items():
         needs[info.path].add(index[module])
@@ -50,17 +50,19 @@ def layers_by_shard(plan: Plan) -> dict[Path, set[int]]:
 
 
 def disk_peaks(
-    plan: Plan, progress: Progress, layer_bytes: int, resident_bytes: int
+    recipe: Recipe, sidecar: ResumeSidecar, layer_bytes: int, resident_bytes: int
 ) -> tuple[int, int]:
     """The most disk the rest of the repack takes beyond what is already written: keeping the
     source, and deleting each shard once consumed (the resident file first, then layer by layer)."""
-    needs = layers_by_shard(plan)
+    needs = layers_by_shard(recipe)
     sizes = {
-        path: path.stat().st_size for path in needs if path.name not in plan.sources.ckpt.stand_ins
+        path: path.stat().st_size
+        for path in needs
+        if path.name not in recipe.sources.ckpt.stand_ins
     }
-    done = set(progress.layers)
-    steps = ([] if progress.resident is not None else [(None, resident_bytes)]) + [
-        (i, layer_bytes) for i in range(len(plan.containers)) if i not in done
+    done = set(sidecar.layers)
+    steps = ([] if sidecar.resident is not None else [(None, resident_bytes)]) + [
+        (i, layer_bytes) for i in range(len(recipe.containers)) if i not in done
     ]
     keep = sum(size for _, size in steps)
     extra = peak = 0
@@ -77,9 +79,9 @@ def disk_peaks(
 class SourceConsumer:
     """Deletes the source shards of `ckpt` as the repack into `partial` records its progress."""
 
-    def __init__(self, ckpt: Checkpoint, plan: Plan, partial: Path, log):
+    def __init__(self, ckpt: Checkpoint, recipe: Recipe, partial: Path, log):
         self.ckpt, self.partial, self.log = ckpt, partial, log
-        self.needs = layers_by_shard(plan)
+        self.needs = layers_by_shard(recipe)
         self._lock: FolderLock | None = lock_source_for_deleting(ckpt.folder)
         for path in self.needs:
             if path.name in ckpt.stand_ins:
@@ -97,13 +99,13 @@ class SourceConsumer:
                 f"{ckpt.folder} is not writable: --delete-source cannot delete its shards."
             )
 
-    def collect(self, progress: Progress) -> None:
-        """Delete every shard whose data is all recorded in `progress` (none before the resident
+    def collect(self, sidecar: ResumeSidecar) -> None:
+        """Delete every shard whose data is all recorded in `sidecar` (none before the resident
         file, which reads from every shard)."""
-        if progress.resident is None:
+        if sidecar.resident is None:
             return
         for path, layers in self.needs.items():
-            if path.name in self.ckpt.stand_ins or not layers <= progress.layers.keys():
+            if path.name in self.ckpt.stand_ins or not layers <= sidecar.layers.keys():
                 continue
             self._stand_in(path)
             self.ckpt.release(path)

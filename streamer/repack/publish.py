@@ -18,7 +18,7 @@ from ..io.lock import lock_directory
 from ..io.manifest import FORMAT, MANIFEST_FILE
 from ..io.sizes import size_text
 from .consume import stand_ins
-from .progress import Progress
+from .resume_sidecar import ResumeSidecar
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
 
@@ -27,20 +27,22 @@ def partial_folder(dst: Path) -> Path:
     return dst.parent / f".{dst.name}.partial"
 
 
-def open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int | None, Progress]:
-    """Lock the `.DST.partial` folder against other repacks and pick up its progress if resuming."""
+def open_partial(
+    partial: Path, identity: str, resume: bool, log
+) -> tuple[int | None, ResumeSidecar]:
+    """Lock the `.DST.partial` folder against other repacks and pick up its sidecar if resuming."""
     check_not_in_the_way(partial)
     if partial.exists():
         fd = lock_directory(partial, "writing the same destination")
         try:
-            progress = Progress.load(partial, identity) if resume else None
+            sidecar = ResumeSidecar.load(partial, identity) if resume else None
         except BaseException:
             if fd is not None:
                 os.close(fd)
             raise
-        if progress is not None:
-            log(f"[repack] resuming {partial}: {len(progress.layers)} MoE layer(s) already done")
-            return fd, progress
+        if sidecar is not None:
+            log(f"[repack] resuming {partial}: {len(sidecar.layers)} MoE layer(s) already done")
+            return fd, sidecar
         log(
             f"[repack] removing the unfinished repack in {partial}"
             + ("" if resume else " (--resume continues one)")
@@ -51,7 +53,7 @@ def open_partial(partial: Path, identity: str, resume: bool, log) -> tuple[int |
     elif resume:
         log("[repack] nothing to resume: starting from the beginning")
     make_partial(partial)
-    return lock_directory(partial, "writing the same destination"), Progress(partial, identity)
+    return lock_directory(partial, "writing the same destination"), ResumeSidecar(partial, identity)
 
 
 def check_not_in_the_way(partial: Path) -> None:
@@ -88,7 +90,7 @@ def check_free_space(partial: Path, left: int) -> None:
 def failed(
     error: BaseException,
     partial: Path,
-    progress: Progress,
+    sidecar: ResumeSidecar,
     num_layers: int,
     needed_bytes: int,
     log,
@@ -97,11 +99,11 @@ def failed(
     --resume continues it; delete it after a StreamerError (bad input: nothing worth keeping).
     Returns the error to raise: an OSError becomes a StreamerError saying what to do."""
     consumed = stand_ins(partial) if partial.exists() else {}
-    keep = consumed or (not isinstance(error, StreamerError) and progress.started)
+    keep = consumed or (not isinstance(error, StreamerError) and sidecar.started)
     if not keep or not partial.exists():
         shutil.rmtree(partial, ignore_errors=True)
         return error
-    done = f"{len(progress.layers)}/{num_layers} MoE layers are kept in {partial}"
+    done = f"{len(sidecar.layers)}/{num_layers} MoE layers are kept in {partial}"
     again = (
         f"run the same command with --resume to continue (or delete {partial} to reclaim its space)"
     )

@@ -16,7 +16,7 @@ from ..families.mlx_lm_models import models_without_package_init
 from ..io.manifest import RECORD_ALIGN, TENSOR_ALIGN, ExpertTensor, MoeLayer
 from ..io.mapping import align
 from ..io.safetensors import MLX_TO_SAFETENSORS, nonfinite_count, read_header, to_mlx
-from .plan import Plan
+from .recipe import Recipe
 from .sources import KIND_ORDER
 
 with models_without_package_init():
@@ -55,10 +55,10 @@ class NonfiniteWarnings:
             )
 
 
-def record_bytes(plan: Plan) -> int:
+def record_bytes(recipe: Recipe) -> int:
     """The size of one expert record (every layer's is the same: they share one config)."""
-    module, container = next(iter(plan.containers.items()))
-    return layout(expert_parts(plan, module, container, 0))[1]
+    module, container = next(iter(recipe.containers.items()))
+    return layout(expert_parts(recipe, module, container, 0))[1]
 
 
 def layout(parts: list[Part]) -> tuple[tuple[ExpertTensor, ...], int]:
@@ -71,7 +71,7 @@ def layout(parts: list[Part]) -> tuple[tuple[ExpertTensor, ...], int]:
 
 
 def write_layer(
-    plan: Plan,
+    recipe: Recipe,
     out: Path,
     index: int,
     module: str,
@@ -80,14 +80,14 @@ def write_layer(
 ) -> MoeLayer:
     """Write layer `index` (container `module`) to `out/experts/NNN.bin`, fsynced; `on_expert`
     is called after each expert (a progress bar)."""
-    container = plan.containers[module]
+    container = recipe.containers[module]
     rel = layer_file(index)
     tensors: tuple[ExpertTensor, ...] = ()
     size = 0
     offsets, crcs = [], []
     with open(out / rel, "wb") as f:
-        for expert in range(plan.num_experts):
-            parts = expert_parts(plan, module, container, expert)
+        for expert in range(recipe.num_experts):
+            parts = expert_parts(recipe, module, container, expert)
             if expert == 0:
                 tensors, size = layout(parts)
             record = bytearray(size)
@@ -95,7 +95,7 @@ def write_layer(
             for tensor, (name, dtype, shape, data) in zip(tensors, parts):
                 if (name, dtype, shape) != (tensor.name, tensor.dtype, tensor.shape):
                     raise StreamerError(
-                        f"{plan.folder}: {module} expert {expert} tensor {name} is "
+                        f"{recipe.folder}: {module} expert {expert} tensor {name} is "
                         f"{dtype}{list(shape)}, but expert 0 has "
                         f"{tensor.dtype}{list(tensor.shape)}."
                     )
@@ -111,7 +111,7 @@ def write_layer(
     return MoeLayer(
         module,
         rel,
-        plan.num_experts,
+        recipe.num_experts,
         size,
         quantization_of(container),
         tensors,
@@ -124,40 +124,40 @@ def layer_file(index: int) -> str:
     return f"experts/{index:03d}.bin"
 
 
-def matches_plan(plan: Plan, index: int, layer: MoeLayer) -> bool:
-    """Is `layer` (as an interrupted run recorded it) what this plan writes for layer `index`:
+def matches_recipe(recipe: Recipe, index: int, layer: MoeLayer) -> bool:
+    """Is `layer` (as an interrupted run recorded it) what this recipe writes for layer `index`:
     same module, file, expert count, quantization and record layout?"""
-    modules = list(plan.containers)
+    modules = list(recipe.containers)
     if not 0 <= index < len(modules):
         return False
     module = modules[index]
-    container = plan.containers[module]
-    expected = (module, layer_file(index), plan.num_experts, quantization_of(container))
+    container = recipe.containers[module]
+    expected = (module, layer_file(index), recipe.num_experts, quantization_of(container))
     if (layer.module, layer.file, layer.num_experts, layer.quantization) != expected:
         return False
     try:
-        tensors, size = layout(expert_parts(plan, module, container, 0))
+        tensors, size = layout(expert_parts(recipe, module, container, 0))
     except StreamerError:  # its source shard was deleted by --delete-source: the crc32s decide
         return True
     return (tensors, size) == (layer.tensors, layer.record_bytes)
 
 
-def expert_parts(plan: Plan, module: str, container: nn.Module, expert: int) -> list[Part]:
+def expert_parts(recipe: Recipe, module: str, container: nn.Module, expert: int) -> list[Part]:
     """Each of one expert's tensors, in record order: copied from the source, or with --quantize
     made as `mlx_lm.convert --quantize` makes them."""
     parts = []
     for proj in container_projections(container):
         target = container[proj]
         kinds = [k for k in KIND_ORDER if k in target and target[k] is not None]
-        if plan.quantize is None:
+        if recipe.quantize is None:
             for kind in kinds:
                 shape = tuple(target[kind].shape[1:])
-                dtype, data = plan.sources.read(
+                dtype, data = recipe.sources.read(
                     module, proj, kind, expert, shape, target[kind].dtype
                 )
                 parts.append((f"{proj}.{kind}", dtype, shape, data))
             continue
-        for kind, arr in _quantized(plan, module, proj, target, kinds, expert).items():
+        for kind, arr in _quantized(recipe, module, proj, target, kinds, expert).items():
             arr = mx.contiguous(arr)
             mx.eval(arr)
             data = bytes(memoryview(arr).cast("B"))
@@ -166,17 +166,17 @@ def expert_parts(plan: Plan, module: str, container: nn.Module, expert: int) -> 
 
 
 def _quantized(
-    plan: Plan, module: str, proj: str, target: nn.Module, kinds: list[str], expert: int
+    recipe: Recipe, module: str, proj: str, target: nn.Module, kinds: list[str], expert: int
 ) -> dict[str, mx.array]:
     def array(kind: str, shape: tuple[int, ...], expected: mx.Dtype | None = None) -> mx.array:
         """One expert's `proj.kind`, cast like `mlx_lm.convert` casts the model."""
-        dtype, data = plan.sources.read(module, proj, kind, expert, shape, expected)
+        dtype, data = recipe.sources.read(module, proj, kind, expert, shape, expected)
         arr = to_mlx(data, dtype, shape)
-        if plan.cast is not None and mx.issubdtype(arr.dtype, mx.floating):
-            arr = arr.astype(plan.cast)
+        if recipe.cast is not None and mx.issubdtype(arr.dtype, mx.floating):
+            arr = arr.astype(recipe.cast)
         return arr
 
-    if f"{module}.{proj}" in plan.prequantized:  # e.g. gpt-oss's MXFP4 experts: kept as they are
+    if f"{module}.{proj}" in recipe.prequantized:  # e.g. gpt-oss's MXFP4 experts: kept as they are
         return {kind: array(kind, tuple(target[kind].shape[1:])) for kind in kinds}
     produced = {}
     weight = array("weight", (target.output_dims, target.input_dims), mx.float32)

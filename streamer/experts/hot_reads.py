@@ -1,4 +1,4 @@
-"""Read path with a hot-expert cache (cache/expert_cache.py): hits come from memory, misses from
+"""Read path with a hot-expert cache (cache/hot_experts.py): hits come from memory, misses from
 the files; the routed experts are stacked per tensor in the compute dtype."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import mlx.core as mx
 
-from ..stats import ExpertTraffic
+from ..expert_traffic import ExpertTraffic
 from .routing import compute_stacked, finish, host_routing
 
 

@@ -28,10 +28,10 @@ from ..io.manifest import (
     layer_to_json,
 )
 from ..io.tensor_crcs import verify_layer, verify_resident
-from .plan import Plan
-from .records import matches_plan
+from .recipe import Recipe
+from .records import matches_recipe
 
-PROGRESS_FILE = "progress.json"
+SIDECAR_FILE = "progress.json"
 
 
 def source_identity(ckpt: Checkpoint, options: dict) -> str:
@@ -54,7 +54,7 @@ def source_identity(ckpt: Checkpoint, options: dict) -> str:
     return digest.hexdigest()
 
 
-class Progress:
+class ResumeSidecar:
     """What an (interrupted) repack into `folder` has finished: the resident file and MoE layers."""
 
     def __init__(self, folder: Path, identity: str):
@@ -64,10 +64,10 @@ class Progress:
         self.layers: dict[int, MoeLayer] = {}
 
     @classmethod
-    def load(cls, folder: Path, identity: str) -> Progress | None:
-        """The recorded progress (None if there is none); refuses one from another source or
+    def load(cls, folder: Path, identity: str) -> ResumeSidecar | None:
+        """The recorded sidecar (None if there is none); refuses one from another source or
         options."""
-        path = Path(folder) / PROGRESS_FILE
+        path = Path(folder) / SIDECAR_FILE
         if not path.exists():
             return None
         state = read_json_object(path, "rerun without --resume to start over.")
@@ -77,7 +77,7 @@ class Progress:
                 "(config.json, the tensors or --quantize differ): rerun without --resume to start "
                 "over."
             )
-        progress = cls(folder, identity)
+        sidecar = cls(folder, identity)
         resident, layers = state.get("resident"), state.get("layers", {})
         damaged = StreamerError(f"{path} is damaged: rerun without --resume to start over.")
         if resident is not None and not (
@@ -89,31 +89,31 @@ class Progress:
             isinstance(i, str) and i.isdigit() and len(i) < 6 for i in layers
         ):
             raise damaged
-        progress.resident = resident
+        sidecar.resident = resident
         for index, entry in layers.items():
             try:
                 layer = layer_from_json(entry, path)
             except StreamerError:
                 raise damaged from None
-            if progress._complete(layer.file, layer.file_bytes):
-                progress.layers[int(index)] = layer
-        if progress.resident is not None and not (Path(folder) / RESIDENT_FILE).exists():
-            progress.resident = None
-        return progress
+            if sidecar._complete(layer.file, layer.file_bytes):
+                sidecar.layers[int(index)] = layer
+        if sidecar.resident is not None and not (Path(folder) / RESIDENT_FILE).exists():
+            sidecar.resident = None
+        return sidecar
 
-    def keep_verified(self, plan: Plan, log) -> None:
-        """Forget any recorded file that is not what this plan writes or whose bytes do not match
+    def keep_verified(self, recipe: Recipe, log) -> None:
+        """Forget any recorded file that is not what this recipe writes or whose bytes do not match
         their recorded crc32s (a damaged or hand-edited sidecar, a file changed since): it is
         written again, so a resumed repack never publishes what load would refuse. This reads
         the kept files once."""
         if self.resident is not None:
-            names = {name for name, _ in plan.resident_items()}
-            kept = Manifest(plan.config, self.resident, (), {})
+            names = {name for name, _ in recipe.resident_items()}
+            kept = Manifest(recipe.config, self.resident, (), {})
             if set(self.resident) != names or verify_resident(self.folder, kept):
                 log(f"[repack] {RESIDENT_FILE} does not match its record: writing it again")
                 self.resident = None
         for index, layer in sorted(self.layers.items()):
-            if not matches_plan(plan, index, layer) or verify_layer(self.folder, index, layer):
+            if not matches_recipe(recipe, index, layer) or verify_layer(self.folder, index, layer):
                 log(f"[repack] layer {index + 1} does not match its record: writing it again")
                 del self.layers[index]
 
@@ -139,7 +139,7 @@ class Progress:
             "resident": self.resident,
             "layers": {str(i): layer_to_json(layer) for i, layer in sorted(self.layers.items())},
         }
-        write_json_atomic(self.folder / PROGRESS_FILE, state)
+        write_json_atomic(self.folder / SIDECAR_FILE, state)
 
     def remove(self) -> None:
-        (self.folder / PROGRESS_FILE).unlink(missing_ok=True)
+        (self.folder / SIDECAR_FILE).unlink(missing_ok=True)

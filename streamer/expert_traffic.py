@@ -1,22 +1,20 @@
-"""Counters of expert traffic, split into prompt processing and decoding, and routing traces."""
+"""Counters of expert traffic, split into prompt processing and decoding: what each MoE layer call
+read, copied and waited for, the calls counted later (settled) so that counting never waits for
+the GPU, the verify passes' drafts (draft_accounting.py) and the routing trace
+(routing_trace.py)."""
 
 from __future__ import annotations
 
-import math
-import resource
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
 from .cache.settle import distinct
-from .io.sizes import size_text
+from .draft_accounting import Drafts, PassCall
+from .routing_trace import Routing
 
-# One routed token of one MoE layer: (MoE layer number, the token's experts, sorted).
-Routing = tuple[int, tuple[int, ...]]
 UNSETTLED_MAX = 4096  # in-page-cache counts kept for the next read: 85 tokens of 48 layers
 
 
@@ -47,38 +45,6 @@ class ExpertTraffic:
     @property
     def page_cache_hit_rate(self) -> float | None:
         return self.bytes_in_page_cache / self.bytes_measured if self.bytes_measured else None
-
-
-@dataclass
-class PassCall:
-    """One MoE layer call of a speculative verify pass: its routing (evaluated with the pass), what
-    one expert read costs there, and the experts it found in memory instead (slot or cache hits)."""
-
-    indices: object  # mx.array [..., inputs, k]
-    read_bytes: int
-    hits: set[int] = field(default_factory=set)
-
-
-@dataclass
-class Drafts:
-    """Speculative decoding: verify passes, the draft tokens they checked and accepted, the tokens
-    they emitted, and the expert reads only rejected drafts routed to (wasted)."""
-
-    passes: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    wasted_experts: int = 0
-    wasted_bytes: int = 0
-
-    def line(self, wasted_bytes_per_token: float) -> str:
-        """The stats line's part for drafts (`wasted_bytes_per_token`: per decoded token)."""
-        kept = f"{self.accepted / self.drafted:.0%}" if self.drafted else "n/a"
-        return (
-            f" | drafts: {self.accepted / self.passes:.1f} of {self.drafted / self.passes:.1f} "
-            f"kept per pass ({kept}), {self.emitted / self.passes:.2f} tokens/pass, wasted "
-            f"{size_text(wasted_bytes_per_token)}/token"
-        )
 
 
 @dataclass
@@ -153,21 +119,9 @@ class ExpertStats:
 
     def end_pass(self, drafted: int, accepted: int) -> None:
         """The pass's inputs were the last token and `drafted` drafts, of which `accepted` were
-        kept (the loop counts `drafts.emitted` as it yields). An expert only the rejected inputs
-        routed to was read for nothing: counted as waste (evaluated with the pass: no sync)."""
+        kept (the loop counts `drafts.emitted` as it yields)."""
         calls, self.verifying = self.verifying or [], None
-        drafts = self.drafts
-        drafts.passes += 1
-        drafts.drafted += drafted
-        drafts.accepted += accepted
-        kept = accepted + 1
-        for call in calls if kept <= drafted else ():
-            routed = np.array(call.indices)
-            routed = routed.reshape(-1, routed.shape[-1])  # one row per input, in order
-            wasted = set(np.unique(routed[kept:]).tolist()) - set(routed[:kept].ravel().tolist())
-            wasted -= call.hits
-            drafts.wasted_experts += len(wasted)
-            drafts.wasted_bytes += len(wasted) * call.read_bytes
+        self.drafts.count_pass(calls, drafted, accepted)
 
     def record_routing(self, layer: int, routed: np.ndarray) -> None:
         """Append one call's routing ([..., k] expert ids on the host) to the trace."""
@@ -200,53 +154,3 @@ def _count_in_page_cache(calls: list[tuple[ExpertTraffic, mx.array, int, int]]) 
         traffic.bytes_read += len(experts) * payload_bytes
         traffic.bytes_in_page_cache += len(experts) * measured_bytes  # the whole file was cached
         traffic.bytes_measured += len(experts) * measured_bytes
-
-
-class RoutingRecorder(nn.Module):
-    """An mlx-lm expert container that records its routing in `stats.trace` (streamed layers
-    record their own)."""
-
-    def __init__(self, inner: nn.Module, stats: ExpertStats, layer: int):
-        super().__init__()
-        self.inner = inner
-        object.__setattr__(self, "_stats", stats)
-        self._layer = layer
-
-    def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
-        self._stats.record_routing(self._layer, np.array(indices))
-        return self.inner(x, indices)
-
-
-def peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
-
-
-def top_tenth(num_experts: int) -> int:
-    """How many experts "the top 10%" of a layer's are: at least one."""
-    return max(1, math.ceil(0.1 * num_experts))
-
-
-def routing_skew(routed: np.ndarray, num_experts: int, starts: Sequence[int] = (0,)) -> dict:
-    """How one MoE layer's routing (`routed`: [tokens, k] expert ids) is spread: the share of its
-    picks the top 10% of experts take, the entropy of its expert use (1: uniform), the share of a
-    token's experts the previous token also used (pairs across a window start in `starts`
-    skipped), the largest share, and the experts never used."""
-    k = routed.shape[1]
-    counts = np.bincount(routed.reshape(-1), minlength=num_experts).astype(np.float64)
-    share = counts / counts.sum()
-    top = top_tenth(num_experts)
-    p = share[share > 0]
-    entropy = float(-(p * np.log(p)).sum() / math.log(num_experts))
-    same_window = np.ones(len(routed) - 1, dtype=bool)
-    same_window[np.asarray(starts, dtype=np.int64)[1:] - 1] = False
-    a, b = routed[:-1][same_window], routed[1:][same_window]
-    overlap = (a[:, :, None] == b[:, None, :]).any(-1).sum(-1).mean() / k
-    return {
-        "top10_share": float(np.sort(share)[::-1][:top].sum()),
-        "top10_experts": top,
-        "entropy": entropy,
-        "overlap": float(overlap),
-        "max_share": float(share.max()),
-        "unused": int((counts == 0).sum()),
-    }

@@ -13,7 +13,7 @@ import mlx.core as mx
 from .policies import LFUAging
 
 
-class ExpertCache:
+class HotExperts:
     def __init__(self, budget_bytes: int, slot_bytes: int, policy=LFUAging):
         """`slot_bytes`: what one cached expert may take (the largest expert, resident);
         `policy`: a cache/policies.py class taking the number of slots."""

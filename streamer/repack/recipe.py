@@ -59,7 +59,7 @@ class Quantize:
 
 
 @dataclass
-class Plan:
+class Recipe:
     folder: Path  # the source checkpoint
     model: nn.Module  # resident weights loaded; expert containers hold the target shapes
     config: dict  # the repacked model's config.json
@@ -82,8 +82,9 @@ def in_containers(name: str, containers: dict[str, nn.Module]) -> bool:
     return expert_container_of(name, containers) is not None
 
 
-def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
-    """Check the checkpoint against its config.json and plan its repack; refuse what cannot be."""
+def make_recipe(ckpt: Checkpoint, quantize: Quantize | None) -> Recipe:
+    """Check the checkpoint against its config.json and make its repack's recipe; refuse what
+    cannot be."""
     where = ckpt.folder / "config.json"
     config = untied_where_saved(normalize_config(check_config(ckpt.config, where)), ckpt.tensors)
     check_layer_count(config, ckpt.tensors, where)
@@ -127,7 +128,7 @@ def make_plan(ckpt: Checkpoint, quantize: Quantize | None) -> Plan:
     if quantize:
         cast = CONVERSION_DTYPES.get(config.get("torch_dtype"))
         config = quantize_resident(model, config, quantize, cast)
-    return Plan(
+    return Recipe(
         ckpt.folder, model, config, containers, num_experts, sources, quantize, cast, prequantized
     )
 
@@ -220,7 +221,9 @@ def quantize_resident(
                 model.parameters(),
             )
         )
-    from mlx_lm.utils import quantize_model  # here: a plan without --quantize needs no mlx_lm.utils
+    from mlx_lm.utils import (
+        quantize_model,  # here: a recipe without --quantize needs no mlx_lm.utils
+    )
 
     with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
         _, config = quantize_model(
