@@ -49,7 +49,7 @@ MACHINES = {  # name: (model, its config, memory a run has in bytes, memory GB/s
 }
 EFFICIENCY = 0.6  # share of the memory bandwidth a decode step's weight reads reach (assumed)
 SYNC_S = 1e-4  # seconds per MoE layer a host sync costs beside the compute (assumed)
-PEERS = {  # published figures, prior-art.md and routing.md
+PEERS = {  # published: ../shared/notes/prior-art.md, ../shared/notes/routing.md
     "Qwen3-30B-A3B": "nunspark 6.9 (16 GB M4); mlx-vlm moe_offload 14.1 (16 GB M4 mini); "
     "Ollama 1.7 (16 GB M1); boyle 14.5 (12 GB budget, 32 GB M1 Pro)",
     "Qwen3-235B-A22B": "Nunspark 0.29-0.36 (96 GB M3 Ultra, 83-86% LRU hits)",

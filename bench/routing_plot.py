@@ -16,7 +16,7 @@ from pathlib import Path
 
 from routing_model import PROFILES, RoutingModel, replay
 
-SHARES = [0.03, 0.0625, 0.125, 0.1875, 0.25, 0.375, 0.5, 0.625, 0.75]
+SHARES = [0.0625, 0.125, 0.1875, 0.25, 0.375, 0.5, 0.625, 0.75]
 PUBLISHED = {  # model (policy, source): [(share of experts, hit rate)]; ranges at their middle
     "Qwen3-30B-A3B (LRU, imp PR 1374)": [
         (0.06, 0.366),

@@ -43,6 +43,7 @@ def all_experts_bytes(manifest: Manifest, dtype: mx.Dtype | None) -> int:
 # most of what is left (bench/README.md, "A budget people can pick").
 SLOT_SHARE = 0.75
 
+
 def slot_default(expert_bytes: int, largest_expert: int, available: int) -> int:
     """The slot pool's default bytes: all experts if they fit in SLOT_SHARE of `available`, else
     that share (at least one expert)."""

@@ -19,12 +19,15 @@ from __future__ import annotations
 import numpy as np
 
 SHARES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-PROFILE_HITS = {
-    "high": (),
-    "medium": (),
-    "low": (),
-    "uniform": (),
+# fmt: off
+PER_MILLE = {  # routed experts per 1000 found in the pool, at each of SHARES
+    "high":    (   0,  410,  577,  676,  747,  805,  850,  918,  960,  975,  985,  989,  991, 1000),
+    "medium":  (   0,  329,  479,  576,  651,  714,  764,  849,  918,  957,  974,  985,  990, 1000),
+    "low":     (   0,  205,  332,  426,  506,  578,  641,  752,  850,  930,  957,  977,  988, 1000),
+    "uniform": (   0,   42,   91,  140,  190,  240,  290,  390,  490,  590,  691,  791,  893, 1000),
 }
+# fmt: on
+PROFILE_HITS = {p: tuple(h / 1000 for h in hits) for p, hits in PER_MILLE.items()}
 PROFILES = tuple(PROFILE_HITS)
 TYPICAL = "medium"  # what plan and a load's message lead with
 
