@@ -28,7 +28,7 @@ tests/test_routing_model.py holds them to issue 35's ranges at 25%; bench/README
 `--policy` (each a cache/policies.py class; one call per (token, layer) with its k experts, as a
 layer call places them): `lru` (SlotLRU per layer, share x N slots each), `lfu` (SlotLFU per
 layer), `pool` (SlotLFU, the slot pool's own policy, one pool per group of layers as
-experts/slot_pools.py groups Qwen3-30B-A3B 4-bit records: cache/budget.py layer_groups, so its
+loading/residency.py groups Qwen3-30B-A3B 4-bit records: cache/budget.py layer_groups, so its
 aging runs at the real pool's pace), `pool-lru` (SlotLRU so grouped) and `lfu-cache` (LFUAging,
 the hot-expert cache's, one access at a time). The first `--cold` tokens of each prompt are
 counted apart ("cold") from the rest ("steady").
@@ -123,7 +123,7 @@ QWEN3_30B_RECORD = 2_654_208  # bytes of one Qwen3-30B-A3B expert at 4-bit, grou
 
 def _groups(layers: int, experts: int, share: float, pooled: bool) -> list[tuple[int, int, int]]:
     """(first, end, slots) per cache: one per layer, or (`pooled`) the slot pools of
-    experts/slot_pools.py for Qwen3-30B-A3B 4-bit records at that share (cache/budget.py)."""
+    loading/residency.py for Qwen3-30B-A3B 4-bit records at that share (cache/budget.py)."""
     from streamer.cache.budget import layer_groups
     from streamer.cache.slot_pool import CHUNK_BYTES
 

@@ -35,6 +35,7 @@ from profile_routing import install
 from routing_model import COLD_TOKENS, PROFILES
 from routing_profile import routing_profile
 
+from streamer.cache.landing import CUDA_MISSES
 from streamer.loading.handle import streaming
 from streamer.run_stats import peak_rss_bytes
 
@@ -42,7 +43,12 @@ ENGINES = ("streamer", "mlx_lm")
 
 
 def load(
-    engine: str, folder: Path, memory_budget: int, read_path: str | None, bypass: bool = False
+    engine: str,
+    folder: Path,
+    memory_budget: int,
+    read_path: str | None,
+    bypass: bool = False,
+    cuda_misses: str | None = None,
 ) -> nn.Module:
     from streamer.loading.backend import default_dtype
 
@@ -52,7 +58,11 @@ def load(
         # float32 activations on CPU by default; budget 0 streams every expert through the page
         # cache (mapped) or a pool of one token's experts (slots)
         model, _ = streamer.load(
-            folder, memory_budget=memory_budget, read_path=read_path, bypass_page_cache=bypass
+            folder,
+            memory_budget=memory_budget,
+            read_path=read_path,
+            bypass_page_cache=bypass,
+            cuda_misses=cuda_misses,
         )
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr, flush=True)
         return model
@@ -188,6 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bypass-page-cache", action="store_true", help="streamer slots: O_DIRECT")
     ap.add_argument("--pool-policy", choices=["lfu", "lru"], help="streamer slots: SlotLRU for lru")
     ap.add_argument(
+        "--cuda-misses",
+        choices=CUDA_MISSES,
+        help="streamer slots on CUDA: where a miss's bytes come from (load's cuda_misses; "
+        "default gathered, cache/landing.py)",
+    )
+    ap.add_argument(
         "--profile", action="store_true", help="streamer: time each layer's expert compute (a sync)"
     )
     args = ap.parse_args(argv)
@@ -195,7 +211,12 @@ def main(argv: list[str] | None = None) -> None:
     sampler = MemorySampler()
     start = time.perf_counter()
     model = load(
-        args.engine, args.model, args.memory_budget, args.read_path, args.bypass_page_cache
+        args.engine,
+        args.model,
+        args.memory_budget,
+        args.read_path,
+        args.bypass_page_cache,
+        args.cuda_misses,
     )
     load_s = time.perf_counter() - start
     if args.profile:

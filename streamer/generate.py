@@ -13,8 +13,9 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
-from .arguments import check_kv_quantization, check_request, check_sampling
+from .arguments import check_request, check_sampling
 from .errors import StreamerError, one_line
+from .kv_quantization import check_kv_cache_quantizes
 from .loading.handle import streaming
 from .run_stats import RunStats, run_stats
 from .speculative import stream as speculative
@@ -81,26 +82,6 @@ def stream_generate(
     # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums must
     # finish before any later collective, or the ranks' messages interleave
     mx.synchronize(kwargs.get("stream", generation_stream))
-
-
-def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
-    """mlx-lm's kv_bits keywords checked, and refused for a cache mlx-lm cannot quantize (a
-    rotating one: max_kv_size, or a model's sliding-window layers) before anything is computed,
-    where mlx-lm would fail part way."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    group = kwargs.get("kv_group_size", 64)
-    check_kv_quantization(kwargs["kv_bits"], group, kwargs.get("quantized_kv_start", 0))
-    for cache in make_prompt_cache(model, kwargs.get("max_kv_size")):
-        try:
-            if hasattr(cache, "to_quantized"):
-                cache.to_quantized(group_size=group, bits=kwargs["kv_bits"])
-        except NotImplementedError:
-            why = "max_kv_size" if kwargs.get("max_kv_size") else "the model's sliding windows"
-            raise StreamerError(
-                f"kv_bits: mlx-lm cannot quantize a {type(cache).__name__} (what {why} "
-                "make): drop kv_bits" + (" or max_kv_size." if "max" in why else ".")
-            ) from None
 
 
 _SAMPLER_KEYWORDS = set(inspect.signature(make_sampler).parameters) - {"temp", "top_p"}

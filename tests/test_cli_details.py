@@ -72,3 +72,23 @@ def test_a_terminal_sees_the_load_and_a_long_prefill(checkpoints):
         "--ignore-chat-template",
     )
     assert "[streamer] non-expert weights:" in text and "prefill:" in text
+
+
+@pytest.mark.parametrize("what", ["file", "folder", "empty folder"])
+@pytest.mark.parametrize("command", ["generate", "info", "verify"])
+def test_a_path_that_holds_no_model_says_what_it_is(tmp_path, capsys, what, command):
+    """It said `Run streamer repack SRC README.md first`."""
+    path = tmp_path / ("README.md" if what == "file" else "docs")
+    if what == "file":
+        path.write_text("# a model\n")
+    else:
+        path.mkdir()
+        if what == "folder":
+            (path / "index.md").write_text("docs\n")
+    argv = [command, str(path)] if command != "generate" else [command, "--model", str(path)]
+    assert main([*argv, "--prompt", "hi"] if command == "generate" else argv) == 2
+    line = capsys.readouterr().err.strip()
+    kind = {"file": "a file, not a model's folder", "folder": "a folder without a model"}
+    kind["empty folder"] = "an empty folder"
+    assert f"{path} is {kind[what]}" in line, line
+    assert "manifest.json" in line and "config.json" in line and "repack SRC" not in line, line

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import mlx.core as mx
-import psutil
 
 import streamer
 from streamer.cache.budget import (
@@ -19,6 +17,7 @@ from streamer.cache.budget import (
 from streamer.cache.expected_hits import PROFILES, expected_pool_hits
 from streamer.cli import main
 from streamer.io.manifest import read_manifest
+from streamer.loading import load as loading
 from streamer.plan import plan
 
 
@@ -35,34 +34,38 @@ def test_expected_hits_grow_with_the_budget():
         assert all(a <= b for a, b in zip(hits, hits[1:])) and 0 < hits[10] < 1
 
 
-def _available(monkeypatch, nbytes: int) -> None:
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=nbytes))
+def _available(monkeypatch, nbytes: int) -> list:
+    """The one memory reading a load's plan is made from, faked; its calls are counted."""
+    calls = []
+    monkeypatch.setattr(loading, "available_memory", lambda: calls.append(1) or nbytes)
+    return calls
 
 
-def test_default_budget_by_read_path(checkpoints, monkeypatch):
+def test_default_budget_by_read_path(checkpoints):
     manifest = read_manifest(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
     need = all_experts_bytes(manifest, None)
-    _available(monkeypatch, need)  # all of them would fit, but not in the slot path's share
-    budget, why = default_budget(manifest, None, "slots")
-    assert budget == int(need * SLOT_SHARE) and budget > largest_expert_bytes(manifest, None)
+    one = largest_expert_bytes(manifest, None)
+    # all of them would fit, but not in the slot path's share
+    budget, why = default_budget(need, one, need, "slots")
+    assert budget == int(need * SLOT_SHARE) and budget > one
     assert f"expect about {expected_pool_hits(budget / need):.0%} pool hits on typical" in why
     assert f"(high {expected_pool_hits(budget / need, 'high'):.0%}, medium" in why
-    assert default_budget(manifest, None, "mapped")[0] == 0  # not in half: the page cache
-    _available(monkeypatch, 2 * need)
-    assert default_budget(manifest, None, "slots") == (
-        need,
-        default_budget(manifest, None, "slots")[1],
-    )
-    assert default_budget(manifest, None, "mapped")[0] == need
+    assert default_budget(need, one, need, "mapped")[0] == 0  # not in half: the page cache
+    assert default_budget(need, one, 2 * need, "slots")[0] == need
+    assert default_budget(need, one, 2 * need, "mapped")[0] == need
 
 
 def test_a_slot_load_takes_the_default(checkpoints, monkeypatch):
     dst = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     need = all_experts_bytes(read_manifest(dst), mx.float32)
-    _available(monkeypatch, need)
+    calls = _available(monkeypatch, need)
     model, _ = streamer.load(dst, read_path="slots", dtype=mx.float32)
+    assert calls == [1]  # one reading of memory, for every choice the plan makes
     pools = model.streamer.pools
     assert pools and sum(p.nbytes for p in pools) <= need * SLOT_SHARE
+    plan = model.streamer.plan
+    assert plan.form == "slot pool" and plan.available == need
+    assert plan.pool_bytes == sum(p.nbytes for p in pools)
     assert "pool hits" in model.streamer.residency
     model.streamer.close()
 

@@ -94,3 +94,38 @@ def test_routing_summary_writes_a_trace(tmp_path, capsys):
     )
     assert data["experts"].max() < config["num_experts"]
     assert list(data["window_start"]) == [0, 128, 256]
+
+
+def test_the_demo_runs_at_every_dtype_the_cli_offers(capsys, tmp_path):
+    """Every expert projection quantizes (down_proj's width 48 took no affine group of 64 and
+    stayed unquantized, which the CPU computes in float32 only): --dtype bfloat16 failed."""
+    from streamer.arguments import DTYPE_NAMES
+
+    for dtype in DTYPE_NAMES:
+        assert main(["demo", "--dtype", dtype, "--max-tokens", "3"]) == 0, capsys.readouterr()
+        assert capsys.readouterr().err.rstrip().endswith(f"| {dtype}")
+    assert main(["demo", "--keep", str(tmp_path), "--max-tokens", "1"]) == 0
+    argv = ["generate", "--model", str(tmp_path), "--prompt", "x", "--max-tokens", "2"]
+    assert main([*argv, "--dtype", "bfloat16"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(tmp_path)]) == 0
+    assert "expert weights    4-bit nvfp4, group 16\n" in capsys.readouterr().out
+
+
+def test_info_names_the_projections_left_unquantized(capsys, tmp_path):
+    """Affine groups of 64 leave the width-48 down_proj unquantized: info says which, and a
+    dtype the backend cannot compute it in is refused with the flag's spelling."""
+    from streamer.loading.backend import backend
+    from streamer.repack import Quantize
+
+    repack(DEMO_MODEL, tmp_path / "m", quantize=Quantize(4), log=lambda _: None)
+    assert main(["info", str(tmp_path / "m")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("expert weights"))
+    want = "gate_proj, up_proj: 4-bit affine, group 64; down_proj: unquantized (bfloat16)"
+    assert line.split(maxsplit=2)[2] == want, line
+    if backend() == "cpu":  # MLX's CPU gather_mm computes only float32
+        argv = ["generate", "--model", str(tmp_path / "m"), "--prompt", "x", "--dtype", "bfloat16"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "--dtype bfloat16 cannot" in err and "pass --dtype float32" in err, err
+        assert "dtype='float32'" not in err, err

@@ -274,7 +274,7 @@ def test_a_repo_without_a_model_that_streams_is_refused_before_its_weights(
     config = json.loads((dense / "config.json").read_text())
     (dense / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
     line = refused(["pull", "tiny-org/Dense-MLX"], capsys)
-    assert "'qwen3' is not supported for expert streaming" in line and "no MoE layers" in line
+    assert "tiny-org/Dense-MLX: config.json: model_type 'qwen3'" in line and "not a MoE" in line
     fetched = [p for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]
     assert fetched == [
         "/tiny-org/Dense-MLX/resolve/" + commit_of("tiny-org/Dense-MLX") + "/config.json"

@@ -28,10 +28,11 @@ from mlx.utils import tree_flatten
 
 import streamer
 from fixtures.published_shapes import PUBLISHED_SHAPES, text_config, with_size
-from streamer.experts.slot_pools import open_pools, shape_class
 from streamer.io.expert_files import ExpertFiles
 from streamer.loading.assembly import load_resident
 from streamer.loading.download_folder import layouts, open_download
+from streamer.loading.pools import open_pools
+from streamer.loading.residency import PoolGroup
 from streamer.plan import plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # scripts, not a package
@@ -98,7 +99,8 @@ def test_full_depth_plans_parses_and_maps_with_bounded_work(downloads, name):
     assert process.num_fds() - fds == len(expert_shards)
     files.close()
     fds = process.num_fds()
-    pools = open_pools(layouts(download), {shape_class(layouts(download)[0]): 1}, None)
+    placed = layouts(download)
+    pools = open_pools(placed, [PoolGroup(tuple(p.index for p in placed), 1, 1)], None)
     assert process.num_fds() - fds == len(expert_shards)  # each shard opened once, not per tensor
     next(iter(pools.values())).close()
 

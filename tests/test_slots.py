@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
@@ -19,11 +18,12 @@ import streamer
 from streamer.cache import slot_pool
 from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
-from streamer.experts import slot_pools as slot_path
 from streamer.experts import slots as slot_calls
 from streamer.io.cuda_gather import NO_SLOT
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
+from streamer.loading import load as loading
+from streamer.loading import pools, residency
 
 
 def slot_bytes(folder) -> int:
@@ -60,6 +60,40 @@ def test_a_tiny_pool_under_heavy_eviction_matches_the_resident_model(float32_mod
         assert all(t is a for t, a in zip(tensors, pool.arrays))
 
 
+def test_a_prompt_in_rounds_is_expert_major(float32_model, monkeypatch):
+    """A prompt routing more experts than the pool's 4 slots: each routed expert read once per
+    layer call and each routed entry computed once (the rounds compute only their own experts'
+    entries, not every entry once per round), and the logits stay exactly the resident model's."""
+    src, folder = float32_model
+    computed, distinct = [], []
+    compute = slot_calls.Slots._compute
+    rounds = slot_calls.Slots._rounds
+
+    def counting_compute(self, layer, x, routed, *rest):
+        computed.append(routed.size)
+        return compute(self, layer, x, routed, *rest)
+
+    def counting_rounds(self, layer, x, routed, experts, traffic):
+        distinct.append((routed.size, len(experts)))
+        return rounds(self, layer, x, routed, experts, traffic)
+
+    monkeypatch.setattr(slot_calls.Slots, "_compute", counting_compute)
+    monkeypatch.setattr(slot_calls.Slots, "_rounds", counting_rounds)
+    model, tokenizer = streamer.load(
+        folder, memory_budget=4 * slot_bytes(folder), read_path="slots"
+    )
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.array_equal(model(prompt), reference_model(src)(prompt))
+    prefill = model.streamer.stats.prefill
+    assert len(distinct) == prefill.layer_calls and all(n > 4 for _, n in distinct)  # in rounds
+    assert (
+        sum(computed)
+        == sum(entries for entries, _ in distinct)
+        == prefill.layer_calls * prompt.size * 4
+    )
+    assert prefill.experts_read + prefill.cache_hits == sum(n for _, n in distinct)
+
+
 @pytest.mark.parametrize("slots", [0, 12])
 def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch, slots):
     """Arrays of at most 3 slots. Budget 0: one pool of 16 slots in 6 chunks, so every call's
@@ -67,7 +101,7 @@ def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch,
     slots: 6 per layer, more than a chunk, so each layer has a pool of its own, in 2 chunks."""
     src, folder = float32_model
     largest = max(t.nbytes for t in read_manifest(folder).layers[0].tensors)
-    monkeypatch.setattr(slot_path, "CHUNK_BYTES", 3 * largest)
+    monkeypatch.setattr(residency, "CHUNK_BYTES", 3 * largest)
     model, tokenizer = streamer.load(
         folder, memory_budget=slots * slot_bytes(folder), read_path="slots"
     )
@@ -98,9 +132,9 @@ def test_a_pool_larger_than_the_available_memory_is_refused_before_it_is_made(
     float32_model, monkeypatch
 ):
     _, folder = float32_model
-    monkeypatch.setattr(slot_path.psutil, "virtual_memory", lambda: SimpleNamespace(available=1))
+    monkeypatch.setattr(loading, "available_memory", lambda: 1)  # what a load's plan is made from
     made = []
-    monkeypatch.setattr(slot_path, "SlotPool", lambda *a, **k: made.append(a))
+    monkeypatch.setattr(pools, "SlotPool", lambda *a, **k: made.append(a))
     with pytest.raises(StreamerError, match=r"does not fit in the 1 B of memory available"):
         streamer.load(folder, memory_budget=4 * slot_bytes(folder), read_path="slots")
     assert made == []
@@ -191,9 +225,11 @@ def test_forward_passes_built_before_either_is_evaluated(float32_model):
 def test_the_slot_path_never_maps_an_expert_file(float32_model, monkeypatch):
     """Reads go into the slots (on CUDA: through pinned staging, asked for here; its default
     maps the files read-only for the copy engine and the gather kernel, cache/landing.py)."""
-    monkeypatch.setenv("STREAMER_CUDA_MISSES", "staged")
     _, folder = float32_model
-    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    model, tokenizer = streamer.load(
+        folder, memory_budget=0, read_path="slots", cuda_misses="staged"
+    )
+    assert model.streamer.plan.cuda_misses == "staged"
     streamer.generate(model, tokenizer, PROMPT, max_tokens=4)
     assert model.streamer.files is None and model.streamer.mapped_bytes == 0
     maps = open("/proc/self/maps").read() if sys.platform == "linux" else ""

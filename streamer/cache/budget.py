@@ -8,7 +8,6 @@ A budget that holds every expert makes every layer resident: it then runs exactl
 from __future__ import annotations
 
 import mlx.core as mx
-import psutil
 
 from ..errors import StreamerError
 from ..io.manifest import Manifest, MoeLayer
@@ -37,10 +36,8 @@ def all_experts_bytes(manifest: Manifest, dtype: mx.Dtype | None) -> int:
 
 
 # The slot path's default: this share of the memory available once the resident weights are in
-# memory, the rest left to the KV cache, the OS and the page cache. bench/budget_model.py replays
-# the calibrated synthetic routing through the pool and the page cache under it: read time per
-# token falls as the pool grows at every memory size and disk speed modelled, so the pool takes
-# most of what is left (bench/README.md, "A budget people can pick").
+# memory, the rest left to the KV cache, the OS and the page cache; why most of what is left goes
+# to the pool: bench/findings.md, "A budget people can pick" (bench/budget_model.py).
 SLOT_SHARE = 0.75
 
 
@@ -51,15 +48,15 @@ def slot_default(expert_bytes: int, largest_expert: int, available: int) -> int:
 
 
 def default_budget(
-    manifest: Manifest, dtype: mx.Dtype | None, read_path: str = "mapped"
+    need: int, largest_expert: int, available: int, read_path: str
 ) -> tuple[int, str]:
-    """The slot path: slot_default. The mapped path: all experts if they fit in half of the
-    available memory; otherwise none, leaving the memory to the page cache, whose hits it
-    computes on in place at no cost (an application cache beside it mostly duplicates it)."""
-    need = all_experts_bytes(manifest, dtype)
-    available = psutil.virtual_memory().available
+    """The budget for None, and why, for experts of `need` bytes in all (the largest one
+    `largest_expert`) and `available` bytes of memory. The slot path: slot_default. The mapped
+    path: all experts if they fit in half of it; otherwise none, leaving the memory to the page
+    cache, whose hits it computes on in place at no cost (an application cache beside it mostly
+    duplicates it)."""
     if read_path == "slots":
-        chosen = slot_default(need, largest_expert_bytes(manifest, dtype), available)
+        chosen = slot_default(need, largest_expert, available)
         if chosen >= need:
             fits = f"{SLOT_SHARE:.0%} of {size_text(available)} available"
             return need, f"default: all {size_text(need)} fit in {fits}"
@@ -78,15 +75,6 @@ def default_budget(
         0,
         f"default: {size_text(need)} of experts exceed half of {size_text(available)} available",
     )
-
-
-def chosen_budget(
-    manifest: Manifest, budget: int | None, dtype: mx.Dtype | None, read_path: str = "mapped"
-) -> tuple[int, str]:
-    """The budget to apply and why: `budget` as given, or the read path's default for None."""
-    if budget is None:
-        return default_budget(manifest, dtype, read_path)
-    return budget, f"memory budget {size_text(budget)}"
 
 
 def check_budget(manifest: Manifest, budget: int, dtype: mx.Dtype | None) -> None:

@@ -1,7 +1,7 @@
 """The slot pool's hit rate to expect at a budget, by how locally a model routes.
 
 Routed experts found in the pool (LFU with aging, cache/policies.py SlotLFU, in pools grouped as
-experts/slot_pools.py groups them) at a budget of each share of all expert bytes, per routing
+loading/residency.py groups them) at a budget of each share of all expert bytes, per routing
 profile of bench/routing_model.py, a routing model fitted to trained models' published cache
 curves: `high` routes like Qwen3-30B-A3B, `low` like OLMoE and gpt-oss, `uniform` with no
 locality. Computed once by that replay (issue 35; 48 layers of 128 experts, top-8, 2000 decode

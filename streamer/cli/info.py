@@ -58,11 +58,6 @@ def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> li
     top_k = experts_per_token(config)
     active = sum(per_expert) * top_k
     quant = config.get("quantization")
-    expert_quant = {
-        _describe_quantization(q) if q else "unquantized"
-        for layer in layers
-        for q in layer.quantization.values()
-    }
     return [
         f"layout            {layout}",
         f"model_type        {config.get('model_type')}",
@@ -70,7 +65,7 @@ def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> li
         f"experts           {layers[0].num_experts} per layer, {top_k} routed per token",
         *_shard_lines(manifest),
         f"quantization      {_describe_quantization(quant) if quant else 'none'}",
-        f"expert weights    {', '.join(sorted(expert_quant))}",
+        f"expert weights    {_expert_weights(layers)}",
         f"resident bytes    {size_text(resident)} (non-expert weights, kept in memory)",
         f"expert bytes      {size_text(manifest.expert_file_bytes)} (streamed from disk)",
         f"active per token  {size_text(active)} of experts ({top_k} x {len(layers)} layers)",
@@ -85,6 +80,26 @@ def _shard_lines(manifest) -> list[str]:
         f"shard             {shard.rank}/{shard.ranks} ({shard.assignment}): "
         f"{manifest.layers[0].num_experts} experts per layer here, the rest on the other ranks"
     ]
+
+
+def _expert_weights(layers) -> str:
+    """How the expert projections are stored; where they differ, which are stored how (a width
+    the group size does not divide stays unquantized): "gate_proj, up_proj: 4-bit affine, group
+    64; down_proj: unquantized (bfloat16)"."""
+    from ..io.safetensors import DTYPES
+
+    kinds: dict[str, list[str]] = {}
+    for layer in layers:
+        dtypes = {t.name: t.dtype for t in layer.tensors}
+        for projection, params in layer.quantization.items():
+            weight = dtypes.get(f"{projection}.weight")
+            stored = f" ({DTYPES[weight][1]})" if weight in DTYPES else ""
+            kind = _describe_quantization(params) if params else f"unquantized{stored}"
+            names = kinds.setdefault(kind.replace("mlx.core.", ""), [])
+            names += [] if projection in names else [projection]
+    if len(kinds) == 1:
+        return next(iter(kinds))
+    return "; ".join(f"{', '.join(names)}: {kind}" for kind, names in kinds.items())
 
 
 def _describe_quantization(params: dict) -> str:

@@ -46,7 +46,7 @@ def silence_output() -> None:
 
 def error_line(args: argparse.Namespace | None, error: StreamerError) -> str:
     """One line; in a group, naming the rank, and said once for a fault every rank finds."""
-    text = " ".join(str(error).split())
+    text = " ".join((getattr(error, "flags", None) or str(error)).split())
     group = getattr(args, "group", None)
     if group is None:
         return f"streamer: error: {text}"

@@ -1,4 +1,4 @@
-"""Read path on a slot pool (cache/slot_pool.py): the only expert memory the kernels are given.
+"""Compute mode on a slot pool (cache/slot_pool.py): the only expert memory the kernels are given.
 
 One host sync learns the routing; the routed experts are placed in the pool (hits cost nothing,
 misses are read into their slots), and mlx-lm's own container then runs on the pool's arrays with
@@ -69,21 +69,38 @@ class Slots:
             pool.computed(out)
             return finish(layer, out, traffic, start)
         self._table = None  # rounds move slots without it
-        out = None
+        return finish(layer, self._rounds(layer, x, routed, experts, traffic), traffic, start)
+
+    def _rounds(self, layer, x, routed: np.ndarray, experts: np.ndarray, traffic) -> mx.array:
+        """A call routing more experts than the pool has slots, or whose experts lie in several
+        chunks, or that converts: expert-major. Rounds of at most `slots` experts, each read
+        once for the whole call; per round and chunk the container computes only the routed
+        entries of its own experts (on the rows of their tokens), each part registered with the
+        pool before the next round's reads (the reuse rule), and the outputs go back in routed
+        order. A call of one part computes as it came."""
+        pool, flat = self._pool, routed.reshape(-1)
+        outs, entries = [], []
         for lo in range(0, len(experts), pool.slots):
             group = experts[lo : lo + pool.slots]
             slots, _ = self._place(layer, group, traffic)
             chunks, rows = np.divmod(slots, pool.chunk_slots)
+            if len(group) == len(experts) and np.all(chunks == chunks[0]):
+                out = self._compute(layer, x, routed, group, rows, int(chunks[0]), traffic)
+                pool.computed(out)
+                return out
             for chunk in np.unique(chunks):
-                mine = chunks == chunk
-                part = self._compute(layer, x, routed, group[mine], rows[mine], chunk, traffic)
+                mine = np.flatnonzero(np.isin(flat, group[chunks == chunk]))
+                tokens = mx.array((mine // routed.shape[-1]).astype(np.uint32))
+                taken = mx.take(x.reshape(-1, x.shape[-1]), tokens, 0)[None]
+                part = self._compute(
+                    layer, taken, flat[mine][None, :, None], group[chunks == chunk],
+                    rows[chunks == chunk], chunk, traffic,
+                )  # fmt: skip
                 pool.computed(part)  # no slot it reads is rewritten before it is computed
-                if out is None:
-                    out = part
-                else:  # every routed entry belongs to exactly one round and chunk
-                    mask = mx.array(np.isin(routed, group[mine]))[..., None]
-                    out = mx.where(mask, part, out)
-        return finish(layer, out, traffic, start)
+                outs.append(part.reshape(len(mine), -1))
+                entries.append(mine)
+        back = mx.array(np.argsort(np.concatenate(entries)).astype(np.uint32))
+        return mx.take(mx.concatenate(outs), back, 0).reshape(*routed.shape, -1)
 
     def _new_table(self, layer) -> None:
         pool, base = self._pool, self._pool.base[layer.index]

@@ -6,6 +6,12 @@ record) become one read, the bytes between them (alignment padding) landing in a
 buffer. Reads bypass the page cache where asked: `O_DIRECT` on Linux (buffers, lengths and file
 offsets must then be multiples of DIRECT_ALIGN, else that read goes through the cache) and
 `F_NOCACHE` on macOS (no alignment needed).
+
+Read-ahead is off on every descriptor (`POSIX_FADV_RANDOM` on Linux, `F_RDAHEAD` 0 on macOS): a
+read here is a whole expert record the caller chose, never the start of a sequential scan, and the
+kernel's read-ahead around it (up to read_ahead_kb, 8 MiB on this VM's disk) read the next
+records too: squeezed, the slot path read 4.6-5.1x the mapped path's bytes from disk, 1.25-1.34x
+without it (bench/findings.md, "Squeezed: the slot path's bytes from disk").
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ DIRECT_ALIGN = 4096  # O_DIRECT's alignment for buffers, lengths and file offset
 MAX_GAP = 1 << 16  # bytes between two tensors that one read still spans (into the scratch)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _F_NOCACHE = getattr(fcntl, "F_NOCACHE", 48 if sys.platform == "darwin" else None)
+_F_RDAHEAD = getattr(fcntl, "F_RDAHEAD", 45 if sys.platform == "darwin" else None)
 
 Span = tuple[int, int, np.ndarray]  # (file index, file offset, writable contiguous uint8 buffer)
 Read = tuple[int, int, list[np.ndarray]]  # (file index, file offset, the buffers it fills in turn)
@@ -38,6 +45,7 @@ class ReadFile:
         opened = [self.fd]
         self._close = close_when_collected(self, opened)
         try:
+            no_read_ahead(self.fd)
             if bypass_page_cache and sys.platform == "darwin":
                 fcntl.fcntl(self.fd, _F_NOCACHE, 1)
             elif bypass_page_cache and _O_DIRECT:
@@ -63,6 +71,14 @@ class ReadFile:
     def close(self) -> None:
         self._close()
         self.fd = self.direct_fd = None
+
+
+def no_read_ahead(fd: int) -> None:
+    """Reads of `fd` fetch what they ask for, no more: its read-ahead turned off."""
+    if sys.platform == "darwin":
+        fcntl.fcntl(fd, _F_RDAHEAD, 0)
+    elif hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
 
 def plan_reads(spans: list[Span], scratch: np.ndarray) -> list[Read]:

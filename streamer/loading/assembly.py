@@ -1,29 +1,22 @@
-"""What assembling a repacked model (load.py) and a download in place (load_in_place.py) share once
-their streaming layers are in place: the resident weights loaded, then the memory budget applied
-by read path."""
+"""What assembling a repacked model and a download in place share once their streaming layers
+are in place: the resident weights loaded, then the residency plan (residency.py) applied."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..cache.budget import all_experts_bytes, chosen_budget, largest_expert_bytes
 from ..cache.hot_experts import HotExperts
 from ..cache.slot_pool import SlotPool
 from ..errors import StreamerError
 from ..experts import StreamingExperts
-from ..experts.slot_pools import resident_pools, slot_budget
 from ..io.expert_layout import LayerLayout
-from ..io.manifest import Manifest
 from ..progress import progress_bar
-
-if TYPE_CHECKING:
-    from .download_folder import Download
-
+from .pools import open_pools, resident_pools
+from .residency import ResidencyPlan, check_fits
 
 EVAL_BATCH = 32  # arrays per evaluation while the resident weights load
 
@@ -39,7 +32,7 @@ def load_resident(
     the error); then cast to `dtype` and evaluate. `weights` is emptied: an array it held would
     keep its data once evaluated, so each weight as read (bfloat16, before a cast to float32)
     would be held beside its cast until the load returned, freed then into the allocator's
-    fragments, not to the OS (bench/README.md, "Real shapes": 35-73 KB per expert)."""
+    fragments, not to the OS (bench/findings.md, "Real shapes": 35-73 KB per expert)."""
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
@@ -58,39 +51,40 @@ def load_resident(
     model.eval()
 
 
-def apply_budget(
-    read_path: str,
-    manifest: Manifest | Download,
+def apply_residency(
+    plan: ResidencyPlan,
     layouts: list[LayerLayout],
     layers: list[StreamingExperts],
-    budget: int | None,
-    dtype: mx.Dtype | None,
     checksums: list | None,
-    bypass_page_cache: bool,
-) -> tuple[str, list[SlotPool]]:
-    """Give the layers `budget` bytes of experts (None: the default) and say what that chose.
-    Enough for every expert: each layer's are read into memory (a bar on a terminal) and run
-    resident. Less: the slot path reads into pools (experts/slots.py); the mapped path caches
-    the hottest, or leaves them all to the page cache (0)."""
-    chosen, why = chosen_budget(manifest, budget, dtype, read_path)
-    if chosen >= all_experts_bytes(manifest, dtype):
+) -> list[SlotPool]:
+    """Give the layers what `plan` says: every expert read into memory (a bar on a terminal), a
+    slot pool per group of layers, the hot-expert cache, or nothing (the page cache). The slot
+    pools made, for the handle to close."""
+    if plan.form == "resident":
         with progress_bar(len(layers), "experts into memory", "layer") as bar:
-            if read_path == "slots":
-                resident_pools(layouts, layers, checksums, lambda: bar.update(1))
+            if plan.read_path == "slots":  # the files are not mapped: read through pools
+                resident_pools(layouts, layers, checksums, lambda: bar.update(1), plan.cuda_misses)
             else:
                 for layer in layers:
                     layer.make_resident()
                     bar.update(1)
-        return f"all experts resident, no streaming ({why})", []
-    if read_path == "slots":
-        return slot_budget(manifest, layouts, layers, budget, dtype, checksums, bypass_page_cache)
-    if chosen == 0:
-        return f"experts stream from disk, page cache only ({why})", []
-    cache = HotExperts(chosen, largest_expert_bytes(manifest, dtype))
-    for layer in layers:
-        layer.use_cache(cache)
-    return (
-        f"experts stream from disk; up to {cache.slots} hot experts kept in memory, "
-        f"LFU with aging ({why})",
-        [],
-    )
+        return []
+    if plan.form == "slot pool":
+        check_fits(plan)
+        groups = [group for shape in plan.classes for group in shape.groups]
+        by_layer = open_pools(
+            layouts,
+            groups,
+            checksums,
+            plan.chunk_bytes,
+            plan.bypass_page_cache,
+            plan.cuda_misses,
+        )
+        for layout, layer in zip(layouts, layers):
+            layer.use_pool(by_layer[layout.index])
+        return list({id(pool): pool for pool in by_layer.values()}.values())
+    if plan.form == "hot cache":
+        cache = HotExperts(plan.budget, plan.largest_expert)
+        for layer in layers:
+            layer.use_cache(cache)
+    return []

@@ -67,12 +67,17 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
         x, w = mx.zeros((1, 1, 32), compute), mx.zeros((2, 32, 32), compute)
         mx.eval(mx.gather_mm(x, w, rhs_indices=mx.array([[0]], mx.uint32)))
     except (RuntimeError, ValueError) as e:
-        name = str(compute).removeprefix("mlx.core.")
-        raise StreamerError(
-            f"dtype {name} cannot compute this model's unquantized experts on MLX's "
-            f"{mx.default_device()} backend ({one_line(e)}); pass dtype='float32' (the default "
-            "there) or repack with --quantize."
-        ) from None
+        name, why = str(compute).removeprefix("mlx.core."), one_line(e)
+
+        def message(option: str, fix: str) -> str:  # as the Python API and the CLI spell them
+            return (
+                f"{option} {name} cannot compute this model's unquantized experts on MLX's "
+                f"{mx.default_device()} backend ({why}); pass {fix} (the default there) or repack "
+                "with --quantize."
+            )
+
+        flags = message("--dtype", "--dtype float32")
+        raise StreamerError(message("dtype", "dtype='float32'"), flags) from None
 
 
 def check_global_scales() -> None:

@@ -16,6 +16,7 @@ from ..experts import StreamingExperts
 from ..io.expert_files import ExpertFiles
 from ..io.lock import FolderLock
 from ..io.manifest import Manifest
+from .residency import ResidencyPlan
 
 if TYPE_CHECKING:
     from .download_folder import Download
@@ -40,16 +41,15 @@ def memory_limit_raised(extra_bytes: int) -> Iterator[None]:
         mx.set_memory_limit(max(mx.get_memory_limit() - extra_bytes, 0))
 
 
-@dataclass
+@dataclass(kw_only=True)  # built in one place, load._assemble
 class Streaming:
     """The streaming side of a loaded model. It must hold for as long as the model computes,
     whoever drives it (streamer.generate, mlx_lm.generate, generate_step, a plain model call),
     so its scopes (the raised memory limit, the folder's read lock, the mapped files) last until
     `close()` rather than around one generation."""
 
-    residency: str  # what the memory budget chose, in words
+    plan: ResidencyPlan  # what each layer keeps in memory, and why (`residency` in words)
     manifest: Manifest | Download  # what was loaded: its `layers` match the layouts read
-    read_path: str  # "mapped" or "slots"
     files: ExpertFiles | None  # the mapped expert files (the mapped path only)
     stats: ExpertStats
     layers: list[StreamingExperts]
@@ -58,6 +58,16 @@ class Streaming:
     pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools
     dtype: str = ""  # what the model computes in (compute_dtype's), for the stats line
     _scopes: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    @property
+    def read_path(self) -> str:
+        """ "mapped" or "slots": the load's decision (options.py), as the plan applied it."""
+        return self.plan.read_path
+
+    @property
+    def residency(self) -> str:
+        """The residency plan in words: what the memory budget chose, and the read path."""
+        return self.plan.text()
 
     def __post_init__(self) -> None:
         self._scopes.enter_context(memory_limit_raised(self.mapped_bytes))

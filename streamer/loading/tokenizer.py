@@ -22,7 +22,8 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
     from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
 
     try:
-        eos_ids = load_config(folder).get("eos_token_id")
+        config = load_config(folder)
+        eos_ids = config.get("eos_token_id")
     except (OSError, ValueError) as e:
         raise StreamerError(
             f"{folder / 'config.json'} cannot be read ({one_line(e)}); repack the model."
@@ -33,7 +34,8 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
             f"{folder} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): copy them from the "
             "original model into it."
         )
-    extra = {"trust_remote_code": True} if trust_remote_code else None
+    extra = {"trust_remote_code": True} if trust_remote_code else {}
+    extra.update(_config_unbuilt(folder, config))
     try:
         return mlx_lm_load_tokenizer(folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids)
     except Exception as e:  # transformers' own errors have no common base; name what failed
@@ -51,3 +53,20 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
             f"{folder}: cannot load the tokenizer ({type(e).__name__}: {one_line(e)}); check "
             "tokenizer.json and tokenizer_config.json, or copy them from the original model."
         ) from e
+
+
+def _config_unbuilt(folder: Path, config: dict) -> dict:
+    """For a model type transformers does not know (Kimi K2's kimi_k2): AutoTokenizer's `config`,
+    the generic one it falls back to, without the model's fields. Left to build it, transformers 5
+    builds it from config.json and fails on a rope_scaling there ("'PreTrainedConfig' object has
+    no attribute 'max_position_embeddings'", as mlx-lm does); the tokenizer reads only its
+    tokenizer_class and name. A model type it knows: nothing (it builds its own config class)."""
+    from transformers import PreTrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type in CONFIG_MAPPING:
+        return {}
+    generic = PreTrainedConfig(tokenizer_class=config.get("tokenizer_class"))
+    generic._name_or_path = str(folder)
+    return {"config": generic}

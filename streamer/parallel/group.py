@@ -53,7 +53,14 @@ def launched_group() -> mx.distributed.Group | None:
     or None when it runs alone."""
     if not any(v in os.environ for v in LAUNCH_VARIABLES) or not mx.distributed.is_available():
         return None
-    group = mx.distributed.init()
+    try:
+        group = mx.distributed.init()
+    except RuntimeError as e:  # the ring's peers unreachable (after MLX's retries, ~30 s)
+        rank = os.environ.get("MLX_RANK", "?")
+        raise StreamerError(
+            f"rank {rank} cannot join its group ({e}): check that every host of the hostfile is "
+            "up and reachable at its address, and that no other program holds its port."
+        ) from None
     return group if group.size() > 1 else None
 
 

@@ -32,10 +32,11 @@ from ..families.mlx_lm_models import models_without_package_init
 from ..families.model_types import mlx_lm_model_type
 from ..families.transformers.spellings import normalize_config
 from ..io.json_file import read_json_object
-from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN
+from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN, read_manifest
 from ..io.mapping import align
 from ..loading.backend import check_model_kernels
-from .repacked import stored_bytes
+from ..loading.residency import LayerShape
+from .repacked import manifest_shapes, stored_bytes
 from .report import ModelPlan, fitted
 
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
@@ -63,9 +64,11 @@ def model_plan(
     expert_bytes = sum(r * _num_experts(c) for r, c in zip(records, containers.values()))
     stored_resident = _resident(model, containers, None)
     resident = _resident(model, containers, dtype)
+    shapes = [_shape(i, c, r) for i, (c, r) in enumerate(zip(containers.values(), records))]
     if repacked:  # the files as written
         stored_resident, expert_bytes = stored_bytes(folder)
         resident = stored_resident if dtype is None else resident
+        shapes = manifest_shapes(folder, read_manifest(folder), dtype)  # as its load plans them
     compute = dtype or DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
     per_token, fixed = _kv_bytes(model, compute, kv)
     top_k = experts_per_token(config)
@@ -86,6 +89,7 @@ def model_plan(
         context=config.get("max_position_embeddings"),
         memory=memory,
         kv_bits=kv and kv[0],
+        shapes=shapes,
     )
 
 
@@ -111,8 +115,6 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
     """mlx-lm's model for a config.json alone, in its dtype, quantized as it says (or as
     `quantize`)."""
     if repacked:
-        from ..io.manifest import read_manifest
-
         config = read_manifest(path.parent).config
     else:
         config = _read_config(path)
@@ -147,6 +149,18 @@ def _read_config(path: Path) -> dict:
 
 def _num_experts(container: nn.Module) -> int:
     return next(a.shape[0] for _, a in tree_flatten(container.parameters()))
+
+
+def _shape(index: int, container: nn.Module, record: int) -> LayerShape:
+    """A layer as a load's residency plan sees it, each expert one repacked record in memory."""
+    tensors = tree_flatten(container.parameters())
+    return LayerShape(
+        index=index,
+        tensors=tuple((name, a.dtype, tuple(a.shape[1:])) for name, a in tensors),
+        experts=_num_experts(container),
+        slot_bytes=sum(a.nbytes // a.shape[0] for _, a in tensors),
+        resident_bytes=record,
+    )
 
 
 def _record_bytes(container: nn.Module) -> int:

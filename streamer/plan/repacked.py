@@ -12,9 +12,11 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..families.config import check_sizes, experts_per_token
+from ..io.expert_layout import repacked_layout
 from ..io.files import not_regular
-from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
+from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, read_manifest
 from ..io.safetensors import DTYPES, read_header
+from ..loading.residency import LayerShape, layer_shapes
 from .report import ModelPlan, fitted
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -130,7 +132,14 @@ def repacked_plan(
         context=config.get("max_position_embeddings"),
         memory=memory,
         kv_bits=kv and kv[0],
+        shapes=manifest_shapes(folder, manifest, dtype),
     )
+
+
+def manifest_shapes(folder: Path, manifest: Manifest, dtype: mx.Dtype | None) -> list[LayerShape]:
+    """The MoE layers as a load of `folder` gives them to its residency plan."""
+    layouts = [repacked_layout(folder, i, layer) for i, layer in enumerate(manifest.layers)]
+    return layer_shapes(manifest.layers, layouts, dtype)
 
 
 def _floating(dtype: str) -> bool:

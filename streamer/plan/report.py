@@ -4,11 +4,13 @@ beside the resident weights, and whether the model runs."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 
-from ..cache.budget import SLOT_SHARE, slot_default
-from ..cache.expected_hits import PROFILES, TYPICAL, expected_pool_hits
+from ..cache.budget import SLOT_SHARE
+from ..cache.expected_hits import TYPICAL
 from ..io.sizes import size_text
+from ..loading.residency import LayerShape, ResidencyPlan, plan_residency
 
 MIN_CONTEXT = 4096  # "runs": the resident weights plus this much context fit
 
@@ -36,6 +38,9 @@ class ModelPlan:
     mapped_budget_bytes: int  # the mapped path's default (the CPU): all experts, or 0
     kv_bits: int | None = None  # mlx-lm's quantized KV cache, counted from the first token
     in_place_ranges: int | None = None  # byte ranges per expert in a download streamed in place
+    # a load's residency plan (loading/residency.py) for each read path, in what is left of
+    # `memory_bytes` beside the resident weights: the same plan `model.streamer.plan` holds
+    plans: dict[str, ResidencyPlan] = field(default_factory=dict, repr=False)
 
     def lines(self) -> list[str]:
         gb = size_text
@@ -76,7 +81,9 @@ class ModelPlan:
                 else "0: experts computed in place from the page cache"
             ),
         ]
-        return lines
+        return lines + [
+            f"{f'residency ({path})':<19}{plan.text()}" for path, plan in self.plans.items()
+        ]
 
     def in_place_line(self) -> str:
         """What streaming the download without a repack costs, measured (bench/findings.md, "The
@@ -90,13 +97,13 @@ class ModelPlan:
 
     def slot_budget_line(self) -> str:
         """The slot path's default budget (Metal and CUDA) and the pool hits it should get."""
-        left = max(self.memory_bytes - self.resident_bytes, 0)
-        if self.slot_budget_bytes >= self.expert_bytes:
-            return f"all {size_text(self.expert_bytes)} of experts in memory, no reads"
+        plan = self.plans["slots"]
+        if plan.form == "resident":
+            return f"all {size_text(plan.expert_bytes)} of experts in memory, no reads"
         hits = ", ".join(f"{p} {h:.0%}" for p, h in self.slot_pool_hits.items())
         return (
-            f"{size_text(self.slot_budget_bytes)} slot pool ({SLOT_SHARE:.0%} of the "
-            f"{size_text(left)} left, {self.slot_budget_bytes / self.expert_bytes:.0%} of the "
+            f"{size_text(plan.budget)} slot pool ({SLOT_SHARE:.0%} of the "
+            f"{size_text(plan.available)} left, {plan.budget / plan.expert_bytes:.0%} of the "
             f"experts): about {self.slot_pool_hits[TYPICAL]:.0%} pool hits on typical routing "
             f"({hits}; bench/routing_model.py's profiles)"
         )
@@ -106,36 +113,46 @@ class ModelPlan:
         return min(MIN_CONTEXT, self.context_length or MIN_CONTEXT)
 
     def json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "plans"}
+        return json.dumps(values, indent=2)
 
 
 def fitted(
-    *, kv_per_token: int, kv_fixed: int, context: int | None, memory: int, **fields
+    *,
+    kv_per_token: int,
+    kv_fixed: int,
+    context: int | None,
+    memory: int,
+    shapes: Sequence[LayerShape],
+    **fields,
 ) -> ModelPlan:
     """The plan, with the longest context that fits in `memory` beside the resident weights,
     whether the model runs (resident weights plus MIN_CONTEXT tokens, or the model's whole
-    context if shorter, fit) and the default budgets in what the resident weights leave of
-    `memory` (as a load measures the memory available after loading them: cache/budget.py)."""
+    context if shorter, fit) and each read path's residency plan for the MoE layers `shapes` in
+    what the resident weights leave of `memory` (as a load reads the memory available once they
+    are loaded: loading/residency.py)."""
     resident = fields["resident_bytes"]
     room = memory - resident - kv_fixed
     longest = max(0, room // kv_per_token) if kv_per_token else (context or 0)
     if context:
         longest = min(longest, context)
     need = resident + kv_fixed + kv_per_token * min(MIN_CONTEXT, context or MIN_CONTEXT)
-    experts, left = fields["expert_bytes"], max(memory - resident, 0)
-    one_expert = experts // max(fields["moe_layers"] * fields["experts"], 1)
-    slots = slot_default(experts, one_expert, left)
+    left = max(memory - resident, 0)
+    plans = {
+        path: plan_residency(shapes, None, path, f"the {where} default", left)
+        for path, where in (("slots", "Metal and CUDA"), ("mapped", "CPU"))
+    }
+    slots, mapped = plans["slots"], plans["mapped"]
     return ModelPlan(
         **fields,
-        slot_budget_bytes=slots,
-        slot_pool_hits={
-            p: 1.0 if slots >= experts else expected_pool_hits(slots / experts, p) for p in PROFILES
-        },
-        mapped_budget_bytes=experts if experts <= left // 2 else 0,
+        slot_budget_bytes=slots.budget,
+        slot_pool_hits=slots.expected_hits,
+        mapped_budget_bytes=mapped.budget,
         kv_bytes_per_1k_tokens=kv_per_token * 1000,
         kv_fixed_bytes=kv_fixed,
         context_length=context,
         memory_bytes=memory,
         longest_context=int(longest),
         runs=need <= memory,
+        plans=plans,
     )

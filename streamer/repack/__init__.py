@@ -72,19 +72,10 @@ def repack(
         log(f"[repack] {dst} is complete: nothing to resume")
         return read_manifest(dst)
     publish.check_destination(src, dst, force)
-    consumed = consume.stand_ins(partial) if partial.exists() else {}
-    if consumed and not resume:
-        raise StreamerError(
-            f"{partial} holds the only copy of {len(consumed)} source shard(s) deleted by "
-            "--delete-source: run the same command with --resume to finish it."
-        )
-    with Checkpoint(src, consumed) as ckpt:
+    with Checkpoint(src, _consumed(partial, resume)) as ckpt:
         recipe = make_recipe(ckpt, quantize)
         publish.warn_without_tokenizer(src, log)
-        options = {"quantize": quantize and [quantize.bits, quantize.group_size]}
-        if quantize and quantize.mode != "affine":  # affine as before: its progress resumes
-            options["mode"] = quantize.mode
-        identity = source_identity(ckpt, options)
+        identity = source_identity(ckpt, _identity_options(quantize))
         readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads
         consumer = None
         try:
@@ -92,23 +83,10 @@ def repack(
                 consumer = consume.SourceConsumer(ckpt, recipe, partial, log)
             partial_fd, sidecar = publish.open_partial(partial, identity, resume, log)
         except BaseException:
-            for held in (readers, consumer):
-                if held is not None:
-                    held.release()
+            _release(readers, consumer)
             raise
         try:
-            needed, left = disk_needed(recipe, sidecar)
-            keep, peak = consume.disk_peaks(
-                recipe, sidecar, *layer_and_resident_bytes(recipe, sidecar)
-            )
-            log(
-                f"[repack] disk: {size_text(keep)} to write beside the source; with "
-                f"--delete-source at most {size_text(peak)} more at any moment"
-                + (" (deleting as it goes)" if delete_source else "")
-            )
-            if consumer is not None and _same_disk(src, partial):
-                left = min(left, peak)
-            publish.check_free_space(partial, left)  # a refusal keeps resumable work as it is
+            needed = _check_disk(recipe, sidecar, src, partial, consumer, log)
             manifest = _write_and_publish(
                 recipe, partial, dst, sidecar, needed, consumer, log, force
             )
@@ -119,14 +97,58 @@ def repack(
         finally:
             if partial_fd is not None:
                 os.close(partial_fd)
-            for held in (readers, consumer):
-                if held is not None:
-                    held.release()
+            _release(readers, consumer)
     log(
         f"[repack] done: {dst} ({size_text(manifest.expert_file_bytes)} of experts in "
         f"{len(manifest.layers)} MoE layers)"
     )
     return manifest
+
+
+def _consumed(partial: Path, resume: bool) -> dict:
+    """The source shards --delete-source already deleted into `partial` (their stand-ins),
+    refused unless resuming: the partial folder holds their only copy."""
+    consumed = consume.stand_ins(partial) if partial.exists() else {}
+    if consumed and not resume:
+        raise StreamerError(
+            f"{partial} holds the only copy of {len(consumed)} source shard(s) deleted by "
+            "--delete-source: run the same command with --resume to finish it."
+        )
+    return consumed
+
+
+def _identity_options(quantize: Quantize | None) -> dict:
+    """The options that decide the repacked bytes, for the resume sidecar's identity."""
+    options = {"quantize": quantize and [quantize.bits, quantize.group_size]}
+    if quantize and quantize.mode != "affine":  # affine as before: its sidecar resumes
+        options["mode"] = quantize.mode
+    return options
+
+
+def _check_disk(
+    recipe: Recipe, sidecar: ResumeSidecar, src: Path, partial: Path, consumer, log
+) -> int:
+    """Say what the repack will write and its peak with --delete-source, and refuse it if the
+    disk cannot hold what is left to write (a refusal keeps resumable work as it is). Returns
+    the bytes the whole repack needs."""
+    needed, left = disk_needed(recipe, sidecar)
+    keep, peak = consume.disk_peaks(recipe, sidecar, *layer_and_resident_bytes(recipe, sidecar))
+    log(
+        f"[repack] disk: {size_text(keep)} to write beside the source; with "
+        f"--delete-source at most {size_text(peak)} more at any moment"
+        + (" (deleting as it goes)" if consumer is not None else "")
+    )
+    if consumer is not None and _same_disk(src, partial):
+        left = min(left, peak)
+    publish.check_free_space(partial, left)
+    return needed
+
+
+def _release(*held) -> None:
+    """Release the destination's read lock and the source consumer, those that are held."""
+    for each in held:
+        if each is not None:
+            each.release()
 
 
 def layer_and_resident_bytes(recipe: Recipe, sidecar: ResumeSidecar) -> tuple[int, int]:

@@ -26,7 +26,8 @@ from mlx_lm.models.cache import (
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..errors import StreamerError
-from ..generate import check_kv_cache_quantizes, stream_generate
+from ..generate import stream_generate
+from ..kv_quantization import check_kv_cache_quantizes
 from ..run_stats import RunStats, settled
 from .api import Completion
 from .disk_cache import DiskCache

@@ -57,15 +57,8 @@ def speculative_generate_step(
 ) -> Iterator[tuple[int, mx.array, bool]]:
     """Yield (token, logprobs, from_draft) as mlx_lm's speculative_generate_step does.
     `prompt_cache_tokens`: the tokens `prompt_cache` already holds (the drafter sees them too)."""
-    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-    check_trimmable(cache)
+    cache, quantize = _kv_cache(model, prompt_cache, kv_bits, kv_group_size, quantized_kv_start)
     sampler = sampler or make_sampler(0.0)
-    quantize = functools.partial(
-        maybe_quantize_kv_cache,
-        quantized_kv_start=quantized_kv_start,
-        kv_group_size=kv_group_size,
-        kv_bits=kv_bits,
-    )
     handle = streaming(model)
     stats = handle.stats if handle is not None else None
     prompt = prompt.tolist()
@@ -80,18 +73,9 @@ def speculative_generate_step(
     try:
         while emitted < max_tokens:
             inputs = [y, *drafts]
-            if stats is not None:
-                stats.start_pass()
-            logits = model(mx.array(inputs, mx.uint32)[None], cache=cache)[0]
-            quantize(cache)
-            tokens, logprobs = _sample(logits, seen, inputs, sampler, logits_processors)
-            mx.eval(tokens, logprobs)
-            tokens = tokens.tolist()
-            accepted = 0
-            while accepted < len(drafts) and tokens[accepted] == drafts[accepted]:
-                accepted += 1
-            if stats is not None:
-                stats.end_pass(len(drafts), accepted)
+            tokens, logprobs, accepted = _verify(
+                model, cache, quantize, inputs, seen, sampler, logits_processors, stats
+            )
             if emitted == 0:
                 progress(len(prompt), len(prompt))
             kept = min(accepted + 1, max_tokens - emitted)
@@ -114,6 +98,45 @@ def speculative_generate_step(
         trim(cache, unfed)
         if stats is not None:
             stats.verifying = None
+
+
+def _kv_cache(
+    model: nn.Module,
+    prompt_cache: list | None,
+    kv_bits: int | None,
+    kv_group_size: int,
+    quantized_kv_start: int,
+) -> tuple[list, Callable[[list], None]]:
+    """The KV cache (a new one unless given; refused if a pass's rejected tokens cannot be trimmed
+    from it) and the function that quantizes it after each pass, as generate_step does."""
+    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
+    check_trimmable(cache)
+    quantize = functools.partial(
+        maybe_quantize_kv_cache,
+        quantized_kv_start=quantized_kv_start,
+        kv_group_size=kv_group_size,
+        kv_bits=kv_bits,
+    )
+    return cache, quantize
+
+
+def _verify(model, cache, quantize, inputs, seen, sampler, logits_processors, stats):
+    """One pass over the last token and its drafts (`inputs`): the token sampled after each input,
+    their logprobs, and how many drafts were kept (each agreeing with the token sampled before)."""
+    drafts = inputs[1:]
+    if stats is not None:
+        stats.start_pass()
+    logits = model(mx.array(inputs, mx.uint32)[None], cache=cache)[0]
+    quantize(cache)
+    tokens, logprobs = _sample(logits, seen, inputs, sampler, logits_processors)
+    mx.eval(tokens, logprobs)
+    tokens = tokens.tolist()
+    accepted = 0
+    while accepted < len(drafts) and tokens[accepted] == drafts[accepted]:
+        accepted += 1
+    if stats is not None:
+        stats.end_pass(len(drafts), accepted)
+    return tokens, logprobs, accepted
 
 
 def _lockstep(handle) -> Callable[[int, list[int], list[int]], None]:

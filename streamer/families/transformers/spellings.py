@@ -88,6 +88,12 @@ def normalize_config(config: dict) -> dict:
             config[section] = {**values, name: float(values[name])}
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
+    return _quantization_as_mlx(config)
+
+
+def _quantization_as_mlx(config: dict) -> dict:
+    """A quantization_config mlx-lm reads as one of MLX's modes, given as `quantization` (from the
+    text_config where only that holds it); the others left as they are, for the checks after."""
     text = config.get("text_config")
     if "quantization_config" not in config and isinstance(text, dict):
         if "quantization_config" in text:  # as mlx-lm's loader looks for it

@@ -62,6 +62,22 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
     write_json_atomic(Path(folder) / MANIFEST_FILE, manifest.to_json())
 
 
+def not_a_model(folder: Path) -> str:
+    """Why `folder`, which holds neither manifest.json nor config.json, is not a model: what the
+    path is, and what was looked for."""
+    looked = (
+        f"{MANIFEST_FILE} (a folder `streamer repack` or `streamer pull` wrote) or config.json (a "
+        "download, with its safetensors shards)"
+    )
+    if folder.is_dir():
+        kind = "an empty folder" if not any(folder.iterdir()) else "a folder without a model"
+        found = f"{folder.absolute()} is {kind}: looked for {looked} in it"
+    else:
+        found = f"{folder.absolute()} is a file, not a model's folder: a model is a folder with "
+        found += looked
+    return f"{found}. Pass the model's folder, or its org/name."
+
+
 def read_manifest(folder: Path | str) -> Manifest:
     """Read and validate a manifest; raise StreamerError naming the defect and what to do."""
     path = Path(folder) / MANIFEST_FILE
@@ -78,9 +94,6 @@ def read_manifest(folder: Path | str) -> Manifest:
                 f"{folder} is a checkpoint as downloaded, not a repacked model: repack it into a "
                 f"new folder with `streamer repack {folder} DST` and pass DST."
             )
-        raise StreamerError(
-            f"{path} is missing: {folder} is not a repacked model. Run "
-            f"`streamer repack SRC {folder}` first."
-        )
+        raise StreamerError(not_a_model(Path(folder)))
     data = read_json_object(path, "check the folder, or repack the model.")
     return guarded(lambda: parse_manifest(data, path), path)

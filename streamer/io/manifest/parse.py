@@ -126,27 +126,7 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
     def bad(why: str) -> StreamerError:
         return StreamerError(f"{path}: MoE layer {entry.get('module')!r}: {why}; repack the model.")
 
-    tensors = []
-    for t in entry["tensors"]:
-        tensor = ExpertTensor(
-            str(t["name"]),
-            t["dtype"],
-            tuple(int(d) for d in t["shape"]),
-            int(t["offset"]),
-            int(t["nbytes"]),
-        )
-        if tensor.dtype not in DTYPES or any(d < 0 for d in tensor.shape):
-            raise bad(f"tensor {tensor.name!r} has an invalid dtype or shape")
-        if tensor.nbytes != math.prod(tensor.shape) * itemsize(tensor.dtype) or tensor.offset < 0:
-            raise bad(f"tensor {tensor.name!r} size does not match its shape")
-        if tensor.offset % itemsize(tensor.dtype):
-            raise bad(f"tensor {tensor.name!r} is not aligned to its element size")
-        tensors.append(tensor)
-    if not tensors or len({t.name for t in tensors}) != len(tensors):
-        raise bad("the record's tensor list is empty or names a tensor twice")
-    spans = sorted((t.offset, t.offset + t.nbytes) for t in tensors)
-    if any(b_start < a_end for (_, a_end), (b_start, _) in zip(spans, spans[1:])):
-        raise bad("two tensors of the record overlap")
+    tensors = _parse_tensors(entry["tensors"], bad)
     record = int(entry["record_bytes"])
     if record <= 0 or record % RECORD_ALIGN or any(t.offset + t.nbytes > record for t in tensors):
         raise bad(f"record size {record} is not page-aligned or does not hold its tensors")
@@ -186,6 +166,33 @@ def _parse_layer(entry: dict, path: Path) -> MoeLayer:
         crcs,
         ids,
     )
+
+
+def _parse_tensors(entries: list, bad) -> list[ExpertTensor]:
+    """An expert record's tensors: valid dtypes and shapes, sizes that match them, aligned, named
+    once each, and not overlapping (`bad`: the layer's error for a reason)."""
+    tensors = []
+    for t in entries:
+        tensor = ExpertTensor(
+            str(t["name"]),
+            t["dtype"],
+            tuple(int(d) for d in t["shape"]),
+            int(t["offset"]),
+            int(t["nbytes"]),
+        )
+        if tensor.dtype not in DTYPES or any(d < 0 for d in tensor.shape):
+            raise bad(f"tensor {tensor.name!r} has an invalid dtype or shape")
+        if tensor.nbytes != math.prod(tensor.shape) * itemsize(tensor.dtype) or tensor.offset < 0:
+            raise bad(f"tensor {tensor.name!r} size does not match its shape")
+        if tensor.offset % itemsize(tensor.dtype):
+            raise bad(f"tensor {tensor.name!r} is not aligned to its element size")
+        tensors.append(tensor)
+    if not tensors or len({t.name for t in tensors}) != len(tensors):
+        raise bad("the record's tensor list is empty or names a tensor twice")
+    spans = sorted((t.offset, t.offset + t.nbytes) for t in tensors)
+    if any(b_start < a_end for (_, a_end), (b_start, _) in zip(spans, spans[1:])):
+        raise bad("two tensors of the record overlap")
+    return tensors
 
 
 def _quantization(params: dict | None, bad) -> dict | None:

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Squeezed decode: bytes read from disk per token by each read path, side by side in one run.
+
+    python bench/squeezed_io.py --data /work/bench-data --limit 2.9G --decode-tokens 32
+
+Each point runs in its own process inside a fresh memory cgroup (v1 `memory.limit_in_bytes`, or
+v2 `memory.max`; needs root) that holds `--limit` bytes for the process and the page cache it
+fills, so the squeeze is the run's own and the machine's other users keep their memory (a balloon,
+bench/balloon.py, squeezes everyone). The expert files are dropped from the page cache first; a
+short warm-up generation, then one timed generation whose decode steps are counted: disk bytes
+per token from /proc/self/io `read_bytes` (what the process made the kernel fetch from storage,
+read-ahead included, every thread), beside the engine's own count of the bytes it asked for.
+
+Points (`--points`): `slots` (the slot path at `--budget`, default 0: one layer's experts, the Mac
+default), `slots-readahead` (the same with the kernel's read-ahead left on, as before
+io/reads.py turned it off), `mapped` (in place on the mapped files). Writes
+bench/results/<model>-squeezed-io.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from balloon import GiB  # noqa: E402
+from engines import log  # noqa: E402
+
+POINTS = ("slots-readahead", "slots", "mapped")
+
+
+def disk_read_bytes() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes"))
+
+
+def memory_cgroup(limit: int) -> Path:
+    """A fresh memory cgroup under this process's own, limited to `limit` bytes (its caller
+    moves a process into it and removes it once that process has exited)."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    v1 = [line.split(":", 2)[2] for line in lines if line.split(":")[1] == "memory"]
+    root = Path("/sys/fs/cgroup/memory" + v1[0]) if v1 else None
+    if root is None:
+        root = Path("/sys/fs/cgroup" + next(ln.split(":", 2)[2] for ln in lines if ln[0] == "0"))
+    group = root / f"squeezed-io-{os.getpid()}"
+    group.mkdir()
+    (group / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit))
+    return group
+
+
+def one(args: argparse.Namespace) -> dict:
+    """One point, in this process: squeezed, dropped, warmed up briefly, then timed."""
+    (Path(args.cgroup) / "cgroup.procs").write_text(str(os.getpid()))
+    import mlx.core as mx
+    import pagecache
+    from worker import prompt_ids, tokens
+
+    import streamer
+    from streamer.io import reads
+
+    if args.point == "slots-readahead":
+        reads.no_read_ahead = lambda fd: None  # the kernel's read-ahead left on, as before
+    path = "mapped" if args.point == "mapped" else "slots"
+    model, _ = streamer.load(args.model, memory_budget=args.budget, read_path=path)
+    handle = model.streamer
+    pagecache.drop(handle.expert_paths, handle.evict)
+    log(f"[squeezed-io] {args.point}: {handle.residency}")
+    for _ in tokens(model, prompt_ids(8, seed=99), 4, 1.0):
+        pass
+    handle.stats.reset()
+    marks = []
+    for _ in tokens(model, prompt_ids(args.prompt_tokens), args.decode_tokens, 1.0):
+        marks.append((time.perf_counter(), disk_read_bytes()))
+        if len(marks) == 1:
+            handle.stats.reset()  # the engine's counts cover the decode steps, as the marks do
+    steps = len(marks) - 1
+    traffic = handle.stats.decode
+    mx.eval(mx.zeros(1))
+    return {
+        "point": args.point,
+        "budget": args.budget,
+        "limit": args.limit,
+        "decode_tokens": steps,
+        "decode_tok_s": steps / (marks[-1][0] - marks[0][0]),
+        "disk_bytes_per_token": (marks[-1][1] - marks[0][1]) / steps,
+        "engine_bytes_per_token": traffic.bytes_read / steps,
+        "engine_misses_per_token": traffic.experts_fetched / steps,
+        "residency": handle.residency,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=Path.home() / ".cache" / "streamer-bench")
+    ap.add_argument("--model", type=Path, help="a repacked folder (default: the 12-layer one)")
+    ap.add_argument("--limit", type=float, default=2.9, help="GiB for the run and its page cache")
+    ap.add_argument("--budget", type=int, default=0, help="slot pool bytes (0: one layer's)")
+    ap.add_argument("--points", default=",".join(POINTS))
+    ap.add_argument("--rounds", type=int, default=1, help="the points again, alternating")
+    ap.add_argument("--prompt-tokens", type=int, default=16)
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--point", help=argparse.SUPPRESS)  # one point, in a child process
+    ap.add_argument("--cgroup", help=argparse.SUPPRESS)  # the child's memory cgroup
+    args = ap.parse_args()
+    args.limit = int(args.limit * GiB) if args.limit < 1 << 20 else int(args.limit)
+    if args.model is None:
+        args.model = default_model(args.data)
+    if args.point:
+        print(json.dumps(one(args)))
+        return
+    rows = []
+    for _ in range(args.rounds):
+        for point in args.points.split(","):
+            rows.append(child(args, point))
+            log(
+                f"[squeezed-io] {point}: {rows[-1]['disk_bytes_per_token'] / 1e6:.1f} MB/token "
+                f"from disk ({rows[-1]['engine_bytes_per_token'] / 1e6:.1f} MB asked for), "
+                f"{rows[-1]['decode_tok_s']:.3f} tok/s"
+            )
+    out = BENCH / "results" / f"{args.model.name.rsplit('-', 2)[0]}-squeezed-io.json"
+    out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}))
+    log(f"[squeezed-io] wrote {out}")
+
+
+def child(args: argparse.Namespace, point: str) -> dict:
+    group = memory_cgroup(args.limit)
+    argv = [sys.executable, __file__, "--point", point, "--model", str(args.model)]
+    argv += ["--limit", str(args.limit), "--budget", str(args.budget), "--cgroup", str(group)]
+    argv += ["--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+    finally:
+        group.rmdir()  # its page cache goes to the parent group
+    if proc.returncode != 0:
+        raise SystemExit(f"[squeezed-io] the {point} point failed (exit {proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def default_model(data: Path) -> Path:
+    found = sorted(data.glob("qwen3-30b-a3b-12l-float32-*-streaming"))
+    if not found:
+        raise SystemExit(f"[squeezed-io] no 12-layer float32 repack in {data}: run bench/run.py")
+    return found[-1]
+
+
+if __name__ == "__main__":
+    main()
