@@ -13,7 +13,7 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
-from .arguments import check_request, check_sampling
+from .arguments import check_request, check_sampling, tokens_text
 from .errors import StreamerError, one_line
 from .kv_quantization import check_kv_cache_quantizes
 from .loading.handle import streaming
@@ -146,13 +146,15 @@ def _prompt_tokens(
     context = handle.context_length if handle is not None else None
     if context and len(tokens) > context:
         raise StreamerError(
-            f"the prompt is {len(tokens)} tokens but the model's context is {context} tokens "
+            f"the prompt is {tokens_text(len(tokens))} but the model's context is "
+            f"{tokens_text(context)} "
             "(max_position_embeddings in config.json): shorten the prompt."
         )
     if context and len(tokens) + max_tokens > context:
         raise StreamerError(
-            f"the prompt is {len(tokens)} tokens and max_tokens is {max_tokens}, but the model's "
-            f"context is {context} tokens (max_position_embeddings in config.json): lower "
+            f"the prompt is {tokens_text(len(tokens))} and max_tokens is {max_tokens}, but the "
+            f"model's context is {tokens_text(context)} (max_position_embeddings in config.json): "
+            "lower "
             f"max_tokens to at most {context - len(tokens)} or shorten the prompt."
         )
     return tokens

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import mlx.nn as nn
 
+from .arguments import tokens_text
 from .draft_accounting import Drafts
 from .expert_traffic import ExpertStats
 from .io.sizes import size_text
@@ -46,8 +47,8 @@ class RunStats:
         # mlx-lm times decode from the first token: one token has no interval to rate
         rate = f"{self.generation_tps:.1f}" if self.generation_tokens > 1 else "n/a"
         return (
-            f"prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.1f} tok/s | "
-            f"decode: {self.generation_tokens} tokens, {rate} tok/s | "
+            f"prompt: {tokens_text(self.prompt_tokens)}, {self.prompt_tps:.1f} tok/s | "
+            f"decode: {tokens_text(self.generation_tokens)}, {rate} tok/s | "
             f"experts: {size_text(self.expert_bytes_per_token)}/token, "
             f"{self.expert_reads_per_token:.1f} reads/token, "
             f"page-cache hits {hit} | syncs/token {self.syncs_per_token:.1f} | "

@@ -1,10 +1,11 @@
-"""bench/goals_table.py: issue 35's table from bench/cuda_goals.sh's worker JSONs, on the CPU."""
+"""Issue 35's bench scripts on the CPU: bench/goals_table.py, bench/settle_copies.py."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -49,3 +50,24 @@ def test_the_table_rates_each_run_against_its_profiles_mlx_lm(bench_path, tmp_pa
     assert cells == ["medium-staged-25", "40.0/45.0", "0.67-0.90", "20.0/25.0", "85.0%", "1.50"] + [
         "16: 100.0/100.0"
     ]
+
+
+def test_settle_copies_counts_what_a_gathered_pool_copies(bench_path, capsys):
+    """bench/settle_copies.py: with every expert's slot a settle copies each routed expert once
+    (nothing is evicted); with less, misses fall as the pool grows, and admitting only experts
+    routed twice in a window never copies more."""
+    from routing_model import RoutingModel
+    from settle_copies import main
+
+    common = ["--experts", "16", "--top-k", "2", "--layers", "4", "--tokens", "60", "--json"]
+    main(["--profiles", "uniform", "--budgets", "1.0", "--prompts", "1", *common])
+    (full,) = json.loads(capsys.readouterr().out)["rows"]
+    trace = RoutingModel("uniform", 16, 2, 4).prompt(0, 60)
+    distinct = sum(len(np.unique(trace[:, layer])) for layer in range(4))
+    assert round(full["copies"] * 60) == distinct and full["misses"] * 60 >= distinct
+    rows = {}
+    for admit in ([], ["--admit-twice"]):
+        main(["--profiles", "uniform", "--budgets", "0.25,0.5", *admit, *common])
+        rows[bool(admit)] = json.loads(capsys.readouterr().out)["rows"]
+    assert rows[False][0]["misses"] > rows[False][1]["misses"]
+    assert all(t["copies"] <= a["copies"] for t, a in zip(rows[True], rows[False]))

@@ -134,7 +134,7 @@ def test_one_decode_token_has_no_rate(target):
     reads thousands of tok/s), so the line says n/a there and a rate from two tokens on."""
     model, tokenizer = streamer.load(target[0], memory_budget=0)
     *_, one = streamer.stream_generate(model, tokenizer, PROMPT, 1)
-    assert one.stats.generation_tokens == 1 and "decode: 1 tokens, n/a tok/s" in one.stats.line()
+    assert one.stats.generation_tokens == 1 and "decode: 1 token, n/a tok/s" in one.stats.line()
     *_, two = streamer.stream_generate(model, tokenizer, PROMPT, 2)
     rate = f"decode: 2 tokens, {two.stats.generation_tps:.1f} tok/s"
     assert two.stats.generation_tps > 0 and rate in two.stats.line()

@@ -37,7 +37,9 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
     extra = {"trust_remote_code": True} if trust_remote_code else {}
     extra.update(_config_unbuilt(folder, config))
     try:
-        return mlx_lm_load_tokenizer(folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids)
+        tokenizer = mlx_lm_load_tokenizer(
+            folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids
+        )
     except Exception as e:  # transformers' own errors have no common base; name what failed
         tokenizer_config = folder / "tokenizer_config.json"
         ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(
@@ -53,6 +55,22 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
             f"{folder}: cannot load the tokenizer ({type(e).__name__}: {one_line(e)}); check "
             "tokenizer.json and tokenizer_config.json, or copy them from the original model."
         ) from e
+    _context_as_max_length(tokenizer, config)
+    return tokenizer
+
+
+def _context_as_max_length(tokenizer: TokenizerWrapper, config: dict) -> None:
+    """The tokenizer's model_max_length raised to the model's context (max_position_embeddings):
+    a tokenizer_config.json's smaller one (2048 where the model reads 40960) made transformers log
+    "Token indices sequence length is longer than the specified maximum sequence length" for a
+    prompt well inside the context. A prompt past the context is refused by streamer itself."""
+    text = config.get("text_config")
+    context = config.get("max_position_embeddings") or (
+        text.get("max_position_embeddings") if isinstance(text, dict) else None
+    )
+    own = tokenizer._tokenizer
+    if type(context) is int and context > getattr(own, "model_max_length", context):
+        own.model_max_length = context
 
 
 def _config_unbuilt(folder: Path, config: dict) -> dict:
