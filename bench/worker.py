@@ -152,6 +152,7 @@ def phase(times: list[float], decode: dict | None) -> dict:
     out = {
         "decode_tokens": len(times) - 1,
         "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]),
+        "median_step_s": float(np.median(np.diff(times))),  # robust to a loaded machine's spikes
     }
     if decode is not None:
         routed = decode["cache_hits"] + decode["experts_read"]
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--read-path", choices=["slots", "mapped"], help="streamer: default by backend")
     ap.add_argument("--bypass-page-cache", action="store_true", help="streamer slots: O_DIRECT")
+    ap.add_argument("--pool-policy", choices=["lfu", "lru"], help="streamer slots: SlotLRU for lru")
     ap.add_argument(
         "--cuda-misses",
         choices=CUDA_MISSES,
@@ -220,6 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile:
         engine_stats(model).profile = True
     positions = install(model, args.routing, args.routing_seed) if args.routing else None
+    if args.pool_policy == "lru":  # before any call: the pools are empty
+        from streamer.cache.policies import SlotLRU
+
+        for pool in streaming(model).pools:
+            pool.policy = SlotLRU(pool.slots, len(pool.policy.slot_of))
 
     def prompt(n: int, index: int) -> mx.array:
         """Prompt `index` of n tokens; with --routing, its routing starts (enough positions for

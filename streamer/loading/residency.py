@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from ..cache.budget import default_budget, expected_pool_hits, layer_bytes, layer_groups
+from ..cache.budget import default_budget, layer_bytes, layer_groups
+from ..cache.expected_hits import PROFILES, expected_pool_hits
 from ..cache.landing import CUDA_MISSES_DEFAULT
 from ..cache.slot_memory import SlotTensor, chunk_slots
 from ..cache.slot_pool import CHUNK_BYTES
@@ -80,11 +81,10 @@ class ResidencyPlan:
         return sum(c.slots * c.slot_bytes for c in self.classes)
 
     @property
-    def expected_hits(self) -> float:
-        """The slot pool's hit rate to expect on the bench's routing (cache/budget.py)."""
-        if self.form == "resident":
-            return 1.0
-        return expected_pool_hits(self.budget / self.expert_bytes)
+    def expected_hits(self) -> dict[str, float]:
+        """The slot pool's hit rate to expect, by routing profile (cache/expected_hits.py)."""
+        share = 1.0 if self.form == "resident" else self.budget / self.expert_bytes
+        return {p: expected_pool_hits(share, p) for p in PROFILES}
 
     def text(self) -> str:
         """The plan in words: model.streamer.residency, and what generate prints."""
