@@ -86,22 +86,19 @@ def download(name: str, revision: str | None, skip: list[str]) -> Path:
     from huggingface_hub import constants, hf_hub_download, snapshot_download
     from huggingface_hub.file_download import repo_folder_name
 
+    patterns = {"allow_patterns": ALLOW_PATTERNS, "ignore_patterns": skip or None}
     with hub_errors(name, revision):
-        commit, files = listing(name, revision)
+        try:
+            commit, files = listing(name, revision)
+        except connect_errors():  # offline: a snapshot the cache holds (checked as it came)
+            return Path(snapshot_download(name, revision=revision, **patterns))
         refuse_no_model(name, files)
         refuse_unstreamable(name, Path(hf_hub_download(name, "config.json", revision=commit)))
         cached = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model")
         snapshot = cached / "snapshots" / commit
         hashes = LandedHashes(snapshot, files, present(snapshot, files))
         try:
-            snapshot = Path(
-                snapshot_download(
-                    name,
-                    revision=revision,
-                    allow_patterns=ALLOW_PATTERNS,
-                    ignore_patterns=skip or None,
-                )
-            )
+            snapshot = Path(snapshot_download(name, revision=revision, **patterns))
         except BaseException:
             hashes.cancel()
             raise

@@ -282,7 +282,7 @@ def test_a_repo_without_a_model_that_streams_is_refused_before_its_weights(
 
 
 def test_a_weight_file_that_differs_from_the_hubs_sha256_is_removed_and_refused(
-    hub, in_process, checkpoints, tmp_path, capsys
+    hub, in_process, checkpoints, tmp_path, monkeypatch, capsys
 ):
     repo = "tiny-org/Tiny-MLX"
     shard = sorted(f for f in hub.files(repo) if f.endswith(".safetensors"))[0]
@@ -300,6 +300,9 @@ def test_a_weight_file_that_differs_from_the_hubs_sha256_is_removed_and_refused(
     }
     assert again == {shard}  # the files that were right are kept
     assert generated(repo, capsys) == generated(checkpoints.mlx("qwen3_moe"), capsys)
+    # the Hub unreachable: the snapshot the cache holds, as before the Hub's list was asked for
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    assert main(["pull", repo]) == 0 and "streams in place" in capsys.readouterr().err
 
 
 def test_weight_files_are_hashed_as_they_land(tmp_path):
