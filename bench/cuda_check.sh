@@ -139,12 +139,12 @@ decode48)  # issue 22's table: 48 layers (15.19 GiB of experts), 32 greedy token
   run mlx_lm "$data/q48-mlx" mlx_lm
   ways=${MISSES:-staged}
   for gib in ${GIBS:-2 4 8 24}; do  # 24: every expert (resident)
-    for way in $ways; do  # STREAMER_CUDA_MISSES: where a miss's copy reads from
+    for way in $ways; do  # worker.py --cuda-misses (load's cuda_misses): where a miss's copy reads from
       [ "$gib" = 24 ] && [ "$way" != "${ways%% *}" ] && continue  # no misses to compare
-      export STREAMER_CUDA_MISSES=$way
       for layout in ${LAYOUTS:-stream}; do  # stream: the repack; mlx: in place from the download
         tag=slots-${gib}g-$way && [ "$layout" = mlx ] && tag=$tag-inplace
-        run streamer "$data/q48-$layout" "$tag" --read-path slots --memory-budget $((gib << 30))
+        run streamer "$data/q48-$layout" "$tag" --read-path slots --memory-budget $((gib << 30)) \
+          --cuda-misses "$way"
       done
     done
   done

@@ -11,7 +11,7 @@ random slots of a managed pool, then runs one kernel over those slots, as decode
 - register: the file's read-only mapping, each expert's page range cudaHostRegister'ed for its
   copies and unregistered after (the copy engine reads the page cache itself: no CPU copy);
 - pinned-file: the same with the whole mapping registered once (its cost reported apart;
-  STREAMER_CUDA_MISSES=pinned);
+  load's cuda_misses="pinned");
 - pageable: cudaMemcpyAsync straight from the unregistered mapping (the driver's own staging);
 - gather-miss / gather-hit: no copy at all: the slot path's gather kernel (io/cuda_gather.py)
   reads the K experts over the bus from the whole file's mapping (registered mapped), or from

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, _ = streamer.load(args.folder, memory_budget=budget, read_path=args.read_path)
     layer = model.streamer.layers[args.layer]
     if args.read_path == "mapped":
-        layer.read = Prefetched(layer, None)  # the synced path, as where files are not cached
+        layer.compute_mode = Prefetched(layer, None)  # synced, as where files are not cached
     k = model.args.num_experts_per_tok
     count = args.calls if args.fresh else args.routings
     inputs = routings(layer.num_experts, k, count, args.seed)

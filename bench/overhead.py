@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> dict:
         return indices[next(calls) % len(indices)]
 
     container = per_call(lambda: experts.container(x, routed()), args.calls)
-    experts.read = Prefetched(experts, None)  # the synced path, as in a squeezed run
+    experts.compute_mode = Prefetched(experts, None)  # the synced path, as in a squeezed run
     synced = per_call(lambda: experts(x, routed()), args.calls)
     # asking the OS: the file was just read, so it is cached and the layer goes sync-free
-    experts.read = Prefetched(experts, PageCacheWatch(experts))
+    experts.compute_mode = Prefetched(experts, PageCacheWatch(experts))
     sync_free = per_call(lambda: experts(x, routed()), args.calls)
     model.streamer.stats.reset()
     result = {"folder": str(args.folder), "layer": args.layer}
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"overhead_synced_{clock}us": (synced[at] - container[at]) * 1e6,
             f"overhead_sync_free_{clock}us": (sync_free[at] - container[at]) * 1e6,
         }
-    result["file_cached"] = isinstance(experts.read, InPageCache)
+    result["file_cached"] = isinstance(experts.compute_mode, InPageCache)
     print(json.dumps(result, indent=1))
     return result
 

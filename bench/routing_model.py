@@ -141,6 +141,8 @@ def _slots(cls: str, pooled: bool):
 
         pool_of, base = {}, {}
         for first, end, count in _groups(traces[0].shape[1], experts, share, pooled):
+            if count < traces[0].shape[2]:
+                raise SystemExit(f"a budget of {share:g} holds fewer slots than a token routes")
             pool = getattr(policies, cls)(count, (end - first) * experts)
             for layer in range(first, end):
                 pool_of[layer], base[layer] = pool, (layer - first) * experts

@@ -35,6 +35,7 @@ from profile_routing import install
 from routing_model import COLD_TOKENS, PROFILES
 from routing_profile import routing_profile
 
+from streamer.cache.landing import CUDA_MISSES
 from streamer.loading.handle import streaming
 from streamer.run_stats import peak_rss_bytes
 
@@ -42,7 +43,12 @@ ENGINES = ("streamer", "mlx_lm")
 
 
 def load(
-    engine: str, folder: Path, memory_budget: int, read_path: str | None, bypass: bool = False
+    engine: str,
+    folder: Path,
+    memory_budget: int,
+    read_path: str | None,
+    bypass: bool = False,
+    cuda_misses: str | None = None,
 ) -> nn.Module:
     from streamer.loading.backend import default_dtype
 
@@ -52,7 +58,11 @@ def load(
         # float32 activations on CPU by default; budget 0 streams every expert through the page
         # cache (mapped) or a pool of one token's experts (slots)
         model, _ = streamer.load(
-            folder, memory_budget=memory_budget, read_path=read_path, bypass_page_cache=bypass
+            folder,
+            memory_budget=memory_budget,
+            read_path=read_path,
+            bypass_page_cache=bypass,
+            cuda_misses=cuda_misses,
         )
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr, flush=True)
         return model
@@ -142,6 +152,7 @@ def phase(times: list[float], decode: dict | None) -> dict:
     out = {
         "decode_tokens": len(times) - 1,
         "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]),
+        "median_step_s": float(np.median(np.diff(times))),  # robust to a loaded machine's spikes
     }
     if decode is not None:
         routed = decode["cache_hits"] + decode["experts_read"]
@@ -185,6 +196,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--read-path", choices=["slots", "mapped"], help="streamer: default by backend")
     ap.add_argument("--bypass-page-cache", action="store_true", help="streamer slots: O_DIRECT")
+    ap.add_argument("--pool-policy", choices=["lfu", "lru"], help="streamer slots: SlotLRU for lru")
+    ap.add_argument(
+        "--cuda-misses",
+        choices=CUDA_MISSES,
+        help="streamer slots on CUDA: where a miss's bytes come from (load's cuda_misses; "
+        "default gathered, cache/landing.py)",
+    )
     ap.add_argument(
         "--profile", action="store_true", help="streamer: time each layer's expert compute (a sync)"
     )
@@ -193,12 +211,22 @@ def main(argv: list[str] | None = None) -> None:
     sampler = MemorySampler()
     start = time.perf_counter()
     model = load(
-        args.engine, args.model, args.memory_budget, args.read_path, args.bypass_page_cache
+        args.engine,
+        args.model,
+        args.memory_budget,
+        args.read_path,
+        args.bypass_page_cache,
+        args.cuda_misses,
     )
     load_s = time.perf_counter() - start
     if args.profile:
         engine_stats(model).profile = True
     positions = install(model, args.routing, args.routing_seed) if args.routing else None
+    if args.pool_policy == "lru":  # before any call: the pools are empty
+        from streamer.cache.policies import SlotLRU
+
+        for pool in streaming(model).pools:
+            pool.policy = SlotLRU(pool.slots, len(pool.policy.slot_of))
 
     def prompt(n: int, index: int) -> mx.array:
         """Prompt `index` of n tokens; with --routing, its routing starts (enough positions for

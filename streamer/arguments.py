@@ -242,3 +242,8 @@ def _integer(value: object) -> bool:
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def tokens_text(n: int) -> str:
+    """`n` tokens in words: "1 token", "5 tokens"."""
+    return f"{n} token" if n == 1 else f"{n} tokens"

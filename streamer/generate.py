@@ -13,8 +13,9 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
-from .arguments import check_kv_quantization, check_request, check_sampling
+from .arguments import check_request, check_sampling, tokens_text
 from .errors import StreamerError, one_line
+from .kv_quantization import check_kv_cache_quantizes
 from .loading.handle import streaming
 from .run_stats import RunStats, run_stats
 from .speculative import stream as speculative
@@ -83,26 +84,6 @@ def stream_generate(
     mx.synchronize(kwargs.get("stream", generation_stream))
 
 
-def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
-    """mlx-lm's kv_bits keywords checked, and refused for a cache mlx-lm cannot quantize (a
-    rotating one: max_kv_size, or a model's sliding-window layers) before anything is computed,
-    where mlx-lm would fail part way."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    group = kwargs.get("kv_group_size", 64)
-    check_kv_quantization(kwargs["kv_bits"], group, kwargs.get("quantized_kv_start", 0))
-    for cache in make_prompt_cache(model, kwargs.get("max_kv_size")):
-        try:
-            if hasattr(cache, "to_quantized"):
-                cache.to_quantized(group_size=group, bits=kwargs["kv_bits"])
-        except NotImplementedError:
-            why = "max_kv_size" if kwargs.get("max_kv_size") else "the model's sliding windows"
-            raise StreamerError(
-                f"kv_bits: mlx-lm cannot quantize a {type(cache).__name__} (what {why} "
-                "make): drop kv_bits" + (" or max_kv_size." if "max" in why else ".")
-            ) from None
-
-
 _SAMPLER_KEYWORDS = set(inspect.signature(make_sampler).parameters) - {"temp", "top_p"}
 _PROCESSOR_KEYWORDS = set(inspect.signature(make_logits_processors).parameters)
 _STEP_KEYWORDS = (
@@ -165,13 +146,15 @@ def _prompt_tokens(
     context = handle.context_length if handle is not None else None
     if context and len(tokens) > context:
         raise StreamerError(
-            f"the prompt is {len(tokens)} tokens but the model's context is {context} tokens "
+            f"the prompt is {tokens_text(len(tokens))} but the model's context is "
+            f"{tokens_text(context)} "
             "(max_position_embeddings in config.json): shorten the prompt."
         )
     if context and len(tokens) + max_tokens > context:
         raise StreamerError(
-            f"the prompt is {len(tokens)} tokens and max_tokens is {max_tokens}, but the model's "
-            f"context is {context} tokens (max_position_embeddings in config.json): lower "
+            f"the prompt is {tokens_text(len(tokens))} and max_tokens is {max_tokens}, but the "
+            f"model's context is {tokens_text(context)} (max_position_embeddings in config.json): "
+            "lower "
             f"max_tokens to at most {context - len(tokens)} or shorten the prompt."
         )
     return tokens

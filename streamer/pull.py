@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .errors import StreamerError
 from .loading.hub import ALLOW_PATTERNS, REPO_ID, needs_repack, pulled_folder
-from .pulled_files import check_hashes, listing, present, refuse_no_model, refuse_unstreamable
+from .pulled_files import LandedHashes, listing, present, refuse_no_model, refuse_unstreamable
 from .repack import repack
 from .repack.consume import stand_ins
 from .repack.publish import partial_folder
@@ -86,18 +86,23 @@ def download(name: str, revision: str | None, skip: list[str]) -> Path:
     from huggingface_hub import constants, hf_hub_download, snapshot_download
     from huggingface_hub.file_download import repo_folder_name
 
+    patterns = {"allow_patterns": ALLOW_PATTERNS, "ignore_patterns": skip or None}
     with hub_errors(name, revision):
-        commit, files = listing(name, revision)
+        try:
+            commit, files = listing(name, revision)
+        except connect_errors():  # offline: a snapshot the cache holds (checked as it came)
+            return Path(snapshot_download(name, revision=revision, **patterns))
         refuse_no_model(name, files)
         refuse_unstreamable(name, Path(hf_hub_download(name, "config.json", revision=commit)))
         cached = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model")
-        old = present(cached / "snapshots" / commit, files)
-        snapshot = Path(
-            snapshot_download(
-                name, revision=revision, allow_patterns=ALLOW_PATTERNS, ignore_patterns=skip or None
-            )
-        )
-    check_hashes(name, snapshot, files, old)
+        snapshot = cached / "snapshots" / commit
+        hashes = LandedHashes(snapshot, files, present(snapshot, files))
+        try:
+            snapshot = Path(snapshot_download(name, revision=revision, **patterns))
+        except BaseException:
+            hashes.cancel()
+            raise
+    hashes.finish(name, snapshot)
     return snapshot
 
 

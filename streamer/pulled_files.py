@@ -1,12 +1,13 @@
 """What a pull fetches, checked: the repo holds a model that streams (asked of its file list and
-config.json before any weight is downloaded), and each weight file this pull downloaded holds the
-bytes whose sha256 the Hub lists for it (huggingface_hub checks sizes, not hashes).
+config.json before any weight is downloaded), and each weight file this pull downloads holds the
+bytes whose sha256 the Hub lists for it, hashed as it lands (huggingface_hub checks sizes only).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 from .errors import StreamerError
@@ -75,27 +76,66 @@ def present(snapshot: Path, files: dict[str, str | None]) -> set[str]:
     return {path for path, sha in files.items() if sha and (snapshot / path).exists()}
 
 
-def check_hashes(name: str, snapshot: Path, files: dict[str, str | None], old: set[str]) -> None:
-    """Hash each weight file downloaded now (not in `old`) against the Hub's sha256; a file that
-    differs is removed (its link and blob), so the next pull downloads it again."""
-    landed = [p for p, sha in files.items() if sha and p not in old and (snapshot / p).exists()]
-    total = sum((snapshot / p).stat().st_size for p in landed)
-    with progress_bar(total, "[pull] checking sha256", unit="B") as bar:
-        for path in sorted(landed):
-            digest = sha256_of(snapshot / path, bar.update)
-            if digest != files[path]:
+class LandedHashes:
+    """Each weight file downloaded now (not in `old`) hashed as it lands in the snapshot (its
+    link appears once its blob is whole), in a thread beside the download: SHA-256 runs at
+    1-2 GB/s, so a pull rarely waits for it. `finish` hashes what is left, then refuses a file
+    whose sha256 is not the Hub's, removing it (link and blob) so the next pull fetches it."""
+
+    def __init__(self, snapshot: Path, files: dict[str, str | None], old: set[str]):
+        self.snapshot = snapshot
+        self.expected = {path: sha for path, sha in files.items() if sha and path not in old}
+        self.digests: dict[str, str] = {}
+        self.downloaded, self.cancelled = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="streamer-sha256", daemon=True)
+        self.thread.start()
+
+    def _landed(self) -> list[str]:
+        return sorted(
+            p for p in self.expected if p not in self.digests and (self.snapshot / p).exists()
+        )
+
+    def _watch(self) -> None:
+        while not self.downloaded.is_set():
+            for path in self._landed():
+                digest = sha256_of(self.snapshot / path, lambda _: None, self.cancelled)
+                if digest is None:
+                    return
+                self.digests[path] = digest
+            self.downloaded.wait(0.5)
+
+    def cancel(self) -> None:
+        """The download failed or was interrupted: stop at once."""
+        self.cancelled.set()
+        self.downloaded.set()
+        self.thread.join()
+
+    def finish(self, name: str, snapshot: Path) -> None:
+        self.downloaded.set()
+        self.thread.join()
+        self.snapshot = snapshot  # the commit snapshot_download resolved (main may have moved)
+        rest = self._landed()
+        total = sum((snapshot / p).stat().st_size for p in rest)
+        with progress_bar(total, "[pull] checking sha256", unit="B") as bar:
+            for path in rest:
+                self.digests[path] = sha256_of(snapshot / path, bar.update)
+        for path, digest in sorted(self.digests.items()):
+            if digest != self.expected[path]:
                 remove(snapshot / path)
                 raise StreamerError(
                     f"{path} of {name} does not match the sha256 the Hub lists for it (the Hub: "
-                    f"{files[path]}, the download: {digest}): it was damaged on the way and is "
-                    f"removed; `streamer pull {name}` downloads it again."
+                    f"{self.expected[path]}, the download: {digest}): it was damaged on the way "
+                    f"and is removed; `streamer pull {name}` downloads it again."
                 )
 
 
-def sha256_of(path: Path, advance) -> str:
+def sha256_of(path: Path, advance, stop: threading.Event | None = None) -> str | None:
+    """The file's sha256 (hex), or None if `stop` was set while it was read."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(HASH_READ):
+            if stop is not None and stop.is_set():
+                return None
             digest.update(block)
             advance(len(block))
     return digest.hexdigest()

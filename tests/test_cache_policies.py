@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 import streamer
-from streamer.cache.policies import LRU, LFUAging
+from streamer.cache.policies import LRU, LFUAging, SlotLFU, SlotLRU
 
 
 def hits(policy, keys) -> int:
@@ -96,3 +96,30 @@ def test_hot_cache_with_a_tiny_budget_and_many_experts_per_call(checkpoints):
             layer.use_cache(cache)
         assert streamer.generate(model, tokenizer, prompt, max_tokens=6) == expected, policy
         assert len(cache) <= 2
+
+
+def test_slot_lru_evicts_the_oldest_call_and_never_the_current_one():
+    policy = SlotLRU(slots=3, keys=10)
+    slots, miss = policy.assign(np.array([0, 1, 2]))
+    assert miss.all() and sorted(slots) == [0, 1, 2]
+    policy.assign(np.array([2]))
+    policy.assign(np.array([0]))  # 1 is now the least recently used
+    again, miss = policy.assign(np.array([0, 3]))
+    assert list(miss) == [False, True] and again[1] == slots[1] and policy.slot_of[1] == -1
+    # a call as large as the pool takes every slot but evicts none of its own keys
+    keys = np.array([3, 4, 5])
+    placed, miss = policy.assign(keys)
+    assert sorted(placed) == [0, 1, 2] and list(policy.slot_key[placed]) == list(keys)
+
+
+def test_slot_lru_and_lfu_part_on_a_scan():
+    """One-off keys flush LRU's hot pair; LFU with aging keeps it (bench/routing_model.py replays
+    both on the routing profiles)."""
+    lru, lfu = SlotLRU(slots=3, keys=100), SlotLFU(slots=3, keys=100)
+    for policy in (lru, lfu):
+        for _ in range(20):
+            policy.assign(np.array([0, 1]))
+        for cold in range(2, 40):
+            policy.assign(np.array([cold]))
+    assert lru.assign(np.array([0, 1]))[1].all()
+    assert not lfu.assign(np.array([0, 1]))[1].any()

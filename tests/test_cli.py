@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
@@ -219,3 +220,35 @@ def test_repack_quantize_modes(checkpoints, tmp_path):
         "streamer: error: --q-mode nvfp4 quantizes to 4 bits in groups of 16: pass --quantize 4 "
         "(and no other --group-size)."
     ]
+
+
+def test_no_help_says_both_unset_and_a_default():
+    """`demo --help` said "--seed (unset: random) (default: 0)"."""
+    from streamer.cli import DefaultsShown, parser
+
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        formatter = DefaultsShown(name)
+        for action in sub._actions:
+            text = formatter._get_help_string(action) or ""
+            assert not ("unset" in text and "(default:" in text), (name, action.dest, text)
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["generate", "--promt", "hi"], "unrecognized arguments: --promt (did you mean --prompt?)"),
+        (["generate", "--model", "m", "--prompt=hi", "--max-token", "3", "--tmp=1"], "--tmp=1"),
+        (["repack", "src", "--quantise", "4"], "unrecognized arguments: --quantise"),
+    ],
+)
+def test_an_unknown_flag_is_reported_before_a_missing_one(argv, said, capsys):
+    """argparse reported "--prompt is required" for `--promt hi`, hiding the typo; an
+    abbreviation (--max-token) and a value such as "-" or "-5" are not unknown flags."""
+    from streamer.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and "required" not in err and len(err.strip().splitlines()) == 1, err
+    assert main(["generate", "--model", "/nonexistent", "--prompt", "-5"]) == 2
+    assert "unrecognized" not in capsys.readouterr().err

@@ -174,3 +174,25 @@ def test_mimo_value_scale_is_read_where_given_and_refused_where_left_out(scale):
         streamer.StreamerError, match=r"c: attention_value_scale is left out: .*0\.707"
     ):
         check_config(left_out, "c")
+
+
+@pytest.mark.parametrize("null", ["rope_scaling", "rope_parameters"])
+def test_gpt_oss_with_a_null_rope_scaling_is_yarn_as_left_out(null):
+    """`"rope_scaling": null` written out: transformers fills YaRN as for a missing field (its RoPE
+    standardization, in every config class), so streamer does; it computed plain RoPE."""
+    from transformers import CONFIG_MAPPING
+
+    config = {k: v for k, v in tiny_config("gpt_oss").items() if k != "rope_scaling"}
+    config.pop("rope_parameters", None)
+    assert CONFIG_MAPPING["gpt_oss"](**{null: None}).rope_parameters["rope_type"] == "yarn"
+    filled = normalize_config({**config, null: None})
+    assert filled["rope_scaling"] == normalize_config(config)["rope_scaling"]
+    ropes = [type(m).__name__ for _, m in build_model(filled, "c").named_modules()]
+    assert any("Yarn" in name for name in ropes), ropes
+
+
+def test_a_null_transformers_keeps_is_not_filled():
+    """deepseek_v3's `n_group: null` is None to transformers too: not filled with its default."""
+    from streamer.families.transformers.defaults import fill_defaults
+
+    assert fill_defaults({"model_type": "deepseek_v3", "n_group": None})["n_group"] is None

@@ -23,6 +23,7 @@ from streamer.errors import StreamerError
 from streamer.io import cuda_runtime
 from streamer.io.cuda_copy import STAGING_ALIGN, MappedCopies, StagedCopies
 from streamer.io.cuda_runtime import CudaRuntime
+from streamer.loading.options import load_options
 
 
 class FakeRuntime:
@@ -164,7 +165,7 @@ class MappingRuntime(FakeRuntime):
     "lock, pinnable", [("none", 0), ("copy", 0), ("file", 1 << 40), ("file", 1)]
 )
 def test_misses_are_copied_from_the_files_mappings(tmp_path, lock, pinnable):
-    """STREAMER_CUDA_MISSES=mapped / registered / pinned: the copy engine reads the file's mapping
+    """cuda_misses="mapped" / "registered" / "pinned": the copy engine reads the file's mapping
     (each expert's pages locked for its copies then unlocked, or each whole file locked once
     while `pinnable` bytes allow, else per copy), and every slot gets its expert's bytes; no
     staging is allocated."""
@@ -197,7 +198,7 @@ def test_a_mapped_copy_checks_checksums_and_names_a_short_file(tmp_path):
     pool.close()
 
 
-def test_cuda_misses_come_from_the_way_the_environment_names(tmp_path, monkeypatch):
+def test_cuda_misses_come_from_the_way_the_load_names(tmp_path, monkeypatch):
     made = []
     monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
@@ -211,16 +212,69 @@ def test_cuda_misses_come_from_the_way_the_environment_names(tmp_path, monkeypat
         ("pinned", True, MappedCopies),
         ("registered", False, StagedCopies),  # reads around the page cache: staged as asked
     ]:
-        if way is None:
-            monkeypatch.delenv("STREAMER_CUDA_MISSES", raising=False)
-        else:
-            monkeypatch.setenv("STREAMER_CUDA_MISSES", way)
-        landing = landing_for(TENSORS, 2, page_cache)
+        misses = {} if way is None else {"misses": way}  # None: the default
+        landing = landing_for(TENSORS, 2, page_cache, **misses)
         assert type(landing) is kind
         lock = {"mapped": "none", "registered": "copy", "pinned": "file", None: "file"}.get(way)
         assert getattr(landing, "_lock", None) == (lock if page_cache else None)
         assert getattr(landing, "gathers", False) == (way is None and page_cache)
         landing.close()
-    monkeypatch.setenv("STREAMER_CUDA_MISSES", "fast")
-    with pytest.raises(StreamerError, match="STREAMER_CUDA_MISSES='fast': use one of staged"):
-        landing_for(TENSORS, 2)
+    with pytest.raises(StreamerError, match="cuda_misses must be one of staged, mapped"):
+        load_options(cuda_misses="fast")  # refused with the load's other options, not here
+
+
+def test_a_pool_on_cuda_moves_its_pages_to_the_gpu_once(monkeypatch):
+    """On a CUDA GPU the pool's managed pages are prefetched to the device when allocated (the
+    whole buffer, in one call): else they count in the process's RSS and fault over one at a
+    time. Elsewhere nothing is called."""
+    from streamer.cache import slot_memory
+
+    moved = []
+
+    class Moves:
+        def to_device(self, address: int, nbytes: int) -> None:
+            moved.append((address, nbytes))
+
+    monkeypatch.setattr(cuda_runtime, "CudaRuntime", Moves)
+    tensor = TENSORS[0]
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.cpu))
+    slot_memory.allocate(3, tensor)
+    assert moved == []  # not computing on a CUDA GPU
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        slot_memory.buffers, "untouched", lambda n: mx.zeros((-(-n // 4096), 4096), mx.uint8)
+    )
+    _, rows = slot_memory.allocate(3, tensor)
+    ((address, nbytes),) = moved
+    assert address <= rows.ctypes.data and rows.ctypes.data + rows.nbytes <= address + nbytes
+
+
+def test_the_prefetch_names_the_current_gpu_and_waits():
+    calls = []
+
+    class Lib:
+        def __getattr__(self, name):
+            def function(*args):
+                calls.append((name, args))
+                if name == "cudaGetDevice":
+                    args[0]._obj.value = 3
+                if name == "cudaStreamCreateWithFlags":
+                    args[0]._obj.value = 77
+                return 0
+
+            function.__name__ = name
+            setattr(self, name, function)
+            return function
+
+    CudaRuntime(Lib()).to_device(4096, 8192)
+    names = [name for name, _ in calls]
+    assert names == [
+        "cudaGetDevice",
+        "cudaStreamCreateWithFlags",
+        "cudaMemPrefetchAsync",
+        "cudaStreamSynchronize",
+        "cudaStreamDestroy",
+    ]
+    address, nbytes, where, flags, stream = calls[2][1]
+    assert (address, nbytes, where.type, where.id, flags, stream) == (4096, 8192, 1, 3, 0, 77)

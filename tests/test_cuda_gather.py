@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from test_slot_pool import OFFSETS, RECORD, TENSORS, pool_over
 
+from streamer.cache.landing import landing_for
 from streamer.cache.slot_memory import SlotTensor
+from streamer.cache.slot_pool import READERS
 
 pytestmark = pytest.mark.skipif(
     not (mx.default_device() == mx.gpu and mx.cuda.is_available()),
@@ -26,8 +28,9 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def pinned(tmp_path, monkeypatch):
     """A pool of 3 slots over two layers of 6 experts, files locked whole and mapped."""
-    monkeypatch.setenv("STREAMER_CUDA_MISSES", "pinned")
-    pool, truth = pool_over(tmp_path, slots=3)
+    pool, truth = pool_over(
+        tmp_path, slots=3, landing=landing_for(TENSORS, READERS, True, "pinned")
+    )
     yield pool, truth
     pool.close()
 
@@ -69,3 +72,24 @@ def test_quantized_experts_compute_the_same_on_the_gathered_stack():
     position = mx.arange(routed.size, dtype=mx.uint32).reshape(routed.shape)
     got = mx.gather_qmm(x, *stack, rhs_indices=position, transpose=True)
     assert mx.array_equal(got, want).item()
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) << 10 for line in status if line.startswith("VmRSS:"))
+
+
+def test_a_pool_holds_no_host_memory_and_reads_right(tmp_path):
+    """The pool's managed pages are moved to the GPU when it is made (cache/slot_memory.py): the
+    process does not grow by the pool (built from numpy, it grew by all of it, counted as file
+    pages of the driver's mapping), and staged misses still land in their slots."""
+    before = _rss()
+    staged = landing_for(TENSORS, READERS, True, "staged")
+    pool, truth = pool_over(tmp_path, slots=16384, landing=staged)  # 256 MiB: largest tensor
+    assert pool.nbytes > 256 << 20 and _rss() - before < pool.nbytes // 8
+    slots, _ = pool.place(1, np.array([0, 4, 5]))
+    out = mx.take(pool.arrays[2], mx.array(slots.astype(np.uint32)), axis=0)
+    got = np.array(out.view(mx.uint8)).reshape(3, -1)
+    for row, expert in zip(got, [0, 4, 5]):
+        assert np.array_equal(row, truth[1][expert][2])
+    pool.close()

@@ -11,14 +11,13 @@ from streamer.cache.budget import (
     SLOT_SHARE,
     all_experts_bytes,
     default_budget,
-    expected_pool_hits,
     largest_expert_bytes,
     slot_default,
 )
+from streamer.cache.expected_hits import PROFILES, expected_pool_hits
 from streamer.cli import main
 from streamer.io.manifest import read_manifest
 from streamer.loading import load as loading
-from streamer.loading import load_in_place as in_place
 from streamer.plan import plan
 
 
@@ -29,16 +28,16 @@ def test_the_slot_default_is_a_share_of_what_is_available():
 
 
 def test_expected_hits_grow_with_the_budget():
-    hits = [expected_pool_hits(f / 20) for f in range(21)]
-    assert hits[0] == 0 and hits[-1] == 1 and expected_pool_hits(2.0) == 1
-    assert all(a <= b for a, b in zip(hits, hits[1:])) and 0 < hits[10] < 1
+    for profile in PROFILES:
+        hits = [expected_pool_hits(f / 20, profile) for f in range(21)]
+        assert hits[0] == 0 and hits[-1] == 1 and expected_pool_hits(2.0, profile) == 1
+        assert all(a <= b for a, b in zip(hits, hits[1:])) and 0 < hits[10] < 1
 
 
 def _available(monkeypatch, nbytes: int) -> list:
     """The one memory reading a load's plan is made from, faked; its calls are counted."""
     calls = []
-    for module in (loading, in_place):
-        monkeypatch.setattr(module, "available_memory", lambda: calls.append(1) or nbytes)
+    monkeypatch.setattr(loading, "available_memory", lambda: calls.append(1) or nbytes)
     return calls
 
 
@@ -49,7 +48,8 @@ def test_default_budget_by_read_path(checkpoints):
     # all of them would fit, but not in the slot path's share
     budget, why = default_budget(need, one, need, "slots")
     assert budget == int(need * SLOT_SHARE) and budget > one
-    assert f"expect about {expected_pool_hits(budget / need):.0%} pool hits" in why
+    assert f"expect about {expected_pool_hits(budget / need):.0%} pool hits on typical" in why
+    assert f"(high {expected_pool_hits(budget / need, 'high'):.0%}, medium" in why
     assert default_budget(need, one, need, "mapped")[0] == 0  # not in half: the page cache
     assert default_budget(need, one, 2 * need, "slots")[0] == need
     assert default_budget(need, one, 2 * need, "mapped")[0] == need
@@ -73,17 +73,25 @@ def test_a_slot_load_takes_the_default(checkpoints, monkeypatch):
 def test_plan_says_the_default_budget_and_its_hits(checkpoints, capsys):
     dst = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     roomy = plan(dst, 1 << 34)
-    assert roomy.slot_budget_bytes == roomy.expert_bytes and roomy.slot_pool_hits == 1
+    assert roomy.slot_budget_bytes == roomy.expert_bytes
+    assert roomy.slot_pool_hits == dict.fromkeys(PROFILES, 1.0)  # nothing is read
     assert roomy.mapped_budget_bytes == roomy.expert_bytes
     memory = roomy.resident_bytes + roomy.expert_bytes  # the experts fit, not in the share
     tight = plan(dst, memory)
     assert tight.slot_budget_bytes == int(roomy.expert_bytes * SLOT_SHARE)
-    assert tight.slot_pool_hits == expected_pool_hits(SLOT_SHARE) and tight.mapped_budget_bytes == 0
+    assert tight.slot_pool_hits == {p: expected_pool_hits(SLOT_SHARE, p) for p in PROFILES}
+    assert tight.mapped_budget_bytes == 0
+    # more locality, more hits: Qwen3-30B-A3B-like routing above routing with none
+    hits = [tight.slot_pool_hits[p] for p in PROFILES]
+    assert hits == sorted(hits, reverse=True) and hits[0] > hits[-1]
     cli = plan(dst, memory, dtype=mx.float32)  # the command's compute dtype on this CPU
     assert main(["plan", str(dst), "--memory", str(memory)]) == 0
     text = capsys.readouterr().out
     assert f"slot pool ({SLOT_SHARE:.0%} of the" in text
-    assert f"about {cli.slot_pool_hits:.0%} pool hits" in text
+    assert f"about {cli.slot_pool_hits['medium']:.0%} pool hits on typical routing" in text
+    by_routing = ", ".join(f"{p} {h:.0%}" for p, h in cli.slot_pool_hits.items())
+    assert f"({by_routing}; bench/routing_model.py's profiles)" in text
+    assert json.loads(cli.json())["slot_pool_hits"] == cli.slot_pool_hits
     assert "budget (CPU)       0: experts computed in place" in text
     assert main(["plan", str(dst), "--memory", str(memory), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["slot_budget_bytes"] == cli.slot_budget_bytes

@@ -164,7 +164,10 @@ def test_generate_under_mlx_launch(models):
     assert drafted == alone
     stats = model.streamer.stats
     steps, passes = stats.decode_tokens, stats.drafts.passes
-    alone_mb, alone_reads = stats.decode.bytes_read / steps / 1e6, stats.decode.experts_read / steps
+    alone_mb, alone_reads = (
+        stats.decode.bytes_read / steps / 2**20,
+        stats.decode.experts_read / steps,
+    )
     assert 0 < stats.drafts.accepted and passes < steps  # some passes of several tokens
     args = ["--prompt", "def read(path):", "--max-tokens", "16", "--memory-budget", "0"]
     args += ["--ignore-chat-template", "--prompt-lookup", "1"]  # the text as streamer.generate
@@ -173,12 +176,13 @@ def test_generate_under_mlx_launch(models):
         [sys.executable, "-m", "streamer", "generate", "--model", shards, *args], models["root"]
     )
     assert result.stdout == alone + "\n", result.stderr
-    lines = [line for line in result.stderr.splitlines() if "expert MB/token by rank" in line]
+    lines = [line for line in result.stderr.splitlines() if "expert MiB/token by rank" in line]
     assert len(lines) == 1 and "kept per pass" in lines[0], result.stderr
     found = re.search(
-        rf"{RANKS} ranks \| expert MB/token by rank (?P<mb>[\d. ]+) \| "
+        rf"{RANKS} ranks \| expert MiB/token by rank (?P<mb>[\d. ]+) \| "
         r"reads/token by rank (?P<reads>[\d. ]+) \| .*"
-        r"all_sum (?P<sums>\d+)/token, (?P<us>\d+) us each \((?P<ms>[\d.]+) ms/token",
+        r"all_sum (?P<sums>\d+)/token, (?P<us>\d+) us each \((?P<ms>[\d.]+) ms/token.* "
+        r"peak RSS by rank [\d. ]+ GiB",
         lines[0],
     )
     assert found, lines[0]

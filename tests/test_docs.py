@@ -1,4 +1,4 @@
-"""The documents hold: docs/layout.md ("Where things are") names every module of streamer/ under
+"""The documents hold: docs/layout.md ("Every module") names every module of streamer/ under
 its own folder, so the map a newcomer reads is the tree (a new module fails here until it is
 placed), and every file the README and docs/ link to exists."""
 
@@ -19,7 +19,8 @@ PACKAGE = ROOT / "streamer"
 
 def groups() -> dict[str, str]:
     """Label (the first column, e.g. "streamer/io/") -> its text, from the section's code block."""
-    section = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    section = layout[layout.index("\n## Every module\n") :]
     block = section[section.index("```\n") + 4 :]
     block = block[: block.index("```")]
     found: dict[str, str] = {}
@@ -56,17 +57,33 @@ def test_every_folder_has_its_group():
 
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BENCH_DOCUMENTS = [ROOT / "bench" / "README.md", ROOT / "bench" / "findings.md"]
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def anchors(document: Path) -> set[str]:
+    """The anchors of a Markdown document's headings, as GitHub makes them."""
+    text = document.read_text(encoding="utf-8")
+    titles = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")]
+    return {re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in titles}
+
+
+def broken(document: Path, target: str) -> bool:
+    """Whether a link of `document` to `target` (path, path#anchor or #anchor) leads nowhere."""
+    path, _, anchor = target.partition("#")
+    linked = document.parent / path if path else document
+    if not linked.exists():
+        return True
+    return bool(anchor) and linked.suffix == ".md" and anchor not in anchors(linked)
+
+
+@pytest.mark.parametrize("document", DOCUMENTS + BENCH_DOCUMENTS, ids=lambda p: p.name)
 def test_every_linked_file_exists(document):
     """Markdown links to files of the repository ([text](path) or path#anchor) resolve, from the
-    document's own folder; links to the web are not followed."""
-    text = document.read_text(encoding="utf-8")
-    targets = re.findall(r"\]\(([^)\s]+)\)", text)
-    local = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+:", t) and t[:1] != "#"]
-    missing = sorted({t for t in local if t and not (document.parent / t).exists()})
-    assert not missing, f"{document.name} links to files that do not exist: {missing}"
+    document's own folder, and an anchor into a Markdown file is one of its headings; links to
+    the web are not followed."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", document.read_text(encoding="utf-8"))
+    missing = sorted({t for t in targets if not re.match(r"[a-z]+:", t) and broken(document, t)})
+    assert not missing, f"{document.name} links to files or headings that do not exist: {missing}"
 
 
 def test_the_readme_links_every_document():
@@ -139,3 +156,32 @@ def test_the_bench_index_names_every_script():
     scripts = [p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh")]
     missing = sorted(name for name in scripts if f"`{name}`" not in index)
     assert not missing, f"name these in bench/README.md's index of scripts: {missing}"
+
+
+# A section of the bench's documents named by its title: bench/findings.md, "Real shapes" (the
+# title may run over lines of a comment or docstring).
+SECTION = re.compile(r"bench/(README|findings)\.md,? \(?\"([^\"]+)\"")
+
+
+def test_every_bench_section_named_is_a_heading():
+    """A bench section the code or the docs name by its title begins a heading of that document."""
+    headings = {
+        name: [
+            line.lstrip("#").strip()
+            for line in (ROOT / "bench" / f"{name}.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("#")
+        ]
+        for name in ("README", "findings")
+    }
+    texts = [*SOURCES, *sorted((ROOT / "fixtures").rglob("*.py")), *DOCUMENTS]
+    named = [
+        (path, name, re.sub(r"\s*\n\s*(#\s*)?", " ", quoted))  # one line, comment marks gone
+        for path in texts
+        for name, quoted in SECTION.findall(path.read_text(encoding="utf-8"))
+    ]
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: bench/{name}.md, {title!r}"
+        for path, name, title in named
+        if not any(heading.startswith(title) for heading in headings[name])
+    )
+    assert not missing, "these name bench sections no heading begins with:\n" + "\n".join(missing)

@@ -125,3 +125,43 @@ def test_plan_counts_the_quantized_cache(checkpoints, capsys, arch):
     if arch == "qwen3_moe":  # sliding windows: mlx-lm has no quantized rotating cache
         with pytest.raises(StreamerError, match="cannot quantize this model's sliding-window"):
             plan(checkpoints.repacked(checkpoints.hf("gpt_oss")), 1 << 30, kv=kv)
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_a_kv_group_size_that_does_not_divide_the_widths_is_refused_at_start(checkpoints, command):
+    """head_dim 32 and the default group of 64: refused after loading, before any prompt, in one
+    line naming the flag and a group size that works (chat printed the failure on every message,
+    serve answered 500 to every request). A process with a bound: a server would serve on."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    argv = [command, "--model", str(folder), "--kv-bits", "4"]
+    argv += {"generate": ["--prompt", "x"], "chat": [], "serve": ["--port", "0"]}[command]
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    err = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert err[-1].startswith("streamer: error: --kv-group-size 64 does not divide"), err
+    assert "use --kv-group-size 32" in err[-1]
+
+
+def test_the_engine_refuses_a_kv_group_size_at_start(checkpoints):
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    with pytest.raises(StreamerError, match="kv_group_size 64 does not divide .* kv_group_size 32"):
+        Engine(model, tokenizer, options={"kv_bits": 4})  # the API's spelling
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+def test_the_kv_widths_are_those_of_the_models_own_cache(checkpoints, arch):
+    """The widths come from a lazy twin; the oracle: the loaded model's cache after a token."""
+    from streamer.kv_quantization import kv_widths
+
+    model, _ = streamer.load(checkpoints.repacked(checkpoints.hf(arch)))
+    cache = make_prompt_cache(model)
+    model(mx.array([[1]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    seen = {a.shape[-1] for c in cache for a in (c.keys, c.values)}
+    assert kv_widths(model) == seen and seen

@@ -60,3 +60,44 @@ def test_cli_prompt_bytes_from_the_shell_and_stdin(checkpoints):
         [*command, "--prompt", "-"], input="caf\u00e9 au lait".encode(), capture_output=True
     )
     assert result.returncode == 0 and b"decode: 2 tokens" in result.stderr, result.stderr
+
+
+def test_one_token_is_said_in_the_singular(checkpoints):
+    """ "the prompt is 1 tokens" (the library, the server's fit, the stats line)."""
+    from streamer.server.engine import fit
+    from streamer.server.fields import ApiError
+
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    with pytest.raises(StreamerError, match="the prompt is 1 token and max_tokens is 2048, but"):
+        streamer.generate(model, tokenizer, [7], max_tokens=2048)
+    with pytest.raises(ApiError, match="the prompt is 1 token and max_tokens is 5, but the model"):
+        fit(1, 5, 100, 4, ("prompt", "max_tokens"))
+    one = list(streamer.stream_generate(model, tokenizer, [7], max_tokens=1))[-1]
+    assert "prompt: 1 token, " in one.stats.line() and "decode: 1 token, " in one.stats.line()
+
+
+def test_a_prompt_inside_the_context_draws_no_tokenizer_warning(checkpoints, tmp_path):
+    """tokenizer_config.json's model_max_length below the model's context: transformers logged
+    "Token indices sequence length is longer than the specified maximum sequence length" (serve's
+    log, generate's stderr) for a prompt the model takes."""
+    import json
+    import logging
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
+    path = folder / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "model_max_length": 16}))
+    model, tokenizer = streamer.load(folder)
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    transformers_log = logging.getLogger("transformers")  # its modules' loggers propagate to it
+    transformers_log.addHandler(handler)
+    try:
+        prompt = " ".join(f"w{i}" for i in range(40))
+        assert 16 < len(tokenizer.encode(prompt)) < 2048  # inside the context (2048)
+    finally:
+        transformers_log.removeHandler(handler)
+    assert not [m for m in logged if "Token indices sequence length" in m], logged
+    assert tokenizer._tokenizer.model_max_length == 2048

@@ -19,6 +19,7 @@ LAYERS = {
     "API and tools": {
         "streamer",  # the package: load, generate
         "streamer.generate",
+        "streamer.kv_quantization",
         "streamer.run_stats",
         "streamer.speculative",
         "streamer.verify",

@@ -5,12 +5,15 @@ runs streamer's own commands under it (a rank whose shard is damaged)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
-from mlx_launch import finish, launch, start
+import pytest
+from mlx_launch import LAUNCH_SECONDS, finish, free_ports, launch, start
 
 
 def shell(script: str) -> list[str]:
@@ -71,3 +74,74 @@ def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):
         )
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
         assert said in result.stderr
+
+
+def streamer_launch(words: list[str], cwd, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streamer", "launch", *words],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_SECONDS,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})},
+    )
+
+
+def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
+    """`[]` and `{"hosts": []}` ran nothing and exited 0; "envs" a string and "ssh" a number
+    were tracebacks."""
+    host = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}
+    for content, said in [
+        ("[]", "the list of hosts is empty"),
+        ('{"hosts": []}', "the list of hosts is empty"),
+        ('{"envs": "A=1", "hosts": [HOST]}', "\"envs\" is 'A=1', not a list"),
+        ('[{"ssh": 5, "ips": ["127.0.0.1"]}]', 'host 0\'s "ssh" is 5, not a host name'),
+        ('[HOST, {"ssh": "b", "ips": ["b"]}]', "host 1's \"ips\" holds 'b', not an IP"),
+        ('{"host": [HOST]}', "no list of hosts"),
+        ("[{", "not JSON"),
+    ]:
+        hostfile = tmp_path / "hosts.json"
+        hostfile.write_text(content.replace("HOST", json.dumps(host)))
+        result = streamer_launch(["--hostfile", str(hostfile), "--", "true"], tmp_path)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, (content, result.stderr)
+        assert f"hostfile {hostfile}: {said}" in result.stderr, result.stderr
+
+
+def test_a_rank_that_ends_alone_is_named_and_the_others_stopped(tmp_path, monkeypatch):
+    """Rank 1 exits 0 at once; rank 0 would wait on it forever (here: a long sleep)."""
+    monkeypatch.setenv("STREAMER_LAUNCH_GRACE", "2")
+    started = time.monotonic()
+    result = launch(shell("[ $MLX_RANK = 1 ] && exit 0; exec sleep 120"), tmp_path, streamer=True)
+    assert time.monotonic() - started < 60, result.stderr
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("streamer: error: rank 1 ended (status 0) while the other ranks"), last
+
+
+def test_a_folder_named_streamer_in_the_ranks_directory_is_not_imported(tmp_path):
+    """A clone named `streamer` in the ranks' working directory stood in for the package
+    (`ImportError: cannot import name '__version__' from 'streamer' (unknown location)`)."""
+    shadow = tmp_path / "work"
+    (shadow / "streamer").mkdir(parents=True)  # the clone's package, first on the path if cwd is
+    (shadow / "streamer" / "__init__.py").write_text("raise SystemExit('the clone ran')\n")
+    words = ["--backend", "ring", "--hosts", "127.0.0.1", "-n", "2"]
+    words += ["--starting-port", str(free_ports()), "--cwd", str(shadow), "--", "plan", "--help"]
+    result = streamer_launch(words, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("usage: streamer plan") == 2 and "clone" not in result.stderr
+
+
+def test_a_rank_that_cannot_join_its_group_says_so_in_one_line(monkeypatch):
+    """MLX's ring gives up after ~30 s (`[ring] Couldn't connect`): a line, not a traceback."""
+    import mlx.core as mx
+
+    from streamer.errors import StreamerError
+    from streamer.parallel.group import launched_group
+
+    def unreachable(*_, **__):
+        raise RuntimeError("[ring] Couldn't connect (error: 111)")
+
+    monkeypatch.setenv("MLX_RANK", "1")
+    monkeypatch.setattr(mx.distributed, "init", unreachable)
+    with pytest.raises(StreamerError, match=r"rank 1 cannot join its group \(\[ring\] Couldn't"):
+        launched_group()

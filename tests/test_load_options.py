@@ -23,6 +23,7 @@ BAD = [
     ({"read_path": "pool"}, "read_path must be one of slots, mapped"),
     ({"checksums": "/nonexistent/sums.json"}, "checksums /nonexistent/sums.json: no such file"),
     ({"group": "x"}, "group must be an mx.distributed group"),
+    ({"cuda_misses": "fast"}, "cuda_misses must be one of staged, mapped, registered, pinned"),
 ]
 
 
@@ -30,7 +31,7 @@ BAD = [
 def test_bad_options_are_refused_before_any_file_is_read(checkpoints, monkeypatch, kwargs, message):
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     touched = []
-    for name in ("streamable", "is_download", "read_manifest", "check_utf8_path"):
+    for name in ("streamable", "is_download", "open_repacked_source", "open_download_source"):
         monkeypatch.setattr(loading, name, lambda *a, n=name: touched.append(n))
     for path in (folder, "no-such-org/no-such-model", "/nonexistent/folder"):
         with pytest.raises(StreamerError, match=message):
@@ -56,6 +57,7 @@ def test_options_are_decided_once_and_frozen():
         verify_reads=False,
         bypass_page_cache=False,
         group=None,
+        cuda_misses="gathered",
     )
 
 

@@ -274,7 +274,7 @@ def test_a_repo_without_a_model_that_streams_is_refused_before_its_weights(
     config = json.loads((dense / "config.json").read_text())
     (dense / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))
     line = refused(["pull", "tiny-org/Dense-MLX"], capsys)
-    assert "'qwen3' is not supported for expert streaming" in line and "no MoE layers" in line
+    assert "tiny-org/Dense-MLX: config.json: model_type 'qwen3'" in line and "not a MoE" in line
     fetched = [p for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]
     assert fetched == [
         "/tiny-org/Dense-MLX/resolve/" + commit_of("tiny-org/Dense-MLX") + "/config.json"
@@ -282,7 +282,7 @@ def test_a_repo_without_a_model_that_streams_is_refused_before_its_weights(
 
 
 def test_a_weight_file_that_differs_from_the_hubs_sha256_is_removed_and_refused(
-    hub, in_process, checkpoints, tmp_path, capsys
+    hub, in_process, checkpoints, tmp_path, monkeypatch, capsys
 ):
     repo = "tiny-org/Tiny-MLX"
     shard = sorted(f for f in hub.files(repo) if f.endswith(".safetensors"))[0]
@@ -300,3 +300,26 @@ def test_a_weight_file_that_differs_from_the_hubs_sha256_is_removed_and_refused(
     }
     assert again == {shard}  # the files that were right are kept
     assert generated(repo, capsys) == generated(checkpoints.mlx("qwen3_moe"), capsys)
+    # the Hub unreachable: the snapshot the cache holds, as before the Hub's list was asked for
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    assert main(["pull", repo]) == 0 and "streams in place" in capsys.readouterr().err
+
+
+def test_weight_files_are_hashed_as_they_land(tmp_path):
+    """While the download goes on: a file that lands is hashed then, not after the last one."""
+    import hashlib
+
+    from streamer.pulled_files import LandedHashes
+
+    data = os.urandom(1 << 20)
+    files = {"model-1.safetensors": hashlib.sha256(data).hexdigest(), "config.json": None}
+    hashes = LandedHashes(tmp_path, files, set())
+    (tmp_path / "part").write_bytes(data)
+    os.replace(tmp_path / "part", tmp_path / "model-1.safetensors")  # it lands whole, as a link
+    deadline = time.monotonic() + 30
+    while "model-1.safetensors" not in hashes.digests:
+        assert time.monotonic() < deadline and hashes.thread.is_alive()
+        time.sleep(0.05)
+    assert not hashes.downloaded.is_set()
+    hashes.finish("org/name", tmp_path)  # it matches: nothing raised, nothing removed
+    assert (tmp_path / "model-1.safetensors").read_bytes() == data

@@ -1,5 +1,5 @@
 """A tokenizer that ships its own Python code (as Kimi K2's does) runs only when the user says
-so."""
+so; one of a model type transformers does not know loads without transformers' config."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 import streamer
+from fixtures.published_shapes import PUBLISHED_SHAPES
 
 TOKENIZER_CODE = '''
 import os
@@ -49,3 +50,24 @@ def test_tokenizer_with_shipped_code_needs_trust_remote_code(checkpoints, tmp_pa
     model, tokenizer = streamer.load(tmp_path / "dst", memory_budget=0, trust_remote_code=True)
     assert type(tokenizer._tokenizer).__name__ == "ShippedTokenizer"
     assert streamer.generate(model, tokenizer, "The value", max_tokens=4)
+
+
+def test_a_model_type_transformers_does_not_know_with_rope_scaling(checkpoints, tmp_path):
+    """Kimi K2's kimi_k2 with its published rope_scaling: transformers 5 failed building a
+    config for it inside AutoTokenizer ("'PreTrainedConfig' object has no attribute
+    'max_position_embeddings'", mlx-lm too). The tokenizer is the one mlx-lm builds without the
+    field."""
+    import mlx_lm.utils
+
+    from streamer.loading.tokenizer import load_tokenizer
+
+    src = tmp_path / "kimi"
+    shutil.copytree(checkpoints.hf("kimi_k2"), src)
+    plain = mlx_lm.utils.load_tokenizer(src)
+    config = json.loads((src / "config.json").read_text())
+    config["rope_scaling"] = PUBLISHED_SHAPES["kimi-k2"]["rope_scaling"]  # yarn, factor 32
+    (src / "config.json").write_text(json.dumps(config))
+    tokenizer = load_tokenizer(src, trust_remote_code=False)
+    assert type(tokenizer._tokenizer) is type(plain._tokenizer)
+    assert tokenizer._tokenizer.init_kwargs == plain._tokenizer.init_kwargs
+    assert tokenizer.encode("def main(): pass") == plain.encode("def main(): pass")

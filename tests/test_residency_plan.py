@@ -14,14 +14,12 @@ from streamer.cache.budget import SLOT_SHARE, all_experts_bytes
 from streamer.cli import main
 from streamer.io.manifest import read_manifest
 from streamer.loading import load as loading
-from streamer.loading import load_in_place as in_place
 from streamer.plan import plan
 
 
 def fake_memory(monkeypatch, nbytes: int) -> list:
     calls = []
-    for module in (loading, in_place):
-        monkeypatch.setattr(module, "available_memory", lambda: calls.append(nbytes) or nbytes)
+    monkeypatch.setattr(loading, "available_memory", lambda: calls.append(nbytes) or nbytes)
     return calls
 
 

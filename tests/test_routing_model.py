@@ -95,11 +95,11 @@ def test_pool_policies_replay_the_real_classes():
 
 def test_bad_budgets_are_one_line_errors():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for budgets in ("0.25,x", "0,0.5", "1.5"):
+    for budgets in ("0.25,x", "0,0.5", "1.5", "0.01"):  # 0.01: fewer slots than top-k
         cmd = [sys.executable, "bench/routing_model.py", "--profile", "low", "--budgets", budgets]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0
-        assert "Traceback" not in proc.stderr and "--budgets" in proc.stderr
+        assert "Traceback" not in proc.stderr and "budget" in proc.stderr
 
 
 def test_worker_routing_same_experts_in_both_engines(checkpoints):
@@ -130,3 +130,33 @@ def test_worker_routing_same_experts_in_both_engines(checkpoints):
         routed = [experts for at, experts in traces["mlx_lm"] if at == layer]
         assert len(routed) >= 6 + 4  # the prompt's positions, then each decode step's
         assert routed == [sorted(e) for e in expected[: len(routed), layer].tolist()]
+
+
+def test_plans_table_is_the_replay():
+    """streamer/cache/expected_hits.py's table (plan's expected hits) is what the replay its
+    docstring names gives, recomputed here at one point per profile."""
+    from streamer.cache.expected_hits import PER_MILLE, PROFILE_HITS, SHARES
+
+    at = SHARES.index(0.25)
+    for profile in ("medium", "uniform"):
+        model = RoutingModel(profile, 128, 8, layers=48, seed=0)
+        hits = replay(model, [0.25], "pool", tokens=2000, prompts=4)["hits"][0]
+        assert round(hits * 1000) == PER_MILLE[profile][at]
+    for profile, hits in PROFILE_HITS.items():
+        assert len(hits) == len(SHARES) and hits[0] == 0 and hits[-1] == 1
+        assert list(hits) == sorted(hits), profile
+
+
+def test_mac_projection_more_locality_is_faster():
+    """The projection's rows: the read path's hits add up, more locality reads less and runs
+    faster, and the pool reading around the page cache finds nothing there."""
+    from mac_projection import project
+
+    rows = project("16 GB Mac (M4)", ["high", "uniform"], tokens=140)
+    by = {(r["profile"], r["path"]): r for r in rows}
+    for r in rows:
+        assert abs(r["pool"] + r["page_cache"] + r["disk"] - 1) < 1e-9
+        assert 0 < r["tok_s_disk_3"] < r["tok_s_disk_9.5"] < 1 / r["compute_s"]
+    for path in ("pool + page cache", "pool, F_NOCACHE"):
+        assert by["high", path]["tok_s_disk_3"] > by["uniform", path]["tok_s_disk_3"]
+    assert by["high", "pool, F_NOCACHE"]["page_cache"] == 0

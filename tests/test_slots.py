@@ -23,7 +23,6 @@ from streamer.io.cuda_gather import NO_SLOT
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
 from streamer.loading import load as loading
-from streamer.loading import load_in_place as in_place
 from streamer.loading import pools, residency
 
 
@@ -133,8 +132,7 @@ def test_a_pool_larger_than_the_available_memory_is_refused_before_it_is_made(
     float32_model, monkeypatch
 ):
     _, folder = float32_model
-    for module in (loading, in_place):  # the one reading a load's plan is made from
-        monkeypatch.setattr(module, "available_memory", lambda: 1)
+    monkeypatch.setattr(loading, "available_memory", lambda: 1)  # what a load's plan is made from
     made = []
     monkeypatch.setattr(pools, "SlotPool", lambda *a, **k: made.append(a))
     with pytest.raises(StreamerError, match=r"does not fit in the 1 B of memory available"):
@@ -227,9 +225,11 @@ def test_forward_passes_built_before_either_is_evaluated(float32_model):
 def test_the_slot_path_never_maps_an_expert_file(float32_model, monkeypatch):
     """Reads go into the slots (on CUDA: through pinned staging, asked for here; its default
     maps the files read-only for the copy engine and the gather kernel, cache/landing.py)."""
-    monkeypatch.setenv("STREAMER_CUDA_MISSES", "staged")
     _, folder = float32_model
-    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    model, tokenizer = streamer.load(
+        folder, memory_budget=0, read_path="slots", cuda_misses="staged"
+    )
+    assert model.streamer.plan.cuda_misses == "staged"
     streamer.generate(model, tokenizer, PROMPT, max_tokens=4)
     assert model.streamer.files is None and model.streamer.mapped_bytes == 0
     maps = open("/proc/self/maps").read() if sys.platform == "linux" else ""

@@ -134,7 +134,7 @@ def test_one_decode_token_has_no_rate(target):
     reads thousands of tok/s), so the line says n/a there and a rate from two tokens on."""
     model, tokenizer = streamer.load(target[0], memory_budget=0)
     *_, one = streamer.stream_generate(model, tokenizer, PROMPT, 1)
-    assert one.stats.generation_tokens == 1 and "decode: 1 tokens, n/a tok/s" in one.stats.line()
+    assert one.stats.generation_tokens == 1 and "decode: 1 token, n/a tok/s" in one.stats.line()
     *_, two = streamer.stream_generate(model, tokenizer, PROMPT, 2)
     rate = f"decode: 2 tokens, {two.stats.generation_tps:.1f} tok/s"
     assert two.stats.generation_tps > 0 and rate in two.stats.line()
@@ -187,3 +187,23 @@ def test_a_sliding_window_cache_is_trimmed_past_its_window():
 
     assert seen_by_next_step(trim) == [*range(14, 21), 100]
     assert seen_by_next_step(trim_prompt_cache) != [*range(14, 21), 100]  # mlx-lm 0.32.2's
+
+
+def test_a_draft_whose_tokenizer_has_the_same_size_but_other_ids_is_refused(
+    target, checkpoints, tmp_path
+):
+    """Two tokens' ids swapped: the same vocabulary size, so a size check let it through."""
+    import json
+    import shutil
+
+    _, tokenizer = streamer.load(target[0], memory_budget=0)
+    draft = tmp_path / "draft"
+    shutil.copytree(checkpoints.mlx("qwen3_moe"), draft)
+    data = json.loads((draft / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (draft / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(streamer.StreamerError, match=f"has token {b!r} as id {vocab[b]}, which"):
+        load_draft_model(draft, tokenizer)
+    load_draft_model(checkpoints.mlx("qwen3_moe"), tokenizer)  # its own tokenizer: accepted

@@ -8,12 +8,12 @@ A budget that holds every expert makes every layer resident: it then runs exactl
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 
 from ..errors import StreamerError
 from ..io.manifest import Manifest, MoeLayer
 from ..io.safetensors import DTYPES
 from ..io.sizes import size_text
+from .expected_hits import expected_hits_line, expected_pool_hits
 
 
 def layer_bytes(layer: MoeLayer, dtype: mx.Dtype | None) -> int:
@@ -39,37 +39,12 @@ def all_experts_bytes(manifest: Manifest, dtype: mx.Dtype | None) -> int:
 # memory, the rest left to the KV cache, the OS and the page cache; why most of what is left goes
 # to the pool: bench/findings.md, "A budget people can pick" (bench/budget_model.py).
 SLOT_SHARE = 0.75
-# The pool's steady-state hit rate (routed experts found in it) at a budget of each share of all
-# expert bytes, replayed on the bench's calibrated synthetic routing by bench/budget_model.py:
-# what plan says to expect. How it was measured, and how real routing differs: that same section.
-POOL_HIT_RATES = (
-    (0.0, 0.000),
-    (0.05, 0.147),
-    (0.1, 0.302),
-    (0.15, 0.414),
-    (0.2, 0.507),
-    (0.25, 0.587),
-    (0.3, 0.658),
-    (0.4, 0.767),
-    (0.5, 0.850),
-    (0.6, 0.909),
-    (0.7, 0.951),
-    (0.8, 0.977),
-    (0.9, 0.992),
-    (1.0, 1.0),
-)
 
 
 def slot_default(expert_bytes: int, largest_expert: int, available: int) -> int:
     """The slot pool's default bytes: all experts if they fit in SLOT_SHARE of `available`, else
     that share (at least one expert)."""
     return min(expert_bytes, max(int(available * SLOT_SHARE), largest_expert))
-
-
-def expected_pool_hits(fraction: float) -> float:
-    """The pool's hit rate to expect at a budget of `fraction` of all expert bytes."""
-    shares, hits = zip(*POOL_HIT_RATES)
-    return float(np.interp(min(fraction, 1.0), shares, hits))
 
 
 def default_budget(
@@ -88,7 +63,8 @@ def default_budget(
         return chosen, (
             f"default: {SLOT_SHARE:.0%} of {size_text(available)} available, "
             f"{chosen / need:.0%} of {size_text(need)} of experts; expect about "
-            f"{expected_pool_hits(chosen / need):.0%} pool hits"
+            f"{expected_pool_hits(chosen / need):.0%} pool hits on typical routing "
+            f"({expected_hits_line(chosen / need)})"
         )
     if need <= available // 2:
         return (

@@ -4,16 +4,19 @@ On Metal the pool is unified memory and the CPU backend's is host memory: a miss
 into its slot. On CUDA the pool is managed memory, which the CPU's stores migrate page by page:
 there the copy engine writes the slot, from a pinned staging buffer a miss was read into, or
 (`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/findings.md).
-STREAMER_CUDA_MISSES picks one on CUDA: "staged", "mapped", "registered" (page-locked for each
-copy), "pinned" (whole files page-locked while half the RAM holds them) or "gathered" (the
-default: pinned, and mapped for kernels too, so that a decode call's misses are read by the GPU
-itself with no host sync: io/cuda_gather.py, experts/slots.py); benchmarks compare them side by
-side.
+A load's `cuda_misses` (loading/options.py; bench/worker.py --cuda-misses) picks one on CUDA:
+"staged", "mapped", "registered" (page-locked for each copy), "pinned" (whole files page-locked
+while half the RAM holds them) or "gathered" (the default: pinned, and mapped for kernels too,
+so that a decode call's misses are read by the GPU itself with no host sync: io/cuda_gather.py,
+experts/slots.py); benchmarks compare them side by side. The GPU reads only page-locked host
+memory, so the no-sync decode keeps every expert file it locked in RAM whatever the budget
+(RssFile 15.9 GiB on the 48-layer model at any budget on an H200); "staged" holds only its
+buffers (0.97-1.40 GiB) but syncs every layer call and decoded at 0.06-0.21x of mlx-lm there
+against gathered's 0.32-0.63x (medium and uniform routing, bench/findings.md, issue 35).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
@@ -26,6 +29,7 @@ from ..errors import StreamerError
 
 _LOCKS = {"mapped": "none", "registered": "copy", "pinned": "file", "gathered": "file"}
 CUDA_MISSES = ("staged", *_LOCKS)  # _LOCKS: MappedCopies' `lock` for each way
+CUDA_MISSES_DEFAULT = "gathered"
 PINNED_SHARE = 0.5  # "pinned" page-locks whole expert files while they fit in this share of RAM
 
 
@@ -41,23 +45,22 @@ class Landing(Protocol):
     def close(self) -> None: ...
 
 
-def landing_for(tensors: Sequence, buffers: int, page_cache: bool = True) -> Landing | None:
+def landing_for(
+    tensors: Sequence, buffers: int, page_cache: bool = True, misses: str = CUDA_MISSES_DEFAULT
+) -> Landing | None:
     """Copy-engine copies when MLX computes on a CUDA GPU, from pinned staging (`buffers` reads at
-    once) or, when the reads go through the page cache, from the files' mappings as
-    STREAMER_CUDA_MISSES says; else None (reads land in the slot). io/cuda_copy.py is imported
+    once) or, when the reads go through the page cache, from the files' mappings as `misses`
+    says (one of CUDA_MISSES); else None (reads land in the slot). io/cuda_copy.py is imported
     only then. `tensors`: the pool's SlotTensors."""
     if not (mx.default_device() == mx.gpu and mx.cuda.is_available()):
         return None
     from ..io.cuda_copy import MappedCopies, StagedCopies
     from ..io.cuda_runtime import CudaRuntime
 
-    way = os.environ.get("STREAMER_CUDA_MISSES", "gathered")
-    if way not in CUDA_MISSES:
-        raise StreamerError(f"STREAMER_CUDA_MISSES={way!r}: use one of {', '.join(CUDA_MISSES)}.")
-    if way == "staged" or not page_cache:
+    if misses == "staged" or not page_cache:
         return StagedCopies([t.nbytes for t in tensors], buffers, CudaRuntime())
     pinnable = int(psutil.virtual_memory().available * PINNED_SHARE)
-    return MappedCopies(CudaRuntime(), _LOCKS[way], pinnable, gathers=way == "gathered")
+    return MappedCopies(CudaRuntime(), _LOCKS[misses], pinnable, gathers=misses == "gathered")
 
 
 def unreadable(where: str, expert: int, error: OSError) -> StreamerError:

@@ -73,10 +73,25 @@ def allocate(slots: int, t: SlotTensor) -> tuple[mx.array, np.ndarray]:
     """One tensor's slots: an MLX array [slots, *shape] and a writable host view of its rows.
 
     The buffer is MLX's, untouched (on CUDA: managed memory, which both the host's reads and the
-    GPU's kernels reach; on Metal: unified memory), viewed from its first SLOT_ALIGN boundary."""
+    GPU's kernels reach; on Metal: unified memory), viewed from its first SLOT_ALIGN boundary.
+    On a CUDA GPU its pages are then moved to the GPU (`on_gpu`)."""
     length = slots * t.nbytes
     buffer = buffers.untouched(length + SLOT_ALIGN)
     pad = -buffers.address(buffer) % SLOT_ALIGN
     array = buffers.view(buffer, pad, t.dtype, (slots, *t.shape))
     mx.eval(array)
-    return array, buffers.host_bytes(buffer)[pad : pad + length].reshape(slots, t.nbytes)
+    rows = buffers.host_bytes(buffer)
+    if mx.default_device() == mx.gpu and mx.cuda.is_available():
+        on_gpu(rows)
+    return array, rows[pad : pad + length].reshape(slots, t.nbytes)
+
+
+def on_gpu(rows: np.ndarray) -> None:
+    """A CUDA pool's managed pages moved to the GPU once, at allocation. Built from numpy, they
+    start in host memory, where they count in the process's RSS: the whole pool, as file-backed
+    pages of the driver's mapping (on an H200, 48 layers at a 7.6 GiB budget: RssFile 8.16 GiB
+    staged, 1.40 moved; decode as fast or faster, bench/findings.md). Only the copy engine
+    writes slots there (cache/landing.py), which leaves the pages on the GPU."""
+    from ..io.cuda_runtime import CudaRuntime
+
+    CudaRuntime().to_device(rows.ctypes.data, rows.nbytes)

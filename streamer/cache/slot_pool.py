@@ -13,8 +13,7 @@ read per expert, several in flight, no intermediate buffer), and the kernels the
 chunks' arrays with slot indices within the chunk. Victims are chosen by LFU with aging, never
 among the call's own experts. Where reads land is the pool's `landing`: the slot itself on Metal
 (unified memory) and the CPU; on CUDA, where the slots are managed memory that host stores
-migrate page by page, the copy engine writes the slot from pinned staging or the file's mapping
-(io/cuda_copy.py).
+migrate page by page, the copy engine writes it from pinned staging or the file's mapping.
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
@@ -38,7 +37,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
-from .landing import Landing, landing_for, unreadable
+from .landing import CUDA_MISSES_DEFAULT, Landing, landing_for, unreadable
 from .policies import SlotLFU
 from .settle import counted, gather_kernel, replay
 from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_slots
@@ -61,8 +60,9 @@ class SlotPool:
         layers: dict[int, LayerSource],
         chunk_bytes: int | None = CHUNK_BYTES,
         landing: Landing | None = None,
+        cuda_misses: str = CUDA_MISSES_DEFAULT,
     ):
-        """`landing`: None reads into the slots themselves, except on CUDA (`landing_for`)."""
+        """`landing`: None reads into the slots, except on CUDA (`landing_for`: `cuda_misses`)."""
         self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
@@ -90,7 +90,7 @@ class SlotPool:
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
         page_cache = all(f.direct_fd is None for source in layers.values() for f in source.files)
-        self._landing = landing or landing_for(self.tensors, READERS, page_cache)
+        self._landing = landing or landing_for(self.tensors, READERS, page_cache, cuda_misses)
 
     @property
     def arrays(self) -> list[mx.array]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
+import sys
 
 from .. import __version__
 from ..errors import StreamerError
@@ -38,9 +40,39 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", DefaultsShown)
         super().__init__(*args, **kwargs)
+        self._words: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
+        # argparse finds a required option missing before it reports an unknown one: `--promt
+        # hi` said "--prompt is required", hiding the typo
+        unknown = [w for w in self._words[: _end(self._words)] if self._unknown_option(w)]
+        if unknown and message.startswith("the following arguments are required"):
+            message = f"unrecognized arguments: {' '.join(unknown)}"
+            close = difflib.get_close_matches(unknown[0].split("=")[0], self._option_names(), 1)
+            message += f" (did you mean {close[0]}?)" if close else ""
         raise StreamerError(f"{message} (see `{self.prog} --help`)")
+
+    def _option_names(self) -> list[str]:
+        return [name for name in self._option_string_actions if name.startswith("--")]
+
+    def _unknown_option(self, word: str) -> bool:
+        """Whether `word` is an option this parser has no use for (not a value: "-", "-5")."""
+        if not word.startswith("-") or word == "-" or self._negative_number_matcher.match(word):
+            return False
+        name = word.split("=", 1)[0]
+        known = self._option_string_actions
+        return name not in known and not (
+            self.allow_abbrev and name.startswith("--") and any(k.startswith(name) for k in known)
+        )
+
+
+def _end(words: list[str]) -> int:
+    """Where the options end: at `--`, after which every word is a value."""
+    return words.index("--") if "--" in words else len(words)
 
 
 def parser() -> argparse.ArgumentParser:

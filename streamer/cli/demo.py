@@ -23,7 +23,7 @@ DEMO_QUANTIZE = (4, 16, "nvfp4")  # bits, group size, mode
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="repack the built-in tiny trained MoE and generate (offline)")
-    add_prompt(p, 'def read_config(path):\n    """')
+    add_prompt(p, 'def read_config(path):\n    """', seed=0)
     p.add_argument(
         "--keep",
         metavar="DIR",
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
         help="what to compute in (default: float32 on the CPU, bfloat16 on a GPU)",
     )
     # a 3M-parameter model loops under greedy decoding; mild sampling with a fixed seed reads better
-    p.set_defaults(run=demo, max_tokens=40, temp=0.5, top_p=0.9, seed=0)
+    p.set_defaults(run=demo, max_tokens=40, temp=0.5, top_p=0.9)
 
 
 def demo(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c
-from .kv_options import add_kv_cache, kv_options
+from .kv_options import add_kv_cache, check_kv_fits, kv_options
 from .options import (
     add_loading,
     add_model,
@@ -127,6 +127,8 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     # a bar while a long prompt prefills (mlx-lm's callback; its speculative loop has none)
     progress = PrefillProgress()
     prefill = {} if drafting or not shown else {"prompt_progress_callback": progress}
+    kv = kv_options(args) if hasattr(args, "kv_bits") else {}
+    check_kv_fits(model, {**kv, "max_kv_size": getattr(args, "max_kv_size", None)})
     try:
         with raising_on_ctrl_c():  # from here Ctrl-C stops the answer, with its stats
             for response in stream_generate(
@@ -140,7 +142,7 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 min_p=args.min_p,
                 seed=args.seed,
                 max_kv_size=getattr(args, "max_kv_size", None),
-                **(kv_options(args) if hasattr(args, "kv_bits") else {}),
+                **kv,
                 **drafting,
                 **prefill,
             ):

@@ -51,6 +51,15 @@ def kv_options(args: argparse.Namespace) -> dict:
     }
 
 
+def check_kv_fits(model, options: dict) -> None:
+    """The KV flags against the loaded model, before the first prompt (a group size that does
+    not divide its key and value widths failed every message of chat, every request of serve)."""
+    if options.get("kv_bits") is not None:
+        from ..kv_quantization import check_kv_cache_quantizes
+
+        check_kv_cache_quantizes(model, options, flags=True)
+
+
 def add_prompt_cache_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prompt-cache-dir",

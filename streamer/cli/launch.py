@@ -6,19 +6,28 @@ whatever the ranks returned: `mlx.launch ... ; echo $?` prints 0 when every rank
 statuses are read once per rank from the command class it is given (`exit_status`, after the
 rank's output is drained), and nothing a rank can do reaches the launcher's own status. So this
 command runs MLX's own `main`, parser and all, handing its relay a command class that records
-each rank's end, and returns the first failing rank's status with one line saying why.
+each rank's end, and returns the first failing rank's status with one line saying why. A rank
+that ends with status 0 while the others run on leaves them waiting on it forever (MLX stops the
+others only for a failure): after STREAMER_LAUNCH_GRACE seconds (30) they are stopped and the
+launch fails naming that rank. A hostfile is checked first (hostfile.py), and a streamer command
+runs in each rank with the working directory off sys.path, so a folder named `streamer` there
+(a clone) cannot stand in for the installed package, as it does for `python -m streamer`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import StreamerError
+from .hostfile import check_hostfile, hostfile_of
 from .interrupts import second_ctrl_c_exits
 from .output import report
 
@@ -43,14 +52,43 @@ class RankEnd:
     status: int
     stopped: bool
     last_line: str
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Ranks:
+    """The ranks' ends as they come; the running commands; a rank that ended alone."""
+
+    grace: float
+    ends: list[RankEnd] = field(default_factory=list)
+    commands: list = field(default_factory=list)
+    alone: RankEnd | None = None
+
+
+# a rank's own Python with the working directory off sys.path, then `python -m streamer`'s code
+RANK_BOOTSTRAP = (
+    "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "runpy.run_module('streamer', run_name='__main__', alter_sys=True)"
+)
 
 
 def launch(args: argparse.Namespace) -> int:
     words = _command_words(args.words, args.commands)
-    ends: list[RankEnd] = []
-    with _recording(ends), second_ctrl_c_exits():
+    hostfile = hostfile_of(words)
+    if hostfile is not None:
+        check_hostfile(hostfile)
+    ranks = Ranks(_grace())
+    with _recording(ranks), second_ctrl_c_exits():
         _mlx_main(words)
-    failed = [end for end in ends if end.status != 0]
+    if ranks.alone is not None:
+        end = ranks.alone
+        return report(
+            f"streamer: error: rank {end.rank} ended (status {end.status}) while the other ranks "
+            f"ran on, waiting on it; they were stopped {ranks.grace:g} s later. Every rank must "
+            "run the group's command to its end (STREAMER_LAUNCH_GRACE sets the wait).",
+            2,
+        )
+    failed = [end for end in ranks.ends if end.status != 0]
     if not failed:
         return 0
     # a rank the launcher stopped because another had failed is not the cause
@@ -71,8 +109,20 @@ def _command_words(words: list[str], commands: tuple[str, ...]) -> list[str]:
     command = words[at + 1 :]
     if command and command[0] in commands:
         own_python = any(w == "--python" or w.startswith("--python=") for w in words[:at])
-        command = [*([] if own_python else [sys.executable]), "-m", "streamer", *command]
+        python = [] if own_python else [sys.executable]
+        command = [*python, "-c", RANK_BOOTSTRAP, *command]
     return [*words[: at + 1], *command]
+
+
+def _grace() -> float:
+    text = os.environ.get("STREAMER_LAUNCH_GRACE", "30")
+    try:
+        grace = float(text)
+    except ValueError:
+        grace = -1.0
+    if not 0 < grace < float("inf"):
+        raise StreamerError(f"STREAMER_LAUNCH_GRACE is {text!r}, not a number of seconds above 0.")
+    return grace
 
 
 def _mlx_main(words: list[str]) -> None:
@@ -94,16 +144,23 @@ def _mlx_main(words: list[str]) -> None:
 
 
 @contextmanager
-def _recording(ends: list[RankEnd]) -> Iterator[None]:
-    """MLX's relay, run with its command class extended to append each rank's end to `ends`
-    (in the order they end); MPI groups, which mpirun relays and MLX drops the status of,
-    refused."""
+def _recording(ranks: Ranks) -> Iterator[None]:
+    """MLX's relay, run with its command class extended to record each rank's end in
+    `ranks.ends` (in the order they end), and watched for a rank that ends alone; MPI groups,
+    which mpirun relays and MLX drops the status of, refused."""
     from mlx._distributed_utils import launch as mlx_launch
 
     relay, mpi = mlx_launch._launch_with_io, mlx_launch.launch_mpi
 
     def recorded_relay(command_class, arguments, verbose):
-        return relay(_recorder(command_class, ends), arguments, verbose)
+        done = threading.Event()
+        watch = threading.Thread(target=_stop_if_alone, args=(ranks, len(arguments), done))
+        watch.start()
+        try:
+            return relay(_recorder(command_class, ranks), arguments, verbose)
+        finally:
+            done.set()
+            watch.join()
 
     def refuse_mpi(*_):
         raise StreamerError(
@@ -118,11 +175,30 @@ def _recording(ends: list[RankEnd]) -> Iterator[None]:
         mlx_launch._launch_with_io, mlx_launch.launch_mpi = relay, mpi
 
 
-def _recorder(command_class: type, ends: list[RankEnd]) -> type:
+def _stop_if_alone(ranks: Ranks, count: int, done: threading.Event) -> None:
+    """Once a rank has ended with status 0 and the others have not followed within the grace,
+    stop them (MLX stops the others only after a failure: they would wait on it forever)."""
+    while not done.wait(0.2):
+        first = ranks.ends[0] if ranks.ends else None
+        if first is None or len(ranks.ends) == count or first.status != 0:
+            continue
+        if time.monotonic() - first.at >= ranks.grace:
+            ranks.alone = first
+            ended = {end.rank for end in ranks.ends}
+            for command in list(ranks.commands):
+                if command._rank not in ended:
+                    command.terminate()
+            return
+
+
+def _recorder(command_class: type, ranks: Ranks) -> type:
+    ends = ranks.ends
+
     class Recorded(command_class):
         def __init__(self, rank: int, *args, **kwargs):
             super().__init__(rank, *args, **kwargs)
             self._rank, self._stopped, self._err = rank, False, ""
+            ranks.commands.append(self)
 
         def preprocess_output(self, data: str, is_stdout: bool = False) -> str:
             text = super().preprocess_output(data, is_stdout)

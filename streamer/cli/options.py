@@ -96,15 +96,18 @@ def model_folder(args: argparse.Namespace, group: mx.distributed.Group | None) -
     return streamable(name)
 
 
-def add_sampling(p: argparse.ArgumentParser) -> None:
+def add_sampling(p: argparse.ArgumentParser, seed: int | None = None) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0, help="sample from the likeliest top-p")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top")
-    p.add_argument("--seed", type=int, default=None, help="the sampler's seed (unset: random)")
+    unset = " (unset: random)" if seed is None else ""  # else help shows the default
+    p.add_argument("--seed", type=int, default=seed, help=f"the sampler's seed{unset}")
 
 
-def add_prompt(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
+def add_prompt(
+    p: argparse.ArgumentParser, prompt_default: str | None, seed: int | None = None
+) -> None:
     p.add_argument(
         "--prompt",
         default=prompt_default,
@@ -112,7 +115,7 @@ def add_prompt(p: argparse.ArgumentParser, prompt_default: str | None) -> None:
         help="text to continue ('-': read stdin)",
     )
     p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate at most")
-    add_sampling(p)
+    add_sampling(p, seed)
 
 
 def add_template(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,13 @@ from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import end_interrupted, raising_on_ctrl_c
-from .kv_options import add_kv_cache, add_prompt_cache_dir, disk_option, kv_options
+from .kv_options import (
+    add_kv_cache,
+    add_prompt_cache_dir,
+    check_kv_fits,
+    disk_option,
+    kv_options,
+)
 from .options import (
     CLOSED_STDIN,
     add_loading,
@@ -92,6 +98,7 @@ def serve(args: argparse.Namespace) -> None:
     loading = load_options(args, group)
     folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, loading)
+    check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))
     engine = open_engine(model, tokenizer, args.prompt_cache_size, group, options, disk)
     if group is not None and group.rank() != 0:
@@ -149,6 +156,7 @@ def chat(args: argparse.Namespace) -> None:
     model, tokenizer, context = open_model(model_folder(args, group), loading)
     from .chat import chat  # the engine's modules import mlx-lm's generate: after a refusal
 
+    check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))
     if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
         options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills

@@ -1,4 +1,4 @@
-"""The streaming expert layer (layer.py) and its read paths, one module each."""
+"""The streaming expert layer (layer.py) and its compute modes, one module each."""
 
 from .layer import StreamingExperts
 from .mapped import RECHECK_CALLS

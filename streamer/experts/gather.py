@@ -1,4 +1,4 @@
-"""Read path for a compute dtype other than the stored one (on the CPU backend float32
+"""Compute mode for a compute dtype other than the stored one (on the CPU backend float32
 activations need float32 scales): the routed experts are copied out of the files, converted."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Read path with a hot-expert cache (cache/hot_experts.py): hits come from memory, misses from
+"""Compute mode with a hot-expert cache (cache/hot_experts.py): hits come from memory, misses from
 the files; the routed experts are stacked per tensor in the compute dtype."""
 
 from __future__ import annotations

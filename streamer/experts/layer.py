@@ -2,8 +2,10 @@
 
 It keeps the call contract `(x [..., D], indices [..., k]) -> [..., k, D]`, so every architecture's
 router and score code runs unchanged. How the routed experts' weights reach the compute is the
-layer's read path, chosen once when the layer is built and again when what it holds changes
-(`make_resident`, `use_cache`, or a mapped file entering or leaving the page cache):
+layer's compute mode, chosen once when the layer is built and again when what it holds changes
+(`make_resident`, `use_cache`, or a mapped file entering or leaving the page cache). ("Read path"
+is the load's choice alone, loading/options.py: "mapped" layers take one of the modes on mapped
+files below, "slots" layers the slot pool's.)
 
   resident.Resident        every expert in memory: runs as mlx-lm's, no sync, no reads
   mapped.InPageCache       the layer's files all in the page cache: computes on the mapped
@@ -15,24 +17,24 @@ layer's read path, chosen once when the layer is built and again when what it ho
   slots.Slots              a bounded slot pool filled by reads, the files never mapped: the
                            default on Metal and CUDA (the GPU only ever sees bounded buffers)
 
-The read-path contract (the seam a new path plugs into):
-  - A path is an object built by `choose_read_path` (from the layer's state) and called as
-    `path(layer, x, indices, traffic) -> out`, with x and indices exactly as the container gets
-    them and `out` what the container returns ([..., k, D]). A path keeps no reference to the
+The compute-mode contract (the seam a new mode plugs into):
+  - A mode is an object built by `choose_compute_mode` (from the layer's state) and called as
+    `mode(layer, x, indices, traffic) -> out`, with x and indices exactly as the container gets
+    them and `out` what the container returns ([..., k, D]). A mode keeps no reference to the
     layer (that would be a cycle, and a model must be freed, its files unmapped, by refcount).
   - `traffic` is the ExpertTraffic of this call's phase (prefill or decode); the layer has
-    already counted `layer_calls`. The path counts everything else it does there: routing.py's
+    already counted `layer_calls`. The mode counts everything else it does there: routing.py's
     `host_routing` counts syncs and their time (and records stats.trace), `Prefetcher.fetch`
     counts reads, residency and read time, `finish` the layer time (and compute time when
-    profiling); a path that copies counts `bytes_copied`, one that hits a cache `cache_hits`.
-    A path that never syncs hands its call to stats.defer (a slot pool's gathered call: the
+    profiling); a mode that copies counts `bytes_copied`, one that hits a cache `cache_hits`.
+    A mode that never syncs hands its call to stats.defer (a slot pool's gathered call: the
     pool's settle to stats.settle_before_reading), counted when the counters are read.
-  - A path may hand the layer to another (`layer.read = ...`), as the mapped ones do when the
-    page cache changes.
-  - Adding a path (a slot pool, in place from a download, another backend): a module here with
-    one class, and its case in `choose_read_path`. A new file layout needs no path at all: it is
-    an io.expert_layout.LayerLayout. A shard of an expert-parallel group is not a path either:
-    parallel.ExpertShare wraps whichever path the layer has, and sums the ranks' rows.
+  - A mode may hand the layer to another (`layer.compute_mode = ...`), as the mapped ones do
+    when the page cache changes.
+  - Adding a mode (a slot pool, in place from a download, another backend): a module here with
+    one class, and its case in `choose_compute_mode`. A new file layout needs no mode at all: it
+    is an io.expert_layout.LayerLayout. A shard of an expert-parallel group is not a mode either:
+    parallel.ExpertShare wraps whichever mode the layer has, and sums the ranks' rows.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from .resident import Resident
 from .slots import Slots
 
 
-def choose_read_path(layer: StreamingExperts):
+def choose_compute_mode(layer: StreamingExperts):
     if layer.resident:
         return Resident()
     if layer.pool is not None:
@@ -86,7 +88,7 @@ class StreamingExperts(nn.Module):
         """With `files` the layer computes on their mapped views (checking `checksums`, [expert]
         [tensor] crc32s, before an expert is computed from bytes read from the disk); without, it
         waits for a slot pool (`use_pool`) and its files are never mapped. `share`:
-        expert-parallel, the experts this rank computes (parallel.py wraps the read path)."""
+        expert-parallel, the experts this rank computes (parallel.py wraps the compute mode)."""
         super().__init__()
         # Held outside the parameter tree: its stacked weights are views of the expert files,
         # slot pool arrays or per-call copies, never evaluated, saved or loaded with the model.
@@ -112,7 +114,7 @@ class StreamingExperts(nn.Module):
         object.__setattr__(self, "_layout", layout)
         object.__setattr__(self, "_watches", [])  # (file number, FileWatch) of the files read
         self.prefetcher = None
-        self.read = None
+        self.compute_mode = None
         if files is not None:
             layer_files = files.layers[self.index]
             object.__setattr__(self, "views", layer_files.views)
@@ -120,7 +122,7 @@ class StreamingExperts(nn.Module):
             object.__setattr__(self, "_watches", layer_files.watches)
             self.prefetcher = Prefetcher(files, layer_files, checksums)
             self.install(self.views)
-            self.read = choose_read_path(self)
+            self.compute_mode = choose_compute_mode(self)
         self.share = share
 
     def make_resident(self) -> None:
@@ -145,19 +147,19 @@ class StreamingExperts(nn.Module):
             self.pool = None
         self.resident = True
         object.__setattr__(self, "_watches", [])  # no file is read from now on
-        self.read = choose_read_path(self)
+        self.compute_mode = choose_compute_mode(self)
 
     def use_cache(self, cache: HotExperts) -> None:
         """Serve hot experts from `cache` (shared by all layers) from now on."""
         self.cache = cache
-        self.read = choose_read_path(self)
+        self.compute_mode = choose_compute_mode(self)
 
     def use_pool(self, pool: SlotPool) -> None:
         """Compute on `pool` (shared by the layers of one shape class) from now on."""
         self.pool = pool
         fds = [file.fd for file in pool.layers[self.index].files]
         object.__setattr__(self, "_watches", watch_files(self._layout.files, fds))
-        self.read = choose_read_path(self)
+        self.compute_mode = choose_compute_mode(self)
 
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         traffic = self.stats.phase(indices.size // indices.shape[-1])
@@ -167,7 +169,7 @@ class StreamingExperts(nn.Module):
             self.stats.verifying.append(PassCall(indices, self.read_bytes))
         if self.share is not None:
             return self.share(self, x, indices, traffic)
-        return self.read(self, x, indices, traffic)
+        return self.compute_mode(self, x, indices, traffic)
 
     def check_unchanged(self) -> None:
         """Stop if a file this layer reads changed since it was opened (io/file_watch.py): the

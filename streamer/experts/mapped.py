@@ -1,4 +1,4 @@
-"""Read paths that compute in place on the mapped expert files, and the read-ahead policy.
+"""Compute modes that compute in place on the mapped expert files, and the read-ahead policy.
 
 The OS page cache is the cache and nothing is copied: mlx-lm's gather kernels read just the routed
 experts' pages of the files' views (io/expert_files.py). What the mapping alone does badly is a
@@ -162,8 +162,8 @@ class Prefetched:
     def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
         # the routing is wanted on the host anyway (trace, profile): no reason to skip the sync
         if self._watch is not None and not layer.stats.wants_routing and self._watch.file_cached():
-            layer.read = InPageCache(layer, self._watch)
-            return layer.read(layer, x, indices, traffic)
+            layer.compute_mode = InPageCache(layer, self._watch)
+            return layer.compute_mode(layer, x, indices, traffic)
         start = time.perf_counter()
         _, experts = host_routing(layer, indices, traffic)
         layer.prefetcher.fetch(experts, traffic)
@@ -181,7 +181,7 @@ class InPageCache:
 
     def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
         if layer.stats.wants_routing or not self._watch.file_cached():
-            layer.read = Prefetched(layer, self._watch)
-            return layer.read(layer, x, indices, traffic)
+            layer.compute_mode = Prefetched(layer, self._watch)
+            return layer.compute_mode(layer, x, indices, traffic)
         layer.stats.defer(traffic, indices, *self._sizes)
         return layer.container(x, indices)

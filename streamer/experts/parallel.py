@@ -1,4 +1,4 @@
-"""One rank's part of an expert-parallel MoE layer: it wraps the layer's read path.
+"""One rank's part of an expert-parallel MoE layer: it wraps the layer's compute mode.
 
 The expert container's output is [..., k, D]: one row per routed slot, which the model's MoE
 block then weights and sums. Each rank fills the rows of the experts it owns and leaves zeros
@@ -6,9 +6,9 @@ elsewhere, and one all_sum of that output per layer gives every rank the single-
 exactly (each row is one rank's value plus zeros), so every architecture's router and score code
 runs unchanged. It costs k x D values per token and layer.
 
-On a synced read path (the layer learns its routing on the host to prefetch) a rank computes only
-the slots it owns, on its own records: the read path gets just those tokens and slots. On a
-sync-free path (resident, or files all in the page cache) the graph's shapes cannot depend on
+In a synced compute mode (the layer learns its routing on the host to prefetch) a rank computes only
+the slots it owns, on its own records: the compute mode gets just those tokens and slots. In a
+sync-free mode (resident, or files all in the page cache) the graph's shapes cannot depend on
 the routing, so every slot is computed: other ranks' experts on one of this rank's records, then
 zeroed. No host sync is added there.
 """
@@ -48,8 +48,8 @@ class ExpertShare:
 
     def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
         """The layer's output: this rank's rows, summed over the ranks (the layer's collective)."""
-        if isinstance(layer.read, SYNC_FREE):
-            out = layer.read(layer, x, self._records[indices], traffic)
+        if isinstance(layer.compute_mode, SYNC_FREE):
+            out = layer.compute_mode(layer, x, self._records[indices], traffic)
             out = mx.where(self._owned[indices][..., None], out, 0.0)
         else:
             out = self._owned_slots(layer, x, indices, traffic)
@@ -61,12 +61,12 @@ class ExpertShare:
         self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic
     ) -> mx.array:
         start = time.perf_counter()
-        routed = np.array(indices)  # the layer's sync; the read path then finds the routing done
+        routed = np.array(indices)  # the layer's sync; the compute mode then finds the routing done
         traffic.sync_seconds += time.perf_counter() - start
         records = self.record_of[routed.ravel()]
         slots = np.flatnonzero(records >= 0)
         k, width = indices.shape[-1], x.shape[-1]
-        if not slots.size:  # none of this token's experts is ours: the read path is not called
+        if not slots.size:  # none of this token's experts is ours: the compute mode is not called
             traffic.syncs += 1
             return mx.zeros((*indices.shape, width), dtype=x.dtype)
         mine = records[slots].astype(np.uint32)
@@ -80,10 +80,10 @@ class ExpertShare:
         return out.reshape(*indices.shape, width)
 
     def _read(self, layer, x: mx.array, records: mx.array, traffic: ExpertTraffic) -> mx.array:
-        """The read path on this rank's records; what it traces is named by the model's ids."""
+        """The compute mode on this rank's records; what it traces is named by the model's ids."""
         trace = layer.stats.trace
         traced = len(trace) if trace is not None else 0
-        out = layer.read(layer, x, records, traffic)
+        out = layer.compute_mode(layer, x, records, traffic)
         if trace is not None and self._expert_of is not None:
             trace[traced:] = [
                 (index, tuple(sorted(self._expert_of[list(experts)].tolist())))

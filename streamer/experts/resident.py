@@ -1,4 +1,4 @@
-"""Read path of a layer made resident: its experts are in memory, it runs exactly as mlx-lm's."""
+"""Compute mode of a layer made resident: its experts are in memory, it runs exactly as mlx-lm's."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What the synced read paths share: the routing on the host, compute on stacked copies, timing."""
+"""What the synced compute modes share: the routing on the host, compute on stacked copies,
+timing."""
 
 from __future__ import annotations
 

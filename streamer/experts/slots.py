@@ -1,4 +1,4 @@
-"""Read path on a slot pool (cache/slot_pool.py): the only expert memory the kernels are given.
+"""Compute mode on a slot pool (cache/slot_pool.py): the only expert memory the kernels are given.
 
 One host sync learns the routing; the routed experts are placed in the pool (hits cost nothing,
 misses are read into their slots), and mlx-lm's own container then runs on the pool's arrays with

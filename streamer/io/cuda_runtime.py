@@ -14,6 +14,11 @@ _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the unified address
 _STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit sync with MLX's streams
 _REGISTER_MAPPED = 2  # cudaHostRegisterMapped: kernels may read the range (io/cuda_gather.py)
 _REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the mapping is PROT_READ
+_LOCATION_DEVICE = 1  # cudaMemLocationTypeDevice
+
+
+class _Location(ctypes.Structure):  # cudaMemLocation (CUDA 13: prefetch takes it by value)
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
 
 class CudaRuntime:
@@ -32,6 +37,8 @@ class CudaRuntime:
         self._lib.cudaHostRegister.argtypes = [void, size, ctypes.c_uint]
         self._lib.cudaHostUnregister.argtypes = [void]
         self._lib.cudaHostGetDevicePointer.argtypes = [ctypes.POINTER(void), void, ctypes.c_uint]
+        self._lib.cudaMemPrefetchAsync.argtypes = [void, size, _Location, ctypes.c_uint, void]
+        self._lib.cudaGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
 
     def host_alloc(self, nbytes: int) -> int:
         """Pinned host memory CUDA owns (so no other allocation can reuse its addresses while the
@@ -73,6 +80,20 @@ class CudaRuntime:
     def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         err = self._lib.cudaMemcpyAsync(dst, src, nbytes, _MEMCPY_DEFAULT, stream)
         self._check(err, "cudaMemcpyAsync")
+
+    def to_device(self, address: int, nbytes: int) -> None:
+        """Move a managed range's pages to the current GPU now, and wait: the host then holds
+        none of them (they leave the process's RSS) and no kernel faults them over later."""
+        device = ctypes.c_int()
+        self._check(self._lib.cudaGetDevice(ctypes.byref(device)), "cudaGetDevice")
+        stream = self.new_stream()
+        try:
+            where = _Location(_LOCATION_DEVICE, device.value)
+            err = self._lib.cudaMemPrefetchAsync(address, nbytes, where, 0, stream)
+            self._check(err, "cudaMemPrefetchAsync")
+            self.wait(stream)
+        finally:
+            self.destroy_stream(stream)
 
     def wait(self, stream: int) -> None:
         self._check(self._lib.cudaStreamSynchronize(stream), "cudaStreamSynchronize")

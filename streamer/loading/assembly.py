@@ -32,7 +32,7 @@ def load_resident(
     the error); then cast to `dtype` and evaluate. `weights` is emptied: an array it held would
     keep its data once evaluated, so each weight as read (bfloat16, before a cast to float32)
     would be held beside its cast until the load returned, freed then into the allocator's
-    fragments, not to the OS (bench/README.md, "Real shapes": 35-73 KB per expert)."""
+    fragments, not to the OS (bench/findings.md, "Real shapes": 35-73 KB per expert)."""
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
@@ -63,7 +63,7 @@ def apply_residency(
     if plan.form == "resident":
         with progress_bar(len(layers), "experts into memory", "layer") as bar:
             if plan.read_path == "slots":  # the files are not mapped: read through pools
-                resident_pools(layouts, layers, checksums, lambda: bar.update(1))
+                resident_pools(layouts, layers, checksums, lambda: bar.update(1), plan.cuda_misses)
             else:
                 for layer in layers:
                     layer.make_resident()
@@ -72,7 +72,14 @@ def apply_residency(
     if plan.form == "slot pool":
         check_fits(plan)
         groups = [group for shape in plan.classes for group in shape.groups]
-        by_layer = open_pools(layouts, groups, checksums, plan.chunk_bytes, plan.bypass_page_cache)
+        by_layer = open_pools(
+            layouts,
+            groups,
+            checksums,
+            plan.chunk_bytes,
+            plan.bypass_page_cache,
+            plan.cuda_misses,
+        )
         for layout, layer in zip(layouts, layers):
             layer.use_pool(by_layer[layout.index])
         return list({id(pool): pool for pool in by_layer.values()}.values())

@@ -41,7 +41,7 @@ def memory_limit_raised(extra_bytes: int) -> Iterator[None]:
         mx.set_memory_limit(max(mx.get_memory_limit() - extra_bytes, 0))
 
 
-@dataclass
+@dataclass(kw_only=True)  # built in one place, load._assemble
 class Streaming:
     """The streaming side of a loaded model. It must hold for as long as the model computes,
     whoever drives it (streamer.generate, mlx_lm.generate, generate_step, a plain model call),
@@ -50,7 +50,6 @@ class Streaming:
 
     plan: ResidencyPlan  # what each layer keeps in memory, and why (`residency` in words)
     manifest: Manifest | Download  # what was loaded: its `layers` match the layouts read
-    read_path: str  # "mapped" or "slots"
     files: ExpertFiles | None  # the mapped expert files (the mapped path only)
     stats: ExpertStats
     layers: list[StreamingExperts]
@@ -59,6 +58,11 @@ class Streaming:
     pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools
     dtype: str = ""  # what the model computes in (compute_dtype's), for the stats line
     _scopes: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    @property
+    def read_path(self) -> str:
+        """ "mapped" or "slots": the load's decision (options.py), as the plan applied it."""
+        return self.plan.read_path
 
     @property
     def residency(self) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..arguments import check_flag, parse_dtype, parse_size
+from ..cache.landing import CUDA_MISSES, CUDA_MISSES_DEFAULT
 from ..errors import StreamerError
 from .backend import default_dtype, read_path_for_backend
 
@@ -27,6 +28,7 @@ class LoadOptions:
     verify_reads: bool  # each expert's crc32 checked whenever it is read from the disk
     bypass_page_cache: bool  # the slot path reads around the page cache
     group: mx.distributed.Group | None  # expert-parallel: this rank's group; None alone
+    cuda_misses: str = CUDA_MISSES_DEFAULT  # on CUDA, where a slot miss's bytes come from
 
 
 def load_options(
@@ -39,6 +41,7 @@ def load_options(
     trust_remote_code: object = False,
     group: object = None,
     checksums: object = None,
+    cuda_misses: object = None,
     option: str = "",
 ) -> LoadOptions:
     """`streamer.load`'s keywords checked and decided, in this order, before any file is read.
@@ -67,6 +70,12 @@ def load_options(
         raise StreamerError(
             f"group must be an mx.distributed group (mx.distributed.init()), got {group!r}."
         )
+    misses = CUDA_MISSES_DEFAULT if cuda_misses is None else cuda_misses
+    if misses not in CUDA_MISSES:
+        raise StreamerError(
+            f"{name('cuda_misses')} must be one of {', '.join(CUDA_MISSES)} (None: "
+            f"{CUDA_MISSES_DEFAULT}), not {cuda_misses!r}."
+        )
     return LoadOptions(
         memory_budget=budget,
         dtype=compute if compute is not None else default_dtype(),
@@ -77,4 +86,5 @@ def load_options(
         verify_reads=verify_reads,
         bypass_page_cache=bypass_page_cache,
         group=group,
+        cuda_misses=misses,
     )

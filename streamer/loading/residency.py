@@ -15,7 +15,9 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from ..cache.budget import default_budget, expected_pool_hits, layer_bytes, layer_groups
+from ..cache.budget import default_budget, layer_bytes, layer_groups
+from ..cache.expected_hits import PROFILES, expected_pool_hits
+from ..cache.landing import CUDA_MISSES_DEFAULT
 from ..cache.slot_memory import SlotTensor, chunk_slots
 from ..cache.slot_pool import CHUNK_BYTES
 from ..errors import StreamerError
@@ -72,17 +74,17 @@ class ResidencyPlan:
     cache_slots: int = 0  # the hot cache's experts
     bypass_page_cache: bool = False  # the slot pool reads around the page cache
     chunk_bytes: int = CHUNK_BYTES  # the slot pool's arrays hold this many bytes at most
+    cuda_misses: str = CUDA_MISSES_DEFAULT  # where a slot miss's bytes come from on CUDA
 
     @property
     def pool_bytes(self) -> int:
         return sum(c.slots * c.slot_bytes for c in self.classes)
 
     @property
-    def expected_hits(self) -> float:
-        """The slot pool's hit rate to expect on the bench's routing (cache/budget.py)."""
-        if self.form == "resident":
-            return 1.0
-        return expected_pool_hits(self.budget / self.expert_bytes)
+    def expected_hits(self) -> dict[str, float]:
+        """The slot pool's hit rate to expect, by routing profile (cache/expected_hits.py)."""
+        share = 1.0 if self.form == "resident" else self.budget / self.expert_bytes
+        return {p: expected_pool_hits(share, p) for p in PROFILES}
 
     def text(self) -> str:
         """The plan in words: model.streamer.residency, and what generate prints."""
@@ -139,6 +141,7 @@ def plan_residency(
     read_path_why: str,
     available: int,
     bypass_page_cache: bool = False,
+    cuda_misses: str = CUDA_MISSES_DEFAULT,
 ) -> ResidencyPlan:
     """The plan for `budget` bytes of experts (None: the read path's default in `available`).
     Enough for every expert: all resident. Less: the slot path's pool (slot_classes); the mapped
@@ -150,9 +153,17 @@ def plan_residency(
     else:
         why = f"memory budget {size_text(budget)}"
     plan = ResidencyPlan(
-        "resident", read_path, read_path_why, budget, why, available, need, largest,
+        form="resident",
+        read_path=read_path,
+        read_path_why=read_path_why,
+        budget=budget,
+        budget_why=why,
+        available=available,
+        expert_bytes=need,
+        largest_expert=largest,
         bypass_page_cache=bypass_page_cache,
-    )  # fmt: skip
+        cuda_misses=cuda_misses,
+    )
     if budget >= need:
         return plan
     if read_path == "slots":

@@ -22,7 +22,8 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
     from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
 
     try:
-        eos_ids = load_config(folder).get("eos_token_id")
+        config = load_config(folder)
+        eos_ids = config.get("eos_token_id")
     except (OSError, ValueError) as e:
         raise StreamerError(
             f"{folder / 'config.json'} cannot be read ({one_line(e)}); repack the model."
@@ -33,9 +34,12 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
             f"{folder} has no tokenizer files ({', '.join(TOKENIZER_FILES)}): copy them from the "
             "original model into it."
         )
-    extra = {"trust_remote_code": True} if trust_remote_code else None
+    extra = {"trust_remote_code": True} if trust_remote_code else {}
+    extra.update(_config_unbuilt(folder, config))
     try:
-        return mlx_lm_load_tokenizer(folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids)
+        tokenizer = mlx_lm_load_tokenizer(
+            folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids
+        )
     except Exception as e:  # transformers' own errors have no common base; name what failed
         tokenizer_config = folder / "tokenizer_config.json"
         ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(
@@ -51,3 +55,36 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
             f"{folder}: cannot load the tokenizer ({type(e).__name__}: {one_line(e)}); check "
             "tokenizer.json and tokenizer_config.json, or copy them from the original model."
         ) from e
+    _context_as_max_length(tokenizer, config)
+    return tokenizer
+
+
+def _context_as_max_length(tokenizer: TokenizerWrapper, config: dict) -> None:
+    """The tokenizer's model_max_length raised to the model's context (max_position_embeddings):
+    a tokenizer_config.json's smaller one (2048 where the model reads 40960) made transformers log
+    "Token indices sequence length is longer than the specified maximum sequence length" for a
+    prompt well inside the context. A prompt past the context is refused by streamer itself."""
+    text = config.get("text_config")
+    context = config.get("max_position_embeddings") or (
+        text.get("max_position_embeddings") if isinstance(text, dict) else None
+    )
+    own = tokenizer._tokenizer
+    if type(context) is int and context > getattr(own, "model_max_length", context):
+        own.model_max_length = context
+
+
+def _config_unbuilt(folder: Path, config: dict) -> dict:
+    """For a model type transformers does not know (Kimi K2's kimi_k2): AutoTokenizer's `config`,
+    the generic one it falls back to, without the model's fields. Left to build it, transformers 5
+    builds it from config.json and fails on a rope_scaling there ("'PreTrainedConfig' object has
+    no attribute 'max_position_embeddings'", as mlx-lm does); the tokenizer reads only its
+    tokenizer_class and name. A model type it knows: nothing (it builds its own config class)."""
+    from transformers import PreTrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type in CONFIG_MAPPING:
+        return {}
+    generic = PreTrainedConfig(tokenizer_class=config.get("tokenizer_class"))
+    generic._name_or_path = str(folder)
+    return {"config": generic}

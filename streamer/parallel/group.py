@@ -53,7 +53,14 @@ def launched_group() -> mx.distributed.Group | None:
     or None when it runs alone."""
     if not any(v in os.environ for v in LAUNCH_VARIABLES) or not mx.distributed.is_available():
         return None
-    group = mx.distributed.init()
+    try:
+        group = mx.distributed.init()
+    except RuntimeError as e:  # the ring's peers unreachable (after MLX's retries, ~30 s)
+        rank = os.environ.get("MLX_RANK", "?")
+        raise StreamerError(
+            f"rank {rank} cannot join its group ({e}): check that every host of the hostfile is "
+            "up and reachable at its address, and that no other program holds its port."
+        ) from None
     return group if group.size() > 1 else None
 
 
@@ -231,9 +238,9 @@ def group_stats_line(group: mx.distributed.Group, model, stats) -> str:
 
     per_token = rows[0, 3] * rows[:, 4].max()
     return (
-        f"{group.size()} ranks | expert MB/token by rank {by_rank(0, 1e6, 2)} | "
+        f"{group.size()} ranks | expert MiB/token by rank {by_rank(0, 1 << 20, 2)} | "
         f"reads/token by rank {by_rank(1, 1, 1)} | syncs/token by rank {by_rank(2, 1, 1)} | "
         f"all_sum {rows[0, 3]:.0f}/token, {rows[:, 4].max() * 1e6:.0f} us each "
         f"({per_token * 1e3:.2f} ms/token, timed after the run) | "
-        f"peak RSS by rank {by_rank(5, 1e9, 2)} GB"
+        f"peak RSS by rank {by_rank(5, 1 << 30, 2)} GiB"  # binary units, as io/sizes.py's
     )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
 from ..cache.budget import SLOT_SHARE
+from ..cache.expected_hits import TYPICAL
 from ..io.sizes import size_text
 from ..loading.residency import LayerShape, ResidencyPlan, plan_residency
 
@@ -33,7 +34,7 @@ class ModelPlan:
     longest_context: int  # tokens of KV cache that fit beside the resident weights
     runs: bool
     slot_budget_bytes: int  # the slot path's default budget (Metal, CUDA) in `memory_bytes`
-    slot_pool_hits: float  # the share of routed experts to expect from that pool
+    slot_pool_hits: dict[str, float]  # routed experts to expect from that pool, by routing
     mapped_budget_bytes: int  # the mapped path's default (the CPU): all experts, or 0
     kv_bits: int | None = None  # mlx-lm's quantized KV cache, counted from the first token
     in_place_ranges: int | None = None  # byte ranges per expert in a download streamed in place
@@ -99,11 +100,12 @@ class ModelPlan:
         plan = self.plans["slots"]
         if plan.form == "resident":
             return f"all {size_text(plan.expert_bytes)} of experts in memory, no reads"
+        hits = ", ".join(f"{p} {h:.0%}" for p, h in self.slot_pool_hits.items())
         return (
             f"{size_text(plan.budget)} slot pool ({SLOT_SHARE:.0%} of the "
-            f"{size_text(plan.available)} "
-            f"left, {plan.budget / plan.expert_bytes:.0%} of the experts): about "
-            f"{self.slot_pool_hits:.0%} pool hits on the bench's routing"
+            f"{size_text(plan.available)} left, {plan.budget / plan.expert_bytes:.0%} of the "
+            f"experts): about {self.slot_pool_hits[TYPICAL]:.0%} pool hits on typical routing "
+            f"({hits}; bench/routing_model.py's profiles)"
         )
 
     @property

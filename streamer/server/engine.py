@@ -25,8 +25,10 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from ..arguments import tokens_text
 from ..errors import StreamerError
-from ..generate import check_kv_cache_quantizes, stream_generate
+from ..generate import stream_generate
+from ..kv_quantization import check_kv_cache_quantizes
 from ..run_stats import RunStats, settled
 from .api import Completion
 from .disk_cache import DiskCache
@@ -81,20 +83,16 @@ def fit(
     naming `fields` (the request's prompt field and the max tokens field it set)."""
     if context is None:
         return asked or default
-    prompt_field, asked_field = fields
+    (prompt_field, asked_field), said = fields, f"the prompt is {tokens_text(prompt)}"
     if prompt >= context:
-        raise ApiError(
-            400,
-            f"the prompt is {prompt} tokens but the model's context is {context} tokens",
-            param=prompt_field,
-            code="context_length_exceeded",
-        )
+        message = f"{said} but the model's context is {tokens_text(context)}"
+        raise ApiError(400, message, param=prompt_field, code="context_length_exceeded")
     room = context - prompt
     if asked is not None and asked > room:
         raise ApiError(
             400,
-            f"the prompt is {prompt} tokens and {asked_field} is {asked}, but the model's context "
-            f"is {context} tokens: ask for at most {room}",
+            f"{said} and {asked_field} is {asked}, but the model's context is "
+            f"{tokens_text(context)}: ask for at most {room}",
             param=asked_field,
             code="context_length_exceeded",
         )

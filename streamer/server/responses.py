@@ -149,7 +149,10 @@ def stats_json(stats: RunStats | None) -> dict:
         "expert_reads_per_token": round(stats.expert_reads_per_token, 3),
         "page_cache_hit_rate": stats.page_cache_hit_rate,
         "syncs_per_token": round(stats.syncs_per_token, 3),
-        "peak_rss_bytes": stats.peak_rss_bytes,
+        "peak_rss_bytes": stats.peak_rss_bytes,  # mapped file pages counted too
+        "peak_mlx_bytes": stats.peak_mlx_bytes,
+        "rss_anon_bytes": stats.rss_anon_bytes,  # the process's own, at the end (Linux)
+        "rss_file_bytes": stats.rss_file_bytes,  # mapped file pages resident then (Linux)
         "dtype": stats.dtype,  # what the model computed in (--dtype)
         **_drafts_json(stats),
     }

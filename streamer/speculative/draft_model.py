@@ -27,13 +27,27 @@ def load_draft_model(name: str | Path, tokenizer: TokenizerWrapper) -> nn.Module
         model, draft_tokenizer = load(str(folder))
     except Exception as e:  # mlx-lm's own errors: a missing file, an unknown model type
         raise StreamerError(f"cannot load draft model {name}: {one_line(e)}") from None
-    if draft_tokenizer.vocab_size != tokenizer.vocab_size:
+    differs = vocabulary_difference(draft_tokenizer, tokenizer)
+    if differs:
         raise StreamerError(
-            f"draft model {name} has a vocabulary of {draft_tokenizer.vocab_size} tokens and the "
-            f"model {tokenizer.vocab_size}: a draft must use the model's own tokenizer."
+            f"draft model {name} {differs}: a draft must use the model's own tokenizer (its "
+            "drafts are token ids the model reads)."
         )
     dtype = default_dtype()
     if dtype is not None:
         model.set_dtype(dtype)
     mx.eval(model.parameters())
     return model
+
+
+def vocabulary_difference(draft: TokenizerWrapper, target: TokenizerWrapper) -> str | None:
+    """How the draft's vocabulary (token -> id, added tokens too) differs from the target's, in
+    words; None if it is the same. Sizes alone let a tokenizer with other ids through."""
+    ours, theirs = draft.get_vocab(), target.get_vocab()
+    if len(ours) != len(theirs):
+        return f"has a vocabulary of {len(ours)} tokens and the model {len(theirs)}"
+    for token, id_ in sorted(ours.items(), key=lambda item: item[1]):
+        if theirs.get(token) != id_:
+            where = "is not in the model's" if token not in theirs else f"is {theirs[token]}"
+            return f"has token {token!r} as id {id_}, which in the model's vocabulary {where}"
+    return None

@@ -73,6 +73,10 @@ FILLED: dict[str, dict[str, object]] = {
 # transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them), transformers 4
 # in rope_scaling: one given in either is not left out
 WRITTEN_AS = {"rope_scaling": "rope_parameters", "rope_parameters": "rope_scaling"}
+# Fields an explicit null leaves out to transformers: its RoPE standardization fills these as for
+# a missing field, in every config class (gpt-oss's `"rope_scaling": null` is YaRN, factor 32).
+# Any other null it keeps, or refuses: a field's own null is not filled.
+NULL_IS_ABSENT = set(WRITTEN_AS)
 
 
 def _rope_from_theta(config: dict) -> dict | None:
@@ -179,9 +183,16 @@ def _filled(values: dict, model_type: object) -> dict:
     missing = {
         field: value
         for field, value in FILLED.get(model_type, {}).items()
-        if field not in values and WRITTEN_AS.get(field) not in values
+        if not _given(values, field) and not _given(values, WRITTEN_AS.get(field))
     }
     for field, read in READ_FROM.get(model_type, {}).items():
-        if field not in values and (value := read(values)) is not None:
+        if not _given(values, field) and (value := read(values)) is not None:
             missing[field] = value
     return {**values, **missing} if missing else values
+
+
+def _given(values: dict, field: str | None) -> bool:
+    """Whether `values` sets `field` as transformers reads it (NULL_IS_ABSENT's null: no)."""
+    if field in NULL_IS_ABSENT:
+        return values.get(field) is not None
+    return field in values

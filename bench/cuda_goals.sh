@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Issue 35's goals on a CUDA GPU: the 48-layer checkpoint under the routing model's profiles,
+# mlx-lm resident beside the slot path at 12.5 / 25 / 50% of the experts, in one machine session.
+#
+#   bash bench/cuda_goals.sh setup WHEELS_DIR      # install (cuda_check.sh install), the 48-layer
+#                                                  # checkpoint, a carried PTX cache if any
+#   bash bench/cuda_goals.sh decode OUT PROFILE... # per profile: mlx-lm, then the slot path at
+#                                                  # WAYS (default "staged gathered") x SHARES
+#                                                  # (default "12 25 50" % of the 15.19 GiB of
+#                                                  # experts); ALL=1 adds every expert
+#   bash bench/cuda_goals.sh prefill OUT           # 64- and 2k-token prompts at 25%
+#   bash bench/cuda_goals.sh host-pool OUT PROFILE # 50% with the pool left in host memory (the
+#                                                  # managed pages not moved to the GPU): before
+#   bash bench/cuda_goals.sh ptx OUT               # the PTX cache as a tar, to carry next time
+#   python3 bench/goals_table.py OUT/*.json        # the table (here or there)
+#
+# Each run is bench/worker.py in its own process under `timeout`, --routing PROFILE (the same
+# experts in both engines), greedy, 2 prompts of DECODE tokens after a warm-up (the first 64 of
+# each reported apart as its cold start), its RssFile peak sampled every 20 ms.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DATA=/root/bench-data SITE=/root/site
+DECODE=${DECODE:-128}
+declare -A MIB=([12]=1944 [25]=3889 [50]=7777 [all]=24576)  # shares of 15554 MiB of experts
+
+worker() {  # out tag engine folder args...: one run, its JSON and log in out
+  local out=$1 tag=$2
+  shift 2
+  timeout "${RUN_TIMEOUT:-150}" python3 "${WORKER[@]:-bench/worker.py}" "$@" \
+    > "$out/$tag.json" 2> "$out/$tag.log"
+  echo "$tag: exit $? $(grep -E 'prompt [0-9]+:' "$out/$tag.log" | tr '\n' ' ')"
+}
+
+case "${1:-}" in
+setup)
+  bash bench/cuda_check.sh install "$2" || exit 1
+  if [ -f build/ptx-cache.tar ]; then mkdir -p /root/ptx-cache && tar xf build/ptx-cache.tar -C /root/ptx-cache; fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  bash bench/cuda_check.sh data48
+  ;;
+decode)
+  source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
+  out=$2
+  shift 2
+  mkdir -p "$out"
+  for profile in "$@"; do
+    args=(--prompt-tokens 16 --decode-tokens "$DECODE" --repeats 2 --warmup --temp 0 --routing "$profile")
+    worker "$out" "$profile-mlx_lm" mlx_lm "$DATA/q48-mlx" "${args[@]}"
+    for way in ${WAYS:-staged gathered}; do
+      for share in ${SHARES:-12 25 50}; do
+        worker "$out" "$profile-$way-$share" streamer "$DATA/q48-stream" "${args[@]}" \
+          --read-path slots --memory-budget $((MIB[$share] << 20)) --cuda-misses "$way"
+      done
+    done
+    [ -n "${ALL:-}" ] && worker "$out" "$profile-all" streamer "$DATA/q48-stream" "${args[@]}" \
+      --read-path slots --memory-budget $((MIB[all] << 20))
+  done
+  ;;
+prefill)
+  source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
+  out=$2
+  mkdir -p "$out"
+  args=(--prompt-tokens 64,2048 --decode-tokens 4 --repeats 2 --warmup --temp 0 --routing medium)
+  worker "$out" prefill-mlx_lm mlx_lm "$DATA/q48-mlx" "${args[@]}"
+  for way in ${WAYS:-staged gathered}; do
+    worker "$out" "prefill-$way-25" streamer "$DATA/q48-stream" "${args[@]}" \
+      --read-path slots --memory-budget $((MIB[25] << 20)) --cuda-misses "$way"
+  done
+  ;;
+host-pool)  # the pool's managed pages left where numpy put them (the tree before c869d8d)
+  source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
+  out=$2 profile=$3
+  mkdir -p "$out"
+  args=(--prompt-tokens 16 --decode-tokens "$DECODE" --repeats 2 --warmup --temp 0 --routing "$profile")
+  WORKER=(-c 'import sys; sys.path[:0] = ["bench"]
+from streamer.cache import slot_memory
+slot_memory.on_gpu = lambda rows: None
+import worker
+worker.main(sys.argv[1:])')
+  for way in ${WAYS:-staged gathered}; do
+    worker "$out" "$profile-$way-50-hostpool" streamer "$DATA/q48-stream" "${args[@]}" \
+      --read-path slots --memory-budget $((MIB[50] << 20)) --cuda-misses "$way"
+  done
+  ;;
+ptx)
+  mkdir -p "$2" && tar cf "$2/ptx-cache.tar" -C /root/ptx-cache . && ls -la "$2/ptx-cache.tar"
+  ;;
+*)
+  echo "usage: $0 setup WHEELS_DIR | decode OUT PROFILE... | prefill OUT | host-pool OUT PROFILE |" \
+    "ptx OUT" >&2
+  exit 2
+  ;;
+esac

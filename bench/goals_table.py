@@ -1,0 +1,76 @@
+"""Issue 35's goals table from bench/cuda_goals.sh's worker JSONs: per routing profile, mlx-lm
+resident beside the slot path at each way and budget; steady decode (after each prompt's first 64
+tokens) and its ratio to mlx-lm's, the cold start apart, slot hits, peak RssFile.
+
+    python bench/goals_table.py OUT/*.json [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+GIB = 1 << 30
+
+
+def rates(runs: list[dict], phase: str) -> list[float]:
+    return [r[phase]["decode_tok_s"] for r in runs if phase in r]
+
+
+def hits(runs: list[dict]) -> float | None:
+    decode = [r["steady"].get("decode") for r in runs if "steady" in r]
+    hit = sum(d["cache_hits"] for d in decode if d)
+    routed = hit + sum(d["experts_read"] for d in decode if d)
+    return hit / routed if routed else None
+
+
+def prefill(runs: list[dict]) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for r in runs:
+        out.setdefault(r["prompt_tokens"], []).append(r["prompt_tokens"] / r["ttft_s"])
+    return out
+
+
+def span(values: list[float]) -> str:
+    return "/".join(f"{v:.1f}" for v in values) if values else "-"
+
+
+def rows(results: dict[str, dict]) -> list[str]:
+    lines = [
+        "| run | steady tok/s | ratio | cold tok/s | hits | RssFile GiB | prefill tok/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for tag, result in sorted(results.items()):
+        runs = result["runs"]
+        base = results.get(tag.split("-")[0] + "-mlx_lm")
+        ratio = "-"
+        mine_base = base is result  # mlx-lm's own row: no ratio
+        if not mine_base and base and rates(runs, "steady") and rates(base["runs"], "steady"):
+            mine, theirs = rates(runs, "steady"), rates(base["runs"], "steady")
+            ratio = f"{min(mine) / max(theirs):.2f}-{max(mine) / min(theirs):.2f}"
+        h = hits(runs)
+        rss = (result.get("peak_rss_file_bytes") or 0) / GIB
+        fill = ", ".join(f"{n}: {span(v)}" for n, v in prefill(runs).items())
+        lines.append(
+            f"| {tag} | {span(rates(runs, 'steady'))} | {ratio} | {span(rates(runs, 'cold'))} | "
+            f"{'-' if h is None else f'{h:.1%}'} | {rss:.2f} | {fill} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    results = {}
+    for path in args.results:
+        try:
+            results[path.stem] = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            print(f"{path}: skipped ({e})")
+    print("\n".join(rows(results)))
+
+
+if __name__ == "__main__":
+    main()

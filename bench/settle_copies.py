@@ -1,0 +1,121 @@
+"""What a gathered slot pool's settles copy, against its misses, per routing profile and budget.
+
+    python bench/settle_copies.py                                  # medium, uniform, high
+    python bench/settle_copies.py --profiles uniform --budgets 0.125,0.5 --admit-twice --json
+
+On CUDA a gathered decode call reads each miss over the bus inside its gather kernel, and the
+pool's settle (every 16 tokens) copies each expert that ended the replayed window with a new slot
+into it while the host waits and the GPU idles (cache/settle.py, io/cuda_copy.py). On the H200 the
+settles' time grew with the pool under low locality (bench/findings.md, issue 35). This replays
+the routing model's traces (routing_model.py) through the pools a Qwen3-30B-A3B 4-bit model gets
+at each budget (cache/budget.py layer_groups, one chunk a pool), each pool's SlotLFU and
+`settle.replay`, settling every `--settle` tokens from each prompt's first token: per decode
+token the experts missed (read by the kernel) and copied (by the settles), and their bytes.
+`--admit-twice` copies only experts routed by two or more of the window's calls of their layer
+(the rest leave their slot empty), a variant tried for issue 35 and not adopted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+from routing_model import QWEN3_30B_RECORD, RoutingModel
+
+from streamer.cache.budget import layer_groups
+from streamer.cache.policies import SlotLFU
+from streamer.cache.settle import replay
+from streamer.cache.slot_pool import CHUNK_BYTES
+
+LARGEST_TENSOR = 786_432  # bytes of Qwen3-30B-A3B's gate_proj.weight (768 x 2048) at 4 bits
+
+
+def twice(reads: dict, calls: list, base: dict) -> tuple[dict, list]:
+    """`reads` split: experts routed by at least two of `calls` of their layer, and the rest's
+    (layer, expert, slot)."""
+    seen = np.bincount(np.concatenate([base[layer] + experts for layer, experts in calls]))
+    kept, dropped = {}, []
+    for layer, moved in reads.items():
+        for expert, slot in moved:
+            if seen[base[layer] + expert] >= 2:
+                kept.setdefault(layer, []).append((expert, slot))
+            else:
+                dropped.append((layer, expert, slot))
+    return kept, dropped
+
+
+def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settle: int, admit):
+    """(misses, copies) of one pool of `slots` over layers [first, end) through `traces`."""
+    policy = SlotLFU(slots, (end - first) * experts)
+    base = {layer: (layer - first) * experts for layer in range(first, end)}
+    misses = copies = 0
+    for trace in traces:  # [tokens, layers, k] per prompt
+        calls = []
+        for t in range(len(trace)):
+            for layer in range(first, end):
+                routed = np.unique(trace[t, layer])
+                misses += int(np.count_nonzero(policy.slot_of[base[layer] + routed] < 0))
+                calls.append((layer, routed))
+            if (t + 1) % settle == 0 or t + 1 == len(trace):
+                reads = replay(policy, base, calls)
+                if admit is not None:
+                    reads, dropped = admit(reads, calls, base)
+                    for layer, expert, slot in dropped:
+                        policy.slot_of[base[layer] + expert] = policy.slot_key[slot] = -1
+                copies += sum(len(moved) for moved in reads.values())
+                calls = []
+    return misses, copies
+
+
+def run(profile: str, share: float, args) -> dict:
+    model = RoutingModel(profile, args.experts, args.top_k, args.layers, args.seed)
+    traces = model.prompts(args.tokens, args.prompts)
+    slots = max(1, round(share * args.experts * args.layers))
+    misses = copies = 0
+    for first, end, count in layer_groups(args.layers, slots, CHUNK_BYTES // LARGEST_TENSOR):
+        m, c = pool_run(traces, first, end, count, args.experts, args.settle, args.admit)
+        misses, copies = misses + m, copies + c
+    per = 1 / args.tokens
+    return {
+        "profile": profile,
+        "share": share,
+        "misses": misses * per,
+        "copies": copies * per,
+        "bus_mb": (misses + copies) * per * QWEN3_30B_RECORD / 1e6,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profiles", default="medium,uniform,high")
+    ap.add_argument("--budgets", default="0.125,0.25,0.5", help="shares of all experts")
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--tokens", type=int, default=800, help="decode tokens in all")
+    ap.add_argument("--prompts", type=int, default=2, help="a new working set per prompt")
+    ap.add_argument("--settle", type=int, default=16, help="tokens between settles")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--admit-twice", dest="admit", action="store_const", const=twice)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    rows = [
+        run(profile, float(share), args)
+        for profile in args.profiles.split(",")
+        for share in args.budgets.split(",")
+    ]
+    if args.json:
+        print(json.dumps({"rows": rows}))
+        return
+    print("| profile | share | misses/token | settle copies/token | MB over the bus/token |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['profile']} | {r['share']:.1%} | {r['misses']:.1f} | {r['copies']:.1f} | "
+            f"{r['bus_mb']:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

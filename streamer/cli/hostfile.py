@@ -1,0 +1,75 @@
+"""`streamer launch --hostfile FILE`: the file checked before mlx.launch reads it. MLX's parser
+(mlx 0.32.4, Hostfile.from_file) takes `[]` and `{"hosts": []}` (then runs nothing and exits 0),
+and `"envs"` as a string or `"ssh"` as a number, which fail later as tracebacks."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+
+from ..errors import StreamerError
+from ..io.files import read_bytes
+
+FORMAT = (
+    'mlx.launch reads a JSON list of hosts, or {"backend": ..., "envs": ["NAME=value"], '
+    '"hosts": [...]}, each host {"ssh": "HOST", "ips": ["IP", ...]}'
+)
+
+
+def hostfile_of(words: list[str]) -> Path | None:
+    """The --hostfile among mlx.launch's options (before `--`)."""
+    options = words[: words.index("--")] if "--" in words else words
+    for i, word in enumerate(options):
+        if word == "--hostfile" and i + 1 < len(options):
+            return Path(options[i + 1])
+        if word.startswith("--hostfile="):
+            return Path(word.split("=", 1)[1])
+    return None
+
+
+def check_hostfile(path: Path) -> None:
+    """A hostfile mlx.launch can run a group from, or one StreamerError saying what is wrong."""
+
+    def bad(problem: str) -> StreamerError:
+        return StreamerError(f"hostfile {path}: {problem}; {FORMAT}.")
+
+    try:
+        data = json.loads(read_bytes(path, "a hostfile"))
+    except FileNotFoundError:
+        raise StreamerError(f"hostfile {path} does not exist.") from None
+    except OSError as e:
+        raise StreamerError(f"cannot read hostfile {path}: {e.strerror or e}.") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise bad(f"not JSON ({e})") from None
+    hosts = data.get("hosts") if isinstance(data, dict) else data
+    if not isinstance(hosts, list):
+        raise bad('no list of hosts (a list, or an object\'s "hosts")')
+    if not hosts:
+        raise bad("the list of hosts is empty: a group needs at least one")
+    if isinstance(data, dict):
+        if not isinstance(data.get("backend", ""), str):
+            raise bad(f'"backend" is {data["backend"]!r}, not a name such as "ring"')
+        envs = data.get("envs", [])
+        if not isinstance(envs, list) or not all(isinstance(e, str) for e in envs):
+            raise bad(f'"envs" is {envs!r}, not a list of "NAME=value" strings')
+    for rank, host in enumerate(hosts):
+        check_host(host, f"host {rank}", bad)
+
+
+def check_host(host: object, name: str, bad) -> None:
+    if not isinstance(host, dict):
+        raise bad(f"{name} is {host!r}, not an object")
+    ssh = host.get("ssh")
+    if not isinstance(ssh, str) or not ssh:
+        raise bad(f'{name}\'s "ssh" is {ssh!r}, not a host name to reach it by')
+    ips = host.get("ips", [])
+    if not isinstance(ips, list) or not all(isinstance(ip, str) for ip in ips):
+        raise bad(f'{name}\'s "ips" is {ips!r}, not a list of addresses')
+    for ip in ips:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise bad(f'{name}\'s "ips" holds {ip!r}, not an IP address') from None
+    if not isinstance(host.get("rdma", []), list):
+        raise bad(f'{name}\'s "rdma" is {host["rdma"]!r}, not a list of devices')

@@ -1,0 +1,65 @@
+"""Whether mlx-lm can quantize a model's KV cache as asked (kv_bits, kv_group_size), known before
+anything is computed: a rotating cache (max_kv_size, sliding windows) mlx-lm cannot quantize, and
+key and value widths the group size does not divide, measured on a lazy twin of the model (mlx-lm's
+model built again from its args and called on one token, never evaluated: the shapes are known,
+nothing is read or computed). mlx-lm fails on both only once the cache is first quantized."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .arguments import KV_GROUP_SIZES, check_kv_quantization
+from .errors import StreamerError
+
+
+def check_kv_cache_quantizes(model: nn.Module, kwargs: dict, flags: bool = False) -> None:
+    """mlx-lm's kv_bits keywords checked against `model`; `flags`: name them as the command
+    line spells them (--kv-group-size), else as the Python API (kv_group_size)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    def name(keyword: str) -> str:
+        return "--" + keyword.replace("_", "-") if flags else keyword
+
+    group, bits = kwargs.get("kv_group_size", 64), kwargs["kv_bits"]
+    start, rotating = kwargs.get("quantized_kv_start", 0), kwargs.get("max_kv_size")
+    check_kv_quantization(bits, group, start, option="--" if flags else "", dash=flags)
+    for cache in make_prompt_cache(model, rotating):
+        try:
+            if hasattr(cache, "to_quantized"):
+                cache.to_quantized(group_size=group, bits=bits)
+        except NotImplementedError:
+            why = name("max_kv_size") if rotating else "the model's sliding windows"
+            raise StreamerError(
+                f"{name('kv_bits')}: mlx-lm cannot quantize a {type(cache).__name__} (what {why} "
+                f"make): drop {name('kv_bits')}"
+                + (f" or {name('max_kv_size')}." if rotating else ".")
+            ) from None
+    widths = kv_widths(model)
+    if any(width % group for width in widths):
+        fits = [g for g in KV_GROUP_SIZES if not any(width % g for width in widths)]
+        remedy = f"use {name('kv_group_size')} {max(fits)}" if fits else f"drop {name('kv_bits')}"
+        raise StreamerError(
+            f"{name('kv_group_size')} {group} does not divide this model's key and value widths "
+            f"({', '.join(map(str, sorted(widths)))}), which mlx-lm quantizes in groups: {remedy}."
+        )
+
+
+def kv_widths(model: nn.Module) -> set[int]:
+    """The last-axis widths of the keys and values in `model`'s caches after one token, from a
+    lazy twin; empty where no twin can be built (the cache's own error then says it)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    args = getattr(model, "args", None)
+    try:
+        twin = type(model)(args)
+        cache = make_prompt_cache(twin)
+        twin(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
+    except Exception:  # a model that takes more than its args, or more than tokens
+        return set()
+    return {
+        array.shape[-1]
+        for entry in cache
+        for array in (getattr(entry, "keys", None), getattr(entry, "values", None))
+        if isinstance(array, mx.array)
+    }

@@ -1,0 +1,73 @@
+"""Issue 35's bench scripts on the CPU: bench/goals_table.py, bench/settle_copies.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture
+def bench_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # bench/ is a folder of scripts, not a package
+
+
+def run(steady: float, cold: float, hits: int = 0, read: int = 0, prompt: int = 16) -> dict:
+    decode = {"cache_hits": hits, "experts_read": read}
+    return {
+        "prompt_tokens": prompt,
+        "ttft_s": prompt / 100,
+        "cold": {"decode_tok_s": cold},
+        "steady": {"decode_tok_s": steady, "decode": decode if hits or read else None},
+    }
+
+
+def test_the_table_rates_each_run_against_its_profiles_mlx_lm(bench_path, tmp_path, capsys):
+    from goals_table import main
+
+    results = {
+        "medium-mlx_lm": {"runs": [run(60, 50), run(50, 45)], "peak_rss_file_bytes": 1 << 29},
+        "medium-staged-25": {
+            "runs": [run(40, 20, hits=90, read=10), run(45, 25, hits=80, read=20)],
+            "peak_rss_file_bytes": 3 << 29,
+        },
+        "broken": None,
+    }
+    paths = []
+    for tag, result in results.items():
+        paths.append(tmp_path / f"{tag}.json")
+        paths[-1].write_text("" if result is None else json.dumps(result))
+    main([str(p) for p in paths])
+    out = capsys.readouterr().out
+    assert "broken.json: skipped" in out
+    row = next(line for line in out.splitlines() if line.startswith("| medium-staged-25 "))
+    # steady rates, worst/best against mlx-lm's best/worst, cold, hits 170/200, RssFile, prefill
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells == ["medium-staged-25", "40.0/45.0", "0.67-0.90", "20.0/25.0", "85.0%", "1.50"] + [
+        "16: 100.0/100.0"
+    ]
+
+
+def test_settle_copies_counts_what_a_gathered_pool_copies(bench_path, capsys):
+    """bench/settle_copies.py: with every expert's slot a settle copies each routed expert once
+    (nothing is evicted); with less, misses fall as the pool grows, and admitting only experts
+    routed twice in a window never copies more."""
+    from routing_model import RoutingModel
+    from settle_copies import main
+
+    common = ["--experts", "16", "--top-k", "2", "--layers", "4", "--tokens", "60", "--json"]
+    main(["--profiles", "uniform", "--budgets", "1.0", "--prompts", "1", *common])
+    (full,) = json.loads(capsys.readouterr().out)["rows"]
+    trace = RoutingModel("uniform", 16, 2, 4).prompt(0, 60)
+    distinct = sum(len(np.unique(trace[:, layer])) for layer in range(4))
+    assert round(full["copies"] * 60) == distinct and full["misses"] * 60 >= distinct
+    rows = {}
+    for admit in ([], ["--admit-twice"]):
+        main(["--profiles", "uniform", "--budgets", "0.25,0.5", *admit, *common])
+        rows[bool(admit)] = json.loads(capsys.readouterr().out)["rows"]
+    assert rows[False][0]["misses"] > rows[False][1]["misses"]
+    assert all(t["copies"] <= a["copies"] for t, a in zip(rows[True], rows[False]))
