@@ -13,7 +13,7 @@ import re
 import weakref
 from collections.abc import Callable
 
-from .errors import StreamerError
+from .errors import StreamerError, refusal
 
 MAX_SEED = (1 << 64) - 1  # mx.random.seed takes an unsigned 64-bit integer
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -186,23 +186,19 @@ def check_at_least(value: object, name: str, low: int) -> None:
         raise StreamerError(f"{name} must be at least {low} (got {value}).")
 
 
-def check_kv_quantization(
-    bits: object, group_size: object, start: object, *, option: str = "", dash: bool = False
-) -> None:
+def check_kv_quantization(bits: object, group_size: object, start: object) -> None:
     """mlx-lm's kv_bits (None: off), kv_group_size and quantized_kv_start."""
-
-    def name(n: str) -> str:
-        return option + (n.replace("_", "-") if dash else n)
-
     if bits is not None and (type(bits) is not int or bits not in KV_BITS):
         choices = ", ".join(map(str, KV_BITS))
-        raise StreamerError(f"{name('kv_bits')} must be one of {choices} (got {bits!r}).")
+        raise refusal(lambda name: f"{name('kv_bits')} must be one of {choices} (got {bits!r}).")
     if type(group_size) is not int or group_size not in KV_GROUP_SIZES:
         choices = ", ".join(map(str, KV_GROUP_SIZES))
-        raise StreamerError(
-            f"{name('kv_group_size')} must be one of {choices} (got {group_size!r})."
+        raise refusal(
+            lambda name: f"{name('kv_group_size')} must be one of {choices} (got {group_size!r})."
         )
-    check_at_least(start, name("quantized_kv_start"), 0)
+    if type(start) is not int or start < 0:
+        need = "an integer" if type(start) is not int else "at least 0"
+        raise refusal(lambda name: f"{name('quantized_kv_start')} must be {need} (got {start!r}).")
 
 
 def check_flag(value: object, name: str) -> None:

@@ -1,6 +1,10 @@
 """The one exception type users see: every message names the file or tensor at fault and what
 to do."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+
 
 class StreamerError(Exception):
     """A problem with the user's input, checkpoint or repacked folder, explained in the message.
@@ -10,6 +14,23 @@ class StreamerError(Exception):
     def __init__(self, message: str = "", flags: str | None = None):
         super().__init__(message)
         self.flags = flags
+
+
+def keyword(name: str, value: object = None) -> str:
+    """An argument as the Python API spells it: `kv_group_size`, `dtype='float32'`."""
+    return name if value is None else f"{name}={value!r}"
+
+
+def flag(name: str, value: object = None) -> str:
+    """The same argument as the command line spells it: `--kv-group-size`, `--dtype float32`."""
+    option = "--" + name.replace("_", "-")
+    return option if value is None else f"{option} {value}"
+
+
+def refusal(message: Callable[[Callable[..., str]], str]) -> StreamerError:
+    """A refusal naming arguments, written once as `message(spell)`: its text spells them as the
+    Python API does, its `flags` as the command line does (what the CLI prints)."""
+    return StreamerError(message(keyword), flags=message(flag))
 
 
 def one_line(error: object, limit: int = 300) -> str:

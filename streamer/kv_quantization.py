@@ -10,39 +10,50 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .arguments import KV_GROUP_SIZES, check_kv_quantization
-from .errors import StreamerError
+from .errors import refusal
 
 
-def check_kv_cache_quantizes(model: nn.Module, kwargs: dict, flags: bool = False) -> None:
-    """mlx-lm's kv_bits keywords checked against `model`; `flags`: name them as the command
-    line spells them (--kv-group-size), else as the Python API (kv_group_size)."""
+def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
+    """mlx-lm's kv_bits keywords checked against `model` (refusals spelled for the API and the
+    command line alike: errors.refusal)."""
     from mlx_lm.models.cache import make_prompt_cache
-
-    def name(keyword: str) -> str:
-        return "--" + keyword.replace("_", "-") if flags else keyword
 
     group, bits = kwargs.get("kv_group_size", 64), kwargs["kv_bits"]
     start, rotating = kwargs.get("quantized_kv_start", 0), kwargs.get("max_kv_size")
-    check_kv_quantization(bits, group, start, option="--" if flags else "", dash=flags)
+    check_kv_quantization(bits, group, start)
     for cache in make_prompt_cache(model, rotating):
         try:
             if hasattr(cache, "to_quantized"):
                 cache.to_quantized(group_size=group, bits=bits)
         except NotImplementedError:
-            why = name("max_kv_size") if rotating else "the model's sliding windows"
-            raise StreamerError(
-                f"{name('kv_bits')}: mlx-lm cannot quantize a {type(cache).__name__} (what {why} "
-                f"make): drop {name('kv_bits')}"
-                + (f" or {name('max_kv_size')}." if rotating else ".")
-            ) from None
+            raise _cannot_quantize(type(cache).__name__, rotating is not None) from None
     widths = kv_widths(model)
     if any(width % group for width in widths):
         fits = [g for g in KV_GROUP_SIZES if not any(width % g for width in widths)]
-        remedy = f"use {name('kv_group_size')} {max(fits)}" if fits else f"drop {name('kv_bits')}"
-        raise StreamerError(
-            f"{name('kv_group_size')} {group} does not divide this model's key and value widths "
-            f"({', '.join(map(str, sorted(widths)))}), which mlx-lm quantizes in groups: {remedy}."
+        listed = ", ".join(map(str, sorted(widths)))
+        raise refusal(
+            lambda name: (
+                f"{name('kv_group_size')} {group} does not divide this model's key and "
+                f"value widths ({listed}), which mlx-lm quantizes in groups: "
+                + (
+                    f"use {name('kv_group_size', max(fits))}."
+                    if fits
+                    else f"drop {name('kv_bits')}."
+                )
+            )
         )
+
+
+def _cannot_quantize(kind: str, rotating: bool) -> Exception:
+    """mlx-lm quantizes no rotating cache: one made for max_kv_size, or for sliding windows."""
+    return refusal(
+        lambda name: (
+            f"{name('kv_bits')}: mlx-lm cannot quantize a {kind} (what "
+            + (name("max_kv_size") if rotating else "the model's sliding windows")
+            + f" make): drop {name('kv_bits')}"
+            + (f" or {name('max_kv_size')}." if rotating else ".")
+        )
+    )
 
 
 def kv_widths(model: nn.Module) -> set[int]:

@@ -57,7 +57,7 @@ def check_kv_fits(model, options: dict) -> None:
     if options.get("kv_bits") is not None:
         from ..kv_quantization import check_kv_cache_quantizes
 
-        check_kv_cache_quantizes(model, options, flags=True)
+        check_kv_cache_quantizes(model, options)
 
 
 def add_prompt_cache_dir(p: argparse.ArgumentParser) -> None:

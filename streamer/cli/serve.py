@@ -122,12 +122,16 @@ def serve(args: argparse.Namespace) -> None:
 
 def api_key_option(args: argparse.Namespace) -> str | None:
     """--api-key, else $STREAMER_API_KEY, checked that a client can send it."""
-    from ..server.auth import usable_key
+    from ..server.auth import non_ascii_note, usable_key
 
-    if args.api_key is not None:
-        return usable_key(args.api_key, "--api-key")
-    key = os.environ.get(API_KEY_ENV)
-    return None if key is None else usable_key(key, f"${API_KEY_ENV}")
+    key, source = args.api_key, "--api-key"
+    if key is None:
+        key, source = os.environ.get(API_KEY_ENV), f"${API_KEY_ENV}"
+    key = None if key is None else usable_key(key, source)
+    note = non_ascii_note(key)
+    if note:
+        print(note, file=sys.stderr)
+    return key
 
 
 def served_name(given: str, folder: Path) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
-from ..errors import StreamerError, one_line
+from ..errors import StreamerError, one_line, refusal
 from ..io.safetensors import DTYPES
 
 
@@ -68,16 +68,13 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
         mx.eval(mx.gather_mm(x, w, rhs_indices=mx.array([[0]], mx.uint32)))
     except (RuntimeError, ValueError) as e:
         name, why = str(compute).removeprefix("mlx.core."), one_line(e)
-
-        def message(option: str, fix: str) -> str:  # as the Python API and the CLI spell them
-            return (
-                f"{option} {name} cannot compute this model's unquantized experts on MLX's "
-                f"{mx.default_device()} backend ({why}); pass {fix} (the default there) or repack "
-                "with --quantize."
+        raise refusal(
+            lambda spell: (
+                f"{spell('dtype')} {name} cannot compute this model's unquantized "
+                f"experts on MLX's {mx.default_device()} backend ({why}); pass "
+                f"{spell('dtype', 'float32')} (the default there) or repack with --quantize."
             )
-
-        flags = message("--dtype", "--dtype float32")
-        raise StreamerError(message("dtype", "dtype='float32'"), flags) from None
+        ) from None
 
 
 def check_global_scales() -> None:

@@ -50,13 +50,34 @@ def check_key(key: str | None, route: str, header: str | None) -> None:
         return
     scheme, _, given = (header or "").partition(" ")
     sent = given.strip().encode("latin-1", "replace")  # the bytes sent (http.server's decoding)
-    wanted = key.encode("utf-8", "surrogateescape")
-    # compare_digest: the time taken says nothing about how much of the key matched
-    if scheme.lower() == "bearer" and hmac.compare_digest(sent, wanted):
+    # compare_digest: the time taken says nothing about how much of the key matched. Both
+    # spellings a client may send are compared, always: UTF-8 (curl from a terminal) and
+    # latin-1 (requests, for a key of latin-1 letters)
+    matches = [hmac.compare_digest(sent, spelled) for spelled in spellings(key)]
+    if scheme.lower() == "bearer" and any(matches):
         return
     raise ApiError(
         401,
         "a valid API key is required: send the header `Authorization: Bearer KEY` with the "
         "server's --api-key",
         code="invalid_api_key",
+    )
+
+
+def spellings(key: str) -> list[bytes]:
+    """The bytes a client may send for `key`: its UTF-8, and its latin-1 where it has one."""
+    utf8 = key.encode("utf-8", "surrogateescape")
+    try:
+        return [utf8, key.encode("latin-1")]
+    except UnicodeEncodeError:  # a letter past latin-1: UTF-8 is the one way to send it
+        return [utf8, utf8]
+
+
+def non_ascii_note(key: str | None) -> str | None:
+    """What to tell the person who set a key that is not ASCII, which some clients cannot send."""
+    if key is None or key.isascii():
+        return None
+    return (
+        "[serve] the API key is not ASCII: curl sends it (as UTF-8), as requests does (as latin-1) "
+        "where it can; OpenAI's Python client sends only ASCII headers and refuses it"
     )
