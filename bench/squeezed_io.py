@@ -42,6 +42,14 @@ def disk_read_bytes() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("read_bytes"))
 
 
+def rss() -> dict:
+    """This process's resident anonymous and file-backed bytes now (/proc/self/status)."""
+    with open("/proc/self/status") as f:
+        kib = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in f if ":" in ln)
+               if k in ("RssAnon", "RssFile")}  # fmt: skip
+    return {"rss_anon_bytes": kib["RssAnon"] * 1024, "rss_file_bytes": kib["RssFile"] * 1024}
+
+
 def memory_cgroup(limit: int) -> Path:
     """A fresh memory cgroup under this process's own, limited to `limit` bytes (its caller
     moves a process into it and removes it once that process has exited)."""
@@ -102,6 +110,7 @@ def one(args: argparse.Namespace) -> dict:
         "engine_bytes_per_token": traffic.bytes_read / steps,
         "engine_misses_per_token": traffic.experts_fetched / steps,
         "residency": handle.residency,
+        **rss(),
     }
 
 

@@ -10,7 +10,7 @@ offsets must then be multiples of DIRECT_ALIGN, else that read goes through the 
 Read-ahead is off on every descriptor (`POSIX_FADV_RANDOM` on Linux, `F_RDAHEAD` 0 on macOS): a
 read here is a whole expert record the caller chose, never the start of a sequential scan, and the
 kernel's read-ahead around it (up to read_ahead_kb, 8 MiB on this VM's disk) read the next
-records too: squeezed, the slot path read 4.6-5.1x the mapped path's bytes from disk, 1.25-1.34x
+records too: squeezed, the slot path read 4.6-5.3x the mapped path's bytes from disk, 1.18-1.34x
 without it (bench/findings.md, "Squeezed: the slot path's bytes from disk").
 """
 
