@@ -11,6 +11,7 @@ short warm-up generation, then one timed generation whose decode steps are count
 per token from /proc/self/io `read_bytes` (what the process made the kernel fetch from storage,
 read-ahead included, every thread), beside the engine's own count of the bytes it asked for.
 
+`--routing PROFILE` puts the routing model (bench/profile_routing.py) in place of the routers.
 Points (`--points`): `slots` (the slot path at `--budget`, default 0: one layer's experts, the Mac
 default), `slots-readahead` (the same with the kernel's read-ahead left on, as before
 io/reads.py turned it off), `mapped` (in place on the mapped files). Writes
@@ -60,6 +61,7 @@ def one(args: argparse.Namespace) -> dict:
     (Path(args.cgroup) / "cgroup.procs").write_text(str(os.getpid()))
     import mlx.core as mx
     import pagecache
+    from profile_routing import install
     from worker import prompt_ids, tokens
 
     import streamer
@@ -72,12 +74,17 @@ def one(args: argparse.Namespace) -> dict:
     handle = model.streamer
     pagecache.drop(handle.expert_paths, handle.evict)
     log(f"[squeezed-io] {args.point}: {handle.residency}")
+    positions = install(model, args.routing) if args.routing else None
+    if positions is not None:  # the warm-up's prompt and the timed one, each its own routing
+        positions.start(10_000, 8 + 4 + 2)
     for _ in tokens(model, prompt_ids(8, seed=99), 4, 1.0):
         pass
     handle.stats.reset()
+    if positions is not None:
+        positions.start(0, args.prompt_tokens + args.decode_tokens + 2)
     marks = []
     for _ in tokens(model, prompt_ids(args.prompt_tokens), args.decode_tokens, 1.0):
-        marks.append((time.perf_counter(), disk_read_bytes()))
+        marks.append((time.perf_counter(), disk_read_bytes(), time.process_time()))
         if len(marks) == 1:
             handle.stats.reset()  # the engine's counts cover the decode steps, as the marks do
     steps = len(marks) - 1
@@ -85,11 +92,13 @@ def one(args: argparse.Namespace) -> dict:
     mx.eval(mx.zeros(1))
     return {
         "point": args.point,
+        "routing": args.routing or "synthetic",
         "budget": args.budget,
         "limit": args.limit,
         "decode_tokens": steps,
         "decode_tok_s": steps / (marks[-1][0] - marks[0][0]),
         "disk_bytes_per_token": (marks[-1][1] - marks[0][1]) / steps,
+        "cpu_s_per_token": (marks[-1][2] - marks[0][2]) / steps,
         "engine_bytes_per_token": traffic.bytes_read / steps,
         "engine_misses_per_token": traffic.experts_fetched / steps,
         "residency": handle.residency,
@@ -106,6 +115,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="the points again, alternating")
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--routing", help="a routing model profile in place of the routers (medium)")
     ap.add_argument("--point", help=argparse.SUPPRESS)  # one point, in a child process
     ap.add_argument("--cgroup", help=argparse.SUPPRESS)  # the child's memory cgroup
     args = ap.parse_args()
@@ -124,7 +134,8 @@ def main() -> None:
                 f"from disk ({rows[-1]['engine_bytes_per_token'] / 1e6:.1f} MB asked for), "
                 f"{rows[-1]['decode_tok_s']:.3f} tok/s"
             )
-    out = BENCH / "results" / f"{args.model.name.rsplit('-', 2)[0]}-squeezed-io.json"
+    tag = f"-{args.routing}" if args.routing else ""
+    out = BENCH / "results" / f"{args.model.name.rsplit('-', 2)[0]}-squeezed-io{tag}.json"
     out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}))
     log(f"[squeezed-io] wrote {out}")
 
@@ -134,6 +145,7 @@ def child(args: argparse.Namespace, point: str) -> dict:
     argv = [sys.executable, __file__, "--point", point, "--model", str(args.model)]
     argv += ["--limit", str(args.limit), "--budget", str(args.budget), "--cgroup", str(group)]
     argv += ["--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
+    argv += ["--routing", args.routing] if args.routing else []
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
     finally:
