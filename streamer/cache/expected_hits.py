@@ -38,5 +38,5 @@ def expected_pool_hits(share: float, profile: str = TYPICAL) -> float:
 
 
 def expected_hits_line(share: float) -> str:
-    """`high 81%, medium 71%, low 56%, uniform 23%` at `share` 0.25."""
+    """`high 81%, medium 71%, low 56%, uniform 24%` at `share` 0.25."""
     return ", ".join(f"{p} {expected_pool_hits(share, p):.0%}" for p in PROFILES)
