@@ -119,18 +119,25 @@ def _normalised(weights: np.ndarray) -> np.ndarray:
 
 
 QWEN3_30B_RECORD = 2_654_208  # bytes of one Qwen3-30B-A3B expert at 4-bit, group 64
+# its largest tensor, gate/up/down_proj.weight: 768 x 2048 4-bit values packed in uint32
+QWEN3_30B_LARGEST = ("gate_proj.weight", "uint32", (768, 256))
 
 
 def _groups(layers: int, experts: int, share: float, pooled: bool) -> list[tuple[int, int, int]]:
     """(first, end, slots) per cache: one per layer, or (`pooled`) the slot pools of
     loading/residency.py for Qwen3-30B-A3B 4-bit records at that share (cache/budget.py)."""
+    import mlx.core as mx
+
     from streamer.cache.budget import layer_groups
+    from streamer.cache.slot_memory import SlotTensor, chunk_slots
     from streamer.cache.slot_pool import CHUNK_BYTES
 
     if not pooled:
         return [(layer, layer + 1, max(1, round(share * experts))) for layer in range(layers)]
     slots = max(1, round(share * experts * layers))
-    return layer_groups(layers, slots, CHUNK_BYTES // QWEN3_30B_RECORD)
+    name, dtype, shape = QWEN3_30B_LARGEST  # a chunk's slots: its largest tensor's, as the pool's
+    per_chunk = chunk_slots([SlotTensor(name, getattr(mx, dtype), shape)], slots, CHUNK_BYTES)
+    return layer_groups(layers, slots, per_chunk)
 
 
 def _slots(cls: str, pooled: bool):

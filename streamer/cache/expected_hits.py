@@ -21,10 +21,10 @@ import numpy as np
 SHARES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 # fmt: off
 PER_MILLE = {  # routed experts per 1000 found in the pool, at each of SHARES
-    "high":    (   0,  410,  577,  676,  747,  805,  850,  918,  960,  975,  985,  989,  991, 1000),
-    "medium":  (   0,  329,  479,  576,  651,  714,  764,  849,  918,  957,  974,  985,  990, 1000),
-    "low":     (   0,  205,  332,  426,  506,  578,  641,  752,  850,  930,  957,  977,  988, 1000),
-    "uniform": (   0,   42,   91,  140,  190,  240,  290,  390,  490,  590,  691,  791,  893, 1000),
+    "high":    (   0,  410,  574,  678,  754,  812,  862,  936,  972,  982,  986,  989,  991, 1000),
+    "medium":  (   0,  329,  473,  571,  648,  713,  770,  864,  933,  972,  981,  987,  990, 1000),
+    "low":     (   0,  205,  315,  403,  480,  558,  631,  754,  862,  952,  972,  982,  988, 1000),
+    "uniform": (   0,   42,   89,  136,  184,  235,  287,  387,  488,  589,  690,  791,  892, 1000),
 }
 # fmt: on
 PROFILE_HITS = {p: tuple(h / 1000 for h in hits) for p, hits in PER_MILLE.items()}
@@ -38,5 +38,5 @@ def expected_pool_hits(share: float, profile: str = TYPICAL) -> float:
 
 
 def expected_hits_line(share: float) -> str:
-    """`high 80%, medium 71%, low 58%, uniform 25%` at `share`."""
+    """`high 81%, medium 71%, low 56%, uniform 24%` at `share` 0.25."""
     return ", ".join(f"{p} {expected_pool_hits(share, p):.0%}" for p in PROFILES)
