@@ -60,40 +60,6 @@ def test_a_tiny_pool_under_heavy_eviction_matches_the_resident_model(float32_mod
         assert all(t is a for t, a in zip(tensors, pool.arrays))
 
 
-def test_a_prompt_in_rounds_is_expert_major(float32_model, monkeypatch):
-    """A prompt routing more experts than the pool's 4 slots: each routed expert read once per
-    layer call and each routed entry computed once (the rounds compute only their own experts'
-    entries, not every entry once per round), and the logits stay exactly the resident model's."""
-    src, folder = float32_model
-    computed, distinct = [], []
-    compute = slot_calls.Slots._compute
-    rounds = slot_calls.Slots._rounds
-
-    def counting_compute(self, layer, x, routed, *rest):
-        computed.append(routed.size)
-        return compute(self, layer, x, routed, *rest)
-
-    def counting_rounds(self, layer, x, routed, experts, traffic):
-        distinct.append((routed.size, len(experts)))
-        return rounds(self, layer, x, routed, experts, traffic)
-
-    monkeypatch.setattr(slot_calls.Slots, "_compute", counting_compute)
-    monkeypatch.setattr(slot_calls.Slots, "_rounds", counting_rounds)
-    model, tokenizer = streamer.load(
-        folder, memory_budget=4 * slot_bytes(folder), read_path="slots"
-    )
-    prompt = mx.array(tokenizer.encode(PROMPT))[None]
-    assert mx.array_equal(model(prompt), reference_model(src)(prompt))
-    prefill = model.streamer.stats.prefill
-    assert len(distinct) == prefill.layer_calls and all(n > 4 for _, n in distinct)  # in rounds
-    assert (
-        sum(computed)
-        == sum(entries for entries, _ in distinct)
-        == prefill.layer_calls * prompt.size * 4
-    )
-    assert prefill.experts_read + prefill.cache_hits == sum(n for _, n in distinct)
-
-
 @pytest.mark.parametrize("slots", [0, 12])
 def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch, slots):
     """Arrays of at most 3 slots. Budget 0: one pool of 16 slots in 6 chunks, so every call's

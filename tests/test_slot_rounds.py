@@ -1,0 +1,71 @@
+"""A call routing more experts than the slot pool holds runs in rounds, expert-major
+(experts/slots.py, `_rounds`): each routed expert read once per layer call, each routed entry
+computed once, the logits exactly the resident model's in every family."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from conftest import ARCHS, reference_model
+from test_parity import PROMPT
+from test_slots import slot_bytes
+
+import streamer
+from streamer.experts import slots as slot_calls
+
+
+@pytest.fixture(scope="module")
+def qwen3_float32(checkpoints):
+    """qwen3_moe with float32 scales: computed on the pool itself, no per-call copy."""
+    src = checkpoints.mlx("qwen3_moe", dtype="float32")
+    return src, checkpoints.repacked(src)
+
+
+def test_a_prompt_in_rounds_is_expert_major(qwen3_float32, monkeypatch):
+    """A prompt routing more experts than the pool's 4 slots: each routed expert read once per
+    layer call and each routed entry computed once (the rounds compute only their own experts'
+    entries, not every entry once per round), and the logits stay exactly the resident model's."""
+    src, folder = qwen3_float32
+    computed, distinct = [], []
+    compute = slot_calls.Slots._compute
+    rounds = slot_calls.Slots._rounds
+
+    def counting_compute(self, layer, x, routed, *rest):
+        computed.append(routed.size)
+        return compute(self, layer, x, routed, *rest)
+
+    def counting_rounds(self, layer, x, routed, experts, traffic):
+        distinct.append((routed.size, len(experts)))
+        return rounds(self, layer, x, routed, experts, traffic)
+
+    monkeypatch.setattr(slot_calls.Slots, "_compute", counting_compute)
+    monkeypatch.setattr(slot_calls.Slots, "_rounds", counting_rounds)
+    model, tokenizer = streamer.load(
+        folder, memory_budget=4 * slot_bytes(folder), read_path="slots"
+    )
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.array_equal(model(prompt), reference_model(src)(prompt))
+    prefill = model.streamer.stats.prefill
+    assert len(distinct) == prefill.layer_calls and all(n > 4 for _, n in distinct)  # in rounds
+    assert (
+        sum(computed)
+        == sum(entries for entries, _ in distinct)
+        == prefill.layer_calls * prompt.size * 4
+    )
+    assert prefill.experts_read + prefill.cache_hits == sum(n for _, n in distinct)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_family_in_rounds_matches_the_resident_model(checkpoints, arch, monkeypatch):
+    """A pool of 3 slots: every prompt call runs in rounds, each round's container computing only
+    its own experts' entries on their tokens' rows; whatever the family's expert container, the
+    logits are the resident model's to the bit. Every call takes the synced path."""
+    monkeypatch.setattr(slot_calls, "GATHERED_ROUTES", 0)
+    src = checkpoints.mlx(arch, dtype="float32")
+    folder = checkpoints.repacked(src)
+    model, tokenizer = streamer.load(
+        folder, memory_budget=3 * slot_bytes(folder), read_path="slots"
+    )
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.array_equal(model(prompt), reference_model(src)(prompt))
+    assert model.streamer.stats.prefill.layer_calls > 0
