@@ -11,7 +11,7 @@ from ..expert_traffic import ExpertTraffic
 from .routing import compute_stacked, finish, host_routing
 
 
-class HotCache:
+class HotReads:
     def __init__(self, layer):
         self._cache = layer.cache
 

@@ -13,7 +13,7 @@ files below, "slots" layers the slot pool's.)
   mapped.Prefetched        one host sync for the routing, read-ahead of the cold routed experts,
                            then computes on the mapped files: no copy
   gather.GatherConvert     the compute dtype differs from the stored one: routed experts copied
-  hot_reads.HotCache       a hot-expert cache: hits from memory, misses copied from the files
+  hot_reads.HotReads       a hot-expert cache: hits from memory, misses copied from the files
   slots.Slots              a bounded slot pool filled by reads, the files never mapped: the
                            default on Metal and CUDA (the GPU only ever sees bounded buffers)
 
@@ -52,7 +52,7 @@ from ..io.expert_files import ExpertFiles
 from ..io.expert_layout import LayerLayout
 from ..io.file_watch import watch_files
 from .gather import GatherConvert
-from .hot_reads import HotCache
+from .hot_reads import HotReads
 from .mapped import PageCacheWatch, Prefetched, Prefetcher
 from .parallel import ExpertShare
 from .resident import Resident
@@ -65,7 +65,7 @@ def choose_compute_mode(layer: StreamingExperts):
     if layer.pool is not None:
         return Slots(layer.pool)
     if layer.cache is not None:
-        return HotCache(layer)
+        return HotReads(layer)
     if layer.converts:
         return GatherConvert()
     # checksums are checked as a routed expert's bytes are read: that needs the routing each call
