@@ -89,13 +89,12 @@ class Slots:
                 pool.computed(out)
                 return out
             for chunk in np.unique(chunks):
-                mine = np.flatnonzero(np.isin(flat, group[chunks == chunk]))
+                own = chunks == chunk
+                mine = np.flatnonzero(np.isin(flat, group[own]))
                 tokens = mx.array((mine // routed.shape[-1]).astype(np.uint32))
                 taken = mx.take(x.reshape(-1, x.shape[-1]), tokens, 0)[None]
-                part = self._compute(
-                    layer, taken, flat[mine][None, :, None], group[chunks == chunk],
-                    rows[chunks == chunk], chunk, traffic,
-                )  # fmt: skip
+                indices = flat[mine][None, :, None]
+                part = self._compute(layer, taken, indices, group[own], rows[own], chunk, traffic)
                 pool.computed(part)  # no slot it reads is rewritten before it is computed
                 outs.append(part.reshape(len(mine), -1))
                 entries.append(mine)
