@@ -14,7 +14,8 @@ read-ahead included, every thread), beside the engine's own count of the bytes i
 `--routing PROFILE` puts the routing model (bench/profile_routing.py) in place of the routers.
 Points (`--points`): `slots` (the slot path at `--budget`, default 0: one layer's experts, the Mac
 default), `slots-readahead` (the same with the kernel's read-ahead left on, as before
-io/reads.py turned it off), `mapped` (in place on the mapped files). Writes
+io/reads.py turned it off), `slots-overlap` (the slot path computing a call's hits while its
+misses are read: experts/slots.py OVERLAP_MISSES), `mapped` (in place on the mapped files). Writes
 bench/results/<model>-squeezed-io.json.
 """
 
@@ -34,7 +35,7 @@ sys.path.insert(0, str(BENCH))
 from balloon import GiB  # noqa: E402
 from engines import log  # noqa: E402
 
-POINTS = ("slots-readahead", "slots", "mapped")
+POINTS = ("slots-readahead", "slots", "slots-overlap", "mapped")
 
 
 def disk_read_bytes() -> int:
@@ -73,10 +74,12 @@ def one(args: argparse.Namespace) -> dict:
     from worker import prompt_ids, tokens
 
     import streamer
+    from streamer.experts import slots
     from streamer.io import reads
 
     if args.point == "slots-readahead":
         reads.no_read_ahead = lambda fd: None  # the kernel's read-ahead left on, as before
+    slots.OVERLAP_MISSES = args.point == "slots-overlap"
     path = "mapped" if args.point == "mapped" else "slots"
     model, _ = streamer.load(args.model, memory_budget=args.budget, read_path=path)
     handle = model.streamer

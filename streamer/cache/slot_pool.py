@@ -98,9 +98,17 @@ class SlotPool:
         (arrays,) = self.chunks
         return arrays
 
-    def place(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int]:
+    def place(
+        self,
+        layer: int,
+        experts: np.ndarray,
+        while_reading: Callable[[np.ndarray, np.ndarray], None] | None = None,
+    ) -> tuple[np.ndarray, int]:
         """Slots holding `experts` of `layer` (distinct, at most `slots` of them), reading the
-        misses into their slots; returns (slot per expert, number of misses read)."""
+        misses into their slots; returns (slot per expert, number of misses read).
+        `while_reading(slots, missed)` is called once the slots are chosen and before a miss is
+        read, when there are misses: it may queue work on the hits' slots (never a miss's: a
+        victim is never one of the call's own experts), which then runs beside the reads."""
         # The rule above: no kernel may still read a slot about to be written. Fenced on every
         # call, not just on misses, so the list holds one call's outputs (nothing to wait for in
         # decode: the router sync has evaluated them).
@@ -112,6 +120,8 @@ class SlotPool:
         if misses:
             self.version += 1
             self._settle_tokens = 1
+            if while_reading is not None:
+                while_reading(slots, miss)
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, misses
 
