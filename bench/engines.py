@@ -47,7 +47,9 @@ def common_args(
     prompt: str | None = None,
     decode: int | None = None,
 ) -> list[str]:
+    routing = ["--routing", args.routing] if args.routing else []  # routing_model's profile
     return [
+        *routing,
         "--prompt-tokens",
         prompt or str(args.prompt_tokens),
         "--decode-tokens",

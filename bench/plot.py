@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     by_model: dict[str, list[dict]] = {}
     for path in sorted(folder.glob("*.json")):
         result = json.loads(path.read_text())
+        if result.get("routing_model"):  # run.py --routing: not the synthetic routing's series
+            continue
         if result["scenario"] in ("warm", "squeezed"):
             by_model.setdefault(result["model"]["name"], []).append(result)
         elif result["scenario"] == "layouts":

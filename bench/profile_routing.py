@@ -7,7 +7,8 @@ block's own softmax and top-k then pick exactly those experts, weighted by the s
 scores, and hand them to its expert container as usual. Nothing past the router changes: mlx-lm's
 SwitchGLU and streamer's StreamingExperts (whatever read path) get the same indices for the same
 position, so both engines compute the same tokens through the same experts. The router's own
-matmul is skipped in both.
+matmul is skipped in both, but its logits still depend on the hidden state (mx.depends), so the
+routing sync waits for what a real router's would.
 
 Positions count from each prompt's first token (`start`): a call of T tokens (a prompt chunk, a
 decode step) takes the next T positions of its layer.
@@ -82,7 +83,12 @@ class ProfileGate(nn.Module):
         if x.ndim != 3 or x.shape[0] != 1:
             raise SystemExit(f"--routing: one sequence at a time (router input {x.shape})")
         logits = self._positions.take(self._layer, x.shape[1])[None]
-        return logits if logits.dtype == x.dtype else logits.astype(x.dtype)
+        logits = logits if logits.dtype == x.dtype else logits.astype(x.dtype)
+        # A real router's logits are computed from x, so the engine's host sync for the routing
+        # waits for x (attention, the previous layer's experts); these are not, and without the
+        # dependency that wait would land in whatever waits next (the read path's fence) and let
+        # reads start before the previous layers compute. The values are untouched.
+        return mx.depends(logits, x)
 
 
 def install(model: nn.Module, profile: str, seed: int = 0) -> Positions:

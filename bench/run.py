@@ -6,8 +6,11 @@
     python bench/run.py prefill   --lengths 128,512,2048 ...   # time to first token
     python bench/run.py --quick --json   # a small model, warm, one JSON object on stdout
 
+    python bench/run.py warm --routing medium ...   # routing_model.py's profile in both engines
+
 Checkpoints are generated (bench/generate_checkpoint.py) and repacked into DATA on first use and
-reused after. Results go to RESULTS/<model>-<scenario>.json; bench/plot.py draws them.
+reused after. Results go to RESULTS/<model>-<scenario>[-<routing>][-<tag>].json; bench/plot.py
+draws them.
 See bench/README.md for what each number means.
 """
 
@@ -25,6 +28,7 @@ from balloon import GiB
 from engines import BENCH, log
 from models import ensure_models
 from presets import PRESETS, add_checkpoint_arguments, routing_of
+from routing_model import PROFILES
 from scenarios import SCENARIOS, measure_disk
 from summary import flat, headline
 
@@ -93,6 +97,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--lengths", type=lambda t: [int(x) for x in t.split(",")], default=[128, 512, 2048]
     )
+    ap.add_argument(
+        "--routing",
+        choices=PROFILES,
+        help="the routing model's profile in place of every router, in both engines' workers "
+        "(default: the checkpoint's synthetic routing)",
+    )
     ap.add_argument("--no-baseline", action="store_true", help="streamer only")
     ap.add_argument(
         "--memory-budget",
@@ -139,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = {**flat(result), **result}
     result = {
         "scenario": args.scenario,
+        "routing_model": args.routing,  # None: the checkpoint's synthetic routing
         **result,
         "model": models.info,
         "disk": disk,
@@ -153,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_s": time.perf_counter() - start,
     }
     args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"{models.name}-{args.scenario}{'-' + args.tag if args.tag else ''}.json"
+    path = args.results / f"{result_name(models.name, args)}.json"
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     log(f"[bench] wrote {path} ({result['wall_s']:.0f} s)")
     if args.json:
@@ -161,6 +172,13 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         log(headline(result))
     return result
+
+
+def result_name(model: str, args: argparse.Namespace) -> str:
+    """<model>-<scenario>[-<routing profile>][-<tag>]: runs at different routings never share a
+    file."""
+    parts = [model, args.scenario, args.routing, args.tag]
+    return "-".join(part for part in parts if part)
 
 
 def _mem_total() -> int | None:

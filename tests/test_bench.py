@@ -93,6 +93,29 @@ def bench_path(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))  # bench/ is a folder of scripts, not a package
 
 
+def test_routing_profile_reaches_every_worker_and_names_the_result(bench_path):
+    """run.py --routing PROFILE: every worker the scenarios start (common_args) gets the profile,
+    and the result's file is named by it, so runs at different routings never overwrite each
+    other; without it the workers keep the checkpoint's routing and the name is as before."""
+    from engines import common_args
+    from run import parser, result_name
+
+    routed = parser().parse_args(["cold", "--routing", "medium", "--dtype", "float32"])
+    plain = parser().parse_args(["cold", "--dtype", "float32"])
+    args = common_args(routed, repeats=1)
+    assert args[args.index("--routing") + 1] == "medium"
+    assert "--routing" not in common_args(plain)
+    names = {
+        result_name("m", plain),
+        result_name("m", routed),
+        result_name("m", parser().parse_args(["cold", "--routing", "uniform"])),
+        result_name("m", parser().parse_args(["cold", "--routing", "medium", "--tag", "t"])),
+    }
+    assert result_name("m", plain) == "m-cold" and len(names) == 4
+    with pytest.raises(SystemExit):  # not a profile: argparse's one-line error
+        parser().parse_args(["warm", "--routing", "sticky"])
+
+
 def test_balloon_refuses_to_starve_the_machine(bench_path):
     from balloon import Balloon, BalloonError, mem_available
 

@@ -160,3 +160,55 @@ def test_mac_projection_more_locality_is_faster():
     for path in ("pool + page cache", "pool, F_NOCACHE"):
         assert by["high", path]["tok_s_disk_3"] > by["uniform", path]["tok_s_disk_3"]
     assert by["high", "pool, F_NOCACHE"]["page_cache"] == 0
+
+
+def _evaluated(array) -> bool:
+    """Whether `array` has been computed: MLX detaches an evaluated array from its graph, so its
+    graph is then one source node and no operation."""
+    import io
+
+    import mlx.core as mx
+
+    dot = io.StringIO()
+    mx.export_to_dot(dot, array)
+    return "shape=rectangle" not in dot.getvalue()
+
+
+def test_profile_router_sync_waits_for_the_hidden_state(checkpoints, monkeypatch):
+    """Under --routing, streamer's routing sync (the slot path's host_routing) returns only once
+    the router's input is computed, as with a real router, so the previous layer's compute is
+    counted in sync_seconds and not in the read path's fence (read_seconds); the routed experts
+    stay the routing model's."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.generate import generate_step
+    from profile_routing import ProfileGate, install
+    from worker import load, prompt_ids
+
+    import streamer.experts.slots as slots
+
+    inputs, checked = [], []
+    gate_call = ProfileGate.__call__
+
+    def recording_gate(self, x):
+        inputs.append(x)
+        return gate_call(self, x)
+
+    def routing_then_check(layer, indices, traffic):
+        out = real_routing(layer, indices, traffic)
+        checked.append(_evaluated(inputs[-1]))  # the input of the router this call routes by
+        return out
+
+    real_routing = slots.host_routing
+    monkeypatch.setattr(ProfileGate, "__call__", recording_gate)
+    monkeypatch.setattr(slots, "host_routing", routing_then_check)
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32"))
+    model = load("streamer", folder, memory_budget=1 << 16, read_path="slots")
+    positions = install(model, "medium", seed=3)
+    positions.start(0, 6 + 4 + 2)
+    for _ in generate_step(prompt_ids(6, seed=0), model, max_tokens=4):
+        assert not _evaluated(inputs[-1] + 1)  # the probe itself: a fresh op is not computed
+    assert len(checked) >= 2 * 4 and all(checked), checked
+    used = positions.used[0]
+    logits = ProfileGate(positions, 0)(mx.zeros((1, 2, 8)))  # the values are the model's own
+    assert np.array_equal(np.array(logits[0]), np.array(positions.logits[0][used : used + 2]))

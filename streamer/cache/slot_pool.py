@@ -13,7 +13,8 @@ read per expert, several in flight, no intermediate buffer), and the kernels the
 chunks' arrays with slot indices within the chunk. Victims are chosen by LFU with aging, never
 among the call's own experts. Where reads land is the pool's `landing`: the slot itself on Metal
 (unified memory) and the CPU; on CUDA, where the slots are managed memory that host stores
-migrate page by page, the copy engine writes it from pinned staging or the file's mapping.
+migrate page by page, the copy engine writes it from pinned staging or the file's mapping;
+gathered calls there, which read no slot on the host, reach the pool later: cache/settle.py.
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
@@ -23,8 +24,6 @@ prefill this costs nothing: a layer's router sync already evaluated every earlie
 output (the router input depends on it) and the previous token's (it produced the input token),
 so the fence finds them done. It matters when a caller builds two forward passes before
 evaluating either, or when one call routes more experts than the pool has slots (rounds).
-
-Gathered calls on CUDA, which read no slot on the host, reach the pool later: cache/settle.py.
 """
 
 from __future__ import annotations
@@ -61,8 +60,10 @@ class SlotPool:
         chunk_bytes: int | None = CHUNK_BYTES,
         landing: Landing | None = None,
         cuda_misses: str = CUDA_MISSES_DEFAULT,
+        pinnable: int = 0,
     ):
-        """`landing`: None reads into the slots, except on CUDA (`landing_for`: `cuda_misses`)."""
+        """`landing`: None reads into the slots, except on CUDA (`landing_for`: `cuda_misses`,
+        whole files page-locked while the plan's `pinnable` bytes allow)."""
         self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
@@ -90,7 +91,9 @@ class SlotPool:
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
         page_cache = all(f.direct_fd is None for source in layers.values() for f in source.files)
-        self._landing = landing or landing_for(self.tensors, READERS, page_cache, cuda_misses)
+        self._landing = landing or landing_for(
+            self.tensors, READERS, page_cache, cuda_misses, pinnable
+        )
 
     @property
     def arrays(self) -> list[mx.array]:
@@ -131,11 +134,8 @@ class SlotPool:
         no read is checked (a checksum needs the bytes on the host); else None."""
         if layer not in self._gathers:
             source, landing, self._gathers[layer] = self.layers[layer], self._landing, None
-            if (
-                getattr(landing, "gathers", False)
-                and not source.checksums
-                and len(self.chunks) == 1
-            ):
+            one_chunk_unchecked = len(self.chunks) == 1 and not source.checksums
+            if getattr(landing, "gathers", False) and one_chunk_unchecked:
                 bases = [landing.device_address(file) for file in source.files]
                 if None not in bases:
                     self._gathers[layer] = gather_kernel(self.tensors, source, bases)
