@@ -1,6 +1,7 @@
-"""A decode call's hits computed while its misses are read (experts/slots.py, OVERLAP_MISSES):
+"""A decode call's hits computed while its misses are read (experts/slots.py, OVERLAPPED_ROUTES):
 the hits' entries are queued before the first miss is read and the misses' after, and the two
-parts go back in routed order, so every step's logits are the resident model's to the bit."""
+parts go back in routed order, so every step's logits are the resident model's to the bit.
+Prompt calls stay one container call."""
 
 from __future__ import annotations
 
@@ -30,21 +31,21 @@ def stepwise_logits(model, prompt: mx.array, steps: int) -> list[mx.array]:
 
 
 def overlapped_load(folder, slots: int, monkeypatch):
-    monkeypatch.setattr(slot_calls, "OVERLAP_MISSES", True)
     monkeypatch.setattr(slot_calls, "GATHERED_ROUTES", 0)  # every call synced, on CUDA too
     return streamer.load(folder, memory_budget=slots * slot_bytes(folder), read_path="slots")
 
 
 def test_hits_are_queued_before_the_misses_are_read(checkpoints, monkeypatch):
-    """qwen3_moe (top-4 of 16) on a 6-slot pool: decode calls with both hits and misses. Each
-    such call queues its hits' part before the pool reads a miss, and every step's logits are
-    the resident model's exactly."""
+    """qwen3_moe (top-4 of 16, 2 layers) on a 16-slot pool: decode calls with hits and misses. Each
+    such call queues its hits' part before the pool reads a miss, no prompt call is split, and
+    every step's logits are the resident model's exactly."""
     src = checkpoints.mlx("qwen3_moe", dtype="float32")
     folder = checkpoints.repacked(src)
     events: list[str] = []
     hits_first, read_misses = slot_calls.Slots._hits_first, SlotPool._read_misses
 
     def spying_hits_first(self, layer, x, routed, experts, hits, traffic, slots, missed):
+        assert routed.size <= slot_calls.OVERLAPPED_ROUTES  # a decode call, not the prompt
         hits_first(self, layer, x, routed, experts, hits, traffic, slots, missed)
         events.append("hits" if hits else "no hits")
 
@@ -54,7 +55,7 @@ def test_hits_are_queued_before_the_misses_are_read(checkpoints, monkeypatch):
 
     monkeypatch.setattr(slot_calls.Slots, "_hits_first", spying_hits_first)
     monkeypatch.setattr(SlotPool, "_read_misses", spying_read_misses)
-    model, tokenizer = overlapped_load(folder, 6, monkeypatch)
+    model, tokenizer = overlapped_load(folder, 16, monkeypatch)
     prompt = mx.array(tokenizer.encode(PROMPT))
     streamed = stepwise_logits(model, prompt, 24)
     resident = stepwise_logits(reference_model(src), prompt, 24)

@@ -4,26 +4,23 @@ Experts of one shape class (the same tensors, dtypes and shapes: usually every M
 model, or a group of them: experts/slots.py) share a pool of S slots, allocated once in chunks of
 `chunk_slots` slots: per chunk one MLX array `[chunk slots, *shape]` per tensor, each starting on
 a 16 KiB boundary (Apple silicon's page; a real expert's tensors are whole pages, so every slot
-row is page aligned too). A chunk's array holds at most CHUNK_BYTES: MLX refuses a dimension past
-2^31, Metal a buffer past the device's maxBufferLength, and kernels index within one array, so
-no array grows with the budget. The arrays are allocated untouched (io/buffers.py): a slot's
-pages are committed when its first expert is read. A layer call asks for its routed experts: hits
-cost nothing, misses are read from the expert file straight into their slots' rows (one scatter
-read per expert, several in flight, no intermediate buffer), and the kernels then run on the
-chunks' arrays with slot indices within the chunk. Victims are chosen by LFU with aging, never
-among the call's own experts. Where reads land is the pool's `landing`: the slot itself on Metal
-(unified memory) and the CPU; on CUDA, where the slots are managed memory that host stores
-migrate page by page, the copy engine writes it from pinned staging or the file's mapping;
-gathered calls there, which read no slot on the host, reach the pool later: cache/settle.py.
+row is page aligned too). A chunk's array holds at most CHUNK_BYTES (MLX refuses a dimension
+past 2^31, Metal a buffer past maxBufferLength): no array grows with the budget. The arrays are
+allocated untouched (io/buffers.py), a slot's pages committed when its first expert is read. A
+layer call's hits cost nothing, its misses are read from the expert file straight into their
+slots' rows (several in flight, no intermediate buffer), and the kernels run on the chunks'
+arrays with slot indices. Victims are chosen by LFU with aging, never among the call's own.
+Reads land where the pool's `landing` says: in the slot on Metal and the CPU; on CUDA (managed
+memory, which host stores migrate page by page) the copy engine writes it from pinned staging or
+the file's mapping, and gathered calls reach the pool later (cache/settle.py).
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
 `fence()`: every output computed from the pool since the last write (`computed`) is evaluated
 before any slot is written, and mx.eval returns only when those kernels have run. In decode and
-prefill this costs nothing: a layer's router sync already evaluated every earlier layer's expert
-output (the router input depends on it) and the previous token's (it produced the input token),
-so the fence finds them done. It matters when a caller builds two forward passes before
-evaluating either, or when one call routes more experts than the pool has slots (rounds).
+prefill this costs nothing: a layer's router sync has evaluated every earlier layer's expert
+output and the previous token's. It matters for two forward passes built before either is
+evaluated, for rounds, and for the kernels a decode call queues on its hits (`while_reading`).
 """
 
 from __future__ import annotations
@@ -90,10 +87,8 @@ class SlotPool:
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
-        page_cache = all(f.direct_fd is None for source in layers.values() for f in source.files)
-        self._landing = landing or landing_for(
-            self.tensors, READERS, page_cache, cuda_misses, pinnable
-        )
+        cached = all(f.direct_fd is None for source in layers.values() for f in source.files)
+        self._landing = landing or landing_for(self.tensors, READERS, cached, cuda_misses, pinnable)
 
     @property
     def arrays(self) -> list[mx.array]:
@@ -102,19 +97,14 @@ class SlotPool:
         return arrays
 
     def place(
-        self,
-        layer: int,
-        experts: np.ndarray,
-        while_reading: Callable[[np.ndarray, np.ndarray], None] | None = None,
+        self, layer: int, experts: np.ndarray, while_reading: Callable | None = None
     ) -> tuple[np.ndarray, int]:
         """Slots holding `experts` of `layer` (distinct, at most `slots` of them), reading the
-        misses into their slots; returns (slot per expert, number of misses read).
-        `while_reading(slots, missed)` is called once the slots are chosen and before a miss is
-        read, when there are misses: it may queue work on the hits' slots (never a miss's: a
-        victim is never one of the call's own experts), which then runs beside the reads."""
-        # The rule above: no kernel may still read a slot about to be written. Fenced on every
-        # call, not just on misses, so the list holds one call's outputs (nothing to wait for in
-        # decode: the router sync has evaluated them).
+        misses into their slots; returns (slot per expert, number of misses read). When there
+        are misses, `while_reading(slots, missed)` runs once the slots are chosen, before any
+        read: it may queue kernels on the hits' slots (a victim is never the call's own)."""
+        # The reuse rule, fenced on every call so that the list holds one call's outputs (in
+        # decode nothing to wait for: the router sync has evaluated them).
         self.settle()
         self.fence()
         slots, miss = self.policy.assign(self.base[layer] + experts)

@@ -9,14 +9,21 @@ slot indices are gathered on the device from a per-layer table of slots, rebuilt
 layer's call missed (an expert's slot changes only when its own layer reads it again): a call
 that hits uploads nothing (on CUDA an array from numpy is managed memory the GPU faults in).
 
+A decode-sized call (at most OVERLAPPED_ROUTES routed entries) with hits and misses computes in
+two parts: its hits' entries are queued (mx.async_eval) once the pool has chosen the misses'
+slots and before it reads them, so the kernels run beside the reads; the misses' entries follow,
+and the outputs go back in routed order, each entry computed exactly as in one call. Squeezed
+on this CPU (misses from disk) it took the slot path from 0.89-0.92x of in place to 1.01-1.04x;
+with the page cache warm it cost 1-3% (more ops a call); Flash-MoE measured +7.5% on Metal for
+the shared expert's compute beside its misses (bench/findings.md). Prompt chunks stay one call.
+
 A call that routes more experts than the pool has slots (a long prompt chunk on a small pool)
-runs in rounds of at most `slots` experts; each round's output is kept for its own experts. A
-pool is made of chunks (cache/slot_pool.py: no array past CHUNK_BYTES); a round whose experts
-lie in several chunks computes once per chunk on that chunk's arrays, each output kept for the
-experts in it, the same masking as rounds. So that a decode call's experts lie in one chunk, a
-budget larger than one chunk is given to groups of consecutive layers, each group a pool of its
-own of at most one chunk (its LFU shared by its layers); only a layer whose own share is larger
-(or budget 0: one layer's experts shared by all) has a pool of several chunks.
+runs in rounds of at most `slots` experts, each round computing only its own experts' entries.
+A pool is made of chunks (cache/slot_pool.py: no array past CHUNK_BYTES); a round whose experts
+lie in several chunks computes once per chunk, the same way. So that a decode call's experts lie
+in one chunk, a budget larger than one chunk is given to groups of consecutive layers, each group
+a pool of its own of at most one chunk (its LFU shared by its layers); only a layer whose own
+share is larger (or budget 0: one layer's experts shared by all) has a pool of several chunks.
 Where the compute dtype differs from the stored one (the CPU backend with bf16 scales) the routed
 slots are taken and converted per call (counted in bytes_copied); on a GPU the default compute
 dtype is the stored one and nothing is copied (but the gathered stacks, below).
@@ -39,9 +46,7 @@ from ..cache.slot_pool import SlotPool
 from ..expert_traffic import ExpertTraffic
 from .routing import finish, host_routing
 
-# A decode call's hits computed while its misses are read (experts/slots.py `_hits_first`),
-# instead of every routed entry after the reads. bench/squeezed_io.py measures it both ways.
-OVERLAP_MISSES = False
+OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits beside reads
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
 
 
@@ -68,8 +73,8 @@ class Slots:
             # expert placed, its slot gathered on the device from the layer's table
             hits: list = []  # the hits' part, when it computes beside the misses' reads
             early = partial(self._hits_first, layer, x, routed, experts, hits, traffic)
-            missed = self._place(layer, experts, traffic, early if OVERLAP_MISSES else None)[1]
-            if missed or self._table is None:
+            early = early if routed.size <= OVERLAPPED_ROUTES else None
+            if self._place(layer, experts, traffic, early)[1] or self._table is None:
                 self._new_table(layer)
             if hits:
                 out = self._after_hits(layer, x, routed, hits[0], traffic)
@@ -211,17 +216,9 @@ class Slots:
             self._installed = chunk
         return layer.container(x, position)
 
-    def _compute(
-        self,
-        layer,
-        x: mx.array,
-        routed: np.ndarray,
-        group: np.ndarray,
-        rows: np.ndarray,
-        chunk: int,
-        traffic: ExpertTraffic,
-    ) -> mx.array:
-        """The container on one chunk's arrays, for `group`'s experts at `rows` of it."""
+    def _compute(self, layer, x, routed: np.ndarray, group, rows, chunk: int, traffic) -> mx.array:
+        """The container on one chunk's arrays, for `group`'s experts at `rows` of it (x: the
+        tokens' rows, `routed` their experts)."""
         if not layer.converts:  # the pool itself: the kernels gather the routed slots
             table = np.zeros(layer.num_experts, dtype=np.int64)  # outside the group: any slot
             table[group] = rows
