@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import pagecache  # noqa: E402
-from engines import log  # noqa: E402
+from engines import child_result, log  # noqa: E402
 from squeezed_io import default_model  # noqa: E402
 
 WAYS = ("serial", "overlapped")
@@ -44,10 +43,7 @@ def child(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace, point: str, way: str) -> dict:
     argv = [sys.executable, __file__, "--model", str(args.model), "--child", point, "--way", way]
     argv += ["--prompt-tokens", str(args.prompt_tokens), "--tokens", str(args.tokens)]
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"[overlap] {point} {way} failed (exit {proc.returncode})")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = child_result(argv, f"[overlap] the {point} {way} point")
     log(
         f"[overlap] {point} {way}: {row['decode_tok_s']:.3f} tok/s, "
         f"{row['cpu_s_per_token']:.3f} CPU s/token, {row['hit_rate']:.1%} hits"
