@@ -94,9 +94,9 @@ def bench_path(monkeypatch):
 
 
 def test_routing_profile_reaches_every_worker_and_names_the_result(bench_path):
-    """run.py --routing PROFILE: every worker the scenarios start (common_args) gets the profile,
-    and the result's file is named by it, so runs at different routings never overwrite each
-    other; without it the workers keep the checkpoint's routing and the name is as before."""
+    """bench/run.py --routing PROFILE: every worker the scenarios start (common_args) gets the
+    profile, and the result's file is named by it, so runs at different routings never overwrite
+    each other; without it the workers keep the checkpoint's routing and the name is as before."""
     from engines import common_args
     from run import parser, result_name
 
