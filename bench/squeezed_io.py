@@ -14,8 +14,10 @@ read-ahead included, every thread), beside the engine's own count of the bytes i
 `--routing PROFILE` puts the routing model (bench/profile_routing.py) in place of the routers.
 Points (`--points`): `slots` (the slot path at `--budget`, default 0: one layer's experts, the Mac
 default), `slots-readahead` (the same with the kernel's read-ahead left on, as before
-io/reads.py turned it off), `mapped` (in place on the mapped files). Writes
-bench/results/<model>-squeezed-io.json.
+io/reads.py turned it off), `slots-serial` (every call's entries computed after its reads, as
+before decode calls computed their hits beside the misses' reads: experts/slots.py
+OVERLAPPED_ROUTES), `mapped` (in place on the mapped files). Writes
+bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, str(BENCH))
 from balloon import GiB  # noqa: E402
 from engines import log  # noqa: E402
 
-POINTS = ("slots-readahead", "slots", "mapped")
+POINTS = ("slots-readahead", "slots-serial", "slots", "mapped")
 
 
 def disk_read_bytes() -> int:
@@ -73,10 +75,13 @@ def one(args: argparse.Namespace) -> dict:
     from worker import prompt_ids, tokens
 
     import streamer
+    from streamer.experts import slots
     from streamer.io import reads
 
     if args.point == "slots-readahead":
         reads.no_read_ahead = lambda fd: None  # the kernel's read-ahead left on, as before
+    if args.point == "slots-serial":
+        slots.OVERLAPPED_ROUTES = 0  # every call's entries computed after its reads, as before
     path = "mapped" if args.point == "mapped" else "slots"
     model, _ = streamer.load(args.model, memory_budget=args.budget, read_path=path)
     handle = model.streamer
@@ -125,6 +130,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--routing", help="a routing model profile in place of the routers (medium)")
+    ap.add_argument("--tag", help="appended to the result file's name")
     ap.add_argument("--point", help=argparse.SUPPRESS)  # one point, in a child process
     ap.add_argument("--cgroup", help=argparse.SUPPRESS)  # the child's memory cgroup
     args = ap.parse_args()
@@ -143,7 +149,7 @@ def main() -> None:
                 f"from disk ({rows[-1]['engine_bytes_per_token'] / 1e6:.1f} MB asked for), "
                 f"{rows[-1]['decode_tok_s']:.3f} tok/s"
             )
-    tag = f"-{args.routing}" if args.routing else ""
+    tag = (f"-{args.routing}" if args.routing else "") + (f"-{args.tag}" if args.tag else "")
     out = BENCH / "results" / f"{args.model.name.rsplit('-', 2)[0]}-squeezed-io{tag}.json"
     out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}))
     log(f"[squeezed-io] wrote {out}")

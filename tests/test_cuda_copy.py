@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_slot_pool import TENSORS, pool_over, slot_bytes
 
-from streamer.cache.landing import landing_for
+from streamer.cache.landing import CUDA_MISSES_DEFAULT, landing_for
 from streamer.errors import StreamerError
 from streamer.io import cuda_runtime
 from streamer.io.cuda_copy import STAGING_ALIGN, MappedCopies, StagedCopies
@@ -131,7 +131,7 @@ def test_a_cuda_error_is_one_line_with_its_name():
 
 
 def test_reads_are_staged_on_cuda_only():
-    landing = landing_for(TENSORS, 2)
+    landing = landing_for(TENSORS, 2, True, CUDA_MISSES_DEFAULT, 1 << 30)
     assert (landing is not None) == (mx.default_device() == mx.gpu and mx.cuda.is_available())
     if landing is not None:
         landing.close()
@@ -212,8 +212,8 @@ def test_cuda_misses_come_from_the_way_the_load_names(tmp_path, monkeypatch):
         ("pinned", True, MappedCopies),
         ("registered", False, StagedCopies),  # reads around the page cache: staged as asked
     ]:
-        misses = {} if way is None else {"misses": way}  # None: the default
-        landing = landing_for(TENSORS, 2, page_cache, **misses)
+        misses = CUDA_MISSES_DEFAULT if way is None else way  # None: the default
+        landing = landing_for(TENSORS, 2, page_cache, misses, 1 << 30)
         assert type(landing) is kind
         lock = {"mapped": "none", "registered": "copy", "pinned": "file", None: "file"}.get(way)
         assert getattr(landing, "_lock", None) == (lock if page_cache else None)

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 def pinned(tmp_path, monkeypatch):
     """A pool of 3 slots over two layers of 6 experts, files locked whole and mapped."""
     pool, truth = pool_over(
-        tmp_path, slots=3, landing=landing_for(TENSORS, READERS, True, "pinned")
+        tmp_path, slots=3, landing=landing_for(TENSORS, READERS, True, "pinned", 1 << 30)
     )
     yield pool, truth
     pool.close()
@@ -84,7 +84,7 @@ def test_a_pool_holds_no_host_memory_and_reads_right(tmp_path):
     process does not grow by the pool (built from numpy, it grew by all of it, counted as file
     pages of the driver's mapping), and staged misses still land in their slots."""
     before = _rss()
-    staged = landing_for(TENSORS, READERS, True, "staged")
+    staged = landing_for(TENSORS, READERS, True, "staged", 0)
     pool, truth = pool_over(tmp_path, slots=16384, landing=staged)  # 256 MiB: largest tensor
     assert pool.nbytes > 256 << 20 and _rss() - before < pool.nbytes // 8
     slots, _ = pool.place(1, np.array([0, 4, 5]))

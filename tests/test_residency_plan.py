@@ -10,10 +10,13 @@ import mlx.core as mx
 import pytest
 
 import streamer
+from streamer.cache import landing
 from streamer.cache.budget import SLOT_SHARE, all_experts_bytes
 from streamer.cli import main
+from streamer.io import cuda_copy, cuda_runtime
 from streamer.io.manifest import read_manifest
 from streamer.loading import load as loading
+from streamer.loading.residency import PINNED_SHARE
 from streamer.plan import plan
 
 
@@ -42,6 +45,27 @@ def test_one_memory_reading_makes_the_whole_plan(checkpoints, monkeypatch, read_
             group.slots for shape in held.classes for group in shape.groups
         ]
     model.streamer.close()
+
+
+@pytest.mark.parametrize("memory", [1 << 16, 1 << 40])  # a slot pool; every layer resident
+def test_the_cuda_landing_locks_what_the_plan_allows(checkpoints, monkeypatch, memory):
+    """The bytes of expert files CUDA's landing may page-lock whole come from the plan's one
+    memory reading (PINNED_SHARE of it), down to every pool's landing; here the CUDA check and
+    the copy classes are fakes that record what they are given: no CUDA code runs."""
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    calls = fake_memory(monkeypatch, memory)
+    made = []
+    monkeypatch.setattr(landing, "on_cuda", lambda: True)
+    monkeypatch.setattr(cuda_runtime, "CudaRuntime", lambda: "runtime")
+    monkeypatch.setattr(cuda_copy, "MappedCopies", lambda *args, **kw: made.append(args) or None)
+    monkeypatch.setattr(cuda_copy, "StagedCopies", lambda *args: pytest.fail("not asked for"))
+    model, _ = streamer.load(folder, read_path="slots")  # cuda_misses: "gathered"
+    held = model.streamer.plan
+    model.streamer.close()
+    assert len(calls) == 1 and held.pinnable == int(memory * PINNED_SHARE)
+    assert held.form == ("slot pool" if memory == 1 << 16 else "resident")
+    pools = len(model.streamer.pools) if held.form == "slot pool" else len(model.streamer.layers)
+    assert pools > 0 and made == [("runtime", "file", held.pinnable)] * pools
 
 
 def test_the_plan_command_makes_the_plan_a_load_makes(checkpoints, monkeypatch, capsys):

@@ -147,7 +147,9 @@ def test_a_pools_pages_are_committed_only_as_slots_are_read(tmp_path, monkeypatc
     staging has the copy engine write them, and no host page of the pool is ever committed."""
     if backend() == "cuda":  # measured on an H200: all 16384 pages of a chunk committed
         pytest.skip("on CUDA the pool is built from numpy (io/buffers.py): committed when made")
-    monkeypatch.setattr(slot_pool, "landing_for", lambda tensors, buffers, page_cache, misses: None)
+    monkeypatch.setattr(
+        slot_pool, "landing_for", lambda tensors, buffers, page_cache, misses, pinnable: None
+    )
     mx.clear_cache()
     pool, _ = pool_over(tmp_path, slots=8192, chunk_bytes=4096 * LARGEST)  # 2 chunks of 64 MB
     rows = pool._rows[1][2]  # chunk 1's b.weight rows

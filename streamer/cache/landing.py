@@ -6,7 +6,8 @@ there the copy engine writes the slot, from a pinned staging buffer a miss was r
 (`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/findings.md).
 A load's `cuda_misses` (loading/options.py; bench/worker.py --cuda-misses) picks one on CUDA:
 "staged", "mapped", "registered" (page-locked for each copy), "pinned" (whole files page-locked
-while half the RAM holds them) or "gathered" (the default: pinned, and mapped for kernels too,
+while the plan's `pinnable` bytes allow: half the memory available, loading/residency.py; each
+copy's pages past that) or "gathered" (the default: pinned, and mapped for kernels too,
 so that a decode call's misses are read by the GPU itself with no host sync: io/cuda_gather.py,
 experts/slots.py); benchmarks compare them side by side. The GPU reads only page-locked host
 memory, so the no-sync decode keeps every expert file it locked in RAM whatever the budget
@@ -23,14 +24,12 @@ from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
-import psutil
 
 from ..errors import StreamerError
 
 _LOCKS = {"mapped": "none", "registered": "copy", "pinned": "file", "gathered": "file"}
 CUDA_MISSES = ("staged", *_LOCKS)  # _LOCKS: MappedCopies' `lock` for each way
 CUDA_MISSES_DEFAULT = "gathered"
-PINNED_SHARE = 0.5  # "pinned" page-locks whole expert files while they fit in this share of RAM
 
 
 class Landing(Protocol):
@@ -46,21 +45,26 @@ class Landing(Protocol):
 
 
 def landing_for(
-    tensors: Sequence, buffers: int, page_cache: bool = True, misses: str = CUDA_MISSES_DEFAULT
+    tensors: Sequence, buffers: int, page_cache: bool, misses: str, pinnable: int
 ) -> Landing | None:
     """Copy-engine copies when MLX computes on a CUDA GPU, from pinned staging (`buffers` reads at
     once) or, when the reads go through the page cache, from the files' mappings as `misses`
-    says (one of CUDA_MISSES); else None (reads land in the slot). io/cuda_copy.py is imported
-    only then. `tensors`: the pool's SlotTensors."""
-    if not (mx.default_device() == mx.gpu and mx.cuda.is_available()):
+    says (one of CUDA_MISSES), whole files page-locked while `pinnable` bytes allow (the
+    residency plan's); else None (reads land in the slot). io/cuda_copy.py is imported only
+    then. `tensors`: the pool's SlotTensors."""
+    if not on_cuda():
         return None
     from ..io.cuda_copy import MappedCopies, StagedCopies
     from ..io.cuda_runtime import CudaRuntime
 
     if misses == "staged" or not page_cache:
         return StagedCopies([t.nbytes for t in tensors], buffers, CudaRuntime())
-    pinnable = int(psutil.virtual_memory().available * PINNED_SHARE)
     return MappedCopies(CudaRuntime(), _LOCKS[misses], pinnable, gathers=misses == "gathered")
+
+
+def on_cuda() -> bool:
+    """Whether MLX computes on a CUDA GPU: the only backend whose reads need a landing."""
+    return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
 def unreadable(where: str, expert: int, error: OSError) -> StreamerError:

@@ -4,27 +4,23 @@ Experts of one shape class (the same tensors, dtypes and shapes: usually every M
 model, or a group of them: experts/slots.py) share a pool of S slots, allocated once in chunks of
 `chunk_slots` slots: per chunk one MLX array `[chunk slots, *shape]` per tensor, each starting on
 a 16 KiB boundary (Apple silicon's page; a real expert's tensors are whole pages, so every slot
-row is page aligned too). A chunk's array holds at most CHUNK_BYTES: MLX refuses a dimension past
-2^31, Metal a buffer past the device's maxBufferLength, and kernels index within one array, so
-no array grows with the budget. The arrays are allocated untouched (io/buffers.py): a slot's
-pages are committed when its first expert is read. A layer call asks for its routed experts: hits
-cost nothing, misses are read from the expert file straight into their slots' rows (one scatter
-read per expert, several in flight, no intermediate buffer), and the kernels then run on the
-chunks' arrays with slot indices within the chunk. Victims are chosen by LFU with aging, never
-among the call's own experts. Where reads land is the pool's `landing`: the slot itself on Metal
-(unified memory) and the CPU; on CUDA, where the slots are managed memory that host stores
-migrate page by page, the copy engine writes it from pinned staging or the file's mapping.
+row is page aligned too). A chunk's array holds at most CHUNK_BYTES (MLX refuses a dimension
+past 2^31, Metal a buffer past maxBufferLength): no array grows with the budget. The arrays are
+allocated untouched (io/buffers.py), a slot's pages committed when its first expert is read. A
+layer call's hits cost nothing, its misses are read from the expert file straight into their
+slots' rows (several in flight, no intermediate buffer), and the kernels run on the chunks'
+arrays with slot indices. Victims are chosen by LFU with aging, never among the call's own.
+Reads land where the pool's `landing` says: in the slot on Metal and the CPU; on CUDA (managed
+memory, which host stores migrate page by page) the copy engine writes it from pinned staging or
+the file's mapping, and gathered calls reach the pool later (cache/settle.py).
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
 `fence()`: every output computed from the pool since the last write (`computed`) is evaluated
 before any slot is written, and mx.eval returns only when those kernels have run. In decode and
-prefill this costs nothing: a layer's router sync already evaluated every earlier layer's expert
-output (the router input depends on it) and the previous token's (it produced the input token),
-so the fence finds them done. It matters when a caller builds two forward passes before
-evaluating either, or when one call routes more experts than the pool has slots (rounds).
-
-Gathered calls on CUDA, which read no slot on the host, reach the pool later: cache/settle.py.
+prefill this costs nothing: a layer's router sync has evaluated every earlier layer's expert
+output and the previous token's. It matters for two forward passes built before either is
+evaluated, for rounds, and for the kernels a decode call queues on its hits (`while_reading`).
 """
 
 from __future__ import annotations
@@ -61,8 +57,10 @@ class SlotPool:
         chunk_bytes: int | None = CHUNK_BYTES,
         landing: Landing | None = None,
         cuda_misses: str = CUDA_MISSES_DEFAULT,
+        pinnable: int = 0,
     ):
-        """`landing`: None reads into the slots, except on CUDA (`landing_for`: `cuda_misses`)."""
+        """`landing`: None reads into the slots, except on CUDA (`landing_for`: `cuda_misses`,
+        whole files page-locked while the plan's `pinnable` bytes allow)."""
         self.tensors = tuple(tensors)
         self.slots = slots
         self.layers = layers
@@ -89,8 +87,8 @@ class SlotPool:
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
-        page_cache = all(f.direct_fd is None for source in layers.values() for f in source.files)
-        self._landing = landing or landing_for(self.tensors, READERS, page_cache, cuda_misses)
+        cached = all(f.direct_fd is None for source in layers.values() for f in source.files)
+        self._landing = landing or landing_for(self.tensors, READERS, cached, cuda_misses, pinnable)
 
     @property
     def arrays(self) -> list[mx.array]:
@@ -98,12 +96,15 @@ class SlotPool:
         (arrays,) = self.chunks
         return arrays
 
-    def place(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, int]:
+    def place(
+        self, layer: int, experts: np.ndarray, while_reading: Callable | None = None
+    ) -> tuple[np.ndarray, int]:
         """Slots holding `experts` of `layer` (distinct, at most `slots` of them), reading the
-        misses into their slots; returns (slot per expert, number of misses read)."""
-        # The rule above: no kernel may still read a slot about to be written. Fenced on every
-        # call, not just on misses, so the list holds one call's outputs (nothing to wait for in
-        # decode: the router sync has evaluated them).
+        misses into their slots; returns (slot per expert, number of misses read). When there
+        are misses, `while_reading(slots, missed)` runs once the slots are chosen, before any
+        read: it may queue kernels on the hits' slots (a victim is never the call's own)."""
+        # The reuse rule, fenced on every call so that the list holds one call's outputs (in
+        # decode nothing to wait for: the router sync has evaluated them).
         self.settle()
         self.fence()
         slots, miss = self.policy.assign(self.base[layer] + experts)
@@ -112,6 +113,8 @@ class SlotPool:
         if misses:
             self.version += 1
             self._settle_tokens = 1
+            if while_reading is not None:
+                while_reading(slots, miss)
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, misses
 
@@ -121,11 +124,8 @@ class SlotPool:
         no read is checked (a checksum needs the bytes on the host); else None."""
         if layer not in self._gathers:
             source, landing, self._gathers[layer] = self.layers[layer], self._landing, None
-            if (
-                getattr(landing, "gathers", False)
-                and not source.checksums
-                and len(self.chunks) == 1
-            ):
+            one_chunk_unchecked = len(self.chunks) == 1 and not source.checksums
+            if getattr(landing, "gathers", False) and one_chunk_unchecked:
                 bases = [landing.device_address(file) for file in source.files]
                 if None not in bases:
                     self._gathers[layer] = gather_kernel(self.tensors, source, bases)

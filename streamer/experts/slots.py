@@ -9,14 +9,21 @@ slot indices are gathered on the device from a per-layer table of slots, rebuilt
 layer's call missed (an expert's slot changes only when its own layer reads it again): a call
 that hits uploads nothing (on CUDA an array from numpy is managed memory the GPU faults in).
 
+A decode-sized call (at most OVERLAPPED_ROUTES routed entries) with hits and misses computes in
+two parts: its hits' entries are queued (mx.async_eval) once the pool has chosen the misses'
+slots and before it reads them, so the kernels run beside the reads; the misses' entries follow,
+and the outputs go back in routed order, each entry computed exactly as in one call. Squeezed
+on this CPU (misses from disk) it took the slot path from 0.89-0.92x of in place to 1.01-1.04x;
+with the page cache warm it cost 1-3% (more ops a call); Flash-MoE measured +7.5% on Metal for
+the shared expert's compute beside its misses (bench/findings.md). Prompt chunks stay one call.
+
 A call that routes more experts than the pool has slots (a long prompt chunk on a small pool)
-runs in rounds of at most `slots` experts; each round's output is kept for its own experts. A
-pool is made of chunks (cache/slot_pool.py: no array past CHUNK_BYTES); a round whose experts
-lie in several chunks computes once per chunk on that chunk's arrays, each output kept for the
-experts in it, the same masking as rounds. So that a decode call's experts lie in one chunk, a
-budget larger than one chunk is given to groups of consecutive layers, each group a pool of its
-own of at most one chunk (its LFU shared by its layers); only a layer whose own share is larger
-(or budget 0: one layer's experts shared by all) has a pool of several chunks.
+runs in rounds of at most `slots` experts, each round computing only its own experts' entries.
+A pool is made of chunks (cache/slot_pool.py: no array past CHUNK_BYTES); a round whose experts
+lie in several chunks computes once per chunk, the same way. So that a decode call's experts lie
+in one chunk, a budget larger than one chunk is given to groups of consecutive layers, each group
+a pool of its own of at most one chunk (its LFU shared by its layers); only a layer whose own
+share is larger (or budget 0: one layer's experts shared by all) has a pool of several chunks.
 Where the compute dtype differs from the stored one (the CPU backend with bf16 scales) the routed
 slots are taken and converted per call (counted in bytes_copied); on a GPU the default compute
 dtype is the stored one and nothing is copied (but the gathered stacks, below).
@@ -39,6 +46,7 @@ from ..cache.slot_pool import SlotPool
 from ..expert_traffic import ExpertTraffic
 from .routing import finish, host_routing
 
+OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits beside reads
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
 
 
@@ -63,9 +71,15 @@ class Slots:
         if len(experts) <= pool.slots and len(pool.chunks) == 1 and not layer.converts:
             # a decode call, and most prompt chunks: one round on one chunk, every routed
             # expert placed, its slot gathered on the device from the layer's table
-            if self._place(layer, experts, traffic)[1] or self._table is None:
+            hits: list = []  # the hits' part, when it computes beside the misses' reads
+            early = partial(self._hits_first, layer, x, routed, experts, hits, traffic)
+            early = early if routed.size <= OVERLAPPED_ROUTES else None
+            if self._place(layer, experts, traffic, early)[1] or self._table is None:
                 self._new_table(layer)
-            out = self._on_pool(layer, x, mx.take(self._table, indices), 0)
+            if hits:
+                out = self._after_hits(layer, x, routed, hits[0], traffic)
+            else:
+                out = self._on_pool(layer, x, mx.take(self._table, indices), 0)
             pool.computed(out)
             return finish(layer, out, traffic, start)
         self._table = None  # rounds move slots without it
@@ -91,15 +105,44 @@ class Slots:
             for chunk in np.unique(chunks):
                 own = chunks == chunk
                 mine = np.flatnonzero(np.isin(flat, group[own]))
-                tokens = mx.array((mine // routed.shape[-1]).astype(np.uint32))
-                taken = mx.take(x.reshape(-1, x.shape[-1]), tokens, 0)[None]
-                indices = flat[mine][None, :, None]
-                part = self._compute(layer, taken, indices, group[own], rows[own], chunk, traffic)
-                pool.computed(part)  # no slot it reads is rewritten before it is computed
-                outs.append(part.reshape(len(mine), -1))
+                part = self._entries(layer, x, routed, mine, group[own], rows[own], chunk, traffic)
+                outs.append(part)
                 entries.append(mine)
-        back = mx.array(np.argsort(np.concatenate(entries)).astype(np.uint32))
-        return mx.take(mx.concatenate(outs), back, 0).reshape(*routed.shape, -1)
+        return _in_routed_order(routed, entries, outs)
+
+    def _entries(self, layer, x, routed, mine, group, rows, chunk: int, traffic) -> mx.array:
+        """The container on routed entries `mine` only (flat positions in `routed`, each with
+        its token's row of `x`), all of them experts of `group` at `rows` of chunk `chunk`;
+        [len(mine), hidden], registered with the pool (no slot it reads is rewritten before it
+        is computed)."""
+        tokens = mx.array((mine // routed.shape[-1]).astype(np.uint32))
+        taken = mx.take(x.reshape(-1, x.shape[-1]), tokens, 0)[None]
+        indices = routed.reshape(-1)[mine][None, :, None]
+        part = self._compute(layer, taken, indices, group, rows, chunk, traffic)
+        self._pool.computed(part)
+        return part.reshape(len(mine), -1)
+
+    def _hits_first(self, layer, x, routed, experts, hits: list, traffic, slots, missed) -> None:
+        """Called by the pool between choosing slots and reading the misses: the routed entries
+        whose experts are hits computed now (queued, evaluated asynchronously), so that their
+        compute runs beside the misses' reads; kept in `hits`."""
+        if missed.all():
+            return
+        hit = ~missed
+        mine = np.flatnonzero(np.isin(routed.reshape(-1), experts[hit]))
+        part = self._entries(layer, x, routed, mine, experts[hit], slots[hit], 0, traffic)
+        mx.async_eval(part)
+        hits.append((mine, part))
+
+    def _after_hits(self, layer, x, routed, hits: tuple, traffic) -> mx.array:
+        """The entries `_hits_first` left (the misses', read now), then every entry's output in
+        routed order: what the container computes on all of them at once, entry by entry."""
+        done, part = hits
+        rest = np.setdiff1d(np.arange(routed.size), done)
+        experts = np.unique(routed.reshape(-1)[rest])
+        rows = self._slot_of[experts]
+        late = self._entries(layer, x, routed, rest, experts, rows, 0, traffic)
+        return _in_routed_order(routed, [done, rest], [part, late])
 
     def _new_table(self, layer) -> None:
         pool, base = self._pool, self._pool.base[layer.index]
@@ -146,10 +189,13 @@ class Slots:
         layer.stats.settle_before_reading(pool.settle)
         return out
 
-    def _place(self, layer, group: np.ndarray, traffic: ExpertTraffic) -> tuple[np.ndarray, int]:
-        """`group`'s experts placed in the pool (misses read), counted; their slots, misses."""
+    def _place(
+        self, layer, group: np.ndarray, traffic: ExpertTraffic, while_reading=None
+    ) -> tuple[np.ndarray, int]:
+        """`group`'s experts placed in the pool (misses read), counted; their slots, misses.
+        `while_reading`: SlotPool.place's."""
         pool, placed = self._pool, time.perf_counter()
-        slots, misses = pool.place(layer.index, group)
+        slots, misses = pool.place(layer.index, group, while_reading)
         placed = time.perf_counter() - placed
         traffic.read_seconds += placed
         traffic.miss_seconds += placed if misses else 0.0  # the rest: the fence and LFU alone
@@ -170,17 +216,9 @@ class Slots:
             self._installed = chunk
         return layer.container(x, position)
 
-    def _compute(
-        self,
-        layer,
-        x: mx.array,
-        routed: np.ndarray,
-        group: np.ndarray,
-        rows: np.ndarray,
-        chunk: int,
-        traffic: ExpertTraffic,
-    ) -> mx.array:
-        """The container on one chunk's arrays, for `group`'s experts at `rows` of it."""
+    def _compute(self, layer, x, routed: np.ndarray, group, rows, chunk: int, traffic) -> mx.array:
+        """The container on one chunk's arrays, for `group`'s experts at `rows` of it (x: the
+        tokens' rows, `routed` their experts)."""
         if not layer.converts:  # the pool itself: the kernels gather the routed slots
             table = np.zeros(layer.num_experts, dtype=np.int64)  # outside the group: any slot
             table[group] = rows
@@ -198,6 +236,13 @@ class Slots:
         layer.install(arrays)
         self._installed = chunk
         return out
+
+
+def _in_routed_order(routed: np.ndarray, entries: list, outs: list[mx.array]) -> mx.array:
+    """Parts computed for `entries` (flat positions in `routed`), put back in routed order:
+    [*routed.shape, hidden], as the container's output on every entry at once."""
+    back = mx.array(np.argsort(np.concatenate(entries)).astype(np.uint32))
+    return mx.take(mx.concatenate(outs), back, 0).reshape(*routed.shape, -1)
 
 
 def _count_gathered(

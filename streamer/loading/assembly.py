@@ -63,7 +63,14 @@ def apply_residency(
     if plan.form == "resident":
         with progress_bar(len(layers), "experts into memory", "layer") as bar:
             if plan.read_path == "slots":  # the files are not mapped: read through pools
-                resident_pools(layouts, layers, checksums, lambda: bar.update(1), plan.cuda_misses)
+                resident_pools(
+                    layouts,
+                    layers,
+                    checksums,
+                    lambda: bar.update(1),
+                    plan.cuda_misses,
+                    plan.pinnable,
+                )
             else:
                 for layer in layers:
                     layer.make_resident()
@@ -79,6 +86,7 @@ def apply_residency(
             plan.chunk_bytes,
             plan.bypass_page_cache,
             plan.cuda_misses,
+            plan.pinnable,
         )
         for layout, layer in zip(layouts, layers):
             layer.use_pool(by_layer[layout.index])

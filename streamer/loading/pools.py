@@ -23,12 +23,15 @@ def resident_pools(
     checksums: list | None,
     done: Callable[[], object],
     cuda_misses: str = CUDA_MISSES_DEFAULT,
+    pinnable: int = 0,
 ) -> None:
     """Every layer's experts read once into a pool of its own, then run resident; `done` is
     called after each layer (a progress bar)."""
     for layout, layer in zip(layouts, layers):
         group = PoolGroup((layout.index,), layout.num_experts, 1)
-        own = open_pools([layout], [group], checksums, None, cuda_misses=cuda_misses)
+        own = open_pools(
+            [layout], [group], checksums, None, cuda_misses=cuda_misses, pinnable=pinnable
+        )
         layer.use_pool(own[layout.index])  # one array per tensor, as mlx-lm holds the layer
         layer.make_resident()
         done()
@@ -41,12 +44,14 @@ def open_pools(
     chunk_bytes: int | None = CHUNK_BYTES,
     bypass_page_cache: bool = False,
     cuda_misses: str = CUDA_MISSES_DEFAULT,
+    pinnable: int = 0,
 ) -> dict[int, SlotPool]:
     """The pool of each layer (by index): one pool per group of layers of one shape class, of
     its slots in arrays of at most `chunk_bytes` (None: one per tensor); the layers' files opened
     for reads (never mapped), each once: the pools share them, and are closed together.
     `checksums[layer]`: [expert][tensor] crc32s, checked on every read; `cuda_misses`: where a
-    miss's bytes come from on CUDA (cache/landing.py)."""
+    miss's bytes come from on CUDA, `pinnable`: the bytes of files it may page-lock whole (the
+    plan's: residency.py; 0 locks none whole; cache/landing.py)."""
     by_index = {layout.index: layout for layout in layouts}
     pools: dict[int, SlotPool] = {}
     # each path opened once: a download's layer names a shard once per stacked tensor, and
@@ -68,7 +73,14 @@ def open_pools(
                     checksums[layout.index] if checksums is not None else None,
                     layout.where,
                 )
-            pool = SlotPool(tensors, group.slots, sources, chunk_bytes, cuda_misses=cuda_misses)
+            pool = SlotPool(
+                tensors,
+                group.slots,
+                sources,
+                chunk_bytes,
+                cuda_misses=cuda_misses,
+                pinnable=pinnable,
+            )
             pools.update(dict.fromkeys(sources, pool))
     except BaseException:
         for file in opened.values():

@@ -3,8 +3,10 @@ reading of the memory available, and said in words as `model.streamer.residency`
 
 Every layer runs resident (all experts fit the budget), or streams through a slot pool (the slot
 read path: per shape class its slots, in pools of one chunk per group of layers), a hot-expert
-cache or the page cache alone (the mapped read path). The loader applies the plan (pools.py,
-assembly.py); `streamer plan` makes the same plan from a config's shapes (plan/report.py).
+cache or the page cache alone (the mapped read path). On CUDA the same reading bounds what the
+slot pools' "pinned" and "gathered" landings page-lock (`pinnable`: cache/landing.py). The loader
+applies the plan (pools.py, assembly.py); `streamer plan` makes the same plan from a config's
+shapes (plan/report.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from ..cache.slot_pool import CHUNK_BYTES
 from ..errors import StreamerError
 from ..io.expert_layout import LayerLayout
 from ..io.sizes import size_text
+
+# On CUDA, "pinned" and "gathered" page-lock whole expert files while they fit in this share of
+# the memory available (past it a file is locked for each copy): cache/landing.py
+PINNED_SHARE = 0.5
 
 
 def available_memory() -> int:
@@ -68,6 +74,7 @@ class ResidencyPlan:
     budget: int  # bytes of experts the plan may keep in memory
     budget_why: str  # the budget asked for, or the default and what it rests on
     available: int  # the memory reading it was made from
+    pinnable: int  # bytes of expert files CUDA's landing may lock whole: PINNED_SHARE of available
     expert_bytes: int  # every expert in memory (the "resident" form)
     largest_expert: int  # one expert in memory, the largest: a hot cache's slot
     classes: tuple[ShapeClass, ...] = ()  # the slot pool's, per shape class
@@ -159,6 +166,7 @@ def plan_residency(
         budget=budget,
         budget_why=why,
         available=available,
+        pinnable=int(available * PINNED_SHARE),
         expert_bytes=need,
         largest_expert=largest,
         bypass_page_cache=bypass_page_cache,
