@@ -25,12 +25,14 @@ from presets import ROUTING
 POLICIES = ("lfu", "lru")
 
 
-def engines(shares: list[float], expert_bytes: int) -> list[tuple[str, str, list[str]]]:
+def engines(
+    shares: list[float], expert_bytes: int, policies: list[str]
+) -> list[tuple[str, str, list[str]]]:
     """(label, engine, worker arguments) of each engine a profile is run on."""
     out = [("mlx-lm resident", "mlx_lm", []), ("mapped", "streamer", ["--read-path", "mapped"])]
     for share in shares:
         budget = ["--read-path", "slots", "--memory-budget", str(int(share * expert_bytes))]
-        for policy in POLICIES:
+        for policy in policies:
             out.append(
                 (f"slots {share:g} {policy}", "streamer", [*budget, "--pool-policy", policy])
             )
@@ -66,7 +68,9 @@ def main() -> None:
     ap.add_argument("--shares", default="0.125,0.25,0.5")
     ap.add_argument("--repeats", type=int, default=2, help="prompts per engine")
     ap.add_argument("--decode-tokens", type=int, default=160)
+    ap.add_argument("--policies", default=",".join(POLICIES), help="the slot pool's policies")
     ap.add_argument("--results", type=Path, default=BENCH / "results")
+    ap.add_argument("--tag", help="appended to the result file's name")
     args = ap.parse_args()
     models = ensure_models(
         args.preset, args.data, layers=args.layers, vocab=None, routing=ROUTING, seed=0
@@ -77,7 +81,8 @@ def main() -> None:
     rows = []
     for profile in args.profiles.split(","):
         base = None
-        for label, engine, extra in engines(shares, models.info["expert_bytes"]):
+        policies = args.policies.split(",")
+        for label, engine, extra in engines(shares, models.info["expert_bytes"], policies):
             log(f"[routing] {profile}: {label}")
             result = worker(engine, models, *common, "--routing", profile, *extra)
             row = {"profile": profile, "engine": label, **summary(result)}
@@ -87,7 +92,7 @@ def main() -> None:
             rows.append(row)
             log(json.dumps(row))
     args.results.mkdir(parents=True, exist_ok=True)
-    out = args.results / f"routing-decode-{models.name}.json"
+    out = args.results / f"routing-decode-{models.name}{f'-{args.tag}' if args.tag else ''}.json"
     out.write_text(
         json.dumps(
             {"model": models.info, "settings": vars(args), "rows": rows}, default=str, indent=1
