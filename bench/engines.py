@@ -18,6 +18,15 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def child_result(argv: list[str], what: str, env: dict | None = None) -> dict:
+    """A child process's result, the JSON object its stdout ends with; `what` names it in the
+    message that stops the bench when it fails."""
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def worker(engine: str, models, *args: str, folder: Path | None = None) -> dict:
     """One engine in its own process on `models` (a models.Models); `folder` overrides the model
     folder (streamer on the MLX download itself streams it in place)."""
@@ -27,15 +36,8 @@ def worker(engine: str, models, *args: str, folder: Path | None = None) -> dict:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     before = mem_available()
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "worker.py"), engine, str(folder), *args],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"[bench] the {engine} worker failed (exit {proc.returncode})")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = [sys.executable, str(BENCH / "worker.py"), engine, str(folder), *args]
+    result = child_result(argv, f"[bench] the {engine} worker", env)
     result["mem_available_before"] = before
     return result
 

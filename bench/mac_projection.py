@@ -22,7 +22,8 @@ Inputs, each stated (change them to recompute the table):
   compute    assumptions, not measurements: a token reads its resident and routed bytes at
              EFFICIENCY of the memory bandwidth, plus SYNC_S per MoE layer (the routing's host
              sync). Reads and compute serial: flash-moe measured load-then-compute fastest on
-             Macs.
+             Macs (the engine computes a decode call's hits beside its misses' reads,
+             experts/slots.py; serial here is the bound without that).
 Read paths: the slot pool at plan's default with the page cache under it (reads through it),
 the same pool reading around it (F_NOCACHE: the rest of the memory idle), and a pool of one
 layer's experts leaving the rest to the page cache (what flash-moe found faster). The mapped

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 import pagecache  # noqa: E402
-from engines import log  # noqa: E402
+from engines import child_result, log  # noqa: E402
 from squeezed_io import default_model  # noqa: E402
 
 from streamer.io.manifest import read_manifest  # noqa: E402
@@ -83,10 +82,7 @@ def point(args, profile: str, fraction: float, committed: bool = False) -> dict:
     argv = [sys.executable, __file__, "--model", str(args.model), "--point", profile]
     argv += ["--fraction", str(fraction), "--prompt-tokens", str(args.prompt_tokens)]
     argv += ["--tokens", str(args.tokens)] + (["--commit"] if committed else [])
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"[growth] the {profile} {fraction} point failed (exit {proc.returncode})")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = child_result(argv, f"[growth] the {profile} {fraction} point")
     log(
         f"[growth] {profile} {fraction:.1%}{' committed' if committed else ''}: "
         f"{row['decode_tok_s']:.3f} tok/s, {row['cpu_s_per_token']:.2f} CPU s/token, "

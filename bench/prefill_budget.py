@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from engines import log  # noqa: E402
+from engines import child_result, log  # noqa: E402
 
 PREFILL_STEP = 2048  # mlx_lm.generate_step's default prefill_step_size
 
@@ -110,10 +109,7 @@ def main() -> None:
 def child(args: argparse.Namespace, fraction: float) -> dict:
     argv = [sys.executable, __file__, str(args.model), "--fraction", str(fraction)]
     argv += ["--lengths", ",".join(map(str, args.lengths))]
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"[prefill] the {fraction} point failed (exit {proc.returncode})")
-    return {str(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    return {str(k): v for k, v in child_result(argv, f"[prefill] the {fraction} point").items()}
 
 
 if __name__ == "__main__":

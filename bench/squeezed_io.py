@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from balloon import GiB  # noqa: E402
-from engines import log  # noqa: E402
+from engines import child_result, log  # noqa: E402
 
 POINTS = ("slots-readahead", "slots-serial", "slots", "mapped")
 
@@ -162,12 +161,9 @@ def child(args: argparse.Namespace, point: str) -> dict:
     argv += ["--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
     argv += ["--routing", args.routing] if args.routing else []
     try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+        return child_result(argv, f"[squeezed-io] the {point} point")
     finally:
         group.rmdir()  # its page cache goes to the parent group
-    if proc.returncode != 0:
-        raise SystemExit(f"[squeezed-io] the {point} point failed (exit {proc.returncode})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def default_model(data: Path) -> Path:

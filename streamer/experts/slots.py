@@ -13,9 +13,10 @@ A decode-sized call (at most OVERLAPPED_ROUTES routed entries) with hits and mis
 two parts: its hits' entries are queued (mx.async_eval) once the pool has chosen the misses'
 slots and before it reads them, so the kernels run beside the reads; the misses' entries follow,
 and the outputs go back in routed order, each entry computed exactly as in one call. Squeezed
-on this CPU (misses from disk) it took the slot path from 0.89-0.92x of in place to 1.01-1.04x;
-with the page cache warm it cost 1-3% (more ops a call); Flash-MoE measured +7.5% on Metal for
-the shared expert's compute beside its misses (bench/findings.md). Prompt chunks stay one call.
+on this CPU (misses from disk) it was 1.01-1.19x the speed of reading first, at 0.96-1.04x of in
+place; with the page cache warm, noise around 1.0 (a second container call); Flash-MoE measured
++7.5% on a Mac for the shared expert's compute beside its misses (docs/design.md). Prompt
+chunks stay one call.
 
 A call that routes more experts than the pool has slots (a long prompt chunk on a small pool)
 runs in rounds of at most `slots` experts, each round computing only its own experts' entries.
