@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -133,6 +134,9 @@ def main() -> None:
     ap.add_argument("--point", help=argparse.SUPPRESS)  # one point, in a child process
     ap.add_argument("--cgroup", help=argparse.SUPPRESS)  # the child's memory cgroup
     args = ap.parse_args()
+    # killed, the parent still stops its child and removes the child's cgroup (subprocess.run
+    # kills the child on the way out, then child()'s `finally` removes the emptied group)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.limit = int(args.limit * GiB) if args.limit < 1 << 20 else int(args.limit)
     if args.model is None:
         args.model = default_model(args.data)
