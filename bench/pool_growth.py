@@ -133,6 +133,7 @@ def main() -> None:
 def plot(rows: list[dict], path: Path) -> None:
     """CPU seconds per token (the work) and wall-clock tok/s against the pool, per profile."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -150,8 +151,11 @@ def plot(rows: list[dict], path: Path) -> None:
                 or (r["profile"] == series[0] and r["fraction"] == 1)
             )
             name = series[0] + (", pool committed at load" if series[1] else "")
-            style = "s--" if series[1] else "o-"
-            ax.plot([f for f, _ in mine], [v for _, v in mine], style, label=name)
+            fractions = sorted({f for f, _ in mine})
+            means = [np.mean([v for f2, v in mine if f2 == f]) for f in fractions]
+            (line,) = ax.plot(fractions, means, "--" if series[1] else "-", label=name + ", mean")
+            marker = "s" if series[1] else "o"  # every round's point, the line through their mean
+            ax.plot([f for f, _ in mine], [v for _, v in mine], marker, color=line.get_color())
         ax.set_xscale("log", base=2)
         ax.set_xlabel("slot pool, share of the expert bytes (1 = every expert resident)")
         ax.set_ylabel(label)
