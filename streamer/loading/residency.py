@@ -74,7 +74,6 @@ class ResidencyPlan:
     budget: int  # bytes of experts the plan may keep in memory
     budget_why: str  # the budget asked for, or the default and what it rests on
     available: int  # the memory reading it was made from
-    pinnable: int  # bytes of expert files CUDA's landing may lock whole: PINNED_SHARE of available
     expert_bytes: int  # every expert in memory (the "resident" form)
     largest_expert: int  # one expert in memory, the largest: a hot cache's slot
     classes: tuple[ShapeClass, ...] = ()  # the slot pool's, per shape class
@@ -82,6 +81,11 @@ class ResidencyPlan:
     bypass_page_cache: bool = False  # the slot pool reads around the page cache
     chunk_bytes: int = CHUNK_BYTES  # the slot pool's arrays hold this many bytes at most
     cuda_misses: str = CUDA_MISSES_DEFAULT  # where a slot miss's bytes come from on CUDA
+
+    @property
+    def pinnable(self) -> int:
+        """Bytes of expert files CUDA's landing may lock whole: PINNED_SHARE of `available`."""
+        return int(self.available * PINNED_SHARE)
 
     @property
     def pool_bytes(self) -> int:
@@ -166,7 +170,6 @@ def plan_residency(
         budget=budget,
         budget_why=why,
         available=available,
-        pinnable=int(available * PINNED_SHARE),
         expert_bytes=need,
         largest_expert=largest,
         bypass_page_cache=bypass_page_cache,
