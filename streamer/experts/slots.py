@@ -73,8 +73,9 @@ class Slots:
             # a decode call, and most prompt chunks: one round on one chunk, every routed
             # expert placed, its slot gathered on the device from the layer's table
             hits: list = []  # the hits' part, when it computes beside the misses' reads
-            early = partial(self._hits_first, layer, x, routed, experts, hits, traffic)
-            early = early if routed.size <= OVERLAPPED_ROUTES else None
+            early = None
+            if routed.size <= OVERLAPPED_ROUTES:
+                early = partial(self._hits_first, layer, x, routed, experts, hits, traffic)
             if self._place(layer, experts, traffic, early)[1] or self._table is None:
                 self._new_table(layer)
             if hits:
@@ -126,23 +127,21 @@ class Slots:
     def _hits_first(self, layer, x, routed, experts, hits: list, traffic, slots, missed) -> None:
         """Called by the pool between choosing slots and reading the misses: the routed entries
         whose experts are hits computed now (queued, evaluated asynchronously), so that their
-        compute runs beside the misses' reads; kept in `hits`."""
+        compute runs beside the misses' reads; kept in `hits` with the misses and their slots."""
         if missed.all():
             return
         hit = ~missed
         mine = np.flatnonzero(np.isin(routed.reshape(-1), experts[hit]))
         part = self._entries(layer, x, routed, mine, experts[hit], slots[hit], 0, traffic)
         mx.async_eval(part)
-        hits.append((mine, part))
+        hits.append((mine, part, experts[missed], slots[missed]))
 
     def _after_hits(self, layer, x, routed, hits: tuple, traffic) -> mx.array:
         """The entries `_hits_first` left (the misses', read now), then every entry's output in
         routed order: what the container computes on all of them at once, entry by entry."""
-        done, part = hits
+        done, part, misses, rows = hits
         rest = np.setdiff1d(np.arange(routed.size), done)
-        experts = np.unique(routed.reshape(-1)[rest])
-        rows = self._slot_of[experts]
-        late = self._entries(layer, x, routed, rest, experts, rows, 0, traffic)
+        late = self._entries(layer, x, routed, rest, misses, rows, 0, traffic)
         return _in_routed_order(routed, [done, rest], [part, late])
 
     def _new_table(self, layer) -> None:
