@@ -10,7 +10,9 @@ timed by the wall clock and by the process's CPU time (work, which the other use
 machine do not inflate as much); fractions alternate within a round so the machine's drift hits
 them alike. 1.0 is every expert resident. `--committed` adds each fraction again with the
 pool's memory written once at load (every page committed before decode), which is otherwise
-committed slot by slot as the first expert lands in it. Printed and written
+committed slot by slot as the first expert lands in it; `--serial` adds it with every call's
+entries computed after its reads (experts/slots.py OVERLAPPED_ROUTES = 0), where decode calls
+otherwise compute their hits beside the misses' reads. Printed and written
 (bench/results/<model>-pool-growth.json, a plot beside it with matplotlib): tok/s, CPU seconds
 per token, the pool's hit rate and misses, the engine's time per token in reads.
 """
@@ -31,6 +33,9 @@ from squeezed_io import default_model  # noqa: E402
 
 from streamer.io.manifest import read_manifest  # noqa: E402
 
+# (committed, serial) -> the line's style and the points' marker
+LOOKS = {(False, False): ("-", "o"), (True, False): ("--", "s"), (False, True): (":", "^")}
+
 
 def one(args) -> dict:
     """One point in this process: load, the routing model in place, a warm-up, one timed run."""
@@ -41,7 +46,10 @@ def one(args) -> dict:
 
     import streamer
     from streamer.cache import slot_pool
+    from streamer.experts import slots
 
+    if args.serialize:  # every call's entries computed after its reads, as before 5d03218
+        slots.OVERLAPPED_ROUTES = 0
     if args.commit:  # every pool page written at allocation
         allocate = slot_pool.allocate
 
@@ -70,6 +78,7 @@ def one(args) -> dict:
         "profile": args.profile,
         "fraction": args.fraction,
         "committed": args.commit,
+        "serial": args.serialize,
         "decode_tok_s": steps / (marks[-1][0] - marks[0][0]),
         "cpu_s_per_token": (marks[-1][1] - marks[0][1]) / steps,
         "hit_rate": decode.cache_hits / asked if asked else 1.0,
@@ -78,13 +87,15 @@ def one(args) -> dict:
     }
 
 
-def point(args, profile: str, fraction: float, committed: bool = False) -> dict:
+def point(args, profile: str, fraction: float, variant: str = "") -> dict:
+    """One point in a child process; `variant`: "committed" or "serial" (see main's flags)."""
     argv = [sys.executable, __file__, "--model", str(args.model), "--point", profile]
     argv += ["--fraction", str(fraction), "--prompt-tokens", str(args.prompt_tokens)]
-    argv += ["--tokens", str(args.tokens)] + (["--commit"] if committed else [])
+    argv += ["--tokens", str(args.tokens)]
+    argv += {"committed": ["--commit"], "serial": ["--serialize"]}.get(variant, [])
     row = child_result(argv, f"[growth] the {profile} {fraction} point")
     log(
-        f"[growth] {profile} {fraction:.1%}{' committed' if committed else ''}: "
+        f"[growth] {profile} {fraction:.1%}{f' {variant}' if variant else ''}: "
         f"{row['decode_tok_s']:.3f} tok/s, {row['cpu_s_per_token']:.2f} CPU s/token, "
         f"{row['hit_rate']:.1%} hits, reads {row['read_ms_per_token']:.0f} ms/token"
     )
@@ -101,9 +112,13 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=32, help="decode tokens per run")
     ap.add_argument("--committed", action="store_true", help="also with the pools committed")
+    ap.add_argument(
+        "--serial", action="store_true", help="also with every call computed after its reads"
+    )
     ap.add_argument("--point", help=argparse.SUPPRESS)  # a child: this profile
     ap.add_argument("--fraction", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--commit", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--serialize", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.model = args.model or default_model(args.data)
     if args.point:
@@ -118,8 +133,9 @@ def main() -> None:
         for profile in args.profiles.split(","):
             for f in order:
                 rows.append(point(args, profile, f))
-                if args.committed and f < 1:
-                    rows.append(point(args, profile, f, committed=True))
+                for variant in ("committed", "serial"):
+                    if getattr(args, variant) and f < 1:
+                        rows.append(point(args, profile, f, variant))
     name = f"{args.model.name.rsplit('-', 2)[0]}-pool-growth"
     out = BENCH / "results" / f"{name}.json"
     out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}))
@@ -143,18 +159,18 @@ def plot(rows: list[dict], path: Path) -> None:
         ("cpu_s_per_token", axes[0], "CPU seconds per decode token (work)"),
         ("decode_tok_s", axes[1], "decode tok/s (wall clock: the VM's load)"),
     ):
-        for series in dict.fromkeys((r["profile"], r["committed"]) for r in rows):
+        for series in dict.fromkeys(_series(r) for r in rows):
             mine = sorted(
                 (r["fraction"], r[key])
                 for r in rows
-                if (r["profile"], r["committed"]) == series
-                or (r["profile"] == series[0] and r["fraction"] == 1)
+                if _series(r) == series or (r["profile"] == series[0] and r["fraction"] == 1)
             )
             name = series[0] + (", pool committed at load" if series[1] else "")
+            name += ", calls computed after their reads" if series[2] else ""
             fractions = sorted({f for f, _ in mine})
             means = [np.mean([v for f2, v in mine if f2 == f]) for f in fractions]
-            (line,) = ax.plot(fractions, means, "--" if series[1] else "-", label=name + ", mean")
-            marker = "s" if series[1] else "o"  # every round's point, the line through their mean
+            style, marker = LOOKS[series[1:]]  # every round's point, the line through their mean
+            (line,) = ax.plot(fractions, means, style, label=name + ", mean")
             ax.plot([f for f, _ in mine], [v for _, v in mine], marker, color=line.get_color())
         ax.set_xscale("log", base=2)
         ax.set_xlabel("slot pool, share of the expert bytes (1 = every expert resident)")
@@ -164,6 +180,10 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     log(f"[growth] wrote {path}")
+
+
+def _series(row: dict) -> tuple:
+    return row["profile"], row["committed"], row.get("serial", False)  # older runs: no "serial"
 
 
 if __name__ == "__main__":
