@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+from contextlib import nullcontext
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -11,7 +14,7 @@ from streamer.cache.policies import SlotLFU
 from streamer.cache.slot_memory import SLOT_ALIGN, LayerSource, SlotTensor
 from streamer.cache.slot_pool import CHUNK_BYTES, SlotPool
 from streamer.errors import StreamerError
-from streamer.io import buffers
+from streamer.io import buffers, cuda_gather
 from streamer.io.mapping import OS_PAGE, resident_bytes
 from streamer.io.reads import ReadFile
 from streamer.loading.backend import backend
@@ -252,3 +255,77 @@ def test_a_settle_that_fails_to_read_leaves_no_slot_claiming_an_expert(tmp_path)
     assert sorted(held.tolist()) == [2, 3]  # layer 0's, read; layer 1's forgotten
     assert all(pool.policy.slot_key[pool.policy.slot_of[k]] == k for k in held)
     pool.close()
+
+
+class _HostLanding:
+    """A landing whose kernels "reach" each file at its host mapping (CUDA's gathered landing
+    gives the device address of the pinned file instead): reads land in the slots."""
+
+    buffers, reads_files, gathers = slot_pool.READERS, False, True
+
+    def __init__(self):
+        self.maps = {}
+
+    def into(self, rows):
+        return nullcontext(rows)
+
+    def device_address(self, file) -> int:
+        self.maps.setdefault(file.path, np.memmap(file.path, mode="r"))
+        return self.maps[file.path].ctypes.data
+
+    def close(self):
+        self.maps.clear()
+
+
+def test_a_gathered_pools_settle_fills_its_slots_with_one_kernel(tmp_path, monkeypatch):
+    """A settle of gathered layers copies every moved expert with one fill kernel (on CUDA:
+    io/cuda_gather.py SlotFill, checked there) from each tensor's address in its file. Here a
+    stand-in copies by those addresses on the host: the slots end as the synced pool's, the
+    copies are one call, and the next write waits for its output (the fence)."""
+    fills = []
+
+    class HostFill:
+        def __init__(self, tensors):
+            self.tensors = tensors
+
+        def __call__(self, slots, addresses, arrays):
+            fills.append(len(slots))
+            for slot, row in zip(slots, addresses):
+                for t, (tensor, address) in enumerate(zip(self.tensors, row)):
+                    ctypes.memmove(pool._rows[0][t][slot].ctypes.data, int(address), tensor.nbytes)
+            done = mx.array([1], mx.uint32) + 0  # lazy, as the kernel's output is
+            fenced.append(done)
+            return done
+
+    fenced = []
+    monkeypatch.setattr(slot_pool, "gather_kernel", lambda t, s, b: (None, _sources(s, b)))
+    monkeypatch.setattr(cuda_gather, "SlotFill", HostFill)
+    routings = [(0, [1, 4]), (1, [0, 1]), (0, [2, 4]), (1, [3, 5]), (0, [0, 1])]
+    (tmp_path / "synced").mkdir()
+    (tmp_path / "gathered").mkdir()
+    synced, truth = pool_over(tmp_path / "synced", slots=3)
+    for layer, experts in routings:
+        synced.place(layer, np.array(experts))
+    pool, _ = pool_over(tmp_path / "gathered", slots=3, landing=_HostLanding())
+    assert all(pool.gather_source(layer) is not None for layer in (0, 1))
+    for layer, experts in routings:
+        pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)), lambda _: None)
+    pool.settle()
+    assert fills == [3] and pool.version == 1  # the 3 experts holding a slot at the end
+    assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
+    for slot, key in enumerate(pool.policy.slot_key):
+        layer = int(key >= pool.base[1])
+        for got, want in zip(slot_bytes(pool, slot), truth[layer][key - pool.base[layer]]):
+            assert np.array_equal(got, want)
+    assert pool._pending == fenced  # the next write's fence evaluates it
+    pool.place(1, np.array([2]))  # a synced miss: fenced, then read from the host
+    assert pool._pending == [] and fills == [3]
+    synced.close()
+    pool.close()
+
+
+def _sources(source: LayerSource, bases: list[int]) -> np.ndarray:
+    """gather_kernel's sources: expert 0's address and the stride of each tensor."""
+    return np.array(
+        [[bases[at.file] + at.offset, at.stride] for at in source.placements], dtype=np.uint64
+    )

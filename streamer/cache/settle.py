@@ -7,8 +7,9 @@ and the call's routing is only recorded (`defer`). `settle`, every SETTLE_TOKENS
 calls (after a synced call moved slots, a prompt, 1, 2, 4, ... tokens first: until a settle, a
 missed expert misses again on every call routing it; bench/settle_interval.py) and before any
 `place`, gives the policy those routings in order, as `place` would have
-had them, and copies each expert that ends with a new slot into it: the slots hold what the
-synced path's would, a few tokens late. `version` changes whenever a slot's expert does: a
+had them, and copies each expert that ends with a new slot into it (one fill kernel on MLX's
+stream, from the pinned files: io/cuda_gather.py SlotFill): the slots hold what the synced
+path's would, a few tokens late. `version` changes whenever a slot's expert does: a
 gathered call trusts its slot table, so it makes a new one then.
 """
 
@@ -62,10 +63,25 @@ def replay(
 
 def gather_kernel(tensors: Sequence[SlotTensor], source: LayerSource, bases: list[int]) -> tuple:
     """The gather kernel for a layer whose file `f` kernels reach at `bases[f]`, and the device
-    address of expert 0's bytes and the stride of each tensor (uint64 [tensors, 2])."""
+    address of expert 0's bytes and the stride of each tensor (uint64 [tensors, 2], numpy)."""
     from ..io.cuda_gather import ExpertGather
 
     at = source.placements
     sources = np.array([[bases[a.file] + a.offset, a.stride] for a in at], dtype=np.uint64)
     alignment = int(np.gcd.reduce(sources.ravel().astype(np.int64)))
-    return ExpertGather(tensors, alignment), mx.array(sources)
+    return ExpertGather(tensors, alignment), sources
+
+
+def fill_addresses(
+    sources: dict[int, np.ndarray], reads: dict[int, list[tuple[int, int]]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The slots of `reads` (layer -> (expert, slot) list) and each read's tensors' device
+    addresses (uint64 [reads, tensors]) from its layer's `sources` (gather_kernel's)."""
+    experts, slots, layers = [], [], []
+    for layer, layer_reads in reads.items():
+        for expert, slot in layer_reads:
+            experts.append(expert)
+            slots.append(slot)
+            layers.append(sources[layer])
+    first, stride = np.stack(layers).transpose(2, 0, 1)  # each [reads, tensors]
+    return np.array(slots, dtype=np.uint32), first + np.array(experts, np.uint64)[:, None] * stride

@@ -1,4 +1,6 @@
-"""A layer call's routed experts gathered on the GPU, from the slot pool or the pinned files.
+"""Experts moved on the GPU from the pinned files: a layer call's routed experts gathered from the
+slot pool or the files (ExpertGather), and a settle's moved experts copied into their slots
+(SlotFill).
 
 On MLX's CUDA backend the slot path's cost is not the bytes but the host sync each MoE layer
 needs to learn its routing (48 a token on a Qwen3-30B-A3B-shaped model: bench/findings.md). When
@@ -9,7 +11,10 @@ has one (device memory) or else straight from the file's pinned mapping over the
 stack [routed, *shape] per tensor that mlx-lm's container then computes on, exactly as on the
 resident stacks. The routing never reaches the host, so nothing waits: the layers of a token are
 queued as one graph, as mlx-lm queues them. The slot pool's policy learns the routing later, in
-batches (cache/settle.py): which experts keep a slot follows the same LFU, a few tokens late.
+batches (cache/settle.py): which experts keep a slot follows the same LFU, a few tokens late, and
+one SlotFill kernel copies every expert that gained a slot into it, queued on MLX's stream like
+any kernel: no copy-engine call per tensor and no host wait for them (9 calls an expert and a
+wait were the settle's cost on the H200: bench/findings.md).
 
 Only CUDA loads this module (cache/settle.py, for a pool whose landing lets kernels read files);
 on Metal a no-copy buffer over a file is wired whole on first GPU use, so the GPU there sees only
@@ -22,6 +27,7 @@ import math
 from collections.abc import Sequence
 
 import mlx.core as mx
+import numpy as np
 
 NO_SLOT = 0xFFFFFFFF  # a slot table's entry for an expert without a slot (-1 as uint32)
 THREADS = 256  # per block
@@ -102,3 +108,70 @@ class ExpertGather:
             output_shapes=[(count, *t.shape) for t in self._tensors],
             output_dtypes=[t.dtype for t in self._tensors],
         )
+
+
+def _fill_source(nbytes: Sequence[int], vector: int) -> str:
+    """The fill kernel's body: block (x, j, t) copies tensor t of move j, in `vector`-byte words,
+    from `addresses[j, t]` (a device address in a pinned file) into slot `slots[j]` of `pool{t}`.
+    The pool arrays are inputs (MLX has no in-place outputs): they are written through their
+    pointers, which is safe because the pool's fence orders the kernel after every reader of
+    the old slots and MLX's stream runs it before any kernel queued later."""
+    word = {16: "uint4", 8: "uint2", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}[vector]
+    cases = "\n".join(
+        f"    case {t}: n = {n}ull; pool = const_cast<uint8_t*>("
+        f"reinterpret_cast<const uint8_t*>(pool{t})); break;"
+        for t, n in enumerate(nbytes)
+    )
+    return f"""
+    const uint32_t j = blockIdx.y, t = blockIdx.z;
+    unsigned long long n = 0;
+    uint8_t* pool = nullptr;
+    switch (t) {{
+{cases}
+    }}
+    const {word}* src = reinterpret_cast<const {word}*>(addresses[j * {len(nbytes)} + t]);
+    {word}* dst = reinterpret_cast<{word}*>(pool + slots[j] * n);
+    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n / {vector};
+         i += gridDim.x * blockDim.x) {{
+        dst[i] = src[i];
+    }}
+    if (j == 0 && t == 0 && blockIdx.x == 0 && threadIdx.x == 0) {{
+        done[0] = 1;
+    }}
+"""
+
+
+class SlotFill:
+    """The fill kernel for one pool's tensors (SlotTensors), compiled once per copy word by MLX.
+    A call copies each move's tensors from the pinned files into its slot and returns a
+    one-element output: computing it is the copy (the pool's fence waits for it)."""
+
+    def __init__(self, tensors: Sequence):
+        self._tensors = tuple(tensors)
+        self._kernels: dict[int, object] = {}  # copy word -> kernel
+
+    def __call__(
+        self, slots: np.ndarray, addresses: np.ndarray, pool: Sequence[mx.array]
+    ) -> mx.array:
+        """`slots`: uint32 [moves]; `addresses`: uint64 [moves, tensors], the device address of
+        each move's tensor in its pinned file; `pool`: the pool's arrays (one chunk)."""
+        sizes = [t.nbytes for t in self._tensors]
+        word = word_bytes([*sizes, int(np.gcd.reduce(addresses.ravel().astype(np.int64)))])
+        if word not in self._kernels:
+            count = len(self._tensors)
+            self._kernels[word] = mx.fast.cuda_kernel(
+                name=f"streamer_slot_fill_{count}_{word}_{abs(hash(tuple(sizes))):x}",
+                input_names=["slots", "addresses", *(f"pool{t}" for t in range(count))],
+                output_names=["done"],
+                source=_fill_source(sizes, word),
+                ensure_row_contiguous=False,
+            )
+        blocks = min(BLOCKS_PER_TENSOR, -(-max(sizes) // word // THREADS))
+        (done,) = self._kernels[word](
+            inputs=[mx.array(slots, mx.uint32), mx.array(addresses, mx.uint64), *pool],
+            grid=(blocks * THREADS, len(slots), len(self._tensors)),
+            threadgroup=(THREADS, 1, 1),
+            output_shapes=[(1,)],
+            output_dtypes=[mx.uint32],
+        )
+        return done
