@@ -1,4 +1,4 @@
-"""The GPU's own gather of routed experts (io/cuda_gather.py), on a CUDA machine only.
+"""The GPU's own gather of routed experts and settle fill (io/cuda_gather.py), on CUDA only.
 
 The kernel is CUDA source MLX compiles with nvrtc: it exists only on MLX's CUDA backend, so this
 file runs there (bench/cuda_check.sh slot-tests) and is skipped elsewhere. What it checks: every
@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_slot_pool import OFFSETS, RECORD, TENSORS, pool_over
+from test_slot_pool import OFFSETS, RECORD, TENSORS, pool_over, slot_bytes
 
 from streamer.cache.landing import landing_for
 from streamer.cache.slot_memory import SlotTensor
@@ -92,4 +92,48 @@ def test_a_pool_holds_no_host_memory_and_reads_right(tmp_path):
     got = np.array(out.view(mx.uint8)).reshape(3, -1)
     for row, expert in zip(got, [0, 4, 5]):
         assert np.array_equal(row, truth[1][expert][2])
+    pool.close()
+
+
+def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path):
+    """A gathered pool's settle copies each expert that gained a slot with one fill kernel
+    (io/cuda_gather.py SlotFill) from the pinned files, no copy-engine call: the slots then hold
+    exactly what the synced pool's do, and a gather on the new table reads them."""
+    from streamer.io.cuda_gather import NO_SLOT
+
+    routings = [(0, [1, 4]), (1, [0, 1]), (0, [2, 4]), (1, [3, 5]), (0, [0, 1])]
+    (tmp_path / "synced").mkdir()
+    (tmp_path / "gathered").mkdir()
+    synced, truth = pool_over(tmp_path / "synced", slots=3)
+    for layer, experts in routings:
+        synced.place(layer, np.array(experts))
+    landing = landing_for(TENSORS, READERS, True, "gathered", 1 << 30)
+    pool, _ = pool_over(tmp_path / "gathered", slots=3, landing=landing)
+    kernel, sources = pool.gather_source(0)
+    assert pool.gather_source(1) is not None
+
+    def no_copy(moves):
+        raise AssertionError("a settle of gathered layers used the copy engine")
+
+    landing.copy = no_copy
+    for layer, experts in routings:
+        pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)), lambda _: None)
+    pool.settle()
+    assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of) and pool.version == 1
+    pool.fence()
+    for slot, key in enumerate(pool.policy.slot_key):
+        layer = int(key >= pool.base[1])
+        for got, want in zip(slot_bytes(pool, slot), truth[layer][key - pool.base[layer]]):
+            assert np.array_equal(got, want), (slot, key)
+    # a gather on the new table: layer 0's held experts from their slots, the rest from the file
+    table = np.full(6, NO_SLOT, dtype=np.uint32)
+    held = pool.policy.slot_of[pool.base[0] : pool.base[0] + 6]
+    table[held >= 0] = held[held >= 0]
+    routed = np.array([[0, 1, 2, 5]], dtype=np.uint32)
+    out = kernel(mx.array(routed), mx.array(table), sources, pool.arrays)
+    for t, tensor in enumerate(out):
+        got = np.array(tensor.view(mx.uint8)).reshape(routed.size, -1)
+        for j, expert in enumerate(routed.ravel()):
+            assert np.array_equal(got[j], truth[0][expert][t]), (t, j, expert)
+    synced.close()
     pool.close()
