@@ -11,6 +11,8 @@
 #   bash bench/cuda_goals.sh prefill OUT           # 64- and 2k-token prompts at 25%
 #   bash bench/cuda_goals.sh host-pool OUT PROFILE # 50% with the pool left in host memory (the
 #                                                  # managed pages not moved to the GPU): before
+#   bash bench/cuda_goals.sh settle-copies OUT PROFILE...  # gathered at SHARES with the settle's
+#                                                  # copies on the copy engine (before SlotFill)
 #   bash bench/cuda_goals.sh ptx OUT               # the PTX cache as a tar, to carry next time
 #   python3 bench/goals_table.py OUT/*.json        # the table (here or there)
 #
@@ -82,12 +84,31 @@ worker.main(sys.argv[1:])')
       --read-path slots --memory-budget $((MIB[50] << 20)) --cuda-misses "$way"
   done
   ;;
+settle-copies)  # gathered, its settles' copies made by the copy engine with a host wait (the
+  # tree before SlotFill) beside the default's fill kernel: slot_pool.FILL_ON_GPU = False
+  source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
+  out=$2
+  shift 2
+  mkdir -p "$out"
+  WORKER=(-c 'import sys; sys.path[:0] = ["bench"]
+from streamer.cache import slot_pool
+slot_pool.FILL_ON_GPU = False
+import worker
+worker.main(sys.argv[1:])')
+  for profile in "$@"; do
+    args=(--prompt-tokens 16 --decode-tokens "$DECODE" --repeats 2 --warmup --temp 0 --routing "$profile")
+    for share in ${SHARES:-12 25 50}; do
+      worker "$out" "$profile-gathered-$share-copies" streamer "$DATA/q48-stream" "${args[@]}" \
+        --read-path slots --memory-budget $((MIB[$share] << 20)) --cuda-misses gathered
+    done
+  done
+  ;;
 ptx)
   mkdir -p "$2" && tar cf "$2/ptx-cache.tar" -C /root/ptx-cache . && ls -la "$2/ptx-cache.tar"
   ;;
 *)
   echo "usage: $0 setup WHEELS_DIR | decode OUT PROFILE... | prefill OUT | host-pool OUT PROFILE |" \
-    "ptx OUT" >&2
+    "settle-copies OUT PROFILE... | ptx OUT" >&2
   exit 2
   ;;
 esac
