@@ -9,10 +9,13 @@
 #                                                  # (default "12 25 50" % of the 15.19 GiB of
 #                                                  # experts); ALL=1 adds every expert
 #   bash bench/cuda_goals.sh prefill OUT           # 64- and 2k-token prompts at 25%
-#   bash bench/cuda_goals.sh host-pool OUT PROFILE # 50% with the pool left in host memory (the
-#                                                  # managed pages not moved to the GPU): before
-#   bash bench/cuda_goals.sh settle-copies OUT PROFILE...  # gathered at SHARES with the settle's
-#                                                  # copies on the copy engine (before SlotFill)
+#   bash bench/cuda_goals.sh variant OUT NAME CODE PROFILE...  # gathered at SHARES, CODE (Python)
+#                                                  # run first, e.g. the settle's copies on the copy
+#                                                  # engine (the tree before SlotFill): NAME copies,
+#                                                  # CODE "from streamer.cache import slot_pool;
+#                                                  # slot_pool.FILL_ON_GPU = False"; the pool left in
+#                                                  # host memory: "from streamer.cache import
+#                                                  # slot_memory; slot_memory.on_gpu = lambda r: None"
 #   bash bench/cuda_goals.sh ptx OUT               # the PTX cache as a tar, to carry next time
 #   python3 bench/goals_table.py OUT/*.json        # the table (here or there)
 #
@@ -69,36 +72,19 @@ prefill)
       --read-path slots --memory-budget $((MIB[25] << 20)) --cuda-misses "$way"
   done
   ;;
-host-pool)  # the pool's managed pages left where numpy put them (the tree before c869d8d)
+variant)  # the gathered slot path at SHARES with CODE run first (a constant of the tree changed)
   source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
-  out=$2 profile=$3
+  out=$2 name=$3 code=$4
+  shift 4
   mkdir -p "$out"
-  args=(--prompt-tokens 16 --decode-tokens "$DECODE" --repeats 2 --warmup --temp 0 --routing "$profile")
-  WORKER=(-c 'import sys; sys.path[:0] = ["bench"]
-from streamer.cache import slot_memory
-slot_memory.on_gpu = lambda rows: None
+  WORKER=(-c "import sys; sys.path[:0] = ['bench']
+$code
 import worker
-worker.main(sys.argv[1:])')
-  for way in ${WAYS:-staged gathered}; do
-    worker "$out" "$profile-$way-50-hostpool" streamer "$DATA/q48-stream" "${args[@]}" \
-      --read-path slots --memory-budget $((MIB[50] << 20)) --cuda-misses "$way"
-  done
-  ;;
-settle-copies)  # gathered, its settles' copies made by the copy engine with a host wait (the
-  # tree before SlotFill) beside the default's fill kernel: slot_pool.FILL_ON_GPU = False
-  source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
-  out=$2
-  shift 2
-  mkdir -p "$out"
-  WORKER=(-c 'import sys; sys.path[:0] = ["bench"]
-from streamer.cache import slot_pool
-slot_pool.FILL_ON_GPU = False
-import worker
-worker.main(sys.argv[1:])')
+worker.main(sys.argv[1:])")
   for profile in "$@"; do
     args=(--prompt-tokens 16 --decode-tokens "$DECODE" --repeats 2 --warmup --temp 0 --routing "$profile")
     for share in ${SHARES:-12 25 50}; do
-      worker "$out" "$profile-gathered-$share-copies" streamer "$DATA/q48-stream" "${args[@]}" \
+      worker "$out" "$profile-gathered-$share-$name" streamer "$DATA/q48-stream" "${args[@]}" \
         --read-path slots --memory-budget $((MIB[$share] << 20)) --cuda-misses gathered
     done
   done
@@ -107,8 +93,8 @@ ptx)
   mkdir -p "$2" && tar cf "$2/ptx-cache.tar" -C /root/ptx-cache . && ls -la "$2/ptx-cache.tar"
   ;;
 *)
-  echo "usage: $0 setup WHEELS_DIR | decode OUT PROFILE... | prefill OUT | host-pool OUT PROFILE |" \
-    "settle-copies OUT PROFILE... | ptx OUT" >&2
+  echo "usage: $0 setup WHEELS_DIR | decode OUT PROFILE... | prefill OUT |" \
+    "variant OUT NAME CODE PROFILE... | ptx OUT" >&2
   exit 2
   ;;
 esac

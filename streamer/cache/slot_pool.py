@@ -46,7 +46,7 @@ PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 thre
 CHUNK_BYTES = 1 << 30
 SETTLE_TOKENS = 16  # gathered tokens between two settles (after a prompt 1, 2, 4, ... first)
 # A settle's moved experts copied by one kernel on MLX's stream (False: the landing's copy-engine
-# copies and a host wait, as the synced path's misses; bench/cuda_goals.sh settle-copies)
+# copies and a host wait, as the synced path's misses: bench/cuda_goals.sh variant compares)
 FILL_ON_GPU = True
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
 
