@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from streamer.cache import slot_pool
+from streamer.cache import settle, slot_pool
 from streamer.cache.policies import SlotLFU
 from streamer.cache.slot_memory import SLOT_ALIGN, LayerSource, SlotTensor
 from streamer.cache.slot_pool import CHUNK_BYTES, SlotPool
@@ -298,7 +298,7 @@ def test_a_gathered_pools_settle_fills_its_slots_with_one_kernel(tmp_path, monke
             return done
 
     fenced = []
-    monkeypatch.setattr(slot_pool, "gather_kernel", lambda t, s, b: (None, _sources(s, b)))
+    monkeypatch.setattr(settle, "gather_kernel", lambda t, s, b: (None, _sources(s, b)))
     monkeypatch.setattr(cuda_gather, "SlotFill", HostFill)
     routings = [(0, [1, 4]), (1, [0, 1]), (0, [2, 4]), (1, [3, 5]), (0, [0, 1])]
     (tmp_path / "synced").mkdir()

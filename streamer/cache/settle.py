@@ -72,6 +72,52 @@ def gather_kernel(tensors: Sequence[SlotTensor], source: LayerSource, bases: lis
     return ExpertGather(tensors, alignment), sources
 
 
+# A settle's moved experts copied by one kernel on MLX's stream (False: the landing's copy-engine
+# copies and a host wait, as the synced path's misses: bench/cuda_goals.sh variant compares)
+FILL_ON_GPU = True
+
+
+class Gathered:
+    """A pool's gathered layers: per layer its gather kernel and sources (`source`), and the
+    settle's copies for them (`fill`): one fill kernel (io/cuda_gather.py SlotFill) queued on
+    MLX's stream, after every kernel the pool's fence waited for and before any queued later (a
+    gathered call on the new table). The host does not wait; the pool's next fence does, on the
+    output `fill` returns. Nothing can fail a read there: the files are locked whole and the
+    kernel reads their pages (a gathered layer keeps no checksum: SlotPool.gather_source)."""
+
+    def __init__(self, tensors: Sequence[SlotTensor]):
+        self.tensors = tuple(tensors)
+        self._kernels: dict[int, tuple | None] = {}  # layer -> (kernel, sources) or None
+        self._sources: dict[int, np.ndarray] = {}  # gathered layer -> its sources, on the host
+        self._fill = None
+
+    def source(self, layer: int, source: LayerSource, landing) -> tuple | None:
+        """(kernel, sources) for `layer` when `landing` lets kernels read every file of
+        `source` (its `device_address`); else None. Decided once per layer."""
+        if layer not in self._kernels:
+            self._kernels[layer] = None
+            if getattr(landing, "gathers", False):
+                bases = [landing.device_address(file) for file in source.files]
+                if None not in bases:
+                    kernel, self._sources[layer] = gather_kernel(self.tensors, source, bases)
+                    self._kernels[layer] = kernel, mx.array(self._sources[layer])
+        return self._kernels[layer]
+
+    def covers(self, reads: dict[int, list[tuple[int, int]]]) -> bool:
+        return FILL_ON_GPU and self._sources.keys() >= reads.keys()
+
+    def fill(self, reads: dict[int, list[tuple[int, int]]], arrays: Sequence[mx.array]):
+        """`reads` (layer -> (expert, slot) list) copied into the pool's `arrays`; the kernel's
+        output, queued (mx.async_eval)."""
+        from ..io.cuda_gather import SlotFill
+
+        if self._fill is None:
+            self._fill = SlotFill(self.tensors)
+        done = self._fill(*fill_addresses(self._sources, reads), arrays)
+        mx.async_eval(done)
+        return done
+
+
 def fill_addresses(
     sources: dict[int, np.ndarray], reads: dict[int, list[tuple[int, int]]]
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -35,7 +35,7 @@ import numpy as np
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
 from .landing import CUDA_MISSES_DEFAULT, Landing, landing_for, unreadable
 from .policies import SlotLFU
-from .settle import counted, fill_addresses, gather_kernel, replay
+from .settle import Gathered, counted, replay
 from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_slots
 
 READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
@@ -45,9 +45,6 @@ PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 thre
 # gives each group of layers a pool of its own for that), and a 2^31 dimension is never near.
 CHUNK_BYTES = 1 << 30
 SETTLE_TOKENS = 16  # gathered tokens between two settles (after a prompt 1, 2, 4, ... first)
-# A settle's moved experts copied by one kernel on MLX's stream (False: the landing's copy-engine
-# copies and a host wait, as the synced path's misses: bench/cuda_goals.sh variant compares)
-FILL_ON_GPU = True
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
 
 
@@ -84,9 +81,7 @@ class SlotPool:
         self._pending: list[mx.array] = []
         # gathered calls: (layer, routed indices, what counts their distinct experts)
         self._deferred: list[tuple[int, mx.array, Callable[[np.ndarray], None]]] = []
-        self._gathers: dict[int, tuple | None] = {}  # layer -> (kernel, sources) or None
-        self._sources: dict[int, np.ndarray] = {}  # gathered layer -> its sources, on the host
-        self._fill = None  # gathered layers' settle kernel (io/cuda_gather.py SlotFill)
+        self._gathered = Gathered(self.tensors)  # their kernels, per layer, and the settle's
         self._settle_tokens = SETTLE_TOKENS  # tokens' worth of deferred calls the next settle waits
         self.version = 0  # changes whenever a slot gets another expert
         self.last_missed = np.zeros(0, dtype=bool)
@@ -127,15 +122,9 @@ class SlotPool:
         """(kernel, sources) for gathered calls of `layer` (io/cuda_gather.py) when the landing
         lets kernels read files, all of the layer's are locked whole, the pool is one chunk and
         no read is checked (a checksum needs the bytes on the host); else None."""
-        if layer not in self._gathers:
-            source, landing, self._gathers[layer] = self.layers[layer], self._landing, None
-            one_chunk_unchecked = len(self.chunks) == 1 and not source.checksums
-            if getattr(landing, "gathers", False) and one_chunk_unchecked:
-                bases = [landing.device_address(file) for file in source.files]
-                if None not in bases:
-                    kernel, self._sources[layer] = gather_kernel(self.tensors, source, bases)
-                    self._gathers[layer] = kernel, mx.array(self._sources[layer])
-        return self._gathers[layer]
+        source = self.layers[layer]
+        one_chunk_unchecked = len(self.chunks) == 1 and not source.checksums
+        return self._gathered.source(layer, source, self._landing if one_chunk_unchecked else None)
 
     def defer(self, layer: int, indices: mx.array, count: Callable[[np.ndarray], None]) -> None:
         """A gathered call of `layer` routed `indices`: the policy learns it at `settle`, and
@@ -149,8 +138,8 @@ class SlotPool:
 
     def settle(self) -> None:
         """The deferred routings given to the policy (settle.replay), then each expert that ended
-        with a new slot read into it, after the fence: by the fill kernel when every such layer
-        is gathered (FILL_ON_GPU), else from the host. A failure leaves no slot claiming an
+        with a new slot read into it, after the fence: on the GPU when every such layer is
+        gathered (settle.Gathered), else from the host. A failure leaves no slot claiming an
         expert it does not hold (_read_misses forgets its own layer's, this the layers after)."""
         if not self._deferred:
             return
@@ -160,8 +149,8 @@ class SlotPool:
         routed = counted(deferred)
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
         self.version += bool(reads)
-        if reads and FILL_ON_GPU and self._sources.keys() >= reads.keys():
-            self._filled(reads)
+        if reads and self._gathered.covers(reads):
+            self.computed(self._gathered.fill(reads, self.arrays))  # queued; the next fence waits
             return
         for n, (layer, layer_reads) in enumerate(reads.items()):
             try:
@@ -171,19 +160,6 @@ class SlotPool:
                     for expert, slot in later_reads:
                         self._forget(later, expert, slot)
                 raise
-
-    def _filled(self, reads: dict[int, list[tuple[int, int]]]) -> None:
-        """`reads` copied into their slots by one kernel, queued now on MLX's stream: after every
-        kernel the fence waited for, before any queued later (a gathered call's on the new
-        table); the host does not wait, the next fence does. Nothing can fail a read here: the
-        files are locked whole and the kernel reads their pages (no checksum: gather_source)."""
-        from ..io.cuda_gather import SlotFill
-
-        if self._fill is None:
-            self._fill = SlotFill(self.tensors)
-        done = self._fill(*fill_addresses(self._sources, reads), self.arrays)
-        mx.async_eval(done)
-        self.computed(done)
 
     def computed(self, output: mx.array) -> None:
         """An output whose graph reads the pool: the next write waits until it is computed."""
