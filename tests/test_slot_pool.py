@@ -277,11 +277,12 @@ class _HostLanding:
         self.maps.clear()
 
 
-def test_a_gathered_pools_settle_fills_its_slots_with_one_kernel(tmp_path, monkeypatch):
-    """A settle of gathered layers copies every moved expert with one fill kernel (on CUDA:
-    io/cuda_gather.py SlotFill, checked there) from each tensor's address in its file. Here a
-    stand-in copies by those addresses on the host: the slots end as the synced pool's, the
-    copies are one call, and the next write waits for its output (the fence)."""
+def test_a_gathered_layers_moved_experts_are_filled_by_kernel(tmp_path, monkeypatch):
+    """A settle of gathered layers copies each layer's moved experts with one fill kernel (CUDA:
+    io/cuda_gather.py SlotFill, checked there) from each tensor's address in its file, and so
+    does a synced call's miss there. Here a stand-in copies by those addresses on the host: the
+    slots end as the synced pool's, and the next write waits for the kernels' outputs (the
+    fence)."""
     fills = []
 
     class HostFill:
@@ -311,15 +312,16 @@ def test_a_gathered_pools_settle_fills_its_slots_with_one_kernel(tmp_path, monke
     for layer, experts in routings:
         pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)), lambda _: None)
     pool.settle()
-    assert fills == [3] and pool.version == 1  # the 3 experts holding a slot at the end
+    assert sum(fills) == 3 and pool.version == 1  # the 3 experts holding a slot at the end
     assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
     for slot, key in enumerate(pool.policy.slot_key):
         layer = int(key >= pool.base[1])
         for got, want in zip(slot_bytes(pool, slot), truth[layer][key - pool.base[layer]]):
             assert np.array_equal(got, want)
     assert pool._pending == fenced  # the next write's fence evaluates it
-    pool.place(1, np.array([2]))  # a synced miss: fenced, then read from the host
-    assert pool._pending == [] and fills == [3]
+    slots, misses = pool.place(1, np.array([2]))  # a synced miss: fenced, then filled alike
+    assert misses == 1 and fills[-1] == 1 and sum(fills) == 4 and pool._pending == fenced[-1:]
+    assert all(np.array_equal(g, w) for g, w in zip(slot_bytes(pool, slots[0]), truth[1][2]))
     synced.close()
     pool.close()
 

@@ -138,9 +138,9 @@ class SlotPool:
 
     def settle(self) -> None:
         """The deferred routings given to the policy (settle.replay), then each expert that ended
-        with a new slot read into it, after the fence: on the GPU when every such layer is
-        gathered (settle.Gathered), else from the host. A failure leaves no slot claiming an
-        expert it does not hold (_read_misses forgets its own layer's, this the layers after)."""
+        with a new slot read into it, after the fence (by the fill kernel for gathered layers).
+        A failure leaves no slot claiming an expert it does not hold (_read_misses forgets its
+        own layer's, this the layers after)."""
         if not self._deferred:
             return
         deferred, self._deferred = self._deferred, []
@@ -149,9 +149,6 @@ class SlotPool:
         routed = counted(deferred)
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
         self.version += bool(reads)
-        if reads and self._gathered.covers(reads):
-            self.computed(self._gathered.fill(reads, self.arrays))  # queued; the next fence waits
-            return
         for n, (layer, layer_reads) in enumerate(reads.items()):
             try:
                 self._read_misses(layer, layer_reads)
@@ -174,8 +171,12 @@ class SlotPool:
         """Read each (expert, slot) of `layer`, as many experts at a time as the landing lends
         buffers (READERS reading into the slots themselves), each expert's reads cut into pieces
         of at most PIECE bytes that the reader threads share: a lone miss is read by several
-        threads at once, as page-cache copies and SSD queues want. A failure forgets every slot
-        of `reads`: none is left half read."""
+        threads at once, as page-cache copies and SSD queues want; a gathered layer's by the
+        fill kernel, queued (settle.Gathered). A failure forgets every slot of `reads`: none is
+        left half read."""
+        if self.gather_source(layer) is not None and self._gathered.covers({layer: reads}):
+            self.computed(self._gathered.fill({layer: reads}, self.arrays))
+            return
         at_once = READERS if self._landing is None else self._landing.buffers
         try:
             if self._landing is not None and self._landing.reads_files:
