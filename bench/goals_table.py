@@ -1,6 +1,7 @@
 """Issue 35's goals table from bench/cuda_goals.sh's worker JSONs: per routing profile, mlx-lm
 resident beside the slot path at each way and budget; steady decode (after each prompt's first 64
-tokens) and its ratio to mlx-lm's, the cold start apart, slot hits, peak RssFile.
+tokens) and its ratio to mlx-lm's, the cold start apart, slot hits, peak RssFile, and whether each
+run's tokens are mlx-lm's (the same routing and greedy sampling: they must be, to the bit).
 
     python bench/goals_table.py OUT/*.json [--markdown]
 """
@@ -32,14 +33,23 @@ def prefill(runs: list[dict]) -> dict[int, list[float]]:
     return out
 
 
+def same(runs: list[dict], base: dict | None) -> str:
+    """Whether every run made the tokens of mlx-lm's run of the same prompt ("-": not known)."""
+    mine = [r.get("tokens_sha1") for r in runs]
+    theirs = [r.get("tokens_sha1") for r in base["runs"]] if base else []
+    if base is None or None in mine or None in theirs or len(mine) != len(theirs):
+        return "-"
+    return "same as mlx-lm" if mine == theirs else "DIFFER"
+
+
 def span(values: list[float]) -> str:
     return "/".join(f"{v:.1f}" for v in values) if values else "-"
 
 
 def rows(results: dict[str, dict]) -> list[str]:
     lines = [
-        "| run | steady tok/s | ratio | cold tok/s | hits | RssFile GiB | prefill tok/s |",
-        "|---|---|---|---|---|---|---|",
+        "| run | steady tok/s | ratio | cold tok/s | hits | RssFile GiB | prefill tok/s | tokens |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for tag, result in sorted(results.items()):
         runs = result["runs"]
@@ -54,7 +64,7 @@ def rows(results: dict[str, dict]) -> list[str]:
         fill = ", ".join(f"{n}: {span(v)}" for n, v in prefill(runs).items())
         lines.append(
             f"| {tag} | {span(rates(runs, 'steady'))} | {ratio} | {span(rates(runs, 'cold'))} | "
-            f"{'-' if h is None else f'{h:.1%}'} | {rss:.2f} | {fill} |"
+            f"{'-' if h is None else f'{h:.1%}'} | {rss:.2f} | {fill} | {same(runs, base)} |"
         )
     return lines
 

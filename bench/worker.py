@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import sys
 import time
@@ -117,10 +118,11 @@ def run_once(
     stats = engine_stats(model)
     if stats is not None:
         stats.reset()
-    times, cold = [], None
+    times, cold, ids = [], None, []
     start = time.perf_counter()
-    for _ in tokens(model, prompt, decode_tokens, temp):
+    for token, _ in tokens(model, prompt, decode_tokens, temp):
         times.append(time.perf_counter())
+        ids.append(int(token))
         if len(times) == 1:
             ttft = times[0] - start
         if len(times) == COLD_TOKENS + 1:
@@ -138,6 +140,8 @@ def run_once(
         "decode_tokens": len(times) - 1,
         "decode_s": times[-1] - times[0],
         "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else None,
+        # the tokens made: engines under the same routing and sampling must agree to the bit
+        "tokens_sha1": hashlib.sha1(np.array(ids, dtype=np.int64).tobytes()).hexdigest(),
     }
     result["traffic"] = counts = traffic(model)
     if len(times) > COLD_TOKENS + 1:
