@@ -16,9 +16,12 @@ def bench_path(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))  # bench/ is a folder of scripts, not a package
 
 
-def run(steady: float, cold: float, hits: int = 0, read: int = 0, prompt: int = 16) -> dict:
+def run(
+    steady: float, cold: float, hits: int = 0, read: int = 0, prompt: int = 16, made: str = "a"
+) -> dict:
     decode = {"cache_hits": hits, "experts_read": read}
     return {
+        "tokens_sha1": made,
         "prompt_tokens": prompt,
         "ttft_s": prompt / 100,
         "cold": {"decode_tok_s": cold},
@@ -35,6 +38,7 @@ def test_the_table_rates_each_run_against_its_profiles_mlx_lm(bench_path, tmp_pa
             "runs": [run(40, 20, hits=90, read=10), run(45, 25, hits=80, read=20)],
             "peak_rss_file_bytes": 3 << 29,
         },
+        "medium-gathered-25": {"runs": [run(40, 20), run(45, 25, made="b")]},
         "broken": None,
     }
     paths = []
@@ -48,8 +52,11 @@ def test_the_table_rates_each_run_against_its_profiles_mlx_lm(bench_path, tmp_pa
     # steady rates, worst/best against mlx-lm's best/worst, cold, hits 170/200, RssFile, prefill
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells == ["medium-staged-25", "40.0/45.0", "0.67-0.90", "20.0/25.0", "85.0%", "1.50"] + [
-        "16: 100.0/100.0"
+        "16: 100.0/100.0",
+        "same as mlx-lm",
     ]
+    row = next(line for line in out.splitlines() if line.startswith("| medium-gathered-25 "))
+    assert row.strip(" |").endswith("| DIFFER")  # its second prompt made other tokens
 
 
 def test_settle_copies_counts_what_a_gathered_pool_copies(bench_path, capsys):
