@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from test_slot_pool import OFFSETS, RECORD, TENSORS, pool_over, slot_bytes
 
+from streamer.cache import settle
 from streamer.cache.landing import landing_for
 from streamer.cache.slot_memory import SlotTensor
 from streamer.cache.slot_pool import READERS
@@ -95,7 +96,7 @@ def test_a_pool_holds_no_host_memory_and_reads_right(tmp_path):
     pool.close()
 
 
-def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path):
+def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path, monkeypatch):
     """A gathered pool's settle copies each expert that gained a slot with one fill kernel
     (io/cuda_gather.py SlotFill) from the pinned files, no copy-engine call: the slots then hold
     exactly what the synced pool's do, and a gather on the new table reads them."""
@@ -107,6 +108,7 @@ def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path):
     synced, truth = pool_over(tmp_path / "synced", slots=3)
     for layer, experts in routings:
         synced.place(layer, np.array(experts))
+    monkeypatch.setattr(settle, "FILL_ON_GPU", True)
     landing = landing_for(TENSORS, READERS, True, "gathered", 1 << 30)
     pool, _ = pool_over(tmp_path / "gathered", slots=3, landing=landing)
     kernel, sources = pool.gather_source(0)

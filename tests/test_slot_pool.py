@@ -301,6 +301,7 @@ def test_a_gathered_layers_moved_experts_are_filled_by_kernel(tmp_path, monkeypa
     fenced = []
     monkeypatch.setattr(settle, "gather_kernel", lambda t, s, b: (None, _sources(s, b)))
     monkeypatch.setattr(cuda_gather, "SlotFill", HostFill)
+    monkeypatch.setattr(settle, "FILL_ON_GPU", True)
     routings = [(0, [1, 4]), (1, [0, 1]), (0, [2, 4]), (1, [3, 5]), (0, [0, 1])]
     (tmp_path / "synced").mkdir()
     (tmp_path / "gathered").mkdir()

@@ -72,9 +72,12 @@ def gather_kernel(tensors: Sequence[SlotTensor], source: LayerSource, bases: lis
     return ExpertGather(tensors, alignment), sources
 
 
-# A settle's moved experts copied by one kernel on MLX's stream (False: the landing's copy-engine
-# copies and a host wait, as the synced path's misses: bench/cuda_goals.sh variant compares)
-FILL_ON_GPU = True
+# A gathered layer's moved experts copied by one kernel on MLX's stream (`Gathered.fill`) instead
+# of the landing's copy-engine calls and a host wait. Off until it has run on a GPU: written and
+# tested on the CPU with a stand-in only (tests/test_cuda_gather.py checks the kernel on CUDA;
+# `bash bench/cuda_goals.sh variant OUT fill "from streamer.cache import settle;
+# settle.FILL_ON_GPU = True" medium` measures it beside the default).
+FILL_ON_GPU = False
 
 
 class Gathered:
