@@ -134,8 +134,13 @@ def test_a_slot_is_not_rewritten_while_a_lazy_output_still_reads_it(tmp_path):
     pool.close()
 
 
-def test_a_failed_read_leaves_no_half_read_expert(tmp_path):
-    pool, _ = pool_over(tmp_path, slots=2)
+@pytest.mark.parametrize("gathers", [False, True])
+def test_a_failed_read_leaves_no_half_read_expert(tmp_path, monkeypatch, gathers):
+    """Also where kernels may read the files (CUDA's gathered landing, here a host stand-in): a
+    synced call's read maps nothing of a layer first (mapping the truncated file would fail
+    outside the read's own error handling, as it did on an H100)."""
+    monkeypatch.setattr(settle, "FILL_ON_GPU", True)
+    pool, _ = pool_over(tmp_path, slots=2, landing=_HostLanding() if gathers else None)
     (tmp_path / "001.bin").write_bytes(b"")  # truncated under the open file
     with pytest.raises(StreamerError, match="001.bin: cannot read expert 2"):
         pool.place(1, np.array([2]))

@@ -73,11 +73,11 @@ def gather_kernel(tensors: Sequence[SlotTensor], source: LayerSource, bases: lis
 
 
 # A gathered layer's moved experts copied by one kernel on MLX's stream (`Gathered.fill`) instead
-# of the landing's copy-engine calls and a host wait. Off until it has run on a GPU: written and
-# tested on the CPU with a stand-in only (tests/test_cuda_gather.py checks the kernel on CUDA;
-# `bash bench/cuda_goals.sh variant OUT fill "from streamer.cache import settle;
-# settle.FILL_ON_GPU = True" medium` measures it beside the default).
-FILL_ON_GPU = False
+# of the landing's copy-engine calls and a host wait: on an H100, medium routing at 25%, steady
+# decode 51.1-51.4 tok/s against 45.8-46.4, tokens mlx-lm's (bench/findings.md). False: the old
+# way (`bash bench/cuda_goals.sh variant OUT copies "from streamer.cache import settle;
+# settle.FILL_ON_GPU = False" PROFILE` measures both).
+FILL_ON_GPU = True
 
 
 class Gathered:
@@ -107,6 +107,9 @@ class Gathered:
         return self._kernels[layer]
 
     def covers(self, reads: dict[int, list[tuple[int, int]]]) -> bool:
+        """Whether `fill` copies `reads`: every layer's kernels were made (`source`: a gathered
+        call's; nothing here maps or locks a file, which a synced call's read must not do
+        before its own error handling)."""
         return FILL_ON_GPU and self._sources.keys() >= reads.keys()
 
     def fill(self, reads: dict[int, list[tuple[int, int]]], arrays: Sequence[mx.array]):

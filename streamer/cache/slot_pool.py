@@ -174,7 +174,7 @@ class SlotPool:
         threads at once, as page-cache copies and SSD queues want; a gathered layer's by the
         fill kernel, queued (settle.Gathered). A failure forgets every slot of `reads`: none is
         left half read."""
-        if self.gather_source(layer) is not None and self._gathered.covers({layer: reads}):
+        if self._gathered.covers({layer: reads}):  # a layer a gathered call has used
             self.computed(self._gathered.fill({layer: reads}, self.arrays))
             return
         at_once = READERS if self._landing is None else self._landing.buffers

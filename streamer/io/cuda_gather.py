@@ -12,7 +12,7 @@ stack [routed, *shape] per tensor that mlx-lm's container then computes on, exac
 resident stacks. The routing never reaches the host, so nothing waits: the layers of a token are
 queued as one graph, as mlx-lm queues them. The slot pool's policy learns the routing later, in
 batches (cache/settle.py): which experts keep a slot follows the same LFU, a few tokens late, and
-a SlotFill kernel can copy each expert that gained a slot into it, queued on MLX's stream like
+a SlotFill kernel copies each expert that gained a slot into it, queued on MLX's stream like
 any kernel: no copy-engine call per tensor and no host wait for them (9 calls an expert and a
 wait were the settle's cost on the H200: bench/findings.md; cache/settle.py FILL_ON_GPU).
 
