@@ -136,9 +136,9 @@ def test_a_slot_is_not_rewritten_while_a_lazy_output_still_reads_it(tmp_path):
 
 @pytest.mark.parametrize("gathers", [False, True])
 def test_a_failed_read_leaves_no_half_read_expert(tmp_path, monkeypatch, gathers):
-    """Also where kernels may read the files (CUDA's gathered landing, here a host stand-in): a
-    synced call's read maps nothing of a layer first (mapping the truncated file would fail
-    outside the read's own error handling, as it did on an H100)."""
+    """Also where kernels may read the files (CUDA's gathered landing, here a host stand-in that
+    maps them as it does): the mapping's failure is the read's (on an H100 it escaped the read's
+    error handling once)."""
     monkeypatch.setattr(settle, "FILL_ON_GPU", True)
     pool, _ = pool_over(tmp_path, slots=2, landing=_HostLanding() if gathers else None)
     (tmp_path / "001.bin").write_bytes(b"")  # truncated under the open file
@@ -275,6 +275,8 @@ class _HostLanding:
         return nullcontext(rows)
 
     def device_address(self, file) -> int:
+        if file.size() == 0:  # mmap refuses an empty file
+            raise OSError("short read: the file is empty")
         self.maps.setdefault(file.path, np.memmap(file.path, mode="r"))
         return self.maps[file.path].ctypes.data
 

@@ -107,9 +107,7 @@ class Gathered:
         return self._kernels[layer]
 
     def covers(self, reads: dict[int, list[tuple[int, int]]]) -> bool:
-        """Whether `fill` copies `reads`: every layer's kernels were made (`source`: a gathered
-        call's; nothing here maps or locks a file, which a synced call's read must not do
-        before its own error handling)."""
+        """Whether `fill` copies `reads`: every layer's kernels were made (`source`)."""
         return FILL_ON_GPU and self._sources.keys() >= reads.keys()
 
     def fill(self, reads: dict[int, list[tuple[int, int]]], arrays: Sequence[mx.array]):

@@ -1,26 +1,23 @@
 """A bounded pool of expert slots: the only expert memory a GPU kernel is given on the slot path.
 
 Experts of one shape class (the same tensors, dtypes and shapes: usually every MoE layer of a
-model, or a group of them: experts/slots.py) share a pool of S slots, allocated once in chunks of
-`chunk_slots` slots: per chunk one MLX array `[chunk slots, *shape]` per tensor, each starting on
-a 16 KiB boundary (Apple silicon's page; a real expert's tensors are whole pages, so every slot
-row is page aligned too). A chunk's array holds at most CHUNK_BYTES (MLX refuses a dimension
-past 2^31, Metal a buffer past maxBufferLength): no array grows with the budget. The arrays are
-allocated untouched (io/buffers.py), a slot's pages committed when its first expert is read. A
-layer call's hits cost nothing, its misses are read from the expert file straight into their
-slots' rows (several in flight, no intermediate buffer), and the kernels run on the chunks'
-arrays with slot indices. Victims are chosen by LFU with aging, never among the call's own.
-Reads land where the pool's `landing` says: in the slot on Metal and the CPU; on CUDA (managed
-memory, which host stores migrate page by page) the copy engine writes it from pinned staging or
-the file's mapping, and gathered calls reach the pool later (cache/settle.py).
+model, or a group of them: experts/slots.py) share a pool of S slots, allocated once, untouched
+(io/buffers.py), in chunks: per chunk one MLX array `[chunk slots, *shape]` per tensor, each on a
+16 KiB boundary (Apple silicon's page), of at most CHUNK_BYTES (MLX refuses a dimension past 2^31,
+Metal a buffer past maxBufferLength). A layer call's hits cost nothing, its misses are read from
+the expert file straight into their slots' rows (several in flight), and the kernels run on the
+chunks' arrays with slot indices. Victims are chosen by LFU with aging, never among the call's
+own. Reads land where the pool's `landing` says: in the slot on Metal and the CPU; on CUDA
+(managed memory, which host stores migrate page by page) the copy engine writes it from pinned
+staging or the file's mapping, or a gathered layer's fill kernel does (cache/settle.py, where
+gathered calls reach the pool later).
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
 `fence()`: every output computed from the pool since the last write (`computed`) is evaluated
-before any slot is written, and mx.eval returns only when those kernels have run. In decode and
-prefill this costs nothing: a layer's router sync has evaluated every earlier layer's expert
-output and the previous token's. It matters for two forward passes built before either is
-evaluated, for rounds, and for the kernels a decode call queues on its hits (`while_reading`).
+before any slot is written. In decode and prefill this costs nothing (a layer's router sync has
+evaluated the earlier layers); it matters for passes built before either is evaluated, for
+rounds, and for the kernels a decode call queues on its hits (`while_reading`).
 """
 
 from __future__ import annotations
@@ -103,8 +100,7 @@ class SlotPool:
         misses into their slots; returns (slot per expert, number of misses read). When there
         are misses, `while_reading(slots, missed)` runs once the slots are chosen, before any
         read: it may queue kernels on the hits' slots (a victim is never the call's own)."""
-        # The reuse rule, fenced on every call so that the list holds one call's outputs (in
-        # decode nothing to wait for: the router sync has evaluated them).
+        # The reuse rule, on every call (in decode nothing to wait for: the router sync was)
         self.settle()
         self.fence()
         slots, miss = self.policy.assign(self.base[layer] + experts)
@@ -118,6 +114,12 @@ class SlotPool:
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, misses
 
+    def _gathers(self, layer: int, expert: int) -> bool:  # a file mapped for it: a read's error
+        try:
+            return self.gather_source(layer) is not None
+        except OSError as e:
+            raise unreadable(self.layers[layer].where(0), expert, e) from e
+
     def gather_source(self, layer: int) -> tuple | None:
         """(kernel, sources) for gathered calls of `layer` (io/cuda_gather.py) when the landing
         lets kernels read files, all of the layer's are locked whole, the pool is one chunk and
@@ -128,8 +130,7 @@ class SlotPool:
 
     def defer(self, layer: int, indices: mx.array, count: Callable[[np.ndarray], None]) -> None:
         """A gathered call of `layer` routed `indices`: the policy learns it at `settle`, and
-        `count` is given its distinct experts then (hits and misses as the call found them: no
-        slot changes in between)."""
+        `count` its distinct experts then (hits and misses as the call found them)."""
         self._deferred.append((layer, indices, count))
 
     @property
@@ -138,9 +139,8 @@ class SlotPool:
 
     def settle(self) -> None:
         """The deferred routings given to the policy (settle.replay), then each expert that ended
-        with a new slot read into it, after the fence (by the fill kernel for gathered layers).
-        A failure leaves no slot claiming an expert it does not hold (_read_misses forgets its
-        own layer's, this the layers after)."""
+        with a new slot read into it, after the fence. A failure leaves no slot claiming an
+        expert it does not hold (_read_misses forgets its own layer's, this the layers after)."""
         if not self._deferred:
             return
         deferred, self._deferred = self._deferred, []
@@ -174,11 +174,11 @@ class SlotPool:
         threads at once, as page-cache copies and SSD queues want; a gathered layer's by the
         fill kernel, queued (settle.Gathered). A failure forgets every slot of `reads`: none is
         left half read."""
-        if self._gathered.covers({layer: reads}):  # a layer a gathered call has used
-            self.computed(self._gathered.fill({layer: reads}, self.arrays))
-            return
         at_once = READERS if self._landing is None else self._landing.buffers
         try:
+            if self._gathers(layer, reads[0][0]) and self._gathered.covers({layer: reads}):
+                self.computed(self._gathered.fill({layer: reads}, self.arrays))
+                return
             if self._landing is not None and self._landing.reads_files:
                 for (expert, _), sources in zip(reads, self._copy(layer, reads)):
                     self.layers[layer].check(self.tensors, expert, sources)
