@@ -32,6 +32,8 @@ def stepwise_logits(model, prompt: mx.array, steps: int) -> list[mx.array]:
 
 def overlapped_load(folder, slots: int, monkeypatch):
     monkeypatch.setattr(slot_calls, "GATHERED_ROUTES", 0)  # every call synced, on CUDA too
+    # overlapped on any backend (a GPU's default is serial): these tests check it there too
+    monkeypatch.setattr(slot_calls, "overlapped_routes", lambda: slot_calls.OVERLAPPED_ROUTES)
     return streamer.load(folder, memory_budget=slots * slot_bytes(folder), read_path="slots")
 
 
@@ -75,3 +77,14 @@ def test_every_family_overlapped_matches_the_resident_model(checkpoints, arch, m
     streamed = stepwise_logits(model, prompt, 8)
     resident = stepwise_logits(reference_model(src), prompt, 8)
     assert all(mx.array_equal(a, b) for a, b in zip(streamed, resident))
+
+
+def test_only_the_cpu_backend_overlaps_by_default(monkeypatch):
+    """Measured faster and exact on the CPU only; on a GPU a call computes in one part."""
+    assert slot_calls.overlapped_routes() == (
+        slot_calls.OVERLAPPED_ROUTES if mx.default_device() == mx.cpu else 0
+    )
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    assert slot_calls.overlapped_routes() == 0
+    monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
+    assert slot_calls.overlapped_routes() == slot_calls.OVERLAPPED_ROUTES > 0

@@ -9,22 +9,18 @@ slot indices are gathered on the device from a per-layer table of slots, rebuilt
 layer's call missed (an expert's slot changes only when its own layer reads it again): a call
 that hits uploads nothing (on CUDA an array from numpy is managed memory the GPU faults in).
 
-A decode-sized call (at most OVERLAPPED_ROUTES routed entries) with hits and misses computes in
-two parts: its hits' entries are queued (mx.async_eval) once the pool has chosen the misses'
-slots and before it reads them, so the kernels run beside the reads; the misses' entries follow,
-and the outputs go back in routed order, each entry computed exactly as in one call. Squeezed
-on this CPU (misses from disk) it was 1.01-1.19x the speed of reading first, at 0.96-1.04x of in
-place; with the page cache warm, noise around 1.0 (a second container call); Flash-MoE measured
-+7.5% on a Mac for the shared expert's compute beside its misses (docs/design.md). Prompt
-chunks stay one call.
-
+On the CPU backend (`overlapped_routes`) a decode-sized call (at most OVERLAPPED_ROUTES routed
+entries) with hits and misses computes in two parts: its hits' entries are queued
+(mx.async_eval) once the pool has chosen the misses' slots and before it reads them, so the
+kernels run beside the reads; the misses' entries follow, and the outputs go back in routed
+order, each entry computed exactly as in one call. Squeezed (misses from disk) it was 1.01-1.19x
+the speed of reading first; page cache warm, noise around 1.0. Prompt chunks stay one call.
 A call that routes more experts than the pool has slots (a long prompt chunk on a small pool)
 runs in rounds of at most `slots` experts, each round computing only its own experts' entries.
-A pool is made of chunks (cache/slot_pool.py: no array past CHUNK_BYTES); a round whose experts
-lie in several chunks computes once per chunk, the same way. So that a decode call's experts lie
-in one chunk, a budget larger than one chunk is given to groups of consecutive layers, each group
-a pool of its own of at most one chunk (its LFU shared by its layers); only a layer whose own
-share is larger (or budget 0: one layer's experts shared by all) has a pool of several chunks.
+A round whose experts lie in several chunks of the pool computes once per chunk, the same way.
+So that a decode call's experts lie in one chunk, a budget past one chunk is given to groups of
+consecutive layers, a pool of at most one chunk each; only a layer whose own share is larger (or
+budget 0: one layer's experts shared by all) has a pool of several chunks.
 Where the compute dtype differs from the stored one (the CPU backend with bf16 scales) the routed
 slots are taken and converted per call (counted in bytes_copied); on a GPU the default compute
 dtype is the stored one and nothing is copied (but the gathered stacks, below).
@@ -51,9 +47,16 @@ OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
 
 
+def overlapped_routes() -> int:
+    """OVERLAPPED_ROUTES on the CPU backend (exact for every family, faster squeezed); 0 on a
+    GPU: parts were not the resident's to the bit on an H100 (bench/findings.md)."""
+    return OVERLAPPED_ROUTES if mx.default_device() == mx.cpu else 0
+
+
 class Slots:
     def __init__(self, pool: SlotPool):
         self._pool = pool
+        self._overlapped = overlapped_routes()
         self._installed: int | None = None  # the chunk whose arrays the container holds now
         self._table: mx.array | None = None  # the slot of each of the layer's experts
         self._slot_of: np.ndarray | None = None  # the same on the host
@@ -74,7 +77,7 @@ class Slots:
             # expert placed, its slot gathered on the device from the layer's table
             hits: list = []  # the hits' part, when it computes beside the misses' reads
             early = None
-            if routed.size <= OVERLAPPED_ROUTES:
+            if routed.size <= self._overlapped:
                 early = partial(self._hits_first, layer, x, routed, experts, hits, traffic)
             if self._place(layer, experts, traffic, early)[1] or self._table is None:
                 self._new_table(layer)
