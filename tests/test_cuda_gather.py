@@ -13,7 +13,14 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_slot_pool import OFFSETS, RECORD, TENSORS, pool_over, slot_bytes
+from test_slot_pool import (
+    OFFSETS,
+    RECORD,
+    TENSORS,
+    assert_holds,
+    pool_over,
+    synced_and_deferred,
+)
 
 from streamer.cache import settle
 from streamer.cache.landing import landing_for
@@ -102,15 +109,9 @@ def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path, monkeypatch
     exactly what the synced pool's do, and a gather on the new table reads them."""
     from streamer.io.cuda_gather import NO_SLOT
 
-    routings = [(0, [1, 4]), (1, [0, 1]), (0, [2, 4]), (1, [3, 5]), (0, [0, 1])]
-    (tmp_path / "synced").mkdir()
-    (tmp_path / "gathered").mkdir()
-    synced, truth = pool_over(tmp_path / "synced", slots=3)
-    for layer, experts in routings:
-        synced.place(layer, np.array(experts))
     monkeypatch.setattr(settle, "FILL_ON_GPU", True)
     landing = landing_for(TENSORS, READERS, True, "gathered", 1 << 30)
-    pool, _ = pool_over(tmp_path / "gathered", slots=3, landing=landing)
+    synced, pool, truth = synced_and_deferred(tmp_path, landing=landing)
     kernel, sources = pool.gather_source(0)
     assert pool.gather_source(1) is not None
 
@@ -118,15 +119,10 @@ def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path, monkeypatch
         raise AssertionError("a settle of gathered layers used the copy engine")
 
     landing.copy = no_copy
-    for layer, experts in routings:
-        pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)), lambda _: None)
     pool.settle()
     assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of) and pool.version == 1
     pool.fence()
-    for slot, key in enumerate(pool.policy.slot_key):
-        layer = int(key >= pool.base[1])
-        for got, want in zip(slot_bytes(pool, slot), truth[layer][key - pool.base[layer]]):
-            assert np.array_equal(got, want), (slot, key)
+    assert_holds(pool, truth)
     # a gather on the new table: layer 0's held experts from their slots, the rest from the file
     table = np.full(6, NO_SLOT, dtype=np.uint32)
     held = pool.policy.slot_of[pool.base[0] : pool.base[0] + 6]

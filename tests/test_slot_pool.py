@@ -187,35 +187,43 @@ def test_a_buffer_written_through_its_host_view_is_what_mlx_reads(monkeypatch, c
     assert np.array(view).tolist() == [[0x0201, 0x0605], [0x0403, 0x0807]]
 
 
+ROUTINGS = [(0, [1, 4]), (1, [0, 1]), (0, [2, 4]), (1, [3, 5]), (0, [0, 1])]  # sorted, as routed
+
+
+def synced_and_deferred(tmp_path, landing=None, count=lambda experts: None):
+    """A 3-slot pool that placed ROUTINGS call by call, beside a fresh one (with `landing`) that
+    only deferred them, given `count`: (synced, deferred, truth)."""
+    (tmp_path / "synced").mkdir()
+    (tmp_path / "gathered").mkdir()
+    synced, truth = pool_over(tmp_path / "synced", slots=3)
+    for layer, experts in ROUTINGS:
+        synced.place(layer, np.array(experts))
+    pool, _ = pool_over(tmp_path / "gathered", slots=3, landing=landing)
+    for layer, experts in ROUTINGS:
+        pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)), count)
+    return synced, pool, truth
+
+
+def assert_holds(pool, truth):
+    """Every held slot of `pool` (two layers) holds its expert's bytes as `truth` has them."""
+    for slot, key in enumerate(pool.policy.slot_key):
+        layer = int(key >= pool.base[1])
+        for got, want in zip(slot_bytes(pool, slot), truth[layer][key - pool.base[layer]]):
+            assert np.array_equal(got, want), (slot, key)
+
+
 def test_settled_routings_leave_the_slots_a_synced_run_would(tmp_path):
     """Gathered calls only record their routing (`defer`); `settle` gives it to the policy in
     order, so the pool then holds what `place` call by call would have left, each moved expert's
     bytes in its slot, and its version says the tables changed."""
-    routings = [
-        (0, [1, 4]),
-        (1, [0, 1]),
-        (0, [2, 4]),
-        (1, [3, 5]),
-        (0, [0, 1]),
-    ]  # sorted, as routed
-    (tmp_path / "synced").mkdir()
-    (tmp_path / "gathered").mkdir()
-    synced, truth = pool_over(tmp_path / "synced", slots=3)
-    for layer, experts in routings:
-        synced.place(layer, np.array(experts))
-    pool, _ = pool_over(tmp_path / "gathered", slots=3)
     counted = []  # each call's distinct experts, given to its count at the settle
-    for layer, experts in routings:
-        pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)), counted.append)
+    synced, pool, truth = synced_and_deferred(tmp_path, count=counted.append)
     assert pool.version == 0 and pool.settle_due is False and counted == []
     pool.settle()
     assert pool.version == 1
-    assert [c.tolist() for c in counted] == [experts for _, experts in routings]
+    assert [c.tolist() for c in counted] == [experts for _, experts in ROUTINGS]
     assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
-    for slot, key in enumerate(pool.policy.slot_key):
-        layer = int(key >= pool.base[1])
-        for got, want in zip(slot_bytes(pool, slot), truth[layer][key - pool.base[layer]]):
-            assert np.array_equal(got, want)
+    assert_holds(pool, truth)
     pool.settle()  # nothing deferred: nothing moves
     assert pool.version == 1
     pool.defer(0, mx.array(np.array([[3, 5]], dtype=np.uint32)), counted.append)
@@ -309,23 +317,12 @@ def test_a_gathered_layers_moved_experts_are_filled_by_kernel(tmp_path, monkeypa
     monkeypatch.setattr(settle, "gather_kernel", lambda t, s, b: (None, _sources(s, b)))
     monkeypatch.setattr(cuda_gather, "SlotFill", HostFill)
     monkeypatch.setattr(settle, "FILL_ON_GPU", True)
-    routings = [(0, [1, 4]), (1, [0, 1]), (0, [2, 4]), (1, [3, 5]), (0, [0, 1])]
-    (tmp_path / "synced").mkdir()
-    (tmp_path / "gathered").mkdir()
-    synced, truth = pool_over(tmp_path / "synced", slots=3)
-    for layer, experts in routings:
-        synced.place(layer, np.array(experts))
-    pool, _ = pool_over(tmp_path / "gathered", slots=3, landing=_HostLanding())
+    synced, pool, truth = synced_and_deferred(tmp_path, landing=_HostLanding())
     assert all(pool.gather_source(layer) is not None for layer in (0, 1))
-    for layer, experts in routings:
-        pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)), lambda _: None)
     pool.settle()
     assert sum(fills) == 3 and pool.version == 1  # the 3 experts holding a slot at the end
     assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
-    for slot, key in enumerate(pool.policy.slot_key):
-        layer = int(key >= pool.base[1])
-        for got, want in zip(slot_bytes(pool, slot), truth[layer][key - pool.base[layer]]):
-            assert np.array_equal(got, want)
+    assert_holds(pool, truth)
     assert pool._pending == fenced  # the next write's fence evaluates it
     slots, misses = pool.place(1, np.array([2]))  # a synced miss: fenced, then filled alike
     assert misses == 1 and fills[-1] == 1 and sum(fills) == 4 and pool._pending == fenced[-1:]

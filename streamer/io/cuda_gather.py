@@ -32,13 +32,19 @@ import numpy as np
 NO_SLOT = 0xFFFFFFFF  # a slot table's entry for an expert without a slot (-1 as uint32)
 THREADS = 256  # per block
 BLOCKS_PER_TENSOR = 64  # per routed expert and tensor: ~16k threads copying 16 bytes each at once
+WORDS = {16: "uint4", 8: "uint2", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}  # bytes -> CUDA type
+# Both kernels' copy of `n` bytes from `src` to `dst`: each thread a word, striding over the rest
+_COPY = """    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n / {vector};
+         i += gridDim.x * blockDim.x) {{
+        dst[i] = src[i];
+    }}"""
 
 
 def _source(nbytes: Sequence[int], vector: int) -> str:
     """The kernel's body: block (x, j, t) copies tensor t of routed entry j, in `vector`-byte
     words, from its slot in `pool{t}` or, without one, from the pinned file (`sources` holds,
     per tensor, the device address of expert 0's bytes and the stride between experts)."""
-    word = {16: "uint4", 8: "uint2", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}[vector]
+    word = WORDS[vector]
     cases = "\n".join(
         f"    case {t}: n = {n}ull; pool = reinterpret_cast<const uint8_t*>(pool{t}); "
         f"out = reinterpret_cast<uint8_t*>(out{t}); break;"
@@ -59,10 +65,7 @@ def _source(nbytes: Sequence[int], vector: int) -> str:
         : reinterpret_cast<const uint8_t*>(sources[2 * t] + expert * sources[2 * t + 1]);
     const {word}* src = reinterpret_cast<const {word}*>(from);
     {word}* dst = reinterpret_cast<{word}*>(out + j * n);
-    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n / {vector};
-         i += gridDim.x * blockDim.x) {{
-        dst[i] = src[i];
-    }}
+{_COPY.format(vector=vector)}
 """
 
 
@@ -116,7 +119,7 @@ def _fill_source(nbytes: Sequence[int], vector: int) -> str:
     The pool arrays are inputs (MLX has no in-place outputs): they are written through their
     pointers, which is safe because the pool's fence orders the kernel after every reader of
     the old slots and MLX's stream runs it before any kernel queued later."""
-    word = {16: "uint4", 8: "uint2", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}[vector]
+    word = WORDS[vector]
     cases = "\n".join(
         f"    case {t}: n = {n}ull; pool = const_cast<uint8_t*>("
         f"reinterpret_cast<const uint8_t*>(pool{t})); break;"
@@ -131,10 +134,7 @@ def _fill_source(nbytes: Sequence[int], vector: int) -> str:
     }}
     const {word}* src = reinterpret_cast<const {word}*>(addresses[j * {len(nbytes)} + t]);
     {word}* dst = reinterpret_cast<{word}*>(pool + slots[j] * n);
-    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n / {vector};
-         i += gridDim.x * blockDim.x) {{
-        dst[i] = src[i];
-    }}
+{_COPY.format(vector=vector)}
     if (j == 0 && t == 0 && blockIdx.x == 0 && threadIdx.x == 0) {{
         done[0] = 1;
     }}
