@@ -114,7 +114,7 @@ class SlotPool:
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
         return slots, misses
 
-    def _gathers(self, layer: int, expert: int) -> bool:  # a file mapped for it: a read's error
+    def _is_gathered(self, layer: int, expert: int) -> bool:  # maps files: a read's error
         try:
             return self.gather_source(layer) is not None
         except OSError as e:
@@ -176,7 +176,7 @@ class SlotPool:
         left half read."""
         at_once = READERS if self._landing is None else self._landing.buffers
         try:
-            if self._gathers(layer, reads[0][0]) and self._gathered.covers({layer: reads}):
+            if self._is_gathered(layer, reads[0][0]) and self._gathered.covers({layer: reads}):
                 self.computed(self._gathered.fill({layer: reads}, self.arrays))
                 return
             if self._landing is not None and self._landing.reads_files:
