@@ -25,6 +25,11 @@
 # `pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 openai`
 # (openai 3.57 needs httpx2, httpcore2, truststore, jiter, pydantic, pydantic-core,
 # annotated-types, typing-inspection and sniffio beside what the image has).
+# The mlx-cuda-13 wheel (90 MB) is more than one device call carries (64 MiB with the tree): split
+# it (`split -b 52000000 -d -a 1 WHEEL mlx_cuda_13.part.`) into two ignored folders, carry the
+# first part in one call that only copies it to WHEELS_DIR, and the second part with the other
+# wheels in the next, back to back (a lent machine is given back after 30 s idle), which copies
+# it there too and runs `install WHEELS_DIR` before its work.
 # Each stage runs in its own process under `timeout`: a CUDA fault can leave a process hung.
 set -uo pipefail
 cd "$(dirname "$0")/.."
