@@ -75,6 +75,12 @@ def word_bytes(sizes: Sequence[int]) -> int:
     return next(v for v in (16, 8, 4, 2, 1) if common % v == 0)
 
 
+def threads_per_tensor(sizes: Sequence[int], word: int) -> int:
+    """Both kernels' threads per expert and tensor: one a `word` of the largest tensor, at most
+    BLOCKS_PER_TENSOR blocks of them (each thread's loop strides over the rest)."""
+    return min(BLOCKS_PER_TENSOR, -(-max(sizes) // word // THREADS)) * THREADS
+
+
 class ExpertGather:
     """The gather kernel for one pool's tensors (SlotTensors), compiled once by MLX (nvrtc).
     `alignment`: what every source address divides (a multiple of each tensor's file offset and
@@ -85,10 +91,7 @@ class ExpertGather:
         self._tensors = tuple(tensors)
         count, sizes = len(self._tensors), tuple(t.nbytes for t in self._tensors)
         word = word_bytes([*sizes, alignment])
-        # threads per routed expert and tensor: one a word of the largest tensor, at most
-        # BLOCKS_PER_TENSOR blocks of them (each thread's loop strides over the rest)
-        blocks = min(BLOCKS_PER_TENSOR, -(-max(sizes) // word // THREADS))
-        self._threads = blocks * THREADS
+        self._threads = threads_per_tensor(sizes, word)
         self._kernel = mx.fast.cuda_kernel(
             name=f"streamer_expert_gather_{count}_{word}_{abs(hash(sizes)):x}",
             input_names=["routed", "table", "sources", *(f"pool{t}" for t in range(count))],
@@ -166,10 +169,9 @@ class SlotFill:
                 source=_fill_source(sizes, word),
                 ensure_row_contiguous=False,
             )
-        blocks = min(BLOCKS_PER_TENSOR, -(-max(sizes) // word // THREADS))
         (done,) = self._kernels[word](
             inputs=[mx.array(slots, mx.uint32), mx.array(addresses, mx.uint64), *pool],
-            grid=(blocks * THREADS, len(slots), len(self._tensors)),
+            grid=(threads_per_tensor(sizes, word), len(slots), len(self._tensors)),
             threadgroup=(THREADS, 1, 1),
             output_shapes=[(1,)],
             output_dtypes=[mx.uint32],
