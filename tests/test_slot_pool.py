@@ -218,7 +218,8 @@ def test_settled_routings_leave_the_slots_a_synced_run_would(tmp_path):
     bytes in its slot, and its version says the tables changed."""
     counted = []  # each call's distinct experts, given to its count at the settle
     synced, pool, truth = synced_and_deferred(tmp_path, count=counted.append)
-    assert pool.version == 0 and pool.settle_due is False and counted == []
+    pool.settle_earlier_tokens()  # far from SETTLE_TOKENS tokens' worth: not due
+    assert pool.version == 0 and counted == []
     pool.settle()
     assert pool.version == 1
     assert [c.tolist() for c in counted] == [experts for _, experts in ROUTINGS]
@@ -234,26 +235,33 @@ def test_settled_routings_leave_the_slots_a_synced_run_would(tmp_path):
 
 
 def test_settles_come_sooner_after_a_synced_call_moved_slots(tmp_path):
-    """After a prompt's synced calls read misses, gathered calls settle after 1 token's worth of
-    calls (one per layer), then 2, 4, ... up to SETTLE_TOKENS: until a settle, an expert that
-    missed misses again on every call routing it."""
+    """At a token's first gathered call the pool settles every token's calls but the last's,
+    once they are SETTLE_TOKENS tokens' worth (the GPU may still compute the last token). After
+    a prompt's synced calls read misses: 1 token's worth, then 2, 4, ... (until a settle, an
+    expert that missed misses again on every call routing it)."""
     pool, _ = pool_over(tmp_path, slots=4)
+    counted = []  # the settled calls' distinct experts
 
-    def tokens_until_due() -> int:
-        tokens = 0
-        while not pool.settle_due:
+    def settles(tokens: int) -> list[tuple[int, int]]:
+        """(token, tokens' calls settled) of each settle over `tokens` tokens of 2 layers."""
+        done = []
+        for token in range(tokens):
+            pool.settle_earlier_tokens()
+            if counted:
+                done.append((token, len(counted) // 2))
+                counted.clear()
             for layer in (0, 1):
-                pool.defer(layer, mx.array(np.array([[0, 1]], dtype=np.uint32)), len)
-            tokens += 1
-        pool.settle()
-        return tokens
+                pool.defer(layer, mx.array(np.array([[0, 1]], dtype=np.uint32)), counted.append)
+        return done
 
-    assert pool.settle_due is False
-    assert [tokens_until_due() for _ in range(3)] == [16, 16, 16]  # nothing placed yet
+    assert settles(50) == [(17, 16), (33, 16), (49, 16)]  # nothing placed yet
     pool.place(0, np.array([2, 3]))  # misses read: the slots moved under a synced call
-    assert [tokens_until_due() for _ in range(6)] == [1, 2, 4, 8, 16, 16]
+    assert len(counted) == 4  # place settled everything first: the last 2 tokens
+    counted.clear()
+    assert settles(49) == [(2, 1), (4, 2), (8, 4), (16, 8), (32, 16), (48, 16)]
     pool.place(1, np.array([0, 1]))  # hits only (the settles placed them): nothing moved
-    assert tokens_until_due() == 16
+    counted.clear()
+    assert settles(18) == [(17, 16)]
     pool.close()
 
 
@@ -319,13 +327,18 @@ def test_a_gathered_layers_moved_experts_are_filled_by_kernel(tmp_path, monkeypa
     monkeypatch.setattr(settle, "FILL_ON_GPU", True)
     synced, pool, truth = synced_and_deferred(tmp_path, landing=_HostLanding())
     assert all(pool.gather_source(layer) is not None for layer in (0, 1))
-    pool.settle()
-    assert sum(fills) == 3 and pool.version == 1  # the 3 experts holding a slot at the end
+    earlier = mx.array([2.0]) * 3  # a lazy output read from the pool: queued before the fill
+    pool.computed(earlier)
+    with monkeypatch.context() as no_wait:
+        no_wait.setattr(pool, "fence", lambda: pytest.fail("a settle by fill waits for nothing"))
+        pool.settle()
+    assert fills == [3] and pool.version == 1  # one launch: the 3 experts holding a slot
+    assert earlier.item() == 6.0
     assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
     assert_holds(pool, truth)
     assert pool._pending == fenced  # the next write's fence evaluates it
     slots, misses = pool.place(1, np.array([2]))  # a synced miss: fenced, then filled alike
-    assert misses == 1 and fills[-1] == 1 and sum(fills) == 4 and pool._pending == fenced[-1:]
+    assert misses == 1 and fills == [3, 1] and pool._pending == fenced[-1:]
     assert all(np.array_equal(g, w) for g, w in zip(slot_bytes(pool, slots[0]), truth[1][2]))
     synced.close()
     pool.close()

@@ -15,7 +15,7 @@ from conftest import reference_model
 from test_parity import PROMPT, assert_exactly_as, greedy_tokens
 
 import streamer
-from streamer.cache import slot_pool
+from streamer.cache import settle, slot_pool
 from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
 from streamer.experts import slots as slot_calls
@@ -151,7 +151,7 @@ def test_gathered_decode_matches_the_resident_model(float32_model, monkeypatch, 
     slots, and the tables must follow every move. Decode never syncs; the prompt does (too
     many routes for one stack)."""
     src, folder = float32_model
-    monkeypatch.setattr(slot_pool, "SETTLE_TOKENS", settle_tokens)
+    monkeypatch.setattr(settle, "SETTLE_TOKENS", settle_tokens)
     stand_ins = {}
 
     def gather_source(pool, layer):

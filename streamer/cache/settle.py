@@ -3,14 +3,17 @@
 
 Gathered calls (CUDA, files locked whole and mapped: `gather_source`) read no slot on the host:
 the GPU takes each routed expert from its slot or, a miss, from the file (io/cuda_gather.py),
-and the call's routing is only recorded (`defer`). `settle`, every SETTLE_TOKENS tokens' worth of
-calls (after a synced call moved slots, a prompt, 1, 2, 4, ... tokens first: until a settle, a
-missed expert misses again on every call routing it; bench/settle_interval.py) and before any
-`place`, gives the policy those routings in order, as `place` would have
-had them, and copies each expert that ends with a new slot into it (one fill kernel on MLX's
-stream, from the pinned files: io/cuda_gather.py SlotFill): the slots hold what the synced
-path's would, a few tokens late. `version` changes whenever a slot's expert does: a
-gathered call trusts its slot table, so it makes a new one then.
+and the call's routing is only recorded (`defer`, `Deferred`). A settle gives the policy those
+routings in order, as `place` would have had them, and copies each expert that ends with a new
+slot into it (one fill kernel on MLX's stream, from the pinned files: io/cuda_gather.py
+SlotFill): the slots hold what the synced path's would, a few tokens late. It comes every
+SETTLE_TOKENS tokens' worth of calls (after a synced call moved slots, a prompt, 1, 2, 4, ...
+tokens first: until a settle, a missed expert misses again on every call routing it;
+bench/settle_interval.py), at a token's first call and for the tokens before the last one,
+which the GPU has computed: so nothing waits for the GPU, and the host replays while the GPU
+computes the last token (SlotPool.settle_earlier_tokens); and before any `place`, for all.
+`version` changes whenever a slot's expert does: a gathered call trusts its slot table, so it
+makes a new one then.
 """
 
 from __future__ import annotations
@@ -24,11 +27,44 @@ import numpy as np
 from .policies import SlotLFU
 from .slot_memory import LayerSource, SlotTensor
 
+SETTLE_TOKENS = 16  # gathered tokens between two settles (after slots moved: 1, 2, 4, ... first)
+
+
+class Deferred:
+    """Gathered calls not yet settled, in order: (layer, routed indices, what counts their
+    distinct experts); and when the next settle is due."""
+
+    def __init__(self, calls_per_token: int):
+        self.calls: list[tuple[int, mx.array, Callable[[np.ndarray], None]]] = []
+        self._per_token = calls_per_token  # one per layer of the pool
+        self._tokens = SETTLE_TOKENS  # tokens' worth of calls the next settle waits for
+
+    def moved(self) -> None:
+        """A synced call moved slots: settle after 1 token, then 2, 4, ... (until a settle, an
+        expert that missed misses again on every call routing it)."""
+        self._tokens = 1
+
+    def due(self) -> bool:
+        """Whether the calls before the last token's are the next settle's worth."""
+        return len(self.calls) - self._per_token >= self._tokens * self._per_token
+
+    def take(self, behind: int) -> list:
+        """Every call but the last `behind`, no longer deferred."""
+        cut = max(0, len(self.calls) - behind)
+        taken, self.calls = self.calls[:cut], self.calls[cut:]
+        if taken:
+            self._tokens = min(2 * self._tokens, SETTLE_TOKENS)
+        return taken
+
 
 def distinct(routed: Sequence[mx.array]) -> list[np.ndarray]:
     """Each call's distinct routed experts (sorted), on the host in one pull for all of them
-    (each np.array of a GPU array is a sync of its own)."""
-    together = np.array(mx.concatenate([indices.reshape(-1) for indices in routed]))
+    (each np.array of a GPU array is a sync of its own). The pull runs on the CPU's stream: on
+    the GPU's it would wait behind every kernel queued there, not only the calls' own."""
+    if not routed:
+        return []
+    flat = [mx.reshape(indices, (-1,), stream=mx.cpu) for indices in routed]
+    together = np.array(mx.concatenate(flat, stream=mx.cpu))
     ends = np.cumsum([indices.size for indices in routed])
     return [np.unique(experts) for experts in np.split(together, ends[:-1])]
 
@@ -83,7 +119,8 @@ FILL_ON_GPU = True
 class Gathered:
     """A pool's gathered layers: per layer its gather kernel and sources (`source`), and the
     settle's copies for them (`fill`): one fill kernel (io/cuda_gather.py SlotFill) queued on
-    MLX's stream, after every kernel the pool's fence waited for and before any queued later (a
+    MLX's stream, after every reader of the old slots (queued first: MLX's CUDA backend runs
+    each evaluation's graph on one stream, in order) and before any kernel queued later (a
     gathered call on the new table). The host does not wait; the pool's next fence does, on the
     output `fill` returns. Nothing can fail a read there: the files are locked whole and the
     kernel reads their pages (a gathered layer keeps no checksum: SlotPool.gather_source)."""

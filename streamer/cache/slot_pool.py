@@ -13,11 +13,9 @@ staging or the file's mapping, or a gathered layer's fill kernel does (cache/set
 gathered calls reach the pool later).
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
-slot is rewritten only after every kernel that reads it has finished. `place` enforces it with
-`fence()`: every output computed from the pool since the last write (`computed`) is evaluated
-before any slot is written. In decode and prefill this costs nothing (a layer's router sync has
-evaluated the earlier layers); it matters for passes built before either is evaluated, for
-rounds, and for the kernels a decode call queues on its hits (`while_reading`).
+slot is rewritten only after every kernel that reads it has finished: `fence()` evaluates every
+output computed from the pool since the last write (`computed`) first (in decode free: a layer's
+router sync evaluated the earlier layers), or a fill kernel is queued after them (settle).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ import numpy as np
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
 from .landing import CUDA_MISSES_DEFAULT, Landing, landing_for, unreadable
 from .policies import SlotLFU
-from .settle import Gathered, counted, replay
+from .settle import Deferred, Gathered, counted, replay
 from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_slots
 
 READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
@@ -41,7 +39,6 @@ PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 thre
 # that a decode call's experts lie in one chunk when its layer's pool is one (experts/slots.py
 # gives each group of layers a pool of its own for that), and a 2^31 dimension is never near.
 CHUNK_BYTES = 1 << 30
-SETTLE_TOKENS = 16  # gathered tokens between two settles (after a prompt 1, 2, 4, ... first)
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
 
 
@@ -76,10 +73,8 @@ class SlotPool:
             self._rows.append([rows for _, rows in made])
         self._scratch = aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
         self._pending: list[mx.array] = []
-        # gathered calls: (layer, routed indices, what counts their distinct experts)
-        self._deferred: list[tuple[int, mx.array, Callable[[np.ndarray], None]]] = []
+        self._deferred = Deferred(calls_per_token=len(layers))  # gathered calls' routings
         self._gathered = Gathered(self.tensors)  # their kernels, per layer, and the settle's
-        self._settle_tokens = SETTLE_TOKENS  # tokens' worth of deferred calls the next settle waits
         self.version = 0  # changes whenever a slot gets another expert
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
@@ -100,15 +95,14 @@ class SlotPool:
         misses into their slots; returns (slot per expert, number of misses read). When there
         are misses, `while_reading(slots, missed)` runs once the slots are chosen, before any
         read: it may queue kernels on the hits' slots (a victim is never the call's own)."""
-        # The reuse rule, on every call (in decode nothing to wait for: the router sync was)
         self.settle()
-        self.fence()
+        self.fence()  # the reuse rule, on every call (in decode free: the router sync waited)
         slots, miss = self.policy.assign(self.base[layer] + experts)
         self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
         misses = int(np.count_nonzero(miss))
         if misses:
             self.version += 1
-            self._settle_tokens = 1
+            self._deferred.moved()
             if while_reading is not None:
                 while_reading(slots, miss)
             self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
@@ -131,31 +125,39 @@ class SlotPool:
     def defer(self, layer: int, indices: mx.array, count: Callable[[np.ndarray], None]) -> None:
         """A gathered call of `layer` routed `indices`: the policy learns it at `settle`, and
         `count` its distinct experts then (hits and misses as the call found them)."""
-        self._deferred.append((layer, indices, count))
+        self._deferred.calls.append((layer, indices, count))
 
-    @property
-    def settle_due(self) -> bool:
-        return len(self._deferred) >= self._settle_tokens * len(self.layers)
+    def settle_earlier_tokens(self) -> None:
+        """At a gathered call, when due: `settle` every token's calls but the last's. The GPU
+        may still compute the last token; mlx-lm waited for the ones before it while it queued
+        this one, so the settle's pull waits for nothing and its replay runs beside the GPU."""
+        if self._deferred.due():
+            self.settle(behind=len(self.layers))
 
-    def settle(self) -> None:
-        """The deferred routings given to the policy (settle.replay), then each expert that ended
-        with a new slot read into it, after the fence. A failure leaves no slot claiming an
-        expert it does not hold (_read_misses forgets its own layer's, this the layers after)."""
-        if not self._deferred:
+    def settle(self, behind: int = 0) -> None:
+        """The deferred routings (but the last `behind` calls') given to the policy in order
+        (settle.replay); each expert that ended with a new slot read into it, by one fill kernel
+        queued after every reader of the old slots (no host wait), else after the fence. A
+        failure leaves no slot claiming an expert it does not hold."""
+        deferred = self._deferred.take(behind)
+        if not deferred:
             return
-        deferred, self._deferred = self._deferred, []
-        self._settle_tokens = min(2 * self._settle_tokens, SETTLE_TOKENS)
-        self.fence()
         routed = counted(deferred)
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
-        self.version += bool(reads)
+        if not reads:
+            return
+        self.version += 1
+        if self._gathered.covers(reads):
+            mx.async_eval(self._pending)  # queued before the fill: the stream runs them first
+            self._pending = [self._gathered.fill(reads, self.arrays)]  # done after all of them
+            return
+        self.fence()
         for n, (layer, layer_reads) in enumerate(reads.items()):
             try:
                 self._read_misses(layer, layer_reads)
             except BaseException:
                 for later, later_reads in list(reads.items())[n + 1 :]:
-                    for expert, slot in later_reads:
-                        self._forget(later, expert, slot)
+                    self._forget(later, later_reads)
                 raise
 
     def computed(self, output: mx.array) -> None:
@@ -201,8 +203,7 @@ class SlotPool:
                     for (expert, _), buffers in zip(wave, landed):
                         self.layers[layer].check(self.tensors, expert, buffers)
         except BaseException:
-            for expert, slot in reads:
-                self._forget(layer, expert, slot)
+            self._forget(layer, reads)
             raise
 
     def _land(self, slot: int) -> AbstractContextManager[Sequence[np.ndarray]]:
@@ -243,15 +244,14 @@ class SlotPool:
         except OSError as e:
             raise unreadable(source.where(file), expert, e) from e
 
-    def _forget(self, layer: int, expert: int, slot: int) -> None:  # a failed read's slot: empty
-        self.policy.slot_of[self.base[layer] + expert] = -1
-        self.policy.slot_key[slot] = -1
+    def _forget(self, layer: int, reads: list[tuple[int, int]]) -> None:  # failed: slots empty
+        for expert, slot in reads:
+            self.policy.slot_of[self.base[layer] + expert] = -1
+            self.policy.slot_key[slot] = -1
 
     def close(self) -> None:
         self.fence()
-        if self._deferred:  # counted, not replayed: no slot is written once the files close
-            counted(self._deferred)
-            self._deferred = []
+        counted(self._deferred.take(behind=0))  # not replayed: no slot is written once closed
         if self._landing is not None:
             self._landing.close()
             self._landing = None

@@ -171,10 +171,9 @@ class Slots:
         """The container on the stack the GPU gathered (io/cuda_gather.py): no sync, no read."""
         pool = self._pool
         traffic.gathered += 1
-        if pool.settle_due:
-            settled = time.perf_counter()
-            pool.settle()
-            traffic.read_seconds += time.perf_counter() - settled
+        settled = time.perf_counter()
+        pool.settle_earlier_tokens()
+        traffic.read_seconds += time.perf_counter() - settled
         if self._version != pool.version or self._table is None:
             self._new_table(layer)
         stacks = kernel(indices, self._table, sources, pool.arrays)

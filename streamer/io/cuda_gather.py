@@ -120,8 +120,9 @@ def _fill_source(nbytes: Sequence[int], vector: int) -> str:
     """The fill kernel's body: block (x, j, t) copies tensor t of move j, in `vector`-byte words,
     from `addresses[j, t]` (a device address in a pinned file) into slot `slots[j]` of `pool{t}`.
     The pool arrays are inputs (MLX has no in-place outputs): they are written through their
-    pointers, which is safe because the pool's fence orders the kernel after every reader of
-    the old slots and MLX's stream runs it before any kernel queued later."""
+    pointers, which is safe because every reader of the old slots is queued before it (the
+    pool's fence or settle), and MLX runs each evaluation's graph on its one stream in order,
+    so the kernel runs after them and before any kernel queued later."""
     word = WORDS[vector]
     cases = "\n".join(
         f"    case {t}: n = {n}ull; pool = const_cast<uint8_t*>("
