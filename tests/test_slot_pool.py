@@ -140,7 +140,7 @@ def test_a_failed_read_leaves_no_half_read_expert(tmp_path, monkeypatch, gathers
     maps them as it does): the mapping's failure is the read's (on an H100 it escaped the read's
     error handling once)."""
     monkeypatch.setattr(settle, "FILL_ON_GPU", True)
-    pool, _ = pool_over(tmp_path, slots=2, landing=_HostLanding() if gathers else None)
+    pool, _ = pool_over(tmp_path, slots=2, landing=HostLanding() if gathers else None)
     (tmp_path / "001.bin").write_bytes(b"")  # truncated under the open file
     with pytest.raises(StreamerError, match="001.bin: cannot read expert 2"):
         pool.place(1, np.array([2]))
@@ -278,7 +278,7 @@ def test_a_settle_that_fails_to_read_leaves_no_slot_claiming_an_expert(tmp_path)
     pool.close()
 
 
-class _HostLanding:
+class HostLanding:
     """A landing whose kernels "reach" each file at its host mapping (CUDA's gathered landing
     gives the device address of the pinned file instead): reads land in the slots."""
 
@@ -300,51 +300,56 @@ class _HostLanding:
         self.maps.clear()
 
 
+class HostFill:
+    """io/cuda_gather.py SlotFill on this CPU for `pool`: once every kernel queued before it has
+    run (MLX's stream runs the real one after them), each move's tensors copied from its
+    addresses (host mappings here) into its slot; its lazy output is what the pool's next fence
+    waits on."""
+
+    def __init__(self, pool: SlotPool):
+        self.pool, self.moves, self.outputs = pool, [], []
+
+    def __call__(self, slots, addresses, arrays):
+        assert arrays is self.pool.arrays
+        mx.synchronize()
+        self.moves.append(len(slots))
+        for slot, row in zip(slots, addresses):
+            for t, (tensor, address) in enumerate(zip(self.pool.tensors, row)):
+                ctypes.memmove(self.pool._rows[0][t][slot].ctypes.data, int(address), tensor.nbytes)
+        self.outputs.append(mx.array([1], mx.uint32) + 0)  # lazy, as the kernel's output is
+        return self.outputs[-1]
+
+
 def test_a_gathered_layers_moved_experts_are_filled_by_kernel(tmp_path, monkeypatch):
-    """A settle of gathered layers copies each layer's moved experts with one fill kernel (CUDA:
-    io/cuda_gather.py SlotFill, checked there) from each tensor's address in its file, and so
-    does a synced call's miss there. Here a stand-in copies by those addresses on the host: the
-    slots end as the synced pool's, and the next write waits for the kernels' outputs (the
-    fence)."""
-    fills = []
-
-    class HostFill:
-        def __init__(self, tensors):
-            self.tensors = tensors
-
-        def __call__(self, slots, addresses, arrays):
-            fills.append(len(slots))
-            for slot, row in zip(slots, addresses):
-                for t, (tensor, address) in enumerate(zip(self.tensors, row)):
-                    ctypes.memmove(pool._rows[0][t][slot].ctypes.data, int(address), tensor.nbytes)
-            done = mx.array([1], mx.uint32) + 0  # lazy, as the kernel's output is
-            fenced.append(done)
-            return done
-
-    fenced = []
-    monkeypatch.setattr(settle, "gather_kernel", lambda t, s, b: (None, _sources(s, b)))
-    monkeypatch.setattr(cuda_gather, "SlotFill", HostFill)
+    """A settle of gathered layers copies every moved expert with one fill kernel (CUDA:
+    io/cuda_gather.py SlotFill, checked there) from each tensor's address in its file, queued
+    after the pool's readers with no host wait, and so does a synced call's miss there. Here a
+    stand-in copies by those addresses on the host: the slots end as the synced pool's, and the
+    next write waits for the kernels' outputs (the fence)."""
+    monkeypatch.setattr(settle, "gather_kernel", lambda t, s, b: (None, host_sources(s, b)))
     monkeypatch.setattr(settle, "FILL_ON_GPU", True)
-    synced, pool, truth = synced_and_deferred(tmp_path, landing=_HostLanding())
+    synced, pool, truth = synced_and_deferred(tmp_path, landing=HostLanding())
+    fill = HostFill(pool)
+    monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill)
     assert all(pool.gather_source(layer) is not None for layer in (0, 1))
     earlier = mx.array([2.0]) * 3  # a lazy output read from the pool: queued before the fill
     pool.computed(earlier)
     with monkeypatch.context() as no_wait:
         no_wait.setattr(pool, "fence", lambda: pytest.fail("a settle by fill waits for nothing"))
         pool.settle()
-    assert fills == [3] and pool.version == 1  # one launch: the 3 experts holding a slot
+    assert fill.moves == [3] and pool.version == 1  # one launch: the 3 experts holding a slot
     assert earlier.item() == 6.0
     assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
     assert_holds(pool, truth)
-    assert pool._pending == fenced  # the next write's fence evaluates it
+    assert pool._pending == fill.outputs  # the next write's fence evaluates it
     slots, misses = pool.place(1, np.array([2]))  # a synced miss: fenced, then filled alike
-    assert misses == 1 and fills == [3, 1] and pool._pending == fenced[-1:]
+    assert misses == 1 and fill.moves == [3, 1] and pool._pending == fill.outputs[-1:]
     assert all(np.array_equal(g, w) for g, w in zip(slot_bytes(pool, slots[0]), truth[1][2]))
     synced.close()
     pool.close()
 
 
-def _sources(source: LayerSource, bases: list[int]) -> np.ndarray:
+def host_sources(source: LayerSource, bases: list[int]) -> np.ndarray:
     """gather_kernel's sources: expert 0's address and the stride of each tensor."""
     return np.array(
         [[bases[at.file] + at.offset, at.stride] for at in source.placements], dtype=np.uint64

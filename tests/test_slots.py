@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 from conftest import reference_model
 from test_parity import PROMPT, assert_exactly_as, greedy_tokens
+from test_slot_pool import HostFill, HostLanding, host_sources
 
 import streamer
 from streamer.cache import settle, slot_pool
 from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
 from streamer.experts import slots as slot_calls
+from streamer.io import cuda_gather
 from streamer.io.cuda_gather import NO_SLOT
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
@@ -119,18 +121,18 @@ class GatherStandIn:
     table has one, else read from the layer's files (never from the pool: a table that named a
     slot its expert has left would compute on another expert and change the tokens)."""
 
-    def __init__(self, pool, layer: int):
-        self._pool, self._source = pool, pool.layers[layer]
+    def __init__(self, tensors, source):
+        self._tensors, self._source = tensors, source
         self.calls = self.hits = self.misses = 0  # distinct experts from a slot, from the files
 
     def __call__(self, indices, table, sources, arrays):
-        assert sources is None and arrays is self._pool.arrays
+        assert len(arrays) == len(self._tensors)
         self.calls += 1
         routed, slot_of = np.array(indices).ravel(), np.array(table)
         held = slot_of[np.unique(routed)] != NO_SLOT
         self.hits, self.misses = self.hits + held.sum(), self.misses + (~held).sum()
         stacks = []
-        for t, (tensor, at) in enumerate(zip(self._pool.tensors, self._source.placements)):
+        for t, (tensor, at) in enumerate(zip(self._tensors, self._source.placements)):
             rows = []
             for expert in routed:
                 if slot_of[expert] != NO_SLOT:
@@ -145,22 +147,42 @@ class GatherStandIn:
 
 
 @pytest.mark.parametrize("settle_tokens", [1, 3])
-def test_gathered_decode_matches_the_resident_model(float32_model, monkeypatch, settle_tokens):
+@pytest.mark.parametrize("moved_by", ["reads", "fill"])
+def test_gathered_decode_matches_the_resident_model(
+    float32_model, monkeypatch, settle_tokens, moved_by
+):
     """CUDA's gathered calls (no sync: the GPU takes misses from the pinned files), here with a
     stand-in for the kernel: 6 slots for 2 layers x top-4 of 16 experts, so most settles move
     slots, and the tables must follow every move. Decode never syncs; the prompt does (too
-    many routes for one stack)."""
+    many routes for one stack). Moved experts reach their slots by reads after the fence, or
+    (CUDA's default) by the fill kernel queued behind the pool's readers, here a stand-in that
+    copies from the files' host mappings (test_slot_pool.py HostFill)."""
     src, folder = float32_model
     monkeypatch.setattr(settle, "SETTLE_TOKENS", settle_tokens)
     stand_ins = {}
 
-    def gather_source(pool, layer):
-        return stand_ins.setdefault(layer, GatherStandIn(pool, layer)), None
+    def stand_in(tensors, source):
+        return stand_ins.setdefault(id(source), GatherStandIn(tensors, source))
 
-    monkeypatch.setattr(slot_pool.SlotPool, "gather_source", gather_source)
+    if moved_by == "reads":
+        monkeypatch.setattr(
+            slot_pool.SlotPool,
+            "gather_source",
+            lambda pool, layer: (stand_in(pool.tensors, pool.layers[layer]), None),
+        )
+    else:  # the pool's own gathered layers, with kernels reaching the files' host mappings
+        monkeypatch.setattr(slot_pool, "landing_for", lambda *args: HostLanding())
+        monkeypatch.setattr(
+            settle,
+            "gather_kernel",
+            lambda tensors, source, bases: (stand_in(tensors, source), host_sources(source, bases)),
+        )
+        monkeypatch.setattr(settle, "FILL_ON_GPU", True)
+        monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill)
     model, tokenizer = streamer.load(
         folder, memory_budget=6 * slot_bytes(folder), read_path="slots"
     )
+    fill = HostFill(model.streamer.pools[0])
     (pool,) = model.streamer.pools
     prompt = mx.array(tokenizer.encode(PROMPT))
     tokens, reference = 24, reference_model(src)
@@ -172,6 +194,8 @@ def test_gathered_decode_matches_the_resident_model(float32_model, monkeypatch, 
     assert decode.cache_hits == sum(s.hits for s in stand_ins.values()) > 0
     assert decode.experts_read == sum(s.misses for s in stand_ins.values()) > 0
     assert pool.version > 1  # settles moved slots (the last few routings wait for the next one)
+    if moved_by == "fill":  # the prompt's misses (a launch a layer), then a launch a settle
+        assert len(fill.moves) > 2 and all(fill.moves)
 
 
 def test_forward_passes_built_before_either_is_evaluated(float32_model):
