@@ -332,13 +332,18 @@ def test_a_gathered_layers_moved_experts_are_filled_by_kernel(tmp_path, monkeypa
     fill = HostFill(pool)
     monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill)
     assert all(pool.gather_source(layer) is not None for layer in (0, 1))
-    earlier = mx.array([2.0]) * 3  # a lazy output read from the pool: queued before the fill
+
+    def tensor_0_sum() -> mx.array:  # an output read from the pool
+        return mx.sum(pool.arrays[0].view(mx.uint8).astype(mx.uint64))
+
+    before = tensor_0_sum().item()
+    earlier = tensor_0_sum()  # lazy: queued before the fill, so computed on the slots before it
     pool.computed(earlier)
     with monkeypatch.context() as no_wait:
         no_wait.setattr(pool, "fence", lambda: pytest.fail("a settle by fill waits for nothing"))
         pool.settle()
     assert fill.moves == [3] and pool.version == 1  # one launch: the 3 experts holding a slot
-    assert earlier.item() == 6.0
+    assert earlier.item() == before != tensor_0_sum().item()
     assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
     assert_holds(pool, truth)
     assert pool._pending == fill.outputs  # the next write's fence evaluates it
