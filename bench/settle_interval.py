@@ -35,11 +35,14 @@ from streamer.cache.settle import replay  # noqa: E402
 from streamer.cli import DEMO_MODEL  # noqa: E402
 from streamer.families.architectures import recording_routing  # noqa: E402
 
-SCHEDULES = {  # name -> tokens between settles, the first settle after the prompt first
-    "synced": None,
-    "every 16": [16],
-    "every 4": [4],
-    "1, 2, 4, 8, 16": [1, 2, 4, 8, 16],
+# name -> (tokens between settles, the first settle after the prompt first; tokens left for the
+# next settle: 1 is the pool's own, SlotPool.settle_earlier_tokens, whose pull waits for nothing)
+SCHEDULES = {
+    "synced": (None, 0),
+    "every 16": ([16], 0),
+    "every 4": ([4], 0),
+    "1, 2, 4, 8, 16": ([1, 2, 4, 8, 16], 0),
+    "1, 2, 4, 8, 16, a token behind": ([1, 2, 4, 8, 16], 1),
 }
 
 
@@ -62,8 +65,9 @@ def routed_run(model, tokenizer, text: str, decode: int) -> tuple[list, list]:
     ]
 
 
-def misses_under(prefill, tokens, num_experts: int, slots: int, intervals) -> dict:
-    """Misses per decode token and settles of one schedule (`intervals` None: synced)."""
+def misses_under(prefill, tokens, num_experts: int, slots: int, intervals, behind: int) -> dict:
+    """Misses per decode token and settles of one schedule (`intervals` None: synced), each
+    settle leaving the last `behind` tokens' calls deferred."""
     policy = SlotLFU(slots, len(prefill) * num_experts)
     base = {layer: layer * num_experts for layer in range(len(prefill))}  # the pool's keys
     for layer, experts in enumerate(prefill):  # in rounds of `slots`, as experts/slots.py runs
@@ -74,8 +78,9 @@ def misses_under(prefill, tokens, num_experts: int, slots: int, intervals) -> di
     def interval() -> int:  # the schedule's next, its last repeated
         return schedule.pop(0) if len(schedule) > 1 else schedule[0]
 
-    misses, settles, deferred, due = [], 0, [], interval()
-    for step, token in enumerate(tokens, start=1):
+    misses, settles, deferred, every = [], 0, [], interval()
+    kept = behind * len(prefill)  # calls
+    for token in tokens:
         missed = 0
         for layer, experts in enumerate(token):
             keys = base[layer] + experts
@@ -85,10 +90,11 @@ def misses_under(prefill, tokens, num_experts: int, slots: int, intervals) -> di
                 missed += int(np.count_nonzero(policy.slot_of[keys] < 0))
                 deferred.append((layer, experts))
         misses.append(missed)
-        if intervals is not None and step >= due:  # settle before the next token's calls
-            replay(policy, base, deferred)  # the pool's own settle, less its reads
-            deferred, settles = [], settles + 1
-            due = step + interval()
+        if intervals is not None and len(deferred) - kept >= every * len(prefill):
+            cut = len(deferred) - kept  # settled before the next token's calls
+            replay(policy, base, deferred[:cut])  # the pool's own settle, less its reads
+            deferred, settles = deferred[cut:], settles + 1
+            every = interval()
     return {"misses": misses, "settles": settles}
 
 
@@ -116,8 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for share in (float(b) for b in args.budgets.split(",")):
         slots = max(1, round(share * layers * num_experts))
-        for name, intervals in SCHEDULES.items():
-            done = [misses_under(*run, num_experts, slots, intervals) for run in runs]
+        for name, (intervals, behind) in SCHEDULES.items():
+            done = [misses_under(*run, num_experts, slots, intervals, behind) for run in runs]
             misses = np.array([d["misses"] for d in done], dtype=float)  # [runs, tokens]
             row = {
                 "budget": share,

@@ -142,20 +142,23 @@ def test_next_layer_guesses_on_the_demo_model(bench_path, tmp_path):
 
 def test_settle_interval_replays_the_schedules(bench_path, tmp_path):
     """bench/settle_interval.py: an expert routed every token misses once synced and on every
-    token until the first settle deferred; on the demo model each schedule settles as often as
+    token until the first settle deferred (a token more when the settle leaves the last token's
+    calls for the next, as the pool's own does); on the demo model each schedule settles as often as
     it says and misses no more than it routes."""
     from settle_interval import SCHEDULES, main, misses_under
 
     tokens = [[np.array([3])] for _ in range(20)]  # one layer, expert 3 every token
     prefill = [np.array([], dtype=int)]
-    assert sum(misses_under(prefill, tokens, 8, 2, None)["misses"]) == 1
-    assert sum(misses_under(prefill, tokens, 8, 2, [16])["misses"]) == 16
-    assert misses_under(prefill, tokens, 8, 2, [1, 2, 4, 8, 16])["misses"][:2] == [1, 0]
+    assert sum(misses_under(prefill, tokens, 8, 2, None, 0)["misses"]) == 1
+    assert sum(misses_under(prefill, tokens, 8, 2, [16], 0)["misses"]) == 16
+    assert misses_under(prefill, tokens, 8, 2, [1, 2, 4, 8, 16], 0)["misses"][:2] == [1, 0]
+    assert misses_under(prefill, tokens, 8, 2, [1, 2, 4, 8, 16], 1)["misses"][:3] == [1, 1, 0]
     out = tmp_path / "settle.json"
     main(["--prompts", "2", "--decode", "64", "--budgets", "0.25", "--out", str(out)])
     rows = {row["schedule"]: row for row in json.loads(out.read_text())["results"]}
     assert set(rows) == set(SCHEDULES)
     settles = {"synced": 0, "every 16": 4, "every 4": 16, "1, 2, 4, 8, 16": 7}  # of 64 tokens
+    settles["1, 2, 4, 8, 16, a token behind"] = 7
     for name, row in rows.items():
         assert row["settles"] == settles[name]
         assert 0 < row["misses_first_16"] <= row["misses_all"] <= 64 * row["routed_per_token"]
