@@ -16,6 +16,8 @@
 #                                                  # settle.FILL_ON_GPU = False"; the pool left in
 #                                                  # host memory: "from streamer.cache import
 #                                                  # slot_memory; slot_memory.on_gpu = lambda r: None"
+#   bash bench/cuda_goals.sh profile OUT           # one gathered run at 25% under cProfile (the
+#                                                  # host's time: a token is host-bound there)
 #   bash bench/cuda_goals.sh ptx OUT               # the PTX cache as a tar, to carry next time
 #   python3 bench/goals_table.py OUT/*.json        # the table (here or there)
 #
@@ -89,12 +91,25 @@ worker.main(sys.argv[1:])")
     done
   done
   ;;
+profile)  # where the host's time goes: one gathered run at 25% under cProfile, the top functions
+  source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
+  out=$2
+  mkdir -p "$out"
+  WORKER=(-m cProfile -o "$out/profile.pstats" bench/worker.py)
+  worker "$out" "${PROFILE:-medium}-gathered-25-profiled" streamer "$DATA/q48-stream" \
+    --prompt-tokens 16 --decode-tokens "$DECODE" --repeats 1 --warmup --temp 0 \
+    --routing "${PROFILE:-medium}" --read-path slots --memory-budget $((MIB[25] << 20)) \
+    --cuda-misses gathered
+  python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); \
+s.sort_stats('tottime').print_stats(40); s.sort_stats('cumulative').print_stats(60)" \
+    "$out/profile.pstats" > "$out/profile.txt" 2>&1
+  ;;
 ptx)
   mkdir -p "$2" && tar cf "$2/ptx-cache.tar" -C /root/ptx-cache . && ls -la "$2/ptx-cache.tar"
   ;;
 *)
   echo "usage: $0 setup WHEELS_DIR | decode OUT PROFILE... | prefill OUT |" \
-    "variant OUT NAME CODE PROFILE... | ptx OUT" >&2
+    "variant OUT NAME CODE PROFILE... | profile OUT | ptx OUT" >&2
   exit 2
   ;;
 esac
