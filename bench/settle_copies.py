@@ -10,7 +10,8 @@ settles' time grew with the pool under low locality (bench/findings.md, issue 35
 the routing model's traces (routing_model.py) through the pools a Qwen3-30B-A3B 4-bit model gets
 at each budget (cache/budget.py layer_groups, one chunk a pool), each pool's SlotLFU and
 `settle.replay`, settling every `--settle` tokens from each prompt's first token: per decode
-token the experts missed (read by the kernel) and copied (by the settles), and their bytes.
+token the experts missed (read by the kernel) and copied (by the settles), their bytes, and the
+host time of the settles' replays on this machine (a settle's main host work, beside the pull).
 `--admit-twice` copies only experts routed by two or more of the window's calls of their layer
 (the rest leave their slot empty), a variant tried for issue 35 and not adopted.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import numpy as np
 from routing_model import QWEN3_30B_RECORD, RoutingModel
@@ -46,10 +48,11 @@ def twice(reads: dict, calls: list, base: dict) -> tuple[dict, list]:
 
 
 def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settle: int, admit):
-    """(misses, copies) of one pool of `slots` over layers [first, end) through `traces`."""
+    """(misses, copies, seconds replaying) of one pool of `slots` over layers [first, end)
+    through `traces`."""
     policy = SlotLFU(slots, (end - first) * experts)
     base = {layer: (layer - first) * experts for layer in range(first, end)}
-    misses = copies = 0
+    misses = copies = seconds = 0
     for trace in traces:  # [tokens, layers, k] per prompt
         calls = []
         for t in range(len(trace)):
@@ -58,24 +61,26 @@ def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settl
                 misses += int(np.count_nonzero(policy.slot_of[base[layer] + routed] < 0))
                 calls.append((layer, routed))
             if (t + 1) % settle == 0 or t + 1 == len(trace):
+                start = time.perf_counter()
                 reads = replay(policy, base, calls)
+                seconds += time.perf_counter() - start
                 if admit is not None:
                     reads, dropped = admit(reads, calls, base)
                     for layer, expert, slot in dropped:
                         policy.slot_of[base[layer] + expert] = policy.slot_key[slot] = -1
                 copies += sum(len(moved) for moved in reads.values())
                 calls = []
-    return misses, copies
+    return misses, copies, seconds
 
 
 def run(profile: str, share: float, args) -> dict:
     model = RoutingModel(profile, args.experts, args.top_k, args.layers, args.seed)
     traces = model.prompts(args.tokens, args.prompts)
     slots = max(1, round(share * args.experts * args.layers))
-    misses = copies = 0
+    misses = copies = seconds = 0
     for first, end, count in layer_groups(args.layers, slots, CHUNK_BYTES // LARGEST_TENSOR):
-        m, c = pool_run(traces, first, end, count, args.experts, args.settle, args.admit)
-        misses, copies = misses + m, copies + c
+        m, c, s = pool_run(traces, first, end, count, args.experts, args.settle, args.admit)
+        misses, copies, seconds = misses + m, copies + c, seconds + s
     per = 1 / args.tokens
     return {
         "profile": profile,
@@ -83,6 +88,7 @@ def run(profile: str, share: float, args) -> dict:
         "misses": misses * per,
         "copies": copies * per,
         "bus_mb": (misses + copies) * per * QWEN3_30B_RECORD / 1e6,
+        "replay_ms": seconds * per * 1e3,
     }
 
 
@@ -108,12 +114,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps({"rows": rows}))
         return
-    print("| profile | share | misses/token | settle copies/token | MB over the bus/token |")
-    print("|---|---|---|---|---|")
+    print(
+        "| profile | share | misses/token | settle copies/token | MB over the bus/token "
+        "| replay host ms/token |"
+    )
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['profile']} | {r['share']:.1%} | {r['misses']:.1f} | {r['copies']:.1f} | "
-            f"{r['bus_mb']:.0f} |"
+            f"{r['bus_mb']:.0f} | {r['replay_ms']:.2f} |"
         )
 
 
