@@ -40,15 +40,24 @@ _COPY = """    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x
     }}"""
 
 
+def _per_tensor(nbytes: Sequence[int], pointers: str) -> str:
+    """Both kernels' switch on tensor `t`: its bytes `n` and `pointers` (a format of `t` setting
+    the kernel's pointers to its arrays)."""
+    cases = "\n".join(
+        f"    case {t}: n = {n}ull; {pointers.format(t=t)} break;" for t, n in enumerate(nbytes)
+    )
+    return f"    switch (t) {{\n{cases}\n    }}"
+
+
 def _source(nbytes: Sequence[int], vector: int) -> str:
     """The kernel's body: block (x, j, t) copies tensor t of routed entry j, in `vector`-byte
     words, from its slot in `pool{t}` or, without one, from the pinned file (`sources` holds,
     per tensor, the device address of expert 0's bytes and the stride between experts)."""
     word = WORDS[vector]
-    cases = "\n".join(
-        f"    case {t}: n = {n}ull; pool = reinterpret_cast<const uint8_t*>(pool{t}); "
-        f"out = reinterpret_cast<uint8_t*>(out{t}); break;"
-        for t, n in enumerate(nbytes)
+    cases = _per_tensor(
+        nbytes,
+        "pool = reinterpret_cast<const uint8_t*>(pool{t}); "
+        "out = reinterpret_cast<uint8_t*>(out{t});",
     )
     return f"""
     const uint32_t j = blockIdx.y, t = blockIdx.z;
@@ -57,9 +66,7 @@ def _source(nbytes: Sequence[int], vector: int) -> str:
     unsigned long long n = 0;
     const uint8_t* pool = nullptr;
     uint8_t* out = nullptr;
-    switch (t) {{
 {cases}
-    }}
     const uint8_t* from = slot != {NO_SLOT}u
         ? pool + slot * n
         : reinterpret_cast<const uint8_t*>(sources[2 * t] + expert * sources[2 * t + 1]);
@@ -124,18 +131,14 @@ def _fill_source(nbytes: Sequence[int], vector: int) -> str:
     pool's fence or settle), and MLX runs each evaluation's graph on its one stream in order,
     so the kernel runs after them and before any kernel queued later."""
     word = WORDS[vector]
-    cases = "\n".join(
-        f"    case {t}: n = {n}ull; pool = const_cast<uint8_t*>("
-        f"reinterpret_cast<const uint8_t*>(pool{t})); break;"
-        for t, n in enumerate(nbytes)
+    cases = _per_tensor(
+        nbytes, "pool = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(pool{t}));"
     )
     return f"""
     const uint32_t j = blockIdx.y, t = blockIdx.z;
     unsigned long long n = 0;
     uint8_t* pool = nullptr;
-    switch (t) {{
 {cases}
-    }}
     const {word}* src = reinterpret_cast<const {word}*>(addresses[j * {len(nbytes)} + t]);
     {word}* dst = reinterpret_cast<{word}*>(pool + slots[j] * n);
 {_COPY.format(vector=vector)}
