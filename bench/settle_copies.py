@@ -1,7 +1,7 @@
 """What a gathered slot pool's settles copy, against its misses, per routing profile and budget.
 
     python bench/settle_copies.py                                  # medium, uniform, high
-    python bench/settle_copies.py --profiles uniform --budgets 0.125,0.5 --admit-twice --json
+    python bench/settle_copies.py --profiles uniform --budgets 0.125,0.5 --by-calls --json
 
 On CUDA a gathered decode call reads each miss over the bus inside its gather kernel, and the
 pool's settle (every 16 tokens) copies each expert that ended the replayed window with a new slot
@@ -9,11 +9,11 @@ into it while the host waits and the GPU idles (cache/settle.py, io/cuda_copy.py
 settles' time grew with the pool under low locality (bench/findings.md, issue 35). This replays
 the routing model's traces (routing_model.py) through the pools a Qwen3-30B-A3B 4-bit model gets
 at each budget (cache/budget.py layer_groups, one chunk a pool), each pool's SlotLFU and
-`settle.replay`, settling every `--settle` tokens from each prompt's first token: per decode
-token the experts missed (read by the kernel) and copied (by the settles), their bytes, and the
-host time of the settles' replays on this machine (a settle's main host work, beside the pull).
-`--admit-twice` copies only experts routed by two or more of the window's calls of their layer
-(the rest leave their slot empty), a variant tried for issue 35 and not adopted.
+`settle.replay` (SlotLFU.refresh), settling every `--settle` tokens from each prompt's first
+token: per decode token the experts missed (read by the kernel) and copied (by the settles),
+their bytes, and the host time of the settles' replays on this machine (a settle's main host
+work, beside the pull). `--by-calls`: the settle before the refresh, each call's misses given
+slots as a synced call's are (`SlotLFU.assign`).
 """
 
 from __future__ import annotations
@@ -33,21 +33,20 @@ from streamer.cache.slot_pool import CHUNK_BYTES
 LARGEST_TENSOR = 786_432  # bytes of Qwen3-30B-A3B's gate_proj.weight (768 x 2048) at 4 bits
 
 
-def twice(reads: dict, calls: list, base: dict) -> tuple[dict, list]:
-    """`reads` split: experts routed by at least two of `calls` of their layer, and the rest's
-    (layer, expert, slot)."""
-    seen = np.bincount(np.concatenate([base[layer] + experts for layer, experts in calls]))
-    kept, dropped = {}, []
-    for layer, moved in reads.items():
-        for expert, slot in moved:
-            if seen[base[layer] + expert] >= 2:
-                kept.setdefault(layer, []).append((expert, slot))
-            else:
-                dropped.append((layer, expert, slot))
-    return kept, dropped
+def by_calls(policy: SlotLFU, base: dict, calls: list) -> dict:
+    """The settle before SlotLFU.refresh: each call's experts placed as `place` places a synced
+    call's (every miss takes a slot, the coldest's); per layer the (expert, slot) moved."""
+    before = policy.slot_key.copy()
+    for layer, experts in calls:
+        policy.assign(base[layer] + experts)
+    reads: dict = {}
+    for slot in np.flatnonzero((policy.slot_key != before) & (policy.slot_key >= 0)):
+        layer = max(layer for layer, first in base.items() if first <= policy.slot_key[slot])
+        reads.setdefault(layer, []).append((int(policy.slot_key[slot] - base[layer]), int(slot)))
+    return reads
 
 
-def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settle: int, admit):
+def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settle: int, settles):
     """(misses, copies, seconds replaying) of one pool of `slots` over layers [first, end)
     through `traces`."""
     policy = SlotLFU(slots, (end - first) * experts)
@@ -62,12 +61,8 @@ def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settl
                 calls.append((layer, routed))
             if (t + 1) % settle == 0 or t + 1 == len(trace):
                 start = time.perf_counter()
-                reads = replay(policy, base, calls)
+                reads = settles(policy, base, calls)
                 seconds += time.perf_counter() - start
-                if admit is not None:
-                    reads, dropped = admit(reads, calls, base)
-                    for layer, expert, slot in dropped:
-                        policy.slot_of[base[layer] + expert] = policy.slot_key[slot] = -1
                 copies += sum(len(moved) for moved in reads.values())
                 calls = []
     return misses, copies, seconds
@@ -79,7 +74,7 @@ def run(profile: str, share: float, args) -> dict:
     slots = max(1, round(share * args.experts * args.layers))
     misses = copies = seconds = 0
     for first, end, count in layer_groups(args.layers, slots, CHUNK_BYTES // LARGEST_TENSOR):
-        m, c, s = pool_run(traces, first, end, count, args.experts, args.settle, args.admit)
+        m, c, s = pool_run(traces, first, end, count, args.experts, args.settle, args.settles)
         misses, copies, seconds = misses + m, copies + c, seconds + s
     per = 1 / args.tokens
     return {
@@ -103,7 +98,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=2, help="a new working set per prompt")
     ap.add_argument("--settle", type=int, default=16, help="tokens between settles")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--admit-twice", dest="admit", action="store_const", const=twice)
+    ap.add_argument(
+        "--by-calls",
+        dest="settles",
+        action="store_const",
+        const=by_calls,
+        default=replay,
+        help="the settle as it was: each call's misses take slots",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     rows = [

@@ -123,3 +123,27 @@ def test_slot_lru_and_lfu_part_on_a_scan():
             policy.assign(np.array([cold]))
     assert lru.assign(np.array([0, 1]))[1].all()
     assert not lfu.assign(np.array([0, 1]))[1].any()
+
+
+def test_a_refresh_gives_slots_to_keys_routed_more_often_than_those_they_displace():
+    """SlotLFU.refresh (a gathered settle's): the empty slots go to the hottest keys first; a held
+    key is displaced only by one routed more than ADMIT_MARGIN (1) times more often; counts age
+    as `assign`'s do."""
+    policy = SlotLFU(slots=3, keys=100, half_life=64)
+    policy.refresh([np.array([5, 6, 7]), np.array([6, 7]), np.array([7, 8])])
+    assert sorted(np.flatnonzero(policy.slot_of >= 0)) == [5, 6, 7]  # 8 is as cold as 5: out
+    before = policy.slot_key.copy()
+    policy.refresh([np.array([8])])  # 8 routed twice in all, 5 once: not more than 1 more
+    assert np.array_equal(policy.slot_key, before)
+    policy.refresh([np.array([8, 9])])  # 8 now 3 times: it takes 5's slot; 9 (once) takes none
+    assert policy.slot_key[policy.slot_of[8]] == 8 and policy.slot_of[5] == -1
+    assert policy.slot_of[9] == -1 and sorted(policy.slot_key) == [6, 7, 8]
+    assert sorted(policy.slot_of[[6, 7]]) == sorted(np.flatnonzero(np.isin(before, [6, 7])))
+    once = SlotLFU(slots=3, keys=100, half_life=64)
+    calls = [np.array([k % 10, 10 + k % 7]) for k in range(50)]  # past a halving: counts age
+    once.refresh(calls)
+    by_calls = SlotLFU(slots=3, keys=100, half_life=64)
+    for keys in calls:
+        by_calls.assign(keys)
+    assert np.allclose(once.counts, by_calls.counts)
+    policy.refresh([])  # nothing to count or move

@@ -18,8 +18,8 @@ from test_slot_pool import (
     RECORD,
     TENSORS,
     assert_holds,
+    deferred_pool,
     pool_over,
-    synced_and_deferred,
 )
 
 from streamer.cache import settle
@@ -106,12 +106,12 @@ def test_a_pool_holds_no_host_memory_and_reads_right(tmp_path):
 def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path, monkeypatch):
     """A gathered pool's settle copies each expert that gained a slot with one fill kernel
     (io/cuda_gather.py SlotFill) from the pinned files, no copy-engine call: the slots then hold
-    exactly what the synced pool's do, and a gather on the new table reads them."""
+    what the policy's refresh says, and a gather on the new table reads them."""
     from streamer.io.cuda_gather import NO_SLOT
 
     monkeypatch.setattr(settle, "FILL_ON_GPU", True)
     landing = landing_for(TENSORS, READERS, True, "gathered", 1 << 30)
-    synced, pool, truth = synced_and_deferred(tmp_path, landing=landing)
+    pool, truth, expected = deferred_pool(tmp_path, landing=landing)
     kernel, sources = pool.gather_source(0)
     assert pool.gather_source(1) is not None
 
@@ -120,7 +120,7 @@ def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path, monkeypatch
 
     landing.copy = no_copy
     pool.settle()
-    assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of) and pool.version == 1
+    assert np.array_equal(pool.policy.slot_of, expected) and pool.version == 1
     pool.fence()
     assert_holds(pool, truth)
     # a gather on the new table: layer 0's held experts from their slots, the rest from the file
@@ -133,5 +133,4 @@ def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path, monkeypatch
         got = np.array(tensor.view(mx.uint8)).reshape(routed.size, -1)
         for j, expert in enumerate(routed.ravel()):
             assert np.array_equal(got[j], truth[0][expert][t]), (t, j, expert)
-    synced.close()
     pool.close()

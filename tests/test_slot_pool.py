@@ -190,18 +190,17 @@ def test_a_buffer_written_through_its_host_view_is_what_mlx_reads(monkeypatch, c
 ROUTINGS = [(0, [1, 4]), (1, [0, 1]), (0, [2, 4]), (1, [3, 5]), (0, [0, 1])]  # sorted, as routed
 
 
-def synced_and_deferred(tmp_path, landing=None, count=lambda experts: None):
-    """A 3-slot pool that placed ROUTINGS call by call, beside a fresh one (with `landing`) that
-    only deferred them, given `count`: (synced, deferred, truth)."""
-    (tmp_path / "synced").mkdir()
-    (tmp_path / "gathered").mkdir()
-    synced, truth = pool_over(tmp_path / "synced", slots=3)
-    for layer, experts in ROUTINGS:
-        synced.place(layer, np.array(experts))
-    pool, _ = pool_over(tmp_path / "gathered", slots=3, landing=landing)
+def deferred_pool(tmp_path, landing=None, count=lambda experts: None):
+    """A 3-slot pool (with `landing`) that deferred ROUTINGS, given `count`; the slot of each key
+    once a fresh policy is given them (SlotLFU.refresh): (pool, truth, expected slot_of)."""
+    pool, truth = pool_over(tmp_path, slots=3, landing=landing)
     for layer, experts in ROUTINGS:
         pool.defer(layer, mx.array(np.array([experts], dtype=np.uint32)), count)
-    return synced, pool, truth
+    policy = SlotLFU(pool.slots, len(pool.policy.slot_of))
+    policy.refresh([pool.base[layer] + np.array(experts) for layer, experts in ROUTINGS])
+    held = set(np.flatnonzero(policy.slot_of >= 0).tolist())
+    assert len(held) == 3 and {1, 4} <= held  # layer 0's experts routed twice, and one more
+    return pool, truth, policy.slot_of
 
 
 def assert_holds(pool, truth):
@@ -212,23 +211,23 @@ def assert_holds(pool, truth):
             assert np.array_equal(got, want), (slot, key)
 
 
-def test_settled_routings_leave_the_slots_a_synced_run_would(tmp_path):
+def test_settled_routings_refresh_the_slots(tmp_path):
     """Gathered calls only record their routing (`defer`); `settle` gives it to the policy in
-    order, so the pool then holds what `place` call by call would have left, each moved expert's
-    bytes in its slot, and its version says the tables changed."""
+    order (SlotLFU.refresh), so the pool then holds the most routed experts (layer 0's 1 and 4,
+    routed twice, and one of those routed once), each moved expert's bytes in its slot, and its
+    version says the tables changed."""
     counted = []  # each call's distinct experts, given to its count at the settle
-    synced, pool, truth = synced_and_deferred(tmp_path, count=counted.append)
+    pool, truth, expected = deferred_pool(tmp_path, count=counted.append)
     pool.settle_earlier_tokens()  # far from SETTLE_TOKENS tokens' worth: not due
     assert pool.version == 0 and counted == []
     pool.settle()
     assert pool.version == 1
     assert [c.tolist() for c in counted] == [experts for _, experts in ROUTINGS]
-    assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
+    assert np.array_equal(pool.policy.slot_of, expected)
     assert_holds(pool, truth)
     pool.settle()  # nothing deferred: nothing moves
     assert pool.version == 1
     pool.defer(0, mx.array(np.array([[3, 5]], dtype=np.uint32)), counted.append)
-    synced.close()
     pool.close()  # a call deferred at the end is counted, and nothing read from closed files
     assert counted[-1].tolist() == [3, 5] and pool.version == 1
     pool.settle()  # what reading the stats after close does: nothing left to settle
@@ -324,11 +323,11 @@ def test_a_gathered_layers_moved_experts_are_filled_by_kernel(tmp_path, monkeypa
     """A settle of gathered layers copies every moved expert with one fill kernel (CUDA:
     io/cuda_gather.py SlotFill, checked there) from each tensor's address in its file, queued
     after the pool's readers with no host wait, and so does a synced call's miss there. Here a
-    stand-in copies by those addresses on the host: the slots end as the synced pool's, and the
-    next write waits for the kernels' outputs (the fence)."""
+    stand-in copies by those addresses on the host: the slots end as the policy's refresh says,
+    and the next write waits for the kernels' outputs (the fence)."""
     monkeypatch.setattr(settle, "gather_kernel", lambda t, s, b: (None, host_sources(s, b)))
     monkeypatch.setattr(settle, "FILL_ON_GPU", True)
-    synced, pool, truth = synced_and_deferred(tmp_path, landing=HostLanding())
+    pool, truth, expected = deferred_pool(tmp_path, landing=HostLanding())
     fill = HostFill(pool)
     monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill)
     assert all(pool.gather_source(layer) is not None for layer in (0, 1))
@@ -344,13 +343,12 @@ def test_a_gathered_layers_moved_experts_are_filled_by_kernel(tmp_path, monkeypa
         pool.settle()
     assert fill.moves == [3] and pool.version == 1  # one launch: the 3 experts holding a slot
     assert earlier.item() == before != tensor_0_sum().item()
-    assert np.array_equal(pool.policy.slot_of, synced.policy.slot_of)
+    assert np.array_equal(pool.policy.slot_of, expected)
     assert_holds(pool, truth)
     assert pool._pending == fill.outputs  # the next write's fence evaluates it
     slots, misses = pool.place(1, np.array([2]))  # a synced miss: fenced, then filled alike
     assert misses == 1 and fill.moves == [3, 1] and pool._pending == fill.outputs[-1:]
     assert all(np.array_equal(g, w) for g, w in zip(slot_bytes(pool, slots[0]), truth[1][2]))
-    synced.close()
     pool.close()
 
 

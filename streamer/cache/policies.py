@@ -119,6 +119,13 @@ class _SlotPolicy:
         return slots, miss
 
 
+# `SlotLFU.refresh`: how many more times a key must have been routed than a held key to take its
+# slot. On the routing model's traces at 12.5-50% of Qwen3-30B-A3B's experts (prototyped beside
+# bench/settle_copies.py) 1 copies a third to a half of what 0 does for as many misses; 2 copies
+# fewer still but misses more at 50% under the `high` profile.
+ADMIT_MARGIN = 1.0
+
+
 class SlotLFU(_SlotPolicy):
     """LFU with aging for a slot pool: counts are kept for every key and halved every
     `half_life` accesses, as in LFUAging; misses evict the least frequently used keys."""
@@ -130,12 +137,45 @@ class SlotLFU(_SlotPolicy):
         self._until_halving = half_life
 
     def assign(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self._count(keys)
+        return super().assign(keys)
+
+    def refresh(self, calls: list[np.ndarray], margin: float = ADMIT_MARGIN) -> None:
+        """Calls that computed without the pool (their misses read elsewhere: cache/settle.py)
+        counted, in order, and the slots then given to the most used keys: the hottest of the
+        calls' keys without a slot take the empty slots, then, one for one, those of the
+        coldest keys held while routed more than `margin` times more often. Unlike `assign`,
+        no key must be taken: a key the calls met once does not displace a hotter one."""
+        if not calls:
+            return
+        for keys in calls:
+            self._count(keys)
+        seen = np.unique(np.concatenate(calls))
+        wanted = seen[self.slot_of[seen] < 0]
+        wanted = wanted[np.argsort(-self.counts[wanted], kind="stable")]
+        empty = np.flatnonzero(self.slot_key < 0)[: len(wanted)]
+        slots = list(empty)
+        held = np.flatnonzero(self.slot_key >= 0)
+        rest = wanted[len(empty) :]
+        if len(rest) and len(held):
+            coldest = held[np.argsort(self.counts[self.slot_key[held]], kind="stable")]
+            beaten = self.counts[rest[: len(coldest)]] > (
+                self.counts[self.slot_key[coldest[: len(rest)]]] + margin
+            )
+            slots += list(coldest[: np.argmin(beaten) if not beaten.all() else len(beaten)])
+        keys = wanted[: len(slots)]
+        evicted = self.slot_key[slots]
+        self.slot_of[evicted[evicted >= 0]] = -1
+        self.slot_key[slots] = keys
+        self.slot_of[keys] = slots
+
+    def _count(self, keys: np.ndarray) -> None:
+        """One call's keys counted, the counts halved first when `half_life` accesses passed."""
         self._until_halving -= len(keys)
         if self._until_halving <= 0:
             self.counts /= 2
             self._until_halving += self.half_life
         self.counts[keys] += 1
-        return super().assign(keys)
 
     def _score(self) -> np.ndarray:
         return self.counts[self.slot_key]

@@ -4,11 +4,14 @@
 Gathered calls (CUDA, files locked whole and mapped: `gather_source`) read no slot on the host:
 the GPU takes each routed expert from its slot or, a miss, from the file (io/cuda_gather.py),
 and the call's routing is only recorded (`defer`, `Deferred`). A settle gives the policy those
-routings in order, as `place` would have had them, and copies each expert that ends with a new
-slot into it (one fill kernel on MLX's stream, from the pinned files: io/cuda_gather.py
-SlotFill): the slots hold what the synced path's would, a few tokens late. It comes every
-SETTLE_TOKENS tokens' worth of calls (after a synced call moved slots, a prompt, 1, 2, 4, ...
-tokens first: until a settle, a missed expert misses again on every call routing it;
+routings in order and lets it refresh the slots (SlotLFU.refresh: a miss was read from the file,
+so it need not take a slot, and only experts routed more often than the ones they displace do),
+and copies each expert that ends with a new slot into it (one fill kernel on MLX's stream, from
+the pinned files: io/cuda_gather.py SlotFill). Against giving each call's misses slots as
+`place` does, this copies a third to a half as many experts for as many misses, and the host
+counts a settle's calls instead of choosing victims for each (bench/settle_copies.py). It
+comes every SETTLE_TOKENS tokens' worth of calls (after a synced call moved slots, a prompt, 1,
+2, 4, ... tokens first: until a settle, a missed expert misses again on every call routing it;
 bench/settle_interval.py), at a token's first call and for the tokens before the last one,
 which the GPU has computed: so nothing waits for the GPU, and the host replays while the GPU
 computes the last token (SlotPool.settle_earlier_tokens); and before any `place`, for all.
@@ -59,14 +62,38 @@ class Deferred:
 
 def distinct(routed: Sequence[mx.array]) -> list[np.ndarray]:
     """Each call's distinct routed experts (sorted), on the host in one pull for all of them
-    (each np.array of a GPU array is a sync of its own). The pull runs on the CPU's stream: on
-    the GPU's it would wait behind every kernel queued there, not only the calls' own."""
+    (each np.array of a GPU array is a sync of its own), on `pull_stream()`."""
     if not routed:
         return []
-    flat = [mx.reshape(indices, (-1,), stream=mx.cpu) for indices in routed]
-    together = np.array(mx.concatenate(flat, stream=mx.cpu))
+    stream = pull_stream()
+    if len({indices.shape for indices in routed}) == 1:  # decode: [1, 1, k] a call
+        together = np.array(mx.concatenate(list(routed), stream=stream)).reshape(len(routed), -1)
+        rows = np.sort(together, axis=1)  # a token's k experts are distinct: nothing to drop
+        if (rows[:, 1:] != rows[:, :-1]).all():
+            return list(rows)
+    flat = [mx.reshape(indices, (-1,), stream=stream) for indices in routed]
+    together = np.array(mx.concatenate(flat, stream=stream))
     ends = np.cumsum([indices.size for indices in routed])
     return [np.unique(experts) for experts in np.split(together, ends[:-1])]
+
+
+_pull_streams: dict[str, mx.Stream] = {}  # device -> the pull's stream there
+
+
+def pull_stream() -> mx.Stream:
+    """Where a settle's pull joins the calls' routings: on a GPU a stream of its own there. The
+    routings are device buffers (CUDA), and the CPU's stream would move each one to managed
+    memory before reading it (an allocation and a copy per call, 768 a settle at 48 layers);
+    the GPU's own stream would queue the join behind every kernel there, the last token's
+    too. A second stream waits only for the calls' own kernels, and the host then pulls one
+    buffer. On the CPU backend, the CPU's stream."""
+    device = mx.default_device()
+    if device == mx.cpu:
+        return mx.cpu
+    key = str(device)
+    if key not in _pull_streams:
+        _pull_streams[key] = mx.new_stream(device)
+    return _pull_streams[key]
 
 
 def counted(deferred: list[tuple[int, mx.array, Callable[[np.ndarray], None]]]) -> list:
@@ -81,12 +108,12 @@ def counted(deferred: list[tuple[int, mx.array, Callable[[np.ndarray], None]]]) 
 def replay(
     policy: SlotLFU, base: dict[int, int], deferred: list[tuple[int, np.ndarray]]
 ) -> dict[int, list[tuple[int, int]]]:
-    """`deferred` (layer, distinct routed experts) given to `policy` in order, as `place` gives a
-    synced call's; per layer (keys from `base[layer]`), the (expert, slot) of each expert that
-    ends with a new slot: the reads that fill them."""
+    """`deferred` (layer, distinct routed experts) counted by `policy` in order and its slots
+    refreshed (SlotLFU.refresh: the calls read their misses from the files, so none must take a
+    slot); per layer (keys from `base[layer]`), the (expert, slot) of each expert that ends with
+    a new slot: the reads that fill them."""
     before = policy.slot_key.copy()
-    for layer, experts in deferred:
-        policy.assign(base[layer] + experts)
+    policy.refresh([base[layer] + experts for layer, experts in deferred])
     keys = policy.slot_key
     owners = sorted((first, layer) for layer, first in base.items())
     reads: dict[int, list[tuple[int, int]]] = {}
