@@ -157,6 +157,7 @@ class Gathered:
         self._kernels: dict[int, tuple | None] = {}  # layer -> (kernel, sources) or None
         self._sources: dict[int, np.ndarray] = {}  # gathered layer -> its sources, on the host
         self._fill = None
+        self._table: tuple[int, mx.array | None] = (-1, None)  # `table`'s version, table
 
     def source(self, layer: int, source: LayerSource, landing) -> tuple | None:
         """(kernel, sources) for `layer` when `landing` lets kernels read every file of
@@ -169,6 +170,14 @@ class Gathered:
                     kernel, self._sources[layer] = gather_kernel(self.tensors, source, bases)
                     self._kernels[layer] = kernel, mx.array(self._sources[layer])
         return self._kernels[layer]
+
+    def table(self, version: int, slot_of: np.ndarray) -> mx.array:
+        """Every key's slot (uint32, -1: none) as the gather kernels take it, uploaded once a
+        pool `version`: a settle moves slots of every layer at once, and on an H100 an upload
+        from the host took ~0.5 ms (bench/findings.md), 48 a settle when each layer made its own."""
+        if self._table[0] != version:
+            self._table = (version, mx.array(slot_of.astype(np.uint32)))
+        return self._table[1]
 
     def covers(self, reads: dict[int, list[tuple[int, int]]]) -> bool:
         """Whether `fill` copies `reads`: every layer's kernels were made (`source`)."""

@@ -1,16 +1,14 @@
 """A bounded pool of expert slots: the only expert memory a GPU kernel is given on the slot path.
 
-Experts of one shape class (the same tensors, dtypes and shapes: usually every MoE layer of a
-model, or a group of them: experts/slots.py) share a pool of S slots, allocated once, untouched
-(io/buffers.py), in chunks: per chunk one MLX array `[chunk slots, *shape]` per tensor, each on a
-16 KiB boundary (Apple silicon's page), of at most CHUNK_BYTES (MLX refuses a dimension past 2^31,
-Metal a buffer past maxBufferLength). A layer call's hits cost nothing, its misses are read from
-the expert file straight into their slots' rows (several in flight), and the kernels run on the
-chunks' arrays with slot indices. Victims are chosen by LFU with aging, never among the call's
-own. Reads land where the pool's `landing` says: in the slot on Metal and the CPU; on CUDA
-(managed memory, which host stores migrate page by page) the copy engine writes it from pinned
-staging or the file's mapping, or a gathered layer's fill kernel does (cache/settle.py, where
-gathered calls reach the pool later).
+Experts of one shape class (the same tensors, dtypes and shapes: every MoE layer of a model, or
+a group of them: experts/slots.py) share a pool of S slots, allocated once, untouched, in chunks:
+per chunk one MLX array `[chunk slots, *shape]` per tensor, 16 KiB aligned (Apple silicon's
+page), of at most CHUNK_BYTES (MLX refuses a dimension past 2^31, Metal a buffer past
+maxBufferLength). A call's hits cost nothing, its misses are read from the expert file into their
+slots' rows (several in flight); the kernels run on the chunks with slot indices. Victims: LFU
+with aging, never the call's own. Reads land where `landing` says: in the slot on Metal and the
+CPU; on CUDA (managed memory) the copy engine writes it from pinned staging or the file's
+mapping, or a gathered layer's fill kernel does (cache/settle.py: gathered calls come later).
 
 The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
 slot is rewritten only after every kernel that reads it has finished: `fence()` evaluates every
@@ -114,6 +112,11 @@ class SlotPool:
         except OSError as e:
             raise unreadable(self.layers[layer].where(0), expert, e) from e
 
+    def gathered_table(self, layer: int) -> mx.array:
+        """`layer`'s slot of each expert for gathered calls (a view of settle.Gathered.table)."""
+        base, table = self.base[layer], self._gathered.table(self.version, self.policy.slot_of)
+        return table[base : base + self.layers[layer].num_experts]
+
     def gather_source(self, layer: int) -> tuple | None:
         """(kernel, sources) for gathered calls of `layer` (io/cuda_gather.py) when the landing
         lets kernels read files, all of the layer's are locked whole, the pool is one chunk and
@@ -170,12 +173,11 @@ class SlotPool:
             self._pending.clear()
 
     def _read_misses(self, layer: int, reads: list[tuple[int, int]]) -> None:
-        """Read each (expert, slot) of `layer`, as many experts at a time as the landing lends
-        buffers (READERS reading into the slots themselves), each expert's reads cut into pieces
-        of at most PIECE bytes that the reader threads share: a lone miss is read by several
-        threads at once, as page-cache copies and SSD queues want; a gathered layer's by the
-        fill kernel, queued (settle.Gathered). A failure forgets every slot of `reads`: none is
-        left half read."""
+        """Read each (expert, slot) of `layer`, as many experts at once as the landing lends
+        buffers (READERS into the slots themselves), in pieces of at most PIECE bytes shared by
+        the reader threads (a lone miss read by several, as page-cache copies and SSD queues
+        want); a gathered layer's by the fill kernel, queued (settle.Gathered). A failure forgets
+        every slot of `reads`: none is left half read."""
         at_once = READERS if self._landing is None else self._landing.buffers
         try:
             if self._is_gathered(layer, reads[0][0]) and self._gathered.covers({layer: reads}):
@@ -246,8 +248,7 @@ class SlotPool:
 
     def _forget(self, layer: int, reads: list[tuple[int, int]]) -> None:  # failed: slots empty
         for expert, slot in reads:
-            self.policy.slot_of[self.base[layer] + expert] = -1
-            self.policy.slot_key[slot] = -1
+            self.policy.slot_of[self.base[layer] + expert] = self.policy.slot_key[slot] = -1
 
     def close(self) -> None:
         self.fence()
@@ -255,6 +256,5 @@ class SlotPool:
         if self._landing is not None:
             self._landing.close()
             self._landing = None
-        for layer in self.layers.values():
-            for file in layer.files:
-                file.close()
+        for file in (file for layer in self.layers.values() for file in layer.files):
+            file.close()

@@ -3,32 +3,29 @@
 One host sync learns the routing; the routed experts are placed in the pool (hits cost nothing,
 misses are read into their slots), and mlx-lm's own container then runs on the pool's arrays with
 slot indices, so its kernels compute exactly what they compute on the resident stacked tensors.
-Nothing the compute sees views a file: the expert files are opened for reads (on CUDA mapped
-read-only for the copy engine, and for the gather kernel below, never for an MLX array). The
-slot indices are gathered on the device from a per-layer table of slots, rebuilt only when the
-layer's call missed (an expert's slot changes only when its own layer reads it again): a call
-that hits uploads nothing (on CUDA an array from numpy is managed memory the GPU faults in).
+Nothing the compute sees views a file (on CUDA the files are mapped for the copy engine and the
+gather kernel below, never for an MLX array). Slot indices are gathered on the device from a
+per-layer slot table, rebuilt only after the layer's call missed (an expert's slot changes only
+when its own layer reads it), so a call that hits uploads nothing.
 
 On the CPU backend (`overlapped_routes`) a decode-sized call (at most OVERLAPPED_ROUTES routed
-entries) with hits and misses computes in two parts: its hits' entries are queued
-(mx.async_eval) once the pool has chosen the misses' slots and before it reads them, so the
-kernels run beside the reads; the misses' entries follow, and the outputs go back in routed
-order, each entry computed exactly as in one call. Squeezed (misses from disk) it was 1.01-1.19x
-the speed of reading first; page cache warm, noise around 1.0. Prompt chunks stay one call.
+entries) with hits and misses computes in two parts: its hits' entries are queued (async_eval)
+once the pool has chosen the misses' slots, so they compute beside the reads; the misses' follow,
+and the outputs go back in routed order, each entry exactly as in one call. Squeezed it was
+1.01-1.19x the speed of reading first; page cache warm, noise around 1.0. Prompts stay one call.
 A call that routes more experts than the pool has slots (a long prompt chunk on a small pool)
 runs in rounds of at most `slots` experts, each round computing only its own experts' entries.
 A round whose experts lie in several chunks of the pool computes once per chunk, the same way.
 So that a decode call's experts lie in one chunk, a budget past one chunk is given to groups of
 consecutive layers, a pool of at most one chunk each; only a layer whose own share is larger (or
-budget 0: one layer's experts shared by all) has a pool of several chunks.
-Where the compute dtype differs from the stored one (the CPU backend with bf16 scales) the routed
-slots are taken and converted per call (counted in bytes_copied); on a GPU the default compute
-dtype is the stored one and nothing is copied (but the gathered stacks, below).
+budget 0: one layer's experts shared by all) has a pool of several chunks. Where the compute
+dtype differs from the stored one (the CPU backend with bf16 scales) the routed slots are taken
+and converted per call (bytes_copied); on a GPU nothing is (but the gathered stacks, below).
 
 On CUDA with the layer's files locked whole and mapped (cache/landing.py, "gathered"), a decode
-call does not sync at all: the GPU gathers its routed experts from the slots or, misses, from the
-files (io/cuda_gather.py) and the container computes on that stack; the pool learns the routing
-later (SlotPool.settle), and the call's hits and misses are counted then.
+call never syncs: the GPU gathers its routed experts from the slots or the files (cuda_gather.py)
+and the container computes on that stack; the pool learns the routing, and counts the call's
+hits and misses, later (SlotPool.settle).
 """
 
 from __future__ import annotations
@@ -118,8 +115,7 @@ class Slots:
     def _entries(self, layer, x, routed, mine, group, rows, chunk: int, traffic) -> mx.array:
         """The container on routed entries `mine` only (flat positions in `routed`, each with
         its token's row of `x`), all of them experts of `group` at `rows` of chunk `chunk`;
-        [len(mine), hidden], registered with the pool (no slot it reads is rewritten before it
-        is computed)."""
+        [len(mine), hidden], registered with the pool (no slot it reads is rewritten first)."""
         tokens = mx.array((mine // routed.shape[-1]).astype(np.uint32))
         taken = mx.take(x.reshape(-1, x.shape[-1]), tokens, 0)[None]
         indices = routed.reshape(-1)[mine][None, :, None]
@@ -147,10 +143,15 @@ class Slots:
         late = self._entries(layer, x, routed, rest, misses, rows, 0, traffic)
         return _in_routed_order(routed, [done, rest], [part, late])
 
-    def _new_table(self, layer) -> None:
+    def _new_table(self, layer, gathered: bool = False) -> None:
+        """The layer's slots on the host and for the kernels (-1: NO_SLOT, never gathered): its
+        own upload after a synced call moved slots, a view of the pool's for gathered calls."""
         pool, base = self._pool, self._pool.base[layer.index]
         self._slot_of = pool.policy.slot_of[base : base + layer.num_experts].copy()
-        self._table = mx.array(self._slot_of.astype(np.uint32))  # -1: NO_SLOT, never gathered
+        if gathered:
+            self._table = pool.gathered_table(layer.index)
+        else:
+            self._table = mx.array(self._slot_of.astype(np.uint32))
         self._version = pool.version
 
     def _gather(self, layer, indices: mx.array) -> tuple | None:
@@ -175,7 +176,7 @@ class Slots:
         pool.settle_earlier_tokens()
         traffic.read_seconds += time.perf_counter() - settled
         if self._version != pool.version or self._table is None:
-            self._new_table(layer)
+            self._new_table(layer, gathered=True)
         stacks = kernel(indices, self._table, sources, pool.arrays)
         if indices.shape not in self._positions:
             rows = mx.arange(indices.size, dtype=mx.uint32)
