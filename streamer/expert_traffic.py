@@ -42,6 +42,13 @@ class ExpertTraffic:
     compute_seconds: float = 0.0  # expert compute, measured only when profiling (it adds a sync)
     layer_seconds: float = 0.0  # wall time inside the expert layer, all of the above included
 
+    def count_slots(self, held: int, read: int, slot_bytes: int) -> None:
+        """A slot-path call's experts: `held` found in their slots, `read` from the files."""
+        self.cache_hits += held
+        self.experts_read += read
+        self.experts_fetched += read
+        self.bytes_read += read * slot_bytes
+
     @property
     def page_cache_hit_rate(self) -> float | None:
         return self.bytes_in_page_cache / self.bytes_measured if self.bytes_measured else None

@@ -200,6 +200,34 @@ def test_gathered_decode_matches_the_resident_model(
     model.streamer.close()  # the stand-in landing's mappings go with it, not at the next collection
 
 
+def test_a_prompt_is_gathered_whole_when_a_layers_experts_fit_the_pool(float32_model, monkeypatch):
+    """A call routing more entries than a decode stack (a prompt) is gathered too when every
+    expert of its layer fits the pool: the stand-in takes all 16 experts of the layer, from
+    their slots or the files, the container computes on them with the prompt's own indices (as
+    on the resident weights), and nothing syncs. The prompt's experts, all read from the files
+    on a cold pool, are counted at the first settle, which comes a token later."""
+    src, folder = float32_model
+    stand_ins = {}
+
+    def stand_in(pool, layer):
+        return stand_ins.setdefault(layer, GatherStandIn(pool.tensors, pool.layers[layer])), None
+
+    monkeypatch.setattr(slot_pool.SlotPool, "gather_source", stand_in)
+    model, tokenizer = streamer.load(
+        folder, memory_budget=16 * slot_bytes(folder), read_path="slots"
+    )
+    (pool,) = model.streamer.pools
+    assert pool.slots == 16
+    prompt = mx.array(tokenizer.encode(PROMPT))
+    tokens, reference = 8, reference_model(src)
+    assert greedy_tokens(model, prompt, tokens) == greedy_tokens(reference, prompt, tokens)
+    prefill, decode = model.streamer.stats.prefill, model.streamer.stats.decode
+    assert prefill.syncs == decode.syncs == 0 and prefill.gathered == 2
+    assert prefill.experts_read == 2 * 16 and prefill.cache_hits == 0  # a cold pool: every one
+    assert decode.cache_hits > 0 and pool.version >= 1  # the prompt's experts settled into slots
+    model.streamer.close()
+
+
 def test_forward_passes_built_before_either_is_evaluated(float32_model):
     """MLX is lazy: the second pass rewrites slots that the first pass's graph still has to read.
     The pool evaluates the first pass's expert outputs before it writes (its fence)."""

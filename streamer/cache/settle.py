@@ -42,6 +42,13 @@ class Deferred:
         self._per_token = calls_per_token  # one per layer of the pool
         self._tokens = SETTLE_TOKENS  # tokens' worth of calls the next settle waits for
 
+    def add(self, layer: int, indices: mx.array, count: Callable, prompt: bool) -> None:
+        """A gathered call deferred; after a `prompt`'s the settles come sooner (`moved`): the
+        pool is to hold what the first tokens route."""
+        self.calls.append((layer, indices, count))
+        if prompt:
+            self.moved()
+
     def moved(self) -> None:
         """A synced call moved slots: settle after 1 token, then 2, 4, ... (until a settle, an
         expert that missed misses again on every call routing it)."""

@@ -125,10 +125,10 @@ class SlotPool:
         one_chunk_unchecked = len(self.chunks) == 1 and not source.checksums
         return self._gathered.source(layer, source, self._landing if one_chunk_unchecked else None)
 
-    def defer(self, layer: int, indices: mx.array, count: Callable[[np.ndarray], None]) -> None:
+    def defer(self, layer: int, indices: mx.array, count: Callable, prompt: bool = False) -> None:
         """A gathered call of `layer` routed `indices`: the policy learns it at `settle`, and
         `count` its distinct experts then (hits and misses as the call found them)."""
-        self._deferred.calls.append((layer, indices, count))
+        self._deferred.add(layer, indices, count, prompt)
 
     def settle_earlier_tokens(self) -> None:
         """At a gathered call, when due: `settle` every token's calls but the last's. The GPU

@@ -58,7 +58,8 @@ class Slots:
         self._table: mx.array | None = None  # the slot of each of the layer's experts
         self._slot_of: np.ndarray | None = None  # the same on the host
         self._version = -1  # the pool's version when the table was made
-        self._positions: dict[tuple, mx.array] = {}  # gathered calls: row j is routed entry j
+        self._rows: dict = {}  # gathered calls: entry j at row j of a decode call's stack (by
+        # its shape), a prompt's experts (by their count)
 
     def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
         start = time.perf_counter()
@@ -155,21 +156,23 @@ class Slots:
         self._version = pool.version
 
     def _gather(self, layer, indices: mx.array) -> tuple | None:
-        """The pool's gather for this call, if it may run without a sync: a decode-sized call
-        (at most GATHERED_ROUTES entries, no more than the pool's slots), nothing converted, and
-        no one waiting for the routing on the host (a trace, a profile, a verify pass)."""
+        """The pool's gather for this call, if it may run without a sync: nothing converted, no
+        one waiting for the routing on the host (a trace, a profile, a verify pass), and a
+        decode-sized call (at most GATHERED_ROUTES entries, no more than the pool's slots) or
+        a layer whose every expert (a prompt's stack, `_gathered`) takes no more than the pool."""
         stats = layer.stats
-        if (
-            indices.size > min(GATHERED_ROUTES, self._pool.slots)
-            or layer.converts
-            or stats.wants_routing
-            or stats.verifying is not None
-        ):
+        small = indices.size <= min(GATHERED_ROUTES, self._pool.slots)
+        if not (small or layer.num_experts <= self._pool.slots) or layer.converts:
+            return None
+        if stats.wants_routing or stats.verifying is not None:
             return None
         return self._pool.gather_source(layer.index)
 
     def _gathered(self, layer, x, indices, traffic: ExpertTraffic, kernel, sources) -> mx.array:
-        """The container on the stack the GPU gathered (io/cuda_gather.py): no sync, no read."""
+        """The container on the stack the GPU gathered (io/cuda_gather.py): no sync, no read. A
+        decode call's stack holds its routed entries; a larger call's (a prompt's) every expert
+        of the layer, on which the container computes as on the resident weights (the bus
+        moves the experts without a slot once, routed or not, and nothing waits)."""
         pool = self._pool
         traffic.gathered += 1
         settled = time.perf_counter()
@@ -177,18 +180,19 @@ class Slots:
         traffic.read_seconds += time.perf_counter() - settled
         if self._version != pool.version or self._table is None:
             self._new_table(layer, gathered=True)
-        stacks = kernel(indices, self._table, sources, pool.arrays)
-        if indices.shape not in self._positions:
-            rows = mx.arange(indices.size, dtype=mx.uint32)
-            self._positions[indices.shape] = rows.reshape(indices.shape)
+        whole = indices.size > min(GATHERED_ROUTES, pool.slots)
+        key = layer.num_experts if whole else indices.shape
+        if key not in self._rows:
+            self._rows[key] = mx.arange(int(np.prod(key)), dtype=mx.uint32).reshape(key)
+        stacks = kernel(self._rows[key] if whole else indices, self._table, sources, pool.arrays)
         layer.install(stacks)
-        out = layer.container(x, self._positions[indices.shape])
+        out = layer.container(x, indices if whole else self._rows[key])
         layer.install(pool.arrays)  # the output's graph holds the stacks until it is evaluated
         self._installed = 0
         pool.computed(out)
-        traffic.bytes_copied += indices.size * pool.slot_bytes  # the stacks
-        count = partial(_count_gathered, traffic, self._slot_of, pool.slot_bytes)
-        pool.defer(layer.index, indices, count)
+        traffic.bytes_copied += stacks[0].shape[0] * pool.slot_bytes
+        count = partial(_count_gathered, traffic, self._slot_of, pool.slot_bytes, whole)
+        pool.defer(layer.index, indices, count, prompt=whole)
         layer.stats.settle_before_reading(pool.settle)
         return out
 
@@ -202,10 +206,7 @@ class Slots:
         placed = time.perf_counter() - placed
         traffic.read_seconds += placed
         traffic.miss_seconds += placed if misses else 0.0  # the rest: the fence and LFU alone
-        traffic.experts_read += misses
-        traffic.experts_fetched += misses
-        traffic.bytes_read += misses * pool.slot_bytes
-        traffic.cache_hits += len(group) - misses
+        traffic.count_slots(len(group) - misses, misses, pool.slot_bytes)
         if layer.stats.verifying is not None:
             layer.stats.verifying[-1].hits.update(group[~pool.last_missed].tolist())
         return slots, misses
@@ -248,13 +249,10 @@ def _in_routed_order(routed: np.ndarray, entries: list, outs: list[mx.array]) ->
     return mx.take(mx.concatenate(outs), back, 0).reshape(*routed.shape, -1)
 
 
-def _count_gathered(
-    traffic: ExpertTraffic, slot_of: np.ndarray, slot_bytes: int, experts: np.ndarray
-) -> None:
-    """A gathered call's hits (`experts` its table held) and misses (read by the GPU), counted
+def _count_gathered(traffic, slot_of: np.ndarray, slot_bytes: int, whole: bool, experts) -> None:
+    """A gathered call's hits (routed `experts` its table held) and the experts the GPU read from
+    the files (the routed ones without a slot; `whole`, a prompt's: every one without), counted
     when the pool settles its routing."""
-    misses = int(np.count_nonzero(slot_of[experts] < 0))
-    traffic.cache_hits += len(experts) - misses
-    traffic.experts_read += misses
-    traffic.experts_fetched += misses
-    traffic.bytes_read += misses * slot_bytes
+    held = int(np.count_nonzero(slot_of[experts] >= 0))
+    read = int(np.count_nonzero(slot_of < 0)) if whole else len(experts) - held
+    traffic.count_slots(held, read, slot_bytes)
