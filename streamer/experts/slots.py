@@ -42,6 +42,7 @@ from .routing import finish, host_routing
 
 OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits beside reads
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
+WHOLE_PROMPTS = True  # a prompt's call gathers every expert of its layer (`Slots._gather`)
 
 
 def overlapped_routes() -> int:
@@ -58,8 +59,7 @@ class Slots:
         self._table: mx.array | None = None  # the slot of each of the layer's experts
         self._slot_of: np.ndarray | None = None  # the same on the host
         self._version = -1  # the pool's version when the table was made
-        self._rows: dict = {}  # gathered calls: entry j at row j of a decode call's stack (by
-        # its shape), a prompt's experts (by their count)
+        self._rows: dict = {}  # gathered: a decode stack's rows (by shape), a prompt's experts
 
     def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
         start = time.perf_counter()
@@ -158,11 +158,13 @@ class Slots:
     def _gather(self, layer, indices: mx.array) -> tuple | None:
         """The pool's gather for this call, if it may run without a sync: nothing converted, no
         one waiting for the routing on the host (a trace, a profile, a verify pass), and a
-        decode-sized call (at most GATHERED_ROUTES entries, no more than the pool's slots) or
-        a layer whose every expert (a prompt's stack, `_gathered`) takes no more than the pool."""
+        decode-sized call (at most GATHERED_ROUTES entries, no more than the pool's slots) or,
+        WHOLE_PROMPTS, one with an entry for each of the layer's experts or more, whose every
+        expert (a prompt's stack, `_gathered`) takes no more than the pool."""
         stats = layer.stats
         small = indices.size <= min(GATHERED_ROUTES, self._pool.slots)
-        if not (small or layer.num_experts <= self._pool.slots) or layer.converts:
+        whole = WHOLE_PROMPTS and layer.num_experts <= min(indices.size, self._pool.slots)
+        if not (small or whole) or layer.converts:
             return None
         if stats.wants_routing or stats.verifying is not None:
             return None
