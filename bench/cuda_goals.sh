@@ -8,7 +8,7 @@
 #                                                  # WAYS (default "staged gathered") x SHARES
 #                                                  # (default "12 25 50" % of the 15.19 GiB of
 #                                                  # experts); ALL=1 adds every expert
-#   bash bench/cuda_goals.sh prefill OUT           # 64- and 2k-token prompts at 25%
+#   bash bench/cuda_goals.sh prefill OUT           # 64- and 2k-token prompts at 25% (PROMPTS=64)
 #   bash bench/cuda_goals.sh variant OUT NAME CODE PROFILE...  # gathered at SHARES, CODE (Python)
 #                                                  # run first, e.g. the settle's copies on the copy
 #                                                  # engine (the tree before SlotFill): NAME copies,
@@ -67,7 +67,7 @@ prefill)
   source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
   out=$2
   mkdir -p "$out"
-  args=(--prompt-tokens 64,2048 --decode-tokens 4 --repeats 2 --warmup --temp 0 --routing medium)
+  args=(--prompt-tokens "${PROMPTS:-64,2048}" --decode-tokens 4 --repeats 2 --warmup --temp 0 --routing medium)
   worker "$out" prefill-mlx_lm mlx_lm "$DATA/q48-mlx" "${args[@]}"
   for way in ${WAYS:-staged gathered}; do
     worker "$out" "prefill-$way-25" streamer "$DATA/q48-stream" "${args[@]}" \

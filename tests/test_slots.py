@@ -207,6 +207,7 @@ def test_a_prompt_is_gathered_whole_when_a_layers_experts_fit_the_pool(float32_m
     on the resident weights), and nothing syncs. The prompt's experts, all read from the files
     on a cold pool, are counted at the first settle, which comes a token later."""
     src, folder = float32_model
+    monkeypatch.setattr(slot_calls, "WHOLE_PROMPTS", True)
     stand_ins = {}
 
     def stand_in(pool, layer):

@@ -120,10 +120,11 @@ class _SlotPolicy:
 
 
 # `SlotLFU.refresh`: how many more times a key must have been routed than a held key to take its
-# slot. On the routing model's traces at 12.5-50% of Qwen3-30B-A3B's experts (prototyped beside
-# bench/settle_copies.py) 1 copies a third to a half of what 0 does for as many misses; 2 copies
-# fewer still but misses more at 50% under the `high` profile.
-ADMIT_MARGIN = 1.0
+# slot. 0 (more often at all) keeps the misses of giving every miss a slot, on the routing
+# model's traces (bench/settle_copies.py) and the trained demo model's (bench/settle_interval.py,
+# 6 prompts), for 20-40% fewer copies; 1 copies a third less again, but adapts later: the demo's
+# misses at 25% rose 9% over 64 tokens.
+ADMIT_MARGIN = 0.0
 
 
 class SlotLFU(_SlotPolicy):

@@ -23,9 +23,9 @@ dtype differs from the stored one (the CPU backend with bf16 scales) the routed 
 and converted per call (bytes_copied); on a GPU nothing is (but the gathered stacks, below).
 
 On CUDA with the layer's files locked whole and mapped (cache/landing.py, "gathered"), a decode
-call never syncs: the GPU gathers its routed experts from the slots or the files (cuda_gather.py)
-and the container computes on that stack; the pool learns the routing, and counts the call's
-hits and misses, later (SlotPool.settle).
+call never syncs: the GPU gathers its routed experts from the slots or the files (kernel:
+io/cuda_gather.py) and the container computes on that stack; the pool learns the routing, and
+counts the call's hits and misses, later (SlotPool.settle).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from .routing import finish, host_routing
 
 OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits beside reads
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
-WHOLE_PROMPTS = True  # a prompt's call gathers every expert of its layer (`Slots._gather`)
+# A prompt's call gathers every expert of its layer (no sync; the bus moves every expert without a
+# slot, routed or not): off until measured on a GPU (bench/findings.md).
+WHOLE_PROMPTS = False
 
 
 def overlapped_routes() -> int:
@@ -125,9 +127,8 @@ class Slots:
         return part.reshape(len(mine), -1)
 
     def _hits_first(self, layer, x, routed, experts, hits: list, traffic, slots, missed) -> None:
-        """Called by the pool between choosing slots and reading the misses: the routed entries
-        whose experts are hits computed now (queued, evaluated asynchronously), so that their
-        compute runs beside the misses' reads; kept in `hits` with the misses and their slots."""
+        """Called by the pool between choosing slots and reading the misses: the hits' routed
+        entries queued (async_eval) to compute beside the reads; kept in `hits`, with the rest."""
         if missed.all():
             return
         hit = ~missed
@@ -138,7 +139,7 @@ class Slots:
 
     def _after_hits(self, layer, x, routed, hits: tuple, traffic) -> mx.array:
         """The entries `_hits_first` left (the misses', read now), then every entry's output in
-        routed order: what the container computes on all of them at once, entry by entry."""
+        routed order, as the container computes on all of them at once."""
         done, part, misses, rows = hits
         rest = np.setdiff1d(np.arange(routed.size), done)
         late = self._entries(layer, x, routed, rest, misses, rows, 0, traffic)
@@ -159,8 +160,8 @@ class Slots:
         """The pool's gather for this call, if it may run without a sync: nothing converted, no
         one waiting for the routing on the host (a trace, a profile, a verify pass), and a
         decode-sized call (at most GATHERED_ROUTES entries, no more than the pool's slots) or,
-        WHOLE_PROMPTS, one with an entry for each of the layer's experts or more, whose every
-        expert (a prompt's stack, `_gathered`) takes no more than the pool."""
+        WHOLE_PROMPTS, one with an entry per expert of the layer or more, all of whose experts
+        (a prompt's stack) fit the pool."""
         stats = layer.stats
         small = indices.size <= min(GATHERED_ROUTES, self._pool.slots)
         whole = WHOLE_PROMPTS and layer.num_experts <= min(indices.size, self._pool.slots)
@@ -172,9 +173,8 @@ class Slots:
 
     def _gathered(self, layer, x, indices, traffic: ExpertTraffic, kernel, sources) -> mx.array:
         """The container on the stack the GPU gathered (io/cuda_gather.py): no sync, no read. A
-        decode call's stack holds its routed entries; a larger call's (a prompt's) every expert
-        of the layer, on which the container computes as on the resident weights (the bus
-        moves the experts without a slot once, routed or not, and nothing waits)."""
+        decode call's stack holds its routed entries; a prompt's every expert of the layer, on
+        which the container computes as on the resident weights."""
         pool = self._pool
         traffic.gathered += 1
         settled = time.perf_counter()
