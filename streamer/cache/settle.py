@@ -8,8 +8,8 @@ routings in order and lets it refresh the slots (SlotLFU.refresh: a miss was rea
 so it need not take a slot, and only experts routed more often than the ones they displace do),
 and copies each expert that ends with a new slot into it (one fill kernel on MLX's stream, from
 the pinned files: io/cuda_gather.py SlotFill). Against giving each call's misses slots as
-`place` does, this copies a third to a half as many experts for as many misses, and the host
-counts a settle's calls instead of choosing victims for each (bench/settle_copies.py). It
+`place` does, this copies 6-40% fewer experts for as many misses, and the host counts a
+settle's calls instead of choosing victims for each (bench/settle_copies.py). It
 comes every SETTLE_TOKENS tokens' worth of calls (after a synced call moved slots, a prompt, 1,
 2, 4, ... tokens first: until a settle, a missed expert misses again on every call routing it;
 bench/settle_interval.py), at a token's first call and for the tokens before the last one,
