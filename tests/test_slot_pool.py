@@ -233,6 +233,21 @@ def test_settled_routings_refresh_the_slots(tmp_path):
     pool.settle()  # what reading the stats after close does: nothing left to settle
 
 
+def test_a_settles_pull_gives_each_call_its_distinct_experts_sorted():
+    """settle.distinct: decode calls ([1, 1, k], distinct experts) in one sort; calls of one
+    shape with a repeat (a batch of tokens) and calls of several shapes deduplicated one by one;
+    on the CPU backend the pull's stream is the CPU's."""
+    assert settle.pull_stream() == mx.cpu
+    rows = [[5, 1, 3], [2, 7, 0], [9, 8, 4]]
+    decode = [mx.array(np.array([[r]], dtype=np.uint32)) for r in rows]
+    assert [d.tolist() for d in settle.distinct(decode)] == [sorted(r) for r in rows]
+    batch = [mx.array(np.array([[1, 2], [2, 3]], dtype=np.uint32))] * 2  # one shape, a repeat
+    assert [d.tolist() for d in settle.distinct(batch)] == [[1, 2, 3], [1, 2, 3]]
+    mixed = [decode[0], batch[0], mx.array(np.array([4], dtype=np.uint32))]
+    assert [d.tolist() for d in settle.distinct(mixed)] == [[1, 3, 5], [1, 2, 3], [4]]
+    assert settle.distinct([]) == []
+
+
 def test_settles_come_sooner_after_a_synced_call_moved_slots(tmp_path):
     """At a token's first gathered call the pool settles every token's calls but the last's,
     once they are SETTLE_TOKENS tokens' worth (the GPU may still compute the last token). After
