@@ -78,3 +78,13 @@ def test_settle_copies_counts_what_a_gathered_pool_copies(bench_path, capsys):
         rows[bool(by_calls)] = json.loads(capsys.readouterr().out)["rows"]
     assert rows[False][0]["misses"] > rows[False][1]["misses"]
     assert all(r["copies"] < c["copies"] for r, c in zip(rows[False], rows[True]))
+
+
+def test_settle_plot_draws_the_committed_comparison(bench_path, tmp_path, capsys):
+    """bench/settle_plot.py draws bus bytes per token for the three settles from the committed
+    bench/settle_copies.py results."""
+    from settle_plot import main
+
+    main([str(tmp_path / "settle.png")])
+    assert "wrote" in capsys.readouterr().out
+    assert (tmp_path / "settle.png").stat().st_size > 10_000
