@@ -12,9 +12,10 @@ per token from /proc/self/io `read_bytes` (what the process made the kernel fetc
 read-ahead included, every thread), beside the engine's own count of the bytes it asked for.
 
 `--routing PROFILE` puts the routing model (bench/profile_routing.py) in place of the routers.
-Points (`--points`): `slots` (the slot path at `--budget`, default 0: one layer's experts, the Mac
-default), `slots-readahead` (the same with the kernel's read-ahead left on, as before
-io/reads.py turned it off), `slots-serial` (every call's entries computed after its reads, as
+Points (`--points`): `slots` (the slot path at `--budget`, default 0: one layer's experts; a
+cgroup's squeeze is not in the memory available the default budget is made from),
+`slots-readahead` (the same with the kernel's read-ahead left on, as before io/reads.py turned
+it off), `slots-serial` (every call's entries computed after its reads, as
 before decode calls computed their hits beside the misses' reads: experts/slots.py
 OVERLAPPED_ROUTES), `mapped` (in place on the mapped files). Writes
 bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
