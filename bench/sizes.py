@@ -54,8 +54,9 @@ BUDGETS = {
 }
 RSS_LIMIT = 5.5 * G
 MACHINE = "Linux x86-64 VM, 2 CPU cores shared with other work, 24 GiB, no GPU, mlx[cpu]"
-# The slot path's budget 0 is one layer's experts: 6.3 GB for DeepSeek-V3, 9.5 GB for Kimi K2,
-# 3.6 GB for Qwen3.5-397B, past what a run may use here; their smallest slot budget is 1 GB.
+# The slot path's budget 0 was one layer's experts (6.3 GB for DeepSeek-V3, 9.5 GB for Kimi K2,
+# 3.6 GB for Qwen3.5-397B, past what a run may use here; on CUDA it still is), so their smallest
+# slot budget here is 1 GB.
 SLOT_FLOOR = {"deepseek-v3": G, "kimi-k2": G, "qwen3.5-397b-a17b": G}
 
 

@@ -359,7 +359,7 @@ def pool_bytes(budget: str, experts: int) -> int:
 def pool_name(budget: str, experts: int) -> str:
     n = pool_bytes(budget, experts)
     if n == 0:
-        return "one layer's experts"
+        return "budget 0's pool"
     share = "every expert" if n >= experts else f"{n / experts:.0%} of the experts"
     return (
         f"slot pool {n / 2**30:.3g} GiB ({share})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 
@@ -18,6 +19,7 @@ from streamer.cache.expected_hits import PROFILES, expected_pool_hits
 from streamer.cli import main
 from streamer.io.manifest import read_manifest
 from streamer.loading import load as loading
+from streamer.loading.residency import SHARED_BUDGET_0_SLOTS, LayerShape, plan_residency
 from streamer.plan import plan
 
 
@@ -95,3 +97,25 @@ def test_plan_says_the_default_budget_and_its_hits(checkpoints, capsys):
     assert "budget (CPU)       0: experts computed in place" in text
     assert main(["plan", str(dst), "--memory", str(memory), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["slot_budget_bytes"] == cli.slot_budget_bytes
+
+
+def test_budget_0_is_a_few_calls_experts_where_the_pool_shares_the_page_caches_memory():
+    """Budget 0 on the slot path: on Metal and the CPU (reads through the page cache) a pool of
+    SHARED_BUDGET_0_SLOTS, shared by every layer; on CUDA (device memory) or when the pool reads
+    around the page cache (it is then the only cache), one layer's experts; a layer with fewer
+    experts than that, all of them."""
+    tensors = (("gate_proj.weight", mx.uint32, (768, 256)),)
+    shapes = [LayerShape(i, tensors, 128, 786_432, 786_432) for i in range(4)]
+
+    def pool(experts: int = 128, **kw) -> tuple[int, str]:
+        layers = [replace(s, experts=experts) for s in shapes]
+        plan = plan_residency(layers, 0, "slots", "asked", 1 << 40, **kw)
+        assert [len(g.layers) for c in plan.classes for g in c.groups] == [4]  # one pool
+        return plan.classes[0].slots, plan.text()
+
+    slots, text = pool(unified_memory=True)
+    assert slots == SHARED_BUDGET_0_SLOTS == 32 and "a few calls' experts" in text
+    slots, text = pool(unified_memory=False)
+    assert slots == 128 and "one layer's experts" in text
+    assert pool(unified_memory=True, bypass_page_cache=True)[0] == 128
+    assert pool(experts=16, unified_memory=True)[0] == 16

@@ -18,7 +18,7 @@ runs in rounds of at most `slots` experts, each round computing only its own exp
 A round whose experts lie in several chunks of the pool computes once per chunk, the same way.
 So that a decode call's experts lie in one chunk, a budget past one chunk is given to groups of
 consecutive layers, a pool of at most one chunk each; only a layer whose own share is larger (or
-budget 0: one layer's experts shared by all) has a pool of several chunks. Where the compute
+budget 0 on CUDA: one layer's experts shared by all) has a pool of several chunks. Where the compute
 dtype differs from the stored one (the CPU backend with bf16 scales) the routed slots are taken
 and converted per call (bytes_copied); on a GPU nothing is (but the gathered stacks, below).
 

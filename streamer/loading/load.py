@@ -18,7 +18,7 @@ from ..families.architectures import expert_containers, replace_modules
 from ..io.expert_files import ExpertFiles
 from ..io.files import check_tmpdir, check_utf8_path
 from .assembly import apply_residency, load_resident
-from .backend import check_backend_computes, check_model_kernels
+from .backend import backend, check_backend_computes, check_model_kernels
 from .download_folder import is_download
 from .download_source import open_download_source
 from .handle import Streaming, compute_dtype, release
@@ -56,7 +56,8 @@ def load(
     half the available memory, else 0. `model.streamer.residency` says what was chosen.
     `read_path`: "mapped" computes in place on the mapped expert files (the CPU default);
     "slots" reads experts into a bounded slot pool of `memory_budget` bytes and computes there
-    (the Metal and CUDA default; a budget of 0 gives one layer's experts per shape class).
+    (the Metal and CUDA default; a budget of 0 gives a few calls' experts per shape class, on
+    CUDA one layer's).
     `bypass_page_cache`: the slot path reads around the page cache (O_DIRECT on Linux, F_NOCACHE
     on macOS) instead of through it; off by default (bench/findings.md,
     "Page cache or not", says why).
@@ -125,6 +126,7 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
             available_memory(),
             options.bypass_page_cache,
             options.cuda_misses,
+            unified_memory=backend() != "cuda",
         )
         pools = apply_residency(plan, source.layouts, layers, source.checksums)
     except BaseException:

@@ -29,6 +29,14 @@ from ..io.sizes import size_text
 # On CUDA, "pinned" and "gathered" page-lock whole expert files while they fit in this share of
 # the memory available (past it a file is locked for each copy): cache/landing.py
 PINNED_SHARE = 0.5
+# Budget 0 asks for no expert cache. Where the pool's memory is the page cache's (Metal, the CPU,
+# reads through the page cache) its slots are a few decode calls' experts: one layer's would hold
+# copies of what the page cache has. Squeezed on this CPU, 32 slots read 0.96x in place's bytes
+# from disk against one layer's 1.22-1.36x, at the same decode and prefill speed
+# (bench/findings.md, "A smaller pool at budget 0"); larger calls run in rounds. On CUDA the pool
+# is device memory: one layer's experts, so that a prompt chunk runs in one round (parts of a call
+# are not bit-exact there).
+SHARED_BUDGET_0_SLOTS = 32
 
 
 def available_memory() -> int:
@@ -81,6 +89,7 @@ class ResidencyPlan:
     bypass_page_cache: bool = False  # the slot pool reads around the page cache
     chunk_bytes: int = CHUNK_BYTES  # the slot pool's arrays hold this many bytes at most
     cuda_misses: str = CUDA_MISSES_DEFAULT  # where a slot miss's bytes come from on CUDA
+    shares_page_cache: bool = False  # the pool's memory is the page cache's: SHARED_BUDGET_0_SLOTS
 
     @property
     def pinnable(self) -> int:
@@ -112,7 +121,9 @@ class ResidencyPlan:
                 f"experts stream from disk; up to {self.cache_slots} hot experts kept in memory, "
                 f"LFU with aging ({why})"
             )
-        kind = "one layer's experts" if self.budget == 0 else "LFU with aging"
+        kind = "LFU with aging"
+        if self.budget == 0:
+            kind = "a few calls' experts" if self.shares_page_cache else "one layer's experts"
         if self.bypass_page_cache:
             kind += ", read around the page cache"
         chunks = sum(group.chunks for c in self.classes for group in c.groups)
@@ -153,10 +164,12 @@ def plan_residency(
     available: int,
     bypass_page_cache: bool = False,
     cuda_misses: str = CUDA_MISSES_DEFAULT,
+    unified_memory: bool = False,
 ) -> ResidencyPlan:
     """The plan for `budget` bytes of experts (None: the read path's default in `available`).
     Enough for every expert: all resident. Less: the slot path's pool (slot_classes); the mapped
-    path's hot cache of the largest expert's slots, or (0) the page cache alone."""
+    path's hot cache of the largest expert's slots, or (0) the page cache alone.
+    `unified_memory`: a slot pool would take its memory from the page cache's (not CUDA)."""
     need = sum(s.experts * s.resident_bytes for s in shapes)
     largest = max(s.resident_bytes for s in shapes)
     if budget is None:
@@ -174,11 +187,13 @@ def plan_residency(
         largest_expert=largest,
         bypass_page_cache=bypass_page_cache,
         cuda_misses=cuda_misses,
+        shares_page_cache=unified_memory and not bypass_page_cache,
     )
     if budget >= need:
         return plan
     if read_path == "slots":
-        classes = slot_classes(shapes, budget, CHUNK_BYTES)
+        least = SHARED_BUDGET_0_SLOTS if plan.shares_page_cache else None
+        classes = slot_classes(shapes, budget, CHUNK_BYTES, least)
         return replace(plan, form="slot pool", classes=classes, chunk_bytes=CHUNK_BYTES)
     if budget == 0:
         return replace(plan, form="page cache")
@@ -186,11 +201,12 @@ def plan_residency(
 
 
 def slot_classes(
-    shapes: Sequence[LayerShape], budget: int, chunk_bytes: int
+    shapes: Sequence[LayerShape], budget: int, chunk_bytes: int, least: int | None = None
 ) -> tuple[ShapeClass, ...]:
     """Per shape class its share of `budget` in proportion to the class's experts, at least one
     slot; 0: one layer's experts each (the smallest pool in which any call, a whole prompt chunk
-    too, runs in one round). Past 0, pools of one chunk per group of layers (layer_groups)."""
+    too, runs in one round), or `least` slots if fewer. Past 0, pools of one chunk per group of
+    layers (layer_groups)."""
     members: dict[tuple, list[LayerShape]] = {}
     for shape in shapes:
         members.setdefault(shape.tensors, []).append(shape)
@@ -198,7 +214,7 @@ def slot_classes(
     classes = []
     for key, layers in members.items():
         experts = sum(s.experts for s in layers)
-        most = max(s.experts for s in layers)
+        most = min(max(s.experts for s in layers), least or experts)
         slots = min(experts, max(1, budget * experts // total) if budget else most)
         per_chunk = chunk_slots([SlotTensor(*t) for t in key], slots, chunk_bytes)
         groups = layer_groups(len(layers), slots, per_chunk if budget else slots)
