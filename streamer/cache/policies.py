@@ -110,13 +110,17 @@ class _SlotPolicy:
                 score = np.where(self.slot_key >= 0, self._score(), -1.0)
                 score[slots[~miss]] = np.inf  # routed in this call: never a victim
                 victims = np.argpartition(score, wanted - 1)[:wanted]
-            evicted = self.slot_key[victims]
-            self.slot_of[evicted[evicted >= 0]] = -1
-            self.slot_key[victims] = keys[miss]
-            self.slot_of[keys[miss]] = victims
+            self._move(keys[miss], victims)
             slots[miss] = victims
         self._seen(keys, slots)
         return slots, miss
+
+    def _move(self, keys: np.ndarray, slots) -> None:
+        """`keys` now in `slots`; the keys those slots held, in none."""
+        evicted = self.slot_key[slots]
+        self.slot_of[evicted[evicted >= 0]] = -1
+        self.slot_key[slots] = keys
+        self.slot_of[keys] = slots
 
 
 # `SlotLFU.refresh`: how many more times a key must have been routed than a held key to take its
@@ -164,11 +168,7 @@ class SlotLFU(_SlotPolicy):
                 self.counts[self.slot_key[coldest[: len(rest)]]] + margin
             )
             slots += list(coldest[: np.argmin(beaten) if not beaten.all() else len(beaten)])
-        keys = wanted[: len(slots)]
-        evicted = self.slot_key[slots]
-        self.slot_of[evicted[evicted >= 0]] = -1
-        self.slot_key[slots] = keys
-        self.slot_of[keys] = slots
+        self._move(wanted[: len(slots)], slots)
 
     def _count(self, keys: np.ndarray) -> None:
         """One call's keys counted, the counts halved first when `half_life` accesses passed."""
