@@ -157,11 +157,11 @@ class Slots:
         self._version = pool.version
 
     def _gather(self, layer, indices: mx.array) -> tuple | None:
-        """The pool's gather for this call, if it may run without a sync: nothing converted, no
-        one waiting for the routing on the host (a trace, a profile, a verify pass), and a
-        decode-sized call (at most GATHERED_ROUTES entries, no more than the pool's slots) or,
-        WHOLE_PROMPTS, one with an entry per expert of the layer or more, all of whose experts
-        (a prompt's stack) fit the pool."""
+        """The pool's (kernel, sources) for this call and whether it gathers whole, if it may
+        run without a sync: nothing converted, no one waiting for the routing on the host (a
+        trace, a profile, a verify pass), and a decode-sized call (at most GATHERED_ROUTES
+        entries, no more than the pool's slots) or, WHOLE_PROMPTS, one with an entry per expert
+        of the layer or more, all of whose experts (a prompt's stack) fit the pool."""
         stats = layer.stats
         small = indices.size <= min(GATHERED_ROUTES, self._pool.slots)
         whole = WHOLE_PROMPTS and layer.num_experts <= min(indices.size, self._pool.slots)
@@ -169,9 +169,10 @@ class Slots:
             return None
         if stats.wants_routing or stats.verifying is not None:
             return None
-        return self._pool.gather_source(layer.index)
+        source = self._pool.gather_source(layer.index)
+        return None if source is None else (*source, not small)
 
-    def _gathered(self, layer, x, indices, traffic: ExpertTraffic, kernel, sources) -> mx.array:
+    def _gathered(self, layer, x, indices, traffic, kernel, sources, whole: bool) -> mx.array:
         """The container on the stack the GPU gathered (io/cuda_gather.py): no sync, no read. A
         decode call's stack holds its routed entries; a prompt's every expert of the layer, on
         which the container computes as on the resident weights."""
@@ -182,7 +183,6 @@ class Slots:
         traffic.read_seconds += time.perf_counter() - settled
         if self._version != pool.version or self._table is None:
             self._new_table(layer, gathered=True)
-        whole = indices.size > min(GATHERED_ROUTES, pool.slots)
         key = layer.num_experts if whole else indices.shape
         if key not in self._rows:
             self._rows[key] = mx.arange(int(np.prod(key)), dtype=mx.uint32).reshape(key)
