@@ -18,7 +18,7 @@ from ..families.architectures import expert_containers, replace_modules
 from ..io.expert_files import ExpertFiles
 from ..io.files import check_tmpdir, check_utf8_path
 from .assembly import apply_residency, load_resident
-from .backend import backend, check_backend_computes, check_model_kernels
+from .backend import check_backend_computes, check_model_kernels
 from .download_folder import is_download
 from .download_source import open_download_source
 from .handle import Streaming, compute_dtype, release
@@ -126,7 +126,6 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
             available_memory(),
             options.bypass_page_cache,
             options.cuda_misses,
-            unified_memory=backend() != "cuda",
         )
         pools = apply_residency(plan, source.layouts, layers, source.checksums)
     except BaseException:

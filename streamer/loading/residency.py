@@ -25,6 +25,7 @@ from ..cache.slot_pool import CHUNK_BYTES
 from ..errors import StreamerError
 from ..io.expert_layout import LayerLayout
 from ..io.sizes import size_text
+from .backend import backend
 
 # On CUDA, "pinned" and "gathered" page-lock whole expert files while they fit in this share of
 # the memory available (past it a file is locked for each copy): cache/landing.py
@@ -164,12 +165,13 @@ def plan_residency(
     available: int,
     bypass_page_cache: bool = False,
     cuda_misses: str = CUDA_MISSES_DEFAULT,
-    unified_memory: bool = False,
+    unified_memory: bool | None = None,
 ) -> ResidencyPlan:
     """The plan for `budget` bytes of experts (None: the read path's default in `available`).
     Enough for every expert: all resident. Less: the slot path's pool (slot_classes); the mapped
     path's hot cache of the largest expert's slots, or (0) the page cache alone.
-    `unified_memory`: a slot pool would take its memory from the page cache's (not CUDA)."""
+    `unified_memory`: a slot pool would take its memory from the page cache's (None: this
+    machine's backend says, every backend but CUDA)."""
     need = sum(s.experts * s.resident_bytes for s in shapes)
     largest = max(s.resident_bytes for s in shapes)
     if budget is None:
@@ -187,13 +189,16 @@ def plan_residency(
         largest_expert=largest,
         bypass_page_cache=bypass_page_cache,
         cuda_misses=cuda_misses,
-        shares_page_cache=unified_memory and not bypass_page_cache,
+        shares_page_cache=(
+            (backend() != "cuda" if unified_memory is None else unified_memory)
+            and not bypass_page_cache
+        ),
     )
     if budget >= need:
         return plan
     if read_path == "slots":
-        least = SHARED_BUDGET_0_SLOTS if plan.shares_page_cache else None
-        classes = slot_classes(shapes, budget, CHUNK_BYTES, least)
+        cap = SHARED_BUDGET_0_SLOTS if plan.shares_page_cache else None
+        classes = slot_classes(shapes, budget, CHUNK_BYTES, cap)
         return replace(plan, form="slot pool", classes=classes, chunk_bytes=CHUNK_BYTES)
     if budget == 0:
         return replace(plan, form="page cache")
@@ -201,11 +206,11 @@ def plan_residency(
 
 
 def slot_classes(
-    shapes: Sequence[LayerShape], budget: int, chunk_bytes: int, least: int | None = None
+    shapes: Sequence[LayerShape], budget: int, chunk_bytes: int, cap: int | None = None
 ) -> tuple[ShapeClass, ...]:
     """Per shape class its share of `budget` in proportion to the class's experts, at least one
     slot; 0: one layer's experts each (the smallest pool in which any call, a whole prompt chunk
-    too, runs in one round), or `least` slots if fewer. Past 0, pools of one chunk per group of
+    too, runs in one round), or `cap` slots if fewer. Past 0, pools of one chunk per group of
     layers (layer_groups)."""
     members: dict[tuple, list[LayerShape]] = {}
     for shape in shapes:
@@ -214,7 +219,7 @@ def slot_classes(
     classes = []
     for key, layers in members.items():
         experts = sum(s.experts for s in layers)
-        most = min(max(s.experts for s in layers), least or experts)
+        most = min(max(s.experts for s in layers), cap or experts)
         slots = min(experts, max(1, budget * experts // total) if budget else most)
         per_chunk = chunk_slots([SlotTensor(*t) for t in key], slots, chunk_bytes)
         groups = layer_groups(len(layers), slots, per_chunk if budget else slots)

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, fields
 from ..cache.budget import SLOT_SHARE
 from ..cache.expected_hits import TYPICAL
 from ..io.sizes import size_text
-from ..loading.backend import backend
 from ..loading.residency import LayerShape, ResidencyPlan, plan_residency
 
 MIN_CONTEXT = 4096  # "runs": the resident weights plus this much context fit
@@ -139,11 +138,8 @@ def fitted(
         longest = min(longest, context)
     need = resident + kv_fixed + kv_per_token * min(MIN_CONTEXT, context or MIN_CONTEXT)
     left = max(memory - resident, 0)
-    unified = backend() != "cuda"  # as a load here plans (loading/load.py)
     plans = {
-        path: plan_residency(
-            shapes, None, path, f"the {where} default", left, unified_memory=unified
-        )
+        path: plan_residency(shapes, None, path, f"the {where} default", left)
         for path, where in (("slots", "Metal and CUDA"), ("mapped", "CPU"))
     }
     slots, mapped = plans["slots"], plans["mapped"]
