@@ -43,8 +43,8 @@ from .routing import finish, host_routing
 OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits beside reads
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
 # A prompt's call gathers every expert of its layer (no sync; the bus moves every expert without a
-# slot, routed or not): off until measured on a GPU (bench/findings.md).
-WHOLE_PROMPTS = False
+# slot, routed or not): faster than a synced prompt on an H100 (bench/findings.md, "Whole-layer").
+WHOLE_PROMPTS = True
 
 
 def overlapped_routes() -> int:
