@@ -12,8 +12,8 @@
 #   bash bench/cuda_goals.sh variant OUT NAME CODE PROFILE...  # gathered at SHARES, CODE (Python)
 #                                                  # run first, e.g. the settle's copies on the copy
 #                                                  # engine (the tree before SlotFill): NAME copies,
-#                                                  # CODE "from streamer.cache import gathered;
-#                                                  # gathered.FILL_ON_GPU = False"; the pool left in
+#                                                  # CODE "from streamer.cache import settle;
+#                                                  # settle.FILL_ON_GPU = False"; the pool left in
 #                                                  # host memory: "from streamer.cache import
 #                                                  # slot_memory; slot_memory.on_gpu = lambda r: None"
 #   bash bench/cuda_goals.sh profile OUT           # one gathered run at 25% under cProfile (the

@@ -22,7 +22,7 @@ from test_slot_pool import (
     pool_over,
 )
 
-from streamer.cache import gathered
+from streamer.cache import settle
 from streamer.cache.landing import landing_for
 from streamer.cache.slot_memory import SlotTensor
 from streamer.cache.slot_pool import READERS
@@ -109,7 +109,7 @@ def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path, monkeypatch
     what the policy's refresh says, and a gather on the new table reads them."""
     from streamer.io.cuda_gather import NO_SLOT
 
-    monkeypatch.setattr(gathered, "FILL_ON_GPU", True)
+    monkeypatch.setattr(settle, "FILL_ON_GPU", True)
     landing = landing_for(TENSORS, READERS, True, "gathered", 1 << 30)
     pool, truth, expected = deferred_pool(tmp_path, landing=landing)
     kernel, sources = pool.gather_source(0)

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from streamer.cache import gathered, settle, slot_pool
+from streamer.cache import settle, slot_pool
 from streamer.cache.policies import SlotLFU
 from streamer.cache.slot_memory import SLOT_ALIGN, LayerSource, SlotTensor
 from streamer.cache.slot_pool import CHUNK_BYTES, SlotPool
@@ -139,7 +139,7 @@ def test_a_failed_read_leaves_no_half_read_expert(tmp_path, monkeypatch, gathers
     """Also where kernels may read the files (CUDA's gathered landing, here a host stand-in that
     maps them as it does): the mapping's failure is the read's (on an H100 it escaped the read's
     error handling once)."""
-    monkeypatch.setattr(gathered, "FILL_ON_GPU", True)
+    monkeypatch.setattr(settle, "FILL_ON_GPU", True)
     pool, _ = pool_over(tmp_path, slots=2, landing=HostLanding() if gathers else None)
     (tmp_path / "001.bin").write_bytes(b"")  # truncated under the open file
     with pytest.raises(StreamerError, match="001.bin: cannot read expert 2"):
@@ -237,7 +237,7 @@ def test_a_settles_pull_gives_each_call_its_distinct_experts_sorted():
     """settle.distinct: decode calls ([1, 1, k], distinct experts) in one sort; calls of one
     shape with a repeat (a batch of tokens) and calls of several shapes deduplicated one by one;
     on the CPU backend the pull's stream is the CPU's."""
-    assert settle.side_stream("pull") == mx.cpu
+    assert settle.pull_stream() == mx.cpu
     rows = [[5, 1, 3], [2, 7, 0], [9, 8, 4]]
     decode = [mx.array(np.array([[r]], dtype=np.uint32)) for r in rows]
     assert [d.tolist() for d in settle.distinct(decode)] == [sorted(r) for r in rows]
@@ -321,14 +321,12 @@ class HostFill:
     waits on."""
 
     def __init__(self, pool: SlotPool):
-        self.pool, self.moves, self.outputs, self.streams = pool, [], [], []
+        self.pool, self.moves, self.outputs = pool, [], []
 
-    def __call__(self, slots, addresses, arrays, blocks):
-        assert arrays is self.pool.arrays and blocks > 0
-        slots = np.array(slots)  # after what the fill must follow (mx.depends)
+    def __call__(self, slots, addresses, arrays):
+        assert arrays is self.pool.arrays
         mx.synchronize()
         self.moves.append(len(slots))
-        self.streams.append(mx.default_stream(mx.default_device()))
         for slot, row in zip(slots, addresses):
             for t, (tensor, address) in enumerate(zip(self.pool.tensors, row)):
                 ctypes.memmove(self.pool._rows[0][t][slot].ctypes.data, int(address), tensor.nbytes)
@@ -342,8 +340,8 @@ def test_a_gathered_layers_moved_experts_are_filled_by_kernel(tmp_path, monkeypa
     after the pool's readers with no host wait, and so does a synced call's miss there. Here a
     stand-in copies by those addresses on the host: the slots end as the policy's refresh says,
     and the next write waits for the kernels' outputs (the fence)."""
-    monkeypatch.setattr(gathered, "gather_kernel", lambda t, s, b: (None, host_sources(s, b)))
-    monkeypatch.setattr(gathered, "FILL_ON_GPU", True)
+    monkeypatch.setattr(settle, "gather_kernel", lambda t, s, b: (None, host_sources(s, b)))
+    monkeypatch.setattr(settle, "FILL_ON_GPU", True)
     pool, truth, expected = deferred_pool(tmp_path, landing=HostLanding())
     fill = HostFill(pool)
     monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill)
@@ -366,46 +364,6 @@ def test_a_gathered_layers_moved_experts_are_filled_by_kernel(tmp_path, monkeypa
     slots, misses = pool.place(1, np.array([2]))  # a synced miss: fenced, then filled alike
     assert misses == 1 and fill.moves == [3, 1] and pool._pending == fill.outputs[-1:]
     assert all(np.array_equal(g, w) for g, w in zip(slot_bytes(pool, slots[0]), truth[1][2]))
-    pool.close()
-
-
-def test_a_settles_fill_runs_behind_and_its_experts_join_the_table_tokens_later(
-    tmp_path, monkeypatch
-):
-    """A settle's fill runs on a stream of its own (cache/gathered.py), beside the next tokens:
-    until FILL_BEHIND_TOKENS tokens' worth of gathered calls have been queued, the gather table
-    gives the experts it copies no slot (they are read from the files), the other slots as
-    before; then a new version's table gives the policy's slots, and the copies are there."""
-    monkeypatch.setattr(gathered, "gather_kernel", lambda t, s, b: (None, host_sources(s, b)))
-    monkeypatch.setattr(gathered, "FILL_ON_GPU", True)
-    fill_stream = mx.new_stream(mx.cpu)
-    monkeypatch.setattr(gathered, "side_stream", lambda purpose: fill_stream)
-    pool, truth, expected = deferred_pool(tmp_path, landing=HostLanding())
-    fill = HostFill(pool)
-    monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill)
-    assert all(pool.gather_source(layer) is not None for layer in (0, 1))
-    before = pool.policy.slot_of.copy()
-    pool.settle()
-    assert fill.streams == [fill_stream] and pool.version == 1
-    moved = (pool.policy.slot_of != before) & (pool.policy.slot_of >= 0)
-    assert moved.any()
-    for layer in (0, 1):
-        keys = slice(pool.base[layer], pool.base[layer] + 6)
-        table, held = pool.gathered_table(layer)
-        want = np.where(moved[keys], -1, pool.policy.slot_of[keys])
-        assert np.array_equal(held, want)
-        assert np.array_equal(np.array(table), want.astype(np.uint32))
-    calls = gathered.FILL_BEHIND_TOKENS * len(pool.layers)
-    for _ in range(calls - 1):
-        pool.settle_earlier_tokens()  # a gathered call's first step; nothing due
-    assert pool.version == 1
-    pool.settle_earlier_tokens()
-    assert pool.version == 2
-    _, held = pool.gathered_table(0)
-    assert np.array_equal(held, pool.policy.slot_of[pool.base[0] : pool.base[0] + 6])
-    pool.fence()
-    assert np.array_equal(pool.policy.slot_of, expected)
-    assert_holds(pool, truth)
     pool.close()
 
 

@@ -17,7 +17,7 @@ from test_parity import PROMPT, assert_exactly_as, greedy_tokens
 from test_slot_pool import HostFill, HostLanding, host_sources
 
 import streamer
-from streamer.cache import gathered, settle, slot_pool
+from streamer.cache import settle, slot_pool
 from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
 from streamer.experts import slots as slot_calls
@@ -174,11 +174,11 @@ def test_gathered_decode_matches_the_resident_model(
     else:  # the pool's own gathered layers, with kernels reaching the files' host mappings
         monkeypatch.setattr(slot_pool, "landing_for", lambda *args: HostLanding())
         monkeypatch.setattr(
-            gathered,
+            settle,
             "gather_kernel",
             lambda tensors, source, bases: (stand_in(tensors, source), host_sources(source, bases)),
         )
-        monkeypatch.setattr(gathered, "FILL_ON_GPU", True)
+        monkeypatch.setattr(settle, "FILL_ON_GPU", True)
         monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill)
     model, tokenizer = streamer.load(
         folder, memory_budget=6 * slot_bytes(folder), read_path="slots"

@@ -1,12 +1,13 @@
-"""Gathered calls' routing given to their slot pool later (SlotPool.defer and settle use these).
+"""Gathered calls' routing given to their slot pool later, and the kernel they are gathered by
+(SlotPool.gather_source, defer and settle use these).
 
 Gathered calls (CUDA, files locked whole and mapped: `gather_source`) read no slot on the host:
 the GPU takes each routed expert from its slot or, a miss, from the file (io/cuda_gather.py),
 and the call's routing is only recorded (`defer`, `Deferred`). A settle gives the policy those
 routings in order and lets it refresh the slots (SlotLFU.refresh: a miss was read from the file,
 so it need not take a slot, and only experts routed more often than the ones they displace do),
-and copies each expert that ends with a new slot into it (one fill kernel, from the pinned files:
-cache/gathered.py). Against giving each call's misses slots as
+and copies each expert that ends with a new slot into it (one fill kernel on MLX's stream, from
+the pinned files: io/cuda_gather.py SlotFill). Against giving each call's misses slots as
 `place` does, this copies 6-40% fewer experts for as many misses, and the host counts a
 settle's calls instead of choosing victims for each (bench/settle_copies.py). It
 comes every SETTLE_TOKENS tokens' worth of calls (after a synced call moved slots, a prompt, 1,
@@ -27,6 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from .policies import SlotLFU
+from .slot_memory import LayerSource, SlotTensor
 
 SETTLE_TOKENS = 16  # gathered tokens between two settles (after slots moved: 1, 2, 4, ... first)
 
@@ -67,10 +69,10 @@ class Deferred:
 
 def distinct(routed: Sequence[mx.array]) -> list[np.ndarray]:
     """Each call's distinct routed experts (sorted), on the host in one pull for all of them
-    (each np.array of a GPU array is a sync of its own), on `side_stream("pull")`."""
+    (each np.array of a GPU array is a sync of its own), on `pull_stream()`."""
     if not routed:
         return []
-    stream = side_stream("pull")
+    stream = pull_stream()
     if len({indices.shape for indices in routed}) == 1:  # decode: [1, 1, k] a call
         together = np.array(mx.concatenate(list(routed), stream=stream)).reshape(len(routed), -1)
         rows = np.sort(together, axis=1)  # a token's k experts are distinct: nothing to drop
@@ -82,25 +84,23 @@ def distinct(routed: Sequence[mx.array]) -> list[np.ndarray]:
     return [np.unique(experts) for experts in np.split(together, ends[:-1])]
 
 
-_side_streams: dict[tuple[str, str], mx.Stream] = {}  # (device, purpose) -> its stream there
+_pull_streams: dict[str, mx.Stream] = {}  # device -> the pull's stream there
 
 
-def side_stream(purpose: str) -> mx.Stream:
-    """A GPU stream of its own for `purpose` ("pull", "fill"), beside the one the model's kernels
-    run on; on the CPU backend, the CPU's stream.
-
-    "pull": a settle's join of the calls' routings. They are device buffers (CUDA), and the
-    CPU's stream would move each one to managed memory before reading it (an allocation and a
-    copy per call, 768 a settle at 48 layers); the model's stream would queue the join behind
-    every kernel there, the last token's too. A stream of its own waits only for the calls' own
-    kernels, and the host then pulls one buffer. "fill": the settle's copies (Gathered.fill)."""
+def pull_stream() -> mx.Stream:
+    """Where a settle's pull joins the calls' routings: on a GPU a stream of its own there. The
+    routings are device buffers (CUDA), and the CPU's stream would move each one to managed
+    memory before reading it (an allocation and a copy per call, 768 a settle at 48 layers);
+    the GPU's own stream would queue the join behind every kernel there, the last token's
+    too. A second stream waits only for the calls' own kernels, and the host then pulls one
+    buffer. On the CPU backend, the CPU's stream."""
     device = mx.default_device()
     if device == mx.cpu:
         return mx.cpu
-    key = (str(device), purpose)
-    if key not in _side_streams:
-        _side_streams[key] = mx.new_stream(device)
-    return _side_streams[key]
+    key = str(device)
+    if key not in _pull_streams:
+        _pull_streams[key] = mx.new_stream(device)
+    return _pull_streams[key]
 
 
 def counted(deferred: list[tuple[int, mx.array, Callable[[np.ndarray], None]]]) -> list:
@@ -129,3 +129,89 @@ def replay(
         first, layer = owners[bisect.bisect_right(owners, (key, float("inf"))) - 1]
         reads.setdefault(layer, []).append((key - first, int(slot)))
     return reads
+
+
+def gather_kernel(tensors: Sequence[SlotTensor], source: LayerSource, bases: list[int]) -> tuple:
+    """The gather kernel for a layer whose file `f` kernels reach at `bases[f]`, and the device
+    address of expert 0's bytes and the stride of each tensor (uint64 [tensors, 2], numpy)."""
+    from ..io.cuda_gather import ExpertGather
+
+    at = source.placements
+    sources = np.array([[bases[a.file] + a.offset, a.stride] for a in at], dtype=np.uint64)
+    alignment = int(np.gcd.reduce(sources.ravel().astype(np.int64)))
+    return ExpertGather(tensors, alignment), sources
+
+
+# A gathered layer's moved experts copied by one kernel on MLX's stream (`Gathered.fill`) instead
+# of the landing's copy-engine calls and a host wait: on an H100, medium routing at 25%, steady
+# decode 51.1-51.4 tok/s against 45.8-46.4, tokens mlx-lm's (bench/findings.md). False: the old
+# way (`bash bench/cuda_goals.sh variant OUT copies "from streamer.cache import settle;
+# settle.FILL_ON_GPU = False" PROFILE` measures both).
+FILL_ON_GPU = True
+
+
+class Gathered:
+    """A pool's gathered layers: per layer its gather kernel and sources (`source`), and the
+    settle's copies for them (`fill`): one fill kernel (io/cuda_gather.py SlotFill) queued on
+    MLX's stream, after every reader of the old slots (queued first: MLX's CUDA backend runs
+    each evaluation's graph on one stream, in order) and before any kernel queued later (a
+    gathered call on the new table). The host does not wait; the pool's next fence does, on the
+    output `fill` returns. Nothing can fail a read there: the files are locked whole and the
+    kernel reads their pages (a gathered layer keeps no checksum: SlotPool.gather_source)."""
+
+    def __init__(self, tensors: Sequence[SlotTensor]):
+        self.tensors = tuple(tensors)
+        self._kernels: dict[int, tuple | None] = {}  # layer -> (kernel, sources) or None
+        self._sources: dict[int, np.ndarray] = {}  # gathered layer -> its sources, on the host
+        self._fill = None
+        self._table: tuple[int, mx.array | None] = (-1, None)  # `table`'s version, table
+
+    def source(self, layer: int, source: LayerSource, landing) -> tuple | None:
+        """(kernel, sources) for `layer` when `landing` lets kernels read every file of
+        `source` (its `device_address`); else None. Decided once per layer."""
+        if layer not in self._kernels:
+            self._kernels[layer] = None
+            if getattr(landing, "gathers", False):
+                bases = [landing.device_address(file) for file in source.files]
+                if None not in bases:
+                    kernel, self._sources[layer] = gather_kernel(self.tensors, source, bases)
+                    self._kernels[layer] = kernel, mx.array(self._sources[layer])
+        return self._kernels[layer]
+
+    def table(self, version: int, slot_of: np.ndarray) -> mx.array:
+        """Every key's slot (uint32, -1: none) as the gather kernels take it, uploaded once a
+        pool `version`: a settle moves slots of every layer at once, and on an H100 an upload
+        from the host took ~0.5 ms (bench/findings.md), 48 a settle when each layer made its own."""
+        if self._table[0] != version:
+            self._table = (version, mx.array(slot_of.astype(np.uint32)))
+        return self._table[1]
+
+    def covers(self, reads: dict[int, list[tuple[int, int]]]) -> bool:
+        """Whether `fill` copies `reads`: every layer's kernels were made (`source`)."""
+        return FILL_ON_GPU and self._sources.keys() >= reads.keys()
+
+    def fill(self, reads: dict[int, list[tuple[int, int]]], arrays: Sequence[mx.array]):
+        """`reads` (layer -> (expert, slot) list) copied into the pool's `arrays`; the kernel's
+        output, queued (mx.async_eval)."""
+        from ..io.cuda_gather import SlotFill
+
+        if self._fill is None:
+            self._fill = SlotFill(self.tensors)
+        done = self._fill(*fill_addresses(self._sources, reads), arrays)
+        mx.async_eval(done)
+        return done
+
+
+def fill_addresses(
+    sources: dict[int, np.ndarray], reads: dict[int, list[tuple[int, int]]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The slots of `reads` (layer -> (expert, slot) list) and each read's tensors' device
+    addresses (uint64 [reads, tensors]) from its layer's `sources` (gather_kernel's)."""
+    experts, slots, layers = [], [], []
+    for layer, layer_reads in reads.items():
+        for expert, slot in layer_reads:
+            experts.append(expert)
+            slots.append(slot)
+            layers.append(sources[layer])
+    first, stride = np.stack(layers).transpose(2, 0, 1)  # each [reads, tensors]
+    return np.array(slots, dtype=np.uint32), first + np.array(experts, np.uint64)[:, None] * stride

@@ -8,11 +8,12 @@ maxBufferLength). A call's hits cost nothing, its misses are read from the exper
 slots' rows (several in flight); the kernels run on the chunks with slot indices. Victims: LFU
 with aging, never the call's own. Reads land where `landing` says: in the slot on Metal and the
 CPU; on CUDA (managed memory) the copy engine writes it from pinned staging or the file's
-mapping, or a gathered layer's fill kernel does (cache/gathered.py: gathered calls come later).
+mapping, or a gathered layer's fill kernel does (cache/settle.py: gathered calls come later).
 
-The reuse rule (MLX runs kernels lazily, Metal and CUDA asynchronously): a slot is rewritten only
-after every kernel that reads it: `fence()` evaluates every output computed from the pool since
-the last write (`computed`) first, or a fill kernel waits for them (cache/gathered.py).
+The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
+slot is rewritten only after every kernel that reads it has finished: `fence()` evaluates every
+output computed from the pool since the last write (`computed`) first (in decode free: a layer's
+router sync evaluated the earlier layers), or a fill kernel is queued after them (settle).
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
-from .gathered import Gathered
 from .landing import CUDA_MISSES_DEFAULT, Landing, landing_for, unreadable
 from .policies import SlotLFU
-from .settle import Deferred, counted, replay
+from .settle import Deferred, Gathered, counted, replay
 from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_slots
 
 READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
@@ -72,7 +72,7 @@ class SlotPool:
         self._scratch = aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
         self._pending: list[mx.array] = []
         self._deferred = Deferred(calls_per_token=len(layers))  # gathered calls' routings
-        self._gathered = Gathered(self.tensors, len(layers))  # their kernels, table and fills
+        self._gathered = Gathered(self.tensors)  # their kernels, per layer, and the settle's
         self.version = 0  # changes whenever a slot gets another expert
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
@@ -112,11 +112,10 @@ class SlotPool:
         except OSError as e:
             raise unreadable(self.layers[layer].where(0), expert, e) from e
 
-    def gathered_table(self, layer: int) -> tuple[mx.array, np.ndarray]:
-        """`layer`'s slot of each expert for gathered calls, on the device and the host."""
-        base, n = self.base[layer], self.layers[layer].num_experts
-        table, held = self._gathered.table(self.version, self.policy.slot_of)
-        return table[base : base + n], held[base : base + n]
+    def gathered_table(self, layer: int) -> mx.array:
+        """`layer`'s slot of each expert for gathered calls (a view of settle.Gathered.table)."""
+        base, table = self.base[layer], self._gathered.table(self.version, self.policy.slot_of)
+        return table[base : base + self.layers[layer].num_experts]
 
     def gather_source(self, layer: int) -> tuple | None:
         """(kernel, sources) for gathered calls of `layer` (io/cuda_gather.py) when the landing
@@ -137,13 +136,12 @@ class SlotPool:
         this one, so the settle's pull waits for nothing and its replay runs beside the GPU."""
         if self._deferred.due():
             self.settle(behind=len(self.layers))
-        self.version += self._gathered.tick()  # a fill behind landed: its slots join the table
 
     def settle(self, behind: int = 0) -> None:
         """The deferred routings (but the last `behind` calls') given to the policy in order
         (settle.replay); each expert that ended with a new slot read into it, by one fill kernel
-        after every reader of the old slots (no host wait: cache/gathered.py), else after the
-        fence. A failure leaves no slot claiming an expert it does not hold."""
+        queued after every reader of the old slots (no host wait), else after the fence. A
+        failure leaves no slot claiming an expert it does not hold."""
         deferred = self._deferred.take(behind)
         if not deferred:
             return
@@ -152,8 +150,9 @@ class SlotPool:
         if not reads:
             return
         self.version += 1
-        if self._gathered.covers(reads):  # the fill runs after every output that reads the pool
-            self._pending = [self._gathered.fill(reads, self.arrays, self.base, self._pending)]
+        if self._gathered.covers(reads):
+            mx.async_eval(self._pending)  # queued before the fill: the stream runs them first
+            self._pending = [self._gathered.fill(reads, self.arrays)]  # done after all of them
             return
         self.fence()
         for n, (layer, layer_reads) in enumerate(reads.items()):
@@ -177,7 +176,8 @@ class SlotPool:
         """Read each (expert, slot) of `layer`, as many experts at once as the landing lends
         buffers (READERS into the slots themselves), in pieces of at most PIECE bytes shared by
         the reader threads (a lone miss read by several, as page-cache copies and SSD queues
-        want); a gathered layer's by the fill kernel. A failure forgets every slot of `reads`."""
+        want); a gathered layer's by the fill kernel, queued (settle.Gathered). A failure forgets
+        every slot of `reads`: none is left half read."""
         at_once = READERS if self._landing is None else self._landing.buffers
         try:
             if self._is_gathered(layer, reads[0][0]) and self._gathered.covers({layer: reads}):

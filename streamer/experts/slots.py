@@ -149,10 +149,10 @@ class Slots:
         """The layer's slots on the host and for the kernels (-1: NO_SLOT, never gathered): its
         own upload after a synced call moved slots, a view of the pool's for gathered calls."""
         pool, base = self._pool, self._pool.base[layer.index]
-        if gathered:  # a fill behind's experts have no slot there yet
-            self._table, self._slot_of = pool.gathered_table(layer.index)
+        self._slot_of = pool.policy.slot_of[base : base + layer.num_experts].copy()
+        if gathered:
+            self._table = pool.gathered_table(layer.index)
         else:
-            self._slot_of = pool.policy.slot_of[base : base + layer.num_experts].copy()
             self._table = mx.array(self._slot_of.astype(np.uint32))
         self._version = pool.version
 

@@ -12,11 +12,11 @@ stack [routed, *shape] per tensor that mlx-lm's container then computes on, exac
 resident stacks. The routing never reaches the host, so nothing waits: the layers of a token are
 queued as one graph, as mlx-lm queues them. The slot pool's policy learns the routing later, in
 batches (cache/settle.py): which experts keep a slot follows the same LFU, a few tokens late, and
-a SlotFill kernel copies each expert that gained a slot into it, beside the next tokens: no
-copy-engine call per tensor and no host wait for them (9 calls an expert and a wait were the
-settle's cost on the H200: bench/findings.md; cache/gathered.py).
+a SlotFill kernel copies each expert that gained a slot into it, queued on MLX's stream like
+any kernel: no copy-engine call per tensor and no host wait for them (9 calls an expert and a
+wait were the settle's cost on the H200: bench/findings.md; cache/settle.py FILL_ON_GPU).
 
-Only CUDA loads this module (cache/gathered.py, for a pool whose landing lets kernels read files);
+Only CUDA loads this module (cache/settle.py, for a pool whose landing lets kernels read files);
 on Metal a no-copy buffer over a file is wired whole on first GPU use, so the GPU there sees only
 the pool.
 """
@@ -124,29 +124,25 @@ class ExpertGather:
 
 
 def _fill_source(nbytes: Sequence[int], vector: int) -> str:
-    """The fill kernel's body: the grid copies each move j's tensors in turn, in `vector`-byte
-    words, from `addresses[j, t]` (a device address in a pinned file) into slot `slots[j]` of
-    `pool{t}`; `count[0]` moves. A small grid (gathered.FILL_BLOCKS blocks) leaves the GPU's other
-    multiprocessors to the kernels of the stream it runs beside. The pool arrays are inputs
-    (MLX has no in-place outputs): they are written through their pointers, which is safe
-    because the kernel runs after every reader of the old slots and no gather reads a slot
-    being filled (its table gives the expert none until then: cache/gathered.py)."""
+    """The fill kernel's body: block (x, j, t) copies tensor t of move j, in `vector`-byte words,
+    from `addresses[j, t]` (a device address in a pinned file) into slot `slots[j]` of `pool{t}`.
+    The pool arrays are inputs (MLX has no in-place outputs): they are written through their
+    pointers, which is safe because every reader of the old slots is queued before it (the
+    pool's fence or settle), and MLX runs each evaluation's graph on its one stream in order,
+    so the kernel runs after them and before any kernel queued later."""
     word = WORDS[vector]
     cases = _per_tensor(
         nbytes, "pool = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(pool{t}));"
     )
     return f"""
-    for (uint32_t j = 0; j < count[0]; ++j) {{
-      for (uint32_t t = 0; t < {len(nbytes)}; ++t) {{
+    const uint32_t j = blockIdx.y, t = blockIdx.z;
     unsigned long long n = 0;
     uint8_t* pool = nullptr;
 {cases}
     const {word}* src = reinterpret_cast<const {word}*>(addresses[j * {len(nbytes)} + t]);
     {word}* dst = reinterpret_cast<{word}*>(pool + slots[j] * n);
 {_COPY.format(vector=vector)}
-      }}
-    }}
-    if (blockIdx.x == 0 && threadIdx.x == 0) {{
+    if (j == 0 && t == 0 && blockIdx.x == 0 && threadIdx.x == 0) {{
         done[0] = 1;
     }}
 """
@@ -162,26 +158,24 @@ class SlotFill:
         self._kernels: dict[int, object] = {}  # copy word -> kernel
 
     def __call__(
-        self, slots: mx.array, addresses: np.ndarray, pool: Sequence[mx.array], blocks: int
+        self, slots: np.ndarray, addresses: np.ndarray, pool: Sequence[mx.array]
     ) -> mx.array:
         """`slots`: uint32 [moves]; `addresses`: uint64 [moves, tensors], the device address of
-        each move's tensor in its pinned file; `pool`: the pool's arrays (one chunk); `blocks`:
-        the grid's blocks, which share every copy. Runs on the caller's stream."""
+        each move's tensor in its pinned file; `pool`: the pool's arrays (one chunk)."""
         sizes = [t.nbytes for t in self._tensors]
         word = word_bytes([*sizes, int(np.gcd.reduce(addresses.ravel().astype(np.int64)))])
         if word not in self._kernels:
             count = len(self._tensors)
             self._kernels[word] = mx.fast.cuda_kernel(
-                name=f"streamer_slot_fill_loop_{count}_{word}_{abs(hash(tuple(sizes))):x}",
-                input_names=["count", "slots", "addresses", *(f"pool{t}" for t in range(count))],
+                name=f"streamer_slot_fill_{count}_{word}_{abs(hash(tuple(sizes))):x}",
+                input_names=["slots", "addresses", *(f"pool{t}" for t in range(count))],
                 output_names=["done"],
                 source=_fill_source(sizes, word),
                 ensure_row_contiguous=False,
             )
-        count = mx.array([len(addresses)], mx.uint32)
         (done,) = self._kernels[word](
-            inputs=[count, slots, mx.array(addresses, mx.uint64), *pool],
-            grid=(blocks * THREADS, 1, 1),
+            inputs=[mx.array(slots, mx.uint32), mx.array(addresses, mx.uint64), *pool],
+            grid=(threads_per_tensor(sizes, word), len(slots), len(self._tensors)),
             threadgroup=(THREADS, 1, 1),
             output_shapes=[(1,)],
             output_dtypes=[mx.uint32],
