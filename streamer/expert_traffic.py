@@ -49,6 +49,15 @@ class ExpertTraffic:
         self.experts_fetched += read
         self.bytes_read += read * slot_bytes
 
+    def count_gathered(self, slot_of: np.ndarray, slot_bytes: int, whole: bool, experts) -> None:
+        """A gathered call's hits (routed `experts` its table held: `slot_of`) and the experts
+        the GPU read from the files (the routed ones without a slot; `whole`, a prompt's: every
+        one without), counted when the pool settles its routing."""
+        held = int(np.count_nonzero(slot_of[experts] >= 0))
+        self.count_slots(
+            held, int(np.count_nonzero(slot_of < 0)) if whole else len(experts) - held, slot_bytes
+        )
+
     @property
     def page_cache_hit_rate(self) -> float | None:
         return self.bytes_in_page_cache / self.bytes_measured if self.bytes_measured else None

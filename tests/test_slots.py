@@ -63,14 +63,21 @@ def test_a_tiny_pool_under_heavy_eviction_matches_the_resident_model(float32_mod
         assert all(t is a for t, a in zip(tensors, pool.arrays))
 
 
+@pytest.mark.parametrize("stacked", [False, True])
 @pytest.mark.parametrize("slots", [0, 12])
-def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch, slots):
+def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch, slots, stacked):
     """Arrays of at most 3 slots. Budget 0: one pool of 16 slots in 6 chunks, so every call's
-    experts lie in several chunks (computed once per chunk, the outputs masked together). 12
-    slots: 6 per layer, more than a chunk, so each layer has a pool of its own, in 2 chunks."""
+    experts lie in several chunks: computed once per chunk, the outputs put back in routed order
+    (the CPU's way), or (`stacked`, a GPU's) taken from their chunks into one stack and computed
+    as one call. 12 slots: 6 per layer, more than a chunk, so each layer has a pool of its own,
+    in 2 chunks."""
     src, folder = float32_model
     largest = max(t.nbytes for t in read_manifest(folder).layers[0].tensors)
     monkeypatch.setattr(residency, "CHUNK_BYTES", 3 * largest)
+    if stacked:
+        monkeypatch.setattr(slot_calls, "stack_bytes", lambda: slot_calls.STACK_BYTES)
+    calls = []
+    monkeypatch.setattr(slot_calls.Slots, "_entries", record(slot_calls.Slots._entries, calls))
     model, tokenizer = streamer.load(
         folder, memory_budget=slots * slot_bytes(folder), read_path="slots"
     )
@@ -80,6 +87,21 @@ def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch,
     prompt = mx.array(tokenizer.encode(PROMPT))
     assert_exactly_as(model, reference_model(src), prompt, 40)
     assert f"{sum(len(p.chunks) for p in pools)} chunks" in model.streamer.residency
+    assert (model.streamer.stats.decode.bytes_copied > 0) == stacked  # the stacks are copies
+    if slots == 0:  # every call's experts fit the pool: parts, or none (one stack a call)
+        assert bool(calls) != stacked
+    else:  # 6 slots: a prompt call's 16 experts go in rounds, in parts, either way
+        assert calls
+
+
+def record(method, calls: list):
+    """`method`, noting each call in `calls`."""
+
+    def recorded(*args, **kwargs):
+        calls.append(args)
+        return method(*args, **kwargs)
+
+    return recorded
 
 
 def test_converted_copies_are_not_kept_after_the_call(checkpoints):

@@ -45,3 +45,10 @@ def finish(layer, out: mx.array, traffic: ExpertTraffic, start: float) -> mx.arr
         traffic.compute_seconds += time.perf_counter() - computed
     traffic.layer_seconds += time.perf_counter() - start
     return out
+
+
+def in_routed_order(routed: np.ndarray, entries: list, outs: list[mx.array]) -> mx.array:
+    """Parts computed for `entries` (flat positions in `routed`), put back in routed order:
+    [*routed.shape, hidden], as the container's output on every entry at once."""
+    back = mx.array(np.argsort(np.concatenate(entries)).astype(np.uint32))
+    return mx.take(mx.concatenate(outs), back, 0).reshape(*routed.shape, -1)

@@ -15,7 +15,9 @@ and the outputs go back in routed order, each entry exactly as in one call. Sque
 1.01-1.19x the speed of reading first; page cache warm, noise around 1.0. Prompts stay one call.
 A call that routes more experts than the pool has slots (a long prompt chunk on a small pool)
 runs in rounds of at most `slots` experts, each round computing only its own experts' entries.
-A round whose experts lie in several chunks of the pool computes once per chunk, the same way.
+A call whose experts lie in several chunks of the pool computes once per chunk the same way on
+the CPU; on a GPU, where a part's kernels differ from the whole call's in the last digit, its
+experts are taken from their chunks into one stack (up to STACK_BYTES) and computed as one.
 So that a decode call's experts lie in one chunk, a budget past one chunk is given to groups of
 consecutive layers, a pool of at most one chunk each; only a layer whose own share is larger (or
 budget 0 on CUDA: one layer's experts shared by all) has a pool of several chunks. Where the compute
@@ -38,13 +40,21 @@ import numpy as np
 
 from ..cache.slot_pool import SlotPool
 from ..expert_traffic import ExpertTraffic
-from .routing import finish, host_routing
+from .routing import finish, host_routing, in_routed_order
 
 OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits beside reads
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
 # A prompt's call gathers every expert of its layer (no sync; the bus moves every expert without a
 # slot, routed or not): faster than a synced prompt on an H100 (bench/findings.md, "Whole-layer").
 WHOLE_PROMPTS = True
+
+
+STACK_BYTES = 1 << 30  # a call across chunks computed on one stack of its experts (a GPU's)
+
+
+def stack_bytes() -> int:
+    """STACK_BYTES on a GPU; 0 on the CPU backend, where parts are exact and copy nothing."""
+    return 0 if mx.default_device() == mx.cpu else STACK_BYTES
 
 
 def overlapped_routes() -> int:
@@ -57,6 +67,7 @@ class Slots:
     def __init__(self, pool: SlotPool):
         self._pool = pool
         self._overlapped = overlapped_routes()
+        self._stack_bytes = stack_bytes()
         self._installed: int | None = None  # the chunk whose arrays the container holds now
         self._table: mx.array | None = None  # the slot of each of the layer's experts
         self._slot_of: np.ndarray | None = None  # the same on the host
@@ -102,27 +113,28 @@ class Slots:
         for lo in range(0, len(experts), pool.slots):
             group = experts[lo : lo + pool.slots]
             slots, _ = self._place(layer, group, traffic)
-            chunks, rows = np.divmod(slots, pool.chunk_slots)
-            if len(group) == len(experts) and np.all(chunks == chunks[0]):
-                out = self._compute(layer, x, routed, group, rows, int(chunks[0]), traffic)
+            chunks = slots // pool.chunk_slots
+            stacked = len(group) * pool.slot_bytes <= self._stack_bytes
+            if len(group) == len(experts) and (stacked or np.all(chunks == chunks[0])):
+                out = self._compute(layer, x, routed, group, slots, traffic)
                 pool.computed(out)
                 return out
             for chunk in np.unique(chunks):
                 own = chunks == chunk
                 mine = np.flatnonzero(np.isin(flat, group[own]))
-                part = self._entries(layer, x, routed, mine, group[own], rows[own], chunk, traffic)
+                part = self._entries(layer, x, routed, mine, group[own], slots[own], traffic)
                 outs.append(part)
                 entries.append(mine)
-        return _in_routed_order(routed, entries, outs)
+        return in_routed_order(routed, entries, outs)
 
-    def _entries(self, layer, x, routed, mine, group, rows, chunk: int, traffic) -> mx.array:
+    def _entries(self, layer, x, routed, mine, group, slots, traffic) -> mx.array:
         """The container on routed entries `mine` only (flat positions in `routed`, each with
-        its token's row of `x`), all of them experts of `group` at `rows` of chunk `chunk`;
+        its token's row of `x`), all of them experts of `group` at `slots` (of one chunk);
         [len(mine), hidden], registered with the pool (no slot it reads is rewritten first)."""
         tokens = mx.array((mine // routed.shape[-1]).astype(np.uint32))
         taken = mx.take(x.reshape(-1, x.shape[-1]), tokens, 0)[None]
         indices = routed.reshape(-1)[mine][None, :, None]
-        part = self._compute(layer, taken, indices, group, rows, chunk, traffic)
+        part = self._compute(layer, taken, indices, group, slots, traffic)
         self._pool.computed(part)
         return part.reshape(len(mine), -1)
 
@@ -133,7 +145,7 @@ class Slots:
             return
         hit = ~missed
         mine = np.flatnonzero(np.isin(routed.reshape(-1), experts[hit]))
-        part = self._entries(layer, x, routed, mine, experts[hit], slots[hit], 0, traffic)
+        part = self._entries(layer, x, routed, mine, experts[hit], slots[hit], traffic)
         mx.async_eval(part)
         hits.append((mine, part, experts[missed], slots[missed]))
 
@@ -142,8 +154,8 @@ class Slots:
         routed order, as the container computes on all of them at once."""
         done, part, misses, rows = hits
         rest = np.setdiff1d(np.arange(routed.size), done)
-        late = self._entries(layer, x, routed, rest, misses, rows, 0, traffic)
-        return _in_routed_order(routed, [done, rest], [part, late])
+        late = self._entries(layer, x, routed, rest, misses, rows, traffic)
+        return in_routed_order(routed, [done, rest], [part, late])
 
     def _new_table(self, layer, gathered: bool = False) -> None:
         """The layer's slots on the host and for the kernels (-1: NO_SLOT, never gathered): its
@@ -193,7 +205,7 @@ class Slots:
         self._installed = 0
         pool.computed(out)
         traffic.bytes_copied += stacks[0].shape[0] * pool.slot_bytes
-        count = partial(_count_gathered, traffic, self._slot_of, pool.slot_bytes, whole)
+        count = partial(traffic.count_gathered, self._slot_of, pool.slot_bytes, whole)
         pool.defer(layer.index, indices, count, prompt=whole)
         layer.stats.settle_before_reading(pool.settle)
         return out
@@ -222,39 +234,26 @@ class Slots:
             self._installed = chunk
         return layer.container(x, position)
 
-    def _compute(self, layer, x, routed: np.ndarray, group, rows, chunk: int, traffic) -> mx.array:
-        """The container on one chunk's arrays, for `group`'s experts at `rows` of it (x: the
-        tokens' rows, `routed` their experts)."""
-        if not layer.converts:  # the pool itself: the kernels gather the routed slots
-            table = np.zeros(layer.num_experts, dtype=np.int64)  # outside the group: any slot
-            table[group] = rows
-            return self._on_pool(layer, x, mx.array(table[routed].astype(np.uint32)), chunk)
-        # take the routed slots, converted, in `group` order
-        arrays = self._pool.chunks[chunk]
-        taken = mx.array(rows.astype(np.uint32))
-        tensors = [layer.convert(mx.take(a, taken, axis=0)) for a in arrays]
+    def _compute(self, layer, x, routed: np.ndarray, group, slots, traffic) -> mx.array:
+        """The container for `group`'s experts at `slots` (x: the tokens' rows, `routed` their
+        experts): on the pool's chunk itself when they lie in one and nothing converts, else on
+        one stack of them taken from their chunks (converted; counted as bytes_copied)."""
+        pool = self._pool
+        chunks, rows = np.divmod(slots, pool.chunk_slots)
+        position = np.zeros(layer.num_experts, dtype=np.uint32)  # outside the group: any row
+        if not layer.converts and np.all(chunks == chunks[0]):  # the kernels gather the slots
+            position[group] = rows
+            return self._on_pool(layer, x, mx.array(position[routed]), int(chunks[0]))
+        order = np.argsort(chunks, kind="stable")  # the stack's rows: experts by chunk
+        takes = [(c, mx.array(rows[order][chunks[order] == c])) for c in np.unique(chunks)]
+        parts = [[mx.take(a, taken, axis=0) for a in pool.chunks[c]] for c, taken in takes]
+        tensors = [layer.convert(mx.concatenate(list(t))) for t in zip(*parts)]
         traffic.bytes_copied += sum(t.nbytes for t in tensors)
-        position = np.minimum(np.searchsorted(group, routed), len(group) - 1)
+        position[group[order]] = np.arange(len(group))
         layer.install(tensors)
-        out = layer.container(x, mx.array(position.astype(np.uint32)))
+        out = layer.container(x, mx.array(position[routed]))
         # the output's graph holds the copies until it is evaluated; kept on the container,
         # every layer's would stay (Kimi K2: 10 GB)
-        layer.install(arrays)
-        self._installed = chunk
+        layer.install(pool.chunks[0])
+        self._installed = 0
         return out
-
-
-def _in_routed_order(routed: np.ndarray, entries: list, outs: list[mx.array]) -> mx.array:
-    """Parts computed for `entries` (flat positions in `routed`), put back in routed order:
-    [*routed.shape, hidden], as the container's output on every entry at once."""
-    back = mx.array(np.argsort(np.concatenate(entries)).astype(np.uint32))
-    return mx.take(mx.concatenate(outs), back, 0).reshape(*routed.shape, -1)
-
-
-def _count_gathered(traffic, slot_of: np.ndarray, slot_bytes: int, whole: bool, experts) -> None:
-    """A gathered call's hits (routed `experts` its table held) and the experts the GPU read from
-    the files (the routed ones without a slot; `whole`, a prompt's: every one without), counted
-    when the pool settles its routing."""
-    held = int(np.count_nonzero(slot_of[experts] >= 0))
-    read = int(np.count_nonzero(slot_of < 0)) if whole else len(experts) - held
-    traffic.count_slots(held, read, slot_bytes)
