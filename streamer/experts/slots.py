@@ -26,8 +26,9 @@ and converted per call (bytes_copied); on a GPU nothing is (but the gathered sta
 
 On CUDA with the layer's files locked whole and mapped (cache/landing.py, "gathered"), a decode
 call never syncs: the GPU gathers its routed experts from the slots or the files (kernel:
-io/cuda_gather.py) and the container computes on that stack; the pool learns the routing, and
-counts the call's hits and misses, later (SlotPool.settle).
+io/cuda_gather.py) and the container computes on that stack; a prompt's call, every expert of
+its layer when they fit the pool. The pool learns the routing, and counts the call's hits and
+misses, later (SlotPool.settle).
 """
 
 from __future__ import annotations
