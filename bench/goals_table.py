@@ -1,7 +1,9 @@
 """Issue 35's goals table from bench/cuda_goals.sh's worker JSONs: per routing profile, mlx-lm
 resident beside the slot path at each way and budget; steady decode (after each prompt's first 64
-tokens) and its ratio to mlx-lm's, the cold start apart, slot hits, peak RssFile, and whether each
-run's tokens are mlx-lm's (the same routing and greedy sampling: they must be, to the bit).
+tokens), its ratio to mlx-lm's and its median step (steadier than a rate on a noisy machine: a
+settle's token moves the mean, not the median), the cold start apart, slot hits, peak RssFile,
+and whether each run's tokens are mlx-lm's (the same routing and greedy sampling: they must be,
+to the bit).
 
     python bench/goals_table.py OUT/*.json [--markdown]
 """
@@ -17,6 +19,12 @@ GIB = 1 << 30
 
 def rates(runs: list[dict], phase: str) -> list[float]:
     return [r[phase]["decode_tok_s"] for r in runs if phase in r]
+
+
+def median_steps_ms(runs: list[dict]) -> list[float]:
+    return [
+        1000 * r["steady"]["median_step_s"] for r in runs if "median_step_s" in r.get("steady", {})
+    ]
 
 
 def hits(runs: list[dict]) -> float | None:
@@ -48,8 +56,9 @@ def span(values: list[float]) -> str:
 
 def rows(results: dict[str, dict]) -> list[str]:
     lines = [
-        "| run | steady tok/s | ratio | cold tok/s | hits | RssFile GiB | prefill tok/s | tokens |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | steady tok/s | ratio | median step ms | cold tok/s | hits | RssFile GiB "
+        "| prefill tok/s | tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for tag, result in sorted(results.items()):
         runs = result["runs"]
@@ -63,7 +72,8 @@ def rows(results: dict[str, dict]) -> list[str]:
         rss = (result.get("peak_rss_file_bytes") or 0) / GIB
         fill = ", ".join(f"{n}: {span(v)}" for n, v in prefill(runs).items())
         lines.append(
-            f"| {tag} | {span(rates(runs, 'steady'))} | {ratio} | {span(rates(runs, 'cold'))} | "
+            f"| {tag} | {span(rates(runs, 'steady'))} | {ratio} | {span(median_steps_ms(runs))} | "
+            f"{span(rates(runs, 'cold'))} | "
             f"{'-' if h is None else f'{h:.1%}'} | {rss:.2f} | {fill} | {same(runs, base)} |"
         )
     return lines
