@@ -225,14 +225,20 @@ def test_gathered_decode_matches_the_resident_model(
     model.streamer.close()  # the stand-in landing's mappings go with it, not at the next collection
 
 
-def test_a_prompt_is_gathered_whole_when_a_layers_experts_fit_the_pool(float32_model, monkeypatch):
+@pytest.mark.parametrize("stack", ["fits", "too large"])
+def test_a_prompt_is_gathered_whole_when_a_layers_experts_fit_the_pool(
+    float32_model, monkeypatch, stack
+):
     """A call routing more entries than a decode stack (a prompt) is gathered too when every
     expert of its layer fits the pool: the stand-in takes all 16 experts of the layer, from
     their slots or the files, the container computes on them with the prompt's own indices (as
     on the resident weights), and nothing syncs. The prompt's experts, all read from the files
-    on a cold pool, are counted at the first settle, which comes a token later."""
+    on a cold pool, are counted at the first settle, which comes a token later. A layer whose
+    experts would make a stack past STACK_BYTES (a DeepSeek's 5.6 GB at 4 bits) syncs instead."""
     src, folder = float32_model
     monkeypatch.setattr(slot_calls, "WHOLE_PROMPTS", True)
+    if stack == "too large":
+        monkeypatch.setattr(slot_calls, "STACK_BYTES", 16 * slot_bytes(folder) - 1)
     stand_ins = {}
 
     def stand_in(pool, layer):
@@ -248,6 +254,10 @@ def test_a_prompt_is_gathered_whole_when_a_layers_experts_fit_the_pool(float32_m
     tokens, reference = 8, reference_model(src)
     assert greedy_tokens(model, prompt, tokens) == greedy_tokens(reference, prompt, tokens)
     prefill, decode = model.streamer.stats.prefill, model.streamer.stats.decode
+    if stack == "too large":  # one synced call a layer
+        assert prefill.syncs == 2 and prefill.gathered == decode.syncs == 0
+        model.streamer.close()
+        return
     assert prefill.syncs == decode.syncs == 0 and prefill.gathered == 2
     assert prefill.experts_read == 2 * 16 and prefill.cache_hits == 0  # a cold pool: every one
     assert decode.cache_hits > 0 and pool.version >= 1  # the prompt's experts settled into slots

@@ -50,7 +50,7 @@ GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of
 WHOLE_PROMPTS = True
 
 
-STACK_BYTES = 1 << 30  # a call across chunks computed on one stack of its experts (a GPU's)
+STACK_BYTES = 1 << 30  # the most one stack takes: a prompt gathered whole, a call across chunks
 
 
 def stack_bytes() -> int:
@@ -174,15 +174,14 @@ class Slots:
         run without a sync: nothing converted, no one waiting for the routing on the host (a
         trace, a profile, a verify pass), and a decode-sized call (at most GATHERED_ROUTES
         entries, no more than the pool's slots) or, WHOLE_PROMPTS, one with an entry per expert
-        of the layer or more, all of whose experts (a prompt's stack) fit the pool."""
-        stats = layer.stats
-        small = indices.size <= min(GATHERED_ROUTES, self._pool.slots)
-        whole = WHOLE_PROMPTS and layer.num_experts <= min(indices.size, self._pool.slots)
-        if not (small or whole) or layer.converts:
+        of the layer or more, all of whose experts fit the pool and, as one stack, STACK_BYTES."""
+        pool, stats = self._pool, layer.stats
+        small = indices.size <= min(GATHERED_ROUTES, pool.slots)
+        whole = WHOLE_PROMPTS and layer.num_experts <= min(indices.size, pool.slots)
+        whole = whole and layer.num_experts * pool.slot_bytes <= STACK_BYTES
+        if not (small or whole) or layer.converts or stats.wants_routing:
             return None
-        if stats.wants_routing or stats.verifying is not None:
-            return None
-        source = self._pool.gather_source(layer.index)
+        source = None if stats.verifying is not None else pool.gather_source(layer.index)
         return None if source is None else (*source, not small)
 
     def _gathered(self, layer, x, indices, traffic, kernel, sources, whole: bool) -> mx.array:
