@@ -1,6 +1,7 @@
 """The host's work per MoE layer call on the synced read paths, in pieces and in operations.
 
     python bench/host_cost.py FOLDER [--read-path slots|mapped] [--budget BYTES] [--calls 400]
+                              [--gathered]
 
 Calls one streamed expert layer over and over on inputs already computed, evaluating each output
 outside the timed call (so each call starts, as in a real decode, after compute: the pool's fence
@@ -17,6 +18,9 @@ the host's work visible: `bench/generate_checkpoint.py narrow DIR --dtype float3
 top-8, hidden 512; float32 so the CPU computes on the pool itself, as a GPU does).
 Routings come from `--routings` fixed draws (default 64, skewed), so after a warm-up a pool that
 holds their experts only hits; `--fresh` draws a new routing for every call (misses too).
+`--gathered`: the slot path's CUDA calls (no sync; the routing deferred to the pool's settles),
+their kernel stood in for by MLX's own gathers from the pool (one graph node per tensor, as the
+kernel's one call), so the host's work of a gathered call is timed on any backend.
 """
 
 from __future__ import annotations
@@ -93,6 +97,18 @@ def graph_nodes(out: mx.array) -> dict[str, int]:
     return dict(sorted(Counter(labels).items()))
 
 
+def stand_in_gather(pool, layer: int) -> tuple:
+    """SlotPool.gather_source's (kernel, sources) with the kernel stood in for: each routed
+    expert's slot from the table (a slot past the pool for none: clipped, the bytes are not the
+    point), every tensor gathered from the pool's arrays."""
+
+    def kernel(indices, table, sources, arrays):
+        slots = mx.minimum(mx.take(table, indices.reshape(-1).astype(mx.uint32)), pool.slots - 1)
+        return [mx.take(a, slots, axis=0) for a in arrays]
+
+    return kernel, None
+
+
 def main(argv: list[str] | None = None) -> dict:
     import streamer
     from streamer.experts.mapped import Prefetched
@@ -104,6 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--routings", type=int, default=64)
     ap.add_argument("--fresh", action="store_true", help="a new routing every call")
+    ap.add_argument("--gathered", action="store_true", help="CUDA's gathered calls, stood in for")
     ap.add_argument("--layer", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -114,6 +131,10 @@ def main(argv: list[str] | None = None) -> dict:
     budget = 0 if args.read_path == "mapped" else args.budget
     if budget is None:
         budget = experts_bytes // 4
+    if args.gathered:
+        from streamer.cache.slot_pool import SlotPool
+
+        SlotPool.gather_source = stand_in_gather
     model, _ = streamer.load(args.folder, memory_budget=budget, read_path=args.read_path)
     layer = model.streamer.layers[args.layer]
     if args.read_path == "mapped":
@@ -135,6 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
         "read_path": args.read_path,
         "budget": budget,
         "routed_per_call": k,
+        "gathered": args.gathered,
     }
     evaluating = True
     for indices in inputs:  # warm-up: every routing once, the pool filled, caches warm

@@ -94,3 +94,22 @@ def test_settle_plot_draws_the_committed_comparison(bench_path, tmp_path, capsys
     main([str(tmp_path / "settle.png")])
     assert "wrote" in capsys.readouterr().out
     assert (tmp_path / "settle.png").stat().st_size > 10_000
+
+
+def test_host_cost_times_a_gathered_call_with_its_kernel_stood_in(
+    bench_path, checkpoints, monkeypatch
+):
+    """bench/host_cost.py --gathered: CUDA's gathered calls on this CPU, their kernel stood in
+    for by MLX's gathers: no sync, every call deferred to the pool (hits counted at its settles),
+    and the engine's host time beside mlx-lm's container on the same inputs."""
+    from host_cost import main
+
+    from streamer.cache.slot_pool import SlotPool
+
+    monkeypatch.setattr(SlotPool, "gather_source", SlotPool.gather_source)  # main replaces it
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32"))
+    result = main([str(folder), "--gathered", "--calls", "40"])  # a pool of a quarter
+    assert result["gathered"] and result["sync_us"] == 0 and result["warm_sync_us"] == 0
+    assert result["hits_per_call"] > 0  # the pool settled the calls' routings and held them
+    assert result["engine_us"] > 0 and result["container_us"] > 0
+    assert result["engine_ops"]["python_calls"] > result["container_ops"]["python_calls"]
