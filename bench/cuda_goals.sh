@@ -16,6 +16,11 @@
 #                                                  # settle.FILL_ON_GPU = False"; the pool left in
 #                                                  # host memory: "from streamer.cache import
 #                                                  # slot_memory; slot_memory.on_gpu = lambda r: None"
+#   bash bench/cuda_goals.sh rounds OUT PROFILE SHARE [NAME=CODE]...  # ROUNDS (default 2)
+#                                                  # rounds of mlx-lm, gathered at SHARE and each
+#                                                  # variant, interleaved: a lent machine's rate
+#                                                  # drifts by up to 1.8x within one call, so a
+#                                                  # ratio is taken within its round (tags -rN)
 #   bash bench/cuda_goals.sh profile OUT           # one gathered run at 25% under cProfile (the
 #                                                  # host's time: a token is host-bound there)
 #   bash bench/cuda_goals.sh ptx OUT               # the PTX cache as a tar, to carry next time
@@ -91,6 +96,27 @@ worker.main(sys.argv[1:])")
     done
   done
   ;;
+rounds)  # mlx-lm, gathered and each NAME=CODE variant at one share, round after round
+  source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
+  out=$2 profile=$3 share=$4
+  shift 4
+  mkdir -p "$out"
+  args=(--prompt-tokens 16 --decode-tokens "$DECODE" --repeats 2 --warmup --temp 0 --routing "$profile")
+  slots=(--read-path slots --memory-budget $((MIB[$share] << 20)) --cuda-misses gathered)
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    worker "$out" "$profile-mlx_lm-r$round" mlx_lm "$DATA/q48-mlx" "${args[@]}"
+    worker "$out" "$profile-gathered-$share-r$round" streamer "$DATA/q48-stream" "${args[@]}" "${slots[@]}"
+    for variant in "$@"; do
+      WORKER=(-c "import sys; sys.path[:0] = ['bench']
+${variant#*=}
+import worker
+worker.main(sys.argv[1:])")
+      worker "$out" "$profile-gathered-$share-${variant%%=*}-r$round" streamer "$DATA/q48-stream" \
+        "${args[@]}" "${slots[@]}"
+      WORKER=()
+    done
+  done
+  ;;
 profile)  # where the host's time goes: one gathered run at 25% under cProfile, the top functions
   source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
   out=$2
@@ -109,7 +135,8 @@ ptx)
   ;;
 *)
   echo "usage: $0 setup WHEELS_DIR | decode OUT PROFILE... | prefill OUT |" \
-    "variant OUT NAME CODE PROFILE... | profile OUT | ptx OUT" >&2
+    "variant OUT NAME CODE PROFILE... | rounds OUT PROFILE SHARE [NAME=CODE]... |" \
+    "profile OUT | ptx OUT" >&2
   exit 2
   ;;
 esac

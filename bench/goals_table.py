@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 GIB = 1 << 30
@@ -54,6 +55,13 @@ def span(values: list[float]) -> str:
     return "/".join(f"{v:.1f}" for v in values) if values else "-"
 
 
+def base_tag(tag: str) -> str:
+    """The mlx-lm run that `tag` is rated against: its profile's, in its round when it has one
+    (`bash bench/cuda_goals.sh rounds`: tags end in -rN)."""
+    round_ = re.search(r"-r\d+$", tag)
+    return tag.split("-")[0] + "-mlx_lm" + (round_.group() if round_ else "")
+
+
 def rows(results: dict[str, dict]) -> list[str]:
     lines = [
         "| run | steady tok/s | ratio | median step ms | cold tok/s | hits | RssFile GiB "
@@ -62,7 +70,7 @@ def rows(results: dict[str, dict]) -> list[str]:
     ]
     for tag, result in sorted(results.items()):
         runs = result["runs"]
-        base = results.get(tag.split("-")[0] + "-mlx_lm")
+        base = results.get(base_tag(tag))
         ratio = "-"
         mine_base = base is result  # mlx-lm's own row: no ratio
         if not mine_base and base and rates(runs, "steady") and rates(base["runs"], "steady"):

@@ -43,6 +43,8 @@ def test_the_table_rates_each_run_against_its_profiles_mlx_lm(bench_path, tmp_pa
             "peak_rss_file_bytes": 3 << 29,
         },
         "medium-gathered-25": {"runs": [run(40, 20), run(45, 25, made="b")]},
+        "medium-mlx_lm-r2": {"runs": [run(80, 50), run(100, 45)]},  # rounds: each its own
+        "medium-gathered-25-now-r2": {"runs": [run(40, 20), run(50, 25)]},
         "broken": None,
     }
     paths = []
@@ -63,6 +65,8 @@ def test_the_table_rates_each_run_against_its_profiles_mlx_lm(bench_path, tmp_pa
     ]
     row = next(line for line in out.splitlines() if line.startswith("| medium-gathered-25 "))
     assert row.strip(" |").endswith("| DIFFER")  # its second prompt made other tokens
+    row = next(line for line in out.splitlines() if line.startswith("| medium-gathered-25-now-r2"))
+    assert row.split("|")[3].strip() == "0.40-0.62"  # against round 2's mlx-lm: 40/100, 50/80
 
 
 def test_settle_copies_counts_what_a_gathered_pool_copies(bench_path, capsys):
