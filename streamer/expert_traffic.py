@@ -54,9 +54,8 @@ class ExpertTraffic:
         the GPU read from the files (the routed ones without a slot; `whole`, a prompt's: every
         one without), counted when the pool settles its routing."""
         held = int(np.count_nonzero(slot_of[experts] >= 0))
-        self.count_slots(
-            held, int(np.count_nonzero(slot_of < 0)) if whole else len(experts) - held, slot_bytes
-        )
+        read = int(np.count_nonzero(slot_of < 0)) if whole else len(experts) - held
+        self.count_slots(held, read, slot_bytes)
 
     @property
     def page_cache_hit_rate(self) -> float | None:

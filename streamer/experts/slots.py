@@ -247,7 +247,8 @@ class Slots:
         order = np.argsort(chunks, kind="stable")  # the stack's rows: experts by chunk
         takes = [(c, mx.array(rows[order][chunks[order] == c])) for c in np.unique(chunks)]
         parts = [[mx.take(a, taken, axis=0) for a in pool.chunks[c]] for c, taken in takes]
-        tensors = [layer.convert(mx.concatenate(list(t))) for t in zip(*parts)]
+        # one chunk (a call that converts): its takes as they are, no second copy
+        tensors = [layer.convert(t[0] if len(t) == 1 else mx.concatenate(t)) for t in zip(*parts)]
         traffic.bytes_copied += sum(t.nbytes for t in tensors)
         position[group[order]] = np.arange(len(group))
         layer.install(tensors)
