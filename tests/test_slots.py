@@ -70,15 +70,11 @@ def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch,
     experts lie in several chunks: computed once per chunk, the outputs put back in routed order
     (the CPU's way), or (`stacked`, a GPU's) taken from their chunks into one stack and computed
     as one call. 12 slots: 6 per layer, more than a chunk, so each layer has a pool of its own,
-    in 2 chunks."""
+    in 2 chunks; a prompt's calls go in rounds, in parts or (`stacked`) on a stack a round."""
     src, folder = float32_model
     largest = max(t.nbytes for t in read_manifest(folder).layers[0].tensors)
     monkeypatch.setattr(residency, "CHUNK_BYTES", 3 * largest)
-    if not stacked and mx.default_device() != mx.cpu:
-        pytest.skip(
-            "on a GPU a call across chunks is one stack: parts differ there in the last digit"
-        )
-    monkeypatch.setattr(slot_calls, "stack_bytes", lambda: slot_calls.STACK_BYTES * stacked)
+    gpu_way(monkeypatch, stacked)
     calls = []
     monkeypatch.setattr(slot_calls.Slots, "_entries", record(slot_calls.Slots._entries, calls))
     model, tokenizer = streamer.load(
@@ -91,10 +87,18 @@ def test_a_pool_in_chunks_matches_the_resident_model(float32_model, monkeypatch,
     assert_exactly_as(model, reference_model(src), prompt, 40)
     assert f"{sum(len(p.chunks) for p in pools)} chunks" in model.streamer.residency
     assert (model.streamer.stats.decode.bytes_copied > 0) == stacked  # the stacks are copies
-    if slots == 0:  # every call's experts fit the pool: parts, or none (one stack a call)
-        assert bool(calls) != stacked
-    else:  # 6 slots: a prompt call's 16 experts go in rounds, in parts, either way
-        assert calls
+    # parts (_entries) are the CPU's way only; a GPU's computes every entry at once: one stack a
+    # call (budget 0) or, 6 slots (a prompt call's 16 experts in rounds), one stack a round
+    assert bool(calls) != stacked
+
+
+def gpu_way(monkeypatch, stacked: bool) -> None:
+    """Calls across chunks or in rounds computed a GPU's way (`stacked`: stacks, every entry a
+    round) or the CPU's (parts), on either backend; the CPU's is skipped on a GPU, where parts
+    differ from the whole call's kernels in the last digit."""
+    if not stacked and mx.default_device() != mx.cpu:
+        pytest.skip("on a GPU parts differ from the whole call in the last digit")
+    monkeypatch.setattr(slot_calls, "stack_bytes", lambda: slot_calls.STACK_BYTES * stacked)
 
 
 def record(method, calls: list):

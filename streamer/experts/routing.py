@@ -52,3 +52,9 @@ def in_routed_order(routed: np.ndarray, entries: list, outs: list[mx.array]) -> 
     [*routed.shape, hidden], as the container's output on every entry at once."""
     back = mx.array(np.argsort(np.concatenate(entries)).astype(np.uint32))
     return mx.take(mx.concatenate(outs), back, 0).reshape(*routed.shape, -1)
+
+
+def kept(routed: np.ndarray, group: np.ndarray, new: mx.array, old: mx.array) -> mx.array:
+    """`new` on the entries routed to `group`'s experts, `old` on the rest: both the container's
+    output on every entry ([*routed.shape, hidden])."""
+    return mx.where(mx.array(np.isin(routed, group))[..., None], new, old)

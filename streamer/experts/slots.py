@@ -14,10 +14,10 @@ once the pool has chosen the misses' slots, so they compute beside the reads; th
 and the outputs go back in routed order, each entry exactly as in one call. Squeezed it was
 1.01-1.19x the speed of reading first; page cache warm, noise around 1.0. Prompts stay one call.
 A call that routes more experts than the pool has slots (a long prompt chunk on a small pool)
-runs in rounds of at most `slots` experts, each round computing only its own experts' entries.
-A call whose experts lie in several chunks of the pool computes once per chunk the same way on
-the CPU; on a GPU, where a part's kernels differ from the whole call's in the last digit, its
-experts are taken from their chunks into one stack (up to STACK_BYTES) and computed as one.
+runs in rounds of at most `slots` experts; one whose experts lie in several chunks of the pool
+computes once per chunk. On the CPU each compute takes only its own experts' entries; on a GPU,
+where such a part's kernels differ from the whole call's in the last digit, the chunks' experts
+are taken into one stack (up to STACK_BYTES) and each round computes every entry, keeping its own.
 So that a decode call's experts lie in one chunk, a budget past one chunk is given to groups of
 consecutive layers, a pool of at most one chunk each; only a layer whose own share is larger (or
 budget 0 on CUDA: one layer's experts shared by all) has a pool of several chunks. Where the compute
@@ -41,15 +41,13 @@ import numpy as np
 
 from ..cache.slot_pool import SlotPool
 from ..expert_traffic import ExpertTraffic
-from .routing import finish, host_routing, in_routed_order
+from .routing import finish, host_routing, in_routed_order, kept
 
 OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits beside reads
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
 # A prompt's call gathers every expert of its layer (no sync; the bus moves every expert without a
 # slot, routed or not): faster than a synced prompt on an H100 (bench/findings.md, "Whole-layer").
 WHOLE_PROMPTS = True
-
-
 STACK_BYTES = 1 << 30  # the most one stack takes: a prompt gathered whole, a call across chunks
 
 
@@ -104,29 +102,30 @@ class Slots:
 
     def _rounds(self, layer, x, routed: np.ndarray, experts: np.ndarray, traffic) -> mx.array:
         """A call routing more experts than the pool has slots, or whose experts lie in several
-        chunks, or that converts: expert-major. Rounds of at most `slots` experts, each read
-        once for the whole call; per round and chunk the container computes only the routed
-        entries of its own experts (on the rows of their tokens), each part registered with the
-        pool before the next round's reads (the reuse rule), and the outputs go back in routed
-        order. A call of one part computes as it came."""
+        chunks, or that converts: rounds of at most `slots` experts, each read once for the call.
+        A round computes on its chunk, on one stack of its chunks (up to STACK_BYTES) or per chunk,
+        each compute registered with the pool before the next round's reads (the reuse rule). The
+        CPU's way computes only the compute's own entries, put back in routed order; a GPU's, in
+        rounds, every entry (the rest on any row, dropped), exact there at rounds x the call's
+        compute: only at budgets below one call's experts. A call of one compute: as it came."""
         pool, flat = self._pool, routed.reshape(-1)
-        outs, entries = [], []
+        masked = bool(self._stack_bytes) and len(experts) > pool.slots  # parts aren't exact
+        out, outs, entries = None, [], []
         for lo in range(0, len(experts), pool.slots):
             group = experts[lo : lo + pool.slots]
             slots, _ = self._place(layer, group, traffic)
-            chunks = slots // pool.chunk_slots
-            stacked = len(group) * pool.slot_bytes <= self._stack_bytes
-            if len(group) == len(experts) and (stacked or np.all(chunks == chunks[0])):
-                out = self._compute(layer, x, routed, group, slots, traffic)
-                pool.computed(out)
-                return out
-            for chunk in np.unique(chunks):
-                own = chunks == chunk
+            stacked = len(group) * pool.slot_bytes <= self._stack_bytes  # one compute: a stack
+            chunks = np.zeros_like(slots) if stacked else slots // pool.chunk_slots
+            for own in (chunks == chunk for chunk in np.unique(chunks)):
+                if masked or (own.all() and len(group) == len(experts)):  # every entry
+                    whole = self._compute(layer, x, routed, group[own], slots[own], traffic)
+                    pool.computed(whole)
+                    out = whole if out is None else kept(routed, group[own], whole, out)
+                    continue
                 mine = np.flatnonzero(np.isin(flat, group[own]))
-                part = self._entries(layer, x, routed, mine, group[own], slots[own], traffic)
-                outs.append(part)
+                outs.append(self._entries(layer, x, routed, mine, group[own], slots[own], traffic))
                 entries.append(mine)
-        return in_routed_order(routed, entries, outs)
+        return in_routed_order(routed, entries, outs) if out is None else out
 
     def _entries(self, layer, x, routed, mine, group, slots, traffic) -> mx.array:
         """The container on routed entries `mine` only (flat positions in `routed`, each with
