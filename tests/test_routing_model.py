@@ -93,6 +93,22 @@ def test_pool_policies_replay_the_real_classes():
         assert 0 < hits[0] <= hits[1] <= hits[2] < 1, (policy, hits)
 
 
+def test_the_optimum_bounds_every_policy():
+    """`opt` (Belady: knows the future) evicts the expert routed again latest: on a b c a b with
+    two slots it keeps a (one hit) where LRU keeps none; on the routing model it has at least the
+    hits of every online policy with as many slots per layer."""
+    from routing_model import POLICIES
+
+    trace = np.array([0, 1, 2, 0, 1]).reshape(5, 1, 1)
+    assert POLICIES["opt"]([trace], 4, 0.5)[0].ravel().tolist() == [0, 0, 0, 1, 0]
+    assert POLICIES["lru"]([trace], 4, 0.5)[0].sum() == 0
+    model = RoutingModel("medium", 128, 8, layers=6)
+    best = replay(model, [0.125, 0.25], "opt", tokens=400, prompts=2)["hits"]
+    for policy in ("lru", "lfu"):
+        hits = replay(model, [0.125, 0.25], policy, tokens=400, prompts=2)["hits"]
+        assert all(h <= b for h, b in zip(hits, best)), (policy, hits, best)
+
+
 def test_bad_budgets_are_one_line_errors():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for budgets in ("0.25,x", "0,0.5", "1.5", "0.01"):  # 0.01: fewer slots than top-k
