@@ -51,11 +51,12 @@ class ExpertTraffic:
 
     def count_gathered(self, slot_of: np.ndarray, slot_bytes: int, whole: bool, experts) -> None:
         """A gathered call's hits (routed `experts` its table held: `slot_of`) and the experts
-        the GPU read from the files (the routed ones without a slot; `whole`, a prompt's: every
-        one without), counted when the pool settles its routing."""
+        the GPU read from the files (the routed ones without a slot), counted when the pool
+        settles its routing; a prompt's (`whole`) stack, a row per routed expert, too."""
         held = int(np.count_nonzero(slot_of[experts] >= 0))
-        read = int(np.count_nonzero(slot_of < 0)) if whole else len(experts) - held
-        self.count_slots(held, read, slot_bytes)
+        self.count_slots(held, len(experts) - held, slot_bytes)
+        if whole:
+            self.bytes_copied += len(experts) * slot_bytes
 
     @property
     def page_cache_hit_rate(self) -> float | None:

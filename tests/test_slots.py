@@ -22,7 +22,7 @@ from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
 from streamer.experts import slots as slot_calls
 from streamer.io import cuda_gather
-from streamer.io.cuda_gather import NO_SLOT
+from streamer.io.cuda_gather import NO_SLOT, UNWANTED
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
 from streamer.loading import load as loading
@@ -149,23 +149,29 @@ def test_layers_are_grouped_so_a_group_fits_one_chunk():
 class GatherStandIn:
     """io/cuda_gather.py's kernel on this CPU: each routed expert's tensors from its slot when the
     table has one, else read from the layer's files (never from the pool: a table that named a
-    slot its expert has left would compute on another expert and change the tokens)."""
+    slot its expert has left would compute on another expert and change the tokens). An UNWANTED
+    row is all ones bits (NaN in float32): if a kernel read it, the logits would show it."""
 
     def __init__(self, tensors, source):
         self._tensors, self._source = tensors, source
         self.calls = self.hits = self.misses = 0  # distinct experts from a slot, from the files
+        self.unwanted: list[int] = []  # per call, the rows left unwritten
 
     def __call__(self, indices, table, sources, arrays):
         assert len(arrays) == len(self._tensors)
         self.calls += 1
         routed, slot_of = np.array(indices).ravel(), np.array(table)
-        held = slot_of[np.unique(routed)] != NO_SLOT
+        wanted = routed != UNWANTED
+        held = slot_of[np.unique(routed[wanted])] != NO_SLOT
         self.hits, self.misses = self.hits + held.sum(), self.misses + (~held).sum()
+        self.unwanted.append(int(np.count_nonzero(~wanted)))
         stacks = []
         for t, (tensor, at) in enumerate(zip(self._tensors, self._source.placements)):
             rows = []
             for expert in routed:
-                if slot_of[expert] != NO_SLOT:
+                if expert == UNWANTED:
+                    rows.append(np.full(tensor.nbytes, 0xFF, np.uint8))
+                elif slot_of[expert] != NO_SLOT:
                     rows.append(np.array(arrays[t][int(slot_of[expert])].view(mx.uint8)).ravel())
                 else:
                     row = np.empty(tensor.nbytes, np.uint8)
@@ -229,15 +235,18 @@ def test_gathered_decode_matches_the_resident_model(
     model.streamer.close()  # the stand-in landing's mappings go with it, not at the next collection
 
 
-@pytest.mark.parametrize("stack", ["fits", "too large"])
+@pytest.mark.parametrize(
+    ("stack", "text"), [("fits", PROMPT), ("fits", "Files hold"), ("too large", PROMPT)]
+)
 def test_a_prompt_is_gathered_whole_when_a_layers_experts_fit_the_pool(
-    float32_model, monkeypatch, stack
+    float32_model, monkeypatch, stack, text
 ):
     """A call routing more entries than a decode stack (a prompt) is gathered too when every
-    expert of its layer fits the pool: the stand-in takes all 16 experts of the layer, from
-    their slots or the files, the container computes on them with the prompt's own indices (as
-    on the resident weights), and nothing syncs. The prompt's experts, all read from the files
-    on a cold pool, are counted at the first settle, which comes a token later. A layer whose
+    expert of its layer fits the pool: the stand-in makes a row per expert of the layer, those
+    the prompt routes from their slots or the files and the rest left unwritten (NaN bits, which
+    a short prompt's logits would show if read), the container computes on them with the
+    prompt's own indices (as on the resident weights), and nothing syncs. The prompt's experts,
+    all read from the files on a cold pool, are counted at the first settle. A layer whose
     experts would make a stack past STACK_BYTES (a DeepSeek's 5.6 GB at 4 bits) syncs instead."""
     src, folder = float32_model
     monkeypatch.setattr(slot_calls, "WHOLE_PROMPTS", True)
@@ -254,7 +263,7 @@ def test_a_prompt_is_gathered_whole_when_a_layers_experts_fit_the_pool(
     )
     (pool,) = model.streamer.pools
     assert pool.slots == 16
-    prompt = mx.array(tokenizer.encode(PROMPT))
+    prompt = mx.array(tokenizer.encode(text))
     tokens, reference = 8, reference_model(src)
     assert greedy_tokens(model, prompt, tokens) == greedy_tokens(reference, prompt, tokens)
     prefill, decode = model.streamer.stats.prefill, model.streamer.stats.decode
@@ -263,7 +272,10 @@ def test_a_prompt_is_gathered_whole_when_a_layers_experts_fit_the_pool(
         model.streamer.close()
         return
     assert prefill.syncs == decode.syncs == 0 and prefill.gathered == 2
-    assert prefill.experts_read == 2 * 16 and prefill.cache_hits == 0  # a cold pool: every one
+    # a cold pool: every routed expert read from the files; the rest's rows left unwritten
+    unwritten = sum(s.unwanted[0] for s in stand_ins.values())  # the first call: the prompt's
+    assert prefill.experts_read + unwritten == 2 * 16 and prefill.cache_hits == 0
+    assert (unwritten > 0) == (text != PROMPT)  # every expert routed by the long prompt
     assert decode.cache_hits > 0 and pool.version >= 1  # the prompt's experts settled into slots
     model.streamer.close()
 

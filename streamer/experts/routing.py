@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..expert_traffic import ExpertTraffic
+from ..io.cuda_gather import UNWANTED
 
 
 def host_routing(layer, indices: mx.array, traffic: ExpertTraffic) -> tuple[np.ndarray, list[int]]:
@@ -58,3 +59,11 @@ def kept(routed: np.ndarray, group: np.ndarray, new: mx.array, old: mx.array) ->
     """`new` on the entries routed to `group`'s experts, `old` on the rest: both the container's
     output on every entry ([*routed.shape, hidden])."""
     return mx.where(mx.array(np.isin(routed, group))[..., None], new, old)
+
+
+def routed_rows(indices: mx.array, experts: int) -> mx.array:
+    """A layer's `experts` as the rows of a prompt's gathered stack: each expert where `indices`
+    routes it, UNWANTED where not (no index points at that row, so the GPU moves only what the
+    prompt routes: a 64-token prompt routes about 73 of Qwen3-30B-A3B's 128 experts a layer)."""
+    rows = mx.arange(experts, dtype=mx.uint32)
+    return mx.where((indices.reshape(-1, 1) == rows).any(axis=0), rows, UNWANTED)

@@ -5,8 +5,7 @@ misses are read into their slots), and mlx-lm's own container then runs on the p
 slot indices, so its kernels compute exactly what they compute on the resident stacked tensors.
 Nothing the compute sees views a file (on CUDA the files are mapped for the copy engine and the
 gather kernel below, never for an MLX array). Slot indices are gathered on the device from a
-per-layer slot table, rebuilt only after the layer's call missed (an expert's slot changes only
-when its own layer reads it), so a call that hits uploads nothing.
+per-layer slot table, rebuilt only after a call missed: a call that hits uploads nothing.
 
 On the CPU backend (`overlapped_routes`) a decode-sized call (at most OVERLAPPED_ROUTES routed
 entries) with hits and misses computes in two parts: its hits' entries are queued (async_eval)
@@ -26,9 +25,8 @@ and converted per call (bytes_copied); on a GPU nothing is (but the gathered sta
 
 On CUDA with the layer's files locked whole and mapped (cache/landing.py, "gathered"), a decode
 call never syncs: the GPU gathers its routed experts from the slots or the files (kernel:
-io/cuda_gather.py) and the container computes on that stack; a prompt's call, every expert of
-its layer when they fit the pool. The pool learns the routing, and counts the call's hits and
-misses, later (SlotPool.settle).
+io/cuda_gather.py) and the container computes on that stack; a prompt's call, a row per expert
+of its layer (those it routes) when they fit the pool. The pool learns the routing later.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ import numpy as np
 
 from ..cache.slot_pool import SlotPool
 from ..expert_traffic import ExpertTraffic
-from .routing import finish, host_routing, in_routed_order, kept
+from .routing import finish, host_routing, in_routed_order, kept, routed_rows
 
 OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits beside reads
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
@@ -71,7 +69,7 @@ class Slots:
         self._table: mx.array | None = None  # the slot of each of the layer's experts
         self._slot_of: np.ndarray | None = None  # the same on the host
         self._version = -1  # the pool's version when the table was made
-        self._rows: dict = {}  # gathered: a decode stack's rows (by shape), a prompt's experts
+        self._rows: dict = {}  # gathered: a decode stack's positions, by shape
 
     def __call__(self, layer, x: mx.array, indices: mx.array, traffic: ExpertTraffic) -> mx.array:
         start = time.perf_counter()
@@ -185,8 +183,8 @@ class Slots:
 
     def _gathered(self, layer, x, indices, traffic, kernel, sources, whole: bool) -> mx.array:
         """The container on the stack the GPU gathered (io/cuda_gather.py): no sync, no read. A
-        decode call's stack holds its routed entries; a prompt's every expert of the layer, on
-        which the container computes as on the resident weights."""
+        decode call's stack holds its routed entries; a prompt's a row per expert of the layer
+        (those it routes written), on which the container computes as on the resident weights."""
         pool = self._pool
         traffic.gathered += 1
         settled = time.perf_counter()
@@ -194,16 +192,19 @@ class Slots:
         traffic.read_seconds += time.perf_counter() - settled
         if self._version != pool.version or self._table is None:
             self._new_table(layer, gathered=True)
-        key = layer.num_experts if whole else indices.shape
-        if key not in self._rows:
-            self._rows[key] = mx.arange(int(np.prod(key)), dtype=mx.uint32).reshape(key)
-        stacks = kernel(self._rows[key] if whole else indices, self._table, sources, pool.arrays)
-        layer.install(stacks)
-        out = layer.container(x, indices if whole else self._rows[key])
+        if whole:  # rows: the layer's experts, those the prompt does not route left unwritten
+            rows, position = routed_rows(indices, layer.num_experts), indices
+        else:  # rows: the routed entries
+            shape = indices.shape
+            if shape not in self._rows:
+                self._rows[shape] = mx.arange(indices.size, dtype=mx.uint32).reshape(shape)
+            rows, position = indices, self._rows[shape]
+            traffic.bytes_copied += indices.size * pool.slot_bytes  # a prompt's: when settled
+        layer.install(kernel(rows, self._table, sources, pool.arrays))
+        out = layer.container(x, position)
         layer.install(pool.arrays)  # the output's graph holds the stacks until it is evaluated
         self._installed = 0
         pool.computed(out)
-        traffic.bytes_copied += stacks[0].shape[0] * pool.slot_bytes
         count = partial(traffic.count_gathered, self._slot_of, pool.slot_bytes, whole)
         pool.defer(layer.index, indices, count, prompt=whole)
         layer.stats.settle_before_reading(pool.settle)

@@ -16,7 +16,7 @@ a SlotFill kernel copies each expert that gained a slot into it, queued on MLX's
 any kernel: no copy-engine call per tensor and no host wait for them (9 calls an expert and a
 wait were the settle's cost on the H200: bench/findings.md; cache/settle.py FILL_ON_GPU).
 
-Only CUDA loads this module (cache/settle.py, for a pool whose landing lets kernels read files);
+Only CUDA runs these kernels (cache/settle.py, for a pool whose landing lets kernels read files);
 on Metal a no-copy buffer over a file is wired whole on first GPU use, so the GPU there sees only
 the pool.
 """
@@ -30,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 NO_SLOT = 0xFFFFFFFF  # a slot table's entry for an expert without a slot (-1 as uint32)
+UNWANTED = 0xFFFFFFFF  # a row's expert the call does not route (a whole prompt's): left unwritten
 THREADS = 256  # per block
 BLOCKS_PER_TENSOR = 64  # per routed expert and tensor: ~16k threads copying 16 bytes each at once
 WORDS = {16: "uint4", 8: "uint2", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}  # bytes -> CUDA type
@@ -52,7 +53,8 @@ def _per_tensor(nbytes: Sequence[int], pointers: str) -> str:
 def _source(nbytes: Sequence[int], vector: int) -> str:
     """The kernel's body: block (x, j, t) copies tensor t of routed entry j, in `vector`-byte
     words, from its slot in `pool{t}` or, without one, from the pinned file (`sources` holds,
-    per tensor, the device address of expert 0's bytes and the stride between experts)."""
+    per tensor, the device address of expert 0's bytes and the stride between experts); an
+    UNWANTED entry's row is left as it is."""
     word = WORDS[vector]
     cases = _per_tensor(
         nbytes,
@@ -62,6 +64,7 @@ def _source(nbytes: Sequence[int], vector: int) -> str:
     return f"""
     const uint32_t j = blockIdx.y, t = blockIdx.z;
     const uint32_t expert = routed[j];
+    if (expert == {UNWANTED}u) return;  // no index points at this row: nothing to move
     const uint32_t slot = table[expert];
     unsigned long long n = 0;
     const uint8_t* pool = nullptr;
@@ -112,7 +115,7 @@ class ExpertGather:
     ) -> list[mx.array]:
         """Per tensor, [routed.size, *shape]: row j holds expert routed[j]'s tensor, from its slot
         (`table`: uint32 slot per expert, NO_SLOT for none) or from `sources` (uint64 [tensors,
-        2]: device address of expert 0's bytes, stride)."""
+        2]: device address of expert 0's bytes, stride); unwritten where routed[j] is UNWANTED."""
         count = routed.size
         return self._kernel(
             inputs=[routed.reshape(-1).astype(mx.uint32), table, sources, *pool],
