@@ -21,6 +21,10 @@
 #                                                  # variant, interleaved: a lent machine's rate
 #                                                  # drifts by up to 1.8x within one call, so a
 #                                                  # ratio is taken within its round (tags -rN)
+#   bash bench/cuda_goals.sh paired OUT PROFILE SHARE [NAME=CODE]...  # bench/paired.py: mlx-lm
+#                                                  # and gathered at SHARE in one process, PAIRS
+#                                                  # (default 6) prompts ABBA, then each variant
+#                                                  # likewise: ratios a drifting machine keeps
 #   bash bench/cuda_goals.sh profile OUT           # one gathered run at 25% under cProfile (the
 #                                                  # host's time: a token is host-bound there)
 #   bash bench/cuda_goals.sh ptx OUT               # the PTX cache as a tar, to carry next time
@@ -117,6 +121,19 @@ worker.main(sys.argv[1:])")
     done
   done
   ;;
+paired)  # mlx-lm and gathered in one process, prompt by prompt; then each NAME=CODE variant
+  source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
+  out=$2 profile=$3 share=$4
+  shift 4
+  mkdir -p "$out"
+  for variant in gathered="" "$@"; do
+    tag="$profile-paired-$share-${variant%%=*}"
+    timeout "${RUN_TIMEOUT:-600}" python3 bench/paired.py "$DATA/q48-mlx" "$DATA/q48-stream" \
+      --routing "$profile" --memory-budget $((MIB[$share] << 20)) --pairs "${PAIRS:-6}" \
+      --cuda-misses gathered --setup "${variant#*=}" > "$out/$tag.json" 2> "$out/$tag.log"
+    echo "$tag: exit $? $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["summary"])' "$out/$tag.json" 2>&1 | tail -1)"
+  done
+  ;;
 profile)  # where the host's time goes: one gathered run at 25% under cProfile, the top functions
   source <(sed -n '/^env_setup()/,/^}/p' bench/cuda_check.sh) && env_setup
   out=$2
@@ -136,6 +153,7 @@ ptx)
 *)
   echo "usage: $0 setup WHEELS_DIR | decode OUT PROFILE... | prefill OUT |" \
     "variant OUT NAME CODE PROFILE... | rounds OUT PROFILE SHARE [NAME=CODE]... |" \
+    "paired OUT PROFILE SHARE [NAME=CODE]... |" \
     "profile OUT | ptx OUT" >&2
   exit 2
   ;;

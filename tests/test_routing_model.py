@@ -148,6 +148,28 @@ def test_worker_routing_same_experts_in_both_engines(checkpoints):
         assert routed == [sorted(e) for e in expected[: len(routed), layer].tolist()]
 
 
+def test_paired_runs_both_engines_prompt_by_prompt(checkpoints, capsys):
+    """bench/paired.py: mlx-lm resident and streamer's slot path in one process, ABBA, each pair
+    the same tokens through the same routing; the summary is the median pair and the spread."""
+    from paired import main
+    from test_slots import slot_bytes
+
+    src = checkpoints.mlx("qwen3_moe", dtype="float32")
+    folder = checkpoints.repacked(src)
+    args = [str(src), str(folder), "--routing", "medium", "--pairs", "3", "--prompt-tokens", "6"]
+    args += ["--memory-budget", str(12 * slot_bytes(folder))]
+    result = main([*args, "--decode-tokens", "70"])
+    assert json.loads(capsys.readouterr().out) == result
+    pairs, summary = result["pairs"], result["summary"]
+    assert [p["first"] for p in pairs] == ["mlx_lm", "streamer", "mlx_lm"]
+    assert summary["same_tokens"] and all(p["same_tokens"] for p in pairs)
+    ratios = sorted(p["ratio"] for p in pairs)
+    assert summary["ratio_median"] == ratios[1] and summary["ratio_range"] == [ratios[0], ratios[2]]
+    assert all(0 < p["hits"] < 1 for p in pairs)  # a pool of some of the experts: both
+    with pytest.raises(SystemExit, match="cold start"):
+        main([*args, "--decode-tokens", "20"])
+
+
 def test_plans_table_is_the_replay():
     """streamer/cache/expected_hits.py's table (plan's expected hits) is what the replay its
     docstring names gives, recomputed here at one point per profile."""
