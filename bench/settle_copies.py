@@ -13,7 +13,13 @@ at each budget (cache/budget.py layer_groups, one chunk a pool), each pool's Slo
 token: per decode token the experts missed (read by the kernel) and copied (by the settles),
 their bytes, and the host time of the settles' replays on this machine (a settle's main host
 work, beside the pull). `--by-calls`: the settle before the refresh, each call's misses given
-slots as a synced call's are (`SlotLFU.assign`).
+slots as a synced call's are (`SlotLFU.assign`). `--admit-on-miss`: a design not built, each
+call's misses taking slots at once, written by the gather kernel as it reads them (no copies),
+in the order of a victim queue each settle makes (empty slots, then the coldest by the LFU's
+counts then), skipping the call's own slots and those already taken since that settle; a miss
+takes the next victim only if it was routed more often than the victim's expert by the
+settle's counts (the refresh's rule; without it one-off experts displace hot ones: medium 25%
+missed 149 a token against the refresh's 120).
 """
 
 from __future__ import annotations
@@ -68,13 +74,51 @@ def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settl
     return misses, copies, seconds
 
 
+def admit_run(traces: list, first: int, end: int, slots: int, experts: int, settle: int, _):
+    """(misses, copies, seconds settling) of one pool that admits each miss as it is read
+    (`--admit-on-miss`): victims in a queue's order, counts and the queue made at settles."""
+    policy = SlotLFU(slots, (end - first) * experts)
+    base = {layer: (layer - first) * experts for layer in range(first, end)}
+    queue, taken, misses, seconds = list(range(slots)), set(), 0, 0.0
+    for trace in traces:  # [tokens, layers, k] per prompt
+        calls = []
+        for t in range(len(trace)):
+            for layer in range(first, end):
+                keys = base[layer] + np.unique(trace[t, layer])
+                held = policy.slot_of[keys]
+                misses += int(np.count_nonzero(held < 0))
+                own = set(held[held >= 0].tolist())
+                for key in keys[held < 0]:
+                    while queue and (queue[0] in own or queue[0] in taken):
+                        queue.pop(0)
+                    if not queue:
+                        break  # every queued slot taken this window: the rest stay misses
+                    owner = policy.slot_key[queue[0]]
+                    if owner >= 0 and policy.counts[key] <= policy.counts[owner]:
+                        continue  # routed no more often than the coldest held, at the settle
+                    victim = queue.pop(0)
+                    policy._move(np.array([key]), [victim])
+                    own.add(victim)
+                    taken.add(victim)
+                calls.append(keys)
+            if (t + 1) % settle == 0 or t + 1 == len(trace):
+                start = time.perf_counter()
+                for keys in calls:
+                    policy._count(keys)
+                score = np.where(policy.slot_key >= 0, policy._score(), -1.0)
+                queue, taken, calls = np.argsort(score, kind="stable").tolist(), set(), []
+                seconds += time.perf_counter() - start
+    return misses, 0, seconds
+
+
 def run(profile: str, share: float, args) -> dict:
     model = RoutingModel(profile, args.experts, args.top_k, args.layers, args.seed)
     traces = model.prompts(args.tokens, args.prompts)
     slots = max(1, round(share * args.experts * args.layers))
     misses = copies = seconds = 0
     for first, end, count in layer_groups(args.layers, slots, CHUNK_BYTES // LARGEST_TENSOR):
-        m, c, s = pool_run(traces, first, end, count, args.experts, args.settle, args.settles)
+        each = admit_run if args.admit_on_miss else pool_run
+        m, c, s = each(traces, first, end, count, args.experts, args.settle, args.settles)
         misses, copies, seconds = misses + m, copies + c, seconds + s
     per = 1 / args.tokens
     return {
@@ -105,6 +149,9 @@ def main(argv: list[str] | None = None) -> None:
         const=by_calls,
         default=replay,
         help="the settle as it was: each call's misses take slots",
+    )
+    ap.add_argument(
+        "--admit-on-miss", action="store_true", help="not built: misses take slots as read"
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
