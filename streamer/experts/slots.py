@@ -43,8 +43,8 @@ from .routing import finish, host_routing, in_routed_order, kept, routed_rows
 
 OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits beside reads
 GATHERED_ROUTES = 64  # routed entries a gathered call takes at most: a stack of 64 experts
-# A prompt's call gathers every expert of its layer (no sync; the bus moves every expert without a
-# slot, routed or not): faster than a synced prompt on an H100 (bench/findings.md, "Whole-layer").
+# A prompt's call gathers a row per expert of its layer (no sync; the bus moves the routed experts
+# without a slot): faster than a synced prompt on an H100 (bench/findings.md, "Whole-layer").
 WHOLE_PROMPTS = True
 STACK_BYTES = 1 << 30  # the most one stack takes: a prompt gathered whole, a call across chunks
 
@@ -199,7 +199,7 @@ class Slots:
             if shape not in self._rows:
                 self._rows[shape] = mx.arange(indices.size, dtype=mx.uint32).reshape(shape)
             rows, position = indices, self._rows[shape]
-            traffic.bytes_copied += indices.size * pool.slot_bytes  # a prompt's: when settled
+            traffic.bytes_copied += indices.size * pool.slot_bytes  # a prompt's: at its settle
         layer.install(kernel(rows, self._table, sources, pool.arrays))
         out = layer.container(x, position)
         layer.install(pool.arrays)  # the output's graph holds the stacks until it is evaluated
