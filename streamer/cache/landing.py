@@ -18,7 +18,7 @@ against gathered's 0.32-0.63x (medium and uniform routing, bench/findings.md, is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -72,3 +72,24 @@ def unreadable(where: str, expert: int, error: OSError) -> StreamerError:
         f"{where}: cannot read expert {expert} ({error}); check the disk, "
         "or run `streamer verify` on the model folder."
     )
+
+
+def copy_mapped(
+    landing, source, tensors: Sequence, reads: list[tuple[int, int]], rows_of: Callable
+) -> list[list[np.ndarray]]:
+    """CUDA from the page cache (`landing.reads_files`): the copy engine moves each (expert, slot)
+    of `reads` from the files of `source` (a LayerSource) to the slot's host rows (`rows_of`),
+    all queued before one wait; each expert's mapped source bytes returned."""
+    moves = []
+    for expert, slot in reads:
+        spans = [
+            (source.files[at.file], at.offset + expert * at.stride, t.nbytes)
+            for at, t in zip(source.placements, tensors)
+        ]
+        try:
+            sources = landing.sources(spans)
+        except OSError as e:
+            raise unreadable(source.where(source.placements[0].file), expert, e) from e
+        moves.append((sources, rows_of(slot)))
+    landing.copy(moves)
+    return [sources.views for sources, _ in moves]

@@ -26,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
-from .landing import CUDA_MISSES_DEFAULT, Landing, landing_for, unreadable
+from .landing import CUDA_MISSES_DEFAULT, Landing, copy_mapped, landing_for, unreadable
 from .policies import SlotLFU
 from .settle import Deferred, Gathered, counted, replay
 from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_slots
@@ -179,13 +179,15 @@ class SlotPool:
         want); a gathered layer's by the fill kernel, queued (settle.Gathered). A failure forgets
         every slot of `reads`: none is left half read."""
         at_once = READERS if self._landing is None else self._landing.buffers
+        source = self.layers[layer]
         try:
             if self._is_gathered(layer, reads[0][0]) and self._gathered.covers({layer: reads}):
                 self.computed(self._gathered.fill({layer: reads}, self.arrays))
                 return
             if self._landing is not None and self._landing.reads_files:
-                for (expert, _), sources in zip(reads, self._copy(layer, reads)):
-                    self.layers[layer].check(self.tensors, expert, sources)
+                copied = copy_mapped(self._landing, source, self.tensors, reads, self._slot_rows)
+                for (expert, _), sources in zip(reads, copied):
+                    source.check(self.tensors, expert, sources)
                 return
             for lo in range(0, len(reads), at_once):
                 wave = reads[lo : lo + at_once]
@@ -203,33 +205,18 @@ class SlotPool:
                         for future in wait(done).done:
                             future.result()
                     for (expert, _), buffers in zip(wave, landed):
-                        self.layers[layer].check(self.tensors, expert, buffers)
+                        source.check(self.tensors, expert, buffers)
         except BaseException:
             self._forget(layer, reads)
             raise
 
     def _land(self, slot: int) -> AbstractContextManager[Sequence[np.ndarray]]:
-        chunk, row = divmod(slot, self.chunk_slots)
-        rows = [rows[row] for rows in self._rows[chunk]]
+        rows = self._slot_rows(slot)
         return nullcontext(rows) if self._landing is None else self._landing.into(rows)
 
-    def _copy(self, layer: int, reads: list[tuple[int, int]]) -> list[list[np.ndarray]]:
-        """CUDA from the page cache: the copy engine moves each (expert, slot) from the files'
-        mappings, all queued before one wait; each expert's mapped source bytes returned."""
-        source, moves = self.layers[layer], []
-        for expert, slot in reads:
-            chunk, row = divmod(slot, self.chunk_slots)
-            spans = [
-                (source.files[at.file], at.offset + expert * at.stride, t.nbytes)
-                for at, t in zip(source.placements, self.tensors)
-            ]
-            try:
-                sources = self._landing.sources(spans)
-            except OSError as e:
-                raise unreadable(source.where(source.placements[0].file), expert, e) from e
-            moves.append((sources, [rows[row] for rows in self._rows[chunk]]))
-        self._landing.copy(moves)
-        return [sources.views for sources, _ in moves]
+    def _slot_rows(self, slot: int) -> list[np.ndarray]:  # its host rows, a tensor each
+        chunk, row = divmod(slot, self.chunk_slots)
+        return [rows[row] for rows in self._rows[chunk]]
 
     def _pieces(self, layer: int, expert: int, buffers: Sequence[np.ndarray]) -> list[Read]:
         spans = [
