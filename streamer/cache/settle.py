@@ -68,20 +68,27 @@ class Deferred:
 
 
 def distinct(routed: Sequence[mx.array]) -> list[np.ndarray]:
-    """Each call's distinct routed experts (sorted), on the host in one pull for all of them
-    (each np.array of a GPU array is a sync of its own), on `pull_stream()`."""
+    """Each call's distinct routed experts (sorted), on the host in one pull (`pulled`)."""
     if not routed:
         return []
-    stream = pull_stream()
-    if len({indices.shape for indices in routed}) == 1:  # decode: [1, 1, k] a call
-        together = np.array(mx.concatenate(list(routed), stream=stream)).reshape(len(routed), -1)
-        rows = np.sort(together, axis=1)  # a token's k experts are distinct: nothing to drop
+    calls = pulled(routed)
+    if isinstance(calls, np.ndarray):  # decode: a row a call
+        rows = np.sort(calls, axis=1)  # a token's k experts are distinct: nothing to drop
         if (rows[:, 1:] != rows[:, :-1]).all():
             return list(rows)
+    return [np.unique(experts) for experts in calls]
+
+
+def pulled(routed: Sequence[mx.array]) -> np.ndarray | list[np.ndarray]:
+    """Each call's routed experts in routed order, flat, on the host in one pull for all of them
+    (each np.array of a GPU array is a sync of its own), on `pull_stream()`: calls of one shape
+    (decode: [1, 1, k] a call) as the rows of one array."""
+    stream = pull_stream()
+    if len({indices.shape for indices in routed}) == 1:
+        return np.array(mx.concatenate(list(routed), stream=stream)).reshape(len(routed), -1)
     flat = [mx.reshape(indices, (-1,), stream=stream) for indices in routed]
     together = np.array(mx.concatenate(flat, stream=stream))
-    ends = np.cumsum([indices.size for indices in routed])
-    return [np.unique(experts) for experts in np.split(together, ends[:-1])]
+    return np.split(together, np.cumsum([indices.size for indices in routed])[:-1])
 
 
 _pull_streams: dict[str, mx.Stream] = {}  # device -> the pull's stream there
