@@ -31,6 +31,10 @@ from .policies import SlotLFU
 from .slot_memory import LayerSource, SlotTensor
 
 SETTLE_TOKENS = 16  # gathered tokens between two settles (after slots moved: 1, 2, 4, ... first)
+# A gathered pool's decode calls admit their misses into slots as the gather kernel reads them,
+# the settles only counting (cache/admission.py): designed and replayed, not yet run on a GPU
+# (bench/settle_copies.py --admit-on-miss: 9-43% fewer bytes over the bus; bench/findings.md).
+ADMIT_AS_READ = False
 
 
 class Deferred:
