@@ -1,12 +1,28 @@
 """Misses admitted into slots as the gather kernel reads them (cache/admission.py, off by
-default: settle.ADMIT_AS_READ): the admission rule on hand-made cases (the kernels themselves
-are checked against `admit` in test_cuda_gather.py, on CUDA only)."""
+default: settle.ADMIT_AS_READ): the admission rule on hand-made cases, and gathered decode with
+stand-ins for both kernels on this CPU (io/cuda_gather.py SlotAdmit and ExpertGather's plan mode;
+the kernels themselves are checked against `admit` in test_cuda_gather.py, on CUDA only)."""
 
 from __future__ import annotations
 
-import numpy as np
+import ctypes
 
+import mlx.core as mx
+import numpy as np
+import pytest
+import test_slots
+from conftest import reference_model
+from test_parity import PROMPT, greedy_tokens
+from test_slot_pool import HostFill, HostLanding, host_sources
+from test_slots import GatherStandIn, slot_bytes
+
+import streamer
+from streamer.cache import settle, slot_pool
 from streamer.cache.admission import admit
+from streamer.io import cuda_gather
+from streamer.io.cuda_gather import NO_SLOT
+
+float32_model = test_slots.float32_model  # the fixture, shared
 
 
 def state(slots: int, keys: int, held: dict[int, int]):
@@ -80,3 +96,127 @@ def test_admissions_on_random_states_keep_table_and_owner_inverse():
             assert len(set(victims.tolist())) == len(victims)  # a slot taken once a call
             assert not set(victims.tolist()) & set(source[source >= 0].tolist())
             assert_inverse(table, owner)
+
+
+class AdmitStandIn:
+    """io/cuda_gather.py SlotAdmit on this CPU: `admit` on the device's arrays, written in place
+    (the kernel's `table`, `owner` and `cursor`), run as the call is built: each call's routing
+    pull computes everything before it, as MLX's stream runs the kernel after it."""
+
+    def __init__(self):
+        self.tables: list[mx.array] = []  # every device table it updated
+
+    def __call__(self, routed, base, table, owner, queue, counts, cursor) -> mx.array:
+        views = [np.array(a, copy=False) for a in (table, owner, cursor)]
+        table_, owner_ = (np.where(v == NO_SLOT, -1, v.astype(np.int64)) for v in views[:2])
+        keys = int(np.array(base)[0]) + np.array(routed).ravel().astype(np.int64)
+        queue_, counts_ = np.array(queue).astype(np.int64), np.array(counts)
+        source, to, views[2][0] = admit(keys, table_, owner_, queue_, counts_, int(views[2][0]))
+        views[0][:], views[1][:] = table_.astype(np.uint32), owner_.astype(np.uint32)
+        if not any(t is table for t in self.tables):
+            self.tables.append(table)
+        return mx.array(np.stack([source, to]).astype(np.uint32))
+
+
+class PlanGatherStandIn:
+    """ExpertGather's plan mode on this CPU for `pool` (sources: host addresses, HostLanding):
+    each entry's rows from its plan's slot, else from the file (never from the pool: a miss read
+    there would be another expert's), and written into the slot the plan admits it to."""
+
+    def __init__(self, pool):
+        self.pool, self.hits, self.misses, self.admitted = pool, 0, 0, 0
+
+    def __call__(self, routed, plan, sources, arrays) -> list[mx.array]:
+        routed, plan, sources = np.array(routed).ravel(), np.array(plan), np.array(sources)
+        distinct = np.unique(routed, return_index=True)[1]
+        self.hits += int(np.count_nonzero(plan[0, distinct] != NO_SLOT))
+        self.misses += int(np.count_nonzero(plan[0, distinct] == NO_SLOT))
+        self.admitted += int(np.count_nonzero(plan[1] != NO_SLOT))
+        stacks = []
+        for t, tensor in enumerate(self.pool.tensors):
+            rows = []
+            for expert, slot, to in zip(routed, *plan):
+                row = np.empty(tensor.nbytes, np.uint8)
+                if slot != NO_SLOT:
+                    row[:] = np.array(arrays[t][int(slot)].view(mx.uint8)).ravel()
+                else:
+                    address = int(sources[t, 0]) + int(expert) * int(sources[t, 1])
+                    ctypes.memmove(row.ctypes.data, address, tensor.nbytes)
+                if to != NO_SLOT:
+                    self.pool._rows[0][t][int(to)][:] = row
+                rows.append(row)
+            stacks.append(mx.array(np.stack(rows)).view(tensor.dtype).reshape(-1, *tensor.shape))
+        return stacks
+
+
+def assert_slots_hold_their_experts(pool, sources: dict[int, np.ndarray]):
+    """Every held slot of `pool` holds its expert's bytes, read from the files' host mappings
+    (`sources`: host_sources per layer)."""
+    first = sorted((base, layer) for layer, base in pool.base.items())
+    for slot, key in enumerate(pool.policy.slot_key.tolist()):
+        if key < 0:
+            continue
+        base, layer = max(b for b in first if b[0] <= key)
+        for t, tensor in enumerate(pool.tensors):
+            want = np.empty(tensor.nbytes, np.uint8)
+            at = int(sources[layer][t, 0]) + (key - base) * int(sources[layer][t, 1])
+            ctypes.memmove(want.ctypes.data, at, tensor.nbytes)
+            assert np.array_equal(pool._rows[0][t][slot], want), (slot, key, t)
+
+
+def no_refresh(*args):
+    raise AssertionError("a settle replayed the refresh: admissions leave it nothing to do")
+
+
+@pytest.mark.parametrize("settle_tokens", [1, 3])
+@pytest.mark.parametrize("slots", [6, 16])
+def test_gathered_decode_admitting_misses_matches_the_resident_model(
+    float32_model, monkeypatch, settle_tokens, slots
+):
+    """2 layers x top-4 of 16 experts, ADMIT_AS_READ on: decode calls admit misses as they read
+    them (stand-ins for both kernels), the settles only count (no refresh, no fill), and the
+    tokens are the resident model's. The stats count what the GPU found, the host's replica ends
+    equal to the device's table and every held slot holds its expert. 6 slots: each prompt syncs
+    (too many routes to gather), the second after admissions, with the policy as the replays
+    left it, and moves slots: the next decode calls admit on a new table. 16: each prompt is
+    gathered whole by the device's table (admitting nothing) and nothing syncs."""
+    src, folder = float32_model
+    monkeypatch.setattr(settle, "ADMIT_AS_READ", True)
+    monkeypatch.setattr(settle, "SETTLE_TOKENS", settle_tokens)
+    monkeypatch.setattr(slot_pool, "landing_for", lambda *args: HostLanding())
+    sources = {}
+
+    def gather_kernel(tensors, source, bases):
+        kernel = GatherStandIn(tensors, source)  # the table mode: a whole prompt's
+        kernel.alignment = 4
+        sources[len(sources)] = host_sources(source, bases)
+        return kernel, sources[len(sources) - 1]
+
+    monkeypatch.setattr(settle, "gather_kernel", gather_kernel)
+    monkeypatch.setattr(slot_pool, "replay", no_refresh)
+    admit_kernel = AdmitStandIn()
+    monkeypatch.setattr(cuda_gather, "SlotAdmit", lambda slots: admit_kernel)
+    monkeypatch.setattr(cuda_gather, "ExpertGather", lambda tensors, alignment, admits: gather)
+    monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill)
+    model, tokenizer = streamer.load(
+        folder, memory_budget=slots * slot_bytes(folder), read_path="slots"
+    )
+    (pool,) = model.streamer.pools
+    fill, gather = HostFill(pool), PlanGatherStandIn(pool)
+    reference, tokens, whole = reference_model(src), 24, slots == 16
+    for n, text in enumerate([PROMPT, "Files hold the experts"]):
+        prompt = mx.array(tokenizer.encode(text))
+        assert greedy_tokens(model, prompt, tokens) == greedy_tokens(reference, prompt, tokens)
+        decode, prefill = model.streamer.stats.decode, model.streamer.stats.prefill
+        assert decode.syncs == 0 and prefill.syncs == (0 if whole else 2 * (n + 1))
+        # the synced prompts' misses filled by the kernel, in rounds; the settles copy nothing
+        assert sum(fill.moves) == prefill.experts_read * (not whole)
+        assert decode.cache_hits == gather.hits > 0 and decode.experts_read == gather.misses > 0
+        assert decode.cache_hits + decode.experts_read == 4 * decode.layer_calls
+        # a synced call moved slots: a new table uploaded; the device's, the host's replica
+        assert len(admit_kernel.tables) == (1 if whole else n + 1)
+        device = np.array(admit_kernel.tables[-1]).astype(np.int64)
+        assert np.array_equal(pool.policy.slot_of, np.where(device == NO_SLOT, -1, device))
+        assert_slots_hold_their_experts(pool, sources)
+    assert gather.admitted > 0
+    model.streamer.close()

@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
+from .admission import admitting
 from .landing import CUDA_MISSES_DEFAULT, Landing, copy_mapped, landing_for, unreadable
 from .policies import SlotLFU
 from .settle import Deferred, Gathered, counted, replay
@@ -73,6 +74,7 @@ class SlotPool:
         self._pending: list[mx.array] = []
         self._deferred = Deferred(calls_per_token=len(layers))  # gathered calls' routings
         self._gathered = Gathered(self.tensors)  # their kernels, per layer, and the settle's
+        self._admission = admitting(self.policy, self.tensors, self.base)  # or None: off
         self.version = 0  # changes whenever a slot gets another expert
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
@@ -113,8 +115,9 @@ class SlotPool:
             raise unreadable(self.layers[layer].where(0), expert, e) from e
 
     def gathered_table(self, layer: int) -> mx.array:
-        """`layer`'s slot of each expert for gathered calls (a view of settle.Gathered.table)."""
-        base, table = self.base[layer], self._gathered.table(self.version, self.policy.slot_of)
+        """`layer`'s slot of each expert for gathered calls (a view of the pool's whole table)."""
+        base = self.base[layer]
+        table = (self._admission or self._gathered).table(self.version, self.policy.slot_of)
         return table[base : base + self.layers[layer].num_experts]
 
     def gather_source(self, layer: int) -> tuple | None:
@@ -124,6 +127,12 @@ class SlotPool:
         source = self.layers[layer]
         one_chunk_unchecked = len(self.chunks) == 1 and not source.checksums
         return self._gathered.source(layer, source, self._landing if one_chunk_unchecked else None)
+
+    def gather(self, layer: int, kernel, rows: mx.array, table: mx.array, sources, whole: bool):
+        """A gathered call's stacks: by `table`, or a decode call's admitting its misses as read."""
+        if self._admission is None or whole:
+            return kernel(rows, table, sources, self.arrays)
+        return self._admission.gather(self.version, layer, kernel, rows, sources, self.arrays)
 
     def defer(self, layer: int, indices: mx.array, count: Callable, prompt: bool = False) -> None:
         """A gathered call of `layer` routed `indices`: the policy learns it at `settle`, and
@@ -145,6 +154,8 @@ class SlotPool:
         deferred = self._deferred.take(behind)
         if not deferred:
             return
+        if self._admission is not None:  # misses admitted as read: nothing to copy
+            return self._admission.settle(deferred)
         routed = counted(deferred)
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
         if not reads:
@@ -239,6 +250,8 @@ class SlotPool:
 
     def close(self) -> None:
         self.fence()
+        if self._admission is not None:
+            self.settle()  # the host's replay only: nothing is written
         counted(self._deferred.take(behind=0))  # not replayed: no slot is written once closed
         if self._landing is not None:
             self._landing.close()

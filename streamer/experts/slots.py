@@ -200,7 +200,7 @@ class Slots:
                 self._rows[shape] = mx.arange(indices.size, dtype=mx.uint32).reshape(shape)
             rows, position = indices, self._rows[shape]
             traffic.bytes_copied += indices.size * pool.slot_bytes  # a prompt's: at its settle
-        layer.install(kernel(rows, self._table, sources, pool.arrays))
+        layer.install(pool.gather(layer.index, kernel, rows, self._table, sources, whole))
         out = layer.container(x, position)
         layer.install(pool.arrays)  # the output's graph holds the stacks until it is evaluated
         self._installed = 0
