@@ -12,14 +12,14 @@ at each budget (cache/budget.py layer_groups, one chunk a pool), each pool's Slo
 `settle.replay` (SlotLFU.refresh), settling every `--settle` tokens from each prompt's first
 token: per decode token the experts missed (read by the kernel) and copied (by the settles),
 their bytes, and the host time of the settles' replays on this machine (a settle's main host
-work, beside the pull). `--by-calls`: the settle before the refresh, each call's misses given
-slots as a synced call's are (`SlotLFU.assign`). `--admit-on-miss`: a design not built, each
-call's misses taking slots at once, written by the gather kernel as it reads them (no copies),
-in the order of a victim queue each settle makes (empty slots, then the coldest by the LFU's
-counts then), skipping the call's own slots and those already taken since that settle; a miss
-takes the next victim only if it was routed more often than the victim's expert by the
-settle's counts (the refresh's rule; without it one-off experts displace hot ones: medium 25%
-missed 149 a token against the refresh's 120).
+work, beside the pull). `--by-calls`: the settle before the refresh, each call's misses given slots
+as a synced call's are (`SlotLFU.assign`). `--admit-on-miss`: the design of cache/admission.py (off
+by default), each call's misses taking slots at once, written by the gather kernel as it reads them
+(no copies), in the order of a victim queue each settle makes (empty slots, then the coldest by the
+LFU's counts then), skipping the call's own slots and those already taken since that settle; a miss
+takes the next victim only if it was routed more often than the victim's expert by the settle's
+counts (the refresh's rule; without it one-off experts displace hot ones: medium 25% missed 149 a
+token against the refresh's 120).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         help="the settle as it was: each call's misses take slots",
     )
     ap.add_argument(
-        "--admit-on-miss", action="store_true", help="not built: misses take slots as read"
+        "--admit-on-miss", action="store_true", help="misses take slots as read (admission.py)"
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
