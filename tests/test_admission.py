@@ -6,6 +6,7 @@ the kernels themselves are checked against `admit` in test_cuda_gather.py, on CU
 from __future__ import annotations
 
 import ctypes
+from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
@@ -19,6 +20,7 @@ from test_slots import GatherStandIn, slot_bytes
 import streamer
 from streamer.cache import settle, slot_pool
 from streamer.cache.admission import admit
+from streamer.experts import slots as slot_calls
 from streamer.io import cuda_gather
 from streamer.io.cuda_gather import NO_SLOT
 
@@ -168,6 +170,33 @@ def no_refresh(*args):
     raise AssertionError("a settle replayed the refresh: admissions leave it nothing to do")
 
 
+def admitting_model(monkeypatch, folder, slots: int) -> SimpleNamespace:
+    """The model at `folder` on a pool of `slots` slots, ADMIT_AS_READ on, with stand-ins for
+    the kernels (`admit`, `gather` in plan mode, `fill`; the table mode GatherStandIn) and the
+    files' host mappings as their sources (`sources`, per layer)."""
+    monkeypatch.setattr(settle, "ADMIT_AS_READ", True)
+    monkeypatch.setattr(slot_pool, "landing_for", lambda *args: HostLanding())
+    run = SimpleNamespace(admit=AdmitStandIn(), sources={})
+
+    def gather_kernel(tensors, source, bases):
+        kernel = GatherStandIn(tensors, source)  # the table mode: a whole prompt's
+        kernel.alignment = 4
+        run.sources[len(run.sources)] = host_sources(source, bases)
+        return kernel, run.sources[len(run.sources) - 1]
+
+    monkeypatch.setattr(settle, "gather_kernel", gather_kernel)
+    monkeypatch.setattr(slot_pool, "replay", no_refresh)
+    monkeypatch.setattr(cuda_gather, "SlotAdmit", lambda slots: run.admit)
+    monkeypatch.setattr(cuda_gather, "ExpertGather", lambda tensors, alignment, admits: run.gather)
+    monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: run.fill)
+    run.model, run.tokenizer = streamer.load(
+        folder, memory_budget=slots * slot_bytes(folder), read_path="slots"
+    )
+    (run.pool,) = run.model.streamer.pools
+    run.fill, run.gather = HostFill(run.pool), PlanGatherStandIn(run.pool)
+    return run
+
+
 @pytest.mark.parametrize("settle_tokens", [1, 3])
 @pytest.mark.parametrize("slots", [6, 16])
 def test_gathered_decode_admitting_misses_matches_the_resident_model(
@@ -181,42 +210,47 @@ def test_gathered_decode_admitting_misses_matches_the_resident_model(
     left it, and moves slots: the next decode calls admit on a new table. 16: each prompt is
     gathered whole by the device's table (admitting nothing) and nothing syncs."""
     src, folder = float32_model
-    monkeypatch.setattr(settle, "ADMIT_AS_READ", True)
     monkeypatch.setattr(settle, "SETTLE_TOKENS", settle_tokens)
-    monkeypatch.setattr(slot_pool, "landing_for", lambda *args: HostLanding())
-    sources = {}
-
-    def gather_kernel(tensors, source, bases):
-        kernel = GatherStandIn(tensors, source)  # the table mode: a whole prompt's
-        kernel.alignment = 4
-        sources[len(sources)] = host_sources(source, bases)
-        return kernel, sources[len(sources) - 1]
-
-    monkeypatch.setattr(settle, "gather_kernel", gather_kernel)
-    monkeypatch.setattr(slot_pool, "replay", no_refresh)
-    admit_kernel = AdmitStandIn()
-    monkeypatch.setattr(cuda_gather, "SlotAdmit", lambda slots: admit_kernel)
-    monkeypatch.setattr(cuda_gather, "ExpertGather", lambda tensors, alignment, admits: gather)
-    monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill)
-    model, tokenizer = streamer.load(
-        folder, memory_budget=slots * slot_bytes(folder), read_path="slots"
-    )
-    (pool,) = model.streamer.pools
-    fill, gather = HostFill(pool), PlanGatherStandIn(pool)
+    run = admitting_model(monkeypatch, folder, slots)
+    pool, gather, stats = run.pool, run.gather, run.model.streamer.stats
     reference, tokens, whole = reference_model(src), 24, slots == 16
     for n, text in enumerate([PROMPT, "Files hold the experts"]):
-        prompt = mx.array(tokenizer.encode(text))
-        assert greedy_tokens(model, prompt, tokens) == greedy_tokens(reference, prompt, tokens)
-        decode, prefill = model.streamer.stats.decode, model.streamer.stats.prefill
+        prompt = mx.array(run.tokenizer.encode(text))
+        assert greedy_tokens(run.model, prompt, tokens) == greedy_tokens(reference, prompt, tokens)
+        decode, prefill = stats.decode, stats.prefill
         assert decode.syncs == 0 and prefill.syncs == (0 if whole else 2 * (n + 1))
         # the synced prompts' misses filled by the kernel, in rounds; the settles copy nothing
-        assert sum(fill.moves) == prefill.experts_read * (not whole)
+        assert sum(run.fill.moves) == prefill.experts_read * (not whole)
         assert decode.cache_hits == gather.hits > 0 and decode.experts_read == gather.misses > 0
         assert decode.cache_hits + decode.experts_read == 4 * decode.layer_calls
         # a synced call moved slots: a new table uploaded; the device's, the host's replica
-        assert len(admit_kernel.tables) == (1 if whole else n + 1)
-        device = np.array(admit_kernel.tables[-1]).astype(np.int64)
+        assert len(run.admit.tables) == (1 if whole else n + 1)
+        device = np.array(run.admit.tables[-1]).astype(np.int64)
         assert np.array_equal(pool.policy.slot_of, np.where(device == NO_SLOT, -1, device))
-        assert_slots_hold_their_experts(pool, sources)
+        assert_slots_hold_their_experts(pool, run.sources)
     assert gather.admitted > 0
-    model.streamer.close()
+    run.model.streamer.close()
+
+
+def test_synced_calls_after_admissions_match_the_resident_model(float32_model, monkeypatch):
+    """16 slots, prompts not gathered whole: the first prompt syncs (a call a layer), its decode
+    admits misses, then every call syncs (no gathered call: a second prompt and its decode),
+    placing experts on the policy the replays left. Each layer's table names the slots the
+    device holds, admissions included (a layer's own upload, made before them, would name the
+    old ones; a synced call with no miss reads by it). The resident model's tokens."""
+    src, folder = float32_model
+    monkeypatch.setattr(slot_calls, "WHOLE_PROMPTS", False)
+    run = admitting_model(monkeypatch, folder, 16)
+    reference, tokens, stats = reference_model(src), 24, run.model.streamer.stats
+    for text, gathered in [(PROMPT, slot_calls.GATHERED_ROUTES), ("Files hold the experts", 0)]:
+        monkeypatch.setattr(slot_calls, "GATHERED_ROUTES", gathered)
+        prompt = mx.array(run.tokenizer.encode(text))
+        assert greedy_tokens(run.model, prompt, tokens) == greedy_tokens(reference, prompt, tokens)
+        assert stats.decode.syncs == 0 if gathered else stats.decode.syncs > 0
+        held = run.pool.policy.slot_of.astype(np.uint32)  # settled: the device's (-1: NO_SLOT)
+        for layer in run.model.streamer.layers:
+            base, mode = run.pool.base[layer.index], layer.compute_mode
+            if mode._version == run.pool.version:  # a table it would read by
+                assert np.array_equal(np.array(mode._table), held[base : base + 16])
+    assert run.gather.admitted > 0
+    run.model.streamer.close()

@@ -74,7 +74,7 @@ class SlotPool:
         self._pending: list[mx.array] = []
         self._deferred = Deferred(calls_per_token=len(layers))  # gathered calls' routings
         self._gathered = Gathered(self.tensors)  # their kernels, per layer, and the settle's
-        self._admission = admitting(self.policy, self.tensors, self.base)  # or None: off
+        self.admission = admitting(self.policy, self.tensors, self.base)  # None: not admitting
         self.version = 0  # changes whenever a slot gets another expert
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
@@ -117,7 +117,7 @@ class SlotPool:
     def gathered_table(self, layer: int) -> mx.array:
         """`layer`'s slot of each expert for gathered calls (a view of the pool's whole table)."""
         base = self.base[layer]
-        table = (self._admission or self._gathered).table(self.version, self.policy.slot_of)
+        table = (self.admission or self._gathered).table(self.version, self.policy.slot_of)
         return table[base : base + self.layers[layer].num_experts]
 
     def gather_source(self, layer: int) -> tuple | None:
@@ -130,9 +130,9 @@ class SlotPool:
 
     def gather(self, layer: int, kernel, rows: mx.array, table: mx.array, sources, whole: bool):
         """A gathered call's stacks: by `table`, or a decode call's admitting its misses as read."""
-        if self._admission is None or whole:
+        if self.admission is None or whole:
             return kernel(rows, table, sources, self.arrays)
-        return self._admission.gather(self.version, layer, kernel, rows, sources, self.arrays)
+        return self.admission.gather(self.version, layer, kernel, rows, sources, self.arrays)
 
     def defer(self, layer: int, indices: mx.array, count: Callable, prompt: bool = False) -> None:
         """A gathered call of `layer` routed `indices`: the policy learns it at `settle`, and
@@ -154,8 +154,8 @@ class SlotPool:
         deferred = self._deferred.take(behind)
         if not deferred:
             return
-        if self._admission is not None:  # misses admitted as read: nothing to copy
-            return self._admission.settle(deferred)
+        if self.admission is not None:  # misses admitted as read: nothing to copy
+            return self.admission.settle(deferred)
         routed = counted(deferred)
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
         if not reads:
@@ -250,7 +250,7 @@ class SlotPool:
 
     def close(self) -> None:
         self.fence()
-        if self._admission is not None:
+        if self.admission is not None:
             self.settle()  # the host's replay only: nothing is written
         counted(self._deferred.take(behind=0))  # not replayed: no slot is written once closed
         if self._landing is not None:

@@ -156,11 +156,11 @@ class Slots:
         return in_routed_order(routed, [done, rest], [part, late])
 
     def _new_table(self, layer, gathered: bool = False) -> None:
-        """The layer's slots on the host and for the kernels (-1: NO_SLOT, never gathered): its
-        own upload after a synced call moved slots, a view of the pool's for gathered calls."""
+        """The layer's slots on the host and for the kernels (-1: NO_SLOT, never gathered): a view
+        of the pool's for gathered calls and an admitting pool's calls, else its own upload."""
         pool, base = self._pool, self._pool.base[layer.index]
         self._slot_of = pool.policy.slot_of[base : base + layer.num_experts].copy()
-        if gathered:
+        if gathered or pool.admission is not None:  # admissions move slots: read them live
             self._table = pool.gathered_table(layer.index)
         else:
             self._table = mx.array(self._slot_of.astype(np.uint32))
