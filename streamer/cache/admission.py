@@ -99,11 +99,11 @@ class Admission:
     def __init__(self, policy: SlotLFU, tensors: Sequence[SlotTensor], base: dict[int, int]):
         self.policy, self.tensors, self.base = policy, tuple(tensors), base  # base: SlotPool's
         self._epoch = epoch(policy)
-        self._calls: list[tuple[mx.array, Epoch]] = []
+        self._calls: list[tuple[mx.array, Epoch]] = []  # not settled: routed indices, epoch
         self._device: tuple = (-1, None, None)  # the pool's version, table, owner (uint32)
         self._admit = None  # the admission kernel (SlotAdmit)
         self._gathers: dict[int, object] = {}  # a gather kernel's alignment -> its plan mode
-        self._bases: dict[int, mx.array] = {}
+        self._bases: dict[int, mx.array] = {}  # layer -> its first key, for the kernel
 
     def table(self, version: int, slot_of: np.ndarray) -> mx.array:
         """Every key's slot on the device (uint32, -1: none), which the admission kernels update;
@@ -124,8 +124,10 @@ class Admission:
         if self._admit is None:
             self._admit = SlotAdmit(len(self.policy.slot_key))
         if kernel.alignment not in self._gathers:
-            self._gathers[kernel.alignment] = ExpertGather(self.tensors, kernel.alignment, True)
-        if layer not in self._bases:  # its first key
+            self._gathers[kernel.alignment] = ExpertGather(
+                self.tensors, kernel.alignment, admits=True
+            )
+        if layer not in self._bases:
             self._bases[layer] = mx.array(np.array([self.base[layer]], dtype=np.uint32))
         table = self.table(version, self.policy.slot_of)
         plan = self._admit(indices, self._bases[layer], table, self._device[2], *self._epoch.arrays)
