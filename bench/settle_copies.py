@@ -31,6 +31,7 @@ import time
 import numpy as np
 from routing_model import QWEN3_30B_RECORD, RoutingModel
 
+from streamer.cache.admission import admit, epoch
 from streamer.cache.budget import layer_groups
 from streamer.cache.policies import SlotLFU
 from streamer.cache.settle import replay
@@ -76,37 +77,26 @@ def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settl
 
 def admit_run(traces: list, first: int, end: int, slots: int, experts: int, settle: int, _):
     """(misses, copies, seconds settling) of one pool that admits each miss as it is read
-    (`--admit-on-miss`): victims in a queue's order, counts and the queue made at settles."""
+    (`--admit-on-miss`): cache/admission.py's rule (`admit`) in each call, its epoch (victim
+    queue, counts) made at settles once they have counted the window."""
     policy = SlotLFU(slots, (end - first) * experts)
     base = {layer: (layer - first) * experts for layer in range(first, end)}
-    queue, taken, misses, seconds = list(range(slots)), set(), 0, 0.0
+    at, misses, seconds = epoch(policy), 0, 0.0
     for trace in traces:  # [tokens, layers, k] per prompt
         calls = []
         for t in range(len(trace)):
             for layer in range(first, end):
                 keys = base[layer] + np.unique(trace[t, layer])
-                held = policy.slot_of[keys]
-                misses += int(np.count_nonzero(held < 0))
-                own = set(held[held >= 0].tolist())
-                for key in keys[held < 0]:
-                    while queue and (queue[0] in own or queue[0] in taken):
-                        queue.pop(0)
-                    if not queue:
-                        break  # every queued slot taken this window: the rest stay misses
-                    owner = policy.slot_key[queue[0]]
-                    if owner >= 0 and policy.counts[key] <= policy.counts[owner]:
-                        continue  # routed no more often than the coldest held, at the settle
-                    victim = queue.pop(0)
-                    policy._move(np.array([key]), [victim])
-                    own.add(victim)
-                    taken.add(victim)
+                source, _, at.cursor = admit(
+                    keys, policy.slot_of, policy.slot_key, at.queue, at.counts, at.cursor
+                )
+                misses += int(np.count_nonzero(source < 0))
                 calls.append(keys)
             if (t + 1) % settle == 0 or t + 1 == len(trace):
                 start = time.perf_counter()
                 for keys in calls:
                     policy._count(keys)
-                score = np.where(policy.slot_key >= 0, policy._score(), -1.0)
-                queue, taken, calls = np.argsort(score, kind="stable").tolist(), set(), []
+                at, calls = epoch(policy), []
                 seconds += time.perf_counter() - start
     return misses, 0, seconds
 

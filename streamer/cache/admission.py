@@ -78,7 +78,7 @@ class Epoch:
 
 def epoch(policy: SlotLFU) -> Epoch:
     """An epoch from `policy` now: empty slots first, then held slots by ascending count."""
-    score = np.where(policy.slot_key >= 0, policy.counts[policy.slot_key], -1.0)
+    score = np.where(policy.slot_key >= 0, policy._score(), -1.0)
     queue = np.argsort(score, kind="stable")
     counts = policy.counts.astype(np.float32)
     cursor = mx.array(np.zeros(1, dtype=np.uint32))
