@@ -1,7 +1,8 @@
 """Misses admitted into slots as the gather kernel reads them (cache/admission.py, off by
-default: settle.ADMIT_AS_READ): the admission rule on hand-made cases, and gathered decode with
-stand-ins for both kernels on this CPU (io/cuda_gather.py SlotAdmit and ExpertGather's plan mode;
-the kernels themselves are checked against `admit` in test_cuda_gather.py, on CUDA only)."""
+default: settle.ADMIT_AS_READ): the admission rule on hand-made cases; gathered decode with
+stand-ins for both kernels on this CPU (io/cuda_gather.py SlotAdmit and ExpertGather's plan mode);
+and on CUDA, the same decode with the kernels themselves (which test_cuda_gather.py checks
+against `admit` on random states)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ from streamer.io import cuda_gather
 from streamer.io.cuda_gather import NO_SLOT
 
 float32_model = test_slots.float32_model  # the fixture, shared
+# The stand-ins write the device's arrays through host views as each call is built, which only
+# the CPU backend's kernels then read: a GPU's read their own copy (on an H100 a synced call
+# after admissions read a slot the stand-in never wrote there and faulted). The kernels
+# themselves run there, in the test at the end of this file.
+stand_ins = pytest.mark.skipif(
+    mx.default_device() != mx.cpu, reason="host stand-ins for CUDA kernels: the CPU backend's"
+)
+on_cuda = pytest.mark.skipif(
+    not (mx.default_device() == mx.gpu and mx.cuda.is_available()),
+    reason="the admission and gather kernels are CUDA source: MLX's CUDA backend only",
+)
 
 
 def state(slots: int, keys: int, held: dict[int, int]):
@@ -197,6 +209,7 @@ def admitting_model(monkeypatch, folder, slots: int) -> SimpleNamespace:
     return run
 
 
+@stand_ins
 @pytest.mark.parametrize("settle_tokens", [1, 3])
 @pytest.mark.parametrize("slots", [6, 16])
 def test_gathered_decode_admitting_misses_matches_the_resident_model(
@@ -232,6 +245,7 @@ def test_gathered_decode_admitting_misses_matches_the_resident_model(
     run.model.streamer.close()
 
 
+@stand_ins
 def test_synced_calls_after_admissions_match_the_resident_model(float32_model, monkeypatch):
     """16 slots, prompts not gathered whole: the first prompt syncs (a call a layer), its decode
     admits misses, then every call syncs (no gathered call: a second prompt and its decode),
@@ -253,4 +267,52 @@ def test_synced_calls_after_admissions_match_the_resident_model(float32_model, m
             if mode._version == run.pool.version:  # a table it would read by
                 assert np.array_equal(np.array(mode._table), held[base : base + 16])
     assert run.gather.admitted > 0
+    assert_slots_hold_the_resident_experts(run.pool, reference)
     run.model.streamer.close()
+
+
+def assert_slots_hold_the_resident_experts(pool, model):
+    """Every held slot of `pool` holds its expert's tensors as the resident `model` has them."""
+    first = sorted((base, layer) for layer, base in pool.base.items())
+    for slot, key in enumerate(pool.policy.slot_key.tolist()):
+        if key < 0:
+            continue
+        base, layer = max(b for b in first if b[0] <= key)
+        switch = model.layers[layer].mlp.switch_mlp
+        for t, tensor in enumerate(pool.tensors):
+            proj, name = tensor.name.split(".")
+            want = getattr(getattr(switch, proj), name)[key - base]
+            assert mx.array_equal(pool.arrays[t][slot], want), (slot, key, tensor.name)
+
+
+@on_cuda
+@pytest.mark.parametrize("slots", [6, 16])
+def test_admitting_on_the_gpu_matches_the_resident_model(float32_model, monkeypatch, slots):
+    """The kernels themselves, ADMIT_AS_READ on, prompts synced: the first prompt's decode
+    gathers and admits its misses; the second prompt and its decode sync (after admissions, on
+    the table they left). The resident model's tokens; once settled the device's table is the
+    host's replica; every held slot holds its expert, some of them never read by a synced call
+    (admitted by the gather kernel)."""
+    src, folder = float32_model
+    monkeypatch.setattr(settle, "ADMIT_AS_READ", True)
+    monkeypatch.setattr(slot_calls, "WHOLE_PROMPTS", False)
+    model, tokenizer = streamer.load(
+        folder, memory_budget=slots * slot_bytes(folder), read_path="slots"
+    )
+    (pool,) = model.streamer.pools
+    reads: list = []
+    monkeypatch.setattr(pool, "_read_misses", test_slots.record(pool._read_misses, reads))
+    reference, stats = reference_model(src), model.streamer.stats
+    for text, gathered in [(PROMPT, slot_calls.GATHERED_ROUTES), ("Files hold the experts", 0)]:
+        monkeypatch.setattr(slot_calls, "GATHERED_ROUTES", gathered)
+        prompt = mx.array(tokenizer.encode(text))
+        assert greedy_tokens(model, prompt, 24) == greedy_tokens(reference, prompt, 24)
+        pool.settle()
+        device = np.array(pool.admission.table(pool.version, pool.policy.slot_of))
+        assert np.array_equal(pool.policy.slot_of, np.where(device == NO_SLOT, -1, device))
+        assert_slots_hold_the_resident_experts(pool, reference)
+        if gathered:  # held experts no synced call read: the gather kernel admitted them
+            synced = {pool.base[layer] + expert for layer, moves in reads for expert, _ in moves}
+            assert set(pool.policy.slot_key[pool.policy.slot_key >= 0].tolist()) - synced
+    assert stats.decode.gathered > 0 and stats.decode.syncs > 0
+    model.streamer.close()
