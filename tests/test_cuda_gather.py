@@ -167,6 +167,7 @@ def test_the_admission_kernel_plans_and_updates_as_admit_does():
             device(queue),
             mx.array(counts),
             device(np.array([cursor])),
+            mx.zeros((1,), mx.uint8),  # waited for: nothing to wait for here
         ]
         plan = kernel(device(routed), device(np.array([base])), *state)
         mx.eval(plan)

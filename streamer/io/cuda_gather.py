@@ -12,10 +12,8 @@ has one (device memory) or else straight from the file's pinned mapping over the
 stack [routed, *shape] per tensor that mlx-lm's container then computes on, exactly as on the
 resident stacks. The routing never reaches the host, so nothing waits: the layers of a token are
 queued as one graph, as mlx-lm queues them. The slot pool's policy learns the routing later, in
-batches (cache/settle.py): which experts keep a slot follows the same LFU, a few tokens late, and
-a SlotFill kernel copies each expert that gained a slot into it, queued on MLX's stream like
-any kernel: no copy-engine call per tensor and no host wait for them (9 calls an expert and a
-wait were the settle's cost on the H200: bench/findings.md; cache/settle.py FILL_ON_GPU).
+batches (cache/settle.py): the same LFU, a few tokens late; a SlotFill kernel copies each expert
+that gained a slot into it on MLX's stream, with no copy-engine call and no host wait.
 
 Only CUDA runs these (cache/settle.py, for a pool whose landing lets kernels read files): on
 Metal a no-copy buffer over a file is wired whole on first GPU use; the GPU sees only the pool.
@@ -180,12 +178,14 @@ class SlotAdmit:
     def __call__(self, routed: mx.array, base: mx.array, *state: mx.array) -> mx.array:
         """The plan (uint32 [2, routed.size]: each entry's source slot, NO_SLOT the file, and the
         slot it also goes to) of `routed`, the experts of the layer whose first key is `base`;
-        `state`: the table, owner, queue, counts (float32), cursor (cache/admission.py)."""
+        `state`: the table, owner, queue, counts (float32), cursor (cache/admission.py) and an
+        array (uint8) the kernel only waits for (Admission.gather says why)."""
         n = routed.size
         if n not in self._kernels:
+            names = ["routed", "base", "table", "owner", "queue", "counts", "cursor", "after"]
             self._kernels[n] = mx.fast.cuda_kernel(
                 name=f"streamer_slot_admit_{n}_{self._slots}",
-                input_names=["routed", "base", "table", "owner", "queue", "counts", "cursor"],
+                input_names=names,
                 output_names=["plan"],
                 source=_admit_source(n, self._slots),
                 ensure_row_contiguous=False,  # written in place: a contiguous copy would not be
