@@ -285,8 +285,16 @@ def assert_slots_hold_the_resident_experts(pool, model):
             assert mx.array_equal(pool.arrays[t][slot], want), (slot, key, tensor.name)
 
 
+# 16 slots: the prompts sync in one round each, on the layer's table; on an H100 (2026-12-06)
+# the second prompt, after admissions, ended in an illegal memory access. Admission stays off
+# (settle.ADMIT_AS_READ) until this passes; strict, so a fix shows as a failure to unmark.
+FAULTS_ON_AN_H100 = pytest.mark.xfail(
+    strict=True, reason="admission then a synced prompt on one round: a CUDA fault (issue 35)"
+)
+
+
 @on_cuda
-@pytest.mark.parametrize("slots", [6, 16])
+@pytest.mark.parametrize("slots", [6, pytest.param(16, marks=FAULTS_ON_AN_H100)])
 def test_admitting_on_the_gpu_matches_the_resident_model(float32_model, monkeypatch, slots):
     """The kernels themselves, ADMIT_AS_READ on, prompts synced: the first prompt's decode
     gathers and admits its misses; the second prompt and its decode sync (after admissions, on
