@@ -109,6 +109,21 @@ def test_the_optimum_bounds_every_policy():
         assert all(h <= b for h, b in zip(hits, best)), (policy, hits, best)
 
 
+def test_static_holds_each_prompts_most_routed_experts():
+    """`static` (hindsight: each prompt's most routed experts per layer, held throughout): on
+    a a b a c with one slot it holds a (3 hits); on the routing model it has at least the hits of
+    the pool's own LFU, which learns those frequencies as it goes, and no more than Belady's."""
+    from routing_model import POLICIES
+
+    trace = np.array([0, 0, 1, 0, 2]).reshape(5, 1, 1)
+    assert POLICIES["static"]([trace], 4, 0.25)[0].ravel().tolist() == [1, 1, 0, 1, 0]
+    model = RoutingModel("medium", 128, 8, layers=6)
+    static = replay(model, [0.125, 0.25], "static", tokens=400, prompts=2)["hits"]
+    lfu = replay(model, [0.125, 0.25], "lfu", tokens=400, prompts=2)["hits"]
+    best = replay(model, [0.125, 0.25], "opt", tokens=400, prompts=2)["hits"]
+    assert all(a <= b <= c for a, b, c in zip(lfu, static, best)), (lfu, static, best)
+
+
 def test_bad_budgets_are_one_line_errors():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for budgets in ("0.25,x", "0,0.5", "1.5", "0.01"):  # 0.01: fewer slots than top-k
