@@ -26,10 +26,10 @@ from streamer.io import cuda_gather
 from streamer.io.cuda_gather import NO_SLOT
 
 float32_model = test_slots.float32_model  # the fixture, shared
-# The stand-ins write the device's arrays through host views as each call is built, which only
-# the CPU backend's kernels then read: a GPU's read their own copy (on an H100 a synced call
-# after admissions read a slot the stand-in never wrote there and faulted). The kernels
-# themselves run there, in the test at the end of this file.
+# The stand-ins write the device's arrays through host views as each call is built, ahead of
+# anything queued: exact under the CPU backend's order only. On a GPU the kernels themselves run,
+# in the test at the end of this file (on an H100 this synced case faulted with the stand-ins as
+# with the kernels: FAULTS_ON_AN_H100).
 stand_ins = pytest.mark.skipif(
     mx.default_device() != mx.cpu, reason="host stand-ins for CUDA kernels: the CPU backend's"
 )

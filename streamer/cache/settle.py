@@ -32,8 +32,9 @@ from .slot_memory import LayerSource, SlotTensor
 
 SETTLE_TOKENS = 16  # gathered tokens between two settles (after slots moved: 1, 2, 4, ... first)
 # A gathered pool's decode calls admit their misses into slots as the gather kernel reads them,
-# the settles only counting (cache/admission.py): designed and replayed, not yet run on a GPU
-# (bench/settle_copies.py --admit-on-miss: 9-43% fewer bytes over the bus; bench/findings.md).
+# the settles only counting (cache/admission.py; bench/settle_copies.py --admit-on-miss: 9-43%
+# fewer bytes over the bus). Off: on an H100 a prompt synced in one round after admissions ended
+# in a CUDA fault (bench/findings.md, sixth session; tests/test_admission.py FAULTS_ON_AN_H100).
 ADMIT_AS_READ = False
 
 
