@@ -2,7 +2,7 @@
 
     python bench/paired.py MLX_DIR REPACKED --routing medium --memory-budget BYTES \
         [--pairs 6] [--prompt-tokens 16] [--decode-tokens 128] [--cuda-misses gathered] \
-        [--setup CODE] > OUT.json
+        [--setup CODE] [--bus-gbps 45] > OUT.json
 
 On lent GPU machines mlx-lm's own steady rate moved 1.9x between runs of one call (its median
 step 10.4 to 19.7 ms, bench/findings.md), more than the differences worth deciding, and a
@@ -12,7 +12,10 @@ experts at the same positions), and run the same prompts in turn, ABBA (mlx-lm f
 prompts, streamer first on odd ones), so a slow minute falls on both sides of a pair. Each
 pair's ratio is streamer's steady rate over mlx-lm's (tokens past the first COLD_TOKENS; the
 median step's ratio beside it), and the summary is the median pair and the spread. The tokens
-must agree in every pair: greedy by default, the same token ids and routing.
+must agree in every pair: greedy by default, the same token ids and routing. Beside it, the
+bus floor (on CUDA, where misses and settle copies cross the bus): mlx-lm's step over that step
+plus streamer's bytes a token at --bus-gbps, with no overlap, and `to_floor`, the step ratio
+over it (1: the token costs mlx-lm's plus its bytes; above 1, reads overlapped other work).
 
 `--setup CODE` runs Python before the models load (a variant: a constant of the tree changed,
 as `bash bench/cuda_goals.sh variant` does). Progress goes to stderr, the JSON to stdout.
@@ -33,6 +36,9 @@ from worker import load, prompt_ids, run_once
 from streamer.cache.landing import CUDA_MISSES
 
 ENGINES = ("mlx_lm", "streamer")
+# The bus's rate for a token's misses and settle copies, GB/s: the gather kernel moved misses at
+# 30-49 GB/s on an H100 (bench/findings.md, "The bus, measured at 12.5%")
+BUS_GBPS = 45.0
 
 
 def pair_order(index: int) -> tuple[str, str]:
@@ -49,13 +55,21 @@ def summary(pairs: list[dict]) -> dict:
         "ratio_median": float(np.median(rate)),
         "ratio_range": [min(rate), max(rate)],
         "step_ratio_median": float(np.median(step)),  # mlx-lm's median step over streamer's
+        # the step ratio over the best one the bytes allow (1: at the bus floor)
+        "to_floor_median": float(np.median([p["to_floor"] for p in pairs])),
         "same_tokens": all(p["same_tokens"] for p in pairs),
     }
 
 
-def pair(runs: dict[str, dict]) -> dict:
-    """One prompt's two runs (in the order they ran), reduced to what the ratio needs."""
+def pair(runs: dict[str, dict], bus_gbps: float = BUS_GBPS) -> dict:
+    """One prompt's two runs (in the order they ran), reduced to what the ratio needs; the bus
+    floor: mlx-lm's step plus streamer's steady bytes a token (misses read, settles' copies) at
+    `bus_gbps`, with no overlap, over mlx-lm's step."""
     ours, theirs = runs["streamer"]["steady"], runs["mlx_lm"]["steady"]
+    moved = ours["decode"]["bytes_read"] + ours["decode"]["settled_bytes"]
+    per_token = moved / ours["decode_tokens"]
+    floor = theirs["median_step_s"] / (theirs["median_step_s"] + per_token / (bus_gbps * 1e9))
+    step_ratio = theirs["median_step_s"] / ours["median_step_s"]
     return {
         "first": next(iter(runs)),
         "mlx_lm_tok_s": theirs["decode_tok_s"],
@@ -64,7 +78,10 @@ def pair(runs: dict[str, dict]) -> dict:
         "streamer_step_ms": ours["median_step_s"] * 1e3,
         "hits": ours.get("hits"),
         "ratio": ours["decode_tok_s"] / theirs["decode_tok_s"],
-        "step_ratio": theirs["median_step_s"] / ours["median_step_s"],
+        "step_ratio": step_ratio,
+        "bus_mb_per_token": per_token / 1e6,
+        "floor_ratio": floor,
+        "to_floor": step_ratio / floor,
         "same_tokens": runs["streamer"]["tokens_sha1"] == runs["mlx_lm"]["tokens_sha1"],
     }
 
@@ -82,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--read-path", choices=["slots", "mapped"], default="slots")
     ap.add_argument("--cuda-misses", choices=CUDA_MISSES)
     ap.add_argument("--setup", default="", help="Python run before the models load")
+    ap.add_argument("--bus-gbps", type=float, default=BUS_GBPS, help="for the bus floor")
     args = ap.parse_args(argv)
     if args.decode_tokens <= COLD_TOKENS + 1 or args.pairs < 1:
         raise SystemExit(
@@ -111,11 +129,12 @@ def main(argv: list[str] | None = None) -> dict:
     pairs = []
     for index in range(args.pairs):
         runs = {engine: run(engine, index, args.decode_tokens) for engine in pair_order(index)}
-        pairs.append(pair(runs))
+        pairs.append(pair(runs, args.bus_gbps))
         p = pairs[-1]
         print(
             f"pair {index}: mlx-lm {p['mlx_lm_tok_s']:.1f} tok/s, streamer "
-            f"{p['streamer_tok_s']:.1f}: {p['ratio']:.2f}x"
+            f"{p['streamer_tok_s']:.1f}: {p['ratio']:.2f}x ({p['to_floor']:.2f} of the bus floor"
+            f" {p['floor_ratio']:.2f}, {p['bus_mb_per_token']:.0f} MB a token)"
             + ("" if p["same_tokens"] else " (tokens differ)"),
             file=sys.stderr,
             flush=True,

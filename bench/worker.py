@@ -88,13 +88,17 @@ def engine_stats(model: nn.Module):
 
 
 def traffic(model: nn.Module) -> dict | None:
-    stats = engine_stats(model)
-    if stats is None:
+    """streamer's counters (None for mlx-lm's model); decode's `settled_bytes` are the bytes the
+    slot pools' settles wrote into slots in every phase (over the bus on CUDA)."""
+    handle = streaming(model)
+    if handle is None:
         return None
+    stats, pools = handle.stats, {id(pool): pool for pool in handle.pools}.values()
+    settled = sum(pool.settled * pool.slot_bytes for pool in pools)
     return {
         "moe_layers": stats.moe_layers,
         "prefill": dataclasses.asdict(stats.prefill),
-        "decode": dataclasses.asdict(stats.decode),
+        "decode": {**dataclasses.asdict(stats.decode), "settled_bytes": settled},
     }
 
 

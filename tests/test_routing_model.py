@@ -181,6 +181,9 @@ def test_paired_runs_both_engines_prompt_by_prompt(checkpoints, capsys):
     ratios = sorted(p["ratio"] for p in pairs)
     assert summary["ratio_median"] == ratios[1] and summary["ratio_range"] == [ratios[0], ratios[2]]
     assert all(0 < p["hits"] < 1 for p in pairs)  # a pool of some of the experts: both
+    for p in pairs:  # the bus floor: mlx-lm's step plus the misses' and copies' bytes
+        assert p["bus_mb_per_token"] > 0 and 0 < p["floor_ratio"] < 1
+        assert p["to_floor"] == pytest.approx(p["step_ratio"] / p["floor_ratio"])
     with pytest.raises(SystemExit, match="cold start"):
         main([*args, "--decode-tokens", "20"])
 

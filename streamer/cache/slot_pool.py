@@ -35,8 +35,7 @@ from .slot_memory import LayerSource, SlotTensor, aligned_host, allocate, chunk_
 READERS = 8  # reads in flight at once (threads: preadv releases the GIL)
 PIECE = 1 << 19  # bytes of one read at most: a 2.65 MB expert is read by 6 threads
 # The most bytes one array of a pool holds: far below any Mac's maxBufferLength, large enough
-# that a decode call's experts lie in one chunk when its layer's pool is one (experts/slots.py
-# gives each group of layers a pool of its own for that), and a 2^31 dimension is never near.
+# that a decode call's experts lie in one chunk (experts/slots.py: a pool per group of layers).
 CHUNK_BYTES = 1 << 30
 _readers = ThreadPoolExecutor(READERS, thread_name_prefix="streamer-read")
 
@@ -76,6 +75,7 @@ class SlotPool:
         self._gathered = Gathered(self.tensors)  # their kernels, per layer, and the settle's
         self.admission = admitting(self.policy, self.tensors, self.base)  # None: not admitting
         self.version = 0  # changes whenever a slot gets another expert
+        self.settled = 0  # experts settles wrote into slots (their bytes cross the bus on CUDA)
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
@@ -160,7 +160,7 @@ class SlotPool:
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
         if not reads:
             return
-        self.version += 1
+        self.version, self.settled = self.version + 1, self.settled + sum(map(len, reads.values()))
         if self._gathered.covers(reads):
             mx.async_eval(self._pending)  # queued before the fill: the stream runs them first
             self._pending = [self._gathered.fill(reads, self.arrays)]  # done after all of them
