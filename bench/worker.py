@@ -89,7 +89,8 @@ def engine_stats(model: nn.Module):
 
 def traffic(model: nn.Module) -> dict | None:
     """streamer's counters (None for mlx-lm's model); decode's `settled_bytes` are the bytes the
-    slot pools' settles wrote into slots in every phase (over the bus on CUDA)."""
+    slot pools' settles wrote into slots since the load, in every phase (over the bus on CUDA;
+    the stats are reset each run, this is not: take differences, as `steady` does)."""
     handle = streaming(model)
     if handle is None:
         return None
