@@ -101,9 +101,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--setup", default="", help="Python run before the models load")
     ap.add_argument("--bus-gbps", type=float, default=BUS_GBPS, help="for the bus floor")
     args = ap.parse_args(argv)
-    if args.decode_tokens <= COLD_TOKENS + 1 or args.pairs < 1:
+    if args.decode_tokens <= COLD_TOKENS + 1 or args.pairs < 1 or not args.bus_gbps > 0:
         raise SystemExit(
-            f"--decode-tokens must pass {COLD_TOKENS + 1} (the cold start), --pairs 1+"
+            f"--decode-tokens must pass {COLD_TOKENS + 1} (the cold start), --pairs 1+,"
+            " --bus-gbps above 0"
         )
     exec(args.setup, {})  # a variant of the tree, as `cuda_goals.sh variant` runs them
     folders = {"mlx_lm": args.mlx_model, "streamer": args.repacked}

@@ -186,6 +186,8 @@ def test_paired_runs_both_engines_prompt_by_prompt(checkpoints, capsys):
         assert p["to_floor"] == pytest.approx(p["step_ratio"] / p["floor_ratio"])
     with pytest.raises(SystemExit, match="cold start"):
         main([*args, "--decode-tokens", "20"])
+    with pytest.raises(SystemExit, match="bus-gbps"):
+        main([*args, "--bus-gbps", "0"])
 
 
 def test_plans_table_is_the_replay():
