@@ -27,6 +27,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
+from .cuda_kernel import cuda_kernel
+
 NO_SLOT = 0xFFFFFFFF  # a slot table's entry for an expert without a slot (-1 as uint32)
 UNWANTED = 0xFFFFFFFF  # a row's expert the call does not route (a whole prompt's): left unwritten
 THREADS = 256  # per block
@@ -110,12 +112,12 @@ class ExpertGather:
         word = word_bytes([*sizes, alignment])
         self._threads = threads_per_tensor(sizes, word)
         mode = "plan" if admits else "table"
-        self._kernel = mx.fast.cuda_kernel(
-            name=f"streamer_expert_gather_{mode}_{count}_{word}_{abs(hash(sizes)):x}",
-            input_names=["routed", mode, "sources", *(f"pool{t}" for t in range(count))],
-            output_names=[f"out{t}" for t in range(count)],
-            source=_source(sizes, word, admits),
-            ensure_row_contiguous=False,  # the pool's arrays are views at their slot alignment
+        self._kernel = cuda_kernel(
+            "expert_gather",
+            ["routed", mode, "sources", *(f"pool{t}" for t in range(count))],
+            [f"out{t}" for t in range(count)],
+            _source(sizes, word, admits),
+            *(t.dtype for t in self._tensors),
         )
 
     def __call__(
@@ -183,13 +185,8 @@ class SlotAdmit:
         n = routed.size
         if n not in self._kernels:
             names = ["routed", "base", "table", "owner", "queue", "counts", "cursor", "after"]
-            self._kernels[n] = mx.fast.cuda_kernel(
-                name=f"streamer_slot_admit_{n}_{self._slots}",
-                input_names=names,
-                output_names=["plan"],
-                source=_admit_source(n, self._slots),
-                ensure_row_contiguous=False,  # written in place: a contiguous copy would not be
-            )
+            source = _admit_source(n, self._slots)
+            self._kernels[n] = cuda_kernel("slot_admit", names, ["plan"], source)
         (plan,) = self._kernels[n](
             inputs=[routed.reshape(-1).astype(mx.uint32), base, *state],
             grid=(1, 1, 1),
@@ -243,13 +240,10 @@ class SlotFill:
         word = word_bytes([*sizes, int(np.gcd.reduce(addresses.ravel().astype(np.int64)))])
         if word not in self._kernels:
             count = len(self._tensors)
-            self._kernels[word] = mx.fast.cuda_kernel(
-                name=f"streamer_slot_fill_{count}_{word}_{abs(hash(tuple(sizes))):x}",
-                input_names=["slots", "addresses", *(f"pool{t}" for t in range(count))],
-                output_names=["done"],
-                source=_fill_source(sizes, word),
-                ensure_row_contiguous=False,
-            )
+            names = ["slots", "addresses", *(f"pool{t}" for t in range(count))]
+            source = _fill_source(sizes, word)
+            dtypes = (t.dtype for t in self._tensors)
+            self._kernels[word] = cuda_kernel("slot_fill", names, ["done"], source, *dtypes)
         (done,) = self._kernels[word](
             inputs=[mx.array(slots, mx.uint32), mx.array(addresses, mx.uint64), *pool],
             grid=(threads_per_tensor(sizes, word), len(slots), len(self._tensors)),
