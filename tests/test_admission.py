@@ -28,8 +28,7 @@ from streamer.io.cuda_gather import NO_SLOT
 float32_model = test_slots.float32_model  # the fixture, shared
 # The stand-ins write the device's arrays through host views as each call is built, ahead of
 # anything queued: exact under the CPU backend's order only. On a GPU the kernels themselves run,
-# in the test at the end of this file (on an H100 this synced case faulted with the stand-ins as
-# with the kernels: FAULTS_ON_AN_H100).
+# in test_admitting_on_the_gpu_matches_the_resident_model.
 stand_ins = pytest.mark.skipif(
     mx.default_device() != mx.cpu, reason="host stand-ins for CUDA kernels: the CPU backend's"
 )
@@ -285,16 +284,8 @@ def assert_slots_hold_the_resident_experts(pool, model):
             assert mx.array_equal(pool.arrays[t][slot], want), (slot, key, tensor.name)
 
 
-# 16 slots: the prompts sync in one round each, on the layer's table; on an H100 (2026-12-06)
-# the second prompt, after admissions, ended in an illegal memory access. Admission stays off
-# (settle.ADMIT_AS_READ) until this passes; strict, so a fix shows as a failure to unmark.
-FAULTS_ON_AN_H100 = pytest.mark.xfail(
-    strict=True, reason="admission then a synced prompt on one round: a CUDA fault (issue 35)"
-)
-
-
 @on_cuda
-@pytest.mark.parametrize("slots", [6, pytest.param(16, marks=FAULTS_ON_AN_H100)])
+@pytest.mark.parametrize("slots", [6, 16])
 def test_admitting_on_the_gpu_matches_the_resident_model(float32_model, monkeypatch, slots):
     """The kernels themselves, ADMIT_AS_READ on, prompts synced: the first prompt's decode
     gathers and admits its misses; the second prompt and its decode sync (after admissions, on
@@ -327,3 +318,33 @@ def test_admitting_on_the_gpu_matches_the_resident_model(float32_model, monkeypa
         assert_slots_hold_the_resident_experts(pool, reference)
     assert sum(admitted) > 0 and stats.decode.gathered > 0 and stats.decode.syncs > 0
     model.streamer.close()
+
+
+@stand_ins
+def test_a_prompts_unevaluated_outputs_read_the_pool_before_admissions(float32_model, monkeypatch):
+    """A synced prompt's last layer: mlx-lm evaluates the prompt's caches, not its last layer's
+    experts, so that output is still to compute when decode begins to admit misses, and reads
+    the slots and the table as it finds them then. Queued before the first admission (the
+    reuse rule a settle's fill keeps), it is the resident layer's; computed after, it read slots
+    the admissions gave to other experts (on an H100: a table entry they cleared, a fault)."""
+    src, folder = float32_model
+    monkeypatch.setattr(slot_calls, "WHOLE_PROMPTS", False)
+    run = admitting_model(monkeypatch, folder, 16)
+    last = run.model.streamer.layers[-1]
+    calls: list = []
+    original = slot_calls.Slots.__call__
+
+    def kept(mode, layer, x, indices, traffic):
+        out = original(mode, layer, x, indices, traffic)
+        if layer is last and indices.shape[1] > 1:  # the prompt's call
+            calls.append((x, indices, out))
+        return out
+
+    monkeypatch.setattr(slot_calls.Slots, "__call__", kept)
+    prompt = mx.array(run.tokenizer.encode(PROMPT))
+    greedy_tokens(run.model, prompt, 24)
+    assert run.gather.admitted > 0 and len(calls) == 1
+    x, indices, out = calls[0]
+    resident = reference_model(src).layers[last.index].mlp.switch_mlp(x, indices)
+    assert np.array_equal(np.array(out), np.array(resident))
+    run.model.streamer.close()

@@ -102,7 +102,7 @@ class Admission:
         self._calls: list[tuple[mx.array, Epoch]] = []  # not settled: routed indices, epoch
         self._device: tuple = (-1, None, None)  # the pool's version, table, owner (uint32)
         self._admit = None  # the admission kernel (SlotAdmit)
-        self._after = mx.zeros((1,), mx.uint8)  # a view of the last gather's stack, waited for
+        self.last = mx.zeros((1,), mx.uint8)  # a view of the last gather's stack, waited for
         self._gathers: dict[int, object] = {}  # a gather kernel's alignment -> its plan mode
         self._bases: dict[int, mx.array] = {}  # layer -> its first key, for the kernel
 
@@ -132,7 +132,7 @@ class Admission:
             self._bases[layer] = mx.array(np.array([self.base[layer]], dtype=np.uint32))
         table = self.table(version, self.policy.slot_of)
         state = (table, self._device[2], *self._epoch.arrays)
-        plan = self._admit(indices, self._bases[layer], *state, self._after)
+        plan = self._admit(indices, self._bases[layer], *state, self.last)
         self._calls.append((indices, self._epoch))
         stacks = self._gathers[kernel.alignment](indices, plan, sources, arrays)
         # The next admission waits for this gather (a view of its stack is its input): it may
@@ -140,7 +140,7 @@ class Admission:
         # pass, not by writes through pointers; where the routing is not computed from the
         # layer before (the bench's routing model) nothing else orders them, and on an H100
         # admissions ran at once: the device's table went its own way (bench/findings.md).
-        self._after = stacks[0].view(mx.uint8).reshape(-1)[:1]
+        self.last = stacks[0].view(mx.uint8).reshape(-1)[:1]
         return stacks
 
     def settle(self, deferred: list[tuple[int, mx.array, Callable]]) -> None:

@@ -1,19 +1,17 @@
 """A bounded pool of expert slots: the only expert memory a GPU kernel is given on the slot path.
 
-Experts of one shape class (the same tensors, dtypes and shapes: every MoE layer of a model, or
-a group of them: experts/slots.py) share a pool of S slots, allocated once, untouched, in chunks:
-per chunk one MLX array `[chunk slots, *shape]` per tensor, 16 KiB aligned (Apple silicon's
-page), of at most CHUNK_BYTES (MLX refuses a dimension past 2^31, Metal a buffer past
-maxBufferLength). A call's hits cost nothing, its misses are read from the expert file into their
-slots' rows (several in flight); the kernels run on the chunks with slot indices. Victims: LFU
-with aging, never the call's own. Reads land where `landing` says: in the slot on Metal and the
-CPU; on CUDA (managed memory) the copy engine writes it from pinned staging or the file's
-mapping, or a gathered layer's fill kernel does (cache/settle.py: gathered calls come later).
+Experts of one shape class (every MoE layer of a model, or a group of them: experts/slots.py)
+share a pool of S slots, allocated once, untouched, in chunks: per chunk one MLX array
+`[chunk slots, *shape]` per tensor, 16 KiB aligned, of at most CHUNK_BYTES (MLX refuses a
+dimension past 2^31, Metal a buffer past maxBufferLength). A call's hits cost nothing, its misses
+are read from the expert file into their slots (several in flight); the kernels run on the chunks
+with slot indices. Victims: LFU with aging, never the call's own. Reads land where `landing` says:
+in the slot on Metal and the CPU; on CUDA the copy engine writes it, or a gathered layer's fill
+kernel does (cache/settle.py: gathered calls come later).
 
-The reuse rule (Metal and CUDA run kernels asynchronously; MLX runs them lazily everywhere): a
-slot is rewritten only after every kernel that reads it has finished: `fence()` evaluates every
-output computed from the pool since the last write (`computed`) first (in decode free: a layer's
-router sync evaluated the earlier layers), or a fill kernel is queued after them (settle).
+The reuse rule (kernels run asynchronously, and MLX lazily): a slot is rewritten only after every
+kernel that reads it has run: `fence()` evaluates the outputs computed from the pool (`computed`)
+first, or a settle's fill or an admission is queued after them (async_eval).
 """
 
 from __future__ import annotations
@@ -53,14 +51,10 @@ class SlotPool:
     ):
         """`landing`: None reads into the slots, except on CUDA (`landing_for`: `cuda_misses`,
         whole files page-locked while the plan's `pinnable` bytes allow)."""
-        self.tensors = tuple(tensors)
-        self.slots = slots
-        self.layers = layers
-        self.base = {}  # layer index -> its first key: the policy's keys are base + expert
-        keys = 0
-        for index, layer in layers.items():
-            self.base[index], keys = keys, keys + layer.num_experts
-        self.policy = SlotLFU(slots, keys)
+        self.tensors, self.slots, self.layers = tuple(tensors), slots, layers
+        firsts = np.cumsum([0, *(layer.num_experts for layer in layers.values())]).tolist()
+        self.base = dict(zip(layers, firsts))  # layer index -> its first key (keys: base + expert)
+        self.policy = SlotLFU(slots, firsts[-1])
         self.chunk_slots = chunk_slots(self.tensors, slots, chunk_bytes)
         # per chunk, per tensor: MLX [chunk slots, *shape] and host uint8 [chunk slots, nbytes]
         self.chunks: list[list[mx.array]] = []
@@ -129,9 +123,14 @@ class SlotPool:
         return self._gathered.source(layer, source, self._landing if one_chunk_unchecked else None)
 
     def gather(self, layer: int, kernel, rows: mx.array, table: mx.array, sources, whole: bool):
-        """A gathered call's stacks: by `table`, or a decode call's admitting its misses as read."""
+        """A gathered call's stacks: by `table`, or a decode call's admitting its misses as read,
+        which writes slots and the table: outputs still to compute from them (a synced prompt's
+        last layer: nothing evaluates it) are queued first; admissions wait for each other."""
         if self.admission is None or whole:
             return kernel(rows, table, sources, self.arrays)
+        if self._pending:
+            mx.async_eval(self._pending)
+            self._pending = []
         return self.admission.gather(self.version, layer, kernel, rows, sources, self.arrays)
 
     def defer(self, layer: int, indices: mx.array, count: Callable, prompt: bool = False) -> None:
@@ -179,8 +178,9 @@ class SlotPool:
         self._pending.append(output)
 
     def fence(self) -> None:
-        if self._pending:
-            mx.eval(self._pending)  # returns once the kernels have run (Metal, CUDA) or computed
+        waited = self._pending + ([] if self.admission is None else [self.admission.last])
+        if waited:
+            mx.eval(waited)  # returns once the kernels have run (Metal, CUDA) or computed
             self._pending.clear()
 
     def _read_misses(self, layer: int, reads: list[tuple[int, int]]) -> None:

@@ -25,8 +25,7 @@ and converted per call (bytes_copied); on a GPU nothing is (but the gathered sta
 
 On CUDA with the layer's files locked whole and mapped (cache/landing.py, "gathered"), a decode
 call never syncs: the GPU gathers its routed experts from the slots or the files (kernel:
-io/cuda_gather.py) and the container computes on that stack; a prompt's call, a row per expert
-of its layer (those it routes) when they fit the pool. The pool learns the routing later.
+io/cuda_gather.py), a prompt's a row per expert of its layer; the pool learns the routing later.
 """
 
 from __future__ import annotations
@@ -204,7 +203,8 @@ class Slots:
         out = layer.container(x, position)
         layer.install(pool.arrays)  # the output's graph holds the stacks until it is evaluated
         self._installed = 0
-        pool.computed(out)
+        if whole or pool.admission is None:  # an admitting call's gather: Admission.last
+            pool.computed(out)
         count = partial(traffic.count_gathered, self._slot_of, pool.slot_bytes, whole)
         pool.defer(layer.index, indices, count, prompt=whole)
         layer.stats.settle_before_reading(pool.settle)
