@@ -182,20 +182,12 @@ class GatherStandIn:
         return stacks
 
 
-@pytest.mark.parametrize("settle_tokens", [1, 3])
-@pytest.mark.parametrize("moved_by", ["reads", "fill"])
-def test_gathered_decode_matches_the_resident_model(
-    float32_model, monkeypatch, settle_tokens, moved_by
-):
-    """CUDA's gathered calls (no sync: the GPU takes misses from the pinned files), here with a
-    stand-in for the kernel: 6 slots for 2 layers x top-4 of 16 experts, so most settles move
-    slots, and the tables must follow every move. Decode never syncs; the prompt does (too
-    many routes for one stack). Moved experts reach their slots by reads after the fence, or
-    (CUDA's default) by the fill kernel queued behind the pool's readers, here a stand-in that
-    copies from the files' host mappings (test_slot_pool.py HostFill)."""
-    src, folder = float32_model
-    monkeypatch.setattr(settle, "SETTLE_TOKENS", settle_tokens)
-    stand_ins = {}
+def gathered_model(monkeypatch, folder, slots: int, moved_by: str) -> tuple:
+    """The model at `folder` on a pool of `slots` slots whose decode calls are gathered by a
+    stand-in kernel (its stand-ins, by layer source), moved experts reaching their slots by reads
+    after the fence or (`fill`, CUDA's default) by the fill kernel's stand-in (HostFill), which
+    copies from the files' host mappings: (model, tokenizer, stand-ins, fill)."""
+    stand_ins, fill = {}, []
 
     def stand_in(tensors, source):
         return stand_ins.setdefault(id(source), GatherStandIn(tensors, source))
@@ -214,11 +206,28 @@ def test_gathered_decode_matches_the_resident_model(
             lambda tensors, source, bases: (stand_in(tensors, source), host_sources(source, bases)),
         )
         monkeypatch.setattr(settle, "FILL_ON_GPU", True)
-        monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill)
+        monkeypatch.setattr(cuda_gather, "SlotFill", lambda tensors: fill[0])
     model, tokenizer = streamer.load(
-        folder, memory_budget=6 * slot_bytes(folder), read_path="slots"
+        folder, memory_budget=slots * slot_bytes(folder), read_path="slots"
     )
-    fill = HostFill(model.streamer.pools[0])
+    fill.append(HostFill(model.streamer.pools[0]))
+    return model, tokenizer, stand_ins, fill[0]
+
+
+@pytest.mark.parametrize("settle_tokens", [1, 3])
+@pytest.mark.parametrize("moved_by", ["reads", "fill"])
+def test_gathered_decode_matches_the_resident_model(
+    float32_model, monkeypatch, settle_tokens, moved_by
+):
+    """CUDA's gathered calls (no sync: the GPU takes misses from the pinned files), here with a
+    stand-in for the kernel: 6 slots for 2 layers x top-4 of 16 experts, so most settles move
+    slots, and the tables must follow every move. Decode never syncs; the prompt does (too
+    many routes for one stack). Moved experts reach their slots by reads after the fence, or
+    (CUDA's default) by the fill kernel queued behind the pool's readers, here a stand-in that
+    copies from the files' host mappings (test_slot_pool.py HostFill)."""
+    src, folder = float32_model
+    monkeypatch.setattr(settle, "SETTLE_TOKENS", settle_tokens)
+    model, tokenizer, stand_ins, fill = gathered_model(monkeypatch, folder, 6, moved_by)
     (pool,) = model.streamer.pools
     prompt = mx.array(tokenizer.encode(PROMPT))
     tokens, reference = 24, reference_model(src)
@@ -233,6 +242,28 @@ def test_gathered_decode_matches_the_resident_model(
     if moved_by == "fill":  # the prompt's misses (a launch a layer), then a launch a settle
         assert len(fill.moves) > 2 and all(fill.moves)
     model.streamer.close()  # the stand-in landing's mappings go with it, not at the next collection
+
+
+def test_settles_that_copy_nothing_leave_one_output_waited_for(float32_model, monkeypatch):
+    """28 slots for 2 x 16 experts: once the pool holds what decode routes, settles copy nothing.
+    Every gathered call's output is listed for the next write to wait for; a settle that copies
+    nothing queues them and lists one array that waits for them all, so the list does not grow
+    with every call of a long generation (it held 673 outputs after 800 tokens here before)."""
+    src, folder = float32_model
+    model, tokenizer, _, fill = gathered_model(monkeypatch, folder, 28, "fill")
+    (pool,) = model.streamer.pools
+    listed = []
+    settled = pool.settle
+
+    def counted(behind: int = 0):
+        settled(behind)
+        listed.append(len(pool._pending))
+
+    monkeypatch.setattr(pool, "settle", counted)
+    prompt = mx.array(tokenizer.encode(PROMPT))
+    assert greedy_tokens(model, prompt, 400) == greedy_tokens(reference_model(src), prompt, 400)
+    assert len(listed) > 20 and max(listed) == 1 and len(fill.moves) < len(listed)
+    model.streamer.close()
 
 
 @pytest.mark.parametrize(

@@ -65,6 +65,7 @@ class SlotPool:
             self._rows.append([rows for _, rows in made])
         self._scratch = aligned_host(max(MAX_GAP, DIRECT_ALIGN))  # padding between tensors
         self._pending: list[mx.array] = []
+        self._queued = None  # the array `_queue_pending` left in `_pending`
         self._deferred = Deferred(calls_per_token=len(layers))  # gathered calls' routings
         self._gathered = Gathered(self.tensors)  # their kernels, per layer, and the settle's
         self.admission = admitting(self.policy, self.tensors, self.base)  # None: not admitting
@@ -85,10 +86,9 @@ class SlotPool:
     def place(
         self, layer: int, experts: np.ndarray, while_reading: Callable | None = None
     ) -> tuple[np.ndarray, int]:
-        """Slots holding `experts` of `layer` (distinct, at most `slots` of them), reading the
-        misses into their slots; returns (slot per expert, number of misses read). When there
-        are misses, `while_reading(slots, missed)` runs once the slots are chosen, before any
-        read: it may queue kernels on the hits' slots (a victim is never the call's own)."""
+        """Slots holding `experts` of `layer` (distinct, at most `slots`), misses read into
+        them: (slot per expert, misses read). `while_reading(slots, missed)` runs once the slots
+        are chosen, before any read: it may queue kernels on the hits' slots."""
         self.settle()
         self.fence()  # the reuse rule, on every call (in decode free: the router sync waited)
         slots, miss = self.policy.assign(self.base[layer] + experts)
@@ -115,41 +115,35 @@ class SlotPool:
         return table[base : base + self.layers[layer].num_experts]
 
     def gather_source(self, layer: int) -> tuple | None:
-        """(kernel, sources) for gathered calls of `layer` (io/cuda_gather.py) when the landing
-        lets kernels read files, all of the layer's are locked whole, the pool is one chunk and
-        no read is checked (a checksum needs the bytes on the host); else None."""
+        """(kernel, sources) for gathered calls of `layer` (io/cuda_gather.py) when kernels may
+        read its files (locked whole), the pool is one chunk and no read is checked."""
         source = self.layers[layer]
         one_chunk_unchecked = len(self.chunks) == 1 and not source.checksums
         return self._gathered.source(layer, source, self._landing if one_chunk_unchecked else None)
 
     def gather(self, layer: int, kernel, rows: mx.array, table: mx.array, sources, whole: bool):
         """A gathered call's stacks: by `table`, or a decode call's admitting its misses as read,
-        which writes slots and the table: outputs still to compute from them (a synced prompt's
-        last layer: nothing evaluates it) are queued first; admissions wait for each other."""
+        after the outputs still to compute from the slots (a synced prompt's last layer)."""
         if self.admission is None or whole:
             return kernel(rows, table, sources, self.arrays)
-        if self._pending:
-            mx.async_eval(self._pending)
-            self._pending = []
+        self._queue_pending()
         return self.admission.gather(self.version, layer, kernel, rows, sources, self.arrays)
 
     def defer(self, layer: int, indices: mx.array, count: Callable, prompt: bool = False) -> None:
-        """A gathered call of `layer` routed `indices`: the policy learns it at `settle`, and
-        `count` its distinct experts then (hits and misses as the call found them)."""
+        """A gathered call of `layer` routed `indices`: the policy learns it, `count` counts it."""
         self._deferred.add(layer, indices, count, prompt)
 
     def settle_earlier_tokens(self) -> None:
-        """At a gathered call, when due: `settle` every token's calls but the last's. The GPU
-        may still compute the last token; mlx-lm waited for the ones before it while it queued
-        this one, so the settle's pull waits for nothing and its replay runs beside the GPU."""
+        """At a gathered call, when due: `settle` every token's calls but the last's (mlx-lm
+        waited for those: the pull waits for nothing, the replay runs beside the GPU)."""
         if self._deferred.due():
             self.settle(behind=len(self.layers))
 
     def settle(self, behind: int = 0) -> None:
         """The deferred routings (but the last `behind` calls') given to the policy in order
         (settle.replay); each expert that ended with a new slot read into it, by one fill kernel
-        queued after every reader of the old slots (no host wait), else after the fence. A
-        failure leaves no slot claiming an expert it does not hold."""
+        queued after the old slots' readers, else after the fence. A failure leaves no slot
+        claiming an expert it does not hold."""
         deferred = self._deferred.take(behind)
         if not deferred:
             return
@@ -158,7 +152,7 @@ class SlotPool:
         routed = counted(deferred)
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
         if not reads:
-            return
+            return self._queue_pending()  # else each gathered call's output stays listed
         self.version, self.settled = self.version + 1, self.settled + sum(map(len, reads.values()))
         if self._gathered.covers(reads):
             mx.async_eval(self._pending)  # queued before the fill: the stream runs them first
@@ -177,6 +171,13 @@ class SlotPool:
         """An output whose graph reads the pool: the next write waits until it is computed."""
         self._pending.append(output)
 
+    def _queue_pending(self) -> None:
+        """The pending outputs queued (async_eval), listed as one array that waits for them."""
+        if self._pending and not (len(self._pending) == 1 and self._pending[0] is self._queued):
+            (self._queued,) = mx.depends([mx.zeros((1,), mx.uint8)], self._pending)
+            mx.async_eval(self._queued)
+            self._pending = [self._queued]
+
     def fence(self) -> None:
         waited = self._pending + ([] if self.admission is None else [self.admission.last])
         if waited:
@@ -186,9 +187,8 @@ class SlotPool:
     def _read_misses(self, layer: int, reads: list[tuple[int, int]]) -> None:
         """Read each (expert, slot) of `layer`, as many experts at once as the landing lends
         buffers (READERS into the slots themselves), in pieces of at most PIECE bytes shared by
-        the reader threads (a lone miss read by several, as page-cache copies and SSD queues
-        want); a gathered layer's by the fill kernel, queued (settle.Gathered). A failure forgets
-        every slot of `reads`: none is left half read."""
+        the reader threads (a lone miss read by several); a gathered layer's by the fill kernel
+        (settle.Gathered). A failure forgets every slot of `reads`: none is left half read."""
         at_once = READERS if self._landing is None else self._landing.buffers
         source = self.layers[layer]
         try:
