@@ -190,6 +190,23 @@ def test_paired_runs_both_engines_prompt_by_prompt(checkpoints, capsys):
         main([*args, "--bus-gbps", "0"])
 
 
+def test_paired_plot_draws_the_pairs_beside_the_bus_floor(tmp_path):
+    """bench/paired_plot.py: a PNG of the pairs and the floor from their bytes a token; a run
+    that counted none is refused unless --mb-per-token gives them."""
+    from paired_plot import main
+
+    pair = {"mlx_lm_step_ms": 11.0, "step_ratio": 0.5, "bus_mb_per_token": 300.0}
+    counted, older = tmp_path / "m1.json", tmp_path / "m0.json"
+    counted.write_text(json.dumps({"pairs": [pair, {**pair, "mlx_lm_step_ms": 25.0}]}))
+    older.write_text(json.dumps({"pairs": [{"mlx_lm_step_ms": 12.0, "step_ratio": 0.6}]}))
+    main([str(tmp_path / "a.png"), str(counted), "--goal", "0.8"])
+    assert (tmp_path / "a.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit, match="mb-per-token"):
+        main([str(tmp_path / "b.png"), str(counted), str(older)])
+    main([str(tmp_path / "b.png"), str(counted), str(older), "--mb-per-token", "306"])
+    assert (tmp_path / "b.png").exists()
+
+
 def test_plans_table_is_the_replay():
     """streamer/cache/expected_hits.py's table (plan's expected hits) is what the replay its
     docstring names gives, recomputed here at one point per profile."""
