@@ -2,7 +2,7 @@
 
     python bench/paired.py MLX_DIR REPACKED --routing medium --memory-budget BYTES \
         [--pairs 6] [--prompt-tokens 16] [--decode-tokens 128] [--cuda-misses gathered] \
-        [--setup CODE] [--bus-gbps 45] > OUT.json
+        [--setup CODE] [--bus-gbps GBPS] > OUT.json
 
 On lent GPU machines mlx-lm's own steady rate moved 1.9x between runs of one call (its median
 step 10.4 to 19.7 ms, bench/findings.md), more than the differences worth deciding, and a
@@ -14,7 +14,8 @@ pair's ratio is streamer's steady rate over mlx-lm's (tokens past the first COLD
 median step's ratio beside it), and the summary is the median pair and the spread. The tokens
 must agree in every pair: greedy by default, the same token ids and routing. Beside it, the
 bus floor (on CUDA, where misses and settle copies cross the bus): mlx-lm's step over that step
-plus streamer's bytes a token at --bus-gbps, with no overlap, and `to_floor`, the step ratio
+plus streamer's bytes a token at the bus's rate (--bus-gbps, else the gather kernel's own rate on
+this machine, `bus_rate`, else BUS_GBPS), with no overlap, and `to_floor`, the step ratio
 over it (1: the token costs mlx-lm's plus its bytes; above 1, reads overlapped other work).
 
 `--setup CODE` runs Python before the models load (a variant: a constant of the tree changed,
@@ -26,19 +27,46 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 from profile_routing import install
 from routing_model import COLD_TOKENS, PROFILES
 from worker import load, prompt_ids, run_once
 
 from streamer.cache.landing import CUDA_MISSES
+from streamer.io.cuda_gather import NO_SLOT
+from streamer.loading.handle import streaming
 
 ENGINES = ("mlx_lm", "streamer")
-# The bus's rate for a token's misses and settle copies, GB/s: the gather kernel moved misses at
-# 30-49 GB/s on an H100 (bench/findings.md, "The bus, measured at 12.5%")
+# The bus's rate for a token's misses and settle copies, GB/s, where it cannot be measured (no
+# layer gathers): the gather kernel moved misses at 30-49 GB/s on an H100 (bench/findings.md,
+# "The bus, measured at 12.5%")
 BUS_GBPS = 45.0
+
+
+def bus_rate(model, experts: int = 64, repeats: int = 4) -> float | None:
+    """GB/s at which the gather kernel reads experts from the pinned files (a table naming no
+    slot: every row from the files), best of `repeats` on the first gathered layer: this
+    machine's bus, as decode's misses cross it. None where no layer gathers (the CPU)."""
+    for pool in {id(pool): pool for pool in streaming(model).pools}.values():
+        for layer, source in pool.layers.items():
+            gather = pool.gather_source(layer)
+            if gather is None:
+                continue
+            kernel, sources = gather
+            routed = mx.arange(min(experts, source.num_experts), dtype=mx.uint32)
+            table = mx.full((source.num_experts,), NO_SLOT, dtype=mx.uint32)
+            best = float("inf")
+            for _ in range(repeats):  # the first compiles the kernel
+                mx.eval(routed, table)
+                start = time.perf_counter()
+                mx.eval(kernel(routed, table, sources, pool.arrays))
+                best = min(best, time.perf_counter() - start)
+            return routed.size * pool.slot_bytes / best / 1e9
+    return None
 
 
 def pair_order(index: int) -> tuple[str, str]:
@@ -99,9 +127,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--read-path", choices=["slots", "mapped"], default="slots")
     ap.add_argument("--cuda-misses", choices=CUDA_MISSES)
     ap.add_argument("--setup", default="", help="Python run before the models load")
-    ap.add_argument("--bus-gbps", type=float, default=BUS_GBPS, help="for the bus floor")
+    ap.add_argument("--bus-gbps", type=float, help="for the bus floor (default: measured)")
     args = ap.parse_args(argv)
-    if args.decode_tokens <= COLD_TOKENS + 1 or args.pairs < 1 or not args.bus_gbps > 0:
+    bus_given = args.bus_gbps is not None
+    if (
+        args.decode_tokens <= COLD_TOKENS + 1
+        or args.pairs < 1
+        or bus_given
+        and not args.bus_gbps > 0
+    ):
         raise SystemExit(
             f"--decode-tokens must pass {COLD_TOKENS + 1} (the cold start), --pairs 1+,"
             " --bus-gbps above 0"
@@ -119,6 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
         )
         positions[engine] = install(models[engine], args.routing)
     length = args.prompt_tokens + args.decode_tokens + 2  # positions a prompt's run takes
+    measured = None if bus_given else bus_rate(models["streamer"])
+    bus_gbps = args.bus_gbps or measured or BUS_GBPS
 
     def run(engine: str, index: int, decode: int) -> dict:
         positions[engine].start(index, length)
@@ -130,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     pairs = []
     for index in range(args.pairs):
         runs = {engine: run(engine, index, args.decode_tokens) for engine in pair_order(index)}
-        pairs.append(pair(runs, args.bus_gbps))
+        pairs.append(pair(runs, bus_gbps))
         p = pairs[-1]
         print(
             f"pair {index}: mlx-lm {p['mlx_lm_tok_s']:.1f} tok/s, streamer "
@@ -141,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
             flush=True,
         )
     result = {"routing": args.routing, "memory_budget": args.memory_budget, "setup": args.setup}
+    result.update(bus_gbps=bus_gbps, bus_measured=measured is not None)
     result.update(summary=summary(pairs), pairs=pairs)
     print(json.dumps(result))
     return result

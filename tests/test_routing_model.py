@@ -190,6 +190,26 @@ def test_paired_runs_both_engines_prompt_by_prompt(checkpoints, capsys):
         main([*args, "--bus-gbps", "0"])
 
 
+def test_bus_rate_times_the_gather_kernel_where_layers_gather(checkpoints, monkeypatch):
+    """bench/paired.py's `bus_rate`: the gather kernel (here its CPU stand-in) reading experts
+    from the files with no slot named, timed; None where no layer gathers (this CPU's own)."""
+    from paired import bus_rate
+    from test_slots import gathered_model, slot_bytes
+
+    import streamer
+
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32"))
+    plain, _ = streamer.load(folder, memory_budget=6 * slot_bytes(folder), read_path="slots")
+    assert bus_rate(plain) is None
+    plain.streamer.close()
+    model, _, stand_ins, _ = gathered_model(monkeypatch, folder, 6, "fill")
+    assert bus_rate(model, experts=4, repeats=2) > 0
+    assert sum(s.calls for s in stand_ins.values()) == 2 and not any(
+        s.hits for s in stand_ins.values()
+    )
+    model.streamer.close()
+
+
 def test_paired_plot_draws_the_pairs_beside_the_bus_floor(tmp_path):
     """bench/paired_plot.py: a PNG of the pairs and the floor from their bytes a token; a run
     that counted none is refused unless --mb-per-token gives them."""
