@@ -51,7 +51,7 @@ def bus_rate(model, experts: int = 64, repeats: int = 4) -> float | None:
     """GB/s at which the gather kernel reads experts from the pinned files (a table naming no
     slot: every row from the files), best of `repeats` on the first gathered layer: this
     machine's bus, as decode's misses cross it. None where no layer gathers (the CPU)."""
-    for pool in {id(pool): pool for pool in streaming(model).pools}.values():
+    for pool in streaming(model).pools:  # each pool once
         for layer, source in pool.layers.items():
             gather = pool.gather_source(layer)
             if gather is None:

@@ -94,8 +94,8 @@ def traffic(model: nn.Module) -> dict | None:
     handle = streaming(model)
     if handle is None:
         return None
-    stats, pools = handle.stats, {id(pool): pool for pool in handle.pools}.values()
-    settled = sum(pool.settled * pool.slot_bytes for pool in pools)
+    stats = handle.stats
+    settled = sum(pool.settled * pool.slot_bytes for pool in handle.pools)  # distinct pools
     return {
         "moe_layers": stats.moe_layers,
         "prefill": dataclasses.asdict(stats.prefill),

@@ -203,7 +203,7 @@ def admitting_model(monkeypatch, folder, slots: int) -> SimpleNamespace:
     run.model, run.tokenizer = streamer.load(
         folder, memory_budget=slots * slot_bytes(folder), read_path="slots"
     )
-    run.pool = run.model.streamer.pools[0]
+    (run.pool,) = run.model.streamer.pools
     run.fill, run.gather = HostFill(run.pool), PlanGatherStandIn(run.pool)
     return run
 
