@@ -58,8 +58,8 @@ def _source(nbytes: Sequence[int], vector: int, admits: bool) -> str:
     UNWANTED entry's row is left as it is. The slot: `table`'s for the expert or, `admits`, the
     call's `plan` row 0 (SlotAdmit's); there the words also go into slot `plan[1, j]` where it
     names one, written through the pool's pointers as the fill kernel writes (_fill_source):
-    that slot is none the call reads (SlotAdmit passes them over), and every earlier reader
-    of it was queued before, on MLX's one stream."""
+    that slot is none the call reads (SlotAdmit passes them over), and its earlier readers run
+    first (the admission waits for the last gather; SlotPool.gather queues the rest)."""
     word, pool = WORDS[vector], "reinterpret_cast<const uint8_t*>(pool{t})"
     pool = f"const_cast<uint8_t*>({pool})" if admits else pool
     cases = _per_tensor(nbytes, f"pool = {pool}; out = reinterpret_cast<uint8_t*>(out{{t}});")
@@ -138,9 +138,9 @@ class ExpertGather:
 
 def _admit_source(entries: int, slots: int) -> str:
     """The admission kernel's body, one thread: cache/admission.py `admit`. `table`, `owner`
-    and `cursor` are inputs written through their pointers, as the fill kernel writes the pool:
-    each kernel reading them is queued after it (the next call's admission, whose routing needs
-    this call's output; a whole prompt's gather, later) and MLX runs them on its one stream."""
+    and `cursor` are inputs written through their pointers, which order nothing in MLX's graph:
+    the next admission takes a view of this call's gather as an input (`after`), and the pool's
+    earlier readers are queued first (SlotPool.gather)."""
     return f"""
     uint32_t* table_ = const_cast<uint32_t*>(table);
     uint32_t* owner_ = const_cast<uint32_t*>(owner);
