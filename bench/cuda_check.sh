@@ -16,6 +16,8 @@
 #   bash bench/cuda_check.sh rounds48 OUT_DIR     # bench/generate_rounds.py: mlx-lm's and
 #                                                 # streamer's generate 3 rounds in one process
 #   bash bench/cuda_check.sh misspaths OUT_DIR    # bench/cuda_miss_paths.py: a miss's ways
+#   bash bench/cuda_check.sh gathervariants OUT_DIR  # bench/cuda_gather_variants.py: the
+#                                                 # gather kernel's loop shapes, GB/s over the bus
 #   bash bench/cuda_check.sh speculative OUT_DIR  # drafts vs plain on 48 layers, 4 GiB and all;
 #                                                 # greedy drafted output checked against plain
 #
@@ -188,6 +190,11 @@ misspaths)
   timeout 240 python3 bench/cuda_miss_paths.py /root/bench-data --out "$2/miss-paths.json" \
     ${MISSPATHS_ARGS:-}
   ;;
+gathervariants)
+  env_setup
+  mkdir -p "$2"
+  timeout 240 python3 bench/cuda_gather_variants.py --out "$2/gather-variants.json"
+  ;;
 speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (kernels compile once)
   env_setup
   out=$2 data=/root/bench-data
@@ -208,7 +215,8 @@ speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (k
   ;;
 *)
   echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | data48 |" \
-    "decode48 OUT_DIR | cli48 | rounds48 OUT_DIR | misspaths OUT_DIR | speculative OUT_DIR" >&2
+    "decode48 OUT_DIR | cli48 | rounds48 OUT_DIR | misspaths OUT_DIR | gathervariants OUT_DIR |" \
+    "speculative OUT_DIR" >&2
   exit 2
   ;;
 esac
