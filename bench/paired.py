@@ -14,9 +14,11 @@ pair's ratio is streamer's steady rate over mlx-lm's (tokens past the first COLD
 median step's ratio beside it), and the summary is the median pair and the spread. The tokens
 must agree in every pair: greedy by default, the same token ids and routing. Beside it, the
 bus floor (on CUDA, where misses and settle copies cross the bus): mlx-lm's step over that step
-plus streamer's bytes a token at the bus's rate (--bus-gbps, else the gather kernel's own rate on
-this machine, `bus_rate`, else BUS_GBPS), with no overlap, and `to_floor`, the step ratio
-over it (1: the token costs mlx-lm's plus its bytes; above 1, reads overlapped other work).
+plus streamer's bytes a token at the bus's rate (--bus-gbps, else BUS_GBPS), with no overlap, and
+`to_floor`, the step ratio over it (1: the token costs mlx-lm's plus its bytes; above 1, reads
+overlapped other work). Beside it, `kernel_gbps`: the gather kernel's rate alone on this machine
+(`bus_rate`), which is not the floor's: a lone call reads slower than a token's bytes cost
+within its layers (bench/step_bytes_plot.py fits that marginal rate from the pairs).
 
 `--setup CODE` runs Python before the models load (a variant: a constant of the tree changed,
 as `bash bench/cuda_goals.sh variant` does). Progress goes to stderr, the JSON to stdout.
@@ -41,16 +43,16 @@ from streamer.io.cuda_gather import NO_SLOT
 from streamer.loading.handle import streaming
 
 ENGINES = ("mlx_lm", "streamer")
-# The bus's rate for a token's misses and settle copies, GB/s, where it cannot be measured (no
-# layer gathers): the gather kernel moved misses at 30-49 GB/s on an H100 (bench/findings.md,
-# "The bus, measured at 12.5%")
+# The bus's rate for a token's misses and settle copies, GB/s: what a megabyte more a token cost
+# decode's step on H100s, 42 GB/s (bench/findings.md, "The bus, measured at 12.5%") and 46.8
+# (seventh session: bench/step_bytes_plot.py over the paired runs of three profiles)
 BUS_GBPS = 45.0
 
 
 def bus_rate(model, experts: int = 64, repeats: int = 4) -> float | None:
     """GB/s at which the gather kernel reads experts from the pinned files (a table naming no
-    slot: every row from the files), best of `repeats` on the first gathered layer: this
-    machine's bus, as decode's misses cross it. None where no layer gathers (the CPU)."""
+    slot: every row from the files), best of `repeats` on the first gathered layer: one call
+    alone on this machine's bus. None where no layer gathers (the CPU)."""
     for pool in streaming(model).pools:  # each pool once
         for layer, source in pool.layers.items():
             gather = pool.gather_source(layer)
@@ -127,15 +129,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--read-path", choices=["slots", "mapped"], default="slots")
     ap.add_argument("--cuda-misses", choices=CUDA_MISSES)
     ap.add_argument("--setup", default="", help="Python run before the models load")
-    ap.add_argument("--bus-gbps", type=float, help="for the bus floor (default: measured)")
+    ap.add_argument("--bus-gbps", type=float, help=f"for the bus floor (default {BUS_GBPS})")
     args = ap.parse_args(argv)
-    bus_given = args.bus_gbps is not None
-    if (
-        args.decode_tokens <= COLD_TOKENS + 1
-        or args.pairs < 1
-        or bus_given
-        and not args.bus_gbps > 0
-    ):
+    bus_gbps = BUS_GBPS if args.bus_gbps is None else args.bus_gbps
+    if args.decode_tokens <= COLD_TOKENS + 1 or args.pairs < 1 or not bus_gbps > 0:
         raise SystemExit(
             f"--decode-tokens must pass {COLD_TOKENS + 1} (the cold start), --pairs 1+,"
             " --bus-gbps above 0"
@@ -153,8 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
         positions[engine] = install(models[engine], args.routing)
     length = args.prompt_tokens + args.decode_tokens + 2  # positions a prompt's run takes
-    measured = None if bus_given else bus_rate(models["streamer"])
-    bus_gbps = args.bus_gbps or measured or BUS_GBPS
+    kernel_gbps = bus_rate(models["streamer"])
 
     def run(engine: str, index: int, decode: int) -> dict:
         positions[engine].start(index, length)
@@ -177,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
             flush=True,
         )
     result = {"routing": args.routing, "memory_budget": args.memory_budget, "setup": args.setup}
-    result.update(bus_gbps=bus_gbps, bus_measured=measured is not None)
+    result.update(bus_gbps=bus_gbps, kernel_gbps=kernel_gbps)
     result.update(summary=summary(pairs), pairs=pairs)
     print(json.dumps(result))
     return result

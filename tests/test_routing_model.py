@@ -184,6 +184,7 @@ def test_paired_runs_both_engines_prompt_by_prompt(checkpoints, capsys):
     for p in pairs:  # the bus floor: mlx-lm's step plus the misses' and copies' bytes
         assert p["bus_mb_per_token"] > 0 and 0 < p["floor_ratio"] < 1
         assert p["to_floor"] == pytest.approx(p["step_ratio"] / p["floor_ratio"])
+    assert result["bus_gbps"] == 45.0 and result["kernel_gbps"] is None  # no layer gathers here
     with pytest.raises(SystemExit, match="cold start"):
         main([*args, "--decode-tokens", "20"])
     with pytest.raises(SystemExit, match="bus-gbps"):
@@ -225,6 +226,32 @@ def test_paired_plot_draws_the_pairs_beside_the_bus_floor(tmp_path):
         main([str(tmp_path / "b.png"), str(counted), str(older)])
     main([str(tmp_path / "b.png"), str(counted), str(older), "--mb-per-token", "306"])
     assert (tmp_path / "b.png").exists()
+
+
+def test_step_bytes_plot_fits_the_step_to_the_bytes(tmp_path):
+    """bench/step_bytes_plot.py: pairs on a known line (8 ms + MB at 40 GB/s) give that line back,
+    and a goal the bytes it allows; runs that all moved the same bytes are refused."""
+    from step_bytes_plot import main
+
+    def run(name: str, mb: float) -> str:
+        pairs = [
+            {"bus_mb_per_token": mb, "streamer_step_ms": 8 + mb / 40, "mlx_lm_step_ms": 12.0}
+        ] * 2
+        (tmp_path / name).write_text(json.dumps({"pairs": pairs}))
+        return str(tmp_path / name)
+
+    result = main([str(tmp_path / "a.png"), run("m25.json", 300), run("u25.json", 800)])
+    assert result["intercept_ms"] == pytest.approx(8) and result["marginal_gbps"] == pytest.approx(
+        40
+    )
+    assert (tmp_path / "a.png").stat().st_size > 10_000
+    goal = main(
+        [str(tmp_path / "b.png"), str(tmp_path / "m25.json"), str(tmp_path / "u25.json")]
+        + ["--goal", "0.75"]
+    )
+    assert goal["goal_mb_per_token"] == pytest.approx((12 / 0.75 - 8) * 40)
+    with pytest.raises(SystemExit, match="same bytes"):
+        main([str(tmp_path / "c.png"), str(tmp_path / "m25.json")])
 
 
 def test_plans_table_is_the_replay():
