@@ -83,7 +83,7 @@ tests)  # the named test files
 slot-tests)
   env_setup
   timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_slot_pool.py tests/test_slots.py \
-    tests/test_cuda_copy.py tests/test_cuda_gather.py tests/test_admission.py
+    tests/test_cuda_copy.py tests/test_cuda_gather.py
   ;;
 parity)
   env_setup

@@ -12,14 +12,8 @@ at each budget (cache/budget.py layer_groups, one chunk a pool), each pool's Slo
 `settle.replay` (SlotLFU.refresh), settling every `--settle` tokens from each prompt's first
 token: per decode token the experts missed (read by the kernel) and copied (by the settles),
 their bytes, and the host time of the settles' replays on this machine (a settle's main host
-work, beside the pull). `--by-calls`: the settle before the refresh, each call's misses given slots
-as a synced call's are (`SlotLFU.assign`). `--admit-on-miss`: the design of cache/admission.py (off
-by default), each call's misses taking slots at once, written by the gather kernel as it reads them
-(no copies), in the order of a victim queue each settle makes (empty slots, then the coldest by the
-LFU's counts then), skipping the call's own slots and those already taken since that settle; a miss
-takes the next victim only if it was routed more often than the victim's expert by the settle's
-counts (the refresh's rule; without it one-off experts displace hot ones: medium 25% missed 149 a
-token against the refresh's 120).
+work, beside the pull). `--by-calls`: the settle before the refresh, each call's misses given
+slots as a synced call's are (`SlotLFU.assign`).
 """
 
 from __future__ import annotations
@@ -31,7 +25,6 @@ import time
 import numpy as np
 from routing_model import QWEN3_30B_RECORD, RoutingModel
 
-from streamer.cache.admission import admit, epoch
 from streamer.cache.budget import layer_groups
 from streamer.cache.policies import SlotLFU
 from streamer.cache.settle import replay
@@ -75,40 +68,13 @@ def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settl
     return misses, copies, seconds
 
 
-def admit_run(traces: list, first: int, end: int, slots: int, experts: int, settle: int, _):
-    """(misses, copies, seconds settling) of one pool that admits each miss as it is read
-    (`--admit-on-miss`): cache/admission.py's rule (`admit`) in each call, its epoch (victim
-    queue, counts) made at settles once they have counted the window."""
-    policy = SlotLFU(slots, (end - first) * experts)
-    base = {layer: (layer - first) * experts for layer in range(first, end)}
-    at, misses, seconds = epoch(policy), 0, 0.0
-    for trace in traces:  # [tokens, layers, k] per prompt
-        calls = []
-        for t in range(len(trace)):
-            for layer in range(first, end):
-                keys = base[layer] + np.unique(trace[t, layer])
-                source, _, at.cursor = admit(
-                    keys, policy.slot_of, policy.slot_key, at.queue, at.counts, at.cursor
-                )
-                misses += int(np.count_nonzero(source < 0))
-                calls.append(keys)
-            if (t + 1) % settle == 0 or t + 1 == len(trace):
-                start = time.perf_counter()
-                for keys in calls:
-                    policy._count(keys)
-                at, calls = epoch(policy), []
-                seconds += time.perf_counter() - start
-    return misses, 0, seconds
-
-
 def run(profile: str, share: float, args) -> dict:
     model = RoutingModel(profile, args.experts, args.top_k, args.layers, args.seed)
     traces = model.prompts(args.tokens, args.prompts)
     slots = max(1, round(share * args.experts * args.layers))
     misses = copies = seconds = 0
     for first, end, count in layer_groups(args.layers, slots, CHUNK_BYTES // LARGEST_TENSOR):
-        each = admit_run if args.admit_on_miss else pool_run
-        m, c, s = each(traces, first, end, count, args.experts, args.settle, args.settles)
+        m, c, s = pool_run(traces, first, end, count, args.experts, args.settle, args.settles)
         misses, copies, seconds = misses + m, copies + c, seconds + s
     per = 1 / args.tokens
     return {
@@ -139,9 +105,6 @@ def main(argv: list[str] | None = None) -> None:
         const=by_calls,
         default=replay,
         help="the settle as it was: each call's misses take slots",
-    )
-    ap.add_argument(
-        "--admit-on-miss", action="store_true", help="misses take slots as read (admission.py)"
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

@@ -49,14 +49,11 @@ class ExpertTraffic:
         self.experts_fetched += read
         self.bytes_read += read * slot_bytes
 
-    def count_gathered(
-        self, slot_of: np.ndarray, slot_bytes: int, whole: bool, experts, held=None
-    ) -> None:
-        """A gathered call's hits (routed `experts` its table held: `slot_of`, or `held` when
-        misses were admitted as read since: cache/admission.py) and the experts the GPU read
-        from the files (the routed ones without a slot), counted when the pool settles its
-        routing; a prompt's (`whole`) stack, a row per routed expert, too."""
-        held = int(np.count_nonzero(slot_of[experts] >= 0 if held is None else held))
+    def count_gathered(self, slot_of: np.ndarray, slot_bytes: int, whole: bool, experts) -> None:
+        """A gathered call's hits (routed `experts` its table held: `slot_of`) and the experts
+        the GPU read from the files (the routed ones without a slot), counted when the pool
+        settles its routing; a prompt's (`whole`) stack, a row per routed expert, too."""
+        held = int(np.count_nonzero(slot_of[experts] >= 0))
         self.count_slots(held, len(experts) - held, slot_bytes)
         if whole:
             self.bytes_copied += len(experts) * slot_bytes

@@ -4,9 +4,7 @@ The kernel is CUDA source MLX compiles with nvrtc: it exists only on MLX's CUDA 
 file runs there (bench/cuda_check.sh slot-tests) and is skipped elsewhere. What it checks: every
 routed expert's bytes come from its slot when the table has one and from the pinned file
 otherwise, bit for bit, and mlx-lm's quantized expert kernel on the gathered stack computes
-exactly what it computes on the resident stack; the admission kernel plans as
-cache/admission.py's `admit`, and the plan mode writes each admitted expert into its slot. The
-slot path's use of it (when it is chosen,
+exactly what it computes on the resident stack. The slot path's use of it (when it is chosen,
 how the pool learns the routing later) is tested on this CPU in test_slots.py with a stand-in.
 """
 
@@ -22,11 +20,9 @@ from test_slot_pool import (
     assert_holds,
     deferred_pool,
     pool_over,
-    slot_bytes,
 )
 
 from streamer.cache import settle
-from streamer.cache.admission import admit
 from streamer.cache.landing import landing_for
 from streamer.cache.slot_memory import SlotTensor
 from streamer.cache.slot_pool import READERS
@@ -140,67 +136,3 @@ def test_a_settle_fills_the_moved_experts_slots_on_the_gpu(tmp_path, monkeypatch
         for j, expert in enumerate(routed.ravel()):
             assert np.array_equal(got[j], truth[0][expert][t]), (t, j, expert)
     pool.close()
-
-
-def test_the_admission_kernel_plans_and_updates_as_admit_does():
-    """SlotAdmit on random states (held slots, counts, queue, cursor, a call's routing with
-    repeats): its plan, and the table, owner and cursor it writes in place, are `admit`'s."""
-    from streamer.io.cuda_gather import NO_SLOT, SlotAdmit
-
-    def device(a: np.ndarray) -> mx.array:
-        return mx.array(np.where(a < 0, NO_SLOT, a).astype(np.uint32))
-
-    rng = np.random.default_rng(0)
-    slots, keys = 12, 40
-    kernel = SlotAdmit(slots)
-    for _ in range(64):
-        held = rng.choice(keys, size=int(rng.integers(0, slots + 1)), replace=False)
-        table, owner = np.full(keys, -1), np.full(slots, -1)
-        table[held] = rng.permutation(slots)[: len(held)]
-        owner[table[held]] = held
-        counts = rng.integers(0, 4, keys).astype(np.float32) / 2
-        queue, cursor, base = rng.permutation(slots), int(rng.integers(0, 3)), 8
-        routed = rng.integers(0, keys - base, int(rng.integers(1, 9)))
-        state = [
-            device(table),
-            device(owner),
-            device(queue),
-            mx.array(counts),
-            device(np.array([cursor])),
-            mx.zeros((1,), mx.uint8),  # waited for: nothing to wait for here
-        ]
-        plan = kernel(device(routed), device(np.array([base])), *state)
-        mx.eval(plan)
-        source, to, cursor = admit(base + routed, table, owner, queue, counts, cursor)
-        assert np.array_equal(np.array(plan), np.array(device(np.stack([source, to]))))
-        assert np.array_equal(np.array(state[0]), np.array(device(table)))
-        assert np.array_equal(np.array(state[1]), np.array(device(owner)))
-        assert np.array(state[4]).tolist() == [cursor]
-
-
-def test_the_plan_mode_gathers_and_writes_admitted_experts_into_their_slots(pinned):
-    """A plan: two hits from their slots, a miss read from the pinned file and admitted into the
-    free slot, a miss read and not admitted. Every row is the expert's bytes, and so is the slot."""
-    from streamer.io.cuda_gather import NO_SLOT, ExpertGather
-
-    pool, truth = pinned
-    slots, _ = pool.place(1, np.array([0, 4]))
-    pool.fence()
-    (free,) = {0, 1, 2} - set(slots.tolist())
-    gather = ExpertGather(TENSORS, np.gcd.reduce([*OFFSETS, RECORD]), admits=True)
-    base = pool._landing.device_address(pool.layers[1].files[0])
-    sources = mx.array(np.array([[base + o, RECORD] for o in OFFSETS], dtype=np.uint64))
-    routed = np.array([[4, 2, 0, 5]], dtype=np.uint32)
-    plan = np.full((2, 4), NO_SLOT, dtype=np.uint32)
-    plan[0, 0], plan[0, 2], plan[1, 1] = slots[1], slots[0], free
-    out = gather(mx.array(routed), mx.array(plan), sources, pool.arrays)
-    mx.eval(out)
-    for t, tensor in enumerate(out):
-        got = np.array(tensor.view(mx.uint8)).reshape(routed.size, -1)
-        for j, expert in enumerate(routed.ravel()):
-            assert np.array_equal(got[j], truth[1][expert][t]), (t, j, expert)
-    for got, want in zip(slot_bytes(pool, free), truth[1][2]):
-        assert np.array_equal(got, want)
-    for slot, expert in zip(slots, [0, 4]):  # the hits' slots: read, not written
-        for got, want in zip(slot_bytes(pool, int(slot)), truth[1][expert]):
-            assert np.array_equal(got, want)

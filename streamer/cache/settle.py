@@ -31,11 +31,6 @@ from .policies import SlotLFU
 from .slot_memory import LayerSource, SlotTensor
 
 SETTLE_TOKENS = 16  # gathered tokens between two settles (after slots moved: 1, 2, 4, ... first)
-# A gathered pool's decode calls admit their misses into slots as the gather kernel reads them,
-# the settles only counting (cache/admission.py; bench/settle_copies.py --admit-on-miss: 9-43%
-# fewer bytes over the bus). Off until measured on a GPU: the fault it met on an H100 (a prompt's
-# last layer computed after admissions had moved its slots) is fixed here, not yet run there.
-ADMIT_AS_READ = False
 
 
 class Deferred:

@@ -11,7 +11,7 @@ kernel does (cache/settle.py: gathered calls come later).
 
 The reuse rule (kernels run asynchronously, and MLX lazily): a slot is rewritten only after every
 kernel that reads it has run: `fence()` evaluates the outputs computed from the pool (`computed`)
-first, or a settle's fill or an admission is queued after them (async_eval).
+first, or a settle's fill is queued after them (async_eval).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import mlx.core as mx
 import numpy as np
 
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
-from .admission import admitting
 from .landing import CUDA_MISSES_DEFAULT, Landing, copy_mapped, landing_for, unreadable
 from .policies import SlotLFU
 from .settle import Deferred, Gathered, counted, replay
@@ -68,7 +67,6 @@ class SlotPool:
         self._queued = None  # the array `_queue_pending` left in `_pending`
         self._deferred = Deferred(calls_per_token=len(layers))  # gathered calls' routings
         self._gathered = Gathered(self.tensors)  # their kernels, per layer, and the settle's
-        self.admission = admitting(self.policy, self.tensors, self.base)  # None: not admitting
         self.version = 0  # changes whenever a slot gets another expert
         self.settled = 0  # experts settles wrote into slots (their bytes cross the bus on CUDA)
         self.last_missed = np.zeros(0, dtype=bool)
@@ -111,7 +109,7 @@ class SlotPool:
     def gathered_table(self, layer: int) -> mx.array:
         """`layer`'s slot of each expert for gathered calls (a view of the pool's whole table)."""
         base = self.base[layer]
-        table = (self.admission or self._gathered).table(self.version, self.policy.slot_of)
+        table = self._gathered.table(self.version, self.policy.slot_of)
         return table[base : base + self.layers[layer].num_experts]
 
     def gather_source(self, layer: int) -> tuple | None:
@@ -120,14 +118,6 @@ class SlotPool:
         source = self.layers[layer]
         one_chunk_unchecked = len(self.chunks) == 1 and not source.checksums
         return self._gathered.source(layer, source, self._landing if one_chunk_unchecked else None)
-
-    def gather(self, layer: int, kernel, rows: mx.array, table: mx.array, sources, whole: bool):
-        """A gathered call's stacks: by `table`, or a decode call's admitting its misses as read,
-        after the outputs still to compute from the slots (a synced prompt's last layer)."""
-        if self.admission is None or whole:
-            return kernel(rows, table, sources, self.arrays)
-        self._queue_pending()
-        return self.admission.gather(self.version, layer, kernel, rows, sources, self.arrays)
 
     def defer(self, layer: int, indices: mx.array, count: Callable, prompt: bool = False) -> None:
         """A gathered call of `layer` routed `indices`: the policy learns it, `count` counts it."""
@@ -147,8 +137,6 @@ class SlotPool:
         deferred = self._deferred.take(behind)
         if not deferred:
             return
-        if self.admission is not None:  # misses admitted as read: nothing to copy
-            return self.admission.settle(deferred)
         routed = counted(deferred)
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
         if not reads:
@@ -179,9 +167,8 @@ class SlotPool:
             self._pending = [self._queued]
 
     def fence(self) -> None:
-        waited = self._pending + ([] if self.admission is None else [self.admission.last])
-        if waited:
-            mx.eval(waited)  # returns once the kernels have run (Metal, CUDA) or computed
+        if self._pending:
+            mx.eval(self._pending)  # returns once the kernels have run (Metal, CUDA) or computed
             self._pending.clear()
 
     def _read_misses(self, layer: int, reads: list[tuple[int, int]]) -> None:
@@ -250,8 +237,6 @@ class SlotPool:
 
     def close(self) -> None:
         self.fence()
-        if self.admission is not None:
-            self.settle()  # the host's replay only: nothing is written
         counted(self._deferred.take(behind=0))  # not replayed: no slot is written once closed
         if self._landing is not None:
             self._landing.close()

@@ -155,11 +155,11 @@ class Slots:
         return in_routed_order(routed, [done, rest], [part, late])
 
     def _new_table(self, layer, gathered: bool = False) -> None:
-        """The layer's slots on the host and for the kernels (-1: NO_SLOT, never gathered): a view
-        of the pool's for gathered calls and an admitting pool's calls, else its own upload."""
+        """The layer's slots on the host and for the kernels (-1: NO_SLOT, never gathered): its
+        own upload after a synced call moved slots, a view of the pool's for gathered calls."""
         pool, base = self._pool, self._pool.base[layer.index]
         self._slot_of = pool.policy.slot_of[base : base + layer.num_experts].copy()
-        if gathered or pool.admission is not None:  # admissions move slots: read them live
+        if gathered:
             self._table = pool.gathered_table(layer.index)
         else:
             self._table = mx.array(self._slot_of.astype(np.uint32))
@@ -199,12 +199,11 @@ class Slots:
                 self._rows[shape] = mx.arange(indices.size, dtype=mx.uint32).reshape(shape)
             rows, position = indices, self._rows[shape]
             traffic.bytes_copied += indices.size * pool.slot_bytes  # a prompt's: at its settle
-        layer.install(pool.gather(layer.index, kernel, rows, self._table, sources, whole))
+        layer.install(kernel(rows, self._table, sources, pool.arrays))
         out = layer.container(x, position)
         layer.install(pool.arrays)  # the output's graph holds the stacks until it is evaluated
         self._installed = 0
-        if whole or pool.admission is None:  # an admitting call's gather: Admission.last
-            pool.computed(out)
+        pool.computed(out)
         count = partial(traffic.count_gathered, self._slot_of, pool.slot_bytes, whole)
         pool.defer(layer.index, indices, count, prompt=whole)
         layer.stats.settle_before_reading(pool.settle)

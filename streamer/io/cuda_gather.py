@@ -1,7 +1,6 @@
 """Experts moved on the GPU from the pinned files: a layer call's routed experts gathered from the
 slot pool or the files (ExpertGather), and a settle's moved experts copied into their slots
-(SlotFill), or, off by default, a call's misses admitted into slots as it reads them (SlotAdmit
-plans them, ExpertGather's plan mode writes them: cache/admission.py).
+(SlotFill).
 
 On MLX's CUDA backend the slot path's cost is not the bytes but the host sync each MoE layer
 needs to learn its routing (48 a token on a Qwen3-30B-A3B-shaped model: bench/findings.md). When
@@ -37,8 +36,7 @@ WORDS = {16: "uint4", 8: "uint2", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}  #
 # Both kernels' copy of `n` bytes from `src` to `dst`: each thread a word, striding over the rest
 _COPY = """    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n / {vector};
          i += gridDim.x * blockDim.x) {{
-        const {word} w = src[i];
-        dst[i] = w;{also}
+        dst[i] = src[i];
     }}"""
 
 
@@ -51,39 +49,32 @@ def _per_tensor(nbytes: Sequence[int], pointers: str) -> str:
     return f"    switch (t) {{\n{cases}\n    }}"
 
 
-def _source(nbytes: Sequence[int], vector: int, admits: bool) -> str:
+def _source(nbytes: Sequence[int], vector: int) -> str:
     """The kernel's body: block (x, j, t) copies tensor t of routed entry j, in `vector`-byte
     words, from its slot in `pool{t}` or, without one, from the pinned file (`sources` holds,
     per tensor, the device address of expert 0's bytes and the stride between experts); an
-    UNWANTED entry's row is left as it is. The slot: `table`'s for the expert or, `admits`, the
-    call's `plan` row 0 (SlotAdmit's); there the words also go into slot `plan[1, j]` where it
-    names one, written through the pool's pointers as the fill kernel writes (_fill_source):
-    that slot is none the call reads (SlotAdmit passes them over), and its earlier readers run
-    first (the admission waits for the last gather; SlotPool.gather queues the rest)."""
-    word, pool = WORDS[vector], "reinterpret_cast<const uint8_t*>(pool{t})"
-    pool = f"const_cast<uint8_t*>({pool})" if admits else pool
-    cases = _per_tensor(nbytes, f"pool = {pool}; out = reinterpret_cast<uint8_t*>(out{{t}});")
-    keep = also = ""
-    if admits:
-        keep = f"""
-    const uint32_t to = plan[gridDim.y + j];
-    {word}* kept = to != {NO_SLOT}u ? reinterpret_cast<{word}*>(pool + to * n) : nullptr;"""
-        also = "\n        if (kept != nullptr) kept[i] = w;"
+    UNWANTED entry's row is left as it is."""
+    word = WORDS[vector]
+    cases = _per_tensor(
+        nbytes,
+        "pool = reinterpret_cast<const uint8_t*>(pool{t}); "
+        "out = reinterpret_cast<uint8_t*>(out{t});",
+    )
     return f"""
     const uint32_t j = blockIdx.y, t = blockIdx.z;
     const uint32_t expert = routed[j];
     if (expert == {UNWANTED}u) return;  // no index points at this row: nothing to move
-    const uint32_t slot = {"plan[j]" if admits else "table[expert]"};
+    const uint32_t slot = table[expert];
     unsigned long long n = 0;
-    {"" if admits else "const "}uint8_t* pool = nullptr;
+    const uint8_t* pool = nullptr;
     uint8_t* out = nullptr;
 {cases}
     const uint8_t* from = slot != {NO_SLOT}u
         ? pool + slot * n
         : reinterpret_cast<const uint8_t*>(sources[2 * t] + expert * sources[2 * t + 1]);
     const {word}* src = reinterpret_cast<const {word}*>(from);
-    {word}* dst = reinterpret_cast<{word}*>(out + j * n);{keep}
-{_COPY.format(vector=vector, word=word, also=also)}
+    {word}* dst = reinterpret_cast<{word}*>(out + j * n);
+{_COPY.format(vector=vector)}
 """
 
 
@@ -103,20 +94,18 @@ class ExpertGather:
     """The gather kernel for one pool's tensors (SlotTensors), compiled once by MLX (nvrtc).
     `alignment`: what every source address divides (a multiple of each tensor's file offset and
     stride); the kernel copies in the widest word that it and every tensor size allow (a word
-    misaligned would be a CUDA error that ends the process's context). `admits`: the plan mode
-    (cache/admission.py), whose second input is SlotAdmit's plan instead of the slot table."""
+    misaligned would be a CUDA error that ends the process's context)."""
 
-    def __init__(self, tensors: Sequence, alignment: int, admits: bool = False):
-        self._tensors, self.alignment = tuple(tensors), alignment
+    def __init__(self, tensors: Sequence, alignment: int):
+        self._tensors = tuple(tensors)
         count, sizes = len(self._tensors), tuple(t.nbytes for t in self._tensors)
         word = word_bytes([*sizes, alignment])
         self._threads = threads_per_tensor(sizes, word)
-        mode = "plan" if admits else "table"
         self._kernel = cuda_kernel(
             "expert_gather",
-            ["routed", mode, "sources", *(f"pool{t}" for t in range(count))],
+            ["routed", "table", "sources", *(f"pool{t}" for t in range(count))],
             [f"out{t}" for t in range(count)],
-            _source(sizes, word, admits),
+            _source(sizes, word),
             *(t.dtype for t in self._tensors),
         )
 
@@ -124,8 +113,8 @@ class ExpertGather:
         self, routed: mx.array, table: mx.array, sources: mx.array, pool: Sequence[mx.array]
     ) -> list[mx.array]:
         """Per tensor, [routed.size, *shape]: row j holds expert routed[j]'s tensor, from its slot
-        (`table`: uint32 per expert, NO_SLOT none; or SlotAdmit's plan) or from `sources` (uint64
-        [tensors, 2]: expert 0's device address, stride); unwritten where it is UNWANTED."""
+        (`table`: uint32 per expert, NO_SLOT none) or from `sources` (uint64 [tensors, 2]:
+        expert 0's device address, stride); unwritten where it is UNWANTED."""
         count = routed.size
         return self._kernel(
             inputs=[routed.reshape(-1).astype(mx.uint32), table, sources, *pool],
@@ -134,67 +123,6 @@ class ExpertGather:
             output_shapes=[(count, *t.shape) for t in self._tensors],
             output_dtypes=[t.dtype for t in self._tensors],
         )
-
-
-def _admit_source(entries: int, slots: int) -> str:
-    """The admission kernel's body, one thread: cache/admission.py `admit`. `table`, `owner`
-    and `cursor` are inputs written through their pointers, which order nothing in MLX's graph:
-    the next admission takes a view of this call's gather as an input (`after`), and the pool's
-    earlier readers are queued first (SlotPool.gather)."""
-    return f"""
-    uint32_t* table_ = const_cast<uint32_t*>(table);
-    uint32_t* owner_ = const_cast<uint32_t*>(owner);
-    uint32_t* cursor_ = const_cast<uint32_t*>(cursor);
-    for (uint32_t j = 0; j < {entries}; ++j) {{
-        plan[j] = table_[base[0] + routed[j]];
-        plan[{entries} + j] = {NO_SLOT}u;
-    }}
-    uint32_t at = cursor_[0];
-    for (uint32_t j = 0; j < {entries}; ++j) {{
-        const uint32_t key = base[0] + routed[j];
-        if (plan[j] != {NO_SLOT}u || table_[key] != {NO_SLOT}u) continue;
-        for (bool read = true; read && at < {slots}; at += read) {{  // pass the call's slots
-            read = false;
-            for (uint32_t i = 0; i < {entries}; ++i) read = read || plan[i] == queue[at];
-        }}
-        if (at == {slots}) break;
-        const uint32_t victim = queue[at], old = owner_[victim];
-        if (old != {NO_SLOT}u && counts[key] <= counts[old]) continue;
-        ++at;
-        if (old != {NO_SLOT}u) table_[old] = {NO_SLOT}u;
-        owner_[victim] = key;
-        table_[key] = victim;
-        plan[{entries} + j] = victim;
-    }}
-    cursor_[0] = at;
-"""
-
-
-class SlotAdmit:
-    """The admission kernel for a pool of `slots` slots, compiled by MLX once per call size."""
-
-    def __init__(self, slots: int):
-        self._slots = slots
-        self._kernels: dict[int, object] = {}  # routed entries -> kernel
-
-    def __call__(self, routed: mx.array, base: mx.array, *state: mx.array) -> mx.array:
-        """The plan (uint32 [2, routed.size]: each entry's source slot, NO_SLOT the file, and the
-        slot it also goes to) of `routed`, the experts of the layer whose first key is `base`;
-        `state`: the table, owner, queue, counts (float32), cursor (cache/admission.py) and an
-        array (uint8) the kernel only waits for (Admission.gather says why)."""
-        n = routed.size
-        if n not in self._kernels:
-            names = ["routed", "base", "table", "owner", "queue", "counts", "cursor", "after"]
-            source = _admit_source(n, self._slots)
-            self._kernels[n] = cuda_kernel("slot_admit", names, ["plan"], source)
-        (plan,) = self._kernels[n](
-            inputs=[routed.reshape(-1).astype(mx.uint32), base, *state],
-            grid=(1, 1, 1),
-            threadgroup=(1, 1, 1),
-            output_shapes=[(2, n)],
-            output_dtypes=[mx.uint32],
-        )
-        return plan
 
 
 def _fill_source(nbytes: Sequence[int], vector: int) -> str:
@@ -215,7 +143,7 @@ def _fill_source(nbytes: Sequence[int], vector: int) -> str:
 {cases}
     const {word}* src = reinterpret_cast<const {word}*>(addresses[j * {len(nbytes)} + t]);
     {word}* dst = reinterpret_cast<{word}*>(pool + slots[j] * n);
-{_COPY.format(vector=vector, word=word, also="")}
+{_COPY.format(vector=vector)}
     if (j == 0 && t == 0 && blockIdx.x == 0 && threadIdx.x == 0) {{
         done[0] = 1;
     }}
