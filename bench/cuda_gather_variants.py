@@ -29,6 +29,7 @@ from streamer.io.cuda_runtime import CudaRuntime
 
 EXPERTS = 768  # records in the buffer: 2 GB, larger than any cache between it and the GPU
 CALLS = 48  # a token's MoE layers
+ALIGNMENT = 16384  # of every record and tensor in the buffer, as in a repacked file
 SHAPES = [((768, 256), mx.uint32), ((768, 32), mx.bfloat16), ((768, 32), mx.bfloat16)] * 2 + [
     ((2048, 96), mx.uint32),
     ((2048, 12), mx.bfloat16),
@@ -41,11 +42,11 @@ UNROLLED = """    const unsigned long long words = n / {vector};
     const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
     for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < words;
          i += UNROLL * step) {{
-        {word} w[UNROLL];
+        WORD w[UNROLL];
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u) if (i + u * step < words) w[u] = src[i + u * step];
         #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) if (i + u * step < words) dst[i + u * step] = w[u];{also}
+        for (int u = 0; u < UNROLL; ++u) if (i + u * step < words) dst[i + u * step] = w[u];
     }}"""
 
 
@@ -56,16 +57,18 @@ def gather_kernel(blocks: int, unroll: int, tensors: list) -> cuda_gather.Expert
     try:
         cuda_gather.BLOCKS_PER_TENSOR = blocks
         if unroll > 1:
-            cuda_gather._COPY = UNROLLED.replace("UNROLL", str(unroll))
-        return cuda_gather.ExpertGather(tensors, alignment=16384)
+            word = cuda_gather.word_bytes([*(t.nbytes for t in tensors), ALIGNMENT])
+            copy = UNROLLED.replace("UNROLL", str(unroll))
+            cuda_gather._COPY = copy.replace("WORD", cuda_gather.WORDS[word])
+        return cuda_gather.ExpertGather(tensors, alignment=ALIGNMENT)
     finally:
         cuda_gather._COPY, cuda_gather.BLOCKS_PER_TENSOR = shipped_copy, shipped_blocks
 
 
 def pinned_records(runtime: CudaRuntime, record: int) -> tuple[np.ndarray, int]:
     """EXPERTS records of distinct words, page-aligned, registered mapped; their device address."""
-    buffer = np.empty(EXPERTS * record + 16384, np.uint8)
-    skip = (-buffer.ctypes.data) % 16384
+    buffer = np.empty(EXPERTS * record + ALIGNMENT, np.uint8)
+    skip = (-buffer.ctypes.data) % ALIGNMENT
     view = buffer[skip : skip + EXPERTS * record]
     view.view(np.uint32)[:] = np.arange(view.size // 4, dtype=np.uint32)
     runtime.register(view.ctypes.data, view.size, mapped=True)
