@@ -18,6 +18,8 @@
 #   bash bench/cuda_check.sh misspaths OUT_DIR    # bench/cuda_miss_paths.py: a miss's ways
 #   bash bench/cuda_check.sh gathervariants OUT_DIR  # bench/cuda_gather_variants.py: the
 #                                                 # gather kernel's loop shapes, GB/s over the bus
+#   bash bench/cuda_check.sh overlap OUT_DIR      # bench/cuda_overlap.py: do two MLX streams
+#                                                 # overlap a token's gathers with its compute?
 #   bash bench/cuda_check.sh speculative OUT_DIR  # drafts vs plain on 48 layers, 4 GiB and all;
 #                                                 # greedy drafted output checked against plain
 #
@@ -195,6 +197,16 @@ gathervariants)
   mkdir -p "$2"
   timeout 240 python3 bench/cuda_gather_variants.py --out "$2/gather-variants.json"
   ;;
+overlap)
+  env_setup
+  mkdir -p "$2"
+  for misses in 3 8; do
+    for work in 4 12; do
+      timeout 120 python3 bench/cuda_overlap.py --misses $misses --work $work \
+        --out "$2/overlap-m$misses-w$work.json"
+    done
+  done
+  ;;
 speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (kernels compile once)
   env_setup
   out=$2 data=/root/bench-data
@@ -216,7 +228,7 @@ speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (k
 *)
   echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | data48 |" \
     "decode48 OUT_DIR | cli48 | rounds48 OUT_DIR | misspaths OUT_DIR | gathervariants OUT_DIR |" \
-    "speculative OUT_DIR" >&2
+    "overlap OUT_DIR | speculative OUT_DIR" >&2
   exit 2
   ;;
 esac

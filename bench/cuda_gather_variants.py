@@ -75,6 +75,22 @@ def pinned_records(runtime: CudaRuntime, record: int) -> tuple[np.ndarray, int]:
     return view, runtime.device_address(view.ctypes.data)
 
 
+def pinned_experts(runtime: CudaRuntime) -> tuple[list, np.ndarray, mx.array, list[mx.array]]:
+    """The gather kernel's inputs over pinned records: the tensors (SlotTensor's shape, dtype and
+    nbytes), the records, `sources` (each tensor's device address in expert 0 and the stride)
+    and a pool of 64 slots."""
+    tensors = [
+        SimpleNamespace(shape=s, dtype=d, nbytes=int(np.prod(s)) * d.size) for s, d in SHAPES
+    ]
+    offsets = np.cumsum([0] + [t.nbytes for t in tensors])
+    record = int(offsets[-1])
+    records, device = pinned_records(runtime, record)
+    sources = mx.array(np.array([[device + int(o), record] for o in offsets[:-1]], np.uint64))
+    pool = [mx.zeros((64, *t.shape), t.dtype) for t in tensors]
+    mx.eval(sources, *pool)
+    return tensors, records, sources, pool
+
+
 def timed(kernel, sources, pool, rows: int, misses: int, rng, repeats: int) -> list[float]:
     """Seconds for CALLS queued calls, `repeats` times after one warm-up."""
     times = []
@@ -106,16 +122,9 @@ def main() -> None:
     args = ap.parse_args()
     if not mx.cuda.is_available():
         raise SystemExit("cuda_gather_variants.py: needs MLX's CUDA backend (mlx-cuda)")
-    tensors = [
-        SimpleNamespace(shape=s, dtype=d, nbytes=int(np.prod(s)) * d.size) for s, d in SHAPES
-    ]
-    offsets = np.cumsum([0] + [t.nbytes for t in tensors])
-    record = int(offsets[-1])
     runtime = CudaRuntime()
-    records, device = pinned_records(runtime, record)
-    sources = mx.array(np.array([[device + int(o), record] for o in offsets[:-1]], np.uint64))
-    pool = [mx.zeros((64, *t.shape), t.dtype) for t in tensors]
-    mx.eval(sources, *pool)
+    tensors, records, sources, pool = pinned_experts(runtime)
+    record = sum(t.nbytes for t in tensors)
     probe = (mx.arange(8, dtype=mx.uint32), mx.full((EXPERTS,), cuda_gather.NO_SLOT, mx.uint32))
     shipped = gather_kernel(*SHIPPED, tensors)(*probe, sources, pool)
     rng, results = np.random.default_rng(0), []

@@ -264,3 +264,32 @@ def test_speculative_exactness_says_where_output_differs(bench_path):
     )
     curve["drafters"] = []
     assert exactness(result).startswith("PASS speculative greedy output on cuda: 1 drafted run")
+
+
+def test_overlap_probe_gathers_once_a_layer_and_changes_nothing(bench_path):
+    """bench/cuda_overlap.py's token, with a stand-in gather on the CPU's streams: one gather a
+    layer in every gathering mode, on either stream, and none in `compute`; the gathers change
+    no value (compute, serial and overlapped give one x); a guess routes the asked misses
+    outside the pool's slots and the rest inside."""
+    import mlx.core as mx
+    from cuda_overlap import LAYERS, ROUTED, SLOTS, routed, token
+
+    calls = []
+
+    def gather(guess):
+        calls.append(guess)
+        return [mx.take(mx.arange(1024 * 4, dtype=mx.float32).reshape(1024, 4), guess, axis=0)]
+
+    weights = [mx.random.normal((2048, 2048), key=mx.random.key(i)) * 0.02 for i in range(2)]
+    x = mx.random.normal((1, 2048), key=mx.random.key(9))
+    side, own = mx.new_stream(mx.cpu), mx.default_stream(mx.cpu)
+    outs = {}
+    for mode, on in (("compute", own), ("serial", own), ("overlapped", side), ("gathers", own)):
+        calls.clear()
+        outs[mode] = token(x, weights, gather, mode, 3, 1, on)
+        mx.eval(outs[mode])
+        assert len(calls) == (0 if mode == "compute" else LAYERS)
+    assert mx.array_equal(outs["serial"], outs["compute"])
+    assert mx.array_equal(outs["overlapped"], outs["compute"])
+    guess = routed(x, 3)
+    assert guess.size == ROUTED and (guess[:3] >= SLOTS).all() and (guess[3:] < SLOTS).all()

@@ -1,0 +1,129 @@
+"""Do MLX's CUDA streams overlap a bus-bound gather with a token's compute? (issue 35)
+
+    python bench/cuda_overlap.py [--misses 3] [--work 12] [--out OUT.json]   # CUDA only
+
+On an H100 a gathered token's step is a fixed part plus its misses' bytes at ~47 GB/s, one after
+the other (bench/findings.md, seventh session): each layer's gather waits for the layer's router
+and the layer's experts wait for it. Moving a layer's misses while the layers before it compute
+(the next layer's experts guessed from its router on the current hidden state, gathered on a
+stream of their own) could hide them, but only if the GPU runs the two streams' kernels at once.
+Nothing measured that yet (the fourth session's fill on a stream of its own was no faster, and
+why was not found). This times one token's shape of work, 48 layers, each:
+
+    x = work(x)                 half a layer: attention-like ops on the compute stream
+    x = depends(x, earlier)     this layer's experts need the gather issued a layer before
+    guess = routed(x)           the next layer's experts, computed from x on the compute stream
+    earlier = gather(guess)     the guessed experts over the bus (the shipped gather kernel)
+    x = work(x)                 the other half: this layer's experts
+
+with the gather on the compute stream (`serial`) or on a stream of its own (`overlapped`),
+beside the compute alone and the gathers alone. `hidden`: the share of the gathers' own time
+the overlap took off the serial step (1: all of it). `--work` sets the ops a half layer runs
+(bf16 [1, 2048] x [2048, 2048] matmuls and a tanh); `--misses` the experts a layer reads over
+the bus (the rest of its 8 from pool slots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import mlx.core as mx
+import numpy as np
+from cuda_gather_variants import ALIGNMENT, EXPERTS, pinned_experts
+
+from streamer.io.cuda_gather import NO_SLOT, ExpertGather
+from streamer.io.cuda_runtime import CudaRuntime
+
+LAYERS = 48
+ROUTED = 8
+SLOTS = 64  # pool slots: experts 0..63 are hits, the rest come over the bus
+WEIGHTS = 8  # distinct [2048, 2048] bf16 matrices (64 MB: more than the GPU's L2)
+
+
+def routed(x: mx.array, misses: int) -> mx.array:
+    """ROUTED experts that depend on x: `misses` of them without a slot, the rest in one."""
+    at = mx.argmax(x.reshape(-1)[:SLOTS]).astype(mx.uint32)
+    far = SLOTS + (at * 7 + mx.arange(misses, dtype=mx.uint32) * 97) % (EXPERTS - SLOTS)
+    near = (at + mx.arange(ROUTED - misses, dtype=mx.uint32)) % SLOTS
+    return mx.concatenate([far, near])
+
+
+def token(x, weights, gather, mode: str, misses: int, work: int, on) -> mx.array:
+    """One token's 48 layers of `mode` (compute, gathers, serial or overlapped), the gathers on
+    stream `on`."""
+
+    def half(x, layer):
+        for i in range(work):
+            x = mx.tanh(x @ weights[(layer * work + i) % len(weights)])
+        return x
+
+    earlier = None  # the gather issued a layer before: this layer's experts
+    for layer in range(LAYERS):
+        if mode != "gathers":
+            x = half(x, 2 * layer)
+            if earlier is not None:
+                x = mx.depends([x], earlier)[0]
+        if mode != "compute":
+            guess = routed(x, misses)
+            with mx.stream(on):
+                earlier = gather(guess)
+            if mode == "gathers":
+                x = mx.depends([x], earlier)[0]  # the next guess waits for this gather
+        if mode != "gathers":
+            x = half(x, 2 * layer + 1)
+    return x if earlier is None else mx.depends([x], earlier)[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--misses", type=int, default=3, help="of a layer's 8 routed experts")
+    ap.add_argument("--work", type=int, default=12, help="matmuls a half layer runs")
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if not mx.cuda.is_available():
+        raise SystemExit("cuda_overlap.py: needs MLX's CUDA backend (mlx-cuda)")
+    if not 0 <= args.misses <= ROUTED or args.work < 1:
+        raise SystemExit(f"--misses 0..{ROUTED}, --work 1 or more")
+    runtime = CudaRuntime()
+    tensors, records, sources, pool = pinned_experts(runtime)
+    table = mx.array(np.where(np.arange(EXPERTS) < SLOTS, np.arange(EXPERTS), NO_SLOT), mx.uint32)
+    kernel = ExpertGather(tensors, alignment=ALIGNMENT)
+
+    def gather(guess):
+        return kernel(guess, table, sources, pool)
+
+    weights = [mx.random.normal((2048, 2048), dtype=mx.bfloat16) * 0.02 for _ in range(WEIGHTS)]
+    side, own = mx.new_stream(mx.gpu), mx.default_stream(mx.gpu)
+    mx.eval(table, *weights)
+    result = {"misses": args.misses, "work": args.work, "layers": LAYERS}
+    for mode in ("compute", "gathers", "serial", "overlapped"):
+        times = []
+        for repeat in range(args.repeats + 2):  # two warm-ups: kernels compiled, graphs built
+            x = mx.random.normal((1, 2048), dtype=mx.bfloat16, key=mx.random.key(repeat))
+            mx.eval(x)
+            start = time.perf_counter()
+            on = side if mode == "overlapped" else own
+            mx.eval(token(x, weights, gather, mode, args.misses, args.work, on))
+            mx.synchronize()
+            if repeat >= 2:
+                times.append(time.perf_counter() - start)
+        result[f"{mode}_ms"] = 1e3 * float(np.median(times))
+        print(f"{mode:10s} {result[f'{mode}_ms']:7.2f} ms a token (median of {len(times)})")
+    serial_extra = result["serial_ms"] - result["compute_ms"]
+    result["hidden"] = (result["serial_ms"] - result["overlapped_ms"]) / max(serial_extra, 1e-9)
+    result["bus_mb_per_token"] = LAYERS * args.misses * sum(t.nbytes for t in tensors) / 1e6
+    print(
+        f"hidden: {result['hidden']:.2f} of the gathers' {serial_extra:.2f} ms "
+        f"({result['bus_mb_per_token']:.0f} MB a token)"
+    )
+    runtime.unregister(records.ctypes.data)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
