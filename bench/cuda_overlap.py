@@ -42,10 +42,14 @@ SLOTS = 64  # pool slots: experts 0..63 are hits, the rest come over the bus
 WEIGHTS = 8  # distinct [2048, 2048] bf16 matrices (64 MB: more than the GPU's L2)
 
 
-def routed(x: mx.array, misses: int) -> mx.array:
-    """ROUTED experts that depend on x: `misses` of them without a slot, the rest in one."""
+def routed(x: mx.array, misses: int, layer: int) -> mx.array:
+    """ROUTED experts computed from x: `misses` of them without a slot, the rest in one. The
+    misses are the token's `layer`-th: distinct records in every layer of a token (each layer
+    reads its own file), so the GPU's L2 cannot serve one twice; they depend on x in the graph
+    as a guess does, whatever x holds."""
     at = mx.argmax(x.reshape(-1)[:SLOTS]).astype(mx.uint32)
-    far = SLOTS + (at * 7 + mx.arange(misses, dtype=mx.uint32) * 97) % (EXPERTS - SLOTS)
+    first = layer * misses % (EXPERTS - SLOTS - misses)
+    far = SLOTS + first + mx.arange(misses, dtype=mx.uint32) + (at - at)
     near = (at + mx.arange(ROUTED - misses, dtype=mx.uint32)) % SLOTS
     return mx.concatenate([far, near])
 
@@ -66,7 +70,7 @@ def token(x, weights, gather, mode: str, misses: int, work: int, on) -> mx.array
             if earlier is not None:
                 x = mx.depends([x], earlier)[0]
         if mode != "compute":
-            guess = routed(x, misses)
+            guess = routed(x, misses, layer + 1)
             with mx.stream(on):
                 earlier = gather(guess)
             if mode == "gathers":

@@ -291,5 +291,7 @@ def test_overlap_probe_gathers_once_a_layer_and_changes_nothing(bench_path):
         assert len(calls) == (0 if mode == "compute" else LAYERS)
     assert mx.array_equal(outs["serial"], outs["compute"])
     assert mx.array_equal(outs["overlapped"], outs["compute"])
-    guess = routed(x, 3)
+    guess = routed(x, 3, 1)
     assert guess.size == ROUTED and (guess[:3] >= SLOTS).all() and (guess[3:] < SLOTS).all()
+    token_misses = {e for layer in range(LAYERS) for e in routed(x, 3, layer)[:3].tolist()}
+    assert len(token_misses) == 3 * LAYERS  # one x, yet no record read twice in a token
