@@ -1,26 +1,29 @@
-"""Do MLX's CUDA streams overlap a bus-bound gather with a token's compute? (issue 35)
+"""Can a token's gathers move while its layers compute, on MLX's CUDA backend? (issue 35)
 
     python bench/cuda_overlap.py [--misses 3] [--work 12] [--out OUT.json]   # CUDA only
 
 On an H100 a gathered token's step is a fixed part plus its misses' bytes at ~47 GB/s, one after
 the other (bench/findings.md, seventh session): each layer's gather waits for the layer's router
-and the layer's experts wait for it. Moving a layer's misses while the layers before it compute
-(the next layer's experts guessed from its router on the current hidden state, gathered on a
-stream of their own) could hide them, but only if the GPU runs the two streams' kernels at once.
-Nothing measured that yet (the fourth session's fill on a stream of its own was no faster, and
-why was not found). This times one token's shape of work, 48 layers, each:
+and the layer's experts wait for it. Moving a layer's misses while the layer before it computes
+(the next layer's experts guessed from its router on the current hidden state) could hide them,
+if the GPU runs the gather beside that compute. Two ways could let it: MLX records a stream's
+kernels into CUDA graphs whose edges are its arrays' (kernels nothing orders may run at once:
+the sixth session's admission bug was two of them doing so), or a stream of the gathers' own.
+Nothing measured either (the fourth session's fill on a stream of its own was no faster, and
+why was not found). This times one token's shape of work, 48 layers, in five modes:
 
-    x = work(x)                 half a layer: attention-like ops on the compute stream
-    x = depends(x, earlier)     this layer's experts need the gather issued a layer before
-    guess = routed(x)           the next layer's experts, computed from x on the compute stream
-    earlier = gather(guess)     the guessed experts over the bus (the shipped gather kernel)
-    x = work(x)                 the other half: this layer's experts
+    compute     x = work(x); x = work(x)                  each half: attention, then experts
+    gathers     the gathers alone, each after the one before
+    now         x = work(x); x = depends(x, gather(routed(x, this layer))); x = work(x)
+                (today's decode: a layer's experts wait for its own gather)
+    early       x = work(x); x = depends(x, earlier); earlier = gather(routed(x, next layer));
+                x = work(x)   (the next layer's gather issued before this layer's experts)
+    early-side  the same, the gathers on a stream of their own
 
-with the gather on the compute stream (`serial`) or on a stream of its own (`overlapped`),
-beside the compute alone and the gathers alone. `hidden`: the share of the gathers' own time
-the overlap took off the serial step (1: all of it). `--work` sets the ops a half layer runs
-(bf16 [1, 2048] x [2048, 2048] matmuls and a tanh); `--misses` the experts a layer reads over
-the bus (the rest of its 8 from pool slots).
+`hidden`: the share of the gathers' time an early mode takes off `now`'s step, (now - early) /
+(now - compute): 1 is all of it. `--work` sets the ops a half layer runs (bf16 [1, 2048] x
+[2048, 2048] matmuls and a tanh: the compute's length); `--misses` the experts a layer reads
+over the bus (the rest of its 8 from pool slots).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ LAYERS = 48
 ROUTED = 8
 SLOTS = 64  # pool slots: experts 0..63 are hits, the rest come over the bus
 WEIGHTS = 8  # distinct [2048, 2048] bf16 matrices (64 MB: more than the GPU's L2)
+MODES = ("compute", "gathers", "now", "early", "early-side")
 
 
 def routed(x: mx.array, misses: int, layer: int) -> mx.array:
@@ -55,26 +59,26 @@ def routed(x: mx.array, misses: int, layer: int) -> mx.array:
 
 
 def token(x, weights, gather, mode: str, misses: int, work: int, on) -> mx.array:
-    """One token's 48 layers of `mode` (compute, gathers, serial or overlapped), the gathers on
-    stream `on`."""
+    """One token's 48 layers of `mode` (the module's table), the gathers on stream `on`."""
 
     def half(x, layer):
         for i in range(work):
             x = mx.tanh(x @ weights[(layer * work + i) % len(weights)])
         return x
 
-    earlier = None  # the gather issued a layer before: this layer's experts
+    earlier = None  # early modes: the gather issued a layer before, this layer's experts
     for layer in range(LAYERS):
         if mode != "gathers":
             x = half(x, 2 * layer)
+        if mode != "compute":
             if earlier is not None:
                 x = mx.depends([x], earlier)[0]
-        if mode != "compute":
-            guess = routed(x, misses, layer + 1)
+            ahead = mode.startswith("early")
+            guess = routed(x, misses, layer + ahead)  # on the compute stream, as a router
             with mx.stream(on):
                 earlier = gather(guess)
-            if mode == "gathers":
-                x = mx.depends([x], earlier)[0]  # the next guess waits for this gather
+            if not ahead:  # now, gathers: what follows waits for this layer's own gather
+                x, earlier = mx.depends([x], earlier)[0], None
         if mode != "gathers":
             x = half(x, 2 * layer + 1)
     return x if earlier is None else mx.depends([x], earlier)[0]
@@ -103,24 +107,26 @@ def main() -> None:
     side, own = mx.new_stream(mx.gpu), mx.default_stream(mx.gpu)
     mx.eval(table, *weights)
     result = {"misses": args.misses, "work": args.work, "layers": LAYERS}
-    for mode in ("compute", "gathers", "serial", "overlapped"):
+    for mode in MODES:
         times = []
         for repeat in range(args.repeats + 2):  # two warm-ups: kernels compiled, graphs built
             x = mx.random.normal((1, 2048), dtype=mx.bfloat16, key=mx.random.key(repeat))
             mx.eval(x)
             start = time.perf_counter()
-            on = side if mode == "overlapped" else own
+            on = side if mode == "early-side" else own
             mx.eval(token(x, weights, gather, mode, args.misses, args.work, on))
             mx.synchronize()
             if repeat >= 2:
                 times.append(time.perf_counter() - start)
         result[f"{mode}_ms"] = 1e3 * float(np.median(times))
         print(f"{mode:10s} {result[f'{mode}_ms']:7.2f} ms a token (median of {len(times)})")
-    serial_extra = result["serial_ms"] - result["compute_ms"]
-    result["hidden"] = (result["serial_ms"] - result["overlapped_ms"]) / max(serial_extra, 1e-9)
+    extra = result["now_ms"] - result["compute_ms"]
+    for mode in ("early", "early-side"):
+        result[f"hidden_{mode}"] = (result["now_ms"] - result[f"{mode}_ms"]) / max(extra, 1e-9)
     result["bus_mb_per_token"] = LAYERS * args.misses * sum(t.nbytes for t in tensors) / 1e6
     print(
-        f"hidden: {result['hidden']:.2f} of the gathers' {serial_extra:.2f} ms "
+        f"hidden: {result['hidden_early']:.2f} issued early, {result['hidden_early-side']:.2f} "
+        f"on a stream of their own, of the {extra:.2f} ms the gathers add today "
         f"({result['bus_mb_per_token']:.0f} MB a token)"
     )
     runtime.unregister(records.ctypes.data)

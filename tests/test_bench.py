@@ -269,10 +269,10 @@ def test_speculative_exactness_says_where_output_differs(bench_path):
 def test_overlap_probe_gathers_once_a_layer_and_changes_nothing(bench_path):
     """bench/cuda_overlap.py's token, with a stand-in gather on the CPU's streams: one gather a
     layer in every gathering mode, on either stream, and none in `compute`; the gathers change
-    no value (compute, serial and overlapped give one x); a guess routes the asked misses
-    outside the pool's slots and the rest inside."""
+    no value (compute, now and both early modes give one x); a guess routes the asked misses
+    outside the pool's slots and the rest inside, none read twice in a token."""
     import mlx.core as mx
-    from cuda_overlap import LAYERS, ROUTED, SLOTS, routed, token
+    from cuda_overlap import LAYERS, MODES, ROUTED, SLOTS, routed, token
 
     calls = []
 
@@ -284,13 +284,13 @@ def test_overlap_probe_gathers_once_a_layer_and_changes_nothing(bench_path):
     x = mx.random.normal((1, 2048), key=mx.random.key(9))
     side, own = mx.new_stream(mx.cpu), mx.default_stream(mx.cpu)
     outs = {}
-    for mode, on in (("compute", own), ("serial", own), ("overlapped", side), ("gathers", own)):
+    for mode in MODES:
         calls.clear()
-        outs[mode] = token(x, weights, gather, mode, 3, 1, on)
+        outs[mode] = token(x, weights, gather, mode, 3, 1, side if mode == "early-side" else own)
         mx.eval(outs[mode])
         assert len(calls) == (0 if mode == "compute" else LAYERS)
-    assert mx.array_equal(outs["serial"], outs["compute"])
-    assert mx.array_equal(outs["overlapped"], outs["compute"])
+    for mode in ("now", "early", "early-side"):
+        assert mx.array_equal(outs[mode], outs["compute"])
     guess = routed(x, 3, 1)
     assert guess.size == ROUTED and (guess[:3] >= SLOTS).all() and (guess[3:] < SLOTS).all()
     token_misses = {e for layer in range(LAYERS) for e in routed(x, 3, layer)[:3].tolist()}
