@@ -11,8 +11,12 @@ guess of its routed experts is scored by recall, |guess & routed| / k, per token
 - late: the layer's router on the previous layer's output (this layer's input before attention).
   Known only after the previous layer's experts ran: the reads would overlap this attention only.
 - previous token: the experts this layer routed the token before (what a slot pool already keeps).
-Each with k guesses, and with 2k (twice the bytes read, for more recall). Routers must be a linear
-gate ranked by softmax (the qwen3_moe / qwen2_moe / olmoe layout: `mlp.gate` after
+Each with k guesses, and with 2k (twice the bytes read, for more recall). Beside recall, what a
+prefetch would move: each layer's slot pool (SlotLFU, `--pool-share` of its experts, one call a
+token in order, kept across windows) holds some of the routed experts; a guess fetches those of
+its experts the pool lacks. `covers`: the share of the pool's misses the guess fetched ahead;
+`extra`: what it fetched that was not routed, per miss (bytes moved for nothing). Routers must
+be a linear gate ranked by softmax (the qwen3_moe / qwen2_moe / olmoe layout: `mlp.gate` after
 `post_attention_layernorm`); the true routing is rebuilt from the same hidden states and checked
 against the one the model's experts received.
 """
@@ -83,10 +87,40 @@ def top(ranked: np.ndarray, n: int) -> np.ndarray:
     return mask
 
 
-def recalls(model: nn.Module, windows: list[np.ndarray]) -> dict:
+class _Misses:
+    """Per MoE layer after the first: a slot pool replaying its routing, and each guess's sums of
+    the pool's misses, of those the guess fetched, and of what it fetched that was not routed."""
+
+    def __init__(self, layers: int, experts: int, share: float):
+        from streamer.cache.policies import SlotLFU
+
+        slots = max(1, round(share * experts))
+        self.pools = [SlotLFU(slots, experts) for _ in range(layers)]
+        self.sums = {}  # (guess, n, layer) -> [misses, covered, extra]
+
+    def held(self, layer: int, routed: np.ndarray) -> np.ndarray:
+        """Which experts the layer's pool held before each token's call [tokens, experts], as
+        the pool replays the tokens' routing in order."""
+        pool, held = self.pools[layer], np.zeros_like(routed)
+        for t, row in enumerate(routed):
+            held[t] = pool.slot_of >= 0
+            pool.assign(np.flatnonzero(row))
+        return held
+
+    def add(self, key: tuple, guess: np.ndarray, truth: np.ndarray, held: np.ndarray) -> None:
+        fetched = guess & ~held
+        sums = self.sums.setdefault(key, [0, 0, 0])
+        sums[0] += int((truth & ~held).sum())
+        sums[1] += int((fetched & truth).sum())
+        sums[2] += int((fetched & ~truth).sum())
+
+
+def recalls(model: nn.Module, windows: list[np.ndarray], pool_share: float = 0.25) -> dict:
     """Per MoE layer after the first, each guess's mean recall with k and 2k guesses, over every
-    token of `windows` (the previous-token guess from each window's second token)."""
+    token of `windows` (the previous-token guess from each window's second token), and its
+    `covers` and `extra` beside a pool of `pool_share` of the layer's experts (the module's)."""
     layers = router_layers(model)
+    misses = _Misses(len(layers) - 1, layers[0].mlp.gate.weight.shape[0], pool_share)
     after_attention = [_Inputs() for _ in layers]  # post_attention_layernorm's input
     before_attention = [_Inputs() for _ in layers]  # input_layernorm's input: the layer's input
     for layer, a, b in zip(layers, after_attention, before_attention):
@@ -99,19 +133,25 @@ def recalls(model: nn.Module, windows: list[np.ndarray]) -> dict:
                 seen.inputs.clear()
             with recording_routing(model, prefill=True) as trace:
                 mx.eval(model(mx.array(window[None])))
-            _score(layers, after_attention, before_attention, trace, hits)
+            _score(layers, after_attention, before_attention, trace, hits, misses)
     finally:
         for layer in layers:
             layer.post_attention_layernorm = layer.post_attention_layernorm.inner
             layer.input_layernorm = layer.input_layernorm.inner
-    return {
+    result = {
         f"{g} {n}": [float(np.concatenate(layer).mean()) for layer in per_layer]
         for (g, n), per_layer in hits.items()
     }
+    for g, n in hits:
+        sums = [misses.sums[g, n, j] for j in range(len(layers) - 1)]
+        result[f"{g} {n} covers"] = [covered / max(1, m) for m, covered, _ in sums]
+        result[f"{g} {n} extra"] = [extra / max(1, m) for m, _, extra in sums]
+    return result
 
 
-def _score(layers, after_attention, before_attention, trace, hits) -> None:
-    """One window's recalls into `hits`; its true routing checked against `trace`."""
+def _score(layers, after_attention, before_attention, trace, hits, misses: _Misses) -> None:
+    """One window's recalls into `hits`, and each guess's misses fetched into `misses`; its true
+    routing checked against `trace`."""
     k = layers[0].mlp.top_k
     for j, layer in enumerate(layers):
         router = layer.mlp.gate
@@ -132,9 +172,12 @@ def _score(layers, after_attention, before_attention, trace, hits) -> None:
             "late": (ranking(router(norm(before_attention[j].inputs[0][0]))), routed),
             "previous token": (own[:-1], routed[1:]),
         }
+        held = misses.held(j - 1, routed)
         for n, count in (("k", k), ("2k", 2 * k)):
             for guess, (ranked, truth) in guesses.items():
-                hits[guess, n][j - 1].append((top(ranked, count) & truth).sum(-1) / k)
+                guessed = top(ranked, count)
+                hits[guess, n][j - 1].append((guessed & truth).sum(-1) / k)
+                misses.add((guess, n, j - 1), guessed, truth, held[-len(truth) :])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--text", type=Path, help="text to route (default: the demo's held-out files)")
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--seq", type=int, default=128, help="window length (the demo trained on 128)")
+    ap.add_argument("--pool-share", type=float, default=0.25, help="of a layer's experts")
     ap.add_argument("--out", type=Path, help="write the recalls as JSON here")
     args = ap.parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # long texts are windowed below
@@ -157,14 +201,16 @@ def main(argv: list[str] | None = None) -> None:
         tokens = np.array(tokenizer.encode(text or held_out_text()), dtype=np.int32)
         tokens = tokens[: args.max_tokens]
         windows = [tokens[i : i + args.seq] for i in range(0, len(tokens) - 1, args.seq)]
-        result = recalls(model, [w for w in windows if len(w) > 1])
+        if not 0 < args.pool_share < 1:
+            raise StreamerError(f"--pool-share must lie between 0 and 1, not {args.pool_share}")
+        result = recalls(model, [w for w in windows if len(w) > 1], args.pool_share)
     except (StreamerError, OSError) as error:
         raise SystemExit(f"error: {error}") from None
     k = router_layers(model)[0].mlp.top_k
     print(f"{args.model}: {len(tokens):,} tokens in windows of {args.seq}; recall of top-{k}")
-    print(f"{'guess':<22}" + "".join(f"layer {j + 2:<4}" for j in range(len(result["early k"]))))
+    print(f"{'guess':<26}" + "".join(f"layer {j + 2:<4}" for j in range(len(result["early k"]))))
     for name, per_layer in result.items():
-        print(f"{name:<22}" + "".join(f"{r:<10.3f}" for r in per_layer))
+        print(f"{name:<26}" + "".join(f"{r:<10.3f}" for r in per_layer))
     if args.out:
         args.out.write_text(json.dumps({"model": str(args.model), "tokens": len(tokens), **result}))
 

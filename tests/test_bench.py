@@ -128,7 +128,9 @@ def test_next_layer_guesses_on_the_demo_model(bench_path, tmp_path):
     """bench/next_layer.py on the trained demo model: the true routing rebuilt from the recorded
     hidden states is the routing the experts got (checked inside), recalls are fractions, 2k
     guesses find at least what k find, and the next router on this layer's residual guesses far
-    better than chance (k / experts = 0.125)."""
+    better than chance (k / experts = 0.125); beside a pool of a quarter of the experts, the share
+    of its misses each guess fetches ahead is a fraction, larger with 2k, and nothing for the
+    last token's experts (the pool has just taken them)."""
     from next_layer import GUESSES, main
 
     out = tmp_path / "recall.json"
@@ -137,7 +139,14 @@ def test_next_layer_guesses_on_the_demo_model(bench_path, tmp_path):
     for guess in GUESSES:
         k, twice = recall[f"{guess} k"], recall[f"{guess} 2k"]
         assert len(k) == 3 and all(0 <= a <= b <= 1 for a, b in zip(k, twice))
+        covers = [recall[f"{guess} {n} covers"] for n in ("k", "2k")]
+        assert all(0 <= a <= b <= 1 for a, b in zip(*covers))  # 2k fetches what k does, and more
+        assert all(e >= 0 for n in ("k", "2k") for e in recall[f"{guess} {n} extra"])
     assert min(recall["early k"]) > 0.25 and min(recall["late k"]) > 0.25
+    # the last token's experts are what the pool just took: guessing them fetches nothing
+    assert recall["previous token k covers"] == [0, 0, 0]
+    assert recall["previous token k extra"] == [0, 0, 0]
+    assert min(recall["late k covers"]) > 0.25
 
 
 def test_settle_interval_replays_the_schedules(bench_path, tmp_path):
