@@ -21,9 +21,12 @@ why was not found). This times one token's shape of work, 48 layers, in five mod
     early-side  the same, the gathers on a stream of their own
 
 `hidden`: the share of the gathers' time an early mode takes off `now`'s step, (now - early) /
-(now - compute): 1 is all of it. `--work` sets the ops a half layer runs (bf16 [1, 2048] x
-[2048, 2048] matmuls and a tanh: the compute's length); `--misses` the experts a layer reads
-over the bus (the rest of its 8 from pool slots).
+(now - compute): 1 is all of it. `--work` sets the ops a half layer runs (bf16 [1, dim] x
+[dim, dim] matmuls and a tanh) and `--dim` their size: at 4096 each reads 32 MB (~11 us of
+HBM), so the GPU's work, not the host's launches, sets the step, as in a gathered token on an
+H100 (its step is the GPU's: bench/findings.md). Only the graph's evaluation is timed, not its
+building. `--misses` sets the experts a layer reads over the bus (the rest of its 8 from pool
+slots).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from streamer.io.cuda_runtime import CudaRuntime
 LAYERS = 48
 ROUTED = 8
 SLOTS = 64  # pool slots: experts 0..63 are hits, the rest come over the bus
-WEIGHTS = 8  # distinct [2048, 2048] bf16 matrices (64 MB: more than the GPU's L2)
+WEIGHTS = 8  # distinct [dim, dim] bf16 matrices (at 4096: 256 MB, more than the GPU's L2)
 MODES = ("compute", "gathers", "now", "early", "early-side")
 
 
@@ -88,33 +91,37 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--misses", type=int, default=3, help="of a layer's 8 routed experts")
     ap.add_argument("--work", type=int, default=12, help="matmuls a half layer runs")
+    ap.add_argument("--dim", type=int, default=4096, help="their size: each reads dim^2 bf16")
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--out")
     args = ap.parse_args()
     if not mx.cuda.is_available():
         raise SystemExit("cuda_overlap.py: needs MLX's CUDA backend (mlx-cuda)")
-    if not 0 <= args.misses <= ROUTED or args.work < 1:
-        raise SystemExit(f"--misses 0..{ROUTED}, --work 1 or more")
+    if not 0 <= args.misses <= ROUTED or args.work < 1 or args.dim < SLOTS:
+        raise SystemExit(f"--misses 0..{ROUTED}, --work 1 or more, --dim {SLOTS} or more")
     runtime = CudaRuntime()
     tensors, records, sources, pool = pinned_experts(runtime)
-    table = mx.array(np.where(np.arange(EXPERTS) < SLOTS, np.arange(EXPERTS), NO_SLOT), mx.uint32)
+    slot_of = np.where(np.arange(EXPERTS) < SLOTS, np.arange(EXPERTS), NO_SLOT)
+    table = mx.array(slot_of.astype(np.uint32))
     kernel = ExpertGather(tensors, alignment=ALIGNMENT)
 
     def gather(guess):
         return kernel(guess, table, sources, pool)
 
-    weights = [mx.random.normal((2048, 2048), dtype=mx.bfloat16) * 0.02 for _ in range(WEIGHTS)]
+    shape = (args.dim, args.dim)
+    weights = [mx.random.normal(shape, dtype=mx.bfloat16) * 0.02 for _ in range(WEIGHTS)]
     side, own = mx.new_stream(mx.gpu), mx.default_stream(mx.gpu)
     mx.eval(table, *weights)
-    result = {"misses": args.misses, "work": args.work, "layers": LAYERS}
+    result = {"misses": args.misses, "work": args.work, "dim": args.dim, "layers": LAYERS}
     for mode in MODES:
         times = []
         for repeat in range(args.repeats + 2):  # two warm-ups: kernels compiled, graphs built
-            x = mx.random.normal((1, 2048), dtype=mx.bfloat16, key=mx.random.key(repeat))
+            x = mx.random.normal((1, args.dim), dtype=mx.bfloat16, key=mx.random.key(repeat))
             mx.eval(x)
-            start = time.perf_counter()
             on = side if mode == "early-side" else own
-            mx.eval(token(x, weights, gather, mode, args.misses, args.work, on))
+            out = token(x, weights, gather, mode, args.misses, args.work, on)  # the graph only
+            start = time.perf_counter()  # what is timed: its kernels, encoded and run
+            mx.eval(out)
             mx.synchronize()
             if repeat >= 2:
                 times.append(time.perf_counter() - start)
