@@ -37,9 +37,9 @@ import time
 
 import mlx.core as mx
 import numpy as np
-from cuda_gather_variants import ALIGNMENT, EXPERTS, pinned_experts
+from cuda_gather_variants import EXPERTS, SHIPPED, gather_kernel, pinned_experts
 
-from streamer.io.cuda_gather import NO_SLOT, ExpertGather
+from streamer.io.cuda_gather import NO_SLOT
 from streamer.io.cuda_runtime import CudaRuntime
 
 LAYERS = 48
@@ -92,6 +92,8 @@ def main() -> None:
     ap.add_argument("--misses", type=int, default=3, help="of a layer's 8 routed experts")
     ap.add_argument("--work", type=int, default=12, help="matmuls a half layer runs")
     ap.add_argument("--dim", type=int, default=4096, help="their size: each reads dim^2 bf16")
+    ap.add_argument("--blocks", type=int, default=SHIPPED[0], help="the gather's per tensor")
+    ap.add_argument("--unroll", type=int, default=SHIPPED[1], help="its loads in flight a thread")
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -103,7 +105,7 @@ def main() -> None:
     tensors, records, sources, pool = pinned_experts(runtime)
     slot_of = np.where(np.arange(EXPERTS) < SLOTS, np.arange(EXPERTS), NO_SLOT)
     table = mx.array(slot_of.astype(np.uint32))
-    kernel = ExpertGather(tensors, alignment=ALIGNMENT)
+    kernel = gather_kernel(args.blocks, args.unroll, tensors)
 
     def gather(guess):
         return kernel(guess, table, sources, pool)
@@ -113,6 +115,7 @@ def main() -> None:
     side, own = mx.new_stream(mx.gpu), mx.default_stream(mx.gpu)
     mx.eval(table, *weights)
     result = {"misses": args.misses, "work": args.work, "dim": args.dim, "layers": LAYERS}
+    result |= {"blocks": args.blocks, "unroll": args.unroll}
     for mode in MODES:
         times = []
         for repeat in range(args.repeats + 2):  # two warm-ups: kernels compiled, graphs built
