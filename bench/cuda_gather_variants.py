@@ -58,11 +58,31 @@ def gather_kernel(blocks: int, unroll: int, tensors: list) -> cuda_gather.Expert
         cuda_gather.BLOCKS_PER_TENSOR = blocks
         if unroll > 1:
             word = cuda_gather.word_bytes([*(t.nbytes for t in tensors), ALIGNMENT])
-            copy = UNROLLED.replace("UNROLL", str(unroll))
-            cuda_gather._COPY = copy.replace("WORD", cuda_gather.WORDS[word])
+            cuda_gather._COPY = copy_loop(unroll, word)
         return cuda_gather.ExpertGather(tensors, alignment=ALIGNMENT)
     finally:
         cuda_gather._COPY, cuda_gather.BLOCKS_PER_TENSOR = shipped_copy, shipped_blocks
+
+
+def copy_loop(unroll: int, word: int) -> str:
+    """UNROLLED for `unroll` loads of `word` bytes, in io/cuda_gather.py's _COPY form."""
+    return UNROLLED.replace("UNROLL", str(unroll)).replace("WORD", cuda_gather.WORDS[word])
+
+
+def use_shape(blocks: int, unroll: int) -> None:
+    """Every gather and fill kernel this process builds from now on takes the loop shape, for a
+    whole engine run: `paired.py --setup "from cuda_gather_variants import use_shape;
+    use_shape(2, 8)"`."""
+    cuda_gather.BLOCKS_PER_TENSOR = blocks
+    for name in ("_source", "_fill_source"):
+        shipped = getattr(cuda_gather, name)
+
+        def shaped(nbytes, vector, shipped=shipped):
+            if unroll > 1:
+                cuda_gather._COPY = copy_loop(unroll, vector)
+            return shipped(nbytes, vector)
+
+        setattr(cuda_gather, name, shaped)
 
 
 def pinned_records(runtime: CudaRuntime, record: int) -> tuple[np.ndarray, int]:

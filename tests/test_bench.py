@@ -304,3 +304,21 @@ def test_overlap_probe_gathers_once_a_layer_and_changes_nothing(bench_path):
     assert guess.size == ROUTED and (guess[:3] >= SLOTS).all() and (guess[3:] < SLOTS).all()
     token_misses = {e for layer in range(LAYERS) for e in routed(x, 3, layer)[:3].tolist()}
     assert len(token_misses) == 3 * LAYERS  # one x, yet no record read twice in a token
+
+
+def test_a_loop_shape_reaches_both_kernels_for_a_whole_run(bench_path, monkeypatch):
+    """bench/cuda_gather_variants.py's use_shape (a paired.py --setup): the gather and the fill
+    kernels built after it take the asked blocks per tensor and loads in flight, each in the
+    word its own sizes allow; the kernels' sources otherwise stay as shipped."""
+    from cuda_gather_variants import use_shape
+
+    from streamer.io import cuda_gather
+
+    for name in ("_COPY", "BLOCKS_PER_TENSOR", "_source", "_fill_source"):
+        monkeypatch.setattr(cuda_gather, name, getattr(cuda_gather, name))  # restored after
+    shipped = cuda_gather._source([4096, 512], 16)
+    use_shape(2, 8)
+    gather, fill = cuda_gather._source([4096, 512], 16), cuda_gather._fill_source([4096, 6], 2)
+    assert "uint4 w[8]" in gather and "uint16_t w[8]" in fill
+    assert cuda_gather.threads_per_tensor([786432], 16) == 2 * cuda_gather.THREADS
+    assert gather.split("const uint4* src")[0] == shipped.split("const uint4* src")[0]
