@@ -307,9 +307,9 @@ def test_overlap_probe_gathers_once_a_layer_and_changes_nothing(bench_path):
 
 
 def test_a_loop_shape_reaches_both_kernels_for_a_whole_run(bench_path, monkeypatch):
-    """bench/cuda_gather_variants.py's use_shape (a bench/paired.py --setup): the gather and the fill
-    kernels built after it take the asked blocks per tensor and loads in flight, each in the
-    word its own sizes allow; the kernels' sources otherwise stay as shipped."""
+    """bench/cuda_gather_variants.py's use_shape (a bench/paired.py --setup): the gather and
+    the fill kernels built after it take the asked blocks per tensor and loads in flight, each
+    in the word its own sizes allow; the kernels' sources otherwise stay as shipped."""
     from cuda_gather_variants import use_shape
 
     from streamer.io import cuda_gather
