@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -50,18 +51,18 @@ UNROLLED = """    const unsigned long long words = n / {vector};
     }}"""
 
 
-def gather_kernel(blocks: int, unroll: int, tensors: list) -> cuda_gather.ExpertGather:
-    """The shipped kernel built with `blocks` per tensor and `unroll` loads in flight a thread
-    (its name follows its source, so each variant compiles apart)."""
-    shipped_copy, shipped_blocks = cuda_gather._COPY, cuda_gather.BLOCKS_PER_TENSOR
+@contextmanager
+def shaped(blocks: int, unroll: int, word: int):
+    """While open, io/cuda_gather.py builds its kernels with `blocks` per tensor and `unroll`
+    loads of `word` bytes in flight a thread (the names follow the source: each compiles apart)."""
+    saved = cuda_gather._COPY, cuda_gather.BLOCKS_PER_TENSOR
     try:
         cuda_gather.BLOCKS_PER_TENSOR = blocks
         if unroll > 1:
-            word = cuda_gather.word_bytes([*(t.nbytes for t in tensors), ALIGNMENT])
             cuda_gather._COPY = copy_loop(unroll, word)
-        return cuda_gather.ExpertGather(tensors, alignment=ALIGNMENT)
+        yield
     finally:
-        cuda_gather._COPY, cuda_gather.BLOCKS_PER_TENSOR = shipped_copy, shipped_blocks
+        cuda_gather._COPY, cuda_gather.BLOCKS_PER_TENSOR = saved
 
 
 def copy_loop(unroll: int, word: int) -> str:
@@ -69,20 +70,37 @@ def copy_loop(unroll: int, word: int) -> str:
     return UNROLLED.replace("UNROLL", str(unroll)).replace("WORD", cuda_gather.WORDS[word])
 
 
-def use_shape(blocks: int, unroll: int) -> None:
-    """Every gather and fill kernel this process builds from now on takes the loop shape, for a
-    whole engine run: `paired.py --setup "from cuda_gather_variants import use_shape;
-    use_shape(2, 8)"`."""
+def gather_kernel(blocks: int, unroll: int, tensors: list) -> cuda_gather.ExpertGather:
+    """The shipped kernel built with `blocks` per tensor and `unroll` loads in flight a thread."""
+    word = cuda_gather.word_bytes([*(t.nbytes for t in tensors), ALIGNMENT])
+    with shaped(blocks, unroll, word):
+        return cuda_gather.ExpertGather(tensors, alignment=ALIGNMENT)
+
+
+def use_shape(blocks: int, unroll: int, fill: bool = True) -> None:
+    """For a whole engine run (`paired.py --setup "from cuda_gather_variants import use_shape;
+    use_shape(2, 8)"`): every gather kernel built from now on takes the loop shape, and with
+    `fill` every fill kernel too (without, the fill stays as shipped)."""
+    if not fill:
+        build = cuda_gather.ExpertGather.__init__
+
+        def shaped_build(self, tensors, alignment):
+            word = cuda_gather.word_bytes([*(t.nbytes for t in tensors), alignment])
+            with shaped(blocks, unroll, word):
+                build(self, tensors, alignment)
+
+        cuda_gather.ExpertGather.__init__ = shaped_build
+        return
     cuda_gather.BLOCKS_PER_TENSOR = blocks
     for name in ("_source", "_fill_source"):
         shipped = getattr(cuda_gather, name)
 
-        def shaped(nbytes, vector, shipped=shipped):
+        def shaped_source(nbytes, vector, shipped=shipped):
             if unroll > 1:
                 cuda_gather._COPY = copy_loop(unroll, vector)
             return shipped(nbytes, vector)
 
-        setattr(cuda_gather, name, shaped)
+        setattr(cuda_gather, name, shaped_source)
 
 
 def pinned_records(runtime: CudaRuntime, record: int) -> tuple[np.ndarray, int]:

@@ -306,19 +306,36 @@ def test_overlap_probe_gathers_once_a_layer_and_changes_nothing(bench_path):
     assert len(token_misses) == 3 * LAYERS  # one x, yet no record read twice in a token
 
 
-def test_a_loop_shape_reaches_both_kernels_for_a_whole_run(bench_path, monkeypatch):
-    """bench/cuda_gather_variants.py's use_shape (a bench/paired.py --setup): the gather and
-    the fill kernels built after it take the asked blocks per tensor and loads in flight, each
-    in the word its own sizes allow; the kernels' sources otherwise stay as shipped."""
+def test_a_loop_shape_reaches_the_kernels_asked_for_a_whole_run(bench_path, monkeypatch):
+    """bench/cuda_gather_variants.py's use_shape (a bench/paired.py --setup): the kernels built
+    after it take the asked blocks per tensor and loads in flight, each in the word its own
+    sizes allow: the gather and the fill, or (fill=False) the gather alone, the fill's source
+    and threads staying as shipped."""
+    from types import SimpleNamespace
+
     from cuda_gather_variants import use_shape
 
     from streamer.io import cuda_gather
 
-    for name in ("_COPY", "BLOCKS_PER_TENSOR", "_source", "_fill_source"):
-        monkeypatch.setattr(cuda_gather, name, getattr(cuda_gather, name))  # restored after
-    shipped = cuda_gather._source([4096, 512], 16)
+    patched = ("_COPY", "BLOCKS_PER_TENSOR", "_source", "_fill_source")
+    originals = {name: getattr(cuda_gather, name) for name in patched}
+    for name, value in originals.items():
+        monkeypatch.setattr(cuda_gather, name, value)  # restored after the test
+    monkeypatch.setattr(cuda_gather.ExpertGather, "__init__", cuda_gather.ExpertGather.__init__)
+    shipped = cuda_gather._source([4096, 512], 16), cuda_gather._fill_source([4096, 6], 2)
     use_shape(2, 8)
     gather, fill = cuda_gather._source([4096, 512], 16), cuda_gather._fill_source([4096, 6], 2)
     assert "uint4 w[8]" in gather and "uint16_t w[8]" in fill
     assert cuda_gather.threads_per_tensor([786432], 16) == 2 * cuda_gather.THREADS
-    assert gather.split("const uint4* src")[0] == shipped.split("const uint4* src")[0]
+    assert gather.split("const uint4* src")[0] == shipped[0].split("const uint4* src")[0]
+
+    for name, value in originals.items():  # back to shipped, then the gather alone
+        setattr(cuda_gather, name, value)
+    sources = []
+    monkeypatch.setattr(cuda_gather, "cuda_kernel", lambda *a: sources.append(a[3]))
+    use_shape(2, 8, fill=False)
+    tensors = [SimpleNamespace(nbytes=n, dtype="uint8") for n in (786432, 4096)]
+    gather = cuda_gather.ExpertGather(tensors, alignment=16384)
+    assert gather._threads == 2 * cuda_gather.THREADS and "uint4 w[8]" in sources[0]
+    assert cuda_gather._fill_source([4096, 6], 2) == shipped[1]
+    assert cuda_gather.threads_per_tensor([786432], 16) == 64 * cuda_gather.THREADS
