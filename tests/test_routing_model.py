@@ -334,3 +334,19 @@ def test_profile_router_sync_waits_for_the_hidden_state(checkpoints, monkeypatch
     used = positions.used[0]
     logits = ProfileGate(positions, 0)(mx.zeros((1, 2, 8)))  # the values are the model's own
     assert np.array_equal(np.array(logits[0]), np.array(positions.logits[0][used : used + 2]))
+
+
+def test_overlap_plot_draws_every_run(tmp_path):
+    """bench/overlap_plot.py: each cuda_overlap.py run becomes a group of bars in one PNG."""
+    from overlap_plot import MODES, main
+
+    runs = []
+    for i, hidden in enumerate((0.02, -0.25)):
+        run = {f"{mode}_ms": 5.0 + j + i for j, mode in enumerate(MODES)}
+        run |= {"hidden_early": hidden, "hidden_early-side": -1.0}
+        runs.append(tmp_path / f"run{i}.json")
+        runs[-1].write_text(json.dumps(run))
+    out = tmp_path / "overlap.png"
+    drawn = main([str(out), *map(str, runs)])
+    assert [r["hidden_early"] for r in drawn] == [0.02, -0.25]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
