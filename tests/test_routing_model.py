@@ -337,7 +337,7 @@ def test_profile_router_sync_waits_for_the_hidden_state(checkpoints, monkeypatch
 
 
 def test_overlap_plot_draws_every_run(tmp_path):
-    """bench/overlap_plot.py: each cuda_overlap.py run becomes a group of bars in one PNG."""
+    """bench/overlap_plot.py: each bench/cuda_overlap.py run becomes a group of bars in one PNG."""
     from overlap_plot import MODES, main
 
     runs = []
