@@ -26,7 +26,10 @@ why was not found). This times one token's shape of work, 48 layers, in five mod
 HBM), so the GPU's work, not the host's launches, sets the step, as in a gathered token on an
 H100 (its step is the GPU's: bench/findings.md). Only the graph's evaluation is timed, not its
 building. `--misses` sets the experts a layer reads over the bus (the rest of its 8 from pool
-slots).
+slots); `--blocks` and `--unroll` the gather kernel's loop shape (cuda_gather_variants.py).
+The modes run interleaved, token by token. Measured on two H100s (bench/findings.md, eighth
+session): `early` hid -0.25 to 0.19 of the gathers' time in eleven shapes, `early-side` cost
+0.4-1.8 times it.
 """
 
 from __future__ import annotations
