@@ -51,6 +51,19 @@ def test_manifest_config_values_are_checked_at_load(checkpoints, tmp_path, field
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("field", ["num_experts_per_tok", "rope_theta"])
+def test_null_where_the_model_needs_a_number(checkpoints, tmp_path, field):
+    """A null here passed the checks and reached the model (a TypeError or MLX's ValueError in
+    generate and plan); a repack wrote it into the manifest."""
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, field: None}))
+    assert_refused(src, tmp_path, "config.json", f"{field} is None")
+    folder = repacked_with_config(checkpoints, tmp_path, {field: None})
+    with pytest.raises(StreamerError, match=f"manifest.json: config field {field} is None"):
+        streamer.load(folder)
+
+
 def test_layer_count_beyond_the_tensors_present(checkpoints, tmp_path):
     src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
     config = json.loads((src / "config.json").read_text())

@@ -8,6 +8,12 @@ import sys
 import typing
 
 from .field_error import bad_field
+from .ranges import EXPERT_COUNTS, TOP_K
+
+# Fields every model reads as a number: a null one reaches the model's arithmetic (a TypeError or
+# MLX's ValueError in the first forward pass) where the args class requires it. Other nulls can
+# mean "not given" to the model (DeepSeek-V2-Lite's q_lora_rank), so they are left to it.
+NEVER_NULL = (*TOP_K, *EXPERT_COUNTS, "rope_theta", "rms_norm_eps")
 
 
 def text_args_class(model_class: type):
@@ -23,9 +29,16 @@ def check_declared_types(config: dict, args_class: type, where, prefix: str = ""
     hints = typing.get_type_hints(args_class)
     for f in dataclasses.fields(args_class):
         if config.get(f.name) is None:
+            if f.name in config and f.name in NEVER_NULL and _required(f, hints[f.name]):
+                raise bad_field(where, prefix + f.name, None, _describe(hints[f.name]))
             continue  # null means "not given" to mlx-lm (DeepSeek-V2-Lite's q_lora_rank)
         if not _matches(config[f.name], hints[f.name]):
             raise bad_field(where, prefix + f.name, config[f.name], _describe(hints[f.name]))
+
+
+def _required(f: dataclasses.Field, hint) -> bool:
+    missing = dataclasses.MISSING
+    return f.default is missing and f.default_factory is missing and not _matches(None, hint)
 
 
 def _matches(value: object, hint) -> bool:
