@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 from bad_checkpoints import assert_refused, copy_checkpoint
-from hostile_files import edited_copy
+from hostile_files import edited_copy, rewrite_tensor
 
 import streamer
 from streamer.cli import main
@@ -105,6 +105,15 @@ def test_shape_mismatch_with_config(checkpoints, tmp_path):
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, "moe_intermediate_size": 32}))
     assert_refused(src, tmp_path, "shape", "config.json")
+
+
+@pytest.mark.parametrize("rows", [1, 32])
+def test_one_expert_of_another_shape(checkpoints, tmp_path, rows):
+    """mlx-lm's sanitize stacks the experts: MLX's ValueError reached the user (a traceback)."""
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    name = "model.layers.1.mlp.experts.5.up_proj.weight"
+    rewrite_tensor(src, name, lambda t: t[:rows])
+    assert_refused(src, tmp_path, f"tensor '{name}' has shape ({rows}, 128)", "(64, 128)")
 
 
 def test_existing_destination_is_refused_unless_forced(checkpoints, tmp_path):

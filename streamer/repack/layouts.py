@@ -197,14 +197,34 @@ def sanitizer(model: nn.Module, folder: Path, config: dict | None = None) -> San
         return convert
 
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        shapes = {name: tuple(array.shape) for name, array in weights.items()}  # sanitize pops
         try:
             return model.sanitize(convert(weights))
         except KeyError as e:
             raise StreamerError(
                 f"{folder}: tensor {e.args[0]!r} is missing: the download is incomplete."
             ) from None
+        except ValueError as e:  # MLX's stack of per-expert tensors of unequal shapes
+            raise StreamerError(_unstackable(folder, shapes, e)) from None
 
     return sanitize
+
+
+def _unstackable(folder: Path, shapes: dict[str, tuple], error: ValueError) -> str:
+    """The expert tensor whose shape differs from its siblings' (the ones sanitize stacks)."""
+    groups: dict[str, dict[str, tuple]] = {}
+    for name, shape in shapes.items():
+        key = re.sub(r"\.experts\.\d+\.", ".experts.*.", name)
+        groups.setdefault(key, {})[name] = shape
+    for group in groups.values():
+        common = max(set(group.values()), key=list(group.values()).count)
+        odd = next((n for n, shape in group.items() if shape != common), None)
+        if odd is not None:
+            return (
+                f"{folder}: tensor '{odd}' has shape {group[odd]} but the other experts' "
+                f"have {common}: the shard is damaged; download it again."
+            )
+    return f"{folder}: mlx-lm cannot read these tensors ({error}); download the model again."
 
 
 def refuse_in_memory_layout(weights: dict[str, mx.array], where: Path, model_type: str) -> None:
