@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 from bad_checkpoints import assert_refused, copy_checkpoint
+from conftest import private_download
 from hostile_files import edited_copy, rewrite_tensor
 
 import streamer
@@ -208,3 +209,11 @@ def test_a_source_without_tokenizer_files_is_warned_about(checkpoints, tmp_path)
     assert any("has no tokenizer files" in m for m in messages), messages
     with pytest.raises(StreamerError, match="has no tokenizer files .*copy them"):
         streamer.load(tmp_path / "out")  # transformers would make an empty one from config.json
+
+
+def test_generation_config_that_is_not_an_object(checkpoints, tmp_path, monkeypatch):
+    """mlx-lm reads its eos ids with .get: an AttributeError reached the user (a traceback)."""
+    folder = private_download(checkpoints.mlx("qwen3_moe"), tmp_path, monkeypatch)
+    (folder / "generation_config.json").write_text("[1, 2]")
+    with pytest.raises(StreamerError, match="generation_config.json is not a JSON object"):
+        streamer.load(folder)

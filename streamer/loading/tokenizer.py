@@ -28,6 +28,11 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
         raise StreamerError(
             f"{folder / 'config.json'} cannot be read ({one_line(e)}); repack the model."
         ) from e
+    except AttributeError as e:  # mlx-lm reads generation_config.json's eos ids with .get
+        raise StreamerError(
+            f"{folder / 'generation_config.json'} is not a JSON object; download it again or "
+            "delete it."
+        ) from e
     check_eos_ids(eos_ids, folder / "generation_config.json")
     if not has_tokenizer_files(folder):
         raise StreamerError(
