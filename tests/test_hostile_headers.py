@@ -79,3 +79,12 @@ def test_non_string_metadata_values(tmp_path):
     path = safetensors_file(tmp_path, header, bytes(4))
     with pytest.raises(StreamerError, match="__metadata__ must map names to strings"):
         read_header(path)
+
+
+def test_an_integer_of_thousands_of_digits(tmp_path):
+    """Python refuses to parse an integer of over 4300 digits with a plain ValueError, not a
+    JSONDecodeError: it reached the user as a traceback."""
+    raw = b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, ' + b"9" * 5000 + b"]}}"
+    path = safetensors_file(tmp_path, raw, bytes(4))
+    with pytest.raises(StreamerError, match="header is not valid JSON .*4300 digits"):
+        read_header(path)

@@ -105,6 +105,16 @@ def test_deeply_nested_config_and_index(src, tmp_path):
             repack(src, tmp_path / "out", **QUIET)
 
 
+def test_config_integer_of_thousands_of_digits(src, tmp_path):
+    config = (src / "config.json").read_text()
+    (src / "config.json").write_text(
+        config.replace('"num_experts": 16', '"num_experts": ' + "9" * 5000)
+    )
+    with pytest.raises(StreamerError, match="config.json is not valid JSON"):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("kind", ["fifo", "dir", "socket"])
 @pytest.mark.parametrize(
     "name", ["model-00001-of-00002.safetensors", "config.json", "tokenizer.json"]

@@ -20,7 +20,7 @@ def parse_json_object(raw: bytes | str, where: str, fix: str, unique_keys: bool 
         data = json.loads(
             raw.decode("utf-8") if isinstance(raw, bytes) else raw, object_pairs_hook=hook
         )
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # not UTF-8, not JSON, or an integer of over 4300 digits
         raise StreamerError(f"{where} is not valid JSON ({e}); {fix}") from e
     except _DuplicateKey as e:
         raise StreamerError(f"{where} names {e} twice; {fix}") from None
