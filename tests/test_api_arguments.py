@@ -42,6 +42,20 @@ def test_load_takes_what_users_pass(checkpoints):
         streamer.load(3)
 
 
+def test_a_path_too_long_to_look_up_is_refused_in_one_line(tmp_path, capsys):
+    """A part over 255 bytes: Path.exists raised OSError (File name too long), a traceback from
+    streamer.load and from --model."""
+    from streamer.cli import main
+
+    long = tmp_path / ("a" * 300)
+    for path in (long, long / "x", "a" * 300):
+        with pytest.raises(StreamerError, match="Pass the model's folder, or its org/name"):
+            streamer.load(path)
+        assert main(["generate", "--model", str(path), "--prompt", "hi"]) == 2
+        err = capsys.readouterr().err
+        assert "is not a folder, nor a Hugging Face name" in err and len(err.splitlines()) == 1
+
+
 def test_a_dtype_the_backend_cannot_compute_is_refused_at_load(checkpoints, tmp_path):
     import contextlib
     import io

@@ -69,7 +69,7 @@ def not_a_model(folder: Path) -> str:
         f"{MANIFEST_FILE} (a folder `streamer repack` or `streamer pull` wrote) or config.json (a "
         "download, with its safetensors shards)"
     )
-    if folder.is_dir():
+    if os.path.isdir(folder):  # Path.is_dir raises OSError for a part over 255 bytes
         kind = "an empty folder" if not any(folder.iterdir()) else "a folder without a model"
         found = f"{folder.absolute()} is {kind}: looked for {looked} in it"
     else:
