@@ -40,6 +40,8 @@ def test_load_takes_what_users_pass(checkpoints):
             streamer.load(folder, **kwargs)
     with pytest.raises(StreamerError, match="path must be a folder name"):
         streamer.load(3)
+    with pytest.raises(StreamerError, match=r"missing does not exist: a model is a folder with"):
+        streamer.load(folder.parent / "missing")  # it said "is a file"
 
 
 def test_a_path_too_long_to_look_up_is_refused_in_one_line(tmp_path, capsys):
