@@ -103,6 +103,7 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
     for kwargs, message in [
         ({"top_kk": 3}, "unknown keyword argument 'top_kk'; known: temp, top_p, seed, "),
         ({"temp": -1.0}, "temp must be 0"),
+        ({"temp": 1e-300}, "temp must be 0 .greedy. or at least 1e-05"),  # random tokens before
         ({"top_p": 0.0}, "top_p must be above 0 and at most 1"),
         ({"seed": -1}, "seed must be an integer from 0"),
         ({"top_k": -2}, "top_k must be an integer, 0"),
