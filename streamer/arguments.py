@@ -124,8 +124,9 @@ def logit_bias_in_vocabulary(logit_bias: dict | None) -> list[Callable]:
 def check_keywords(keywords: dict) -> None:
     """mlx-lm's generation, logits-processor and sampler keywords, refused as the CLI refuses its
     options: mlx-lm takes a NaN penalty (every logit NaN: an empty answer), any logit_bias key."""
-    if keywords.get("max_kv_size") is not None:
-        check_at_least(keywords["max_kv_size"], "max_kv_size", 1)
+    for name in ("max_kv_size", "prefill_step_size"):  # a step of 0: MLX's reshape error
+        if keywords.get(name) is not None:
+            check_at_least(keywords[name], name, 1)
     bias = keywords.get("logit_bias")
     if bias is not None and (
         not isinstance(bias, dict)

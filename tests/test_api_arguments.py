@@ -109,6 +109,7 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
         ({"top_k": -2}, "top_k must be an integer, 0"),
         ({"min_p": 2}, "min_p must be from 0"),
         ({"max_kv_size": 0}, "max_kv_size must be at least 1"),
+        ({"prefill_step_size": 0}, "prefill_step_size must be at least 1"),  # MLX's reshape
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)
