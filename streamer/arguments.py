@@ -16,6 +16,9 @@ from collections.abc import Callable
 from .errors import StreamerError, refusal
 
 MAX_SEED = (1 << 64) - 1  # mx.random.seed takes an unsigned 64-bit integer
+# The smallest temperature above 0 (greedy): mlx-lm scales the logits by 1 / temp in float32,
+# and far below this (1e-300) every logit overflows to inf and the tokens come out at random
+MIN_TEMPERATURE = 1e-5
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Compute dtypes a model can be loaded in, by the names users write.
@@ -121,8 +124,9 @@ def logit_bias_in_vocabulary(logit_bias: dict | None) -> list[Callable]:
 def check_keywords(keywords: dict) -> None:
     """mlx-lm's generation, logits-processor and sampler keywords, refused as the CLI refuses its
     options: mlx-lm takes a NaN penalty (every logit NaN: an empty answer), any logit_bias key."""
-    if keywords.get("max_kv_size") is not None:
-        check_at_least(keywords["max_kv_size"], "max_kv_size", 1)
+    for name in ("max_kv_size", "prefill_step_size"):  # a step of 0: MLX's reshape error
+        if keywords.get(name) is not None:
+            check_at_least(keywords[name], name, 1)
     bias = keywords.get("logit_bias")
     if bias is not None and (
         not isinstance(bias, dict)
@@ -166,6 +170,11 @@ def check_sampling(
 
     if not _number(temp) or not 0 <= temp < math.inf:
         raise StreamerError(f"{name('temp')} must be 0 (greedy) or more (got {temp!r}).")
+    if 0 < temp < MIN_TEMPERATURE:
+        raise StreamerError(
+            f"{name('temp')} must be 0 (greedy) or at least {MIN_TEMPERATURE}: below that the "
+            f"scaled logits overflow float32 and the tokens are random (got {temp!r})."
+        )
     if not _number(top_p) or not 0 < top_p <= 1:
         raise StreamerError(f"{name('top_p')} must be above 0 and at most 1 (got {top_p!r}).")
     if seed is not None and (type(seed) is not int or not 0 <= seed <= MAX_SEED):

@@ -40,6 +40,22 @@ def test_load_takes_what_users_pass(checkpoints):
             streamer.load(folder, **kwargs)
     with pytest.raises(StreamerError, match="path must be a folder name"):
         streamer.load(3)
+    with pytest.raises(StreamerError, match=r"missing does not exist: a model is a folder with"):
+        streamer.load(folder.parent / "missing")  # it said "is a file"
+
+
+def test_a_path_too_long_to_look_up_is_refused_in_one_line(tmp_path, capsys):
+    """A part over 255 bytes: Path.exists raised OSError (File name too long), a traceback from
+    streamer.load and from --model."""
+    from streamer.cli import main
+
+    long = tmp_path / ("a" * 300)
+    for path in (long, long / "x", "a" * 300):
+        with pytest.raises(StreamerError, match="Pass the model's folder, or its org/name"):
+            streamer.load(path)
+        assert main(["generate", "--model", str(path), "--prompt", "hi"]) == 2
+        err = capsys.readouterr().err
+        assert "is not a folder, nor a Hugging Face name" in err and len(err.splitlines()) == 1
 
 
 def test_a_dtype_the_backend_cannot_compute_is_refused_at_load(checkpoints, tmp_path):
@@ -87,11 +103,13 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
     for kwargs, message in [
         ({"top_kk": 3}, "unknown keyword argument 'top_kk'; known: temp, top_p, seed, "),
         ({"temp": -1.0}, "temp must be 0"),
+        ({"temp": 1e-300}, "temp must be 0 .greedy. or at least 1e-05"),  # random tokens before
         ({"top_p": 0.0}, "top_p must be above 0 and at most 1"),
         ({"seed": -1}, "seed must be an integer from 0"),
         ({"top_k": -2}, "top_k must be an integer, 0"),
         ({"min_p": 2}, "min_p must be from 0"),
         ({"max_kv_size": 0}, "max_kv_size must be at least 1"),
+        ({"prefill_step_size": 0}, "prefill_step_size must be at least 1"),  # MLX's reshape
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)

@@ -151,6 +151,22 @@ def test_a_line_that_is_not_utf8_is_refused_and_the_chat_goes_on(folder, locale,
     assert "template refused" not in stderr and result.stdout.strip()  # "hello" was answered
 
 
+@pytest.mark.parametrize("template", [[], ["--ignore-chat-template"]])
+def test_a_system_prompt_that_is_not_utf8_is_refused_at_start(folder, template):
+    """Its lone surrogates reached the tokenizer: a traceback without the template, every turn
+    refused with it (/reset keeps the system prompt)."""
+    command = [sys.executable, "-m", "streamer", "chat", "--model", str(folder), *template]
+    result = subprocess.run(
+        [*command, "--system-prompt", b"caf\xe9"],
+        input=b"hello\n",
+        capture_output=True,
+        timeout=300,
+    )
+    stderr = result.stderr.decode()
+    assert result.returncode == 2 and len(stderr.splitlines()) == 1, stderr
+    assert "error: --system-prompt is not valid UTF-8 (byte 0xe9 at offset 3)" in stderr, stderr
+
+
 @pytest.mark.parametrize("command", [["chat"], ["generate", "--prompt", "-"]])
 def test_standard_input_closed(folder, command):
     result = subprocess.run(

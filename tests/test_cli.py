@@ -100,6 +100,7 @@ def test_sampling_arguments_are_checked_before_loading():
     for option, value, message in [
         ("--temp", "-0.5", "--temp must be 0 (greedy) or more (got -0.5)"),
         ("--temp", "nan", "--temp must be 0"),
+        ("--temp", "1e-300", "--temp must be 0 (greedy) or at least 1e-05: below that the"),
         ("--top-p", "0", "--top-p must be above 0 and at most 1 (got 0.0)"),
         ("--top-p", "1.5", "--top-p must be above 0 and at most 1"),
         ("--seed", "-1", "--seed must be an integer from 0 to 18446744073709551615 (got -1)"),

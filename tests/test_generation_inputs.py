@@ -35,6 +35,10 @@ def test_prompt_longer_than_the_context(checkpoints):
         (["--prompt", ""], "the prompt is empty"),
         (["--prompt", "hi", "--max-tokens", "0"], "--max-tokens must be at least 1"),
         (["--prompt", "hi", "--max-tokens", "-5"], "--max-tokens must be at least 1 (got -5)"),
+        (  # a traceback in the tokenizer before, with --ignore-chat-template
+            ["--prompt", "hi", "--system-prompt", os.fsdecode(b"a\xffb")],
+            "--system-prompt is not valid UTF-8 (byte 0xff at offset 1)",
+        ),
     ],
 )
 def test_cli_refuses_bad_generation_input_before_loading(argv, message, capsys):

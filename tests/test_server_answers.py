@@ -144,6 +144,29 @@ def test_tools_reach_the_template_and_calls_are_parsed(client, served_folder):
     assert again.usage.prompt_tokens > whole.usage.prompt_tokens
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_that_is_not_name_and_arguments_is_dropped_not_fatal(stream):
+    """A model's `{"name": "f"}` (no arguments) or `5` between the call markers: mlx-lm's
+    formatter raised (KeyError, AttributeError) in the handler, the answer lost."""
+    from mlx_lm.tool_parsers.json_tools import parse_tool_call
+
+    from streamer.server.api import Completion, Sampling
+    from streamer.server.engine import Done
+    from streamer.server.output import Piece
+    from streamer.server.responses import Answer
+
+    answer = Answer(Completion(True, "m", 2, Sampling(), stream=stream), parse_tool_call)
+    piece = Piece(tool_calls=['{"name": "f"}', "5", '{"name": "g", "arguments": {}}'])
+    if stream:
+        calls = answer.chunk(piece, [])["choices"][0]["delta"]["tool_calls"]
+        assert [c["index"] for c in calls] == [0]
+    else:
+        answer.add(piece, [])
+        done = Done("tool_calls", 1, 0, 1, None)
+        calls = answer.whole(done)["choices"][0]["message"]["tool_calls"]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("g", "{}")]
+
+
 def test_two_clients_at_once_queue(client, served_folder, local):
     prompts = [[{"role": "user", "content": "class Reader:"}], HELLO]
     want = [expected(local, p, 16) for p in prompts]

@@ -130,6 +130,18 @@ CALLED = {"role": "assistant", "content": None}
             },
             "function.arguments is not JSON",
         ),
+        *(  # arguments as a JSON string nested past what json.loads (or the template) takes:
+            # a 500 and a traceback before
+            (
+                {
+                    "messages": [
+                        {**CALLED, "tool_calls": [{"function": {"name": "f", "arguments": deep}}]}
+                    ]
+                },
+                "function.arguments nests arrays or objects over 64 deep",
+            )
+            for deep in ("[" * 2000 + "]" * 2000, '{"a": ' * 900 + "1" + "}" * 900)
+        ),
         ({"messages": [{"role": "user"}]}, "messages[0].content is required"),
         ({"messages": [*HI, {"role": "assistant"}]}, "messages[1].content (or tool_calls)"),
     ],

@@ -211,14 +211,25 @@ def prompt(args: argparse.Namespace) -> str:
     if args.prompt == "-" and sys.stdin is None:
         raise StreamerError(CLOSED_STDIN.format("--prompt - reads the prompt"))
     raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise StreamerError(
-            f"the prompt is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
-            "pass UTF-8 text (check the file's or terminal's encoding)."
-        ) from None
+    text = _utf8(raw, "the prompt")
     check_sampling_flags(args)
     how = " with --prompt (or `--prompt -` for stdin)"
     check_request(text, args.max_tokens, option="--max-tokens", how=how)
     return text
+
+
+def system_prompt(args: argparse.Namespace) -> None:
+    """--system-prompt checked as the prompt is: bytes that are not UTF-8 reached the template as
+    lone surrogates (a traceback in the tokenizer, or every chat turn refused)."""
+    if args.system_prompt is not None:
+        _utf8(os.fsencode(args.system_prompt), "--system-prompt")
+
+
+def _utf8(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StreamerError(
+            f"{what} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
+            "pass UTF-8 text (check the file's or terminal's encoding)."
+        ) from None

@@ -28,6 +28,7 @@ from .options import (
     check_sampling_flags,
     load_options,
     model_folder,
+    system_prompt,
 )
 
 API_KEY_ENV = "STREAMER_API_KEY"
@@ -148,6 +149,7 @@ def chat(args: argparse.Namespace) -> None:
         raise StreamerError(CLOSED_STDIN.format("chat reads the conversation"))
     if hasattr(sys.stdin, "reconfigure"):  # a text stream: a line not UTF-8 refused, not fatal
         sys.stdin.reconfigure(errors="surrogateescape")
+    system_prompt(args)
     check_sampling_flags(args)
     options, disk = kv_options(args), disk_option(args)
     check_drafting(args)

@@ -44,7 +44,13 @@ class NotDownloaded(StreamerError):
 
 def is_repo_id(name: str | Path) -> bool:
     """Whether `name` is a hub name rather than a folder that exists."""
-    return not Path(name).exists() and bool(REPO_ID.match(str(name)))
+    return not _exists(name) and bool(REPO_ID.match(str(name)))
+
+
+def _exists(name: str | Path) -> bool:
+    """os.path.exists: Path.exists raised OSError for a name the system cannot look up (a part
+    over 255 bytes), a traceback instead of "not a folder"."""
+    return os.path.exists(name)
 
 
 def pulled_folder(name: str) -> Path:
@@ -59,7 +65,7 @@ def pulled_folder(name: str) -> Path:
 def resolve(name: str | Path, what: str = "model") -> Path:
     """The folder `name` stands for: an existing path as is, else a cached hub snapshot."""
     path = Path(name)
-    if path.exists():
+    if _exists(path):
         return path
     text = str(name)
     if not REPO_ID.match(text):

@@ -17,6 +17,7 @@ from ..experts import StreamingExperts
 from ..families.architectures import expert_containers, replace_modules
 from ..io.expert_files import ExpertFiles
 from ..io.files import check_tmpdir, check_utf8_path
+from ..io.manifest import not_a_model
 from .assembly import apply_residency, load_resident
 from .backend import check_backend_computes, check_model_kernels
 from .download_folder import is_download
@@ -97,6 +98,8 @@ def load_decided(path: str | Path, options: LoadOptions) -> tuple[nn.Module, Tok
         raise StreamerError(f"path must be a folder name (str or Path), got {path!r}.")
     folder = streamable(path) if is_repo_id(path) else Path(path)  # org/name: pulled or cached
     check_utf8_path(folder, "the model folder")
+    if not os.path.isdir(folder):  # said before a look inside: a part over 255 bytes raised OSError
+        raise StreamerError(not_a_model(Path(folder)))
     check_tmpdir()
     opened = open_download_source if is_download(folder) else open_repacked_source
     return _assemble(opened(folder, options), options)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..arguments import MAX_SEED
+from ..arguments import MAX_SEED, MIN_TEMPERATURE
 from .fields import ApiError, checked, is_int
 from .messages import check_messages, check_template_kwargs, check_tools
 
 # OpenAI takes up to 4 stop strings; more are allowed here, but bounded: every new piece of text
 # is checked against each stop's prefixes to hold back a partial match
 MAX_STOPS, MAX_STOP_CHARS = 16, 1000
-MIN_TEMPERATURE = 1e-5
 
 
 @dataclass

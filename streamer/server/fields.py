@@ -44,12 +44,12 @@ def parse_body(raw: bytes) -> dict:
         raise ApiError(400, "the request body nests arrays or objects too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    if _depth(body) > MAX_DEPTH:
+    if depth(body) > MAX_DEPTH:
         raise ApiError(400, f"the request body nests arrays or objects over {MAX_DEPTH} deep")
     return body
 
 
-def _depth(value: Any) -> int:
+def depth(value: Any) -> int:
     """How many arrays and objects deep `value` nests (without recursing: it may be deep)."""
     deepest, stack = 0, [(value, 1)]
     while stack:

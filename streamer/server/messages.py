@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .fields import ApiError
+from .fields import MAX_DEPTH, ApiError, depth
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # apply_chat_template's own parameters: chat_template_kwargs holds the template's variables
@@ -94,10 +94,15 @@ def _check_tool_call(call: Any, where: str) -> None:
     param = f"{where}.function.arguments"
     arguments = function.get("arguments")
     if isinstance(arguments, str):
-        try:
-            json.loads(arguments)
+        try:  # parsed for the template, which renders it recursively: bounded as the body is
+            deep = depth(json.loads(arguments)) > MAX_DEPTH
         except ValueError:
             raise ApiError(400, f"{param} is not JSON", param=param) from None
+        except RecursionError:  # json.loads gives up about 1000 deep
+            deep = True
+        if deep:
+            message = f"{param} nests arrays or objects over {MAX_DEPTH} deep"
+            raise ApiError(400, message, param=param)
     elif arguments is not None and not isinstance(arguments, dict):
         raise ApiError(400, f"{param} must be a JSON string or object", param=param)
 

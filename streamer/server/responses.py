@@ -5,6 +5,7 @@ streamer's own figures ride along under a `streamer` key, which OpenAI clients i
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -14,6 +15,8 @@ from ..run_stats import RunStats
 from .api import Completion
 from .engine import Done, Token
 from .output import Piece
+
+log = logging.getLogger("streamer.server")
 
 
 class Answer:
@@ -26,6 +29,18 @@ class Answer:
         self.tool_calls = ToolCallFormatter(tool_parser, request.tools, streaming=request.stream)
         self.piece, self.tokens = Piece(), []  # everything so far, for a whole response
         self.sent = 0  # characters of text streamed so far (text_offset of /v1/completions)
+
+    def _calls(self, texts: list[str]) -> list[dict]:
+        """The tool calls in OpenAI's shape. mlx-lm's formatter drops a call its parser cannot
+        read, but raised on one that parses to other than {name, arguments} (a model's
+        `{"name": "f"}`): the answer was lost, a traceback logged. Such a call is dropped too."""
+        calls = []
+        for text in texts:
+            try:
+                calls += self.tool_calls([text])
+            except (AttributeError, KeyError, TypeError):
+                log.warning("dropped a tool call that is not {name, arguments}: %.200r", text)
+        return calls
 
     def _head(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.request.model}
@@ -45,7 +60,7 @@ class Answer:
             if piece.reasoning:
                 delta["reasoning"] = piece.reasoning
             if piece.tool_calls:
-                delta["tool_calls"] = self.tool_calls(piece.tool_calls)
+                delta["tool_calls"] = self._calls(piece.tool_calls)
             choice = {"index": 0, "delta": delta}
             if self.request.logprobs:
                 choice["logprobs"] = {"content": self._chat_logprobs(tokens)}
@@ -79,7 +94,7 @@ class Answer:
             choice = {"index": 0, "text": piece.content, "logprobs": logprobs}
         else:
             body = self._head("chat.completion")
-            calls = self.tool_calls(piece.tool_calls)
+            calls = self._calls(piece.tool_calls)
             # null only beside tool calls, as OpenAI answers; an empty answer is ""
             message = {"role": "assistant", "content": piece.content or (None if calls else "")}
             if piece.reasoning:

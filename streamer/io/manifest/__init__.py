@@ -69,12 +69,12 @@ def not_a_model(folder: Path) -> str:
         f"{MANIFEST_FILE} (a folder `streamer repack` or `streamer pull` wrote) or config.json (a "
         "download, with its safetensors shards)"
     )
-    if folder.is_dir():
+    if os.path.isdir(folder):  # Path.is_dir raises OSError for a part over 255 bytes
         kind = "an empty folder" if not any(folder.iterdir()) else "a folder without a model"
         found = f"{folder.absolute()} is {kind}: looked for {looked} in it"
-    else:
-        found = f"{folder.absolute()} is a file, not a model's folder: a model is a folder with "
-        found += looked
+    else:  # a missing path reaches here from streamer.load (--model's lookup says so itself)
+        what = "is a file, not a model's folder" if os.path.lexists(folder) else "does not exist"
+        found = f"{folder.absolute()} {what}: a model is a folder with {looked}"
     return f"{found}. Pass the model's folder, or its org/name."
 
 
