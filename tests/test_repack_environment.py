@@ -31,6 +31,13 @@ def test_a_stale_partial_that_is_a_file(small_source, tmp_path):
     assert (tmp_path / ".model.partial").read_text() == "left over"
 
 
+@pytest.mark.parametrize("parts", [("x" * 300, "model"), ("x" * 250,)])  # a name; its .partial
+def test_a_destination_name_too_long(small_source, tmp_path, parts):
+    with pytest.raises(StreamerError, match=r"is over 255 bytes .*choose a shorter destination"):
+        repack(small_source, tmp_path.joinpath(*parts), **QUIET)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
 def test_a_read_only_destination(small_source, tmp_path, monkeypatch):
     real_mkdir = Path.mkdir
 

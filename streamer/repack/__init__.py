@@ -67,6 +67,7 @@ def repack(
     With `delete_source`, delete each source shard once all of its data is written (consume.py).
     """
     src, dst = Path(src), Path(dst)
+    publish.check_name_lengths(dst)
     partial = publish.partial_folder(dst)
     if resume and dst.exists() and not partial.exists():
         log(f"[repack] {dst} is complete: nothing to resume")

@@ -23,8 +23,23 @@ from .resume_sidecar import ResumeSidecar
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
 
 
+NAME_MAX = 255  # bytes in one name on Linux's and macOS's file systems
+
+
 def partial_folder(dst: Path) -> Path:
     return dst.parent / f".{dst.name}.partial"
+
+
+def check_name_lengths(dst: Path) -> None:
+    """Every name in `dst`, and the partial folder's beside it, within NAME_MAX bytes: past it
+    the first look at the path raised OSError (a traceback), and nothing could be written."""
+    names = [*dst.absolute().parts, partial_folder(dst).name]
+    long = next((name for name in names if len(os.fsencode(name)) > NAME_MAX), None)
+    if long is not None:
+        raise StreamerError(
+            f"{dst}: the name {long[:24]}... is over {NAME_MAX} bytes (counting the .partial "
+            "folder repack writes beside it): choose a shorter destination."
+        )
 
 
 def open_partial(
