@@ -86,5 +86,5 @@ def test_an_integer_of_thousands_of_digits(tmp_path):
     JSONDecodeError: it reached the user as a traceback."""
     raw = b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, ' + b"9" * 5000 + b"]}}"
     path = safetensors_file(tmp_path, raw, bytes(4))
-    with pytest.raises(StreamerError, match="header is not valid JSON .*4300 digits"):
+    with pytest.raises(StreamerError, match="header holds an integer of over 4300 digits; "):
         read_header(path)

@@ -20,8 +20,10 @@ def parse_json_object(raw: bytes | str, where: str, fix: str, unique_keys: bool 
         data = json.loads(
             raw.decode("utf-8") if isinstance(raw, bytes) else raw, object_pairs_hook=hook
         )
-    except ValueError as e:  # not UTF-8, not JSON, or an integer of over 4300 digits
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise StreamerError(f"{where} is not valid JSON ({e}); {fix}") from e
+    except ValueError as e:  # Python's own limit, whose message advises a setting in Python
+        raise StreamerError(f"{where} holds an integer of over 4300 digits; {fix}") from e
     except _DuplicateKey as e:
         raise StreamerError(f"{where} names {e} twice; {fix}") from None
     except RecursionError:
