@@ -88,8 +88,8 @@ def streamer_launch(words: list[str], cwd, env: dict | None = None) -> subproces
 
 
 def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
-    """`[]` and `{"hosts": []}` ran nothing and exited 0; "envs" a string and "ssh" a number
-    were tracebacks."""
+    """`[]` and `{"hosts": []}` ran nothing and exited 0; "envs" a string, "ssh" a number
+    and an integer of 5000 digits were tracebacks."""
     host = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}
     for content, said in [
         ("[]", "the list of hosts is empty"),
@@ -99,6 +99,7 @@ def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
         ('[HOST, {"ssh": "b", "ips": ["b"]}]', "host 1's \"ips\" holds 'b', not an IP"),
         ('{"host": [HOST]}', "no list of hosts"),
         ("[{", "not JSON"),
+        ("[" + "9" * 5000 + "]", "it holds an integer of over 4300 digits"),
     ]:
         hostfile = tmp_path / "hosts.json"
         hostfile.write_text(content.replace("HOST", json.dumps(host)))

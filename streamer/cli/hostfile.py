@@ -42,6 +42,8 @@ def check_hostfile(path: Path) -> None:
         raise StreamerError(f"cannot read hostfile {path}: {e.strerror or e}.") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise bad(f"not JSON ({e})") from None
+    except ValueError:  # Python's own limit on an integer's digits: its advice is not for users
+        raise bad("it holds an integer of over 4300 digits") from None
     hosts = data.get("hosts") if isinstance(data, dict) else data
     if not isinstance(hosts, list):
         raise bad('no list of hosts (a list, or an object\'s "hosts")')
