@@ -186,3 +186,15 @@ def test_serve_remembers_a_conversation_across_restarts(checkpoints, tmp_path):
     assert second.choices[0].message.content == first.choices[0].message.content
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
+
+
+def test_folders_under_cache_file_names_are_left_alone(tmp_path):
+    """A folder named as a cache file, or as a dead process's partial one, was unlinked at start:
+    an IsADirectoryError traceback."""
+    for name in (f"{PREFIX}x-00000000.safetensors", f"{PARTIAL}999999999-x.safetensors"):
+        (tmp_path / name).mkdir()
+    DiskCache(tmp_path, "id", 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{PARTIAL}999999999-x.safetensors",
+        f"{PREFIX}x-00000000.safetensors",
+    ]

@@ -75,7 +75,7 @@ class DiskCache:
         self.folder, self.identity, self.max_bytes = folder, identity, max_bytes
         self.entries: dict[Path, Entry] = {}
         _remove_partials(folder)
-        for path in sorted(folder.glob(f"{PREFIX}*{SUFFIX}")):
+        for path in sorted(_files(folder, f"{PREFIX}*{SUFFIX}")):
             entry = self._entry(path)
             if entry is not None:
                 self.entries[path] = entry
@@ -176,7 +176,7 @@ class DiskCache:
     def _bound(self) -> None:
         """Remove the least recently used files (every model's) until the folder fits."""
         files = []
-        for path in self.folder.glob(f"{PREFIX}*{SUFFIX}"):
+        for path in _files(self.folder, f"{PREFIX}*{SUFFIX}"):
             try:
                 st = path.stat()
             except FileNotFoundError:
@@ -219,10 +219,16 @@ def _crc32(path: Path) -> int:
 
 def _remove_partials(folder: Path) -> None:
     """Partial files of writes that never finished: their process is gone."""
-    for path in folder.glob(f"{PARTIAL}*"):
+    for path in _files(folder, f"{PARTIAL}*"):
         pid = path.name.removeprefix(PARTIAL).split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             path.unlink(missing_ok=True)
+
+
+def _files(folder: Path, pattern: str) -> list[Path]:
+    """The files (or links to them) matching `pattern`: a folder or special file under a cache
+    file's name is not one of ours, and unlinking it raised at start."""
+    return [path for path in folder.glob(pattern) if path.is_file()]
 
 
 def _alive(pid: int) -> bool:
