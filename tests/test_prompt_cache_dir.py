@@ -198,3 +198,17 @@ def test_folders_under_cache_file_names_are_left_alone(tmp_path):
         f"{PARTIAL}999999999-x.safetensors",
         f"{PREFIX}x-00000000.safetensors",
     ]
+
+
+def test_a_header_nested_too_deep_is_a_damaged_file(tmp_path, caplog):
+    """JSON nested 200,000 deep in a cache file's header was a RecursionError traceback at start;
+    a token list that is not a string, a TypeError."""
+    deep = b"[" * 200_000 + b"]" * 200_000
+    tokens = b'{"__metadata__": {"0.streamer_model": "id", "0.streamer_tokens": 5}}'
+    for name, header in [("deep", deep), ("tokens", tokens)]:
+        path = tmp_path / f"{PREFIX}{name}-00000000.safetensors"
+        path.write_bytes(len(header).to_bytes(8, "little") + header)
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        assert DiskCache(tmp_path, "id", 1 << 30).entries == {}
+    assert len([r for r in caplog.records if "damaged prompt cache" in r.getMessage()]) == 2
+    assert files(tmp_path) == []

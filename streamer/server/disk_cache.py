@@ -141,7 +141,7 @@ class DiskCache:
             if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
                 raise ValueError("its tokens are not a list of ids")
             return Entry(path, tuple(tokens), metadata.get("0.streamer_trimmable") == "True")
-        except (OSError, ValueError, KeyError, UnicodeDecodeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             self._damaged(path, e)
             return None
 
