@@ -76,3 +76,11 @@ def test_special_file_in_a_repacked_folder(model_folder, tmp_path, name, kind):
     elif name != "tokenizer.json":
         problems = verify(folder, log=lambda _: None)
         assert any(p.file == name for p in problems), problems
+
+
+def test_a_recorded_file_the_folder_lacks(model_folder, tmp_path):
+    """A "files" entry for a file that is not there was a FileNotFoundError traceback at load."""
+    record = {"experts/999.bin": {"size": 1, "mtime_ns": 1}}
+    folder = edited_copy(model_folder, tmp_path / "model", lambda m: m["files"].update(record))
+    with pytest.raises(StreamerError, match=r"999.bin, recorded in manifest.json, cannot be read"):
+        streamer.load(folder)

@@ -51,7 +51,7 @@ def check_files(folder: Path, manifest: Manifest) -> None:
         check_expert_file_size(path, size, layer.file_bytes, f"MoE layer {index} ({layer.module})")
     file_size(folder / RESIDENT_FILE, "the non-expert weights")
     for name, recorded in manifest.files.items():
-        what = stat_change(recorded, file_stat(folder / name))
+        what = stat_change(recorded, recorded_stat(folder / name))
         if what == "size":
             raise StreamerError(
                 f"{folder / name} changed after it was repacked (its size differs from the one "
@@ -63,6 +63,18 @@ def check_files(folder: Path, manifest: Manifest) -> None:
                 "from the one recorded in manifest.json and sampled checksums do not match); "
                 f"repack the model (`streamer verify {folder}` names each bad tensor)."
             )
+
+
+def recorded_stat(path: Path) -> dict[str, int]:
+    """file_stat of a file the manifest's "files" lists: one it lists but the folder lacks (a
+    hand-edited manifest) was a FileNotFoundError traceback at load."""
+    try:
+        return file_stat(path)
+    except OSError as e:
+        raise StreamerError(
+            f"{path}, recorded in manifest.json, cannot be read ({e.strerror or e}); "
+            "repack the model."
+        ) from None
 
 
 def check_expert_file_size(
