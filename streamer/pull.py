@@ -25,7 +25,7 @@ from .loading.hub import ALLOW_PATTERNS, REPO_ID, needs_repack, pulled_folder
 from .pulled_files import LandedHashes, listing, present, refuse_no_model, refuse_unstreamable
 from .repack import repack
 from .repack.consume import stand_ins
-from .repack.publish import partial_folder
+from .repack.publish import is_streamer_output, partial_folder
 from .repack.recipe import Quantize
 
 
@@ -41,13 +41,17 @@ def pull(
 ) -> Path:
     """Download `name` and return the folder that streams: its snapshot (MLX-quantized) or the
     folder it was repacked into (`dst`, default `pulled_folder(name)`)."""
-    if not REPO_ID.match(name):
-        raise StreamerError(f"{name!r} is not a Hugging Face name such as Qwen/Qwen3-30B-A3B.")
+    check_name(name)
     dst = Path(dst) if dst is not None else pulled_folder(name)
     partial = partial_folder(dst)
-    if dst.exists() and not partial.exists() and not force:
-        log(f"[pull] {name} is pulled already, repacked in {dst} (--force pulls it again)")
-        return dst
+    if os.path.lexists(dst) and not partial.exists():
+        if not is_streamer_output(dst):  # said now, not after the download (repack would refuse)
+            raise StreamerError(
+                f"{dst} exists and is not a folder `streamer repack` wrote: choose another --dst."
+            )
+        if not force:
+            log(f"[pull] {name} is pulled already, repacked in {dst} (--force pulls it again)")
+            return dst
     # shards an interrupted --delete-source repack consumed are in its partial folder already
     consumed = sorted(stand_ins(partial)) if partial.exists() else []
     drop_stale_parts(name)
@@ -78,6 +82,20 @@ def pull(
             "--delete-source keeps only the repacked copy"
         )
     return dst
+
+
+def check_name(name: str) -> None:
+    """A name the Hub could hold: REPO_ID's shape, and huggingface_hub's own check (`a/..` has
+    the shape, and the Hub's refusal of it was a traceback)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        valid = bool(REPO_ID.match(name)) and validate_repo_id(name) is None
+    except HFValidationError:
+        valid = False
+    if not valid:
+        raise StreamerError(f"{name!r} is not a Hugging Face name such as Qwen/Qwen3-30B-A3B.")
 
 
 def download(name: str, revision: str | None, skip: list[str]) -> Path:

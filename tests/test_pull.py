@@ -323,3 +323,26 @@ def test_weight_files_are_hashed_as_they_land(tmp_path):
     assert not hashes.downloaded.is_set()
     hashes.finish("org/name", tmp_path)  # it matches: nothing raised, nothing removed
     assert (tmp_path / "model-1.safetensors").read_bytes() == data
+
+
+def test_names_and_destinations_pull_refuses_before_asking_the_hub(tmp_path, capsys):
+    """A name of REPO_ID's shape the Hub could not hold (`a/..`: huggingface_hub's refusal was
+    a traceback) and a --dst that exists but is no repacked folder (an unrelated folder, a
+    file: "pulled already" was said of it, or with --force the download ran before repack
+    refused) are one line each, before any request, and touch nothing."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep")
+    cases = {
+        ("pull", "a/.."): "'a/..' is not a Hugging Face name",
+        ("pull", "org/b--c"): "is not a Hugging Face name",
+        ("pull", "org/model", "--dst", str(folder)): "is not a folder `streamer repack` wrote",
+        ("pull", "org/model", "--dst", str(folder), "--force"): "choose another --dst",
+        ("pull", "org/model", "--dst", str(folder / "notes.txt")): "choose another --dst",
+    }
+    for argv, expected in cases.items():
+        assert main(list(argv)) == 2, argv
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], (argv, lines)
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+    assert (folder / "notes.txt").read_text() == "keep"
