@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -57,31 +59,58 @@ def stream_generate(
         check_kv_cache_quantizes(model, kwargs)
     kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
-    if seed is not None:
-        mx.random.seed(seed)
-    model.streamer.stats.reset()
-    mx.reset_peak_memory()
-    try:  # mlx_lm.stream_generate's responses, or with drafts the speculative loop's
-        for r in speculative.stream_generate(model, tokenizer, prompt, max_tokens, kwargs):
-            stats = run_stats(
-                model,
-                r.prompt_tokens,
-                r.prompt_tps,
-                r.generation_tokens,
-                r.generation_tps,
-                settle=r.finish_reason is not None,
+    with _claimed(model.streamer):
+        if seed is not None:  # claimed first: another thread's answer draws from the same seed
+            mx.random.seed(seed)
+        model.streamer.stats.reset()
+        mx.reset_peak_memory()
+        try:  # mlx_lm.stream_generate's responses, or with drafts the speculative loop's
+            for r in speculative.stream_generate(model, tokenizer, prompt, max_tokens, kwargs):
+                stats = run_stats(
+                    model,
+                    r.prompt_tokens,
+                    r.prompt_tps,
+                    r.generation_tokens,
+                    r.generation_tps,
+                    settle=r.finish_reason is not None,
+                )
+                yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
+        except ValueError as e:  # mx.quantize's: the keys' width is not a multiple of the group
+            if kv_bits is None or not str(e).startswith("[quantize]"):
+                raise
+            raise StreamerError(
+                f"kv_group_size {kwargs.get('kv_group_size', 64)} does not divide this model's "
+                f"key and value widths ({one_line(e)}): choose a smaller kv_group_size."
+            ) from None
+        # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums
+        # must finish before any later collective, or the ranks' messages interleave
+        mx.synchronize(kwargs.get("stream", generation_stream))
+
+
+_CLAIMS = threading.Lock()  # a model's check and claim, one thread at a time
+
+
+@contextmanager
+def _claimed(handle) -> Iterator[None]:
+    """The model for this thread while it generates. MLX's streams belong to the thread that
+    made them, so a second thread generating on one model at once failed inside the slot pool
+    (RuntimeError: There is no Stream(cpu, 5) in current thread), and both answers share the
+    expert caches and stats. Generators interleaved in one thread still take turns."""
+    me = threading.get_ident()
+    with _CLAIMS:
+        owner, depth = getattr(handle, "generating", (None, 0))
+        if depth and owner != me:
+            raise StreamerError(
+                "this model is generating an answer in another thread, and a model generates one "
+                "answer at a time: wait for that answer to finish (or close its stream), or load "
+                "the model once for each thread."
             )
-            yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
-    except ValueError as e:  # mx.quantize's: the keys' width is not a multiple of the group
-        if kv_bits is None or not str(e).startswith("[quantize]"):
-            raise
-        raise StreamerError(
-            f"kv_group_size {kwargs.get('kv_group_size', 64)} does not divide this model's "
-            f"key and value widths ({one_line(e)}): choose a smaller kv_group_size."
-        ) from None
-    # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums must
-    # finish before any later collective, or the ranks' messages interleave
-    mx.synchronize(kwargs.get("stream", generation_stream))
+        handle.generating = (me, depth + 1)
+    try:
+        yield
+    finally:  # also when the stream is closed or dropped unfinished
+        with _CLAIMS:
+            handle.generating = (me, handle.generating[1] - 1)
 
 
 _SAMPLER_KEYWORDS = set(inspect.signature(make_sampler).parameters) - {"temp", "top_p"}

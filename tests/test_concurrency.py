@@ -1,12 +1,17 @@
-"""Several processes on one repacked folder, and Ctrl-C while generating."""
+"""Several processes on one repacked folder, two threads on one model, and Ctrl-C while
+generating."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
+import threading
+
+import pytest
 
 import streamer
+from streamer.errors import StreamerError
 
 
 def generate_command(model, prompt: str, max_tokens: int) -> list[str]:
@@ -59,3 +64,26 @@ def test_ctrl_c_during_generation_prints_stats_and_exits_130(checkpoints):
     assert process.returncode == 130, stderr
     assert "[interrupted]" in stderr and "decode:" in stderr and "tok/s" in stderr
     assert "Traceback" not in stderr
+
+
+def test_a_second_thread_generating_on_a_model_in_use_is_refused(checkpoints):
+    """MLX's streams belong to their thread: a second thread's answer on the slot path failed
+    inside the pool (RuntimeError: no Stream in current thread). It is refused in one line, and
+    the first answer, and the next, are untouched."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    want = streamer.generate(model, tokenizer, "hello world", max_tokens=4)
+    stream = streamer.stream_generate(model, tokenizer, "hello world", max_tokens=4)
+    first = next(stream).text
+    errors = []
+
+    def second() -> None:
+        with pytest.raises(StreamerError, match="generating an answer in another thread") as e:
+            streamer.generate(model, tokenizer, "hello world", max_tokens=4)
+        errors.append(e)
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join()
+    assert errors and first + "".join(r.text for r in stream) == want
+    assert streamer.generate(model, tokenizer, "hello world", max_tokens=4) == want
