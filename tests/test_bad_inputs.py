@@ -175,6 +175,18 @@ def test_already_quantized_checkpoint_with_quantize(checkpoints, tmp_path):
     )
 
 
+def test_a_group_size_mlx_does_not_quantize_with(checkpoints, tmp_path, capsys):
+    """`--quantize 4 --group-size 16` (affine) was MLX's ValueError traceback mid-repack."""
+    src = checkpoints.hf("qwen3_moe")
+    assert (
+        main(["repack", str(src), str(tmp_path / "out"), "--quantize", "4", "--group-size", "16"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "--group-size 16 --q-mode affine: MLX does not quantize so" in err, err
+    assert "Traceback" not in err and not list(tmp_path.iterdir())
+
+
 def test_manifest_of_a_newer_format_version(checkpoints, tmp_path):
     folder = edited_copy(
         checkpoints.repacked(checkpoints.hf("qwen3_moe")),

@@ -119,6 +119,24 @@ def test_an_interrupted_repack_resumes_from_the_stand_ins(source, reference, tmp
     assert shards(source) == {}
 
 
+def test_resume_without_a_progress_file_keeps_the_only_copy(source, tmp_path):
+    """A progress.json removed by hand made --resume start over: it removed the partial folder,
+    the only copy of the deleted shards' data. Now refused, the folder kept."""
+    dst, partial = tmp_path / "model", tmp_path / ".model.partial"
+
+    def interrupt(line: str) -> None:
+        if "layer 3/4" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        repack(source, dst, delete_source=True, log=interrupt)
+    (partial / "progress.json").unlink()
+    before = files(partial)
+    with pytest.raises(StreamerError, match="only copy of .* no progress.json"):
+        repack(source, dst, delete_source=True, resume=True, **QUIET)
+    assert files(partial) == before
+
+
 def test_a_failure_deletes_nothing_more_and_keeps_what_was_deleted(source, tmp_path, monkeypatch):
     from streamer.repack.sources import Sources
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 
 import mlx.core as mx
 import mlx_lm
 import pytest
 from conftest import reference_model
+from repack_checks import assert_same_model
 from test_parity import compare
 
 from fixtures import TINY_CONFIGS, VOCAB_SIZE, tiny_config, write_hf_checkpoint
@@ -100,6 +102,19 @@ def test_fp8_download_is_dequantized_as_mlx_lm_does(tmp_path, arch):
         mlx_lm.convert(str(src), str(tmp_path / "mlx"), quantize=True, q_bits=4, q_group_size=64)
     repack(src, tmp_path / "q4", quantize=Quantize(4, 64), log=lambda _: None)
     compare(tmp_path / "q4", reference_model(tmp_path / "mlx"), tolerance=0.0)
+
+
+def test_fp8_with_a_null_block_size_is_dequantized_as_without_one(tmp_path):
+    """`weight_block_size: null` was a TypeError traceback; mlx-lm's sanitize reads no size."""
+    config = tiny_config("deepseek_v3")
+    src = write_hf_checkpoint(tmp_path / "src", config, fp8=True)
+    repack(src, tmp_path / "absent", log=lambda _: None)
+    config_file = src / "config.json"
+    written = json.loads(config_file.read_text())
+    written["quantization_config"]["weight_block_size"] = None
+    config_file.write_text(json.dumps(written))
+    repack(src, tmp_path / "null", log=lambda _: None)
+    assert_same_model(tmp_path / "null", tmp_path / "absent")
 
 
 def test_fp8_is_refused_where_mlx_lm_does_not_dequantize_it(tmp_path):

@@ -58,6 +58,13 @@ def open_partial(
         if sidecar is not None:
             log(f"[repack] resuming {partial}: {len(sidecar.layers)} MoE layer(s) already done")
             return fd, sidecar
+        if stand_ins(partial):  # its progress file gone by hand: never remove the only copy
+            if fd is not None:
+                os.close(fd)
+            raise StreamerError(
+                f"{partial} holds the only copy of source shards deleted by --delete-source but "
+                "no progress.json: it cannot resume; download the model again to repack it."
+            )
         log(
             f"[repack] removing the unfinished repack in {partial}"
             + ("" if resume else " (--resume continues one)")

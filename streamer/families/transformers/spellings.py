@@ -129,9 +129,9 @@ def _quantization_as_mlx(config: dict) -> dict:
             except ValueError:
                 return config
             config["quantization"] = config["quantization_config"] = packed
-        elif method == "fp8" and list(quantization_config.get("weight_block_size", ())) != [32, 32]:
+        elif method == "fp8" and quantization_config.get("weight_block_size") != [32, 32]:
             # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as
-            # in mlx-lm
+            # in mlx-lm (a null block size too: list(None) was a TypeError)
             del config["quantization_config"]
         elif method == "fp8" and quantization_config.get("scale_fmt") == "ue8m0":
             # power-of-two scales over 32x32 tiles (DeepSeek-V4.1) are MXFP8, and its FP4 experts
