@@ -132,7 +132,13 @@ def test_resume_without_a_progress_file_keeps_the_only_copy(source, tmp_path):
         repack(source, dst, delete_source=True, log=interrupt)
     (partial / "progress.json").unlink()
     before = files(partial)
-    with pytest.raises(StreamerError, match="only copy of .* no progress.json"):
+    with pytest.raises(StreamerError, match="no progress.json.* only copy .*download the model"):
+        repack(source, dst, delete_source=True, resume=True, **QUIET)
+    assert files(partial) == before
+    # damaged, it said to start over without --resume, which the stand-ins refuse: a circle
+    (partial / "progress.json").write_text("{")
+    before = files(partial)
+    with pytest.raises(StreamerError, match="damaged.* only copy .*cannot start over: rerun"):
         repack(source, dst, delete_source=True, resume=True, **QUIET)
     assert files(partial) == before
 

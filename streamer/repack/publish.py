@@ -42,6 +42,14 @@ def check_name_lengths(dst: Path) -> None:
         )
 
 
+# A partial folder holding the source shards --delete-source deleted can neither resume nor, as the
+# sidecar's errors advise, start over
+ONLY_COPY = (
+    "{partial} cannot resume ({why}) and holds the only copy of source shards deleted by "
+    "--delete-source, so it cannot start over: {fix}"
+)
+
+
 def open_partial(
     partial: Path, identity: str, resume: bool, log
 ) -> tuple[int | None, ResumeSidecar]:
@@ -51,6 +59,14 @@ def open_partial(
         fd = lock_directory(partial, "writing the same destination")
         try:
             sidecar = ResumeSidecar.load(partial, identity) if resume else None
+        except StreamerError as e:
+            if fd is not None:
+                os.close(fd)
+            if not stand_ins(partial):
+                raise
+            why = "its progress.json is damaged, or was written for other sources or options"
+            fix = "rerun the command that started it, with its options; else download the model."
+            raise StreamerError(ONLY_COPY.format(partial=partial, why=why, fix=fix)) from e
         except BaseException:
             if fd is not None:
                 os.close(fd)
@@ -61,10 +77,8 @@ def open_partial(
         if stand_ins(partial):  # its progress file gone by hand: never remove the only copy
             if fd is not None:
                 os.close(fd)
-            raise StreamerError(
-                f"{partial} holds the only copy of source shards deleted by --delete-source but "
-                "no progress.json: it cannot resume; download the model again to repack it."
-            )
+            why, fix = "it has no progress.json", "download the model again to repack it."
+            raise StreamerError(ONLY_COPY.format(partial=partial, why=why, fix=fix))
         log(
             f"[repack] removing the unfinished repack in {partial}"
             + ("" if resume else " (--resume continues one)")

@@ -21,7 +21,7 @@ from ..families.architectures import (
     quantize_like_mlx_lm,
 )
 from ..families.config import check_config, check_layer_count
-from ..families.config.common_fields import _mlx_refuses
+from ..families.config.common_fields import mlx_refuses
 from ..families.hf_naming import Architecture, hf_expert_key
 from ..families.model_types import architecture
 from ..families.tied_embeddings import untied_where_saved, with_tied_lm_head
@@ -57,7 +57,7 @@ class Quantize:
                 f"--q-mode {self.mode} quantizes to {fixed[0]} bits in groups of {fixed[1]}: "
                 f"pass --quantize {fixed[0]} (and no other --group-size)."
             )
-        refused = _mlx_refuses(self.group_size, self.bits, self.mode)
+        refused = mlx_refuses(self.group_size, self.bits, self.mode)
         if refused:  # else MLX's ValueError once the model is built (affine --group-size 16)
             raise StreamerError(
                 f"--quantize {self.bits} --group-size {self.group_size} --q-mode {self.mode}: "

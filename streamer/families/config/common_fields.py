@@ -72,7 +72,7 @@ def _check_quantization(params: dict, where, field: str) -> None:
         raise bad_field(where, f"{field}.group_size", group_size, "a group size such as 64")
     if mode is not None and not isinstance(mode, str):
         raise bad_field(where, f"{field}.mode", mode, "a mode name such as 'affine'")
-    refused = _mlx_refuses(group_size, bits, mode or "affine")
+    refused = mlx_refuses(group_size, bits, mode or "affine")
     if refused:  # else nn.quantize raises it as MLX's ValueError, once the model is built
         name = next((n for n in ("mode", "bits") if n in refused), "group_size")
         value = {"mode": mode, "bits": bits, "group_size": group_size}[name]
@@ -80,7 +80,7 @@ def _check_quantization(params: dict, where, field: str) -> None:
 
 
 @functools.cache
-def _mlx_refuses(group_size: int, bits: int, mode: str) -> str | None:
+def mlx_refuses(group_size: int, bits: int, mode: str) -> str | None:
     """MLX's own word on quantizing with these settings (None: it does), from a tiny matrix: the
     group sizes and bits each mode takes are MLX's to say (affine: 32, 64, 128; nvfp4: 16)."""
     if group_size > MAX_GROUP:
