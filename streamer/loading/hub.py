@@ -44,13 +44,8 @@ class NotDownloaded(StreamerError):
 
 def is_repo_id(name: str | Path) -> bool:
     """Whether `name` is a hub name rather than a folder that exists."""
-    return not _exists(name) and bool(REPO_ID.match(str(name)))
-
-
-def _exists(name: str | Path) -> bool:
-    """os.path.exists: Path.exists raised OSError for a name the system cannot look up (a part
-    over 255 bytes), a traceback instead of "not a folder"."""
-    return os.path.exists(name)
+    # os.path.exists: Path.exists raises OSError for a name over 255 bytes (a traceback)
+    return not os.path.exists(name) and bool(REPO_ID.match(str(name)))
 
 
 def pulled_folder(name: str) -> Path:
@@ -65,7 +60,7 @@ def pulled_folder(name: str) -> Path:
 def resolve(name: str | Path, what: str = "model") -> Path:
     """The folder `name` stands for: an existing path as is, else a cached hub snapshot."""
     path = Path(name)
-    if _exists(path):
+    if os.path.exists(path):  # not Path.exists: see is_repo_id
         return path
     text = str(name)
     if not REPO_ID.match(text):
