@@ -129,6 +129,9 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
         raise StreamerError(
             f"unknown keyword argument {unknown[0]!r}; known: temp, top_p, seed, {known}."
         )
+    _check_functions(kwargs)
+    if kwargs.get("sampler", 0) is None:  # as mlx-lm reads it: none given, so temp and top_p hold
+        del kwargs["sampler"]
     sampling = {k: kwargs.pop(k) for k in _SAMPLER_KEYWORDS & set(kwargs)}
     processing = {k: kwargs.pop(k) for k in _PROCESSOR_KEYWORDS & set(kwargs)}
     if "sampler" in kwargs and sampling:
@@ -141,6 +144,22 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
             *make_logits_processors(**processing),
         ]
     return kwargs
+
+
+def _check_functions(kwargs: dict) -> None:
+    """The keywords mlx-lm calls mid-answer (a TypeError deep in its loop otherwise): functions
+    or None; logits_processors a list of them."""
+    for name in ("sampler", "prompt_progress_callback"):
+        if kwargs.get(name) is not None and not callable(kwargs[name]):
+            raise StreamerError(f"{name} must be a function or None (got {kwargs[name]!r:.60}).")
+    processors = kwargs.get("logits_processors")
+    if processors is not None and not (
+        isinstance(processors, (list, tuple)) and all(map(callable, processors))
+    ):
+        raise StreamerError(
+            "logits_processors must be a list of functions (tokens, logits) -> logits, or None "
+            f"(got {processors!r:.60})."
+        )
 
 
 def any_top_k_sampler(temp: float, top_p: float = 1.0, top_k: int = 0, **rest) -> Callable:

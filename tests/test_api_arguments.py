@@ -145,10 +145,22 @@ def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints)
         ("hi", {"logit_bias": [1]}, "logit_bias must map token ids"),
         ("hi", {"xtc_probability": 2.0}, "xtc_probability must be from 0 to 1.0"),
         ("hi", {"min_tokens_to_keep": 0}, "min_tokens_to_keep must be at least 1"),
+        # mlx-lm's TypeError or AttributeError deep in its loop before
+        ("hi", {"sampler": 5}, r"sampler must be a function or None \(got 5\)"),
+        ("hi", {"prompt_progress_callback": 3}, "prompt_progress_callback must be a function"),
+        ("hi", {"logits_processors": 3}, r"logits_processors must be a list of functions .*got 3"),
+        ("hi", {"logits_processors": [3]}, r"logits_processors must be a list of functions"),
+        ("hi", {"draft_model": 5}, r"draft_model must be a model .* \(got 5\)"),
     ]:
         kwargs = {"max_tokens": 2, **kwargs}
         with pytest.raises(StreamerError, match=message):
             streamer.generate(model, tokenizer, prompt, **kwargs)
+    # sampler=None is mlx-lm's "no sampler": temp and top_p hold (it sampled greedily before)
+    sampled = dict(max_tokens=6, temp=1.0, seed=1)
+    assert streamer.generate(model, tokenizer, "hi", sampler=None, **sampled) == streamer.generate(
+        model, tokenizer, "hi", **sampled
+    )
+    assert streamer.generate(model, tokenizer, "hi", 2, sampler=None, logits_processors=None)
     biased = streamer.stream_generate(model, tokenizer, "hi", 2, logit_bias={vocab - 1: 100.0})
     assert [r.token for r in biased] == [vocab - 1] * 2  # the bias reached mlx-lm's processor
     for kwargs, message in [

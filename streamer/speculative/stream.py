@@ -45,6 +45,11 @@ def drafter(kwargs: dict, tokenizer: TokenizerWrapper) -> DraftModel | PromptLoo
             raise StreamerError(f"{name} cannot be combined with speculative decoding: {why}.")
         kwargs.pop(name, None)
     if draft_model is not None:
+        if not isinstance(draft_model, (str, Path, nn.Module)):  # else mlx-lm's AttributeError
+            raise StreamerError(
+                "draft_model must be a model (as mlx_lm.load returns it) or its folder or "
+                f"org/name (got {draft_model!r:.60})."
+            )
         if isinstance(draft_model, (str, Path)):
             draft_model = load_draft_model(draft_model, tokenizer)
         sampler = kwargs.get("sampler") or make_sampler(0.0)
