@@ -112,3 +112,45 @@ def test_plan_of_a_config_json_refuses_what_mlx_cannot_quantize(tmp_path, change
         plan(config, 8 << 30)
     assert f"config.json: config field quantization.{field} is {value!r}" in str(err.value)
     assert "expected what MLX quantizes with ([quantize]" in str(err.value)
+
+
+@pytest.mark.parametrize("field", ["num_experts_per_tok", "num_experts"])
+def test_plan_refuses_a_null_top_k_or_expert_count_in_the_manifest(checkpoints, tmp_path, field):
+    """plan reads the manifest without mlx-lm's args classes: a null here was planned (top-k 0:
+    no expert bytes per token) where load refuses it."""
+    from streamer.plan import plan
+
+    folder = repacked_with_config(checkpoints, tmp_path, {field: None})
+    with pytest.raises(StreamerError, match=f"manifest.json: config field {field} is None"):
+        plan(folder, 8 << 30)
+
+
+def test_plan_refuses_an_expert_count_the_layers_do_not_hold(checkpoints, tmp_path):
+    from streamer.plan import plan
+
+    folder = repacked_with_config(checkpoints, tmp_path, {"num_experts": 17})
+    message = r"manifest.json: MoE layer 0 .* holds 16 experts but the model expects 17"
+    for run in (lambda: plan(folder, 8 << 30), lambda: streamer.load(folder)):
+        with pytest.raises(StreamerError, match=message):
+            run()
+
+
+@pytest.mark.parametrize("field", ["num_experts_per_tok", "num_experts"])
+@pytest.mark.parametrize("value", [None, 0, -1, "4", 2.5, 4.0, True, 2, 17])
+def test_a_repacked_folders_config_json_edited(checkpoints, tmp_path, field, value):
+    """The model is built from the manifest's config, the tokenizer from config.json: a wrong
+    type failed in transformers, blamed on tokenizer.json; a valid edit (top-k 2) was ignored
+    by the model, and plan passed all of them."""
+    from streamer.cli import main
+    from streamer.plan import plan
+
+    folder = repacked_with_config(checkpoints, tmp_path, {})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, field: value}))
+    for run in (lambda: plan(folder, 8 << 30), lambda: streamer.load(folder)):
+        with pytest.raises(StreamerError, match="config.json") as err:
+            run()
+        text = str(err.value)
+        assert f"{folder / 'config.json'}: " in text and "\n" not in text
+        assert "repack the model" in text and "tokenizer" not in text
+    assert main(["plan", str(folder)]) == 2

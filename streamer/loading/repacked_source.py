@@ -11,7 +11,7 @@ import mlx.nn as nn
 from ..errors import StreamerError
 from ..experts.parallel import ExpertShare
 from ..families.architectures import build_model, expert_containers, quantize_like_mlx_lm
-from ..families.config import check_config, check_layer_count
+from ..families.config import check_config, check_layer_count, check_repacked_config_json
 from ..io.expert_files import open_repacked
 from ..io.expert_layout import repacked_layout
 from ..io.files import check_folder_files
@@ -75,6 +75,7 @@ def _checked_model(folder: Path, manifest: Manifest) -> tuple[nn.Module, dict]:
     check_folder_files(folder, "a file of the repacked model")
     check_files(folder, manifest)
     config = check_config(manifest.config, folder / MANIFEST_FILE)
+    check_repacked_config_json(folder, manifest)
     resident_path = folder / RESIDENT_FILE
     names = read_header(resident_path)  # clear errors for a truncated or corrupt file
     if set(names) != set(manifest.resident_crc32):

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..families.config import check_sizes, experts_per_token
+from ..families.config import (
+    check_repacked_config_json,
+    check_sizes,
+    experts_per_token,
+)
 from ..io.expert_layout import repacked_layout
 from ..io.files import not_regular
 from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, read_manifest
@@ -104,6 +108,7 @@ def repacked_plan(
     family not in KV_LAYOUT, a shard of an expert-parallel split)."""
     manifest = read_manifest(folder)
     config = check_sizes(manifest.config, folder / MANIFEST_FILE)  # no model is built to check it
+    check_repacked_config_json(folder, manifest)
     dtype_bytes = dtype.size if dtype is not None else DTYPE_BYTES.get(config.get("torch_dtype"), 2)
     per_token = kv_bytes_per_token(config, dtype_bytes, kv)
     if per_token is None or manifest.shard is not None or not manifest.layers:

@@ -11,22 +11,29 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...errors import StreamerError
+from ...io.json_file import decode_tagged_floats, read_json_object
 from ..transformers.defaults import letters_listed
 from ..transformers.unfilled import refuse_unfilled
 from .common_fields import check_common_fields, check_eos_ids
 from .declared_types import check_declared_types, text_args_class
 from .field_error import bad_field, remedy
-from .ranges import TOP_K, check_ranges
+from .ranges import EXPERT_COUNTS, TOP_K, check_ranges
 
 __all__ = [
     "check_config",
     "check_eos_ids",
     "check_layer_count",
+    "check_repacked_config_json",
     "check_sizes",
     "experts_per_token",
+    "routing_field",
 ]
+
+if TYPE_CHECKING:
+    from ...io.manifest import Manifest
 
 LAYER_INDEX = re.compile(r"\blayers\.(\d+)\.")
 
@@ -34,11 +41,21 @@ LAYER_INDEX = re.compile(r"\blayers\.(\d+)\.")
 def experts_per_token(config: dict) -> int:
     """Routed experts per token, under whichever name the family gives it (a VLM's in its
     text_config, DBRX's in its ffn_config; a per-layer list counts its largest)."""
-    for where in (config, config.get("text_config") or {}, config.get("ffn_config") or {}):
-        value = next((where[n] for n in TOP_K if where.get(n) is not None), None)
-        if value is not None:
-            return int(max(value) if isinstance(value, list) else value)
-    return 0
+    value = routing_field(config, TOP_K)
+    if value is None:
+        return 0
+    return int(max(value) if isinstance(value, list) else value)
+
+
+def routing_field(config: dict, names: tuple[str, ...]) -> object:
+    """The first of `names` (TOP_K, EXPERT_COUNTS) the config gives, as it gives it: at its top,
+    in a VLM's text_config or in DBRX's ffn_config."""
+    for where in (config, config.get("text_config"), config.get("ffn_config")):
+        if isinstance(where, dict):
+            value = next((where[n] for n in names if where.get(n) is not None), None)
+            if value is not None:
+                return value
+    return None
 
 
 def check_config(config: object, where: Path | str) -> dict:
@@ -71,7 +88,36 @@ def check_sizes(config: object, where: Path | str) -> dict:
     if text is not None and not isinstance(text, dict):
         raise bad_field(where, "text_config", text, "an object")
     check_ranges(text or config, where, "text_config." if text else "")
+    for group in (TOP_K, EXPERT_COUNTS):  # check_config refuses these nulls by mlx-lm's args
+        given = [name for name in group if name in (text or config)]
+        if given and all((text or config)[name] is None for name in given):
+            raise bad_field(where, ("text_config." if text else "") + given[0], None, "an integer")
     return config
+
+
+def check_repacked_config_json(folder: Path, manifest: Manifest) -> None:
+    """A repacked folder's config.json against its manifest: the model is built from the
+    manifest's config (whose expert count its layers must hold), the tokenizer from config.json
+    (transformers validates its types, in an error that blamed tokenizer.json), so that is
+    checked alike, and an edit of its routing, which the model would not follow, is refused."""
+    count = routing_field(manifest.config, EXPERT_COUNTS)
+    for index, layer in enumerate(manifest.layers):
+        if type(count) is int and layer.expert_ids is None and layer.num_experts != count:
+            raise StreamerError(
+                f"{folder / 'manifest.json'}: MoE layer {index} ({layer.module}) holds "
+                f"{layer.num_experts} experts but the model expects {count} experts; repack the "
+                "model."
+            )
+    path = folder / "config.json"
+    own = check_sizes(decode_tagged_floats(read_json_object(path, "repack the model.")), path)
+    for what, names in (("routed experts per token", TOP_K), ("expert count", EXPERT_COUNTS)):
+        mine, built = routing_field(own, names), routing_field(manifest.config, names)
+        if mine != built:
+            raise StreamerError(
+                f"{path}: the {what} is {mine!r} but manifest.json's config, which the model is "
+                f"built from, says {built!r}: config.json was edited; set it back to {built!r}, "
+                "or repack the model to change it."
+            )
 
 
 def _check_object(config: object, where: Path | str) -> None:

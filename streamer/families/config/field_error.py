@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ...errors import StreamerError
@@ -16,6 +17,9 @@ def bad_field(where, field: str, value: object, want: str) -> StreamerError:
 
 
 def remedy(where: Path | str) -> str:
-    if Path(str(where)).name == "manifest.json":
+    path = Path(str(where))
+    if path.name == "manifest.json":
         return "the manifest was edited or damaged: repack the model."
+    if os.path.exists(path.parent / "manifest.json"):  # a repacked folder's copy of the config
+        return "the repacked folder's config.json was edited or damaged: repack the model."
     return "the file is damaged or belongs to another model: download config.json again."
