@@ -89,23 +89,25 @@ def streamer_launch(words: list[str], cwd, env: dict | None = None) -> subproces
 
 def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
     """`[]` and `{"hosts": []}` ran nothing and exited 0; "envs" a string, "ssh" a number
-    and an integer of 5000 digits were tracebacks."""
+    and an integer of 5000 digits were tracebacks. Unreadable JSON is refused as every JSON file
+    is (io/json_file.py: parse_json), by the hostfile's name."""
     host = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}
     for content, said in [
-        ("[]", "the list of hosts is empty"),
-        ('{"hosts": []}', "the list of hosts is empty"),
-        ('{"envs": "A=1", "hosts": [HOST]}', "\"envs\" is 'A=1', not a list"),
-        ('[{"ssh": 5, "ips": ["127.0.0.1"]}]', 'host 0\'s "ssh" is 5, not a host name'),
-        ('[HOST, {"ssh": "b", "ips": ["b"]}]', "host 1's \"ips\" holds 'b', not an IP"),
-        ('{"host": [HOST]}', "no list of hosts"),
-        ("[{", "not JSON"),
-        ("[" + "9" * 5000 + "]", "it holds an integer of over 4300 digits"),
+        ("[]", ": the list of hosts is empty"),
+        ('{"hosts": []}', ": the list of hosts is empty"),
+        ('{"envs": "A=1", "hosts": [HOST]}', ": \"envs\" is 'A=1', not a list"),
+        ('[{"ssh": 5, "ips": ["127.0.0.1"]}]', ': host 0\'s "ssh" is 5, not a host name'),
+        ('[HOST, {"ssh": "b", "ips": ["b"]}]', ": host 1's \"ips\" holds 'b', not an IP"),
+        ('{"host": [HOST]}', ": no list of hosts"),
+        ("[{", " is not valid JSON"),
+        ("[" + "9" * 5000 + "]", " holds an integer of over 4300 digits; mlx.launch reads"),
+        ("[" * 100000, " is nested too deeply to be read; mlx.launch reads"),
     ]:
         hostfile = tmp_path / "hosts.json"
         hostfile.write_text(content.replace("HOST", json.dumps(host)))
         result = streamer_launch(["--hostfile", str(hostfile), "--", "true"], tmp_path)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, (content, result.stderr)
-        assert f"hostfile {hostfile}: {said}" in result.stderr, result.stderr
+        assert f"hostfile {hostfile}{said}" in result.stderr, result.stderr
 
 
 def test_a_rank_that_ends_alone_is_named_and_the_others_stopped(tmp_path, monkeypatch):

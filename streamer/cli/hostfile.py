@@ -5,11 +5,11 @@ and `"envs"` as a string or `"ssh"` as a number, which fail later as tracebacks.
 from __future__ import annotations
 
 import ipaddress
-import json
 from pathlib import Path
 
 from ..errors import StreamerError
 from ..io.files import read_bytes
+from ..io.json_file import parse_json
 
 FORMAT = (
     'mlx.launch reads a JSON list of hosts, or {"backend": ..., "envs": ["NAME=value"], '
@@ -35,15 +35,12 @@ def check_hostfile(path: Path) -> None:
         return StreamerError(f"hostfile {path}: {problem}; {FORMAT}.")
 
     try:
-        data = json.loads(read_bytes(path, "a hostfile"))
+        raw = read_bytes(path, "a hostfile")
     except FileNotFoundError:
         raise StreamerError(f"hostfile {path} does not exist.") from None
     except OSError as e:
         raise StreamerError(f"cannot read hostfile {path}: {e.strerror or e}.") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise bad(f"not JSON ({e})") from None
-    except ValueError:  # Python's own limit on an integer's digits: its advice is not for users
-        raise bad("it holds an integer of over 4300 digits") from None
+    data = parse_json(raw, f"hostfile {path}", f"{FORMAT}.")
     hosts = data.get("hosts") if isinstance(data, dict) else data
     if not isinstance(hosts, list):
         raise bad('no list of hosts (a list, or an object\'s "hosts")')

@@ -1,5 +1,6 @@
 """Untrusted JSON (config.json, the checkpoint's index, safetensors headers, the manifest, the
-resume sidecar): every defect becomes one StreamerError naming the file and what to do."""
+resume sidecar, launch's hostfile): every defect becomes one StreamerError naming the file and
+what to do."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ def parse_json_object(raw: bytes | str, where: str, fix: str, unique_keys: bool 
     """`raw` (UTF-8) as a JSON object; `where` names it in errors, `fix` says what to do.
     `unique_keys` refuses a key given twice in an object (json keeps the last one silently; the
     safetensors reader of Hugging Face refuses such a header)."""
+    data = parse_json(raw, where, fix, unique_keys)
+    if not isinstance(data, dict):
+        raise StreamerError(f"{where} is not a JSON object; {fix}")
+    return data
+
+
+def parse_json(raw: bytes | str, where: str, fix: str, unique_keys: bool = False) -> object:
+    """`raw` (UTF-8) as JSON of any shape (a hostfile may be a list), as parse_json_object."""
     hook = _no_duplicates if unique_keys else None
     try:
         data = json.loads(
@@ -28,8 +37,6 @@ def parse_json_object(raw: bytes | str, where: str, fix: str, unique_keys: bool 
         raise StreamerError(f"{where} names {e} twice; {fix}") from None
     except RecursionError:
         raise StreamerError(f"{where} is nested too deeply to be read; {fix}") from None
-    if not isinstance(data, dict):
-        raise StreamerError(f"{where} is not a JSON object; {fix}")
     return data
 
 
