@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generate_step, generation_stream
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -57,6 +58,7 @@ def stream_generate(
     kv_bits = kwargs.get("kv_bits")
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
+    _check_objects(model, kwargs)
     kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     with _claimed(model.streamer):
@@ -129,7 +131,6 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
         raise StreamerError(
             f"unknown keyword argument {unknown[0]!r}; known: temp, top_p, seed, {known}."
         )
-    _check_functions(kwargs)
     if kwargs.get("sampler", 0) is None:  # as mlx-lm reads it: none given, so temp and top_p hold
         del kwargs["sampler"]
     sampling = {k: kwargs.pop(k) for k in _SAMPLER_KEYWORDS & set(kwargs)}
@@ -146,9 +147,10 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
     return kwargs
 
 
-def _check_functions(kwargs: dict) -> None:
-    """The keywords mlx-lm calls mid-answer (a TypeError deep in its loop otherwise): functions
-    or None; logits_processors a list of them."""
+def _check_objects(model: nn.Module, kwargs: dict) -> None:
+    """mlx-lm's keywords that take objects, refused here by name rather than as a TypeError or
+    AttributeError deep in its loop: functions (or None), logits_processors a list of them,
+    prompt_cache one cache a layer (as make_prompt_cache makes), stream an MLX stream."""
     for name in ("sampler", "prompt_progress_callback"):
         if kwargs.get(name) is not None and not callable(kwargs[name]):
             raise StreamerError(f"{name} must be a function or None (got {kwargs[name]!r:.60}).")
@@ -160,6 +162,26 @@ def _check_functions(kwargs: dict) -> None:
             "logits_processors must be a list of functions (tokens, logits) -> logits, or None "
             f"(got {processors!r:.60})."
         )
+    cache = kwargs.get("prompt_cache")
+    if cache is not None:
+        layers = len(make_prompt_cache(model))
+        if not (
+            isinstance(cache, list)
+            and len(cache) == layers
+            and all(hasattr(c, "state") for c in cache)  # every mlx-lm cache has one
+        ):
+            raise StreamerError(
+                f"prompt_cache must be a list of {layers} caches, one a layer, as "
+                f"mlx_lm.models.cache.make_prompt_cache(model) makes (got {cache!r:.60})."
+            )
+    if "stream" in kwargs and not isinstance(kwargs["stream"], _STREAMS):
+        raise StreamerError(
+            "stream must be an MLX stream or device, such as mx.cpu "
+            f"(got {kwargs['stream']!r:.60})."
+        )
+
+
+_STREAMS = (mx.Stream, mx.ThreadLocalStream, mx.Device, mx.DeviceType)
 
 
 def any_top_k_sampler(temp: float, top_p: float = 1.0, top_k: int = 0, **rest) -> Callable:

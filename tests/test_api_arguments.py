@@ -151,6 +151,10 @@ def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints)
         ("hi", {"logits_processors": 3}, r"logits_processors must be a list of functions .*got 3"),
         ("hi", {"logits_processors": [3]}, r"logits_processors must be a list of functions"),
         ("hi", {"draft_model": 5}, r"draft_model must be a model .* \(got 5\)"),
+        ("hi", {"prompt_cache": 5}, r"prompt_cache must be a list of 2 caches, one a layer"),
+        ("hi", {"prompt_cache": []}, r"prompt_cache must be a list of 2 caches.*got \[\]"),
+        ("hi", {"prompt_cache": [5, 5]}, r"prompt_cache must be a list of 2 caches"),
+        ("hi", {"stream": 5}, r"stream must be an MLX stream or device, such as mx.cpu \(got 5\)"),
     ]:
         kwargs = {"max_tokens": 2, **kwargs}
         with pytest.raises(StreamerError, match=message):
@@ -161,6 +165,11 @@ def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints)
         model, tokenizer, "hi", **sampled
     )
     assert streamer.generate(model, tokenizer, "hi", 2, sampler=None, logits_processors=None)
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)  # what mlx-lm takes is taken
+    assert streamer.generate(model, tokenizer, "hi", 2, prompt_cache=cache, stream=mx.cpu)
     biased = streamer.stream_generate(model, tokenizer, "hi", 2, logit_bias={vocab - 1: 100.0})
     assert [r.token for r in biased] == [vocab - 1] * 2  # the bias reached mlx-lm's processor
     for kwargs, message in [
