@@ -115,14 +115,18 @@ def test_plan_of_a_config_json_refuses_what_mlx_cannot_quantize(tmp_path, change
 
 
 @pytest.mark.parametrize("field", ["num_experts_per_tok", "num_experts"])
-def test_plan_refuses_a_null_top_k_or_expert_count_in_the_manifest(checkpoints, tmp_path, field):
-    """plan reads the manifest without mlx-lm's args classes: a null here was planned (top-k 0:
-    no expert bytes per token) where load refuses it."""
+def test_plan_and_info_refuse_a_null_top_k_or_expert_count_in_the_manifest(
+    checkpoints, tmp_path, field
+):
+    """plan and info read the manifest without mlx-lm's args classes: a null here was planned
+    (top-k 0: no expert bytes per token) where load refuses it."""
+    from streamer.cli import main
     from streamer.plan import plan
 
     folder = repacked_with_config(checkpoints, tmp_path, {field: None})
     with pytest.raises(StreamerError, match=f"manifest.json: config field {field} is None"):
         plan(folder, 8 << 30)
+    assert main(["info", str(folder)]) == 2  # info said "16 per layer, 0 routed per token"
 
 
 def test_plan_refuses_an_expert_count_the_layers_do_not_hold(checkpoints, tmp_path):

@@ -34,8 +34,11 @@ def info(args: argparse.Namespace) -> None:
         per_expert = [layer.payload_bytes for layer in manifest.layers]
         layout = f"in place, {len(manifest.layers[0].tensors)} byte ranges per expert"
     else:
+        from ..families.config import check_sizes
+
         manifest = read_manifest(folder)
         check_files(folder, manifest)  # a missing, truncated or special data file is named
+        check_sizes(manifest.config, folder / MANIFEST_FILE)  # as plan: null top-k said 0
         resident = (folder / RESIDENT_FILE).stat().st_size
         per_expert = [layer.record_bytes for layer in manifest.layers]
         layout = "repacked, one record per expert"
