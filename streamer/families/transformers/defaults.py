@@ -61,7 +61,11 @@ FILLED: dict[str, dict[str, object]] = {
     "afmoe": {"route_scale": 1.0, "mup_enabled": False, "sliding_window": 1024},
     "step3p5": {"moe_router_scaling_factor": 1.0},
     # position_embedding_type None: no RoPE (spellings.py's NULL_MEANS spells it "nope")
-    "granitemoehybrid": {"time_step_limit": [0.0, math.inf], "position_embedding_type": None},
+    "granitemoehybrid": {
+        "time_step_limit": [0.0, math.inf],
+        "position_embedding_type": None,
+        "tie_word_embeddings": False,  # mlx-lm: True, its saved lm_head dropped (37 logits off)
+    },
     "granitemoe": {"tie_word_embeddings": False},
     "olmoe": {"tie_word_embeddings": False},
     "jamba": {"tie_word_embeddings": False},
