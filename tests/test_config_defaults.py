@@ -217,3 +217,26 @@ def test_untied_checkpoint_leaving_out_tie_word_embeddings_computes_with_its_lm_
     model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
     prompt = mx.array(tokenizer.encode(PROMPT))[None]
     assert mx.abs(model(prompt) - untied(prompt)).max().item() <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "model_type, field, value",
+    [
+        ("deepseek_v3", "num_experts_per_tok", 8),
+        ("ernie4_5_moe", "moe_k", 6),
+        ("nemotron_h", "n_group", 1),
+    ],
+)
+def test_routing_left_out_computes_as_transformers_default(tmp_path, model_type, field, value):
+    """No weight shape shows how many experts a token routes to: left out, mlx-lm routed
+    DeepSeek-V3 and ERNIE tokens to 1 expert (transformers: 8 and 6) and Nemotron-H's router
+    raised a TypeError at the first token; now filled as transformers fills them."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, **{field: value}))
+    reference = reference_model(src)  # mlx-lm's model with transformers' default written out
+    config = json.loads((src / "config.json").read_text())
+    del config[field]
+    (src / "config.json").write_text(json.dumps(config))
+    repack(src, tmp_path / "out", log=lambda _: None)
+    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
