@@ -25,7 +25,10 @@ from streamer.repack import repack
 
 FILLS = [(t, f, v) for t, fields in FILLED.items() for f, v in fields.items()]
 # transformers' text model types -> mlx-lm's text model args for them
-TEXT_ARGS = {"minimax_m3_vl_text": ("minimax_m3_vl", "TextArgs")}
+TEXT_ARGS = {
+    "minimax_m3_vl_text": ("minimax_m3_vl", "TextArgs"),
+    "qwen3_5_moe_text": ("qwen3_5", "TextModelArgs"),
+}
 
 
 def mlx_lm_args(model_type: str) -> type:

@@ -93,6 +93,7 @@ FILLED: dict[str, dict[str, object]] = {
     # the indexer's top-k blocks, flat as transformers 5 spells it (the hub's
     # sparse_attention_config nests it, and wins in both): mlx-lm's None failed at a sparse layer
     "minimax_m3_vl_text": {"index_topk_blocks": 16},
+    "qwen3_5_moe_text": {"num_experts_per_tok": 8},  # mlx-lm: 0, no expert (it ran so)
 }
 # transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them), transformers 4
 # in rope_scaling: one given in either is not left out
