@@ -187,9 +187,22 @@ def _phimoe_differs(config: dict) -> str | None:
     )
 
 
+def _dbrx_differs(config: dict) -> str | None:
+    ffn = config.get("ffn_config")
+    norm = ffn.get("moe_normalize_expert_weights", 1.0) if isinstance(ffn, dict) else 1.0
+    if norm == 1:  # transformers' default, the published DBRX value
+        return None
+    return (
+        f"its ffn_config.moe_normalize_expert_weights is {norm!r}: transformers' dbrx divides "
+        "each token's top-k weights by their norm of that order (not at all where null), "
+        "mlx-lm's by their sum (order 1, the published value) whatever it says."
+    )
+
+
 # model_type -> why mlx-lm's model computes a config otherwise than transformers' (None: the same)
 CONFIGS_COMPUTED_OTHERWISE: dict[str, Callable[[dict], str | None]] = {
     "phimoe": _phimoe_differs,
+    "dbrx": _dbrx_differs,
     "llama4": lambda c: _llama4_moe_layers_differ(_text_config(c)),
 }
 
