@@ -50,3 +50,13 @@ def test_dbrx_weights_normalized_otherwise_than_by_their_sum_are_refused(norm):
     check_config({**config, "ffn_config": {**ffn, "moe_normalize_expert_weights": 1}}, "c")
     with pytest.raises(StreamerError, match=rf"moe_normalize_expert_weights is {norm}: "):
         check_config({**config, "ffn_config": {**ffn, "moe_normalize_expert_weights": norm}}, "c")
+
+
+def test_qwen2_moe_renormalizing_its_top_k_is_refused():
+    """transformers' Qwen2-MoE renormalizes the top-k weights where norm_topk_prob is true;
+    mlx-lm's reads no such field and never does (1.9 logits apart on the tiny model). False (the
+    published value) streams."""
+    config = tiny_config("qwen2_moe")
+    check_config({**config, "norm_topk_prob": False}, "c")
+    with pytest.raises(StreamerError, match="its norm_topk_prob is true: transformers' qwen2_moe"):
+        check_config({**config, "norm_topk_prob": True}, "c")

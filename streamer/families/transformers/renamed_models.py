@@ -199,10 +199,20 @@ def _dbrx_differs(config: dict) -> str | None:
     )
 
 
+def _qwen2_moe_differs(config: dict) -> str | None:
+    if not config.get("norm_topk_prob"):  # transformers' default, the published models' value
+        return None
+    return (
+        "its norm_topk_prob is true: transformers' qwen2_moe renormalizes each token's top-k "
+        "weights to sum to 1, mlx-lm's never does (it reads no norm_topk_prob)."
+    )
+
+
 # model_type -> why mlx-lm's model computes a config otherwise than transformers' (None: the same)
 CONFIGS_COMPUTED_OTHERWISE: dict[str, Callable[[dict], str | None]] = {
     "phimoe": _phimoe_differs,
     "dbrx": _dbrx_differs,
+    "qwen2_moe": _qwen2_moe_differs,
     "llama4": lambda c: _llama4_moe_layers_differ(_text_config(c)),
 }
 
