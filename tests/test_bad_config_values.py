@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 
+import mlx.core as mx
 import pytest
 from bad_checkpoints import assert_refused, copy_checkpoint
 from hostile_files import edited_copy
 
 import streamer
+from fixtures import tiny_config
 from streamer.errors import StreamerError
+from streamer.families.model_types import mlx_lm_classes
 
 BAD_CONFIG_VALUES = [
     ("num_experts", 0, "num_experts is 0"),
@@ -62,6 +65,34 @@ def test_null_where_the_model_needs_a_number(checkpoints, tmp_path, field):
     folder = repacked_with_config(checkpoints, tmp_path, {field: None})
     with pytest.raises(StreamerError, match=f"manifest.json: config field {field} is None"):
         streamer.load(folder)
+
+
+# Values a family's mlx-lm model builds with and raises on only when it routes a token (mid-
+# generation, a traceback, after a repack wrote them): model_type, field, value.
+ROUTING_VALUES = [
+    ("laguna", "moe_router_score_func", "softmax"),
+    ("kimi_linear", "moe_router_activation_func", "tanh"),
+    ("longcat_flash", "zero_expert_type", "drop"),
+    ("bailing_moe", "n_group", 3),  # 16 experts (num_experts) in 3 groups: a failed reshape
+    ("afmoe", "n_group", 3),
+]
+
+
+@pytest.mark.parametrize("arch,field,value", ROUTING_VALUES)
+def test_values_mlx_lm_refuses_only_when_routing(checkpoints, tmp_path, arch, field, value):
+    config = {**tiny_config(arch), field: value}
+    model_class, args_class = mlx_lm_classes(config)
+    with pytest.raises((ValueError, AssertionError)):  # mlx-lm's own, at the first token
+        mx.eval(model_class(args_class.from_dict(config))(mx.array([[1, 2, 3]])))
+    src = copy_checkpoint(checkpoints.hf(arch), tmp_path)
+    hf_config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**hf_config, field: value}))
+    assert_refused(src, tmp_path, "config.json", f"config field {field} is {value!r}")
+    repacked = checkpoints.repacked(checkpoints.hf(arch))
+    folder = edited_copy(repacked, tmp_path / "model", lambda m: m["config"].update({field: value}))
+    with pytest.raises(StreamerError, match="manifest.json") as err:
+        streamer.load(folder)
+    assert f"{field} is {value!r}" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_layer_count_beyond_the_tensors_present(checkpoints, tmp_path):

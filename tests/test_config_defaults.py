@@ -9,10 +9,13 @@ import math
 import re
 import shutil
 
+import mlx.core as mx
 import pytest
+from conftest import reference_model
+from test_parity import PROMPT
 
 import streamer
-from fixtures import tiny_config
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.families.architectures import build_model
 from streamer.families.config import check_config
 from streamer.families.mlx_lm_models import model_file
@@ -22,7 +25,10 @@ from streamer.repack import repack
 
 FILLS = [(t, f, v) for t, fields in FILLED.items() for f, v in fields.items()]
 # transformers' text model types -> mlx-lm's text model args for them
-TEXT_ARGS = {"minimax_m3_vl_text": ("minimax_m3_vl", "TextArgs")}
+TEXT_ARGS = {
+    "minimax_m3_vl_text": ("minimax_m3_vl", "TextArgs"),
+    "qwen3_5_moe_text": ("qwen3_5", "TextModelArgs"),
+}
 
 
 def mlx_lm_args(model_type: str) -> type:
@@ -196,3 +202,44 @@ def test_a_null_transformers_keeps_is_not_filled():
     from streamer.families.transformers.defaults import fill_defaults
 
     assert fill_defaults({"model_type": "deepseek_v3", "n_group": None})["n_group"] is None
+
+
+@pytest.mark.parametrize("model_type", ["granitemoe", "granitemoehybrid", "jamba", "olmoe"])
+def test_untied_checkpoint_leaving_out_tie_word_embeddings_computes_with_its_lm_head(
+    tmp_path, model_type
+):
+    """Left out, tie_word_embeddings is false to transformers (its model computes with the saved
+    lm_head) and true to mlx-lm's model for these families, which dropped the lm_head and
+    computed with the embeddings (granitemoehybrid: 37 logits apart)."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, tie_word_embeddings=False))
+    untied = reference_model(src)  # mlx-lm's model as config.json said it
+    config = json.loads((src / "config.json").read_text())
+    del config["tie_word_embeddings"]
+    (src / "config.json").write_text(json.dumps(config))
+    repack(src, tmp_path / "out", log=lambda _: None)
+    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.abs(model(prompt) - untied(prompt)).max().item() <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "model_type, field, value",
+    [
+        ("deepseek_v3", "num_experts_per_tok", 8),
+        ("ernie4_5_moe", "moe_k", 6),
+        ("nemotron_h", "n_group", 1),
+    ],
+)
+def test_routing_left_out_computes_as_transformers_default(tmp_path, model_type, field, value):
+    """No weight shape shows how many experts a token routes to: left out, mlx-lm routed
+    DeepSeek-V3 and ERNIE tokens to 1 expert (transformers: 8 and 6) and Nemotron-H's router
+    raised a TypeError at the first token; now filled as transformers fills them."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, **{field: value}))
+    reference = reference_model(src)  # mlx-lm's model with transformers' default written out
+    config = json.loads((src / "config.json").read_text())
+    del config[field]
+    (src / "config.json").write_text(json.dumps(config))
+    repack(src, tmp_path / "out", log=lambda _: None)
+    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4

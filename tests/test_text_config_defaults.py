@@ -222,3 +222,26 @@ def test_flat_qwen3_5_rope_theta_alone_is_its_rope_base():
     assert rope_bases(flat_qwen3_5("rope_parameters", rope_theta=10_000_000)) == {10_000_000}
     with pytest.raises(streamer.StreamerError, match="^c: rope_parameters is left out: "):
         check_config(flat_qwen3_5("rope_parameters"), "c")
+
+
+def test_qwen3_5_experts_per_token_left_out_are_transformers_8():
+    """mlx-lm's qwen3_5 text args default to 0 experts a token: it ran with none routed."""
+    config = normalize_config(text_left_out("qwen3_5_moe", "num_experts_per_tok"))
+    assert config["text_config"]["num_experts_per_tok"] == 8
+    flat = normalize_config(flat_qwen3_5("num_experts_per_tok"))
+    assert flat["num_experts_per_tok"] == 8
+
+
+@pytest.mark.parametrize("model_type", ["gemma4", "gemma4_text"])
+def test_gemma4_without_its_experts_per_token_is_refused(model_type):
+    """Neither transformers nor mlx-lm has a default: mlx-lm's None was a TypeError at the first
+    token, after a repack."""
+    config = tiny_config(model_type)
+    if "text_config" in config:
+        config, prefix = text_left_out(model_type, "top_k_experts"), "text_config."
+    else:
+        config, prefix = without(config, "top_k_experts"), ""
+    with pytest.raises(
+        streamer.StreamerError, match=re.escape(f"c: {prefix}top_k_experts is left out, but")
+    ):
+        check_config(config, "c")

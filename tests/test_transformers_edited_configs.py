@@ -9,8 +9,10 @@ import json
 import pytest
 from test_transformers_written import assert_streams_as
 
+from fixtures import tiny_config
 from fixtures.transformers_written import write_transformers_checkpoint
 from streamer.errors import StreamerError
+from streamer.families.config import check_config
 from streamer.repack import repack
 
 
@@ -36,3 +38,25 @@ def test_phimoe_routing_more_than_two_experts_is_refused_with_the_reason(tmp_pat
     ):
         repack(tmp_path / "src", tmp_path / "dst", log=lambda _: None)
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("norm", [2.0, None])
+def test_dbrx_weights_normalized_otherwise_than_by_their_sum_are_refused(norm):
+    """transformers' DBRX divides the top-k weights by their norm of order
+    ffn_config.moe_normalize_expert_weights (none where null); mlx-lm's by their sum, whatever it
+    says. Order 1 (the published value, an integer or not) streams."""
+    config = tiny_config("dbrx")
+    ffn = config["ffn_config"]
+    check_config({**config, "ffn_config": {**ffn, "moe_normalize_expert_weights": 1}}, "c")
+    with pytest.raises(StreamerError, match=rf"moe_normalize_expert_weights is {norm}: "):
+        check_config({**config, "ffn_config": {**ffn, "moe_normalize_expert_weights": norm}}, "c")
+
+
+def test_qwen2_moe_renormalizing_its_top_k_is_refused():
+    """transformers' Qwen2-MoE renormalizes the top-k weights where norm_topk_prob is true;
+    mlx-lm's reads no such field and never does (1.9 logits apart on the tiny model). False (the
+    published value) streams."""
+    config = tiny_config("qwen2_moe")
+    check_config({**config, "norm_topk_prob": False}, "c")
+    with pytest.raises(StreamerError, match="its norm_topk_prob is true: transformers' qwen2_moe"):
+        check_config({**config, "norm_topk_prob": True}, "c")

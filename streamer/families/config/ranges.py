@@ -68,6 +68,14 @@ TOP_K = (
     "moe_top_k",
     "top_k_experts",
 )
+# String fields mlx-lm's models read only when they route a token, raising there (mid-generation,
+# after a repack wrote them) for any other value: model_type -> field -> the values they compute.
+CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "laguna": {"moe_router_score_func": ("sigmoid", "sqrtsoftplus")},
+    "kimi_linear": {"moe_router_activation_func": ("sigmoid", "softmax")},
+    "longcat_flash": {"zero_expert_type": ("identity",)},
+    "longcat_flash_ngram": {"zero_expert_type": ("identity",)},
+}
 
 
 def check_ranges(config: dict, where, prefix: str) -> None:
@@ -98,10 +106,16 @@ def check_ranges(config: dict, where, prefix: str) -> None:
         )
     if config.get("n_group") and config.get("topk_group"):
         integer("topk_group", 1, config["n_group"], f"at most n_group ({config['n_group']})")
-        if config.get("n_routed_experts") and config["n_routed_experts"] % config["n_group"]:
+        # the groups split the routed experts evenly, whatever the family names their count
+        routed = config.get("n_routed_experts", experts)
+        if type(routed) is int and routed % config["n_group"]:
             raise bad_field(
                 where, prefix + "n_group", config["n_group"], "a divisor of the experts"
             )
+    for name, values in CHOICES.get(config.get("model_type"), {}).items():
+        if name in config and config[name] not in values:
+            want = " or ".join(map(repr, values)) + " (what mlx-lm's model computes)"
+            raise bad_field(where, prefix + name, config[name], want)
     for name in ("rms_norm_eps", "rope_theta", "routed_scaling_factor"):
         value = config.get(name)
         if value is not None and not (type(value) in (int, float) and 0 < value < math.inf):

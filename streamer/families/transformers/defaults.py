@@ -10,9 +10,10 @@ from the first token, through the attention sinks).
 transformers' defaults are the published models' values (its config classes are written from
 them). Found by comparing, for each family that streams, the config class's defaults with
 ModelArgs' for the fields the model reads; tests/test_config_defaults.py checks each value below
-against transformers' class and that mlx-lm's default differs. Not filled: sizes and counts (a
-config without them is refused, or its weights' shapes are), and fields no fill makes what the
-published model computes: unfilled.py refuses those with the reason.
+against transformers' class and that mlx-lm's default differs. Not filled: sizes and counts the
+weights' shapes show (a config without them is refused, or its weights' shapes are; the experts
+a token routes to, which no shape shows, are filled), and fields no fill makes what the published
+model computes: unfilled.py refuses those with the reason.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ GPT_OSS_YARN = {
     "truncate": False,
     "original_max_position_embeddings": 4096,
 }
-DEEPSEEK_V3 = {"routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4}
+# num_experts_per_tok left out: 8 to transformers, 1 to mlx-lm (a count no weight shape shows)
+DEEPSEEK_V3 = {
+    "routed_scaling_factor": 2.5,
+    "n_group": 8,
+    "topk_group": 4,
+    "num_experts_per_tok": 8,
+}
 # Mistral 4's rope_parameters default, less what transformers derives from other fields and
 # mlx-lm's mistral4 does not read (partial_rotary_factor, max_position_embeddings); mlx-lm's model
 # without it fails at its first token (it reads llama_4_scaling_beta there)
@@ -52,16 +59,33 @@ FILLED: dict[str, dict[str, object]] = {
     "deepseek_v32": DEEPSEEK_V3,
     "qwen3_next": {"norm_topk_prob": True},  # mlx-lm: False, no renormalized top-k
     "phimoe": {"rms_norm_eps": 1e-5},
-    "nemotron_h": {"norm_topk_prob": True, "routed_scaling_factor": 1.0},  # mlx-lm: None
+    "nemotron_h": {  # mlx-lm: None (its router raised a TypeError at the first token)
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+    },
     "kimi_linear": {
         "routed_scaling_factor": 2.446,
         "num_experts_per_token": 8,
         "num_shared_experts": 1,
     },
-    "afmoe": {"route_scale": 1.0, "mup_enabled": False, "sliding_window": 1024},
+    "afmoe": {
+        "route_scale": 1.0,
+        "mup_enabled": False,
+        "sliding_window": 1024,
+        "num_experts_per_tok": 6,  # mlx-lm: 8
+    },
+    "ernie4_5_moe": {"moe_k": 6},  # mlx-lm: 1
     "step3p5": {"moe_router_scaling_factor": 1.0},
     # position_embedding_type None: no RoPE (spellings.py's NULL_MEANS spells it "nope")
-    "granitemoehybrid": {"time_step_limit": [0.0, math.inf], "position_embedding_type": None},
+    "granitemoehybrid": {
+        "time_step_limit": [0.0, math.inf],
+        "position_embedding_type": None,
+        "tie_word_embeddings": False,  # mlx-lm: True, its saved lm_head dropped (37 logits off)
+        "num_experts_per_tok": 2,  # mlx-lm: None (a TypeError at the first token)
+    },
     "granitemoe": {"tie_word_embeddings": False},
     "olmoe": {"tie_word_embeddings": False},
     "jamba": {"tie_word_embeddings": False},
@@ -69,6 +93,7 @@ FILLED: dict[str, dict[str, object]] = {
     # the indexer's top-k blocks, flat as transformers 5 spells it (the hub's
     # sparse_attention_config nests it, and wins in both): mlx-lm's None failed at a sparse layer
     "minimax_m3_vl_text": {"index_topk_blocks": 16},
+    "qwen3_5_moe_text": {"num_experts_per_tok": 8},  # mlx-lm: 0, no expert (it ran so)
 }
 # transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them), transformers 4
 # in rope_scaling: one given in either is not left out

@@ -187,9 +187,32 @@ def _phimoe_differs(config: dict) -> str | None:
     )
 
 
+def _dbrx_differs(config: dict) -> str | None:
+    ffn = config.get("ffn_config")
+    norm = ffn.get("moe_normalize_expert_weights", 1.0) if isinstance(ffn, dict) else 1.0
+    if norm == 1:  # transformers' default, the published DBRX value
+        return None
+    return (
+        f"its ffn_config.moe_normalize_expert_weights is {norm!r}: transformers' dbrx divides "
+        "each token's top-k weights by their norm of that order (not at all where null), "
+        "mlx-lm's by their sum (order 1, the published value) whatever it says."
+    )
+
+
+def _qwen2_moe_differs(config: dict) -> str | None:
+    if not config.get("norm_topk_prob"):  # transformers' default, the published models' value
+        return None
+    return (
+        "its norm_topk_prob is true: transformers' qwen2_moe renormalizes each token's top-k "
+        "weights to sum to 1, mlx-lm's never does (it reads no norm_topk_prob)."
+    )
+
+
 # model_type -> why mlx-lm's model computes a config otherwise than transformers' (None: the same)
 CONFIGS_COMPUTED_OTHERWISE: dict[str, Callable[[dict], str | None]] = {
     "phimoe": _phimoe_differs,
+    "dbrx": _dbrx_differs,
+    "qwen2_moe": _qwen2_moe_differs,
     "llama4": lambda c: _llama4_moe_layers_differ(_text_config(c)),
 }
 

@@ -79,6 +79,18 @@ def _gemma4_softcap(config: dict) -> str | None:
     )
 
 
+def _gemma4_text(config: dict) -> str | None:
+    """Its logit cap; and its routed experts per token, which neither transformers' config class
+    nor mlx-lm's model args give a default (mlx-lm's None raised a TypeError at the first token)."""
+    if config.get("num_experts") and "top_k_experts" not in config:
+        return (
+            f"top_k_experts is left out, but num_experts is {config['num_experts']}: neither "
+            "transformers' gemma4 nor mlx-lm has a default for the experts a token routes to; "
+            "add the published top_k_experts to config.json."
+        )
+    return _gemma4_softcap(config)
+
+
 def _qwen3_5_rope(config: dict) -> str | None:
     if "rope_parameters" in config or "rope_theta" in config:
         return None  # a rope_theta alone is read into rope_parameters (defaults.READ_FROM)
@@ -140,7 +152,7 @@ def _minimax_m3_rotary(config: dict) -> str | None:
 UNFILLED: dict[str, Callable[[dict], str | None]] = {
     "step3p5": _step3p5_window,
     "mimo_v2_flash": _mimo_value_scale,
-    "gemma4_text": _gemma4_softcap,
+    "gemma4_text": _gemma4_text,
     "qwen3_5_moe_text": _qwen3_5_rope,
     "mistral4": _mistral4_llama_4_scaling,
     "minimax_m3_vl_text": _minimax_m3_rotary,
