@@ -11,14 +11,16 @@ short warm-up generation, then one timed generation whose decode steps are count
 per token from /proc/self/io `read_bytes` (what the process made the kernel fetch from storage,
 read-ahead included, every thread), beside the engine's own count of the bytes it asked for.
 
-`--routing PROFILE` puts the routing model (bench/profile_routing.py) in place of the routers.
+`--routing PROFILE` puts the routing model (bench/profile_routing.py) in place of the routers,
+and `--temp 0` decodes greedily, so that every point's tokens must agree (each row lists them).
 Points (`--points`): `slots` (the slot path at `--budget`, default 0: one layer's experts; a
 cgroup's squeeze is not in the memory available the default budget is made from),
 `slots-readahead` (the same with the kernel's read-ahead left on, as before io/reads.py turned
 it off), `slots-serial` (every call's entries computed after its reads, as
 before decode calls computed their hits beside the misses' reads: experts/slots.py
-OVERLAPPED_ROUTES), `mapped` (in place on the mapped files). Writes
-bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
+OVERLAPPED_ROUTES), `mapped` (in place on the mapped files), and the peers `boyle` and
+`nunspark` at `--peer-budgets` (bench/peers.py: how they run here). A point the squeeze kills is
+a row saying so. Writes bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ sys.path.insert(0, str(BENCH))
 
 from balloon import GiB  # noqa: E402
 from engines import child_result, log  # noqa: E402
+from peers import PEERS  # noqa: E402
 
 POINTS = ("slots-readahead", "slots-serial", "slots", "mapped")
 
@@ -67,57 +70,89 @@ def memory_cgroup(limit: int) -> Path:
     return group
 
 
+class Streamer:
+    """streamer at a point: the slot path (its variants) or in place on the mapped files."""
+
+    def __init__(self, args: argparse.Namespace):
+        from profile_routing import install
+
+        import streamer
+        from streamer.experts import slots
+        from streamer.io import reads
+
+        if args.point == "slots-readahead":
+            reads.no_read_ahead = lambda fd: None  # the kernel's read-ahead left on, as before
+        if args.point == "slots-serial":
+            slots.OVERLAPPED_ROUTES = 0  # every call's entries computed after its reads, as before
+        path = "mapped" if args.point == "mapped" else "slots"
+        self.model, _ = streamer.load(args.model, memory_budget=args.budget, read_path=path)
+        self.handle = self.model.streamer
+        self.files, self.evict = self.handle.expert_paths, self.handle.evict
+        self.residency = self.handle.residency
+        self.positions = install(self.model, args.routing) if args.routing else None
+        self.temp = args.temp
+
+    def tokens(self, prompt, max_tokens: int):
+        from worker import tokens
+
+        for token, _ in tokens(self.model, prompt, max_tokens, self.temp):
+            yield int(token)
+
+
 def one(args: argparse.Namespace) -> dict:
     """One point, in this process: squeezed, dropped, warmed up briefly, then timed."""
     (Path(args.cgroup) / "cgroup.procs").write_text(str(os.getpid()))
     import mlx.core as mx
     import pagecache
-    from profile_routing import install
-    from worker import prompt_ids, tokens
+    from peers import open_peer
+    from worker import prompt_ids
 
-    import streamer
-    from streamer.experts import slots
-    from streamer.io import reads
-
-    if args.point == "slots-readahead":
-        reads.no_read_ahead = lambda fd: None  # the kernel's read-ahead left on, as before
-    if args.point == "slots-serial":
-        slots.OVERLAPPED_ROUTES = 0  # every call's entries computed after its reads, as before
-    path = "mapped" if args.point == "mapped" else "slots"
-    model, _ = streamer.load(args.model, memory_budget=args.budget, read_path=path)
-    handle = model.streamer
-    pagecache.drop(handle.expert_paths, handle.evict)
-    log(f"[squeezed-io] {args.point}: {handle.residency}")
-    positions = install(model, args.routing) if args.routing else None
+    if args.point in PEERS:
+        budget = peer_budgets(args.peer_budgets)[args.point]
+        engine = open_peer(args.point, mlx_folder(args.model), budget, args.routing)
+    else:
+        engine = Streamer(args)
+    pagecache.drop(engine.files, getattr(engine, "evict", None))
+    log(f"[squeezed-io] {args.point}: {engine.residency}")
+    stats = engine.handle.stats if isinstance(engine, Streamer) else None
+    positions = engine.positions
     if positions is not None:  # the warm-up's prompt and the timed one, each its own routing
         positions.start(10_000, 8 + 4 + 2)
-    for _ in tokens(model, prompt_ids(8, seed=99), 4, 1.0):
+    for _ in engine.tokens(prompt_ids(8, seed=99), 4):
         pass
-    handle.stats.reset()
     if positions is not None:
         positions.start(0, args.prompt_tokens + args.decode_tokens + 2)
-    marks = []
-    for _ in tokens(model, prompt_ids(args.prompt_tokens), args.decode_tokens, 1.0):
+    marks, ids = [], []
+    for token in engine.tokens(prompt_ids(args.prompt_tokens), args.decode_tokens):
         marks.append((time.perf_counter(), disk_read_bytes(), time.process_time()))
-        if len(marks) == 1:
-            handle.stats.reset()  # the engine's counts cover the decode steps, as the marks do
+        ids.append(token)
+        if len(marks) == 1 and stats is not None:
+            stats.reset()  # the engine's counts cover the decode steps, as the marks do
     steps = len(marks) - 1
-    traffic = handle.stats.decode
     mx.eval(mx.zeros(1))
-    return {
+    result = {
         "point": args.point,
         "routing": args.routing or "synthetic",
-        "budget": args.budget,
+        "budget": budget if args.point in PEERS else args.budget,
         "limit": args.limit,
+        "temp": args.temp,
         "decode_tokens": steps,
         "decode_tok_s": steps / (marks[-1][0] - marks[0][0]),
         "disk_bytes_per_token": (marks[-1][1] - marks[0][1]) / steps,
         "cpu_s_per_token": (marks[-1][2] - marks[0][2]) / steps,
-        "engine_bytes_per_token": traffic.bytes_read / steps,
-        "engine_misses_per_token": traffic.experts_fetched / steps,
-        "residency": handle.residency,
+        "residency": engine.residency,
+        "tokens": ids,
         **rss(),
     }
+    if stats is not None:  # what the engine asked for (the peers count otherwise, or not)
+        result["engine_bytes_per_token"] = stats.decode.bytes_read / steps
+        result["engine_misses_per_token"] = stats.decode.experts_fetched / steps
+    return result
+
+
+def mlx_folder(streaming: Path) -> Path:
+    """The MLX download a bench repack was made from (models.py names them in pairs)."""
+    return streaming.with_name(streaming.name.removesuffix("-streaming") + "-mlx")
 
 
 def main() -> None:
@@ -131,6 +166,13 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--routing", help="a routing model profile in place of the routers (medium)")
+    ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0: greedy)")
+    ap.add_argument(
+        "--peer-budgets",
+        default="boyle=2,nunspark=2",
+        help="GB each peer may use: boyle's budget (resident weights, slots, KV), nunspark's "
+        "piece cache",
+    )
     ap.add_argument("--tag", help="appended to the result file's name")
     ap.add_argument("--point", help=argparse.SUPPRESS)  # one point, in a child process
     ap.add_argument("--cgroup", help=argparse.SUPPRESS)  # the child's memory cgroup
@@ -139,6 +181,7 @@ def main() -> None:
     # kills the child on the way out, then child()'s `finally` removes the emptied group)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.limit = int(args.limit * GiB) if args.limit < 1 << 20 else int(args.limit)
+    peer_budgets(args.peer_budgets)  # checked before any point runs
     if args.model is None:
         args.model = default_model(args.data)
     if args.point:
@@ -148,15 +191,34 @@ def main() -> None:
     for _ in range(args.rounds):
         for point in args.points.split(","):
             rows.append(child(args, point))
-            log(
-                f"[squeezed-io] {point}: {rows[-1]['disk_bytes_per_token'] / 1e6:.1f} MB/token "
-                f"from disk ({rows[-1]['engine_bytes_per_token'] / 1e6:.1f} MB asked for), "
-                f"{rows[-1]['decode_tok_s']:.3f} tok/s"
-            )
+            log(f"[squeezed-io] {point}: {said(rows[-1])}")
     tag = (f"-{args.routing}" if args.routing else "") + (f"-{args.tag}" if args.tag else "")
     out = BENCH / "results" / f"{args.model.name.rsplit('-', 2)[0]}-squeezed-io{tag}.json"
     out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}))
     log(f"[squeezed-io] wrote {out}")
+
+
+def peer_budgets(text: str) -> dict[str, int]:
+    """`boyle=2,nunspark=0.75` (GB) as bytes a peer."""
+    budgets = {}
+    for item in text.split(","):
+        name, _, gb = item.partition("=")
+        if name not in PEERS or not gb.replace(".", "", 1).isdigit():
+            raise SystemExit(f"--peer-budgets: {item!r} is not PEER=GB (peers: {', '.join(PEERS)})")
+        budgets[name] = int(float(gb) * 1e9)
+    return {**dict.fromkeys(PEERS, 2 * 10**9), **budgets}
+
+
+def said(row: dict) -> str:
+    """A point's result in a line."""
+    if "failed" in row:
+        return row["failed"]
+    asked = row.get("engine_bytes_per_token")
+    return (
+        f"{row['disk_bytes_per_token'] / 1e6:.1f} MB/token from disk"
+        + (f" ({asked / 1e6:.1f} MB asked for)" if asked is not None else "")
+        + f", {row['decode_tok_s']:.3f} tok/s"
+    )
 
 
 def child(args: argparse.Namespace, point: str) -> dict:
@@ -164,9 +226,12 @@ def child(args: argparse.Namespace, point: str) -> dict:
     argv = [sys.executable, __file__, "--point", point, "--model", str(args.model)]
     argv += ["--limit", str(args.limit), "--budget", str(args.budget), "--cgroup", str(group)]
     argv += ["--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
+    argv += ["--temp", str(args.temp), "--peer-budgets", args.peer_budgets]
     argv += ["--routing", args.routing] if args.routing else []
-    try:
-        return child_result(argv, f"[squeezed-io] the {point} point")
+    try:  # a point the squeeze kills (a peer over its cgroup: exit -9) is a result, not the end
+        return child_result(argv, f"the {point} point")
+    except SystemExit as failed:
+        return {"point": point, "failed": str(failed), "limit": args.limit}
     finally:
         group.rmdir()  # its page cache goes to the parent group
 

@@ -339,3 +339,51 @@ def test_a_loop_shape_reaches_the_kernels_asked_for_a_whole_run(bench_path, monk
     assert gather._threads == 2 * cuda_gather.THREADS and "uint4 w[8]" in sources[0]
     assert cuda_gather._fill_source([4096, 6], 2) == shipped[1]
     assert cuda_gather.threads_per_tensor([786432], 16) == 64 * cuda_gather.THREADS
+
+
+def test_peers_run_here_as_on_a_mac(bench_path, monkeypatch, tmp_path):
+    """bench/peers.py's stand-ins: Metal's working-set size reported from the machine's memory,
+    macOS's F_NOCACHE taken as no read-ahead (every other fcntl command as before); the budgets
+    parsed per peer; nunspark's one layer slot routed by the routing model for the layer it runs,
+    its own router back after each layer."""
+    import fcntl
+    from types import SimpleNamespace
+
+    import mlx.core as mx
+    import mlx.nn as nn
+    from peers import route, stand_ins
+    from squeezed_io import peer_budgets
+
+    had_nocache = hasattr(fcntl, "F_NOCACHE")
+    monkeypatch.setattr(mx, "device_info", mx.device_info)
+    monkeypatch.setattr(fcntl, "fcntl", fcntl.fcntl)
+    try:
+        stand_ins()
+        assert mx.device_info()["max_recommended_working_set_size"] > 1 << 30
+        with open(tmp_path / "f", "wb") as f:
+            assert fcntl.fcntl(f.fileno(), fcntl.F_NOCACHE, 1) == 0
+            assert fcntl.fcntl(f.fileno(), fcntl.F_GETFL) & os.O_WRONLY
+    finally:
+        if not had_nocache:
+            del fcntl.F_NOCACHE
+    assert peer_budgets("nunspark=0.75") == {"boyle": 2 * 10**9, "nunspark": 750_000_000}
+    with pytest.raises(SystemExit, match="PEER=GB"):
+        peer_budgets("bigrig=1")
+
+    class Engine:  # nunspark's StreamingEngine, as far as route() reaches into it
+        _router_attr = "gate"
+        args = SimpleNamespace(num_experts=16, num_experts_per_tok=2)
+
+        def _moe_attn_and_mix(self, slot, layer, h, mask, cache):
+            return getattr(slot.mlp, self._router_attr)(h)
+
+    engine, real = Engine(), nn.Linear(8, 16)
+    slot = SimpleNamespace(mlp=SimpleNamespace(gate=real))
+    positions = route(engine, "medium", SimpleNamespace(num_layers=3))
+    positions.start(0, 4)
+    picked = [engine._moe_attn_and_mix(slot, layer, mx.zeros((1, 1, 8)), None, None)
+              for layer in range(3)]  # fmt: skip
+    assert slot.mlp.gate is real
+    for layer, logits in enumerate(picked):
+        assert (logits > -100).sum().item() == 2  # the profile's two experts, the rest off
+        assert mx.array_equal(logits[0], positions.logits[layer][:1])
