@@ -243,3 +243,67 @@ def test_routing_left_out_computes_as_transformers_default(tmp_path, model_type,
     model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
     prompt = mx.array(tokenizer.encode(PROMPT))[None]
     assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+
+
+def _gemma4(model_type: str, **text) -> dict:
+    """A tiny Gemma 4 config (gemma4's: its text_config) with `text` over the text model's."""
+    if model_type == "gemma4":
+        config = tiny_config("gemma4")
+        return {**config, "text_config": {**config["text_config"], **text}}
+    return tiny_config("gemma4_text", **text)
+
+
+def _text(config: dict) -> dict:
+    return config.get("text_config", config)
+
+
+# Gemma 4 built as transformers computes it where these are left out (or null): no layer shares
+# another's keys and values (mlx-lm: the last 20 do), and every 6th layer and the last are full
+# attention (mlx-lm: every 5th); the global heads as wide as the sliding ones, as no shape shows it
+GEMMA4_AS_TRANSFORMERS = {
+    "num_kv_shared_layers": {
+        "num_hidden_layers": 24,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+        "num_kv_shared_layers": 0,
+    },
+    "layer_types": {
+        "num_hidden_layers": 7,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"] * 2,
+        "global_head_dim": 32,
+    },
+}
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4"])
+@pytest.mark.parametrize("field", list(GEMMA4_AS_TRANSFORMERS))
+@pytest.mark.parametrize("null", [False, True])
+def test_gemma4_left_out_computes_as_transformers_default(tmp_path, model_type, field, null):
+    """mlx-lm's defaults shared the last 20 layers' keys and values (48 logits apart on 24 layers)
+    and made every 5th layer full attention (15 apart): now filled as transformers fills them."""
+    if null and field == "num_kv_shared_layers":
+        pytest.skip("transformers refuses a null count")
+    config = _gemma4(model_type, **GEMMA4_AS_TRANSFORMERS[field])
+    src = write_hf_checkpoint(tmp_path / "src", config)
+    reference = reference_model(src)  # mlx-lm's model with transformers' values written out
+    config = json.loads((src / "config.json").read_text())
+    if null:
+        _text(config)[field] = None
+    else:
+        del _text(config)[field]
+    (src / "config.json").write_text(json.dumps(config))
+    repack(src, tmp_path / "out", log=lambda _: None)
+    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4"])
+def test_gemma4_last_layer_sliding_is_refused(model_type):
+    """transformers' gemma4 makes the last layer full attention whatever layer_types says (with
+    a warning), mlx-lm computed it sliding."""
+    config = _gemma4(model_type, layer_types=["full_attention", "sliding_attention"])
+    prefix = "text_config." if model_type == "gemma4" else ""
+    with pytest.raises(
+        streamer.StreamerError, match=f"^c: {prefix}layer_types ends in 'sliding_attention': "
+    ):
+        check_config(config, "c")
