@@ -42,6 +42,8 @@ def transformers_default(model_type: str, field: str):
     values = CONFIG_MAPPING[model_type]().to_dict()
     if field == "rope_scaling":  # transformers 5 keeps it in rope_parameters, with rope_theta
         return {k: v for k, v in values["rope_parameters"].items() if k != "rope_theta"}
+    if field == "rope_theta":
+        return values["rope_parameters"]["rope_theta"]
     return values[field]
 
 
@@ -307,3 +309,24 @@ def test_gemma4_last_layer_sliding_is_refused(model_type):
         streamer.StreamerError, match=f"^c: {prefix}layer_types ends in 'sliding_attention': "
     ):
         check_config(config, "c")
+
+
+@pytest.mark.parametrize(
+    "model_type, base",
+    [("exaone_moe", 1e4), ("glm4_moe_lite", 1e4), ("qwen2_moe", 1e4), ("phimoe", 1e6)],
+)
+def test_rope_base_left_out_computes_as_transformers_default(tmp_path, model_type, base):
+    """Without rope_theta (or rope_parameters' own), mlx-lm's base was 1e6 where transformers'
+    is 1e4 (phimoe: 1e4 where it is 1e6): 1.3 to 3.3 logits apart; now filled as transformers
+    fills it. One given in rope_parameters (transformers 5's spelling) is the one computed."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, rope_theta=base))
+    reference = reference_model(src)
+    config = json.loads((src / "config.json").read_text())
+    left_out = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_parameters")}
+    (src / "config.json").write_text(json.dumps(left_out))
+    repack(src, tmp_path / "out", log=lambda _: None)
+    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+    given = {**left_out, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+    assert normalize_config(given)["rope_theta"] == 5e5

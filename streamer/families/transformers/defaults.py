@@ -58,7 +58,7 @@ FILLED: dict[str, dict[str, object]] = {
     "deepseek_v3": DEEPSEEK_V3,
     "deepseek_v32": DEEPSEEK_V3,
     "qwen3_next": {"norm_topk_prob": True},  # mlx-lm: False, no renormalized top-k
-    "phimoe": {"rms_norm_eps": 1e-5},
+    "phimoe": {"rms_norm_eps": 1e-5, "rope_theta": 1000000.0},
     "nemotron_h": {  # mlx-lm: None (its router raised a TypeError at the first token)
         "norm_topk_prob": True,
         "routed_scaling_factor": 1.0,
@@ -78,6 +78,11 @@ FILLED: dict[str, dict[str, object]] = {
         "num_experts_per_tok": 6,  # mlx-lm: 8
     },
     "ernie4_5_moe": {"moe_k": 6},  # mlx-lm: 1
+    # RoPE bases (transformers 5 keeps them in rope_parameters): mlx-lm's 1e6 (phimoe's 1e4) was
+    # 1.3 to 3.3 logits from transformers' base on the fixtures
+    "exaone_moe": {"rope_theta": 10000.0},
+    "glm4_moe_lite": {"rope_theta": 10000.0},
+    "qwen2_moe": {"rope_theta": 10000.0},
     "step3p5": {"moe_router_scaling_factor": 1.0},
     # position_embedding_type None: no RoPE (spellings.py's NULL_MEANS spells it "nope")
     "granitemoehybrid": {
@@ -237,4 +242,7 @@ def _given(values: dict, field: str | None) -> bool:
     """Whether `values` sets `field` as transformers reads it (NULL_IS_ABSENT's null: no)."""
     if field in NULL_IS_ABSENT:
         return values.get(field) is not None
+    if field == "rope_theta":  # transformers 5 writes it in rope_parameters
+        rope = values.get("rope_parameters")
+        return field in values or (isinstance(rope, dict) and field in rope)
     return field in values
