@@ -312,14 +312,29 @@ def test_gemma4_last_layer_sliding_is_refused(model_type):
 
 
 @pytest.mark.parametrize(
-    "model_type, base",
-    [("exaone_moe", 1e4), ("glm4_moe_lite", 1e4), ("qwen2_moe", 1e4), ("phimoe", 1e6)],
+    "model_type, given",
+    [
+        ("exaone_moe", {"rope_theta": 1e4}),
+        ("glm4_moe_lite", {"rope_theta": 1e4}),
+        ("qwen2_moe", {"rope_theta": 1e4}),
+        ("phimoe", {"rope_theta": 1e6}),
+        (
+            "mellum",
+            {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                }
+            },
+        ),
+    ],
 )
-def test_rope_base_left_out_computes_as_transformers_default(tmp_path, model_type, base):
+def test_rope_left_out_computes_as_transformers_default(tmp_path, model_type, given):
     """Without rope_theta (or rope_parameters' own), mlx-lm's base was 1e6 where transformers'
-    is 1e4 (phimoe: 1e4 where it is 1e6): 1.3 to 3.3 logits apart; now filled as transformers
-    fills it. One given in rope_parameters (transformers 5's spelling) is the one computed."""
-    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, rope_theta=base))
+    is 1e4 (phimoe: 1e4 where it is 1e6): 1.3 to 3.3 logits apart; Mellum without
+    rope_parameters failed to build. Now filled as transformers fills them. A base given in
+    rope_parameters (transformers 5's spelling) is the one computed."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, **given))
     reference = reference_model(src)
     config = json.loads((src / "config.json").read_text())
     left_out = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_parameters")}
@@ -328,5 +343,6 @@ def test_rope_base_left_out_computes_as_transformers_default(tmp_path, model_typ
     model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
     prompt = mx.array(tokenizer.encode(PROMPT))[None]
     assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
-    given = {**left_out, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
-    assert normalize_config(given)["rope_theta"] == 5e5
+    if "rope_theta" in given:
+        base = {**left_out, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+        assert normalize_config(base)["rope_theta"] == 5e5

@@ -83,6 +83,13 @@ FILLED: dict[str, dict[str, object]] = {
     "exaone_moe": {"rope_theta": 10000.0},
     "glm4_moe_lite": {"rope_theta": 10000.0},
     "qwen2_moe": {"rope_theta": 10000.0},
+    # mlx-lm's {} failed to build (a KeyError); transformers reads no top-level rope_theta here
+    "mellum": {
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        }
+    },
     "step3p5": {"moe_router_scaling_factor": 1.0},
     # position_embedding_type None: no RoPE (spellings.py's NULL_MEANS spells it "nope")
     "granitemoehybrid": {
