@@ -346,3 +346,24 @@ def test_rope_left_out_computes_as_transformers_default(tmp_path, model_type, gi
     if "rope_theta" in given:
         base = {**left_out, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
         assert normalize_config(base)["rope_theta"] == 5e5
+
+
+@pytest.mark.parametrize(
+    "model_type, field, value, said",
+    [
+        ("afmoe", "num_dense_layers", 1, "num_dense_layers (transformers: 1, mlx-lm: 2)"),
+        ("ernie4_5_moe", "moe_num_shared_experts", 2, "moe_num_shared_experts (transformers: 2"),
+        ("deepseek_v3", "n_shared_experts", 1, "n_shared_experts (transformers: 1, mlx-lm: None)"),
+    ],
+)
+def test_a_count_left_out_is_named_where_the_weights_refuse_it(
+    tmp_path, model_type, field, value, said
+):
+    """Counts the weights' names and shapes show are not filled: left out, the checkpoint is
+    refused, and the message named no field ("config.json belongs to another model")."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, **{field: value}))
+    config = json.loads((src / "config.json").read_text())
+    del config[field]
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(streamer.StreamerError, match=f"config.json leaves out .*{re.escape(said)}"):
+        repack(src, tmp_path / "out", log=lambda _: None)
