@@ -18,6 +18,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from . import arguments
 from .arguments import check_request, check_sampling, tokens_text
 from .errors import StreamerError, one_line
+from .input_embeddings import check_input_embeddings
 from .kv_quantization import check_kv_cache_quantizes
 from .loading.handle import streaming
 from .run_stats import RunStats, run_stats
@@ -58,9 +59,9 @@ def stream_generate(
     kv_bits = kwargs.get("kv_bits")
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
-    _check_objects(model, kwargs)
-    kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
+    _check_objects(model, kwargs, len(prompt))
+    kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     with _claimed(model.streamer):
         if seed is not None:  # claimed first: another thread's answer draws from the same seed
             mx.random.seed(seed)
@@ -147,10 +148,12 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
     return kwargs
 
 
-def _check_objects(model: nn.Module, kwargs: dict) -> None:
+def _check_objects(model: nn.Module, kwargs: dict, prompt_tokens: int) -> None:
     """mlx-lm's keywords that take objects, refused here by name rather than as a TypeError or
     AttributeError deep in its loop: functions (or None), logits_processors a list of them,
-    prompt_cache one cache a layer (as make_prompt_cache makes), stream an MLX stream."""
+    prompt_cache one cache a layer (as make_prompt_cache makes), stream an MLX stream,
+    input_embeddings a vector a prompt token."""
+    check_input_embeddings(model, kwargs.get("input_embeddings"), prompt_tokens)
     for name in ("sampler", "prompt_progress_callback"):
         if kwargs.get(name) is not None and not callable(kwargs[name]):
             raise StreamerError(f"{name} must be a function or None (got {kwargs[name]!r:.60}).")

@@ -179,3 +179,35 @@ def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints)
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.load(folder, **kwargs)
+
+
+def test_input_embeddings_and_prompt_cache_tokens_of_the_wrong_kind_are_refused(checkpoints):
+    """input_embeddings=3 was mlx-lm's TypeError (len), an array of another width MLX's rms_norm
+    ValueError in the first layer; prompt_cache_tokens=5 beside prompt_lookup a TypeError in the
+    speculative loop. The width is the model's embedding's (its hidden size, 128 here)."""
+    import mlx.core as mx
+
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    tokens = tokenizer.encode("hello there")
+    n = len(tokens)
+    for kwargs, message in [
+        ({"input_embeddings": 3}, rf"input_embeddings must be an mx.array of shape \({n}, 128\)"),
+        ({"input_embeddings": mx.zeros((n,))}, r"\(got an array of shape \(\d+,\)\)"),
+        ({"input_embeddings": mx.zeros((n, 64))}, rf"input_embeddings has shape \({n}, 64\), bu"),
+        ({"input_embeddings": mx.zeros((n + 1, 128))}, rf"this model takes \({n}, 128\): one"),
+        ({"prompt_lookup": True, "prompt_cache_tokens": 5}, r"prompt_cache_tokens must be a list"),
+        ({"prompt_cache_tokens": "ab"}, r"prompt_cache_tokens must be a list .*\(got 'ab'\)"),
+        ({"prompt_lookup": True, "prompt_cache_tokens": [10**9]}, "prompt_cache_tokens: token id"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.generate(model, tokenizer, tokens, max_tokens=2, **kwargs)
+    embedded = model.model.embed_tokens(mx.array(tokens))  # the tokens' own: the same answer
+    assert streamer.generate(model, tokenizer, tokens, 4, input_embeddings=embedded) == (
+        streamer.generate(model, tokenizer, tokens, 4)
+    )
+    assert streamer.generate(
+        model, tokenizer, tokens, 4, prompt_lookup=True, prompt_cache_tokens=[]
+    )
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("deepseek_v3")))
+    with pytest.raises(StreamerError, match=r"input_embeddings: this model \(deepseek_v3 in mlx"):
+        streamer.generate(model, tokenizer, [1, 2], 2, input_embeddings=mx.zeros((2, 128)))

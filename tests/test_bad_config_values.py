@@ -12,9 +12,10 @@ from bad_checkpoints import assert_refused, copy_checkpoint
 from hostile_files import edited_copy
 
 import streamer
-from fixtures import tiny_config
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
 from streamer.families.model_types import mlx_lm_classes
+from streamer.repack import repack
 
 BAD_CONFIG_VALUES = [
     ("num_experts", 0, "num_experts is 0"),
@@ -132,7 +133,6 @@ def test_manifest_config_values_are_checked_by_plan(checkpoints, tmp_path, field
 @pytest.mark.parametrize("changed", [{"group_size": 7}, {"mode": "foo"}, {"bits": 7}])
 def test_plan_of_a_config_json_refuses_what_mlx_cannot_quantize(tmp_path, changed):
     """These reached MLX's ValueError while plan built the model (a traceback)."""
-    from fixtures import tiny_config
     from streamer.plan import plan
 
     config = tmp_path / "config.json"
@@ -189,3 +189,16 @@ def test_a_repacked_folders_config_json_edited(checkpoints, tmp_path, field, val
         assert f"{folder / 'config.json'}: " in text and "\n" not in text
         assert "repack the model" in text and "tokenizer" not in text
     assert main(["plan", str(folder)]) == 2
+
+
+def test_a_value_transformers_config_class_refuses_names_config_json(tmp_path):
+    """transformers builds the model's config class to load the tokenizer: its refusal of
+    `n_shared_experts: null` read "cannot load the tokenizer ...; check tokenizer.json"."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("deepseek_v3", n_shared_experts=None))
+    repack(src, tmp_path / "out", log=lambda _: None)
+    with pytest.raises(StreamerError) as err:
+        streamer.load(tmp_path / "out")
+    text = str(err.value)
+    assert text.startswith(f"{tmp_path / 'out' / 'config.json'}: n_shared_experts is refused by")
+    assert "expected int, got NoneType" in text and "tokenizer.json" not in text, text
+    assert "\n" not in text

@@ -42,6 +42,8 @@ def transformers_default(model_type: str, field: str):
     values = CONFIG_MAPPING[model_type]().to_dict()
     if field == "rope_scaling":  # transformers 5 keeps it in rope_parameters, with rope_theta
         return {k: v for k, v in values["rope_parameters"].items() if k != "rope_theta"}
+    if field == "rope_theta":
+        return values["rope_parameters"]["rope_theta"]
     return values[field]
 
 
@@ -243,3 +245,125 @@ def test_routing_left_out_computes_as_transformers_default(tmp_path, model_type,
     model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
     prompt = mx.array(tokenizer.encode(PROMPT))[None]
     assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+
+
+def _gemma4(model_type: str, **text) -> dict:
+    """A tiny Gemma 4 config (gemma4's: its text_config) with `text` over the text model's."""
+    if model_type == "gemma4":
+        config = tiny_config("gemma4")
+        return {**config, "text_config": {**config["text_config"], **text}}
+    return tiny_config("gemma4_text", **text)
+
+
+def _text(config: dict) -> dict:
+    return config.get("text_config", config)
+
+
+# Gemma 4 built as transformers computes it where these are left out (or null): no layer shares
+# another's keys and values (mlx-lm: the last 20 do), and every 6th layer and the last are full
+# attention (mlx-lm: every 5th); the global heads as wide as the sliding ones, as no shape shows it
+GEMMA4_AS_TRANSFORMERS = {
+    "num_kv_shared_layers": {
+        "num_hidden_layers": 24,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+        "num_kv_shared_layers": 0,
+    },
+    "layer_types": {
+        "num_hidden_layers": 7,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"] * 2,
+        "global_head_dim": 32,
+    },
+}
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4"])
+@pytest.mark.parametrize("field", list(GEMMA4_AS_TRANSFORMERS))
+@pytest.mark.parametrize("null", [False, True])
+def test_gemma4_left_out_computes_as_transformers_default(tmp_path, model_type, field, null):
+    """mlx-lm's defaults shared the last 20 layers' keys and values (48 logits apart on 24 layers)
+    and made every 5th layer full attention (15 apart): now filled as transformers fills them."""
+    if null and field == "num_kv_shared_layers":
+        pytest.skip("transformers refuses a null count")
+    config = _gemma4(model_type, **GEMMA4_AS_TRANSFORMERS[field])
+    src = write_hf_checkpoint(tmp_path / "src", config)
+    reference = reference_model(src)  # mlx-lm's model with transformers' values written out
+    config = json.loads((src / "config.json").read_text())
+    if null:
+        _text(config)[field] = None
+    else:
+        del _text(config)[field]
+    (src / "config.json").write_text(json.dumps(config))
+    repack(src, tmp_path / "out", log=lambda _: None)
+    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4"])
+def test_gemma4_last_layer_sliding_is_refused(model_type):
+    """transformers' gemma4 makes the last layer full attention whatever layer_types says (with
+    a warning), mlx-lm computed it sliding."""
+    config = _gemma4(model_type, layer_types=["full_attention", "sliding_attention"])
+    prefix = "text_config." if model_type == "gemma4" else ""
+    with pytest.raises(
+        streamer.StreamerError, match=f"^c: {prefix}layer_types ends in 'sliding_attention': "
+    ):
+        check_config(config, "c")
+
+
+@pytest.mark.parametrize(
+    "model_type, given",
+    [
+        ("exaone_moe", {"rope_theta": 1e4}),
+        ("glm4_moe_lite", {"rope_theta": 1e4}),
+        ("qwen2_moe", {"rope_theta": 1e4}),
+        ("phimoe", {"rope_theta": 1e6}),
+        (
+            "mellum",
+            {
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                }
+            },
+        ),
+    ],
+)
+def test_rope_left_out_computes_as_transformers_default(tmp_path, model_type, given):
+    """Without rope_theta (or rope_parameters' own), mlx-lm's base was 1e6 where transformers'
+    is 1e4 (phimoe: 1e4 where it is 1e6): 1.3 to 3.3 logits apart; Mellum without
+    rope_parameters failed to build. Now filled as transformers fills them. A base given in
+    rope_parameters (transformers 5's spelling) is the one computed."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, **given))
+    reference = reference_model(src)
+    config = json.loads((src / "config.json").read_text())
+    left_out = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_parameters")}
+    (src / "config.json").write_text(json.dumps(left_out))
+    repack(src, tmp_path / "out", log=lambda _: None)
+    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+    if "rope_theta" in given:
+        base = {**left_out, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+        assert normalize_config(base)["rope_theta"] == 5e5
+
+
+@pytest.mark.parametrize(
+    "model_type, field, value, said",
+    [
+        ("afmoe", "num_dense_layers", 1, "num_dense_layers (transformers: 1, mlx-lm: 2)"),
+        ("ernie4_5_moe", "moe_num_shared_experts", 2, "moe_num_shared_experts (transformers: 2"),
+        ("deepseek_v3", "n_shared_experts", 1, "n_shared_experts (transformers: 1, mlx-lm: None)"),
+    ],
+)
+def test_a_count_left_out_is_named_where_the_weights_refuse_it(
+    tmp_path, model_type, field, value, said
+):
+    """Counts the weights' names and shapes show are not filled: left out, the checkpoint is
+    refused, and the message named no field ("config.json belongs to another model")."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, **{field: value}))
+    config = json.loads((src / "config.json").read_text())
+    del config[field]
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(streamer.StreamerError, match=f"config.json leaves out .*{re.escape(said)}"):
+        repack(src, tmp_path / "out", log=lambda _: None)

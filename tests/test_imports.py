@@ -20,6 +20,7 @@ LAYERS = {
         "streamer",  # the package: load, generate
         "streamer.generate",
         "streamer.kv_quantization",
+        "streamer.input_embeddings",
         "streamer.run_stats",
         "streamer.speculative",
         "streamer.verify",

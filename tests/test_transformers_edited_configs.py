@@ -5,6 +5,7 @@ computes otherwise is refused with the reason."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from test_transformers_written import assert_streams_as
@@ -60,3 +61,28 @@ def test_qwen2_moe_renormalizing_its_top_k_is_refused():
     check_config({**config, "norm_topk_prob": False}, "c")
     with pytest.raises(StreamerError, match="its norm_topk_prob is true: transformers' qwen2_moe"):
         check_config({**config, "norm_topk_prob": True}, "c")
+
+
+@pytest.mark.parametrize(
+    "fields, said",
+    [
+        ({"is_moe_layer": [False, False, True]}, "first_k_dense_replace 1 (left out)"),
+        ({"first_k_dense_replace": 2}, "first_k_dense_replace 2,"),
+        ({"mlp_layer_types": ["dense", "dense", "sparse"]}, "mlp_layer_types ['dense', 'dense'"),
+    ],
+)
+def test_exaone_moe_layers_transformers_reads_otherwise_are_refused(fields, said):
+    """transformers' EXAONE-MoE reads its MoE layers from mlp_layer_types, else from
+    first_k_dense_replace (1 where left out), and never is_moe_layer, which is all mlx-lm's
+    reads. Where they agree (the published configs), it streams."""
+    config = tiny_config("exaone_moe")  # is_moe_layer [False, True, True]
+    for agreeing in (
+        {},
+        {"first_k_dense_replace": 1},
+        {"mlp_layer_types": ["dense", "sparse"] + ["sparse"]},
+    ):
+        check_config({**config, **agreeing}, "c")
+    with pytest.raises(
+        StreamerError, match=rf"its is_moe_layer \[.*are not those of its {re.escape(said)}"
+    ):
+        check_config({**config, **fields}, "c")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,9 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
         ships_code = tokenizer_config.exists() and "auto_map" in tokenizer_config.read_text(
             errors="replace"
         )
+        refused = _config_refused(e, folder / "config.json", config)
+        if refused is not None:
+            raise refused from e
         if ships_code and not trust_remote_code:
             raise StreamerError(
                 f"{folder}: this model's tokenizer is Python code shipped with the model (auto_map "
@@ -62,6 +66,26 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
         ) from e
     _context_as_max_length(tokenizer, config)
     return tokenizer
+
+
+def _config_refused(error: BaseException, where: Path, config: dict) -> StreamerError | None:
+    """The fault named in config.json where the tokenizer failed because transformers' config
+    class refused config.json (AutoTokenizer builds the model's config first: a field of the wrong
+    type, as `n_shared_experts: null`, blamed tokenizer.json); None where something else failed.
+    Its strict dataclasses raise these errors and nothing else does."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    while error is not None and not isinstance(error, StrictDataclassError):
+        error = error.__cause__ or error.__context__
+    if error is None:
+        return None
+    named = re.match(r"Validation error for field '([^']*)'", str(error))
+    why = one_line(error.__cause__ or error)
+    what = f"{named[1]} is" if named else "it is"
+    return StreamerError(
+        f"{where}: {what} refused by transformers' {config.get('model_type')} config class, "
+        f"built to load the tokenizer ({why}); set it as the model's published config.json does."
+    )
 
 
 def _context_as_max_length(tokenizer: TokenizerWrapper, config: dict) -> None:

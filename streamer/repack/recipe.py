@@ -25,6 +25,7 @@ from ..families.config.common_fields import mlx_refuses
 from ..families.hf_naming import Architecture, hf_expert_key
 from ..families.model_types import architecture
 from ..families.tied_embeddings import untied_where_saved, with_tied_lm_head
+from ..families.transformers.left_out import left_out_hint
 from ..families.transformers.spellings import normalize_config
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
@@ -191,19 +192,21 @@ def check_resident(
     if missing:
         raise StreamerError(
             f"{where}: the checkpoint lacks {len(missing)} non-expert tensor(s), e.g. "
-            f"'{missing[0]}': the download is incomplete or config.json belongs to another model."
+            f"'{missing[0]}': the download is incomplete or config.json belongs to another "
+            f"model.{left_out_hint(ckpt.config)}"
         )
     unexpected = sorted(set(resident) - set(expected))
     if unexpected:
         raise StreamerError(
             f"{where}: tensor '{unexpected[0]}' (and {len(unexpected) - 1} more) is not part of a "
             f"{ckpt.config.get('model_type')} model with this config.json."
+            + left_out_hint(ckpt.config)
         )
     for name, arr in resident.items():
         if tuple(arr.shape) != tuple(expected[name].shape):
             raise StreamerError(
                 f"{where}: tensor '{name}' has shape {tuple(arr.shape)} but config.json implies "
-                f"{tuple(expected[name].shape)}."
+                f"{tuple(expected[name].shape)}.{left_out_hint(ckpt.config)}"
             )
         if not compatible(arr.dtype, expected[name].dtype):
             raise StreamerError(

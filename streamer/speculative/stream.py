@@ -13,7 +13,7 @@ from mlx_lm.generate import GenerationResponse, generation_stream, wired_limit
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..arguments import check_at_least
+from ..arguments import check_at_least, check_token_ids, vocabulary
 from ..errors import StreamerError
 from .draft_model import load_draft_model
 from .drafters import PROMPT_LOOKUP_NGRAM, DraftModel, PromptLookup
@@ -28,6 +28,14 @@ def drafter(kwargs: dict, tokenizer: TokenizerWrapper) -> DraftModel | PromptLoo
     draft_model nor prompt_lookup, or num_draft_tokens=0 (a request turning drafts off)."""
     draft_model = kwargs.pop("draft_model", None)
     lookup = kwargs.pop("prompt_lookup", None)
+    held = kwargs.get("prompt_cache_tokens")
+    if held is not None:  # else the drafter's TypeError in the loop, or its n-grams of anything
+        if not isinstance(held, (list, tuple)):
+            raise StreamerError(
+                "prompt_cache_tokens must be a list of the token ids prompt_cache holds "
+                f"(got {held!r:.60})."
+            )
+        check_token_ids(held, "prompt_cache_tokens", vocabulary(tokenizer))
     k = kwargs.get("num_draft_tokens")
     if k is not None:
         check_at_least(k, "num_draft_tokens", 0)

@@ -58,7 +58,7 @@ FILLED: dict[str, dict[str, object]] = {
     "deepseek_v3": DEEPSEEK_V3,
     "deepseek_v32": DEEPSEEK_V3,
     "qwen3_next": {"norm_topk_prob": True},  # mlx-lm: False, no renormalized top-k
-    "phimoe": {"rms_norm_eps": 1e-5},
+    "phimoe": {"rms_norm_eps": 1e-5, "rope_theta": 1000000.0},
     "nemotron_h": {  # mlx-lm: None (its router raised a TypeError at the first token)
         "norm_topk_prob": True,
         "routed_scaling_factor": 1.0,
@@ -78,6 +78,18 @@ FILLED: dict[str, dict[str, object]] = {
         "num_experts_per_tok": 6,  # mlx-lm: 8
     },
     "ernie4_5_moe": {"moe_k": 6},  # mlx-lm: 1
+    # RoPE bases (transformers 5 keeps them in rope_parameters): mlx-lm's 1e6 (phimoe's 1e4) was
+    # 1.3 to 3.3 logits from transformers' base on the fixtures
+    "exaone_moe": {"rope_theta": 10000.0},
+    "glm4_moe_lite": {"rope_theta": 10000.0},
+    "qwen2_moe": {"rope_theta": 10000.0},
+    # mlx-lm's {} failed to build (a KeyError); transformers reads no top-level rope_theta here
+    "mellum": {
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        }
+    },
     "step3p5": {"moe_router_scaling_factor": 1.0},
     # position_embedding_type None: no RoPE (spellings.py's NULL_MEANS spells it "nope")
     "granitemoehybrid": {
@@ -94,14 +106,18 @@ FILLED: dict[str, dict[str, object]] = {
     # sparse_attention_config nests it, and wins in both): mlx-lm's None failed at a sparse layer
     "minimax_m3_vl_text": {"index_topk_blocks": 16},
     "qwen3_5_moe_text": {"num_experts_per_tok": 8},  # mlx-lm: 0, no expert (it ran so)
+    # mlx-lm: 20, its last 20 layers reusing earlier layers' keys and values (their own k_proj
+    # and v_proj dropped, so no weight shape shows it): 48 logits apart on a 24-layer model
+    "gemma4_text": {"num_kv_shared_layers": 0},  # gemma4's text_config too
 }
 # transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them), transformers 4
 # in rope_scaling: one given in either is not left out
 WRITTEN_AS = {"rope_scaling": "rope_parameters", "rope_parameters": "rope_scaling"}
 # Fields an explicit null leaves out to transformers: its RoPE standardization fills these as for
-# a missing field, in every config class (gpt-oss's `"rope_scaling": null` is YaRN, factor 32).
-# Any other null it keeps, or refuses: a field's own null is not filled.
-NULL_IS_ABSENT = set(WRITTEN_AS)
+# a missing field, in every config class (gpt-oss's `"rope_scaling": null` is YaRN, factor 32),
+# and its config classes make their layer kinds where layer_types is None. Any other null it
+# keeps, or refuses: a field's own null is not filled.
+NULL_IS_ABSENT = {*WRITTEN_AS, "layer_types"}
 
 
 def _rope_from_theta(config: dict) -> dict | None:
@@ -132,11 +148,24 @@ def _rope_from_scaling(config: dict) -> dict | None:
     }
 
 
+def _gemma4_layer_types(config: dict) -> list[str] | None:
+    """Gemma 4's layer kinds as transformers makes them where none are given: every 6th layer and
+    the last full attention. mlx-lm's make every sliding_window_pattern-th (5 by default; a field
+    transformers does not read) full: where the global heads' width is the sliding ones', no
+    weight shape shows it (15 logits apart on 6 layers)."""
+    layers = config.get("num_hidden_layers")
+    if type(layers) is not int or layers < 1:
+        return None  # nothing to count: check_config names the field
+    kinds = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+    return [*kinds[:-1], "full_attention"]
+
+
 # model_type -> field -> its value as transformers reads it from the config's other fields,
 # where config.json leaves it out (None: nothing to read it from)
 READ_FROM: dict[str, dict[str, Callable[[dict], object]]] = {
     "qwen3_5_moe_text": {"rope_parameters": _rope_from_theta},
     "mistral4": {"rope_parameters": _rope_from_scaling},  # mistral3's text model too
+    "gemma4_text": {"layer_types": _gemma4_layer_types},
 }
 
 # A vision-language model_type -> the model_type of transformers' config class for its
@@ -220,4 +249,7 @@ def _given(values: dict, field: str | None) -> bool:
     """Whether `values` sets `field` as transformers reads it (NULL_IS_ABSENT's null: no)."""
     if field in NULL_IS_ABSENT:
         return values.get(field) is not None
+    if field == "rope_theta":  # transformers 5 writes it in rope_parameters
+        rope = values.get("rope_parameters")
+        return field in values or (isinstance(rope, dict) and field in rope)
     return field in values

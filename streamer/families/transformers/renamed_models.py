@@ -208,11 +208,36 @@ def _qwen2_moe_differs(config: dict) -> str | None:
     )
 
 
+def _exaone_moe_differs(config: dict) -> str | None:
+    """transformers' exaone_moe reads its MoE layers from mlp_layer_types, else the layers from
+    first_k_dense_replace on (1 where left out); mlx-lm's from is_moe_layer alone."""
+    moe, kinds = config.get("is_moe_layer"), config.get("mlp_layer_types")
+    dense, layers = config.get("first_k_dense_replace", 1), config.get("num_hidden_layers")
+    if not isinstance(moe, list) or (not isinstance(kinds, list) and type(dense) is not int):
+        return None  # mlx-lm reads mlp_layer_types (spellings.py), or check_config names it
+    said = f"mlp_layer_types {kinds}"
+    if not isinstance(kinds, list):
+        said = f"first_k_dense_replace {dense}" + (
+            "" if "first_k_dense_replace" in config else " (left out)"
+        )
+        kinds = [
+            "dense" if i < dense else "sparse"
+            for i in range(layers if type(layers) is int else len(moe))
+        ]
+    if [kind == "sparse" for kind in kinds] == [bool(m) for m in moe]:
+        return None
+    return (
+        f"its is_moe_layer {moe} (mlx-lm's MoE layers) are not those of its {said}, which "
+        "transformers' exaone_moe reads instead; make them agree as the published config.json does."
+    )
+
+
 # model_type -> why mlx-lm's model computes a config otherwise than transformers' (None: the same)
 CONFIGS_COMPUTED_OTHERWISE: dict[str, Callable[[dict], str | None]] = {
     "phimoe": _phimoe_differs,
     "dbrx": _dbrx_differs,
     "qwen2_moe": _qwen2_moe_differs,
+    "exaone_moe": _exaone_moe_differs,
     "llama4": lambda c: _llama4_moe_layers_differ(_text_config(c)),
 }
 

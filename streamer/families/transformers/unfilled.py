@@ -80,8 +80,16 @@ def _gemma4_softcap(config: dict) -> str | None:
 
 
 def _gemma4_text(config: dict) -> str | None:
-    """Its logit cap; and its routed experts per token, which neither transformers' config class
-    nor mlx-lm's model args give a default (mlx-lm's None raised a TypeError at the first token)."""
+    """Its logit cap; its routed experts per token, which neither transformers' config class nor
+    mlx-lm's model args give a default (mlx-lm's None raised a TypeError at the first token); and
+    its last layer, which transformers makes full attention whatever layer_types says."""
+    kinds = config.get("layer_types")
+    if isinstance(kinds, list) and kinds and kinds[-1] != "full_attention":
+        return (
+            f"layer_types ends in {kinds[-1]!r}: transformers' gemma4 makes the last layer "
+            "full attention whatever layer_types says, mlx-lm computes it as given; end "
+            "layer_types in full_attention, as the published config.json does."
+        )
     if config.get("num_experts") and "top_k_experts" not in config:
         return (
             f"top_k_experts is left out, but num_experts is {config['num_experts']}: neither "
