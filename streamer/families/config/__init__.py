@@ -97,17 +97,10 @@ def check_sizes(config: object, where: Path | str) -> dict:
 
 def check_repacked_config_json(folder: Path, manifest: Manifest) -> None:
     """A repacked folder's config.json against its manifest: the model is built from the
-    manifest's config (whose expert count its layers must hold), the tokenizer from config.json
-    (transformers validates its types, in an error that blamed tokenizer.json), so that is
-    checked alike, and an edit of its routing, which the model would not follow, is refused."""
-    count = routing_field(manifest.config, EXPERT_COUNTS)
-    for index, layer in enumerate(manifest.layers):
-        if type(count) is int and layer.expert_ids is None and layer.num_experts != count:
-            raise StreamerError(
-                f"{folder / 'manifest.json'}: MoE layer {index} ({layer.module}) holds "
-                f"{layer.num_experts} experts but the model expects {count} experts; repack the "
-                "model."
-            )
+    manifest's config (load checks the layers against that model, family by family:
+    loading/manifest_layers.py), the tokenizer from config.json (transformers validates its
+    types, in an error that blamed tokenizer.json), so that is checked alike, and an edit of its
+    routing, which the model would not follow, is refused."""
     path = folder / "config.json"
     own = check_sizes(decode_tagged_floats(read_json_object(path, "repack the model.")), path)
     for what, names in (("routed experts per token", TOP_K), ("expert count", EXPERT_COUNTS)):
