@@ -48,7 +48,10 @@ def set_tensor(**fields):
         ),
         (lambda m: m["moe_layers"][0]["experts"][0].update(crc32=[1, 2]), "valid crc32"),
         (lambda m: m["files"]["experts/000.bin"].update(size="big"), "record of file"),
-        (lambda m: m["config"].update(num_experts=8), "lists 16 experts, expected 8|expects"),
+        (
+            lambda m: m["config"].update(num_experts=8),
+            "experts a layer, manifest.json.s config 8",
+        ),
         (lambda m: m.update(moe_layers=m["moe_layers"][:1]), "lists MoE layers"),
     ],
 )

@@ -103,14 +103,19 @@ def check_repacked_config_json(folder: Path, manifest: Manifest) -> None:
     routing, which the model would not follow, is refused."""
     path = folder / "config.json"
     own = check_sizes(decode_tagged_floats(read_json_object(path, "repack the model.")), path)
-    for what, names in (("routed experts per token", TOP_K), ("expert count", EXPERT_COUNTS)):
-        mine, built = routing_field(own, names), routing_field(manifest.config, names)
-        if mine != built:
-            raise StreamerError(
-                f"{path}: the {what} is {mine!r} but manifest.json's config, which the model is "
-                f"built from, says {built!r}: config.json was edited; set it back to {built!r}, "
-                "or repack the model to change it."
-            )
+    mine, built = routing_field(own, TOP_K), routing_field(manifest.config, TOP_K)
+    if mine != built:  # an edit to route more or fewer experts, which no weight shows
+        raise StreamerError(
+            f"{path}: the routed experts per token is {mine!r} but manifest.json's config, which "
+            f"the model is built from, says {built!r}: config.json was edited; set it back to "
+            f"{built!r}, or repack the model to change it."
+        )
+    mine, built = routing_field(own, EXPERT_COUNTS), routing_field(manifest.config, EXPERT_COUNTS)
+    if mine != built:  # either file may be the edited one
+        raise StreamerError(
+            f"{path}: it gives {mine!r} experts a layer, manifest.json's config {built!r}: one "
+            "of them was edited; repack the model."
+        )
 
 
 def _check_object(config: object, where: Path | str) -> None:
