@@ -20,7 +20,8 @@ it off), `slots-serial` (every call's entries computed after its reads, as
 before decode calls computed their hits beside the misses' reads: experts/slots.py
 OVERLAPPED_ROUTES), `mapped` (in place on the mapped files), and the peers `boyle` and
 `nunspark` at `--peer-budgets` (bench/peers.py: how they run here). A point the squeeze kills is
-a row saying so. Writes bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
+a row saying so. `--read-mbps` throttles every point's reads (bench/slow_disk.py: where the disk
+is the token, as on a Mac). Writes bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ sys.path.insert(0, str(BENCH))
 from balloon import GiB  # noqa: E402
 from engines import child_result, log  # noqa: E402
 from peers import PEERS  # noqa: E402
+from slow_disk import read_throttle  # noqa: E402
 
 POINTS = ("slots-readahead", "slots-serial", "slots", "mapped")
 
@@ -101,7 +103,8 @@ class Streamer:
 
 def one(args: argparse.Namespace) -> dict:
     """One point, in this process: squeezed, dropped, warmed up briefly, then timed."""
-    (Path(args.cgroup) / "cgroup.procs").write_text(str(os.getpid()))
+    for group in {args.cgroup, args.throttle} - {None}:  # the squeeze, and a slow disk's
+        (Path(group) / "cgroup.procs").write_text(str(os.getpid()))  # (v2: one group, both)
     import mlx.core as mx
     import pagecache
     from peers import open_peer
@@ -135,6 +138,7 @@ def one(args: argparse.Namespace) -> dict:
         "routing": args.routing or "synthetic",
         "budget": budget if args.point in PEERS else args.budget,
         "limit": args.limit,
+        "read_mbps": args.read_mbps,
         "temp": args.temp,
         "decode_tokens": steps,
         "decode_tok_s": steps / (marks[-1][0] - marks[0][0]),
@@ -173,9 +177,16 @@ def main() -> None:
         help="GB each peer may use: boyle's budget (resident weights, slots, KV), nunspark's "
         "piece cache",
     )
+    ap.add_argument(
+        "--read-mbps",
+        type=float,
+        help="the disk's reads throttled to this many MB/s (bench/slow_disk.py: a Mac's SSD "
+        "scaled to this machine's compute)",
+    )
     ap.add_argument("--tag", help="appended to the result file's name")
     ap.add_argument("--point", help=argparse.SUPPRESS)  # one point, in a child process
     ap.add_argument("--cgroup", help=argparse.SUPPRESS)  # the child's memory cgroup
+    ap.add_argument("--throttle", help=argparse.SUPPRESS)  # and its read throttle's
     args = ap.parse_args()
     # killed, the parent still stops its child and removes the child's cgroup (subprocess.run
     # kills the child on the way out, then child()'s `finally` removes the emptied group)
@@ -222,18 +233,22 @@ def said(row: dict) -> str:
 
 
 def child(args: argparse.Namespace, point: str) -> dict:
-    group = memory_cgroup(args.limit)
+    group, throttle = memory_cgroup(args.limit), None
     argv = [sys.executable, __file__, "--point", point, "--model", str(args.model)]
     argv += ["--limit", str(args.limit), "--budget", str(args.budget), "--cgroup", str(group)]
     argv += ["--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
     argv += ["--temp", str(args.temp), "--peer-budgets", args.peer_budgets]
     argv += ["--routing", args.routing] if args.routing else []
     try:  # a point the squeeze kills (a peer over its cgroup: exit -9) is a result, not the end
+        if args.read_mbps:
+            throttle = read_throttle(args.model, int(args.read_mbps * 1e6), group)
+            argv += ["--read-mbps", str(args.read_mbps), "--throttle", str(throttle)]
         return child_result(argv, f"the {point} point")
     except SystemExit as failed:
         return {"point": point, "failed": str(failed), "limit": args.limit}
     finally:
-        group.rmdir()  # its page cache goes to the parent group
+        for made in {group, throttle} - {None}:
+            made.rmdir()  # the memory group's page cache goes to its parent group
 
 
 def default_model(data: Path) -> Path:

@@ -387,3 +387,18 @@ def test_peers_run_here_as_on_a_mac(bench_path, monkeypatch, tmp_path):
     for layer, logits in enumerate(picked):
         assert (logits > -100).sum().item() == 2  # the profile's two experts, the rest off
         assert mx.array_equal(logits[0], positions.logits[layer][:1])
+
+
+def test_a_slow_disk_throttles_the_whole_disk(bench_path, tmp_path):
+    """bench/slow_disk.py names the disk a file lies on as the kernel's throttles take it: a
+    whole disk's MAJOR:MINOR, never a partition's."""
+    from slow_disk import disk_of
+
+    disk = disk_of(tmp_path)
+    sysfs = Path(f"/sys/dev/block/{disk}")
+    if not sysfs.exists():
+        pytest.skip(
+            f"{tmp_path} lies on no block device (e.g. a tmpfs or overlay): nothing to name"
+        )
+    assert not (sysfs / "partition").exists()
+    assert (sysfs / "dev").read_text().strip() == disk
