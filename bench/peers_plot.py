@@ -27,15 +27,18 @@ def runs(paths: list[str]) -> list[tuple[str, dict[str, list[dict]]]]:
         for row in result["rows"]:
             if "failed" not in row:
                 rows.setdefault(row["point"], []).append(row)
-        limit = int(result["args"]["limit"]) / (1 << 30)
-        found.append((f"{limit:.1f} GiB, {result['args'].get('peer_budgets', '')}", rows))
+        args = result["args"]
+        label = f"{int(args['limit']) / (1 << 30):.1f} GiB"
+        if args.get("read_mbps") not in (None, "None"):
+            label += f", reads {float(args['read_mbps']):g} MB/s"
+        found.append((label + f"\n{args.get('peer_budgets', '')}", rows))
     return found
 
 
 def main() -> None:
     out, paths = sys.argv[1], sys.argv[2:]
     squeezes = runs(paths)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(2, 1, figsize=(10, 7))
     for ax, key, scale, label in (
         (axes[0], "decode_tok_s", 1, "decode tok/s"),
         (axes[1], "disk_bytes_per_token", 1e-6, "MB read from disk a token"),
