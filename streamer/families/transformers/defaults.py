@@ -1,6 +1,5 @@
 """Fields a config.json leaves out, where transformers' config class fills a default that mlx-lm's
-ModelArgs does not, or fills another: filled as transformers fills them. And Nemotron-H's layer
-pattern as one string.
+ModelArgs does not, or fills another: filled as transformers fills them.
 
 A config.json written by hand, trimmed, or written by a model's own code can leave a field out
 (transformers 5.24's own `save_pretrained` writes them all, defaults too); transformers then
@@ -203,22 +202,6 @@ def text_model_type(config: dict) -> str | None:
     if not isinstance(text, dict):
         return None
     return TEXT_MODEL_TYPES.get(config.get("model_type"), text.get("model_type"))
-
-
-# Lists of one-letter layer kinds published as one string (Nemotron-H's "ME*EME", in NVIDIA's
-# configs and as transformers writes it): model_type -> field -> the letters mlx-lm's model builds.
-# mlx-lm iterates the string, a letter a layer, as the list; one with another letter stays refused.
-LETTER_LISTS = {"nemotron_h": {"hybrid_override_pattern": "M*-E"}}
-
-
-def letters_listed(config: dict) -> dict:
-    """`config` with LETTER_LISTS' strings as the lists of letters mlx-lm computes from them."""
-    listed = {
-        name: list(config[name])
-        for name, letters in LETTER_LISTS.get(config.get("model_type"), {}).items()
-        if isinstance(config.get(name), str) and set(config[name]) <= set(letters)
-    }
-    return {**config, **listed} if listed else config
 
 
 def fill_defaults(config: dict) -> dict:
