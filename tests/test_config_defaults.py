@@ -318,6 +318,15 @@ def test_gemma4_last_layer_sliding_is_refused(model_type):
         ("glm4_moe_lite", {"rope_theta": 1e4}),
         ("qwen2_moe", {"rope_theta": 1e4}),
         ("phimoe", {"rope_theta": 1e6}),
+        # mlx-lm's ModelArgs require one: these were refused as models it cannot build
+        ("dots1", {"rope_theta": 1e4}),
+        ("ernie4_5_moe", {"rope_theta": 5e5}),
+        ("glm4_moe", {"rope_theta": 1e4}),
+        ("granitemoe", {"rope_theta": 1e4}),
+        ("longcat_flash", {"rope_theta": 1e7}),
+        ("minimax", {"rope_theta": 1e6}),
+        ("qwen3_moe", {"rope_theta": 1e4}),
+        ("qwen3_next", {"rope_theta": 1e4}),
         (
             "mellum",
             {
@@ -331,8 +340,9 @@ def test_gemma4_last_layer_sliding_is_refused(model_type):
 )
 def test_rope_left_out_computes_as_transformers_default(tmp_path, model_type, given):
     """Without rope_theta (or rope_parameters' own), mlx-lm's base was 1e6 where transformers'
-    is 1e4 (phimoe: 1e4 where it is 1e6): 1.3 to 3.3 logits apart; Mellum without
-    rope_parameters failed to build. Now filled as transformers fills them. A base given in
+    is 1e4 (phimoe: 1e4 where it is 1e6): 1.3 to 3.3 logits apart; where mlx-lm's ModelArgs
+    require one (dots1 to qwen3_next), and Mellum without rope_parameters, the config was
+    refused as a model mlx-lm cannot build. Now filled as transformers fills them. A base given in
     rope_parameters (transformers 5's spelling) is the one computed."""
     src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, **given))
     reference = reference_model(src)

@@ -56,7 +56,8 @@ FILLED: dict[str, dict[str, object]] = {
     "gpt_oss": {"rope_scaling": GPT_OSS_YARN},
     "deepseek_v3": DEEPSEEK_V3,
     "deepseek_v32": DEEPSEEK_V3,
-    "qwen3_next": {"norm_topk_prob": True},  # mlx-lm: False, no renormalized top-k
+    # mlx-lm: norm_topk_prob False, no renormalized top-k
+    "qwen3_next": {"norm_topk_prob": True, "rope_theta": 10000.0},
     "phimoe": {"rms_norm_eps": 1e-5, "rope_theta": 1000000.0},
     "nemotron_h": {  # mlx-lm: None (its router raised a TypeError at the first token)
         "norm_topk_prob": True,
@@ -76,12 +77,19 @@ FILLED: dict[str, dict[str, object]] = {
         "sliding_window": 1024,
         "num_experts_per_tok": 6,  # mlx-lm: 8
     },
-    "ernie4_5_moe": {"moe_k": 6},  # mlx-lm: 1
+    "ernie4_5_moe": {"moe_k": 6, "rope_theta": 500000.0},  # mlx-lm: top-1
     # RoPE bases (transformers 5 keeps them in rope_parameters): mlx-lm's 1e6 (phimoe's 1e4) was
     # 1.3 to 3.3 logits from transformers' base on the fixtures
     "exaone_moe": {"rope_theta": 10000.0},
     "glm4_moe_lite": {"rope_theta": 10000.0},
     "qwen2_moe": {"rope_theta": 10000.0},
+    # mlx-lm requires one (its ModelArgs' TypeError, refused as a model it cannot build);
+    # transformers' class default (qwen3_next's, ernie4_5_moe's and granitemoe's with their fills)
+    "dots1": {"rope_theta": 10000.0},
+    "glm4_moe": {"rope_theta": 10000.0},
+    "longcat_flash": {"rope_theta": 10000000.0},
+    "minimax": {"rope_theta": 1000000.0},
+    "qwen3_moe": {"rope_theta": 10000.0},
     # mlx-lm's {} failed to build (a KeyError); transformers reads no top-level rope_theta here
     "mellum": {
         "rope_parameters": {
@@ -97,7 +105,7 @@ FILLED: dict[str, dict[str, object]] = {
         "tie_word_embeddings": False,  # mlx-lm: True, its saved lm_head dropped (37 logits off)
         "num_experts_per_tok": 2,  # mlx-lm: None (a TypeError at the first token)
     },
-    "granitemoe": {"tie_word_embeddings": False},
+    "granitemoe": {"tie_word_embeddings": False, "rope_theta": 10000.0},
     "olmoe": {"tie_word_embeddings": False},
     "jamba": {"tie_word_embeddings": False},
     "mistral4": {"rope_parameters": MISTRAL4_YARN},  # mistral3's text model too
