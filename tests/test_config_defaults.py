@@ -47,6 +47,16 @@ def transformers_default(model_type: str, field: str):
     return values[field]
 
 
+def assert_streams_as(src, written: dict, reference, out) -> None:
+    """`written` as src's config.json, repacked to `out` and loaded, computes `reference`'s
+    logits (mlx-lm's model with transformers' values written out)."""
+    (src / "config.json").write_text(json.dumps(written))
+    repack(src, out, log=lambda _: None)
+    model, tokenizer = streamer.load(out, memory_budget=0, dtype=mx.float32)
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+
+
 # what transformers derives from other fields into its RoPE default, unread by mlx-lm's model
 DERIVED = {"max_position_embeddings", "partial_rotary_factor", "rope_type"}
 
@@ -240,11 +250,7 @@ def test_routing_left_out_computes_as_transformers_default(tmp_path, model_type,
     reference = reference_model(src)  # mlx-lm's model with transformers' default written out
     config = json.loads((src / "config.json").read_text())
     del config[field]
-    (src / "config.json").write_text(json.dumps(config))
-    repack(src, tmp_path / "out", log=lambda _: None)
-    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
-    prompt = mx.array(tokenizer.encode(PROMPT))[None]
-    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+    assert_streams_as(src, config, reference, tmp_path / "out")
 
 
 def _gemma4(model_type: str, **text) -> dict:
@@ -292,11 +298,7 @@ def test_gemma4_left_out_computes_as_transformers_default(tmp_path, model_type, 
         _text(config)[field] = None
     else:
         del _text(config)[field]
-    (src / "config.json").write_text(json.dumps(config))
-    repack(src, tmp_path / "out", log=lambda _: None)
-    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
-    prompt = mx.array(tokenizer.encode(PROMPT))[None]
-    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+    assert_streams_as(src, config, reference, tmp_path / "out")
 
 
 @pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4"])
@@ -348,11 +350,7 @@ def test_rope_left_out_computes_as_transformers_default(tmp_path, model_type, gi
     reference = reference_model(src)
     config = json.loads((src / "config.json").read_text())
     left_out = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_parameters")}
-    (src / "config.json").write_text(json.dumps(left_out))
-    repack(src, tmp_path / "out", log=lambda _: None)
-    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
-    prompt = mx.array(tokenizer.encode(PROMPT))[None]
-    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+    assert_streams_as(src, left_out, reference, tmp_path / "out")
     if "rope_theta" in given:
         base = {**left_out, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
         assert normalize_config(base)["rope_theta"] == 5e5
@@ -377,3 +375,33 @@ def test_a_count_left_out_is_named_where_the_weights_refuse_it(
     (src / "config.json").write_text(json.dumps(config))
     with pytest.raises(streamer.StreamerError, match=f"config.json leaves out .*{re.escape(said)}"):
         repack(src, tmp_path / "out", log=lambda _: None)
+
+
+MELLUM_ROPE = {
+    "full_attention": {"rope_type": "default", "rope_theta": 2e5},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 3e4},
+}
+
+
+def test_mellum_rope_scaling_alone_is_its_rope_parameters(tmp_path):
+    """transformers reads Mellum's rope_scaling (transformers 4's spelling) as its
+    rope_parameters, as given; mlx-lm's mellum reads rope_parameters alone: it was refused as a
+    model mlx-lm cannot build (KeyError: 'sliding_attention')."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("mellum", rope_parameters=MELLUM_ROPE))
+    reference = reference_model(src)
+    config = json.loads((src / "config.json").read_text())
+    del config["rope_parameters"]
+    assert_streams_as(src, {**config, "rope_scaling": MELLUM_ROPE}, reference, tmp_path / "out")
+
+
+@pytest.mark.parametrize("given", ["rope_scaling", "rope_parameters"])
+def test_mellum_rope_without_an_entry_per_layer_kind_is_refused(given):
+    """A flat RoPE (transformers 4's {"rope_type": ..., "factor": ...}) has no entry per layer
+    kind: transformers' model and mlx-lm's fail on it (a KeyError)."""
+    config = {k: v for k, v in tiny_config("mellum").items() if k != "rope_parameters"}
+    config[given] = {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}
+    with pytest.raises(
+        streamer.StreamerError,
+        match=f"^c: {given} has no 'full_attention' or 'sliding_attention' entry with a rope_theta",
+    ):
+        check_config(config, "c")

@@ -155,6 +155,15 @@ def _rope_from_scaling(config: dict) -> dict | None:
     }
 
 
+def _rope_as_scaling(config: dict) -> dict | None:
+    """Mellum's rope_parameters where config.json gives rope_scaling alone (transformers 4's
+    spelling): transformers' config sets them to it, as given (its Mellum reads no top-level
+    rope_theta); mlx-lm's mellum reads rope_parameters alone, and failed to build (a KeyError).
+    One without an entry per layer kind is refused (unfilled.py)."""
+    scaling = config.get("rope_scaling")
+    return scaling if isinstance(scaling, dict) else None
+
+
 def _gemma4_layer_types(config: dict) -> list[str] | None:
     """Gemma 4's layer kinds as transformers makes them where none are given: every 6th layer and
     the last full attention. mlx-lm's make every sliding_window_pattern-th (5 by default; a field
@@ -172,6 +181,7 @@ def _gemma4_layer_types(config: dict) -> list[str] | None:
 READ_FROM: dict[str, dict[str, Callable[[dict], object]]] = {
     "qwen3_5_moe_text": {"rope_parameters": _rope_from_theta},
     "mistral4": {"rope_parameters": _rope_from_scaling},  # mistral3's text model too
+    "mellum": {"rope_parameters": _rope_as_scaling},
     "gemma4_text": {"layer_types": _gemma4_layer_types},
 }
 
