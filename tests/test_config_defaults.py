@@ -20,6 +20,7 @@ from streamer.families.architectures import build_model
 from streamer.families.config import check_config
 from streamer.families.mlx_lm_models import model_file
 from streamer.families.transformers.defaults import FILLED
+from streamer.families.transformers.left_out import left_out_hint
 from streamer.families.transformers.spellings import normalize_config
 from streamer.repack import repack
 
@@ -405,3 +406,19 @@ def test_mellum_rope_without_an_entry_per_layer_kind_is_refused(given):
         match=f"^c: {given} has no 'full_attention' or 'sliding_attention' entry with a rope_theta",
     ):
         check_config(config, "c")
+
+
+@pytest.mark.parametrize(
+    "model_type, field",
+    [
+        ("nemotron_h", "n_routed_experts"),
+        ("ernie4_5_moe", "moe_num_shared_experts"),
+        ("gemma4_text", "intermediate_size"),
+    ],
+)
+def test_the_left_out_hint_names_only_fields_that_change_the_weights(model_type, field):
+    """Left out too, Nemotron-H's layers_block_type and time_step_*, ERNIE's
+    moe_layer_end_index and Gemma 4's rope_parameters default differently in the two libraries
+    but change no weight mlx-lm builds: they were named beside the field that did."""
+    hint = left_out_hint({k: v for k, v in tiny_config(model_type).items() if k != field})
+    assert re.fullmatch(rf" config\.json leaves out {field} \([^()]*\), which .*", hint), hint
