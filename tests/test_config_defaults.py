@@ -20,6 +20,7 @@ from streamer.families.architectures import build_model
 from streamer.families.config import check_config
 from streamer.families.mlx_lm_models import model_file
 from streamer.families.transformers.defaults import FILLED
+from streamer.families.transformers.left_out import left_out_hint
 from streamer.families.transformers.spellings import normalize_config
 from streamer.repack import repack
 
@@ -45,6 +46,16 @@ def transformers_default(model_type: str, field: str):
     if field == "rope_theta":
         return values["rope_parameters"]["rope_theta"]
     return values[field]
+
+
+def assert_streams_as(src, written: dict, reference, out) -> None:
+    """`written` as src's config.json, repacked to `out` and loaded, computes `reference`'s
+    logits (mlx-lm's model with transformers' values written out)."""
+    (src / "config.json").write_text(json.dumps(written))
+    repack(src, out, log=lambda _: None)
+    model, tokenizer = streamer.load(out, memory_budget=0, dtype=mx.float32)
+    prompt = mx.array(tokenizer.encode(PROMPT))[None]
+    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
 
 
 # what transformers derives from other fields into its RoPE default, unread by mlx-lm's model
@@ -240,11 +251,7 @@ def test_routing_left_out_computes_as_transformers_default(tmp_path, model_type,
     reference = reference_model(src)  # mlx-lm's model with transformers' default written out
     config = json.loads((src / "config.json").read_text())
     del config[field]
-    (src / "config.json").write_text(json.dumps(config))
-    repack(src, tmp_path / "out", log=lambda _: None)
-    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
-    prompt = mx.array(tokenizer.encode(PROMPT))[None]
-    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+    assert_streams_as(src, config, reference, tmp_path / "out")
 
 
 def _gemma4(model_type: str, **text) -> dict:
@@ -292,11 +299,7 @@ def test_gemma4_left_out_computes_as_transformers_default(tmp_path, model_type, 
         _text(config)[field] = None
     else:
         del _text(config)[field]
-    (src / "config.json").write_text(json.dumps(config))
-    repack(src, tmp_path / "out", log=lambda _: None)
-    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
-    prompt = mx.array(tokenizer.encode(PROMPT))[None]
-    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+    assert_streams_as(src, config, reference, tmp_path / "out")
 
 
 @pytest.mark.parametrize("model_type", ["gemma4_text", "gemma4"])
@@ -318,6 +321,15 @@ def test_gemma4_last_layer_sliding_is_refused(model_type):
         ("glm4_moe_lite", {"rope_theta": 1e4}),
         ("qwen2_moe", {"rope_theta": 1e4}),
         ("phimoe", {"rope_theta": 1e6}),
+        # mlx-lm's ModelArgs require one: these were refused as models it cannot build
+        ("dots1", {"rope_theta": 1e4}),
+        ("ernie4_5_moe", {"rope_theta": 5e5}),
+        ("glm4_moe", {"rope_theta": 1e4}),
+        ("granitemoe", {"rope_theta": 1e4}),
+        ("longcat_flash", {"rope_theta": 1e7}),
+        ("minimax", {"rope_theta": 1e6}),
+        ("qwen3_moe", {"rope_theta": 1e4}),
+        ("qwen3_next", {"rope_theta": 1e4}),
         (
             "mellum",
             {
@@ -331,18 +343,15 @@ def test_gemma4_last_layer_sliding_is_refused(model_type):
 )
 def test_rope_left_out_computes_as_transformers_default(tmp_path, model_type, given):
     """Without rope_theta (or rope_parameters' own), mlx-lm's base was 1e6 where transformers'
-    is 1e4 (phimoe: 1e4 where it is 1e6): 1.3 to 3.3 logits apart; Mellum without
-    rope_parameters failed to build. Now filled as transformers fills them. A base given in
+    is 1e4 (phimoe: 1e4 where it is 1e6): 1.3 to 3.3 logits apart; where mlx-lm's ModelArgs
+    require one (dots1 to qwen3_next), and Mellum without rope_parameters, the config was
+    refused as a model mlx-lm cannot build. Now filled as transformers fills them. A base given in
     rope_parameters (transformers 5's spelling) is the one computed."""
     src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type, **given))
     reference = reference_model(src)
     config = json.loads((src / "config.json").read_text())
     left_out = {k: v for k, v in config.items() if k not in ("rope_theta", "rope_parameters")}
-    (src / "config.json").write_text(json.dumps(left_out))
-    repack(src, tmp_path / "out", log=lambda _: None)
-    model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
-    prompt = mx.array(tokenizer.encode(PROMPT))[None]
-    assert mx.abs(model(prompt) - reference(prompt)).max().item() <= 1e-4
+    assert_streams_as(src, left_out, reference, tmp_path / "out")
     if "rope_theta" in given:
         base = {**left_out, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
         assert normalize_config(base)["rope_theta"] == 5e5
@@ -367,3 +376,49 @@ def test_a_count_left_out_is_named_where_the_weights_refuse_it(
     (src / "config.json").write_text(json.dumps(config))
     with pytest.raises(streamer.StreamerError, match=f"config.json leaves out .*{re.escape(said)}"):
         repack(src, tmp_path / "out", log=lambda _: None)
+
+
+MELLUM_ROPE = {
+    "full_attention": {"rope_type": "default", "rope_theta": 2e5},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 3e4},
+}
+
+
+def test_mellum_rope_scaling_alone_is_its_rope_parameters(tmp_path):
+    """transformers reads Mellum's rope_scaling (transformers 4's spelling) as its
+    rope_parameters, as given; mlx-lm's mellum reads rope_parameters alone: it was refused as a
+    model mlx-lm cannot build (KeyError: 'sliding_attention')."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("mellum", rope_parameters=MELLUM_ROPE))
+    reference = reference_model(src)
+    config = json.loads((src / "config.json").read_text())
+    del config["rope_parameters"]
+    assert_streams_as(src, {**config, "rope_scaling": MELLUM_ROPE}, reference, tmp_path / "out")
+
+
+@pytest.mark.parametrize("given", ["rope_scaling", "rope_parameters"])
+def test_mellum_rope_without_an_entry_per_layer_kind_is_refused(given):
+    """A flat RoPE (transformers 4's {"rope_type": ..., "factor": ...}) has no entry per layer
+    kind: transformers' model and mlx-lm's fail on it (a KeyError)."""
+    config = {k: v for k, v in tiny_config("mellum").items() if k != "rope_parameters"}
+    config[given] = {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}
+    with pytest.raises(
+        streamer.StreamerError,
+        match=f"^c: {given} has no 'full_attention' or 'sliding_attention' entry with a rope_theta",
+    ):
+        check_config(config, "c")
+
+
+@pytest.mark.parametrize(
+    "model_type, field",
+    [
+        ("nemotron_h", "n_routed_experts"),
+        ("ernie4_5_moe", "moe_num_shared_experts"),
+        ("gemma4_text", "intermediate_size"),
+    ],
+)
+def test_the_left_out_hint_names_only_fields_that_change_the_weights(model_type, field):
+    """Left out too, Nemotron-H's layers_block_type and time_step_*, ERNIE's
+    moe_layer_end_index and Gemma 4's rope_parameters default differently in the two libraries
+    but change no weight mlx-lm builds: they were named beside the field that did."""
+    hint = left_out_hint({k: v for k, v in tiny_config(model_type).items() if k != field})
+    assert re.fullmatch(rf" config\.json leaves out {field} \([^()]*\), which .*", hint), hint

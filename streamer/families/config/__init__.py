@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import StreamerError
 from ...io.json_file import decode_tagged_floats, read_json_object
-from ..transformers.defaults import letters_listed
+from ..transformers.letter_lists import letters_listed
 from ..transformers.unfilled import refuse_unfilled
 from .common_fields import check_common_fields, check_eos_ids
 from .declared_types import check_declared_types, text_args_class

@@ -1,6 +1,5 @@
 """Fields a config.json leaves out, where transformers' config class fills a default that mlx-lm's
-ModelArgs does not, or fills another: filled as transformers fills them. And Nemotron-H's layer
-pattern as one string.
+ModelArgs does not, or fills another: filled as transformers fills them.
 
 A config.json written by hand, trimmed, or written by a model's own code can leave a field out
 (transformers 5.24's own `save_pretrained` writes them all, defaults too); transformers then
@@ -57,7 +56,8 @@ FILLED: dict[str, dict[str, object]] = {
     "gpt_oss": {"rope_scaling": GPT_OSS_YARN},
     "deepseek_v3": DEEPSEEK_V3,
     "deepseek_v32": DEEPSEEK_V3,
-    "qwen3_next": {"norm_topk_prob": True},  # mlx-lm: False, no renormalized top-k
+    # mlx-lm: norm_topk_prob False, no renormalized top-k
+    "qwen3_next": {"norm_topk_prob": True, "rope_theta": 10000.0},
     "phimoe": {"rms_norm_eps": 1e-5, "rope_theta": 1000000.0},
     "nemotron_h": {  # mlx-lm: None (its router raised a TypeError at the first token)
         "norm_topk_prob": True,
@@ -77,12 +77,19 @@ FILLED: dict[str, dict[str, object]] = {
         "sliding_window": 1024,
         "num_experts_per_tok": 6,  # mlx-lm: 8
     },
-    "ernie4_5_moe": {"moe_k": 6},  # mlx-lm: 1
+    "ernie4_5_moe": {"moe_k": 6, "rope_theta": 500000.0},  # mlx-lm: top-1
     # RoPE bases (transformers 5 keeps them in rope_parameters): mlx-lm's 1e6 (phimoe's 1e4) was
     # 1.3 to 3.3 logits from transformers' base on the fixtures
     "exaone_moe": {"rope_theta": 10000.0},
     "glm4_moe_lite": {"rope_theta": 10000.0},
     "qwen2_moe": {"rope_theta": 10000.0},
+    # mlx-lm requires one (its ModelArgs' TypeError, refused as a model it cannot build);
+    # transformers' class default (qwen3_next's, ernie4_5_moe's and granitemoe's with their fills)
+    "dots1": {"rope_theta": 10000.0},
+    "glm4_moe": {"rope_theta": 10000.0},
+    "longcat_flash": {"rope_theta": 10000000.0},
+    "minimax": {"rope_theta": 1000000.0},
+    "qwen3_moe": {"rope_theta": 10000.0},
     # mlx-lm's {} failed to build (a KeyError); transformers reads no top-level rope_theta here
     "mellum": {
         "rope_parameters": {
@@ -98,7 +105,7 @@ FILLED: dict[str, dict[str, object]] = {
         "tie_word_embeddings": False,  # mlx-lm: True, its saved lm_head dropped (37 logits off)
         "num_experts_per_tok": 2,  # mlx-lm: None (a TypeError at the first token)
     },
-    "granitemoe": {"tie_word_embeddings": False},
+    "granitemoe": {"tie_word_embeddings": False, "rope_theta": 10000.0},
     "olmoe": {"tie_word_embeddings": False},
     "jamba": {"tie_word_embeddings": False},
     "mistral4": {"rope_parameters": MISTRAL4_YARN},  # mistral3's text model too
@@ -148,6 +155,15 @@ def _rope_from_scaling(config: dict) -> dict | None:
     }
 
 
+def _rope_as_scaling(config: dict) -> dict | None:
+    """Mellum's rope_parameters where config.json gives rope_scaling alone (transformers 4's
+    spelling): transformers' config sets them to it, as given (its Mellum reads no top-level
+    rope_theta); mlx-lm's mellum reads rope_parameters alone, and failed to build (a KeyError).
+    One without an entry per layer kind is refused (unfilled.py)."""
+    scaling = config.get("rope_scaling")
+    return scaling if isinstance(scaling, dict) else None
+
+
 def _gemma4_layer_types(config: dict) -> list[str] | None:
     """Gemma 4's layer kinds as transformers makes them where none are given: every 6th layer and
     the last full attention. mlx-lm's make every sliding_window_pattern-th (5 by default; a field
@@ -165,6 +181,7 @@ def _gemma4_layer_types(config: dict) -> list[str] | None:
 READ_FROM: dict[str, dict[str, Callable[[dict], object]]] = {
     "qwen3_5_moe_text": {"rope_parameters": _rope_from_theta},
     "mistral4": {"rope_parameters": _rope_from_scaling},  # mistral3's text model too
+    "mellum": {"rope_parameters": _rope_as_scaling},
     "gemma4_text": {"layer_types": _gemma4_layer_types},
 }
 
@@ -203,22 +220,6 @@ def text_model_type(config: dict) -> str | None:
     if not isinstance(text, dict):
         return None
     return TEXT_MODEL_TYPES.get(config.get("model_type"), text.get("model_type"))
-
-
-# Lists of one-letter layer kinds published as one string (Nemotron-H's "ME*EME", in NVIDIA's
-# configs and as transformers writes it): model_type -> field -> the letters mlx-lm's model builds.
-# mlx-lm iterates the string, a letter a layer, as the list; one with another letter stays refused.
-LETTER_LISTS = {"nemotron_h": {"hybrid_override_pattern": "M*-E"}}
-
-
-def letters_listed(config: dict) -> dict:
-    """`config` with LETTER_LISTS' strings as the lists of letters mlx-lm computes from them."""
-    listed = {
-        name: list(config[name])
-        for name, letters in LETTER_LISTS.get(config.get("model_type"), {}).items()
-        if isinstance(config.get(name), str) and set(config[name]) <= set(letters)
-    }
-    return {**config, **listed} if listed else config
 
 
 def fill_defaults(config: dict) -> dict:

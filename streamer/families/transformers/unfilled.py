@@ -128,6 +128,32 @@ def _mistral4_llama_4_scaling(config: dict) -> str | None:
     )
 
 
+def _mellum_rope(config: dict) -> str | None:
+    """Mellum keeps one RoPE per layer kind in rope_parameters, and transformers reads
+    rope_scaling (transformers 4's spelling) as them, as given: settings with no entry for a
+    layer kind its layers use fail in transformers' model and mlx-lm's (a KeyError)."""
+    given = "rope_parameters" if config.get("rope_parameters") is not None else "rope_scaling"
+    rope, kinds = config.get(given), config.get("layer_types")
+    if not isinstance(rope, dict) or not isinstance(kinds, list):
+        return None  # left out or null: filled (defaults.py); another value: checked elsewhere
+    lacking = sorted(  # another kind's or a list's fault is checked elsewhere
+        {
+            k
+            for k in kinds
+            if isinstance(k, str)
+            and (not isinstance(rope.get(k), dict) or "rope_theta" not in rope[k])
+        }
+    )
+    if not lacking:
+        return None
+    return (
+        f"{given} has no {' or '.join(map(repr, lacking))} entry with a rope_theta: Mellum "
+        f"computes one RoPE per layer kind from them (transformers reads {given} as its "
+        "rope_parameters; its model and mlx-lm's fail without one); give rope_parameters as "
+        "the published config.json does."
+    )
+
+
 def _minimax_m3_rotary(config: dict) -> str | None:
     """transformers' MiniMax-M3 rotates rope_parameters' share of the head (all of it where none
     is given) and never reads rotary_dim; mlx-lm's rotates rotary_dim dims, else its share of the
@@ -164,6 +190,7 @@ UNFILLED: dict[str, Callable[[dict], str | None]] = {
     "qwen3_5_moe_text": _qwen3_5_rope,
     "mistral4": _mistral4_llama_4_scaling,
     "minimax_m3_vl_text": _minimax_m3_rotary,
+    "mellum": _mellum_rope,
 }
 
 
