@@ -407,6 +407,21 @@ def test_mellum_rope_without_an_entry_per_layer_kind_is_refused(given):
         check_config(config, "c")
 
 
+def test_mellum_linear_rope_with_a_factor_is_refused():
+    """mlx-lm's mellum computes rope_type "linear" as plain RoPE (its _rope_for), transformers
+    divides the positions by the factor: refused, a factor of 1 (the same in both) not."""
+    config = tiny_config("mellum")
+    rope = {k: dict(v) for k, v in config["rope_parameters"].items()}
+    rope["full_attention"].update(rope_type="linear", factor=1.0)
+    check_config({**config, "rope_parameters": rope}, "c")
+    rope["full_attention"]["factor"] = 4.0
+    with pytest.raises(
+        streamer.StreamerError,
+        match="^c: rope_parameters's 'full_attention' entry is linear RoPE with factor 4.0",
+    ):
+        check_config({**config, "rope_parameters": rope}, "c")
+
+
 @pytest.mark.parametrize(
     "model_type, field",
     [

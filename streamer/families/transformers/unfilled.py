@@ -131,7 +131,8 @@ def _mistral4_llama_4_scaling(config: dict) -> str | None:
 def _mellum_rope(config: dict) -> str | None:
     """Mellum keeps one RoPE per layer kind in rope_parameters, and transformers reads
     rope_scaling (transformers 4's spelling) as them, as given: settings with no entry for a
-    layer kind its layers use fail in transformers' model and mlx-lm's (a KeyError)."""
+    layer kind its layers use fail in transformers' model and mlx-lm's (a KeyError), and a linear
+    one with a factor is scaled by transformers only."""
     given = "rope_parameters" if config.get("rope_parameters") is not None else "rope_scaling"
     rope, kinds = config.get(given), config.get("layer_types")
     if not isinstance(rope, dict) or not isinstance(kinds, list):
@@ -144,6 +145,18 @@ def _mellum_rope(config: dict) -> str | None:
             and (not isinstance(rope.get(k), dict) or "rope_theta" not in rope[k])
         }
     )
+    scaled = sorted(  # mlx-lm's mellum takes "linear" for plain RoPE: no factor
+        k
+        for k, v in rope.items()
+        if isinstance(v, dict) and v.get("rope_type") == "linear" and v.get("factor", 1) != 1
+    )
+    if scaled:
+        return (
+            f"{given}'s {scaled[0]!r} entry is linear RoPE with factor "
+            f"{rope[scaled[0]].get('factor')!r}: transformers divides the positions by it, "
+            "mlx-lm's mellum computes plain RoPE and ignores it; give rope_parameters as the "
+            "published config.json does."
+        )
     if not lacking:
         return None
     return (
