@@ -383,6 +383,7 @@ MELLUM_ROPE = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:`rope_scaling` is deprecated:FutureWarning")  # its subject
 def test_mellum_rope_scaling_alone_is_its_rope_parameters(tmp_path):
     """transformers reads Mellum's rope_scaling (transformers 4's spelling) as its
     rope_parameters, as given; mlx-lm's mellum reads rope_parameters alone: it was refused as a
