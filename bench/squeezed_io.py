@@ -18,10 +18,10 @@ cgroup's squeeze is not in the memory available the default budget is made from)
 `slots-readahead` (the same with the kernel's read-ahead left on, as before io/reads.py turned
 it off), `slots-serial` (every call's entries computed after its reads, as
 before decode calls computed their hits beside the misses' reads: experts/slots.py
-OVERLAPPED_ROUTES), `mapped` (in place on the mapped files), and the peers `boyle` and
-`nunspark` at `--peer-budgets` (bench/peers.py: how they run here). A point the squeeze kills is
-a row saying so. `--read-mbps` throttles every point's reads (bench/slow_disk.py: where the disk
-is the token, as on a Mac). Writes bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
+OVERLAPPED_ROUTES), `mapped` (in place on the mapped files), and the peers `boyle`, `nunspark`
+and `bigrig` at `--peer-budgets` (bench/peers.py: how they run here). A point the squeeze kills
+is a row saying so. `--read-mbps` throttles every point's reads (bench/slow_disk.py: where the
+disk is the token, as on a Mac). Writes bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
 """
 
 from __future__ import annotations
@@ -173,9 +173,9 @@ def main() -> None:
     ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0: greedy)")
     ap.add_argument(
         "--peer-budgets",
-        default="boyle=2,nunspark=2",
+        default="boyle=2,nunspark=2,bigrig=2",
         help="GB each peer may use: boyle's budget (resident weights, slots, KV), nunspark's "
-        "piece cache",
+        "piece cache, bigrig's expert pool (its residency)",
     )
     ap.add_argument(
         "--read-mbps",
@@ -210,7 +210,7 @@ def main() -> None:
 
 
 def peer_budgets(text: str) -> dict[str, int]:
-    """`boyle=2,nunspark=0.75` (GB) as bytes a peer."""
+    """`boyle=2,nunspark=0.75,bigrig=1` (GB) as bytes a peer."""
     budgets = {}
     for item in text.split(","):
         name, _, gb = item.partition("=")

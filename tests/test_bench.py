@@ -366,9 +366,13 @@ def test_peers_run_here_as_on_a_mac(bench_path, monkeypatch, tmp_path):
     finally:
         if not had_nocache:
             del fcntl.F_NOCACHE
-    assert peer_budgets("nunspark=0.75") == {"boyle": 2 * 10**9, "nunspark": 750_000_000}
+    assert peer_budgets("nunspark=0.75,bigrig=1") == {
+        "boyle": 2 * 10**9,
+        "nunspark": 750_000_000,
+        "bigrig": 10**9,
+    }
     with pytest.raises(SystemExit, match="PEER=GB"):
-        peer_budgets("bigrig=1")
+        peer_budgets("llama=1")
 
     class Engine:  # nunspark's StreamingEngine, as far as route() reaches into it
         _router_attr = "gate"
@@ -387,6 +391,20 @@ def test_peers_run_here_as_on_a_mac(bench_path, monkeypatch, tmp_path):
     for layer, logits in enumerate(picked):
         assert (logits > -100).sum().item() == 2  # the profile's two experts, the rest off
         assert mx.array_equal(logits[0], positions.logits[layer][:1])
+
+
+def test_bigrig_reads_linux_memory_as_a_mac(bench_path, monkeypatch):
+    """bench/peers.py's stand-ins for bigrig's `vm_stat` and `sysctl hw.memsize`: free memory is
+    Linux's MemAvailable, no compressor, and installed memory is the machine's."""
+    calibrate = pytest.importorskip("bigrig_engine.calibrate")
+    from peers import bigrig_stand_ins
+
+    monkeypatch.setattr(calibrate, "_vm", calibrate._vm)
+    monkeypatch.setattr(calibrate, "total_gb", calibrate.total_gb)
+    bigrig_stand_ins()
+    assert 0 < calibrate.available_gb() <= calibrate.total_gb()
+    assert calibrate._vm("Pages occupied by compressor") == 0
+    assert not calibrate.under_pressure(window_s=0.01)
 
 
 def test_a_slow_disk_throttles_the_whole_disk(bench_path, tmp_path):
