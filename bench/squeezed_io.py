@@ -173,7 +173,7 @@ def main() -> None:
     ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0: greedy)")
     ap.add_argument(
         "--peer-budgets",
-        default="boyle=2,nunspark=2,bigrig=2",
+        default="boyle=2,nunspark=2,bigrig=1",  # bigrig at 2 GB outgrows a 2.9 GiB squeeze loading
         help="GB each peer may use: boyle's budget (resident weights, slots, KV), nunspark's "
         "piece cache, bigrig's expert pool (its residency)",
     )

@@ -393,20 +393,6 @@ def test_peers_run_here_as_on_a_mac(bench_path, monkeypatch, tmp_path):
         assert mx.array_equal(logits[0], positions.logits[layer][:1])
 
 
-def test_bigrig_reads_linux_memory_as_a_mac(bench_path, monkeypatch):
-    """bench/peers.py's stand-ins for bigrig's `vm_stat` and `sysctl hw.memsize`: free memory is
-    Linux's MemAvailable, no compressor, and installed memory is the machine's."""
-    calibrate = pytest.importorskip("bigrig_engine.calibrate")
-    from peers import bigrig_stand_ins
-
-    monkeypatch.setattr(calibrate, "_vm", calibrate._vm)
-    monkeypatch.setattr(calibrate, "total_gb", calibrate.total_gb)
-    bigrig_stand_ins()
-    assert 0 < calibrate.available_gb() <= calibrate.total_gb()
-    assert calibrate._vm("Pages occupied by compressor") == 0
-    assert not calibrate.under_pressure(window_s=0.01)
-
-
 def test_a_slow_disk_throttles_the_whole_disk(bench_path, tmp_path):
     """bench/slow_disk.py names the disk a file lies on as the kernel's throttles take it: a
     whole disk's MAJOR:MINOR, never a partition's."""
