@@ -87,11 +87,12 @@ def check_sizes(config: object, where: Path | str) -> dict:
     text = config.get("text_config")
     if text is not None and not isinstance(text, dict):
         raise bad_field(where, "text_config", text, "an object")
-    check_ranges(text or config, where, "text_config." if text else "")
+    values, prefix = (text, "text_config.") if text else (config, "")
+    check_ranges(values, where, prefix)
     for group in (TOP_K, EXPERT_COUNTS):  # check_config refuses these nulls by mlx-lm's args
-        given = [name for name in group if name in (text or config)]
-        if given and all((text or config)[name] is None for name in given):
-            raise bad_field(where, ("text_config." if text else "") + given[0], None, "an integer")
+        given = [name for name in group if name in values]
+        if given and all(values[name] is None for name in given):
+            raise bad_field(where, prefix + given[0], None, "an integer")
     return config
 
 
