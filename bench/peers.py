@@ -54,8 +54,25 @@ import mlx.core as mx
 from profile_routing import Positions, ProfileGate
 from routing_model import RoutingModel
 
-PEERS = ("boyle", "nunspark", "bigrig")
+# Each peer's budget in GB where --peer-budgets names none: what a 2.9 GiB squeeze holds (bigrig's
+# load at 2 GB outgrows it: the module's note)
+BUDGETS_GB = {"boyle": 2, "nunspark": 2, "bigrig": 1}
+PEERS = tuple(BUDGETS_GB)
 NOCACHE = -48  # F_NOCACHE's stand-in: no fcntl command has a negative number
+
+
+def machine_memory() -> int:
+    """Bytes of memory this machine has (what the stand-ins report for Metal's and macOS's)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def mlx_lm_tokens(model, prompt: mx.array, max_tokens: int, temp: float) -> Iterator[int]:
+    """Token ids from mlx-lm's generate_step on `model` (worker.py's seeded sampler): how boyle
+    and bigrig decode (their own loops are mlx-lm's), and streamer."""
+    from worker import tokens
+
+    for token, _ in tokens(model, prompt, max_tokens, temp):
+        yield int(token)
 
 
 def stand_ins() -> None:
@@ -63,7 +80,7 @@ def stand_ins() -> None:
     reported = mx.device_info
 
     def device_info() -> dict:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        memory = machine_memory()
         return {"max_recommended_working_set_size": memory, "memory_size": memory, **reported()}
 
     mx.device_info = device_info
@@ -96,7 +113,7 @@ def bigrig_stand_ins() -> None:
         return 0  # speculative, purgeable, inactive, compressor: not Linux's
 
     calibrate._vm = vm_stat
-    calibrate.total_gb = lambda: os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    calibrate.total_gb = lambda: machine_memory() / 1e9
 
 
 def packed_bigrig(mlx_folder: Path) -> Path:
@@ -122,7 +139,8 @@ def packed_nunspark(mlx_folder: Path) -> Path:
 class Boyle:
     """boyle 0.2.1 at `budget` bytes (all it wires: resident weights, expert slots, KV)."""
 
-    def __init__(self, mlx_folder: Path, budget: int, routing: str):
+    def __init__(self, mlx_folder: Path, budget: int, routing: str, temp: float):
+        self.temp = temp
         from boyle import loader
 
         # headroom: boyle's default 4 GB of activations would not fit the squeeze; 12 layers of
@@ -135,16 +153,14 @@ class Boyle:
         self.residency = f"boyle: {self.engine.plan}"
 
     def tokens(self, prompt: mx.array, max_tokens: int) -> Iterator[int]:
-        from worker import tokens
-
-        for token, _ in tokens(self.engine.model, prompt, max_tokens, 0.0):
-            yield int(token)
+        return mlx_lm_tokens(self.engine.model, prompt, max_tokens, self.temp)
 
 
 class Nunspark:
     """nunspark 0.13.0's StreamingEngine at `budget` bytes of pieces (its `--budget`)."""
 
-    def __init__(self, mlx_folder: Path, budget: int, routing: str):
+    def __init__(self, mlx_folder: Path, budget: int, routing: str, temp: float):
+        self.temp = temp
         from nunspark.engine import StreamingEngine
         from nunspark.manifest import Manifest
 
@@ -160,13 +176,16 @@ class Nunspark:
     def tokens(self, prompt: mx.array, max_tokens: int) -> Iterator[int]:
         from nunspark.generate import stream_generate
 
-        yield from stream_generate(self.engine, prompt.tolist(), max_tokens=max_tokens, temp=0.0)
+        yield from stream_generate(
+            self.engine, prompt.tolist(), max_tokens=max_tokens, temp=self.temp
+        )
 
 
 class Bigrig:
     """bigrig 0.9.1's Session with an expert pool of `budget` bytes (the module's note)."""
 
-    def __init__(self, mlx_folder: Path, budget: int, routing: str):
+    def __init__(self, mlx_folder: Path, budget: int, routing: str, temp: float):
+        self.temp = temp
         bigrig_stand_ins()
         home = packed_bigrig(mlx_folder)
         from bigrig_engine import session, stream
@@ -198,10 +217,7 @@ class Bigrig:
         )
 
     def tokens(self, prompt: mx.array, max_tokens: int) -> Iterator[int]:
-        from worker import tokens
-
-        for token, _ in tokens(self.engine.model, prompt, max_tokens, 0.0):
-            yield int(token)
+        return mlx_lm_tokens(self.engine.model, prompt, max_tokens, self.temp)
 
 
 def route(engine, profile: str, manifest) -> Positions:
@@ -225,8 +241,9 @@ def route(engine, profile: str, manifest) -> Positions:
     return positions
 
 
-def open_peer(name: str, mlx_folder: Path, budget: int, routing: str):
-    """A peer's engine with `files` (what it reads), `positions`, `residency`, `tokens()`."""
+def open_peer(name: str, mlx_folder: Path, budget: int, routing: str, temp: float):
+    """A peer's engine with `files` (what it reads), `positions`, `residency`, `tokens()` (at
+    `temp`, as streamer's point decodes)."""
     stand_ins()
     engine = {"boyle": Boyle, "nunspark": Nunspark, "bigrig": Bigrig}[name]
-    return engine(mlx_folder, budget, routing)
+    return engine(mlx_folder, budget, routing, temp)

@@ -28,18 +28,27 @@ def disk_of(path: Path) -> str:
     return f"{os.major(dev)}:{os.minor(dev)}"
 
 
+def own_cgroup(controller: str) -> tuple[Path, bool]:
+    """This process's cgroup folder for `controller` (memory, blkio) and whether it is cgroup v1's;
+    on cgroup v2 the one unified folder, for every controller."""
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    v1 = [line.split(":", 2)[2] for line in lines if line.split(":")[1] == controller]
+    if v1:
+        return Path(f"/sys/fs/cgroup/{controller}{v1[0]}"), True
+    return Path("/sys/fs/cgroup" + next(ln.split(":", 2)[2] for ln in lines if ln[0] == "0")), False
+
+
 def read_throttle(path: Path, bytes_per_s: int, group: Path) -> Path:
     """A cgroup whose processes read the disk under `path` at `bytes_per_s` at most: `group`
     itself on cgroup v2 (one hierarchy: the memory cgroup), else a fresh blkio group beside this
     process's own. The caller moves a process into it and removes it once that process has
     exited."""
     disk = disk_of(path)
-    lines = Path("/proc/self/cgroup").read_text().splitlines()
-    v1 = [line.split(":", 2)[2] for line in lines if line.split(":")[1] == "blkio"]
+    root, v1 = own_cgroup("blkio")
     if not v1:
         (group / "io.max").write_text(f"{disk} rbps={bytes_per_s}")
         return group
-    blkio = Path("/sys/fs/cgroup/blkio" + v1[0]) / group.name
+    blkio = root / group.name
     blkio.mkdir()
     (blkio / "blkio.throttle.read_bps_device").write_text(f"{disk} {bytes_per_s}")
     return blkio

@@ -39,8 +39,8 @@ sys.path.insert(0, str(BENCH))
 
 from balloon import GiB  # noqa: E402
 from engines import child_result, log  # noqa: E402
-from peers import PEERS  # noqa: E402
-from slow_disk import read_throttle  # noqa: E402
+from peers import BUDGETS_GB, PEERS, mlx_lm_tokens  # noqa: E402
+from slow_disk import own_cgroup, read_throttle  # noqa: E402
 
 POINTS = ("slots-readahead", "slots-serial", "slots", "mapped")
 
@@ -61,11 +61,7 @@ def rss() -> dict:
 def memory_cgroup(limit: int) -> Path:
     """A fresh memory cgroup under this process's own, limited to `limit` bytes (its caller
     moves a process into it and removes it once that process has exited)."""
-    lines = Path("/proc/self/cgroup").read_text().splitlines()
-    v1 = [line.split(":", 2)[2] for line in lines if line.split(":")[1] == "memory"]
-    root = Path("/sys/fs/cgroup/memory" + v1[0]) if v1 else None
-    if root is None:
-        root = Path("/sys/fs/cgroup" + next(ln.split(":", 2)[2] for ln in lines if ln[0] == "0"))
+    root, v1 = own_cgroup("memory")
     group = root / f"squeezed-io-{os.getpid()}"
     group.mkdir()
     (group / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit))
@@ -95,10 +91,7 @@ class Streamer:
         self.temp = args.temp
 
     def tokens(self, prompt, max_tokens: int):
-        from worker import tokens
-
-        for token, _ in tokens(self.model, prompt, max_tokens, self.temp):
-            yield int(token)
+        return mlx_lm_tokens(self.model, prompt, max_tokens, self.temp)
 
 
 def one(args: argparse.Namespace) -> dict:
@@ -112,7 +105,7 @@ def one(args: argparse.Namespace) -> dict:
 
     if args.point in PEERS:
         budget = peer_budgets(args.peer_budgets)[args.point]
-        engine = open_peer(args.point, mlx_folder(args.model), budget, args.routing)
+        engine = open_peer(args.point, mlx_folder(args.model), budget, args.routing, args.temp)
     else:
         engine = Streamer(args)
     pagecache.drop(engine.files, getattr(engine, "evict", None))
@@ -173,7 +166,7 @@ def main() -> None:
     ap.add_argument("--temp", type=float, default=1.0, help="sampling temperature (0: greedy)")
     ap.add_argument(
         "--peer-budgets",
-        default="boyle=2,nunspark=2,bigrig=1",  # bigrig at 2 GB outgrows a 2.9 GiB squeeze loading
+        default=",".join(f"{peer}={gb}" for peer, gb in BUDGETS_GB.items()),
         help="GB each peer may use: boyle's budget (resident weights, slots, KV), nunspark's "
         "piece cache, bigrig's expert pool (its residency)",
     )
@@ -210,14 +203,14 @@ def main() -> None:
 
 
 def peer_budgets(text: str) -> dict[str, int]:
-    """`boyle=2,nunspark=0.75,bigrig=1` (GB) as bytes a peer."""
+    """`boyle=2,nunspark=0.75,bigrig=1` (GB) as bytes a peer; one not named at BUDGETS_GB's."""
     budgets = {}
     for item in text.split(","):
         name, _, gb = item.partition("=")
         if name not in PEERS or not gb.replace(".", "", 1).isdigit():
             raise SystemExit(f"--peer-budgets: {item!r} is not PEER=GB (peers: {', '.join(PEERS)})")
         budgets[name] = int(float(gb) * 1e9)
-    return {**dict.fromkeys(PEERS, 2 * 10**9), **budgets}
+    return {**{peer: int(gb * 1e9) for peer, gb in BUDGETS_GB.items()}, **budgets}
 
 
 def said(row: dict) -> str:
