@@ -4,7 +4,7 @@
 #   bash bench/cuda_check.sh install WHEELS_DIR   # mlx + mlx-cuda-13 + mlx-lm into /root/site
 #   bash bench/cuda_check.sh slot-tests           # the slot pool and slot path tests
 #   bash bench/cuda_check.sh tests FILE...        # the named test files
-#   bash bench/cuda_check.sh parity [OUT_DIR]     # the parity suite (slot path only there), 4 shards
+#   bash bench/cuda_check.sh parity [OUT_DIR]     # the parity suite (slot path only there), sharded
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
 #   bash bench/cuda_check.sh data48               # build decode48's checkpoint ahead
 #   bash bench/cuda_check.sh decode48 OUT_DIR     # the same on 48 layers at 2/4/8 GiB and all
@@ -94,19 +94,25 @@ parity)
   # Drafted output is not token-identical on CUDA (several rows run other kernels than one: the
   # speculative stage measures it), so the parity suite's speculative cases are the CPU's.
   broken="speculative or deepseek_v2 or deepseek_v3 or deepseek_v32 or kimi_k2 or glm4_moe or glm_moe_dsa or qwen3_next or qwen3_5_moe"
-  # Four shards side by side: on a fresh machine the suite is mostly MLX compiling kernels on the
-  # CPU (nvrtc), one family after another, and the GPU machine has cores to spare.
-  shards=("hf_bf16" "mlx_quantized" "quantize_while" "not (hf_bf16 or mlx_quantized or quantize_while)")
-  for i in 0 1 2 3; do
-    timeout "${PARITY_TIMEOUT:-540}" python3 -m pytest -q -rxf -p no:cacheprovider tests/test_parity.py \
-      -k "(${shards[$i]}) and not ($broken)" > "/tmp/parity-$i.log" 2>&1 &
+  # PARITY_SHARDS processes side by side (default 8), the cases dealt out round-robin so each mixes
+  # families: on a fresh machine the suite is mostly MLX compiling kernels on the CPU (nvrtc), one
+  # family after another, and the GPU machine has cores to spare.
+  n=${PARITY_SHARDS:-8}
+  python3 -m pytest -q --collect-only -p no:cacheprovider tests/test_parity.py -k "not ($broken)" \
+    | grep '::' > /tmp/parity-cases.txt
+  echo "parity: $(wc -l < /tmp/parity-cases.txt) cases in $n shards"
+  for ((i = 0; i < n; i++)); do
+    awk -v n="$n" -v i="$i" 'NR % n == i' /tmp/parity-cases.txt > "/tmp/parity-cases-$i.txt"
+    mapfile -t cases < "/tmp/parity-cases-$i.txt"  # one id a line: some hold spaces
+    timeout "${PARITY_TIMEOUT:-540}" python3 -m pytest -q -rxf -p no:cacheprovider "${cases[@]}" \
+      > "/tmp/parity-$i.log" 2>&1 &
   done
   status=0
-  for i in 0 1 2 3; do
+  for ((i = 0; i < n; i++)); do
     wait -n || status=1
   done
-  for i in 0 1 2 3; do  # each failure's name and first error line; the whole logs in OUT_DIR
-    echo "== parity shard: ${shards[$i]}: $(tail -1 "/tmp/parity-$i.log")"
+  for ((i = 0; i < n; i++)); do  # each failure's name and first error line; whole logs in OUT_DIR
+    echo "== parity shard $i: $(tail -1 "/tmp/parity-$i.log")"
     grep -E "^(FAILED|E   )" "/tmp/parity-$i.log" | head -40
     [ -n "${2:-}" ] && mkdir -p "$2" && cp "/tmp/parity-$i.log" "$2/"
   done
