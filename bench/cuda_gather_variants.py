@@ -3,9 +3,9 @@
     python bench/cuda_gather_variants.py [--out OUT.json]      # MLX's CUDA backend only
 
 The slot path's gather kernel (io/cuda_gather.py) reads a miss's bytes from the pinned, mapped
-expert files over the bus, one 16-byte word per thread, at most BLOCKS_PER_TENSOR blocks of 256
-threads per routed expert and tensor. This builds the kernel with other loop shapes (more or
-fewer blocks; each thread loading UNROLL words before it stores any, so more reads are in flight)
+expert files over the bus in 16-byte words, GATHER_SHAPE's blocks of 256 threads per routed
+expert and tensor, each thread loading that many words before it stores any. This builds the
+kernel with other loop shapes (more or fewer blocks, more or fewer loads in flight)
 over one page-locked buffer of 768 Qwen3-30B-A3B 4-bit expert records (2.65 MB, nine tensors),
 and times 48 calls queued as a token's layers, then one eval (as decode queues them), for three
 call shapes: a decode layer with 3 misses of 8 routed (the rest from pool slots), one with 8
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -37,70 +36,21 @@ SHAPES = [((768, 256), mx.uint32), ((768, 32), mx.bfloat16), ((768, 32), mx.bflo
     ((2048, 12), mx.bfloat16),
 ]  # gate, up, down: weight, scales, biases
 CALL_SHAPES = ((8, 3), (8, 8), (64, 64))  # (routed, misses)
-SHIPPED = (cuda_gather.BLOCKS_PER_TENSOR, 1)
-# The copy loop with UNROLL loads issued before their stores (io/cuda_gather.py's _COPY form)
-UNROLLED = """    const unsigned long long words = n / {vector};
-    const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < words;
-         i += UNROLL * step) {{
-        WORD w[UNROLL];
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) if (i + u * step < words) w[u] = src[i + u * step];
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) if (i + u * step < words) dst[i + u * step] = w[u];
-    }}"""
-
-
-@contextmanager
-def shaped(blocks: int, unroll: int, word: int):
-    """While open, io/cuda_gather.py builds its kernels with `blocks` per tensor and `unroll`
-    loads of `word` bytes in flight a thread (the names follow the source: each compiles apart)."""
-    saved = cuda_gather._COPY, cuda_gather.BLOCKS_PER_TENSOR
-    try:
-        cuda_gather.BLOCKS_PER_TENSOR = blocks
-        if unroll > 1:
-            cuda_gather._COPY = copy_loop(unroll, word)
-        yield
-    finally:
-        cuda_gather._COPY, cuda_gather.BLOCKS_PER_TENSOR = saved
-
-
-def copy_loop(unroll: int, word: int) -> str:
-    """UNROLLED for `unroll` loads of `word` bytes, in io/cuda_gather.py's _COPY form."""
-    return UNROLLED.replace("UNROLL", str(unroll)).replace("WORD", cuda_gather.WORDS[word])
+SHIPPED = cuda_gather.GATHER_SHAPE
 
 
 def gather_kernel(blocks: int, unroll: int, tensors: list) -> cuda_gather.ExpertGather:
     """The shipped kernel built with `blocks` per tensor and `unroll` loads in flight a thread."""
-    word = cuda_gather.word_bytes([*(t.nbytes for t in tensors), ALIGNMENT])
-    with shaped(blocks, unroll, word):
-        return cuda_gather.ExpertGather(tensors, alignment=ALIGNMENT)
+    return cuda_gather.ExpertGather(tensors, alignment=ALIGNMENT, shape=(blocks, unroll))
 
 
 def use_shape(blocks: int, unroll: int, fill: bool = True) -> None:
     """For a whole engine run (`paired.py --setup "from cuda_gather_variants import use_shape;
-    use_shape(2, 8)"`): every gather kernel built from now on takes the loop shape, and with
+    use_shape(64, 1)"`): every gather kernel built from now on takes the loop shape, and with
     `fill` every fill kernel too (without, the fill stays as shipped)."""
-    if not fill:
-        build = cuda_gather.ExpertGather.__init__
-
-        def shaped_build(self, tensors, alignment):
-            word = cuda_gather.word_bytes([*(t.nbytes for t in tensors), alignment])
-            with shaped(blocks, unroll, word):
-                build(self, tensors, alignment)
-
-        cuda_gather.ExpertGather.__init__ = shaped_build
-        return
-    cuda_gather.BLOCKS_PER_TENSOR = blocks
-    for name in ("_source", "_fill_source"):
-        shipped = getattr(cuda_gather, name)
-
-        def shaped_source(nbytes, vector, shipped=shipped):
-            if unroll > 1:
-                cuda_gather._COPY = copy_loop(unroll, vector)
-            return shipped(nbytes, vector)
-
-        setattr(cuda_gather, name, shaped_source)
+    cuda_gather.GATHER_SHAPE = (blocks, unroll)
+    if fill:
+        cuda_gather.FILL_SHAPE = (blocks, unroll)
 
 
 def pinned_records(runtime: CudaRuntime, record: int) -> tuple[np.ndarray, int]:
@@ -153,7 +103,7 @@ def same_bits(a: list[mx.array], b: list[mx.array]) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--blocks", default="64,256,16", help="blocks per expert and tensor")
+    ap.add_argument("--blocks", default="2,16,64,256", help="blocks per expert and tensor")
     ap.add_argument("--unroll", default="1,4,8", help="loads in flight per thread")
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--out")

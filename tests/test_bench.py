@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -309,36 +310,43 @@ def test_overlap_probe_gathers_once_a_layer_and_changes_nothing(bench_path):
 def test_a_loop_shape_reaches_the_kernels_asked_for_a_whole_run(bench_path, monkeypatch):
     """bench/cuda_gather_variants.py's use_shape (a bench/paired.py --setup): the kernels built
     after it take the asked blocks per tensor and loads in flight, each in the word its own
-    sizes allow: the gather and the fill, or (fill=False) the gather alone, the fill's source
-    and threads staying as shipped."""
+    sizes allow: the gather and the fill, or (fill=False) the gather alone, the fill as shipped.
+    MLX's kernel builder is recorded, not called (it exists on CUDA only)."""
     from types import SimpleNamespace
 
     from cuda_gather_variants import use_shape
 
     from streamer.io import cuda_gather
 
-    patched = ("_COPY", "BLOCKS_PER_TENSOR", "_source", "_fill_source")
-    originals = {name: getattr(cuda_gather, name) for name in patched}
-    for name, value in originals.items():
-        monkeypatch.setattr(cuda_gather, name, value)  # restored after the test
-    monkeypatch.setattr(cuda_gather.ExpertGather, "__init__", cuda_gather.ExpertGather.__init__)
-    shipped = cuda_gather._source([4096, 512], 16), cuda_gather._fill_source([4096, 6], 2)
-    use_shape(2, 8)
-    gather, fill = cuda_gather._source([4096, 512], 16), cuda_gather._fill_source([4096, 6], 2)
-    assert "uint4 w[8]" in gather and "uint16_t w[8]" in fill
-    assert cuda_gather.threads_per_tensor([786432], 16) == 2 * cuda_gather.THREADS
-    assert gather.split("const uint4* src")[0] == shipped[0].split("const uint4* src")[0]
+    for name in ("GATHER_SHAPE", "FILL_SHAPE"):
+        monkeypatch.setattr(cuda_gather, name, getattr(cuda_gather, name))  # restored after
+    built = []
 
-    for name, value in originals.items():  # back to shipped, then the gather alone
-        setattr(cuda_gather, name, value)
-    sources = []
-    monkeypatch.setattr(cuda_gather, "cuda_kernel", lambda *a: sources.append(a[3]))
-    use_shape(2, 8, fill=False)
-    tensors = [SimpleNamespace(nbytes=n, dtype="uint8") for n in (786432, 4096)]
-    gather = cuda_gather.ExpertGather(tensors, alignment=16384)
-    assert gather._threads == 2 * cuda_gather.THREADS and "uint4 w[8]" in sources[0]
-    assert cuda_gather._fill_source([4096, 6], 2) == shipped[1]
-    assert cuda_gather.threads_per_tensor([786432], 16) == 64 * cuda_gather.THREADS
+    def record(**kwargs):
+        built.append(kwargs)
+        return lambda **call: built.append(call) or [mx.zeros((1,), mx.uint32)]
+
+    monkeypatch.setattr(mx.fast, "cuda_kernel", record)
+    tensors = [SimpleNamespace(nbytes=n, dtype=mx.uint8) for n in (786432, 4096)]
+    addresses = np.full((1, 2), 1 << 20, dtype=np.uint64)
+
+    def kernels() -> tuple[int, str, int, str]:
+        """The gather's and the fill's threads per tensor and source, as built now."""
+        built.clear()
+        gather = cuda_gather.ExpertGather(tensors, alignment=16384)
+        cuda_gather.SlotFill(tensors)(np.array([0], np.uint32), addresses, [])
+        return gather._threads, built[0]["source"], built[2]["grid"][0], built[1]["source"]
+
+    shipped = kernels()
+    assert shipped[0] == 2 * cuda_gather.THREADS and "uint4 w[8]" in shipped[1]
+    assert shipped[2] == 64 * cuda_gather.THREADS and "uint4 w[1]" in shipped[3]
+    use_shape(16, 4, fill=False)
+    threads, gather, fill_threads, fill = kernels()
+    assert threads == 16 * cuda_gather.THREADS and "uint4 w[4]" in gather
+    assert (fill_threads, fill) == shipped[2:]
+    use_shape(16, 4)
+    threads, gather, fill_threads, fill = kernels()
+    assert fill_threads == 16 * cuda_gather.THREADS and "uint4 w[4]" in fill
 
 
 def test_peers_run_here_as_on_a_mac(bench_path, monkeypatch, tmp_path):

@@ -31,12 +31,27 @@ from .cuda_kernel import cuda_kernel
 NO_SLOT = 0xFFFFFFFF  # a slot table's entry for an expert without a slot (-1 as uint32)
 UNWANTED = 0xFFFFFFFF  # a row's expert the call does not route (a whole prompt's): left unwritten
 THREADS = 256  # per block
-BLOCKS_PER_TENSOR = 64  # per routed expert and tensor: ~16k threads copying 16 bytes each at once
+# Each kernel's copy shape: blocks per routed expert (or move) and tensor, word loads in flight a
+# thread. The gather's few blocks of eight loads each took real decode's median step 0.5-5 ms
+# lower than 64 blocks of one load in four paired runs on two H100s, never slower, tokens identical
+# (bench/findings.md, "The gather kernel's shape adopted"); the fill keeps its measured shape.
+GATHER_SHAPE = (2, 8)
+FILL_SHAPE = (64, 1)
 WORDS = {16: "uint4", 8: "uint2", 4: "uint32_t", 2: "uint16_t", 1: "uint8_t"}  # bytes -> CUDA type
-# Both kernels' copy of `n` bytes from `src` to `dst`: each thread a word, striding over the rest
-_COPY = """    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n / {vector};
-         i += gridDim.x * blockDim.x) {{
-        dst[i] = src[i];
+
+
+def copy_loop(vector: int, loads: int) -> str:
+    """Both kernels' copy of `n` bytes from `src` to `dst` in `vector`-byte words, each thread
+    striding over them, `loads` words read before any is stored (more reads in flight)."""
+    return f"""    const unsigned long long words = n / {vector};
+    const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < words;
+         i += {loads} * step) {{
+        {WORDS[vector]} w[{loads}];
+        #pragma unroll
+        for (int u = 0; u < {loads}; ++u) if (i + u * step < words) w[u] = src[i + u * step];
+        #pragma unroll
+        for (int u = 0; u < {loads}; ++u) if (i + u * step < words) dst[i + u * step] = w[u];
     }}"""
 
 
@@ -49,8 +64,8 @@ def _per_tensor(nbytes: Sequence[int], pointers: str) -> str:
     return f"    switch (t) {{\n{cases}\n    }}"
 
 
-def _source(nbytes: Sequence[int], vector: int) -> str:
-    """The kernel's body: block (x, j, t) copies tensor t of routed entry j, in `vector`-byte
+def _source(nbytes: Sequence[int], vector: int, loads: int) -> str:
+    """The gather kernel's body: block (x, j, t) copies tensor t of routed entry j, in `vector`-byte
     words, from its slot in `pool{t}` or, without one, from the pinned file (`sources` holds,
     per tensor, the device address of expert 0's bytes and the stride between experts); an
     UNWANTED entry's row is left as it is."""
@@ -74,7 +89,7 @@ def _source(nbytes: Sequence[int], vector: int) -> str:
         : reinterpret_cast<const uint8_t*>(sources[2 * t] + expert * sources[2 * t + 1]);
     const {word}* src = reinterpret_cast<const {word}*>(from);
     {word}* dst = reinterpret_cast<{word}*>(out + j * n);
-{_COPY.format(vector=vector)}
+{copy_loop(vector, loads)}
 """
 
 
@@ -84,10 +99,10 @@ def word_bytes(sizes: Sequence[int]) -> int:
     return next(v for v in (16, 8, 4, 2, 1) if common % v == 0)
 
 
-def threads_per_tensor(sizes: Sequence[int], word: int) -> int:
-    """Both kernels' threads per expert and tensor: one a `word` of the largest tensor, at most
-    BLOCKS_PER_TENSOR blocks of them (each thread's loop strides over the rest)."""
-    return min(BLOCKS_PER_TENSOR, -(-max(sizes) // word // THREADS)) * THREADS
+def threads_per_tensor(sizes: Sequence[int], word: int, blocks: int) -> int:
+    """A kernel's threads per expert and tensor: one a `word` of the largest tensor, at most
+    `blocks` blocks of them (each thread's loop strides over the rest)."""
+    return min(blocks, -(-max(sizes) // word // THREADS)) * THREADS
 
 
 class ExpertGather:
@@ -96,16 +111,17 @@ class ExpertGather:
     stride); the kernel copies in the widest word that it and every tensor size allow (a word
     misaligned would be a CUDA error that ends the process's context)."""
 
-    def __init__(self, tensors: Sequence, alignment: int):
+    def __init__(self, tensors: Sequence, alignment: int, shape: tuple[int, int] | None = None):
         self._tensors = tuple(tensors)
         count, sizes = len(self._tensors), tuple(t.nbytes for t in self._tensors)
         word = word_bytes([*sizes, alignment])
-        self._threads = threads_per_tensor(sizes, word)
+        blocks, loads = shape or GATHER_SHAPE
+        self._threads = threads_per_tensor(sizes, word, blocks)
         self._kernel = cuda_kernel(
             "expert_gather",
             ["routed", "table", "sources", *(f"pool{t}" for t in range(count))],
             [f"out{t}" for t in range(count)],
-            _source(sizes, word),
+            _source(sizes, word, loads),
             *(t.dtype for t in self._tensors),
         )
 
@@ -125,7 +141,7 @@ class ExpertGather:
         )
 
 
-def _fill_source(nbytes: Sequence[int], vector: int) -> str:
+def _fill_source(nbytes: Sequence[int], vector: int, loads: int) -> str:
     """The fill kernel's body: block (x, j, t) copies tensor t of move j, in `vector`-byte words,
     from `addresses[j, t]` (a device address in a pinned file) into slot `slots[j]` of `pool{t}`.
     The pool arrays are inputs (MLX has no in-place outputs): they are written through their
@@ -143,7 +159,7 @@ def _fill_source(nbytes: Sequence[int], vector: int) -> str:
 {cases}
     const {word}* src = reinterpret_cast<const {word}*>(addresses[j * {len(nbytes)} + t]);
     {word}* dst = reinterpret_cast<{word}*>(pool + slots[j] * n);
-{_COPY.format(vector=vector)}
+{copy_loop(vector, loads)}
     if (j == 0 && t == 0 && blockIdx.x == 0 && threadIdx.x == 0) {{
         done[0] = 1;
     }}
@@ -155,8 +171,9 @@ class SlotFill:
     A call copies each move's tensors from the pinned files into its slot and returns a
     one-element output: computing it is the copy (the pool's fence waits for it)."""
 
-    def __init__(self, tensors: Sequence):
+    def __init__(self, tensors: Sequence, shape: tuple[int, int] | None = None):
         self._tensors = tuple(tensors)
+        self._blocks, self._loads = shape or FILL_SHAPE
         self._kernels: dict[int, object] = {}  # copy word -> kernel
 
     def __call__(
@@ -169,12 +186,12 @@ class SlotFill:
         if word not in self._kernels:
             count = len(self._tensors)
             names = ["slots", "addresses", *(f"pool{t}" for t in range(count))]
-            source = _fill_source(sizes, word)
+            source = _fill_source(sizes, word, self._loads)
             dtypes = (t.dtype for t in self._tensors)
             self._kernels[word] = cuda_kernel("slot_fill", names, ["done"], source, *dtypes)
         (done,) = self._kernels[word](
             inputs=[mx.array(slots, mx.uint32), mx.array(addresses, mx.uint64), *pool],
-            grid=(threads_per_tensor(sizes, word), len(slots), len(self._tensors)),
+            grid=(threads_per_tensor(sizes, word, self._blocks), len(slots), len(self._tensors)),
             threadgroup=(THREADS, 1, 1),
             output_shapes=[(1,)],
             output_dtypes=[mx.uint32],
