@@ -45,6 +45,8 @@ def transformers_default(model_type: str, field: str):
         return {k: v for k, v in values["rope_parameters"].items() if k != "rope_theta"}
     if field == "rope_theta":
         return values["rope_parameters"]["rope_theta"]
+    if field == "swa_rope_theta":  # MiMo-V2-Flash's: one RoPE per layer kind
+        return values["rope_parameters"]["sliding_attention"]["rope_theta"]
     return values[field]
 
 
@@ -193,6 +195,24 @@ def test_mimo_value_scale_is_read_where_given_and_refused_where_left_out(scale):
         streamer.StreamerError, match=r"c: attention_value_scale is left out: .*0\.707"
     ):
         check_config(left_out, "c")
+
+
+def test_mimo_sliding_rope_base_left_out_computes_as_transformers_default(tmp_path):
+    """A hub-form MiMo-V2-Flash config.json (no rope_parameters) without swa_rope_theta: mlx-lm's
+    model args require it, and it was refused as 'rope_parameters has no sliding_attention entry';
+    transformers' sliding layers compute with base 10000 (its default, the published value)."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("mimo_v2_flash", swa_rope_theta=1e4))
+    reference = reference_model(src)
+    config = json.loads((src / "config.json").read_text())
+    del config["swa_rope_theta"]
+    assert_streams_as(src, config, reference, tmp_path / "out")
+    # a transformers 5 config's own sliding base (in rope_parameters) is not replaced by the fill
+    rope = {"rope_type": "default", "partial_rotary_factor": 0.334}
+    kinds = {
+        "full_attention": {**rope, "rope_theta": 5e6},
+        "sliding_attention": {**rope, "rope_theta": 3e4},
+    }
+    assert normalize_config({**config, "rope_parameters": kinds})["swa_rope_theta"] == 3e4
 
 
 @pytest.mark.parametrize("null", ["rope_scaling", "rope_parameters"])

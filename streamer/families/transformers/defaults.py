@@ -116,10 +116,12 @@ FILLED: dict[str, dict[str, object]] = {
     # mlx-lm: 20, its last 20 layers reusing earlier layers' keys and values (their own k_proj
     # and v_proj dropped, so no weight shape shows it): 48 logits apart on a 24-layer model
     "gemma4_text": {"num_kv_shared_layers": 0},  # gemma4's text_config too
+    "mimo_v2_flash": {"swa_rope_theta": 10000.0},  # a hub-form config's; mlx-lm requires one
 }
 # transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them), transformers 4
 # in rope_scaling: one given in either is not left out
 WRITTEN_AS = {"rope_scaling": "rope_parameters", "rope_parameters": "rope_scaling"}
+WRITTEN_AS |= {"swa_rope_theta": "rope_parameters"}  # MiMo-V2-Flash's sliding layers' base
 # Fields an explicit null leaves out to transformers: its RoPE standardization fills these as for
 # a missing field, in every config class (gpt-oss's `"rope_scaling": null` is YaRN, factor 32),
 # and its config classes make their layer kinds where layer_types is None. Any other null it
