@@ -215,6 +215,21 @@ def test_mimo_sliding_rope_base_left_out_computes_as_transformers_default(tmp_pa
     assert normalize_config({**config, "rope_parameters": kinds})["swa_rope_theta"] == 3e4
 
 
+@pytest.mark.parametrize("null", [False, True])
+def test_hunyuan_without_rope_scaling_is_refused_with_the_field(null):
+    """mlx-lm's hunyuan reads its NTK alpha from rope_scaling: without one it failed to build
+    ('NoneType' object is not subscriptable, no field named); transformers' hunyuan_v1_moe then
+    computes plain RoPE, the published Hunyuan-A13B alpha 1000: no fill is both's."""
+    config = tiny_config("hunyuan")
+    if null:
+        config["rope_scaling"] = None
+    else:
+        del config["rope_scaling"]
+    said = "null" if null else "left out"
+    with pytest.raises(streamer.StreamerError, match=f"^c: rope_scaling is {said}: .*alpha"):
+        check_config(config, "c")
+
+
 @pytest.mark.parametrize("null", ["rope_scaling", "rope_parameters"])
 def test_gpt_oss_with_a_null_rope_scaling_is_yarn_as_left_out(null):
     """`"rope_scaling": null` written out: transformers fills YaRN as for a missing field (its RoPE

@@ -69,6 +69,19 @@ def _mimo_value_scale(config: dict) -> str | None:
     )
 
 
+def _hunyuan_rope(config: dict) -> str | None:
+    """mlx-lm's hunyuan takes its RoPE's NTK alpha from rope_scaling (it failed to build without
+    one); transformers' Hunyuan (hunyuan_v1_moe) then computes plain RoPE."""
+    if config.get("rope_scaling") is not None:
+        return None
+    return (
+        f"rope_scaling is {'null' if 'rope_scaling' in config else 'left out'}: mlx-lm's hunyuan "
+        "model then fails to build (it reads the NTK alpha there), transformers' Hunyuan computes "
+        'plain RoPE, the published Hunyuan-A13B {"type": "dynamic", "alpha": 1000.0, ...}; add '
+        "the published rope_scaling to config.json."
+    )
+
+
 def _gemma4_softcap(config: dict) -> str | None:
     if "final_logit_softcapping" in config:
         return None
@@ -204,6 +217,7 @@ UNFILLED: dict[str, Callable[[dict], str | None]] = {
     "mistral4": _mistral4_llama_4_scaling,
     "minimax_m3_vl_text": _minimax_m3_rotary,
     "mellum": _mellum_rope,
+    "hunyuan": _hunyuan_rope,
 }
 
 
