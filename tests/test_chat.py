@@ -181,3 +181,21 @@ def test_standard_input_closed(folder, command):
     assert result.stderr.endswith(
         "from standard input, which is closed: give it a file or a pipe (`< FILE`).\n"
     ), result.stderr
+
+
+@pytest.mark.parametrize("command", [["chat"], ["generate", "--prompt", "-"]])
+def test_standard_input_unreadable(folder, command, tmp_path):
+    """Standard input opened only for writing (`0>FILE`): the read's OSError was a traceback."""
+    with open(tmp_path / "written", "w") as written:
+        result = subprocess.run(
+            [sys.executable, "-m", "streamer", *command, "--model", str(folder)],
+            stdin=written,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1].endswith(
+        "from standard input, which cannot be read (Bad file descriptor): give it a file or a "
+        "pipe (`< FILE`)."
+    ), result.stderr
