@@ -41,7 +41,7 @@ class Response:
 def stream_generate(
     model: nn.Module,
     tokenizer: TokenizerWrapper,
-    prompt: str | list[int],
+    prompt: str | list[int] | mx.array,
     max_tokens: int = 256,
     *,
     temp: float = 0.0,
@@ -53,6 +53,8 @@ def stream_generate(
     its make_sampler, its logits-processor keywords (repetition_penalty, logit_bias, ...) to
     make_logits_processors, the rest to mlx_lm.stream_generate (max_kv_size, prompt_cache, ...);
     an unknown keyword is refused by name."""
+    if not isinstance(prompt, (str, list, tuple)) and hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()  # token ids in an mx.array (or numpy's), as mlx-lm takes them
     check_request(prompt, max_tokens)
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
     arguments.check_keywords(kwargs)
@@ -213,7 +215,7 @@ def _prompt_tokens(
         bos = tokenizer.bos_token
         tokens = tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
     else:
-        tokens = list(prompt)
+        tokens = [int(t) for t in prompt]  # numpy's integers too: mx.array refuses them
         arguments.check_prompt_ids(tokens, tokenizer)
     handle = streaming(model)
     context = handle.context_length if handle is not None else None
@@ -236,7 +238,7 @@ def _prompt_tokens(
 def generate(
     model: nn.Module,
     tokenizer: TokenizerWrapper,
-    prompt: str | list[int],
+    prompt: str | list[int] | mx.array,
     max_tokens: int = 256,
     *,
     verbose: bool = False,
