@@ -142,6 +142,16 @@ def test_tools_reach_the_template_and_calls_are_parsed(client, served_folder):
     ]
     again = client.chat.completions.create(model=str(served_folder), messages=history, max_tokens=2)
     assert again.usage.prompt_tokens > whole.usage.prompt_tokens
+    # a call of no arguments sent back with arguments "", which mlx-lm takes as none: it was
+    # refused as not JSON
+    empty = {"id": "1", "type": "function", "function": {"name": "now", "arguments": ""}}
+    history = [
+        *HELLO,
+        {"role": "assistant", "content": None, "tool_calls": [empty]},
+        {"role": "tool", "tool_call_id": "1", "content": "noon"},
+    ]
+    after = client.chat.completions.create(model=str(served_folder), messages=history, max_tokens=1)
+    assert after.usage.completion_tokens == 1
 
 
 @pytest.mark.parametrize("stream", [False, True])
