@@ -264,6 +264,31 @@ def test_unknown_paths_and_missing_length(server):
         assert s.recv(100).startswith(b"HTTP/1.0 411")
 
 
+@pytest.mark.parametrize(
+    "head, status, words",
+    [
+        (b"TRACE /v1/models HTTP/1.1\r\n", 501, "Unsupported method ('TRACE')"),
+        (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n", 414, "Request-URI Too Long"),
+        (b"GET /v1/models HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n", 431, "Line too long"),
+        (b"GET /v1/models HTTP/1.1\r\n" + b"X: y\r\n" * 101, 431, "Too many headers"),
+        # a request line http.server reads as HTTP/0.9's: the answer is a body alone
+        (b"GET /v1/models HTTP/1.1 extra\r\n", None, "Bad request version ('extra')"),
+    ],
+    ids=["method", "long-path", "long-header", "many-headers", "bad-version"],
+)
+def test_what_http_server_refuses_itself_is_an_openai_error(server, head, status, words):
+    """A request line or headers http.server cannot take: it answered with its HTML page."""
+    url = urlsplit(server[0])
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(head + b"\r\n")
+        answer = s.makefile("rb").read()
+    if status is not None:
+        headers, _, answer = answer.partition(b"\r\n\r\n")
+        assert headers.startswith(b"HTTP/1.0 %d" % status), headers
+        assert b"Content-Type: application/json" in headers, headers
+    assert words in json.loads(answer)["error"]["message"], answer
+
+
 def test_the_server_logged_no_traceback(server, client, served_folder):
     """Runs after the bad inputs above: none of them reached a traceback, the server serves on."""
     after = client.chat.completions.create(model=str(served_folder), messages=HELLO, max_tokens=2)

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 from .api import Completion, Sampling, parse_completion
 from .auth import check_key
 from .engine import Done, Engine, Job, Step, fit
-from .fields import MAX_BODY_BYTES, ApiError, parse_body
+from .fields import MAX_BODY_BYTES, ApiError, http_refusal, parse_body
 from .output import Piece
 from .prompts import prompt_tokens
 from .responses import Answer, stats_json
@@ -85,6 +85,7 @@ class Handler(BaseHTTPRequestHandler):
         self._error(ApiError(405, f"{self.command} is not allowed on {self.path}: use GET or POST"))
 
     do_PUT = do_DELETE = do_PATCH = do_HEAD = _not_allowed
+    send_error = http_refusal  # a bad request line, TRACE, headers too long: JSON, not HTML
 
     @property
     def route(self) -> str:
@@ -244,8 +245,7 @@ class Handler(BaseHTTPRequestHandler):
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     # connections waiting to be accepted: socketserver's 5 reset the rest of a burst (64 at once
-    # saw 17-44 resets); the kernel caps it at net.core.somaxconn. Accepted requests queue for
-    # the one generation thread (engine.py).
+    # saw 17-44 resets); the kernel caps it at net.core.somaxconn. Accepted ones queue (engine.py)
     request_queue_size = socket.SOMAXCONN
     app: App
 
