@@ -104,6 +104,11 @@ def test_stop_strings_cut_exactly(client, served_folder, local):
         logit_bias=NO_CALL,
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    # stop "" is none, as mlx-lm's server reads it: it was a 400
+    blank = client.chat.completions.create(
+        model=str(served_folder), messages=HELLO, max_tokens=24, stop="", logit_bias=NO_CALL
+    )
+    assert blank.choices[0].message.content == text
 
 
 def test_conversation_reuses_the_cached_prefix(client, served_folder, local):

@@ -182,7 +182,7 @@ def _logit_bias(bias: dict) -> dict[int, float]:
 
 def _stop(body: dict) -> list[str]:
     stop = body.get("stop")
-    if stop is None:
+    if stop is None or stop == "":  # "": none, as mlx-lm's server reads it
         return []
     stops = [stop] if isinstance(stop, str) else stop
     if (
