@@ -88,6 +88,8 @@ CALLED = {"role": "assistant", "content": None}
         ({"top_k": 10**20}, "top_k"),
         ({"temperature": 1e-300}, "temperature"),
         ({"repetition_penalty": 1e308}, "repetition_penalty"),
+        ({"repetition_penalty": 0.001}, "repetition_penalty must be 0 (off) or lie in"),
+        ({"repetition_penalty": -1}, "repetition_penalty"),
         ({"presence_penalty": 2**2000}, "presence_penalty"),
         ({"logit_bias": {"99999999999999999999999": 1}}, "logit_bias"),
         ({"logit_bias": {"1": "x"}}, "logit_bias"),
