@@ -58,10 +58,10 @@ def stream_generate(
     check_request(prompt, max_tokens)
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
     arguments.check_keywords(kwargs)
+    prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     kv_bits = kwargs.get("kv_bits")
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
-    prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     _check_objects(model, kwargs, len(prompt))
     kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     with _claimed(model.streamer):
@@ -210,6 +210,10 @@ def _prompt_tokens(
 ) -> list[int]:
     """Tokenize once here, to refuse a prompt (plus max_tokens) longer than the model's context
     with the numbers; beyond its trained positions a model degrades into plausible nonsense."""
+    handle = streaming(model)  # mlx_lm.load's model (or None) was an AttributeError
+    if handle is None:
+        name = type(model).__name__
+        raise StreamerError(f"model must be one streamer.load returned (got a {name}).")
     if isinstance(prompt, str):
         # as mlx-lm does: no second BOS when the text already starts with one
         bos = tokenizer.bos_token
@@ -217,8 +221,7 @@ def _prompt_tokens(
     else:
         tokens = [int(t) for t in prompt]  # numpy's integers too: mx.array refuses them
         arguments.check_prompt_ids(tokens, tokenizer)
-    handle = streaming(model)
-    context = handle.context_length if handle is not None else None
+    context = handle.context_length
     if context and len(tokens) > context:
         raise StreamerError(
             f"the prompt is {tokens_text(len(tokens))} but the model's context is "

@@ -203,6 +203,21 @@ def test_a_prompt_of_token_ids_in_an_array_is_taken(checkpoints):
             streamer.generate(model, tokenizer, prompt, max_tokens=2)
 
 
+def test_a_model_streamer_did_not_load_is_refused(checkpoints):
+    """mlx_lm.load's model (or None) given to streamer.generate: an AttributeError ('Model' object
+    has no attribute 'streamer') before."""
+    import mlx_lm
+
+    hf = checkpoints.hf("qwen3_moe")
+    _, tokenizer = streamer.load(checkpoints.repacked(hf))
+    plain, _ = mlx_lm.load(str(hf))
+    for model, name in ((plain, "Model"), (None, "NoneType")):
+        with pytest.raises(
+            StreamerError, match=rf"model must be one streamer.load returned \(got a {name}\)"
+        ):
+            streamer.generate(model, tokenizer, "hello", max_tokens=2, kv_bits=4)
+
+
 def test_input_embeddings_and_prompt_cache_tokens_of_the_wrong_kind_are_refused(checkpoints):
     """input_embeddings=3 was mlx-lm's TypeError (len), an array of another width MLX's rms_norm
     ValueError in the first layer; prompt_cache_tokens=5 beside prompt_lookup a TypeError in the
