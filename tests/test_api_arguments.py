@@ -183,8 +183,8 @@ def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints)
 
 def test_a_prompt_of_token_ids_in_an_array_is_taken(checkpoints):
     """Token ids in an mx.array or numpy array, as mlx-lm's stream_generate takes them: refused
-    before ("got array"), and a list of numpy's integers was MLX's ValueError (Invalid type
-    int64)."""
+    before ("got array"), and a list of numpy's integers (as a prompt or logit_bias's keys) was
+    MLX's ValueError (Invalid type int64)."""
     import mlx.core as mx
     import numpy as np
 
@@ -193,6 +193,9 @@ def test_a_prompt_of_token_ids_in_an_array_is_taken(checkpoints):
     expected = streamer.generate(model, tokenizer, ids, max_tokens=3)
     for prompt in (mx.array(ids), np.array(ids), list(np.array(ids)), tuple(ids)):
         assert streamer.generate(model, tokenizer, prompt, max_tokens=3) == expected
+    # logit_bias's ids as numpy's integers: MLX's ValueError (Invalid type int64) before
+    biased = streamer.stream_generate(model, tokenizer, ids, 2, logit_bias={np.int64(7): 100.0})
+    assert [r.token for r in biased] == [7, 7]
     for prompt, message in [
         (mx.array([1.5, 2.0]), "a prompt of token ids holds 1.5"),
         (np.array([[1, 2]]), r"a prompt of token ids holds \[1, 2\]"),
