@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
+import time
 from urllib.parse import urlsplit
 
 import openai
@@ -289,6 +291,29 @@ def test_what_http_server_refuses_itself_is_an_openai_error(server, head, status
         assert headers.startswith(b"HTTP/1.0 %d" % status), headers
         assert b"Content-Type: application/json" in headers, headers
     assert words in json.loads(answer)["error"]["message"], answer
+
+
+def test_clients_that_reset_and_bytes_for_a_terminal_leave_the_log_clean(server, served_folder):
+    """A client that resets its connection while its body arrives (a "request failed" traceback
+    and a 500 before) or while a GET is answered (socketserver's traceback); a request line with
+    a terminal's escape sequence (written to the log as sent: it cleared the screen)."""
+    url = urlsplit(server[0])
+    linger = struct.pack("ii", 1, 0)  # close() sends a reset
+    for head in [b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100000\r\n\r\n{"] + [
+        b"GET /v1/models HTTP/1.1\r\n\r\n"
+    ] * 20:
+        with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            s.sendall(head)
+            time.sleep(0.05)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(b"GET /\x1b[2J\x1b]0;title\x07 HTTP/1.1\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.0 404")
+    ok = {"model": str(served_folder), "messages": HI, "max_tokens": 1}
+    assert request(server[0], "POST", "/v1/chat/completions", json.dumps(ok).encode())[0] == 200
+    log = server[1].read_text()
+    assert "Traceback" not in log and "request failed" not in log, log[-3000:]
+    assert "\x1b" not in log and "GET /\\x1b[2J\\x1b]0;title\\x07 HTTP/1.1" in log, log[-500:]
 
 
 def test_the_server_logged_no_traceback(server, client, served_folder):
