@@ -41,7 +41,7 @@ class Response:
 def stream_generate(
     model: nn.Module,
     tokenizer: TokenizerWrapper,
-    prompt: str | list[int],
+    prompt: str | list[int] | mx.array,
     max_tokens: int = 256,
     *,
     temp: float = 0.0,
@@ -53,13 +53,15 @@ def stream_generate(
     its make_sampler, its logits-processor keywords (repetition_penalty, logit_bias, ...) to
     make_logits_processors, the rest to mlx_lm.stream_generate (max_kv_size, prompt_cache, ...);
     an unknown keyword is refused by name."""
+    if not isinstance(prompt, (str, list, tuple)) and hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()  # token ids in an mx.array (or numpy's), as mlx-lm takes them
     check_request(prompt, max_tokens)
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
     arguments.check_keywords(kwargs)
+    prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     kv_bits = kwargs.get("kv_bits")
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
-    prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
     _check_objects(model, kwargs, len(prompt))
     kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     with _claimed(model.streamer):
@@ -208,15 +210,18 @@ def _prompt_tokens(
 ) -> list[int]:
     """Tokenize once here, to refuse a prompt (plus max_tokens) longer than the model's context
     with the numbers; beyond its trained positions a model degrades into plausible nonsense."""
+    handle = streaming(model)  # mlx_lm.load's model (or None) was an AttributeError
+    if handle is None:
+        name = type(model).__name__
+        raise StreamerError(f"model must be one streamer.load returned (got a {name}).")
     if isinstance(prompt, str):
         # as mlx-lm does: no second BOS when the text already starts with one
         bos = tokenizer.bos_token
         tokens = tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
     else:
-        tokens = list(prompt)
+        tokens = [int(t) for t in prompt]  # numpy's integers too: mx.array refuses them
         arguments.check_prompt_ids(tokens, tokenizer)
-    handle = streaming(model)
-    context = handle.context_length if handle is not None else None
+    context = handle.context_length
     if context and len(tokens) > context:
         raise StreamerError(
             f"the prompt is {tokens_text(len(tokens))} but the model's context is "
@@ -236,7 +241,7 @@ def _prompt_tokens(
 def generate(
     model: nn.Module,
     tokenizer: TokenizerWrapper,
-    prompt: str | list[int],
+    prompt: str | list[int] | mx.array,
     max_tokens: int = 256,
     *,
     verbose: bool = False,

@@ -181,6 +181,46 @@ def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints)
             streamer.load(folder, **kwargs)
 
 
+def test_a_prompt_of_token_ids_in_an_array_is_taken(checkpoints):
+    """Token ids in an mx.array or numpy array, as mlx-lm's stream_generate takes them: refused
+    before ("got array"), and a list of numpy's integers (as a prompt or logit_bias's keys) was
+    MLX's ValueError (Invalid type int64)."""
+    import mlx.core as mx
+    import numpy as np
+
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    ids = tokenizer.encode("hello there")
+    expected = streamer.generate(model, tokenizer, ids, max_tokens=3)
+    for prompt in (mx.array(ids), np.array(ids), list(np.array(ids)), tuple(ids)):
+        assert streamer.generate(model, tokenizer, prompt, max_tokens=3) == expected
+    # logit_bias's ids as numpy's integers: MLX's ValueError (Invalid type int64) before
+    biased = streamer.stream_generate(model, tokenizer, ids, 2, logit_bias={np.int64(7): 100.0})
+    assert [r.token for r in biased] == [7, 7]
+    for prompt, message in [
+        (mx.array([1.5, 2.0]), "a prompt of token ids holds 1.5"),
+        (np.array([[1, 2]]), r"a prompt of token ids holds \[1, 2\]"),
+        (np.array([], dtype=np.int32), "the prompt is empty"),
+        (mx.array([10**9]), "prompt: token id 1000000000 is not one of the model's"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.generate(model, tokenizer, prompt, max_tokens=2)
+
+
+def test_a_model_streamer_did_not_load_is_refused(checkpoints):
+    """mlx_lm.load's model (or None) given to streamer.generate: an AttributeError ('Model' object
+    has no attribute 'streamer') before."""
+    import mlx_lm
+
+    hf = checkpoints.hf("qwen3_moe")
+    _, tokenizer = streamer.load(checkpoints.repacked(hf))
+    plain, _ = mlx_lm.load(str(hf))
+    for model, name in ((plain, "Model"), (None, "NoneType")):
+        with pytest.raises(
+            StreamerError, match=rf"model must be one streamer.load returned \(got a {name}\)"
+        ):
+            streamer.generate(model, tokenizer, "hello", max_tokens=2, kv_bits=4)
+
+
 def test_input_embeddings_and_prompt_cache_tokens_of_the_wrong_kind_are_refused(checkpoints):
     """input_embeddings=3 was mlx-lm's TypeError (len), an array of another width MLX's rms_norm
     ValueError in the first layer; prompt_cache_tokens=5 beside prompt_lookup a TypeError in the

@@ -181,3 +181,50 @@ def test_standard_input_closed(folder, command):
     assert result.stderr.endswith(
         "from standard input, which is closed: give it a file or a pipe (`< FILE`).\n"
     ), result.stderr
+
+
+@pytest.mark.parametrize("command", [["chat"], ["generate", "--prompt", "-"]])
+def test_standard_input_unreadable(folder, command, tmp_path):
+    """Standard input opened only for writing (`0>FILE`): the read's OSError was a traceback."""
+    with open(tmp_path / "written", "w") as written:
+        result = subprocess.run(
+            [sys.executable, "-m", "streamer", *command, "--model", str(folder)],
+            stdin=written,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1].endswith(
+        "from standard input, which cannot be read (Bad file descriptor): give it a file or a "
+        "pipe (`< FILE`)."
+    ), result.stderr
+
+
+def test_a_system_prompt_the_template_refuses_is_refused_at_start(folder, tmp_path):
+    """A template that raises on a system message (Gemma 2's "System role not supported"): chat
+    refused every turn, /reset keeping the system prompt; generate said to fix the template."""
+    refusing = tmp_path / "no-system"
+    shutil.copytree(folder, refusing)
+    config = json.loads((refusing / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}{% if m.role == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{{ m.content }}\n{% endfor %}"
+    )
+    (refusing / "tokenizer_config.json").write_text(json.dumps(config))
+    for command in (["chat"], ["generate", "--prompt", "hi"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "streamer", *command, "--model", str(refusing)]
+            + ["--max-tokens", "2", "--system-prompt", "Be brief."],
+            input="hi\n",
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines()[-1] == (
+            "streamer: error: --system-prompt: the model's chat template refuses a system message "
+            "(TemplateError: System role not supported): leave --system-prompt out."
+        ), result.stderr
+    assert run_chat(refusing, ["hi"]).returncode == 0  # without one it chats

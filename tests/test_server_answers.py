@@ -104,6 +104,11 @@ def test_stop_strings_cut_exactly(client, served_folder, local):
         logit_bias=NO_CALL,
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    # stop "" is none, as mlx-lm's server reads it: it was a 400
+    blank = client.chat.completions.create(
+        model=str(served_folder), messages=HELLO, max_tokens=24, stop="", logit_bias=NO_CALL
+    )
+    assert blank.choices[0].message.content == text
 
 
 def test_conversation_reuses_the_cached_prefix(client, served_folder, local):
@@ -142,6 +147,16 @@ def test_tools_reach_the_template_and_calls_are_parsed(client, served_folder):
     ]
     again = client.chat.completions.create(model=str(served_folder), messages=history, max_tokens=2)
     assert again.usage.prompt_tokens > whole.usage.prompt_tokens
+    # a call of no arguments sent back with arguments "", which mlx-lm takes as none: it was
+    # refused as not JSON
+    empty = {"id": "1", "type": "function", "function": {"name": "now", "arguments": ""}}
+    history = [
+        *HELLO,
+        {"role": "assistant", "content": None, "tool_calls": [empty]},
+        {"role": "tool", "tool_call_id": "1", "content": "noon"},
+    ]
+    after = client.chat.completions.create(model=str(served_folder), messages=history, max_tokens=1)
+    assert after.usage.completion_tokens == 1
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
+import time
 from urllib.parse import urlsplit
 
 import openai
@@ -88,6 +90,8 @@ CALLED = {"role": "assistant", "content": None}
         ({"top_k": 10**20}, "top_k"),
         ({"temperature": 1e-300}, "temperature"),
         ({"repetition_penalty": 1e308}, "repetition_penalty"),
+        ({"repetition_penalty": 0.001}, "repetition_penalty must be 0 (off) or lie in"),
+        ({"repetition_penalty": -1}, "repetition_penalty"),
         ({"presence_penalty": 2**2000}, "presence_penalty"),
         ({"logit_bias": {"99999999999999999999999": 1}}, "logit_bias"),
         ({"logit_bias": {"1": "x"}}, "logit_bias"),
@@ -262,6 +266,54 @@ def test_unknown_paths_and_missing_length(server):
     with socket.create_connection((url.hostname, url.port)) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\n\r\n")
         assert s.recv(100).startswith(b"HTTP/1.0 411")
+
+
+@pytest.mark.parametrize(
+    "head, status, words",
+    [
+        (b"TRACE /v1/models HTTP/1.1\r\n", 501, "Unsupported method ('TRACE')"),
+        (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n", 414, "Request-URI Too Long"),
+        (b"GET /v1/models HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n", 431, "Line too long"),
+        (b"GET /v1/models HTTP/1.1\r\n" + b"X: y\r\n" * 101, 431, "Too many headers"),
+        # a request line http.server reads as HTTP/0.9's: the answer is a body alone
+        (b"GET /v1/models HTTP/1.1 extra\r\n", None, "Bad request version ('extra')"),
+    ],
+    ids=["method", "long-path", "long-header", "many-headers", "bad-version"],
+)
+def test_what_http_server_refuses_itself_is_an_openai_error(server, head, status, words):
+    """A request line or headers http.server cannot take: it answered with its HTML page."""
+    url = urlsplit(server[0])
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(head + b"\r\n")
+        answer = s.makefile("rb").read()
+    if status is not None:
+        headers, _, answer = answer.partition(b"\r\n\r\n")
+        assert headers.startswith(b"HTTP/1.0 %d" % status), headers
+        assert b"Content-Type: application/json" in headers, headers
+    assert words in json.loads(answer)["error"]["message"], answer
+
+
+def test_clients_that_reset_and_bytes_for_a_terminal_leave_the_log_clean(server, served_folder):
+    """A client that resets its connection while its body arrives (a "request failed" traceback
+    and a 500 before) or while a GET is answered (socketserver's traceback); a request line with
+    a terminal's escape sequence (written to the log as sent: it cleared the screen)."""
+    url = urlsplit(server[0])
+    linger = struct.pack("ii", 1, 0)  # close() sends a reset
+    for head in [b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100000\r\n\r\n{"] + [
+        b"GET /v1/models HTTP/1.1\r\n\r\n"
+    ] * 20:
+        with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+            s.sendall(head)
+            time.sleep(0.05)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(b"GET /\x1b[2J\x1b]0;title\x07 HTTP/1.1\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.0 404")
+    ok = {"model": str(served_folder), "messages": HI, "max_tokens": 1}
+    assert request(server[0], "POST", "/v1/chat/completions", json.dumps(ok).encode())[0] == 200
+    log = server[1].read_text()
+    assert "Traceback" not in log and "request failed" not in log, log[-3000:]
+    assert "\x1b" not in log and "GET /\\x1b[2J\\x1b]0;title\\x07 HTTP/1.1" in log, log[-500:]
 
 
 def test_the_server_logged_no_traceback(server, client, served_folder):

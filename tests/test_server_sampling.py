@@ -52,3 +52,15 @@ def test_max_completion_tokens_bounds_the_answer(client, served_folder):
     assert {"expert_mb_per_token", "page_cache_hit_rate", "generation_tokens_per_second"} <= set(
         stats
     )
+
+
+def test_a_repetition_penalty_of_0_is_off(client, served_folder, local):
+    """0 is mlx-lm's server's default and means no penalty there: it was refused (400)."""
+    answer = client.chat.completions.create(
+        model=str(served_folder),
+        messages=HELLO,
+        max_tokens=8,
+        logit_bias=NO_CALL,
+        extra_body={"repetition_penalty": 0},
+    )
+    assert answer.choices[0].message.content == expected(local, HELLO, 8)

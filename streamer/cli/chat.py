@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from ..errors import StreamerError, one_line
 from ..server.api import Completion, Sampling
 from ..server.engine import Done, Engine, Job, Step, fit
 from ..server.fields import ApiError
@@ -22,6 +23,25 @@ def templated(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": prompt})
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def check_system_message(tokenizer, system_prompt: str | None) -> None:
+    """Refuse a --system-prompt the chat template refuses where it takes the message alone (as
+    Gemma 2's: "System role not supported"): every chat turn was refused, /reset keeping it, and
+    generate said to fix the template."""
+    if not system_prompt:
+        return
+    try:
+        templated(tokenizer, "hi", system_prompt)
+    except Exception as e:
+        try:
+            templated(tokenizer, "hi")
+        except Exception:
+            return  # it fails without one too: told where the template is used
+        raise StreamerError(
+            "--system-prompt: the model's chat template refuses a system message "
+            f"({type(e).__name__}: {one_line(e)}): leave --system-prompt out."
+        ) from None
 
 
 class Conversation:

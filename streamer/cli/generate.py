@@ -96,8 +96,9 @@ def generate(args: argparse.Namespace) -> int:
             "chat_template): drop --chat to continue the prompt as plain text."
         )
     if tokenizer.has_chat_template and not args.ignore_chat_template:
-        from .chat import templated  # the server's modules: mlx-lm's generate, once it is needed
+        from .chat import check_system_message, templated  # mlx-lm's generate: once needed
 
+        check_system_message(tokenizer, args.system_prompt)
         try:
             text = templated(tokenizer, text, args.system_prompt)
         except Exception as e:  # jinja2's errors, or whatever the template raises

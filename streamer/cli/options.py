@@ -199,6 +199,10 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
 
 
 CLOSED_STDIN = "{} from standard input, which is closed: give it a file or a pipe (`< FILE`)."
+# opened only for writing (`0>FILE`) or failing to read: the read's OSError was a traceback
+UNREADABLE_STDIN = (
+    "{} from standard input, which cannot be read ({}): give it a file or a pipe (`< FILE`)."
+)
 
 
 def prompt(args: argparse.Namespace) -> str:
@@ -210,7 +214,11 @@ def prompt(args: argparse.Namespace) -> str:
     """
     if args.prompt == "-" and sys.stdin is None:
         raise StreamerError(CLOSED_STDIN.format("--prompt - reads the prompt"))
-    raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
+    try:
+        raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
+    except OSError as e:
+        what = UNREADABLE_STDIN.format("--prompt - reads the prompt", e.strerror)
+        raise StreamerError(what) from None
     text = _utf8(raw, "the prompt")
     check_sampling_flags(args)
     how = " with --prompt (or `--prompt -` for stdin)"

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from ..errors import StreamerError
 from ..io.checksums import cache_dir
+from .options import UNREADABLE_STDIN
 
 BLOCK = '"""'
 COMMANDS = {
@@ -52,7 +54,13 @@ class Reader:
                 print(file=sys.stdout, flush=True)
                 return None
         print(prompt, end="", file=self.stderr, flush=True)
-        line = self.stdin.readline()
+        try:
+            line = self.stdin.readline()
+        except OSError as e:
+            print(file=self.stderr, flush=True)  # the error's line after the prompt's
+            raise StreamerError(
+                UNREADABLE_STDIN.format("chat reads the conversation", e.strerror)
+            ) from None
         if not line:
             print(file=self.stderr, flush=True)
             return None

@@ -160,7 +160,10 @@ def chat(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     loading = load_options(args, group)
     model, tokenizer, context = open_model(model_folder(args, group), loading)
-    from .chat import chat  # the engine's modules import mlx-lm's generate: after a refusal
+    from .chat import chat, check_system_message  # imports mlx-lm's generate: after a refusal
+
+    if tokenizer.has_chat_template and not args.ignore_chat_template:
+        check_system_message(tokenizer, args.system_prompt)
 
     check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))

@@ -159,7 +159,15 @@ def _sampling(body: dict, defaults: Sampling) -> Sampling:
         )
     sampling.presence_penalty = checked(body, "presence_penalty", float, low=-2.0, high=2.0)
     sampling.frequency_penalty = checked(body, "frequency_penalty", float, low=-2.0, high=2.0)
-    sampling.repetition_penalty = checked(body, "repetition_penalty", float, low=0.01, high=100.0)
+    # 0 is off, as mlx-lm's server reads it (its default); else from 0.01 to 100
+    penalty = checked(body, "repetition_penalty", float, low=0.0, high=100.0)
+    if penalty is not None and 0 < penalty < 0.01:
+        raise ApiError(
+            400,
+            f"repetition_penalty must be 0 (off) or lie in [0.01, 100.0] (got {penalty})",
+            param="repetition_penalty",
+        )
+    sampling.repetition_penalty = penalty or None
     bias = checked(body, "logit_bias", dict)
     if bias:
         sampling.logit_bias = _logit_bias(bias)
@@ -182,7 +190,7 @@ def _logit_bias(bias: dict) -> dict[int, float]:
 
 def _stop(body: dict) -> list[str]:
     stop = body.get("stop")
-    if stop is None:
+    if stop is None or stop == "":  # "": none, as mlx-lm's server reads it
         return []
     stops = [stop] if isinstance(stop, str) else stop
     if (

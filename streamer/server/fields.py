@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from http import HTTPStatus
 from typing import Any
 
 MAX_BODY_BYTES = 32 << 20
@@ -30,6 +31,12 @@ class ApiError(Exception):
         return {
             "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
         }
+
+
+def http_refusal(handler, code: int, message: str | None = None, explain: str | None = None):
+    """http.server's own refusals (a request line or headers it cannot parse or that are too long,
+    a method no handler takes) as OpenAI-style errors, where it wrote an HTML page."""
+    handler._error(ApiError(code, message or HTTPStatus(code).phrase))
 
 
 def parse_body(raw: bytes) -> dict:

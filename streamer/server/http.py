@@ -10,17 +10,17 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import select
 import socket
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from queue import Empty
 from urllib.parse import unquote, urlsplit
 
 from .api import Completion, Sampling, parse_completion
 from .auth import check_key
+from .connection import GONE, ClientGone, QuietHandler, client_gone
 from .engine import Done, Engine, Job, Step, fit
-from .fields import MAX_BODY_BYTES, ApiError, parse_body
+from .fields import MAX_BODY_BYTES, ApiError, http_refusal, parse_body
 from .output import Piece
 from .prompts import prompt_tokens
 from .responses import Answer, stats_json
@@ -55,20 +55,9 @@ class App:
         return Job(request, prompt, fit(len(prompt), asked, self.max_tokens, self.context, fields))
 
 
-class ClientGone(Exception):
-    """The client closed its side of the connection while its answer was being made."""
-
-
-# What writing to a client that went away (or stopped reading) raises.
-GONE = (ClientGone, BrokenPipeError, ConnectionResetError, TimeoutError)
-
-
-class Handler(BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     server: Server
     timeout = SOCKET_SECONDS  # a body promised by Content-Length and never sent ends here
-
-    def log_message(self, format: str, *args) -> None:
-        log.info("%s %s", self.address_string(), format % args)
 
     def end_headers(self) -> None:
         # any origin, as mlx-lm's server allows by default: browser clients call it directly
@@ -85,6 +74,7 @@ class Handler(BaseHTTPRequestHandler):
         self._error(ApiError(405, f"{self.command} is not allowed on {self.path}: use GET or POST"))
 
     do_PUT = do_DELETE = do_PATCH = do_HEAD = _not_allowed
+    send_error = http_refusal  # a bad request line, TRACE, headers too long: JSON, not HTML
 
     @property
     def route(self) -> str:
@@ -134,10 +124,8 @@ class Handler(BaseHTTPRequestHandler):
             log.exception("request failed")
             self._error(ApiError(500, f"the server failed on this request: {e}"))
             return
-        try:
+        try:  # a client that goes away raises GONE, which ends the request quietly
             (self._stream if request.stream else self._whole)(job)
-        except GONE:
-            pass  # the client went away mid-answer (or stopped reading it)
         finally:
             job.cancelled.set()  # a no-op once the job is done; else its generation stops
 
@@ -151,7 +139,7 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
         try:
             body = self.rfile.read(int(length))
-        except TimeoutError:
+        except GONE:  # the client reset the connection, or sent nothing for SOCKET_SECONDS
             body = b""
         if len(body) < int(length):  # the client closed, or sent nothing for SOCKET_SECONDS
             raise ApiError(400, f"the request body did not arrive in full ({length} bytes)")
@@ -169,7 +157,7 @@ class Handler(BaseHTTPRequestHandler):
                     raise ApiError(500, "the generation thread stopped") from None
                 event = None
             if time.monotonic() - checked > POLL_SECONDS:
-                if _client_gone(self.connection):
+                if client_gone(self.connection):
                     raise ClientGone  # the finally of do_POST cancels the job
                 checked = time.monotonic()
             if isinstance(event, ApiError):
@@ -235,10 +223,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _error(self, error: ApiError) -> None:
         self.close_connection = True  # an unread body may still be on the connection
-        try:
-            self._json(error.status, error.body())
-        except GONE:
-            pass  # the client hung up before its refusal was written: no one is left to tell
+        self._json(error.status, error.body())
 
 
 class Server(ThreadingHTTPServer):
@@ -248,12 +233,3 @@ class Server(ThreadingHTTPServer):
     # the one generation thread (engine.py).
     request_queue_size = socket.SOMAXCONN
     app: App
-
-
-def _client_gone(sock: socket.socket) -> bool:
-    """Whether the peer closed its side: readable with nothing to read (it sends no more)."""
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True

@@ -93,7 +93,7 @@ def _check_tool_call(call: Any, where: str) -> None:
         )
     param = f"{where}.function.arguments"
     arguments = function.get("arguments")
-    if isinstance(arguments, str):
+    if isinstance(arguments, str) and arguments:  # "": none, as mlx-lm reads it (not JSON)
         try:  # parsed for the template, which renders it recursively: bounded as the body is
             deep = depth(json.loads(arguments)) > MAX_DEPTH
         except ValueError:
@@ -103,7 +103,7 @@ def _check_tool_call(call: Any, where: str) -> None:
         if deep:
             message = f"{param} nests arrays or objects over {MAX_DEPTH} deep"
             raise ApiError(400, message, param=param)
-    elif arguments is not None and not isinstance(arguments, dict):
+    elif arguments not in (None, "") and not isinstance(arguments, dict):
         raise ApiError(400, f"{param} must be a JSON string or object", param=param)
 
 
