@@ -127,3 +127,20 @@ def test_special_file_in_the_source(src, tmp_path, name, kind):
         return
     refused_without_hanging(lambda: repack(src, tmp_path / "out", **QUIET), name)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("drop", [0, 1])
+def test_a_numbered_shard_missing_from_a_folder_without_an_index(src, tmp_path, drop):
+    """Without an index, a missing `model-0000K-of-0000N` shard was blamed on config.json ("the
+    weights hold layers 0-0 only ... download config.json again") or on absent tensors."""
+    (src / "model.safetensors.index.json").unlink()
+    shards = sorted(src.glob("model-*.safetensors"))
+    shards[drop].unlink()
+    other = shards[1 - drop].name
+    with pytest.raises(
+        StreamerError,
+        match=f"holds {other} but not {shards[drop].name}: the download is incomplete; "
+        "fetch that file",
+    ):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()

@@ -4,6 +4,7 @@ index)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import mlx.core as mx
@@ -20,6 +21,7 @@ UNLOADABLE = ("F64",)  # a valid safetensors dtype that mx.load refuses
 # NVIDIA ModelOpt's exports may keep their quantization beside config.json rather than in it
 QUANTIZATION_SIDECAR = "hf_quant_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+NUMBERED_SHARD = re.compile(r"model-(\d+)-of-(\d+)\.safetensors")  # Hugging Face's shard names
 
 
 def has_tokenizer_files(folder: Path) -> bool:
@@ -31,6 +33,24 @@ def has_tokenizer_files(folder: Path) -> bool:
 def _is_file_name(name: object) -> bool:
     """A shard name the index may give: a plain file name, no path into or out of other folders."""
     return isinstance(name, str) and bool(name) and "\0" not in name and Path(name).name == name
+
+
+def _check_numbered_shards(folder: Path, names: set[str]) -> None:
+    """Without an index, `model-0000K-of-0000N.safetensors` (K from 1) says N shards belong
+    together: refuse a folder lacking one of them (else the missing layers were blamed on
+    config.json). Numbers that do not run 1..N are some other scheme, not checked."""
+    numbered = [(m, name) for name in sorted(names) if (m := NUMBERED_SHARD.fullmatch(name))]
+    if any(not 1 <= int(m[1]) <= int(m[2]) for m, _ in numbered):
+        return
+    for match, name in numbered:
+        width, total = len(match[1]), match[2]
+        for k in range(1, min(int(total), 100_000) + 1):
+            missing = f"model-{k:0{width}d}-of-{total}.safetensors"
+            if missing not in names:
+                raise StreamerError(
+                    f"{folder} holds {name} but not {missing}: the download is incomplete; "
+                    "fetch that file."
+                )
 
 
 class Checkpoint:
@@ -99,6 +119,7 @@ class Checkpoint:
             raise StreamerError(
                 f"{self.folder} holds no model*.safetensors files: nothing to repack."
             )
+        _check_numbered_shards(self.folder, {path.name for path in shards})
         return shards
 
     def _shard(self, name: str) -> Path:
