@@ -69,7 +69,7 @@ def repack(
     src, dst = Path(src), Path(dst)
     publish.check_name_lengths(dst)
     partial = publish.partial_folder(dst)
-    if resume and dst.exists() and not partial.exists():
+    if resume and publish.is_streamer_output(dst) and not partial.exists():
         log(f"[repack] {dst} is complete: nothing to resume")
         return read_manifest(dst)
     publish.check_destination(src, dst, force)
