@@ -15,6 +15,7 @@ from hostile_files import make_special, refused_without_hanging, rewrite_tensor
 
 import streamer
 from streamer.errors import StreamerError
+from streamer.io.safetensors import read_header, to_mlx, write_safetensors
 from streamer.repack import repack
 
 QUIET = {"log": lambda _: None}
@@ -141,6 +142,48 @@ def test_a_numbered_shard_missing_from_a_folder_without_an_index(src, tmp_path, 
         StreamerError,
         match=f"holds {other} but not {shards[drop].name}: the download is incomplete; "
         "fetch that file",
+    ):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
+def _add_tensor(src, shard_name: str, name: str, value) -> None:
+    """Tensor `name` added to shard `shard_name` and to the index."""
+    shard = src / shard_name
+    data = shard.read_bytes()
+    tensors = [
+        (n, to_mlx(data[i.start : i.end], i.dtype, i.shape)) for n, i in read_header(shard).items()
+    ]
+    write_safetensors(shard, [*tensors, (name, value)])
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"][name] = shard_name
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("number", ["03", "\u0663"])  # a leading zero; ARABIC-INDIC DIGIT THREE
+def test_an_expert_given_twice_under_two_numbers(src, tmp_path, number):
+    """`experts.03` (or `experts.٣`) beside `experts.3`: both read as expert 3, and the one read
+    last silently became its weights (mlx-lm refuses the stray name)."""
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    stray = name.replace(".3.", f".{number}.")
+    _add_tensor(src, index["weight_map"][name], stray, mx.ones((128, 64), mx.bfloat16))
+    with pytest.raises(StreamerError, match="both hold expert 3's down_proj.weight weights") as e:
+        repack(src, tmp_path / "out", **QUIET)
+    assert f"'{stray}'" in str(e.value) and f"'{name}'" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_experts_both_stacked_and_one_tensor_each(src, tmp_path):
+    """A stacked `switch_mlp.down_proj.weight` beside the per-expert tensors it stands for: the
+    stacked one was taken silently (mlx-lm's sanitize overwrites it with the per-expert ones)."""
+    stacked = "model.layers.1.mlp.switch_mlp.down_proj.weight"
+    shard = "model-00002-of-00002.safetensors"
+    _add_tensor(src, shard, stacked, mx.ones((16, 128, 64), mx.bfloat16))
+    with pytest.raises(
+        StreamerError,
+        match=f"'{stacked}' and 'model.layers.1.mlp.experts.0.down_proj.weight' "
+        "both hold the same weights",
     ):
         repack(src, tmp_path / "out", **QUIET)
     assert not (tmp_path / "out").exists()
