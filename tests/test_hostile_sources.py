@@ -187,3 +187,20 @@ def test_experts_both_stacked_and_one_tensor_each(src, tmp_path):
     ):
         repack(src, tmp_path / "out", **QUIET)
     assert not (tmp_path / "out").exists()
+
+
+def test_expert_tensors_of_a_kind_the_model_lacks(src, tmp_path):
+    """Per-expert biases for a model whose experts have none (config.json says no bias): they
+    were dropped silently, where a resident tensor the model lacks is refused (and mlx-lm
+    refuses both)."""
+    shard = "model-00002-of-00002.safetensors"
+    for expert in range(16):
+        name = f"model.layers.1.mlp.experts.{expert}.down_proj.bias"
+        _add_tensor(src, shard, name, mx.ones((128,), mx.bfloat16))
+    with pytest.raises(
+        StreamerError,
+        match="tensor 'model.layers.1.mlp.experts.0.down_proj.bias' is not part of a qwen3_moe "
+        "model with this config.json",
+    ):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
