@@ -204,3 +204,15 @@ def test_expert_tensors_of_a_kind_the_model_lacks(src, tmp_path):
     ):
         repack(src, tmp_path / "out", **QUIET)
     assert not (tmp_path / "out").exists()
+
+
+def test_stacked_expert_tensors_of_a_kind_the_model_lacks(checkpoints, tmp_path):
+    """An MLX conversion with a stacked `switch_mlp.down_proj.bias` its model has no place for:
+    dropped silently (mlx-lm refuses it: "Received parameters not in model")."""
+    src = tmp_path / "src"
+    shutil.copytree(checkpoints.mlx("qwen3_moe"), src)
+    name = "model.layers.1.mlp.switch_mlp.down_proj.bias"
+    _add_tensor(src, "model.safetensors", name, mx.zeros((16, 128), mx.bfloat16))
+    with pytest.raises(StreamerError, match=f"tensor '{name}' is not part of a qwen3_moe model"):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
