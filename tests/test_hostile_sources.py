@@ -216,3 +216,27 @@ def test_stacked_expert_tensors_of_a_kind_the_model_lacks(checkpoints, tmp_path)
     with pytest.raises(StreamerError, match=f"tensor '{name}' is not part of a qwen3_moe model"):
         repack(src, tmp_path / "out", **QUIET)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change", ["replaced", "truncated"])
+def test_a_shard_changed_while_repacking(src, tmp_path, change):
+    """A shard replaced (a download fetched again) or cut short while the repack read it: the
+    replaced one's new bytes were mixed silently with the old ones read before, the truncated one
+    reached the user as MLX's RuntimeError ("[read] Unable to read from file.")."""
+    shard = src / "model-00002-of-00002.safetensors"
+
+    def log(message):
+        if message.startswith("[repack] disk"):  # the tensor table is read, nothing written yet
+            if change == "replaced":
+                header = read_header(shard)
+                write_safetensors(
+                    shard.with_suffix(".new"),
+                    [(n, mx.zeros(i.shape, mx.bfloat16)) for n, i in header.items()],
+                )
+                os.replace(shard.with_suffix(".new"), shard)
+            else:
+                os.truncate(shard, shard.stat().st_size // 2)
+
+    with pytest.raises(StreamerError, match=f"{shard.name} changed while repacking"):
+        repack(src, tmp_path / "out", log=log)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))

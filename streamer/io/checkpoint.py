@@ -53,6 +53,15 @@ def _check_numbered_shards(folder: Path, names: set[str]) -> None:
                 )
 
 
+def _identity(path: Path) -> tuple[int, int, int]:
+    """A file's inode, size and modification time (zeros for one gone)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class Checkpoint:
     """Tensor table of a checkpoint folder. Reads bytes with pread; never loads a whole shard.
 
@@ -83,6 +92,7 @@ class Checkpoint:
         )
         if not placed and sidecar.exists():  # read as mlx-lm's loader reads it
             self.config["quantization_config"] = read_json_object(sidecar, "download it again.")
+        self._stats: dict[Path, tuple[int, int, int]] = {}  # each shard as its header was read
         self.tensors = self._tensor_table()
         self._fds: dict[Path, int] = {}
         self._lazy_shards: dict[Path, dict[str, mx.array]] = {}
@@ -131,7 +141,9 @@ class Checkpoint:
     def _tensor_table(self) -> dict[str, TensorInfo]:
         table: dict[str, TensorInfo] = {}
         for shard in self._shards():
-            for name, info in read_header(shard).items():
+            header = read_header(shard)
+            self._stats[shard] = _identity(shard)
+            for name, info in header.items():
                 if info.dtype in UNLOADABLE:
                     raise StreamerError(
                         f"{shard}: tensor '{name}' is {info.dtype}, which MLX models cannot load: "
@@ -176,6 +188,16 @@ class Checkpoint:
                 "truncated."
             )
         return data
+
+    def check_unchanged(self) -> None:
+        """Refuse a shard replaced, written to or cut short since its header was read (a download
+        fetching it again): its bytes read before and after would be mixed."""
+        for shard, was in self._stats.items():
+            if shard.name not in self.stand_ins and _identity(shard) != was:
+                raise StreamerError(
+                    f"{shard} changed while repacking (another program wrote it: a download?): "
+                    "let that finish, then repack again."
+                )
 
     def release(self, path: Path) -> None:
         """Close what is open on one shard (its descriptor and lazily loaded tensors), so that
