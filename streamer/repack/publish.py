@@ -105,6 +105,11 @@ def make_partial(partial: Path) -> None:
     that is a file) is one line."""
     try:
         (partial / "experts").mkdir(parents=True)
+    except FileExistsError:  # made by another repack into the same destination, just now
+        raise StreamerError(
+            f"{partial} is in use by another `streamer repack` (writing the same destination): "
+            "wait for it to finish."
+        ) from None
     except OSError as e:
         raise StreamerError(
             f"cannot create {partial}: {e.strerror or e}; choose a destination on a writable "
