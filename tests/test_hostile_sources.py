@@ -14,6 +14,7 @@ import pytest
 from hostile_files import make_special, refused_without_hanging, rewrite_tensor
 
 import streamer
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
 from streamer.io.safetensors import read_header, to_mlx, write_safetensors
 from streamer.repack import repack
@@ -240,3 +241,29 @@ def test_a_shard_changed_while_repacking(src, tmp_path, change):
     with pytest.raises(StreamerError, match=f"{shard.name} changed while repacking"):
         repack(src, tmp_path / "out", log=log)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_one_fp8_expert_of_another_dtype(tmp_path):
+    """One expert's weight in BF16 among FP8 ones (with its block scale): MLX's from_fp8 refused
+    it inside sanitize, and the message named no tensor ("mlx-lm cannot read these tensors")."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("deepseek_v3"), fp8=True)
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    shard = src / index["weight_map"][name]
+    header, data = read_header(shard), shard.read_bytes()
+    tensors = [
+        (
+            n,
+            to_mlx(data[i.start : i.end], i.dtype, i.shape).astype(mx.bfloat16)
+            if n == name
+            else to_mlx(data[i.start : i.end], i.dtype, i.shape),
+        )
+        for n, i in header.items()
+    ]
+    fp8 = {n: "F8_E4M3" for n, i in header.items() if i.dtype == "F8_E4M3" and n != name}
+    write_safetensors(shard, tensors, dtypes=fp8)
+    with pytest.raises(
+        StreamerError, match=f"tensor '{name}' is bfloat16 but the other experts' are uint8"
+    ):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
