@@ -148,6 +148,22 @@ def test_force_replaces_nothing_but_a_streamer_output(checkpoints, tmp_path):
         repack(src, tmp_path / "file" / "out", log=lambda _: None)
 
 
+def test_resume_into_a_destination_that_is_not_a_repacked_model(checkpoints, tmp_path):
+    """`--resume` into an existing folder or file of the user's, with no partial folder: it said
+    "[repack] DST is complete: nothing to resume", then failed to load it as a model."""
+    src = checkpoints.hf("qwen3_moe")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    (tmp_path / "file").write_text("a file")
+    for dst in (mine, tmp_path / "file"):
+        logs = []
+        with pytest.raises(StreamerError, match="already exists: choose another destination"):
+            repack(src, dst, resume=True, log=logs.append)
+        assert not any("complete" in line for line in logs), logs
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
 def test_a_folder_appearing_at_the_destination_is_left_alone(checkpoints, tmp_path):
     src = checkpoints.hf("qwen3_moe")
     dst = tmp_path / "out"

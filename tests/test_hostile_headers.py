@@ -88,3 +88,14 @@ def test_an_integer_of_thousands_of_digits(tmp_path):
     path = safetensors_file(tmp_path, raw, bytes(4))
     with pytest.raises(StreamerError, match="header holds an integer of over 4300 digits; "):
         read_header(path)
+
+
+@pytest.mark.parametrize("dtype", ["F8_E5M2", "F4", "F6_E2M3", "C64"])
+def test_a_safetensors_dtype_mlx_cannot_load(tmp_path, dtype):
+    """A dtype the safetensors format defines but MLX cannot load was called corruption ("the
+    file is corrupt or truncated"): downloading it again cannot help."""
+    header = {"a": {"dtype": dtype, "shape": [4], "data_offsets": [0, 4]}}
+    path = safetensors_file(tmp_path, header, bytes(4))
+    with pytest.raises(StreamerError, match=f"tensor 'a' is {dtype}, which MLX cannot load") as e:
+        read_header(path)
+    assert "corrupt" not in str(e.value) and "model.safetensors" in str(e.value)

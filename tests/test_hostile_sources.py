@@ -14,7 +14,9 @@ import pytest
 from hostile_files import make_special, refused_without_hanging, rewrite_tensor
 
 import streamer
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
+from streamer.io.safetensors import read_header, to_mlx, write_safetensors
 from streamer.repack import repack
 
 QUIET = {"log": lambda _: None}
@@ -126,4 +128,142 @@ def test_special_file_in_the_source(src, tmp_path, name, kind):
         assert not (tmp_path / "out" / "tokenizer.json").exists()
         return
     refused_without_hanging(lambda: repack(src, tmp_path / "out", **QUIET), name)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("drop", [0, 1])
+def test_a_numbered_shard_missing_from_a_folder_without_an_index(src, tmp_path, drop):
+    """Without an index, a missing `model-0000K-of-0000N` shard was blamed on config.json ("the
+    weights hold layers 0-0 only ... download config.json again") or on absent tensors."""
+    (src / "model.safetensors.index.json").unlink()
+    shards = sorted(src.glob("model-*.safetensors"))
+    shards[drop].unlink()
+    other = shards[1 - drop].name
+    with pytest.raises(
+        StreamerError,
+        match=f"holds {other} but not {shards[drop].name}: the download is incomplete; "
+        "fetch that file",
+    ):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
+def _add_tensor(src, shard_name: str, name: str, value) -> None:
+    """Tensor `name` added to shard `shard_name` and to the index."""
+    shard = src / shard_name
+    data = shard.read_bytes()
+    tensors = [
+        (n, to_mlx(data[i.start : i.end], i.dtype, i.shape)) for n, i in read_header(shard).items()
+    ]
+    write_safetensors(shard, [*tensors, (name, value)])
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"][name] = shard_name
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("number", ["03", "\u0663"])  # a leading zero; ARABIC-INDIC DIGIT THREE
+def test_an_expert_given_twice_under_two_numbers(src, tmp_path, number):
+    """`experts.03` (or `experts.٣`) beside `experts.3`: both read as expert 3, and the one read
+    last silently became its weights (mlx-lm refuses the stray name)."""
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    stray = name.replace(".3.", f".{number}.")
+    _add_tensor(src, index["weight_map"][name], stray, mx.ones((128, 64), mx.bfloat16))
+    with pytest.raises(StreamerError, match="both hold expert 3's down_proj.weight weights") as e:
+        repack(src, tmp_path / "out", **QUIET)
+    assert f"'{stray}'" in str(e.value) and f"'{name}'" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_experts_both_stacked_and_one_tensor_each(src, tmp_path):
+    """A stacked `switch_mlp.down_proj.weight` beside the per-expert tensors it stands for: the
+    stacked one was taken silently (mlx-lm's sanitize overwrites it with the per-expert ones)."""
+    stacked = "model.layers.1.mlp.switch_mlp.down_proj.weight"
+    shard = "model-00002-of-00002.safetensors"
+    _add_tensor(src, shard, stacked, mx.ones((16, 128, 64), mx.bfloat16))
+    with pytest.raises(
+        StreamerError,
+        match=f"'{stacked}' and 'model.layers.1.mlp.experts.0.down_proj.weight' "
+        "both hold the same weights",
+    ):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
+def test_expert_tensors_of_a_kind_the_model_lacks(src, tmp_path):
+    """Per-expert biases for a model whose experts have none (config.json says no bias): they
+    were dropped silently, where a resident tensor the model lacks is refused (and mlx-lm
+    refuses both)."""
+    shard = "model-00002-of-00002.safetensors"
+    for expert in range(16):
+        name = f"model.layers.1.mlp.experts.{expert}.down_proj.bias"
+        _add_tensor(src, shard, name, mx.ones((128,), mx.bfloat16))
+    with pytest.raises(
+        StreamerError,
+        match="tensor 'model.layers.1.mlp.experts.0.down_proj.bias' is not part of a qwen3_moe "
+        "model with this config.json",
+    ):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
+def test_stacked_expert_tensors_of_a_kind_the_model_lacks(checkpoints, tmp_path):
+    """An MLX conversion with a stacked `switch_mlp.down_proj.bias` its model has no place for:
+    dropped silently (mlx-lm refuses it: "Received parameters not in model")."""
+    src = tmp_path / "src"
+    shutil.copytree(checkpoints.mlx("qwen3_moe"), src)
+    name = "model.layers.1.mlp.switch_mlp.down_proj.bias"
+    _add_tensor(src, "model.safetensors", name, mx.zeros((16, 128), mx.bfloat16))
+    with pytest.raises(StreamerError, match=f"tensor '{name}' is not part of a qwen3_moe model"):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change", ["replaced", "truncated"])
+def test_a_shard_changed_while_repacking(src, tmp_path, change):
+    """A shard replaced (a download fetched again) or cut short while the repack read it: the
+    replaced one's new bytes were mixed silently with the old ones read before, the truncated one
+    reached the user as MLX's RuntimeError ("[read] Unable to read from file.")."""
+    shard = src / "model-00002-of-00002.safetensors"
+
+    def log(message):
+        if message.startswith("[repack] disk"):  # the tensor table is read, nothing written yet
+            if change == "replaced":
+                header = read_header(shard)
+                write_safetensors(
+                    shard.with_suffix(".new"),
+                    [(n, mx.zeros(i.shape, mx.bfloat16)) for n, i in header.items()],
+                )
+                os.replace(shard.with_suffix(".new"), shard)
+            else:
+                os.truncate(shard, shard.stat().st_size // 2)
+
+    with pytest.raises(StreamerError, match=f"{shard.name} changed while repacking"):
+        repack(src, tmp_path / "out", log=log)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_one_fp8_expert_of_another_dtype(tmp_path):
+    """One expert's weight in BF16 among FP8 ones (with its block scale): MLX's from_fp8 refused
+    it inside sanitize, and the message named no tensor ("mlx-lm cannot read these tensors")."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("deepseek_v3"), fp8=True)
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    shard = src / index["weight_map"][name]
+    header, data = read_header(shard), shard.read_bytes()
+    tensors = [
+        (
+            n,
+            to_mlx(data[i.start : i.end], i.dtype, i.shape).astype(mx.bfloat16)
+            if n == name
+            else to_mlx(data[i.start : i.end], i.dtype, i.shape),
+        )
+        for n, i in header.items()
+    ]
+    fp8 = {n: "F8_E4M3" for n, i in header.items() if i.dtype == "F8_E4M3" and n != name}
+    write_safetensors(shard, tensors, dtypes=fp8)
+    with pytest.raises(
+        StreamerError, match=f"tensor '{name}' is bfloat16 but the other experts' are uint8"
+    ):
+        repack(src, tmp_path / "out", **QUIET)
     assert not (tmp_path / "out").exists()

@@ -165,3 +165,18 @@ def test_a_missing_tmpdir(small_source, tmp_path):
     assert "nonexistent, which is not a folder: MLX writes its compiled kernels there" in (
         result.stderr
     )
+
+
+def test_a_folder_of_someone_elses_named_like_the_partial(small_source, tmp_path):
+    """A `.model.partial` folder that is not a repack's (no experts/ in it) was removed as "the
+    unfinished repack", with what it held."""
+    mine = tmp_path / ".model.partial"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(
+        StreamerError, match=r"\.model\.partial is in the way: it is a folder without experts/"
+    ):
+        repack(small_source, tmp_path / "model", **QUIET)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    (mine / "notes.txt").unlink()  # an empty one (a kill right after it was made) is reused
+    repack(small_source, tmp_path / "model", **QUIET)

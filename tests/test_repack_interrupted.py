@@ -218,3 +218,31 @@ def test_two_repacks_into_the_same_destination(source, tmp_path):
     finally:
         os.close(fd)
     assert partial.exists()
+
+
+@pytest.mark.parametrize("race", ["created", "removed"])
+def test_two_repacks_starting_at_the_same_moment(source, tmp_path, monkeypatch, race):
+    """Another repack into the same destination creates (or removes, as stale) the partial folder
+    between this one's look at it and its lock: "cannot create .model.partial: File exists;
+    choose a destination on a writable disk, or fix the permissions", or a FileNotFoundError
+    traceback."""
+    import shutil
+
+    from streamer.repack import publish
+
+    partial = tmp_path / ".model.partial"
+    make_partial = publish.make_partial
+
+    def racing(path):
+        if race == "created":
+            (path / "experts").mkdir(parents=True)  # the other repack's, made just now
+            make_partial(path)
+        else:
+            make_partial(path)
+            shutil.rmtree(path)  # the other repack took it for a stale one
+
+    monkeypatch.setattr(publish, "make_partial", racing)
+    with pytest.raises(StreamerError, match="in use by another `streamer repack`"):
+        repack(source, tmp_path / "model", **QUIET)
+    assert not (tmp_path / "model").exists()
+    assert partial.exists() == (race == "created"), "the other repack's folder is left alone"

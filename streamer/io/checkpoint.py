@@ -4,6 +4,7 @@ index)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import mlx.core as mx
@@ -20,6 +21,7 @@ UNLOADABLE = ("F64",)  # a valid safetensors dtype that mx.load refuses
 # NVIDIA ModelOpt's exports may keep their quantization beside config.json rather than in it
 QUANTIZATION_SIDECAR = "hf_quant_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+NUMBERED_SHARD = re.compile(r"model-(\d+)-of-(\d+)\.safetensors")  # Hugging Face's shard names
 
 
 def has_tokenizer_files(folder: Path) -> bool:
@@ -31,6 +33,33 @@ def has_tokenizer_files(folder: Path) -> bool:
 def _is_file_name(name: object) -> bool:
     """A shard name the index may give: a plain file name, no path into or out of other folders."""
     return isinstance(name, str) and bool(name) and "\0" not in name and Path(name).name == name
+
+
+def _check_numbered_shards(folder: Path, names: set[str]) -> None:
+    """Without an index, `model-0000K-of-0000N.safetensors` (K from 1) says N shards belong
+    together: refuse a folder lacking one of them (else the missing layers were blamed on
+    config.json). Numbers that do not run 1..N are some other scheme, not checked."""
+    numbered = [(m, name) for name in sorted(names) if (m := NUMBERED_SHARD.fullmatch(name))]
+    if any(not 1 <= int(m[1]) <= int(m[2]) for m, _ in numbered):
+        return
+    for match, name in numbered:
+        width, total = len(match[1]), match[2]
+        for k in range(1, min(int(total), 100_000) + 1):
+            missing = f"model-{k:0{width}d}-of-{total}.safetensors"
+            if missing not in names:
+                raise StreamerError(
+                    f"{folder} holds {name} but not {missing}: the download is incomplete; "
+                    "fetch that file."
+                )
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    """A file's inode, size and modification time (zeros for one gone)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class Checkpoint:
@@ -63,6 +92,7 @@ class Checkpoint:
         )
         if not placed and sidecar.exists():  # read as mlx-lm's loader reads it
             self.config["quantization_config"] = read_json_object(sidecar, "download it again.")
+        self._stats: dict[Path, tuple[int, int, int]] = {}  # each shard as its header was read
         self.tensors = self._tensor_table()
         self._fds: dict[Path, int] = {}
         self._lazy_shards: dict[Path, dict[str, mx.array]] = {}
@@ -99,6 +129,7 @@ class Checkpoint:
             raise StreamerError(
                 f"{self.folder} holds no model*.safetensors files: nothing to repack."
             )
+        _check_numbered_shards(self.folder, {path.name for path in shards})
         return shards
 
     def _shard(self, name: str) -> Path:
@@ -110,7 +141,9 @@ class Checkpoint:
     def _tensor_table(self) -> dict[str, TensorInfo]:
         table: dict[str, TensorInfo] = {}
         for shard in self._shards():
-            for name, info in read_header(shard).items():
+            header = read_header(shard)
+            self._stats[shard] = _identity(shard)
+            for name, info in header.items():
                 if info.dtype in UNLOADABLE:
                     raise StreamerError(
                         f"{shard}: tensor '{name}' is {info.dtype}, which MLX models cannot load: "
@@ -155,6 +188,16 @@ class Checkpoint:
                 "truncated."
             )
         return data
+
+    def check_unchanged(self) -> None:
+        """Refuse a shard replaced, written to or cut short since its header was read (a download
+        fetching it again): its bytes read before and after would be mixed."""
+        for shard, was in self._stats.items():
+            if shard.name not in self.stand_ins and _identity(shard) != was:
+                raise StreamerError(
+                    f"{shard} changed while repacking (another program wrote it: a download?): "
+                    "let that finish, then repack again."
+                )
 
     def release(self, path: Path) -> None:
         """Close what is open on one shard (its descriptor and lazily loaded tensors), so that

@@ -91,15 +91,18 @@ def lock_source_for_deleting(folder: Path) -> FolderLock | None:
 
 def lock_directory(path: Path, what: str) -> int | None:
     """An exclusive flock on a directory itself, e.g. a repack's .partial folder: the fd to close,
-    or None where directories cannot be locked."""
-    fd = os.open(path, os.O_RDONLY)
+    or None where directories cannot be locked. One removed since it was made (by another
+    repack starting at the same moment, taking it for a stale one) is refused as locked."""
+    in_use = f"{path} is in use by another `streamer repack` ({what}): wait for it to finish."
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise StreamerError(in_use) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StreamerError(
-            f"{path} is in use by another `streamer repack` ({what}): wait for it to finish."
-        ) from None
+        raise StreamerError(in_use) from None
     except OSError:
         os.close(fd)
         return None

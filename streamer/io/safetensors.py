@@ -45,6 +45,8 @@ DTYPES: dict[str, tuple[np.dtype, mx.Dtype]] = {
 MLX_TO_SAFETENSORS = {
     mlx: name for name, (_, mlx) in DTYPES.items() if name not in ("F8_E4M3", "F8_E8M0")
 }
+# dtypes the safetensors format defines that MLX cannot load (not corruption: refused as such)
+UNLOADABLE_DTYPES = ("F8_E5M2", "F4", "F6_E2M3", "F6_E3M2", "C64")
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
 LFS_POINTER_PREFIX = b"version https://git-lfs"
 
@@ -127,6 +129,11 @@ def _tensor_info(
     if not isinstance(entry, dict):
         raise bad("header entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype in UNLOADABLE_DTYPES:
+        raise StreamerError(
+            f"{path}: tensor '{name}' is {dtype}, which MLX cannot load: convert the checkpoint "
+            "to bf16, fp16 or fp32 first."
+        )
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise bad(f"unsupported dtype {dtype!r}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):

@@ -69,7 +69,7 @@ def repack(
     src, dst = Path(src), Path(dst)
     publish.check_name_lengths(dst)
     partial = publish.partial_folder(dst)
-    if resume and dst.exists() and not partial.exists():
+    if resume and publish.is_streamer_output(dst) and not partial.exists():
         log(f"[repack] {dst} is complete: nothing to resume")
         return read_manifest(dst)
     publish.check_destination(src, dst, force)
@@ -216,9 +216,12 @@ def write_model(
             )
         items = recipe.resident_items()
         with progress_bar(sum(a.nbytes for _, a in items), "[repack] resident", "B") as bar:
-            sidecar.record_resident(
-                write_safetensors(out / RESIDENT_FILE, items, written=bar.update)
-            )
+            try:
+                crcs = write_safetensors(out / RESIDENT_FILE, items, written=bar.update)
+            except RuntimeError:  # MLX's read of a shard cut short under it
+                recipe.sources.ckpt.check_unchanged()
+                raise
+            sidecar.record_resident(crcs)
         warnings.check_file(out / RESIDENT_FILE)
     collect(sidecar)
     layers = []
@@ -244,6 +247,7 @@ def write_model(
                 f"{size_text(layer.file_bytes)} ({rate:.0f} MB/s)"
             )
     warnings.summary()
+    recipe.sources.ckpt.check_unchanged()  # what was read is one version of each shard
     publish.copy_side_files(recipe.folder, out)
     publish.write_config(out, recipe.config)
     # sizes and times as written: load refuses a file changed after this point

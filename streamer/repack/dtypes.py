@@ -1,4 +1,5 @@
-"""Which source dtypes stand for a model parameter's dtype, and the refusal of one that cannot."""
+"""Which source dtypes stand for a model parameter's dtype, and the refusal of one that cannot (or
+of two source tensors for the same expert weights)."""
 
 from __future__ import annotations
 
@@ -32,4 +33,13 @@ def check_dtype(info: TensorInfo, expected: mx.Dtype) -> None:
             f"{info.path}: tensor '{info.name}' is {info.dtype} but config.json implies "
             f"{describe(expected)}: the checkpoint is corrupt or config.json belongs to another "
             "model."
+        )
+
+
+def check_once(first: TensorInfo | None, second: TensorInfo, what: str) -> None:
+    """Refuse two source tensors for the same expert weights (mlx-lm would keep one silently)."""
+    if first is not None:
+        raise StreamerError(
+            f"{second.path.parent}: tensors '{first.name}' and '{second.name}' both hold {what} "
+            "weights: the checkpoint is damaged or mixes two conversions; download it again."
         )

@@ -197,21 +197,23 @@ def sanitizer(model: nn.Module, folder: Path, config: dict | None = None) -> San
         return convert
 
     def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-        shapes = {name: tuple(array.shape) for name, array in weights.items()}  # sanitize pops
+        # sanitize pops
+        shapes = {name: (tuple(array.shape), array.dtype) for name, array in weights.items()}
         try:
             return model.sanitize(convert(weights))
         except KeyError as e:
             raise StreamerError(
                 f"{folder}: tensor {e.args[0]!r} is missing: the download is incomplete."
             ) from None
-        except ValueError as e:  # MLX's stack of per-expert tensors of unequal shapes
+        except ValueError as e:  # MLX's stack of per-expert tensors of unequal shapes or dtypes
             raise StreamerError(_unstackable(folder, shapes, e)) from None
 
     return sanitize
 
 
 def _unstackable(folder: Path, shapes: dict[str, tuple], error: ValueError) -> str:
-    """The expert tensor whose shape differs from its siblings' (the ones sanitize stacks)."""
+    """The expert tensor whose shape (else dtype) differs from its siblings' (the ones sanitize
+    stacks or converts alike)."""
     groups: dict[str, dict[str, tuple]] = {}
     for name, shape in shapes.items():
         key = re.sub(r"\.experts\.\d+\.", ".experts.*.", name)
@@ -220,11 +222,18 @@ def _unstackable(folder: Path, shapes: dict[str, tuple], error: ValueError) -> s
         common = max(set(group.values()), key=list(group.values()).count)
         odd = next((n for n, shape in group.items() if shape != common), None)
         if odd is not None:
-            return (
-                f"{folder}: tensor '{odd}' has shape {group[odd]} but the other experts' "
-                f"have {common}: the shard is damaged; download it again."
+            (shape, dtype), (common_shape, common_dtype) = group[odd], common
+            differs = (
+                f"has shape {shape} but the other experts' have {common_shape}"
+                if shape != common_shape
+                else f"is {_name(dtype)} but the other experts' are {_name(common_dtype)}"
             )
+            return f"{folder}: tensor '{odd}' {differs}: the shard is damaged; download it again."
     return f"{folder}: mlx-lm cannot read these tensors ({error}); download the model again."
+
+
+def _name(dtype: mx.Dtype) -> str:
+    return str(dtype).rpartition(".")[2]  # mlx.core.bfloat16 -> bfloat16
 
 
 def refuse_in_memory_layout(weights: dict[str, mx.array], where: Path, model_type: str) -> None:

@@ -93,11 +93,15 @@ def open_partial(
 
 
 def check_not_in_the_way(partial: Path) -> None:
-    """Refuse a `.DST.partial` that is a file or a link: not unfinished work of ours."""
+    """Refuse a `.DST.partial` that is not unfinished work of ours: a file, a link, or a folder
+    with files but no experts/ (which ours hold from the start): someone else's, not removed."""
     if os.path.lexists(partial) and (partial.is_symlink() or not partial.is_dir()):
         raise StreamerError(
             f"{partial} is in the way: it is a file, not an unfinished repack; remove it."
         )
+    if partial.is_dir() and not (partial / "experts").is_dir() and any(partial.iterdir()):
+        what = "a folder without experts/, not an unfinished repack"
+        raise StreamerError(f"{partial} is in the way: it is {what}; move it away.")
 
 
 def make_partial(partial: Path) -> None:
@@ -105,6 +109,11 @@ def make_partial(partial: Path) -> None:
     that is a file) is one line."""
     try:
         (partial / "experts").mkdir(parents=True)
+    except FileExistsError:  # made by another repack into the same destination, just now
+        raise StreamerError(
+            f"{partial} is in use by another `streamer repack` (writing the same destination): "
+            "wait for it to finish."
+        ) from None
     except OSError as e:
         raise StreamerError(
             f"cannot create {partial}: {e.strerror or e}; choose a destination on a writable "

@@ -128,6 +128,7 @@ def make_recipe(ckpt: Checkpoint, quantize: Quantize | None) -> Recipe:
         and not unstacked_expert(n, arch, containers, num_experts)
     }
     quantize_like_mlx_lm(model, config, weights)
+    check_expert_kinds(sources, containers)
     prequantized = {name.rsplit(".", 1)[0] for name in weights if name.endswith(".scales")}
     refuse_in_memory_layout(resident, ckpt.folder, config["model_type"])
     check_resident(model, containers, resident, ckpt)
@@ -213,6 +214,22 @@ def check_resident(
                 f"{where}: tensor '{name}' is {MLX_TO_SAFETENSORS.get(arr.dtype, arr.dtype)} but "
                 f"config.json implies {describe(expected[name].dtype)}: the checkpoint is corrupt "
                 "or config.json belongs to another model."
+            )
+
+
+def check_expert_kinds(sources: Sources, containers: dict[str, nn.Module]) -> None:
+    """Expert tensors of a kind the model's experts lack (a `bias` where config.json gives them
+    none) are refused as resident tensors the model lacks are: they were dropped silently."""
+    ckpt = sources.ckpt
+    first = {key: per[min(per)] for key, per in sources.per_expert.items()}
+    for (module, proj, kind), info in {**sources.stacked, **first}.items():
+        target = containers[module].get(proj) or {}
+        converted = module in sources.fused or proj in sources.converted.get(module, {})
+        if not converted and target.get(kind) is None:  # sanitize converts converted kinds
+            raise StreamerError(
+                f"{ckpt.folder}: tensor '{info.name}' is not part of a "
+                f"{ckpt.config.get('model_type')} model with this config.json."
+                + left_out_hint(ckpt.config)
             )
 
 

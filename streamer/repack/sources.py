@@ -27,7 +27,7 @@ from ..errors import StreamerError
 from ..families.hf_naming import Architecture, hf_expert_key
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo, to_mlx
-from .dtypes import check_dtype
+from .dtypes import check_dtype, check_once
 from .layouts import Sanitize
 from .packed_fp4 import as_words, fp4_pack_kinds
 
@@ -69,14 +69,17 @@ class Sources:
                 if kind != match["kind"] and kind == "weight":
                     info = as_words(info)
                 key = (parents[match["parent"]], arch.hf_projections[match["proj"]], kind)
-                self.per_expert.setdefault(key, {})[int(match["expert"])] = info
+                per, expert = self.per_expert.setdefault(key, {}), int(match["expert"])
+                check_once(per.get(expert), info, f"expert {expert}'s {key[1]}.{kind}")
+                per[expert] = info
             elif name not in sanitized and info.shape[:1] == (num_experts,):
                 candidates[name] = info  # renamed or converted by sanitize: maybe fused experts
             else:
                 resident[name] = info
         kinds: dict[tuple[str, str], set[str]] = {}
-        for module, proj, kind in self.per_expert:
+        for (module, proj, kind), per in self.per_expert.items():
             kinds.setdefault((module, proj), set()).add(kind)
+            check_once(self.stacked.get((module, proj, kind)), next(iter(per.values())), "the same")
         self.converted: dict[str, dict[str, set[str]]] = {}  # module -> projection -> source kinds
         for (module, proj), found in kinds.items():
             if not found <= set(KIND_ORDER):
