@@ -173,3 +173,11 @@ def test_force_replaces_a_shard_and_nothing_else(full, tmp_path, capsys):
     assert "inside it or around it" in capsys.readouterr().err
     assert not (full / "sub").exists() and not (full / ".sub.partial").exists()
 
+
+def test_a_trace_with_a_negative_id_names_it(full, tmp_path):
+    """The message named the layer's largest id (0 here), not the one out of range."""
+    routed = np.zeros((3, len(read_manifest(full).layers), 4), dtype=np.int64)
+    routed[1, 0, 2] = -3
+    np.savez(tmp_path / "negative.npz", experts=routed)
+    with pytest.raises(StreamerError, match="layer 0 routes to expert -3, but the layer has 16"):
+        split(full, tmp_path / "out", 0, 2, trace=tmp_path / "negative.npz")
