@@ -42,6 +42,7 @@ def pull(
     """Download `name` and return the folder that streams: its snapshot (MLX-quantized) or the
     folder it was repacked into (`dst`, default `pulled_folder(name)`)."""
     check_name(name)
+    dst_given = dst is not None
     dst = Path(dst) if dst is not None else pulled_folder(name)
     partial = partial_folder(dst)
     if os.path.lexists(dst) and not partial.exists():
@@ -55,7 +56,7 @@ def pull(
     # shards an interrupted --delete-source repack consumed are in its partial folder already
     consumed = sorted(stand_ins(partial)) if partial.exists() else []
     drop_stale_parts(name)
-    snapshot = download(name, revision, consumed)
+    snapshot = download(name, revision, consumed, lambda: check_parent(dst, dst_given))
     if not needs_repack(snapshot):
         unused = " (nothing to repack: --quantize and --delete-source do not apply)"
         note = unused if quantize or delete_source else ""
@@ -98,9 +99,10 @@ def check_name(name: str) -> None:
         raise StreamerError(f"{name!r} is not a Hugging Face name such as Qwen/Qwen3-30B-A3B.")
 
 
-def download(name: str, revision: str | None, skip: list[str]) -> Path:
-    """The repo's files checked (a model, one that streams), then snapshot_download; each weight
-    file fetched now is checked against the Hub's sha256."""
+def download(name: str, revision: str | None, skip: list[str], before_repack=lambda: None) -> Path:
+    """The repo's files checked (a model, one that streams; `before_repack` called for one that
+    is not MLX-quantized), then snapshot_download; each weight file fetched now is checked
+    against the Hub's sha256."""
     from huggingface_hub import constants, hf_hub_download, snapshot_download
     from huggingface_hub.file_download import repo_folder_name
 
@@ -111,7 +113,11 @@ def download(name: str, revision: str | None, skip: list[str]) -> Path:
         except connect_errors():  # offline: a snapshot the cache holds (checked as it came)
             return Path(snapshot_download(name, revision=revision, **patterns))
         refuse_no_model(name, files)
-        refuse_unstreamable(name, Path(hf_hub_download(name, "config.json", revision=commit)))
+        config = refuse_unstreamable(
+            name, Path(hf_hub_download(name, "config.json", revision=commit))
+        )
+        if "quantization" not in config:  # to be repacked: into a folder that can be made
+            before_repack()
         cached = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model")
         snapshot = cached / "snapshots" / commit
         hashes = LandedHashes(snapshot, files, present(snapshot, files))
@@ -170,6 +176,17 @@ def connect_errors() -> tuple[type[Exception], ...]:
     except ImportError:
         import httpx
     return httpx.ConnectError, httpx.ConnectTimeout
+
+
+def check_parent(dst: Path, given: bool) -> None:
+    """A destination under a file ($STREAMER_CACHE_DIR or --dst naming one), said before the
+    weights come: repack refused it after the whole download."""
+    parent = dst.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        fix = "choose another --dst" if given else "set $STREAMER_CACHE_DIR to a folder"
+        raise StreamerError(f"{parent} is a file, not a folder, so {dst} cannot be made: {fix}.")
 
 
 def drop_stale_parts(name: str) -> None:

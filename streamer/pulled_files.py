@@ -49,9 +49,9 @@ def refuse_no_model(name: str, files: dict[str, str | None]) -> None:
     )
 
 
-def refuse_unstreamable(name: str, config_file: Path) -> None:
+def refuse_unstreamable(name: str, config_file: Path) -> dict:
     """config.json checked as load and repack check it (a dense model, a refused family or
-    quantization), before the weights are downloaded."""
+    quantization), before the weights are downloaded; its contents."""
     from .families.architectures import build_model
     from .families.config import check_config
     from .families.model_types import architecture
@@ -69,6 +69,7 @@ def refuse_unstreamable(name: str, config_file: Path) -> None:
         build_model(config, where)  # lazily: a model without MoE layers is refused
     except StreamerError as e:
         raise StreamerError(f"{e} (nothing but {name}'s small files was downloaded)") from None
+    return raw
 
 
 def present(snapshot: Path, files: dict[str, str | None]) -> set[str]:

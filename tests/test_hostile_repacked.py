@@ -53,6 +53,7 @@ def set_tensor(**fields):
             "experts a layer, manifest.json.s config 8",
         ),
         (lambda m: m.update(moe_layers=m["moe_layers"][:1]), "lists MoE layers"),
+        (lambda m: m.update(moe_layers=[]), "moe_layers lists no MoE layer"),
     ],
 )
 def test_hand_edited_manifest(model_folder, tmp_path, change, message):
@@ -60,6 +61,23 @@ def test_hand_edited_manifest(model_folder, tmp_path, change, message):
     with pytest.raises(StreamerError, match=message) as err:
         streamer.load(folder)
     assert "manifest.json" in str(err.value) and "repack" in str(err.value)
+
+
+@pytest.mark.parametrize("layers", [[], {}])
+def test_a_manifest_without_moe_layers_is_refused_by_plan_and_verify(
+    model_folder, tmp_path, capsys, layers
+):
+    """plan ended in a traceback (max() of no layers), verify said every checksum matches."""
+    from streamer.cli import main
+
+    folder = edited_copy(model_folder, tmp_path / "model", lambda m: m.update(moe_layers=layers))
+    for command in (
+        ["plan", str(folder), "--memory", "16G"],
+        ["verify", str(folder)],
+        ["info", str(folder)],
+    ):
+        assert main(command) == 2
+        assert "manifest.json: moe_layers lists no MoE layer; repack" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dir"])

@@ -143,3 +143,16 @@ def test_a_ref_naming_no_snapshot_names_the_repo(hub, ref):
     with pytest.raises(StreamerError, match="tiny-org/Tiny-MoE") as caught:
         resolve("tiny-org/Tiny-MoE")
     assert "refs/main" in str(caught.value) and "pull tiny-org/Tiny-MoE" in str(caught.value)
+
+
+def test_an_empty_name_is_refused_not_taken_for_the_working_directory(
+    tmp_path, monkeypatch, capsys
+):
+    """`--model ""` (an unset shell variable) was Path(""), the working directory: a model there
+    was loaded, and elsewhere the error named the directory, not the empty argument."""
+    monkeypatch.chdir(tmp_path)
+    for argv in (["info", ""], ["plan", ""], ["generate", "--model", "", "--prompt", "hi"]):
+        assert main(argv) == 2
+        assert "model '' is empty: give a model's folder or its org/name" in capsys.readouterr().err
+    assert main(["repack", "", str(tmp_path / "out")]) == 2
+    assert "source '' is empty" in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -64,6 +64,8 @@ def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):
         ([], "give the command to run after `--`"),
         (["-n", "2", "--"], "give the command to run after `--`"),
         (["--backend", "mpi", "--", "true"], "start an MPI group with mpirun"),
+        # ssh took it for its option (mlx.launch quotes it for the shell only)
+        (["--hosts=127.0.0.1,-oProxyCommand=touch x", "--", "true"], "read as an option"),
     ]:
         result = subprocess.run(
             [sys.executable, "-m", "streamer", "launch", *words],
@@ -99,6 +101,10 @@ def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
         ('[{"ssh": 5, "ips": ["127.0.0.1"]}]', ': host 0\'s "ssh" is 5, not a host name'),
         ('[HOST, {"ssh": "b", "ips": ["b"]}]', ": host 1's \"ips\" holds 'b', not an IP"),
         ('{"host": [HOST]}', ": no list of hosts"),
+        (
+            '[{"ssh": "-oProxyCommand=x", "ips": []}]',
+            ": host 0's \"ssh\" is '-oProxyCommand=x', which",
+        ),
         ("[{", " is not valid JSON"),
         ("[" + "9" * 5000 + "]", " holds an integer of over 4300 digits; mlx.launch reads"),
         ("[" * 100000, " is nested too deeply to be read; mlx.launch reads"),

@@ -212,3 +212,13 @@ def test_a_header_nested_too_deep_is_a_damaged_file(tmp_path, caplog):
         assert DiskCache(tmp_path, "id", 1 << 30).entries == {}
     assert len([r for r in caplog.records if "damaged prompt cache" in r.getMessage()]) == 2
     assert files(tmp_path) == []
+
+
+def test_partial_files_named_past_any_pid_are_left_alone(tmp_path):
+    """A partial file whose pid is past any (os.kill's OverflowError) or a digit to str.isdigit
+    only ("²", int's ValueError) was a traceback at start."""
+    names = [f"{PARTIAL}{'9' * 30}-x.safetensors", f"{PARTIAL}²-x.safetensors"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    DiskCache(tmp_path, "id", 1 << 30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)

@@ -346,3 +346,22 @@ def test_names_and_destinations_pull_refuses_before_asking_the_hub(tmp_path, cap
         assert len(lines) == 1 and expected in lines[0], (argv, lines)
     assert [p.name for p in folder.iterdir()] == ["notes.txt"]
     assert (folder / "notes.txt").read_text() == "keep"
+
+
+def test_a_destination_under_a_file_is_refused_before_the_weights(hub, tmp_path):
+    """$STREAMER_CACHE_DIR naming a file, or a --dst under one: the whole download ran, then
+    repack refused the folder (`cannot create .../.org--name.partial: Not a directory`)."""
+    (tmp_path / "afile").write_text("mine")
+    for argv, env, fix in [
+        ([], str(tmp_path / "afile"), "set $STREAMER_CACHE_DIR to a folder"),
+        (["--dst", str(tmp_path / "afile" / "x")], hub.env["STREAMER_CACHE_DIR"], "another --dst"),
+    ]:
+        hub.env["STREAMER_CACHE_DIR"] = env
+        status, _, err = run(hub, "pull", "tiny-org/Tiny-BF16", *argv)
+        assert status == 2 and f"{tmp_path / 'afile'} is a file, not a folder" in err, err
+        assert fix in err and err.count("streamer: error") == 1
+        assert not any(path.endswith(".safetensors") for _, path, _ in hub.requests)
+    assert (tmp_path / "afile").read_text() == "mine"
+    hub.env["STREAMER_CACHE_DIR"] = str(tmp_path / "afile")  # an MLX download streams in place
+    status, _, err = run(hub, "pull", "tiny-org/Tiny-MLX")
+    assert status == 0, err

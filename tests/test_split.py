@@ -154,3 +154,30 @@ def test_hostile_traces_are_refused_before_numpy_reads_them(full, tmp_path):
     compressed = tmp_path / "compressed.npz"  # as tools/routing_summary.py writes it
     np.savez_compressed(compressed, experts=np.zeros((30, layers, 4), dtype=np.int64))
     assert split(full, tmp_path / "s0", 0, 2, trace=compressed, log=lambda _: None).shard
+
+
+def test_force_replaces_a_shard_and_nothing_else(full, tmp_path, capsys):
+    """--force failed on every existing shard ("it appeared while repacking"); a destination
+    inside the source was written into the user's repacked folder."""
+    dst = tmp_path / "shard"
+    split(full, dst, 0, 2, log=lambda _: None)
+    assert split(full, dst, 1, 2, force=True, log=lambda _: None).shard.rank == 1
+    assert read_manifest(dst).shard.rank == 1 and not list(tmp_path.glob(".shard*"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert main(["split", str(full), str(mine), "--shard", "0/2", "--force"]) == 2
+    assert "not a folder written by `streamer repack`" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert main(["split", str(full), str(full / "sub"), "--shard", "0/2"]) == 2
+    assert "inside it or around it" in capsys.readouterr().err
+    assert not (full / "sub").exists() and not (full / ".sub.partial").exists()
+
+
+def test_a_trace_with_a_negative_id_names_it(full, tmp_path):
+    """The message named the layer's largest id (0 here), not the one out of range."""
+    routed = np.zeros((3, len(read_manifest(full).layers), 4), dtype=np.int64)
+    routed[1, 0, 2] = -3
+    np.savez(tmp_path / "negative.npz", experts=routed)
+    with pytest.raises(StreamerError, match="layer 0 routes to expert -3, but the layer has 16"):
+        split(full, tmp_path / "out", 0, 2, trace=tmp_path / "negative.npz")

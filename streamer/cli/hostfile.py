@@ -28,6 +28,20 @@ def hostfile_of(words: list[str]) -> Path | None:
     return None
 
 
+def check_host_list(words: list[str]) -> None:
+    """`--hosts a,b` among mlx.launch's options: a name ssh would read as an option refused
+    (mlx.launch quotes it for the shell, and ssh then took `-oProxyCommand=...` as one)."""
+    options = words[: words.index("--")] if "--" in words else words
+    for i, word in enumerate(options):
+        value = options[i + 1] if word == "--hosts" and i + 1 < len(options) else None
+        value = word.split("=", 1)[1] if word.startswith("--hosts=") else value
+        bad = [h for h in (value or "").split(",") if h.startswith("-")]
+        if bad:
+            raise StreamerError(
+                f"--hosts names {bad[0]!r}, which ssh would read as an option: give host names."
+            )
+
+
 def check_hostfile(path: Path) -> None:
     """A hostfile mlx.launch can run a group from, or one StreamerError saying what is wrong."""
 
@@ -62,6 +76,8 @@ def check_host(host: object, name: str, bad) -> None:
     ssh = host.get("ssh")
     if not isinstance(ssh, str) or not ssh:
         raise bad(f'{name}\'s "ssh" is {ssh!r}, not a host name to reach it by')
+    if ssh.startswith("-"):
+        raise bad(f'{name}\'s "ssh" is {ssh!r}, which ssh would read as an option')
     ips = host.get("ips", [])
     if not isinstance(ips, list) or not all(isinstance(ip, str) for ip in ips):
         raise bad(f'{name}\'s "ips" is {ips!r}, not a list of addresses')

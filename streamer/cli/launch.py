@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import StreamerError
-from .hostfile import check_hostfile, hostfile_of
+from .hostfile import check_host_list, check_hostfile, hostfile_of
 from .interrupts import second_ctrl_c_exits
 from .output import report
 
@@ -74,6 +74,7 @@ RANK_BOOTSTRAP = (
 
 def launch(args: argparse.Namespace) -> int:
     words = _command_words(args.words, args.commands)
+    check_host_list(words)
     hostfile = hostfile_of(words)
     if hostfile is not None:
         check_hostfile(hostfile)

@@ -59,6 +59,8 @@ def pulled_folder(name: str) -> Path:
 
 def resolve(name: str | Path, what: str = "model") -> Path:
     """The folder `name` stands for: an existing path as is, else a cached hub snapshot."""
+    if name == "":  # Path("") is ".": the working directory was taken for the model
+        raise StreamerError(f"{what} '' is empty: give a model's folder or its org/name.")
     path = Path(name)
     if os.path.exists(path):  # not Path.exists: see is_repo_id
         return path

@@ -84,9 +84,10 @@ def trace_counts(path: Path, layers: list[int]) -> list[np.ndarray]:
     counts = []
     for index, num_experts in enumerate(layers):
         ids = routed[:, index].ravel()
-        if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
+        wrong = ids[(ids < 0) | (ids >= num_experts)]
+        if wrong.size:
             raise StreamerError(
-                f"{path}: MoE layer {index} routes to expert {ids.max()}, but the layer has "
+                f"{path}: MoE layer {index} routes to expert {wrong[0]}, but the layer has "
                 f"{num_experts}: the trace is of another model."
             )
         counts.append(np.bincount(ids, minlength=num_experts))

@@ -31,6 +31,7 @@ from ..io.manifest import (
 )
 from ..io.sizes import size_text
 from ..repack.publish import (
+    check_destination,
     check_free_space,
     check_not_in_the_way,
     make_partial,
@@ -60,12 +61,7 @@ def split(
         )
     check_files(src, manifest)
     owner = owners(manifest, ranks, Path(trace) if trace else None)
-    if dst.exists() and not force:
-        raise StreamerError(
-            f"{dst} already exists: choose another destination or pass --force to replace it."
-        )
-    if dst.resolve() == src.resolve():
-        raise StreamerError(f"{dst} is the source folder: choose another destination.")
+    check_destination(src, dst, force)  # never in the source; --force replaces only our output
     shard = Shard(rank, ranks, manifest.model_identity, "trace" if trace else "interleaved")
     owned = [[int(e) for e in (layer_owner == rank).nonzero()[0]] for layer_owner in owner]
     partial = partial_folder(dst)
@@ -82,7 +78,7 @@ def split(
         try:
             check_free_space(partial, _shard_bytes(src, manifest, owned))
             result = _write(src, partial, manifest, owned, shard)
-            publish(partial, dst)
+            publish(partial, dst, replace=force)
         except BaseException as e:
             shutil.rmtree(partial, ignore_errors=True)
             if isinstance(e, OSError):

@@ -221,7 +221,7 @@ def _remove_partials(folder: Path) -> None:
     """Partial files of writes that never finished: their process is gone."""
     for path in _files(folder, f"{PARTIAL}*"):
         pid = path.name.removeprefix(PARTIAL).split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isascii() and pid.isdigit() and _gone(int(pid)):  # "²" is a digit to isdigit
             path.unlink(missing_ok=True)
 
 
@@ -231,11 +231,15 @@ def _files(folder: Path, pattern: str) -> list[Path]:
     return [path for path in folder.glob(pattern) if path.is_file()]
 
 
-def _alive(pid: int) -> bool:
+def _gone(pid: int) -> bool:
+    """Whether the process that wrote a partial file has ended (never this one). A number past
+    any pid (os.kill's OverflowError was a traceback at start) is no name we write: left alone."""
+    if pid == os.getpid():
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
-    except PermissionError:
         return True
-    return True
+    except (PermissionError, OverflowError):
+        return False
+    return False

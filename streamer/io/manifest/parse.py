@@ -65,6 +65,8 @@ def parse_manifest(data: dict, path: Path) -> Manifest:
         raise StreamerError(
             f"{path}: page size {data['page_size']} differs from {RECORD_ALIGN}; repack the model."
         )
+    if not isinstance(data["moe_layers"], list) or not data["moe_layers"]:  # plan: a traceback
+        raise StreamerError(f"{path}: moe_layers lists no MoE layer; repack the model.")
     layers = tuple(_parse_layer(entry, path) for entry in data["moe_layers"])
     resident = data["resident"]
     if resident["file"] != RESIDENT_FILE:
