@@ -52,6 +52,18 @@ def test_mixed_bits_per_module(checkpoints):
     compare(src, reference, tolerance=0.0)  # in place: each layer's own bits from config.json
 
 
+def test_mixed_recipe_without_a_group_size(checkpoints):
+    """`mlx_lm.convert --quant-predicate mixed_2_6` without --q-group-size (its default) writes
+    every per-module entry with group_size null, which MLX reads as 64: refused before as a
+    damaged config.json."""
+    src = checkpoints.mlx("qwen3_moe", recipe="mixed_2_6", group_size=None)
+    entries = json.loads((src / "config.json").read_text())["quantization"]
+    assert entries["model.embed_tokens"]["group_size"] is None
+    reference = reference_model(src)
+    compare(checkpoints.repacked(src), reference, tolerance=0.0)
+    compare(src, reference, tolerance=0.0)  # in place
+
+
 def test_dense_layers_between_moe_layers(tmp_path):
     config = tiny_config(
         "qwen3_moe", num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3]
