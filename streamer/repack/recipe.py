@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from ..errors import StreamerError
+from ..errors import StreamerError, one_line
 from ..families.architectures import (
     build_model,
     container_projections,
@@ -235,8 +235,16 @@ def quantize_resident(
         quantize_model,  # here: a recipe without --quantize needs no mlx_lm.utils
     )
 
-    with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
-        _, config = quantize_model(
-            model, config, quantize.group_size, quantize.bits, mode=quantize.mode
-        )
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
+            _, config = quantize_model(
+                model, config, quantize.group_size, quantize.bits, mode=quantize.mode
+            )
+    except ValueError as e:  # a layer the model's own recipe quantizes in groups its width
+        # does not divide (a router at group size 64 of a width 96): mlx_lm.convert fails alike
+        raise StreamerError(
+            f"--quantize {quantize.bits} --group-size {quantize.group_size} --q-mode "
+            f"{quantize.mode}: mlx-lm cannot quantize this model so, and mlx_lm.convert fails "
+            f"alike ({one_line(e)}); choose another --group-size."
+        ) from e
     return config
