@@ -3,8 +3,6 @@ checked and loaded (and quantized with --quantize), and the sources of every exp
 
 from __future__ import annotations
 
-import contextlib
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,13 +10,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
-from ..errors import StreamerError, one_line
+from ..errors import StreamerError
 from ..families.architectures import (
     build_model,
     container_projections,
     expert_container_of,
     expert_containers,
     quantize_like_mlx_lm,
+    quantize_like_mlx_lm_convert,
 )
 from ..families.config import check_config, check_layer_count
 from ..families.config.common_fields import mlx_refuses
@@ -239,20 +238,6 @@ def quantize_resident(
                 model.parameters(),
             )
         )
-    from mlx_lm.utils import (
-        quantize_model,  # here: a recipe without --quantize needs no mlx_lm.utils
+    return quantize_like_mlx_lm_convert(
+        model, config, quantize.group_size, quantize.bits, quantize.mode
     )
-
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
-            _, config = quantize_model(
-                model, config, quantize.group_size, quantize.bits, mode=quantize.mode
-            )
-    except ValueError as e:  # a layer the model's own recipe quantizes in groups its width
-        # does not divide (a router at group size 64 of a width 96): mlx_lm.convert fails alike
-        raise StreamerError(
-            f"--quantize {quantize.bits} --group-size {quantize.group_size} --q-mode "
-            f"{quantize.mode}: mlx-lm cannot quantize this model so, and mlx_lm.convert fails "
-            f"alike ({one_line(e)}); choose another --group-size."
-        ) from e
-    return config
