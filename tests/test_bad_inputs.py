@@ -5,15 +5,19 @@ tests/test_api_arguments.py's."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 
+import mlx_lm
 import pytest
 from bad_checkpoints import assert_refused, copy_checkpoint
 from conftest import private_download
 from hostile_files import edited_copy, rewrite_tensor
 
 import streamer
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.cli import main
 from streamer.errors import StreamerError
 from streamer.repack import repack
@@ -201,6 +205,22 @@ def test_a_group_size_mlx_does_not_quantize_with(checkpoints, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--group-size 16 --q-mode affine: MLX does not quantize so" in err, err
     assert "Traceback" not in err and not list(tmp_path.iterdir())
+
+
+def test_a_group_size_the_model_s_own_recipe_cannot_quantize(tmp_path, capsys):
+    """Width 96 at --group-size 32: qwen3_moe's own recipe quantizes its router in groups of 64,
+    which 96 is not made of; mlx_lm.convert fails with MLX's ValueError, and so did repack (a
+    traceback)."""
+    config = tiny_config("qwen3_moe", hidden_size=96, num_experts=4, num_hidden_layers=1)
+    src = write_hf_checkpoint(tmp_path / "src", config)
+    with pytest.raises(ValueError, match="divisible by the quantization group size 64"):
+        with contextlib.redirect_stdout(io.StringIO()):
+            mlx_lm.convert(str(src), str(tmp_path / "mlx"), quantize=True, q_group_size=32)
+    out = tmp_path / "out"
+    assert main(["repack", str(src), str(out), "--quantize", "4", "--group-size", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "--group-size 32 --q-mode affine: mlx-lm cannot quantize this model so" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_manifest_of_a_newer_format_version(checkpoints, tmp_path):

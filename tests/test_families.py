@@ -52,6 +52,46 @@ def test_mixed_bits_per_module(checkpoints):
     compare(src, reference, tolerance=0.0)  # in place: each layer's own bits from config.json
 
 
+def test_mixed_recipe_without_a_group_size(checkpoints):
+    """`mlx_lm.convert --quant-predicate mixed_2_6` without --q-group-size (its default) writes
+    every per-module entry with group_size null, which MLX reads as 64: refused before as a
+    damaged config.json."""
+    src = checkpoints.mlx("qwen3_moe", recipe="mixed_2_6", group_size=None)
+    entries = json.loads((src / "config.json").read_text())["quantization"]
+    assert entries["model.embed_tokens"]["group_size"] is None
+    reference = reference_model(src)
+    compare(checkpoints.repacked(src), reference, tolerance=0.0)
+    compare(src, reference, tolerance=0.0)  # in place
+
+
+def test_experts_in_other_modes_than_the_default(checkpoints, tmp_path):
+    """A quant_predicate that saves experts in MX/NV-FP modes (no zero points) under an affine
+    default, each named in config.json: refused before as a checkpoint mlx-lm cannot load."""
+    modes = {
+        "down_proj": {"group_size": 32, "bits": 8, "mode": "mxfp8"},
+        "gate_proj": {"group_size": 16, "bits": 4, "mode": "nvfp4"},
+        "up_proj": {"group_size": 32, "bits": 4, "mode": "mxfp4"},
+    }
+
+    def predicate(path, module):
+        proj = path.rsplit(".", 1)[-1]
+        return modes[proj] if "switch_mlp" in path and ".1." in path else True
+
+    src = tmp_path / "mlx"
+    with contextlib.redirect_stdout(io.StringIO()):
+        mlx_lm.convert(
+            str(checkpoints.hf("qwen3_moe")), str(src), quantize=True, quant_predicate=predicate
+        )
+    folder = tmp_path / "repacked"
+    repack(src, folder, log=lambda _: None)
+    layers = read_manifest(folder).layers
+    assert [q["mode"] for q in layers[1].quantization.values()] == ["nvfp4", "mxfp4", "mxfp8"]
+    assert {q["mode"] for q in layers[0].quantization.values()} == {"affine"}
+    reference = reference_model(src)
+    compare(folder, reference, tolerance=0.0)
+    compare(src, reference, tolerance=0.0)  # in place
+
+
 def test_dense_layers_between_moe_layers(tmp_path):
     config = tiny_config(
         "qwen3_moe", num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3]

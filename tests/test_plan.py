@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import mlx.core as mx
+import mlx_lm
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 import streamer
-from fixtures import TINY_CONFIGS
+from fixtures import TINY_CONFIGS, tiny_config, write_hf_checkpoint
 from streamer.cli import main
 from streamer.errors import StreamerError
 from streamer.families.architectures import build_model
@@ -19,7 +22,7 @@ from streamer.io.manifest import read_manifest
 from streamer.plan import plan
 from streamer.plan.model import _kv_bytes, model_plan
 from streamer.plan.repacked import KV_LAYOUT, kv_bytes_per_token, repacked_plan
-from streamer.repack import Quantize
+from streamer.repack import Quantize, repack
 
 GB = 1 << 30
 
@@ -56,6 +59,24 @@ def test_quantized_plans_match_quantized_repacks(checkpoints):
     assert plan(mlx, GB).expert_bytes == want
     with pytest.raises(StreamerError, match="repacked already"):
         plan(quantized, GB, quantize=(4, 64))
+
+
+def test_the_plan_of_a_config_json_leaves_unquantized_what_mlx_lm_convert_does(tmp_path):
+    """Experts 40 wide: mlx_lm.convert leaves their down_proj unquantized at group size 64. Planned
+    from the MLX download's config.json alone, that was refused as a damaged config (MLX's
+    group-size error); from the HF one with --quantize at a group size the router cannot take
+    (width 96, group 32: qwen3_moe's router at 64), a traceback."""
+    config = tiny_config("qwen3_moe", moe_intermediate_size=40, num_experts=4, num_hidden_layers=1)
+    src = write_hf_checkpoint(tmp_path / "src", config)
+    mlx = tmp_path / "mlx"
+    with contextlib.redirect_stdout(io.StringIO()):
+        mlx_lm.convert(str(src), str(mlx), quantize=True)
+    want = repack(mlx, tmp_path / "out", log=lambda _: None).expert_file_bytes
+    assert plan(mlx, GB).expert_bytes == plan(mlx / "config.json", GB).expert_bytes == want
+    assert plan(src / "config.json", GB, quantize=(4, 64)).expert_bytes == want
+    wide = write_hf_checkpoint(tmp_path / "wide", {**config, "hidden_size": 96})
+    with pytest.raises(StreamerError, match="mlx_lm.convert fails alike"):
+        plan(wide / "config.json", GB, quantize=(4, 32))
 
 
 def test_kv_bytes_and_context_from_mlx_lm_caches(checkpoints):

@@ -179,6 +179,28 @@ def quantize_like_mlx_lm(
         ) from None
 
 
+def quantize_like_mlx_lm_convert(
+    model: nn.Module, config: dict, group_size: int, bits: int, mode: str
+) -> dict:
+    """Quantize `model` as `mlx_lm.convert --quantize` does (mlx-lm's `quantize_model`: a layer
+    whose width the group size does not divide is left unquantized); its config returned."""
+    import contextlib
+    import io
+
+    from mlx_lm.utils import quantize_model  # here: only a quantizing caller needs mlx_lm.utils
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
+            return quantize_model(model, config, group_size, bits, mode=mode)[1]
+    except ValueError as e:  # a layer the model's own recipe quantizes in groups its width
+        # does not divide (a router at group size 64 of a width 96): mlx_lm.convert fails alike
+        raise StreamerError(
+            f"--quantize {bits} --group-size {group_size} --q-mode {mode}: mlx-lm cannot "
+            f"quantize this model so, and mlx_lm.convert fails alike ({one_line(e)}); choose "
+            "another --group-size."
+        ) from e
+
+
 @contextmanager
 def recording_routing(model: nn.Module, prefill: bool = False) -> Iterator[list[Routing]]:
     """The routing of every MoE layer of `model` (decode steps; with `prefill`, prompt tokens too)

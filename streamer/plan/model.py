@@ -11,8 +11,6 @@ reads one expert's bytes to size a record). No other weights are read.
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 
 import mlx.core as mx
@@ -25,6 +23,7 @@ from ..families.architectures import (
     expert_container_of,
     expert_containers,
     quantize_like_mlx_lm,
+    quantize_like_mlx_lm_convert,
 )
 from ..families.config import check_config, experts_per_token
 from ..families.expert_lists import STACKED_MODELS
@@ -127,14 +126,19 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
     check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
     if quantize and "quantization" not in config:
-        from mlx_lm.utils import quantize_model
-
-        with contextlib.redirect_stdout(io.StringIO()):  # its bits-per-weight line
-            bits, group_size, *mode = quantize  # (bits, group size[, mode]): repack's Quantize
-            quantize_model(model, config, group_size, bits, mode=mode[0] if mode else "affine")
+        bits, group_size, *mode = quantize  # (bits, group size[, mode]): repack's Quantize
+        quantize_like_mlx_lm_convert(model, config, group_size, bits, mode[0] if mode else "affine")
     else:  # as mlx-lm loads an MLX-quantized model, except that no weights say which layers are:
-        # every layer that can be is (per-module entries still win)
-        quantize_like_mlx_lm(model, config, quantizable=lambda _, m: hasattr(m, "to_quantized"))
+        # every layer that can be is, as mlx_lm.convert left those whose width its group size
+        # does not divide (per-module entries still win)
+        group_size = config.get("quantization", {}).get("group_size")
+        quantize_like_mlx_lm(
+            model,
+            config,
+            quantizable=lambda _, m: (
+                hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0
+            ),
+        )
     return model, config
 
 

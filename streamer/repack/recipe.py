@@ -3,8 +3,6 @@ checked and loaded (and quantized with --quantize), and the sources of every exp
 
 from __future__ import annotations
 
-import contextlib
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from ..families.architectures import (
     expert_container_of,
     expert_containers,
     quantize_like_mlx_lm,
+    quantize_like_mlx_lm_convert,
 )
 from ..families.config import check_config, check_layer_count
 from ..families.config.common_fields import mlx_refuses
@@ -163,17 +162,25 @@ def check_zero_points(
 ) -> None:
     """Affine-quantized experts need their zero points (`biases`): a model whose sanitize makes none
     from a packed format (kimi_k3's of compressed-tensors' int4 `pack-quantized`) is one mlx-lm
-    cannot load either."""
-    if config.get("quantization", {}).get("mode", "affine") != "affine":
+    cannot load either. A layer's mode is its own entry's in config.json, else the one its scales
+    show (as mlx-lm infers it: affine keeps them in a float dtype)."""
+    quantization = config.get("quantization", {})
+    if quantization.get("mode", "affine") != "affine":
         return
     for name in weights:
         module = name.removesuffix(".scales")
-        if module != name and in_containers(name, containers) and f"{module}.biases" not in weights:
-            raise StreamerError(
-                f"{where}: mlx-lm's {config['model_type']} sanitize gives these packed experts "
-                f"no zero points ('{module}.biases'), so mlx-lm cannot load this checkpoint "
-                "either; repack a bf16, MXFP4 or MLX-quantized version."
-            )
+        if module == name or not in_containers(name, containers) or f"{module}.biases" in weights:
+            continue
+        entry = quantization.get(module)
+        if isinstance(entry, dict) and entry.get("mode", "affine") != "affine":
+            continue
+        if not isinstance(entry, dict) and weights[name].dtype == mx.uint8:  # MX/NV-FP scales
+            continue
+        raise StreamerError(
+            f"{where}: mlx-lm's {config['model_type']} sanitize gives these packed experts "
+            f"no zero points ('{module}.biases'), so mlx-lm cannot load this checkpoint "
+            "either; repack a bf16, MXFP4 or MLX-quantized version."
+        )
 
 
 def check_resident(
@@ -248,12 +255,6 @@ def quantize_resident(
                 model.parameters(),
             )
         )
-    from mlx_lm.utils import (
-        quantize_model,  # here: a recipe without --quantize needs no mlx_lm.utils
+    return quantize_like_mlx_lm_convert(
+        model, config, quantize.group_size, quantize.bits, quantize.mode
     )
-
-    with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
-        _, config = quantize_model(
-            model, config, quantize.group_size, quantize.bits, mode=quantize.mode
-        )
-    return config

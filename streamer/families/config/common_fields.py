@@ -14,6 +14,9 @@ from .ranges import MAX_SIZE
 QUANT_BITS = range(1, 9)
 MAX_GROUP = 4096  # past any group size MLX quantizes with: not asked of it
 SCALED_ROPE = ("linear", "dynamic", "yarn", "llama3")  # the RoPE types that need a factor
+# MLX's (group size, bits) for a mode where a quantization entry gives null: `mlx_lm.convert
+# --quant-predicate mixed_3_6` without --q-group-size writes each layer's group_size so
+MODE_DEFAULTS = {"affine": (64, 4), "mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}
 
 
 def check_common_fields(config: dict, where) -> None:
@@ -64,7 +67,23 @@ def check_common_fields(config: dict, where) -> None:
                 raise bad_field(where, f"quantization.{key}", value, "an object or false")
 
 
+def with_mode_defaults(quantization: dict) -> dict:
+    """config.json's quantization with each null group_size or bits of an entry (of a known mode)
+    as MLX's default for its mode, which mlx-lm's layers quantize and compute with."""
+
+    def filled(params: dict) -> dict:
+        mode = params.get("mode", "affine")
+        defaults = MODE_DEFAULTS.get(mode) if isinstance(mode, str) else None
+        if defaults is None:
+            return params
+        nulls = {k: v for k, v in zip(("group_size", "bits"), defaults) if k in params}
+        return {**params, **{k: v for k, v in nulls.items() if params[k] is None}}
+
+    return {k: filled(v) if isinstance(v, dict) else v for k, v in filled(quantization).items()}
+
+
 def _check_quantization(params: dict, where, field: str) -> None:
+    params = with_mode_defaults(params)
     bits, group_size, mode = params.get("bits"), params.get("group_size"), params.get("mode")
     if type(bits) is not int or bits not in QUANT_BITS:
         raise bad_field(where, f"{field}.bits", bits, "an integer from 1 to 8")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from ...errors import StreamerError
 from ...io.json_file import decode_tagged_floats
+from ..config.common_fields import with_mode_defaults
 from ..mlx_lm_models import models_without_package_init
 from ..model_types import mlx_lm_classes
 from .defaults import fill_defaults
@@ -98,6 +99,8 @@ def _quantization_as_mlx(config: dict) -> dict:
     if "quantization_config" not in config and isinstance(text, dict):
         if "quantization_config" in text:  # as mlx-lm's loader looks for it
             config["quantization_config"] = text["quantization_config"]
+    if isinstance(config.get("quantization"), dict):  # null group sizes as MLX reads them
+        config["quantization"] = with_mode_defaults(config["quantization"])
     quantization_config = config.get("quantization_config")
     if "quantization" not in config and isinstance(quantization_config, dict):
         method = quantization_config.get("quant_method")
