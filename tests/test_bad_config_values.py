@@ -76,6 +76,9 @@ ROUTING_VALUES = [
     ("longcat_flash", "zero_expert_type", "drop"),
     ("bailing_moe", "n_group", 3),  # 16 experts (num_experts) in 3 groups: a failed reshape
     ("afmoe", "n_group", 3),
+    ("afmoe", "n_group", 16),  # groups of one expert: a top-2 of one (the router's group score)
+    ("deepseek_v3", "n_group", 16),
+    ("glm4_moe", "n_group", 16),
 ]
 
 

@@ -112,6 +112,12 @@ def check_ranges(config: dict, where, prefix: str) -> None:
             raise bad_field(
                 where, prefix + "n_group", config["n_group"], "a divisor of the experts"
             )
+        # every grouped router but DeepSeek-V2's (the group's best) scores a group by its two best
+        # experts: groups of one fail at the first token, in mlx-lm and transformers alike
+        if type(routed) is int and config["n_group"] > 1 and routed < 2 * config["n_group"]:
+            if config.get("model_type") != "deepseek_v2":
+                want = f"at most {routed // 2} (groups of two or more of the {routed} experts)"
+                raise bad_field(where, prefix + "n_group", config["n_group"], want)
     for name, values in CHOICES.get(config.get("model_type"), {}).items():
         if name in config and config[name] not in values:
             want = " or ".join(map(repr, values)) + " (what mlx-lm's model computes)"
