@@ -240,6 +240,10 @@ def test_no_help_says_both_unset_and_a_default():
         (["generate", "--promt", "hi"], "unrecognized arguments: --promt (did you mean --prompt?)"),
         (["generate", "--model", "m", "--prompt=hi", "--max-token", "3", "--tmp=1"], "--tmp=1"),
         (["repack", "src", "--quantise", "4"], "unrecognized arguments: --quantise"),
+        (  # a complete command line: argparse's top parser said it, naming `streamer --help`
+            ["generate", "--model", "m", "--prompt", "hi", "--temperature", "1"],
+            "--temperature (did you mean --temp?) (see `streamer generate --help`)",
+        ),
     ],
 )
 def test_an_unknown_flag_is_reported_before_a_missing_one(argv, said, capsys):

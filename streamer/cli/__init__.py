@@ -46,11 +46,21 @@ class Parser(argparse.ArgumentParser):
         self._words = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
+    def parse_args(self, args=None, namespace=None):
+        # an unknown option after a complete command is the subcommand's to report (argparse's
+        # top parser said it, pointing to `streamer --help`, without a did-you-mean)
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            commands = self._subparsers._group_actions[0].choices if self._subparsers else {}
+            command = commands.get(getattr(parsed, "command", None), self)
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
     def error(self, message: str):
         # argparse finds a required option missing before it reports an unknown one: `--promt
         # hi` said "--prompt is required", hiding the typo
         unknown = [w for w in self._words[: _end(self._words)] if self._unknown_option(w)]
-        if unknown and message.startswith("the following arguments are required"):
+        if unknown and message.startswith(("the following arguments are required", "unrec")):
             message = f"unrecognized arguments: {' '.join(unknown)}"
             close = difflib.get_close_matches(unknown[0].split("=")[0], self._option_names(), 1)
             message += f" (did you mean {close[0]}?)" if close else ""
