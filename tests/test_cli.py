@@ -256,3 +256,14 @@ def test_an_unknown_flag_is_reported_before_a_missing_one(argv, said, capsys):
     assert said in err and "required" not in err and len(err.strip().splitlines()) == 1, err
     assert main(["generate", "--model", "/nonexistent", "--prompt", "-5"]) == 2
     assert "unrecognized" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--memory-budget", "--max-kv-size"])
+def test_help_gives_the_default_of_a_decided_option(flag):
+    """commands.md: `--help` gives each option's default; these said none (the budget is decided
+    from the memory available, the KV cache unbounded)."""
+    from streamer.cli import DefaultsShown, parser
+
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    action = commands.choices["generate"]._option_string_actions[flag]
+    assert "(default:" in DefaultsShown("generate")._get_help_string(action)

@@ -36,7 +36,9 @@ def add_parser(sub) -> None:
         help="the prompt is a chat message: refuse a model without a chat template",
     )
     add_template(p)
-    p.add_argument("--max-kv-size", type=int, default=None, help="keep at most N tokens of KV")
+    p.add_argument(
+        "--max-kv-size", type=int, default=None, help="keep at most N tokens of KV (default: all)"
+    )
     p.add_argument(
         "--extra-eos-token",
         nargs="+",

@@ -132,7 +132,8 @@ def add_loading(p: argparse.ArgumentParser) -> None:
         "--memory-budget",
         type=size,
         default=None,
-        help="bytes of experts to keep resident, e.g. 4G",
+        help="bytes of experts to keep resident, e.g. 4G (default: all of them if they fit in "
+        "half the available memory, else 0; on the slot path 75%%, else that much as its pool)",
     )
     p.add_argument(
         "--dtype",
