@@ -260,8 +260,8 @@ def test_an_unknown_flag_is_reported_before_a_missing_one(argv, said, capsys):
 
 @pytest.mark.parametrize("flag", ["--memory-budget", "--max-kv-size"])
 def test_help_gives_the_default_of_a_decided_option(flag):
-    """docs/commands.md: `--help` gives each option's default; these said none (the budget is decided
-    from the memory available, the KV cache unbounded)."""
+    """docs/commands.md: `--help` gives each option's default; these said none (the budget is
+    decided from the memory available, the KV cache unbounded)."""
     from streamer.cli import DefaultsShown, parser
 
     commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
