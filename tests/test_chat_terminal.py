@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from streamer.cli.repl import command
+from streamer.cli.repl import HELP, command
 
 
 class Terminal:
@@ -105,5 +105,6 @@ def test_commands_and_messages():
     assert command("  /exit ") == ("/quit", "")
     assert command("/frobnicate now") == ("?", "/frobnicate now")
     assert command("//etc/hosts is a file") == (None, "/etc/hosts is a file")
+    assert "starts with / is typed as //" in HELP  # it said "is sent as //...": the reverse
     assert command("import os") == (None, "import os")
     assert command("/one\n/two") == (None, "/one\n/two")  # a block is a message

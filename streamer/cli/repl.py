@@ -21,7 +21,7 @@ COMMANDS = {
 HELP = (
     "; ".join(f"{name} {what}" for name, what in COMMANDS.items())
     + f". A message of several lines goes between two lines of {BLOCK}; a message that starts "
-    "with / is sent as //..."
+    "with / is typed as //..."
 )
 HISTORY_LINES = 1000
 
