@@ -50,7 +50,8 @@ def _cannot_quantize(kind: str, rotating: bool) -> Exception:
         lambda name: (
             f"{name('kv_bits')}: mlx-lm cannot quantize a {kind} (what "
             + (name("max_kv_size") if rotating else "the model's sliding windows")
-            + f" make): drop {name('kv_bits')}"
+            + (" makes" if rotating else " make")
+            + f"): drop {name('kv_bits')}"
             + (f" or {name('max_kv_size')}." if rotating else ".")
         )
     )
