@@ -267,3 +267,13 @@ def test_help_gives_the_default_of_a_decided_option(flag):
     commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
     action = commands.choices["generate"]._option_string_actions[flag]
     assert "(default:" in DefaultsShown("generate")._get_help_string(action)
+
+
+def test_chat_is_described_as_taking_a_download():
+    """`streamer --help` said chat takes "a repacked model"; like generate and serve it streams an
+    MLX download in place too (docs/commands.md: DIR)."""
+    from streamer.cli import parser
+
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    said = {a.dest: a.help for a in commands._choices_actions}
+    assert "MLX download" in said["chat"] and "MLX download" in said["generate"]

@@ -68,7 +68,9 @@ def add_parsers(sub) -> None:
     add_loading(p)
     p.set_defaults(run=serve)
 
-    p = sub.add_parser("chat", help="a conversation with a repacked model in the terminal")
+    p = sub.add_parser(
+        "chat", help="a conversation in the terminal with a repacked model or an MLX download"
+    )
     add_model(p)
     p.add_argument("--max-tokens", type=int, default=512, help="per answer")
     add_sampling(p)
