@@ -157,6 +157,17 @@ def test_bad_speculative_arguments_are_refused(target, kwargs, message):
         tokens(model, tokenizer, 4, **kwargs)
 
 
+def test_a_bounded_prompt_cache_is_refused_with_drafts(target):
+    """A prompt_cache made with max_kv_size (the keyword itself is refused with drafts): one
+    shorter than the prompt was MLX's broadcast ValueError in the first pass, a longer one
+    drafted into a window whose passes see other keys than single steps."""
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    for size in (4, 64):
+        cache = make_prompt_cache(model, max_kv_size=size)
+        with pytest.raises(streamer.StreamerError, match=f"RotatingKVCache of {size} tokens"):
+            tokens(model, tokenizer, 4, prompt_lookup=1, prompt_cache=cache)
+
+
 def test_a_draft_with_another_tokenizer_is_refused(target):
     from pathlib import Path
 

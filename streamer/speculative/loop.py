@@ -109,8 +109,9 @@ def _kv_cache(
 ) -> tuple[list, Callable[[list], None]]:
     """The KV cache (a new one unless given; refused if a pass's rejected tokens cannot be trimmed
     from it) and the function that quantizes it after each pass, as generate_step does."""
-    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-    check_trimmable(cache)
+    own = make_prompt_cache(model)
+    cache = prompt_cache if prompt_cache is not None else own
+    check_trimmable(cache, own)
     quantize = functools.partial(
         maybe_quantize_kv_cache,
         quantized_kv_start=quantized_kv_start,
