@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .arguments import KV_GROUP_SIZES, check_kv_quantization
-from .errors import refusal
+from .errors import StreamerError, refusal
 
 
 def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
@@ -59,6 +59,12 @@ def _cannot_quantize(kind: str, rotating: bool) -> Exception:
 def kv_widths(model: nn.Module) -> set[int]:
     """The last-axis widths of the keys and values in `model`'s caches after one token, from a
     lazy twin; empty where no twin can be built (the cache's own error then says it)."""
+    return {width for shape in kv_shapes(model) or [] if shape for width in shape[1:]}
+
+
+def kv_shapes(model: nn.Module) -> list[tuple[int, int, int] | None] | None:
+    """Each layer's (heads, key width, value width) after one token (None: a layer keeping no
+    keys), from a lazy twin; None where no twin can be built."""
     from mlx_lm.models.cache import make_prompt_cache
 
     args = getattr(model, "args", None)
@@ -67,10 +73,46 @@ def kv_widths(model: nn.Module) -> set[int]:
         cache = make_prompt_cache(twin)
         twin(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
     except Exception:  # a model that takes more than its args, or more than tokens
-        return set()
-    return {
-        array.shape[-1]
-        for entry in cache
-        for array in (getattr(entry, "keys", None), getattr(entry, "values", None))
-        if isinstance(array, mx.array)
-    }
+        return None
+    return [_shape(entry) for entry in cache]
+
+
+def _shape(entry) -> tuple[int, int, int] | None:
+    """(heads, key width, value width) of a cache's keys and values (unpacked where quantized)."""
+    keys, values = getattr(entry, "keys", None), getattr(entry, "values", None)
+    if isinstance(keys, (tuple, list)) and isinstance(values, (tuple, list)):
+        bits = entry.bits  # mlx-lm's QuantizedKVCache: packed in uint32 words
+        return keys[0].shape[1], keys[0].shape[-1] * 32 // bits, values[0].shape[-1] * 32 // bits
+    if isinstance(keys, mx.array) and isinstance(values, mx.array):
+        return keys.shape[1], keys.shape[-1], values.shape[-1]
+    return None
+
+
+def check_prompt_cache(model: nn.Module, cache: object) -> None:
+    """A prompt_cache: one cache a layer, as make_prompt_cache(model) makes, and any keys it
+    holds as many heads and as wide as `model`'s (another model's were MLX's broadcast
+    ValueError inside a layer)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    layers = len(make_prompt_cache(model))
+    if not (
+        isinstance(cache, list)
+        and len(cache) == layers
+        and all(hasattr(c, "state") for c in cache)  # every mlx-lm cache has one
+    ):
+        raise StreamerError(
+            f"prompt_cache must be a list of {layers} caches, one a layer, as "
+            f"mlx_lm.models.cache.make_prompt_cache(model) makes (got {cache!r:.60})."
+        )
+    held = [_shape(c) for c in cache]
+    if not any(held):
+        return
+    for layer, (ours, theirs) in enumerate(zip(held, kv_shapes(model) or held)):
+        if ours and ours != theirs:
+            said = "no keys" if theirs is None else f"{theirs}"
+            raise StreamerError(
+                f"prompt_cache layer {layer} holds keys of (heads, key width, value width) "
+                f"{ours}, but this model's layer keeps {said}: a prompt cache belongs to the "
+                "model that made it (make_prompt_cache(model), or the model mlx-lm's "
+                "cache_prompt ran)."
+            )
