@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .arguments import KV_GROUP_SIZES, check_kv_quantization
-from .errors import StreamerError, refusal
+from .errors import StreamerError, one_line, refusal
 
 
 def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
@@ -42,6 +42,31 @@ def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
                 )
             )
         )
+    failure = _quantized_step_fails(model, group, bits)
+    if failure:
+        kind = getattr(getattr(model, "args", None), "model_type", type(model).__name__)
+        raise refusal(
+            lambda name: (
+                f"{name('kv_bits')}: this model's attention ({kind} in mlx-lm) cannot read a "
+                f"quantized KV cache ({failure} at the first step after it is quantized): "
+                f"drop {name('kv_bits')}."
+            )
+        )
+
+
+def _quantized_step_fails(model: nn.Module, group: int, bits: int) -> str | None:
+    """Why a step of the lazy twin fails on its quantized cache (MLA's attention, which mlx-lm
+    0.32.2 gives the packed keys as a list: an AttributeError mid-answer), or None."""
+    twin = _twin(model)
+    if twin is None:
+        return None
+    twin, cache = twin
+    try:  # as mlx-lm's maybe_quantize_kv_cache quantizes it
+        cache = [c.to_quantized(group_size=group, bits=bits) if _quantizes(c) else c for c in cache]
+        twin(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
+    except Exception as e:
+        return f"{type(e).__name__}: {one_line(e, 120)}"
+    return None
 
 
 def _cannot_quantize(kind: str, rotating: bool) -> Exception:
@@ -56,6 +81,10 @@ def _cannot_quantize(kind: str, rotating: bool) -> Exception:
     )
 
 
+def _quantizes(cache) -> bool:
+    return hasattr(cache, "to_quantized")
+
+
 def kv_widths(model: nn.Module) -> set[int]:
     """The last-axis widths of the keys and values in `model`'s caches after one token, from a
     lazy twin; empty where no twin can be built (the cache's own error then says it)."""
@@ -65,16 +94,22 @@ def kv_widths(model: nn.Module) -> set[int]:
 def kv_shapes(model: nn.Module) -> list[tuple[int, int, int] | None] | None:
     """Each layer's (heads, key width, value width) after one token (None: a layer keeping no
     keys), from a lazy twin; None where no twin can be built."""
+    twin = _twin(model)
+    return None if twin is None else [_shape(entry) for entry in twin[1]]
+
+
+def _twin(model: nn.Module) -> tuple[nn.Module, list] | None:
+    """mlx-lm's model built again from `model`'s args and its cache after one token, all lazy
+    (nothing read or computed); None where none can be built."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    args = getattr(model, "args", None)
     try:
-        twin = type(model)(args)
+        twin = type(model)(getattr(model, "args", None))
         cache = make_prompt_cache(twin)
         twin(mx.zeros((1, 1), dtype=mx.int32), cache=cache)
     except Exception:  # a model that takes more than its args, or more than tokens
         return None
-    return [_shape(entry) for entry in cache]
+    return twin, cache
 
 
 def _shape(entry) -> tuple[int, int, int] | None:

@@ -165,3 +165,18 @@ def test_the_kv_widths_are_those_of_the_models_own_cache(checkpoints, arch):
     mx.eval([c.state for c in cache])
     seen = {a.shape[-1] for c in cache for a in (c.keys, c.values)}
     assert kv_widths(model) == seen and seen
+
+
+def test_kv_bits_on_a_model_whose_attention_cannot_read_a_quantized_cache(checkpoints, capsys):
+    """mlx-lm 0.32.2's MLA attention (deepseek_v3, kimi_k2, mistral4, ...) takes the quantized
+    cache's packed keys as arrays: an AttributeError traceback at the first step after the
+    cache was quantized (mid-answer at the default start of 5000 tokens). Refused at start."""
+    folder = checkpoints.repacked(checkpoints.hf("deepseek_v3"))
+    model, tokenizer = streamer.load(folder)
+    with pytest.raises(StreamerError, match=r"kv_bits: this model's attention \(deepseek_v3 in"):
+        streamer.generate(model, tokenizer, PROMPT, 4, **KV_KEYWORDS)
+    argv = ["generate", "--model", str(folder), "--prompt", "x", *KV]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("streamer: error: --kv-bits: this model's attention"), err
+    assert err[-1].endswith("drop --kv-bits."), err
