@@ -16,7 +16,7 @@ from .errors import StreamerError, one_line, refusal
 def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
     """mlx-lm's kv_bits keywords checked against `model` (refusals spelled for the API and the
     command line alike: errors.refusal)."""
-    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
     group, bits = kwargs.get("kv_group_size", 64), kwargs["kv_bits"]
     start, rotating = kwargs.get("quantized_kv_start", 0), kwargs.get("max_kv_size")
@@ -26,7 +26,11 @@ def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
             if hasattr(cache, "to_quantized"):
                 cache.to_quantized(group_size=group, bits=bits)
         except NotImplementedError:
-            raise _cannot_quantize(type(cache).__name__, rotating is not None) from None
+            made = None if rotating is None else "max_kv_size"
+            raise _cannot_quantize(type(cache).__name__, made) from None
+    given = kwargs.get("prompt_cache")  # one made with max_kv_size: mlx-lm's NotImplementedError
+    if isinstance(given, list) and any(isinstance(c, RotatingKVCache) for c in given):
+        raise _cannot_quantize("RotatingKVCache", "prompt_cache")
     widths = kv_widths(model)
     if any(width % group for width in widths):
         fits = [g for g in KV_GROUP_SIZES if not any(width % g for width in widths)]
@@ -69,14 +73,15 @@ def _quantized_step_fails(model: nn.Module, group: int, bits: int) -> str | None
     return None
 
 
-def _cannot_quantize(kind: str, rotating: bool) -> Exception:
-    """mlx-lm quantizes no rotating cache: one made for max_kv_size, or for sliding windows."""
+def _cannot_quantize(kind: str, made: str | None) -> Exception:
+    """mlx-lm quantizes no rotating cache: one made for max_kv_size (or given as prompt_cache),
+    or for sliding windows (`made` None)."""
     return refusal(
         lambda name: (
             f"{name('kv_bits')}: mlx-lm cannot quantize a {kind} (what "
-            + (name("max_kv_size") if rotating else "the model's sliding windows")
+            + (name(made) if made else "the model's sliding windows")
             + f" make): drop {name('kv_bits')}"
-            + (f" or {name('max_kv_size')}." if rotating else ".")
+            + (f" or {name(made)}." if made else ".")
         )
     )
 

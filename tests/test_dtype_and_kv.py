@@ -98,6 +98,9 @@ def test_kv_bits_refusals(checkpoints, capsys):
         streamer.generate(model, tokenizer, PROMPT, 4, kv_bits=4, quantized_kv_start=0)
     with pytest.raises(StreamerError, match="RotatingKVCache .*max_kv_size"):
         streamer.generate(model, tokenizer, PROMPT, 4, kv_bits=4, max_kv_size=8)
+    bounded = make_prompt_cache(model, max_kv_size=8)  # mlx-lm's NotImplementedError before
+    with pytest.raises(StreamerError, match="RotatingKVCache .*drop kv_bits or prompt_cache"):
+        streamer.generate(model, tokenizer, PROMPT, 4, prompt_cache=bounded, **KV_KEYWORDS)
     with pytest.raises(StreamerError, match="kv_bits must be one of 2, 3, 4, 5, 6, 8"):
         streamer.generate(model, tokenizer, PROMPT, 4, kv_bits=7)
     gpt_oss = checkpoints.repacked(checkpoints.hf("gpt_oss"))  # sliding-window layers
