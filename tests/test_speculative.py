@@ -157,6 +157,22 @@ def test_bad_speculative_arguments_are_refused(target, kwargs, message):
         tokens(model, tokenizer, 4, **kwargs)
 
 
+def test_a_draft_with_a_larger_vocabulary_drafts_only_the_models_tokens(target, checkpoints):
+    """The same tokenizer, more embedding rows (a padded vocabulary, as published draft/target
+    pairs have): its ids past the tokenizer were fed to the target, read out of bounds, and the
+    greedy output left plain greedy output. They end the draft now."""
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    config = tiny_config("qwen3_moe")
+    folder = checkpoints.made(
+        checkpoints.root / "draft-qwen3_moe-vocab-x4",
+        lambda path: write_hf_checkpoint(
+            path, {**config, "vocab_size": 4 * config["vocab_size"]}, seed=3
+        ),
+    )
+    drafted = tokens(model, tokenizer, 30, draft_model=str(folder), num_draft_tokens=4)
+    assert drafted == tokens(model, tokenizer, 30)
+
+
 def test_a_bounded_prompt_cache_is_refused_with_drafts(target):
     """A prompt_cache made with max_kv_size (the keyword itself is refused with drafts): one
     shorter than the prompt was MLX's broadcast ValueError in the first pass, a longer one
