@@ -102,6 +102,21 @@ def test_logits_processors_see_the_sequence_as_in_plain_decoding(target):
     assert looked_up == plain
 
 
+@pytest.mark.parametrize("after", [1, 10])
+def test_greedy_with_drafts_and_kv_bits_is_plain_greedy(target, after):
+    """A quantized_kv_start reached while decoding: a pass crossing it computed the positions
+    from it on over the cache not yet quantized (and one trimmed back below it left the cache
+    quantized), where plain decoding computes them over the quantized cache: the greedy output
+    left plain greedy output (mlx-lm 0.32.2's own speculative decoding does too)."""
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    start = len(tokenizer.encode(PROMPT)) + after
+    kv = dict(kv_bits=2, kv_group_size=32, quantized_kv_start=start)
+    plain = tokens(model, tokenizer, 30, **kv)
+    oracle = tokens(model, tokenizer, 30, draft_model=target[1], num_draft_tokens=4, **kv)
+    assert oracle == plain
+    assert tokens(model, tokenizer, 30, prompt_lookup=1, num_draft_tokens=6, **kv) == plain
+
+
 def test_the_kv_cache_keeps_only_the_kept_tokens(target, random_draft):
     """A run stopped after n tokens leaves the cache holding the prompt and n - 1 of them (the
     last is the next run's prompt): continuing from it gives what one plain run gives."""
