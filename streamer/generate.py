@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generate_step, generation_stream
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -19,7 +18,7 @@ from . import arguments
 from .arguments import check_request, check_sampling, tokens_text
 from .errors import StreamerError, one_line
 from .input_embeddings import check_input_embeddings
-from .kv_quantization import check_kv_cache_quantizes
+from .kv_quantization import check_kv_cache_quantizes, check_prompt_cache
 from .loading.handle import streaming
 from .run_stats import RunStats, run_stats
 from .speculative import stream as speculative
@@ -167,18 +166,8 @@ def _check_objects(model: nn.Module, kwargs: dict, prompt_tokens: int) -> None:
             "logits_processors must be a list of functions (tokens, logits) -> logits, or None "
             f"(got {processors!r:.60})."
         )
-    cache = kwargs.get("prompt_cache")
-    if cache is not None:
-        layers = len(make_prompt_cache(model))
-        if not (
-            isinstance(cache, list)
-            and len(cache) == layers
-            and all(hasattr(c, "state") for c in cache)  # every mlx-lm cache has one
-        ):
-            raise StreamerError(
-                f"prompt_cache must be a list of {layers} caches, one a layer, as "
-                f"mlx_lm.models.cache.make_prompt_cache(model) makes (got {cache!r:.60})."
-            )
+    if kwargs.get("prompt_cache") is not None:
+        check_prompt_cache(model, kwargs["prompt_cache"])
     if "stream" in kwargs and not isinstance(kwargs["stream"], _STREAMS):
         raise StreamerError(
             "stream must be an MLX stream or device, such as mx.cpu "

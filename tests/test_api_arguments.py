@@ -251,3 +251,29 @@ def test_input_embeddings_and_prompt_cache_tokens_of_the_wrong_kind_are_refused(
     model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("deepseek_v3")))
     with pytest.raises(StreamerError, match=r"input_embeddings: this model \(deepseek_v3 in mlx"):
         streamer.generate(model, tokenizer, [1, 2], 2, input_embeddings=mx.zeros((2, 128)))
+
+
+def test_a_prompt_cache_of_another_model_is_refused(checkpoints, tmp_path):
+    """Keys of other heads or widths (another model's cache, or the file mlx-lm's cache_prompt
+    wrote for it) were MLX's broadcast ValueError inside the first layer; the model's own cache,
+    quantized too and through mlx-lm's cache files, is taken."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache, save_prompt_cache
+
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    foreign = make_prompt_cache(model)  # 2 heads 32 wide here; 1 head 64 wide there
+    for c in foreign:
+        c.update_and_fetch(mx.zeros((1, 1, 3, 64)), mx.zeros((1, 1, 3, 64)))
+    path = str(tmp_path / "foreign.safetensors")
+    save_prompt_cache(path, foreign)
+    for cache in (foreign, load_prompt_cache(path)):
+        with pytest.raises(
+            StreamerError, match=r"prompt_cache layer 0 holds keys of .* \(1, 64, 64"
+        ):
+            streamer.generate(model, tokenizer, "hi", 2, prompt_cache=cache)
+    for bits in (None, 3):  # 3-bit keys pack 32 values in 3 words
+        own = make_prompt_cache(model)
+        kv = {"kv_bits": bits, "kv_group_size": 32, "quantized_kv_start": 0} if bits else {}
+        streamer.generate(model, tokenizer, "hello", 2, prompt_cache=own, **kv)
+        save_prompt_cache(path, own)
+        assert streamer.generate(model, tokenizer, "x", 2, prompt_cache=load_prompt_cache(path))

@@ -98,6 +98,9 @@ def test_kv_bits_refusals(checkpoints, capsys):
         streamer.generate(model, tokenizer, PROMPT, 4, kv_bits=4, quantized_kv_start=0)
     with pytest.raises(StreamerError, match=r"RotatingKVCache \(what max_kv_size makes\)"):
         streamer.generate(model, tokenizer, PROMPT, 4, kv_bits=4, max_kv_size=8)
+    bounded = make_prompt_cache(model, max_kv_size=8)  # mlx-lm's NotImplementedError before
+    with pytest.raises(StreamerError, match="RotatingKVCache .*drop kv_bits or prompt_cache"):
+        streamer.generate(model, tokenizer, PROMPT, 4, prompt_cache=bounded, **KV_KEYWORDS)
     with pytest.raises(StreamerError, match="kv_bits must be one of 2, 3, 4, 5, 6, 8"):
         streamer.generate(model, tokenizer, PROMPT, 4, kv_bits=7)
     gpt_oss = checkpoints.repacked(checkpoints.hf("gpt_oss"))  # sliding-window layers
@@ -165,3 +168,18 @@ def test_the_kv_widths_are_those_of_the_models_own_cache(checkpoints, arch):
     mx.eval([c.state for c in cache])
     seen = {a.shape[-1] for c in cache for a in (c.keys, c.values)}
     assert kv_widths(model) == seen and seen
+
+
+def test_kv_bits_on_a_model_whose_attention_cannot_read_a_quantized_cache(checkpoints, capsys):
+    """mlx-lm 0.32.2's MLA attention (deepseek_v3, kimi_k2, mistral4, ...) takes the quantized
+    cache's packed keys as arrays: an AttributeError traceback at the first step after the
+    cache was quantized (mid-answer at the default start of 5000 tokens). Refused at start."""
+    folder = checkpoints.repacked(checkpoints.hf("deepseek_v3"))
+    model, tokenizer = streamer.load(folder)
+    with pytest.raises(StreamerError, match=r"kv_bits: this model's attention \(deepseek_v3 in"):
+        streamer.generate(model, tokenizer, PROMPT, 4, **KV_KEYWORDS)
+    argv = ["generate", "--model", str(folder), "--prompt", "x", *KV]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("streamer: error: --kv-bits: this model's attention"), err
+    assert err[-1].endswith("drop --kv-bits."), err

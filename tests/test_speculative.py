@@ -102,6 +102,21 @@ def test_logits_processors_see_the_sequence_as_in_plain_decoding(target):
     assert looked_up == plain
 
 
+@pytest.mark.parametrize("after", [1, 10])
+def test_greedy_with_drafts_and_kv_bits_is_plain_greedy(target, after):
+    """A quantized_kv_start reached while decoding: a pass crossing it computed the positions
+    from it on over the cache not yet quantized (and one trimmed back below it left the cache
+    quantized), where plain decoding computes them over the quantized cache: the greedy output
+    left plain greedy output (mlx-lm 0.32.2's own speculative decoding does too)."""
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    start = len(tokenizer.encode(PROMPT)) + after
+    kv = dict(kv_bits=2, kv_group_size=32, quantized_kv_start=start)
+    plain = tokens(model, tokenizer, 30, **kv)
+    oracle = tokens(model, tokenizer, 30, draft_model=target[1], num_draft_tokens=4, **kv)
+    assert oracle == plain
+    assert tokens(model, tokenizer, 30, prompt_lookup=1, num_draft_tokens=6, **kv) == plain
+
+
 def test_the_kv_cache_keeps_only_the_kept_tokens(target, random_draft):
     """A run stopped after n tokens leaves the cache holding the prompt and n - 1 of them (the
     last is the next run's prompt): continuing from it gives what one plain run gives."""
@@ -155,6 +170,33 @@ def test_bad_speculative_arguments_are_refused(target, kwargs, message):
     model, tokenizer = streamer.load(target[0], memory_budget=0)
     with pytest.raises(streamer.StreamerError, match=message):
         tokens(model, tokenizer, 4, **kwargs)
+
+
+def test_a_draft_with_a_larger_vocabulary_drafts_only_the_models_tokens(target, checkpoints):
+    """The same tokenizer, more embedding rows (a padded vocabulary, as published draft/target
+    pairs have): its ids past the tokenizer were fed to the target, read out of bounds, and the
+    greedy output left plain greedy output. They end the draft now."""
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    config = tiny_config("qwen3_moe")
+    folder = checkpoints.made(
+        checkpoints.root / "draft-qwen3_moe-vocab-x4",
+        lambda path: write_hf_checkpoint(
+            path, {**config, "vocab_size": 4 * config["vocab_size"]}, seed=3
+        ),
+    )
+    drafted = tokens(model, tokenizer, 30, draft_model=str(folder), num_draft_tokens=4)
+    assert drafted == tokens(model, tokenizer, 30)
+
+
+def test_a_bounded_prompt_cache_is_refused_with_drafts(target):
+    """A prompt_cache made with max_kv_size (the keyword itself is refused with drafts): one
+    shorter than the prompt was MLX's broadcast ValueError in the first pass, a longer one
+    drafted into a window whose passes see other keys than single steps."""
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    for size in (4, 64):
+        cache = make_prompt_cache(model, max_kv_size=size)
+        with pytest.raises(streamer.StreamerError, match=f"RotatingKVCache of {size} tokens"):
+            tokens(model, tokenizer, 4, prompt_lookup=1, prompt_cache=cache)
 
 
 def test_a_draft_with_another_tokenizer_is_refused(target):

@@ -38,6 +38,12 @@ def check_drafting(args: argparse.Namespace) -> None:
     """The drafting flags, checked before anything loads."""
     if args.draft_model is not None and args.prompt_lookup is not None:
         raise StreamerError("give --draft-model or --prompt-lookup, not both: one drafter drafts.")
+    drafting = args.draft_model is not None or args.prompt_lookup is not None
+    if drafting and getattr(args, "max_kv_size", None) is not None:  # generate's flag
+        raise StreamerError(
+            "--max-kv-size cannot be combined with --draft-model or --prompt-lookup: drafting "
+            "into a bounded KV cache is not checked exact yet."
+        )
     if args.prompt_lookup not in (None, True):
         check_at_least(args.prompt_lookup, "--prompt-lookup", 1)
     if args.num_draft_tokens is not None:

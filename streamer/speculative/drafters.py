@@ -49,8 +49,15 @@ class DraftModel:
     random draws, in the same order, as mlx_lm's speculative_generate_step), and its KV cache is
     trimmed back to the accepted tokens after each pass."""
 
-    def __init__(self, model: nn.Module, sampler: Callable, prefill_step_size: int = 512):
+    def __init__(
+        self,
+        model: nn.Module,
+        sampler: Callable,
+        prefill_step_size: int = 512,
+        vocabulary: int | None = None,
+    ):
         self.model, self.sampler, self.prefill_step_size = model, sampler, prefill_step_size
+        self.vocabulary = vocabulary  # the target's tokens: ids past them are not drafts
         self.cache = make_prompt_cache(model)
         self.pending: list[int] = []  # tokens the draft model has not computed yet
 
@@ -67,7 +74,14 @@ class DraftModel:
             mx.async_eval(token)
             drafts.append(token)
             inputs = token
-        return mx.concatenate(drafts).tolist() if drafts else []
+        drafts = mx.concatenate(drafts).tolist() if drafts else []
+        kept = next((i for i, t in enumerate(drafts) if t >= (self.vocabulary or t + 1)), n)
+        if kept < len(drafts):  # a draft of a larger vocabulary (same tokenizer, more rows): the
+            # target would read its embedding out of bounds, and the garbage changed its output
+            trim_prompt_cache(self.cache, len(drafts) - max(kept, 1))
+            self.pending = self.pending if kept else []  # none kept: the inputs were computed
+            drafts = drafts[:kept]
+        return drafts
 
     def advance(self, drafts: list[int], accepted: int, token: int) -> None:
         """`accepted` of `drafts` were kept, then the target gave `token`. The draft computed

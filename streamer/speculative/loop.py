@@ -12,7 +12,9 @@ trim_prompt_cache leaves untrimmed once their window is full).
 
 Where this differs from mlx-lm: logits processors see the whole sequence (prompt, output and the
 drafts before the position), as they do in plain decoding, so a repetition penalty is applied
-exactly as without drafts; and a drafter may propose fewer than k tokens (prompt lookup).
+exactly as without drafts; with kv_bits no pass crosses quantized_kv_start and the cache is
+quantized after the rejected drafts are trimmed, so each position sees the cache quantized or
+not as in plain decoding; and a drafter may propose fewer than k tokens (prompt lookup).
 
 On an expert-parallel group every rank runs this loop on the same tokens: a pass is a chunk of
 k+1 inputs, as a prompt chunk is, and its logits are the same on every rank after the layers'
@@ -68,21 +70,27 @@ def speculative_generate_step(
     drafter.start([*(prompt_cache_tokens or []), *prompt])
     emitted = unfed = 0  # unfed: inputs of the pass under way past the tokens yielded but one
     in_step = _lockstep(handle)
-    drafts = drafter.draft(min(max_tokens, num_draft_tokens))
+    # with kv_bits no pass crosses quantized_kv_start: plain decoding computes each position
+    # before it on the cache as it is, each from it on quantized (the cache is quantized once
+    # it holds that many kept tokens, after the pass's rejected drafts are trimmed)
+    room = functools.partial(_room, num_draft_tokens, kv_bits and quantized_kv_start)
+    position = max((c.offset for c in cache if hasattr(c, "offset")), default=0)
+    drafts = drafter.draft(min(max_tokens, room(position)))
     in_step(emitted, [y], drafts)
     try:
         while emitted < max_tokens:
             inputs = [y, *drafts]
             tokens, logprobs, accepted = _verify(
-                model, cache, quantize, inputs, seen, sampler, logits_processors, stats
+                model, cache, inputs, seen, sampler, logits_processors, stats
             )
+            position += accepted + 1  # where the next pass starts
             if emitted == 0:
                 progress(len(prompt), len(prompt))
             kept = min(accepted + 1, max_tokens - emitted)
             y, upcoming = tokens[accepted], []
             if emitted + kept < max_tokens:  # the next pass's drafts, before this one's tokens go
                 drafter.advance(drafts, accepted, y)
-                upcoming = drafter.draft(min(max_tokens - emitted - kept, num_draft_tokens))
+                upcoming = drafter.draft(min(max_tokens - emitted - kept, room(position)))
             in_step(emitted + kept, [*tokens[:kept], y], upcoming)
             for i in range(kept):
                 emitted += 1
@@ -91,11 +99,13 @@ def speculative_generate_step(
                 unfed = len(drafts) - i  # stopped after this token: the cache ends before it
                 yield tokens[i], logprobs[i], i < accepted
             trim(cache, unfed)  # the rejected drafts (and any past max_tokens)
+            quantize(cache)
             unfed = 0
             seen += inputs[: accepted + 1]
             drafts = upcoming
     finally:  # the cache holds every token yielded but the last (the next run's first input)
         trim(cache, unfed)
+        quantize(cache)  # as plain decoding leaves it
         if stats is not None:
             stats.verifying = None
 
@@ -109,8 +119,9 @@ def _kv_cache(
 ) -> tuple[list, Callable[[list], None]]:
     """The KV cache (a new one unless given; refused if a pass's rejected tokens cannot be trimmed
     from it) and the function that quantizes it after each pass, as generate_step does."""
-    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-    check_trimmable(cache)
+    own = make_prompt_cache(model)
+    cache = prompt_cache if prompt_cache is not None else own
+    check_trimmable(cache, own)
     quantize = functools.partial(
         maybe_quantize_kv_cache,
         quantized_kv_start=quantized_kv_start,
@@ -120,14 +131,21 @@ def _kv_cache(
     return cache, quantize
 
 
-def _verify(model, cache, quantize, inputs, seen, sampler, logits_processors, stats):
+def _room(num_draft_tokens: int, start: int | None, position: int) -> int:
+    """How many drafts a pass from `position` may hold: with a quantized_kv_start (`start`) still
+    ahead, its last input is the last position before it."""
+    if not start or position >= start:
+        return num_draft_tokens
+    return max(min(num_draft_tokens, start - position - 1), 0)
+
+
+def _verify(model, cache, inputs, seen, sampler, logits_processors, stats):
     """One pass over the last token and its drafts (`inputs`): the token sampled after each input,
     their logprobs, and how many drafts were kept (each agreeing with the token sampled before)."""
     drafts = inputs[1:]
     if stats is not None:
         stats.start_pass()
     logits = model(mx.array(inputs, mx.uint32)[None], cache=cache)[0]
-    quantize(cache)
     tokens, logprobs = _sample(logits, seen, inputs, sampler, logits_processors)
     mx.eval(tokens, logprobs)
     tokens = tokens.tolist()

@@ -61,7 +61,7 @@ def drafter(kwargs: dict, tokenizer: TokenizerWrapper) -> DraftModel | PromptLoo
         if isinstance(draft_model, (str, Path)):
             draft_model = load_draft_model(draft_model, tokenizer)
         sampler = kwargs.get("sampler") or make_sampler(0.0)
-        return DraftModel(draft_model, sampler)
+        return DraftModel(draft_model, sampler, vocabulary=vocabulary(tokenizer))
     if lookup is True:
         return PromptLookup(PROMPT_LOOKUP_NGRAM)
     if isinstance(lookup, bool) or not isinstance(lookup, int):

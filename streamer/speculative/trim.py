@@ -18,8 +18,18 @@ from mlx_lm.models.cache import RotatingKVCache
 from ..errors import StreamerError
 
 
-def check_trimmable(cache: list) -> None:
-    """Refuse, before the prompt is computed, a cache no pass could be trimmed back in."""
+def check_trimmable(cache: list, own: list | None = None) -> None:
+    """Refuse, before the prompt is computed, a cache no pass could be trimmed back in, and a
+    window the model's own cache (`own`, make_prompt_cache's) has not: a prompt_cache made with
+    max_kv_size, where passes see other keys than single steps (wrong tokens, or MLX's
+    broadcast ValueError once the prompt is longer than the window)."""
+    for c, o in zip(cache, own or cache):
+        if isinstance(c, RotatingKVCache) and _window(c) != _window(o):
+            raise StreamerError(
+                f"prompt_cache holds a RotatingKVCache of {c.max_size} tokens (as max_kv_size "
+                "makes it), which speculative decoding cannot use: drafting into a bounded KV "
+                "cache is not checked exact yet; give a cache of make_prompt_cache(model)."
+            )
     kinds = sorted({type(c).__name__ for c in cache if not _trimmable(c)})
     if kinds:
         raise StreamerError(
@@ -42,6 +52,10 @@ def trim(cache: list, n: int) -> None:
             c._idx -= n
         else:
             c.trim(n)
+
+
+def _window(c) -> tuple:
+    return getattr(c, "max_size", None), getattr(c, "keep", None)
 
 
 def _trimmable(c) -> bool:
