@@ -170,6 +170,22 @@ def test_the_kv_widths_are_those_of_the_models_own_cache(checkpoints, arch):
     assert kv_widths(model) == seen and seen
 
 
+def test_the_kv_shapes_are_measured_once_a_model(checkpoints, monkeypatch):
+    """A twin per call cost 20-50 ms on published shapes, and the server checks every reused
+    prompt cache: a model's shapes are measured once, a new model's afresh."""
+    from streamer import kv_quantization
+
+    built = []
+    twin = kv_quantization._twin
+    monkeypatch.setattr(kv_quantization, "_twin", lambda m: built.append(m) or twin(m))
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, _ = streamer.load(folder)
+    first = kv_quantization.kv_shapes(model)
+    assert first and kv_quantization.kv_shapes(model) == first and len(built) == 1
+    other, _ = streamer.load(folder)
+    assert kv_quantization.kv_shapes(other) == first and len(built) == 2
+
+
 def test_kv_bits_on_a_model_whose_attention_cannot_read_a_quantized_cache(checkpoints, capsys):
     """mlx-lm 0.32.2's MLA attention (deepseek_v3, kimi_k2, mistral4, ...) takes the quantized
     cache's packed keys as arrays: an AttributeError traceback at the first step after the
