@@ -21,6 +21,7 @@ from streamer.cache import settle, slot_pool
 from streamer.cache.budget import layer_groups
 from streamer.errors import StreamerError
 from streamer.experts import slots as slot_calls
+from streamer.experts.layer import StreamingExperts
 from streamer.io import cuda_gather
 from streamer.io.cuda_gather import NO_SLOT, UNWANTED
 from streamer.io.manifest import read_manifest
@@ -136,6 +137,22 @@ def test_a_pool_larger_than_the_available_memory_is_refused_before_it_is_made(
     with pytest.raises(StreamerError, match=r"does not fit in the 1 B of memory available"):
         streamer.load(folder, memory_budget=4 * slot_bytes(folder), read_path="slots")
     assert made == []
+
+
+@pytest.mark.parametrize("read_path", ["slots", "mapped"])
+def test_a_budget_past_every_expert_that_the_memory_cannot_hold_is_refused(
+    float32_model, monkeypatch, read_path
+):
+    """A budget larger than the machine's memory makes every expert resident (copied into memory
+    on either path): refused before any is read, as a smaller budget's slot pool is; it was read
+    until the process was killed (Kimi K2 at 4 layers: 28.5 GB of experts, `--memory-budget 100G`
+    on a 24 GiB machine)."""
+    _, folder = float32_model
+    monkeypatch.setattr(loading, "available_memory", lambda: 1)
+    monkeypatch.setattr(StreamingExperts, "make_resident", lambda self: pytest.fail("read"))
+    monkeypatch.setattr(pools, "open_pools", lambda *a, **k: pytest.fail("pool made"))
+    with pytest.raises(StreamerError, match=r"every expert in memory, .* does not fit in the 1 B"):
+        streamer.load(folder, memory_budget=1 << 50, read_path=read_path)
 
 
 def test_layers_are_grouped_so_a_group_fits_one_chunk():

@@ -61,6 +61,7 @@ def apply_residency(
     slot pool per group of layers, the hot-expert cache, or nothing (the page cache). The slot
     pools made, for the handle to close."""
     if plan.form == "resident":
+        check_fits(plan)
         with progress_bar(len(layers), "experts into memory", "layer") as bar:
             if plan.read_path == "slots":  # the files are not mapped: read through pools
                 resident_pools(

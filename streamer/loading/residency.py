@@ -232,9 +232,13 @@ def slot_classes(
 
 
 def check_fits(plan: ResidencyPlan) -> None:
-    """Slots that do not fit in the memory available are refused before any pool is made."""
-    if plan.pool_bytes > plan.available:
+    """Slots, or every expert resident (a budget past them all), that do not fit in the memory
+    available are refused before any expert is read."""
+    resident = plan.form == "resident"
+    held = plan.expert_bytes if resident else plan.pool_bytes
+    if held > plan.available:
+        what = "every expert in memory" if resident else "a slot pool"
         raise StreamerError(
-            f"a slot pool of {size_text(plan.pool_bytes)} ({plan.budget_why}) does not fit in the "
+            f"{what}, {size_text(held)} ({plan.budget_why}), does not fit in the "
             f"{size_text(plan.available)} of memory available: give a smaller memory budget."
         )
