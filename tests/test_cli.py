@@ -145,14 +145,21 @@ def test_every_command_checks_its_sampling_and_count_flags_before_loading(
 
 def test_sizes_as_people_write_them():
     from streamer.arguments import parse_size
+    from streamer.errors import StreamerError
 
     for text in ("8G", "8GB", "8GiB", "8 GB", "8 gib", "8g"):
         assert parse_size(text, "--memory-budget") == 8 << 30, text
     assert parse_size("0.5M", "x") == 1 << 19 and parse_size(4096, "x") == 4096
+    assert parse_size("0", "x") == 0 and parse_size("4096", "x") == 4096
+    for text in ("0.5", "1.5", " 2.25 "):  # bytes, with no unit: 0, 1 and 2 taken silently
+        with pytest.raises(StreamerError, match="has no unit, so it counts bytes.*G for"):
+            parse_size(text, "--memory-budget")
     result = run(
         "generate", "--model", "/x", "--prompt", "hi", "--memory-budget", "8 XB", check=False
     )
     assert "argument --memory-budget: '8 XB' is not a size such as 8G" in result.stderr
+    result = run("plan", "/x", "--memory", "1.5", check=False)
+    assert "argument --memory: '1.5' has no unit, so it counts bytes" in result.stderr
 
 
 def test_info_on_a_damaged_folder(checkpoints, tmp_path):

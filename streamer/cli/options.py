@@ -26,10 +26,8 @@ def size(text: str) -> int:
     """argparse type for a size such as 8G."""
     try:
         return parse_size(text, "")
-    except StreamerError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size such as 8G, 8GB, 8 GiB or 512M"
-        ) from None
+    except StreamerError as e:  # its words, argparse naming the option
+        raise argparse.ArgumentTypeError(str(e).strip().rstrip(".")) from None
 
 
 def add_quantize(p: argparse.ArgumentParser, what: str) -> None:
