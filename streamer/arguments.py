@@ -42,10 +42,8 @@ def parse_size(value: object, name: str) -> int:
         if match and match.group(3).lower() == "i":  # "8Gi" without the B
             number = math.nan
         if match and not match.group(2) and number != int(number):  # "0.5": 0 bytes, silently
-            raise StreamerError(
-                f"{name} {value!r} has no unit, so it counts bytes, which are whole: "
-                f"write {value.strip()}G for that many GiB."
-            )
+            whole = "so it counts bytes, which are whole"
+            raise StreamerError(f"{name} {value!r} has no unit, {whole}: write {value.strip()}G.")
     if not math.isfinite(number) or number < 0:
         raise StreamerError(f"{name} {value!r} is not a size such as 8G, 8GB, 8 GiB or 512M.")
     return int(number)
