@@ -262,6 +262,8 @@ def test_unknown_paths_and_missing_length(server):
     assert request(server[0], "GET", "/v1/nothing")[0] == 404
     status, body = request(server[0], "DELETE", "/v1/models")
     assert status == 405 and "use GET or POST" in body["error"]["message"]
+    status, body = request(server[0], "GET", "/v1/chat/completions")  # was a 404
+    assert status == 405 and "GET is not allowed on /v1/chat/completions: use POST" in str(body)
     url = urlsplit(server[0])
     with socket.create_connection((url.hostname, url.port)) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\n\r\n")

@@ -100,6 +100,8 @@ class Handler(QuietHandler):
             self._json(200, {"object": "list", "data": [self._model()]})
         elif route.startswith("/v1/models/") and unquote(route[11:]) == app.model_id:
             self._json(200, self._model())
+        elif route in CHAT_PATHS + TEXT_PATHS:  # a completion is asked for by POST, as DELETE's 405
+            self._error(ApiError(405, f"GET is not allowed on {route}: use POST"))
         else:
             self._error(ApiError(404, f"no such endpoint: GET {route}"))
 
