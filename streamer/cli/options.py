@@ -49,7 +49,8 @@ def add_quantize(p: argparse.ArgumentParser, what: str) -> None:
 
 def quantize_option(args: argparse.Namespace):
     """The `Quantize` the --quantize flags ask for (None without --quantize)."""
-    from ..repack.recipe import MODES, Quantize
+    from ..families.config.common_fields import MODE_DEFAULTS
+    from ..repack.recipe import Quantize
 
     if not args.quantize:
         if args.q_mode != "affine" or args.group_size:
@@ -57,8 +58,7 @@ def quantize_option(args: argparse.Namespace):
                 "--q-mode and --group-size choose how --quantize quantizes: pass it."
             )
         return None
-    fixed = MODES[args.q_mode]
-    group_size = args.group_size or (64 if fixed is None else fixed[1])
+    group_size = args.group_size or MODE_DEFAULTS[args.q_mode][0]
     return Quantize(args.quantize, group_size, args.q_mode)
 
 

@@ -20,7 +20,7 @@ from ..families.architectures import (
     quantize_like_mlx_lm_convert,
 )
 from ..families.config import check_config, check_layer_count
-from ..families.config.common_fields import mlx_refuses
+from ..families.config.common_fields import MODE_DEFAULTS, mlx_refuses
 from ..families.hf_naming import Architecture, hf_expert_key
 from ..families.model_types import architecture
 from ..families.tied_embeddings import untied_where_saved, with_tied_lm_head
@@ -37,7 +37,7 @@ CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": 
 
 
 # MLX's quantization modes: (bits, group size) each allows; affine takes any of its bits
-MODES = {"affine": None, "nvfp4": (4, 16), "mxfp4": (4, 32), "mxfp8": (8, 32)}
+MODES = {m: None if m == "affine" else (bits, group) for m, (group, bits) in MODE_DEFAULTS.items()}
 
 
 @dataclass

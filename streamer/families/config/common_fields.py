@@ -14,9 +14,10 @@ from .ranges import MAX_SIZE
 QUANT_BITS = range(1, 9)
 MAX_GROUP = 4096  # past any group size MLX quantizes with: not asked of it
 SCALED_ROPE = ("linear", "dynamic", "yarn", "llama3")  # the RoPE types that need a factor
-# MLX's (group size, bits) for a mode where a quantization entry gives null: `mlx_lm.convert
+# MLX's quantization modes and their (group size, bits): the only ones the MX modes allow, affine's
+# defaults (it takes others). Also what a quantization entry's null means: `mlx_lm.convert
 # --quant-predicate mixed_3_6` without --q-group-size writes each layer's group_size so
-MODE_DEFAULTS = {"affine": (64, 4), "mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}
+MODE_DEFAULTS = {"affine": (64, 4), "nvfp4": (16, 4), "mxfp4": (32, 4), "mxfp8": (32, 8)}
 
 
 def check_common_fields(config: dict, where) -> None:
