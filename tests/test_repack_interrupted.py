@@ -211,7 +211,7 @@ def test_two_repacks_into_the_same_destination(source, tmp_path):
 
     partial = tmp_path / ".model.partial"
     partial.mkdir()
-    fd = lock_directory(partial, "test")  # as a running repack holds it
+    fd = lock_directory(partial)  # as a running repack holds it
     try:
         with pytest.raises(StreamerError, match="in use by another `streamer repack`"):
             repack(source, tmp_path / "model", **QUIET)

@@ -89,20 +89,27 @@ def lock_source_for_deleting(folder: Path) -> FolderLock | None:
     )
 
 
-def lock_directory(path: Path, what: str) -> int | None:
+def repack_in_use(path: Path) -> StreamerError:
+    """The refusal of a destination's .partial folder another `streamer repack` (or split) holds."""
+    return StreamerError(
+        f"{path} is in use by another `streamer repack` (writing the same destination): wait "
+        "for it to finish."
+    )
+
+
+def lock_directory(path: Path) -> int | None:
     """An exclusive flock on a directory itself, e.g. a repack's .partial folder: the fd to close,
     or None where directories cannot be locked. One removed since it was made (by another
     repack starting at the same moment, taking it for a stale one) is refused as locked."""
-    in_use = f"{path} is in use by another `streamer repack` ({what}): wait for it to finish."
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise StreamerError(in_use) from None
+        raise repack_in_use(path) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StreamerError(in_use) from None
+        raise repack_in_use(path) from None
     except OSError:
         os.close(fd)
         return None

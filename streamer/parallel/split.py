@@ -69,12 +69,12 @@ def split(
     try:
         check_not_in_the_way(partial)
         if partial.exists():
-            fd = lock_directory(partial, "writing the same destination")
+            fd = lock_directory(partial)
             shutil.rmtree(partial)
             if fd is not None:
                 os.close(fd)
         make_partial(partial)
-        fd = lock_directory(partial, "writing the same destination")
+        fd = lock_directory(partial)
         try:
             check_free_space(partial, _shard_bytes(src, manifest, owned))
             result = _write(src, partial, manifest, owned, shard)

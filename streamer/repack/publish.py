@@ -14,7 +14,7 @@ from ..io.checkpoint import INDEX_FILE, TOKENIZER_FILES, has_tokenizer_files
 from ..io.durable import fsync_dir
 from ..io.files import check_utf8_path
 from ..io.json_file import encode_tagged_floats, read_json_object
-from ..io.lock import lock_directory
+from ..io.lock import lock_directory, repack_in_use
 from ..io.manifest import FORMAT, MANIFEST_FILE
 from ..io.sizes import size_text
 from .consume import stand_ins
@@ -56,7 +56,7 @@ def open_partial(
     """Lock the `.DST.partial` folder against other repacks and pick up its sidecar if resuming."""
     check_not_in_the_way(partial)
     if partial.exists():
-        fd = lock_directory(partial, "writing the same destination")
+        fd = lock_directory(partial)
         try:
             sidecar = ResumeSidecar.load(partial, identity) if resume else None
         except StreamerError as e:
@@ -89,7 +89,7 @@ def open_partial(
     elif resume:
         log("[repack] nothing to resume: starting from the beginning")
     make_partial(partial)
-    return lock_directory(partial, "writing the same destination"), ResumeSidecar(partial, identity)
+    return lock_directory(partial), ResumeSidecar(partial, identity)
 
 
 def check_not_in_the_way(partial: Path) -> None:
@@ -110,10 +110,7 @@ def make_partial(partial: Path) -> None:
     try:
         (partial / "experts").mkdir(parents=True)
     except FileExistsError:  # made by another repack into the same destination, just now
-        raise StreamerError(
-            f"{partial} is in use by another `streamer repack` (writing the same destination): "
-            "wait for it to finish."
-        ) from None
+        raise repack_in_use(partial) from None
     except OSError as e:
         raise StreamerError(
             f"cannot create {partial}: {e.strerror or e}; choose a destination on a writable "
