@@ -10,6 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..errors import StreamerError
+from .file_watch import identity
 from .files import check_folder_files, check_utf8_path, open_regular
 from .json_file import read_json_object
 from .safetensors import TensorInfo, read_header
@@ -42,8 +43,10 @@ def _check_numbered_shards(folder: Path, names: set[str]) -> None:
     numbered = [(m, name) for name in sorted(names) if (m := NUMBERED_SHARD.fullmatch(name))]
     if any(not 1 <= int(m[1]) <= int(m[2]) for m, _ in numbered):
         return
+    sets: dict[tuple[int, str], str] = {}  # (digits, N) -> its first shard, to name
     for match, name in numbered:
-        width, total = len(match[1]), match[2]
+        sets.setdefault((len(match[1]), match[2]), name)
+    for (width, total), name in sets.items():  # each set once, not once a shard
         for k in range(1, min(int(total), 100_000) + 1):
             missing = f"model-{k:0{width}d}-of-{total}.safetensors"
             if missing not in names:
@@ -53,13 +56,12 @@ def _check_numbered_shards(folder: Path, names: set[str]) -> None:
                 )
 
 
-def _identity(path: Path) -> tuple[int, int, int]:
-    """A file's inode, size and modification time (zeros for one gone)."""
+def _identity(path: Path) -> tuple[int, ...]:
+    """file_watch's identity of the file at `path` (none for one gone)."""
     try:
-        st = os.stat(path)
+        return identity(os.stat(path))
     except OSError:
-        return (0, 0, 0)
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+        return ()
 
 
 class Checkpoint:
@@ -92,7 +94,7 @@ class Checkpoint:
         )
         if not placed and sidecar.exists():  # read as mlx-lm's loader reads it
             self.config["quantization_config"] = read_json_object(sidecar, "download it again.")
-        self._stats: dict[Path, tuple[int, int, int]] = {}  # each shard as its header was read
+        self._stats: dict[Path, tuple[int, ...]] = {}  # each shard as its header was read
         self.tensors = self._tensor_table()
         self._fds: dict[Path, int] = {}
         self._lazy_shards: dict[Path, dict[str, mx.array]] = {}

@@ -29,13 +29,13 @@ class FileWatch:
     def __init__(self, path: Path, fd: int):
         self.path = Path(path)
         self._fd = fd
-        self._was = _identity(os.fstat(fd))
+        self._was = identity(os.fstat(fd))
 
     def change(self) -> str | None:
         """How the open file differs from what it was when opened, in words; None if it does
         not."""
         try:
-            now = _identity(os.fstat(self._fd))
+            now = identity(os.fstat(self._fd))
         except OSError as e:  # closed: the model was closed under the run
             return f"was closed ({e.strerror or e})"
         if now[:2] != self._was[:2]:  # its number now names another file: closed and reused
@@ -47,7 +47,8 @@ class FileWatch:
         return None
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+def identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells a file's bytes changed: its device and inode (another file), size and mtime."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
