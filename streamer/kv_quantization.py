@@ -7,6 +7,7 @@ nothing is read or computed). mlx-lm fails on both only once the cache is first 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -25,7 +26,7 @@ def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
     check_kv_quantization(bits, group, start)
     for cache in make_prompt_cache(model, rotating):
         try:
-            if hasattr(cache, "to_quantized"):
+            if _quantizes(cache):
                 cache.to_quantized(group_size=group, bits=bits)
         except NotImplementedError:
             made = None if rotating is None else "max_kv_size"
@@ -63,6 +64,10 @@ def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
 def _quantized_step_fails(model: nn.Module, group: int, bits: int) -> str | None:
     """Why a step of the lazy twin fails on its quantized cache (MLA's attention, which mlx-lm
     0.32.2 gives the packed keys as a list: an AttributeError mid-answer), or None."""
+    return _kept(model, (group, bits), lambda: _step_failure(model, group, bits))
+
+
+def _step_failure(model: nn.Module, group: int, bits: int) -> str | None:
     twin = _twin(model)
     if twin is None:
         return None
@@ -101,20 +106,29 @@ def kv_widths(model: nn.Module) -> set[int]:
 
 def kv_shapes(model: nn.Module) -> list[tuple[int, int, int] | None] | None:
     """Each layer's (heads, key width, value width) after one token (None: a layer keeping no
-    keys), from a lazy twin; None where no twin can be built. Kept per model while it lives: a
-    twin of a published shape takes 20-50 ms, and the server checks every reused prompt cache."""
-    known = _SHAPES.get(id(model))
-    if known is not None and known[0]() is model:
-        return known[1]
-    twin = _twin(model)
-    shapes = None if twin is None else [_shape(entry) for entry in twin[1]]
-    key = id(model)
-    _SHAPES[key] = (weakref.ref(model, lambda _: _SHAPES.pop(key, None)), shapes)
-    return shapes
+    keys), from a lazy twin; None where no twin can be built."""
+
+    def measured() -> list[tuple[int, int, int] | None] | None:
+        twin = _twin(model)
+        return None if twin is None else [_shape(entry) for entry in twin[1]]
+
+    return _kept(model, "shapes", measured)
 
 
-# id(model) -> (a weak reference to it, its kv_shapes)
-_SHAPES: dict[int, tuple[weakref.ref, list | None]] = {}
+def _kept(model: nn.Module, key: object, compute: Callable[[], object]):
+    """compute()'s value, kept under `key` per model while it lives: a lazy twin of a published
+    shape takes 20-50 ms, and prompt caches and kv_bits are checked on every call."""
+    held = _KEPT.get(id(model))
+    if held is None or held[0]() is not model:
+        number = id(model)
+        held = _KEPT[number] = (weakref.ref(model, lambda _: _KEPT.pop(number, None)), {})
+    if key not in held[1]:
+        held[1][key] = compute()
+    return held[1][key]
+
+
+# id(model) -> (a weak reference to it, what _kept keeps for it)
+_KEPT: dict[int, tuple[weakref.ref, dict]] = {}
 
 
 def _twin(model: nn.Module) -> tuple[nn.Module, list] | None:
