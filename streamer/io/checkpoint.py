@@ -16,7 +16,6 @@ from .json_file import read_json_object
 from .safetensors import TensorInfo, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
-UNLOADABLE = ("F64",)  # a valid safetensors dtype that mx.load refuses
 
 
 # NVIDIA ModelOpt's exports may keep their quantization beside config.json rather than in it
@@ -146,11 +145,6 @@ class Checkpoint:
             header = read_header(shard)
             self._stats[shard] = _identity(shard)
             for name, info in header.items():
-                if info.dtype in UNLOADABLE:
-                    raise StreamerError(
-                        f"{shard}: tensor '{name}' is {info.dtype}, which MLX models cannot load: "
-                        "convert the checkpoint to bf16, fp16 or fp32 first."
-                    )
                 if name in table:
                     raise StreamerError(
                         f"tensor '{name}' appears in both {table[name].path.name} and {shard.name}."
