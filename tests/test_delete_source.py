@@ -143,6 +143,33 @@ def test_resume_without_a_progress_file_keeps_the_only_copy(source, tmp_path):
     assert files(partial) == before
 
 
+def test_a_kept_shard_rewritten_at_its_size_is_refused_naming_it(source, tmp_path):
+    """A new revision of a shard not yet deleted, at its size: resuming would mix revisions, and
+    starting over cannot (the deleted shards' only copy is the partial folder): restore it."""
+    dst, partial = tmp_path / "model", tmp_path / ".model.partial"
+
+    def interrupt(line: str) -> None:
+        if "layer 3/4" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        repack(source, dst, delete_source=True, log=interrupt)
+    shard = sorted(source.glob("*.safetensors"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(data)
+    later = shard.stat().st_mtime_ns + 10**9  # a coarse clock keeps the time within a tick
+    os.utime(shard, ns=(later, later))
+    before = files(partial)
+    with pytest.raises(
+        StreamerError,
+        match=f"cannot resume \\(source shard {shard.name} changed since it started\\) .*only "
+        "copy .*restore that file as it was",
+    ):
+        repack(source, dst, delete_source=True, resume=True, **QUIET)
+    assert files(partial) == before
+
+
 def test_a_failure_deletes_nothing_more_and_keeps_what_was_deleted(source, tmp_path, monkeypatch):
     from streamer.repack.sources import Sources
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,37 @@ def test_a_tampered_progress_file_never_publishes_a_bad_folder(small_source, tmp
     assert any("does not match its record: writing it again" in m for m in messages), messages
     assert verify(dst, **QUIET) == []
     streamer.load(dst)
+
+
+def rewrite_at_its_size(shard: Path) -> None:
+    """Another revision of `shard`: one byte other, the size kept, a later modification time (a
+    second later: a coarse clock would keep the time of a write within the same tick)."""
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(data)
+    later = shard.stat().st_mtime_ns + 10**9
+    os.utime(shard, ns=(later, later))
+
+
+def test_a_shard_rewritten_at_its_size_is_refused(small_source, tmp_path):
+    """A new revision of a shard at the same size (a header alike) resumed: the layers written
+    before were from the old one, those after from the new. Now refused, naming the shard, the
+    finished work kept."""
+    source, dst = tmp_path / "src", tmp_path / "model"
+    shutil.copytree(small_source, source)
+    progress = interrupted_repack(source, dst, "layer 2/2")
+    shard = sorted(source.glob("model*.safetensors"))[-1]
+    rewrite_at_its_size(shard)
+    before = progress.read_bytes()
+    with pytest.raises(
+        StreamerError,
+        match=f"^source shard {shard.name} changed since this repack started .*restore that file, "
+        "or rerun without --resume to start over",
+    ):
+        repack(source, dst, resume=True, **QUIET)
+    assert progress.read_bytes() == before
+    repack(source, dst, **QUIET)  # without --resume: starts over
+    assert verify(dst, **QUIET) == []
 
 
 @pytest.mark.parametrize(

@@ -159,6 +159,11 @@ class Checkpoint:
                     )
         return table
 
+    def shard_stamps(self) -> dict[str, list[int]]:
+        """Each shard's size and modification time (ns) by name, as its header was read: what a
+        resume checks (a new revision of a shard may keep its size)."""
+        return {shard.name: list(was[2:]) for shard, was in self._stats.items()}
+
     def lazy(self, name: str) -> mx.array:
         """A lazily loaded tensor (mx.load reads no data until evaluated)."""
         path = self.tensors[name].path

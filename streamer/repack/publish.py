@@ -18,7 +18,7 @@ from ..io.lock import lock_directory, repack_in_use
 from ..io.manifest import FORMAT, MANIFEST_FILE
 from ..io.sizes import size_text
 from .consume import stand_ins
-from .resume_sidecar import ResumeSidecar
+from .resume_sidecar import ResumeSidecar, ShardChanged, SourceIdentity
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
 
@@ -51,7 +51,7 @@ ONLY_COPY = (
 
 
 def open_partial(
-    partial: Path, identity: str, resume: bool, log
+    partial: Path, identity: SourceIdentity, resume: bool, log
 ) -> tuple[int | None, ResumeSidecar]:
     """Lock the `.DST.partial` folder against other repacks and pick up its sidecar if resuming."""
     check_not_in_the_way(partial)
@@ -66,6 +66,9 @@ def open_partial(
                 raise
             why = "its progress.json is damaged, or was written for other sources or options"
             fix = "rerun the command that started it, with its options; else download the model."
+            if isinstance(e, ShardChanged):
+                why = f"source shard {e.shard} changed since it started"
+                fix = "restore that file as it was; else download the model."
             raise StreamerError(ONLY_COPY.format(partial=partial, why=why, fix=fix)) from e
         except BaseException:
             if fd is not None:

@@ -3,16 +3,18 @@
 The repacker records the resident file and each MoE layer only after that file is fsynced, so
 whatever the sidecar lists is complete on disk, whenever the process was killed. `--resume`
 continues an interrupted repack only if the source checkpoint and options are the ones it started
-with (a hash of config.json, the tensor table and the options). A recorded file is kept only if
-it is what this run would write and its bytes match the recorded crc32s (keep_verified): a
-damaged or edited sidecar costs the files it misdescribes, never a published folder that load
-refuses.
+with (a hash of config.json, the tensor table and the options) and no shard was written since
+(its size and modification time: a new revision of the model may keep every size). A recorded
+file is kept only if it is what this run would write and its bytes match the recorded crc32s
+(keep_verified): a damaged or edited sidecar costs the files it misdescribes, never a published
+folder that load refuses.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import StreamerError
@@ -34,8 +36,18 @@ from .records import matches_recipe
 SIDECAR_FILE = "progress.json"
 
 
-def source_identity(ckpt: Checkpoint, options: dict) -> str:
-    """A hash of what determines the repacked bytes: config.json, the tensor table, the options."""
+@dataclass(frozen=True)
+class SourceIdentity:
+    """What an interrupted repack must find again to resume: `digest`, a hash of config.json, the
+    tensor table and the options; `shards`, each shard's [size, mtime_ns] by name."""
+
+    digest: str
+    shards: dict[str, list[int]] = field(default_factory=dict)
+
+
+def source_identity(ckpt: Checkpoint, options: dict) -> SourceIdentity:
+    """What determines the repacked bytes: config.json, the tensor table, the options, and the
+    shards' bytes as their size and modification time tell them."""
     digest = hashlib.sha256()
     digest.update((ckpt.folder / "config.json").read_bytes())
     table = sorted(
@@ -51,32 +63,59 @@ def source_identity(ckpt: Checkpoint, options: dict) -> str:
         for name, info in ckpt.tensors.items()
     )
     digest.update(json.dumps([FORMAT_VERSION, options, table]).encode())
-    return digest.hexdigest()
+    return SourceIdentity(digest.hexdigest(), ckpt.shard_stamps())
+
+
+class ShardChanged(StreamerError):
+    """A source shard written since the interrupted repack started: `shard` names it."""
+
+    def __init__(self, shard: str):
+        super().__init__(
+            f"source shard {shard} changed since this repack started (its modification time or "
+            "size differ: a new revision?), so its layers would mix with the ones written: "
+            "restore that file, or rerun without --resume to start over."
+        )
+        self.shard = shard
+
+
+def _check_shards(folder: Path, recorded: object, identity: SourceIdentity) -> None:
+    """Refuse a shard written since the repack started (a sidecar from before shards were
+    recorded has none to compare)."""
+    if recorded is None:
+        return
+    if not isinstance(recorded, dict):
+        raise StreamerError(
+            f"{folder / SIDECAR_FILE} is damaged: rerun without --resume to start over."
+        )
+    for name, now in sorted(identity.shards.items()):
+        if recorded.get(name, now) != now:
+            raise ShardChanged(name)
 
 
 class ResumeSidecar:
     """What an (interrupted) repack into `folder` has finished: the resident file and MoE layers."""
 
-    def __init__(self, folder: Path, identity: str):
+    def __init__(self, folder: Path, identity: SourceIdentity):
         self.folder = Path(folder)
         self.identity = identity
         self.resident: dict[str, int] | None = None  # crc32 per resident tensor, once written
         self.layers: dict[int, MoeLayer] = {}
 
     @classmethod
-    def load(cls, folder: Path, identity: str) -> ResumeSidecar | None:
+    def load(cls, folder: Path, identity: SourceIdentity) -> ResumeSidecar | None:
         """The recorded sidecar (None if there is none); refuses one from another source or
         options."""
         path = Path(folder) / SIDECAR_FILE
         if not path.exists():
             return None
         state = read_json_object(path, "rerun without --resume to start over.")
-        if state.get("source") != identity:
+        if state.get("source") != identity.digest:
             raise StreamerError(
                 f"{folder} was started from a different checkpoint or with other options "
                 "(config.json, the tensors or --quantize differ): rerun without --resume to start "
                 "over."
             )
+        _check_shards(Path(folder), state.get("shards"), identity)
         sidecar = cls(folder, identity)
         resident, layers = state.get("resident"), state.get("layers", {})
         damaged = StreamerError(f"{path} is damaged: rerun without --resume to start over.")
@@ -135,7 +174,8 @@ class ResumeSidecar:
 
     def _save(self) -> None:
         state = {
-            "source": self.identity,
+            "source": self.identity.digest,
+            "shards": self.identity.shards,
             "resident": self.resident,
             "layers": {str(i): layer_to_json(layer) for i, layer in sorted(self.layers.items())},
         }
