@@ -25,9 +25,9 @@ from streamer.experts.layer import StreamingExperts
 from streamer.io import cuda_gather
 from streamer.io.cuda_gather import NO_SLOT, UNWANTED
 from streamer.io.manifest import read_manifest
+from streamer.loading import assembly, pools, residency
 from streamer.loading import backend as backends
 from streamer.loading import load as loading
-from streamer.loading import pools, residency
 
 
 def slot_bytes(folder) -> int:
@@ -153,6 +153,20 @@ def test_a_budget_past_every_expert_that_the_memory_cannot_hold_is_refused(
     monkeypatch.setattr(pools, "open_pools", lambda *a, **k: pytest.fail("pool made"))
     with pytest.raises(StreamerError, match=r"every expert in memory, .* does not fit in the 1 B"):
         streamer.load(folder, memory_budget=1 << 50, read_path=read_path)
+
+
+def test_a_hot_cache_larger_than_the_available_memory_is_refused(float32_model, monkeypatch):
+    """The mapped path's hot-expert cache, the slot pool's counterpart, was never held against the
+    memory available: a budget past it was taken, the cache free to grow past the memory."""
+    _, folder = float32_model
+    monkeypatch.setattr(loading, "available_memory", lambda: 1)
+    monkeypatch.setattr(assembly, "HotExperts", lambda *a: pytest.fail("cache made"))
+    with pytest.raises(
+        StreamerError,
+        match=r"^a hot-expert cache, .* \(memory budget .*\), does not fit in the 1 B of memory "
+        "available: give a smaller memory budget",
+    ):
+        streamer.load(folder, memory_budget=4 * slot_bytes(folder), read_path="mapped")
 
 
 def test_layers_are_grouped_so_a_group_fits_one_chunk():
