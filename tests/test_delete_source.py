@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from repack_checks import assert_same_model, resumed_by_the_command
+from repack_checks import assert_same_model, resumed_by_the_command, rewrite_at_its_size
 
 from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
@@ -155,15 +155,11 @@ def test_a_kept_shard_rewritten_at_its_size_is_refused_naming_it(source, tmp_pat
     with pytest.raises(KeyboardInterrupt):
         repack(source, dst, delete_source=True, log=interrupt)
     shard = sorted(source.glob("*.safetensors"))[-1]
-    data = bytearray(shard.read_bytes())
-    data[-1] ^= 1
-    shard.write_bytes(data)
-    later = shard.stat().st_mtime_ns + 10**9  # a coarse clock keeps the time within a tick
-    os.utime(shard, ns=(later, later))
+    rewrite_at_its_size(shard)
     before = files(partial)
     with pytest.raises(
         StreamerError,
-        match=f"cannot resume \\(source shard {shard.name} changed since it started\\) .*only "
+        match=f"cannot resume \\(source file {shard.name} changed since it started\\) .*only "
         "copy .*restore that file as it was",
     ):
         repack(source, dst, delete_source=True, resume=True, **QUIET)

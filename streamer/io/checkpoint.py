@@ -86,14 +86,16 @@ class Checkpoint:
             missing="point at the folder that holds the model's config.json and *.safetensors "
             "files.",
         )
+        # each shard as its header was read, and a quantization sidecar as read
+        self._stats: dict[Path, tuple[int, ...]] = {}
         sidecar = self.folder / QUANTIZATION_SIDECAR
         text = self.config.get("text_config")
         placed = "quantization_config" in self.config or (
             isinstance(text, dict) and "quantization_config" in text
         )
         if not placed and sidecar.exists():  # read as mlx-lm's loader reads it
+            self._stats[sidecar] = _identity(sidecar)
             self.config["quantization_config"] = read_json_object(sidecar, "download it again.")
-        self._stats: dict[Path, tuple[int, ...]] = {}  # each shard as its header was read
         self.tensors = self._tensor_table()
         self._fds: dict[Path, int] = {}
         self._lazy_shards: dict[Path, dict[str, mx.array]] = {}
@@ -159,9 +161,10 @@ class Checkpoint:
                     )
         return table
 
-    def shard_stamps(self) -> dict[str, list[int]]:
-        """Each shard's size and modification time (ns) by name, as its header was read: what a
-        resume checks (a new revision of a shard may keep its size)."""
+    def file_stamps(self) -> dict[str, list[int]]:
+        """The size and modification time (ns) of each file read for the tensors and their
+        quantization, by name, as it was read: what a resume checks (a new revision of a file may
+        keep its size)."""
         return {shard.name: list(was[2:]) for shard, was in self._stats.items()}
 
     def lazy(self, name: str) -> mx.array:
@@ -191,8 +194,8 @@ class Checkpoint:
         return data
 
     def check_unchanged(self) -> None:
-        """Refuse a shard replaced, written to or cut short since its header was read (a download
-        fetching it again): its bytes read before and after would be mixed."""
+        """Refuse a shard (or quantization sidecar) replaced, written to or cut short since it was
+        read (a download fetching it again): its bytes read before and after would be mixed."""
         for shard, was in self._stats.items():
             if shard.name not in self.stand_ins and _identity(shard) != was:
                 raise StreamerError(

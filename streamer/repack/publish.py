@@ -18,7 +18,7 @@ from ..io.lock import lock_directory, repack_in_use
 from ..io.manifest import FORMAT, MANIFEST_FILE
 from ..io.sizes import size_text
 from .consume import stand_ins
-from .resume_sidecar import ResumeSidecar, ShardChanged, SourceIdentity
+from .resume_sidecar import ResumeSidecar, SourceChanged, SourceIdentity
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
 
@@ -66,8 +66,8 @@ def open_partial(
                 raise
             why = "its progress.json is damaged, or was written for other sources or options"
             fix = "rerun the command that started it, with its options; else download the model."
-            if isinstance(e, ShardChanged):
-                why = f"source shard {e.shard} changed since it started"
+            if isinstance(e, SourceChanged):
+                why = f"source file {e.file} changed since it started"
                 fix = "restore that file as it was; else download the model."
             raise StreamerError(ONLY_COPY.format(partial=partial, why=why, fix=fix)) from e
         except BaseException:

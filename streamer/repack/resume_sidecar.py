@@ -3,8 +3,9 @@
 The repacker records the resident file and each MoE layer only after that file is fsynced, so
 whatever the sidecar lists is complete on disk, whenever the process was killed. `--resume`
 continues an interrupted repack only if the source checkpoint and options are the ones it started
-with (a hash of config.json, the tensor table and the options) and no shard was written since
-(its size and modification time: a new revision of the model may keep every size). A recorded
+with (a hash of config.json, the tensor table and the options) and no file it read was written
+since (a shard, hf_quant_config.json: its size and modification time, as a new revision of the
+model may keep every size). A recorded
 file is kept only if it is what this run would write and its bytes match the recorded crc32s
 (keep_verified): a damaged or edited sidecar costs the files it misdescribes, never a published
 folder that load refuses.
@@ -39,15 +40,16 @@ SIDECAR_FILE = "progress.json"
 @dataclass(frozen=True)
 class SourceIdentity:
     """What an interrupted repack must find again to resume: `digest`, a hash of config.json, the
-    tensor table and the options; `shards`, each shard's [size, mtime_ns] by name."""
+    tensor table and the options; `files`, each file read's [size, mtime_ns] by name
+    (Checkpoint.file_stamps)."""
 
     digest: str
-    shards: dict[str, list[int]] = field(default_factory=dict)
+    files: dict[str, list[int]] = field(default_factory=dict)
 
 
 def source_identity(ckpt: Checkpoint, options: dict) -> SourceIdentity:
     """What determines the repacked bytes: config.json, the tensor table, the options, and the
-    shards' bytes as their size and modification time tell them."""
+    bytes of the files read as their sizes and modification times tell them."""
     digest = hashlib.sha256()
     digest.update((ckpt.folder / "config.json").read_bytes())
     table = sorted(
@@ -63,33 +65,33 @@ def source_identity(ckpt: Checkpoint, options: dict) -> SourceIdentity:
         for name, info in ckpt.tensors.items()
     )
     digest.update(json.dumps([FORMAT_VERSION, options, table]).encode())
-    return SourceIdentity(digest.hexdigest(), ckpt.shard_stamps())
+    return SourceIdentity(digest.hexdigest(), ckpt.file_stamps())
 
 
-class ShardChanged(StreamerError):
-    """A source shard written since the interrupted repack started: `shard` names it."""
+class SourceChanged(StreamerError):
+    """A source file written since the interrupted repack started: `file` names it."""
 
-    def __init__(self, shard: str):
+    def __init__(self, file: str):
         super().__init__(
-            f"source shard {shard} changed since this repack started (its modification time or "
+            f"source file {file} changed since this repack started (its modification time or "
             "size differ: a new revision?), so its layers would mix with the ones written: "
             "restore that file, or rerun without --resume to start over."
         )
-        self.shard = shard
+        self.file = file
 
 
-def _check_shards(folder: Path, recorded: object, identity: SourceIdentity) -> None:
-    """Refuse a shard written since the repack started (a sidecar from before shards were
-    recorded has none to compare)."""
+def _check_files(folder: Path, recorded: object, identity: SourceIdentity) -> None:
+    """Refuse a file written, or one come or gone, since the repack started (a sidecar from
+    before files were recorded has none to compare)."""
     if recorded is None:
         return
     if not isinstance(recorded, dict):
         raise StreamerError(
             f"{folder / SIDECAR_FILE} is damaged: rerun without --resume to start over."
         )
-    for name, now in sorted(identity.shards.items()):
-        if recorded.get(name, now) != now:
-            raise ShardChanged(name)
+    for name in sorted(recorded.keys() | identity.files.keys()):
+        if recorded.get(name) != identity.files.get(name):
+            raise SourceChanged(name)
 
 
 class ResumeSidecar:
@@ -115,7 +117,7 @@ class ResumeSidecar:
                 "(config.json, the tensors or --quantize differ): rerun without --resume to start "
                 "over."
             )
-        _check_shards(Path(folder), state.get("shards"), identity)
+        _check_files(Path(folder), state.get("files"), identity)
         sidecar = cls(folder, identity)
         resident, layers = state.get("resident"), state.get("layers", {})
         damaged = StreamerError(f"{path} is damaged: rerun without --resume to start over.")
@@ -175,7 +177,7 @@ class ResumeSidecar:
     def _save(self) -> None:
         state = {
             "source": self.identity.digest,
-            "shards": self.identity.shards,
+            "files": self.identity.files,
             "resident": self.resident,
             "layers": {str(i): layer_to_json(layer) for i, layer in sorted(self.layers.items())},
         }
