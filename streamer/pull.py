@@ -27,6 +27,7 @@ from .repack import repack
 from .repack.consume import stand_ins
 from .repack.publish import is_streamer_output, partial_folder
 from .repack.recipe import Quantize
+from .repack.resume_sidecar import OtherSource
 
 
 def pull(
@@ -65,15 +66,12 @@ def pull(
     log(f"[pull] {name} is not MLX-quantized: repacking it into {dst}")
     if delete_source:
         own_files(snapshot)
-    repack(
-        snapshot,
-        dst,
-        quantize=quantize,
-        force=force,
-        resume=partial.exists(),
-        delete_source=delete_source,
-        log=log,
-    )
+    options = {"quantize": quantize, "force": force, "delete_source": delete_source, "log": log}
+    try:
+        repack(snapshot, dst, resume=partial.exists(), **options)
+    except OtherSource:  # pull has no --resume to leave out: it starts over itself
+        log(f"[pull] {partial} is the repack of another revision or options: starting over")
+        repack(snapshot, dst, resume=False, **options)
     if delete_source:
         forget(snapshot)
         log(f"[pull] {name}: the download is removed from the Hugging Face cache")

@@ -147,6 +147,28 @@ def test_a_pull_interrupted_while_repacking_resumes_without_fetching_again(
     assert folder == tmp_path / "streamer-cache" / "models" / "tiny-org--Tiny-BF16"
 
 
+def test_a_pull_with_other_options_starts_an_unfinished_repack_over(
+    hub, here, checkpoints, tmp_path, monkeypatch, capsys
+):
+    """A pull resumes the repack an earlier one left; one of another revision or other options
+    was refused with "rerun without --resume", which pull has not: every pull failed alike."""
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # both read at import time
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + TEMPLATE)
+    name, lines = "tiny-org/Tiny-BF16", []
+
+    def interrupt(line: str) -> None:
+        if "layer 2/2" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pull(name, quantize=Quantize(4, 64), log=interrupt)
+    folder = pull(name, quantize=Quantize(8, 64), log=lines.append)
+    assert any("is the repack of another revision or options: starting over" in x for x in lines)
+    reference = tmp_path / "reference"
+    repack(checkpoints.hf("qwen3_moe"), reference, quantize=Quantize(8, 64), log=lambda _: None)
+    assert generated(folder, capsys) == generated(reference, capsys)
+
+
 def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
     """Killed while a file comes: the next pull fetches only that file; a connection cut midway
     resumes from the byte it reached (a Range request)."""

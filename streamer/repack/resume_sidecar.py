@@ -68,7 +68,12 @@ def source_identity(ckpt: Checkpoint, options: dict) -> SourceIdentity:
     return SourceIdentity(digest.hexdigest(), ckpt.file_stamps())
 
 
-class SourceChanged(StreamerError):
+class OtherSource(StreamerError):
+    """A resume refused: the source or the options are not those the interrupted repack started
+    with (its work is of no use to this one)."""
+
+
+class SourceChanged(OtherSource):
     """A source file written since the interrupted repack started: `file` names it."""
 
     def __init__(self, file: str):
@@ -112,7 +117,7 @@ class ResumeSidecar:
             return None
         state = read_json_object(path, "rerun without --resume to start over.")
         if state.get("source") != identity.digest:
-            raise StreamerError(
+            raise OtherSource(
                 f"{folder} was started from a different checkpoint or with other options "
                 "(config.json, the tensors or --quantize differ): rerun without --resume to start "
                 "over."
