@@ -155,6 +155,19 @@ def test_a_budget_past_every_expert_that_the_memory_cannot_hold_is_refused(
         streamer.load(folder, memory_budget=1 << 50, read_path=read_path)
 
 
+def test_budget_0s_pool_past_the_memory_says_what_does_fit(float32_model, monkeypatch):
+    """Budget 0's pool (the smallest) past the memory available said "give a smaller memory
+    budget": there is none; the mapped path's budget 0 keeps no experts in memory."""
+    _, folder = float32_model
+    monkeypatch.setattr(loading, "available_memory", lambda: 1)
+    with pytest.raises(StreamerError) as refused:
+        streamer.load(folder, memory_budget=0, read_path="slots")
+    told = "it is budget 0's, the smallest; free memory, or read with {} (budget 0 there keeps "
+    told += "none)."
+    assert str(refused.value).endswith(told.format("read_path='mapped'"))
+    assert refused.value.flags.endswith(told.format("--read-path mapped"))
+
+
 def test_a_hot_cache_larger_than_the_available_memory_is_refused(float32_model, monkeypatch):
     """The mapped path's hot-expert cache, the slot pool's counterpart, was never held against the
     memory available: a budget past it was taken, the cache free to grow past the memory."""

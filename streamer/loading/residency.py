@@ -22,7 +22,7 @@ from ..cache.expected_hits import PROFILES, expected_pool_hits
 from ..cache.landing import CUDA_MISSES_DEFAULT
 from ..cache.slot_memory import SlotTensor, chunk_slots
 from ..cache.slot_pool import CHUNK_BYTES
-from ..errors import StreamerError
+from ..errors import refusal
 from ..io.expert_layout import LayerLayout
 from ..io.sizes import size_text
 from .backend import backend
@@ -240,7 +240,15 @@ def check_fits(plan: ResidencyPlan) -> None:
         "hot cache": (plan.cache_slots * plan.largest_expert, "a hot-expert cache"),
     }.get(plan.form, (0, ""))
     if held > plan.available:
-        raise StreamerError(
-            f"{what}, {size_text(held)} ({plan.budget_why}), does not fit in the "
-            f"{size_text(plan.available)} of memory available: give a smaller memory budget."
+        raise refusal(
+            lambda spell: (
+                f"{what}, {size_text(held)} ({plan.budget_why}), does not fit in the "
+                f"{size_text(plan.available)} of memory available: "
+                + (
+                    f"it is budget 0's, the smallest; free memory, or read with "
+                    f"{spell('read_path', 'mapped')} (budget 0 there keeps none)."
+                    if plan.budget == 0
+                    else "give a smaller memory budget."
+                )
+            )
         )
