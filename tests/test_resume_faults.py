@@ -109,7 +109,14 @@ def test_a_quantization_sidecar_rewritten_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "state", [{"layers": [1, 2]}, {"resident": "x"}, {"layers": {"x": {}}}, {"layers": {"0": 3}}]
+    "state",
+    [
+        {"layers": [1, 2]},
+        {"resident": "x"},
+        {"layers": {"x": {}}},
+        {"layers": {"0": 3}},
+        {"files": ["model.safetensors"]},
+    ],
 )
 def test_a_malformed_progress_file_is_refused(small_source, tmp_path, state):
     dst = tmp_path / "model"

@@ -46,8 +46,8 @@ MLX_TO_SAFETENSORS = {
     mlx: name for name, (_, mlx) in DTYPES.items() if name not in ("F8_E4M3", "F8_E8M0")
 }
 # dtypes the safetensors format defines that MLX cannot load (not corruption: refused as such).
-# F64 is typed above only so that a writer can produce one: mx.load refuses it, and no model of
-# MLX computes in it
+# F64 is in DTYPES as mx.float64 exists (write_safetensors writes one), but mx.load refuses it and
+# no MLX model computes in it
 UNLOADABLE_DTYPES = ("F64", "F8_E5M2", "F4", "F6_E2M3", "F6_E3M2", "C64")
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
 LFS_POINTER_PREFIX = b"version https://git-lfs"

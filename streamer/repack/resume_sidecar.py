@@ -5,10 +5,9 @@ whatever the sidecar lists is complete on disk, whenever the process was killed.
 continues an interrupted repack only if the source checkpoint and options are the ones it started
 with (a hash of config.json, the tensor table and the options) and no file it read was written
 since (a shard, hf_quant_config.json: its size and modification time, as a new revision of the
-model may keep every size). A recorded
-file is kept only if it is what this run would write and its bytes match the recorded crc32s
-(keep_verified): a damaged or edited sidecar costs the files it misdescribes, never a published
-folder that load refuses.
+model may keep every size). A recorded file is kept only if it is what this run would write and
+its bytes match the recorded crc32s (keep_verified): a damaged or edited sidecar costs the files
+it misdescribes, never a published folder that load refuses.
 """
 
 from __future__ import annotations
@@ -85,15 +84,11 @@ class SourceChanged(OtherSource):
         self.file = file
 
 
-def _check_files(folder: Path, recorded: object, identity: SourceIdentity) -> None:
+def _check_files(recorded: dict | None, identity: SourceIdentity) -> None:
     """Refuse a file written, or one come or gone, since the repack started (a sidecar from
     before files were recorded has none to compare)."""
     if recorded is None:
         return
-    if not isinstance(recorded, dict):
-        raise StreamerError(
-            f"{folder / SIDECAR_FILE} is damaged: rerun without --resume to start over."
-        )
     for name in sorted(recorded.keys() | identity.files.keys()):
         if recorded.get(name) != identity.files.get(name):
             raise SourceChanged(name)
@@ -122,10 +117,13 @@ class ResumeSidecar:
                 "(config.json, the tensors or --quantize differ): rerun without --resume to start "
                 "over."
             )
-        _check_files(Path(folder), state.get("files"), identity)
         sidecar = cls(folder, identity)
         resident, layers = state.get("resident"), state.get("layers", {})
         damaged = StreamerError(f"{path} is damaged: rerun without --resume to start over.")
+        files = state.get("files")
+        if files is not None and not isinstance(files, dict):
+            raise damaged
+        _check_files(files, identity)
         if resident is not None and not (
             isinstance(resident, dict)
             and all(type(crc) is int and 0 <= crc < 1 << 32 for crc in resident.values())
