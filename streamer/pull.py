@@ -213,14 +213,15 @@ def drop_stale_parts(name: str) -> None:
 def own_files(snapshot: Path) -> None:
     """Make each of the snapshot's links the file it points to (a rename of its blob, no copy),
     so that --delete-source frees the space when it deletes a shard; a blob that another link
-    shares (another revision's, a duplicate file) is copied instead."""
+    shares (another revision's, a duplicate file) is copied instead, its modification time kept:
+    a repack this pull resumes checks its shards by it (repack/resume_sidecar.py)."""
     links = [p for p in (snapshot.parent).rglob("*") if p.is_symlink()]
     shared = Counter(os.path.realpath(p) for p in links)
     for link in sorted(p for p in snapshot.rglob("*") if p.is_symlink()):
         blob = os.path.realpath(link)
         if shared[blob] > 1:
             tmp = link.with_name(f".{link.name}.copy")
-            shutil.copyfile(blob, tmp)
+            shutil.copy2(blob, tmp)
             blob = tmp
         os.replace(blob, link)  # the link itself is replaced, atomically
 

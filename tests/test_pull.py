@@ -24,7 +24,7 @@ from local_hub import LocalHub, commit_of
 import streamer
 from streamer.cli import main
 from streamer.loading.hub import ALLOW_PATTERNS
-from streamer.pull import pull
+from streamer.pull import own_files, pull
 from streamer.repack import repack
 from streamer.repack.recipe import Quantize
 
@@ -387,3 +387,22 @@ def test_a_destination_under_a_file_is_refused_before_the_weights(hub, tmp_path)
     hub.env["STREAMER_CACHE_DIR"] = str(tmp_path / "afile")  # an MLX download streams in place
     status, _, err = run(hub, "pull", "tiny-org/Tiny-MLX")
     assert status == 0, err
+
+
+def test_a_shared_blob_is_copied_with_its_time(tmp_path):
+    """own_files (--delete-source) copies a blob another revision's link shares: the copy took a
+    new modification time, so a repack an earlier pull left (without --delete-source: its shards
+    read through the links) could not resume, the shard seemingly rewritten."""
+    storage = tmp_path / "models--org--name"
+    blob = storage / "blobs" / "abc"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"weights")
+    os.utime(blob, ns=(10**18, 10**18))
+    for revision in ("one", "two"):
+        (storage / "snapshots" / revision).mkdir(parents=True)
+        (storage / "snapshots" / revision / "model.safetensors").symlink_to("../../blobs/abc")
+    own_files(storage / "snapshots" / "one")
+    shard = storage / "snapshots" / "one" / "model.safetensors"
+    assert not shard.is_symlink() and shard.read_bytes() == b"weights"
+    assert shard.stat().st_mtime_ns == 10**18
+    assert (storage / "snapshots" / "two" / "model.safetensors").resolve() == blob
