@@ -132,7 +132,10 @@ def test_resume_without_a_progress_file_keeps_the_only_copy(source, tmp_path):
         repack(source, dst, delete_source=True, log=interrupt)
     (partial / "progress.json").unlink()
     before = files(partial)
-    with pytest.raises(StreamerError, match="no progress.json.* only copy .*download the model"):
+    with pytest.raises(
+        StreamerError,
+        match="no progress.json.* only copy .*delete that folder and download the model again",
+    ):
         repack(source, dst, delete_source=True, resume=True, **QUIET)
     assert files(partial) == before
     # damaged, it said to start over without --resume, which the stand-ins refuse: a circle
@@ -160,7 +163,8 @@ def test_a_kept_shard_rewritten_at_its_size_is_refused_naming_it(source, tmp_pat
     with pytest.raises(
         StreamerError,
         match=f"cannot resume \\(source file {shard.name} changed since it started\\) .*only "
-        "copy .*restore that file as it was",
+        "copy .*restore that file as it was; else delete that folder and download the model "
+        "again",
     ):
         repack(source, dst, delete_source=True, resume=True, **QUIET)
     assert files(partial) == before
