@@ -161,11 +161,15 @@ class Checkpoint:
                     )
         return table
 
-    def file_stamps(self) -> dict[str, list[int]]:
+    def file_stamps(self) -> dict[str, list[int] | None]:
         """The size and modification time (ns) of each file read for the tensors and their
         quantization, by name, as it was read: what a resume checks (a new revision of a file may
-        keep its size)."""
-        return {shard.name: list(was[2:]) for shard, was in self._stats.items()}
+        keep its size). None for a stand-in: its shard's data is all written, and its own time is
+        not the shard's."""
+        return {
+            path.name: None if path.name in self.stand_ins else list(was[2:])
+            for path, was in self._stats.items()
+        }
 
     def lazy(self, name: str) -> mx.array:
         """A lazily loaded tensor (mx.load reads no data until evaluated)."""

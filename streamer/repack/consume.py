@@ -5,10 +5,9 @@ in the progress sidecar: the resident file (which reads every shard) and every M
 expert tensor in that shard. So the extra disk a repack needs at any moment is about what it has
 written beyond what it has deleted: the resident file plus a shard or so, instead of the whole
 model. Before a shard goes, a stand-in is kept in `.DST.partial/consumed/`: its header at the
-shard's original size and modification time with the data left as a hole (a few KB on disk), so
-the tensor table, and with it `--resume`, stays whole. A failure never deletes anything more, and
-the partial folder that holds the only copy of deleted shards' data is never removed by a failure
-or a restart.
+shard's original size with the data left as a hole (a few KB on disk), so the tensor table, and
+with it `--resume`, stays whole. A failure never deletes anything more, and the partial folder
+that holds the only copy of deleted shards' data is never removed by a failure or a restart.
 """
 
 from __future__ import annotations
@@ -124,15 +123,12 @@ class SourceConsumer:
         with open(path, "rb") as f:
             head = f.read(8)
             header = head + f.read(struct.unpack("<Q", head)[0])
-            shard = os.fstat(f.fileno())
+            size = os.fstat(f.fileno()).st_size
         tmp = folder / f".{path.name}.tmp"
         with open(tmp, "wb") as f:
             f.write(header)
-            # a hole: the table's offsets stay valid, the disk holds the header; and the shard's
-            # time, which --resume checks the shard by (resume_sidecar.py)
-            f.truncate(shard.st_size)
+            f.truncate(size)  # a hole: the table's offsets stay valid, the disk holds the header
             f.flush()
-            os.utime(f.fileno(), ns=(shard.st_atime_ns, shard.st_mtime_ns))
             os.fsync(f.fileno())
         os.replace(tmp, folder / path.name)
         fsync_dir(folder)

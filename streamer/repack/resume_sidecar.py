@@ -43,7 +43,7 @@ class SourceIdentity:
     (Checkpoint.file_stamps)."""
 
     digest: str
-    files: dict[str, list[int]] = field(default_factory=dict)
+    files: dict[str, list[int] | None] = field(default_factory=dict)
 
 
 def source_identity(ckpt: Checkpoint, options: dict) -> SourceIdentity:
@@ -90,7 +90,8 @@ def _check_files(recorded: dict | None, identity: SourceIdentity) -> None:
     if recorded is None:
         return
     for name in sorted(recorded.keys() | identity.files.keys()):
-        if recorded.get(name) != identity.files.get(name):
+        now = identity.files.get(name, [])
+        if now is not None and recorded.get(name, []) != now:  # None: a deleted shard's stand-in
             raise SourceChanged(name)
 
 
