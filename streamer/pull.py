@@ -27,6 +27,7 @@ from .repack import repack
 from .repack.consume import stand_ins
 from .repack.publish import is_streamer_output, partial_folder
 from .repack.recipe import Quantize
+from .repack.resume_sidecar import OtherSource
 
 
 def pull(
@@ -65,15 +66,12 @@ def pull(
     log(f"[pull] {name} is not MLX-quantized: repacking it into {dst}")
     if delete_source:
         own_files(snapshot)
-    repack(
-        snapshot,
-        dst,
-        quantize=quantize,
-        force=force,
-        resume=partial.exists(),
-        delete_source=delete_source,
-        log=log,
-    )
+    options = {"quantize": quantize, "force": force, "delete_source": delete_source, "log": log}
+    try:
+        repack(snapshot, dst, resume=partial.exists(), **options)
+    except OtherSource:  # pull has no --resume to leave out: it starts over itself
+        log(f"[pull] {partial} is the repack of another revision or options: starting over")
+        repack(snapshot, dst, resume=False, **options)
     if delete_source:
         forget(snapshot)
         log(f"[pull] {name}: the download is removed from the Hugging Face cache")
@@ -215,14 +213,15 @@ def drop_stale_parts(name: str) -> None:
 def own_files(snapshot: Path) -> None:
     """Make each of the snapshot's links the file it points to (a rename of its blob, no copy),
     so that --delete-source frees the space when it deletes a shard; a blob that another link
-    shares (another revision's, a duplicate file) is copied instead."""
+    shares (another revision's, a duplicate file) is copied instead, its modification time kept:
+    a repack this pull resumes checks its shards by it (repack/resume_sidecar.py)."""
     links = [p for p in (snapshot.parent).rglob("*") if p.is_symlink()]
     shared = Counter(os.path.realpath(p) for p in links)
     for link in sorted(p for p in snapshot.rglob("*") if p.is_symlink()):
         blob = os.path.realpath(link)
         if shared[blob] > 1:
             tmp = link.with_name(f".{link.name}.copy")
-            shutil.copyfile(blob, tmp)
+            shutil.copy2(blob, tmp)
             blob = tmp
         os.replace(blob, link)  # the link itself is replaced, atomically
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,18 @@ def resumed_by_the_command(source: Path, dst: Path, *flags: str) -> None:
     result = subprocess.run([*command, *flags], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "kept from the interrupted run" in result.stderr
+
+
+def rewrite(path: Path, data: bytes) -> None:
+    """Write `data` over `path` as a new revision of it would come: its modification time a
+    second later (a coarse clock keeps the time of a write within the same tick)."""
+    path.write_bytes(data)
+    later = path.stat().st_mtime_ns + 10**9
+    os.utime(path, ns=(later, later))
+
+
+def rewrite_at_its_size(path: Path) -> None:
+    """Another revision of `path` at the same size: its last byte other (a header alike)."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    rewrite(path, bytes(data))

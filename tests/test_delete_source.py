@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from repack_checks import assert_same_model, resumed_by_the_command
+from repack_checks import assert_same_model, resumed_by_the_command, rewrite_at_its_size
 
 from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
@@ -111,6 +111,8 @@ def test_an_interrupted_repack_resumes_from_the_stand_ins(source, reference, tmp
     gone = set(before) - set(shards(source))
     assert gone and set(shards(source))  # some shards consumed, the rest kept
     assert {p.name for p in (partial / "consumed").iterdir()} == gone
+    for stand_in in (partial / "consumed").iterdir():  # a disk keeping times to 2 s (exFAT), a
+        os.utime(stand_in, ns=(0, 10**18))  # copy: a stand-in's time is not its shard's
     with pytest.raises(StreamerError, match="only copy of .* --resume"):
         repack(source, dst, delete_source=True, **QUIET)  # starting over would lose them
     assert partial.exists()
@@ -132,13 +134,40 @@ def test_resume_without_a_progress_file_keeps_the_only_copy(source, tmp_path):
         repack(source, dst, delete_source=True, log=interrupt)
     (partial / "progress.json").unlink()
     before = files(partial)
-    with pytest.raises(StreamerError, match="no progress.json.* only copy .*download the model"):
+    with pytest.raises(
+        StreamerError,
+        match="no progress.json.* only copy .*delete that folder and download the model again",
+    ):
         repack(source, dst, delete_source=True, resume=True, **QUIET)
     assert files(partial) == before
     # damaged, it said to start over without --resume, which the stand-ins refuse: a circle
     (partial / "progress.json").write_text("{")
     before = files(partial)
     with pytest.raises(StreamerError, match="damaged.* only copy .*cannot start over: rerun"):
+        repack(source, dst, delete_source=True, resume=True, **QUIET)
+    assert files(partial) == before
+
+
+def test_a_kept_shard_rewritten_at_its_size_is_refused_naming_it(source, tmp_path):
+    """A new revision of a shard not yet deleted, at its size: resuming would mix revisions, and
+    starting over cannot (the deleted shards' only copy is the partial folder): restore it."""
+    dst, partial = tmp_path / "model", tmp_path / ".model.partial"
+
+    def interrupt(line: str) -> None:
+        if "layer 3/4" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        repack(source, dst, delete_source=True, log=interrupt)
+    shard = sorted(source.glob("*.safetensors"))[-1]
+    rewrite_at_its_size(shard)
+    before = files(partial)
+    with pytest.raises(
+        StreamerError,
+        match=f"cannot resume \\(source file {shard.name} changed since it started\\) .*only "
+        "copy .*restore that file as it was; else delete that folder and download the model "
+        "again",
+    ):
         repack(source, dst, delete_source=True, resume=True, **QUIET)
     assert files(partial) == before
 

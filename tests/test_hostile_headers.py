@@ -90,7 +90,7 @@ def test_an_integer_of_thousands_of_digits(tmp_path):
         read_header(path)
 
 
-@pytest.mark.parametrize("dtype", ["F8_E5M2", "F4", "F6_E2M3", "C64"])
+@pytest.mark.parametrize("dtype", ["F64", "F8_E5M2", "F4", "F6_E2M3", "C64"])
 def test_a_safetensors_dtype_mlx_cannot_load(tmp_path, dtype):
     """A dtype the safetensors format defines but MLX cannot load was called corruption ("the
     file is corrupt or truncated"): downloading it again cannot help."""

@@ -87,7 +87,7 @@ def test_symlink_loops_in_the_model_folder(src, tmp_path):
 def test_float64_weights_are_refused(src, tmp_path):
     name = "model.layers.0.input_layernorm.weight"
     rewrite_tensor(src, name, lambda t: t.astype(mx.float64))
-    with pytest.raises(StreamerError, match=f"'{name}' is F64, which MLX models cannot load"):
+    with pytest.raises(StreamerError, match=f"'{name}' is F64, which MLX cannot load"):
         repack(src, tmp_path / "out", **QUIET)
 
 

@@ -24,7 +24,7 @@ from local_hub import LocalHub, commit_of
 import streamer
 from streamer.cli import main
 from streamer.loading.hub import ALLOW_PATTERNS
-from streamer.pull import pull
+from streamer.pull import own_files, pull
 from streamer.repack import repack
 from streamer.repack.recipe import Quantize
 
@@ -145,6 +145,28 @@ def test_a_pull_interrupted_while_repacking_resumes_without_fetching_again(
     repack(checkpoints.hf("qwen3_moe"), reference, quantize=quantize, log=lambda _: None)
     assert generated(name, capsys) == generated(reference, capsys)
     assert folder == tmp_path / "streamer-cache" / "models" / "tiny-org--Tiny-BF16"
+
+
+def test_a_pull_with_other_options_starts_an_unfinished_repack_over(
+    hub, here, checkpoints, tmp_path, monkeypatch, capsys
+):
+    """A pull resumes the repack an earlier one left; one of another revision or other options
+    was refused with "rerun without --resume", which pull has not: every pull failed alike."""
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # both read at import time
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + TEMPLATE)
+    name, lines = "tiny-org/Tiny-BF16", []
+
+    def interrupt(line: str) -> None:
+        if "layer 2/2" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pull(name, quantize=Quantize(4, 64), log=interrupt)
+    folder = pull(name, quantize=Quantize(8, 64), log=lines.append)
+    assert any("is the repack of another revision or options: starting over" in x for x in lines)
+    reference = tmp_path / "reference"
+    repack(checkpoints.hf("qwen3_moe"), reference, quantize=Quantize(8, 64), log=lambda _: None)
+    assert generated(folder, capsys) == generated(reference, capsys)
 
 
 def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
@@ -365,3 +387,22 @@ def test_a_destination_under_a_file_is_refused_before_the_weights(hub, tmp_path)
     hub.env["STREAMER_CACHE_DIR"] = str(tmp_path / "afile")  # an MLX download streams in place
     status, _, err = run(hub, "pull", "tiny-org/Tiny-MLX")
     assert status == 0, err
+
+
+def test_a_shared_blob_is_copied_with_its_time(tmp_path):
+    """own_files (--delete-source) copies a blob another revision's link shares: the copy took a
+    new modification time, so a repack an earlier pull left (without --delete-source: its shards
+    read through the links) could not resume, the shard seemingly rewritten."""
+    storage = tmp_path / "models--org--name"
+    blob = storage / "blobs" / "abc"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"weights")
+    os.utime(blob, ns=(10**18, 10**18))
+    for revision in ("one", "two"):
+        (storage / "snapshots" / revision).mkdir(parents=True)
+        (storage / "snapshots" / revision / "model.safetensors").symlink_to("../../blobs/abc")
+    own_files(storage / "snapshots" / "one")
+    shard = storage / "snapshots" / "one" / "model.safetensors"
+    assert not shard.is_symlink() and shard.read_bytes() == b"weights"
+    assert shard.stat().st_mtime_ns == 10**18
+    assert (storage / "snapshots" / "two" / "model.safetensors").resolve() == blob

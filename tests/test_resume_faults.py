@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from repack_checks import QUIET, assert_same_model, interrupted_repack
+from repack_checks import (
+    QUIET,
+    assert_same_model,
+    interrupted_repack,
+    rewrite,
+    rewrite_at_its_size,
+)
 
 import streamer
+from fixtures import muse_spark, tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
 from streamer.repack import repack
 from streamer.verify import verify
@@ -59,8 +67,56 @@ def test_a_tampered_progress_file_never_publishes_a_bad_folder(small_source, tmp
     streamer.load(dst)
 
 
+def test_a_shard_rewritten_at_its_size_is_refused(small_source, tmp_path):
+    """A new revision of a shard at the same size (a header alike) resumed: the layers written
+    before were from the old one, those after from the new. Now refused, naming the shard, the
+    finished work kept."""
+    source, dst = tmp_path / "src", tmp_path / "model"
+    shutil.copytree(small_source, source)
+    progress = interrupted_repack(source, dst, "layer 2/2")
+    shard = sorted(source.glob("model*.safetensors"))[-1]
+    rewrite_at_its_size(shard)
+    before = progress.read_bytes()
+    with pytest.raises(
+        StreamerError,
+        match=f"^source file {shard.name} changed since this repack started .*restore that file, "
+        "or rerun without --resume to start over",
+    ):
+        repack(source, dst, resume=True, **QUIET)
+    assert progress.read_bytes() == before
+    repack(source, dst, **QUIET)  # without --resume: starts over
+    assert verify(dst, **QUIET) == []
+
+
+def test_a_quantization_sidecar_rewritten_is_refused(tmp_path):
+    """hf_quant_config.json, where config.json has no quantization, says how the tensors are
+    quantized, but only config.json was in what a resume checks: a new revision of it resumed."""
+    src, dst = tmp_path / "src", tmp_path / "model"
+    write_hf_checkpoint(src, tiny_config("muse_spark"), pack=muse_spark.FORMAT)
+    config = json.loads((src / "config.json").read_text())
+    del config["quantization_config"]
+    (src / "config.json").write_text(json.dumps(config))
+    sidecar = src / "hf_quant_config.json"
+    sidecar.write_text(json.dumps(muse_spark.hf_quant_config(config)))
+    progress = interrupted_repack(src, dst, "layer 2/")
+    changed = muse_spark.hf_quant_config(config)
+    changed["quantization"]["exclude_modules"] = ["lm_head"]
+    rewrite(sidecar, json.dumps(changed).encode())
+    before = progress.read_bytes()
+    with pytest.raises(StreamerError, match="^source file hf_quant_config.json changed since"):
+        repack(src, dst, resume=True, **QUIET)
+    assert progress.read_bytes() == before
+
+
 @pytest.mark.parametrize(
-    "state", [{"layers": [1, 2]}, {"resident": "x"}, {"layers": {"x": {}}}, {"layers": {"0": 3}}]
+    "state",
+    [
+        {"layers": [1, 2]},
+        {"resident": "x"},
+        {"layers": {"x": {}}},
+        {"layers": {"0": 3}},
+        {"files": ["model.safetensors"]},
+    ],
 )
 def test_a_malformed_progress_file_is_refused(small_source, tmp_path, state):
     dst = tmp_path / "model"

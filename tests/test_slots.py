@@ -25,9 +25,9 @@ from streamer.experts.layer import StreamingExperts
 from streamer.io import cuda_gather
 from streamer.io.cuda_gather import NO_SLOT, UNWANTED
 from streamer.io.manifest import read_manifest
+from streamer.loading import assembly, pools, residency
 from streamer.loading import backend as backends
 from streamer.loading import load as loading
-from streamer.loading import pools, residency
 
 
 def slot_bytes(folder) -> int:
@@ -153,6 +153,33 @@ def test_a_budget_past_every_expert_that_the_memory_cannot_hold_is_refused(
     monkeypatch.setattr(pools, "open_pools", lambda *a, **k: pytest.fail("pool made"))
     with pytest.raises(StreamerError, match=r"every expert in memory, .* does not fit in the 1 B"):
         streamer.load(folder, memory_budget=1 << 50, read_path=read_path)
+
+
+def test_budget_0s_pool_past_the_memory_says_what_does_fit(float32_model, monkeypatch):
+    """Budget 0's pool (the smallest) past the memory available said "give a smaller memory
+    budget": there is none; the mapped path's budget 0 keeps no experts in memory."""
+    _, folder = float32_model
+    monkeypatch.setattr(loading, "available_memory", lambda: 1)
+    with pytest.raises(StreamerError) as refused:
+        streamer.load(folder, memory_budget=0, read_path="slots")
+    told = "it is budget 0's, the smallest; free memory, or read with {} (budget 0 there keeps "
+    told += "none)."
+    assert str(refused.value).endswith(told.format("read_path='mapped'"))
+    assert refused.value.flags.endswith(told.format("--read-path mapped"))
+
+
+def test_a_hot_cache_larger_than_the_available_memory_is_refused(float32_model, monkeypatch):
+    """The mapped path's hot-expert cache, the slot pool's counterpart, was never held against the
+    memory available: a budget past it was taken, the cache free to grow past the memory."""
+    _, folder = float32_model
+    monkeypatch.setattr(loading, "available_memory", lambda: 1)
+    monkeypatch.setattr(assembly, "HotExperts", lambda *a: pytest.fail("cache made"))
+    with pytest.raises(
+        StreamerError,
+        match=r"^a hot-expert cache, .* \(memory budget .*\), does not fit in the 1 B of memory "
+        "available: give a smaller memory budget",
+    ):
+        streamer.load(folder, memory_budget=4 * slot_bytes(folder), read_path="mapped")
 
 
 def test_layers_are_grouped_so_a_group_fits_one_chunk():

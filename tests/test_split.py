@@ -16,6 +16,7 @@ from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
 from streamer.parallel.shards import balanced, interleaved
 from streamer.parallel.split import split
+from streamer.repack import repack
 from streamer.verify import verify
 
 
@@ -181,3 +182,24 @@ def test_a_trace_with_a_negative_id_names_it(full, tmp_path):
     np.savez(tmp_path / "negative.npz", experts=routed)
     with pytest.raises(StreamerError, match="layer 0 routes to expert -3, but the layer has 16"):
         split(full, tmp_path / "out", 0, 2, trace=tmp_path / "negative.npz")
+
+
+def test_an_unfinished_repack_into_the_destination_is_kept(full, checkpoints, tmp_path):
+    """A split removed whatever `.DST.partial` held, an interrupted `repack --delete-source`'s
+    too: the only copy of the source shards it had deleted."""
+    source, dst = tmp_path / "src", tmp_path / "model"
+    shutil.copytree(checkpoints.hf("qwen3_moe"), source)
+
+    def interrupt(line: str) -> None:
+        if "deleted source shard" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        repack(source, dst, delete_source=True, log=interrupt)
+    partial = tmp_path / ".model.partial"
+    before = {p: p.read_bytes() for p in partial.rglob("*") if p.is_file()}
+    with pytest.raises(StreamerError, match="unfinished `streamer repack` into .*with --resume"):
+        split(full, dst, 0, 2, log=lambda _: None)
+    assert {p: p.read_bytes() for p in partial.rglob("*") if p.is_file()} == before
+    repack(source, dst, delete_source=True, resume=True, log=lambda _: None)
+    assert verify(dst, log=lambda _: None) == []

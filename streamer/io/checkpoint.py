@@ -16,7 +16,6 @@ from .json_file import read_json_object
 from .safetensors import TensorInfo, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
-UNLOADABLE = ("F64",)  # a valid safetensors dtype that mx.load refuses
 
 
 # NVIDIA ModelOpt's exports may keep their quantization beside config.json rather than in it
@@ -87,14 +86,16 @@ class Checkpoint:
             missing="point at the folder that holds the model's config.json and *.safetensors "
             "files.",
         )
+        # each shard as its header was read, and a quantization sidecar as read
+        self._stats: dict[Path, tuple[int, ...]] = {}
         sidecar = self.folder / QUANTIZATION_SIDECAR
         text = self.config.get("text_config")
         placed = "quantization_config" in self.config or (
             isinstance(text, dict) and "quantization_config" in text
         )
         if not placed and sidecar.exists():  # read as mlx-lm's loader reads it
+            self._stats[sidecar] = _identity(sidecar)
             self.config["quantization_config"] = read_json_object(sidecar, "download it again.")
-        self._stats: dict[Path, tuple[int, ...]] = {}  # each shard as its header was read
         self.tensors = self._tensor_table()
         self._fds: dict[Path, int] = {}
         self._lazy_shards: dict[Path, dict[str, mx.array]] = {}
@@ -146,11 +147,6 @@ class Checkpoint:
             header = read_header(shard)
             self._stats[shard] = _identity(shard)
             for name, info in header.items():
-                if info.dtype in UNLOADABLE:
-                    raise StreamerError(
-                        f"{shard}: tensor '{name}' is {info.dtype}, which MLX models cannot load: "
-                        "convert the checkpoint to bf16, fp16 or fp32 first."
-                    )
                 if name in table:
                     raise StreamerError(
                         f"tensor '{name}' appears in both {table[name].path.name} and {shard.name}."
@@ -164,6 +160,16 @@ class Checkpoint:
                         "which does not contain it: the shard is incomplete; download it again."
                     )
         return table
+
+    def file_stamps(self) -> dict[str, list[int] | None]:
+        """The size and modification time (ns) of each file read for the tensors and their
+        quantization, by name, as it was read: what a resume checks (a new revision of a file may
+        keep its size). None for a stand-in: its shard's data is all written, and its own time is
+        not the shard's."""
+        return {
+            path.name: None if path.name in self.stand_ins else list(was[2:])
+            for path, was in self._stats.items()
+        }
 
     def lazy(self, name: str) -> mx.array:
         """A lazily loaded tensor (mx.load reads no data until evaluated)."""
@@ -192,8 +198,8 @@ class Checkpoint:
         return data
 
     def check_unchanged(self) -> None:
-        """Refuse a shard replaced, written to or cut short since its header was read (a download
-        fetching it again): its bytes read before and after would be mixed."""
+        """Refuse a shard (or quantization sidecar) replaced, written to or cut short since it was
+        read (a download fetching it again): its bytes read before and after would be mixed."""
         for shard, was in self._stats.items():
             if shard.name not in self.stand_ins and _identity(shard) != was:
                 raise StreamerError(

@@ -45,8 +45,10 @@ DTYPES: dict[str, tuple[np.dtype, mx.Dtype]] = {
 MLX_TO_SAFETENSORS = {
     mlx: name for name, (_, mlx) in DTYPES.items() if name not in ("F8_E4M3", "F8_E8M0")
 }
-# dtypes the safetensors format defines that MLX cannot load (not corruption: refused as such)
-UNLOADABLE_DTYPES = ("F8_E5M2", "F4", "F6_E2M3", "F6_E3M2", "C64")
+# dtypes the safetensors format defines that MLX cannot load (not corruption: refused as such).
+# F64 is in DTYPES as mx.float64 exists (write_safetensors writes one), but mx.load refuses it and
+# no MLX model computes in it
+UNLOADABLE_DTYPES = ("F64", "F8_E5M2", "F4", "F6_E2M3", "F6_E3M2", "C64")
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
 LFS_POINTER_PREFIX = b"version https://git-lfs"
 
@@ -167,7 +169,7 @@ def _check_no_overlap(path: Path, tensors: Iterable[TensorInfo]) -> None:
 
 
 # Exponent bits of each float format: a value with all of them set is Inf or NaN.
-_EXPONENT_MASKS = {"BF16": 0x7F80, "F16": 0x7C00, "F32": 0x7F800000, "F64": 0x7FF0000000000000}
+_EXPONENT_MASKS = {"BF16": 0x7F80, "F16": 0x7C00, "F32": 0x7F800000}
 
 
 def nonfinite_count(data: bytes | memoryview | np.ndarray, dtype: str) -> int:

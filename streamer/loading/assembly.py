@@ -60,8 +60,8 @@ def apply_residency(
     """Give the layers what `plan` says: every expert read into memory (a bar on a terminal), a
     slot pool per group of layers, the hot-expert cache, or nothing (the page cache). The slot
     pools made, for the handle to close."""
+    check_fits(plan)
     if plan.form == "resident":
-        check_fits(plan)
         with progress_bar(len(layers), "experts into memory", "layer") as bar:
             if plan.read_path == "slots":  # the files are not mapped: read through pools
                 resident_pools(
@@ -78,7 +78,6 @@ def apply_residency(
                     bar.update(1)
         return []
     if plan.form == "slot pool":
-        check_fits(plan)
         groups = [group for shape in plan.classes for group in shape.groups]
         by_layer = open_pools(
             layouts,

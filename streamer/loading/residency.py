@@ -22,7 +22,7 @@ from ..cache.expected_hits import PROFILES, expected_pool_hits
 from ..cache.landing import CUDA_MISSES_DEFAULT
 from ..cache.slot_memory import SlotTensor, chunk_slots
 from ..cache.slot_pool import CHUNK_BYTES
-from ..errors import StreamerError
+from ..errors import refusal
 from ..io.expert_layout import LayerLayout
 from ..io.sizes import size_text
 from .backend import backend
@@ -232,13 +232,23 @@ def slot_classes(
 
 
 def check_fits(plan: ResidencyPlan) -> None:
-    """Slots, or every expert resident (a budget past them all), that do not fit in the memory
-    available are refused before any expert is read."""
-    resident = plan.form == "resident"
-    held = plan.expert_bytes if resident else plan.pool_bytes
+    """Experts kept in memory (every one resident, a budget past them all; a slot pool; a hot
+    cache, full) that do not fit in the memory available are refused before any expert is read."""
+    held, what = {
+        "resident": (plan.expert_bytes, "every expert in memory"),
+        "slot pool": (plan.pool_bytes, "a slot pool"),
+        "hot cache": (plan.cache_slots * plan.largest_expert, "a hot-expert cache"),
+    }.get(plan.form, (0, ""))
     if held > plan.available:
-        what = "every expert in memory" if resident else "a slot pool"
-        raise StreamerError(
-            f"{what}, {size_text(held)} ({plan.budget_why}), does not fit in the "
-            f"{size_text(plan.available)} of memory available: give a smaller memory budget."
+        raise refusal(
+            lambda spell: (
+                f"{what}, {size_text(held)} ({plan.budget_why}), does not fit in the "
+                f"{size_text(plan.available)} of memory available: "
+                + (
+                    f"it is budget 0's, the smallest; free memory, or read with "
+                    f"{spell('read_path', 'mapped')} (budget 0 there keeps none)."
+                    if plan.budget == 0
+                    else "give a smaller memory budget."
+                )
+            )
         )

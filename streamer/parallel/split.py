@@ -30,6 +30,7 @@ from ..io.manifest import (
     write_manifest,
 )
 from ..io.sizes import size_text
+from ..repack.consume import stand_ins
 from ..repack.publish import (
     check_destination,
     check_free_space,
@@ -38,6 +39,7 @@ from ..repack.publish import (
     partial_folder,
     publish,
 )
+from ..repack.resume_sidecar import SIDECAR_FILE
 from .shards import owners
 
 
@@ -68,6 +70,7 @@ def split(
     readers = lock_for_replacing(dst) if dst.exists() else None  # refuse while a model reads dst
     try:
         check_not_in_the_way(partial)
+        check_not_a_repack(partial, dst)
         if partial.exists():
             fd = lock_directory(partial)
             shutil.rmtree(partial)
@@ -96,6 +99,16 @@ def split(
         "experts"
     )
     return result
+
+
+def check_not_a_repack(partial: Path, dst: Path) -> None:
+    """An unfinished repack into the same destination is its work (with --delete-source, the only
+    copy of the source shards it deleted): never removed for a split."""
+    if (partial / SIDECAR_FILE).exists() or stand_ins(partial):
+        raise StreamerError(
+            f"{partial} is an unfinished `streamer repack` into {dst}: finish it (the same repack "
+            "command with --resume), or split into another destination."
+        )
 
 
 def _write(

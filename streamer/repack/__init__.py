@@ -32,7 +32,7 @@ from ..progress import above, progress_bar
 from . import consume, publish
 from .recipe import Quantize, Recipe, make_recipe
 from .records import NonfiniteWarnings, record_bytes, write_layer
-from .resume_sidecar import SIDECAR_FILE, ResumeSidecar, source_identity
+from .resume_sidecar import SIDECAR_FILE, ResumeSidecar, SourceIdentity, source_identity
 
 __all__ = ["Quantize", "disk_needs", "recipe_disk_needs", "repack"]
 
@@ -47,7 +47,7 @@ def disk_needs(src: str | Path, quantize: Quantize | None = None) -> tuple[int, 
 def recipe_disk_needs(recipe: Recipe) -> tuple[int, int]:
     """disk_needs of a recipe made already, its checkpoint still open (one expert is read to size
     a record): `streamer plan` plans a download once, for its sizes and for these."""
-    sidecar = ResumeSidecar(recipe.folder, "")  # nothing done yet; never saved
+    sidecar = ResumeSidecar(recipe.folder, SourceIdentity(""))  # nothing done yet; never saved
     return consume.disk_peaks(recipe, sidecar, *layer_and_resident_bytes(recipe, sidecar))
 
 

@@ -18,7 +18,7 @@ from ..io.lock import lock_directory, repack_in_use
 from ..io.manifest import FORMAT, MANIFEST_FILE
 from ..io.sizes import size_text
 from .consume import stand_ins
-from .resume_sidecar import ResumeSidecar
+from .resume_sidecar import ResumeSidecar, SourceChanged, SourceIdentity
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
 
@@ -48,10 +48,11 @@ ONLY_COPY = (
     "{partial} cannot resume ({why}) and holds the only copy of source shards deleted by "
     "--delete-source, so it cannot start over: {fix}"
 )
+FRESH = "delete that folder and download the model again"  # else it refuses every repack
 
 
 def open_partial(
-    partial: Path, identity: str, resume: bool, log
+    partial: Path, identity: SourceIdentity, resume: bool, log
 ) -> tuple[int | None, ResumeSidecar]:
     """Lock the `.DST.partial` folder against other repacks and pick up its sidecar if resuming."""
     check_not_in_the_way(partial)
@@ -65,7 +66,10 @@ def open_partial(
             if not stand_ins(partial):
                 raise
             why = "its progress.json is damaged, or was written for other sources or options"
-            fix = "rerun the command that started it, with its options; else download the model."
+            fix = f"rerun the command that started it, with its options; else {FRESH}."
+            if isinstance(e, SourceChanged):
+                why = f"source file {e.file} changed since it started"
+                fix = f"restore that file as it was; else {FRESH}."
             raise StreamerError(ONLY_COPY.format(partial=partial, why=why, fix=fix)) from e
         except BaseException:
             if fd is not None:
@@ -77,7 +81,7 @@ def open_partial(
         if stand_ins(partial):  # its progress file gone by hand: never remove the only copy
             if fd is not None:
                 os.close(fd)
-            why, fix = "it has no progress.json", "download the model again to repack it."
+            why, fix = "it has no progress.json", f"{FRESH} to repack it."
             raise StreamerError(ONLY_COPY.format(partial=partial, why=why, fix=fix))
         log(
             f"[repack] removing the unfinished repack in {partial}"

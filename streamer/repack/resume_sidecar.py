@@ -3,16 +3,18 @@
 The repacker records the resident file and each MoE layer only after that file is fsynced, so
 whatever the sidecar lists is complete on disk, whenever the process was killed. `--resume`
 continues an interrupted repack only if the source checkpoint and options are the ones it started
-with (a hash of config.json, the tensor table and the options). A recorded file is kept only if
-it is what this run would write and its bytes match the recorded crc32s (keep_verified): a
-damaged or edited sidecar costs the files it misdescribes, never a published folder that load
-refuses.
+with (a hash of config.json, the tensor table and the options) and no file it read was written
+since (a shard, hf_quant_config.json: its size and modification time, as a new revision of the
+model may keep every size). A recorded file is kept only if it is what this run would write and
+its bytes match the recorded crc32s (keep_verified): a damaged or edited sidecar costs the files
+it misdescribes, never a published folder that load refuses.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import StreamerError
@@ -34,8 +36,19 @@ from .records import matches_recipe
 SIDECAR_FILE = "progress.json"
 
 
-def source_identity(ckpt: Checkpoint, options: dict) -> str:
-    """A hash of what determines the repacked bytes: config.json, the tensor table, the options."""
+@dataclass(frozen=True)
+class SourceIdentity:
+    """What an interrupted repack must find again to resume: `digest`, a hash of config.json, the
+    tensor table and the options; `files`, each file read's [size, mtime_ns] by name
+    (Checkpoint.file_stamps)."""
+
+    digest: str
+    files: dict[str, list[int] | None] = field(default_factory=dict)
+
+
+def source_identity(ckpt: Checkpoint, options: dict) -> SourceIdentity:
+    """What determines the repacked bytes: config.json, the tensor table, the options, and the
+    bytes of the files read as their sizes and modification times tell them."""
     digest = hashlib.sha256()
     digest.update((ckpt.folder / "config.json").read_bytes())
     table = sorted(
@@ -51,28 +64,56 @@ def source_identity(ckpt: Checkpoint, options: dict) -> str:
         for name, info in ckpt.tensors.items()
     )
     digest.update(json.dumps([FORMAT_VERSION, options, table]).encode())
-    return digest.hexdigest()
+    return SourceIdentity(digest.hexdigest(), ckpt.file_stamps())
+
+
+class OtherSource(StreamerError):
+    """A resume refused: the source or the options are not those the interrupted repack started
+    with (its work is of no use to this one)."""
+
+
+class SourceChanged(OtherSource):
+    """A source file written since the interrupted repack started: `file` names it."""
+
+    def __init__(self, file: str):
+        super().__init__(
+            f"source file {file} changed since this repack started (its modification time or "
+            "size differ: a new revision?), so its layers would mix with the ones written: "
+            "restore that file, or rerun without --resume to start over."
+        )
+        self.file = file
+
+
+def _check_files(recorded: dict | None, identity: SourceIdentity) -> None:
+    """Refuse a file written, or one come or gone, since the repack started (a sidecar from
+    before files were recorded has none to compare)."""
+    if recorded is None:
+        return
+    for name in sorted(recorded.keys() | identity.files.keys()):
+        now = identity.files.get(name, [])
+        if now is not None and recorded.get(name, []) != now:  # None: a deleted shard's stand-in
+            raise SourceChanged(name)
 
 
 class ResumeSidecar:
     """What an (interrupted) repack into `folder` has finished: the resident file and MoE layers."""
 
-    def __init__(self, folder: Path, identity: str):
+    def __init__(self, folder: Path, identity: SourceIdentity):
         self.folder = Path(folder)
         self.identity = identity
         self.resident: dict[str, int] | None = None  # crc32 per resident tensor, once written
         self.layers: dict[int, MoeLayer] = {}
 
     @classmethod
-    def load(cls, folder: Path, identity: str) -> ResumeSidecar | None:
+    def load(cls, folder: Path, identity: SourceIdentity) -> ResumeSidecar | None:
         """The recorded sidecar (None if there is none); refuses one from another source or
         options."""
         path = Path(folder) / SIDECAR_FILE
         if not path.exists():
             return None
         state = read_json_object(path, "rerun without --resume to start over.")
-        if state.get("source") != identity:
-            raise StreamerError(
+        if state.get("source") != identity.digest:
+            raise OtherSource(
                 f"{folder} was started from a different checkpoint or with other options "
                 "(config.json, the tensors or --quantize differ): rerun without --resume to start "
                 "over."
@@ -80,6 +121,10 @@ class ResumeSidecar:
         sidecar = cls(folder, identity)
         resident, layers = state.get("resident"), state.get("layers", {})
         damaged = StreamerError(f"{path} is damaged: rerun without --resume to start over.")
+        files = state.get("files")
+        if files is not None and not isinstance(files, dict):
+            raise damaged
+        _check_files(files, identity)
         if resident is not None and not (
             isinstance(resident, dict)
             and all(type(crc) is int and 0 <= crc < 1 << 32 for crc in resident.values())
@@ -135,7 +180,8 @@ class ResumeSidecar:
 
     def _save(self) -> None:
         state = {
-            "source": self.identity,
+            "source": self.identity.digest,
+            "files": self.identity.files,
             "resident": self.resident,
             "layers": {str(i): layer_to_json(layer) for i, layer in sorted(self.layers.items())},
         }
