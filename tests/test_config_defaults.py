@@ -43,10 +43,11 @@ def transformers_default(model_type: str, field: str):
     values = CONFIG_MAPPING[model_type]().to_dict()
     if field == "rope_scaling":  # transformers 5 keeps it in rope_parameters, with rope_theta
         return {k: v for k, v in values["rope_parameters"].items() if k != "rope_theta"}
+    if model_type == "mimo_v2_flash":  # one RoPE per layer kind
+        kind = "sliding_attention" if field == "swa_rope_theta" else "full_attention"
+        return values["rope_parameters"][kind]["rope_theta"]
     if field == "rope_theta":
         return values["rope_parameters"]["rope_theta"]
-    if field == "swa_rope_theta":  # MiMo-V2-Flash's: one RoPE per layer kind
-        return values["rope_parameters"]["sliding_attention"]["rope_theta"]
     return values[field]
 
 
@@ -197,22 +198,27 @@ def test_mimo_value_scale_is_read_where_given_and_refused_where_left_out(scale):
         check_config(left_out, "c")
 
 
-def test_mimo_sliding_rope_base_left_out_computes_as_transformers_default(tmp_path):
-    """A hub-form MiMo-V2-Flash config.json (no rope_parameters) without swa_rope_theta: mlx-lm's
-    model args require it, and it was refused as 'rope_parameters has no sliding_attention entry';
-    transformers' sliding layers compute with base 10000 (its default, the published value)."""
-    src = write_hf_checkpoint(tmp_path / "src", tiny_config("mimo_v2_flash", swa_rope_theta=1e4))
+@pytest.mark.parametrize(
+    "field, kind, value", [("rope_theta", "full", 5e6), ("swa_rope_theta", "sliding", 1e4)]
+)
+def test_mimo_rope_base_left_out_computes_as_transformers_default(tmp_path, field, kind, value):
+    """A hub-form MiMo-V2-Flash config.json (no rope_parameters) without one of its RoPE bases:
+    mlx-lm's model args require both, and it was refused as 'rope_parameters has no
+    full_attention (sliding_attention) entry'; transformers' layers compute with its defaults,
+    5e6 and 1e4 (the published values)."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("mimo_v2_flash", **{field: value}))
     reference = reference_model(src)
     config = json.loads((src / "config.json").read_text())
-    del config["swa_rope_theta"]
+    del config[field]
     assert_streams_as(src, config, reference, tmp_path / "out")
-    # a transformers 5 config's own sliding base (in rope_parameters) is not replaced by the fill
+    # a transformers 5 config's own base (in rope_parameters) is not replaced by the fill
     rope = {"rope_type": "default", "partial_rotary_factor": 0.334}
     kinds = {
-        "full_attention": {**rope, "rope_theta": 5e6},
+        "full_attention": {**rope, "rope_theta": 7e6},
         "sliding_attention": {**rope, "rope_theta": 3e4},
     }
-    assert normalize_config({**config, "rope_parameters": kinds})["swa_rope_theta"] == 3e4
+    own = {"full": 7e6, "sliding": 3e4}[kind]
+    assert normalize_config({**config, "rope_parameters": kinds})[field] == own
 
 
 @pytest.mark.parametrize("null", [False, True])

@@ -116,7 +116,8 @@ FILLED: dict[str, dict[str, object]] = {
     # mlx-lm: 20, its last 20 layers reusing earlier layers' keys and values (their own k_proj
     # and v_proj dropped, so no weight shape shows it): 48 logits apart on a 24-layer model
     "gemma4_text": {"num_kv_shared_layers": 0},  # gemma4's text_config too
-    "mimo_v2_flash": {"swa_rope_theta": 10000.0},  # a hub-form config's; mlx-lm requires one
+    # a hub-form config's bases (transformers' per-layer-kind defaults); mlx-lm requires both
+    "mimo_v2_flash": {"rope_theta": 5000000.0, "swa_rope_theta": 10000.0},
 }
 # transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them), transformers 4
 # in rope_scaling: one given in either is not left out
@@ -252,7 +253,8 @@ def _given(values: dict, field: str | None) -> bool:
     """Whether `values` sets `field` as transformers reads it (NULL_IS_ABSENT's null: no)."""
     if field in NULL_IS_ABSENT:
         return values.get(field) is not None
-    if field == "rope_theta":  # transformers 5 writes it in rope_parameters
+    if field == "rope_theta":  # transformers 5 writes it in rope_parameters (or each layer kind's)
         rope = values.get("rope_parameters")
-        return field in values or (isinstance(rope, dict) and field in rope)
+        written = [rope, *rope.values()] if isinstance(rope, dict) else []
+        return field in values or any(isinstance(r, dict) and field in r for r in written)
     return field in values
