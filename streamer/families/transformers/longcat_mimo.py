@@ -102,6 +102,21 @@ MIMO_V2_FLASH: dict[str, Callable[[dict], object]] = {
 }
 
 
+# transformers' defaults for the fields a hub-form config.json (no rope_parameters) leaves out and
+# mlx-lm's model args require: its per-layer-kind RoPE (the published bases and share) and its
+# router's (the published ones; the hub's null scaling factor is 1.0 to both)
+MIMO_V2_FLASH_HUB = {
+    "rope_theta": 5000000.0,
+    "swa_rope_theta": 10000.0,
+    "partial_rotary_factor": 0.334,
+    "num_experts_per_tok": 8,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+}
+
+
 # model_type -> fields transformers 5 writes for it and its hub configs do not: where config.json
 # has them all, transformers wrote it, and its model computes with its own fields only, whatever
 # hub fields a config it read carried through (MiMo-V2-Flash's config class keeps the hub's
