@@ -115,6 +115,34 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
             streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)
 
 
+def test_numpy_and_mlx_scalars_are_taken_as_numbers(checkpoints):
+    """np.float32(0.9) for temp (a number mlx-lm computes with) was refused as 'temp must be 0
+    (greedy) or more', np.int64 for top_k or max_tokens as not an integer, a numpy bias as MLX's
+    ValueError; a bool (numpy's too) is still not a number."""
+    import mlx.core as mx
+    import numpy as np
+
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    greedy = streamer.generate(model, tokenizer, "hello", max_tokens=6)
+    scalars = dict(temp=np.float32(0.9), top_p=np.float64(1.0), top_k=np.int64(1), seed=mx.array(3))
+    penalties = dict(
+        min_p=mx.array(0.0), repetition_penalty=np.float32(1.0), max_kv_size=np.int32(64)
+    )
+    assert (
+        streamer.generate(model, tokenizer, "hello", np.int64(6), **scalars, **penalties) == greedy
+    )
+    biased = streamer.stream_generate(model, tokenizer, "hi", 2, logit_bias={7: np.float32(100)})
+    assert [r.token for r in biased] == [7, 7]
+    for kwargs, message in [
+        ({"temp": np.bool_(True)}, r"temp must be 0 \(greedy\) or more \(got True\)"),
+        ({"top_k": np.float32(2.0)}, r"top_k must be an integer, 0 \(off\) or more \(got 2.0\)"),
+        ({"max_tokens": mx.array(True)}, r"max_tokens must be an integer \(got True\)"),
+        ({"top_p": np.float32(np.nan)}, "top_p must be above 0 and at most 1"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.generate(model, tokenizer, "hello", **{"max_tokens": 2, **kwargs})
+
+
 def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints):
     """Each of these ran before: ids past the vocabulary or negative returned text (or ended the
     process with SIGSEGV), a NaN penalty an empty answer, max_tokens=2.5 never stopped."""

@@ -28,6 +28,30 @@ def test_prompt_longer_than_the_context(checkpoints):
         streamer.generate(model, tokenizer, "hello", max_tokens=-3)
 
 
+def test_a_reused_prompt_cache_counts_toward_the_context(checkpoints):
+    """The tokens a passed prompt_cache holds come before the prompt's positions: they were not
+    counted, so a call past the context (2048) ran into positions the model was never trained on."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    cache = make_prompt_cache(model)
+    streamer.generate(model, tokenizer, [1 + i % 500 for i in range(2000)], 1, prompt_cache=cache)
+    held = cache[0].offset
+    assert held >= 2000
+    with pytest.raises(
+        StreamerError,
+        match=rf"the prompt cache holds {held} tokens and the prompt is 30 tokens and max_tokens "
+        rf"is 40, but the model's context is 2048 tokens .*at most {2048 - held - 30}, or shorten "
+        "the prompt or start from a fresh prompt cache",
+    ):
+        streamer.generate(model, tokenizer, list(range(1, 31)), 40, prompt_cache=cache)
+    with pytest.raises(
+        StreamerError, match=rf"holds {held} tokens and the prompt is 60 tokens but"
+    ):
+        streamer.generate(model, tokenizer, list(range(1, 61)), 1, prompt_cache=cache)
+    assert streamer.generate(model, tokenizer, [5], 2, prompt_cache=cache)  # what fits runs
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
