@@ -60,7 +60,7 @@ def routing_field(config: dict, names: tuple[str, ...]) -> object:
 
 def check_config(config: object, where: Path | str) -> dict:
     """`config` if mlx-lm can build a streaming model from it; else StreamerError naming a field."""
-    from ..model_types import architecture, mlx_lm_classes
+    from ..model_types import architecture, mlx_lm_classes, mlx_lm_model_type
 
     _check_object(config, where)
     config = letters_listed(config)
@@ -74,7 +74,10 @@ def check_config(config: object, where: Path | str) -> dict:
     if text_args is not None and isinstance(config.get("text_config"), dict):
         model_config = config["text_config"]
         check_declared_types(model_config, text_args, where, "text_config.")
-    check_ranges(model_config, where, "text_config." if model_config is not config else "")
+    # its groups as the model file's router reads them (Ling 3's bailing_hybrid: bailing_moe_v3's)
+    model_file = mlx_lm_model_type(config, where) if model_config is config else None
+    prefix = "text_config." if model_config is not config else ""
+    check_ranges(model_config, where, prefix, model_file)
     return config
 
 
