@@ -4,11 +4,13 @@ prompt cache holds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
-from .arguments import tokens_text
+from .arguments import check_token_ids, tokens_text
 from .errors import StreamerError
 from .loading.handle import streaming
 
@@ -30,6 +32,22 @@ def plain_keywords(keywords: dict) -> dict:
     if isinstance(bias, dict):  # MLX's mx.array refuses a list of numpy's floats
         plain["logit_bias"] = {k: plain_number(v) for k, v in bias.items()}
     return plain
+
+
+def ids_in_vocabulary(keywords: dict) -> list[Callable]:
+    """A logits processor refusing the token ids of logit_bias's keys and of xtc_special_tokens
+    past the logits' width (the vocabulary, first known at the first step), placed before
+    mlx-lm's processors and sampler, which index the logits with them out of bounds (SIGSEGV)."""
+    named = {n: keywords[n] for n in ("logit_bias", "xtc_special_tokens") if keywords.get(n)}
+    if not named:
+        return []
+
+    def check(tokens, logits):
+        for name, ids in named.items():
+            check_token_ids(ids, name, logits.shape[-1])
+        return logits
+
+    return [check]
 
 
 def cached_tokens(cache: object) -> int:

@@ -15,7 +15,7 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
-from .api_request import plain_keywords, plain_number, prompt_tokens
+from .api_request import ids_in_vocabulary, plain_keywords, plain_number, prompt_tokens
 from .arguments import check_request, check_sampling
 from .errors import StreamerError, one_line
 from .input_embeddings import check_input_embeddings
@@ -135,6 +135,7 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
         raise StreamerError(
             f"unknown keyword argument {unknown[0]!r}; known: temp, top_p, seed, {known}."
         )
+    checks = ids_in_vocabulary(kwargs)
     if kwargs.get("sampler", 0) is None:  # as mlx-lm reads it: none given, so temp and top_p hold
         del kwargs["sampler"]
     sampling = {k: kwargs.pop(k) for k in _SAMPLER_KEYWORDS & set(kwargs)}
@@ -142,11 +143,11 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
     if "sampler" in kwargs and sampling:
         raise StreamerError(f"give either sampler= or {sorted(sampling)[0]}=, not both.")
     kwargs.setdefault("sampler", any_top_k_sampler(temp, top_p, **sampling))
-    if processing:
+    if processing or checks:
         kwargs["logits_processors"] = [
             *(kwargs.get("logits_processors") or []),
-            *arguments.logit_bias_in_vocabulary(processing.get("logit_bias")),
-            *make_logits_processors(**processing),
+            *checks,
+            *(make_logits_processors(**processing) if processing else []),
         ]
     return kwargs
 

@@ -133,6 +133,11 @@ def test_numpy_and_mlx_scalars_are_taken_as_numbers(checkpoints):
     )
     biased = streamer.stream_generate(model, tokenizer, "hi", 2, logit_bias={7: np.float32(100)})
     assert [r.token for r in biased] == [7, 7]
+    xtc = dict(temp=1.0, seed=1, xtc_probability=1.0, xtc_threshold=0.01)  # MLX's ValueError
+    ids = [np.int64(t) for t in range(20)]
+    assert streamer.generate(model, tokenizer, "hi", 3, xtc_special_tokens=ids, **xtc) == (
+        streamer.generate(model, tokenizer, "hi", 3, xtc_special_tokens=list(range(20)), **xtc)
+    )
     for kwargs, message in [
         ({"temp": np.bool_(True)}, r"temp must be 0 \(greedy\) or more \(got True\)"),
         ({"top_k": np.float32(2.0)}, r"top_k must be an integer, 0 \(off\) or more \(got 2.0\)"),
@@ -172,6 +177,11 @@ def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints)
         ("hi", {"logit_bias": {1: float("nan")}}, "logit_bias must map token ids"),
         ("hi", {"logit_bias": [1]}, "logit_bias must map token ids"),
         ("hi", {"xtc_probability": 2.0}, "xtc_probability must be from 0 to 1.0"),
+        # MLX's ValueError; past the vocabulary a SIGSEGV (the mask indexed out of bounds)
+        ("hi", {"xtc_special_tokens": ["a"]}, r"xtc_special_tokens must be a list of token ids"),
+        ("hi", {"xtc_special_tokens": 7}, r"xtc_special_tokens must be a list .*\(got 7\)"),
+        ("hi", {"xtc_special_tokens": [-1]}, r"xtc_special_tokens must be a list of token ids"),
+        ("hi", {"xtc_special_tokens": [10**9]}, "xtc_special_tokens: token id 1000000000 is not"),
         ("hi", {"min_tokens_to_keep": 0}, "min_tokens_to_keep must be at least 1"),
         # mlx-lm's TypeError or AttributeError deep in its loop before
         ("hi", {"sampler": 5}, r"sampler must be a function or None \(got 5\)"),
