@@ -28,13 +28,13 @@ KV_GROUP_SIZES = (32, 64, 128)
 
 
 def parse_size(value: object, name: str) -> int:
-    """Bytes from an int or a size written as 8G, 8GB, 8GiB, 8 GB or 512M (binary units)."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    """Bytes from an integer or a size written as 8G, 8GB, 8GiB, 8 GB or 512M (binary units)."""
+    if not _integer(value) and not isinstance(value, str):  # numpy's integers are taken
         raise StreamerError(
             f"{name} must be a number of bytes or a size such as '8G' (got {value!r})."
         )
-    if isinstance(value, int):
-        number = value
+    if _integer(value):
+        number = int(value)
     else:
         match = _SIZE.match(value)
         number = float(match.group(1)) * _UNITS[match.group(2).lower()] if match else math.nan

@@ -19,17 +19,22 @@ def test_bad_generation_arguments(checkpoints):
 
 def test_load_takes_what_users_pass(checkpoints):
     import mlx.core as mx
+    import numpy as np
 
     folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
     for dtype in ("float32", "bfloat16", mx.float32):
         model, _ = streamer.load(folder, dtype=dtype, memory_budget="8G")
         assert "all experts resident" in model.streamer.residency
     model, _ = streamer.load(folder, memory_budget="8 GiB")
+    # numpy's integer: refused as not 'a number of bytes' before
+    model, _ = streamer.load(folder, memory_budget=np.int64(8 << 30))
+    assert "all experts resident" in model.streamer.residency
     for kwargs, message in [
         ({"memory_budget": "-1G"}, "memory_budget '-1G' is not a size"),
         ({"memory_budget": "lots"}, "memory_budget 'lots' is not a size"),
         ({"memory_budget": -5}, "memory_budget -5 is not a size"),
         ({"memory_budget": True}, "memory_budget must be a number of bytes"),
+        ({"memory_budget": np.bool_(True)}, "memory_budget must be a number of bytes"),
         ({"memory_budget": 1.5e9}, "memory_budget must be a number of bytes"),
         ({"dtype": "float64"}, "dtype must be one of float32, float16, bfloat16"),
         ({"dtype": mx.int8}, "dtype must be one of"),
