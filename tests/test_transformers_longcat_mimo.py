@@ -183,3 +183,23 @@ def test_loaded_in_bf16_and_saved_again_streams_what_transformers_computes(tmp_p
     }
     assert wider == routers
     assert_streams_as(oracle, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "hub, transformers",
+    [
+        ("layernorm_epsilon", "rms_norm_eps"),
+        ("sliding_window_size", "sliding_window"),
+        ("hybrid_layer_pattern", "layer_types"),
+        ("moe_layer_freq", "mlp_layer_types"),
+    ],
+)
+def test_a_hub_mimo_config_without_a_field_names_both_spellings(hub, transformers):
+    """A published (hub-form) MiMo-V2-Flash config.json without one of these was refused naming
+    transformers 5's field alone ("config.json has no 'rms_norm_eps'"), a field it never has."""
+    config = {k: v for k, v in TINY_CONFIGS["mimo_v2_flash"].items() if k != hub}
+    with pytest.raises(
+        StreamerError,
+        match=rf"config.json has neither '{hub}' \(the published spelling\) nor '{transformers}'",
+    ):
+        normalize_config(config)
