@@ -152,6 +152,44 @@ def test_groups_mlx_lm_routes_wrongly_or_fails_on_are_refused(arch, changed, sai
         check_config({**tiny_config(arch), **changed}, "config.json")
 
 
+@pytest.mark.parametrize(
+    "arch, field",
+    [
+        ("deepseek_v3", "n_group"),
+        ("deepseek_v3", "topk_group"),  # its fixture's 4 groups
+        ("glm4_moe", "routed_scaling_factor"),
+        ("bailing_moe", "topk_group"),
+        ("dots1", "n_group"),
+        ("deepseek_v2", "n_group"),  # under group_limited_greedy
+    ],
+)
+def test_a_null_router_number_is_refused(arch, field):
+    """A null replaces mlx-lm's default for these and reached its router's arithmetic: a
+    TypeError (DeepSeek-V2's: MLX's RuntimeError) at the first token, after a repack wrote it."""
+    from streamer.families.config import check_config
+
+    config = {**tiny_config(arch), field: None}
+    model_class, args_class = mlx_lm_classes(config)
+    with pytest.raises((TypeError, RuntimeError)):
+        mx.eval(model_class(args_class.from_dict(config))(mx.array([[1, 2, 3]])))
+    with pytest.raises(StreamerError, match=f"config.json: config field {field} is None, expected"):
+        check_config(config, "config.json")
+
+
+@pytest.mark.parametrize(
+    "arch, changed",
+    [
+        ("mimo_v2_flash", {"routed_scaling_factor": None}),  # the published config's: 1.0
+        ("deepseek_v2", {"topk_method": "greedy", "n_group": None, "topk_group": None}),
+        ("deepseek_v3", {"n_group": 1, "topk_group": None}),  # one group: unread
+    ],
+)
+def test_a_null_router_number_mlx_lm_computes_with_is_taken(arch, changed):
+    config = {**tiny_config(arch), **changed}
+    logits, _ = _logits(config)
+    assert mx.isfinite(logits).all().item()
+
+
 def test_layer_count_beyond_the_tensors_present(checkpoints, tmp_path):
     src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
     config = json.loads((src / "config.json").read_text())

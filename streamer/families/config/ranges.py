@@ -88,6 +88,23 @@ GROUPS_WHEN: dict[str, Callable[[int, int, dict], bool]] = {
     "bailing_moe_v3": lambda n, k, _: True,
     "deepseek_v2": lambda n, k, config: config.get("topk_method") == "group_limited_greedy",
 }
+# Routers that compute n_group - topk_group at every token (the others where they group)
+READS_TOPK_GROUP = {"bailing_hybrid", "dots1", "bailing_moe_v3"}
+
+
+def null_computed(name: str, config: dict, model_file: str) -> bool:
+    """Whether mlx-lm's `model_file` model computes with a null `name` (n_group, topk_group or
+    routed_scaling_factor) where config.json gives one, which replaces its args' default: a
+    TypeError at the first routed token. MiMo-V2-Flash's router reads a null scale as 1.0;
+    DeepSeek-V2's reads its groups under group_limited_greedy only."""
+    if name == "routed_scaling_factor":
+        return model_file != "mimo_v2_flash"
+    if model_file == "deepseek_v2":
+        return config.get("topk_method") == "group_limited_greedy"
+    groups = config.get("n_group", 1)  # left out: one group, the default where it is read so
+    return name == "n_group" or model_file in READS_TOPK_GROUP or type(groups) is int and groups > 1
+
+
 # Its routers that score a group by its best expert; every other by its two best, so that groups
 # of one fail at the first token (mlx-lm's topk ValueError, transformers' alike)
 SCORED_BY_ONE = {"deepseek_v2"}
