@@ -203,3 +203,22 @@ def test_a_hub_mimo_config_without_a_field_names_both_spellings(hub, transformer
         match=rf"config.json has neither '{hub}' \(the published spelling\) nor '{transformers}'",
     ):
         normalize_config(config)
+
+
+def test_mimo_rope_parameters_with_a_field_beside_the_layer_kinds_is_read():
+    """transformers reads rope_parameters' entry per layer kind alone: a rope_type beside them was
+    an AttributeError traceback ('str' object has no attribute 'get')."""
+    rope = {"rope_type": "default", "partial_rotary_factor": 0.5}
+    kinds = {
+        "full_attention": {**rope, "rope_theta": 7e6},
+        "sliding_attention": {**rope, "rope_theta": 3e4},
+        "rope_type": "default",
+    }
+    config = {**TINY_CONFIGS["mimo_v2_flash"], "rope_parameters": kinds}
+    del config["rope_theta"], config["swa_rope_theta"], config["partial_rotary_factor"]
+    read = normalize_config(config)
+    assert (read["rope_theta"], read["swa_rope_theta"], read["partial_rotary_factor"]) == (
+        7e6,
+        3e4,
+        0.5,
+    )

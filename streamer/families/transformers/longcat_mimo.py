@@ -31,12 +31,13 @@ def _mimo_rope(config: dict, layer_type: str, field: str) -> float:
             f"config.json: rope_parameters has no {layer_type!r} entry with a rope_theta; "
             "download config.json again."
         )
-    shares = {
-        kind: params.get("partial_rotary_factor", 0.334)  # transformers' default share
-        for kind, params in kinds.items()
-        if isinstance(params, dict)
+    # one entry per layer kind; transformers reads nothing else there (a top-level rope_type was
+    # an AttributeError traceback)
+    entries = {kind: params for kind, params in kinds.items() if isinstance(params, dict)}
+    shares = {  # transformers' default share
+        kind: params.get("partial_rotary_factor", 0.334) for kind, params in entries.items()
     }
-    types = {params.get("rope_type", "default") for params in kinds.values()}
+    types = {params.get("rope_type", "default") for params in entries.values()}
     if types != {"default"} or len(set(shares.values())) != 1:
         raise StreamerError(
             f"config.json: rope_parameters {kinds}: mlx-lm's mimo_v2_flash model computes plain "
