@@ -28,6 +28,7 @@ __all__ = [
     "check_layer_count",
     "check_repacked_config_json",
     "check_sizes",
+    "context_length",
     "experts_per_token",
     "routing_field",
 ]
@@ -45,6 +46,16 @@ def experts_per_token(config: dict) -> int:
     if value is None:
         return 0
     return int(max(value) if isinstance(value, list) else value)
+
+
+def context_length(config: dict) -> int | None:
+    """The model's context (max_position_embeddings): the config's own, else a VLM's
+    text_config's, where its text model reads it (None: neither gives one)."""
+    text = config.get("text_config")
+    for where in (config, text if isinstance(text, dict) else {}):
+        if where.get("max_position_embeddings") is not None:
+            return where["max_position_embeddings"]
+    return None
 
 
 def routing_field(config: dict, names: tuple[str, ...]) -> object:
