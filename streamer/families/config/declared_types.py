@@ -33,12 +33,9 @@ def check_declared_types(config: dict, args_class: type, where, prefix: str = ""
     model_file = args_class.__module__.rsplit(".", 1)[1]
     for f in dataclasses.fields(args_class):
         if config.get(f.name) is None:
-            if f.name in config and (
-                f.name in NEVER_NULL
-                and _required(f, hints[f.name])
-                or f.name in ROUTER_NUMBERS
-                and null_computed(f.name, config, model_file)
-            ):
+            required = f.name in NEVER_NULL and _required(f, hints[f.name])
+            routed = f.name in ROUTER_NUMBERS and null_computed(f.name, config, model_file)
+            if f.name in config and (required or routed):
                 want = _describe(hints[f.name]).removeprefix("null or ").removesuffix(" or null")
                 raise bad_field(where, prefix + f.name, None, want)
             continue  # null means "not given" to mlx-lm (DeepSeek-V2-Lite's q_lora_rank)

@@ -80,8 +80,8 @@ CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
 
 # Whether mlx-lm's router keeps the topk_group best of n_group groups of experts, from n_group,
 # topk_group and the config: where n_group > 1, but in these model files (-> the test their
-# router makes). Where it does not, it reads neither: bailing_moe's own defaults are
-# n_group 1, topk_group 4.
+# router makes). Where it does not, neither changes what it computes: bailing_moe's own defaults
+# are n_group 1, topk_group 4.
 GROUPS_WHEN: dict[str, Callable[[int, int, dict], bool]] = {
     "bailing_hybrid": lambda n, k, _: n > k,  # it drops n_group - topk_group groups, if any
     "dots1": lambda n, k, _: n != k,
@@ -177,7 +177,7 @@ def _check_groups(config: dict, where, prefix: str, experts: object, model_file:
     unflatten's error otherwise), two or more each but in SCORED_BY_ONE."""
     groups, kept = config["n_group"], config["topk_group"]
     for name, value in (("n_group", groups), ("topk_group", kept)):
-        if type(value) is not int:  # a per-layer list: no router reads one
+        if type(value) is not int:  # a list, which the ranges above leave: no router reads one
             raise bad_field(where, prefix + name, value, "an integer from 1")
     if not GROUPS_WHEN.get(model_file, lambda n, k, _: n > 1)(groups, kept, config):
         return
