@@ -11,7 +11,6 @@ import math
 import numbers
 import re
 import weakref
-from collections.abc import Callable
 
 from .errors import StreamerError, refusal
 
@@ -29,13 +28,13 @@ KV_GROUP_SIZES = (32, 64, 128)
 
 
 def parse_size(value: object, name: str) -> int:
-    """Bytes from an int or a size written as 8G, 8GB, 8GiB, 8 GB or 512M (binary units)."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    """Bytes from an integer or a size written as 8G, 8GB, 8GiB, 8 GB or 512M (binary units)."""
+    if not _integer(value) and not isinstance(value, str):  # numpy's integers are taken
         raise StreamerError(
             f"{name} must be a number of bytes or a size such as '8G' (got {value!r})."
         )
-    if isinstance(value, int):
-        number = value
+    if _integer(value):
+        number = int(value)
     else:
         match = _SIZE.match(value)
         number = float(match.group(1)) * _UNITS[match.group(2).lower()] if match else math.nan
@@ -111,23 +110,10 @@ def vocabulary(tokenizer) -> int:
     return size
 
 
-def logit_bias_in_vocabulary(logit_bias: dict | None) -> list[Callable]:
-    """A logits processor refusing logit_bias keys past the logits' width (the vocabulary, first
-    known at the first step), placed before mlx-lm's, which would add out of bounds (SIGSEGV)."""
-    if not logit_bias:
-        return []
-
-    def check(tokens, logits):
-        check_token_ids(logit_bias, "logit_bias", logits.shape[-1])
-        return logits
-
-    return [check]
-
-
 def check_keywords(keywords: dict) -> None:
     """mlx-lm's generation, logits-processor and sampler keywords, refused as the CLI refuses its
     options: mlx-lm takes a NaN penalty (every logit NaN: an empty answer), any logit_bias key.
-    logit_bias's keys are made ints in `keywords`."""
+    logit_bias's keys and xtc_special_tokens are made ints in `keywords`."""
     for name in ("max_kv_size", "prefill_step_size"):  # a step of 0: MLX's reshape error
         if keywords.get(name) is not None:
             check_at_least(keywords[name], name, 1)
@@ -142,6 +128,13 @@ def check_keywords(keywords: dict) -> None:
         )
     if bias:  # numpy's integer ids taken as ints: MLX's mx.array refuses them (a ValueError)
         keywords["logit_bias"] = {int(k): v for k, v in bias.items()}
+    special = keywords.get("xtc_special_tokens")  # MLX's ValueError for a str or numpy's int
+    if special is not None:
+        ids = isinstance(special, (list, tuple)) and all(_integer(t) and t >= 0 for t in special)
+        if not ids:
+            want = "a list of token ids (integers from 0)"
+            raise StreamerError(f"xtc_special_tokens must be {want} (got {_short(special)}).")
+        keywords["xtc_special_tokens"] = [int(t) for t in special]
     for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         value = keywords.get(name)
         if value is not None and (not _finite(value) or name == "repetition_penalty" and value < 0):

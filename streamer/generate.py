@@ -15,11 +15,11 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
-from .arguments import check_request, check_sampling, tokens_text
+from .api_request import ids_in_vocabulary, plain_keywords, plain_number, prompt_tokens
+from .arguments import check_request, check_sampling
 from .errors import StreamerError, one_line
 from .input_embeddings import check_input_embeddings
 from .kv_quantization import check_kv_cache_quantizes, check_prompt_cache
-from .loading.handle import streaming
 from .run_stats import RunStats, run_stats
 from .speculative import stream as speculative
 
@@ -54,10 +54,12 @@ def stream_generate(
     an unknown keyword is refused by name."""
     if not isinstance(prompt, (str, list, tuple)) and hasattr(prompt, "tolist"):
         prompt = prompt.tolist()  # token ids in an mx.array (or numpy's), as mlx-lm takes them
+    temp, top_p, seed, max_tokens = map(plain_number, (temp, top_p, seed, max_tokens))
+    kwargs = plain_keywords(kwargs)
     check_request(prompt, max_tokens)
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
     arguments.check_keywords(kwargs)
-    prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
+    prompt = prompt_tokens(model, tokenizer, prompt, max_tokens, kwargs.get("prompt_cache"))
     kv_bits = kwargs.get("kv_bits")
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
@@ -133,6 +135,7 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
         raise StreamerError(
             f"unknown keyword argument {unknown[0]!r}; known: temp, top_p, seed, {known}."
         )
+    checks = ids_in_vocabulary(kwargs)
     if kwargs.get("sampler", 0) is None:  # as mlx-lm reads it: none given, so temp and top_p hold
         del kwargs["sampler"]
     sampling = {k: kwargs.pop(k) for k in _SAMPLER_KEYWORDS & set(kwargs)}
@@ -140,11 +143,11 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
     if "sampler" in kwargs and sampling:
         raise StreamerError(f"give either sampler= or {sorted(sampling)[0]}=, not both.")
     kwargs.setdefault("sampler", any_top_k_sampler(temp, top_p, **sampling))
-    if processing:
+    if processing or checks:
         kwargs["logits_processors"] = [
             *(kwargs.get("logits_processors") or []),
-            *arguments.logit_bias_in_vocabulary(processing.get("logit_bias")),
-            *make_logits_processors(**processing),
+            *checks,
+            *(make_logits_processors(**processing) if processing else []),
         ]
     return kwargs
 
@@ -192,39 +195,6 @@ def any_top_k_sampler(temp: float, top_p: float = 1.0, top_k: int = 0, **rest) -
         return samplers[width](logprobs)
 
     return sampler
-
-
-def _prompt_tokens(
-    model: nn.Module, tokenizer: TokenizerWrapper, prompt: str | list[int], max_tokens: int
-) -> list[int]:
-    """Tokenize once here, to refuse a prompt (plus max_tokens) longer than the model's context
-    with the numbers; beyond its trained positions a model degrades into plausible nonsense."""
-    handle = streaming(model)  # mlx_lm.load's model (or None) was an AttributeError
-    if handle is None:
-        name = type(model).__name__
-        raise StreamerError(f"model must be one streamer.load returned (got a {name}).")
-    if isinstance(prompt, str):
-        # as mlx-lm does: no second BOS when the text already starts with one
-        bos = tokenizer.bos_token
-        tokens = tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
-    else:
-        tokens = [int(t) for t in prompt]  # numpy's integers too: mx.array refuses them
-        arguments.check_prompt_ids(tokens, tokenizer)
-    context = handle.context_length
-    if context and len(tokens) > context:
-        raise StreamerError(
-            f"the prompt is {tokens_text(len(tokens))} but the model's context is "
-            f"{tokens_text(context)} "
-            "(max_position_embeddings in config.json): shorten the prompt."
-        )
-    if context and len(tokens) + max_tokens > context:
-        raise StreamerError(
-            f"the prompt is {tokens_text(len(tokens))} and max_tokens is {max_tokens}, but the "
-            f"model's context is {tokens_text(context)} (max_position_embeddings in config.json): "
-            "lower "
-            f"max_tokens to at most {context - len(tokens)} or shorten the prompt."
-        )
-    return tokens
 
 
 def generate(

@@ -19,17 +19,22 @@ def test_bad_generation_arguments(checkpoints):
 
 def test_load_takes_what_users_pass(checkpoints):
     import mlx.core as mx
+    import numpy as np
 
     folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
     for dtype in ("float32", "bfloat16", mx.float32):
         model, _ = streamer.load(folder, dtype=dtype, memory_budget="8G")
         assert "all experts resident" in model.streamer.residency
     model, _ = streamer.load(folder, memory_budget="8 GiB")
+    # numpy's integer: refused as not 'a number of bytes' before
+    model, _ = streamer.load(folder, memory_budget=np.int64(8 << 30))
+    assert "all experts resident" in model.streamer.residency
     for kwargs, message in [
         ({"memory_budget": "-1G"}, "memory_budget '-1G' is not a size"),
         ({"memory_budget": "lots"}, "memory_budget 'lots' is not a size"),
         ({"memory_budget": -5}, "memory_budget -5 is not a size"),
         ({"memory_budget": True}, "memory_budget must be a number of bytes"),
+        ({"memory_budget": np.bool_(True)}, "memory_budget must be a number of bytes"),
         ({"memory_budget": 1.5e9}, "memory_budget must be a number of bytes"),
         ({"dtype": "float64"}, "dtype must be one of float32, float16, bfloat16"),
         ({"dtype": mx.int8}, "dtype must be one of"),
@@ -115,6 +120,39 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
             streamer.generate(model, tokenizer, "hello", max_tokens=4, **kwargs)
 
 
+def test_numpy_and_mlx_scalars_are_taken_as_numbers(checkpoints):
+    """np.float32(0.9) for temp (a number mlx-lm computes with) was refused as 'temp must be 0
+    (greedy) or more', np.int64 for top_k or max_tokens as not an integer, a numpy bias as MLX's
+    ValueError; a bool (numpy's too) is still not a number."""
+    import mlx.core as mx
+    import numpy as np
+
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    greedy = streamer.generate(model, tokenizer, "hello", max_tokens=6)
+    scalars = dict(temp=np.float32(0.9), top_p=np.float64(1.0), top_k=np.int64(1), seed=mx.array(3))
+    penalties = dict(
+        min_p=mx.array(0.0), repetition_penalty=np.float32(1.0), max_kv_size=np.int32(64)
+    )
+    assert (
+        streamer.generate(model, tokenizer, "hello", np.int64(6), **scalars, **penalties) == greedy
+    )
+    biased = streamer.stream_generate(model, tokenizer, "hi", 2, logit_bias={7: np.float32(100)})
+    assert [r.token for r in biased] == [7, 7]
+    xtc = dict(temp=1.0, seed=1, xtc_probability=1.0, xtc_threshold=0.01)  # MLX's ValueError
+    ids = [np.int64(t) for t in range(20)]
+    assert streamer.generate(model, tokenizer, "hi", 3, xtc_special_tokens=ids, **xtc) == (
+        streamer.generate(model, tokenizer, "hi", 3, xtc_special_tokens=list(range(20)), **xtc)
+    )
+    for kwargs, message in [
+        ({"temp": np.bool_(True)}, r"temp must be 0 \(greedy\) or more \(got True\)"),
+        ({"top_k": np.float32(2.0)}, r"top_k must be an integer, 0 \(off\) or more \(got 2.0\)"),
+        ({"max_tokens": mx.array(True)}, r"max_tokens must be an integer \(got True\)"),
+        ({"top_p": np.float32(np.nan)}, "top_p must be above 0 and at most 1"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.generate(model, tokenizer, "hello", **{"max_tokens": 2, **kwargs})
+
+
 def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints):
     """Each of these ran before: ids past the vocabulary or negative returned text (or ended the
     process with SIGSEGV), a NaN penalty an empty answer, max_tokens=2.5 never stopped."""
@@ -144,6 +182,11 @@ def test_generate_refuses_what_would_crash_hang_or_compute_nonsense(checkpoints)
         ("hi", {"logit_bias": {1: float("nan")}}, "logit_bias must map token ids"),
         ("hi", {"logit_bias": [1]}, "logit_bias must map token ids"),
         ("hi", {"xtc_probability": 2.0}, "xtc_probability must be from 0 to 1.0"),
+        # MLX's ValueError; past the vocabulary a SIGSEGV (the mask indexed out of bounds)
+        ("hi", {"xtc_special_tokens": ["a"]}, r"xtc_special_tokens must be a list of token ids"),
+        ("hi", {"xtc_special_tokens": 7}, r"xtc_special_tokens must be a list .*\(got 7\)"),
+        ("hi", {"xtc_special_tokens": [-1]}, r"xtc_special_tokens must be a list of token ids"),
+        ("hi", {"xtc_special_tokens": [10**9]}, "xtc_special_tokens: token id 1000000000 is not"),
         ("hi", {"min_tokens_to_keep": 0}, "min_tokens_to_keep must be at least 1"),
         # mlx-lm's TypeError or AttributeError deep in its loop before
         ("hi", {"sampler": 5}, r"sampler must be a function or None \(got 5\)"),

@@ -99,6 +99,97 @@ def test_values_mlx_lm_refuses_only_when_routing(checkpoints, tmp_path, arch, fi
     assert f"{field} is {value!r}" in str(err.value) and "\n" not in str(err.value)
 
 
+def _logits(config: dict, weights: dict | None = None) -> tuple[mx.array, dict]:
+    """mlx-lm's logits for `config` (as streamer reads it), with `weights` where given, and the
+    weights it computed with."""
+    from streamer.families.architectures import build_model
+    from streamer.families.transformers.spellings import normalize_config
+
+    model = build_model(normalize_config(config), "config.json")
+    if weights is not None:
+        model.update(weights)
+    return model(mx.array([[1, 2, 3]])), model.parameters()
+
+
+@pytest.mark.parametrize(
+    "arch, changed",
+    [
+        ("bailing_moe", {"n_group": 1, "topk_group": 4}),  # mlx-lm's own defaults for Ling 2.0
+        ("bailing_moe", {"n_group": 1, "topk_group": 4, "moe_router_enable_expert_bias": False}),
+        ("deepseek_v3", {"n_group": 1, "topk_group": 4}),
+        ("bailing_hybrid", {"n_group": 4, "topk_group": 6}),  # it drops no group
+        ("bailing_hybrid", {"n_group": 16, "topk_group": 16}),
+        ("dots1", {"n_group": 16, "topk_group": 16}),  # it groups where they differ
+        ("deepseek_v2", {"topk_method": "greedy", "n_group": 3, "topk_group": 5}),  # unread
+    ],
+)
+def test_groups_mlx_lm_does_not_apply_are_taken(arch, changed):
+    """Where mlx-lm's router keeps every group (one group, or topk_group at or past n_group in the
+    routers that test it) it computes as without groups: these were refused (topk_group past
+    n_group, groups of one, or not dividing the experts)."""
+    config = {**tiny_config(arch), **changed}
+    expected, weights = _logits({**config, "n_group": 1, "topk_group": 1})
+    got, _ = _logits(config, weights)
+    assert mx.array_equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    "arch, changed, said",
+    [
+        ("dots1", {"n_group": 1, "topk_group": 4}, "topk_group is 4, expected at most n_group"),
+        ("deepseek_v3", {"n_group": 4, "topk_group": 6}, "topk_group is 6, expected at most"),
+        ("bailing_moe_v3", {"n_group": 16, "topk_group": 16}, "n_group is 16, expected at most 8"),
+        ("deepseek_v2", {"n_group": 1, "topk_group": 4}, "topk_group is 4, expected at most"),
+        ("bailing_hybrid", {"n_group": 16, "topk_group": 8}, "n_group is 16, expected at most 8"),
+    ],
+)
+def test_groups_mlx_lm_routes_wrongly_or_fails_on_are_refused(arch, changed, said):
+    """topk_group past n_group where the router groups drops groups it should keep (or fails at
+    its argpartition); groups of one fail at its top-2 of each group."""
+    from streamer.families.config import check_config
+
+    with pytest.raises(StreamerError, match=f"config.json: config field {said}"):
+        check_config({**tiny_config(arch), **changed}, "config.json")
+
+
+@pytest.mark.parametrize(
+    "arch, field",
+    [
+        ("deepseek_v3", "n_group"),
+        ("deepseek_v3", "topk_group"),  # its fixture's 4 groups
+        ("glm4_moe", "routed_scaling_factor"),
+        ("bailing_moe", "topk_group"),
+        ("dots1", "n_group"),
+        ("deepseek_v2", "n_group"),  # under group_limited_greedy
+    ],
+)
+def test_a_null_router_number_is_refused(arch, field):
+    """A null replaces mlx-lm's default for these and reached its router's arithmetic: a
+    TypeError (DeepSeek-V2's: MLX's RuntimeError) at the first token, after a repack wrote it."""
+    from streamer.families.config import check_config
+
+    config = {**tiny_config(arch), field: None}
+    model_class, args_class = mlx_lm_classes(config)
+    with pytest.raises((TypeError, RuntimeError)):
+        mx.eval(model_class(args_class.from_dict(config))(mx.array([[1, 2, 3]])))
+    with pytest.raises(StreamerError, match=f"config.json: config field {field} is None, expected"):
+        check_config(config, "config.json")
+
+
+@pytest.mark.parametrize(
+    "arch, changed",
+    [
+        ("mimo_v2_flash", {"routed_scaling_factor": None}),  # the published config's: 1.0
+        ("deepseek_v2", {"topk_method": "greedy", "n_group": None, "topk_group": None}),
+        ("deepseek_v3", {"n_group": 1, "topk_group": None}),  # one group: unread
+    ],
+)
+def test_a_null_router_number_mlx_lm_computes_with_is_taken(arch, changed):
+    config = {**tiny_config(arch), **changed}
+    logits, _ = _logits(config)
+    assert mx.isfinite(logits).all().item()
+
+
 def test_layer_count_beyond_the_tensors_present(checkpoints, tmp_path):
     src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
     config = json.loads((src / "config.json").read_text())

@@ -37,16 +37,20 @@ def mlx_lm_args(model_type: str) -> type:
     return getattr(model_file(module), name)
 
 
+MIMO_ROPE = ("rope_theta", "swa_rope_theta", "partial_rotary_factor")
+
+
 def transformers_default(model_type: str, field: str):
     from transformers import CONFIG_MAPPING
 
     values = CONFIG_MAPPING[model_type]().to_dict()
     if field == "rope_scaling":  # transformers 5 keeps it in rope_parameters, with rope_theta
         return {k: v for k, v in values["rope_parameters"].items() if k != "rope_theta"}
+    if model_type == "mimo_v2_flash" and field in MIMO_ROPE:  # one RoPE per layer kind
+        kind = "sliding_attention" if field == "swa_rope_theta" else "full_attention"
+        return values["rope_parameters"][kind][field.removeprefix("swa_")]
     if field == "rope_theta":
         return values["rope_parameters"]["rope_theta"]
-    if field == "swa_rope_theta":  # MiMo-V2-Flash's: one RoPE per layer kind
-        return values["rope_parameters"]["sliding_attention"]["rope_theta"]
     return values[field]
 
 
@@ -197,22 +201,43 @@ def test_mimo_value_scale_is_read_where_given_and_refused_where_left_out(scale):
         check_config(left_out, "c")
 
 
-def test_mimo_sliding_rope_base_left_out_computes_as_transformers_default(tmp_path):
-    """A hub-form MiMo-V2-Flash config.json (no rope_parameters) without swa_rope_theta: mlx-lm's
-    model args require it, and it was refused as 'rope_parameters has no sliding_attention entry';
-    transformers' sliding layers compute with base 10000 (its default, the published value)."""
-    src = write_hf_checkpoint(tmp_path / "src", tiny_config("mimo_v2_flash", swa_rope_theta=1e4))
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("rope_theta", 5e6),
+        ("swa_rope_theta", 1e4),
+        ("partial_rotary_factor", 0.334),
+        ("num_experts_per_tok", 8),
+        ("n_group", 1),
+        ("routed_scaling_factor", 1.0),
+    ],
+)
+def test_mimo_hub_field_left_out_computes_as_transformers_default(tmp_path, field, value):
+    """A hub-form MiMo-V2-Flash config.json (no rope_parameters) without one of these: mlx-lm's
+    model args require each, and it was refused as 'rope_parameters has no full_attention entry'
+    (the RoPE's) or as a model mlx-lm cannot build (the router's); transformers computes with its
+    defaults (the published values)."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("mimo_v2_flash", **{field: value}))
     reference = reference_model(src)
     config = json.loads((src / "config.json").read_text())
-    del config["swa_rope_theta"]
+    del config[field]
     assert_streams_as(src, config, reference, tmp_path / "out")
-    # a transformers 5 config's own sliding base (in rope_parameters) is not replaced by the fill
-    rope = {"rope_type": "default", "partial_rotary_factor": 0.334}
+
+
+@pytest.mark.parametrize("field", ["rope_theta", "swa_rope_theta", "partial_rotary_factor"])
+def test_mimo_rope_in_rope_parameters_is_not_replaced_by_the_fill(field):
+    """A transformers 5 config's own RoPE, in its per-layer-kind rope_parameters, is computed."""
+    config = {k: v for k, v in tiny_config("mimo_v2_flash").items() if k != field}
     kinds = {
-        "full_attention": {**rope, "rope_theta": 5e6},
-        "sliding_attention": {**rope, "rope_theta": 3e4},
+        "full_attention": {"rope_type": "default", "rope_theta": 7e6, "partial_rotary_factor": 0.5},
+        "sliding_attention": {
+            "rope_type": "default",
+            "rope_theta": 3e4,
+            "partial_rotary_factor": 0.5,
+        },
     }
-    assert normalize_config({**config, "rope_parameters": kinds})["swa_rope_theta"] == 3e4
+    own = {"rope_theta": 7e6, "swa_rope_theta": 3e4, "partial_rotary_factor": 0.5}[field]
+    assert normalize_config({**config, "rope_parameters": kinds})[field] == own
 
 
 @pytest.mark.parametrize("null", [False, True])

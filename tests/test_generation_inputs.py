@@ -28,6 +28,45 @@ def test_prompt_longer_than_the_context(checkpoints):
         streamer.generate(model, tokenizer, "hello", max_tokens=-3)
 
 
+def test_a_reused_prompt_cache_counts_toward_the_context(checkpoints):
+    """The tokens a passed prompt_cache holds come before the prompt's positions: they were not
+    counted, so a call past the context (2048) ran into positions the model was never trained on."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    cache = make_prompt_cache(model)
+    streamer.generate(model, tokenizer, [1 + i % 500 for i in range(2000)], 1, prompt_cache=cache)
+    held = cache[0].offset
+    assert held >= 2000
+    with pytest.raises(
+        StreamerError,
+        match=rf"the prompt cache holds {held} tokens and the prompt is 30 tokens and max_tokens "
+        rf"is 40, but the model's context is 2048 tokens .*at most {2048 - held - 30}, or shorten "
+        "the prompt or start from a fresh prompt cache",
+    ):
+        streamer.generate(model, tokenizer, list(range(1, 31)), 40, prompt_cache=cache)
+    with pytest.raises(
+        StreamerError, match=rf"holds {held} tokens and the prompt is 60 tokens but"
+    ):
+        streamer.generate(model, tokenizer, list(range(1, 61)), 1, prompt_cache=cache)
+    assert streamer.generate(model, tokenizer, [5], 2, prompt_cache=cache)  # what fits runs
+
+
+def test_a_vision_language_model_s_context_is_its_text_config_s(checkpoints):
+    """A VLM keeps max_position_embeddings in text_config (2048 here): the top level has none, so
+    no prompt was checked against the context (nor a request by serve, nor plan's limit)."""
+    from streamer.plan import plan
+    from streamer.server.engine import fit
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_5_moe"))
+    model, tokenizer = streamer.load(folder)
+    assert model.streamer.context_length == 2048
+    with pytest.raises(StreamerError, match="max_tokens is 100, but the model's context is 2048"):
+        streamer.generate(model, tokenizer, [1 + i % 500 for i in range(2000)], max_tokens=100)
+    assert fit(2000, None, 100, model.streamer.context_length) == 48
+    assert any("the model's limit is 2048" in line for line in plan(folder, 8 << 30).lines())
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -19,6 +19,7 @@ LAYERS = {
     "API and tools": {
         "streamer",  # the package: load, generate
         "streamer.generate",
+        "streamer.api_request",
         "streamer.kv_quantization",
         "streamer.input_embeddings",
         "streamer.run_stats",

@@ -183,3 +183,42 @@ def test_loaded_in_bf16_and_saved_again_streams_what_transformers_computes(tmp_p
     }
     assert wider == routers
     assert_streams_as(oracle, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "hub, transformers",
+    [
+        ("layernorm_epsilon", "rms_norm_eps"),
+        ("sliding_window_size", "sliding_window"),
+        ("hybrid_layer_pattern", "layer_types"),
+        ("moe_layer_freq", "mlp_layer_types"),
+    ],
+)
+def test_a_hub_mimo_config_without_a_field_names_both_spellings(hub, transformers):
+    """A published (hub-form) MiMo-V2-Flash config.json without one of these was refused naming
+    transformers 5's field alone ("config.json has no 'rms_norm_eps'"), a field it never has."""
+    config = {k: v for k, v in TINY_CONFIGS["mimo_v2_flash"].items() if k != hub}
+    with pytest.raises(
+        StreamerError,
+        match=rf"config.json has neither '{hub}' \(the published spelling\) nor '{transformers}'",
+    ):
+        normalize_config(config)
+
+
+def test_mimo_rope_parameters_with_a_field_beside_the_layer_kinds_is_read():
+    """transformers reads rope_parameters' entry per layer kind alone: a rope_type beside them was
+    an AttributeError traceback ('str' object has no attribute 'get')."""
+    rope = {"rope_type": "default", "partial_rotary_factor": 0.5}
+    kinds = {
+        "full_attention": {**rope, "rope_theta": 7e6},
+        "sliding_attention": {**rope, "rope_theta": 3e4},
+        "rope_type": "default",
+    }
+    config = {**TINY_CONFIGS["mimo_v2_flash"], "rope_parameters": kinds}
+    del config["rope_theta"], config["swa_rope_theta"], config["partial_rotary_factor"]
+    read = normalize_config(config)
+    assert (read["rope_theta"], read["swa_rope_theta"], read["partial_rotary_factor"]) == (
+        7e6,
+        3e4,
+        0.5,
+    )

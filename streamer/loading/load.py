@@ -15,6 +15,7 @@ from ..errors import StreamerError
 from ..expert_traffic import ExpertStats
 from ..experts import StreamingExperts
 from ..families.architectures import expert_containers, replace_modules
+from ..families.config import context_length
 from ..io.expert_files import ExpertFiles
 from ..io.files import check_tmpdir, check_utf8_path
 from ..io.manifest import not_a_model
@@ -140,7 +141,7 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
         files=files,
         stats=stats,
         layers=layers,
-        context_length=source.config.get("max_position_embeddings"),
+        context_length=context_length(source.config),  # a VLM's in its text_config
         folder_lock=source.lock,
         pools=pools,
         dtype=compute_dtype(model),

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import StreamerError, one_line
-from ..families.config import check_eos_ids
+from ..families.config import check_eos_ids, context_length
 from ..io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
 
 if TYPE_CHECKING:
@@ -93,10 +93,7 @@ def _context_as_max_length(tokenizer: TokenizerWrapper, config: dict) -> None:
     a tokenizer_config.json's smaller one (2048 where the model reads 40960) made transformers log
     "Token indices sequence length is longer than the specified maximum sequence length" for a
     prompt well inside the context. A prompt past the context is refused by streamer itself."""
-    text = config.get("text_config")
-    context = config.get("max_position_embeddings") or (
-        text.get("max_position_embeddings") if isinstance(text, dict) else None
-    )
+    context = context_length(config)
     own = tokenizer._tokenizer
     if type(context) is int and context > getattr(own, "model_max_length", context):
         own.model_max_length = context

@@ -25,7 +25,7 @@ from ..families.architectures import (
     quantize_like_mlx_lm,
     quantize_like_mlx_lm_convert,
 )
-from ..families.config import check_config, experts_per_token
+from ..families.config import check_config, context_length, experts_per_token
 from ..families.expert_lists import STACKED_MODELS
 from ..families.mlx_lm_models import models_without_package_init
 from ..families.model_types import mlx_lm_model_type
@@ -85,7 +85,7 @@ def model_plan(
         expert_bytes_per_token=sum(records) * top_k,
         kv_per_token=per_token,
         kv_fixed=fixed,
-        context=config.get("max_position_embeddings"),
+        context=context_length(config),
         memory=memory,
         kv_bits=kv and kv[0],
         shapes=shapes,

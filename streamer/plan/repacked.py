@@ -14,6 +14,7 @@ import mlx.core as mx
 from ..families.config import (
     check_repacked_config_json,
     check_sizes,
+    context_length,
     experts_per_token,
 )
 from ..io.expert_layout import repacked_layout
@@ -134,7 +135,7 @@ def repacked_plan(
         expert_bytes_per_token=sum(layer.record_bytes for layer in manifest.layers) * top_k,
         kv_per_token=per_token,
         kv_fixed=0,
-        context=config.get("max_position_embeddings"),
+        context=context_length(config),
         memory=memory,
         kv_bits=kv and kv[0],
         shapes=manifest_shapes(folder, manifest, dtype),

@@ -28,6 +28,7 @@ __all__ = [
     "check_layer_count",
     "check_repacked_config_json",
     "check_sizes",
+    "context_length",
     "experts_per_token",
     "routing_field",
 ]
@@ -47,6 +48,16 @@ def experts_per_token(config: dict) -> int:
     return int(max(value) if isinstance(value, list) else value)
 
 
+def context_length(config: dict) -> int | None:
+    """The model's context (max_position_embeddings): the config's own, else a VLM's
+    text_config's, where its text model reads it (None: neither gives one)."""
+    text = config.get("text_config")
+    for where in (config, text if isinstance(text, dict) else {}):
+        if where.get("max_position_embeddings") is not None:
+            return where["max_position_embeddings"]
+    return None
+
+
 def routing_field(config: dict, names: tuple[str, ...]) -> object:
     """The first of `names` (TOP_K, EXPERT_COUNTS) the config gives, as it gives it: at its top,
     in a VLM's text_config or in DBRX's ffn_config."""
@@ -60,7 +71,7 @@ def routing_field(config: dict, names: tuple[str, ...]) -> object:
 
 def check_config(config: object, where: Path | str) -> dict:
     """`config` if mlx-lm can build a streaming model from it; else StreamerError naming a field."""
-    from ..model_types import architecture, mlx_lm_classes
+    from ..model_types import architecture, mlx_lm_classes, mlx_lm_model_type
 
     _check_object(config, where)
     config = letters_listed(config)
@@ -74,7 +85,10 @@ def check_config(config: object, where: Path | str) -> dict:
     if text_args is not None and isinstance(config.get("text_config"), dict):
         model_config = config["text_config"]
         check_declared_types(model_config, text_args, where, "text_config.")
-    check_ranges(model_config, where, "text_config." if model_config is not config else "")
+    # its groups as the model file's router reads them (Ling 3's bailing_hybrid: bailing_moe_v3's)
+    model_file = mlx_lm_model_type(config, where) if model_config is config else None
+    prefix = "text_config." if model_config is not config else ""
+    check_ranges(model_config, where, prefix, model_file)
     return config
 
 

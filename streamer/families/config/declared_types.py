@@ -8,12 +8,15 @@ import sys
 import typing
 
 from .field_error import bad_field
-from .ranges import EXPERT_COUNTS, TOP_K
+from .ranges import EXPERT_COUNTS, TOP_K, null_computed
 
 # Fields every model reads as a number: a null one reaches the model's arithmetic (a TypeError or
 # MLX's ValueError in the first forward pass) where the args class requires it. Other nulls can
 # mean "not given" to the model (DeepSeek-V2-Lite's q_lora_rank), so they are left to it.
 NEVER_NULL = (*TOP_K, *EXPERT_COUNTS, "rope_theta", "rms_norm_eps")
+# Fields whose null replaces the default mlx-lm's args give them and reaches the router's
+# arithmetic, where ranges.null_computed says it does
+ROUTER_NUMBERS = ("n_group", "topk_group", "routed_scaling_factor")
 
 
 def text_args_class(model_class: type):
@@ -27,10 +30,14 @@ def text_args_class(model_class: type):
 
 def check_declared_types(config: dict, args_class: type, where, prefix: str = "") -> None:
     hints = typing.get_type_hints(args_class)
+    model_file = args_class.__module__.rsplit(".", 1)[1]
     for f in dataclasses.fields(args_class):
         if config.get(f.name) is None:
-            if f.name in config and f.name in NEVER_NULL and _required(f, hints[f.name]):
-                raise bad_field(where, prefix + f.name, None, _describe(hints[f.name]))
+            required = f.name in NEVER_NULL and _required(f, hints[f.name])
+            routed = f.name in ROUTER_NUMBERS and null_computed(f.name, config, model_file)
+            if f.name in config and (required or routed):
+                want = _describe(hints[f.name]).removeprefix("null or ").removesuffix(" or null")
+                raise bad_field(where, prefix + f.name, None, want)
             continue  # null means "not given" to mlx-lm (DeepSeek-V2-Lite's q_lora_rank)
         if not _matches(config[f.name], hints[f.name]):
             raise bad_field(where, prefix + f.name, config[f.name], _describe(hints[f.name]))

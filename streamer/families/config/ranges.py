@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from .field_error import bad_field
 
@@ -77,8 +78,42 @@ CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     "longcat_flash_ngram": {"zero_expert_type": ("identity",)},
 }
 
+# Whether mlx-lm's router keeps the topk_group best of n_group groups of experts, from n_group,
+# topk_group and the config: where n_group > 1, but in these model files (-> the test their
+# router makes). Where it does not, neither changes what it computes: bailing_moe's own defaults
+# are n_group 1, topk_group 4.
+GROUPS_WHEN: dict[str, Callable[[int, int, dict], bool]] = {
+    "bailing_hybrid": lambda n, k, _: n > k,  # it drops n_group - topk_group groups, if any
+    "dots1": lambda n, k, _: n != k,
+    "bailing_moe_v3": lambda n, k, _: True,
+    "deepseek_v2": lambda n, k, config: config.get("topk_method") == "group_limited_greedy",
+}
+# Routers that compute n_group - topk_group at every token (the others where they group)
+READS_TOPK_GROUP = {"bailing_hybrid", "dots1", "bailing_moe_v3"}
 
-def check_ranges(config: dict, where, prefix: str) -> None:
+
+def null_computed(name: str, config: dict, model_file: str) -> bool:
+    """Whether mlx-lm's `model_file` model computes with a null `name` (n_group, topk_group or
+    routed_scaling_factor) where config.json gives one, which replaces its args' default: a
+    TypeError at the first routed token. MiMo-V2-Flash's router reads a null scale as 1.0;
+    DeepSeek-V2's reads its groups under group_limited_greedy only."""
+    if name == "routed_scaling_factor":
+        return model_file != "mimo_v2_flash"
+    if model_file == "deepseek_v2":
+        return config.get("topk_method") == "group_limited_greedy"
+    groups = config.get("n_group", 1)  # left out: one group, the default where it is read so
+    return name == "n_group" or model_file in READS_TOPK_GROUP or type(groups) is int and groups > 1
+
+
+# Its routers that score a group by its best expert; every other by its two best, so that groups
+# of one fail at the first token (mlx-lm's topk ValueError, transformers' alike)
+SCORED_BY_ONE = {"deepseek_v2"}
+
+
+def check_ranges(config: dict, where, prefix: str, model_file: str | None = None) -> None:
+    """The counts and sizes of `config` (`prefix` names its section); `model_file`: the mlx-lm
+    model file it runs on where known (else its model_type), whose router reads the groups."""
+
     def integer(name: str, low: int, high: int, want: str) -> None:
         value = config.get(name)
         if value is None or isinstance(value, list):
@@ -105,19 +140,7 @@ def check_ranges(config: dict, where, prefix: str) -> None:
             where, prefix + "num_key_value_heads", kv_heads, f"a divisor of {heads} heads"
         )
     if config.get("n_group") and config.get("topk_group"):
-        integer("topk_group", 1, config["n_group"], f"at most n_group ({config['n_group']})")
-        # the groups split the routed experts evenly, whatever the family names their count
-        routed = config.get("n_routed_experts", experts)
-        if type(routed) is int and routed % config["n_group"]:
-            raise bad_field(
-                where, prefix + "n_group", config["n_group"], "a divisor of the experts"
-            )
-        # every grouped router but DeepSeek-V2's (the group's best) scores a group by its two best
-        # experts: groups of one fail at the first token, in mlx-lm and transformers alike
-        if type(routed) is int and config["n_group"] > 1 and routed < 2 * config["n_group"]:
-            if config.get("model_type") != "deepseek_v2":
-                want = f"at most {routed // 2} (groups of two or more of the {routed} experts)"
-                raise bad_field(where, prefix + "n_group", config["n_group"], want)
+        _check_groups(config, where, prefix, experts, model_file or config.get("model_type"))
     for name, values in CHOICES.get(config.get("model_type"), {}).items():
         if name in config and config[name] not in values:
             want = " or ".join(map(repr, values)) + " (what mlx-lm's model computes)"
@@ -146,3 +169,25 @@ def check_ranges(config: dict, where, prefix: str) -> None:
         raise bad_field(
             where, prefix + "layer_types", types, f"a list of {layers} layer type names"
         )
+
+
+def _check_groups(config: dict, where, prefix: str, experts: object, model_file: object) -> None:
+    """n_group and topk_group where mlx-lm's router groups: topk_group of at most n_group groups
+    (past it the router drops groups it should keep), which split the routed experts evenly (its
+    unflatten's error otherwise), two or more each but in SCORED_BY_ONE."""
+    groups, kept = config["n_group"], config["topk_group"]
+    for name, value in (("n_group", groups), ("topk_group", kept)):
+        if type(value) is not int:  # a list, which the ranges above leave: no router reads one
+            raise bad_field(where, prefix + name, value, "an integer from 1")
+    if not GROUPS_WHEN.get(model_file, lambda n, k, _: n > 1)(groups, kept, config):
+        return
+    if kept > groups:
+        raise bad_field(where, prefix + "topk_group", kept, f"at most n_group ({groups})")
+    routed = config.get("n_routed_experts", experts)  # whatever the family names their count
+    if type(routed) is not int:
+        return
+    if routed % groups:
+        raise bad_field(where, prefix + "n_group", groups, "a divisor of the experts")
+    if routed < 2 * groups and model_file not in SCORED_BY_ONE:
+        want = f"at most {routed // 2} (groups of two or more of the {routed} experts)"
+        raise bad_field(where, prefix + "n_group", groups, want)

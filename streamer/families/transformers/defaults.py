@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from .longcat_mimo import MIMO_V2_FLASH_HUB
+
 # gpt-oss's rope_parameters default, as rope_scaling (mlx-lm's gpt_oss reads its rope_theta alone)
 GPT_OSS_YARN = {
     "rope_type": "yarn",
@@ -116,10 +118,9 @@ FILLED: dict[str, dict[str, object]] = {
     # mlx-lm: 20, its last 20 layers reusing earlier layers' keys and values (their own k_proj
     # and v_proj dropped, so no weight shape shows it): 48 logits apart on a 24-layer model
     "gemma4_text": {"num_kv_shared_layers": 0},  # gemma4's text_config too
-    "mimo_v2_flash": {"swa_rope_theta": 10000.0},  # a hub-form config's; mlx-lm requires one
+    "mimo_v2_flash": MIMO_V2_FLASH_HUB,
 }
-# transformers 5 keeps RoPE settings in rope_parameters (spellings.py reads them), transformers 4
-# in rope_scaling: one given in either is not left out
+# RoPE settings given in rope_parameters (transformers 5's, spellings.py reads them) or rope_scaling
 WRITTEN_AS = {"rope_scaling": "rope_parameters", "rope_parameters": "rope_scaling"}
 WRITTEN_AS |= {"swa_rope_theta": "rope_parameters"}  # MiMo-V2-Flash's sliding layers' base
 # Fields an explicit null leaves out to transformers: its RoPE standardization fills these as for
@@ -252,7 +253,8 @@ def _given(values: dict, field: str | None) -> bool:
     """Whether `values` sets `field` as transformers reads it (NULL_IS_ABSENT's null: no)."""
     if field in NULL_IS_ABSENT:
         return values.get(field) is not None
-    if field == "rope_theta":  # transformers 5 writes it in rope_parameters
+    if field in ("rope_theta", "partial_rotary_factor"):  # or in (each kind's) rope_parameters
         rope = values.get("rope_parameters")
-        return field in values or (isinstance(rope, dict) and field in rope)
+        written = [rope, *rope.values()] if isinstance(rope, dict) else []
+        return field in values or any(isinstance(r, dict) and field in r for r in written)
     return field in values

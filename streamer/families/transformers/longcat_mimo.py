@@ -31,12 +31,13 @@ def _mimo_rope(config: dict, layer_type: str, field: str) -> float:
             f"config.json: rope_parameters has no {layer_type!r} entry with a rope_theta; "
             "download config.json again."
         )
-    shares = {
-        kind: params.get("partial_rotary_factor", 0.334)  # transformers' default share
-        for kind, params in kinds.items()
-        if isinstance(params, dict)
+    # one entry per layer kind; transformers reads nothing else there (a top-level rope_type was
+    # an AttributeError traceback)
+    entries = {kind: params for kind, params in kinds.items() if isinstance(params, dict)}
+    shares = {  # transformers' default share
+        kind: params.get("partial_rotary_factor", 0.334) for kind, params in entries.items()
     }
-    types = {params.get("rope_type", "default") for params in kinds.values()}
+    types = {params.get("rope_type", "default") for params in entries.values()}
     if types != {"default"} or len(set(shares.values())) != 1:
         raise StreamerError(
             f"config.json: rope_parameters {kinds}: mlx-lm's mimo_v2_flash model computes plain "
@@ -46,9 +47,10 @@ def _mimo_rope(config: dict, layer_type: str, field: str) -> float:
     return rope["rope_theta"] if field == "rope_theta" else shares[layer_type]
 
 
-def _layer_flags(config: dict, field: str, kind: str) -> list[int]:
-    """1 for each layer whose entry in transformers 5's per-layer list `field` is `kind`."""
-    kinds = config.get(field)
+def _layer_flags(config: dict, field: str, kind: str, hub: str) -> list[int]:
+    """1 for each layer whose entry in transformers 5's per-layer list `field` is `kind`, where
+    config.json has no `hub` (the published config's spelling, which mlx-lm reads)."""
+    kinds = _field(config, field, hub)
     if not isinstance(kinds, list) or len(kinds) != config.get("num_hidden_layers"):
         raise StreamerError(
             f"config.json: {field} is not a list of num_hidden_layers layer kinds; download "
@@ -60,7 +62,7 @@ def _layer_flags(config: dict, field: str, kind: str) -> list[int]:
 def _attention_pattern(config: dict) -> list[int]:
     """mlx-lm's hybrid_layer_pattern (1 for a sliding layer) from transformers 5's layer_types.
     mlx-lm's model makes each kind's mask from its first layer of that kind: it needs both."""
-    pattern = _layer_flags(config, "layer_types", "sliding_attention")
+    pattern = _layer_flags(config, "layer_types", "sliding_attention", "hybrid_layer_pattern")
     if len(set(pattern)) != 2:
         raise StreamerError(
             f"config.json: layer_types {sorted(set(config['layer_types']))}: mlx-lm's "
@@ -70,10 +72,12 @@ def _attention_pattern(config: dict) -> list[int]:
     return pattern
 
 
-def _field(config: dict, name: str):
-    """config.json's `name`, which transformers 5 always writes for this family."""
+def _field(config: dict, name: str, hub: str | None = None):
+    """config.json's `name`, which transformers 5 always writes for this family, where it has no
+    `hub` (the published config's spelling of it, which mlx-lm reads)."""
     if name not in config:
-        raise StreamerError(f"config.json has no {name!r}; download config.json again.")
+        said = f"neither {hub!r} (the published spelling) nor {name!r}" if hub else f"no {name!r}"
+        raise StreamerError(f"config.json has {said}; download config.json again.")
     return config[name]
 
 
@@ -84,14 +88,14 @@ def _field(config: dict, name: str):
 # its correction bias and no shared expert
 MIMO_V2_FLASH: dict[str, Callable[[dict], object]] = {
     "hybrid_layer_pattern": lambda c: _attention_pattern(c),
-    "moe_layer_freq": lambda c: _layer_flags(c, "mlp_layer_types", "sparse"),
+    "moe_layer_freq": lambda c: _layer_flags(c, "mlp_layer_types", "sparse", "moe_layer_freq"),
     "add_swa_attention_sink_bias": lambda _: True,
     "add_full_attention_sink_bias": lambda _: False,
-    "sliding_window_size": lambda c: _field(c, "sliding_window"),
+    "sliding_window_size": lambda c: _field(c, "sliding_window", "sliding_window_size"),
     "n_shared_experts": lambda _: None,
     "topk_method": lambda _: "noaux_tc",
     "scoring_func": lambda _: "sigmoid",
-    "layernorm_epsilon": lambda c: _field(c, "rms_norm_eps"),
+    "layernorm_epsilon": lambda c: _field(c, "rms_norm_eps", "layernorm_epsilon"),
     "rope_theta": lambda c: _mimo_rope(c, "full_attention", "rope_theta"),
     "swa_rope_theta": lambda c: _mimo_rope(c, "sliding_attention", "rope_theta"),
     "partial_rotary_factor": lambda c: _mimo_rope(c, "full_attention", "partial_rotary_factor"),
@@ -99,6 +103,21 @@ MIMO_V2_FLASH: dict[str, Callable[[dict], object]] = {
     "swa_num_key_value_heads": lambda c: 2 * _field(c, "num_key_value_heads"),
     "swa_head_dim": lambda c: _field(c, "head_dim"),
     "swa_v_head_dim": lambda c: _field(c, "v_head_dim"),
+}
+
+
+# transformers' defaults for the fields a hub-form config.json (no rope_parameters) leaves out and
+# mlx-lm's model args require: its per-layer-kind RoPE (the published bases and share) and its
+# router's (the published ones; the hub's null scaling factor is 1.0 to both)
+MIMO_V2_FLASH_HUB = {
+    "rope_theta": 5000000.0,
+    "swa_rope_theta": 10000.0,
+    "partial_rotary_factor": 0.334,
+    "num_experts_per_tok": 8,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
 }
 
 
