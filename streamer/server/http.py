@@ -60,10 +60,12 @@ class Handler(QuietHandler):
     timeout = SOCKET_SECONDS  # a body promised by Content-Length and never sent ends here
 
     def end_headers(self) -> None:
-        # any origin, as mlx-lm's server allows by default: browser clients call it directly
+        # any origin, as mlx-lm's server allows by default: browser clients call it directly.
+        # Browsers never let "*" cover Authorization (the Fetch standard): it is named, or a
+        # preflight for a request with a key (OpenAI's JavaScript client always sends one) fails
         self.send_header("Access-Control-Allow-Origin", "*")
         self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
-        self.send_header("Access-Control-Allow-Headers", "*")
+        self.send_header("Access-Control-Allow-Headers", "Authorization, *")
         super().end_headers()
 
     def do_OPTIONS(self) -> None:  # a browser's preflight
