@@ -25,6 +25,7 @@ def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]
         return tokenizer.encode(request.text, add_special_tokens=special)
     messages = copy.deepcopy(request.messages)
     process_message_content(messages)  # text parts joined; tool-call arguments parsed to objects
+    _developer_as_system(messages, tokenizer)
     if not tokenizer.has_chat_template:
         return tokenizer.encode(convert_chat(messages))
     try:
@@ -41,3 +42,16 @@ def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]
     if not tokens:
         raise ApiError(400, "the messages render to an empty prompt", param="messages")
     return list(tokens)
+
+
+def _developer_as_system(messages: list[dict], tokenizer: TokenizerWrapper) -> None:
+    """OpenAI's `developer` role is its newer name for `system`: a Jinja template that does not
+    name it gets a system message (Qwen's templates dropped the message, mlx-lm's plain prefixes
+    left it unlabelled). A template that names it (gpt-oss's) or a renderer of mlx-lm's own
+    (DeepSeek-V3.2's, which has no template text) gets it as it is."""
+    template = tokenizer.chat_template if tokenizer.has_chat_template else ""
+    if not isinstance(template, str) or "developer" in template:
+        return
+    for message in messages:
+        if message["role"] == "developer":
+            message["role"] = "system"
