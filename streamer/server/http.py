@@ -58,6 +58,9 @@ class App:
 class Handler(QuietHandler):
     server: Server
     timeout = SOCKET_SECONDS  # a body promised by Content-Length and never sent ends here
+    # HTTP/1.1: a connection serves request after request, and `Expect: 100-continue` is
+    # answered (curl sends it for a body over 1 KiB, then waited a second for the answer)
+    protocol_version = "HTTP/1.1"
 
     def end_headers(self) -> None:
         # any origin, as mlx-lm's server allows by default: browser clients call it directly.
@@ -195,6 +198,8 @@ class Handler(QuietHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
+        self.close_connection = True  # events of no length given: the stream ends as it closes
+        self.send_header("Connection", "close")
         self.end_headers()
         try:
             for event in itertools.chain([first], events):
@@ -222,6 +227,8 @@ class Handler(QuietHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self._send(data)
 
