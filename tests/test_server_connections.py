@@ -7,6 +7,7 @@ import json
 import socket
 from urllib.parse import urlsplit
 
+import pytest
 from serving import HELLO, connection
 
 ASK = json.dumps({"messages": HELLO, "max_tokens": 1}).encode()
@@ -49,3 +50,57 @@ def test_a_client_that_expects_100_continue_is_told_to_send(server):
             pass
         s.sendall(ASK)
         assert answer.readline() == b"HTTP/1.1 200 OK\r\n"
+
+
+def _raw(url: str, head: bytes, body: bytes = b"") -> tuple[bytes, dict]:
+    """The status line and JSON body of one request sent as these bytes (then the sending side
+    closed)."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n" + body)
+        s.shutdown(socket.SHUT_WR)
+        answer = s.makefile("rb").read()
+    status, _, rest = answer.partition(b"\r\n")
+    return status, json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def test_a_chunked_body_is_read(server):
+    """A body of unknown length sent in chunks (a 411 before), with a chunk extension and a
+    trailer field, which change nothing."""
+    half = len(ASK) // 2
+    chunks = b"%x;ext=1\r\n%s\r\n%x\r\n%s\r\n0\r\nX-Trailer: y\r\n\r\n" % (
+        half,
+        ASK[:half],
+        len(ASK) - half,
+        ASK[half:],
+    )
+    status, body = _raw(server[0], b"Transfer-Encoding: chunked\r\n", chunks)
+    assert status == b"HTTP/1.1 200 OK" and body["usage"]["completion_tokens"] == 1, body
+
+
+@pytest.mark.parametrize(
+    "head, body, words",
+    [
+        # framed both ways, or two lengths: a proxy in front may read another body than this
+        (b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", b"0\r\n\r\n", "not both"),
+        (b"Content-Length: %d\r\nContent-Length: 2\r\n" % len(ASK), ASK, "disagree"),
+        (b"Transfer-Encoding: gzip\r\n", b"", "not supported"),
+        *(
+            (b"Transfer-Encoding: chunked\r\n", chunks, "malformed")
+            for chunks in (b"0x5\r\n{}\r\n0\r\n\r\n", b"1_0\r\n", b"zz\r\n", b"f" * 2000)
+        ),
+        *(
+            (b"Transfer-Encoding: chunked\r\n", chunks, "did not arrive in full")
+            for chunks in (
+                b"10\r\n{}",
+                b"2\r\n{}xx",
+                b"2\r\n{}\r\n0\r\n",
+                b"0\r\nX: " + b"y" * 2000,
+            )
+        ),
+    ],
+    ids=lambda value: value[:24] if isinstance(value, bytes) else None,
+)
+def test_bodies_framed_wrong_are_refused(server, head, body, words):
+    status, answer = _raw(server[0], head, body)
+    assert status.split()[1] in (b"400", b"501") and words in answer["error"]["message"], answer

@@ -18,11 +18,12 @@ from urllib.parse import unquote, urlsplit
 
 from .api import Completion, Sampling, parse_completion
 from .auth import check_key
-from .connection import GONE, ClientGone, QuietHandler, client_gone
+from .connection import ClientGone, QuietHandler, client_gone
 from .engine import Done, Engine, Job, Step, fit
-from .fields import MAX_BODY_BYTES, ApiError, http_refusal, parse_body
+from .fields import ApiError, http_refusal, parse_body
 from .output import Piece
 from .prompts import prompt_tokens
+from .request_body import read_body
 from .responses import Answer, stats_json
 
 log = logging.getLogger("streamer.server")
@@ -121,7 +122,7 @@ class Handler(QuietHandler):
             if not chat and self.route not in TEXT_PATHS:
                 raise ApiError(404, f"no such endpoint: POST {self.route}")
             app = self.server.app
-            body = parse_body(self._body())
+            body = parse_body(read_body(self.headers, self.rfile))
             request = parse_completion(body, chat=chat, model=app.model_id, defaults=app.defaults)
             job = app.engine.submit(app.job(request))
         except ApiError as e:
@@ -135,22 +136,6 @@ class Handler(QuietHandler):
             (self._stream if request.stream else self._whole)(job)
         finally:
             job.cancelled.set()  # a no-op once the job is done; else its generation stops
-
-    def _body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None:
-            raise ApiError(411, "a Content-Length header is required")
-        if not (length.isascii() and length.isdigit()):  # "²" is a digit to isdigit, not to int
-            raise ApiError(400, f"Content-Length {length!r} is not a number of bytes")
-        if int(length) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
-        try:
-            body = self.rfile.read(int(length))
-        except GONE:  # the client reset the connection, or sent nothing for SOCKET_SECONDS
-            body = b""
-        if len(body) < int(length):  # the client closed, or sent nothing for SOCKET_SECONDS
-            raise ApiError(400, f"the request body did not arrive in full ({length} bytes)")
-        return body
 
     def _events(self, job: Job):
         """The job's events as they come; ClientGone once the client hung up (checked every
