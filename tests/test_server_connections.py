@@ -104,3 +104,17 @@ def test_a_chunked_body_is_read(server):
 def test_bodies_framed_wrong_are_refused(server, head, body, words):
     status, answer = _raw(server[0], head, body)
     assert status.split()[1] in (b"400", b"501") and words in answer["error"]["message"], answer
+
+
+def test_a_body_on_a_get_ends_its_connection(server):
+    """A GET's body is not read: on a kept-alive connection it was read as the next request (the
+    client got a 501 for 'helloGET' it never sent)."""
+    url = urlsplit(server[0])
+    with socket.create_connection((url.hostname, url.port), timeout=30) as s:
+        s.sendall(
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        answer = s.makefile("rb").read()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1, answer
+    assert b"\r\nConnection: close\r\n" in answer

@@ -23,7 +23,7 @@ from .engine import Done, Engine, Job, Step, fit
 from .fields import ApiError, http_refusal, parse_body
 from .output import Piece
 from .prompts import prompt_tokens
-from .request_body import read_body
+from .request_body import declares_body, read_body
 from .responses import Answer, stats_json
 
 log = logging.getLogger("streamer.server")
@@ -72,9 +72,20 @@ class Handler(QuietHandler):
         self.send_header("Access-Control-Allow-Headers", "Authorization, *")
         super().end_headers()
 
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        if parsed and self.command != "POST" and declares_body(self.headers):
+            self.close_connection = True  # its body is not read: it would be the next request
+        return parsed
+
+    def _end_answer_headers(self) -> None:
+        if self.close_connection:  # an HTTP/1.1 client keeps a connection unless told
+            self.send_header("Connection", "close")
+        self.end_headers()
+
     def do_OPTIONS(self) -> None:  # a browser's preflight
         self.send_response(204)
-        self.end_headers()
+        self._end_answer_headers()
 
     def _not_allowed(self) -> None:
         self._error(ApiError(405, f"{self.command} is not allowed on {self.path}: use GET or POST"))
@@ -184,8 +195,7 @@ class Handler(QuietHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.close_connection = True  # events of no length given: the stream ends as it closes
-        self.send_header("Connection", "close")
-        self.end_headers()
+        self._end_answer_headers()
         try:
             for event in itertools.chain([first], events):
                 if isinstance(event, Step):
@@ -212,9 +222,7 @@ class Handler(QuietHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
+        self._end_answer_headers()
         self._send(data)
 
     def _error(self, error: ApiError) -> None:

@@ -44,6 +44,12 @@ def read_body(headers: Message, rfile: BinaryIO) -> bytes:
     return body
 
 
+def declares_body(headers: Message) -> bool:
+    """Whether a request says a body follows its headers."""
+    length = headers.get("Content-Length")
+    return headers.get("Transfer-Encoding") is not None or (length or "0").strip() != "0"
+
+
 def _chunks(rfile: BinaryIO) -> bytes:
     body = bytearray()
     while True:
