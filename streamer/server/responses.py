@@ -30,6 +30,7 @@ class Answer:
         self.tool_calls = ToolCallFormatter(tool_parser, request.tools, streaming=request.stream)
         self.piece, self.tokens = Piece(), []  # everything so far, for a whole response
         self.sent = 0  # characters of text streamed so far (text_offset of /v1/completions)
+        self.role_sent = False  # a streamed answer names its role once, in its first chunk
 
     def _calls(self, texts: list[str]) -> list[dict]:
         """The tool calls in OpenAI's shape. mlx-lm's formatter drops a call its parser cannot
@@ -55,7 +56,10 @@ class Answer:
             self.sent += len(piece.content)
         else:
             body = self._head("chat.completion.chunk")
-            delta = {"role": "assistant"}
+            # OpenAI's client joins the deltas' strings: a role in every chunk was read as
+            # "assistantassistant..." by its streaming helper (chat.completions.stream)
+            delta = {} if self.role_sent else {"role": "assistant"}
+            self.role_sent = True
             if piece.content:
                 delta["content"] = piece.content
             if piece.reasoning:
