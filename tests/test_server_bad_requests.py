@@ -236,8 +236,14 @@ def test_malformed_bodies_and_connections(server, served_folder):
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: \xc2\xb2\r\n\r\n{}")
         assert s.recv(100).startswith(b"HTTP/1.1 400")  # "\u00b2" is a digit to str.isdigit
     http = connection(server[0])
-    http.request("HEAD", "/v1/models")
-    assert http.getresponse().status == 405  # (a HEAD answer has no body)
+    for path, status in (("/health", 200), ("/v1/models", 200), ("/v1/nothing", 404)):
+        # GET's status and length, no body (uptime monitors probe with HEAD): it was a 405
+        http.request("GET", path)
+        get = http.getresponse()
+        length = str(len(get.read()))
+        http.request("HEAD", path)
+        head = http.getresponse()
+        assert (head.status, head.getheader("Content-Length"), head.read()) == (status, length, b"")
     http.close()
     ok = {"model": str(served_folder), "messages": HI, "max_tokens": 1}
     # a query string (as Azure-style clients add) does not change the route

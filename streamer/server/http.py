@@ -90,7 +90,7 @@ class Handler(QuietHandler):
     def _not_allowed(self) -> None:
         self._error(ApiError(405, f"{self.command} is not allowed on {self.path}: use GET or POST"))
 
-    do_PUT = do_DELETE = do_PATCH = do_HEAD = _not_allowed
+    do_PUT = do_DELETE = do_PATCH = _not_allowed
     send_error = http_refusal  # a bad request line, TRACE, headers too long: JSON, not HTML
 
     @property
@@ -118,9 +118,13 @@ class Handler(QuietHandler):
         elif route.startswith("/v1/models/") and unquote(route[11:]) == app.model_id:
             self._json(200, self._model())
         elif route in CHAT_PATHS + TEXT_PATHS:  # a completion is asked for by POST, as DELETE's 405
-            self._error(ApiError(405, f"GET is not allowed on {route}: use POST"))
+            self._error(ApiError(405, f"{self.command} is not allowed on {route}: use POST"))
         else:
             self._error(ApiError(404, f"no such endpoint: GET {route}"))
+
+    # GET's answer without its body, as HTTP requires of a server: uptime monitors probe with
+    # HEAD (/health was a 405, read as down)
+    do_HEAD = do_GET
 
     def _model(self) -> dict:
         return {"id": self.server.app.model_id, "object": "model", "owned_by": "streamer"}
@@ -223,7 +227,8 @@ class Handler(QuietHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self._end_answer_headers()
-        self._send(data)
+        if self.command != "HEAD":
+            self._send(data)
 
     def _error(self, error: ApiError) -> None:
         self.close_connection = True  # an unread body may still be on the connection
