@@ -118,3 +118,11 @@ def test_a_body_on_a_get_ends_its_connection(server):
         answer = s.makefile("rb").read()
     assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1") == 1, answer
     assert b"\r\nConnection: close\r\n" in answer
+
+
+def test_a_body_with_a_byte_order_mark_is_read(server):
+    """UTF-8 with a byte order mark, as Windows tools write it (JSON parsers may skip it): it was
+    a 400."""
+    body = b"\xef\xbb\xbf" + ASK
+    status, answer = _raw(server[0], b"Content-Length: %d\r\n" % len(body), body)
+    assert status == b"HTTP/1.1 200 OK" and answer["usage"]["completion_tokens"] == 1, answer
