@@ -47,6 +47,7 @@ class App:
     ):
         self.engine, self.model_id, self.api_key = engine, model_id, api_key
         self.defaults, self.max_tokens, self.context = defaults, max_tokens, context
+        self.started = int(time.time())  # the served model's `created`
 
     def job(self, request: Completion) -> Job:
         with self.engine.tokenizer_lock:
@@ -127,7 +128,10 @@ class Handler(QuietHandler):
     do_HEAD = do_GET
 
     def _model(self) -> dict:
-        return {"id": self.server.app.model_id, "object": "model", "owned_by": "streamer"}
+        # `created` too: typed clients (Rust's async-openai, ...) refused a model without it
+        app = self.server.app
+        model = {"id": app.model_id, "object": "model", "created": app.started}
+        return {**model, "owned_by": "streamer"}
 
     def do_POST(self) -> None:
         chat = self.route in CHAT_PATHS
