@@ -31,6 +31,9 @@ POLL_SECONDS = 0.25  # how often a waiting handler checks that its client is sti
 SOCKET_SECONDS = 120  # a client that sends or takes nothing for this long is dropped
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 TEXT_PATHS = ("/v1/completions", "/completions")
+# without /v1 too, as the completions: a client whose base URL lacks it chatted, but its check
+# of the connection (Open WebUI's lists the models) was a 404
+MODELS_PATHS = ("/v1/models", "/models")
 
 
 class App:
@@ -114,9 +117,9 @@ class Handler(QuietHandler):
         if route == "/health":
             healthy = app.engine.healthy
             self._json(200 if healthy else 503, {"status": "ok" if healthy else "unavailable"})
-        elif route.rstrip("/") == "/v1/models":
+        elif route.rstrip("/") in MODELS_PATHS:
             self._json(200, {"object": "list", "data": [self._model()]})
-        elif route.startswith("/v1/models/") and unquote(route[11:]) == app.model_id:
+        elif self._names_the_model(route):
             self._json(200, self._model())
         elif route in CHAT_PATHS + TEXT_PATHS:  # a completion is asked for by POST, as DELETE's 405
             self._error(ApiError(405, f"{self.command} is not allowed on {route}: use POST"))
@@ -126,6 +129,13 @@ class Handler(QuietHandler):
     # GET's answer without its body, as HTTP requires of a server: uptime monitors probe with
     # HEAD (/health was a 405, read as down)
     do_HEAD = do_GET
+
+    def _names_the_model(self, route: str) -> bool:
+        """Whether `route` is /v1/models/NAME (or /models/NAME) of the served model."""
+        for path in MODELS_PATHS:
+            if route.startswith(f"{path}/"):
+                return unquote(route[len(path) + 1 :]) == self.server.app.model_id
+        return False
 
     def _model(self) -> dict:
         # `created` too: typed clients (Rust's async-openai, ...) refused a model without it
