@@ -62,7 +62,7 @@ class App:
 
 class Handler(QuietHandler):
     server: Server
-    timeout = SOCKET_SECONDS  # a body promised by Content-Length and never sent ends here
+    timeout = SOCKET_SECONDS  # a body promised and never sent ends here, as an idle connection
     # HTTP/1.1: a connection serves request after request, and `Expect: 100-continue` is
     # answered (curl sends it for a body over 1 KiB, then waited a second for the answer)
     protocol_version = "HTTP/1.1"
