@@ -85,6 +85,7 @@ def test_a_chunked_body_is_read(server):
         (b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", b"0\r\n\r\n", "not both"),
         (b"Content-Length: %d\r\nContent-Length: 2\r\n" % len(ASK), ASK, "disagree"),
         (b"Transfer-Encoding: gzip\r\n", b"", "not supported"),
+        (b"Transfer-Encoding: chunked\r\n", b"ffffffff\r\n", "over 32 MB"),
         *(
             (b"Transfer-Encoding: chunked\r\n", chunks, "malformed")
             for chunks in (b"0x5\r\n{}\r\n0\r\n\r\n", b"1_0\r\n", b"zz\r\n", b"f" * 2000)
@@ -103,7 +104,8 @@ def test_a_chunked_body_is_read(server):
 )
 def test_bodies_framed_wrong_are_refused(server, head, body, words):
     status, answer = _raw(server[0], head, body)
-    assert status.split()[1] in (b"400", b"501") and words in answer["error"]["message"], answer
+    assert status.split()[1] in (b"400", b"413", b"501"), status
+    assert words in answer["error"]["message"], answer
 
 
 def test_a_body_on_a_get_ends_its_connection(server):
