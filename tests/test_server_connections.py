@@ -99,6 +99,7 @@ def test_a_chunked_body_is_read(server):
                 b"10\r\n{}",
                 b"2\r\n{}xx",
                 b"2\r\n{}\r\n0\r\n",
+                b"2\r\n{}\r\n",  # the client closes where the next chunk's size would be
                 b"0\r\nX: " + b"y" * 2000,
             )
         ),

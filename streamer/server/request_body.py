@@ -53,7 +53,10 @@ def declares_body(headers: Message) -> bool:
 def _chunks(rfile: BinaryIO) -> bytes:
     body = bytearray()
     while True:
-        found = _CHUNK_SIZE.fullmatch(_readline(rfile))
+        line = _readline(rfile)
+        found = _CHUNK_SIZE.fullmatch(line)
+        if not line:  # the client closed, or sent nothing for the socket's timeout
+            raise ApiError(400, "the chunked request body did not arrive in full")
         if found is None:
             raise ApiError(400, "the chunked request body is malformed (a chunk size is not hex)")
         size = int(found.group(1), 16)
