@@ -20,6 +20,15 @@ def test_models_and_health(server, client, served_folder):
     assert [m.id for m in client.models.list()] == [served_folder.name]
     assert "read path slots (asked for)" in server[1].read_text()
     assert request(server[0], "GET", "/health") == (200, {"status": "ok"})
+    # every field of OpenAI's Model, `created` too (typed clients refused a model without it)
+    status, listing = request(server[0], "GET", "/v1/models")
+    (model,) = listing["data"]
+    assert set(model) == {"id", "object", "created", "owned_by"}
+    assert isinstance(model["created"], int) and model["created"] > 0
+    assert request(server[0], "GET", f"/v1/models/{served_folder.name}") == (200, model)
+    # without /v1, as the completions are answered (a client's base URL without it): a 404
+    assert request(server[0], "GET", "/models") == (200, listing)
+    assert request(server[0], "GET", f"/models/{served_folder.name}") == (200, model)
 
 
 def test_chat_whole_and_streamed_match_the_library(client, served_folder, local):

@@ -234,10 +234,16 @@ def test_malformed_bodies_and_connections(server, served_folder):
         assert status == 400 and "over 64 deep" in answer["error"]["message"], answer
     with socket.create_connection((url.hostname, url.port), timeout=30) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: \xc2\xb2\r\n\r\n{}")
-        assert s.recv(100).startswith(b"HTTP/1.0 400")  # "\u00b2" is a digit to str.isdigit
+        assert s.recv(100).startswith(b"HTTP/1.1 400")  # "\u00b2" is a digit to str.isdigit
     http = connection(server[0])
-    http.request("HEAD", "/v1/models")
-    assert http.getresponse().status == 405  # (a HEAD answer has no body)
+    for path, status in (("/health", 200), ("/v1/models", 200), ("/v1/nothing", 404)):
+        # GET's status and length, no body (uptime monitors probe with HEAD): it was a 405
+        http.request("GET", path)
+        get = http.getresponse()
+        length = str(len(get.read()))
+        http.request("HEAD", path)
+        head = http.getresponse()
+        assert (head.status, head.getheader("Content-Length"), head.read()) == (status, length, b"")
     http.close()
     ok = {"model": str(served_folder), "messages": HI, "max_tokens": 1}
     # a query string (as Azure-style clients add) does not change the route
@@ -248,7 +254,7 @@ def test_malformed_bodies_and_connections(server, served_folder):
             b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{}"
         )
         s.shutdown(socket.SHUT_WR)
-        assert s.recv(100).startswith(b"HTTP/1.0 400")
+        assert s.recv(100).startswith(b"HTTP/1.1 400")
 
 
 def test_a_prompt_over_the_context_is_refused_by_the_client(client, served_folder):
@@ -267,7 +273,7 @@ def test_unknown_paths_and_missing_length(server):
     url = urlsplit(server[0])
     with socket.create_connection((url.hostname, url.port)) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\n\r\n")
-        assert s.recv(100).startswith(b"HTTP/1.0 411")
+        assert s.recv(100).startswith(b"HTTP/1.1 411")
 
 
 @pytest.mark.parametrize(
@@ -290,7 +296,7 @@ def test_what_http_server_refuses_itself_is_an_openai_error(server, head, status
         answer = s.makefile("rb").read()
     if status is not None:
         headers, _, answer = answer.partition(b"\r\n\r\n")
-        assert headers.startswith(b"HTTP/1.0 %d" % status), headers
+        assert headers.startswith(b"HTTP/1.1 %d" % status), headers
         assert b"Content-Type: application/json" in headers, headers
     assert words in json.loads(answer)["error"]["message"], answer
 
@@ -310,7 +316,7 @@ def test_clients_that_reset_and_bytes_for_a_terminal_leave_the_log_clean(server,
             time.sleep(0.05)
     with socket.create_connection((url.hostname, url.port), timeout=30) as s:
         s.sendall(b"GET /\x1b[2J\x1b]0;title\x07 HTTP/1.1\r\n\r\n")
-        assert s.recv(100).startswith(b"HTTP/1.0 404")
+        assert s.recv(100).startswith(b"HTTP/1.1 404")
     ok = {"model": str(served_folder), "messages": HI, "max_tokens": 1}
     assert request(server[0], "POST", "/v1/chat/completions", json.dumps(ok).encode())[0] == 200
     log = server[1].read_text()

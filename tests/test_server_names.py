@@ -8,7 +8,7 @@ import json
 
 import openai
 import pytest
-from serving import HELLO, NO_CALL, live_server, request
+from serving import HELLO, NO_CALL, connection, live_server, request
 
 KEY = "sk-local-test"
 
@@ -67,6 +67,28 @@ def test_an_api_key_is_required_on_every_endpoint_but_health(keyed):
     basic = {"Authorization": f"Basic {KEY}"}
     assert request(keyed, "GET", "/v1/models", headers=basic)[0] == 401
     assert request(keyed, "GET", "/health") == (200, {"status": "ok"})
+
+
+def test_a_browser_preflight_lets_the_key_through(keyed):
+    """A browser asks first whether it may send Authorization (OPTIONS, no key): "*" in
+    Access-Control-Allow-Headers does not cover Authorization there, so the answer names it (it
+    was "*" alone, and every browser client with a key was blocked)."""
+    http = connection(keyed)
+    http.request(
+        "OPTIONS",
+        "/v1/chat/completions",
+        headers={
+            "Origin": "http://localhost:3000",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type",
+        },
+    )
+    response = http.getresponse()
+    http.close()
+    assert response.status == 204
+    allowed = response.getheader("Access-Control-Allow-Headers").lower().split(", ")
+    assert {"authorization", "*"} <= set(allowed), allowed
+    assert response.getheader("Access-Control-Allow-Origin") == "*"
 
 
 def sent(key: bytes) -> str:

@@ -1,10 +1,11 @@
-"""/v1/completions streamed, through the live server (tests/serving.py): the same text, stop and
-logprobs as the whole answer, and the usage chunk when asked for."""
+"""Answers streamed, through the live server (tests/serving.py): /v1/completions with the same
+text, stop and logprobs as the whole answer, and the usage chunk when asked for; chat chunks as
+OpenAI's streaming helper joins them."""
 
 from __future__ import annotations
 
 from mlx_lm.sample_utils import make_logits_processors
-from serving import NO_CALL
+from serving import HELLO, NO_CALL, NO_EOS
 
 import streamer
 
@@ -41,3 +42,19 @@ def test_a_streamed_text_completion_is_the_whole_one(client, served_folder, loca
     stop = want[3:5]  # cut exactly where the stop string starts, streamed as whole
     cut = client.completions.create(**ask, stop=stop, stream=True)
     assert "".join(c.choices[0].text for c in cut if c.choices) == want[: want.index(stop)]
+
+
+def test_a_streamed_chat_names_its_role_once(client, served_folder):
+    """OpenAI's streaming helper joins the deltas' strings: with the role in every chunk, its
+    answer's role was 'assistantassistant...'."""
+    ask = dict(model=str(served_folder), messages=HELLO, max_tokens=4, logit_bias=NO_EOS)
+    with client.chat.completions.stream(**ask) as stream:
+        for _ in stream:
+            pass
+        answer = stream.current_completion_snapshot
+    assert answer.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    assert [c.choices[0].delta.role for c in chunks][:2] == ["assistant", None]
+    assert answer.choices[0].message.content == "".join(
+        c.choices[0].delta.content or "" for c in chunks
+    )

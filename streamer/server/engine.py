@@ -33,20 +33,13 @@ from ..run_stats import RunStats, settled
 from .api import Completion
 from .disk_cache import DiskCache
 from .fields import ApiError
+from .logprobs import Token, token_logprobs
 from .output import Output, Piece
 from .sampling import sampler_and_processors
 
 log = logging.getLogger("streamer.server")
 KEEP_SECONDS = 120  # close() waits this long at most for a prompt cache being written
 MODEL_KEY = "served"  # one model per server: the prompt cache's key for it
-
-
-@dataclass
-class Token:
-    id: int
-    text: str
-    logprob: float
-    top: list[tuple[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -180,7 +173,10 @@ class Engine:
             stats = response.stats
             piece, stopped = output.feed(response.text)
             eos = response.finish_reason == "stop"
-            tokens = [] if eos or not request.logprobs else [self._token(response, request)]
+            tokens = []
+            if request.logprobs and not eos:
+                top = request.top_logprobs
+                tokens = [token_logprobs(self.tokenizer, self.tokenizer_lock, response, top)]
             if piece or tokens:
                 job.events.put(Step(piece, tokens))
             if self._stops(job, stopped, len(generated)):
@@ -238,20 +234,3 @@ class Engine:
         if self.disk is not None:
             self.disk.save(tokens, cache)
         self.prompt_cache.insert_cache(MODEL_KEY, tokens, cache)
-
-    def _token(self, response, request: Completion) -> Token:
-        logprobs = response.logprobs
-        token = Token(response.token, "", logprobs[response.token].item())
-        ids = [response.token]
-        if request.top_logprobs:
-            n = request.top_logprobs
-            top = mx.argpartition(-logprobs, kth=n - 1)[:n].tolist()
-            values = logprobs[top].tolist()
-            order = sorted(range(n), key=lambda i: -values[i])
-            ids += [top[i] for i in order]
-            token.top = [(None, values[i]) for i in order]
-        with self.tokenizer_lock:
-            texts = [self.tokenizer.decode([i]) for i in ids]
-        token.text = texts[0]
-        token.top = [(text, value) for text, (_, value) in zip(texts[1:], token.top)]
-        return token

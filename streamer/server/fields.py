@@ -41,7 +41,8 @@ def http_refusal(handler, code: int, message: str | None = None, explain: str | 
 
 def parse_body(raw: bytes) -> dict:
     try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        # a byte order mark, which JSON parsers may skip (RFC 8259): Windows tools write one
+        body = json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant)
         json.dumps(body, ensure_ascii=False).encode("utf-8")  # a "\ud800" escape is not text
     except UnicodeError:
         raise ApiError(400, "the request body is not UTF-8 text") from None

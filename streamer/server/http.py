@@ -18,11 +18,12 @@ from urllib.parse import unquote, urlsplit
 
 from .api import Completion, Sampling, parse_completion
 from .auth import check_key
-from .connection import GONE, ClientGone, QuietHandler, client_gone
+from .connection import ClientGone, QuietHandler, client_gone
 from .engine import Done, Engine, Job, Step, fit
-from .fields import MAX_BODY_BYTES, ApiError, http_refusal, parse_body
+from .fields import ApiError, http_refusal, parse_body
 from .output import Piece
 from .prompts import prompt_tokens
+from .request_body import declares_body, read_body
 from .responses import Answer, stats_json
 
 log = logging.getLogger("streamer.server")
@@ -30,6 +31,9 @@ POLL_SECONDS = 0.25  # how often a waiting handler checks that its client is sti
 SOCKET_SECONDS = 120  # a client that sends or takes nothing for this long is dropped
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 TEXT_PATHS = ("/v1/completions", "/completions")
+# without /v1 too, as the completions: a client whose base URL lacks it chatted, but its check
+# of the connection (Open WebUI's lists the models) was a 404
+MODELS_PATHS = ("/v1/models", "/models")
 
 
 class App:
@@ -46,6 +50,7 @@ class App:
     ):
         self.engine, self.model_id, self.api_key = engine, model_id, api_key
         self.defaults, self.max_tokens, self.context = defaults, max_tokens, context
+        self.started = int(time.time())  # the served model's `created`
 
     def job(self, request: Completion) -> Job:
         with self.engine.tokenizer_lock:
@@ -57,23 +62,39 @@ class App:
 
 class Handler(QuietHandler):
     server: Server
-    timeout = SOCKET_SECONDS  # a body promised by Content-Length and never sent ends here
+    timeout = SOCKET_SECONDS  # a body promised and never sent ends here, as an idle connection
+    # HTTP/1.1: a connection serves request after request, and `Expect: 100-continue` is
+    # answered (curl sends it for a body over 1 KiB, then waited a second for the answer)
+    protocol_version = "HTTP/1.1"
 
     def end_headers(self) -> None:
-        # any origin, as mlx-lm's server allows by default: browser clients call it directly
+        # any origin, as mlx-lm's server allows by default: browser clients call it directly.
+        # Browsers never let "*" cover Authorization (the Fetch standard): it is named, or a
+        # preflight for a request with a key (OpenAI's JavaScript client always sends one) fails
         self.send_header("Access-Control-Allow-Origin", "*")
         self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
-        self.send_header("Access-Control-Allow-Headers", "*")
+        self.send_header("Access-Control-Allow-Headers", "Authorization, *")
         super().end_headers()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        if parsed and self.command != "POST" and declares_body(self.headers):
+            self.close_connection = True  # its body is not read: it would be the next request
+        return parsed
+
+    def _end_answer_headers(self) -> None:
+        if self.close_connection:  # an HTTP/1.1 client keeps a connection unless told
+            self.send_header("Connection", "close")
+        self.end_headers()
 
     def do_OPTIONS(self) -> None:  # a browser's preflight
         self.send_response(204)
-        self.end_headers()
+        self._end_answer_headers()
 
     def _not_allowed(self) -> None:
         self._error(ApiError(405, f"{self.command} is not allowed on {self.path}: use GET or POST"))
 
-    do_PUT = do_DELETE = do_PATCH = do_HEAD = _not_allowed
+    do_PUT = do_DELETE = do_PATCH = _not_allowed
     send_error = http_refusal  # a bad request line, TRACE, headers too long: JSON, not HTML
 
     @property
@@ -96,17 +117,31 @@ class Handler(QuietHandler):
         if route == "/health":
             healthy = app.engine.healthy
             self._json(200 if healthy else 503, {"status": "ok" if healthy else "unavailable"})
-        elif route.rstrip("/") == "/v1/models":
+        elif route.rstrip("/") in MODELS_PATHS:
             self._json(200, {"object": "list", "data": [self._model()]})
-        elif route.startswith("/v1/models/") and unquote(route[11:]) == app.model_id:
+        elif self._names_the_model(route):
             self._json(200, self._model())
         elif route in CHAT_PATHS + TEXT_PATHS:  # a completion is asked for by POST, as DELETE's 405
-            self._error(ApiError(405, f"GET is not allowed on {route}: use POST"))
+            self._error(ApiError(405, f"{self.command} is not allowed on {route}: use POST"))
         else:
             self._error(ApiError(404, f"no such endpoint: GET {route}"))
 
+    # GET's answer without its body, as HTTP requires of a server: uptime monitors probe with
+    # HEAD (/health was a 405, read as down)
+    do_HEAD = do_GET
+
+    def _names_the_model(self, route: str) -> bool:
+        """Whether `route` is /v1/models/NAME (or /models/NAME) of the served model."""
+        for path in MODELS_PATHS:
+            if route.startswith(f"{path}/"):
+                return unquote(route[len(path) + 1 :]) == self.server.app.model_id
+        return False
+
     def _model(self) -> dict:
-        return {"id": self.server.app.model_id, "object": "model", "owned_by": "streamer"}
+        # `created` too: typed clients (Rust's async-openai, ...) refused a model without it
+        app = self.server.app
+        model = {"id": app.model_id, "object": "model", "created": app.started}
+        return {**model, "owned_by": "streamer"}
 
     def do_POST(self) -> None:
         chat = self.route in CHAT_PATHS
@@ -116,7 +151,7 @@ class Handler(QuietHandler):
             if not chat and self.route not in TEXT_PATHS:
                 raise ApiError(404, f"no such endpoint: POST {self.route}")
             app = self.server.app
-            body = parse_body(self._body())
+            body = parse_body(read_body(self.headers, self.rfile))
             request = parse_completion(body, chat=chat, model=app.model_id, defaults=app.defaults)
             job = app.engine.submit(app.job(request))
         except ApiError as e:
@@ -130,22 +165,6 @@ class Handler(QuietHandler):
             (self._stream if request.stream else self._whole)(job)
         finally:
             job.cancelled.set()  # a no-op once the job is done; else its generation stops
-
-    def _body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None:
-            raise ApiError(411, "a Content-Length header is required")
-        if not (length.isascii() and length.isdigit()):  # "²" is a digit to isdigit, not to int
-            raise ApiError(400, f"Content-Length {length!r} is not a number of bytes")
-        if int(length) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
-        try:
-            body = self.rfile.read(int(length))
-        except GONE:  # the client reset the connection, or sent nothing for SOCKET_SECONDS
-            body = b""
-        if len(body) < int(length):  # the client closed, or sent nothing for SOCKET_SECONDS
-            raise ApiError(400, f"the request body did not arrive in full ({length} bytes)")
-        return body
 
     def _events(self, job: Job):
         """The job's events as they come; ClientGone once the client hung up (checked every
@@ -193,7 +212,8 @@ class Handler(QuietHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
-        self.end_headers()
+        self.close_connection = True  # events of no length given: the stream ends as it closes
+        self._end_answer_headers()
         try:
             for event in itertools.chain([first], events):
                 if isinstance(event, Step):
@@ -220,8 +240,9 @@ class Handler(QuietHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self._send(data)
+        self._end_answer_headers()
+        if self.command != "HEAD":
+            self._send(data)
 
     def _error(self, error: ApiError) -> None:
         self.close_connection = True  # an unread body may still be on the connection

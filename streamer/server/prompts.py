@@ -25,19 +25,52 @@ def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]
         return tokenizer.encode(request.text, add_special_tokens=special)
     messages = copy.deepcopy(request.messages)
     process_message_content(messages)  # text parts joined; tool-call arguments parsed to objects
+    _developer_as_system(messages, tokenizer)
     if not tokenizer.has_chat_template:
+        if request.tools:
+            raise _tools_left_out()
         return tokenizer.encode(convert_chat(messages))
+    tokens = _render(tokenizer, messages, request.tools, request.template_kwargs)
+    if not tokens:
+        raise ApiError(400, "the messages render to an empty prompt", param="messages")
+    if request.tools and tokens == _render(tokenizer, messages, None, request.template_kwargs):
+        raise _tools_left_out()
+    return list(tokens)
+
+
+def _render(
+    tokenizer: TokenizerWrapper, messages: list[dict], tools: list | None, variables: dict
+) -> list[int]:
     try:
-        tokens = tokenizer.apply_chat_template(
-            messages,
-            tools=request.tools,
-            add_generation_prompt=True,
-            **request.template_kwargs,
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, **variables
         )
     except Exception as e:  # jinja raises its own errors for messages a template refuses
         raise ApiError(
             400, f"the model's chat template refused these messages: {e}", param="messages"
         ) from None
-    if not tokens:
-        raise ApiError(400, "the messages render to an empty prompt", param="messages")
-    return list(tokens)
+
+
+def _tools_left_out() -> ApiError:
+    """Tools the prompt leaves out: the model would answer as if it had none, so the request is
+    refused (as Ollama refuses tools for such a model)."""
+    return ApiError(
+        400,
+        "the model's chat template does not render tools, so the model cannot call them: send "
+        "the request without tools (or with tool_choice: none), or serve a model whose template "
+        "takes tools",
+        param="tools",
+    )
+
+
+def _developer_as_system(messages: list[dict], tokenizer: TokenizerWrapper) -> None:
+    """OpenAI's `developer` role is its newer name for `system`: a Jinja template that does not
+    name it gets a system message (Qwen's templates dropped the message, mlx-lm's plain prefixes
+    left it unlabelled). A template that names it (gpt-oss's) or a renderer of mlx-lm's own
+    (DeepSeek-V3.2's, which has no template text) gets it as it is."""
+    template = tokenizer.chat_template if tokenizer.has_chat_template else ""
+    if not isinstance(template, str) or "developer" in template:
+        return
+    for message in messages:
+        if message["role"] == "developer":
+            message["role"] = "system"

@@ -13,7 +13,8 @@ from mlx_lm.server import ToolCallFormatter
 
 from ..run_stats import RunStats
 from .api import Completion
-from .engine import Done, Token
+from .engine import Done
+from .logprobs import Token
 from .output import Piece
 
 log = logging.getLogger("streamer.server")
@@ -29,6 +30,7 @@ class Answer:
         self.tool_calls = ToolCallFormatter(tool_parser, request.tools, streaming=request.stream)
         self.piece, self.tokens = Piece(), []  # everything so far, for a whole response
         self.sent = 0  # characters of text streamed so far (text_offset of /v1/completions)
+        self.role_sent = False  # a streamed answer names its role once, in its first chunk
 
     def _calls(self, texts: list[str]) -> list[dict]:
         """The tool calls in OpenAI's shape. mlx-lm's formatter drops a call its parser cannot
@@ -54,7 +56,10 @@ class Answer:
             self.sent += len(piece.content)
         else:
             body = self._head("chat.completion.chunk")
-            delta = {"role": "assistant"}
+            # OpenAI's client joins the deltas' strings: a role in every chunk was read as
+            # "assistantassistant..." by its streaming helper (chat.completions.stream)
+            delta = {} if self.role_sent else {"role": "assistant"}
+            self.role_sent = True
             if piece.content:
                 delta["content"] = piece.content
             if piece.reasoning:
@@ -113,13 +118,10 @@ class Answer:
 
     @staticmethod
     def _chat_logprobs(tokens: list[Token]) -> list[dict]:
-        def entry(text: str, logprob: float) -> dict:
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        def entry(token: Token) -> dict:
+            return {"token": token.text, "logprob": token.logprob, "bytes": list(token.bytes)}
 
-        return [
-            {**entry(t.text, t.logprob), "top_logprobs": [entry(s, v) for s, v in t.top]}
-            for t in tokens
-        ]
+        return [{**entry(t), "top_logprobs": [entry(s) for s in t.top]} for t in tokens]
 
     @staticmethod
     def _text_logprobs(tokens: list[Token], offset: int) -> dict:
@@ -135,12 +137,12 @@ class Answer:
         }
 
 
-def _by_text(top: list[tuple[str, float]]) -> dict[str, float]:
+def _by_text(top: list[Token]) -> dict[str, float]:
     """The legacy top_logprobs: a dict by token text. Tokens that decode alike (byte pieces of
     one character, each "\ufffd") are one entry, with the best logprob, not the last one's."""
     by_text: dict[str, float] = {}
-    for text, value in top:  # best first
-        by_text.setdefault(text, value)
+    for token in top:  # best first
+        by_text.setdefault(token.text, token.logprob)
     return by_text
 
 
