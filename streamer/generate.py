@@ -6,7 +6,6 @@ import inspect
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -20,21 +19,9 @@ from .errors import StreamerError, one_line
 from .input_embeddings import check_input_embeddings
 from .kv_quantization import check_kv_cache_quantizes, check_prompt_cache
 from .loading.handle import streaming
-from .run_stats import RunStats, run_stats
+from .response import Response
+from .run_stats import run_stats
 from .speculative import stream as speculative
-
-
-@dataclass(frozen=True)
-class Response:
-    """One streamed piece of text; `stats` covers the run so far (its expert counters leave out
-    the calls not yet settled, but in the last piece: `settled` completes them), `logprobs`
-    (log-softmax over the vocabulary) is the distribution `token` was sampled from."""
-
-    text: str
-    token: int
-    finish_reason: str | None
-    stats: RunStats
-    logprobs: mx.array | None = None
 
 
 def stream_generate(
@@ -78,7 +65,7 @@ def stream_generate(
                     r.generation_tps,
                     settle=r.finish_reason is not None,
                 )
-                yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
+                yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs, r.from_draft)
         except ValueError as e:  # mx.quantize's: the keys' width is not a multiple of the group
             if kv_bits is None or not str(e).startswith("[quantize]"):
                 raise

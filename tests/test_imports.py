@@ -21,6 +21,7 @@ LAYERS = {
         "streamer.generate",
         "streamer.kv_quantization",
         "streamer.input_embeddings",
+        "streamer.response",
         "streamer.run_stats",
         "streamer.speculative",
         "streamer.verify",

@@ -1,0 +1,40 @@
+"""Code written for mlx-lm's load, generate and stream_generate runs on streamer's and gets the
+same answers: the same responses, the same arguments taken (numpy's numbers too), and those
+streamer cannot honour refused by name."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+
+import streamer
+
+
+@pytest.fixture(scope="module")
+def both(checkpoints):
+    """streamer's model and mlx-lm's, resident in float32, of one checkpoint."""
+    hf = checkpoints.hf("qwen3_moe")
+    model, tokenizer = streamer.load(checkpoints.repacked(hf))
+    reference, reference_tokenizer = mlx_lm.load(str(hf))
+    reference.set_dtype(mx.float32)
+    return (model, tokenizer), (reference, reference_tokenizer)
+
+
+def test_responses_carry_mlx_lm_generation_response_fields(both):
+    """r.prompt_tokens, r.generation_tps, r.peak_memory, r.from_draft, ...: AttributeError before
+    (only r.stats held them)."""
+    (model, tokenizer), (reference, reference_tokenizer) = both
+    ours = list(streamer.stream_generate(model, tokenizer, "hello", 5))
+    theirs = list(mlx_lm.stream_generate(reference, reference_tokenizer, "hello", 5))
+    for r, expected in zip(ours, theirs, strict=True):
+        for name in ("text", "token", "from_draft", "prompt_tokens", "generation_tokens"):
+            assert getattr(r, name) == getattr(expected, name), name
+        assert r.finish_reason == expected.finish_reason
+        assert mx.allclose(r.logprobs, expected.logprobs, atol=1e-4)
+        for name in ("prompt_tps", "generation_tps", "peak_memory"):
+            assert isinstance(getattr(r, name), float) and getattr(r, name) > 0, name
+    assert ours[-1].peak_memory == ours[-1].stats.peak_mlx_bytes / 1e9
+    drafted = list(streamer.stream_generate(model, tokenizer, "hello", 5, draft_model=reference))
+    assert [r.token for r in drafted] == [r.token for r in theirs]
+    assert any(r.from_draft for r in drafted)  # the reference drafts its own tokens
