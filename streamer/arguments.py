@@ -126,8 +126,7 @@ def logit_bias_in_vocabulary(logit_bias: dict | None) -> list[Callable]:
 
 def check_keywords(keywords: dict) -> None:
     """mlx-lm's generation, logits-processor and sampler keywords, refused as the CLI refuses its
-    options: mlx-lm takes a NaN penalty (every logit NaN: an empty answer), any logit_bias key.
-    logit_bias's keys are made ints in `keywords`."""
+    options: mlx-lm takes a NaN penalty (every logit NaN: an empty answer), any logit_bias key."""
     for name in ("max_kv_size", "prefill_step_size"):  # a step of 0: MLX's reshape error
         if keywords.get(name) is not None:
             check_at_least(keywords[name], name, 1)
@@ -140,8 +139,6 @@ def check_keywords(keywords: dict) -> None:
             "logit_bias must map token ids (integers from 0) to finite numbers "
             f"(got {_short(bias)})."
         )
-    if bias:  # numpy's integer ids taken as ints: MLX's mx.array refuses them (a ValueError)
-        keywords["logit_bias"] = {int(k): v for k, v in bias.items()}
     for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         value = keywords.get(name)
         if value is not None and (not _finite(value) or name == "repetition_penalty" and value < 0):

@@ -9,6 +9,7 @@ import mlx_lm
 import pytest
 
 import streamer
+from streamer.errors import StreamerError
 
 
 @pytest.fixture(scope="module")
@@ -38,3 +39,29 @@ def test_responses_carry_mlx_lm_generation_response_fields(both):
     drafted = list(streamer.stream_generate(model, tokenizer, "hello", 5, draft_model=reference))
     assert [r.token for r in drafted] == [r.token for r in theirs]
     assert any(r.from_draft for r in drafted)  # the reference drafts its own tokens
+
+
+def test_numpy_numbers_are_taken_as_mlx_lm_takes_them(both):
+    """Settings read from numpy (np.int64 max_tokens, seed, top_k, kv_group_size; np.float64 or
+    float32 temp, top_p; a logit_bias of numpy's numbers) were refused as if out of range
+    ("temp must be 0 (greedy) or more (got np.float64(0.7))")."""
+    import numpy as np
+
+    (model, tokenizer), _ = both
+    plain = dict(temp=0.7, top_p=0.9, seed=3, top_k=5, kv_bits=4, kv_group_size=32)
+    numpy = dict(
+        temp=np.float32(0.7),
+        top_p=np.float64(0.9),
+        seed=np.int64(3),
+        top_k=np.int32(5),
+        kv_bits=np.int8(4),
+        kv_group_size=np.int64(32),
+    )
+    expected = streamer.generate(model, tokenizer, "hello", 6, **plain)
+    assert streamer.generate(model, tokenizer, "hello", np.int64(6), **numpy) == expected
+    biased = streamer.stream_generate(model, tokenizer, "hi", 2, logit_bias={7: np.float32(100)})
+    assert [r.token for r in biased] == [7, 7]
+    with pytest.raises(StreamerError, match=r"temp must be 0 \(greedy\) or more \(got nan\)"):
+        streamer.generate(model, tokenizer, "hello", 2, temp=np.float64("nan"))
+    with pytest.raises(StreamerError, match=r"seed must be an integer .*\(got True\)"):
+        streamer.generate(model, tokenizer, "hello", 2, seed=True)  # a bool is no number here
