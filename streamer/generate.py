@@ -17,8 +17,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from . import arguments
 from .arguments import check_request, check_sampling, tokens_text
 from .errors import StreamerError, one_line
-from .input_embeddings import check_input_embeddings
-from .kv_quantization import check_kv_cache_quantizes, check_prompt_cache
+from .generation_objects import check_objects, check_tokenizer
+from .kv_quantization import check_kv_cache_quantizes
 from .loading.handle import streaming
 from .response import Response
 from .run_stats import run_stats
@@ -51,7 +51,7 @@ def stream_generate(
     kv_bits = kwargs.get("kv_bits")
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
-    _check_objects(model, kwargs, len(prompt))
+    check_objects(model, kwargs, len(prompt))
     kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     with _claimed(model.streamer):
         if seed is not None:  # claimed first: another thread's answer draws from the same seed
@@ -149,8 +149,12 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
         del kwargs["sampler"]
     sampling = {k: kwargs.pop(k) for k in _SAMPLER_KEYWORDS & set(kwargs)}
     processing = {k: kwargs.pop(k) for k in _PROCESSOR_KEYWORDS & set(kwargs)}
-    if "sampler" in kwargs and sampling:
-        raise StreamerError(f"give either sampler= or {sorted(sampling)[0]}=, not both.")
+    # with a sampler given, temp and top_p were ignored without a word
+    asked = ["temp"] * (temp != 0.0) + ["top_p"] * (top_p != 1.0) + sorted(sampling)
+    if "sampler" in kwargs and asked:
+        raise StreamerError(
+            f"give either sampler= or {asked[0]}=, not both: the sampler alone draws the tokens."
+        )
     kwargs.setdefault("sampler", any_top_k_sampler(temp, top_p, **sampling))
     if processing:
         kwargs["logits_processors"] = [
@@ -159,35 +163,6 @@ def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
             *make_logits_processors(**processing),
         ]
     return kwargs
-
-
-def _check_objects(model: nn.Module, kwargs: dict, prompt_tokens: int) -> None:
-    """mlx-lm's keywords that take objects, refused here by name rather than as a TypeError or
-    AttributeError deep in its loop: functions (or None), logits_processors a list of them,
-    prompt_cache one cache a layer (as make_prompt_cache makes), stream an MLX stream,
-    input_embeddings a vector a prompt token."""
-    check_input_embeddings(model, kwargs.get("input_embeddings"), prompt_tokens)
-    for name in ("sampler", "prompt_progress_callback"):
-        if kwargs.get(name) is not None and not callable(kwargs[name]):
-            raise StreamerError(f"{name} must be a function or None (got {kwargs[name]!r:.60}).")
-    processors = kwargs.get("logits_processors")
-    if processors is not None and not (
-        isinstance(processors, (list, tuple)) and all(map(callable, processors))
-    ):
-        raise StreamerError(
-            "logits_processors must be a list of functions (tokens, logits) -> logits, or None "
-            f"(got {processors!r:.60})."
-        )
-    if kwargs.get("prompt_cache") is not None:
-        check_prompt_cache(model, kwargs["prompt_cache"])
-    if "stream" in kwargs and not isinstance(kwargs["stream"], _STREAMS):
-        raise StreamerError(
-            "stream must be an MLX stream or device, such as mx.cpu "
-            f"(got {kwargs['stream']!r:.60})."
-        )
-
-
-_STREAMS = (mx.Stream, mx.ThreadLocalStream, mx.Device, mx.DeviceType)
 
 
 def any_top_k_sampler(temp: float, top_p: float = 1.0, top_k: int = 0, **rest) -> Callable:
@@ -215,6 +190,7 @@ def _prompt_tokens(
     if handle is None:
         name = type(model).__name__
         raise StreamerError(f"model must be one streamer.load returned (got a {name}).")
+    check_tokenizer(tokenizer)
     if isinstance(prompt, str):
         # as mlx-lm does: no second BOS when the text already starts with one
         bos = tokenizer.bos_token

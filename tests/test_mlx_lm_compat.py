@@ -90,3 +90,30 @@ def test_load_takes_mlx_lm_arguments_or_refuses_them_by_name(checkpoints):
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.load(folder, **kwargs)
+
+
+def test_objects_generate_cannot_use_are_refused_by_name(both):
+    """temp or top_p beside a sampler were ignored without a word (mlx-lm refuses temp); a None
+    tokenizer was an AttributeError ('NoneType' object has no attribute 'bos_token'); mx.gpu
+    without a GPU backend MLX's ValueError from inside the loop."""
+    from mlx_lm.sample_utils import make_sampler
+
+    (model, tokenizer), _ = both
+    greedy = make_sampler(0.0)
+    for kwargs, message in [
+        ({"sampler": greedy, "temp": 0.8}, "give either sampler= or temp=, not both"),
+        ({"sampler": greedy, "top_p": 0.5}, "give either sampler= or top_p=, not both"),
+        ({"sampler": greedy, "min_p": 0.1}, "give either sampler= or min_p=, not both"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.generate(model, tokenizer, "hello", 2, **kwargs)
+    assert streamer.generate(model, tokenizer, "hello", 2, sampler=greedy, seed=1)
+    assert streamer.generate(model, tokenizer._tokenizer, "hello", 2)  # as mlx-lm wraps it
+    for other in (None, "tokenizer", model):
+        with pytest.raises(StreamerError, match="tokenizer must be the one streamer.load returned"):
+            streamer.generate(model, other, "hello", 2)
+    if not mx.is_available(mx.gpu):
+        for stream in (mx.gpu, mx.Device(mx.gpu)):
+            with pytest.raises(StreamerError, match=r"stream .*gpu.*: this MLX has no such device"):
+                streamer.generate(model, tokenizer, "hello", 2, stream=stream)
+    assert streamer.generate(model, tokenizer, "hello", 2, stream=mx.cpu)
