@@ -50,11 +50,16 @@ def parse_size(value: object, name: str) -> int:
 
 
 def check_request(
-    prompt: object, max_tokens: object, *, option: str = "max_tokens", how: str = ""
+    prompt: object,
+    max_tokens: object,
+    *,
+    option: str = "max_tokens",
+    how: str = "",
+    embedded: bool = False,
 ) -> None:
-    """Refuse a prompt that is not text or token ids, an empty one, and a max_tokens that is not
-    an integer of at least 1. The CLI asks before loading the model, naming its own option and
-    how to give a prompt (`how`)."""
+    """Refuse a prompt that is not text or token ids, an empty one (but beside input_embeddings,
+    `embedded`, as mlx-lm takes it), and a max_tokens that is not an integer of at least 1. The
+    CLI asks before loading the model, naming its own option and how to give a prompt (`how`)."""
     check_at_least(max_tokens, option, 1)
     if isinstance(prompt, str):
         check_text(prompt, "the prompt")
@@ -68,7 +73,7 @@ def check_request(
         raise StreamerError(
             f"the prompt must be text (a str) or a list of token ids (got {type(prompt).__name__})."
         )
-    if not prompt:
+    if not prompt and not embedded:
         raise StreamerError(f"the prompt is empty: give some text to continue{how}.")
 
 
@@ -136,8 +141,7 @@ def check_keywords(keywords: dict) -> None:
         or not all(_integer(k) and k >= 0 and _finite(v) for k, v in bias.items())
     ):
         raise StreamerError(
-            "logit_bias must map token ids (integers from 0) to finite numbers "
-            f"(got {_short(bias)})."
+            f"logit_bias must map token ids (integers from 0) to finite numbers (got {bias!r:.60})."
         )
     for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         value = keywords.get(name)
@@ -245,11 +249,6 @@ def _finite(value: object) -> bool:
 def _integer(value: object) -> bool:
     """An int, or an integer of numpy's (a prompt from an array); never a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def tokens_text(n: int) -> str:

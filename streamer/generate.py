@@ -44,7 +44,7 @@ def stream_generate(
     kwargs = _plain_keywords(kwargs)
     if not isinstance(prompt, (str, list, tuple)) and hasattr(prompt, "tolist"):
         prompt = prompt.tolist()  # token ids in an mx.array (or numpy's), as mlx-lm takes them
-    check_request(prompt, max_tokens)
+    check_request(prompt, max_tokens, embedded=kwargs.get("input_embeddings") is not None)
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
     arguments.check_keywords(kwargs)
     prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)

@@ -117,3 +117,29 @@ def test_objects_generate_cannot_use_are_refused_by_name(both):
             with pytest.raises(StreamerError, match=r"stream .*gpu.*: this MLX has no such device"):
                 streamer.generate(model, tokenizer, "hello", 2, stream=stream)
     assert streamer.generate(model, tokenizer, "hello", 2, stream=mx.cpu)
+
+
+def test_embeddings_alone_are_a_prompt_as_mlx_lm_takes_them(both):
+    """input_embeddings with an empty prompt (mlx-lm's "Either input_embeddings or prompt (or
+    both)") was refused: "the prompt is empty"."""
+    (model, tokenizer), (reference, reference_tokenizer) = both
+    tokens = tokenizer.encode("hello there")
+    embedded = model.model.embed_tokens(mx.array(tokens))
+    expected = [
+        r.token
+        for r in mlx_lm.stream_generate(
+            reference, reference_tokenizer, [], 4, input_embeddings=embedded
+        )
+    ]
+    for prompt in ([], mx.array([], dtype=mx.int32)):
+        ours = streamer.stream_generate(model, tokenizer, prompt, 4, input_embeddings=embedded)
+        assert [r.token for r in ours] == expected
+    assert expected == [r.token for r in streamer.stream_generate(model, tokenizer, tokens, 4)]
+    for embeddings, message in [
+        (mx.zeros((0, 128)), r"input_embeddings has shape \(0, 128\), but this model takes \(n,"),
+        (mx.zeros((2, 64)), r"input_embeddings has shape \(2, 64\), but this model takes \(n, 128"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.generate(model, tokenizer, [], 2, input_embeddings=embeddings)
+    with pytest.raises(StreamerError, match="the prompt is empty"):
+        streamer.generate(model, tokenizer, [], 2)
