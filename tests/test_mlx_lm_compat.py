@@ -143,3 +143,13 @@ def test_embeddings_alone_are_a_prompt_as_mlx_lm_takes_them(both):
             streamer.generate(model, tokenizer, [], 2, input_embeddings=embeddings)
     with pytest.raises(StreamerError, match="the prompt is empty"):
         streamer.generate(model, tokenizer, [], 2)
+
+
+def test_a_folder_under_the_home_folder_is_found_by_its_tilde_path(checkpoints, monkeypatch):
+    """ "~/models/x" was read as a folder named "~" in the current folder: "does not exist"."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    monkeypatch.setenv("HOME", str(folder.parent))
+    model, _ = streamer.load(f"~/{folder.name}")
+    assert model.streamer.config["model_type"] == "qwen3_moe"
+    with pytest.raises(StreamerError, match=rf"{folder.parent}/missing does not exist"):
+        streamer.load("~/missing")

@@ -111,6 +111,7 @@ def load_decided(path: str | Path, options: LoadOptions) -> tuple[nn.Module, Tok
     opened as its Source (a download, or a repacked folder), then the one assembly."""
     if not isinstance(path, (str, os.PathLike)):
         raise StreamerError(f"path must be a folder name (str or Path), got {path!r}.")
+    path = os.path.expanduser(path)  # "~/models/x", as a shell would read it
     folder = streamable(path) if is_repo_id(path) else Path(path)  # org/name: pulled or cached
     check_utf8_path(folder, "the model folder")
     if not os.path.isdir(folder):  # said before a look inside: a part over 255 bytes raised OSError
