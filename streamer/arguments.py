@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from .errors import StreamerError, refusal
 
+NO_LIMIT = -1  # mlx-lm's max_tokens for "no limit": here, until the model's context is full
 MAX_SEED = (1 << 64) - 1  # mx.random.seed takes an unsigned 64-bit integer
 # The smallest temperature above 0 (greedy): mlx-lm scales the logits by 1 / temp in float32,
 # and far below this (1e-300) every logit overflows to inf and the tokens come out at random
@@ -58,9 +59,11 @@ def check_request(
     embedded: bool = False,
 ) -> None:
     """Refuse a prompt that is not text or token ids, an empty one (but beside input_embeddings,
-    `embedded`, as mlx-lm takes it), and a max_tokens that is not an integer of at least 1. The
-    CLI asks before loading the model, naming its own option and how to give a prompt (`how`)."""
-    check_at_least(max_tokens, option, 1)
+    `embedded`, as mlx-lm takes it), and a max_tokens that is not an integer of at least 1 or
+    NO_LIMIT. The CLI asks before loading the model, naming its own option and how to give a
+    prompt (`how`); its --max-tokens is at least 1."""
+    if type(max_tokens) is not int or max_tokens != NO_LIMIT:
+        check_at_least(max_tokens, option, 1)
     if isinstance(prompt, str):
         check_text(prompt, "the prompt")
     elif isinstance(prompt, (list, tuple)):

@@ -52,6 +52,8 @@ def stream_generate(
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
     check_objects(model, kwargs, len(prompt))
+    if max_tokens == arguments.NO_LIMIT:
+        max_tokens = _until_context(model, len(prompt) or len(kwargs["input_embeddings"]))
     kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
     with _claimed(model.streamer):
         if seed is not None:  # claimed first: another thread's answer draws from the same seed
@@ -213,6 +215,23 @@ def _prompt_tokens(
             f"max_tokens to at most {context - len(tokens)} or shorten the prompt."
         )
     return tokens
+
+
+def _until_context(model: nn.Module, prompt_tokens: int) -> int:
+    """max_tokens for mlx-lm's "no limit": as many as the model's context leaves, past which a
+    model degrades into plausible nonsense."""
+    context = streaming(model).context_length
+    if not context:
+        raise StreamerError(
+            "max_tokens=-1 generates until the model's context is full, but config.json gives no "
+            "context (max_position_embeddings): give a number of tokens."
+        )
+    if prompt_tokens >= context:
+        raise StreamerError(
+            f"the prompt is {tokens_text(prompt_tokens)}, the whole of the model's context "
+            "(max_position_embeddings in config.json): shorten the prompt."
+        )
+    return context - prompt_tokens
 
 
 def generate(

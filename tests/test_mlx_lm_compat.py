@@ -153,3 +153,24 @@ def test_a_folder_under_the_home_folder_is_found_by_its_tilde_path(checkpoints, 
     assert model.streamer.config["model_type"] == "qwen3_moe"
     with pytest.raises(StreamerError, match=rf"{folder.parent}/missing does not exist"):
         streamer.load("~/missing")
+
+
+def test_max_tokens_minus_one_generates_until_the_context_is_full(both, monkeypatch):
+    """mlx-lm's max_tokens=-1 ("no limit") was refused: "max_tokens must be at least 1"; it runs
+    until the model's context (2048 here) is full, past which a model computes nonsense."""
+    import numpy as np
+
+    (model, tokenizer), _ = both
+    context = model.streamer.context_length
+    prompt = [7] * (context - 5)
+    unlimited = [r.token for r in streamer.stream_generate(model, tokenizer, prompt, -1)]
+    assert unlimited == [r.token for r in streamer.stream_generate(model, tokenizer, prompt, 5)]
+    assert streamer.generate(model, tokenizer, prompt, np.int64(-1))
+    with pytest.raises(StreamerError, match="the prompt is 2048 tokens, the whole of the model"):
+        streamer.generate(model, tokenizer, [7] * context, -1)
+    for bad in (0, -2, -1.0):
+        with pytest.raises(StreamerError, match="max_tokens must be"):
+            streamer.generate(model, tokenizer, "hello", bad)
+    monkeypatch.setattr(model.streamer, "context_length", None)  # a config.json without one
+    with pytest.raises(StreamerError, match="config.json gives no context"):
+        streamer.generate(model, tokenizer, "hello", -1)
