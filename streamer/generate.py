@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import inspect
 import numbers
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.generate import generate_step, generation_stream
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.generate import generation_stream
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
@@ -20,6 +18,7 @@ from .errors import StreamerError, one_line
 from .generation_objects import check_objects, check_tokenizer
 from .kv_quantization import check_kv_cache_quantizes
 from .loading.handle import streaming
+from .mlx_lm_keywords import mlx_lm_keywords
 from .response import Response
 from .run_stats import run_stats
 from .speculative import stream as speculative
@@ -54,7 +53,7 @@ def stream_generate(
     check_objects(model, kwargs, len(prompt))
     if max_tokens == arguments.NO_LIMIT:
         max_tokens = _until_context(model, len(prompt) or len(kwargs["input_embeddings"]))
-    kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
+    kwargs = mlx_lm_keywords(temp, top_p, kwargs)
     with _claimed(model.streamer):
         if seed is not None:  # claimed first: another thread's answer draws from the same seed
             mx.random.seed(seed)
@@ -129,58 +128,6 @@ def _claimed(handle) -> Iterator[None]:
     finally:  # also when the stream is closed or dropped unfinished
         with _CLAIMS:
             handle.generating = (me, handle.generating[1] - 1)
-
-
-_SAMPLER_KEYWORDS = set(inspect.signature(make_sampler).parameters) - {"temp", "top_p"}
-_PROCESSOR_KEYWORDS = set(inspect.signature(make_logits_processors).parameters)
-_STEP_KEYWORDS = (
-    set(inspect.signature(generate_step).parameters) - {"prompt", "model", "max_tokens"}
-) | speculative.KEYWORDS
-
-
-def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
-    """mlx_lm.stream_generate's keywords from the user's: a sampler and logits processors built
-    by mlx-lm from its own sampling keywords."""
-    unknown = sorted(set(kwargs) - _SAMPLER_KEYWORDS - _PROCESSOR_KEYWORDS - _STEP_KEYWORDS)
-    if unknown:
-        known = ", ".join(sorted(_SAMPLER_KEYWORDS | _PROCESSOR_KEYWORDS | _STEP_KEYWORDS))
-        raise StreamerError(
-            f"unknown keyword argument {unknown[0]!r}; known: temp, top_p, seed, {known}."
-        )
-    if kwargs.get("sampler", 0) is None:  # as mlx-lm reads it: none given, so temp and top_p hold
-        del kwargs["sampler"]
-    sampling = {k: kwargs.pop(k) for k in _SAMPLER_KEYWORDS & set(kwargs)}
-    processing = {k: kwargs.pop(k) for k in _PROCESSOR_KEYWORDS & set(kwargs)}
-    # with a sampler given, temp and top_p were ignored without a word
-    asked = ["temp"] * (temp != 0.0) + ["top_p"] * (top_p != 1.0) + sorted(sampling)
-    if "sampler" in kwargs and asked:
-        raise StreamerError(
-            f"give either sampler= or {asked[0]}=, not both: the sampler alone draws the tokens."
-        )
-    kwargs.setdefault("sampler", any_top_k_sampler(temp, top_p, **sampling))
-    if processing:
-        kwargs["logits_processors"] = [
-            *(kwargs.get("logits_processors") or []),
-            *arguments.logit_bias_in_vocabulary(processing.get("logit_bias")),
-            *make_logits_processors(**processing),
-        ]
-    return kwargs
-
-
-def any_top_k_sampler(temp: float, top_p: float = 1.0, top_k: int = 0, **rest) -> Callable:
-    """mlx-lm's make_sampler, but a top_k at or past the logits' width (the vocabulary, known at
-    the first step) keeps every token: mlx-lm refuses such a k, and keeping the k likeliest of
-    fewer tokens is keeping them all."""
-    samplers: dict[int, Callable] = {}
-
-    def sampler(logprobs: mx.array) -> mx.array:
-        width = logprobs.shape[-1]
-        if width not in samplers:
-            k = top_k if top_k < width else 0
-            samplers[width] = make_sampler(temp, top_p=top_p, top_k=k, **rest)
-        return samplers[width](logprobs)
-
-    return sampler
 
 
 def _prompt_tokens(

@@ -22,6 +22,7 @@ LAYERS = {
         "streamer.kv_quantization",
         "streamer.input_embeddings",
         "streamer.response",
+        "streamer.mlx_lm_keywords",
         "streamer.generation_objects",
         "streamer.run_stats",
         "streamer.speculative",
