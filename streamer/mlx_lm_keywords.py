@@ -20,6 +20,9 @@ _STEP_KEYWORDS = (
     set(inspect.signature(generate_step).parameters) - {"prompt", "model", "max_tokens"}
 ) | speculative.KEYWORDS
 
+_WINDOWS = {"repetition_context_size", "presence_context_size", "frequency_context_size"}
+_LONGEST_WINDOW = (1 << 31) - 1
+
 
 def mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
     """mlx_lm.stream_generate's keywords from the user's: a sampler and logits processors built
@@ -41,6 +44,9 @@ def mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
             f"give either sampler= or {asked[0]}=, not both: the sampler alone draws the tokens."
         )
     kwargs.setdefault("sampler", any_top_k_sampler(temp, top_p, **sampling))
+    for name in _WINDOWS & set(processing):  # past the tokens generated, a window is all of them
+        if processing[name] is not None:  # and past int32, MLX's slice failed (std::bad_cast)
+            processing[name] = min(processing[name], _LONGEST_WINDOW)
     if processing:
         kwargs["logits_processors"] = [
             *(kwargs.get("logits_processors") or []),
@@ -53,12 +59,21 @@ def mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
 def any_top_k_sampler(temp: float, top_p: float = 1.0, top_k: int = 0, **rest) -> Callable:
     """mlx-lm's make_sampler, but a top_k at or past the logits' width (the vocabulary, known at
     the first step) keeps every token: mlx-lm refuses such a k, and keeping the k likeliest of
-    fewer tokens is keeping them all."""
+    fewer tokens is keeping them all. xtc_special_tokens's ids are checked against that width
+    (past it, or not a list, MLX failed at its first evaluation)."""
     samplers: dict[int, Callable] = {}
+    special = rest.get("xtc_special_tokens")
+    if special is not None and not isinstance(special, (list, tuple)):
+        raise StreamerError(
+            f"xtc_special_tokens must be a list of token ids (got {special!r:.60})."
+        )
 
     def sampler(logprobs: mx.array) -> mx.array:
         width = logprobs.shape[-1]
         if width not in samplers:
+            if special:
+                arguments.check_token_ids(special, "xtc_special_tokens", width)
+                rest["xtc_special_tokens"] = [int(t) for t in special]  # numpy's: mx.array's
             k = top_k if top_k < width else 0
             samplers[width] = make_sampler(temp, top_p=top_p, top_k=k, **rest)
         return samplers[width](logprobs)

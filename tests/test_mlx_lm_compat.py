@@ -174,3 +174,36 @@ def test_max_tokens_minus_one_generates_until_the_context_is_full(both, monkeypa
     monkeypatch.setattr(model.streamer, "context_length", None)  # a config.json without one
     with pytest.raises(StreamerError, match="config.json gives no context"):
         streamer.generate(model, tokenizer, "hello", -1)
+
+
+def test_penalty_windows_and_xtc_special_tokens_past_what_mlx_slices_or_has(both):
+    """A penalty's context size past 2**31 was MLX's std::bad_cast or "Slice indices must be
+    32-bit integers" from inside the loop; xtc_special_tokens not a list, or an id past the
+    vocabulary, an MLX error at its first evaluation."""
+    import numpy as np
+
+    (model, tokenizer), _ = both
+    for name in ("repetition", "presence", "frequency"):
+        answers = [
+            streamer.generate(
+                model, tokenizer, "hello", 6, **{f"{name}_penalty": 1.3, f"{name}_context_size": n}
+            )
+            for n in (100, 10**30)
+        ]
+        assert answers[0] == answers[1]  # a window past the tokens is all of them
+    xtc = dict(temp=1.0, seed=2, xtc_probability=0.5, xtc_threshold=0.1, max_tokens=4)
+    expected = streamer.generate(model, tokenizer, "hello", xtc_special_tokens=[0, 1], **xtc)
+    assert (
+        streamer.generate(
+            model, tokenizer, "hello", xtc_special_tokens=[np.int64(0), np.int64(1)], **xtc
+        )
+        == expected
+    )
+    for special, message in [
+        ("x", r"xtc_special_tokens must be a list of token ids \(got 'x'\)"),
+        (5, r"xtc_special_tokens must be a list of token ids \(got 5\)"),
+        ([10**9], "xtc_special_tokens: token id 1000000000 is not one of the model's"),
+        (["a"], "xtc_special_tokens: token id 'a' is not one of the model's"),
+    ]:
+        with pytest.raises(StreamerError, match=message):
+            streamer.generate(model, tokenizer, "hello", xtc_special_tokens=special, **xtc)
