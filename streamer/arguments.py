@@ -27,6 +27,9 @@ DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # mlx-lm's quantized KV cache (QuantizedKVCache): the bits and groups mx.quantize takes
 KV_BITS = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZES = (32, 64, 128)
+# mlx-lm's rotating KV cache (max_kv_size) always keeps the first 4 tokens: one no larger failed
+# (MLX's broadcast_shapes error) once a prompt took more than one prefill step
+MIN_KV_SIZE = 5
 
 
 def parse_size(value: object, name: str) -> int:
@@ -135,9 +138,9 @@ def logit_bias_in_vocabulary(logit_bias: dict | None) -> list[Callable]:
 def check_keywords(keywords: dict) -> None:
     """mlx-lm's generation, logits-processor and sampler keywords, refused as the CLI refuses its
     options: mlx-lm takes a NaN penalty (every logit NaN: an empty answer), any logit_bias key."""
-    for name in ("max_kv_size", "prefill_step_size"):  # a step of 0: MLX's reshape error
-        if keywords.get(name) is not None:
-            check_at_least(keywords[name], name, 1)
+    for name, low in (("max_kv_size", MIN_KV_SIZE), ("prefill_step_size", 1)):
+        if keywords.get(name) is not None:  # a step of 0: MLX's reshape error
+            check_at_least(keywords[name], name, low)
     bias = keywords.get("logit_bias")
     if bias is not None and (
         not isinstance(bias, dict)
@@ -223,22 +226,6 @@ def check_kv_quantization(bits: object, group_size: object, start: object) -> No
 def check_flag(value: object, name: str) -> None:
     if not isinstance(value, bool):
         raise StreamerError(f"{name} must be True or False (got {value!r}).")
-
-
-def parse_dtype(value: object):
-    """None, an mx floating dtype, or its name ("float32", "bfloat16", "float16")."""
-    import mlx.core as mx
-
-    if value is None:
-        return None
-    if isinstance(value, str) and value in DTYPE_NAMES:
-        return getattr(mx, value)
-    if isinstance(value, mx.Dtype) and value in tuple(getattr(mx, n) for n in DTYPE_NAMES):
-        return value
-    raise StreamerError(
-        f"dtype must be one of {', '.join(DTYPE_NAMES)} (a name or mlx.core's dtype), or None for "
-        f"the default (got {value!r})."
-    )
 
 
 def _number(value: object) -> bool:

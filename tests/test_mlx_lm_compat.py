@@ -207,3 +207,18 @@ def test_penalty_windows_and_xtc_special_tokens_past_what_mlx_slices_or_has(both
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.generate(model, tokenizer, "hello", xtc_special_tokens=special, **xtc)
+
+
+def test_a_kv_window_no_larger_than_what_mlx_lm_always_keeps_is_refused(both):
+    """mlx-lm's rotating cache keeps the first 4 tokens: max_kv_size 4 or less, with a prompt
+    longer than a prefill step, was MLX's ValueError ([broadcast_shapes] Shapes (2,4) and
+    (1,4,2,6) cannot be broadcast) from inside the first layer."""
+    (model, tokenizer), (reference, reference_tokenizer) = both
+    prompt = list(range(1, 13))
+    bounded = dict(max_kv_size=5, prefill_step_size=2)
+    expected = mlx_lm.stream_generate(reference, reference_tokenizer, prompt, 4, **bounded)
+    ours = streamer.stream_generate(model, tokenizer, prompt, 4, **bounded)
+    assert [r.token for r in ours] == [r.token for r in expected]
+    for size in (1, 4):
+        with pytest.raises(StreamerError, match=rf"max_kv_size must be at least 5 \(got {size}\)"):
+            streamer.generate(model, tokenizer, prompt, 4, max_kv_size=size, prefill_step_size=2)

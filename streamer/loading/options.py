@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..arguments import check_flag, parse_dtype, parse_size
+from ..arguments import DTYPE_NAMES, check_flag, parse_size
 from ..cache.landing import CUDA_MISSES, CUDA_MISSES_DEFAULT
 from ..errors import StreamerError
 from .backend import default_dtype, read_path_for_backend
@@ -126,3 +126,17 @@ def check_unhonoured(
             f"revision: load reads a folder or the Hugging Face cache, not a revision: download "
             f"it with `streamer pull {path} --revision {revision}` and load what that writes."
         )
+
+
+def parse_dtype(value: object):
+    """None, an mx floating dtype, or its name ("float32", "bfloat16", "float16")."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value in DTYPE_NAMES:
+        return getattr(mx, value)
+    if isinstance(value, mx.Dtype) and value in tuple(getattr(mx, n) for n in DTYPE_NAMES):
+        return value
+    raise StreamerError(
+        f"dtype must be one of {', '.join(DTYPE_NAMES)} (a name or mlx.core's dtype), or None for "
+        f"the default (got {value!r})."
+    )
