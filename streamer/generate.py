@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +17,7 @@ from .errors import StreamerError, one_line
 from .generation_objects import check_objects, check_tokenizer
 from .kv_quantization import check_kv_cache_quantizes
 from .loading.handle import streaming
-from .mlx_lm_keywords import mlx_lm_keywords
+from .mlx_lm_keywords import mlx_lm_keywords, plain_keywords, plain_number
 from .response import Response
 from .run_stats import run_stats
 from .speculative import stream as speculative
@@ -40,7 +39,7 @@ def stream_generate(
     make_logits_processors, the rest to mlx_lm.stream_generate (max_kv_size, prompt_cache, ...);
     an unknown keyword is refused by name."""
     max_tokens, temp, top_p, seed = map(plain_number, (max_tokens, temp, top_p, seed))
-    kwargs = _plain_keywords(kwargs)
+    kwargs = plain_keywords(kwargs)
     if not isinstance(prompt, (str, list, tuple)) and hasattr(prompt, "tolist"):
         prompt = prompt.tolist()  # token ids in an mx.array (or numpy's), as mlx-lm takes them
     check_request(prompt, max_tokens, embedded=kwargs.get("input_embeddings") is not None)
@@ -80,28 +79,6 @@ def stream_generate(
         # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums
         # must finish before any later collective, or the ranks' messages interleave
         mx.synchronize(kwargs.get("stream", generation_stream))
-
-
-def plain_number(value: object) -> object:
-    """numpy's scalars as Python's int or float, as mlx-lm takes them (a float32 temp failed in
-    its compiled sampler); the rest as given, bools too, for the checks to judge."""
-    if isinstance(value, bool) or type(value) in (int, float):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return value
-
-
-def _plain_keywords(kwargs: dict) -> dict:
-    """The keywords' numpy scalars as Python's, logit_bias's ids and biases too (MLX's mx.array
-    refuses numpy's integers: a ValueError)."""
-    kwargs = {name: plain_number(value) for name, value in kwargs.items()}
-    bias = kwargs.get("logit_bias")
-    if isinstance(bias, dict):
-        kwargs["logit_bias"] = {plain_number(k): plain_number(v) for k, v in bias.items()}
-    return kwargs
 
 
 _CLAIMS = threading.Lock()  # a model's check and claim, one thread at a time

@@ -1,9 +1,11 @@
-"""The user's generation keywords made mlx_lm.stream_generate's: unknown ones refused by name,
-a sampler and logits processors built by mlx-lm from its own sampling keywords."""
+"""The user's generation keywords made mlx_lm.stream_generate's: numpy's numbers made Python's,
+unknown keywords refused by name, a sampler and logits processors built by mlx-lm from its own
+sampling keywords."""
 
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable
 
 import mlx.core as mx
@@ -53,6 +55,28 @@ def mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
             *arguments.logit_bias_in_vocabulary(processing.get("logit_bias")),
             *make_logits_processors(**processing),
         ]
+    return kwargs
+
+
+def plain_number(value: object) -> object:
+    """numpy's scalars as Python's int or float, as mlx-lm takes them (a float32 temp failed in
+    its compiled sampler); the rest as given, bools too, for the checks to judge."""
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
+def plain_keywords(kwargs: dict) -> dict:
+    """The keywords' numpy scalars as Python's, logit_bias's ids and biases too (MLX's mx.array
+    refuses numpy's integers: a ValueError)."""
+    kwargs = {name: plain_number(value) for name, value in kwargs.items()}
+    bias = kwargs.get("logit_bias")
+    if isinstance(bias, dict):
+        kwargs["logit_bias"] = {plain_number(k): plain_number(v) for k, v in bias.items()}
     return kwargs
 
 
