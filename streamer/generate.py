@@ -45,13 +45,13 @@ def stream_generate(
     check_request(prompt, max_tokens, embedded=kwargs.get("input_embeddings") is not None)
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
     arguments.check_keywords(kwargs)
-    prompt = _prompt_tokens(model, tokenizer, prompt, max_tokens)
+    prompt = _prompt_tokens(model, tokenizer, prompt)
     kv_bits = kwargs.get("kv_bits")
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
     check_objects(model, kwargs, len(prompt))
-    if max_tokens == arguments.NO_LIMIT:
-        max_tokens = _until_context(model, len(prompt) or len(kwargs["input_embeddings"]))
+    positions = len(prompt) or len(kwargs["input_embeddings"])  # an empty prompt: embeddings
+    max_tokens = _within_context(model, positions, max_tokens)
     kwargs = mlx_lm_keywords(temp, top_p, kwargs)
     with _claimed(model.streamer):
         if seed is not None:  # claimed first: another thread's answer draws from the same seed
@@ -108,10 +108,9 @@ def _claimed(handle) -> Iterator[None]:
 
 
 def _prompt_tokens(
-    model: nn.Module, tokenizer: TokenizerWrapper, prompt: str | list[int], max_tokens: int
+    model: nn.Module, tokenizer: TokenizerWrapper, prompt: str | list[int]
 ) -> list[int]:
-    """Tokenize once here, to refuse a prompt (plus max_tokens) longer than the model's context
-    with the numbers; beyond its trained positions a model degrades into plausible nonsense."""
+    """Tokenized once here, for _within_context to count."""
     handle = streaming(model)  # mlx_lm.load's model (or None) was an AttributeError
     if handle is None:
         name = type(model).__name__
@@ -120,42 +119,38 @@ def _prompt_tokens(
     if isinstance(prompt, str):
         # as mlx-lm does: no second BOS when the text already starts with one
         bos = tokenizer.bos_token
-        tokens = tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
-    else:
-        tokens = [int(t) for t in prompt]  # numpy's integers too: mx.array refuses them
-        arguments.check_prompt_ids(tokens, tokenizer)
-    context = handle.context_length
-    if context and len(tokens) > context:
-        raise StreamerError(
-            f"the prompt is {tokens_text(len(tokens))} but the model's context is "
-            f"{tokens_text(context)} "
-            "(max_position_embeddings in config.json): shorten the prompt."
-        )
-    if context and len(tokens) + max_tokens > context:
-        raise StreamerError(
-            f"the prompt is {tokens_text(len(tokens))} and max_tokens is {max_tokens}, but the "
-            f"model's context is {tokens_text(context)} (max_position_embeddings in config.json): "
-            "lower "
-            f"max_tokens to at most {context - len(tokens)} or shorten the prompt."
-        )
+        return tokenizer.encode(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))
+    tokens = [int(t) for t in prompt]  # numpy's integers too: mx.array refuses them
+    arguments.check_prompt_ids(tokens, tokenizer)
     return tokens
 
 
-def _until_context(model: nn.Module, prompt_tokens: int) -> int:
-    """max_tokens for mlx-lm's "no limit": as many as the model's context leaves, past which a
-    model degrades into plausible nonsense."""
+def _within_context(model: nn.Module, positions: int, max_tokens: int) -> int:
+    """max_tokens, refused with the numbers where it and the prompt's positions (its tokens, or
+    its input_embeddings alone) pass the model's context: beyond its trained positions a model
+    degrades into plausible nonsense. mlx-lm's "no limit" (-1): what the context leaves."""
     context = streaming(model).context_length
-    if not context:
+    said = f"the prompt is {tokens_text(positions)}"
+    where = (
+        f"the model's context is {tokens_text(context)} (max_position_embeddings in config.json)"
+    )
+    if max_tokens == arguments.NO_LIMIT:
+        if not context:
+            raise StreamerError(
+                "max_tokens=-1 generates until the model's context is full, but config.json "
+                "gives no context (max_position_embeddings): give a number of tokens."
+            )
+        if positions >= context:
+            raise StreamerError(f"{said} but {where}, which leaves no room: shorten the prompt.")
+        return context - positions
+    if context and positions > context:
+        raise StreamerError(f"{said} but {where}: shorten the prompt.")
+    if context and positions + max_tokens > context:
         raise StreamerError(
-            "max_tokens=-1 generates until the model's context is full, but config.json gives no "
-            "context (max_position_embeddings): give a number of tokens."
+            f"{said} and max_tokens is {max_tokens}, but {where}: lower max_tokens to at most "
+            f"{context - positions} or shorten the prompt."
         )
-    if prompt_tokens >= context:
-        raise StreamerError(
-            f"the prompt is {tokens_text(prompt_tokens)}, the whole of the model's context "
-            "(max_position_embeddings in config.json): shorten the prompt."
-        )
-    return context - prompt_tokens
+    return max_tokens
 
 
 def generate(

@@ -121,7 +121,7 @@ def test_objects_generate_cannot_use_are_refused_by_name(both):
 
 def test_embeddings_alone_are_a_prompt_as_mlx_lm_takes_them(both):
     """input_embeddings with an empty prompt (mlx-lm's "Either input_embeddings or prompt (or
-    both)") was refused: "the prompt is empty"."""
+    both)") was refused: "the prompt is empty"; taken, they count against the context."""
     (model, tokenizer), (reference, reference_tokenizer) = both
     tokens = tokenizer.encode("hello there")
     embedded = model.model.embed_tokens(mx.array(tokens))
@@ -143,6 +143,11 @@ def test_embeddings_alone_are_a_prompt_as_mlx_lm_takes_them(both):
             streamer.generate(model, tokenizer, [], 2, input_embeddings=embeddings)
     with pytest.raises(StreamerError, match="the prompt is empty"):
         streamer.generate(model, tokenizer, [], 2)
+    # embeddings alone count against the context as a prompt's tokens do (they went unchecked)
+    context = model.streamer.context_length
+    long = mx.zeros((context - 1, 128))
+    with pytest.raises(StreamerError, match=f"the prompt is {context - 1} tokens and max_tokens"):
+        streamer.generate(model, tokenizer, [], 2, input_embeddings=long)
 
 
 def test_a_folder_under_the_home_folder_is_found_by_its_tilde_path(checkpoints, monkeypatch):
@@ -166,7 +171,8 @@ def test_max_tokens_minus_one_generates_until_the_context_is_full(both, monkeypa
     unlimited = [r.token for r in streamer.stream_generate(model, tokenizer, prompt, -1)]
     assert unlimited == [r.token for r in streamer.stream_generate(model, tokenizer, prompt, 5)]
     assert streamer.generate(model, tokenizer, prompt, np.int64(-1))
-    with pytest.raises(StreamerError, match="the prompt is 2048 tokens, the whole of the model"):
+    full = "the prompt is 2048 tokens but the model's context is 2048 tokens .*leaves no room"
+    with pytest.raises(StreamerError, match=full):
         streamer.generate(model, tokenizer, [7] * context, -1)
     for bad in (0, -2, -1.0):
         with pytest.raises(StreamerError, match="max_tokens must be"):
