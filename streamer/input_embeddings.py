@@ -51,5 +51,5 @@ def check_input_embeddings(model: nn.Module, value: object, prompt_tokens: int) 
     if value.shape[0] != rows or (width is not None and value.shape[1] != width):
         raise StreamerError(
             f"input_embeddings has shape {value.shape}, but this model takes {shape}: one vector "
-            f"a prompt token ({prompt_tokens}), each as wide as its embedding's ({width})."
+            f"a prompt token ({prompt_tokens or 'n'}), each as wide as its embedding's ({width})."
         )

@@ -137,7 +137,7 @@ def test_embeddings_alone_are_a_prompt_as_mlx_lm_takes_them(both):
     assert expected == [r.token for r in streamer.stream_generate(model, tokenizer, tokens, 4)]
     for embeddings, message in [
         (mx.zeros((0, 128)), r"input_embeddings has shape \(0, 128\), but this model takes \(n,"),
-        (mx.zeros((2, 64)), r"input_embeddings has shape \(2, 64\), but this model takes \(n, 128"),
+        (mx.zeros((2, 64)), r"takes \(n, 128\): one vector a prompt token \(n\), each as wide"),
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.generate(model, tokenizer, [], 2, input_embeddings=embeddings)
