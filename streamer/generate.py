@@ -51,7 +51,7 @@ def stream_generate(
         check_kv_cache_quantizes(model, kwargs)
     check_objects(model, kwargs, len(prompt))
     positions = len(prompt) or len(kwargs["input_embeddings"])  # an empty prompt: embeddings
-    max_tokens = _within_context(model, positions, max_tokens)
+    max_tokens = _within_context(model, _held(kwargs.get("prompt_cache")), positions, max_tokens)
     kwargs = mlx_lm_keywords(temp, top_p, kwargs)
     with _claimed(model.streamer):
         if seed is not None:  # claimed first: another thread's answer draws from the same seed
@@ -125,15 +125,27 @@ def _prompt_tokens(
     return tokens
 
 
-def _within_context(model: nn.Module, positions: int, max_tokens: int) -> int:
+def _held(prompt_cache: list | None) -> int:
+    """The positions a prompt_cache already holds (an earlier turn's): the new prompt follows
+    them. Caches without positions (a state-space layer's) count none."""
+    offsets = (getattr(c, "offset", None) for c in prompt_cache or [])
+    return max((o for o in offsets if type(o) is int), default=0)
+
+
+def _within_context(model: nn.Module, held: int, positions: int, max_tokens: int) -> int:
     """max_tokens, refused with the numbers where it and the prompt's positions (its tokens, or
-    its input_embeddings alone) pass the model's context: beyond its trained positions a model
-    degrades into plausible nonsense. mlx-lm's "no limit" (-1): what the context leaves."""
+    its input_embeddings alone, after the `held` a prompt_cache holds) pass the model's context:
+    beyond its trained positions a model degrades into plausible nonsense. mlx-lm's "no limit"
+    (-1): what the context leaves."""
     context = streaming(model).context_length
     said = f"the prompt is {tokens_text(positions)}"
+    if held:
+        said += f" after the {tokens_text(held)} prompt_cache holds"
     where = (
         f"the model's context is {tokens_text(context)} (max_position_embeddings in config.json)"
     )
+    shorten = "shorten the prompt" + (" or start a new prompt_cache" if held else "")
+    positions += held
     if max_tokens == arguments.NO_LIMIT:
         if not context:
             raise StreamerError(
@@ -141,14 +153,14 @@ def _within_context(model: nn.Module, positions: int, max_tokens: int) -> int:
                 "gives no context (max_position_embeddings): give a number of tokens."
             )
         if positions >= context:
-            raise StreamerError(f"{said} but {where}, which leaves no room: shorten the prompt.")
+            raise StreamerError(f"{said} but {where}, which leaves no room: {shorten}.")
         return context - positions
     if context and positions > context:
-        raise StreamerError(f"{said} but {where}: shorten the prompt.")
+        raise StreamerError(f"{said} but {where}: {shorten}.")
     if context and positions + max_tokens > context:
         raise StreamerError(
             f"{said} and max_tokens is {max_tokens}, but {where}: lower max_tokens to at most "
-            f"{context - positions} or shorten the prompt."
+            f"{context - positions} or {shorten}."
         )
     return max_tokens
 

@@ -228,3 +228,33 @@ def test_a_kv_window_no_larger_than_what_mlx_lm_always_keeps_is_refused(both):
     for size in (1, 4):
         with pytest.raises(StreamerError, match=rf"max_kv_size must be at least 5 \(got {size}\)"):
             streamer.generate(model, tokenizer, prompt, 4, max_kv_size=size, prefill_step_size=2)
+
+
+def test_a_prompt_cache_reused_across_turns_counts_against_the_context(both):
+    """Multi-turn with make_prompt_cache gives mlx-lm's tokens; a turn whose prompt fits but not
+    after what the cache holds from earlier turns ran past the model's context unrefused."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    (model, tokenizer), (reference, reference_tokenizer) = both
+    turns = ("hello there", "and more", "again")
+    answers = []
+    for generating, m, tok in (
+        (streamer.stream_generate, model, tokenizer),
+        (mlx_lm.stream_generate, reference, reference_tokenizer),
+    ):
+        cache = make_prompt_cache(m)
+        answers.append(
+            [[r.token for r in generating(m, tok, p, 5, prompt_cache=cache)] for p in turns]
+        )
+    assert answers[0] == answers[1]
+    context = model.streamer.context_length
+    cache = make_prompt_cache(model)
+    streamer.generate(model, tokenizer, [7] * (context - 60), 20, prompt_cache=cache)
+    held = "after the 2008 tokens prompt_cache holds"
+    with pytest.raises(
+        StreamerError, match=rf"the prompt is 40 tokens {held} and max_tokens is 20"
+    ):
+        streamer.generate(model, tokenizer, [7] * 40, 20, prompt_cache=cache)
+    with pytest.raises(StreamerError, match=f"{held} .*leaves no room: .*a new prompt_cache"):
+        streamer.generate(model, tokenizer, [7] * 40, -1, prompt_cache=cache)
+    assert streamer.generate(model, tokenizer, [7] * 20, 20, prompt_cache=cache)  # just fits
