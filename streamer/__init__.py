@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 from .errors import StreamerError
 
 if TYPE_CHECKING:
-    from .generate import Response, generate, stream_generate
+    from .generate import generate, stream_generate
     from .loading.load import load
+    from .response import Response
     from .run_stats import RunStats
 
 try:
@@ -25,7 +26,7 @@ except PackageNotFoundError:  # a source tree that was not installed
     __version__ = "0+unknown"
 
 _LAZY = {
-    "Response": "generate",
+    "Response": "response",
     "RunStats": "run_stats",
     "generate": "generate",
     "stream_generate": "generate",

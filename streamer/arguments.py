@@ -11,9 +11,11 @@ import math
 import numbers
 import re
 import weakref
+from collections.abc import Callable
 
 from .errors import StreamerError, refusal
 
+NO_LIMIT = -1  # mlx-lm's max_tokens for "no limit": here, until the model's context is full
 MAX_SEED = (1 << 64) - 1  # mx.random.seed takes an unsigned 64-bit integer
 # The smallest temperature above 0 (greedy): mlx-lm scales the logits by 1 / temp in float32,
 # and far below this (1e-300) every logit overflows to inf and the tokens come out at random
@@ -25,6 +27,9 @@ DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # mlx-lm's quantized KV cache (QuantizedKVCache): the bits and groups mx.quantize takes
 KV_BITS = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZES = (32, 64, 128)
+# mlx-lm's rotating KV cache (max_kv_size) always keeps the first 4 tokens: one no larger failed
+# (MLX's broadcast_shapes error) once a prompt took more than one prefill step
+MIN_KV_SIZE = 5
 
 
 def parse_size(value: object, name: str) -> int:
@@ -49,12 +54,19 @@ def parse_size(value: object, name: str) -> int:
 
 
 def check_request(
-    prompt: object, max_tokens: object, *, option: str = "max_tokens", how: str = ""
+    prompt: object,
+    max_tokens: object,
+    *,
+    option: str = "max_tokens",
+    how: str = "",
+    embedded: bool = False,
 ) -> None:
-    """Refuse a prompt that is not text or token ids, an empty one, and a max_tokens that is not
-    an integer of at least 1. The CLI asks before loading the model, naming its own option and
-    how to give a prompt (`how`)."""
-    check_at_least(max_tokens, option, 1)
+    """Refuse a prompt that is not text or token ids, an empty one (but beside input_embeddings,
+    `embedded`, as mlx-lm takes it), and a max_tokens that is not an integer of at least 1 or
+    NO_LIMIT. The CLI asks before loading the model, naming its own option and how to give a
+    prompt (`how`); its --max-tokens is at least 1."""
+    if type(max_tokens) is not int or max_tokens != NO_LIMIT:
+        check_at_least(max_tokens, option, 1)
     if isinstance(prompt, str):
         check_text(prompt, "the prompt")
     elif isinstance(prompt, (list, tuple)):
@@ -67,7 +79,7 @@ def check_request(
         raise StreamerError(
             f"the prompt must be text (a str) or a list of token ids (got {type(prompt).__name__})."
         )
-    if not prompt:
+    if not prompt and not embedded:
         raise StreamerError(f"the prompt is empty: give some text to continue{how}.")
 
 
@@ -110,30 +122,41 @@ def vocabulary(tokenizer) -> int:
     return size
 
 
+def logit_bias_in_vocabulary(logit_bias: dict | None) -> list[Callable]:
+    """A logits processor refusing logit_bias keys past the logits' width (the vocabulary, first
+    known at the first step), placed before mlx-lm's, which would add out of bounds (SIGSEGV)."""
+    if not logit_bias:
+        return []
+
+    def check(tokens, logits):
+        check_token_ids(logit_bias, "logit_bias", logits.shape[-1])
+        return logits
+
+    return [check]
+
+
 def check_keywords(keywords: dict) -> None:
     """mlx-lm's generation, logits-processor and sampler keywords, refused as the CLI refuses its
     options: mlx-lm takes a NaN penalty (every logit NaN: an empty answer), any logit_bias key.
-    logit_bias's keys and xtc_special_tokens are made ints in `keywords`."""
-    for name in ("max_kv_size", "prefill_step_size"):  # a step of 0: MLX's reshape error
-        if keywords.get(name) is not None:
-            check_at_least(keywords[name], name, 1)
+    xtc_special_tokens are made ints in `keywords`."""
+    for name, low in (("max_kv_size", MIN_KV_SIZE), ("prefill_step_size", 1)):
+        if keywords.get(name) is not None:  # a step of 0: MLX's reshape error
+            check_at_least(keywords[name], name, low)
     bias = keywords.get("logit_bias")
     if bias is not None and (
         not isinstance(bias, dict)
         or not all(_integer(k) and k >= 0 and _finite(v) for k, v in bias.items())
     ):
         raise StreamerError(
-            "logit_bias must map token ids (integers from 0) to finite numbers "
-            f"(got {_short(bias)})."
+            f"logit_bias must map token ids (integers from 0) to finite numbers (got {bias!r:.60})."
         )
-    if bias:  # numpy's integer ids taken as ints: MLX's mx.array refuses them (a ValueError)
-        keywords["logit_bias"] = {int(k): v for k, v in bias.items()}
     special = keywords.get("xtc_special_tokens")  # MLX's ValueError for a str or numpy's int
     if special is not None:
-        ids = isinstance(special, (list, tuple)) and all(_integer(t) and t >= 0 for t in special)
-        if not ids:
+        if not isinstance(special, (list, tuple)) or not all(
+            _integer(t) and t >= 0 for t in special
+        ):
             want = "a list of token ids (integers from 0)"
-            raise StreamerError(f"xtc_special_tokens must be {want} (got {_short(special)}).")
+            raise StreamerError(f"xtc_special_tokens must be {want} (got {special!r:.60}).")
         keywords["xtc_special_tokens"] = [int(t) for t in special]
     for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         value = keywords.get(name)
@@ -214,22 +237,6 @@ def check_flag(value: object, name: str) -> None:
         raise StreamerError(f"{name} must be True or False (got {value!r}).")
 
 
-def parse_dtype(value: object):
-    """None, an mx floating dtype, or its name ("float32", "bfloat16", "float16")."""
-    import mlx.core as mx
-
-    if value is None:
-        return None
-    if isinstance(value, str) and value in DTYPE_NAMES:
-        return getattr(mx, value)
-    if isinstance(value, mx.Dtype) and value in tuple(getattr(mx, n) for n in DTYPE_NAMES):
-        return value
-    raise StreamerError(
-        f"dtype must be one of {', '.join(DTYPE_NAMES)} (a name or mlx.core's dtype), or None for "
-        f"the default (got {value!r})."
-    )
-
-
 def _number(value: object) -> bool:
     return type(value) in (int, float) and not math.isnan(value)
 
@@ -241,11 +248,6 @@ def _finite(value: object) -> bool:
 def _integer(value: object) -> bool:
     """An int, or an integer of numpy's (a prompt from an array); never a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def tokens_text(n: int) -> str:

@@ -2,39 +2,25 @@
 
 from __future__ import annotations
 
-import inspect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.generate import generate_step, generation_stream
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.generate import generation_stream
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
-from .api_request import ids_in_vocabulary, plain_keywords, plain_number, prompt_tokens
+from .api_request import cached_tokens, prompt_tokens, within_context
 from .arguments import check_request, check_sampling
 from .errors import StreamerError, one_line
-from .input_embeddings import check_input_embeddings
-from .kv_quantization import check_kv_cache_quantizes, check_prompt_cache
-from .run_stats import RunStats, run_stats
+from .generation_objects import check_objects
+from .kv_quantization import check_kv_cache_quantizes
+from .mlx_lm_keywords import mlx_lm_keywords, plain_keywords, plain_number
+from .response import Response
+from .run_stats import run_stats
 from .speculative import stream as speculative
-
-
-@dataclass(frozen=True)
-class Response:
-    """One streamed piece of text; `stats` covers the run so far (its expert counters leave out
-    the calls not yet settled, but in the last piece: `settled` completes them), `logprobs`
-    (log-softmax over the vocabulary) is the distribution `token` was sampled from."""
-
-    text: str
-    token: int
-    finish_reason: str | None
-    stats: RunStats
-    logprobs: mx.array | None = None
 
 
 def stream_generate(
@@ -52,19 +38,22 @@ def stream_generate(
     its make_sampler, its logits-processor keywords (repetition_penalty, logit_bias, ...) to
     make_logits_processors, the rest to mlx_lm.stream_generate (max_kv_size, prompt_cache, ...);
     an unknown keyword is refused by name."""
+    max_tokens, temp, top_p, seed = map(plain_number, (max_tokens, temp, top_p, seed))
+    kwargs = plain_keywords(kwargs)
     if not isinstance(prompt, (str, list, tuple)) and hasattr(prompt, "tolist"):
         prompt = prompt.tolist()  # token ids in an mx.array (or numpy's), as mlx-lm takes them
-    temp, top_p, seed, max_tokens = map(plain_number, (temp, top_p, seed, max_tokens))
-    kwargs = plain_keywords(kwargs)
-    check_request(prompt, max_tokens)
+    check_request(prompt, max_tokens, embedded=kwargs.get("input_embeddings") is not None)
     check_sampling(temp, top_p, seed, top_k=kwargs.get("top_k", 0), min_p=kwargs.get("min_p", 0.0))
     arguments.check_keywords(kwargs)
-    prompt = prompt_tokens(model, tokenizer, prompt, max_tokens, kwargs.get("prompt_cache"))
+    prompt = prompt_tokens(model, tokenizer, prompt)
     kv_bits = kwargs.get("kv_bits")
     if kv_bits is not None:
         check_kv_cache_quantizes(model, kwargs)
-    _check_objects(model, kwargs, len(prompt))
-    kwargs = _mlx_lm_keywords(temp, top_p, kwargs)
+    check_objects(model, kwargs, len(prompt))
+    positions = len(prompt) or len(kwargs["input_embeddings"])  # an empty prompt: embeddings
+    held = cached_tokens(kwargs.get("prompt_cache"))
+    max_tokens = within_context(model, held, positions, max_tokens)
+    kwargs = mlx_lm_keywords(temp, top_p, kwargs)
     with _claimed(model.streamer):
         if seed is not None:  # claimed first: another thread's answer draws from the same seed
             mx.random.seed(seed)
@@ -80,7 +69,7 @@ def stream_generate(
                     r.generation_tps,
                     settle=r.finish_reason is not None,
                 )
-                yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs)
+                yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs, r.from_draft)
         except ValueError as e:  # mx.quantize's: the keys' width is not a multiple of the group
             if kv_bits is None or not str(e).startswith("[quantize]"):
                 raise
@@ -117,84 +106,6 @@ def _claimed(handle) -> Iterator[None]:
     finally:  # also when the stream is closed or dropped unfinished
         with _CLAIMS:
             handle.generating = (me, handle.generating[1] - 1)
-
-
-_SAMPLER_KEYWORDS = set(inspect.signature(make_sampler).parameters) - {"temp", "top_p"}
-_PROCESSOR_KEYWORDS = set(inspect.signature(make_logits_processors).parameters)
-_STEP_KEYWORDS = (
-    set(inspect.signature(generate_step).parameters) - {"prompt", "model", "max_tokens"}
-) | speculative.KEYWORDS
-
-
-def _mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
-    """mlx_lm.stream_generate's keywords from the user's: a sampler and logits processors built
-    by mlx-lm from its own sampling keywords."""
-    unknown = sorted(set(kwargs) - _SAMPLER_KEYWORDS - _PROCESSOR_KEYWORDS - _STEP_KEYWORDS)
-    if unknown:
-        known = ", ".join(sorted(_SAMPLER_KEYWORDS | _PROCESSOR_KEYWORDS | _STEP_KEYWORDS))
-        raise StreamerError(
-            f"unknown keyword argument {unknown[0]!r}; known: temp, top_p, seed, {known}."
-        )
-    checks = ids_in_vocabulary(kwargs)
-    if kwargs.get("sampler", 0) is None:  # as mlx-lm reads it: none given, so temp and top_p hold
-        del kwargs["sampler"]
-    sampling = {k: kwargs.pop(k) for k in _SAMPLER_KEYWORDS & set(kwargs)}
-    processing = {k: kwargs.pop(k) for k in _PROCESSOR_KEYWORDS & set(kwargs)}
-    if "sampler" in kwargs and sampling:
-        raise StreamerError(f"give either sampler= or {sorted(sampling)[0]}=, not both.")
-    kwargs.setdefault("sampler", any_top_k_sampler(temp, top_p, **sampling))
-    if processing or checks:
-        kwargs["logits_processors"] = [
-            *(kwargs.get("logits_processors") or []),
-            *checks,
-            *(make_logits_processors(**processing) if processing else []),
-        ]
-    return kwargs
-
-
-def _check_objects(model: nn.Module, kwargs: dict, prompt_tokens: int) -> None:
-    """mlx-lm's keywords that take objects, refused here by name rather than as a TypeError or
-    AttributeError deep in its loop: functions (or None), logits_processors a list of them,
-    prompt_cache one cache a layer (as make_prompt_cache makes), stream an MLX stream,
-    input_embeddings a vector a prompt token."""
-    check_input_embeddings(model, kwargs.get("input_embeddings"), prompt_tokens)
-    for name in ("sampler", "prompt_progress_callback"):
-        if kwargs.get(name) is not None and not callable(kwargs[name]):
-            raise StreamerError(f"{name} must be a function or None (got {kwargs[name]!r:.60}).")
-    processors = kwargs.get("logits_processors")
-    if processors is not None and not (
-        isinstance(processors, (list, tuple)) and all(map(callable, processors))
-    ):
-        raise StreamerError(
-            "logits_processors must be a list of functions (tokens, logits) -> logits, or None "
-            f"(got {processors!r:.60})."
-        )
-    if kwargs.get("prompt_cache") is not None:
-        check_prompt_cache(model, kwargs["prompt_cache"])
-    if "stream" in kwargs and not isinstance(kwargs["stream"], _STREAMS):
-        raise StreamerError(
-            "stream must be an MLX stream or device, such as mx.cpu "
-            f"(got {kwargs['stream']!r:.60})."
-        )
-
-
-_STREAMS = (mx.Stream, mx.ThreadLocalStream, mx.Device, mx.DeviceType)
-
-
-def any_top_k_sampler(temp: float, top_p: float = 1.0, top_k: int = 0, **rest) -> Callable:
-    """mlx-lm's make_sampler, but a top_k at or past the logits' width (the vocabulary, known at
-    the first step) keeps every token: mlx-lm refuses such a k, and keeping the k likeliest of
-    fewer tokens is keeping them all."""
-    samplers: dict[int, Callable] = {}
-
-    def sampler(logprobs: mx.array) -> mx.array:
-        width = logprobs.shape[-1]
-        if width not in samplers:
-            k = top_k if top_k < width else 0
-            samplers[width] = make_sampler(temp, top_p=top_p, top_k=k, **rest)
-        return samplers[width](logprobs)
-
-    return sampler
 
 
 def generate(

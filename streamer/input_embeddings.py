@@ -31,7 +31,7 @@ def embedding_width(model: nn.Module) -> int | None:
 
 def check_input_embeddings(model: nn.Module, value: object, prompt_tokens: int) -> None:
     """`value` (None: not given) as mlx-lm's models take it: one vector a prompt token, each as
-    wide as the model's embedding makes them."""
+    wide as the model's embedding makes them; with no prompt tokens, in place of the prompt."""
     if value is None:
         return
     if "input_embeddings" not in inspect.signature(model.__call__).parameters:
@@ -40,15 +40,16 @@ def check_input_embeddings(model: nn.Module, value: object, prompt_tokens: int) 
             "mlx-lm) takes no embeddings in place of tokens; give the prompt alone."
         )
     width = embedding_width(model)
-    shape = f"({prompt_tokens}, {width if width is not None else 'hidden size'})"
+    shape = f"({prompt_tokens or 'n'}, {width if width is not None else 'hidden size'})"
     if not isinstance(value, mx.array) or value.ndim != 2:
         got = f"an array of shape {value.shape}" if isinstance(value, mx.array) else repr(value)
         raise StreamerError(
             f"input_embeddings must be an mx.array of shape {shape}, one vector a prompt token "
             f"(got {got:.60})."
         )
-    if value.shape[0] != prompt_tokens or (width is not None and value.shape[1] != width):
+    rows = prompt_tokens or max(value.shape[0], 1)  # no prompt: at least one vector
+    if value.shape[0] != rows or (width is not None and value.shape[1] != width):
         raise StreamerError(
             f"input_embeddings has shape {value.shape}, but this model takes {shape}: one vector "
-            f"a prompt token ({prompt_tokens}), each as wide as its embedding's ({width})."
+            f"a prompt token ({prompt_tokens or 'n'}), each as wide as its embedding's ({width})."
         )

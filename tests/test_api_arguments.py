@@ -113,7 +113,7 @@ def test_generate_takes_mlx_lm_sampling_keywords(checkpoints):
         ({"seed": -1}, "seed must be an integer from 0"),
         ({"top_k": -2}, "top_k must be an integer, 0"),
         ({"min_p": 2}, "min_p must be from 0"),
-        ({"max_kv_size": 0}, "max_kv_size must be at least 1"),
+        ({"max_kv_size": 0}, "max_kv_size must be at least 5"),
         ({"prefill_step_size": 0}, "prefill_step_size must be at least 1"),  # MLX's reshape
     ]:
         with pytest.raises(StreamerError, match=message):

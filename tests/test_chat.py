@@ -115,11 +115,11 @@ def test_generate_speaks_mlx_lm_flags(folder, tmp_path, capsys):
     assert generate("--prompt", "import os", "--temp", "5", "--min-p", "1", "--seed", "3") == (
         sampled
     )
-    # a KV cache of 4 tokens, shorter than the prompt: what the library computes with it
+    # a KV cache of 5 tokens, shorter than the prompt: what the library computes with it
     window = streamer.generate(
-        model, tokenizer, templated(tokenizer, "import os"), 6, max_kv_size=4
+        model, tokenizer, templated(tokenizer, "import os"), 6, max_kv_size=5
     )
-    assert generate("--prompt", "import os", "--max-kv-size", "4") == window + "\n"
+    assert generate("--prompt", "import os", "--max-kv-size", "5") == window + "\n"
 
     plain = tmp_path / "no-template"
     shutil.copytree(folder, plain)

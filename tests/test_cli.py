@@ -118,7 +118,7 @@ def test_sampling_arguments_are_checked_before_loading():
     [
         ("generate", ["--prompt", "hi", "--top-k", "-2"], "--top-k must be an integer, 0 (off)"),
         ("generate", ["--prompt", "hi", "--min-p", "1.5"], "--min-p must be from 0 (off) to 1"),
-        ("generate", ["--prompt", "hi", "--max-kv-size", "0"], "--max-kv-size must be at least 1"),
+        ("generate", ["--prompt", "hi", "--max-kv-size", "4"], "--max-kv-size must be at least 5"),
         ("chat", ["--temp", "-1"], "--temp must be 0 (greedy) or more (got -1.0)"),
         ("chat", ["--max-tokens", "0"], "--max-tokens must be at least 1 (got 0)"),
         ("chat", ["--seed", "-1"], "--seed must be an integer from 0"),

@@ -40,13 +40,13 @@ def test_a_reused_prompt_cache_counts_toward_the_context(checkpoints):
     assert held >= 2000
     with pytest.raises(
         StreamerError,
-        match=rf"the prompt cache holds {held} tokens and the prompt is 30 tokens and max_tokens "
-        rf"is 40, but the model's context is 2048 tokens .*at most {2048 - held - 30}, or shorten "
-        "the prompt or start from a fresh prompt cache",
+        match=rf"the prompt is 30 tokens after the {held} tokens prompt_cache holds and "
+        rf"max_tokens is 40, but the model's context is 2048 tokens .*at most {2048 - held - 30} "
+        "or shorten the prompt or start a new prompt_cache",
     ):
         streamer.generate(model, tokenizer, list(range(1, 31)), 40, prompt_cache=cache)
     with pytest.raises(
-        StreamerError, match=rf"holds {held} tokens and the prompt is 60 tokens but"
+        StreamerError, match=rf"the prompt is 60 tokens after the {held} tokens .* but"
     ):
         streamer.generate(model, tokenizer, list(range(1, 61)), 1, prompt_cache=cache)
     assert streamer.generate(model, tokenizer, [5], 2, prompt_cache=cache)  # what fits runs

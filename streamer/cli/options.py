@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..arguments import (
     DTYPE_NAMES,
+    MIN_KV_SIZE,
     check_at_least,
     check_request,
     check_sampling,
@@ -194,7 +195,7 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
     )
     check_at_least(args.max_tokens, "--max-tokens", 1)
     if getattr(args, "max_kv_size", None) is not None:
-        check_at_least(args.max_kv_size, "--max-kv-size", 1)
+        check_at_least(args.max_kv_size, "--max-kv-size", MIN_KV_SIZE)
 
 
 CLOSED_STDIN = "{} from standard input, which is closed: give it a file or a pipe (`< FILE`)."

@@ -53,6 +53,7 @@ class Streaming:
     files: ExpertFiles | None  # the mapped expert files (the mapped path only)
     stats: ExpertStats
     layers: list[StreamingExperts]
+    config: dict  # the config the model was built from (load's return_config=True returns it)
     context_length: int | None  # max_position_embeddings: prompt plus output must fit
     folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
     pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..arguments import check_flag
 from ..cache.budget import check_budget
 from ..errors import StreamerError
 from ..expert_traffic import ExpertStats
@@ -25,7 +26,7 @@ from .download_folder import is_download
 from .download_source import open_download_source
 from .handle import Streaming, compute_dtype, release
 from .hub import is_repo_id, streamable
-from .options import LoadOptions, load_options
+from .options import LoadOptions, check_unhonoured, load_options
 from .repacked_source import open_repacked_source
 from .residency import available_memory, layer_shapes, plan_residency
 from .source import Source
@@ -38,19 +39,29 @@ if TYPE_CHECKING:  # mlx_lm.tokenizer_utils imports transformers: seconds, paid 
 
 def load(
     path: str | Path,
+    tokenizer_config: dict | None = None,
+    model_config: dict | None = None,
+    adapter_path: str | None = None,
+    lazy: bool = False,
+    return_config: bool = False,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
     *,
     memory_budget: int | None = None,
     dtype: mx.Dtype | None = None,
     read_path: str | None = None,
     bypass_page_cache: bool = False,
     verify_reads: bool = False,
-    trust_remote_code: bool = False,
     group: mx.distributed.Group | None = None,
     checksums: str | Path | None = None,
     cuda_misses: str | None = None,
-) -> tuple[nn.Module, TokenizerWrapper]:
+) -> tuple[nn.Module, TokenizerWrapper] | tuple[nn.Module, TokenizerWrapper, dict]:
     """Load a repacked model, or an MLX-quantized download in place: non-expert
     weights resident, experts streamed from disk. `path` may be org/name (loading/hub.py).
+    mlx_lm.load's arguments come first, in its order: `tokenizer_config` (extra arguments for
+    the tokenizer) and `return_config` (return the model's config too) as mlx-lm takes them;
+    `model_config`, `adapter_path`, `lazy=True` and `revision`, which streamer cannot honour,
+    are refused by name (options.check_unhonoured says why for each).
 
     `memory_budget`: bytes of experts to keep in memory. Enough for all of them: every layer runs
     resident (no syncs, no reads); less: the hottest experts are cached (LFU with aging) and the
@@ -78,7 +89,10 @@ def load(
     "mapped", "registered", "pinned" or "gathered" (None: "gathered", the default; a bench
     switch, bench/worker.py --cuda-misses); elsewhere misses are read into their slots.
     """
+    check_unhonoured(path, model_config, adapter_path, lazy, revision)
+    check_flag(return_config, "return_config")
     options = load_options(
+        tokenizer_config=tokenizer_config,
         memory_budget=memory_budget,
         dtype=dtype,
         read_path=read_path,
@@ -89,7 +103,8 @@ def load(
         checksums=checksums,
         cuda_misses=cuda_misses,
     )
-    return load_decided(path, options)
+    model, tokenizer = load_decided(path, options)
+    return (model, tokenizer, model.streamer.config) if return_config else (model, tokenizer)
 
 
 def load_decided(path: str | Path, options: LoadOptions) -> tuple[nn.Module, TokenizerWrapper]:
@@ -97,6 +112,7 @@ def load_decided(path: str | Path, options: LoadOptions) -> tuple[nn.Module, Tok
     opened as its Source (a download, or a repacked folder), then the one assembly."""
     if not isinstance(path, (str, os.PathLike)):
         raise StreamerError(f"path must be a folder name (str or Path), got {path!r}.")
+    path = os.path.expanduser(path)  # "~/models/x", as a shell would read it
     folder = streamable(path) if is_repo_id(path) else Path(path)  # org/name: pulled or cached
     check_utf8_path(folder, "the model folder")
     if not os.path.isdir(folder):  # said before a look inside: a part over 255 bytes raised OSError
@@ -117,7 +133,9 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
         check_model_kernels(model)
         if options.memory_budget is not None:
             check_budget(source.contents, options.memory_budget, dtype)
-        tokenizer = load_tokenizer(source.folder, options.trust_remote_code)
+        tokenizer = load_tokenizer(
+            source.folder, options.trust_remote_code, options.tokenizer_config
+        )
         files = source.open_files() if options.read_path == "mapped" else None
         stats, layers = _streaming_layers(source, files, dtype)
         load_resident(model, source.resident_weights(), dtype, source.mismatch)
@@ -141,6 +159,7 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
         files=files,
         stats=stats,
         layers=layers,
+        config=source.config,
         context_length=context_length(source.config),  # a VLM's in its text_config
         folder_lock=source.lock,
         pools=pools,

@@ -4,12 +4,12 @@ both become one frozen LoadOptions, every value checked in one order before any 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 
-from ..arguments import check_flag, parse_dtype, parse_size
+from ..arguments import DTYPE_NAMES, check_flag, parse_size
 from ..cache.landing import CUDA_MISSES, CUDA_MISSES_DEFAULT
 from ..errors import StreamerError
 from .backend import default_dtype, read_path_for_backend
@@ -29,10 +29,12 @@ class LoadOptions:
     bypass_page_cache: bool  # the slot path reads around the page cache
     group: mx.distributed.Group | None  # expert-parallel: this rank's group; None alone
     cuda_misses: str = CUDA_MISSES_DEFAULT  # on CUDA, where a slot miss's bytes come from
+    tokenizer_config: dict = field(default_factory=dict)  # the tokenizer's extra arguments
 
 
 def load_options(
     *,
+    tokenizer_config: object = None,
     memory_budget: object = None,
     dtype: object = None,
     read_path: object = None,
@@ -50,6 +52,13 @@ def load_options(
     def name(n: str) -> str:
         return option + (n.replace("_", "-") if option else n)
 
+    if tokenizer_config is not None and not (
+        isinstance(tokenizer_config, dict) and all(isinstance(k, str) for k in tokenizer_config)
+    ):
+        raise StreamerError(
+            "tokenizer_config must be a dict of AutoTokenizer's arguments, as mlx_lm.load takes "
+            f"(got {tokenizer_config!r:.60})."
+        )
     budget = None if memory_budget is None else parse_size(memory_budget, name("memory_budget"))
     compute = parse_dtype(dtype)
     for flag, value in (
@@ -87,4 +96,47 @@ def load_options(
         bypass_page_cache=bypass_page_cache,
         group=group,
         cuda_misses=misses,
+        tokenizer_config=dict(tokenizer_config or {}),
+    )
+
+
+def check_unhonoured(
+    path: object, model_config: object, adapter_path: object, lazy: object, revision: object
+) -> None:
+    """mlx_lm.load's arguments that streamer cannot honour, refused with why and what to do
+    rather than ignored. None (and mlx-lm's defaults: an empty model_config, lazy=False) pass."""
+    if model_config:
+        raise StreamerError(
+            "model_config: streamer builds the model from config.json as it was checked against "
+            "the weights, so it takes no overrides: edit config.json (repack a download) instead."
+        )
+    if adapter_path is not None:
+        raise StreamerError(
+            "adapter_path: streamer applies no LoRA adapters: fuse them into the model first "
+            "(mlx_lm.fuse), then load the fused folder."
+        )
+    check_flag(lazy, "lazy")
+    if lazy:
+        raise StreamerError(
+            "lazy=True: streamer reads the resident weights at load, to plan the experts' memory "
+            "around them; leave lazy out."
+        )
+    if revision is not None:
+        raise StreamerError(
+            f"revision: load reads a folder or the Hugging Face cache, not a revision: download "
+            f"it with `streamer pull {path} --revision {revision}` and load what that writes."
+        )
+
+
+def parse_dtype(value: object):
+    """None, an mx floating dtype, or its name ("float32", "bfloat16", "float16")."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value in DTYPE_NAMES:
+        return getattr(mx, value)
+    if isinstance(value, mx.Dtype) and value in tuple(getattr(mx, n) for n in DTYPE_NAMES):
+        return value
+    raise StreamerError(
+        f"dtype must be one of {', '.join(DTYPE_NAMES)} (a name or mlx.core's dtype), or None for "
+        f"the default (got {value!r})."
     )

@@ -14,9 +14,12 @@ if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
-def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
+def load_tokenizer(
+    folder: Path, trust_remote_code: bool, tokenizer_config: dict | None = None
+) -> TokenizerWrapper:
     """The tokenizer exactly as mlx_lm.load builds it: its eos ids are config.json's, replaced by
-    generation_config.json's where that file lists them (chat models' end-of-turn ids)."""
+    generation_config.json's where that file lists them (chat models' end-of-turn ids);
+    `tokenizer_config`: the user's extra arguments for transformers' AutoTokenizer, as mlx-lm's."""
     # mlx_lm.utils imports transformers (seconds): here, not by every module that loads a model,
     # so that a command refused before its tokenizer is built is refused at once
     from mlx_lm.utils import load_config
@@ -42,6 +45,7 @@ def load_tokenizer(folder: Path, trust_remote_code: bool) -> TokenizerWrapper:
         )
     extra = {"trust_remote_code": True} if trust_remote_code else {}
     extra.update(_config_unbuilt(folder, config))
+    extra.update(tokenizer_config or {})
     try:
         tokenizer = mlx_lm_load_tokenizer(
             folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids

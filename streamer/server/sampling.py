@@ -12,7 +12,7 @@ from collections.abc import Callable
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
-from ..generate import any_top_k_sampler
+from ..mlx_lm_keywords import any_top_k_sampler
 from .api import Sampling
 from .fields import ApiError
 
