@@ -202,7 +202,7 @@ def test_a_file_size_limit_is_one_line_and_leaves_nothing(small_source, tmp_path
     error = refused("repack", str(small_source), str(model))
     assert re.fullmatch(
         r"streamer: error: repacking failed: a file in .* grew past the largest file allowed "
-        r"there .*`ulimit -f`\): choose .*, then run the same command again\.",
+        r"there .*`ulimit -f`\)\. Choose .*, then run the same command again\.",
         error,
     )
     assert list(tmp_path.iterdir()) == [] and snapshot(small_source) == before

@@ -48,3 +48,9 @@ def write_failure(error: OSError, folder: Path) -> tuple[str, str]:
         )
     where = f" ({error.filename})" if error.filename else ""
     return f"an I/O error: {error.strerror or error}{where}", ""
+
+
+def next_step(fix: str, then: str) -> str:
+    """`write_failure`'s fix, if any, then `then`, as a sentence."""
+    step = f"{fix}, then {then}" if fix else then
+    return step[0].upper() + step[1:]

@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 
 from ..errors import StreamerError
-from ..io.durable import write_failure
+from ..io.durable import next_step, write_failure
 from ..io.integrity import check_files, data_files, file_stat
 from ..io.lock import lock_directory, lock_for_replacing
 from ..io.manifest import (
@@ -154,4 +154,4 @@ def _shard_bytes(src: Path, manifest: Manifest, owned: list[list[int]]) -> int:
 
 def _io_error(error: OSError, partial: Path) -> StreamerError:
     why, fix = write_failure(error, partial.parent)
-    return StreamerError(f"splitting failed: {why}: {fix + ', then ' if fix else ''}split again.")
+    return StreamerError(f"splitting failed: {why}. {next_step(fix, 'split again.')}")

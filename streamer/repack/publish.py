@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import StreamerError
 from ..io.checkpoint import INDEX_FILE, TOKENIZER_FILES, has_tokenizer_files
-from ..io.durable import fsync_dir, write_failure
+from ..io.durable import fsync_dir, next_step, write_failure
 from ..io.files import check_utf8_path
 from ..io.json_file import encode_tagged_floats, read_json_object
 from ..io.lock import lock_directory, repack_in_use
@@ -165,7 +165,7 @@ def _io_failed(error: OSError, partial: Path, needed_bytes: int, then: str) -> S
     why, fix = write_failure(error, partial.parent)
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         why += f" (the repacked model needs about {size_text(needed_bytes)} in all)"
-    return StreamerError(f"repacking failed: {why}: {fix + ', then ' if fix else ''}{then}")
+    return StreamerError(f"repacking failed: {why}. {next_step(fix, then)}")
 
 
 def warn_without_tokenizer(src: Path, log) -> None:
