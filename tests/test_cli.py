@@ -96,6 +96,30 @@ def test_output_to_a_full_device_is_one_line(checkpoints):
     assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
 
 
+def test_output_in_an_encoding_without_the_generated_characters(checkpoints):
+    """LANG=en_US.ISO-8859-1 or PYTHONIOENCODING=ascii: a character stdout cannot encode (the
+    tiny model emits U+FFFD for a lone byte token) was a UnicodeEncodeError traceback, and chat's
+    process then aborted ("terminate called without an active exception")."""
+    import os
+
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    sampled = ["--model", _model(checkpoints), "--max-tokens", "60", "--temp", "1", "--seed", "0"]
+    for command, typed in (
+        (["generate", *sampled, "--prompt", "caf\u00e9", "--ignore-chat-template"], None),
+        (["chat", *sampled], "hello\n"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "streamer", *command],
+            input=typed,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert "?" in result.stdout  # what ascii lacks, shown as iconv shows it
+
+
 def test_sampling_arguments_are_checked_before_loading():
     for option, value, message in [
         ("--temp", "-0.5", "--temp must be 0 (greedy) or more (got -0.5)"),

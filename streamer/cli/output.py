@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import sys
 
@@ -23,6 +24,16 @@ def emit(text: str = "", end: str = "\n") -> None:
         print(text, end=end, flush=True)
     except OSError as e:
         raise OutputFailed(e) from e
+
+
+def unencodable_as_question_marks() -> None:
+    """Generated text holds characters of every script; an output in an encoding that lacks some
+    (LANG=en_US.ISO-8859-1, PYTHONIOENCODING=ascii) shows them as "?", as iconv would. print
+    raised UnicodeEncodeError at the first one: a traceback, and chat's process aborted."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    if reconfigure is not None and codecs.lookup(encoding).name != "utf-8":
+        reconfigure(errors="replace")
 
 
 def report(line: str, status: int) -> int:
