@@ -308,3 +308,17 @@ def test_chat_is_described_as_taking_a_download():
     commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
     said = {a.dest: a.help for a in commands._choices_actions}
     assert "MLX download" in said["chat"] and "MLX download" in said["generate"]
+
+
+def test_verify_refuses_the_flags_of_the_other_kind_of_folder(checkpoints):
+    """`--record`/`--checksums` on a repacked folder and `--refresh` on a download did nothing:
+    with --record not even the closing line said so, as if a sidecar had been written."""
+    download = str(checkpoints.mlx("qwen3_moe"))
+    for args, said in (
+        ([_model(checkpoints), "--record"], "--record and --checksums are a download's"),
+        ([_model(checkpoints), "--checksums", "sums.json"], "is a repacked folder"),
+        ([download, "--refresh"], "--refresh records a repacked folder's file times"),
+    ):
+        result = run("verify", *args, check=False)
+        assert result.returncode == 2, result.stderr
+        assert said in result.stderr.strip().splitlines()[-1]
