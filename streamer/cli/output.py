@@ -6,6 +6,7 @@ import argparse
 import codecs
 import os
 import sys
+from typing import TextIO
 
 from ..errors import StreamerError
 
@@ -18,10 +19,10 @@ class OutputFailed(Exception):
         self.error = error
 
 
-def emit(text: str = "", end: str = "\n") -> None:
-    """Write the command's output (generated text, info) to stdout."""
+def emit(text: str = "", end: str = "\n", file: TextIO | None = None) -> None:
+    """Write the command's output (generated text, info) to stdout (or chat's `file`)."""
     try:
-        print(text, end=end, flush=True)
+        print(text, end=end, file=file, flush=True)
     except OSError as e:
         raise OutputFailed(e) from e
 
