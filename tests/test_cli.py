@@ -336,3 +336,20 @@ def test_verify_refuses_the_flags_of_the_other_kind_of_folder(checkpoints):
         result = run("verify", *args, check=False)
         assert result.returncode == 2, result.stderr
         assert said in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_closed_stderr(checkpoints, tmp_path):
+    """Started with stderr closed (`2>&-`, a daemon's closed descriptors), Python's sys.stderr is
+    None: repack's log lines went to stdout, then its progress bar raised (exit 1, unseen)."""
+    import os
+
+    dst = tmp_path / "model"
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", "repack", str(checkpoints.hf("qwen3_moe")), str(dst)],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.close(2),
+        timeout=300,
+    )
+    assert result.returncode == 0 and result.stdout == ""
+    assert (dst / "manifest.json").is_file()

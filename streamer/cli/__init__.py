@@ -16,8 +16,8 @@ from .output import (
     OutputFailed,
     error_line,
     report,
+    set_up_output,
     silence_output,
-    unencodable_as_question_marks,
 )
 
 __all__ = ["DEMO_MODEL", "main", "parser"]
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     # called as the program (no argv given), a Ctrl-C once the command is done is ignored; in a
     # process that goes on, the caller's handler comes back
     if argv is None:  # the program: its output is its own to set up
-        unencodable_as_question_marks()
+        set_up_output()
     with exiting_on_ctrl_c(restore=argv is not None):
         return _run(argv)
 

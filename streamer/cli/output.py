@@ -27,14 +27,18 @@ def emit(text: str = "", end: str = "\n", file: TextIO | None = None) -> None:
         raise OutputFailed(e) from e
 
 
-def unencodable_as_question_marks() -> None:
-    """Generated text holds characters of every script; an output in an encoding that lacks some
-    (LANG=en_US.ISO-8859-1, PYTHONIOENCODING=ascii) shows them as "?", as iconv would. print
-    raised UnicodeEncodeError at the first one: a traceback, and chat's process aborted."""
-    reconfigure = getattr(sys.stdout, "reconfigure", None)
-    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
-    if reconfigure is not None and codecs.lookup(encoding).name != "utf-8":
-        reconfigure(errors="replace")
+def set_up_output() -> None:
+    """The program's stdout and stderr, ready for whatever a command writes."""
+    for name in ("stdout", "stderr"):
+        # started without it (`2>&-`, a daemon's closed descriptors), Python's stream is None:
+        # print(file=None) wrote the logs into stdout, then the progress bar's isatty() raised
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # open as long as the process
+    # Generated text holds characters of every script; an output in an encoding that lacks some
+    # (LANG=en_US.ISO-8859-1, PYTHONIOENCODING=ascii) shows them as "?", as iconv would. print
+    # raised UnicodeEncodeError at the first one: a traceback, and chat's process aborted.
+    if hasattr(sys.stdout, "reconfigure") and codecs.lookup(sys.stdout.encoding).name != "utf-8":
+        sys.stdout.reconfigure(errors="replace")
 
 
 def report(line: str, status: int) -> int:
