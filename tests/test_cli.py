@@ -353,3 +353,23 @@ def test_a_closed_stderr(checkpoints, tmp_path):
     )
     assert result.returncode == 0 and result.stdout == ""
     assert (dst / "manifest.json").is_file()
+
+
+def test_closed_standard_descriptors_are_held_by_dev_null():
+    """With stdin and stderr closed, the first file the command opened took number 0, the next
+    number 2, where a write to stderr (Ctrl-C's line, a native library's) would land in it."""
+    import os
+
+    script = (
+        "import os; from streamer.cli.output import set_up_output; set_up_output(); "
+        "print(os.open(os.devnull, os.O_RDONLY), os.readlink('/proc/self/fd/2'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: (os.close(0), os.close(2)),
+        timeout=60,
+    )
+    number, stderr = result.stdout.split()
+    assert int(number) > 2 and stderr == os.devnull

@@ -13,7 +13,6 @@ KeyboardInterrupt for the command to handle (repack keeps its progress, generate
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -26,8 +25,7 @@ from .output import report
 
 
 def _exit_130(*_) -> None:
-    with contextlib.suppress(OSError):  # stderr closed (`2>&-`): the status says it
-        os.write(2, b"\nstreamer: interrupted\n")
+    os.write(2, b"\nstreamer: interrupted\n")
     os._exit(130)
 
 

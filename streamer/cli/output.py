@@ -29,11 +29,15 @@ def emit(text: str = "", end: str = "\n", file: TextIO | None = None) -> None:
 
 def set_up_output() -> None:
     """The program's stdout and stderr, ready for whatever a command writes."""
-    for name in ("stdout", "stderr"):
+    for fd, name in ((1, "stdout"), (2, "stderr")):
         # started without it (`2>&-`, a daemon's closed descriptors), Python's stream is None:
-        # print(file=None) wrote the logs into stdout, then the progress bar's isatty() raised
+        # print(file=None) wrote the logs into stdout, then the progress bar's isatty() raised;
+        # and the file opened next took its number, where a write to fd 2 (Ctrl-C's line, a
+        # native library's) would land. /dev/null takes it, and every closed one below it.
         if getattr(sys, name) is None:
-            setattr(sys, name, open(os.devnull, "w"))  # open as long as the process
+            while (null := os.open(os.devnull, os.O_WRONLY)) < fd:
+                pass
+            setattr(sys, name, open(null, "w"))  # open as long as the process
     # Generated text holds characters of every script; an output in an encoding that lacks some
     # (LANG=en_US.ISO-8859-1, PYTHONIOENCODING=ascii) shows them as "?", as iconv would. print
     # raised UnicodeEncodeError at the first one: a traceback, and chat's process aborted.
