@@ -179,14 +179,16 @@ def connect_errors() -> tuple[type[Exception], ...]:
 
 
 def check_parent(dst: Path, given: bool) -> None:
-    """A destination under a file ($STREAMER_CACHE_DIR or --dst naming one), said before the
-    weights come: repack refused it after the whole download."""
+    """A destination under a file or in a folder this user cannot write ($STREAMER_CACHE_DIR or
+    --dst naming one), said before the weights come: repack refused it after the whole download."""
     parent = dst.parent
     while not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent
+    fix = "choose another --dst" if given else "set $STREAMER_CACHE_DIR to a writable folder"
     if not parent.is_dir():
-        fix = "choose another --dst" if given else "set $STREAMER_CACHE_DIR to a folder"
         raise StreamerError(f"{parent} is a file, not a folder, so {dst} cannot be made: {fix}.")
+    if not os.access(parent, os.W_OK):  # its permissions, or a read-only disk
+        raise StreamerError(f"{parent} is not writable, so {dst} cannot be made: {fix}.")
 
 
 def drop_stale_parts(name: str) -> None:
