@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import signal
@@ -346,6 +347,32 @@ def test_names_and_destinations_pull_refuses_before_asking_the_hub(tmp_path, cap
         assert len(lines) == 1 and expected in lines[0], (argv, lines)
     assert [p.name for p in folder.iterdir()] == ["notes.txt"]
     assert (folder / "notes.txt").read_text() == "keep"
+
+
+def test_a_hugging_face_cache_that_cannot_be_written(hub, tmp_path):
+    """A file limit (`ulimit -f`; a full disk alike) and a cache under a file were "the download
+    failed (OSError: [Errno 27] File too large); ... resumes", the second one untrue."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    process = start(hub, "pull", "tiny-org/Tiny-BF16", preexec_fn=limited)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 2, err
+    assert re.search(
+        r"streamer: error: the download of tiny-org/Tiny-BF16 failed: a file in .*hf-cache grew "
+        r"past the largest file allowed .*, then run `streamer pull tiny-org/Tiny-BF16` again: "
+        r"it resumes\.$",
+        err.strip(),
+    ), err
+    (tmp_path / "afile").write_text("mine")
+    hub.env["HF_HUB_CACHE"] = str(tmp_path / "afile" / "hub")
+    status, _, err = run(hub, "pull", "tiny-org/Tiny-BF16")
+    assert status == 2 and err.strip().splitlines()[-1] == (
+        f"streamer: error: cannot write the Hugging Face cache (Not a directory: "
+        f"{tmp_path / 'afile' / 'hub'}): set $HF_HUB_CACHE to a writable folder."
+    ), err
 
 
 def test_a_destination_in_a_folder_not_writable_is_refused_before_the_weights(
