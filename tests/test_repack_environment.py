@@ -210,3 +210,24 @@ def test_a_file_size_limit_is_one_line_and_leaves_nothing(small_source, tmp_path
     error = refused("split", str(model), str(tmp_path / "share"), "--shard", "0/2")
     assert re.fullmatch(r"streamer: error: splitting failed: a file in .* grew past .*", error)
     assert list(tmp_path.iterdir()) == [model]
+
+
+def test_a_tmpdir_that_cannot_be_written(checkpoints, tmp_path, monkeypatch):
+    """MLX compiles its CPU kernels under TMPDIR: one this user cannot write (or on a read-only
+    disk) was a RuntimeError traceback at the first token (`cannot create directories`)."""
+    import streamer.io.files
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    # as a folder of another user's answers (root ignores modes)
+    monkeypatch.setattr(
+        streamer.io.files.os,
+        "access",
+        lambda path, mode: path != locked and real_access(path, mode),
+    )
+    monkeypatch.setenv("TMPDIR", str(locked))
+    with pytest.raises(
+        StreamerError, match=rf"TMPDIR is {locked}, where {locked} cannot be written"
+    ):
+        streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
