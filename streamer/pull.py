@@ -171,8 +171,8 @@ def hub_errors(name: str, revision: str | None):
             why, fix = write_failure(e, cache)
             resume = next_step(fix, f"run `streamer pull {name}` again: it resumes.")
             raise StreamerError(f"the download of {name} failed: {why}. {resume}") from None
-        where = Path(str(getattr(e, "filename", None) or "/nowhere"))
-        if isinstance(e, OSError) and (cache.is_relative_to(where) or where.is_relative_to(cache)):
+        written = isinstance(e, OSError) and e.filename and Path(os.fsdecode(e.filename))
+        if written and (cache.is_relative_to(written) or written.is_relative_to(cache)):
             raise StreamerError(  # a folder of another user's, a file on the way: no resuming
                 f"cannot write the Hugging Face cache ({e.strerror}: {e.filename}): set "
                 "$HF_HUB_CACHE to a writable folder."
