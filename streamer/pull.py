@@ -13,6 +13,7 @@ repack writes (repack/consume.py), and the cache entry at the end, so the disk h
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import StreamerError
+from .io.durable import next_step, write_failure
 from .loading.hub import ALLOW_PATTERNS, REPO_ID, needs_repack, pulled_folder
 from .pulled_files import LandedHashes, listing, present, refuse_no_model, refuse_unstreamable
 from .repack import repack
@@ -162,6 +164,17 @@ def hub_errors(name: str, revision: str | None):
             f"{cause}; {again}"
         ) from None
     except Exception as e:  # a transfer that failed past huggingface_hub's retries
+        cache = Path(constants.HF_HUB_CACHE)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            why, fix = write_failure(e, cache)
+            resume = next_step(fix, f"run `streamer pull {name}` again: it resumes.")
+            raise StreamerError(f"the download of {name} failed: {why}. {resume}") from None
+        written = isinstance(e, OSError) and e.filename and Path(os.fsdecode(e.filename))
+        if written and (cache.is_relative_to(written) or written.is_relative_to(cache)):
+            raise StreamerError(  # a folder of another user's, a file on the way: no resuming
+                f"cannot write the Hugging Face cache ({e.strerror}: {e.filename}): set "
+                "$HF_HUB_CACHE to a writable folder."
+            ) from None
         raise StreamerError(
             f"the download of {name} failed ({type(e).__name__}: {e}); {again}"
         ) from None
@@ -177,14 +190,16 @@ def connect_errors() -> tuple[type[Exception], ...]:
 
 
 def check_parent(dst: Path, given: bool) -> None:
-    """A destination under a file ($STREAMER_CACHE_DIR or --dst naming one), said before the
-    weights come: repack refused it after the whole download."""
+    """A destination under a file or in a folder this user cannot write ($STREAMER_CACHE_DIR or
+    --dst naming one), said before the weights come: repack refused it after the whole download."""
     parent = dst.parent
     while not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent
+    fix = "choose another --dst" if given else "set $STREAMER_CACHE_DIR to a writable folder"
     if not parent.is_dir():
-        fix = "choose another --dst" if given else "set $STREAMER_CACHE_DIR to a folder"
         raise StreamerError(f"{parent} is a file, not a folder, so {dst} cannot be made: {fix}.")
+    if not os.access(parent, os.W_OK):  # its permissions, or a read-only disk
+        raise StreamerError(f"{parent} is not writable, so {dst} cannot be made: {fix}.")
 
 
 def drop_stale_parts(name: str) -> None:

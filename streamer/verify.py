@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import StreamerError
+from .errors import StreamerError, refusal
 from .io.checkpoint import Checkpoint
 from .io.checksums import (
     Checksums,
@@ -50,8 +50,22 @@ def verify(
 
     folder = Path(folder)
     if is_download(folder):
+        if refresh:
+            raise refusal(
+                lambda say: (
+                    f"{say('refresh')} records a repacked folder's file times, and "
+                    f"{folder} is a download: record its checksums again with {say('record')}."
+                )
+            )
         sidecar = Path(checksums) if checksums is not None else default_sidecar(folder)
         return verify_download(folder, sidecar, record=record, log=log)
+    if record or checksums is not None:  # doing nothing with them said nothing was recorded
+        raise refusal(
+            lambda say: (
+                f"{say('record')} and {say('checksums')} are a download's, and {folder} "
+                "is a repacked folder: its checksums are in its manifest.json, checked without them."
+            )
+        )
     manifest = read_manifest(folder)
     with progress_bar(folder_bytes(folder, manifest), "[verify] checksums", "B") as bar:
         problems = verify_folder(folder, manifest, above(bar, log), bar.update)

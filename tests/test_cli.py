@@ -86,14 +86,52 @@ def test_output_closed_by_its_reader_ends_quietly(checkpoints):
     assert "Exception ignored" not in result.stderr
 
 
-def test_output_to_a_full_device_is_one_line(checkpoints):
-    command = ["generate", "--model", _model(checkpoints), "--prompt", "x", "--max-tokens", "4"]
+@pytest.mark.parametrize(
+    "command", ["generate", "chat", "plan"]
+)  # plan's and chat's were tracebacks
+def test_output_to_a_full_device_is_one_line(checkpoints, command):
+    args = {
+        "generate": ["--model", _model(checkpoints), "--prompt", "x", "--max-tokens", "4"],
+        "chat": ["--model", _model(checkpoints), "--max-tokens", "4"],
+        "plan": [_model(checkpoints)],
+    }[command]
     with open("/dev/full", "w") as full:
-        result = run(*command, check=False, stdout=full)
+        result = subprocess.run(
+            [sys.executable, "-m", "streamer", command, *args],
+            input="hello\n",
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last == "streamer: error: cannot write the output: No space left on device"
+    assert last.endswith("streamer: error: cannot write the output: No space left on device")
     assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+
+
+def test_output_in_an_encoding_without_the_generated_characters(checkpoints):
+    """LANG=en_US.ISO-8859-1 or PYTHONIOENCODING=ascii: a character stdout cannot encode (the
+    tiny model emits U+FFFD for a lone byte token) was a UnicodeEncodeError traceback, and chat's
+    process then aborted ("terminate called without an active exception")."""
+    import os
+
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    sampled = ["--model", _model(checkpoints), "--max-tokens", "60", "--temp", "1", "--seed", "0"]
+    for command, typed in (
+        (["generate", *sampled, "--prompt", "caf\u00e9", "--ignore-chat-template"], None),
+        (["chat", *sampled], "hello\n"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "streamer", *command],
+            input=typed,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert "?" in result.stdout  # what ascii lacks, shown as iconv shows it
 
 
 def test_sampling_arguments_are_checked_before_loading():
@@ -284,3 +322,54 @@ def test_chat_is_described_as_taking_a_download():
     commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
     said = {a.dest: a.help for a in commands._choices_actions}
     assert "MLX download" in said["chat"] and "MLX download" in said["generate"]
+
+
+def test_verify_refuses_the_flags_of_the_other_kind_of_folder(checkpoints):
+    """`--record`/`--checksums` on a repacked folder and `--refresh` on a download did nothing:
+    with --record not even the closing line said so, as if a sidecar had been written."""
+    download = str(checkpoints.mlx("qwen3_moe"))
+    for args, said in (
+        ([_model(checkpoints), "--record"], "--record and --checksums are a download's"),
+        ([_model(checkpoints), "--checksums", "sums.json"], "is a repacked folder"),
+        ([download, "--refresh"], "--refresh records a repacked folder's file times"),
+    ):
+        result = run("verify", *args, check=False)
+        assert result.returncode == 2, result.stderr
+        assert said in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_closed_stderr(checkpoints, tmp_path):
+    """Started with stderr closed (`2>&-`, a daemon's closed descriptors), Python's sys.stderr is
+    None: repack's log lines went to stdout, then its progress bar raised (exit 1, unseen)."""
+    import os
+
+    dst = tmp_path / "model"
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", "repack", str(checkpoints.hf("qwen3_moe")), str(dst)],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.close(2),
+        timeout=300,
+    )
+    assert result.returncode == 0 and result.stdout == ""
+    assert (dst / "manifest.json").is_file()
+
+
+def test_closed_standard_descriptors_are_held_by_dev_null():
+    """With stdin and stderr closed, the first file the command opened took number 0, the next
+    number 2, where a write to stderr (Ctrl-C's line, a native library's) would land in it."""
+    import os
+
+    script = (
+        "import os; from streamer.cli.output import set_up_output; set_up_output(); "
+        "print(os.open(os.devnull, os.O_RDONLY), os.readlink('/proc/self/fd/2'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: (os.close(0), os.close(2)),
+        timeout=60,
+    )
+    number, stderr = result.stdout.split()
+    assert int(number) > 2 and stderr == os.devnull

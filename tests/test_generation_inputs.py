@@ -78,6 +78,10 @@ def test_a_vision_language_model_s_context_is_its_text_config_s(checkpoints):
             ["--prompt", "hi", "--system-prompt", os.fsdecode(b"a\xffb")],
             "--system-prompt is not valid UTF-8 (byte 0xff at offset 1)",
         ),
+        (  # "surrogates not allowed" from the tokenizer before, once the model had loaded
+            ["--prompt", "hi", "--extra-eos-token", os.fsdecode(b"caf\xe9")],
+            "--extra-eos-token is not valid UTF-8 (byte 0xe9 at offset 3)",
+        ),
     ],
 )
 def test_cli_refuses_bad_generation_input_before_loading(argv, message, capsys):

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import signal
@@ -370,12 +371,59 @@ def test_names_and_destinations_pull_refuses_before_asking_the_hub(tmp_path, cap
     assert (folder / "notes.txt").read_text() == "keep"
 
 
+def test_a_hugging_face_cache_that_cannot_be_written(hub, tmp_path):
+    """A file limit (`ulimit -f`; a full disk alike) and a cache under a file were "the download
+    failed (OSError: [Errno 27] File too large); ... resumes", the second one untrue."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    process = start(hub, "pull", "tiny-org/Tiny-BF16", preexec_fn=limited)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 2, err
+    assert re.search(
+        r"streamer: error: the download of tiny-org/Tiny-BF16 failed: a file in .*hf-cache grew "
+        r"past the largest file allowed .*, then run `streamer pull tiny-org/Tiny-BF16` again: "
+        r"it resumes\.$",
+        err.strip(),
+    ), err
+    (tmp_path / "afile").write_text("mine")
+    hub.env["HF_HUB_CACHE"] = str(tmp_path / "afile" / "hub")
+    status, _, err = run(hub, "pull", "tiny-org/Tiny-BF16")
+    assert status == 2 and err.strip().splitlines()[-1] == (
+        f"streamer: error: cannot write the Hugging Face cache (Not a directory: "
+        f"{tmp_path / 'afile' / 'hub'}): set $HF_HUB_CACHE to a writable folder."
+    ), err
+
+
+def test_a_destination_in_a_folder_not_writable_is_refused_before_the_weights(
+    hub, in_process, tmp_path, monkeypatch, capsys
+):
+    """$STREAMER_CACHE_DIR in a folder of another user's or on a read-only disk: the whole
+    download ran, then repack refused the folder (`cannot create ...partial: Permission denied`)."""
+    import streamer.pull
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    # as a folder of another user's answers (root ignores modes)
+    monkeypatch.setattr(
+        streamer.pull.os, "access", lambda path, mode: path != locked and real_access(path, mode)
+    )
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(locked / "cache"))
+    error = refused(["pull", "tiny-org/Tiny-BF16"], capsys)
+    assert f"{locked} is not writable, so {locked}/cache/models/tiny-org--Tiny-BF16" in error
+    assert "set $STREAMER_CACHE_DIR to a writable folder" in error
+    assert not any(path.endswith(".safetensors") for _, path, _ in hub.requests)
+
+
 def test_a_destination_under_a_file_is_refused_before_the_weights(hub, tmp_path):
     """$STREAMER_CACHE_DIR naming a file, or a --dst under one: the whole download ran, then
     repack refused the folder (`cannot create .../.org--name.partial: Not a directory`)."""
     (tmp_path / "afile").write_text("mine")
     for argv, env, fix in [
-        ([], str(tmp_path / "afile"), "set $STREAMER_CACHE_DIR to a folder"),
+        ([], str(tmp_path / "afile"), "set $STREAMER_CACHE_DIR to a writable folder"),
         (["--dst", str(tmp_path / "afile" / "x")], hub.env["STREAMER_CACHE_DIR"], "another --dst"),
     ]:
         hub.env["STREAMER_CACHE_DIR"] = env

@@ -180,3 +180,54 @@ def test_a_folder_of_someone_elses_named_like_the_partial(small_source, tmp_path
     assert (mine / "notes.txt").read_text() == "keep me"
     (mine / "notes.txt").unlink()  # an empty one (a kill right after it was made) is reused
     repack(small_source, tmp_path / "model", **QUIET)
+
+
+def test_a_file_size_limit_is_one_line_and_leaves_nothing(small_source, tmp_path):
+    """`ulimit -f` (or a FAT32 disk's 4 GiB) fails a write with EFBIG (Python ignores SIGXFSZ).
+    At the first file repack wrote a traceback, and split named the source file as the fault."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    def refused(*argv: str) -> str:
+        command = [sys.executable, "-m", "streamer", *argv]
+        result = subprocess.run(command, capture_output=True, text=True, preexec_fn=limited)
+        lines = result.stderr.splitlines()
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        return lines[-1]
+
+    before = snapshot(small_source)
+    model = tmp_path / "model"
+    error = refused("repack", str(small_source), str(model))
+    assert re.fullmatch(
+        r"streamer: error: repacking failed: a file in .* grew past the largest file allowed "
+        r"there .*`ulimit -f`\)\. Choose .*, then run the same command again\.",
+        error,
+    )
+    assert list(tmp_path.iterdir()) == [] and snapshot(small_source) == before
+    repack(small_source, model, **QUIET)  # once the limit is gone
+    error = refused("split", str(model), str(tmp_path / "share"), "--shard", "0/2")
+    assert re.fullmatch(r"streamer: error: splitting failed: a file in .* grew past .*", error)
+    assert list(tmp_path.iterdir()) == [model]
+
+
+def test_a_tmpdir_that_cannot_be_written(checkpoints, tmp_path, monkeypatch):
+    """MLX compiles its CPU kernels under TMPDIR: one this user cannot write (or on a read-only
+    disk) was a RuntimeError traceback at the first token (`cannot create directories`)."""
+    import streamer.io.files
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    # as a folder of another user's answers (root ignores modes)
+    monkeypatch.setattr(
+        streamer.io.files.os,
+        "access",
+        lambda path, mode: path != locked and real_access(path, mode),
+    )
+    monkeypatch.setenv("TMPDIR", str(locked))
+    with pytest.raises(
+        StreamerError, match=rf"TMPDIR is {locked}, where {locked} cannot be written"
+    ):
+        streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))

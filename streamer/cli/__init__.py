@@ -12,7 +12,13 @@ from ..errors import StreamerError
 from . import demo, generate, info, launch, plan, pull, repack, serve, verify
 from .demo import DEMO_MODEL
 from .interrupts import caused_by_ctrl_c, exiting_on_ctrl_c, interrupted_status
-from .output import OutputFailed, error_line, report, silence_output
+from .output import (
+    OutputFailed,
+    error_line,
+    report,
+    set_up_output,
+    silence_output,
+)
 
 __all__ = ["DEMO_MODEL", "main", "parser"]
 
@@ -108,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     and a closed or full output ends quietly, as Unix tools end."""
     # called as the program (no argv given), a Ctrl-C once the command is done is ignored; in a
     # process that goes on, the caller's handler comes back
+    if argv is None:  # the program: its output is its own to set up
+        set_up_output()
     with exiting_on_ctrl_c(restore=argv is not None):
         return _run(argv)
 

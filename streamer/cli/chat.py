@@ -15,6 +15,7 @@ from ..server.api import Completion, Sampling
 from ..server.engine import Done, Engine, Job, Step, fit
 from ..server.fields import ApiError
 from ..server.prompts import prompt_tokens
+from .output import OutputFailed, emit
 from .repl import HELP, Reader, command, not_text
 
 
@@ -149,14 +150,17 @@ def _answer(job: Job, stdout: TextIO, stderr: TextIO) -> tuple[str, Done | None]
                 return "".join(parts), None
             if isinstance(event, Step):
                 for call in event.piece.tool_calls:
-                    print(f"[tool call] {call.strip()}", file=stdout)
+                    emit(f"[tool call] {call.strip()}", file=stdout)
                 parts.append(event.piece.content)
-                print(event.piece.content, end="", file=stdout, flush=True)
-    except KeyboardInterrupt:
+                emit(event.piece.content, end="", file=stdout)
+    except (KeyboardInterrupt, OutputFailed) as stop:
+        # the answer stops here: the engine's thread must not be computing it as the process ends
         job.cancelled.set()
         while not isinstance(event := job.events.get(timeout=60), (Done, ApiError)):
             pass
+        if isinstance(stop, OutputFailed):
+            raise
         print("\n[chat] interrupted", file=stderr)
         return "".join(parts), event if isinstance(event, Done) else None
-    print(file=stdout, flush=True)
+    emit(file=stdout)
     return "".join(parts), event

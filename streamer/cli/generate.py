@@ -19,7 +19,7 @@ from .options import (
     load_options,
     model_folder,
     prompt,
-    system_prompt,
+    text_flags,
 )
 from .output import emit
 
@@ -60,7 +60,7 @@ def generate(args: argparse.Namespace) -> int:
             "model."
         )
     text = prompt(args)  # before the slow imports: bad input fails fast
-    system_prompt(args)
+    text_flags(args)
     if args.chat and args.ignore_chat_template:
         raise StreamerError(
             "--chat asks for the chat template and --ignore-chat-template for none: pass one."

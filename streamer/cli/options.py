@@ -226,11 +226,14 @@ def prompt(args: argparse.Namespace) -> str:
     return text
 
 
-def system_prompt(args: argparse.Namespace) -> None:
-    """--system-prompt checked as the prompt is: bytes that are not UTF-8 reached the template as
-    lone surrogates (a traceback in the tokenizer, or every chat turn refused)."""
+def text_flags(args: argparse.Namespace) -> None:
+    """--system-prompt and --extra-eos-token checked as the prompt is: bytes that are not UTF-8
+    reached the template as lone surrogates (a traceback in the tokenizer, or every chat turn
+    refused), and the tokenizer, after loading, as "surrogates not allowed"."""
     if args.system_prompt is not None:
         _utf8(os.fsencode(args.system_prompt), "--system-prompt")
+    for token in getattr(args, "extra_eos_token", []):
+        _utf8(os.fsencode(token), "--extra-eos-token")
 
 
 def _utf8(raw: bytes, what: str) -> str:

@@ -6,6 +6,7 @@ import argparse
 
 from ..arguments import KV_BITS, KV_GROUP_SIZES
 from .options import add_quantize, quantize_option, size
+from .output import emit
 
 
 def add_parser(sub) -> None:
@@ -47,4 +48,4 @@ def plan(args: argparse.Namespace) -> None:
     # --quantize plans a repack of the download; without it, a pulled name is its repacked folder
     source = resolve(args.source) if quantize else model_path(args.source)
     result = plan(source, memory, quantize=quantize, dtype=default_dtype(), kv=kv)
-    print(result.json() if args.json else "\n".join(result.lines()))
+    emit(result.json() if args.json else "\n".join(result.lines()))

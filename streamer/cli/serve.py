@@ -28,7 +28,7 @@ from .options import (
     check_sampling_flags,
     load_options,
     model_folder,
-    system_prompt,
+    text_flags,
 )
 
 API_KEY_ENV = "STREAMER_API_KEY"
@@ -151,7 +151,7 @@ def chat(args: argparse.Namespace) -> None:
         raise StreamerError(CLOSED_STDIN.format("chat reads the conversation"))
     if hasattr(sys.stdin, "reconfigure"):  # a text stream: a line not UTF-8 refused, not fatal
         sys.stdin.reconfigure(errors="surrogateescape")
-    system_prompt(args)
+    text_flags(args)
     check_sampling_flags(args)
     options, disk = kv_options(args), disk_option(args)
     check_drafting(args)

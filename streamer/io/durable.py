@@ -5,6 +5,7 @@ the new one."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from pathlib import Path
@@ -32,3 +33,24 @@ def write_json_atomic(path: Path, data: dict) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def write_failure(error: OSError, folder: Path) -> tuple[str, str]:
+    """Why writing into `folder` failed, and what to do first ("" where only the user can
+    tell), for a one-line error."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the disk holding {folder} is full", "free space"
+    if error.errno == errno.EFBIG:  # a FAT32 disk's 4 GiB, or `ulimit -f` (SIGXFSZ is ignored)
+        return (
+            f"a file in {folder} grew past the largest file allowed there (by its file system, "
+            "or by `ulimit -f`)",
+            "choose a destination on another file system or raise the limit",
+        )
+    where = f" ({error.filename})" if error.filename else ""
+    return f"an I/O error: {error.strerror or error}{where}", ""
+
+
+def next_step(fix: str, then: str) -> str:
+    """`write_failure`'s fix, if any, then `then`, as a sentence."""
+    step = f"{fix}, then {then}" if fix else then
+    return step[0].upper() + step[1:]

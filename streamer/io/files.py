@@ -89,13 +89,26 @@ def check_utf8_path(path: Path | str, what: str) -> None:
 
 
 def check_tmpdir() -> None:
-    """MLX's CPU backend compiles kernels into the temporary folder and fails at the first
-    token (`temp_directory_path: No such file or directory`) if TMPDIR names none."""
+    """MLX's CPU backend compiles kernels into TMPDIR/mlx/VERSION/cpu and fails at the first
+    token if it cannot: `temp_directory_path: No such file or directory` where TMPDIR names no
+    folder, `cannot create directories: Permission denied` (a traceback) where it cannot write."""
     tmpdir = os.environ.get("TMPDIR")
-    if tmpdir and not os.path.isdir(tmpdir):
+    if not tmpdir:
+        return
+    if not os.path.isdir(tmpdir):
         raise StreamerError(
             f"TMPDIR is {tmpdir}, which is not a folder: MLX writes its compiled kernels there. "
             "Create it, or unset TMPDIR."
+        )
+    import mlx.core as mx
+
+    kernels = Path(tmpdir, "mlx", mx.__version__, "cpu")
+    while not kernels.exists() and kernels != Path(tmpdir):
+        kernels = kernels.parent
+    if not os.access(kernels, os.W_OK | os.X_OK):  # its permissions, or a read-only disk
+        raise StreamerError(
+            f"TMPDIR is {tmpdir}, where {kernels} cannot be written: MLX writes its compiled "
+            "kernels there. Fix its permissions, or set TMPDIR to a writable folder."
         )
 
 

@@ -10,7 +10,6 @@ resume).
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import sys
@@ -18,6 +17,7 @@ import zlib
 from pathlib import Path
 
 from ..errors import StreamerError
+from ..io.durable import next_step, write_failure
 from ..io.integrity import check_files, data_files, file_stat
 from ..io.lock import lock_directory, lock_for_replacing
 from ..io.manifest import (
@@ -166,9 +166,5 @@ def _shard_bytes(src: Path, manifest: Manifest, owned: list[list[int]]) -> int:
 
 
 def _io_error(error: OSError, partial: Path) -> StreamerError:
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StreamerError(
-            f"the disk holding {partial.parent} is full: free space and split again."
-        )
-    where = f" ({error.filename})" if error.filename else ""
-    return StreamerError(f"splitting failed with an I/O error: {error.strerror or error}{where}.")
+    why, fix = write_failure(error, partial.parent)
+    return StreamerError(f"splitting failed: {why}. {next_step(fix, 'split again.')}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import StreamerError
 from ..io.checkpoint import INDEX_FILE, TOKENIZER_FILES, has_tokenizer_files
-from ..io.durable import fsync_dir
+from ..io.durable import fsync_dir, next_step, write_failure
 from ..io.files import check_utf8_path
 from ..io.json_file import encode_tagged_floats, read_json_object
 from ..io.lock import lock_directory, repack_in_use
@@ -148,6 +148,8 @@ def failed(
     keep = consumed or (not isinstance(error, StreamerError) and sidecar.started)
     if not keep or not partial.exists():
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(error, OSError):  # the first file failed: nothing is left to resume
+            return _io_failed(error, partial, needed_bytes, "run the same command again.")
         return error
     done = f"{len(sidecar.layers)}/{num_layers} MoE layers are kept in {partial}"
     again = (
@@ -160,15 +162,14 @@ def failed(
         what = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
         log(f"[repack] {what}: {done}; {again}.")
         return error
+    return _io_failed(error, partial, needed_bytes, f"{again}. ({done}.)")
+
+
+def _io_failed(error: OSError, partial: Path, needed_bytes: int, then: str) -> StreamerError:
+    why, fix = write_failure(error, partial.parent)
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StreamerError(
-            f"the disk holding {partial.parent} is full: the repacked model needs about "
-            f"{size_text(needed_bytes)} in all. Free space, then {again}. ({done}.)"
-        )
-    where = f" ({error.filename})" if error.filename else ""
-    return StreamerError(
-        f"repacking failed with an I/O error: {error.strerror or error}{where}. {done}; {again}."
-    )
+        why += f" (the repacked model needs about {size_text(needed_bytes)} in all)"
+    return StreamerError(f"repacking failed: {why}. {next_step(fix, then)}")
 
 
 def warn_without_tokenizer(src: Path, log) -> None:
