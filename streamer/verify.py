@@ -62,8 +62,8 @@ def verify(
     if record or checksums is not None:  # doing nothing with them said nothing was recorded
         raise refusal(
             lambda say: (
-                f"{say('record')} and {say('checksums')} are a download's, and {folder} "
-                "is a repacked folder: its checksums are in its manifest.json, checked without them."
+                f"{say('record')} and {say('checksums')} are a download's, and {folder} is a "
+                "repacked folder: its checksums are in its manifest.json, checked without them."
             )
         )
     manifest = read_manifest(folder)

@@ -64,6 +64,18 @@ def open_deleted_files() -> list[str]:
     return found
 
 
+def interrupted_at_layer_3(source: Path, dst: Path) -> None:
+    """A --delete-source repack of `source` into `dst`, Ctrl-C at its third layer: some source
+    shards consumed (their stand-ins in the partial folder), the rest kept."""
+
+    def interrupt(line: str) -> None:
+        if "layer 3/4" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        repack(source, dst, delete_source=True, log=interrupt)
+
+
 def test_each_shard_goes_once_written_and_the_disk_peak_is_as_predicted(
     source, reference, tmp_path
 ):
@@ -101,13 +113,8 @@ def test_each_shard_goes_once_written_and_the_disk_peak_is_as_predicted(
 def test_an_interrupted_repack_resumes_from_the_stand_ins(source, reference, tmp_path):
     dst, partial = tmp_path / "model", tmp_path / ".model.partial"
 
-    def interrupt(line: str) -> None:
-        if "layer 3/4" in line:
-            raise KeyboardInterrupt
-
     before = shards(source)
-    with pytest.raises(KeyboardInterrupt):
-        repack(source, dst, delete_source=True, log=interrupt)
+    interrupted_at_layer_3(source, dst)
     gone = set(before) - set(shards(source))
     assert gone and set(shards(source))  # some shards consumed, the rest kept
     assert {p.name for p in (partial / "consumed").iterdir()} == gone
@@ -126,12 +133,7 @@ def test_resume_without_a_progress_file_keeps_the_only_copy(source, tmp_path):
     the only copy of the deleted shards' data. Now refused, the folder kept."""
     dst, partial = tmp_path / "model", tmp_path / ".model.partial"
 
-    def interrupt(line: str) -> None:
-        if "layer 3/4" in line:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        repack(source, dst, delete_source=True, log=interrupt)
+    interrupted_at_layer_3(source, dst)
     (partial / "progress.json").unlink()
     before = files(partial)
     with pytest.raises(
@@ -153,12 +155,7 @@ def test_a_kept_shard_rewritten_at_its_size_is_refused_naming_it(source, tmp_pat
     starting over cannot (the deleted shards' only copy is the partial folder): restore it."""
     dst, partial = tmp_path / "model", tmp_path / ".model.partial"
 
-    def interrupt(line: str) -> None:
-        if "layer 3/4" in line:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        repack(source, dst, delete_source=True, log=interrupt)
+    interrupted_at_layer_3(source, dst)
     shard = sorted(source.glob("*.safetensors"))[-1]
     rewrite_at_its_size(shard)
     before = files(partial)
