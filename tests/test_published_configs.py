@@ -1,14 +1,48 @@
-"""Published config.json forms the tiny fixtures do not write: Hunyuan-A13B's per-layer lists."""
+"""Published downloads the other tests do not write: more families at their real sizes (sparse:
+no disk used), and Hunyuan-A13B's per-layer lists at a tiny size."""
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
+import pytest
 from conftest import reference_model
 from test_parity import PROMPT, assert_exactly_as
 
 import streamer
 from fixtures import tiny_config, write_hf_checkpoint
+from fixtures.published_downloads import PUBLISHED_DOWNLOADS, write_sparse_download
+from streamer.io.safetensors import read_header
+from streamer.plan import plan
 from streamer.repack import repack
+
+
+def parameters(folder) -> int:
+    """The download's parameter count from its headers (MXFP4 blocks: two to a byte; scales and
+    FP8's block scales are not parameters)."""
+    count = 0
+    for shard in folder.glob("*.safetensors"):
+        for name, info in read_header(shard).items():
+            if not name.endswith(("_scales", "_scale_inv")):
+                count += info.nbytes * 2 if name.endswith("_blocks") else math.prod(info.shape)
+    return count
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_DOWNLOADS))
+def test_a_published_download_plans_at_its_published_size(tmp_path, name):
+    """Planned from its headers exactly as repack will write it (make_recipe maps every expert
+    tensor under the family's names and refuses one left over as resident): the download holds
+    the published parameter count, every byte of it is counted, and the experts are most of it."""
+    config, billions, fp8 = PUBLISHED_DOWNLOADS[name]
+    folder = write_sparse_download(tmp_path / "download", config, fp8=fp8)
+    assert abs(parameters(folder) / 1e9 / billions - 1) < 0.025
+    found = plan(folder, 1 << 40)
+    data = sum(
+        info.nbytes for f in folder.glob("*.safetensors") for info in read_header(f).values()
+    )
+    assert found.download_bytes == data and found.runs
+    assert 0.7 * found.disk_bytes < found.expert_bytes < found.disk_bytes
 
 
 def test_hunyuan_per_layer_lists_stream_as_mlx_lm_computes_them(tmp_path):
