@@ -9,6 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 from ..errors import StreamerError
 from ..families.architectures import container_projections, quantization_of
@@ -21,6 +22,7 @@ from ..io.safetensors import (
     nonfinite_count,
     read_header,
     to_mlx,
+    write_safetensors,
 )
 from .recipe import Recipe
 from .sources import KIND_ORDER
@@ -134,6 +136,18 @@ def write_layer(
         tuple(offsets),
         tuple(crcs),
     )
+
+
+def write_resident(
+    recipe: Recipe, items: list[tuple[str, mx.array]], path: Path, written
+) -> dict[str, int]:
+    """Write the resident weights `items` (recipe.resident_items()) to `path`; return each one's
+    crc32. The model and the checkpoint's lazily loaded shards let them go first, so each is
+    freed once written: they held them all to the end (DeepSeek-V3's 34 GB from its FP8
+    download, whose largest is 1.9 GB)."""
+    recipe.model.update(tree_unflatten([(name, mx.array(0)) for name, _ in items]))
+    recipe.sources.ckpt.forget_lazy()
+    return write_safetensors(path, items, written=written, release=True)
 
 
 def layer_file(index: int) -> str:
