@@ -13,6 +13,7 @@ from test_parity import PROMPT, assert_exactly_as
 import streamer
 from fixtures import tiny_config, write_hf_checkpoint
 from fixtures.published_downloads import PUBLISHED_DOWNLOADS, write_sparse_download
+from streamer.families.config import check_config
 from streamer.io.safetensors import read_header
 from streamer.plan import plan
 from streamer.repack import repack
@@ -58,3 +59,12 @@ def test_hunyuan_per_layer_lists_stream_as_mlx_lm_computes_them(tmp_path):
     model, tokenizer = streamer.load(tmp_path / "out", memory_budget=0, dtype=mx.float32)
     assert [layer.mlp.top_k for layer in model.model.layers] == [2, 3]
     assert_exactly_as(model, reference_model(src), mx.array(tokenizer.encode(PROMPT)), 8)
+
+
+def test_fewer_layers_than_the_full_attention_interval_is_refused_with_the_field():
+    """Qwen3-Next with fewer layers than full_attention_interval has no full attention layer:
+    mlx-lm's model reads its attention mask from layer interval - 1's cache, and the first token
+    was an IndexError traceback from `streamer generate`, after a repack had written it all."""
+    config = tiny_config("qwen3_next", num_hidden_layers=2, mlp_only_layers=[])
+    with pytest.raises(streamer.StreamerError, match="full_attention_interval is 4, expected at"):
+        check_config(config, "config.json")
