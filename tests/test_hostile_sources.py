@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tracemalloc
 
 import mlx.core as mx
 import numpy as np
@@ -17,7 +18,7 @@ import streamer
 from fixtures import tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
 from streamer.io.safetensors import read_header, to_mlx, write_safetensors
-from streamer.repack import repack
+from streamer.repack import records, repack
 
 QUIET = {"log": lambda _: None}
 
@@ -63,6 +64,28 @@ def test_nan_and_inf_weights_are_reported_not_fatal(src, tmp_path):
         "model.layers.1.mlp.switch_mlp expert 5 tensor gate_proj.weight" in w for w in warnings
     ), logs
     assert "2 tensor(s) hold NaN/Inf values" in warnings[-1]
+
+
+def test_a_large_resident_tensor_is_checked_for_nan_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """The resident file's NaN/Inf check read each tensor whole and compared it whole: about 2.5x
+    the largest one (Kimi K2's or Llama 4's 2 GB embedding) on top of the weights the repack
+    holds. A chunk at a time, values on either side of a chunk's edge still counted."""
+    monkeypatch.setattr(records, "CHECK_CHUNK", 4096)  # 1024 float32 values
+    values = np.zeros(1 << 18, np.float32)  # 1 MiB
+    values[[0, 1023, 1024, (1 << 18) - 1]] = [np.nan, np.inf, -np.inf, np.nan]
+    path = tmp_path / "resident.safetensors"
+    write_safetensors(path, [("model.embed_tokens.weight", mx.array(values))])
+    logs = []
+    tracemalloc.start()
+    try:
+        records.NonfiniteWarnings(logs.append).check_file(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert logs == [
+        "[repack] warning: resident tensor 'model.embed_tokens.weight' holds 4 NaN/Inf value(s)."
+    ]
+    assert peak < 64 << 10  # a few chunks, not the tensor's 1 MiB
 
 
 def test_symlink_loops_in_the_model_folder(src, tmp_path):

@@ -178,6 +178,11 @@ class Checkpoint:
             self._lazy_shards[path] = mx.load(str(path))
         return self._lazy_shards[path][name]
 
+    def forget_lazy(self) -> None:
+        """Let go of the lazily loaded shards: a tensor evaluated from them is then freed once its
+        last other holder lets go (a later `lazy` loads its shard again)."""
+        self._lazy_shards.clear()
+
     def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
         """`length` bytes of a tensor from byte `start` within it (whole tensor by default)."""
         length = info.nbytes - start if length is None else length

@@ -197,12 +197,15 @@ def write_safetensors(
     metadata: dict[str, str] | None = None,
     dtypes: dict[str, str] | None = None,
     written: Callable[[int], object] = lambda _: None,
+    release: bool = False,
 ) -> dict[str, int]:
     """Write tensors one at a time (each evaluated just before it is written); return crc32 per
     name. `written` is told each tensor's bytes once they are written (a progress bar).
 
-    The header is computed from lazy shapes and dtypes, so peak memory is one tensor, not the file.
-    `dtypes` names the safetensors dtype of tensors mlx cannot type itself (F8_E4M3 held as uint8).
+    The header is computed from lazy shapes and dtypes, so peak memory is one tensor, not the file,
+    where the caller holds them lazy; `release` empties `tensors` as they are written, so that
+    tensors nothing else holds are freed once written. `dtypes` names the safetensors dtype of
+    tensors mlx cannot type itself (F8_E4M3 held as uint8).
     """
     header: dict[str, object] = {"__metadata__": metadata or {"format": "mlx"}}
     offset = 0
@@ -220,12 +223,20 @@ def write_safetensors(
     checksums = {}
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
-        for name, arr in tensors:
+        for index in range(len(tensors)):
+            name, arr = tensors[index]
+            if release:
+                tensors[index] = (name, None)
             mx.eval(arr)
             data = memoryview(mx.contiguous(arr)).cast("B")
             checksums[name] = zlib.crc32(data)
             f.write(data)
             written(len(data))
+            del arr, data
+            if release:
+                mx.clear_cache()  # else MLX keeps the freed buffer for arrays of its size
+        if release:
+            tensors.clear()
         f.flush()
         os.fsync(f.fileno())
     return checksums

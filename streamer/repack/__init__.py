@@ -26,12 +26,11 @@ from ..io.checkpoint import Checkpoint
 from ..io.integrity import file_stat
 from ..io.lock import lock_for_replacing
 from ..io.manifest import RESIDENT_FILE, Manifest, read_manifest, write_manifest
-from ..io.safetensors import write_safetensors
 from ..io.sizes import size_text
 from ..progress import above, progress_bar
 from . import consume, publish
 from .recipe import Quantize, Recipe, make_recipe
-from .records import NonfiniteWarnings, record_bytes, write_layer
+from .records import NonfiniteWarnings, record_bytes, write_layer, write_resident
 from .resume_sidecar import SIDECAR_FILE, ResumeSidecar, SourceIdentity, source_identity
 
 __all__ = ["Quantize", "disk_needs", "recipe_disk_needs", "repack"]
@@ -217,7 +216,7 @@ def write_model(
         items = recipe.resident_items()
         with progress_bar(sum(a.nbytes for _, a in items), "[repack] resident", "B") as bar:
             try:
-                crcs = write_safetensors(out / RESIDENT_FILE, items, written=bar.update)
+                crcs = write_resident(recipe, items, out / RESIDENT_FILE, bar.update)
             except RuntimeError:  # MLX's read of a shard cut short under it
                 recipe.sources.ckpt.check_unchanged()
                 raise

@@ -9,13 +9,21 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 from ..errors import StreamerError
 from ..families.architectures import container_projections, quantization_of
 from ..families.mlx_lm_models import models_without_package_init
 from ..io.manifest import RECORD_ALIGN, TENSOR_ALIGN, ExpertTensor, MoeLayer
 from ..io.mapping import align
-from ..io.safetensors import MLX_TO_SAFETENSORS, nonfinite_count, read_header, to_mlx
+from ..io.safetensors import (
+    MLX_TO_SAFETENSORS,
+    itemsize,
+    nonfinite_count,
+    read_header,
+    to_mlx,
+    write_safetensors,
+)
 from .recipe import Recipe
 from .sources import KIND_ORDER
 
@@ -23,6 +31,9 @@ with models_without_package_init():
     from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 MAX_NONFINITE_WARNINGS = 20
+# bytes of a resident tensor checked at once: its largest (a 2 GB embedding at Kimi K2's or
+# Llama 4's size) read whole took about 2.5x its size beside the weights the repack holds
+CHECK_CHUNK = 64 << 20
 
 Part = tuple[str, str, tuple[int, ...], bytes]  # (name, safetensors dtype, shape, bytes)
 
@@ -34,7 +45,9 @@ class NonfiniteWarnings:
         self.log, self.count = log, 0
 
     def check(self, where: str, dtype: str, data) -> None:
-        found = nonfinite_count(data, dtype)
+        self.report(where, nonfinite_count(data, dtype))
+
+    def report(self, where: str, found: int) -> None:
         if found:
             self.count += 1
             if self.count <= MAX_NONFINITE_WARNINGS:
@@ -44,7 +57,12 @@ class NonfiniteWarnings:
         with open(path, "rb") as f:
             for name, info in read_header(path).items():
                 f.seek(info.start)
-                self.check(f"resident tensor '{name}'", info.dtype, f.read(info.nbytes))
+                chunk = CHECK_CHUNK - CHECK_CHUNK % itemsize(info.dtype)  # whole values each
+                found = sum(
+                    nonfinite_count(f.read(min(chunk, info.nbytes - at)), info.dtype)
+                    for at in range(0, info.nbytes, chunk)
+                )
+                self.report(f"resident tensor '{name}'", found)
 
     def summary(self) -> None:
         if self.count:
@@ -118,6 +136,18 @@ def write_layer(
         tuple(offsets),
         tuple(crcs),
     )
+
+
+def write_resident(
+    recipe: Recipe, items: list[tuple[str, mx.array]], path: Path, written
+) -> dict[str, int]:
+    """Write the resident weights `items` (recipe.resident_items()) to `path`; return each one's
+    crc32. The model and the checkpoint's lazily loaded shards let them go first, so each is
+    freed once written: they held them all to the end (DeepSeek-V3's 34 GB from its FP8
+    download, whose largest is 1.9 GB)."""
+    recipe.model.update(tree_unflatten([(name, mx.array(0)) for name, _ in items]))
+    recipe.sources.ckpt.forget_lazy()
+    return write_safetensors(path, items, written=written, release=True)
 
 
 def layer_file(index: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import types
 import typing
 
 from .field_error import bad_field
@@ -17,6 +18,11 @@ NEVER_NULL = (*TOP_K, *EXPERT_COUNTS, "rope_theta", "rms_norm_eps")
 # Fields whose null replaces the default mlx-lm's args give them and reaches the router's
 # arithmetic, where ranges.null_computed says it does
 ROUTER_NUMBERS = ("n_group", "topk_group", "routed_scaling_factor")
+# Fields a model reads per layer from a list, one entry per layer, though its ModelArgs annotates
+# them a number: mlx-lm's hunyuan (`_int_or_list`), for Hunyuan-A13B's published config.json,
+# which lists moe_topk and num_shared_expert per layer.
+PER_LAYER_LISTS: dict[str, tuple[str, ...]] = {"hunyuan": ("moe_topk", "num_shared_expert")}
+UNIONS = (typing.Union, types.UnionType)  # Optional[int], and int | list[int]
 
 
 def text_args_class(model_class: type):
@@ -31,6 +37,8 @@ def text_args_class(model_class: type):
 def check_declared_types(config: dict, args_class: type, where, prefix: str = "") -> None:
     hints = typing.get_type_hints(args_class)
     model_file = args_class.__module__.rsplit(".", 1)[1]
+    for name in PER_LAYER_LISTS.get(config.get("model_type"), ()):
+        hints[name] = hints[name] | list[hints[name]]
     for f in dataclasses.fields(args_class):
         if config.get(f.name) is None:
             required = f.name in NEVER_NULL and _required(f, hints[f.name])
@@ -52,7 +60,7 @@ def _matches(value: object, hint) -> bool:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is typing.Any:
         return True
-    if origin is typing.Union:
+    if origin in UNIONS:
         return any(_matches(value, a) for a in args)
     if hint is type(None):
         return value is None
@@ -75,7 +83,7 @@ def _matches(value: object, hint) -> bool:
 
 def _describe(hint) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Union:
+    if origin in UNIONS:
         return " or ".join(_describe(a) for a in args)
     if origin is list:
         return f"a list of {_describe(args[0])}" if args else "a list"

@@ -160,6 +160,11 @@ def check_ranges(config: dict, where, prefix: str, model_file: str | None = None
             and all(type(v) is int and 0 <= v < (layers or 1) for v in value)
         ):
             raise bad_field(where, prefix + name, value, f"a list of layer numbers below {layers}")
+    interval = config.get("full_attention_interval")  # Qwen3-Next's, Qwen3.5's: typed above
+    if type(interval) is int and type(layers) is int and interval > layers:
+        # mlx-lm's model masks its attention from layer interval - 1's cache: an IndexError
+        want = f"at most num_hidden_layers ({layers}): the model needs a full attention layer"
+        raise bad_field(where, prefix + "full_attention_interval", interval, want)
     types = config.get("layer_types")
     if types is not None and not (
         isinstance(types, list)
