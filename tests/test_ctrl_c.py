@@ -149,3 +149,19 @@ def test_sigterm_while_chat_answers_ends_the_chat(model):
         assert "[chat] interrupted" not in stderr
     finally:
         os.close(typing)
+
+
+def test_sighup_ignored_from_the_start_stays_ignored(model):
+    """`nohup streamer chat`: SIGHUP, ignored by the parent's choice, must not end it."""
+    process = subprocess.Popen(
+        [*STREAMER, "chat", "--model", model],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    read_until(process.stderr, ">> ")
+    process.send_signal(signal.SIGHUP)
+    _, stderr = process.communicate("/quit\n", timeout=120)
+    assert process.returncode == 0, stderr
