@@ -13,6 +13,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from .errors import StreamerError
+from .io.descriptors import allow_mlx_lm
+
+allow_mlx_lm()  # before anything imports mlx-lm, whose import sets the open-file limit
 
 if TYPE_CHECKING:
     from .generate import generate, stream_generate

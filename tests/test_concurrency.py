@@ -50,7 +50,9 @@ def test_two_processes_generate_from_the_same_folder_at_once(checkpoints):
         assert stdout == text + "\n"  # greedy: exactly the single-process output
 
 
-def test_ctrl_c_during_generation_prints_stats_and_exits_130(checkpoints):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_during_generation_prints_stats_and_exits_130(checkpoints, signum):
+    """SIGTERM (`kill`) stops it as Ctrl-C does, with 143: Python's default ended it silently."""
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     process = subprocess.Popen(
         generate_command(folder, "Once upon a time", 2000),
@@ -58,10 +60,10 @@ def test_ctrl_c_during_generation_prints_stats_and_exits_130(checkpoints):
         stderr=subprocess.PIPE,
     )
     assert process.stdout.read(1)  # it is generating
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
     stderr = stderr.decode()
-    assert process.returncode == 130, stderr
+    assert process.returncode == 128 + signum, stderr
     assert "[interrupted]" in stderr and "decode:" in stderr and "tok/s" in stderr
     assert "Traceback" not in stderr
 

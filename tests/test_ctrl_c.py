@@ -1,7 +1,9 @@
 """Ctrl-C as a user presses it, at the moments each command handles differently: while starting
 (imports, loading: the process ends at once), while serving (the engine closes first) and at
 chat's prompt. Each exits 130 with `streamer: interrupted` and no traceback. Ctrl-C during
-repack is tests/test_repack_interrupted.py's, during generation tests/test_concurrency.py's."""
+repack is tests/test_repack_interrupted.py's, during generation tests/test_concurrency.py's.
+SIGTERM (`kill`, `systemctl stop`) and SIGHUP (a closed terminal) take Ctrl-C's path, exit 128 +
+their number: Python's default ended the process on the spot, silently."""
 
 from __future__ import annotations
 
@@ -34,19 +36,21 @@ def read_until(stream, text: str) -> str:
     return seen
 
 
-def assert_interrupted(process: subprocess.Popen, before: str = "") -> None:
-    process.send_signal(signal.SIGINT)
+def assert_interrupted(process: subprocess.Popen, before: str = "", signum=signal.SIGINT) -> str:
+    """Send `signum` and check the process ends as Ctrl-C ends it, with 128 + its number."""
+    process.send_signal(signum)
     _, rest = process.communicate(timeout=120)
     stderr = before + rest
-    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    assert process.returncode == 128 + signum and "Traceback" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == "streamer: interrupted", stderr
+    return stderr
 
 
 def test_ctrl_c_while_importing_and_loading_exits_130_without_a_traceback(model):
     command = [*STREAMER, "generate", "--model", model, "--prompt", "x", "--max-tokens", "1000"]
     # seconds after mlx's library is mapped: right as its extension starts, importing, loading
     # (and the lazy imports mlx-lm and transformers make while loading)
-    for after in (0.0, 0.3, 1.0):
+    for after, signum in ((0.0, signal.SIGINT), (0.3, signal.SIGINT), (1.0, signal.SIGTERM)):
         process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
@@ -55,7 +59,7 @@ def test_ctrl_c_while_importing_and_loading_exits_130_without_a_traceback(model)
             assert time.monotonic() < deadline and process.poll() is None
             time.sleep(0.005)
         time.sleep(after)
-        assert_interrupted(process)
+        assert_interrupted(process, signum=signum)
 
 
 def test_ctrl_c_while_serving(model):
@@ -86,7 +90,8 @@ def test_ctrl_c_while_an_answer_streams(model):
     assert_interrupted(process, before)
 
 
-def test_ctrl_c_at_the_chat_prompt(model):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_ctrl_c_at_the_chat_prompt(model, signum):
     keyboard, typing = os.pipe()  # held open: the chat waits for a line, never sees an end
     try:
         process = subprocess.Popen(
@@ -97,6 +102,66 @@ def test_ctrl_c_at_the_chat_prompt(model):
             text=True,
         )
         os.close(keyboard)
-        assert_interrupted(process, read_until(process.stderr, ">> "))
+        assert_interrupted(process, read_until(process.stderr, ">> "), signum)
     finally:
         os.close(typing)
+
+
+def test_sigterm_while_serving_keeps_the_prompt_cache_being_written(model, tmp_path):
+    """`systemctl stop` right after an answer, while its prompt cache is written to
+    --prompt-cache-dir (the answer is sent before the write): the write completes, no partial
+    file is left, and serve exits 143 with Ctrl-C's line."""
+    caches = tmp_path / "caches"
+    process = subprocess.Popen(
+        [*STREAMER, "serve", "--model", model, "--port", "0", "--prompt-cache-dir", str(caches)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    before = read_until(process.stderr, "/v1")
+    port = int(re.search(r"127\.0\.0\.1:(\d+)/v1", before).group(1))
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = {"prompt": "hello there", "max_tokens": 4}
+    connection.request("POST", "/v1/completions", json.dumps(body))
+    assert connection.getresponse().status == 200
+    assert_interrupted(process, before, signal.SIGTERM)
+    names = [path.name for path in caches.iterdir()]
+    assert len(names) == 1 and names[0].startswith("prompt-"), names  # whole, under its name
+
+
+def test_sigterm_while_chat_answers_ends_the_chat(model):
+    """Ctrl-C stops an answer and the chat goes on; SIGTERM stops the answer and ends the chat
+    (it stayed at the prompt, waiting for a line, if it took SIGTERM as Ctrl-C)."""
+    keyboard, typing = os.pipe()
+    try:
+        process = subprocess.Popen(
+            [*STREAMER, "chat", "--model", model, "--max-tokens", "2000"],
+            stdin=keyboard,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.close(keyboard)
+        before = read_until(process.stderr, ">> ")
+        os.write(typing, b"Once upon a time\n")
+        assert process.stdout.read(1)  # the answer is coming
+        stderr = assert_interrupted(process, before, signal.SIGTERM)
+        assert "[chat] interrupted" not in stderr
+    finally:
+        os.close(typing)
+
+
+def test_sighup_ignored_from_the_start_stays_ignored(model):
+    """`nohup streamer chat`: SIGHUP, ignored by the parent's choice, must not end it."""
+    process = subprocess.Popen(
+        [*STREAMER, "chat", "--model", model],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    read_until(process.stderr, ">> ")
+    process.send_signal(signal.SIGHUP)
+    _, stderr = process.communicate("/quit\n", timeout=120)
+    assert process.returncode == 0, stderr

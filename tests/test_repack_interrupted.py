@@ -155,13 +155,15 @@ def test_kill_at_a_random_moment_then_resume(source, reference, tmp_path):
     print(f"killed after {delay:.3f}s; destination complete before resume: {complete}")
 
 
-def test_ctrl_c_keeps_progress_and_says_how_to_resume(source, reference, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_keeps_progress_and_says_how_to_resume(source, reference, tmp_path, signum):
+    """SIGTERM (`kill`, `systemctl stop`) as Ctrl-C, exit 143: it ended the repack silently."""
     dst = tmp_path / "model"
     process = run_repack(source, dst)
     wait_for(process, "layer 2/6")
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     stderr = process.stderr.read()
-    assert process.wait() == 130, stderr
+    assert process.wait() == 128 + signum, stderr
     assert "interrupted" in stderr and "--resume" in stderr and "Traceback" not in stderr
     assert not dst.exists()
     assert (tmp_path / ".model.partial" / "progress.json").exists()

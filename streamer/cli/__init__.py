@@ -11,7 +11,7 @@ from .. import __version__
 from ..errors import StreamerError
 from . import demo, generate, info, launch, plan, pull, repack, serve, verify
 from .demo import DEMO_MODEL
-from .interrupts import caused_by_ctrl_c, exiting_on_ctrl_c, interrupted_status
+from .interrupts import exiting_on_ctrl_c, interrupt_in, interrupted_status
 from .output import (
     OutputFailed,
     error_line,
@@ -110,7 +110,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; errors are one line on stderr (exit 2), Ctrl-C exits 130 at any point,
+    """Run one command; errors are one line on stderr (exit 2), Ctrl-C exits 130 at any point
+    (SIGTERM 143, SIGHUP 129),
     and a closed or full output ends quietly, as Unix tools end."""
     # called as the program (no argv given), a Ctrl-C once the command is done is ignored; in a
     # process that goes on, the caller's handler comes back
@@ -142,13 +143,14 @@ def _run(argv: list[str] | None) -> int:
             raise
         line = error_line(args, gone)
         return report(line, 2) if line else 2
-    except KeyboardInterrupt:
-        return interrupted_status()
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (interrupts.Terminated)
+        return interrupted_status(e)
     except ImportError as e:
-        if not caused_by_ctrl_c(e):
+        interrupt = interrupt_in(e)
+        if interrupt is None:
             raise
         # Ctrl-C while a compiled extension (mlx's) initialises surfaces as its ImportError
-        return interrupted_status()
+        return interrupted_status(interrupt)
     except OutputFailed as e:
         silence_output()  # nothing more can be written there, nor flushed at exit
         if e.error.errno == errno.EPIPE:  # `streamer generate ... | head -c 3`: reader is done

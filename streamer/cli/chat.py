@@ -15,6 +15,7 @@ from ..server.api import Completion, Sampling
 from ..server.engine import Done, Engine, Job, Step, fit
 from ..server.fields import ApiError
 from ..server.prompts import prompt_tokens
+from .interrupts import Terminated
 from .output import OutputFailed, emit
 from .repl import HELP, Reader, command, not_text
 
@@ -158,7 +159,7 @@ def _answer(job: Job, stdout: TextIO, stderr: TextIO) -> tuple[str, Done | None]
         job.cancelled.set()
         while not isinstance(event := job.events.get(timeout=60), (Done, ApiError)):
             pass
-        if isinstance(stop, OutputFailed):
+        if isinstance(stop, (OutputFailed, Terminated)):  # SIGTERM, SIGHUP: the chat ends too
             raise
         print("\n[chat] interrupted", file=stderr)
         return "".join(parts), event if isinstance(event, Done) else None

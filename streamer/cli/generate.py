@@ -9,7 +9,7 @@ from ..arguments import check_token_ids, vocabulary
 from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
-from .interrupts import raising_on_ctrl_c
+from .interrupts import raising_on_ctrl_c, status_of
 from .kv_options import add_kv_cache, check_kv_fits, kv_options
 from .options import (
     add_loading,
@@ -121,7 +121,8 @@ def _integer(text: str) -> bool:
 
 
 def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
-    """Print the answer as it comes, then the run's stats line; Ctrl-C ends it with 130."""
+    """Print the answer as it comes, then the run's stats line; Ctrl-C ends it with 130 (SIGTERM
+    with 143)."""
     from ..generate import stream_generate
     from ..run_stats import run_stats, settled
 
@@ -154,12 +155,12 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 if shown:
                     emit(response.text, end="")
                 stats = response.stats
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         progress.close()
         if shown:
             print("\n[interrupted]", file=sys.stderr)
             print((settled(model, stats) if stats else run_stats(model)).line(), file=sys.stderr)
-        return 130
+        return status_of(e)
     line = stats.line() if stats is not None else None
     if group is not None and stats is not None:
         from ..parallel.group import group_stats_line

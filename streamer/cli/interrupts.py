@@ -9,6 +9,13 @@ raised in those is not reliable: importlib can report one raised in its lock cal
 "ignored" and carry on, and one raised inside mlx's extension start-up aborts the process
 (nanobind). A command's work runs inside `raising_on_ctrl_c`, where Ctrl-C raises
 KeyboardInterrupt for the command to handle (repack keeps its progress, generate prints its stats).
+
+A request to stop (SIGTERM: `kill`, `systemctl stop`, `docker stop`; SIGHUP: the terminal closed)
+takes the same path as Ctrl-C, with the exit status 128 + its number: Python's default ended the
+process on the spot, a repack without its resume hint, serve under an in-flight write. In work,
+it raises `Terminated`, a KeyboardInterrupt, so every handler of Ctrl-C handles it; chat, which
+goes on after a Ctrl-C that stops an answer, ends on it. A signal the process was started
+ignoring (nohup's SIGHUP) stays ignored.
 """
 
 from __future__ import annotations
@@ -23,10 +30,47 @@ from typing import NoReturn
 
 from .output import report
 
+NOTICE = "streamer: interrupted"
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, then the requests to stop
 
-def _exit_130(*_) -> None:
-    os.write(2, b"\nstreamer: interrupted\n")
-    os._exit(130)
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C raises KeyboardInterrupt."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def status_of(interrupt: BaseException) -> int:
+    """The exit status for an interrupt: 130 for Ctrl-C, 128 + the signal's number else."""
+    return 128 + (interrupt.signum if isinstance(interrupt, Terminated) else signal.SIGINT)
+
+
+def _exit_at_once(signum: int, _frame=None) -> None:
+    os.write(2, f"\n{NOTICE}\n".encode())
+    os._exit(128 + signum)
+
+
+def _raise(signum: int, _frame) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
+
+
+def _handle(handler) -> dict:
+    """Set `handler` for each signal in STOPS (but one ignored from the start, other than
+    Ctrl-C's); returns the handlers it replaced, by signal."""
+    previous = {}
+    for number in STOPS:
+        if number == signal.SIGINT or signal.getsignal(number) is not signal.SIG_IGN:
+            previous[number] = signal.signal(number, handler)
+    return previous
+
+
+def _restore(previous: dict) -> None:
+    for number, handler in previous.items():
+        signal.signal(number, handler)
 
 
 @contextmanager
@@ -38,11 +82,11 @@ def exiting_on_ctrl_c(restore: bool = True) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, _exit_130)
+    previous = _handle(_exit_at_once)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if restore else signal.SIG_IGN)
+        _restore(previous if restore else dict.fromkeys(previous, signal.SIG_IGN))
 
 
 @contextmanager
@@ -52,11 +96,11 @@ def raising_on_ctrl_c() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = _handle(_raise)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        _restore(previous)
 
 
 @contextmanager
@@ -67,40 +111,45 @@ def second_ctrl_c_exits() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, lambda *_: signal.signal(signal.SIGINT, _exit_130))
+    previous = signal.signal(signal.SIGINT, lambda *_: signal.signal(signal.SIGINT, _exit_at_once))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
-def end_interrupted() -> NoReturn:
+def end_interrupted(interrupt: KeyboardInterrupt) -> NoReturn:
     """Report Ctrl-C and end the process now, without Python's shutdown: for a command whose
     other threads may be computing in MLX (serve's generation thread, mid-answer), under which
     that shutdown destroys MLX's state, and the process aborts (`terminate called without an
     active exception`, SIGABRT) instead of exiting 130."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _ignore_stops()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # closed by its reader: nothing more reaches it
             pass
-    _exit_130()
+    _exit_at_once(status_of(interrupt) - 128)
 
 
-def interrupted_status() -> int:
-    """Report Ctrl-C and ignore any further one: the process is ending with status 130."""
+def interrupted_status(interrupt: KeyboardInterrupt) -> int:
+    """Report Ctrl-C and ignore any further one: the process is ending with its status."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return report("\nstreamer: interrupted", 130)
+        _ignore_stops()
+    return report(f"\n{NOTICE}", status_of(interrupt))
 
 
-def caused_by_ctrl_c(error: BaseException | None) -> bool:
-    """Whether a KeyboardInterrupt is in the error's chain of causes."""
+def _ignore_stops() -> None:
+    for number in STOPS:
+        signal.signal(number, signal.SIG_IGN)
+
+
+def interrupt_in(error: BaseException | None) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt in the error's chain of causes, if one is."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, KeyboardInterrupt):
-            return True
+            return error
         seen.add(id(error))
         error = error.__cause__ or error.__context__
-    return False
+    return None

@@ -119,8 +119,8 @@ def serve(args: argparse.Namespace) -> None:
                 max_tokens=args.max_tokens,
                 api_key=api_key,
             )
-    except KeyboardInterrupt:  # the generation thread may be mid-answer, in MLX
-        end_interrupted()
+    except KeyboardInterrupt as e:  # the generation thread may be mid-answer, in MLX
+        end_interrupted(e)
 
 
 def api_key_option(args: argparse.Namespace) -> str | None:

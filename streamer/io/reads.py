@@ -28,6 +28,7 @@ from .files import close_when_collected
 DIRECT_ALIGN = 4096  # O_DIRECT's alignment for buffers, lengths and file offsets (a safe bound)
 MAX_GAP = 1 << 16  # bytes between two tensors that one read still spans (into the scratch)
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+DESCRIPTORS = 2 if _O_DIRECT else 1  # a ReadFile's at most: Linux's second is opened O_DIRECT
 _F_NOCACHE = getattr(fcntl, "F_NOCACHE", 48 if sys.platform == "darwin" else None)
 _F_RDAHEAD = getattr(fcntl, "F_RDAHEAD", 45 if sys.platform == "darwin" else None)
 

@@ -17,9 +17,11 @@ from ..expert_traffic import ExpertStats
 from ..experts import StreamingExperts
 from ..families.architectures import expert_containers, replace_modules
 from ..families.config import context_length
+from ..io.descriptors import check_open_files
 from ..io.expert_files import ExpertFiles
 from ..io.files import check_tmpdir, check_utf8_path
 from ..io.manifest import not_a_model
+from ..io.reads import DESCRIPTORS
 from .assembly import apply_residency, load_resident
 from .backend import check_backend_computes, check_model_kernels
 from .download_folder import is_download
@@ -136,7 +138,11 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
         tokenizer = load_tokenizer(
             source.folder, options.trust_remote_code, options.tokenizer_config
         )
-        files = source.open_files() if options.read_path == "mapped" else None
+        mapped = options.read_path == "mapped"
+        check_open_files(
+            (p for layout in source.layouts for p in layout.files), 1 if mapped else DESCRIPTORS
+        )
+        files = source.open_files() if mapped else None
         stats, layers = _streaming_layers(source, files, dtype)
         load_resident(model, source.resident_weights(), dtype, source.mismatch)
         shapes = layer_shapes(source.contents.layers, source.layouts, dtype)
