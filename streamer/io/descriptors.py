@@ -3,7 +3,7 @@
 `mlx_lm.utils` calls `resource.setrlimit(RLIMIT_NOFILE, (2048, 4096))` at import. Under a hard
 limit below 4096 (`ulimit -n 1024` as a user, a container's limit) that raises ValueError, "not
 allowed to raise maximum limit", and no command that loads a model could start. `allow_mlx_lm`
-has that one import set the limit mlx-lm asks for, as far as the hard limit allows.
+imports it then with the limit it asks for set as far as the hard limit allows.
 
 Streamer itself keeps each expert file open while the model lives: one descriptor per file on the
 mapped read path, two on Linux's slot path (a second one opened O_DIRECT); a repacked model has
@@ -13,7 +13,6 @@ to it that the limit holds them before they are opened, raising the soft limit w
 
 from __future__ import annotations
 
-import importlib.abc
 import os
 import resource
 import sys
@@ -29,13 +28,17 @@ _setrlimit = resource.setrlimit
 
 
 def allow_mlx_lm() -> None:
-    """Under a hard limit below mlx-lm's, have its import set the limit it asks for within the
-    hard one instead of failing; nothing to do otherwise, or once it is imported."""
+    """Under a hard limit below mlx-lm's, import mlx_lm.utils now with its setrlimit held within
+    the hard limit, instead of failing; nothing to do otherwise (where the import, seconds for
+    transformers', stays lazy), or once it is imported."""
     hard = resource.getrlimit(NOFILE)[1]
     if hard == resource.RLIM_INFINITY or hard >= MLX_LM_HARD or "mlx_lm.utils" in sys.modules:
         return
-    if not any(isinstance(finder, _MlxLmUtils) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _MlxLmUtils())
+    resource.setrlimit = _within_hard
+    try:
+        import mlx_lm.utils  # noqa: F401
+    finally:
+        resource.setrlimit = _setrlimit
 
 
 def _within_hard(which: int, limits: tuple[int, int]) -> None:
@@ -44,39 +47,6 @@ def _within_hard(which: int, limits: tuple[int, int]) -> None:
     if hard != resource.RLIM_INFINITY:
         limits = tuple(hard if n == resource.RLIM_INFINITY else min(n, hard) for n in limits)
     _setrlimit(which, limits)
-
-
-class _MlxLmUtils(importlib.abc.MetaPathFinder):
-    """Finds mlx_lm.utils where the other finders do, its module run with `_within_hard` as
-    resource.setrlimit (restored once it has run)."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "mlx_lm.utils":
-            return None
-        for finder in sys.meta_path:
-            spec = None if finder is self else finder.find_spec(name, path, target)
-            if spec is not None:
-                spec.loader = _WithinHard(spec.loader)
-                return spec
-        return None
-
-
-class _WithinHard(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader):
-        self.loader = loader
-
-    def __getattr__(self, name: str):  # get_source, get_filename...: the real loader's
-        return getattr(self.loader, name)
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        resource.setrlimit = _within_hard
-        try:
-            self.loader.exec_module(module)
-        finally:
-            resource.setrlimit = _setrlimit
 
 
 def check_open_files(files: Iterable[Path], per_file: int) -> None:
