@@ -87,6 +87,7 @@ def chat(
                 break
             if name == "/reset":
                 conversation.reset()
+                engine.forget()  # the old conversation's KV cache is of no more use
                 print("[chat] the conversation starts over", file=stderr)
             elif name == "/stats":
                 print(_stats(last), file=stderr)
