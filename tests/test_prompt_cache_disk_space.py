@@ -1,0 +1,87 @@
+"""--prompt-cache-dir on a disk that fills: a bound the disk cannot hold is refused at start, a
+cache file is not written where it would leave the disk short (the answer is unaffected, the log
+says so once), a write that fails part way leaves nothing that is loaded later, and the folder's
+files never pass their bound, even while a new one goes in."""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+import pytest
+from test_prompt_cache_dir import ask, engine_over, files
+
+import streamer
+from streamer.server import disk_cache as disk_module
+from streamer.server import disk_files
+from streamer.server.disk_files import DISK_RESERVE, PARTIAL
+
+
+@pytest.fixture(scope="module")
+def local(checkpoints):
+    return streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+
+
+def test_a_bound_the_disk_cannot_hold_is_refused_before_loading(tmp_path, capsys):
+    from streamer.cli import main
+
+    folder = tmp_path / "caches"
+    argv = ["serve", "--model", "/nonexistent", "--prompt-cache-dir", str(folder)]
+    assert main([*argv, "--prompt-cache-disk", "1000000T"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "streamer: error: --prompt-cache-disk 1000000.00"
+    )
+    assert f"does not fit on the disk of {folder}" in err and "or less" in err
+    assert not folder.exists()
+
+
+def test_a_short_disk_costs_the_cache_not_the_answer(local, tmp_path, monkeypatch, caplog):
+    model, tokenizer = local
+    want = streamer.generate(model, tokenizer, "import os", 6)
+    engine = engine_over(local, tmp_path)
+    monkeypatch.setattr(disk_files, "free_bytes", lambda folder: DISK_RESERVE)
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        for _ in range(3):
+            assert ask(engine, "import os")[0] == want
+    assert files(tmp_path) == [] and not list(tmp_path.glob(f"{PARTIAL}*"))
+    short = [r for r in caplog.records if "until its disk has 1.00 GiB free" in r.getMessage()]
+    assert len(short) == 1  # once, not at every request of a server up for days
+    monkeypatch.undo()
+    ask(engine, "import sys")
+    assert len(files(tmp_path)) == 1 and not engine.disk.short_of_disk
+
+
+def test_a_write_that_runs_out_of_space_leaves_nothing(local, tmp_path, monkeypatch):
+    model, tokenizer = local
+    real = disk_module.save_prompt_cache
+
+    def disk_full(name, cache, metadata):
+        real(name, cache, metadata)
+        with open(name, "r+b") as f:
+            f.truncate(100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_module, "save_prompt_cache", disk_full)
+    text, done = ask(engine_over(local, tmp_path), "import os")
+    assert text == streamer.generate(model, tokenizer, "import os", 6)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    assert ask(engine_over(local, tmp_path), "import os")[1].cached_tokens == 0
+
+
+def test_the_files_never_pass_their_bound(local, tmp_path, monkeypatch):
+    ask(engine_over(local, tmp_path), "import os")
+    (size,) = {p.stat().st_size for p in files(tmp_path)}
+    engine = engine_over(local, tmp_path, max_bytes=2 * size + size // 2)  # two fit
+    held = []
+    real = disk_module.fsync_dir
+
+    def counted(folder):  # just after a new file is renamed in
+        held.append(sum(p.stat().st_size for p in files(tmp_path)))
+        real(folder)
+
+    monkeypatch.setattr(disk_module, "fsync_dir", counted)
+    for text in ("import sys", "import re", "import json", "import math"):
+        ask(engine, text)
+    assert len(held) == 4 and max(held) <= 2 * size + size // 2
