@@ -3,15 +3,27 @@ after request. What a run holds (kept KV caches, descriptors, threads, mappings)
 
 from __future__ import annotations
 
+import gc
 import io
+import json
+import os
+import threading
+import time
+from pathlib import Path
 
+import mlx.core as mx
 import pytest
+from serving import SERVE_FLAGS, connection, live_server
 
 import streamer
+from streamer.cache.slot_pool import READERS, _readers
 from streamer.cli import parser
 from streamer.cli.chat import chat
 from streamer.server.api import Completion, Sampling
+from streamer.server.disk_cache import DiskCache, model_identity
 from streamer.server.engine import Done, Engine, Job, Step
+
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +80,83 @@ def test_the_kept_kv_caches_stay_under_their_byte_bound(local):
         .prompt_cache_bytes
         == 1 << 30
     )
+
+
+def held(pid: str = "self") -> dict:
+    """What a process holds that a leak grows: descriptors, threads, memory mappings."""
+    return {
+        "descriptors": len(os.listdir(f"/proc/{pid}/fd")),
+        "threads": len(os.listdir(f"/proc/{pid}/task")),
+        "mappings": len(Path(f"/proc/{pid}/maps").read_text().splitlines()),
+    }
+
+
+def objects() -> int:
+    gc.collect()
+    return len(gc.get_objects())
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self (Linux)")
+@pytest.mark.parametrize("read_path", ["mapped", "slots"])
+def test_request_after_request_holds_nothing_more(checkpoints, tmp_path, read_path):
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, tokenizer = streamer.load(folder, read_path=read_path, memory_budget=0)
+    disk = DiskCache(tmp_path, model_identity(model, {}), 1 << 30)
+    engine = Engine(model, tokenizer, 4, disk=disk)
+
+    def serve(first: int, n: int) -> None:  # as a server's requests, and a program's calls
+        for i in range(first, first + n):
+            ask(engine, f"question {i}")
+            streamer.generate(model, tokenizer, f"call {i}", 4)
+
+    serve(0, 10)  # warm: lazy imports, MLX's buffer pool, the prompt cache's 4 entries
+    all_readers()
+    before, count, memory = held(), objects(), mx.get_active_memory()
+    serve(10, 40)
+    assert held() == before and len(engine.prompt_cache) == 4
+    assert mx.get_active_memory() <= memory + (1 << 20)  # one kept KV cache is 256 KiB here
+    assert objects() <= count + 40 * 4  # the disk's entries (a path, a tuple, an Entry) alone
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc (Linux)")
+def test_a_server_up_for_many_requests_holds_nothing_more(served_folder, tmp_path):
+    caches = tmp_path / "caches"
+    flags = [*SERVE_FLAGS, "--prompt-cache-dir", str(caches)]
+    with live_server(served_folder, flags, tmp_path / "serve.log") as url:
+        (pid,) = [p for p in os.listdir("/proc") if p.isdigit() and str(caches) in _cmdline(p)]
+
+        def answer(first: int, n: int) -> None:  # whole and streamed, a connection each
+            for i in range(first, first + n):
+                body = {"messages": [{"role": "user", "content": f"q {i}"}], "max_tokens": 3}
+                body["stream"] = i % 2 == 1
+                http = connection(url)
+                http.request("POST", "/v1/chat/completions", json.dumps(body), JSON)
+                response = http.getresponse()
+                assert response.status == 200 and response.read()
+                http.close()
+
+        answer(0, 10)
+        before = held(pid)
+        answer(10, 50)
+        deadline = time.monotonic() + 30  # the last connection's thread ends after its answer
+        while (now := held(pid))["descriptors"] != before["descriptors"]:
+            assert time.monotonic() < deadline, (before, now)
+            time.sleep(0.1)
+        # the slot pool's readers start as reads need them (READERS at most, a stack mapping
+        # or a few each); one thread or mapping a request would be 50
+        assert now["threads"] <= before["threads"] + READERS
+        assert now["mappings"] <= before["mappings"] + 3 * READERS
+
+
+def all_readers() -> None:
+    """The slot pool's reader threads all started (they start as reads need them, READERS at
+    most): the threads counted after are those requests leave."""
+    started = threading.Barrier(READERS)
+    list(_readers.map(lambda _: started.wait(timeout=30), range(READERS)))
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:  # ended since listed
+        return ""
