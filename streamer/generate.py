@@ -20,7 +20,7 @@ from .arguments import check_request, check_sampling
 from .errors import StreamerError, one_line
 from .input_embeddings import check_input_embeddings
 from .kv_quantization import check_kv_cache_quantizes, check_prompt_cache
-from .run_stats import RunStats, run_stats
+from .run_stats import RunStats, reset_peak_rss, run_stats
 from .speculative import stream as speculative
 
 
@@ -70,6 +70,7 @@ def stream_generate(
             mx.random.seed(seed)
         model.streamer.stats.reset()
         mx.reset_peak_memory()
+        reset_peak_rss()
         try:  # mlx_lm.stream_generate's responses, or with drafts the speculative loop's
             for r in speculative.stream_generate(model, tokenizer, prompt, max_tokens, kwargs):
                 stats = run_stats(
