@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 
 import pytest
 from test_prompt_cache_dir import ask, engine_over, files
@@ -85,3 +86,21 @@ def test_the_files_never_pass_their_bound(local, tmp_path, monkeypatch):
     for text in ("import sys", "import re", "import json", "import math"):
         ask(engine, text)
     assert len(held) == 4 and max(held) <= 2 * size + size // 2
+
+
+def test_a_file_removed_by_another_server_once_loaded_is_still_used(local, tmp_path, monkeypatch):
+    """Another server sharing the folder removed a file just after this one loaded it: marking
+    it recently used raised FileNotFoundError, and the request failed (500)."""
+    model, tokenizer = local
+    ask(engine_over(local, tmp_path), "import os")
+    real = disk_module.load_prompt_cache
+
+    def then_removed(name, **kwargs):
+        loaded = real(name, **kwargs)
+        os.unlink(name)
+        return loaded
+
+    monkeypatch.setattr(disk_module, "load_prompt_cache", then_removed)
+    text, done = ask(engine_over(local, tmp_path), "import os")
+    assert text == streamer.generate(model, tokenizer, "import os", 6)
+    assert done.cached_tokens == done.prompt_tokens - 1

@@ -14,6 +14,7 @@ written where the disk would be left short (disk_files.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -111,7 +112,8 @@ class DiskCache:
             return None
         if length < len(best.tokens):
             trim_prompt_cache(cache, len(best.tokens) - length)
-        os.utime(best.path)  # recently used: evicted last
+        with contextlib.suppress(FileNotFoundError):  # removed since by a server sharing it
+            os.utime(best.path)  # recently used: evicted last
         return cache, length
 
     def save(self, tokens: list[int], cache: list) -> None:
