@@ -160,3 +160,11 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:  # ended since listed
         return ""
+
+
+def test_a_first_message_past_the_context_is_told_to_be_shorter(local):
+    """It was told to /reset, which starts the same empty conversation again."""
+    model, tokenizer = local
+    said = chatted(Engine(model, tokenizer, 2), ["word " * 200, "hi"], 120)
+    assert "but the model's context is 120 tokens: send a shorter message" in said
+    assert "/reset to start over" not in said

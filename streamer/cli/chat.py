@@ -123,7 +123,9 @@ def _turn(
         job = Job(request, prompt, fit(len(prompt), None, max_tokens, context))
     except ApiError as e:
         conversation.messages.pop()
-        print(f"[chat] {e.message}: /reset to start over", file=stderr)
+        earlier = any(m["role"] == "user" for m in conversation.messages)
+        way_on = "/reset to start over" if earlier else "send a shorter message"  # /reset: no use
+        print(f"[chat] {e.message}: {way_on}", file=stderr)
         return None
     answer, done = _answer(engine.submit(job), stdout, stderr)
     conversation.messages.append({"role": "assistant", "content": answer})
