@@ -104,3 +104,17 @@ def test_a_file_removed_by_another_server_once_loaded_is_still_used(local, tmp_p
     text, done = ask(engine_over(local, tmp_path), "import os")
     assert text == streamer.generate(model, tokenizer, "import os", 6)
     assert done.cached_tokens == done.prompt_tokens - 1
+
+
+def test_a_disk_that_cannot_be_asked_is_one_line(tmp_path, monkeypatch, capsys):
+    from streamer.cli import main
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(disk_files.shutil, "disk_usage", denied)
+    folder = tmp_path / "caches"
+    assert main(["chat", "--model", "/nonexistent", "--prompt-cache-dir", str(folder)]) == 2
+    assert capsys.readouterr().err == (
+        f"streamer: error: --prompt-cache-dir {folder}: Permission denied\n"
+    )

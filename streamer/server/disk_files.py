@@ -56,8 +56,11 @@ def has_room(folder: Path, size: int) -> bool:
 
 def check_bound(folder: Path, max_bytes: int) -> None:
     """Refuse at start a bound the disk of `folder` cannot hold beside the files already there."""
-    held = sum(path.stat().st_size for path in folder_files(folder, f"{PREFIX}*{SUFFIX}"))
-    check_room(folder, max_bytes, held)
+    try:
+        held = sum(path.stat().st_size for path in folder_files(folder, f"{PREFIX}*{SUFFIX}"))
+        check_room(folder, max_bytes, held)
+    except OSError as e:  # a parent the user may not search, say
+        raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
 
 
 def metadata_of(path: Path) -> dict:
