@@ -9,7 +9,9 @@ import errno
 import logging
 import os
 
+import mlx.core as mx
 import pytest
+from mlx_lm.models.cache import make_prompt_cache
 from test_prompt_cache_dir import ask, engine_over, files
 
 import streamer
@@ -118,3 +120,19 @@ def test_a_disk_that_cannot_be_asked_is_one_line(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == (
         f"streamer: error: --prompt-cache-dir {folder}: Permission denied\n"
     )
+
+
+def test_a_conversation_keeps_one_file_not_one_a_turn(local, tmp_path):
+    """Each turn's file held the turns before: a long chat filled the bound with its own
+    prefixes and pushed out every other cache (mlx-lm drops them from its memory cache)."""
+    model, _ = local
+    engine = engine_over(local, tmp_path)
+    other = [7, 8, 9]
+    turns = [[1, 2, 3], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7]]
+    for tokens in [other, *turns]:
+        cache = make_prompt_cache(model)
+        mx.eval(model(mx.array([tokens]), cache=cache))
+        engine.disk.save(tokens, cache)
+    kept = sorted(entry.tokens for entry in engine.disk.entries.values())
+    assert kept == [(1, 2, 3, 4, 5, 6, 7), (7, 8, 9)] and len(files(tmp_path)) == 2
+    assert engine.disk.fetch([1, 2, 3, 4, 9], longer_than=0)[1] == 4  # cut back to the prefix

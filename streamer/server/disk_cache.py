@@ -149,7 +149,12 @@ class DiskCache:
             why = e.strerror if isinstance(e, OSError) and e.strerror else one_line(e)
             log.warning("prompt cache not written to %s: %s", self.folder, why)
             return
-        self.entries[path] = Entry(path, tuple(tokens), metadata["streamer_trimmable"] == "True")
+        entry = Entry(path, tuple(tokens), metadata["streamer_trimmable"] == "True")
+        self.entries[path] = entry
+        if entry.trimmable:  # a file of a prefix is this one cut back (as mlx-lm's LRUPromptCache
+            # drops them): a long chat's every turn was kept, and pushed out other caches
+            for shorter in [e for e in self.entries.values() if _prefix(e.tokens, entry.tokens)]:
+                self._forget(shorter.path)
 
     def _entry(self, path: Path) -> Entry | None:
         """The file's entry from its header alone; None for another model's file, or (removed
@@ -225,6 +230,11 @@ class DiskCache:
                 break
             self._forget(path)
             total -= size
+
+
+def _prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether `a` is a shorter start of `b`."""
+    return len(a) < len(b) and b[: len(a)] == a
 
 
 def _shared(a: tuple[int, ...], b: list[int]) -> int:
