@@ -52,6 +52,14 @@ def test_a_chat_past_its_context_says_so_and_reset_frees_its_kv_cache(local):
     assert engine.prompt_cache.nbytes == fresh.prompt_cache.nbytes
 
 
+def test_a_first_message_past_the_context_is_told_to_be_shorter(local):
+    """It was told to /reset, which starts the same empty conversation again."""
+    model, tokenizer = local
+    said = chatted(Engine(model, tokenizer, 2), ["word " * 200, "hi"], 120)
+    assert "but the model's context is 120 tokens: send a shorter message" in said
+    assert "/reset to start over" not in said
+
+
 def ask(engine: Engine, text: str) -> Done:
     prompt = engine.tokenizer.encode(text)
     job = engine.submit(Job(Completion(False, "m", 4, Sampling(), text=text), prompt, 4))
@@ -72,14 +80,9 @@ def test_the_kept_kv_caches_stay_under_their_byte_bound(local):
         assert engine.prompt_cache.nbytes <= 3 * one
     assert len(engine.prompt_cache) == 3
     # serve bounds them by default, as llama.cpp's server does (its --cache-ram: 8 GiB)
-    args = parser().parse_args(["serve", "--model", "m"])
-    assert args.prompt_cache_bytes == 8 << 30
-    assert (
-        parser()
-        .parse_args(["serve", "--model", "m", "--prompt-cache-bytes", "1G"])
-        .prompt_cache_bytes
-        == 1 << 30
-    )
+    serve = ["serve", "--model", "m"]
+    assert parser().parse_args(serve).prompt_cache_bytes == 8 << 30
+    assert parser().parse_args([*serve, "--prompt-cache-bytes", "1G"]).prompt_cache_bytes == 1 << 30
 
 
 def held(pid: str = "self") -> dict:
@@ -160,11 +163,3 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:  # ended since listed
         return ""
-
-
-def test_a_first_message_past_the_context_is_told_to_be_shorter(local):
-    """It was told to /reset, which starts the same empty conversation again."""
-    model, tokenizer = local
-    said = chatted(Engine(model, tokenizer, 2), ["word " * 200, "hi"], 120)
-    assert "but the model's context is 120 tokens: send a shorter message" in said
-    assert "/reset to start over" not in said
