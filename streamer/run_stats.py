@@ -109,9 +109,14 @@ def reset_peak_rss() -> None:
 def peak_rss_bytes() -> int:
     """The process's peak RSS since it started, whatever reset_peak_rss reset (a benchmark's
     figure for its whole run)."""
+    return max(_os_peak_rss(), _peak_before_reset)
+
+
+def _os_peak_rss() -> int:
+    """The OS's peak RSS: on Linux since reset_peak_rss, but threads that ended since keep the
+    peak they saw in it (a server's handlers end after each request)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    peak = peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
-    return max(peak, _peak_before_reset)
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
 
 
 def run_stats(
@@ -134,7 +139,7 @@ def run_stats(
         prompt_tps=prompt_tps,
         generation_tokens=generation_tokens,
         generation_tps=generation_tps,
-        peak_rss_bytes=status.get("VmHWM") or peak_rss_bytes(),
+        peak_rss_bytes=status.get("VmHWM") or _os_peak_rss(),
         peak_mlx_bytes=mx.get_peak_memory() - handle.mapped_bytes,
         expert_bytes_per_token=decode.bytes_read / steps,
         expert_bytes_copied_per_token=decode.bytes_copied / steps,
