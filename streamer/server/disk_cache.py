@@ -151,8 +151,9 @@ class DiskCache:
             return
         entry = Entry(path, tuple(tokens), metadata["streamer_trimmable"] == "True")
         self.entries[path] = entry
-        if entry.trimmable:  # a file of a prefix is this one cut back (as mlx-lm's LRUPromptCache
-            # drops them): a long chat's every turn was kept, and pushed out other caches
+        # a file of a prefix is this one cut back: gone, as mlx-lm's LRUPromptCache drops them
+        # (a long chat kept every turn's file, and pushed the other caches out)
+        if entry.trimmable:
             for shorter in [e for e in self.entries.values() if _prefix(e.tokens, entry.tokens)]:
                 self._forget(shorter.path)
 
