@@ -6,6 +6,7 @@ files never pass their bound, even while a new one goes in."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 
@@ -136,3 +137,25 @@ def test_a_conversation_keeps_one_file_not_one_a_turn(local, tmp_path):
     kept = sorted(entry.tokens for entry in engine.disk.entries.values())
     assert kept == [(1, 2, 3, 4, 5, 6, 7), (7, 8, 9)] and len(files(tmp_path)) == 2
     assert engine.disk.fetch([1, 2, 3, 4, 9], longer_than=0)[1] == 4  # cut back to the prefix
+
+
+def test_a_cache_already_on_disk_is_not_written_again(local, tmp_path, monkeypatch):
+    """The same answer again (or a turn asked again, held by a longer file) rewrote the file:
+    a server's disk written through, each time, while the next request waited."""
+    real, written = disk_module.save_prompt_cache, []
+
+    def counted(name, cache, metadata):
+        written.append(metadata["streamer_tokens"])
+        real(name, cache, metadata)
+
+    monkeypatch.setattr(disk_module, "save_prompt_cache", counted)
+    engine = engine_over(local, tmp_path)
+    for _ in range(3):
+        ask(engine, "import os")
+    assert len(written) == 1 and len(files(tmp_path)) == 1
+    model, _ = local
+    cache = make_prompt_cache(model)
+    tokens = json.loads(written[0])[:3]  # a prefix of the file's: it cuts back to it
+    mx.eval(model(mx.array([tokens]), cache=cache))
+    engine.disk.save(tokens, cache)
+    assert len(written) == 1

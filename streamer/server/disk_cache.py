@@ -120,6 +120,11 @@ class DiskCache:
         """Write `cache` (of `tokens`) atomically, replacing any file of the same tokens, the
         least recently used files removed first to make room; not where it would pass the bound
         alone, or leave the disk short (disk_files.py)."""
+        held = self._holding(tuple(tokens))
+        if held is not None:  # the same answer again, or a turn asked again: not written again
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(held.path)
+            return
         key = hashlib.sha256(f"{self.identity}:{tokens}".encode()).hexdigest()[:24]
         partial = self.folder / f"{PARTIAL}{os.getpid()}-{key}{SUFFIX}"
         metadata = {
@@ -156,6 +161,13 @@ class DiskCache:
         if entry.trimmable:
             for shorter in [e for e in self.entries.values() if _prefix(e.tokens, entry.tokens)]:
                 self._forget(shorter.path)
+
+    def _holding(self, tokens: tuple[int, ...]) -> Entry | None:
+        """A file that holds `tokens`' cache: theirs, or one that cuts back to it."""
+        for entry in self.entries.values():
+            if entry.tokens == tokens or (entry.trimmable and _prefix(tokens, entry.tokens)):
+                return entry
+        return None
 
     def _entry(self, path: Path) -> Entry | None:
         """The file's entry from its header alone; None for another model's file, or (removed
