@@ -8,7 +8,6 @@ import io
 import json
 import os
 import threading
-import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -141,14 +140,13 @@ def test_a_server_up_for_many_requests_holds_nothing_more(served_folder, tmp_pat
         answer(0, 10)
         before = held(pid)
         answer(10, 50)
-        deadline = time.monotonic() + 30  # the last connection's thread ends after its answer
-        while (now := held(pid))["descriptors"] != before["descriptors"]:
-            assert time.monotonic() < deadline, (before, now)
-            time.sleep(0.1)
-        # the slot pool's readers start as reads need them (READERS at most, a stack mapping
-        # or a few each); one thread or mapping a request would be 50
-        assert now["threads"] <= before["threads"] + READERS
-        assert now["mappings"] <= before["mappings"] + 3 * READERS
+        now = held(pid)
+        # one descriptor, thread or mapping a request would be 50 more: the last connection
+        # may still be closing (its socket, its thread), and the slot pool's readers start as
+        # reads need them (READERS at most, a stack mapping or a few each)
+        assert now["descriptors"] <= before["descriptors"] + 2, (before, now, _descriptors(pid))
+        assert now["threads"] <= before["threads"] + 1 + READERS
+        assert now["mappings"] <= before["mappings"] + 3 * (1 + READERS)
 
 
 def all_readers() -> None:
@@ -156,6 +154,12 @@ def all_readers() -> None:
     most): the threads counted after are those requests leave."""
     started = threading.Barrier(READERS)
     list(_readers.map(lambda _: started.wait(timeout=30), range(READERS)))
+
+
+def _descriptors(pid: str) -> list[str]:
+    """What a process's descriptors are open on: a failure's message."""
+    fds = Path(f"/proc/{pid}/fd")
+    return sorted(os.readlink(fd) for fd in fds.iterdir() if fd.is_symlink())
 
 
 def _cmdline(pid: str) -> str:
