@@ -19,7 +19,7 @@ from .generation_objects import check_objects
 from .kv_quantization import check_kv_cache_quantizes
 from .mlx_lm_keywords import mlx_lm_keywords, plain_keywords, plain_number
 from .response import Response
-from .run_stats import run_stats
+from .run_stats import reset_peak_rss, run_stats
 from .speculative import stream as speculative
 
 
@@ -59,6 +59,7 @@ def stream_generate(
             mx.random.seed(seed)
         model.streamer.stats.reset()
         mx.reset_peak_memory()
+        reset_peak_rss()
         try:  # mlx_lm.stream_generate's responses, or with drafts the speculative loop's
             for r in speculative.stream_generate(model, tokenizer, prompt, max_tokens, kwargs):
                 stats = run_stats(

@@ -23,7 +23,9 @@ class RunStats:
     prompt_tps: float
     generation_tokens: int
     generation_tps: float
-    peak_rss_bytes: int  # the OS's peak: mapped file pages (the experts' files) counted too
+    # the OS's peak: mapped file pages (the experts' files) counted too; the run's own on Linux,
+    # the process's elsewhere
+    peak_rss_bytes: int
     peak_mlx_bytes: int  # MLX's own memory: the mapped expert files are not counted
     expert_bytes_per_token: float
     expert_bytes_copied_per_token: (
@@ -68,19 +70,51 @@ class RunStats:
         )
 
 
-def rss_split() -> tuple[int | None, int | None]:
-    """(anonymous, file-backed) resident bytes now, from Linux's /proc/self/status (RssAnon,
-    RssFile); (None, None) where there is none (macOS reports no such split: its RSS counts
-    the mapped pages with the rest)."""
+def memory_status() -> dict[str, int]:
+    """Linux's /proc/self/status memory figures in bytes: RssAnon and RssFile (resident now,
+    anonymous and file-backed), VmHWM (the peak since reset_peak_rss); {} where there is none
+    (macOS reports no such split: its RSS counts the mapped pages with the rest)."""
     try:
         with open("/proc/self/status", "rb") as f:
-            fields = dict(line.split(b":", 1) for line in f if line.startswith(b"Rss"))
-        return int(fields[b"RssAnon"].split()[0]) << 10, int(fields[b"RssFile"].split()[0]) << 10
-    except (OSError, KeyError, ValueError, IndexError):
-        return None, None
+            fields = [line.split(b":", 1) for line in f if line.startswith(_STATUS_FIELDS)]
+        return {name.decode(): int(value.split()[0]) << 10 for name, value in fields}
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
+_STATUS_FIELDS = (b"RssAnon:", b"RssFile:", b"VmHWM:")
+
+
+def rss_split() -> tuple[int | None, int | None]:
+    """(anonymous, file-backed) resident bytes now; (None, None) where there is no split."""
+    status = memory_status()
+    return status.get("RssAnon"), status.get("RssFile")
+
+
+_peak_before_reset = 0  # the process's peak RSS as the last reset_peak_rss found it (Linux)
+
+
+def reset_peak_rss() -> None:
+    """Count the peak RSS from now: each run's own (a server's answers each gave the peak of
+    every answer before). Linux alone can (/proc/self/clear_refs); macOS keeps the process's."""
+    global _peak_before_reset
+    _peak_before_reset = max(_peak_before_reset, memory_status().get("VmHWM", 0))
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 def peak_rss_bytes() -> int:
+    """The process's peak RSS since it started, whatever reset_peak_rss reset (a benchmark's
+    figure for its whole run)."""
+    return max(_os_peak_rss(), _peak_before_reset)
+
+
+def _os_peak_rss() -> int:
+    """The OS's peak RSS: on Linux since reset_peak_rss, but threads that ended since keep the
+    peak they saw in it (a server's handlers end after each request)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
 
@@ -99,13 +133,13 @@ def run_stats(
     stats: ExpertStats = handle.stats
     prefill, decode = (stats.prefill, stats.decode) if settle else stats.counted()
     steps = max(stats.decode_tokens, 1)
-    anon, file = rss_split() if settle else (None, None)  # read once: 80 us here, not per token
+    status = memory_status() if settle else {}  # read once: 80 us here, not per token
     return RunStats(
         prompt_tokens=prompt_tokens,
         prompt_tps=prompt_tps,
         generation_tokens=generation_tokens,
         generation_tps=generation_tps,
-        peak_rss_bytes=peak_rss_bytes(),
+        peak_rss_bytes=status.get("VmHWM") or _os_peak_rss(),
         peak_mlx_bytes=mx.get_peak_memory() - handle.mapped_bytes,
         expert_bytes_per_token=decode.bytes_read / steps,
         expert_bytes_copied_per_token=decode.bytes_copied / steps,
@@ -116,8 +150,8 @@ def run_stats(
         drafts=replace(stats.drafts) if stats.drafts.passes else None,
         wasted_bytes_per_token=stats.drafts.wasted_bytes / steps,
         dtype=handle.dtype,
-        rss_anon_bytes=anon,
-        rss_file_bytes=file,
+        rss_anon_bytes=status.get("RssAnon"),
+        rss_file_bytes=status.get("RssFile"),
     )
 
 

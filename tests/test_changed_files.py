@@ -14,8 +14,9 @@ import streamer
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
 from streamer.server.api import Completion, Sampling
-from streamer.server.engine import Done, Engine, Job, Step
+from streamer.server.engine import Engine
 from streamer.server.fields import ApiError
+from streamer.server.jobs import Done, Job, Step
 
 PROMPT = "hello world, this is a prompt"
 

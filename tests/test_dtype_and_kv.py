@@ -21,7 +21,8 @@ from streamer.plan import plan
 from streamer.plan.model import model_plan
 from streamer.plan.repacked import repacked_plan
 from streamer.server.api import Completion, Sampling
-from streamer.server.engine import MODEL_KEY, Done, Engine, Job, Step
+from streamer.server.engine import MODEL_KEY, Engine
+from streamer.server.jobs import Done, Job, Step
 
 PROMPT = "def read_config(path):"
 KV = ["--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "3"]

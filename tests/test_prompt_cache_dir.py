@@ -19,7 +19,8 @@ import streamer
 from streamer.server import disk_cache as disk_module
 from streamer.server.api import Completion, Sampling
 from streamer.server.disk_cache import PARTIAL, PREFIX, DiskCache, model_identity
-from streamer.server.engine import Done, Engine, Job, Step
+from streamer.server.engine import Engine
+from streamer.server.jobs import Done, Job, Step
 
 SYSTEM = "You write Python. " * 12  # a long shared prefix
 

@@ -12,7 +12,7 @@ import pytest
 
 import streamer
 from streamer.io.sizes import size_text
-from streamer.run_stats import rss_split
+from streamer.run_stats import memory_status, peak_rss_bytes, rss_split
 
 PAGES = 64 << 20  # mapped file pages the process touches, far over the tiny model's own memory
 
@@ -46,3 +46,18 @@ def test_without_the_split_the_peak_rss_says_what_it_counts(checkpoints):
         "peak RSS" in pieces[0].stats.line() and "(mapped files included)" in pieces[0].stats.line()
     )
     assert (pieces[-1].stats.rss_anon_bytes is not None) == (sys.platform == "linux")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux alone resets a peak RSS")
+def test_each_run_gives_its_own_peak_rss(checkpoints):
+    """A server's answers each gave the process's peak RSS, the highest of every answer before:
+    a spike long past stayed in every answer of a server up for days."""
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    streamer.generate(model, tokenizer, "hello", max_tokens=3)
+    resident = sum(rss_split())
+    spike = bytearray(4 * PAGES)  # written through: resident, then given back
+    del spike
+    assert memory_status()["VmHWM"] > resident + 3 * PAGES
+    pieces = list(streamer.stream_generate(model, tokenizer, "hello", max_tokens=3))
+    assert pieces[-1].stats.peak_rss_bytes < resident + PAGES  # the run's own, not the spike
+    assert peak_rss_bytes() > resident + 3 * PAGES  # the process's, as a benchmark reports it

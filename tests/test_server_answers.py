@@ -175,7 +175,7 @@ def test_a_call_that_is_not_name_and_arguments_is_dropped_not_fatal(stream):
     from mlx_lm.tool_parsers.json_tools import parse_tool_call
 
     from streamer.server.api import Completion, Sampling
-    from streamer.server.engine import Done
+    from streamer.server.jobs import Done
     from streamer.server.output import Piece
     from streamer.server.responses import Answer
 

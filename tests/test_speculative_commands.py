@@ -9,8 +9,9 @@ import streamer
 from fixtures import tiny_config, write_hf_checkpoint
 from streamer.cli import main
 from streamer.server.api import Sampling, parse_completion
-from streamer.server.engine import Done, Engine, Job, Step
+from streamer.server.engine import Engine
 from streamer.server.fields import ApiError
+from streamer.server.jobs import Done, Job, Step
 from streamer.server.responses import stats_json
 
 PROMPT = "def read_config(path):"

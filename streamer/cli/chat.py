@@ -12,8 +12,9 @@ from typing import TextIO
 
 from ..errors import StreamerError, one_line
 from ..server.api import Completion, Sampling
-from ..server.engine import Done, Engine, Job, Step, fit
+from ..server.engine import Engine, fit
 from ..server.fields import ApiError
+from ..server.jobs import Done, Job, Step
 from ..server.prompts import prompt_tokens
 from .interrupts import Terminated
 from .output import OutputFailed, emit
@@ -89,6 +90,7 @@ def chat(
                 break
             if name == "/reset":
                 conversation.reset()
+                engine.forget()  # the old conversation's KV cache is of no more use
                 print("[chat] the conversation starts over", file=stderr)
             elif name == "/stats":
                 print(_stats(last), file=stderr)
@@ -124,7 +126,9 @@ def _turn(
         job = Job(request, prompt, fit(len(prompt), None, max_tokens, context))
     except ApiError as e:
         conversation.messages.pop()
-        print(f"[chat] {e.message}: /reset to start over", file=stderr)
+        earlier = any(m["role"] == "user" for m in conversation.messages)
+        way_on = "/reset to start over" if earlier else "send a shorter message"  # /reset: no use
+        print(f"[chat] {e.message}: {way_on}", file=stderr)
         return None
     answer, done = _answer(engine.submit(job), stdout, stderr)
     conversation.messages.append({"role": "assistant", "content": answer})

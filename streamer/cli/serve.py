@@ -28,10 +28,14 @@ from .options import (
     check_sampling_flags,
     load_options,
     model_folder,
+    size,
     text_flags,
 )
 
 API_KEY_ENV = "STREAMER_API_KEY"
+# The memory the kept KV caches may take by default, as llama.cpp's server's --cache-ram: their
+# number alone (--prompt-cache-size) let ten long conversations' caches outgrow the memory
+PROMPT_CACHE_BYTES = "8G"
 
 
 def add_parsers(sub) -> None:
@@ -62,6 +66,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
     p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
+    p.add_argument(
+        "--prompt-cache-bytes",
+        type=size,
+        default=PROMPT_CACHE_BYTES,
+        metavar="SIZE",
+        help="at most this much memory for the KV caches kept for reuse, the least recently used "
+        f"dropped first (default: {PROMPT_CACHE_BYTES})",
+    )
     add_prompt_cache_dir(p)
     add_kv_cache(p)
     add_drafting(p)
@@ -103,7 +115,9 @@ def serve(args: argparse.Namespace) -> None:
     model, tokenizer, context = open_model(folder, loading)
     check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))
-    engine = open_engine(model, tokenizer, args.prompt_cache_size, group, options, disk)
+    engine = open_engine(
+        model, tokenizer, args.prompt_cache_size, group, options, disk, args.prompt_cache_bytes
+    )
     if group is not None and group.rank() != 0:
         return engine.follow()
     defaults = Sampling(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)

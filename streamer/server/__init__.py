@@ -34,16 +34,17 @@ def open_engine(
     group=None,
     options: dict | None = None,
     disk: tuple[Path, int] | None = None,
+    prompt_cache_bytes: int | None = None,
 ):
     """The engine that computes the requests: under a group, every rank's (the ranks other than
     0 then call its `follow()`); `options`: streamer.generate's keywords for every request;
-    `disk`: (folder, byte bound) of the prompt caches kept on disk."""
+    `disk`: (folder, byte bound) of the prompt caches kept on disk; `prompt_cache_bytes`: the
+    bound of those kept in memory (None: their number alone)."""
     from .engine import Engine
 
     if group is None:
-        return Engine(
-            model, tokenizer, prompt_cache_size, options, prompt_cache_on_disk(model, options, disk)
-        )
+        on_disk = prompt_cache_on_disk(model, options, disk)
+        return Engine(model, tokenizer, prompt_cache_size, options, on_disk, prompt_cache_bytes)
     if disk is not None:
         from ..errors import StreamerError
 
@@ -53,7 +54,7 @@ def open_engine(
         )
     from .group_engine import GroupEngine
 
-    return GroupEngine(model, tokenizer, prompt_cache_size, group, options)
+    return GroupEngine(model, tokenizer, prompt_cache_size, group, options, prompt_cache_bytes)
 
 
 def prompt_cache_on_disk(model, options: dict | None, disk: tuple[Path, int] | None):

@@ -8,16 +8,17 @@ KV quantization) and the tokens it caches, and its name holds its crc32, checked
 loaded. A file that fails any check is removed with one log line, never computed with. Writes go
 to a temporary name, are fsynced and renamed, so an interrupted write (Ctrl-C, a crash) leaves no
 cache file, only a partial one that the next start removes; the folder is kept under its byte
-bound by removing the least recently used files.
+bound by removing the least recently used files before a new one goes in, and a file is not
+written where the disk would be left short (disk_files.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +32,22 @@ from mlx_lm.models.cache import (
 
 from ..errors import StreamerError, one_line
 from ..io.durable import fsync_dir
+from ..io.sizes import size_text
 from ..loading.handle import streaming
+from .disk_files import (
+    DISK_RESERVE,
+    PARTIAL,
+    PREFIX,
+    SUFFIX,
+    crc32,
+    data_bytes,
+    folder_files,
+    has_room,
+    metadata_of,
+    remove_partials,
+)
 
 log = logging.getLogger("streamer.server")
-PREFIX, SUFFIX, PARTIAL = "prompt-", ".safetensors", ".partial-"
-MAX_HEADER = 64 << 20  # a safetensors header longer than this is not one of ours
 
 
 @dataclass
@@ -73,9 +85,10 @@ class DiskCache:
         if not os.access(folder, os.W_OK):
             raise StreamerError(f"--prompt-cache-dir {folder}: not writable")
         self.folder, self.identity, self.max_bytes = folder, identity, max_bytes
+        self.short_of_disk = False  # the last file was not written for want of disk space
         self.entries: dict[Path, Entry] = {}
-        _remove_partials(folder)
-        for path in sorted(_files(folder, f"{PREFIX}*{SUFFIX}")):
+        remove_partials(folder)
+        for path in sorted(folder_files(folder, f"{PREFIX}*{SUFFIX}")):
             entry = self._entry(path)
             if entry is not None:
                 self.entries[path] = entry
@@ -99,12 +112,19 @@ class DiskCache:
             return None
         if length < len(best.tokens):
             trim_prompt_cache(cache, len(best.tokens) - length)
-        os.utime(best.path)  # recently used: evicted last
+        with contextlib.suppress(FileNotFoundError):  # removed since by a server sharing it
+            os.utime(best.path)  # recently used: evicted last
         return cache, length
 
     def save(self, tokens: list[int], cache: list) -> None:
-        """Write `cache` (of `tokens`) atomically, replacing any file of the same tokens; then
-        remove the least recently used files beyond the bound."""
+        """Write `cache` (of `tokens`) atomically, replacing any file of the same tokens, the
+        least recently used files removed first to make room; not where it would pass the bound
+        alone, or leave the disk short (disk_files.py)."""
+        held = self._holding(tuple(tokens))
+        if held is not None:  # the same answer again, or a turn asked again: not written again
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(held.path)
+            return
         key = hashlib.sha256(f"{self.identity}:{tokens}".encode()).hexdigest()[:24]
         partial = self.folder / f"{PARTIAL}{os.getpid()}-{key}{SUFFIX}"
         metadata = {
@@ -113,12 +133,19 @@ class DiskCache:
             "streamer_trimmable": str(can_trim_prompt_cache(cache)),
         }
         try:
+            if not self._room_for(data_bytes(cache)):
+                return
             save_prompt_cache(str(partial), cache, metadata)
-            crc = _crc32(partial)
+            crc = crc32(partial)
             with open(partial, "rb") as f:
                 os.fsync(f.fileno())
             for old in [p for p in self.entries if p.name.startswith(f"{PREFIX}{key}-")]:
                 self._forget(old)
+            size = partial.stat().st_size
+            if size > self.max_bytes:  # its header passed the bound: it would go first
+                partial.unlink()
+                return
+            self._bound(room=size)
             path = self.folder / f"{PREFIX}{key}-{crc:08x}{SUFFIX}"
             os.replace(partial, path)
             fsync_dir(self.folder)
@@ -127,14 +154,26 @@ class DiskCache:
             why = e.strerror if isinstance(e, OSError) and e.strerror else one_line(e)
             log.warning("prompt cache not written to %s: %s", self.folder, why)
             return
-        self.entries[path] = Entry(path, tuple(tokens), metadata["streamer_trimmable"] == "True")
-        self._bound()
+        entry = Entry(path, tuple(tokens), metadata["streamer_trimmable"] == "True")
+        self.entries[path] = entry
+        # a file of a prefix is this one cut back: gone, as mlx-lm's LRUPromptCache drops them
+        # (a long chat kept every turn's file, and pushed the other caches out)
+        if entry.trimmable:
+            for shorter in [e for e in self.entries.values() if _prefix(e.tokens, entry.tokens)]:
+                self._forget(shorter.path)
+
+    def _holding(self, tokens: tuple[int, ...]) -> Entry | None:
+        """A file that holds `tokens`' cache: theirs, or one that cuts back to it."""
+        for entry in self.entries.values():
+            if entry.tokens == tokens or (entry.trimmable and _prefix(tokens, entry.tokens)):
+                return entry
+        return None
 
     def _entry(self, path: Path) -> Entry | None:
         """The file's entry from its header alone; None for another model's file, or (removed
         with a log line) a damaged one."""
         try:
-            metadata = _metadata(path)
+            metadata = metadata_of(path)
             if metadata.get("0.streamer_model") != self.identity:
                 return None
             tokens = json.loads(metadata["0.streamer_tokens"])
@@ -148,7 +187,7 @@ class DiskCache:
     def _load(self, entry: Entry) -> list | None:
         try:
             want = int(entry.path.name.removesuffix(SUFFIX).rsplit("-", 1)[1], 16)
-            if _crc32(entry.path) != want:
+            if crc32(entry.path) != want:
                 raise ValueError("its crc32 does not match its name (the file changed)")
             cache, metadata = load_prompt_cache(str(entry.path), return_metadata=True)
             if metadata.get("streamer_model") != self.identity or json.loads(
@@ -173,21 +212,42 @@ class DiskCache:
         self.entries.pop(path, None)
         path.unlink(missing_ok=True)
 
-    def _bound(self) -> None:
-        """Remove the least recently used files (every model's) until the folder fits."""
+    def _room_for(self, size: int) -> bool:
+        """Whether a file of `size` bytes may be written: within the bound, and on a disk that
+        keeps its reserve (said once until a file fits again: a full disk would log each turn)."""
+        if size > self.max_bytes:
+            return False
+        room = has_room(self.folder, size)
+        if not room and not self.short_of_disk:
+            log.warning(
+                "prompt caches not written to %s until its disk has %s free beyond the cache",
+                self.folder,
+                size_text(DISK_RESERVE),
+            )
+        self.short_of_disk = not room
+        return room
+
+    def _bound(self, room: int) -> None:
+        """Remove the least recently used files (every model's) until the folder holds `room`
+        bytes more within its bound."""
         files = []
-        for path in _files(self.folder, f"{PREFIX}*{SUFFIX}"):
+        for path in folder_files(self.folder, f"{PREFIX}*{SUFFIX}"):
             try:
                 st = path.stat()
             except FileNotFoundError:
                 continue
             files.append((st.st_mtime_ns, st.st_size, path))
-        total = sum(size for _, size, _ in files)
+        total = sum(size for _, size, _ in files) + room
         for _, size, path in sorted(files):
             if total <= self.max_bytes:
                 break
             self._forget(path)
             total -= size
+
+
+def _prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether `a` is a shorter start of `b`."""
+    return len(a) < len(b) and b[: len(a)] == a
 
 
 def _shared(a: tuple[int, ...], b: list[int]) -> int:
@@ -196,50 +256,3 @@ def _shared(a: tuple[int, ...], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
-
-
-def _metadata(path: Path) -> dict:
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if not 0 < n <= MAX_HEADER:
-            raise ValueError(f"a safetensors header of {n} bytes")
-        header = json.loads(f.read(n))
-    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
-        raise ValueError("no metadata in its header")
-    return header["__metadata__"]
-
-
-def _crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(16 << 20):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def _remove_partials(folder: Path) -> None:
-    """Partial files of writes that never finished: their process is gone."""
-    for path in _files(folder, f"{PARTIAL}*"):
-        pid = path.name.removeprefix(PARTIAL).split("-", 1)[0]
-        if pid.isascii() and pid.isdigit() and _gone(int(pid)):  # "²" is a digit to isdigit
-            path.unlink(missing_ok=True)
-
-
-def _files(folder: Path, pattern: str) -> list[Path]:
-    """The files (or links to them) matching `pattern`: a folder or special file under a cache
-    file's name is not one of ours, and unlinking it raised at start."""
-    return [path for path in folder.glob(pattern) if path.is_file()]
-
-
-def _gone(pid: int) -> bool:
-    """Whether the process that wrote a partial file has ended (never this one). A number past
-    any pid (os.kill's OverflowError was a traceback at start) is no name we write: left alone."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, OverflowError):
-        return False
-    return False

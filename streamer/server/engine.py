@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
 from queue import Queue
 
 import mlx.core as mx
@@ -29,39 +28,18 @@ from ..arguments import tokens_text
 from ..errors import StreamerError
 from ..generate import stream_generate
 from ..kv_quantization import check_kv_cache_quantizes
-from ..run_stats import RunStats, settled
-from .api import Completion
+from ..run_stats import settled
+from .api import Completion, Sampling
 from .disk_cache import DiskCache
 from .fields import ApiError
-from .logprobs import Token, token_logprobs
-from .output import Output, Piece
+from .jobs import Done, Job, Step
+from .logprobs import token_logprobs
+from .output import Output
 from .sampling import sampler_and_processors
 
 log = logging.getLogger("streamer.server")
 KEEP_SECONDS = 120  # close() waits this long at most for a prompt cache being written
 MODEL_KEY = "served"  # one model per server: the prompt cache's key for it
-
-
-@dataclass
-class Step:
-    piece: Piece
-    tokens: list[Token] = field(default_factory=list)
-
-
-@dataclass
-class Done:
-    finish_reason: str
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    stats: RunStats | None  # streamer's figures for the request
-
-
-class Job:
-    def __init__(self, request: Completion, prompt: list[int], max_tokens: int):
-        self.request, self.prompt, self.max_tokens = request, prompt, max_tokens
-        self.events: Queue = Queue()
-        self.cancelled = threading.Event()
 
 
 def fit(
@@ -100,16 +78,22 @@ class Engine:
         prompt_cache_size: int = 10,
         options: dict | None = None,
         disk: DiskCache | None = None,
+        prompt_cache_bytes: int | None = None,
     ):
         """`options`: streamer.generate's keywords for every request (kv_bits, ...); `disk`: the
-        prompt caches on disk, beside those in memory."""
+        prompt caches on disk, beside those in memory; `prompt_cache_bytes`: the most memory the
+        kept KV caches take (the least recently used dropped first; None: no bound but their
+        number)."""
         self.model, self.tokenizer = model, tokenizer
         self.options, self.disk = options or {}, disk
         self._keeping = threading.Lock()  # held while a finished sequence's cache is kept
         if self.options.get("kv_bits") is not None:
             check_kv_cache_quantizes(model, self.options)  # at start, not in every request
         self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
-        self.prompt_cache = LRUPromptCache(prompt_cache_size)
+        if prompt_cache_bytes is None:
+            self.prompt_cache = LRUPromptCache(prompt_cache_size)
+        else:
+            self.prompt_cache = LRUPromptCache(prompt_cache_size, prompt_cache_bytes)
         self.jobs: Queue[Job] = Queue()
         self.thread = threading.Thread(target=self._run, name="streamer-generate", daemon=True)
         self.thread.start()
@@ -129,6 +113,13 @@ class Engine:
         while not self.jobs.empty():
             self.jobs.get_nowait().cancelled.set()
         self.wait_kept()
+
+    def forget(self) -> None:
+        """Drop the KV caches kept in memory, once the jobs before are done (chat's /reset: the
+        old conversation's cache, near the context's size at its end, was kept while a new one
+        grew beside it; --prompt-cache-dir's files stay)."""
+        job = self.submit(Job(Completion(False, "", 0, Sampling()), [], 0, forget=True))
+        job.events.get()
 
     def wait_kept(self) -> None:
         """Wait (KEEP_SECONDS at most) until the last answered sequence's KV cache is kept, in
@@ -151,6 +142,11 @@ class Engine:
                 job.events.put(ApiError(500, f"generation failed: {e}"))
 
     def _generate(self, job: Job, stream) -> None:
+        if job.forget:
+            self.prompt_cache.trim_to(n_sequences=0)
+            mx.clear_cache()  # MLX's buffer pool gives the memory back to the system
+            job.events.put(Done("forgotten", 0, 0, 0, None))
+            return
         request, sampling = job.request, job.request.sampling
         sampler, processors = sampler_and_processors(sampling)
         cache, rest = self._cache_for(job.prompt)

@@ -31,7 +31,8 @@ import mlx.core as mx
 import numpy as np
 
 from .api import ApiError, Completion, Sampling
-from .engine import Engine, Job
+from .engine import Engine
+from .jobs import Job
 
 log = logging.getLogger("streamer.server")
 QUIT, JOB = 0, 1  # the kinds of rank 0's messages
@@ -57,13 +58,14 @@ class GroupEngine(Engine):
         prompt_cache_size: int,
         group: mx.distributed.Group,
         options: dict | None = None,
+        prompt_cache_bytes: int | None = None,
     ):
         self.group, self.rank = group, group.rank()
         self._closing = threading.Event()  # rank 0 is closing: its running job stops
         self._told_to_quit = threading.Event()  # the other ranks have been told to stop
         self._quit = Job(Completion(False, "", 0, Sampling()), [], 0)  # closing, in the queue
         self._stream = None  # the generation stream, where every collective is issued
-        super().__init__(model, tokenizer, prompt_cache_size, options)
+        super().__init__(model, tokenizer, prompt_cache_size, options, None, prompt_cache_bytes)
 
     def close(self) -> None:
         """Rank 0: stop the running job, drop the waiting ones and tell the other ranks to stop
@@ -175,6 +177,7 @@ def _encode(job: Job) -> bytes:
             "max_tokens": job.max_tokens,
             "sampling": sampling,
             "num_draft_tokens": job.request.num_draft_tokens,
+            "forget": job.forget,  # every rank drops its kept caches: they stay the same
         }
     ).encode()
 
@@ -186,4 +189,4 @@ def _decode(payload: bytes) -> Job:
         sampling["logit_bias"] = {int(k): v for k, v in sampling["logit_bias"].items()}
     request = Completion(False, "", message["max_tokens"], Sampling(**sampling))
     request.num_draft_tokens = message["num_draft_tokens"]
-    return Job(request, message["prompt"], message["max_tokens"])
+    return Job(request, message["prompt"], message["max_tokens"], message["forget"])

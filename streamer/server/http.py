@@ -19,8 +19,9 @@ from urllib.parse import unquote, urlsplit
 from .api import Completion, Sampling, parse_completion
 from .auth import check_key
 from .connection import ClientGone, QuietHandler, client_gone
-from .engine import Done, Engine, Job, Step, fit
+from .engine import Engine, fit
 from .fields import ApiError, http_refusal, parse_body
+from .jobs import Done, Job, Step
 from .output import Piece
 from .prompts import prompt_tokens
 from .request_body import declares_body, read_body

@@ -13,7 +13,7 @@ from mlx_lm.server import ToolCallFormatter
 
 from ..run_stats import RunStats
 from .api import Completion
-from .engine import Done
+from .jobs import Done
 from .logprobs import Token
 from .output import Piece
 

@@ -1,0 +1,110 @@
+"""The files of --prompt-cache-dir (disk_cache.py) and the disk they are on: the folder's byte
+bound is checked against the free space at start, and a cache file is written only where the disk
+keeps DISK_RESERVE free after it, so a server up for days never fills the disk (the system's swap
+and other programs need it too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zlib
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from ..errors import StreamerError
+from ..io.sizes import size_text
+
+PREFIX, SUFFIX, PARTIAL = "prompt-", ".safetensors", ".partial-"
+MAX_HEADER = 64 << 20  # a safetensors header longer than this is not one of ours
+DISK_RESERVE = 1 << 30  # left free on the disk whatever the bound
+
+
+def free_bytes(folder: Path) -> int:
+    """The free bytes of the disk that holds `folder` (or would: its nearest existing parent)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def check_room(folder: Path, max_bytes: int, held: int) -> None:
+    """Refuse a bound the disk cannot hold: what it has free and the `held` bytes of cache files
+    already in `folder` (which the bound counts), less DISK_RESERVE."""
+    free = free_bytes(folder)
+    room = free + held - DISK_RESERVE
+    if max_bytes > room:
+        fits = f"give --prompt-cache-disk {size_text(room)} or less, or " if room > 0 else ""
+        raise StreamerError(
+            f"--prompt-cache-disk {size_text(max_bytes)} does not fit on the disk of {folder}: "
+            f"it has {size_text(free)} free and {size_text(held)} of prompt caches, and "
+            f"{size_text(DISK_RESERVE)} is left free: {fits}free space on that disk."
+        )
+
+
+def data_bytes(cache: list) -> int:
+    """The bytes of the arrays `cache`'s file holds (the file adds a header)."""
+    leaves = tree_flatten([c.state for c in cache])
+    return sum(x.nbytes for _, x in leaves if isinstance(x, mx.array))
+
+
+def has_room(folder: Path, size: int) -> bool:
+    """Whether a file of `size` bytes leaves DISK_RESERVE free on `folder`'s disk."""
+    return free_bytes(folder) - size >= DISK_RESERVE
+
+
+def check_bound(folder: Path, max_bytes: int) -> None:
+    """Refuse at start a bound the disk of `folder` cannot hold beside the files already there."""
+    try:
+        held = sum(path.stat().st_size for path in folder_files(folder, f"{PREFIX}*{SUFFIX}"))
+        check_room(folder, max_bytes, held)
+    except OSError as e:  # a parent the user may not search, say
+        raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
+
+
+def metadata_of(path: Path) -> dict:
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if not 0 < n <= MAX_HEADER:
+            raise ValueError(f"a safetensors header of {n} bytes")
+        header = json.loads(f.read(n))
+    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
+        raise ValueError("no metadata in its header")
+    return header["__metadata__"]
+
+
+def crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def remove_partials(folder: Path) -> None:
+    """Partial files of writes that never finished: their process is gone."""
+    for path in folder_files(folder, f"{PARTIAL}*"):
+        pid = path.name.removeprefix(PARTIAL).split("-", 1)[0]
+        if pid.isascii() and pid.isdigit() and _gone(int(pid)):  # "²" is a digit to isdigit
+            path.unlink(missing_ok=True)
+
+
+def folder_files(folder: Path, pattern: str) -> list[Path]:
+    """The files (or links to them) matching `pattern`: a folder or special file under a cache
+    file's name is not one of ours, and unlinking it raised at start."""
+    return [path for path in folder.glob(pattern) if path.is_file()]
+
+
+def _gone(pid: int) -> bool:
+    """Whether the process that wrote a partial file has ended (never this one). A number past
+    any pid (os.kill's OverflowError was a traceback at start) is no name we write: left alone."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
