@@ -13,7 +13,9 @@ at each budget (cache/budget.py layer_groups, one chunk a pool), each pool's Slo
 token: per decode token the experts missed (read by the kernel) and copied (by the settles),
 their bytes, and the host time of the settles' replays on this machine (a settle's main host
 work, beside the pull). `--by-calls`: the settle before the refresh, each call's misses given
-slots as a synced call's are (`SlotLFU.assign`).
+slots as a synced call's are (`SlotLFU.assign`). `--recent`: each layer's previous token's
+experts are hits too, as if a region of top-k slots a layer, taken from the budget, kept them
+(the reuse a settle every 16 tokens cannot catch; the region's copies are not counted).
 """
 
 from __future__ import annotations
@@ -46,9 +48,19 @@ def by_calls(policy: SlotLFU, base: dict, calls: list) -> dict:
     return reads
 
 
-def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settle: int, settles):
+def pool_run(
+    traces: list,
+    first: int,
+    end: int,
+    slots: int,
+    experts: int,
+    settle: int,
+    settles,
+    recent: bool = False,
+):
     """(misses, copies, seconds replaying) of one pool of `slots` over layers [first, end)
-    through `traces`."""
+    through `traces`; `recent`: a layer's previous token's experts are hits too (held in a
+    region of their own beside the pool)."""
     policy = SlotLFU(slots, (end - first) * experts)
     base = {layer: (layer - first) * experts for layer in range(first, end)}
     misses = copies = seconds = 0
@@ -57,7 +69,10 @@ def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settl
         for t in range(len(trace)):
             for layer in range(first, end):
                 routed = np.unique(trace[t, layer])
-                misses += int(np.count_nonzero(policy.slot_of[base[layer] + routed] < 0))
+                missed = policy.slot_of[base[layer] + routed] < 0
+                if recent and t:
+                    missed &= ~np.isin(routed, trace[t - 1, layer])
+                misses += int(np.count_nonzero(missed))
                 calls.append((layer, routed))
             if (t + 1) % settle == 0 or t + 1 == len(trace):
                 start = time.perf_counter()
@@ -71,10 +86,17 @@ def pool_run(traces: list, first: int, end: int, slots: int, experts: int, settl
 def run(profile: str, share: float, args) -> dict:
     model = RoutingModel(profile, args.experts, args.top_k, args.layers, args.seed)
     traces = model.prompts(args.tokens, args.prompts)
-    slots = max(1, round(share * args.experts * args.layers))
+    # --recent: each layer's previous token's experts take top-k slots of the budget
+    slots = (
+        max(1, round(share * args.experts * args.layers)) - args.recent * args.top_k * args.layers
+    )
+    if slots < args.top_k:
+        raise SystemExit(f"a budget of {share:g} leaves the pool no slots beside --recent's")
     misses = copies = seconds = 0
     for first, end, count in layer_groups(args.layers, slots, CHUNK_BYTES // LARGEST_TENSOR):
-        m, c, s = pool_run(traces, first, end, count, args.experts, args.settle, args.settles)
+        m, c, s = pool_run(
+            traces, first, end, count, args.experts, args.settle, args.settles, args.recent
+        )
         misses, copies, seconds = misses + m, copies + c, seconds + s
     per = 1 / args.tokens
     return {
@@ -105,6 +127,12 @@ def main(argv: list[str] | None = None) -> None:
         const=by_calls,
         default=replay,
         help="the settle as it was: each call's misses take slots",
+    )
+    ap.add_argument(
+        "--recent",
+        action="store_true",
+        help="each layer's previous token's experts are hits too, their top-k slots taken from "
+        "the pool",
     )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

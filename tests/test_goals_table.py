@@ -90,6 +90,21 @@ def test_settle_copies_counts_what_a_gathered_pool_copies(bench_path, capsys):
     assert all(r["copies"] < c["copies"] for r, c in zip(rows[False], rows[True]))
 
 
+def test_settle_copies_recent_counts_the_previous_tokens_experts_as_hits(bench_path):
+    """`--recent`: a layer's previous token's experts are hits beside the pool. A trace that
+    routes each expert pair twice in a row misses the second call too without it (a pool of two
+    slots settled only every 16 tokens), and only a pair's first with it."""
+    from settle_copies import pool_run
+
+    from streamer.cache.settle import replay
+
+    pairs = [[2 * i % 16, (2 * i + 1) % 16] for i in range(16)]
+    trace = np.array([[pair] for pair in pairs for _ in range(2)])  # [32 tokens, 1 layer, 2]
+    plain = pool_run([trace], 0, 1, 2, 16, 16, replay)[0]
+    recent = pool_run([trace], 0, 1, 2, 16, 16, replay, recent=True)[0]
+    assert recent <= 2 * len(pairs) < plain  # with it, only a pair's first call can miss
+
+
 def test_settle_plot_draws_the_committed_comparison(bench_path, tmp_path, capsys):
     """bench/settle_plot.py draws bus bytes per token for the three settles from the committed
     bench/settle_copies.py results."""
