@@ -22,6 +22,7 @@ from streamer.families.model_types import mlx_lm_model_type
 from streamer.families.transformers.spellings import normalize_config
 from streamer.io.checkpoint import Checkpoint
 from streamer.io.manifest import read_manifest
+from streamer.plan.model import model_plan
 from streamer.repack import Quantize, repack
 
 
@@ -155,6 +156,23 @@ def test_fp8_with_a_null_block_size_is_dequantized_as_without_one(tmp_path):
     config_file.write_text(json.dumps(written))
     repack(src, tmp_path / "null", log=lambda _: None)
     assert_same_model(tmp_path / "null", tmp_path / "absent")
+
+
+def test_fp8_in_blocks_other_than_128_is_refused(tmp_path):
+    """FP8 in 64x64 blocks: mlx-lm's sanitizes take every scale for a 128x128 block's, so repack
+    failed saying to download the model again (and plan accepted it). Refused by both, naming
+    the block size, before anything is written."""
+    config = tiny_config("deepseek_v3")
+    src = write_hf_checkpoint(tmp_path / "src", config, fp8=True, fp8_block=(64, 64))
+    refusal = (
+        r"quantization_config \(fp8\) is not supported, as mlx-lm dequantizes FP8 in 128x128 "
+        r"blocks .*not weight_block_size \[64, 64\]; repack the bf16"
+    )
+    with pytest.raises(StreamerError, match=refusal):
+        repack(src, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(StreamerError, match=refusal):
+        model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
 
 
 def test_fp8_is_refused_where_mlx_lm_does_not_dequantize_it(tmp_path):

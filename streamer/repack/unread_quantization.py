@@ -6,13 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import StreamerError
-from ..families.mlx_lm_models import package_version
-
-# quantization formats mlx-lm names but whose checkpoints no mlx-lm model loads: why
-UNREAD_FORMATS = {
-    "nvfp4-pack-quantized": f"as no sanitize of mlx-lm {package_version()} reads its experts' "
-    "`weight_global_scale`, so mlx-lm cannot load it either (nothing to be exact against)",
-}
+from ..families.transformers.quantization_methods import unread_reason
 
 
 def refuse_unread_quantization(config: dict, where: Path | str) -> None:
@@ -22,9 +16,9 @@ def refuse_unread_quantization(config: dict, where: Path | str) -> None:
     method = config["quantization_config"].get("quant_method", "?")
     fmt = config["quantization_config"].get("format")
     # mlx-lm's loader reads some that streamer does not (AWQ, GPTQ): no claim about mlx-lm
-    why = f", {UNREAD_FORMATS[fmt]}" if fmt in UNREAD_FORMATS else ""
+    why = unread_reason(config["quantization_config"])
     raise StreamerError(
         f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
-        f"supported{why}; repack the bf16/fp16 checkpoint (optionally with --quantize) or "
-        "an MLX-quantized one."
+        f"supported{f', {why}' if why else ''}; repack the bf16/fp16 checkpoint (optionally "
+        "with --quantize) or an MLX-quantized one."
     )
