@@ -149,6 +149,32 @@ def test_a_quantization_mlx_lm_converts_but_streamer_does_not_is_refused(tmp_pat
         model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
 
 
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "qwen3_moe"])
+def test_modelopt_nvfp4_is_refused_where_mlx_lm_s_sanitize_leaves_its_scales(tmp_path, model_type):
+    """NVIDIA's NVFP4 exports of other families (DeepSeek-R1-FP4, Qwen3-30B-A3B-FP4: ModelOpt's
+    `weight_scale` and `weight_scale_2` per expert), which only Muse Spark's sanitize reads:
+    refused from config.json, by plan too (as pull refuses before the weights). Repack read the
+    packed bytes as the weight and failed on its shape, as if config.json were another model's."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type))
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "exclude_modules": ["lm_head"],
+    }
+    (src / "config.json").write_text(json.dumps(config))
+    refusal = (
+        r"quantization_config \(modelopt\) is not supported, as no sanitize of mlx-lm .* but "
+        r"muse_spark's reads its `weight_scale` and `weight_scale_2`, so mlx-lm cannot load it"
+    )
+    with pytest.raises(StreamerError, match=refusal):
+        repack(src, tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists()
+    with pytest.raises(StreamerError, match=refusal):
+        model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+
+
 @pytest.mark.usefixtures("global_scales_on_cpu")
 def test_muse_spark_nvfp4_streams_as_mlx_lm_loads_it(tmp_path):
     """Muse Spark's NVFP4 checkpoint (ModelOpt's format: the experts of every MoE layer but the

@@ -16,7 +16,7 @@ def refuse_unread_quantization(config: dict, where: Path | str) -> None:
     method = config["quantization_config"].get("quant_method", "?")
     fmt = config["quantization_config"].get("format")
     # mlx-lm's loader reads some that streamer does not (AWQ, GPTQ): no claim about mlx-lm
-    why = unread_reason(config["quantization_config"])
+    why = unread_reason(config)
     raise StreamerError(
         f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
         f"supported{f', {why}' if why else ''}; repack the bf16/fp16 checkpoint (optionally "

@@ -9,6 +9,8 @@ from ..config.common_fields import with_mode_defaults
 from ..mlx_lm_models import package_version
 
 FP8_BLOCKS = (None, [128, 128])  # the blocks mlx-lm's sanitizes dequantize (null: one scale)
+# model types whose mlx-lm sanitize reads ModelOpt's NVFP4 scales (`weight_scale_2`: global_scale)
+MODELOPT_NVFP4_TYPES = ("muse_spark",)
 
 
 def quantization_as_mlx(config: dict) -> dict:
@@ -23,7 +25,7 @@ def quantization_as_mlx(config: dict) -> dict:
     quantization_config = config.get("quantization_config")
     if "quantization" in config or not isinstance(quantization_config, dict):
         return config
-    if unread_reason(quantization_config):
+    if unread_reason(config):
         return config
     method = quantization_config.get("quant_method")
     if method in ("mxfp4", "mxfp8"):  # gpt-oss's mxfp4; mlx-lm reads both as MLX's modes
@@ -32,7 +34,7 @@ def quantization_as_mlx(config: dict) -> dict:
             "bits": 4 if method == "mxfp4" else 8,
             "mode": method,
         }
-    elif method == "modelopt" and _modelopt_nvfp4(quantization_config):
+    elif method == "modelopt":
         # NVIDIA ModelOpt's NVFP4 (Muse Spark's): MLX's nvfp4, each expert's tensor scale
         # (`weight_scale_2`) made mlx-lm's `global_scale` by the family's sanitize
         settings = quantization_config.get("quantization", quantization_config)
@@ -64,10 +66,13 @@ def quantization_as_mlx(config: dict) -> dict:
     return config
 
 
-def unread_reason(quantization_config: dict) -> str | None:
-    """Why a variant of a method mlx-lm names is not read (mlx-lm would misread it, or cannot load
-    it either), or None."""
+def unread_reason(config: dict) -> str | None:
+    """Why the variant of a method mlx-lm names that `config`'s quantization_config gives is not
+    read (mlx-lm would misread it, or cannot load it either), or None."""
+    quantization_config = config["quantization_config"]
     method = quantization_config.get("quant_method")
+    if method == "modelopt":
+        return _unread_modelopt(quantization_config, config.get("model_type"))
     fmt = quantization_config.get("format")
     if method == "compressed-tensors" and fmt == "nvfp4-pack-quantized":
         return (
@@ -114,8 +119,17 @@ def _unlike_int4(quantization_config: dict) -> str | None:
     return None
 
 
-def _modelopt_nvfp4(quantization_config: dict) -> bool:
-    """ModelOpt's quantization_config for NVFP4 (its settings nested under `quantization` in
-    hf_quant_config.json's form), the one ModelOpt algorithm mlx-lm reads."""
+def _unread_modelopt(quantization_config: dict, model_type: str | None) -> str | None:
+    """Why mlx-lm cannot load a ModelOpt checkpoint (its settings nested under `quantization` in
+    hf_quant_config.json's form): an algorithm other than NVFP4, or a model whose sanitize leaves
+    the NVFP4 scales unread (so its loader finds `weight_scale` where the model has none)."""
     settings = quantization_config.get("quantization", quantization_config)
-    return isinstance(settings, dict) and settings.get("quant_algo") == "NVFP4"
+    algorithm = settings.get("quant_algo") if isinstance(settings, dict) else None
+    if algorithm != "NVFP4":
+        return f"as mlx-lm reads ModelOpt's NVFP4 only, not quant_algo {algorithm!r}"
+    if model_type not in MODELOPT_NVFP4_TYPES:
+        return (
+            f"as no sanitize of mlx-lm {package_version()} but {', '.join(MODELOPT_NVFP4_TYPES)}'s "
+            f"reads its `weight_scale` and `weight_scale_2`, so mlx-lm cannot load it either"
+        )
+    return None
