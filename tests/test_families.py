@@ -176,10 +176,13 @@ def test_fp8_in_blocks_other_than_128_is_refused(tmp_path):
 
 
 def test_fp8_is_refused_where_mlx_lm_does_not_dequantize_it(tmp_path):
+    """By repack from the tensors, and by plan from config.json alone (it planned the model)."""
     src = write_hf_checkpoint(tmp_path / "src", tiny_config("qwen3_moe"), fp8=True)
     with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
         repack(src, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
+    with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
+        model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
 
 
 def test_dbrx_as_published_loads_its_tokenizer(tmp_path):

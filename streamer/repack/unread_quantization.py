@@ -1,12 +1,17 @@
 """The `quantization_config`s a source may not carry: those left once its spellings are read
-(AWQ, GPTQ, NVFP4 packs, ...), which streamer cannot repack. repack and plan refuse them alike."""
+(AWQ, GPTQ, NVFP4 packs, ...), which streamer cannot repack, and block-scaled FP8 where the
+family's mlx-lm sanitize does not dequantize it. repack and plan refuse them alike, and pull
+before it downloads the weights."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import mlx.core as mx
+import mlx.nn as nn
+
 from ..errors import StreamerError
-from ..families.transformers.quantization_methods import unread_reason
+from ..families.transformers.quantization_methods import FP8_BLOCKS, unread_reason
 
 
 def refuse_unread_quantization(config: dict, where: Path | str) -> None:
@@ -21,4 +26,36 @@ def refuse_unread_quantization(config: dict, where: Path | str) -> None:
         f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
         f"supported{f', {why}' if why else ''}; repack the bf16/fp16 checkpoint (optionally "
         "with --quantize) or an MLX-quantized one."
+    )
+
+
+def refuse_fp8_left_to_sanitize(model: nn.Module, published: dict, where: Path | str) -> None:
+    """Refuse block-scaled FP8 (which normalize_config leaves to the family's sanitize) from the
+    published config.json alone, where `model`'s sanitize keeps a stand-in's `weight_scale_inv`
+    (never evaluated) as it is, as repack refuses those tensors once they are downloaded."""
+    text = published.get("text_config")
+    quantization = published.get(
+        "quantization_config", text.get("quantization_config") if isinstance(text, dict) else None
+    )
+    if not isinstance(quantization, dict) or quantization.get("quant_method") != "fp8":
+        return
+    if quantization.get("weight_block_size") not in FP8_BLOCKS or not hasattr(model, "sanitize"):
+        return
+    probe = {
+        "probe.weight": mx.zeros((128, 128), mx.uint8),
+        "probe.weight_scale_inv": mx.ones((1, 1)),
+    }
+    try:
+        kept = model.sanitize(probe)
+    except Exception:  # noqa: BLE001 - a sanitize that needs the model's own names: repack tells
+        return
+    if any(name.endswith("_scale_inv") for name in kept):  # (renamed, as a VLM's are)
+        raise fp8_not_dequantized(type(model).__module__.rsplit(".", 1)[1], where)
+
+
+def fp8_not_dequantized(family: str, where: Path | str) -> StreamerError:
+    return StreamerError(
+        f"{where}: FP8 weights with block scales, which mlx-lm's model dequantizes for some "
+        f"families (DeepSeek-V3, Kimi K2, MiniMax-M2, ...) but not for {family}; repack a bf16 "
+        "or MLX-quantized version."
     )
