@@ -5,7 +5,7 @@ mlx-lm would read wrongly, left in place for repack and plan to refuse
 
 from __future__ import annotations
 
-from ..config.common_fields import with_mode_defaults
+from ..config.common_fields import mlx_refuses, with_mode_defaults
 from ..mlx_lm_models import package_version
 
 FP8_BLOCKS = (None, [128, 128])  # the blocks mlx-lm's sanitizes dequantize (null: one scale)
@@ -82,8 +82,8 @@ def unread_reason(config: dict) -> str | None:
     if method == "compressed-tensors" and fmt == "pack-quantized":
         unlike = _unlike_int4(quantization_config)
         return unlike and (
-            f"as mlx-lm reads its packs as symmetric 4-bit integers in groups, not with {unlike} "
-            "(it would give wrong weights)"
+            "as mlx-lm reads its packs as symmetric 4-bit integers in groups MLX quantizes with, "
+            f"not with {unlike}"
         )
     blocks = quantization_config.get("weight_block_size")
     if method == "fp8" and blocks not in FP8_BLOCKS:
@@ -113,9 +113,14 @@ def _unlike_int4(quantization_config: dict) -> str | None:
     groups = quantization_config.get("config_groups")
     for group in groups.values() if isinstance(groups, dict) else ():
         weights = group.get("weights") if isinstance(group, dict) else None
-        for name, values in INT4_PACK.items() if isinstance(weights, dict) else ():
+        if not isinstance(weights, dict):
+            continue
+        for name, values in INT4_PACK.items():
             if weights.get(name) not in values:
                 return f"{name} {weights.get(name)!r}"
+        size = weights.get("group_size")
+        if type(size) is not int or size < 1 or mlx_refuses(size, 4, "affine"):
+            return f"group_size {size!r}"  # MLX's affine groups: mlx-lm keeps the pack's
     return None
 
 
