@@ -12,6 +12,9 @@ import mlx.nn as nn
 
 from ..errors import StreamerError
 from ..families.transformers.quantization_methods import FP8_BLOCKS, unread_reason
+from ..io.checkpoint import Checkpoint
+
+FLOAT_SCALES = ("F32", "BF16", "F16")  # the scale dtypes mlx-lm's FP8 dequantize reads as numbers
 
 
 def refuse_unread_quantization(config: dict, where: Path | str) -> None:
@@ -51,6 +54,26 @@ def refuse_fp8_left_to_sanitize(model: nn.Module, published: dict, where: Path |
         return
     if any(name.endswith("_scale_inv") for name in kept):  # (renamed, as a VLM's are)
         raise fp8_not_dequantized(type(model).__module__.rsplit(".", 1)[1], where)
+
+
+def refuse_fp8_misread(
+    ckpt: Checkpoint, config: dict, sanitized: dict[str, mx.array], where: Path
+) -> None:
+    """Refuse block-scaled FP8 that the family's sanitize leaves as it is, or would multiply by its
+    scales' exponent bytes: `weight_scale_inv` in F8_E8M0 (or U8) is 2**(byte - 127) each, as
+    transformers reads it, where mlx-lm's dequantize takes the byte for the number. Not where
+    config.json's quantization reads them as MLX's modes (MXFP8 keeps the exponent bytes)."""
+    if any(name.endswith("_scale_inv") for name in sanitized):
+        raise fp8_not_dequantized(config["model_type"], where)
+    if "quantization" in config:
+        return
+    for info in ckpt.tensors.values():
+        if info.name.endswith("_scale_inv") and info.dtype not in FLOAT_SCALES:
+            raise StreamerError(
+                f"{info.path}: tensor '{info.name}' holds FP8 block scales as {info.dtype} "
+                f"exponents, which mlx-lm's {config['model_type']} sanitize multiplies as plain "
+                "numbers (it would give wrong weights); repack a bf16 or MLX-quantized version."
+            )
 
 
 def fp8_not_dequantized(family: str, where: Path | str) -> StreamerError:
