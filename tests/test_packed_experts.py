@@ -11,12 +11,13 @@ import io
 import json
 import shutil
 
+import mlx.core as mx
 import mlx_lm
 import pytest
 from conftest import reference_model
 from test_parity import compare
 
-from fixtures import muse_spark, tiny_config, write_hf_checkpoint
+from fixtures import compressed_tensors, muse_spark, tiny_config, write_hf_checkpoint
 from fixtures.hadamard_pack import write_hadamard_pack
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
@@ -112,6 +113,31 @@ def test_an_int_pack_mlx_lm_would_misread_is_refused(tmp_path, setting, value):
     assert not (tmp_path / "dst").exists()
     with pytest.raises(StreamerError, match=refusal):
         model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+
+
+def test_zero_points_sanitize_leaves_unread_are_refused(tmp_path, monkeypatch):
+    """An int4 pack whose experts carry `weight_zero_point`s that config.json does not declare
+    (symmetric): mlx-lm's sanitize leaves them as they are and its loader refuses them; repack
+    copied the codes and scales without them, silently wrong. Refused before anything is
+    written, naming the tensor."""
+    pack = compressed_tensors.pack
+
+    def with_zero_points(name, weight, fmt):
+        zero_points = mx.ones((weight.shape[0], weight.shape[1] // 32), mx.int8)
+        return [
+            *pack(name, weight, fmt),
+            (name.removesuffix("weight") + "weight_zero_point", zero_points),
+        ]
+
+    monkeypatch.setattr(compressed_tensors, "pack", with_zero_points)
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("kimi_k2"), pack="pack-quantized")
+    with pytest.raises(
+        StreamerError,
+        match=r"tensor 'model\.layers\.\d+\.mlp\.experts\.\d+\.\w+_proj\.weight_zero_point' is "
+        "left unread by mlx-lm's sanitize, so mlx-lm cannot load",
+    ):
+        repack(src, tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists() and not list(tmp_path.glob(".dst*"))
 
 
 def test_a_hadamard_pack_streams_as_mlx_lm_loads_it(tmp_path):
