@@ -58,7 +58,7 @@ def refuse_unstreamable(name: str, config_file: Path) -> dict:
     from .families.transformers.spellings import normalize_config
     from .io.json_file import read_json_object
     from .repack.unread_quantization import (
-        refuse_fp8_left_to_sanitize,
+        refuse_left_to_sanitize,
         refuse_unread_quantization,
     )
 
@@ -70,7 +70,7 @@ def refuse_unstreamable(name: str, config_file: Path) -> dict:
             refuse_unread_quantization(config, where)
         architecture(config, where)
         model = build_model(config, where)  # lazily: a model without MoE layers is refused
-        refuse_fp8_left_to_sanitize(model, raw, where)
+        refuse_left_to_sanitize(model, raw, where)
     except StreamerError as e:
         raise StreamerError(f"{e} (nothing but {name}'s small files was downloaded)") from None
     return raw

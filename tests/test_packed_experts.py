@@ -115,6 +115,18 @@ def test_an_int_pack_mlx_lm_would_misread_is_refused(tmp_path, setting, value):
         model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
 
 
+def test_an_int4_pack_of_a_family_whose_sanitize_leaves_it_is_refused(tmp_path):
+    """An int4 `pack-quantized` Qwen3 MoE (the w4a16 re-releases), which mlx-lm's qwen3_moe does
+    not unpack: refused by plan (and pull) from config.json alone, which planned it, and by
+    repack naming the packed tensor, which said a converted expert gave nothing."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("qwen3_moe"), pack="pack-quantized")
+    with pytest.raises(StreamerError, match=r"0\.gate_proj\.weight_packed' is left unread by"):
+        repack(src, tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists()
+    with pytest.raises(StreamerError, match=r"int4 packs \(`weight_packed`\), .*not for qwen3_moe"):
+        model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+
+
 def test_zero_points_sanitize_leaves_unread_are_refused(tmp_path, monkeypatch):
     """An int4 pack whose experts carry `weight_zero_point`s that config.json does not declare
     (symmetric): mlx-lm's sanitize leaves them as they are and its loader refuses them; repack

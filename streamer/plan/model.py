@@ -121,9 +121,9 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
         refuse_unread_quantization(config, path)  # as repack would
     model = build_model(config, path)
     if not repacked:
-        from ..repack.unread_quantization import refuse_fp8_left_to_sanitize
+        from ..repack.unread_quantization import refuse_left_to_sanitize
 
-        refuse_fp8_left_to_sanitize(model, published, path)
+        refuse_left_to_sanitize(model, published, path)
     check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
     if quantize and "quantization" not in config:

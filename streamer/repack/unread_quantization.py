@@ -32,28 +32,48 @@ def refuse_unread_quantization(config: dict, where: Path | str) -> None:
     )
 
 
-def refuse_fp8_left_to_sanitize(model: nn.Module, published: dict, where: Path | str) -> None:
-    """Refuse block-scaled FP8 (which normalize_config leaves to the family's sanitize) from the
-    published config.json alone, where `model`'s sanitize keeps a stand-in's `weight_scale_inv`
-    (never evaluated) as it is, as repack refuses those tensors once they are downloaded."""
+def refuse_left_to_sanitize(model: nn.Module, published: dict, where: Path | str) -> None:
+    """Refuse, from the published config.json alone, a quantization normalize_config leaves to
+    the family's sanitize (block-scaled FP8, compressed-tensors' int4 pack) where `model`'s
+    sanitize gives a stand-in projection's tensors (never evaluated) back as they are, as repack
+    refuses those tensors once they are downloaded."""
     text = published.get("text_config")
     quantization = published.get(
         "quantization_config", text.get("quantization_config") if isinstance(text, dict) else None
     )
-    if not isinstance(quantization, dict) or quantization.get("quant_method") != "fp8":
+    probe = _probe(quantization) if isinstance(quantization, dict) else None
+    if probe is None or not hasattr(model, "sanitize"):
         return
-    if quantization.get("weight_block_size") not in FP8_BLOCKS or not hasattr(model, "sanitize"):
-        return
-    probe = {
-        "probe.weight": mx.zeros((128, 128), mx.uint8),
-        "probe.weight_scale_inv": mx.ones((1, 1)),
-    }
     try:
         kept = model.sanitize(probe)
     except Exception:  # noqa: BLE001 - a sanitize that needs the model's own names: repack tells
         return
+    family = type(model).__module__.rsplit(".", 1)[1]
     if any(name.endswith("_scale_inv") for name in kept):  # (renamed, as a VLM's are)
-        raise fp8_not_dequantized(type(model).__module__.rsplit(".", 1)[1], where)
+        raise fp8_not_dequantized(family, where)
+    if any(name.endswith("weight_packed") for name in kept):
+        raise StreamerError(
+            f"{where}: compressed-tensors int4 packs (`weight_packed`), which mlx-lm's model "
+            f"reads for some families (DeepSeek-V3, Kimi K2) but not for {family}; repack a "
+            "bf16 or MLX-quantized version."
+        )
+
+
+def _probe(quantization: dict) -> dict[str, mx.array] | None:
+    """Stand-ins of one projection's tensors in a quantization left to sanitize (None: another)."""
+    method = quantization.get("quant_method")
+    if method == "fp8" and quantization.get("weight_block_size") in FP8_BLOCKS:
+        return {
+            "probe.weight": mx.zeros((128, 128), mx.uint8),
+            "probe.weight_scale_inv": mx.ones((1, 1)),
+        }
+    if method == "compressed-tensors" and quantization.get("format") == "pack-quantized":
+        return {
+            "probe.weight_packed": mx.zeros((128, 16), mx.int32),
+            "probe.weight_scale": mx.ones((128, 4), mx.bfloat16),
+            "probe.weight_shape": mx.array([128, 128], mx.int32),
+        }
+    return None
 
 
 def refuse_fp8_misread(
