@@ -1,7 +1,7 @@
 """The `quantization_config`s a source may not carry: those left once its spellings are read
-(AWQ, GPTQ, NVFP4 packs, ...), which streamer cannot repack, and block-scaled FP8 where the
-family's mlx-lm sanitize does not dequantize it. repack and plan refuse them alike, and pull
-before it downloads the weights."""
+(AWQ, GPTQ, NVFP4 packs, ...), which streamer cannot repack, and block-scaled FP8 or int4 packs
+that the family's mlx-lm sanitize leaves as they are (or would misread: exponent-byte scales).
+repack and plan refuse them alike, and pull before it downloads the weights."""
 
 from __future__ import annotations
 
