@@ -57,7 +57,10 @@ def refuse_unstreamable(name: str, config_file: Path) -> dict:
     from .families.model_types import architecture
     from .families.transformers.spellings import normalize_config
     from .io.json_file import read_json_object
-    from .repack.unread_quantization import refuse_unread_quantization
+    from .repack.unread_quantization import (
+        refuse_left_to_sanitize,
+        refuse_unread_quantization,
+    )
 
     where = f"{name}: config.json"
     raw = read_json_object(config_file, f"`streamer pull {name} --force` downloads it again.")
@@ -66,7 +69,8 @@ def refuse_unstreamable(name: str, config_file: Path) -> dict:
         if "quantization" not in raw:
             refuse_unread_quantization(config, where)
         architecture(config, where)
-        build_model(config, where)  # lazily: a model without MoE layers is refused
+        model = build_model(config, where)  # lazily: a model without MoE layers is refused
+        refuse_left_to_sanitize(model, raw, where)
     except StreamerError as e:
         raise StreamerError(f"{e} (nothing but {name}'s small files was downloaded)") from None
     return raw

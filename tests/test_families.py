@@ -10,6 +10,7 @@ import json
 
 import mlx.core as mx
 import mlx_lm
+import numpy as np
 import pytest
 from conftest import reference_model
 from repack_checks import assert_same_model
@@ -22,6 +23,7 @@ from streamer.families.model_types import mlx_lm_model_type
 from streamer.families.transformers.spellings import normalize_config
 from streamer.io.checkpoint import Checkpoint
 from streamer.io.manifest import read_manifest
+from streamer.plan.model import model_plan
 from streamer.repack import Quantize, repack
 
 
@@ -144,6 +146,42 @@ def test_fp8_download_is_dequantized_as_mlx_lm_does(tmp_path, arch):
     compare(tmp_path / "q4", reference_model(tmp_path / "mlx"), tolerance=0.0)
 
 
+def test_fp8_experts_are_the_published_formula_bit_for_bit(tmp_path):
+    """Each repacked expert is its E4M3 values times its 128x128 block's float32 scale, rounded
+    once to bf16 (transformers' Fp8Dequantize), with partial blocks at the edges (200 rows)."""
+    config = tiny_config("deepseek_v3", moe_intermediate_size=200)
+    src = write_hf_checkpoint(tmp_path / "src", config, fp8=True)
+    repack(src, tmp_path / "bf16", log=lambda _: None)
+    with Checkpoint(src) as ckpt:
+        for layer in read_manifest(tmp_path / "bf16").layers:
+            data = (tmp_path / "bf16" / layer.file).read_bytes()
+            source = layer.module.replace("switch_mlp", "experts")
+            for e, offset in enumerate(layer.expert_offsets):
+                for tensor in layer.tensors:
+                    name = f"{source}.{e}.{tensor.name}"
+                    codes = np.array(ckpt.lazy(name))
+                    scales = np.array(ckpt.lazy(f"{name}_scale_inv"))
+                    blocks = scales.repeat(128, 0)[: codes.shape[0]].repeat(128, 1)
+                    expected = bf16_bits(e4m3(codes) * blocks[:, : codes.shape[1]])
+                    start = offset + tensor.offset
+                    got = np.frombuffer(data[start : start + tensor.nbytes], np.uint16)
+                    assert np.array_equal(got, expected.ravel()), name
+
+
+def e4m3(codes: np.ndarray) -> np.ndarray:
+    """float32 values of E4M3 (fn) bytes: bias 7, subnormals below exponent 1, NaN at S.1111.111."""
+    exponent, mantissa = (codes >> 3) & 15, (codes & 7) / np.float32(8)
+    value = np.where(exponent == 0, mantissa * 2.0**-6, (1 + mantissa) * 2.0 ** (exponent - 7.0))
+    value = np.where((exponent == 15) & (mantissa == 7 / 8), np.nan, value)
+    return np.where(codes >> 7, -value, value).astype(np.float32)
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits, rounded to nearest even (finite values)."""
+    bits = values.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
 def test_fp8_with_a_null_block_size_is_dequantized_as_without_one(tmp_path):
     """`weight_block_size: null` was a TypeError traceback; mlx-lm's sanitize reads no size."""
     config = tiny_config("deepseek_v3")
@@ -157,11 +195,31 @@ def test_fp8_with_a_null_block_size_is_dequantized_as_without_one(tmp_path):
     assert_same_model(tmp_path / "null", tmp_path / "absent")
 
 
+def test_fp8_in_blocks_other_than_128_is_refused(tmp_path):
+    """FP8 in 64x64 blocks: mlx-lm's sanitizes take every scale for a 128x128 block's, so repack
+    failed saying to download the model again (and plan accepted it). Refused by both, naming
+    the block size, before anything is written."""
+    config = tiny_config("deepseek_v3")
+    src = write_hf_checkpoint(tmp_path / "src", config, fp8=True, fp8_block=(64, 64))
+    refusal = (
+        r"quantization_config \(fp8\) is not supported, as mlx-lm dequantizes FP8 in 128x128 "
+        r"blocks .*not weight_block_size \[64, 64\]; repack the bf16"
+    )
+    with pytest.raises(StreamerError, match=refusal):
+        repack(src, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(StreamerError, match=refusal):
+        model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+
+
 def test_fp8_is_refused_where_mlx_lm_does_not_dequantize_it(tmp_path):
+    """By repack from the tensors, and by plan from config.json alone (it planned the model)."""
     src = write_hf_checkpoint(tmp_path / "src", tiny_config("qwen3_moe"), fp8=True)
     with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
         repack(src, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
+    with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
+        model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
 
 
 def test_dbrx_as_published_loads_its_tokenizer(tmp_path):

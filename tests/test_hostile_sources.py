@@ -290,3 +290,24 @@ def test_one_fp8_expert_of_another_dtype(tmp_path):
     ):
         repack(src, tmp_path / "out", **QUIET)
     assert not (tmp_path / "out").exists()
+
+
+def test_fp8_block_scales_as_exponent_bytes_are_refused(tmp_path):
+    """`weight_scale_inv` saved as UE8M0 exponents (F8_E8M0, 2**(byte - 127) each, as transformers
+    saves and reads scale_fmt ue8m0) beside 128x128 FP8 blocks: mlx-lm's deepseek_v3 dequantize
+    multiplies the weight by the byte itself, and the experts were repacked so, silently wrong."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("deepseek_v3"), fp8=True)
+    name = "model.layers.1.mlp.experts.3.down_proj.weight_scale_inv"
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    shard = src / index["weight_map"][name]
+    header, data = read_header(shard), shard.read_bytes()
+    tensors = [(n, to_mlx(data[i.start : i.end], i.dtype, i.shape)) for n, i in header.items()]
+    exponents = np.ceil(np.log2(np.array(dict(tensors)[name]))) + 127
+    tensors = [(n, mx.array(exponents.astype(np.uint8)) if n == name else a) for n, a in tensors]
+    dtypes = {n: i.dtype for n, i in header.items() if i.dtype == "F8_E4M3"}
+    write_safetensors(shard, tensors, dtypes={**dtypes, name: "F8_E8M0"})
+    with pytest.raises(
+        StreamerError, match=f"tensor '{name}' holds FP8 block scales as F8_E8M0 exponents"
+    ):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()

@@ -11,12 +11,13 @@ import io
 import json
 import shutil
 
+import mlx.core as mx
 import mlx_lm
 import pytest
 from conftest import reference_model
 from test_parity import compare
 
-from fixtures import muse_spark, tiny_config, write_hf_checkpoint
+from fixtures import compressed_tensors, muse_spark, tiny_config, write_hf_checkpoint
 from fixtures.hadamard_pack import write_hadamard_pack
 from streamer.errors import StreamerError
 from streamer.io.manifest import read_manifest
@@ -82,6 +83,75 @@ def test_int4_packed_kimi_k3_is_refused_as_mlx_lm_cannot_load_it(tmp_path):
     assert not (tmp_path / "dst").exists()
 
 
+@pytest.mark.parametrize(
+    "setting, value",
+    [
+        ("num_bits", 8),
+        ("symmetric", False),
+        ("actorder", "group"),
+        ("strategy", "channel"),
+        ("group_size", 16),
+    ],
+)
+def test_an_int_pack_mlx_lm_would_misread_is_refused(tmp_path, setting, value):
+    """compressed-tensors' `pack-quantized` in settings other than Kimi K2 Thinking's: mlx-lm's
+    sanitize reads every pack as 4-bit codes minus 8 in groups, so 8-bit codes, zero points
+    (`weight_zero_point`), a `weight_g_idx` order or per-channel scales were repacked into wrong
+    weights, and groups of 16 refused as a damaged config.json. Refused by repack and plan, naming
+    the setting, before anything is written."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("kimi_k2"), pack="pack-quantized")
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["weights"][setting] = value
+    (src / "config.json").write_text(json.dumps(config))
+    refusal = (
+        r"quantization_config \(compressed-tensors 'pack-quantized'\) is not supported, as "
+        r"mlx-lm reads its packs as symmetric 4-bit integers in groups MLX quantizes with, not "
+        rf"with {setting} {value!r}; repack the bf16"
+    )
+    with pytest.raises(StreamerError, match=refusal):
+        repack(src, tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists()
+    with pytest.raises(StreamerError, match=refusal):
+        model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+
+
+def test_an_int4_pack_of_a_family_whose_sanitize_leaves_it_is_refused(tmp_path):
+    """An int4 `pack-quantized` Qwen3 MoE (the w4a16 re-releases), which mlx-lm's qwen3_moe does
+    not unpack: refused by plan (and pull) from config.json alone, which planned it, and by
+    repack naming the packed tensor, which said a converted expert gave nothing."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("qwen3_moe"), pack="pack-quantized")
+    with pytest.raises(StreamerError, match=r"0\.gate_proj\.weight_packed' is left unread by"):
+        repack(src, tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists()
+    with pytest.raises(StreamerError, match=r"int4 packs \(`weight_packed`\), .*not for qwen3_moe"):
+        model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+
+
+def test_zero_points_sanitize_leaves_unread_are_refused(tmp_path, monkeypatch):
+    """An int4 pack whose experts carry `weight_zero_point`s that config.json does not declare
+    (symmetric): mlx-lm's sanitize leaves them as they are and its loader refuses them; repack
+    copied the codes and scales without them, silently wrong. Refused before anything is
+    written, naming the tensor."""
+    pack = compressed_tensors.pack
+
+    def with_zero_points(name, weight, fmt):
+        zero_points = mx.ones((weight.shape[0], weight.shape[1] // 32), mx.int8)
+        return [
+            *pack(name, weight, fmt),
+            (name.removesuffix("weight") + "weight_zero_point", zero_points),
+        ]
+
+    monkeypatch.setattr(compressed_tensors, "pack", with_zero_points)
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("kimi_k2"), pack="pack-quantized")
+    with pytest.raises(
+        StreamerError,
+        match=r"tensor 'model\.layers\.\d+\.mlp\.experts\.\d+\.\w+_proj\.weight_zero_point' is "
+        "left unread by mlx-lm's sanitize, so mlx-lm cannot load",
+    ):
+        repack(src, tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists() and not list(tmp_path.glob(".dst*"))
+
+
 def test_a_hadamard_pack_streams_as_mlx_lm_loads_it(tmp_path):
     """Prism's 2-bit Qwen3.5 packs: stacked MLX experts (copied byte for byte) beside
     Hadamard-rotated resident layers, repacked and in place."""
@@ -121,6 +191,32 @@ def test_a_quantization_mlx_lm_converts_but_streamer_does_not_is_refused(tmp_pat
     assert not (tmp_path / "dst").exists()
     # plan of its config.json alone refuses it too, rather than planning it as unquantized
     with pytest.raises(StreamerError, match=r"quantization_config \(gptq\) is not supported"):
+        model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "qwen3_moe"])
+def test_modelopt_nvfp4_is_refused_where_mlx_lm_s_sanitize_leaves_its_scales(tmp_path, model_type):
+    """NVIDIA's NVFP4 exports of other families (DeepSeek-R1-FP4, Qwen3-30B-A3B-FP4: ModelOpt's
+    `weight_scale` and `weight_scale_2` per expert), which only Muse Spark's sanitize reads:
+    refused from config.json, by plan too (as pull refuses before the weights). Repack read the
+    packed bytes as the weight and failed on its shape, as if config.json were another model's."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(model_type))
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "exclude_modules": ["lm_head"],
+    }
+    (src / "config.json").write_text(json.dumps(config))
+    refusal = (
+        r"quantization_config \(modelopt\) is not supported, as no sanitize of mlx-lm .* but "
+        r"muse_spark's reads its `weight_scale` and `weight_scale_2`, so mlx-lm cannot load it"
+    )
+    with pytest.raises(StreamerError, match=refusal):
+        repack(src, tmp_path / "dst", log=lambda _: None)
+    assert not (tmp_path / "dst").exists()
+    with pytest.raises(StreamerError, match=refusal):
         model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
 
 

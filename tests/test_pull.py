@@ -23,6 +23,7 @@ from huggingface_hub.utils import filter_repo_objects
 from local_hub import LocalHub, commit_of
 
 import streamer
+from fixtures import tiny_config, write_hf_checkpoint
 from streamer.cli import main
 from streamer.loading.hub import ALLOW_PATTERNS
 from streamer.pull import own_files, pull
@@ -302,6 +303,21 @@ def test_a_repo_without_a_model_that_streams_is_refused_before_its_weights(
     assert fetched == [
         "/tiny-org/Dense-MLX/resolve/" + commit_of("tiny-org/Dense-MLX") + "/config.json"
     ]  # no weights downloaded
+
+
+def test_fp8_that_the_family_s_sanitize_keeps_is_refused_before_its_weights(
+    hub, in_process, tmp_path, capsys
+):
+    """Qwen3's FP8 releases (128x128 block scales, which mlx-lm's qwen3_moe does not dequantize):
+    refused from config.json alone; pull downloaded every weight before repack refused them."""
+    hub.repos["tiny-org/Tiny-FP8"] = write_hf_checkpoint(
+        tmp_path / "fp8", tiny_config("qwen3_moe"), fp8=True
+    )
+    line = refused(["pull", "tiny-org/Tiny-FP8"], capsys)
+    assert "FP8 weights with block scales" in line and "not for qwen3_moe" in line, line
+    fetched = [p for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]
+    assert not any(p.endswith(".safetensors") for p in fetched), fetched
+    assert any(p.endswith("/config.json") for p in fetched), fetched
 
 
 def test_a_weight_file_that_differs_from_the_hubs_sha256_is_removed_and_refused(

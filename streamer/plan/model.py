@@ -113,16 +113,17 @@ def _download_model(folder: Path, quantize: tuple | None) -> tuple[nn.Module, di
 def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[nn.Module, dict]:
     """mlx-lm's model for a config.json alone, in its dtype, quantized as it says (or as
     `quantize`)."""
-    if repacked:
-        config = read_manifest(path.parent).config
-    else:
-        config = _read_config(path)
-    config = normalize_config(check_config(config, path))
+    published = read_manifest(path.parent).config if repacked else _read_config(path)
+    config = normalize_config(check_config(published, path))
     if not repacked:
         from ..repack.unread_quantization import refuse_unread_quantization
 
         refuse_unread_quantization(config, path)  # as repack would
     model = build_model(config, path)
+    if not repacked:
+        from ..repack.unread_quantization import refuse_left_to_sanitize
+
+        refuse_left_to_sanitize(model, published, path)
     check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
     if quantize and "quantization" not in config:

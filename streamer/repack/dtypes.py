@@ -1,5 +1,5 @@
 """Which source dtypes stand for a model parameter's dtype, and the refusal of one that cannot (or
-of two source tensors for the same expert weights)."""
+of two source tensors for the same expert weights, or of one that sanitize leaves unread)."""
 
 from __future__ import annotations
 
@@ -42,4 +42,16 @@ def check_once(first: TensorInfo | None, second: TensorInfo, what: str) -> None:
         raise StreamerError(
             f"{second.path.parent}: tensors '{first.name}' and '{second.name}' both hold {what} "
             "weights: the checkpoint is damaged or mixes two conversions; download it again."
+        )
+
+
+def check_read(sources: dict[str, TensorInfo], kinds: set[str], read: tuple[str, ...]) -> None:
+    """Refuse an expert's source tensor (by its kind) that sanitize gives back as it is, under a
+    kind no expert parameter has (`read`): zero points, an order (`weight_g_idx`), activation
+    scales. mlx-lm's loader refuses them too; copying the rest would give wrong weights."""
+    for kind in sorted(kinds & sources.keys() - set(read)):
+        raise StreamerError(
+            f"{sources[kind].path}: tensor '{sources[kind].name}' is left unread by mlx-lm's "
+            "sanitize, so mlx-lm cannot load this checkpoint either; repack a bf16 or "
+            "MLX-quantized version."
         )

@@ -31,7 +31,7 @@ from ..io.safetensors import MLX_TO_SAFETENSORS
 from .dtypes import compatible, describe
 from .layouts import refuse_in_memory_layout, sanitizer
 from .sources import Sources
-from .unread_quantization import refuse_unread_quantization
+from .unread_quantization import refuse_fp8_misread, refuse_unread_quantization
 
 CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 
@@ -112,12 +112,7 @@ def make_recipe(ckpt: Checkpoint, quantize: Quantize | None) -> Recipe:
     # does not use); it runs on lazy arrays, so expert tensors it stacks or splits are never read.
     weights = sanitize({name: ckpt.lazy(name) for name in ckpt.tensors})
     weights = with_tied_lm_head(model, config, weights)
-    if any(name.endswith("_scale_inv") for name in weights):
-        raise StreamerError(
-            f"{where}: FP8 weights with block scales, which mlx-lm's model dequantizes for some "
-            f"families (DeepSeek-V3, Kimi K2, MiniMax-M2, ...) but not for "
-            f"{config['model_type']}; repack a bf16 or MLX-quantized version."
-        )
+    refuse_fp8_misread(ckpt, config, weights, where)
     check_zero_points(config, containers, weights, where)
     sources = Sources(ckpt, arch, containers, num_experts, sanitize, weights)
     resident = {

@@ -27,7 +27,7 @@ from ..errors import StreamerError
 from ..families.hf_naming import Architecture, hf_expert_key
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo, to_mlx
-from .dtypes import check_dtype, check_once
+from .dtypes import check_dtype, check_once, check_read
 from .layouts import Sanitize
 from .packed_fp4 import as_words, fp4_pack_kinds
 
@@ -84,6 +84,7 @@ class Sources:
         for (module, proj), found in kinds.items():
             if not found <= set(KIND_ORDER):
                 self.converted.setdefault(module, {})[proj] = found
+                self._refuse_unread(module, proj, found)
         self._find_fused(candidates, resident, containers)
         self._converted_cache: tuple[tuple[str, int], dict[str, mx.array]] | None = None
 
@@ -121,6 +122,12 @@ class Sources:
             alone = self._try_sanitize({n: _stand_in(i, 1) for n, i in group.items()})
             if any(n.startswith(module + ".") for n in alone):
                 self._alone.add(module)
+
+    def _refuse_unread(self, module: str, proj: str, kinds: set[str]) -> None:
+        """Refuse a kind sanitize leaves unread in one expert's lazy stand-ins (`check_read`)."""
+        infos = {k: next(iter(self.per_expert[(module, proj, k)].values())) for k in kinds}
+        one = {f"expert.{k}": mx.zeros(i.shape, DTYPES[i.dtype][1]) for k, i in infos.items()}
+        check_read(infos, {n.rsplit(".", 1)[1] for n in self._try_sanitize(one)}, KIND_ORDER)
 
     def _try_sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         try:

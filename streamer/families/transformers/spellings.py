@@ -10,11 +10,11 @@ from collections.abc import Callable
 
 from ...errors import StreamerError
 from ...io.json_file import decode_tagged_floats
-from ..config.common_fields import with_mode_defaults
 from ..mlx_lm_models import models_without_package_init
 from ..model_types import mlx_lm_classes
 from .defaults import fill_defaults
 from .longcat_mimo import LONGCAT_FLASH, MIMO_V2_FLASH, WRITTEN_BY_TRANSFORMERS
+from .quantization_methods import quantization_as_mlx
 from .renamed_models import as_published
 
 with models_without_package_init():
@@ -89,69 +89,7 @@ def normalize_config(config: dict) -> dict:
             config[section] = {**values, name: float(values[name])}
     if "torch_dtype" not in config and "dtype" in config:
         config["torch_dtype"] = config["dtype"]
-    return _quantization_as_mlx(config)
-
-
-def _quantization_as_mlx(config: dict) -> dict:
-    """A quantization_config mlx-lm reads as one of MLX's modes, given as `quantization` (from the
-    text_config where only that holds it); the others left as they are, for the checks after."""
-    text = config.get("text_config")
-    if "quantization_config" not in config and isinstance(text, dict):
-        if "quantization_config" in text:  # as mlx-lm's loader looks for it
-            config["quantization_config"] = text["quantization_config"]
-    if isinstance(config.get("quantization"), dict):  # null group sizes as MLX reads them
-        config["quantization"] = with_mode_defaults(config["quantization"])
-    quantization_config = config.get("quantization_config")
-    if "quantization" not in config and isinstance(quantization_config, dict):
-        method = quantization_config.get("quant_method")
-        if method in ("mxfp4", "mxfp8"):  # gpt-oss's mxfp4; mlx-lm reads both as MLX's modes
-            config["quantization"] = config["quantization_config"] = {
-                "group_size": 32,
-                "bits": 4 if method == "mxfp4" else 8,
-                "mode": method,
-            }
-        elif method == "modelopt" and _modelopt_nvfp4(quantization_config):
-            # NVIDIA ModelOpt's NVFP4 (Muse Spark's): MLX's nvfp4, each expert's tensor scale
-            # (`weight_scale_2`) made mlx-lm's `global_scale` by the family's sanitize
-            settings = quantization_config.get("quantization", quantization_config)
-            config["quantization"] = config["quantization_config"] = {
-                "group_size": settings.get("group_size", 16),
-                "bits": 4,
-                "mode": "nvfp4",
-            }
-        elif method == "compressed-tensors":
-            # mlx-lm's reading of the format (int4 or MXFP4 packs); others stay refused, the NVFP4
-            # pack too: no sanitize of mlx-lm 0.32 reads its `weight_global_scale`, so mlx-lm
-            # loads no such checkpoint
-            if quantization_config.get("format") == "nvfp4-pack-quantized":
-                return config
-            from mlx_lm.utils import _compressed_tensors_quantization  # imports transformers
-
-            try:
-                packed = _compressed_tensors_quantization(quantization_config)
-            except ValueError:
-                return config
-            config["quantization"] = config["quantization_config"] = packed
-        elif method == "fp8" and quantization_config.get("weight_block_size") != [32, 32]:
-            # block-scaled FP8 (DeepSeek-V3, Kimi K2): the model's sanitize dequantizes it, as
-            # in mlx-lm (a null block size too: list(None) was a TypeError)
-            del config["quantization_config"]
-        elif method == "fp8" and quantization_config.get("scale_fmt") == "ue8m0":
-            # power-of-two scales over 32x32 tiles (DeepSeek-V4.1) are MXFP8, and its FP4 experts
-            # MXFP4: mlx-lm keeps them packed, each module's mode read from its weights
-            config["quantization"] = config["quantization_config"] = {
-                "group_size": 32,
-                "bits": 8,
-                "mode": "mxfp8",
-            }
-    return config
-
-
-def _modelopt_nvfp4(quantization_config: dict) -> bool:
-    """ModelOpt's quantization_config for NVFP4 (its settings nested under `quantization` in
-    hf_quant_config.json's form), the one ModelOpt algorithm mlx-lm reads."""
-    settings = quantization_config.get("quantization", quantization_config)
-    return isinstance(settings, dict) and settings.get("quant_algo") == "NVFP4"
+    return quantization_as_mlx(config)
 
 
 def _args_fields(config: dict) -> dict[str, dataclasses.Field]:
