@@ -87,15 +87,37 @@ def test_launched_ranks_with_other_token_budgets_stop_naming_the_option(tmp_path
     full = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
     for rank in range(2):
         split(full, tmp_path / f"shard{rank}", rank, 2, log=lambda _: None)
-    # rank 1 lingers after its error: rank 0 says the group's fault (the others are silent on
-    # it) and a rank that ended first would have the launcher stop rank 0 before it could
     script = (
-        "import os, sys, time; from streamer.cli import main; "
-        "rank = os.environ['MLX_RANK']; budget = '3' if rank == '1' else '8'; "
-        f"status = main(['generate', '--model', '{tmp_path}/shard{{rank}}', '--prompt', 'hi', "
-        "'--max-tokens', budget]); time.sleep(3 if rank == '1' else 0); sys.exit(status)"
+        "import os, sys; from streamer.cli import main; "
+        "budget = '3' if os.environ['MLX_RANK'] == '1' else '8'; "
+        f"sys.exit(main(['generate', '--model', '{tmp_path}/shard{{rank}}', '--prompt', 'hi', "
+        "'--max-tokens', budget]))"
     )
     result = launch([sys.executable, "-c", script], tmp_path, streamer=True)
     assert result.returncode == 2, result.stderr[-3000:]
     said = "rank 0 exited with status 2: rank 1 runs with --max-tokens 3 and rank 0 with 8:"
     assert result.stderr.strip().splitlines()[-1].startswith(f"streamer: error: {said}")
+
+
+def test_the_group_fault_rank_0_says_is_said_though_it_comes_late(tmp_path, checkpoints):
+    """Rank 0 alone says a fault every rank finds (here shards given to the wrong ranks); rank 0
+    slowed before saying it. Before: rank 1 ended at once, the launcher stopped rank 0 unsaid
+    (most runs, without the slowing) and the launch ended `rank 1 exited with status 2 (it wrote
+    nothing on stderr)`: no word of why."""
+    from streamer.parallel.split import split
+
+    full = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    for rank in range(2):
+        split(full, tmp_path / f"shard{1 - rank}", rank, 2, log=lambda _: None)
+    script = (
+        "import os, sys, time; import streamer.cli as cli; report = cli.report; "
+        "cli.report = lambda *a: (time.sleep(1 if os.environ['MLX_RANK'] == '0' else 0), "
+        f"report(*a))[1]; sys.exit(cli.main(['generate', '--model', '{tmp_path}/shard{{rank}}', "
+        "'--prompt', 'hi']))"
+    )
+    result = launch([sys.executable, "-c", script], tmp_path, streamer=True)
+    assert result.returncode == 2, result.stderr[-3000:]
+    said = "rank 0 exited with status 2: rank 0 ("
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"streamer: error: {said}"), result.stderr[-3000:]
+    assert last.endswith("holds shard 1/2, which is rank 1's: give rank 0 the folder of shard 0/2.")
