@@ -91,8 +91,9 @@ def streamer_launch(words: list[str], cwd, env: dict | None = None) -> subproces
 
 def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
     """`[]` and `{"hosts": []}` ran nothing and exited 0; "envs" a string, "ssh" a number
-    and an integer of 5000 digits were tracebacks. Unreadable JSON is refused as every JSON file
-    is (io/json_file.py: parse_json), by the hostfile's name."""
+    and an integer of 5000 digits were tracebacks; an IPv6 address failed each rank's join
+    (`Can't parse address ::1:5000`) with a hint at unreachable hosts. Unreadable JSON is
+    refused as every JSON file is (io/json_file.py: parse_json), by the hostfile's name."""
     host = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}
     for content, said in [
         ("[]", ": the list of hosts is empty"),
@@ -101,6 +102,7 @@ def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
         ('[{"ssh": 5, "ips": ["127.0.0.1"]}]', ': host 0\'s "ssh" is 5, not a host name'),
         ('[HOST, {"ssh": "b", "ips": ["b"]}]', ": host 1's \"ips\" holds 'b', not an IP"),
         ('{"host": [HOST]}', ": no list of hosts"),
+        ('[{"ssh": "a", "ips": ["::1"]}]', ": host 0's \"ips\" holds '::1', an IPv6 address"),
         (
             '[{"ssh": "-oProxyCommand=x", "ips": []}]',
             ": host 0's \"ssh\" is '-oProxyCommand=x', which",
