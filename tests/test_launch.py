@@ -57,6 +57,32 @@ def test_ctrl_c_reaches_the_ranks_and_their_status_is_the_groups(tmp_path):
     }
 
 
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGHUP])
+def test_a_launcher_ended_by_a_signal_stops_its_ranks_first(tmp_path, number):
+    """SIGTERM (a CI job's timeout, `kill`) or SIGHUP to the launcher alone. Before: it died at
+    once and its ranks ran on, orphaned (a serving group stayed up)."""
+    script = 'echo $$ > pid.$MLX_RANK; echo "ready $MLX_RANK"; exec sleep 60'
+    process = start(shell(script), tmp_path, streamer=True)
+    ready = {process.stdout.readline(), process.stdout.readline()}
+    assert ready == {"ready 0\n", "ready 1\n"}
+    process.send_signal(number)
+    result = finish(process)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr  # how the ranks were ended
+    assert result.stderr.splitlines()[-1] in {
+        f"streamer: error: rank {r} was ended by SIGTERM (it wrote nothing on stderr)"
+        for r in (0, 1)
+    }
+    left = []
+    for rank in range(2):
+        pid = int((tmp_path / f"pid.{rank}").read_text())
+        try:
+            os.kill(pid, signal.SIGKILL)  # an orphan, ended here
+            left.append(rank)
+        except ProcessLookupError:  # ended, and reaped by the launcher
+            pass
+    assert not left, f"ranks {left} outlived the launcher"
+
+
 def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):
     """And mlx.launch's own parser errors: one line, not its usage block."""
     for words, said in [
