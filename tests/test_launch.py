@@ -83,6 +83,16 @@ def test_a_launcher_ended_by_a_signal_stops_its_ranks_first(tmp_path, number):
     assert not left, f"ranks {left} outlived the launcher"
 
 
+def test_a_prompt_read_from_input_is_refused_under_the_launcher(tmp_path):
+    """mlx.launch relays its input to the ranks but never its end. Before: `--prompt -` read it
+    for ever, a silent hang."""
+    command = ["generate", "--model", "unused", "--prompt", "-"]
+    result = launch(command, tmp_path, "hello\n", streamer=True)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert "exited with status 2: --prompt - reads standard input to its end, which never " in last
+
+
 def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):
     """And mlx.launch's own parser errors: one line, not its usage block."""
     for words, said in [
