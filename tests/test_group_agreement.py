@@ -49,9 +49,10 @@ def settings(**changed) -> dict:
     args = argparse.Namespace(
         max_tokens=8, temp=0.0, kv_bits=None, seed=None, memory_budget=None, read_path=None
     )
-    vars(args).update(changed)
+    prompt = changed.pop("prompt", "hello")
     model = SimpleNamespace(streamer=SimpleNamespace(dtype=changed.pop("dtype", "float32")))
-    return command_settings(args, model, prompt=changed.get("prompt", "hello"))
+    vars(args).update(changed)
+    return command_settings(args, model, **{"the templated prompt": prompt})
 
 
 def test_alike_ranks_pass_whatever_each_machine_decides():
@@ -67,7 +68,7 @@ def test_alike_ranks_pass_whatever_each_machine_decides():
         ({"dtype": "bfloat16"}, "rank 2 runs with --dtype bfloat16 and rank 0 with float32:"),
         (
             {"prompt": "x" * 50 + "y"},
-            "rank 2 runs with another --prompt than rank 0 (both begin 'xxxxx",
+            "rank 2 runs with the templated prompt unlike rank 0's (both begin 'xxxxx",
         ),
     ],
 )
@@ -121,3 +122,21 @@ def test_the_group_fault_rank_0_says_is_said_though_it_comes_late(tmp_path, chec
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"streamer: error: {said}"), result.stderr[-3000:]
     assert last.endswith("holds shard 1/2, which is rank 1's: give rank 0 the folder of shard 0/2.")
+
+
+def test_launched_ranks_whose_chat_templates_differ_stop_naming_the_prompt(tmp_path, checkpoints):
+    """Rank 1's copy of the chat template edited (another version on one Mac). Before: the ranks
+    compared the prompt as typed, and each ran its own templated prompt, summing rows of other
+    tokens: garbage text, status 0."""
+    from streamer.parallel.split import split
+
+    full = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    for rank in range(2):
+        split(full, tmp_path / f"shard{rank}", rank, 2, log=lambda _: None)
+    template = tmp_path / "shard1" / "chat_template.jinja"
+    template.write_text("Other. " + template.read_text())
+    command = ["generate", "--model", f"{tmp_path}/shard{{rank}}", "--prompt", "hi"]
+    result = launch([*command, "--max-tokens", "4"], tmp_path, streamer=True)
+    assert result.returncode == 2, result.stderr[-3000:]
+    said = "rank 0 exited with status 2: rank 1 runs with the templated prompt Other. <|user|>hi"
+    assert result.stderr.strip().splitlines()[-1].startswith(f"streamer: error: {said}")

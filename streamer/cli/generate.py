@@ -75,9 +75,6 @@ def generate(args: argparse.Namespace) -> int:
     rank = group.rank() if group else 0
     options = load_options(args, group)
     model, tokenizer = load_decided(model_folder(args, group), options)
-    if group is not None:  # every rank must compute the same tokens
-        check_same_settings(group, command_settings(args, model, prompt=text))
-        args.seed = shared_seed(group, args.seed)
     if rank == 0:
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     if group is not None and rank == 0:
@@ -111,6 +108,14 @@ def generate(args: argparse.Namespace) -> int:
                 "chat_template in tokenizer_config.json (or chat_template.jinja), or pass "
                 "--ignore-chat-template."
             ) from e
+    if group is not None:  # every rank must compute the same tokens (its tokenizer's own too)
+        computed = {
+            "the templated prompt": text,
+            "the prompt's token ids": tokenizer.encode(text),
+            "the end-of-text token ids": sorted(tokenizer.eos_token_ids),
+        }
+        check_same_settings(group, command_settings(args, model, **computed))
+        args.seed = shared_seed(group, args.seed)
     return stream(model, tokenizer, text, args)
 
 

@@ -18,9 +18,11 @@ import numpy as np
 from .group import GroupError, _all_gather
 
 # What each machine decides for itself without changing a token: its own folder (the load-time
-# check compares the model), how it holds and reads its experts, and its seed (rank 0's is used).
-PER_RANK = frozenset(
+# check compares the model), how it holds and reads its experts, and its seed (rank 0's is used);
+# and the draft model a rank loaded (its flags are compared).
+NOT_COMPARED = frozenset(
     {"model", "memory_budget", "read_path", "verify_reads", "checksums", "seed", "api_key"}
+    | {"drafting"}
 )
 SHOWN_CHARS = 40  # of a setting's value in the error line (a prompt can be long)
 ROW_BYTES = 16384  # the JSON of every setting, shown values and checksums
@@ -28,11 +30,12 @@ ROW_BYTES = 16384  # the JSON of every setting, shown values and checksums
 
 def command_settings(args: argparse.Namespace, model, **computed: object) -> dict[str, object]:
     """The options of a command that every rank must share, `computed` (what a rank made of
-    them: its prompt text) over the flags, and the dtype the model computes in."""
+    them, named in words: "the templated prompt") over the flags, and the dtype the model
+    computes in."""
     flags = {
         name: value
         for name, value in vars(args).items()
-        if name not in PER_RANK
+        if name not in NOT_COMPARED
         and not callable(value)
         and not isinstance(value, mx.distributed.Group)
     }
@@ -44,13 +47,13 @@ def check_same_settings(group: mx.distributed.Group, settings: dict[str, object]
     mine = {
         name: [_shown(value), zlib.crc32(repr(value).encode())] for name, value in settings.items()
     }
-    text = json.dumps(mine, sort_keys=True).encode()  # well within ROW_BYTES: values are cut
+    text = json.dumps(mine).encode()  # well within ROW_BYTES: values are cut
     row = np.zeros(ROW_BYTES, dtype=np.uint8)
     row[: len(text)] = np.frombuffer(text, dtype=np.uint8)
     ranks = [json.loads(bytes(r).rstrip(b"\0")) for r in _all_gather(group, row)]
     first = ranks[0]
     for rank, theirs in enumerate(ranks[1:], start=1):
-        for name in sorted(first.keys() | theirs.keys()):
+        for name in [*first, *(name for name in theirs if name not in first)]:  # in order
             if first.get(name) != theirs.get(name):
                 raise GroupError(
                     f"rank {rank} runs with {_difference(name, first, theirs)}: every rank must "
@@ -65,8 +68,8 @@ def _shown(value: object) -> str:
 
 
 def _difference(name: str, first: dict, theirs: dict) -> str:
-    flag = "--" + name.replace("_", "-")
+    flag = name if " " in name else "--" + name.replace("_", "-")  # a flag, or words
     shown = [s[name][0] if name in s else "(none)" for s in (theirs, first)]
     if shown[0] == shown[1]:  # they differ past what is shown
-        return f"another {flag} than rank 0 (both begin {shown[0]!r})"
+        return f"{flag} unlike rank 0's (both begin {shown[0]!r})"
     return f"{flag} {shown[0]} and rank 0 with {shown[1]}"
