@@ -67,6 +67,10 @@ def test_alike_ranks_pass_whatever_each_machine_decides():
         ({"kv_bits": 4}, "rank 2 runs with --kv-bits 4 and rank 0 with None:"),
         ({"dtype": "bfloat16"}, "rank 2 runs with --dtype bfloat16 and rank 0 with float32:"),
         (
+            {"prompt": "a\nb"},
+            "rank 2 runs with the templated prompt 'a\\nb' and rank 0 with xxx",
+        ),
+        (
             {"prompt": "x" * 50 + "y"},
             "rank 2 runs with the templated prompt unlike rank 0's (both begin 'xxxxx",
         ),

@@ -21,8 +21,16 @@ from .group import GroupError, _all_gather
 # check compares the model), how it holds and reads its experts, and its seed (rank 0's is used);
 # and the draft model a rank loaded (its flags are compared).
 NOT_COMPARED = frozenset(
-    {"model", "memory_budget", "read_path", "verify_reads", "checksums", "seed", "api_key"}
-    | {"drafting"}
+    {
+        "model",
+        "memory_budget",
+        "read_path",
+        "verify_reads",
+        "checksums",
+        "seed",
+        "api_key",
+        "drafting",
+    }
 )
 SHOWN_CHARS = 40  # of a setting's value in the error line (a prompt can be long)
 ROW_BYTES = 16384  # the JSON of every setting, shown values and checksums
@@ -63,7 +71,8 @@ def check_same_settings(group: mx.distributed.Group, settings: dict[str, object]
 
 
 def _shown(value: object) -> str:
-    text = value if isinstance(value, str) else repr(value)
+    # a prompt's newlines escaped: the error stays one line
+    text = value if isinstance(value, str) and value.isprintable() else repr(value)
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
