@@ -142,5 +142,7 @@ def test_launched_ranks_whose_chat_templates_differ_stop_naming_the_prompt(tmp_p
     command = ["generate", "--model", f"{tmp_path}/shard{{rank}}", "--prompt", "hi"]
     result = launch([*command, "--max-tokens", "4"], tmp_path, streamer=True)
     assert result.returncode == 2, result.stderr[-3000:]
-    said = "rank 0 exited with status 2: rank 1 runs with the templated prompt Other. <|user|>hi"
+    said = (
+        "rank 0 exited with status 2: rank 1 runs with the templated prompt 'Other. <|user|>hi\\n"
+    )
     assert result.stderr.strip().splitlines()[-1].startswith(f"streamer: error: {said}")
