@@ -57,6 +57,42 @@ def test_ctrl_c_reaches_the_ranks_and_their_status_is_the_groups(tmp_path):
     }
 
 
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGHUP])
+def test_a_launcher_ended_by_a_signal_stops_its_ranks_first(tmp_path, number):
+    """SIGTERM (a CI job's timeout, `kill`) or SIGHUP to the launcher alone. Before: it died at
+    once and its ranks ran on, orphaned (a serving group stayed up)."""
+    script = 'echo $$ > pid.$MLX_RANK; echo "ready $MLX_RANK"; exec sleep 60'
+    process = start(shell(script), tmp_path, streamer=True)
+    ready = {process.stdout.readline(), process.stdout.readline()}
+    assert ready == {"ready 0\n", "ready 1\n"}
+    process.send_signal(number)
+    result = finish(process)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr  # how the ranks were ended
+    assert result.stderr.splitlines()[-1] in {
+        f"streamer: error: rank {r} was ended by SIGTERM (it wrote nothing on stderr)"
+        for r in (0, 1)
+    }
+    left = []
+    for rank in range(2):
+        pid = int((tmp_path / f"pid.{rank}").read_text())
+        try:
+            os.kill(pid, signal.SIGKILL)  # an orphan, ended here
+            left.append(rank)
+        except ProcessLookupError:  # ended, and reaped by the launcher
+            pass
+    assert not left, f"ranks {left} outlived the launcher"
+
+
+def test_a_prompt_read_from_input_is_refused_under_the_launcher(tmp_path):
+    """mlx.launch relays its input to the ranks but never its end. Before: `--prompt -` read it
+    for ever, a silent hang."""
+    command = ["generate", "--model", "unused", "--prompt", "-"]
+    result = launch(command, tmp_path, "hello\n", streamer=True)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert "exited with status 2: --prompt - reads standard input to its end, which never " in last
+
+
 def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):
     """And mlx.launch's own parser errors: one line, not its usage block."""
     for words, said in [
@@ -91,8 +127,9 @@ def streamer_launch(words: list[str], cwd, env: dict | None = None) -> subproces
 
 def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
     """`[]` and `{"hosts": []}` ran nothing and exited 0; "envs" a string, "ssh" a number
-    and an integer of 5000 digits were tracebacks. Unreadable JSON is refused as every JSON file
-    is (io/json_file.py: parse_json), by the hostfile's name."""
+    and an integer of 5000 digits were tracebacks; an IPv6 address failed each rank's join
+    (`Can't parse address ::1:5000`) with a hint at unreachable hosts. Unreadable JSON is
+    refused as every JSON file is (io/json_file.py: parse_json), by the hostfile's name."""
     host = {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}
     for content, said in [
         ("[]", ": the list of hosts is empty"),
@@ -101,6 +138,7 @@ def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
         ('[{"ssh": 5, "ips": ["127.0.0.1"]}]', ': host 0\'s "ssh" is 5, not a host name'),
         ('[HOST, {"ssh": "b", "ips": ["b"]}]', ": host 1's \"ips\" holds 'b', not an IP"),
         ('{"host": [HOST]}', ": no list of hosts"),
+        ('[{"ssh": "a", "ips": ["::1"]}]', ": host 0's \"ips\" holds '::1', an IPv6 address"),
         (
             '[{"ssh": "-oProxyCommand=x", "ips": []}]',
             ": host 0's \"ssh\" is '-oProxyCommand=x', which",

@@ -102,6 +102,11 @@ def test_bad_input_is_refused_and_nothing_written(full, shards, tmp_path, capsys
         split(shards[0], dst, 0, 2)
     with pytest.raises(StreamerError, match="cannot share 16 experts per layer among 17 ranks"):
         split(full, dst, 0, 17)
+    # a shard 0/1 was written, then refused wherever loaded ("run it on 1 ranks with ...")
+    with pytest.raises(
+        StreamerError, match="among 1 ranks: use 2 to 16 ranks \\(for one, load the"
+    ):
+        split(full, dst, 0, 1)
     np.savez(tmp_path / "other.npz", experts=np.zeros((3, 9, 4), dtype=np.int64))
     with pytest.raises(StreamerError, match="expected integer \\[tokens, 2, top_k\\]"):
         split(full, dst, 0, 2, trace=tmp_path / "other.npz")

@@ -6,6 +6,7 @@ import argparse
 import difflib
 import errno
 import sys
+import time
 
 from .. import __version__
 from ..errors import StreamerError
@@ -109,6 +110,12 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+# How long the other ranks wait before ending on a fault rank 0 says for the group: a rank that
+# ended first would have the launcher stop rank 0 before it said why (it finds the fault at the
+# same collective, milliseconds apart); the launcher stops them once rank 0 has ended.
+RANK_0_SAYS_SECONDS = 5
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; errors are one line on stderr (exit 2), Ctrl-C exits 130 at any point
     (SIGTERM 143, SIGHUP 129),
@@ -132,7 +139,10 @@ def _run(argv: list[str] | None) -> int:
 
             tell_failure(args.group, e)
         line = error_line(args, e)
-        return report(line, 2) if line else 2
+        if not line:  # a fault every rank found, which rank 0 says: leave it the time to
+            time.sleep(RANK_0_SAYS_SECONDS)
+            return 2
+        return report(line, 2)
     except RuntimeError as e:  # under mlx.launch, a rank that ended fails the others' collectives
         if getattr(args, "group", None) is None:
             raise

@@ -68,14 +68,13 @@ def generate(args: argparse.Namespace) -> int:
     kv_options(args)
     check_drafting(args)
     from ..loading.load import load_decided
+    from ..parallel.agreement import check_same_settings, command_settings
     from ..parallel.group import launched_group, shared_seed
 
     group = args.group = launched_group()  # started by mlx.launch: expert-parallel
     rank = group.rank() if group else 0
     options = load_options(args, group)
     model, tokenizer = load_decided(model_folder(args, group), options)
-    if group is not None:
-        args.seed = shared_seed(group, args.seed)  # sampled tokens must agree on every rank
     if rank == 0:
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     if group is not None and rank == 0:
@@ -109,6 +108,14 @@ def generate(args: argparse.Namespace) -> int:
                 "chat_template in tokenizer_config.json (or chat_template.jinja), or pass "
                 "--ignore-chat-template."
             ) from e
+    if group is not None:  # every rank must compute the same tokens (its tokenizer's own too)
+        computed = {
+            "the templated prompt": text,
+            "the prompt's token ids": tokenizer.encode(text),
+            "the end-of-text token ids": sorted(tokenizer.eos_token_ids),
+        }
+        check_same_settings(group, command_settings(args, model, **computed))
+        args.seed = shared_seed(group, args.seed)
     return stream(model, tokenizer, text, args)
 
 

@@ -83,8 +83,13 @@ def check_host(host: object, name: str, bad) -> None:
         raise bad(f'{name}\'s "ips" is {ips!r}, not a list of addresses')
     for ip in ips:
         try:
-            ipaddress.ip_address(ip)
+            address = ipaddress.ip_address(ip)
         except ValueError:
             raise bad(f'{name}\'s "ips" holds {ip!r}, not an IP address') from None
+        if address.version == 6:  # MLX joins it to its port as `::1:5000`, which it cannot parse
+            raise bad(
+                f"{name}'s \"ips\" holds {ip!r}, an IPv6 address, which MLX's backends cannot "
+                "connect to: give the host's IPv4 address"
+            )
     if not isinstance(host.get("rdma", []), list):
         raise bad(f'{name}\'s "rdma" is {host["rdma"]!r}, not a list of devices')

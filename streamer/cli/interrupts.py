@@ -118,6 +118,24 @@ def second_ctrl_c_exits() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextmanager
+def stopping_first(commands: list) -> Iterator[None]:
+    """SIGTERM or SIGHUP (a CI job's timeout, `kill`, a closed terminal) `terminate()` the
+    started commands first (mlx.launch's ranks: not in this process's group, a serving group ran
+    on without its launcher); their ends then end the launch, with their status."""
+
+    def stop(*_) -> None:
+        for command in list(commands):
+            command.terminate()
+
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def end_interrupted(interrupt: KeyboardInterrupt) -> NoReturn:
     """Report Ctrl-C and end the process now, without Python's shutdown: for a command whose
     other threads may be computing in MLX (serve's generation thread, mid-answer), under which

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from ..errors import StreamerError
 from .hostfile import check_host_list, check_hostfile, hostfile_of
-from .interrupts import second_ctrl_c_exits
+from .interrupts import second_ctrl_c_exits, stopping_first
 from .output import report
 
 
@@ -79,7 +79,7 @@ def launch(args: argparse.Namespace) -> int:
     if hostfile is not None:
         check_hostfile(hostfile)
     ranks = Ranks(_grace())
-    with _recording(ranks), second_ctrl_c_exits():
+    with _recording(ranks), second_ctrl_c_exits(), stopping_first(ranks.commands):
         _mlx_main(words)
     if ranks.alone is not None:
         end = ranks.alone

@@ -214,6 +214,11 @@ def prompt(args: argparse.Namespace) -> str:
     """
     if args.prompt == "-" and sys.stdin is None:
         raise StreamerError(CLOSED_STDIN.format("--prompt - reads the prompt"))
+    if args.prompt == "-" and any(v in os.environ for v in ("MLX_RANK", "MLX_WORLD_SIZE")):
+        raise StreamerError(  # mlx.launch relays input to its ranks, never its end (mlx 0.32.4)
+            "--prompt - reads standard input to its end, which never comes under mlx.launch "
+            '(it does not pass the end on): give the prompt as --prompt "$(cat FILE)".'
+        )
     try:
         raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
     except OSError as e:

@@ -115,6 +115,7 @@ def serve(args: argparse.Namespace) -> None:
     model, tokenizer, context = open_model(folder, loading)
     check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))
+    same_settings(args, model)
     engine = open_engine(
         model, tokenizer, args.prompt_cache_size, group, options, disk, args.prompt_cache_bytes
     )
@@ -135,6 +136,14 @@ def serve(args: argparse.Namespace) -> None:
             )
     except KeyboardInterrupt as e:  # the generation thread may be mid-answer, in MLX
         end_interrupted(e)
+
+
+def same_settings(args: argparse.Namespace, model) -> None:
+    """Under a group, every rank's options alike (rank 0 sends each request's own)."""
+    if args.group is not None:
+        from ..parallel.agreement import check_same_settings, command_settings
+
+        check_same_settings(args.group, command_settings(args, model))
 
 
 def api_key_option(args: argparse.Namespace) -> str | None:
@@ -185,6 +194,7 @@ def chat(args: argparse.Namespace) -> None:
     options.update(draft_options(args, tokenizer))
     if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
         options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
+    same_settings(args, model)
     engine = open_engine(model, tokenizer, 2, group, options, disk)
     if group is not None and group.rank() != 0:
         return engine.follow()

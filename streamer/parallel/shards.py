@@ -45,10 +45,10 @@ def balanced(counts: np.ndarray, ranks: int) -> np.ndarray:
 def owners(manifest: Manifest, ranks: int, trace: Path | None = None) -> list[np.ndarray]:
     """The owning rank of every expert of every MoE layer of a full (unsplit) model."""
     layers = [layer.num_experts for layer in manifest.layers]
-    if ranks < 1 or ranks > min(layers):
+    if ranks < 2 or ranks > min(layers):  # one shard of one would be loaded nowhere: no group
         raise StreamerError(
             f"cannot share {min(layers)} experts per layer among {ranks} ranks: "
-            f"use 1 to {min(layers)} ranks."
+            f"use 2 to {min(layers)} ranks (for one, load the repacked folder itself)."
         )
     if trace is None:
         return [interleaved(n, ranks) for n in layers]
