@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -74,9 +75,11 @@ SERVE_FLAGS = ["--read-path", "slots", "--memory-budget", "0", "--verify-reads"]
 
 
 @contextlib.contextmanager
-def live_server(folder: Path, flags: list[str], log: Path, env: dict | None = None):
-    """`streamer serve --model folder --port 0 flags` running; yields its base url. After it
-    stops, its log shows no traceback."""
+def live_server(
+    folder: Path, flags: list[str], log: Path, env: dict | None = None, nofile: int | None = None
+):
+    """`streamer serve --model folder --port 0 flags` running (with `nofile`, under that hard
+    limit on open files); yields its base url. After it stops, its log shows no traceback."""
     with open(log, "w") as err:
         process = subprocess.Popen(
             [sys.executable, "-m", "streamer", "serve", "--model", str(folder), "--port", "0"]
@@ -84,6 +87,7 @@ def live_server(folder: Path, flags: list[str], log: Path, env: dict | None = No
             stdout=subprocess.DEVNULL,
             stderr=err,
             env=None if env is None else {**os.environ, **env},
+            preexec_fn=None if nofile is None else lambda: _limit_files(nofile),
         )
     try:
         deadline = time.monotonic() + 120
@@ -96,6 +100,10 @@ def live_server(folder: Path, flags: list[str], log: Path, env: dict | None = No
         process.terminate()
         process.wait(timeout=30)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def _limit_files(most: int) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (most, most))
 
 
 @pytest.fixture(scope="session")

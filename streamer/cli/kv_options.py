@@ -84,7 +84,8 @@ def disk_option(args: argparse.Namespace) -> tuple[Path, int] | None:
     folder = Path(args.prompt_cache_dir)
     if folder.exists() and not folder.is_dir():
         raise StreamerError(f"--prompt-cache-dir {folder} is not a folder.")
-    from ..server.disk_files import check_bound
+    from ..server.disk_files import check_bound, check_private
 
+    check_private(folder)
     check_bound(folder, args.prompt_cache_disk)
     return folder, args.prompt_cache_disk

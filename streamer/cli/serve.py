@@ -57,7 +57,8 @@ def add_parsers(sub) -> None:
         "--api-key",
         metavar="KEY",
         help="require `Authorization: Bearer KEY` on every endpoint but /health (default: "
-        f"${API_KEY_ENV} if set, else no key)",
+        f"${API_KEY_ENV} if set, else no key; other users of the machine see a flag's value in "
+        "`ps`, not the environment's)",
     )
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")

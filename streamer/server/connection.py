@@ -1,18 +1,29 @@
-"""The client's side of a connection: whether it went away, and its request in serve's log.
+"""The client's side of a connection: whether it went away, its request in serve's log, how many
+may be open at once.
 
 A client may hang up at any moment: while its body arrives, while it waits, while its answer is
 written. What that raises (`GONE`) ends the request quietly (`QuietHandler.handle`), wherever it
 comes from; socketserver printed it as a traceback in the log (a GET whose client reset, a body
 cut off by a reset). The request line and headers a client sends reach the log with control
 characters escaped: `GET /\\x1b[2J` cleared the terminal serve logs to.
+
+Connections are capped (`ConnectionCap`) at half the open-file limit: each holds a thread and a
+descriptor until its client sends a request or the socket's timeout passes, so a client that opened
+thousands and sent nothing had accept() fail at the limit, which the serving loop retried at once
+(a core busy, /health unanswered); the model's files need descriptors too.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import resource
 import select
 import socket
+import threading
 from http.server import BaseHTTPRequestHandler
+
+from .fields import ApiError
 
 log = logging.getLogger("streamer.server")
 # C0 and C1 control characters (ESC starts a terminal's escape sequences), written as \xNN
@@ -47,3 +58,43 @@ def client_gone(sock: socket.socket) -> bool:
         return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
+
+
+class ConnectionCap:
+    """A socketserver threading mixin: a connection past the cap is answered 503 and closed at
+    once, by the accepting thread, which never waits on it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.most_connections = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
+        self.slots = threading.BoundedSemaphore(self.most_connections)
+
+    def process_request(self, request: socket.socket, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is not given back by one
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        message = f"the server has its most connections open ({self.most_connections}): retry later"
+        body = json.dumps(ApiError(503, message).body()).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        try:
+            request.setblocking(False)  # a few hundred bytes fit a new socket's buffer
+            request.send(head.encode() + body)
+        except OSError:
+            pass  # the client is gone already
+        self.shutdown_request(request)

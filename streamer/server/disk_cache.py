@@ -40,6 +40,7 @@ from .disk_files import (
     PREFIX,
     SUFFIX,
     crc32,
+    create_private,
     data_bytes,
     folder_files,
     has_room,
@@ -79,7 +80,7 @@ def model_identity(model: nn.Module, options: dict) -> str:
 class DiskCache:
     def __init__(self, folder: Path, identity: str, max_bytes: int):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # conversations: this user's
         except OSError as e:
             raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
         if not os.access(folder, os.W_OK):
@@ -135,6 +136,7 @@ class DiskCache:
         try:
             if not self._room_for(data_bytes(cache)):
                 return
+            create_private(partial)  # mlx writes through a link, with the umask's mode
             save_prompt_cache(str(partial), cache, metadata)
             crc = crc32(partial)
             with open(partial, "rb") as f:

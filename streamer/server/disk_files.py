@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import zlib
 from pathlib import Path
 
@@ -61,6 +62,33 @@ def check_bound(folder: Path, max_bytes: int) -> None:
         check_room(folder, max_bytes, held)
     except OSError as e:  # a parent the user may not search, say
         raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
+
+
+def check_private(folder: Path) -> None:
+    """Refuse a folder another user may write to (or owns): a file planted there would be loaded
+    as a conversation's KV cache, and a link planted under a name about to be written would have
+    the write land on whatever it points to."""
+    try:
+        st = folder.stat()
+    except FileNotFoundError:  # created by DiskCache, this user's own
+        return
+    if st.st_uid != os.getuid():
+        raise StreamerError(
+            f"--prompt-cache-dir {folder} belongs to another user, who could plant cache files "
+            "in it: give a folder of your own."
+        )
+    if st.st_mode & stat.S_IWOTH:
+        raise StreamerError(
+            f"--prompt-cache-dir {folder} may be written by any user (mode "
+            f"{stat.S_IMODE(st.st_mode):o}), who could plant cache files in it: give a folder of "
+            f"your own, or `chmod o-w {folder}`."
+        )
+
+
+def create_private(path: Path) -> None:
+    """A new empty file at `path` that only this user may read (a cache file holds a
+    conversation's tokens); never through a link or over a file already there."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
 
 
 def metadata_of(path: Path) -> dict:

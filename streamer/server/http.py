@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 from .api import Completion, Sampling, parse_completion
 from .auth import check_key
-from .connection import ClientGone, QuietHandler, client_gone
+from .connection import ClientGone, ConnectionCap, QuietHandler, client_gone
 from .engine import Engine, fit
 from .fields import ApiError, http_refusal, parse_body
 from .jobs import Done, Job, Step
@@ -250,7 +250,7 @@ class Handler(QuietHandler):
         self._json(error.status, error.body())
 
 
-class Server(ThreadingHTTPServer):
+class Server(ConnectionCap, ThreadingHTTPServer):
     daemon_threads = True
     # connections waiting to be accepted: socketserver's 5 reset the rest of a burst (64 at once
     # saw 17-44 resets); the kernel caps it at net.core.somaxconn. Accepted requests queue for
