@@ -185,3 +185,63 @@ def test_every_bench_section_named_is_a_heading():
         if not any(heading.startswith(title) for heading in headings[name])
     )
     assert not missing, "these name bench sections no heading begins with:\n" + "\n".join(missing)
+
+
+# A group of flags the synopsis names in brackets -> how its comment line begins
+SYNOPSIS_GROUPS = {"sampling flags": "sampling", "KV flags": "KV", "drafts": "drafts"}
+
+
+def synopsis_flags() -> dict[str, set[str]]:
+    """Command -> the `--flags` docs/commands.md's synopsis block gives it, with its named groups
+    (`[sampling flags]`, `[KV flags]`, `[drafts]`) replaced by the flags their comment lines list;
+    a command's lines run on to the next `streamer` or comment line."""
+    text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    block = text[text.index("```sh\n") + 6 :]
+    block = block[: block.index("```")]
+    joined = re.sub(r"\n#\s{2,}", " ", block)  # a comment continued on its next line, joined
+    groups = {
+        name: set(re.findall(r"--[\w-]+", joined.split(f"\n# {label}")[1].split("\n")[0]))
+        for name, label in SYNOPSIS_GROUPS.items()
+    }
+    found: dict[str, set[str]] = {}
+    command = None
+    for line in block.splitlines():
+        if line.startswith("#"):
+            command = None
+            continue
+        words = line.split("#")[0]
+        if line.startswith("streamer "):
+            command = words.split()[1]
+        if command is None:
+            continue
+        flags = set(re.findall(r"--[\w-]+", words))
+        flags |= {f for name, group in groups.items() if f"[{name}]" in words for f in group}
+        found.setdefault(command, set()).update(flags)
+    return found
+
+
+def test_the_synopsis_gives_every_command_its_flags():
+    """Each command's flags in docs/commands.md's synopsis are its parser's, no more, no less."""
+    import argparse
+
+    from streamer.cli import parser
+
+    top = parser()
+    commands = top._subparsers._group_actions[0].choices
+    documented = synopsis_flags()
+    assert documented.pop("--version") == {"--version"}
+    assert set(documented) == set(commands), "commands missing from, or stale in, the synopsis"
+    wrong = {}
+    for name, command in commands.items():
+        flags = {
+            option
+            for action in command._actions
+            if not isinstance(action, argparse._HelpAction)
+            for option in action.option_strings
+        }
+        if flags != documented[name]:
+            wrong[name] = {
+                "undocumented": flags - documented[name],
+                "stale": documented[name] - flags,
+            }
+    assert not wrong, f"docs/commands.md's synopsis and the parsers differ: {wrong}"
