@@ -245,3 +245,24 @@ def test_the_synopsis_gives_every_command_its_flags():
                 "stale": documented[name] - flags,
             }
     assert not wrong, f"docs/commands.md's synopsis and the parsers differ: {wrong}"
+
+
+def test_the_counts_of_model_types_are_the_table_s():
+    """docs/support.md's table has a row for each model type with a tiny config (and the Hadamard
+    packs, configured beside their writer); the counts the README and support.md quote are its
+    rows, its rows verified against transformers ("yes") and the model files refused."""
+    from fixtures import TINY_CONFIGS
+    from fixtures.hadamard_pack import hadamard_pack_config
+    from streamer.families.model_types import REFUSED
+
+    support = (ROOT / "docs" / "support.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)`[^|]*\|[^|]*\|[^|]*\| (\w+)", support, re.M)
+    rows = rows[1:]  # under the header
+    assert {name for name, _ in rows} == {*TINY_CONFIGS, hadamard_pack_config()["model_type"]}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"{len(rows)} model types stream" in readme
+    prose = " ".join(support.split())  # a sentence may run over lines
+    assert f"{len(rows)} model_types stream" in prose
+    verified = sum(answer == "yes" for _, answer in rows)
+    assert f"; {verified} of them are verified against transformers" in prose
+    assert f"{len(REFUSED)} model file is refused" in prose
