@@ -231,6 +231,9 @@ def test_the_synopsis_gives_every_command_its_flags():
     documented = synopsis_flags()
     assert documented.pop("--version") == {"--version"}
     assert set(documented) == set(commands), "commands missing from, or stale in, the synopsis"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| [docs/commands.md]"))
+    assert set(re.findall(r"\w+", row.split("every command and flag:")[1])) == set(commands)
     wrong = {}
     for name, command in commands.items():
         flags = {
@@ -266,3 +269,25 @@ def test_the_counts_of_model_types_are_the_table_s():
     verified = sum(answer == "yes" for _, answer in rows)
     assert f"; {verified} of them are verified against transformers" in prose
     assert f"{len(REFUSED)} model file is refused" in prose
+
+
+def test_the_readme_s_python_api_is_the_code_s():
+    """The README's Python API names every argument of `load`, lists mlx-lm's GenerationResponse
+    fields, which Response has, and generate's fourth positional argument is max_tokens."""
+    import inspect
+
+    import streamer
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("\n## Python API\n") :]
+    section = section[: section.index("\n## ", 1)]
+    unnamed = [p for p in list(inspect.signature(streamer.load).parameters)[1:] if p not in section]
+    assert not unnamed, f"the README's Python API does not name load's {unnamed}"
+    fields = section.split("`GenerationResponse` fields (")[1].split(")")[0]
+    listed = set(re.findall(r"`(\w+)`", fields))
+    mlx_lm_response = importlib.import_module("mlx_lm.generate").GenerationResponse
+    assert listed == set(mlx_lm_response.__dataclass_fields__), "not mlx-lm's fields"
+    response = streamer.Response
+    assert all(f in response.__dataclass_fields__ or hasattr(response, f) for f in listed)
+    assert list(inspect.signature(streamer.generate).parameters)[3] == "max_tokens"
+    assert list(inspect.signature(streamer.stream_generate).parameters)[3] == "max_tokens"
