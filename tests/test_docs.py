@@ -252,7 +252,7 @@ def test_the_synopsis_gives_every_command_its_flags():
 
 def test_the_counts_of_model_types_are_the_table_s():
     """docs/support.md's table has a row for each model type with a tiny config (and the Hadamard
-    packs, configured beside their writer); the counts the README and support.md quote are its
+    packs, configured beside their writer); the counts the README and docs/support.md quote are its
     rows, its rows verified against transformers ("yes") and the model files refused."""
     from fixtures import TINY_CONFIGS
     from fixtures.hadamard_pack import hadamard_pack_config
