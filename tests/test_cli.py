@@ -303,6 +303,18 @@ def test_an_unknown_flag_is_reported_before_a_missing_one(argv, said, capsys):
     assert "unrecognized" not in capsys.readouterr().err
 
 
+def test_a_value_beginning_with_a_dash_is_shown_how_to_pass(capsys):
+    """`--memory-budget -1G` said only "argument --memory-budget: expected one argument", though
+    a value was typed (argparse reads it as an option); docs/faults.md shows the `=` form."""
+    from streamer.cli import main
+
+    assert main(["generate", "--model", "m", "--prompt", "hi", "--memory-budget", "-1G"]) == 2
+    err = capsys.readouterr().err
+    assert "'-1G' was read as an option; write --memory-budget=-1G" in err, err
+    assert main(["plan", "m", "--memory"]) == 2  # no value at all: argparse's words alone
+    assert "expected one argument (see `streamer plan --help`)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", ["--memory-budget", "--max-kv-size"])
 def test_help_gives_the_default_of_a_decided_option(flag):
     """docs/commands.md: `--help` gives each option's default; these said none (the budget is

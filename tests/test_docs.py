@@ -185,3 +185,109 @@ def test_every_bench_section_named_is_a_heading():
         if not any(heading.startswith(title) for heading in headings[name])
     )
     assert not missing, "these name bench sections no heading begins with:\n" + "\n".join(missing)
+
+
+# A group of flags the synopsis names in brackets -> how its comment line begins
+SYNOPSIS_GROUPS = {"sampling flags": "sampling", "KV flags": "KV", "drafts": "drafts"}
+
+
+def synopsis_flags() -> dict[str, set[str]]:
+    """Command -> the `--flags` docs/commands.md's synopsis block gives it, with its named groups
+    (`[sampling flags]`, `[KV flags]`, `[drafts]`) replaced by the flags their comment lines list;
+    a command's lines run on to the next `streamer` or comment line."""
+    text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    block = text[text.index("```sh\n") + 6 :]
+    block = block[: block.index("```")]
+    joined = re.sub(r"\n#\s{2,}", " ", block)  # a comment continued on its next line, joined
+    groups = {
+        name: set(re.findall(r"--[\w-]+", joined.split(f"\n# {label}")[1].split("\n")[0]))
+        for name, label in SYNOPSIS_GROUPS.items()
+    }
+    found: dict[str, set[str]] = {}
+    command = None
+    for line in block.splitlines():
+        if line.startswith("#"):
+            command = None
+            continue
+        words = line.split("#")[0]
+        if line.startswith("streamer "):
+            command = words.split()[1]
+        if command is None:
+            continue
+        flags = set(re.findall(r"--[\w-]+", words))
+        flags |= {f for name, group in groups.items() if f"[{name}]" in words for f in group}
+        found.setdefault(command, set()).update(flags)
+    return found
+
+
+def test_the_synopsis_gives_every_command_its_flags():
+    """Each command's flags in docs/commands.md's synopsis are its parser's, no more, no less."""
+    import argparse
+
+    from streamer.cli import parser
+
+    top = parser()
+    commands = top._subparsers._group_actions[0].choices
+    documented = synopsis_flags()
+    assert documented.pop("--version") == {"--version"}
+    assert set(documented) == set(commands), "commands missing from, or stale in, the synopsis"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| [docs/commands.md]"))
+    assert set(re.findall(r"\w+", row.split("every command and flag:")[1])) == set(commands)
+    wrong = {}
+    for name, command in commands.items():
+        flags = {
+            option
+            for action in command._actions
+            if not isinstance(action, argparse._HelpAction)
+            for option in action.option_strings
+        }
+        if flags != documented[name]:
+            wrong[name] = {
+                "undocumented": flags - documented[name],
+                "stale": documented[name] - flags,
+            }
+    assert not wrong, f"docs/commands.md's synopsis and the parsers differ: {wrong}"
+
+
+def test_the_counts_of_model_types_are_the_table_s():
+    """docs/support.md's table has a row for each model type with a tiny config (and the Hadamard
+    packs, configured beside their writer); the counts the README and docs/support.md quote are its
+    rows, its rows verified against transformers ("yes") and the model files refused."""
+    from fixtures import TINY_CONFIGS
+    from fixtures.hadamard_pack import hadamard_pack_config
+    from streamer.families.model_types import REFUSED
+
+    support = (ROOT / "docs" / "support.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)`[^|]*\|[^|]*\|[^|]*\| (\w+)", support, re.M)
+    rows = rows[1:]  # under the header
+    assert {name for name, _ in rows} == {*TINY_CONFIGS, hadamard_pack_config()["model_type"]}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"{len(rows)} model types stream" in readme
+    prose = " ".join(support.split())  # a sentence may run over lines
+    assert f"{len(rows)} model_types stream" in prose
+    verified = sum(answer == "yes" for _, answer in rows)
+    assert f"; {verified} of them are verified against transformers" in prose
+    assert f"{len(REFUSED)} model file is refused" in prose
+
+
+def test_the_readme_s_python_api_is_the_code_s():
+    """The README's Python API names every argument of `load`, lists mlx-lm's GenerationResponse
+    fields, which Response has, and generate's fourth positional argument is max_tokens."""
+    import inspect
+
+    import streamer
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("\n## Python API\n") :]
+    section = section[: section.index("\n## ", 1)]
+    unnamed = [p for p in list(inspect.signature(streamer.load).parameters)[1:] if p not in section]
+    assert not unnamed, f"the README's Python API does not name load's {unnamed}"
+    fields = section.split("`GenerationResponse` fields (")[1].split(")")[0]
+    listed = set(re.findall(r"`(\w+)`", fields))
+    mlx_lm_response = importlib.import_module("mlx_lm.generate").GenerationResponse
+    assert listed == set(mlx_lm_response.__dataclass_fields__), "not mlx-lm's fields"
+    response = streamer.Response
+    assert all(f in response.__dataclass_fields__ or hasattr(response, f) for f in listed)
+    assert list(inspect.signature(streamer.generate).parameters)[3] == "max_tokens"
+    assert list(inspect.signature(streamer.stream_generate).parameters)[3] == "max_tokens"

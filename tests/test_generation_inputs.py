@@ -123,10 +123,11 @@ def test_one_token_is_said_in_the_singular(checkpoints):
     assert "prompt: 1 token, " in one.stats.line() and "decode: 1 token, " in one.stats.line()
 
 
-def test_a_prompt_inside_the_context_draws_no_tokenizer_warning(checkpoints, tmp_path):
+def test_a_prompt_draws_no_tokenizer_warning(checkpoints, tmp_path):
     """tokenizer_config.json's model_max_length below the model's context: transformers logged
     "Token indices sequence length is longer than the specified maximum sequence length" (serve's
-    log, generate's stderr) for a prompt the model takes."""
+    log, generate's stderr) for a prompt the model takes; and for one past the context, beside
+    streamer's one-line refusal, that running it "will result in indexing errors"."""
     import json
     import logging
     import shutil
@@ -144,6 +145,7 @@ def test_a_prompt_inside_the_context_draws_no_tokenizer_warning(checkpoints, tmp
     try:
         prompt = " ".join(f"w{i}" for i in range(40))
         assert 16 < len(tokenizer.encode(prompt)) < 2048  # inside the context (2048)
+        assert len(tokenizer.encode(prompt * 60)) > 2048  # past it: streamer refuses it itself
     finally:
         transformers_log.removeHandler(handler)
     assert not [m for m in logged if "Token indices sequence length" in m], logged

@@ -36,6 +36,20 @@ def test_the_first_failing_rank_is_the_groups_status(tmp_path):
     assert "out 1" in result.stdout
 
 
+def test_the_failed_rank_named_is_one_that_said_why():
+    """A fault every rank finds (shards given to the wrong ranks) is said by rank 0 alone; when
+    silent rank 1 ended first, or rank 0 was being stopped as it exited on its own, the launch
+    said `rank 1 exited with status 2 (it wrote nothing on stderr)`."""
+    from streamer.cli.launch import RankEnd, _cause
+
+    said = "streamer: error: rank 0 (host:/shard1) holds shard 1/2, which is rank 1's"
+    silent = RankEnd(1, 2, False, "")
+    assert _cause([silent, RankEnd(0, 2, False, said)]).rank == 0
+    assert _cause([silent, RankEnd(0, 2, True, said)]).rank == 0  # its own status: not stopped
+    assert _cause([RankEnd(0, -15, True, ""), silent]) is silent  # the launcher's stop: not it
+    assert _cause([RankEnd(0, -15, True, "")]).rank == 0
+
+
 def test_a_group_that_succeeds_exits_0(tmp_path):
     result = launch(shell('echo "out $MLX_RANK"'), tmp_path, streamer=True)
     assert (result.returncode, sorted(result.stdout.split("\n"))) == (0, ["", "out 0", "out 1"])

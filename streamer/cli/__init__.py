@@ -71,7 +71,19 @@ class Parser(argparse.ArgumentParser):
             message = f"unrecognized arguments: {' '.join(unknown)}"
             close = difflib.get_close_matches(unknown[0].split("=")[0], self._option_names(), 1)
             message += f" (did you mean {close[0]}?)" if close else ""
+        if message.endswith(": expected one argument"):
+            message += self._value_taken_for_an_option(message)
         raise StreamerError(f"{message} (see `{self.prog} --help`)")
+
+    def _value_taken_for_an_option(self, message: str) -> str:
+        """argparse takes a value that begins with '-' (`--memory-budget -1G`) for an option and
+        says none was given: show how to give it."""
+        option = message.split(":")[0].split()[-1].split("/")[-1]
+        words = self._words[: _end(self._words)]
+        for word, value in zip(words, words[1:]):
+            if word == option and self._unknown_option(value):
+                return f": {value!r} was read as an option; write {option}={value}"
+        return ""
 
     def _option_names(self) -> list[str]:
         return [name for name in self._option_string_actions if name.startswith("--")]

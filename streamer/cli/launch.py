@@ -92,9 +92,17 @@ def launch(args: argparse.Namespace) -> int:
     failed = [end for end in ranks.ends if end.status != 0]
     if not failed:
         return 0
-    # a rank the launcher stopped because another had failed is not the cause
-    first = next((end for end in failed if not end.stopped), failed[0])
+    first = _cause(failed)
     return report(f"streamer: error: {_ended(first)}", _shell_status(first.status))
+
+
+def _cause(failed: list[RankEnd]) -> RankEnd:
+    """The failed rank the launch names: not one the launcher stopped because another had failed
+    (ended by its signal; one it stopped as it exited keeps its own status), and one that said
+    why where one did (a fault every rank finds is said by rank 0 alone; a silent rank may end
+    first)."""
+    own = [end for end in failed if not (end.stopped and end.status < 0)] or failed
+    return next((end for end in own if end.last_line), own[0])
 
 
 def _command_words(words: list[str], commands: tuple[str, ...]) -> list[str]:

@@ -96,11 +96,14 @@ def _context_as_max_length(tokenizer: TokenizerWrapper, config: dict) -> None:
     """The tokenizer's model_max_length raised to the model's context (max_position_embeddings):
     a tokenizer_config.json's smaller one (2048 where the model reads 40960) made transformers log
     "Token indices sequence length is longer than the specified maximum sequence length" for a
-    prompt well inside the context. A prompt past the context is refused by streamer itself."""
+    prompt well inside the context. A prompt past the context is refused by streamer itself, in
+    one line: the warning, which transformers gives once, is marked given."""
     context = context_length(config)
     own = tokenizer._tokenizer
     if type(context) is int and context > getattr(own, "model_max_length", context):
         own.model_max_length = context
+    if isinstance(getattr(own, "deprecation_warnings", None), dict):
+        own.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
 
 
 def _config_unbuilt(folder: Path, config: dict) -> dict:
