@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 from types import SimpleNamespace
 
 import pytest
 from mlx_launch import launch
-from test_group_checks import Rank, gathered
+from test_group_checks import as_ranks, gathered
 
 import streamer.parallel.agreement
 from streamer.parallel.agreement import check_same_settings, command_settings
@@ -22,22 +21,7 @@ from streamer.parallel.group import GroupError
 
 def run_group(settings: list[dict]) -> list:
     """Each rank's check_same_settings: None, or the error it raised."""
-    ranks = len(settings)
-    rows, barrier = [None] * ranks, threading.Barrier(ranks, timeout=30)
-    results: list = [None] * ranks
-
-    def rank(r: int) -> None:
-        try:
-            check_same_settings(Rank(r, ranks, rows, barrier), settings[r])
-        except Exception as e:
-            results[r] = e
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(ranks)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
+    return as_ranks(len(settings), lambda group, r: check_same_settings(group, settings[r]))
 
 
 @pytest.fixture(autouse=True)

@@ -53,17 +53,15 @@ def threads_for_ranks(monkeypatch):
     monkeypatch.setattr(streamer.parallel.group, "_all_gather", gathered)
 
 
-def run_group(folders: list[Path], manifests: list, totals: list[int]) -> list:
-    """Each rank's expert_shares (its records, or the error it raised)."""
-    ranks = len(manifests)
+def as_ranks(ranks: int, call) -> list:
+    """`call(group, rank)` on `ranks` threads, each a rank of one group: each one's result, or
+    the error it raised."""
     rows, barrier = [None] * ranks, threading.Barrier(ranks, timeout=30)
     results: list = [None] * ranks
 
     def rank(r: int) -> None:
         try:
-            results[r] = expert_shares(
-                Rank(r, ranks, rows, barrier), folders[r], manifests[r], totals
-            )
+            results[r] = call(Rank(r, ranks, rows, barrier), r)
         except Exception as e:
             results[r] = e
 
@@ -73,6 +71,13 @@ def run_group(folders: list[Path], manifests: list, totals: list[int]) -> list:
     for thread in threads:
         thread.join()
     return results
+
+
+def run_group(folders: list[Path], manifests: list, totals: list[int]) -> list:
+    """Each rank's expert_shares (its records, or the error it raised)."""
+    return as_ranks(
+        len(manifests), lambda group, r: expert_shares(group, folders[r], manifests[r], totals)
+    )
 
 
 def the_error(results: list) -> str:
