@@ -72,18 +72,24 @@ def test_ctrl_c_while_serving(model):
     assert_interrupted(process, read_until(process.stderr, "listening on http://"))
 
 
-def test_ctrl_c_while_an_answer_streams(model):
-    """The generation thread is computing in MLX: Python's shutdown under it aborted the process
-    (`terminate called without an active exception`, exit -6)."""
+def serving(model: str, *flags: str) -> tuple[subprocess.Popen, str, http.client.HTTPConnection]:
+    """`streamer serve` started on a free port: the process, its stderr up to the address, and a
+    connection to it."""
     process = subprocess.Popen(
-        [*STREAMER, "serve", "--model", model, "--port", "0"],
+        [*STREAMER, "serve", "--model", model, "--port", "0", *flags],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
     before = read_until(process.stderr, "/v1")
     port = int(re.search(r"127\.0\.0\.1:(\d+)/v1", before).group(1))
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    return process, before, http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+
+def test_ctrl_c_while_an_answer_streams(model):
+    """The generation thread is computing in MLX: Python's shutdown under it aborted the process
+    (`terminate called without an active exception`, exit -6)."""
+    process, before, connection = serving(model)
     body = {"prompt": "hello", "max_tokens": 1000, "stream": True, "logit_bias": {"0": -100}}
     connection.request("POST", "/v1/completions", json.dumps(body))
     assert connection.getresponse().read(200)  # tokens are arriving
@@ -112,15 +118,7 @@ def test_sigterm_while_serving_keeps_the_prompt_cache_being_written(model, tmp_p
     --prompt-cache-dir (the answer is sent before the write): the write completes, no partial
     file is left, and serve exits 143 with Ctrl-C's line."""
     caches = tmp_path / "caches"
-    process = subprocess.Popen(
-        [*STREAMER, "serve", "--model", model, "--port", "0", "--prompt-cache-dir", str(caches)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    before = read_until(process.stderr, "/v1")
-    port = int(re.search(r"127\.0\.0\.1:(\d+)/v1", before).group(1))
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    process, before, connection = serving(model, "--prompt-cache-dir", str(caches))
     body = {"prompt": "hello there", "max_tokens": 4}
     connection.request("POST", "/v1/completions", json.dumps(body))
     assert connection.getresponse().status == 200
