@@ -44,8 +44,8 @@ def disk_needs(src: str | Path, quantize: Quantize | None = None) -> tuple[int, 
 
 
 def recipe_disk_needs(recipe: Recipe) -> tuple[int, int]:
-    """disk_needs of a recipe made already, its checkpoint still open (one expert is read to size
-    a record): `streamer plan` plans a download once, for its sizes and for these."""
+    """disk_needs of a recipe made already (records sized from the tensor headers: no data is
+    read): `streamer plan` plans a download once, for its sizes and for these."""
     sidecar = ResumeSidecar(recipe.folder, SourceIdentity(""))  # nothing done yet; never saved
     return consume.disk_peaks(recipe, sidecar, *layer_and_resident_bytes(recipe, sidecar))
 
