@@ -13,6 +13,7 @@ import pytest
 from fixtures import tiny_config, write_hf_checkpoint
 from streamer.io import checkpoint as checkpoint_module
 from streamer.io.checkpoint import Checkpoint
+from streamer.io.checkpoint import _is_file_name as is_file_name
 from streamer.io.safetensors import read_header, write_safetensors
 from streamer.plan import plan
 from streamer.repack import Quantize, disk_needs
@@ -132,6 +133,21 @@ def test_planning_a_download_parses_each_shard_header_once(tmp_path, monkeypatch
     plan(src, 1 << 40)
     shards = sorted(p.name for p in src.glob("*.safetensors"))
     assert len(shards) > 1 and sorted(parsed) == shards
+
+
+def test_an_index_s_shard_names_are_checked_once_each(tmp_path, monkeypatch):
+    """Not once per tensor: Kimi K2's index names 140k tensors in a few dozen shards."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("mixtral"))
+    checked = []
+
+    def counted(name):
+        checked.append(name)
+        return is_file_name(name)
+
+    monkeypatch.setattr(checkpoint_module, "_is_file_name", counted)
+    with Checkpoint(src) as ckpt:
+        assert len(ckpt.tensors) > 2 * len(set(checked))
+    assert sorted(checked) == sorted(p.name for p in src.glob("*.safetensors"))
 
 
 def test_a_download_counts_its_own_shards_only(tmp_path):
