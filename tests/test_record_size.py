@@ -5,26 +5,32 @@ data and parses each shard's header once."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 
 import mlx.core as mx
+import mlx_lm
 import pytest
 
 from fixtures import tiny_config, write_hf_checkpoint
 from streamer.io import checkpoint as checkpoint_module
 from streamer.io.checkpoint import Checkpoint
 from streamer.io.checkpoint import _is_file_name as is_file_name
+from streamer.io.manifest import read_manifest
 from streamer.io.safetensors import read_header, write_safetensors
 from streamer.plan import plan
-from streamer.repack import Quantize, disk_needs
+from streamer.repack import Quantize, disk_needed, disk_needs, repack
 from streamer.repack.recipe import make_recipe
 from streamer.repack.records import (
     NonfiniteWarnings,
     expert_parts,
+    layer_bytes,
     layout,
-    record_bytes,
     write_layer,
 )
+from streamer.repack.resume_sidecar import ResumeSidecar, SourceIdentity
 
 QUANTIZE = {
     "none": None,
@@ -64,7 +70,7 @@ def _check_sized_as_written(src, quantize, out) -> None:
             written = write_layer(recipe, out, index, module, NonfiniteWarnings(lambda _: None))
             assert (written.tensors, written.record_bytes) == sized, module
             size = os.path.getsize(out / written.file)
-            assert size == record_bytes(recipe) * recipe.num_experts
+            assert size == layer_bytes(recipe)[index]
 
 
 @pytest.mark.parametrize("mode", sorted(QUANTIZE))
@@ -158,3 +164,36 @@ def test_a_download_counts_its_own_shards_only(tmp_path):
     shards = sum(i.nbytes for f in src.glob("*.safetensors") for i in read_header(f).values())
     write_safetensors(src / "consolidated.safetensors", [("x", mx.zeros((1024,)))])
     assert plan(src, 1 << 40).download_bytes == shards
+
+
+def _written_and_planned(src, out) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(expert bytes, bytes the repack needs) as planned and as written."""
+    found = plan(src, 1 << 40)
+    with Checkpoint(src) as ckpt:
+        recipe = make_recipe(ckpt, None)
+        needed = disk_needed(recipe, ResumeSidecar(src, SourceIdentity("")))[0]
+    manifest = repack(src, out, log=lambda _: None)
+    resident = sum(a.nbytes for _, a in recipe.resident_items())
+    return (found.expert_bytes, needed - resident), (manifest.expert_file_bytes,) * 2
+
+
+def test_layers_of_other_record_sizes_are_planned_as_written(tmp_path):
+    """A mixed-bit recipe (the last layer's down_proj at 6 bits, the first's at 3): every layer's
+    file was taken to be the first's."""
+    hf = write_hf_checkpoint(tmp_path / "hf", tiny_config("mixtral", intermediate_size=1024))
+    src = tmp_path / "mlx"
+    with contextlib.redirect_stdout(io.StringIO()):
+        mlx_lm.convert(str(hf), str(src), quantize=True, quant_predicate="mixed_3_6")
+    planned, written = _written_and_planned(src, tmp_path / "out")
+    assert len({layer.record_bytes for layer in read_manifest(tmp_path / "out").layers}) == 2
+    assert planned == written
+
+
+def test_records_in_a_dtype_config_json_does_not_say_are_planned_as_written(tmp_path):
+    """float32 tensors under torch_dtype bfloat16: repack keeps them float32; the plan counted
+    them at bfloat16's size, half what repack writes."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("mixtral"), dtype="float32")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    planned, written = _written_and_planned(src, tmp_path / "out")
+    assert planned == written

@@ -53,14 +53,14 @@ def model_plan(
     folder = source if source.is_dir() else source.parent
     config_path = source / "config.json" if source.is_dir() else source  # a FIFO too: refused
     repacked = (folder / MANIFEST_FILE).exists()
-    peak = download = None
+    peak = download = records = None
     if source.is_dir() and not repacked and any(folder.glob("*.safetensors")):
         # exactly as repack will write it
-        model, config, peak, download = _download_model(folder, quantize)
+        model, config, peak, download, records = _download_model(folder, quantize)
     else:
         model, config = _config_model(config_path, repacked, quantize)
     containers = expert_containers(model)
-    records = [_record_bytes(c) for c in containers.values()]
+    records = records or [_record_bytes(c) for c in containers.values()]
     expert_bytes = sum(r * _num_experts(c) for r, c in zip(records, containers.values()))
     stored_resident = _resident(model, containers, None)
     resident = _resident(model, containers, dtype)
@@ -93,27 +93,32 @@ def model_plan(
     )
 
 
-def _download_model(folder: Path, quantize: tuple | None) -> tuple[nn.Module, dict, int, int]:
+def _download_model(
+    folder: Path, quantize: tuple | None
+) -> tuple[nn.Module, dict, int, int, list[int]]:
     """repack's own recipe for a download (made once: it builds and sanitizes the whole model):
     resident weights as the checkpoint holds them (lazily, never read), experts in their target
-    shapes, quantized as repack will; the disk peak with --delete-source; and the bytes of the
-    checkpoint's tensors, from the headers it parsed once. Those are the shards repack reads
-    (and --delete-source deletes): the index's, else `model*.safetensors`; another
-    *.safetensors beside them (a `consolidated.safetensors` of the same weights) is not counted,
-    as the model does not need it."""
+    shapes, quantized as repack will; the disk peak with --delete-source; the bytes of the
+    checkpoint's tensors, from the headers parsed once; and each layer's record as repack writes
+    it (in the source's dtype, which config.json's torch_dtype may not say). The download is the
+    shards repack reads (and --delete-source deletes): the index's, else `model*.safetensors`;
+    another *.safetensors beside them (a `consolidated.safetensors` of the same weights) is not
+    counted, as the model does not need it."""
     from ..io.checkpoint import Checkpoint
     from ..repack import Quantize, recipe_disk_needs
     from ..repack.recipe import make_recipe
+    from ..repack.records import layer_bytes
 
     with Checkpoint(folder) as checkpoint:
         recipe = make_recipe(checkpoint, Quantize(*quantize) if quantize else None)
         peak = recipe_disk_needs(recipe)[1]
         download = sum(info.nbytes for info in checkpoint.tensors.values())
+        records = [size // recipe.num_experts for size in layer_bytes(recipe)]
     model, config = recipe.model, recipe.config
     stored = DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
     for container in recipe.containers.values():  # unquantized records keep the source dtype
         container.set_dtype(recipe.cast or stored)
-    return model, config, peak, download
+    return model, config, peak, download, records
 
 
 def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[nn.Module, dict]:

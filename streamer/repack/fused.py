@@ -1,6 +1,6 @@
 """Fused expert tensors (a whole layer's experts in a layout of the family's own), found by asking
 mlx-lm's sanitize about lazy stand-ins of the source tensors that are never evaluated; and the
-stand-in that sizes a converted expert from its headers alone (records.record_bytes)."""
+stand-in that sizes a converted expert from its headers alone (records.layer_bytes)."""
 
 from __future__ import annotations
 

@@ -75,11 +75,14 @@ class NonfiniteWarnings:
             )
 
 
-def record_bytes(recipe: Recipe) -> int:
-    """The size of one expert record (every layer's is the same: they share one config), from the
-    tensor headers and --quantize: no tensor's data is read."""
-    module, container = next(iter(recipe.containers.items()))
-    return layout(expert_parts(recipe, module, container, 0, read=False))[1]
+def layer_bytes(recipe: Recipe) -> list[int]:
+    """The size of each MoE layer's expert file, from the tensor headers and --quantize: no
+    tensor's data is read. Layers differ where config.json sizes them each (Hunyuan's lists) or a
+    mixed-bit recipe quantized them each."""
+    return [
+        layout(expert_parts(recipe, module, container, 0, read=False))[1] * recipe.num_experts
+        for module, container in recipe.containers.items()
+    ]
 
 
 def layout(parts: list[Part]) -> tuple[tuple[ExpertTensor, ...], int]:
