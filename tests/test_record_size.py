@@ -6,6 +6,7 @@ data and parses each shard's header once."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -28,6 +29,7 @@ from streamer.repack.records import (
     expert_parts,
     layer_bytes,
     layout,
+    matches_recipe,
     write_layer,
 )
 from streamer.repack.resume_sidecar import ResumeSidecar, SourceIdentity
@@ -60,6 +62,13 @@ PACKED = [
 ]
 
 
+QUIET = NonfiniteWarnings(lambda _: None)
+
+
+def _refused(*args, **kwargs):
+    raise AssertionError("a tensor's data was read")
+
+
 def _check_sized_as_written(src, quantize, out) -> None:
     """Every MoE layer's record, sized without reading, is the record write_layer writes."""
     with Checkpoint(src) as ckpt:
@@ -67,7 +76,7 @@ def _check_sized_as_written(src, quantize, out) -> None:
         (out / "experts").mkdir(parents=True)
         for index, (module, container) in enumerate(recipe.containers.items()):
             sized = layout(expert_parts(recipe, module, container, 0, read=False))
-            written = write_layer(recipe, out, index, module, NonfiniteWarnings(lambda _: None))
+            written = write_layer(recipe, out, index, module, QUIET)
             assert (written.tensors, written.record_bytes) == sized, module
             size = os.path.getsize(out / written.file)
             assert size == layer_bytes(recipe)[index]
@@ -118,12 +127,22 @@ def test_planning_a_download_reads_no_tensor_data(tmp_path, monkeypatch, fp8, qu
     arch = "deepseek_v3" if fp8 else "mixtral"
     src = write_hf_checkpoint(tmp_path / "src", tiny_config(arch), fp8=fp8)
 
-    def refused(*args, **kwargs):
-        raise AssertionError("a tensor's data was read")
-
-    monkeypatch.setattr(Checkpoint, "read", refused)
+    monkeypatch.setattr(Checkpoint, "read", _refused)
     found = plan(src, 1 << 40, quantize=quantize)
     assert disk_needs(src, quantize and Quantize(*quantize))[1] == found.delete_source_peak_bytes
+
+
+def test_a_resume_checks_a_kept_layer_s_layout_without_reading(tmp_path, monkeypatch):
+    """A resume read (and with --quantize, quantized) each kept layer's first expert to check its
+    layout; a shard --delete-source deleted left the layout unchecked."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("deepseek_v3"), fp8=True)
+    with Checkpoint(src) as ckpt:
+        recipe = make_recipe(ckpt, Quantize(4, 64))
+        (tmp_path / "out" / "experts").mkdir(parents=True)
+        written = write_layer(recipe, tmp_path / "out", 0, next(iter(recipe.containers)), QUIET)
+        monkeypatch.setattr(Checkpoint, "read", _refused)
+        assert matches_recipe(recipe, 0, written)
+        assert not matches_recipe(recipe, 0, dataclasses.replace(written, record_bytes=1 << 30))
 
 
 def test_planning_a_download_parses_each_shard_header_once(tmp_path, monkeypatch):

@@ -154,9 +154,11 @@ def _release(*held) -> None:
 def layer_and_resident_bytes(recipe: Recipe, sidecar: ResumeSidecar) -> tuple[list[int], int]:
     """Bytes of each MoE layer's expert file and of the resident file, as they will be written
     (a layer already written as it was)."""
-    sized = layer_bytes(recipe)
-    for index, layer in sidecar.layers.items():
-        sized[index] = layer.file_bytes
+    done = sidecar.layers  # an index out of range (a tampered sidecar) is dropped once verified
+    sized = [
+        done[index].file_bytes if index in done else size
+        for index, size in enumerate(layer_bytes(recipe))
+    ]
     return sized, sum(a.nbytes for _, a in recipe.resident_items())
 
 
