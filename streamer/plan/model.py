@@ -5,8 +5,8 @@ Parameter shapes give the resident and expert bytes (quantized as config.json's 
 bytes per token are those of mlx-lm's caches after a lazy forward pass at two lengths (so sliding
 windows, MLA's compressed cache and linear-attention state count as they are). With a download
 present, repack's own recipe for it (made once) gives the shapes and dtypes from its safetensors
-headers, and `repack.recipe_disk_needs` of that recipe the disk peak with --delete-source (which
-reads one expert's bytes to size a record). No other weights are read.
+headers, and `repack.recipe_disk_needs` of that recipe the disk peak with --delete-source (a
+record sized from the headers too). No weights are read; each shard's header is parsed once.
 """
 
 from __future__ import annotations
@@ -53,13 +53,14 @@ def model_plan(
     folder = source if source.is_dir() else source.parent
     config_path = source / "config.json" if source.is_dir() else source  # a FIFO too: refused
     repacked = (folder / MANIFEST_FILE).exists()
-    peak = None
+    peak = download = records = None
     if source.is_dir() and not repacked and any(folder.glob("*.safetensors")):
-        model, config, peak = _download_model(folder, quantize)  # exactly as repack will write it
+        # exactly as repack will write it
+        model, config, peak, download, records = _download_model(folder, quantize)
     else:
         model, config = _config_model(config_path, repacked, quantize)
     containers = expert_containers(model)
-    records = [_record_bytes(c) for c in containers.values()]
+    records = records or [_record_bytes(c) for c in containers.values()]
     expert_bytes = sum(r * _num_experts(c) for r, c in zip(records, containers.values()))
     stored_resident = _resident(model, containers, None)
     resident = _resident(model, containers, dtype)
@@ -78,7 +79,7 @@ def model_plan(
         experts_per_token=top_k,
         disk_bytes=stored_resident + expert_bytes,
         delete_source_peak_bytes=peak,
-        download_bytes=_download_bytes(folder) if not repacked else None,
+        download_bytes=download,
         in_place_ranges=_in_place_ranges(config, containers, peak, quantize),
         resident_bytes=resident,
         expert_bytes=expert_bytes,
@@ -92,22 +93,32 @@ def model_plan(
     )
 
 
-def _download_model(folder: Path, quantize: tuple | None) -> tuple[nn.Module, dict, int]:
+def _download_model(
+    folder: Path, quantize: tuple | None
+) -> tuple[nn.Module, dict, int, int, list[int]]:
     """repack's own recipe for a download (made once: it builds and sanitizes the whole model):
     resident weights as the checkpoint holds them (lazily, never read), experts in their target
-    shapes, quantized as repack will; and the disk peak with --delete-source."""
+    shapes, quantized as repack will; the disk peak with --delete-source; the bytes of the
+    checkpoint's tensors, from the headers parsed once; and each layer's record as repack writes
+    it (in the source's dtype, which config.json's torch_dtype may not say). The download is the
+    shards repack reads (and --delete-source deletes): the index's, else `model*.safetensors`;
+    another *.safetensors beside them (a `consolidated.safetensors` of the same weights) is not
+    counted, as the model does not need it."""
     from ..io.checkpoint import Checkpoint
     from ..repack import Quantize, recipe_disk_needs
     from ..repack.recipe import make_recipe
+    from ..repack.records import layer_bytes
 
     with Checkpoint(folder) as checkpoint:
         recipe = make_recipe(checkpoint, Quantize(*quantize) if quantize else None)
         peak = recipe_disk_needs(recipe)[1]
+        download = sum(info.nbytes for info in checkpoint.tensors.values())
+        records = [size // recipe.num_experts for size in layer_bytes(recipe)]
     model, config = recipe.model, recipe.config
     stored = DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
     for container in recipe.containers.values():  # unquantized records keep the source dtype
         container.set_dtype(recipe.cast or stored)
-    return model, config, peak
+    return model, config, peak, download, records
 
 
 def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[nn.Module, dict]:
@@ -236,12 +247,3 @@ def _in_place_ranges(config: dict, containers: dict, peak, quantize: tuple | Non
     if mlx_lm_model_type(config) in STACKED_MODELS:  # mlx_lm.convert leaves them unstacked
         return None
     return len(tree_flatten(next(iter(containers.values())).parameters()))
-
-
-def _download_bytes(folder: Path) -> int | None:
-    from ..io.safetensors import read_header
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        return None
-    return sum(info.nbytes for f in files for info in read_header(f).values())

@@ -23,7 +23,7 @@ class ModelPlan:
     experts_per_token: int
     disk_bytes: int  # the repacked folder
     delete_source_peak_bytes: int | None  # repack --delete-source's peak beyond the download
-    download_bytes: int | None  # safetensors in the source folder, when there
+    download_bytes: int | None  # the checkpoint's tensors (its own shards only), when there
     resident_bytes: int  # non-expert weights, in memory, in the compute dtype
     expert_bytes: int  # streamed from disk
     expert_bytes_per_token: int  # read per token when no expert is cached

@@ -30,7 +30,7 @@ from ..io.sizes import size_text
 from ..progress import above, progress_bar
 from . import consume, publish
 from .recipe import Quantize, Recipe, make_recipe
-from .records import NonfiniteWarnings, record_bytes, write_layer, write_resident
+from .records import NonfiniteWarnings, layer_bytes, write_layer, write_resident
 from .resume_sidecar import SIDECAR_FILE, ResumeSidecar, SourceIdentity, source_identity
 
 __all__ = ["Quantize", "disk_needs", "recipe_disk_needs", "repack"]
@@ -44,8 +44,8 @@ def disk_needs(src: str | Path, quantize: Quantize | None = None) -> tuple[int, 
 
 
 def recipe_disk_needs(recipe: Recipe) -> tuple[int, int]:
-    """disk_needs of a recipe made already, its checkpoint still open (one expert is read to size
-    a record): `streamer plan` plans a download once, for its sizes and for these."""
+    """disk_needs of a recipe made already (records sized from the tensor headers: no data is
+    read): `streamer plan` plans a download once, for its sizes and for these."""
     sidecar = ResumeSidecar(recipe.folder, SourceIdentity(""))  # nothing done yet; never saved
     return consume.disk_peaks(recipe, sidecar, *layer_and_resident_bytes(recipe, sidecar))
 
@@ -151,20 +151,22 @@ def _release(*held) -> None:
             each.release()
 
 
-def layer_and_resident_bytes(recipe: Recipe, sidecar: ResumeSidecar) -> tuple[int, int]:
-    """Bytes of one MoE layer's expert file and of the resident file, as they will be written
-    (a layer already written says it without reading a source shard that may be deleted)."""
-    done = next(iter(sidecar.layers.values()), None)
-    per_layer = done.file_bytes if done is not None else record_bytes(recipe) * recipe.num_experts
-    return per_layer, sum(a.nbytes for _, a in recipe.resident_items())
+def layer_and_resident_bytes(recipe: Recipe, sidecar: ResumeSidecar) -> tuple[list[int], int]:
+    """Bytes of each MoE layer's expert file and of the resident file, as they will be written
+    (a layer already written as it was)."""
+    done = sidecar.layers  # an index out of range (a tampered sidecar) is dropped once verified
+    sized = [
+        done[index].file_bytes if index in done else size
+        for index, size in enumerate(layer_bytes(recipe))
+    ]
+    return sized, sum(a.nbytes for _, a in recipe.resident_items())
 
 
 def disk_needed(recipe: Recipe, sidecar: ResumeSidecar) -> tuple[int, int]:
     """Bytes of the whole repacked model, and of what is left to write (all unless resuming)."""
     per_layer, resident = layer_and_resident_bytes(recipe, sidecar)
-    needed = per_layer * len(recipe.containers) + resident
-    left = per_layer * (len(recipe.containers) - len(sidecar.layers))
-    return needed, left + (resident if sidecar.resident is None else 0)
+    left = sum(size for i, size in enumerate(per_layer) if i not in sidecar.layers)
+    return sum(per_layer) + resident, left + (resident if sidecar.resident is None else 0)
 
 
 def _same_disk(src: Path, partial: Path) -> bool:

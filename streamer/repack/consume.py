@@ -50,10 +50,11 @@ def layers_by_shard(recipe: Recipe) -> dict[Path, set[int]]:
 
 
 def disk_peaks(
-    recipe: Recipe, sidecar: ResumeSidecar, layer_bytes: int, resident_bytes: int
+    recipe: Recipe, sidecar: ResumeSidecar, layer_bytes: list[int], resident_bytes: int
 ) -> tuple[int, int]:
     """The most disk the rest of the repack takes beyond what is already written: keeping the
-    source, and deleting each shard once consumed (the resident file first, then layer by layer)."""
+    source, and deleting each shard once consumed (the resident file first, then layer by layer,
+    `layer_bytes` each)."""
     needs = layers_by_shard(recipe)
     sizes = {
         path: path.stat().st_size
@@ -62,7 +63,7 @@ def disk_peaks(
     }
     done = set(sidecar.layers)
     steps = ([] if sidecar.resident is not None else [(None, resident_bytes)]) + [
-        (i, layer_bytes) for i in range(len(recipe.containers)) if i not in done
+        (i, size) for i, size in enumerate(layer_bytes) if i not in done
     ]
     keep = sum(size for _, size in steps)
     extra = peak = 0

@@ -17,6 +17,7 @@ from ..families.mlx_lm_models import models_without_package_init
 from ..io.manifest import RECORD_ALIGN, TENSOR_ALIGN, ExpertTensor, MoeLayer
 from ..io.mapping import align
 from ..io.safetensors import (
+    DTYPES,
     MLX_TO_SAFETENSORS,
     itemsize,
     nonfinite_count,
@@ -35,7 +36,8 @@ MAX_NONFINITE_WARNINGS = 20
 # Llama 4's size) read whole took about 2.5x its size beside the weights the repack holds
 CHECK_CHUNK = 64 << 20
 
-Part = tuple[str, str, tuple[int, ...], bytes]  # (name, safetensors dtype, shape, bytes)
+# (name, safetensors dtype, shape, bytes), or the byte count in place of the bytes where sized
+Part = tuple[str, str, tuple[int, ...], bytes | int]
 
 
 class NonfiniteWarnings:
@@ -73,18 +75,23 @@ class NonfiniteWarnings:
             )
 
 
-def record_bytes(recipe: Recipe) -> int:
-    """The size of one expert record (every layer's is the same: they share one config)."""
-    module, container = next(iter(recipe.containers.items()))
-    return layout(expert_parts(recipe, module, container, 0))[1]
+def layer_bytes(recipe: Recipe) -> list[int]:
+    """The size of each MoE layer's expert file, from the tensor headers and --quantize: no
+    tensor's data is read. Layers differ where config.json sizes them each (Hunyuan's lists) or a
+    mixed-bit recipe quantized them each."""
+    return [
+        layout(expert_parts(recipe, module, container, 0, read=False))[1] * recipe.num_experts
+        for module, container in recipe.containers.items()
+    ]
 
 
 def layout(parts: list[Part]) -> tuple[tuple[ExpertTensor, ...], int]:
     """Each tensor's place in the record, and the record's size."""
     tensors, offset = [], 0
     for name, dtype, shape, data in parts:
-        tensors.append(ExpertTensor(name, dtype, shape, offset, len(data)))
-        offset = align(offset + len(data), TENSOR_ALIGN)
+        nbytes = data if isinstance(data, int) else len(data)
+        tensors.append(ExpertTensor(name, dtype, shape, offset, nbytes))
+        offset = align(offset + nbytes, TENSOR_ALIGN)
     return tuple(tensors), align(max(offset, 1), RECORD_ALIGN)
 
 
@@ -165,16 +172,17 @@ def matches_recipe(recipe: Recipe, index: int, layer: MoeLayer) -> bool:
     expected = (module, layer_file(index), recipe.num_experts, quantization_of(container))
     if (layer.module, layer.file, layer.num_experts, layer.quantization) != expected:
         return False
-    try:
-        tensors, size = layout(expert_parts(recipe, module, container, 0))
-    except StreamerError:  # its source shard was deleted by --delete-source: the crc32s decide
-        return True
-    return (tensors, size) == (layer.tensors, layer.record_bytes)
+    sized = layout(expert_parts(recipe, module, container, 0, read=False))  # from the headers
+    return sized == (layer.tensors, layer.record_bytes)
 
 
-def expert_parts(recipe: Recipe, module: str, container: nn.Module, expert: int) -> list[Part]:
+def expert_parts(
+    recipe: Recipe, module: str, container: nn.Module, expert: int, read: bool = True
+) -> list[Part]:
     """Each of one expert's tensors, in record order: copied from the source, or with --quantize
-    made as `mlx_lm.convert --quantize` makes them."""
+    made as `mlx_lm.convert --quantize` makes them. With `read` False, nothing is read: each
+    part's byte count, from the tensor headers and lazy arrays never evaluated."""
+    source = recipe.sources.read if read else recipe.sources.describe
     parts = []
     for proj in container_projections(container):
         target = container[proj]
@@ -182,26 +190,36 @@ def expert_parts(recipe: Recipe, module: str, container: nn.Module, expert: int)
         if recipe.quantize is None:
             for kind in kinds:
                 shape = tuple(target[kind].shape[1:])
-                dtype, data = recipe.sources.read(
-                    module, proj, kind, expert, shape, target[kind].dtype
-                )
+                dtype, data = source(module, proj, kind, expert, shape, target[kind].dtype)
                 parts.append((f"{proj}.{kind}", dtype, shape, data))
             continue
-        for kind, arr in _quantized(recipe, module, proj, target, kinds, expert).items():
-            arr = mx.contiguous(arr)
-            mx.eval(arr)
-            data = bytes(memoryview(arr).cast("B"))
+        for kind, arr in _quantized(recipe, module, proj, target, kinds, expert, read).items():
+            if read:
+                arr = mx.contiguous(arr)
+                mx.eval(arr)
+            data = bytes(memoryview(arr).cast("B")) if read else arr.nbytes
             parts.append((f"{proj}.{kind}", MLX_TO_SAFETENSORS[arr.dtype], tuple(arr.shape), data))
     return parts
 
 
 def _quantized(
-    recipe: Recipe, module: str, proj: str, target: nn.Module, kinds: list[str], expert: int
+    recipe: Recipe,
+    module: str,
+    proj: str,
+    target: nn.Module,
+    kinds: list[str],
+    expert: int,
+    read: bool,
 ) -> dict[str, mx.array]:
     def array(kind: str, shape: tuple[int, ...], expected: mx.Dtype | None = None) -> mx.array:
-        """One expert's `proj.kind`, cast like `mlx_lm.convert` casts the model."""
-        dtype, data = recipe.sources.read(module, proj, kind, expert, shape, expected)
-        arr = to_mlx(data, dtype, shape)
+        """One expert's `proj.kind` (read, or a lazy stand-in), cast like `mlx_lm.convert` casts
+        the model."""
+        if read:
+            dtype, data = recipe.sources.read(module, proj, kind, expert, shape, expected)
+            arr = to_mlx(data, dtype, shape)
+        else:
+            dtype, _ = recipe.sources.describe(module, proj, kind, expert, shape, expected)
+            arr = mx.zeros(shape, DTYPES[dtype][1])
         if recipe.cast is not None and mx.issubdtype(arr.dtype, mx.floating):
             arr = arr.astype(recipe.cast)
         return arr

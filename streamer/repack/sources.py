@@ -19,6 +19,7 @@ when mlx-lm's sanitize reads it.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -28,6 +29,7 @@ from ..families.hf_naming import Architecture, hf_expert_key
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import DTYPES, MLX_TO_SAFETENSORS, TensorInfo, to_mlx
 from .dtypes import check_dtype, check_once, check_read
+from .fused import find_fused, header_array, try_sanitize
 from .layouts import Sanitize
 from .packed_fp4 import as_words, fp4_pack_kinds
 
@@ -85,64 +87,25 @@ class Sources:
             if not found <= set(KIND_ORDER):
                 self.converted.setdefault(module, {})[proj] = found
                 self._refuse_unread(module, proj, found)
-        self._find_fused(candidates, resident, containers)
-        self._converted_cache: tuple[tuple[str, int], dict[str, mx.array]] | None = None
-
-    def _find_fused(
-        self, candidates: dict[str, TensorInfo], resident: dict[str, TensorInfo], containers: dict
-    ) -> None:
-        """Which expert container each layer's fused tensors feed. Sanitize is asked about
-        stand-ins that are never evaluated: the candidates of one layer with an expert axis of 2,
-        the other candidates with 1 and the resident tensors as they are (sanitize may read any
-        of them): the container tensors with 2 experts come from that layer. Candidates that feed
-        none (a router, multi-token prediction layers) are not experts."""
-        by_layer: dict[str, dict[str, TensorInfo]] = {}
-        for name, info in candidates.items():
-            by_layer.setdefault(_layer_prefix(name), {})[name] = info
-        self.fused: dict[str, dict[str, TensorInfo]] = {}
-        self._alone: set[str] = set()  # layers sanitize converts without the other layers' tensors
-        self._stand_ins = {n: mx.zeros(i.shape, DTYPES[i.dtype][1]) for n, i in resident.items()}
-        self._stand_ins.update({n: _stand_in(i, 1) for n, i in candidates.items()})
-        for group in by_layer.values():
-            marked = {**self._stand_ins, **{n: _stand_in(i, 2) for n, i in group.items()}}
-            try:
-                out = self.sanitize(marked)
-            except Exception:  # noqa: BLE001 - a stand-in sanitize cannot take: try the layer alone
-                out = self._try_sanitize({n: _stand_in(i, 2) for n, i in group.items()})
-            modules = {n.rsplit(".", 2)[0] for n, a in out.items() if a.shape[:1] == (2,)}
-            modules &= containers.keys()
-            if not modules:
-                continue
-            if len(modules) != 1:
-                raise StreamerError(
-                    f"{self.ckpt.folder}: cannot tell which MoE layer holds {sorted(group)}."
-                )
-            module = modules.pop()
-            self.fused[module] = group
-            alone = self._try_sanitize({n: _stand_in(i, 1) for n, i in group.items()})
-            if any(n.startswith(module + ".") for n in alone):
-                self._alone.add(module)
+        self.fused, self._alone, self._stand_ins = find_fused(
+            ckpt.folder, sanitize, candidates, resident, containers
+        )
+        self._converted_cache: tuple[tuple, dict[str, mx.array]] | None = None
 
     def _refuse_unread(self, module: str, proj: str, kinds: set[str]) -> None:
         """Refuse a kind sanitize leaves unread in one expert's lazy stand-ins (`check_read`)."""
         infos = {k: next(iter(self.per_expert[(module, proj, k)].values())) for k in kinds}
         one = {f"expert.{k}": mx.zeros(i.shape, DTYPES[i.dtype][1]) for k, i in infos.items()}
-        check_read(infos, {n.rsplit(".", 1)[1] for n in self._try_sanitize(one)}, KIND_ORDER)
+        read = try_sanitize(self.sanitize, one)
+        check_read(infos, {n.rsplit(".", 1)[1] for n in read}, KIND_ORDER)
 
-    def _try_sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
-        try:
-            return self.sanitize(weights)
-        except Exception:  # noqa: BLE001 - sanitize may need tensors of other layers
-            return {}
-
-    def _fused_expert(self, module: str, expert: int) -> dict[str, mx.array]:
+    def _fused_expert(self, module: str, expert: int, array) -> dict[str, mx.array]:
         """What sanitize makes of one expert's slice of `module`'s fused tensors (an expert axis of
         1), with the other layers' stand-ins alongside where sanitize needs them."""
         one = {}
         for name, info in self.fused[module].items():
             per = info.nbytes // self.num_experts
-            data = self.ckpt.read(info, expert * per, per)
-            one[name] = to_mlx(data, info.dtype, (1, *info.shape[1:]))
+            one[name] = array(info, (1, *info.shape[1:]), expert * per)
         weights = one if module in self._alone else {**self._stand_ins, **one}
         out = self.sanitize(weights)
         return {n[len(module) + 1 :]: a[0] for n, a in out.items() if n.startswith(module + ".")}
@@ -159,6 +122,44 @@ class Sources:
         """(safetensors dtype, bytes) of one expert's `proj.kind`: its rows of a stacked tensor,
         its own tensor, or what sanitize makes of its source tensors (`_converted`). A source
         tensor whose dtype cannot stand for `expected` is refused."""
+        found = self._source(module, proj, kind, expert, shape, expected)
+        if found is None:
+            arr = self._converted(module, proj, kind, expert, shape, self._read_array)
+            arr = mx.contiguous(arr)
+            mx.eval(arr)
+            return MLX_TO_SAFETENSORS[arr.dtype], bytes(memoryview(arr).cast("B"))
+        info, start, length = found
+        return info.dtype, self.ckpt.read(info, start, length)
+
+    def describe(
+        self,
+        module: str,
+        proj: str,
+        kind: str,
+        expert: int,
+        shape: tuple[int, ...],
+        expected: mx.Dtype | None = None,
+    ) -> tuple[str, int]:
+        """(safetensors dtype, byte count) of what `read` gives, checked as it checks them, from the
+        tensor headers alone: sanitize's conversions run on lazy stand-ins, never evaluated."""
+        found = self._source(module, proj, kind, expert, shape, expected)
+        if found is None:
+            arr = self._converted(module, proj, kind, expert, shape, header_array)
+            return MLX_TO_SAFETENSORS[arr.dtype], arr.nbytes
+        info, _, length = found
+        return info.dtype, length
+
+    def _source(
+        self,
+        module: str,
+        proj: str,
+        kind: str,
+        expert: int,
+        shape: tuple[int, ...],
+        expected: mx.Dtype | None,
+    ) -> tuple[TensorInfo, int, int] | None:
+        """The source tensor of one expert's `proj.kind` and the expert's bytes in it (start,
+        length), its shape and dtype checked; None where sanitize converts it."""
         key = (module, proj, kind)
         if key in self.stacked:
             info = self.stacked[key]
@@ -170,9 +171,9 @@ class Sources:
             if expected is not None:
                 check_dtype(info, expected)
             per = info.nbytes // self.num_experts
-            return info.dtype, self.ckpt.read(info, expert * per, per)
+            return info, expert * per, per
         if module in self.fused or proj in self.converted.get(module, ()):
-            return self._converted(module, proj, kind, expert, shape)
+            return None
         info = self._per_expert(module, proj, kind, expert)
         if info.shape != shape:
             raise StreamerError(
@@ -181,18 +182,24 @@ class Sources:
             )
         if expected is not None:
             check_dtype(info, expected)
-        return info.dtype, self.ckpt.read(info)
+        return info, 0, info.nbytes
+
+    def _read_array(self, info: TensorInfo, shape: tuple[int, ...], start: int) -> mx.array:
+        """`shape`'s bytes of tensor `info` from byte `start`, as an array."""
+        length = info.nbytes * math.prod(shape) // max(math.prod(info.shape), 1)
+        return to_mlx(self.ckpt.read(info, start, length), info.dtype, shape)
 
     def _converted(
-        self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...]
-    ) -> tuple[str, bytes]:
+        self, module: str, proj: str, kind: str, expert: int, shape: tuple[int, ...], array
+    ) -> mx.array:
         """Exactly what mlx-lm's sanitize makes of one expert's source tensors, with sanitize run on
-        that expert's bytes alone: its slice of each fused tensor (read with an expert axis of 1),
-        or its own tensors in another form (FP8 and block scales, under a neutral name so that
-        sanitize converts them without stacking a layer). One expert's results are kept for the
-        next projection's call."""
-        if self._converted_cache is None or self._converted_cache[0] != (module, expert):
-            self._converted_cache = ((module, expert), self._convert(module, expert))
+        that expert's tensors alone (`array` gives each: read, or a stand-in): its slice of each
+        fused tensor (with an expert axis of 1), or its own tensors in another form (FP8 and block
+        scales, under a neutral name so that sanitize converts them without stacking a layer).
+        One expert's results are kept for the next projection's call."""
+        key = (module, expert, array)
+        if self._converted_cache is None or self._converted_cache[0] != key:
+            self._converted_cache = (key, self._convert(module, expert, array))
         arr = self._converted_cache[1].get(f"{proj}.{kind}")
         if arr is None or tuple(arr.shape) != shape:
             found = "nothing" if arr is None else f"shape {list(arr.shape)}"
@@ -200,19 +207,17 @@ class Sources:
                 f"{self.ckpt.folder}: the source tensors of {module} expert {expert} give {found} "
                 f"for '{proj}.{kind}', expected {list(shape)} from config.json."
             )
-        arr = mx.contiguous(arr)
-        mx.eval(arr)
-        return MLX_TO_SAFETENSORS[arr.dtype], bytes(memoryview(arr).cast("B"))
+        return arr
 
-    def _convert(self, module: str, expert: int) -> dict[str, mx.array]:
+    def _convert(self, module: str, expert: int, array) -> dict[str, mx.array]:
         out = {}
         if module in self.fused:
-            out.update(self._fused_expert(module, expert))
+            out.update(self._fused_expert(module, expert, array))
         for proj, kinds in self.converted.get(module, {}).items():
             one = {}
             for kind in kinds:
                 info = self._per_expert(module, proj, kind, expert)
-                one[f"expert.{kind}"] = to_mlx(self.ckpt.read(info), info.dtype, info.shape)
+                one[f"expert.{kind}"] = array(info, info.shape, 0)
             out.update(
                 {
                     f"{proj}.{name.rsplit('.', 1)[1]}": arr
@@ -233,11 +238,6 @@ class Sources:
         return info
 
 
-def _stand_in(info: TensorInfo, experts: int) -> mx.array:
-    """A lazy tensor of `info`'s shape with `experts` on the first axis, never evaluated."""
-    return mx.zeros((experts, *info.shape[1:]), DTYPES[info.dtype][1])
-
-
 def _expert_rows(info: TensorInfo, arch: Architecture, num_experts: int) -> TensorInfo:
     """A fused tensor holding each expert's rows one after another (`hf_expert_rows`: DBRX's
     [E*F, D]), viewed with the experts on an axis of their own ([E, F, D]): the same bytes."""
@@ -251,10 +251,3 @@ def _expert_rows(info: TensorInfo, arch: Architecture, num_experts: int) -> Tens
     return dataclasses.replace(
         info, shape=(num_experts, info.shape[0] // num_experts, *info.shape[1:])
     )
-
-
-def _layer_prefix(name: str) -> str:
-    """`model.layers.3` of `model.layers.3.mlp.experts.gate_up_proj`: up to the first number."""
-    parts = name.split(".")
-    number = next((i for i, p in enumerate(parts) if p.isdigit()), len(parts) - 1)
-    return ".".join(parts[: number + 1])
