@@ -97,14 +97,21 @@ def test_a_launcher_ended_by_a_signal_stops_its_ranks_first(tmp_path, number):
     assert not left, f"ranks {left} outlived the launcher"
 
 
-def test_a_prompt_read_from_input_is_refused_under_the_launcher(tmp_path):
-    """mlx.launch relays its input to the ranks but never its end. Before: `--prompt -` read it
-    for ever, a silent hang."""
-    command = ["generate", "--model", "unused", "--prompt", "-"]
-    result = launch(command, tmp_path, "hello\n", streamer=True)
-    assert result.returncode == 2, result.stderr
-    last = result.stderr.splitlines()[-1]
-    assert "exited with status 2: --prompt - reads standard input to its end, which never " in last
+def test_the_end_of_input_reaches_every_rank(tmp_path):
+    """MLX's relay passes the launcher's input to the ranks but never its end. Before: `cat`
+    read for ever (a chat from a pipe never ended, `--prompt -` hung)."""
+    script = 'cat > in.$MLX_RANK; echo "read $MLX_RANK"'
+    result = launch(shell(script), tmp_path, "two\nlines", streamer=True, ends=True)
+    assert (result.returncode, sorted(result.stdout.split())) == (0, ["0", "1", "read", "read"])
+    assert [(tmp_path / f"in.{r}").read_text() for r in (0, 1)] == ["two\nlines"] * 2
+
+
+def test_a_prompt_read_from_input_is_refused_under_mlx_launch(tmp_path):
+    """mlx.launch relays its input to the ranks but never its end: `--prompt -` read it for
+    ever, a silent hang (streamer launch passes the end on: test_distributed_serve.py)."""
+    command = [sys.executable, "-m", "streamer", "generate", "--model", "unused", "--prompt", "-"]
+    result = launch(command, tmp_path, "hello\n")
+    assert "--prompt - reads standard input to its end, which never comes " in result.stderr
 
 
 def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):
