@@ -106,6 +106,24 @@ def test_the_end_of_input_reaches_every_rank(tmp_path):
     assert [(tmp_path / f"in.{r}").read_text() for r in (0, 1)] == ["two\nlines"] * 2
 
 
+def test_a_launcher_started_with_its_input_closed_runs(tmp_path):
+    """Before: MLX's relay read `sys.stdin`, None with descriptor 0 closed: a traceback, and the
+    launch never ended."""
+    argv = [sys.executable, "-m", "streamer", "launch", "--backend", "ring", "-n", "2"]
+    argv += ["--starting-port", str(free_ports()), "--", *shell('cat; echo "ok $MLX_RANK"')]
+    process = subprocess.Popen(
+        ["sh", "-c", 'exec "$@" <&-', "sh", *argv],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # finish() ends the group on a timeout
+    )
+    result = finish(process)
+    assert (result.returncode, sorted(result.stdout.split())) == (0, ["0", "1", "ok", "ok"])
+
+
 def test_a_prompt_read_from_input_is_refused_under_mlx_launch(tmp_path):
     """mlx.launch relays its input to the ranks but never its end: `--prompt -` read it for
     ever, a silent hang (streamer launch passes the end on: test_distributed_serve.py)."""
