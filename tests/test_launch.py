@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -106,22 +107,43 @@ def test_the_end_of_input_reaches_every_rank(tmp_path):
     assert [(tmp_path / f"in.{r}").read_text() for r in (0, 1)] == ["two\nlines"] * 2
 
 
-def test_a_launcher_started_with_its_input_closed_runs(tmp_path):
-    """Before: MLX's relay read `sys.stdin`, None with descriptor 0 closed: a traceback, and the
-    launch never ended."""
+def launched_on(stdin, tmp_path, script: str) -> subprocess.CompletedProcess:
+    """`streamer launch` of `script` on 2 ranks with `stdin` (a descriptor, or the shell's
+    `<&-`: closed)."""
     argv = [sys.executable, "-m", "streamer", "launch", "--backend", "ring", "-n", "2"]
-    argv += ["--starting-port", str(free_ports()), "--", *shell('cat; echo "ok $MLX_RANK"')]
+    argv += ["--starting-port", str(free_ports()), "--", *shell(script)]
+    closed = stdin == "<&-"
     process = subprocess.Popen(
-        ["sh", "-c", 'exec "$@" <&-', "sh", *argv],
+        ["sh", "-c", 'exec "$@" <&-', "sh", *argv] if closed else argv,
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        stdin=None if closed else stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # finish() ends the group on a timeout
     )
-    result = finish(process)
+    return finish(process)
+
+
+def test_a_launcher_started_with_its_input_closed_runs(tmp_path):
+    """Before: MLX's relay read `sys.stdin`, None with descriptor 0 closed: a traceback, and the
+    launch never ended."""
+    result = launched_on("<&-", tmp_path, 'cat; echo "ok $MLX_RANK"')
     assert (result.returncode, sorted(result.stdout.split())) == (0, ["0", "1", "ok", "ok"])
+
+
+def test_ctrl_d_typed_at_a_terminal_ends_the_ranks_input(tmp_path):
+    """Before: the ranks read on after Ctrl-D (a chat ended only on /quit or Ctrl-C)."""
+    main, terminal = pty.openpty()
+    try:
+        os.write(main, b"hi\n\x04")  # a line, then Ctrl-D at the start of the next
+        result = launched_on(terminal, tmp_path, 'cat > in.$MLX_RANK; echo "ok $MLX_RANK"')
+    finally:
+        os.close(main)
+        os.close(terminal)
+    assert (result.returncode, sorted(result.stdout.split())) == (0, ["0", "1", "ok", "ok"])
+    assert [(tmp_path / f"in.{r}").read_text() for r in (0, 1)] == ["hi\n"] * 2
 
 
 def test_a_prompt_read_from_input_is_refused_under_mlx_launch(tmp_path):
