@@ -44,13 +44,14 @@ def free_ports(count: int = RANKS) -> int:
 
 
 def start(
-    command: list[str], cwd: Path, typed: str = "", streamer: bool = False
+    command: list[str], cwd: Path, typed: str = "", streamer: bool = False, ends: bool = False
 ) -> subprocess.Popen:
     """mlx.launch (`streamer launch` with `streamer`) running `command` on RANKS ranks, in a
     process group of its own (the ranks go down with it on a timeout), Ctrl-C reaching it as
     from a terminal, `typed` on its input.
 
-    Its input stays open and idle after `typed`, as a terminal's does. At end of input (a closed
+    Its input stays open and idle after `typed`, as a terminal's does, or with `ends` ends there
+    (a pipe, for `streamer launch`, which passes the end on). At end of input (a closed
     pipe, /dev/null) mlx.launch's main loop never waits: it passes an empty read to every rank's
     queue again and again, so a Ctrl-C can land inside a queue's lock, which the interrupt can
     leave held; that rank's thread then waits on it forever and mlx.launch never ends (seen once
@@ -78,7 +79,10 @@ def start(
     finally:
         os.close(read_end)
     os.write(write_end, typed.encode())  # a few lines: within the pipe's buffer
-    weakref.finalize(process, os.close, write_end)  # open as long as the launch is
+    if ends:
+        os.close(write_end)
+    else:
+        weakref.finalize(process, os.close, write_end)  # open as long as the launch is
     return process
 
 
@@ -94,7 +98,7 @@ def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
 
 
 def launch(
-    command: list[str], cwd: Path, stdin: str = "", streamer: bool = False
+    command: list[str], cwd: Path, stdin: str = "", streamer: bool = False, ends: bool = False
 ) -> subprocess.CompletedProcess:
-    """Run `command` on RANKS ranks to its end, `stdin` typed on its input."""
-    return finish(start(command, cwd, stdin, streamer))
+    """Run `command` on RANKS ranks to its end, `stdin` typed on its input (its end with `ends`)."""
+    return finish(start(command, cwd, stdin, streamer, ends))

@@ -59,6 +59,27 @@ def test_chat_answers_as_one_process_does(shards, checkpoints):
     assert result.stderr.count("[chat] the conversation starts over") == 1  # rank 0 alone talks
 
 
+def test_under_streamer_launch_input_ends_as_for_one_process(shards):
+    """Input from a pipe, under `streamer launch`: a chat without /quit ends at its end with its
+    answers, and `generate --prompt -` prints one process's text. Before: the chat waited for
+    more input for ever, and `--prompt -` was refused (it read for ever)."""
+    full, pattern = shards
+    typed = "def read(path):\nand then?\n"
+    flags = ["--max-tokens", "6", "--temp", "0.8", "--seed", "3", *STREAMED]
+    for command in (["chat", *flags], ["generate", "--prompt", "-", *flags]):
+        alone = subprocess.run(
+            [sys.executable, "-m", "streamer", *command, "--model", str(full)],
+            input=typed,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert alone.returncode == 0 and alone.stdout.strip(), alone.stderr
+        cwd = Path(pattern).parent
+        result = launch([*command, "--model", pattern], cwd, typed, streamer=True, ends=True)
+        assert (result.returncode, result.stdout) == (0, alone.stdout), result.stderr
+
+
 def test_an_error_on_one_rank_ends_every_rank(shards):
     _, pattern = shards
     command = [sys.executable, str(FAILING), "--model", pattern, "--max-tokens", "50", *STREAMED]

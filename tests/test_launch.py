@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -97,14 +98,60 @@ def test_a_launcher_ended_by_a_signal_stops_its_ranks_first(tmp_path, number):
     assert not left, f"ranks {left} outlived the launcher"
 
 
-def test_a_prompt_read_from_input_is_refused_under_the_launcher(tmp_path):
-    """mlx.launch relays its input to the ranks but never its end. Before: `--prompt -` read it
-    for ever, a silent hang."""
-    command = ["generate", "--model", "unused", "--prompt", "-"]
-    result = launch(command, tmp_path, "hello\n", streamer=True)
-    assert result.returncode == 2, result.stderr
-    last = result.stderr.splitlines()[-1]
-    assert "exited with status 2: --prompt - reads standard input to its end, which never " in last
+def test_the_end_of_input_reaches_every_rank(tmp_path):
+    """MLX's relay passes the launcher's input to the ranks but never its end. Before: `cat`
+    read for ever (a chat from a pipe never ended, `--prompt -` hung)."""
+    script = 'cat > in.$MLX_RANK; echo "read $MLX_RANK"'
+    result = launch(shell(script), tmp_path, "two\nlines", streamer=True, ends=True)
+    assert (result.returncode, sorted(result.stdout.split())) == (0, ["0", "1", "read", "read"])
+    assert [(tmp_path / f"in.{r}").read_text() for r in (0, 1)] == ["two\nlines"] * 2
+
+
+def launched_on(stdin, tmp_path, script: str) -> subprocess.CompletedProcess:
+    """`streamer launch` of `script` on 2 ranks with `stdin` (a descriptor, or the shell's
+    `<&-`: closed)."""
+    argv = [sys.executable, "-m", "streamer", "launch", "--backend", "ring", "-n", "2"]
+    argv += ["--starting-port", str(free_ports()), "--", *shell(script)]
+    closed = stdin == "<&-"
+    process = subprocess.Popen(
+        ["sh", "-c", 'exec "$@" <&-', "sh", *argv] if closed else argv,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        stdin=None if closed else stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # finish() ends the group on a timeout
+    )
+    return finish(process)
+
+
+def test_a_launcher_started_with_its_input_closed_runs(tmp_path):
+    """Before: MLX's relay read `sys.stdin`, None with descriptor 0 closed: a traceback, and the
+    launch never ended."""
+    result = launched_on("<&-", tmp_path, 'cat; echo "ok $MLX_RANK"')
+    assert (result.returncode, sorted(result.stdout.split())) == (0, ["0", "1", "ok", "ok"])
+
+
+def test_ctrl_d_typed_at_a_terminal_ends_the_ranks_input(tmp_path):
+    """Before: the ranks read on after Ctrl-D (a chat ended only on /quit or Ctrl-C)."""
+    main, terminal = pty.openpty()
+    try:
+        os.write(main, b"hi\n\x04")  # a line, then Ctrl-D at the start of the next
+        result = launched_on(terminal, tmp_path, 'cat > in.$MLX_RANK; echo "ok $MLX_RANK"')
+    finally:
+        os.close(main)
+        os.close(terminal)
+    assert (result.returncode, sorted(result.stdout.split())) == (0, ["0", "1", "ok", "ok"])
+    assert [(tmp_path / f"in.{r}").read_text() for r in (0, 1)] == ["hi\n"] * 2
+
+
+def test_a_prompt_read_from_input_is_refused_under_mlx_launch(tmp_path):
+    """mlx.launch relays its input to the ranks but never its end: `--prompt -` read it for
+    ever, a silent hang (streamer launch passes the end on: test_distributed_serve.py)."""
+    command = [sys.executable, "-m", "streamer", "generate", "--model", "unused", "--prompt", "-"]
+    result = launch(command, tmp_path, "hello\n")
+    assert "--prompt - reads standard input to its end, which never comes " in result.stderr
 
 
 def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):

@@ -11,7 +11,8 @@ that ends with status 0 while the others run on leaves them waiting on it foreve
 others only for a failure): after STREAMER_LAUNCH_GRACE seconds (30) they are stopped and the
 launch fails naming that rank. A hostfile is checked first (hostfile.py), and a streamer command
 runs in each rank with the working directory off sys.path, so a folder named `streamer` there
-(a clone) cannot stand in for the installed package, as it does for `python -m streamer`.
+(a clone) cannot stand in for the installed package, as it does for `python -m streamer`. The
+launcher's input reaches the ranks with its end (input_relay.py), which MLX's relay never passes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 from ..errors import StreamerError
 from .hostfile import check_host_list, check_hostfile, hostfile_of
+from .input_relay import InputRelay, relaying_input
 from .interrupts import second_ctrl_c_exits, stopping_first
 from .output import report
 
@@ -166,7 +168,8 @@ def _recording(ranks: Ranks) -> Iterator[None]:
         watch = threading.Thread(target=_stop_if_alone, args=(ranks, len(arguments), done))
         watch.start()
         try:
-            return relay(_recorder(command_class, ranks), arguments, verbose)
+            with relaying_input() as given:
+                return relay(_recorder(command_class, ranks, given), arguments, verbose)
         finally:
             done.set()
             watch.join()
@@ -200,12 +203,13 @@ def _stop_if_alone(ranks: Ranks, count: int, done: threading.Event) -> None:
             return
 
 
-def _recorder(command_class: type, ranks: Ranks) -> type:
+def _recorder(command_class: type, ranks: Ranks, given: InputRelay) -> type:
     ends = ranks.ends
 
     class Recorded(command_class):
         def __init__(self, rank: int, *args, **kwargs):
             super().__init__(rank, *args, **kwargs)
+            given.take(self.process)
             self._rank, self._stopped, self._err = rank, False, ""
             ranks.commands.append(self)
 

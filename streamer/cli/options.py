@@ -16,6 +16,7 @@ from ..arguments import (
     parse_size,
 )
 from ..errors import StreamerError
+from .input_relay import INPUT_ENDS
 
 if TYPE_CHECKING:  # mlx is imported only once a command runs
     import mlx.core as mx
@@ -214,10 +215,11 @@ def prompt(args: argparse.Namespace) -> str:
     """
     if args.prompt == "-" and sys.stdin is None:
         raise StreamerError(CLOSED_STDIN.format("--prompt - reads the prompt"))
-    if args.prompt == "-" and any(v in os.environ for v in ("MLX_RANK", "MLX_WORLD_SIZE")):
-        raise StreamerError(  # mlx.launch relays input to its ranks, never its end (mlx 0.32.4)
+    if args.prompt == "-" and _input_never_ends():
+        raise StreamerError(
             "--prompt - reads standard input to its end, which never comes under mlx.launch "
-            '(it does not pass the end on): give the prompt as --prompt "$(cat FILE)".'
+            "(it does not pass the end on), nor on another host than streamer launch's: give "
+            'the prompt as --prompt "$(cat FILE)".'
         )
     try:
         raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
@@ -229,6 +231,13 @@ def prompt(args: argparse.Namespace) -> str:
     how = " with --prompt (or `--prompt -` for stdin)"
     check_request(text, args.max_tokens, option="--max-tokens", how=how)
     return text
+
+
+def _input_never_ends() -> bool:
+    """A rank of mlx.launch (mlx 0.32.4 relays input, never its end) or one on another host than
+    streamer launch's (its input is the terminal `ssh -tt` opens there): input_relay.py."""
+    launched = any(v in os.environ for v in ("MLX_RANK", "MLX_WORLD_SIZE"))
+    return launched and INPUT_ENDS not in os.environ
 
 
 def text_flags(args: argparse.Namespace) -> None:
