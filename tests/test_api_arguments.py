@@ -335,3 +335,33 @@ def test_logit_bias_is_checked_against_the_vocabulary_at_the_first_step_only():
     [check] = logit_bias_in_vocabulary({5: 1.0})
     with pytest.raises(StreamerError, match="logit_bias: token id 5 is not one of"):
         check(None, mx.zeros((1, 3)))
+
+
+def test_the_public_signatures_admit_what_is_taken():
+    """The annotations say what the functions take: load's memory_budget said int (the README
+    passes "8G"), its dtype mx.Dtype (names are taken), generate's prompt a list (a tuple and
+    numpy's arrays are taken)."""
+    import typing
+    from pathlib import Path
+
+    import mlx.core as mx
+    import numpy as np
+
+    from streamer.generate import generate, stream_generate
+    from streamer.loading.load import load
+
+    def admits(function, name: str, value: object) -> bool:
+        hint = typing.get_type_hints(function, localns={"TokenizerWrapper": object})[name]
+        return any(isinstance(value, typing.get_origin(t) or t) for t in typing.get_args(hint))
+
+    for name, value in [
+        ("memory_budget", "8G"),
+        ("memory_budget", 8 << 30),
+        ("dtype", "bfloat16"),
+        ("dtype", mx.bfloat16),
+        ("checksums", Path("sums")),
+    ]:
+        assert admits(load, name, value), (name, value)
+    for function in (generate, stream_generate):
+        for prompt in ("hi", [1, 2], (1, 2), mx.array([1, 2]), np.array([1, 2])):
+            assert admits(function, "prompt", prompt), (function.__name__, prompt)

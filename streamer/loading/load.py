@@ -49,8 +49,8 @@ def load(
     revision: str | None = None,
     trust_remote_code: bool = False,
     *,
-    memory_budget: int | None = None,
-    dtype: mx.Dtype | None = None,
+    memory_budget: int | str | None = None,  # bytes, or a size such as "8G"
+    dtype: mx.Dtype | str | None = None,  # mx.bfloat16 or "bfloat16"
     read_path: str | None = None,
     bypass_page_cache: bool = False,
     verify_reads: bool = False,
