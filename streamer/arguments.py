@@ -237,11 +237,6 @@ def check_kv_quantization(bits: object, group_size: object, start: object) -> No
         raise refusal(lambda name: f"{name('quantized_kv_start')} must be {need} (got {start!r}).")
 
 
-def check_flag(value: object, name: str) -> None:
-    if not isinstance(value, bool):
-        raise StreamerError(f"{name} must be True or False (got {value!r}).")
-
-
 def _number(value: object) -> bool:
     return type(value) in (int, float) and not math.isnan(value)
 

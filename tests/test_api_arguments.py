@@ -365,3 +365,22 @@ def test_the_public_signatures_admit_what_is_taken():
     for function in (generate, stream_generate):
         for prompt in ("hi", [1, 2], (1, 2), mx.array([1, 2]), np.array([1, 2])):
             assert admits(function, "prompt", prompt), (function.__name__, prompt)
+
+
+def test_load_takes_numpy_s_bools_as_flags(checkpoints):
+    """np.True_ for a flag was refused ("must be True or False (got np.True_)"), which mlx-lm
+    takes; it is taken as Python's bool, and what is no bool is still refused."""
+    import numpy as np
+
+    from streamer.loading.options import load_options
+
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    model, _, config = streamer.load(
+        folder, lazy=np.False_, return_config=np.True_, trust_remote_code=np.bool_(False)
+    )
+    assert config is model.streamer.config
+    options = load_options(verify_reads=np.True_, bypass_page_cache=np.False_)
+    assert options.verify_reads is True and options.bypass_page_cache is False
+    for value in (np.int64(1), np.float32(1.0), np.array([True]), "yes"):
+        with pytest.raises(StreamerError, match="verify_reads must be True or False"):
+            streamer.load(folder, verify_reads=value)
