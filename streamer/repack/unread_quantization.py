@@ -1,6 +1,7 @@
 """The `quantization_config`s a source may not carry: those left once its spellings are read
 (AWQ, GPTQ, NVFP4 packs, ...), which streamer cannot repack, and block-scaled FP8 or int4 packs
-that the family's mlx-lm sanitize leaves as they are (or would misread: exponent-byte scales).
+that the family's mlx-lm sanitize leaves as they are (or would misread: exponent-byte scales, or
+fails on: per-tensor FP8 scales).
 repack and plan refuse them alike, and pull before it downloads the weights."""
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def refuse_left_to_sanitize(model: nn.Module, published: dict, where: Path | str
         quantization.get("quant_method") == "fp8"
         and quantization.get("weight_block_size", 0) is None
     ):
-        refuse_per_tensor_fp8(model, where)  # null: one scale a tensor, as transformers reads it
+        # null (not absent: 128x128 blocks) is one scale a tensor, as transformers reads it
+        refuse_per_tensor_fp8(model, where)
     if any(name.endswith("weight_packed") for name in kept):
         raise StreamerError(
             f"{where}: compressed-tensors int4 packs (`weight_packed`), which mlx-lm's model "
