@@ -9,6 +9,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from . import arguments
 from .arguments import tokens_text
 from .errors import StreamerError
+from .families.config import context_field
 from .generation_objects import check_tokenizer
 from .loading.handle import streaming
 
@@ -44,13 +45,13 @@ def within_context(model: nn.Module, held: int, positions: int, max_tokens: int)
     its input_embeddings alone, after the `held` a prompt cache holds) pass the model's context:
     beyond its trained positions a model degrades into plausible nonsense. mlx-lm's "no limit"
     (-1): what the context leaves."""
-    context = streaming(model).context_length
+    handle = streaming(model)
+    context = handle.context_length
     said = f"the prompt is {tokens_text(positions)}"
     if held:
         said += f" after the {tokens_text(held)} prompt_cache holds"
-    where = (
-        f"the model's context is {tokens_text(context)} (max_position_embeddings in config.json)"
-    )
+    field = context_field(handle.config)
+    where = f"the model's context is {tokens_text(context)} ({field} in config.json)"
     shorten = "shorten the prompt" + (" or start a new prompt_cache" if held else "")
     positions += held
     if max_tokens == arguments.NO_LIMIT:

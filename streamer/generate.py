@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.generate import generation_stream
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -22,11 +23,14 @@ from .response import Response
 from .run_stats import reset_peak_rss, run_stats
 from .speculative import stream as speculative
 
+# text, or token ids: a list or tuple, or an mx.array or numpy array of them (as mlx-lm takes)
+Prompt = str | Sequence[int] | mx.array | np.ndarray
+
 
 def stream_generate(
     model: nn.Module,
     tokenizer: TokenizerWrapper,
-    prompt: str | list[int] | mx.array,
+    prompt: Prompt,
     max_tokens: int = 256,
     *,
     temp: float = 0.0,
@@ -112,7 +116,7 @@ def _claimed(handle) -> Iterator[None]:
 def generate(
     model: nn.Module,
     tokenizer: TokenizerWrapper,
-    prompt: str | list[int] | mx.array,
+    prompt: Prompt,
     max_tokens: int = 256,
     *,
     verbose: bool = False,

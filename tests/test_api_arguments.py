@@ -320,3 +320,67 @@ def test_a_prompt_cache_of_another_model_is_refused(checkpoints, tmp_path):
         streamer.generate(model, tokenizer, "hello", 2, prompt_cache=own, **kv)
         save_prompt_cache(path, own)
         assert streamer.generate(model, tokenizer, "x", 2, prompt_cache=load_prompt_cache(path))
+
+
+def test_logit_bias_is_checked_against_the_vocabulary_at_the_first_step_only():
+    """The width is the same at every step: walking a 150,000-key map at each one cost 5 ms a
+    token. A key past the width is refused at the first step, as before."""
+    import mlx.core as mx
+
+    from streamer.arguments import logit_bias_in_vocabulary
+
+    [check] = logit_bias_in_vocabulary({5: 1.0})
+    check(None, mx.zeros((1, 10)))
+    check(None, mx.zeros((1, 3)))  # checked no more: a narrower width lets it through
+    [check] = logit_bias_in_vocabulary({5: 1.0})
+    with pytest.raises(StreamerError, match="logit_bias: token id 5 is not one of"):
+        check(None, mx.zeros((1, 3)))
+
+
+def test_the_public_signatures_admit_what_is_taken():
+    """The annotations say what the functions take: load's memory_budget said int (the README
+    passes "8G"), its dtype mx.Dtype (names are taken), generate's prompt a list (a tuple and
+    numpy's arrays are taken)."""
+    import typing
+    from pathlib import Path
+
+    import mlx.core as mx
+    import numpy as np
+
+    from streamer.generate import generate, stream_generate
+    from streamer.loading.load import load
+
+    def admits(function, name: str, value: object) -> bool:
+        hint = typing.get_type_hints(function, localns={"TokenizerWrapper": object})[name]
+        return any(isinstance(value, typing.get_origin(t) or t) for t in typing.get_args(hint))
+
+    for name, value in [
+        ("memory_budget", "8G"),
+        ("memory_budget", 8 << 30),
+        ("dtype", "bfloat16"),
+        ("dtype", mx.bfloat16),
+        ("checksums", Path("sums")),
+    ]:
+        assert admits(load, name, value), (name, value)
+    for function in (generate, stream_generate):
+        for prompt in ("hi", [1, 2], (1, 2), mx.array([1, 2]), np.array([1, 2])):
+            assert admits(function, "prompt", prompt), (function.__name__, prompt)
+
+
+def test_load_takes_numpy_s_bools_as_flags(checkpoints):
+    """np.True_ for a flag was refused ("must be True or False (got np.True_)"), which mlx-lm
+    takes; it is taken as Python's bool, and what is no bool is still refused."""
+    import numpy as np
+
+    from streamer.loading.options import load_options
+
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    model, _, config = streamer.load(
+        folder, lazy=np.False_, return_config=np.True_, trust_remote_code=np.bool_(False)
+    )
+    assert config is model.streamer.config
+    options = load_options(verify_reads=np.True_, bypass_page_cache=np.False_)
+    assert options.verify_reads is True and options.bypass_page_cache is False
+    for value in (np.int64(1), np.float32(1.0), np.array([True]), "yes"):
+        with pytest.raises(StreamerError, match="verify_reads must be True or False"):
+            streamer.load(folder, verify_reads=value)

@@ -195,6 +195,39 @@ def test_fp8_with_a_null_block_size_is_dequantized_as_without_one(tmp_path):
     assert_same_model(tmp_path / "null", tmp_path / "absent")
 
 
+def test_per_tensor_fp8_is_refused_where_mlx_lm_reads_block_scales_only(tmp_path):
+    """One scale for each tensor (null weight_block_size, scales of shape (1,)): DeepSeek's
+    sanitize failed on them ("Too many indices") and repack said to download the model again.
+    Refused naming the format by repack and plan from the headers, by plan from config.json
+    alone and by pull before the weights, with nothing written."""
+    from streamer.io.safetensors import write_safetensors
+    from streamer.pulled_files import refuse_unstreamable
+
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("deepseek_v3"), fp8=True)
+    with Checkpoint(src) as ckpt:
+        fp8 = {n: i.dtype for n, i in ckpt.tensors.items() if i.dtype.startswith("F8")}
+    for shard in src.glob("*.safetensors"):
+        tensors = mx.load(str(shard))
+        tensors = {n: mx.ones((1,)) if n.endswith("_scale_inv") else t for n, t in tensors.items()}
+        mx.eval(tensors)  # read before the shard is written over
+        write_safetensors(shard, list(tensors.items()), {"format": "pt"}, fp8)
+    refusal = r"per-tensor FP8 .*deepseek_v3 cannot dequantize .*block-FP8 release"
+    with pytest.raises(StreamerError, match=refusal):  # the headers: config.json names blocks
+        repack(src, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(StreamerError, match=refusal):
+        model_plan(src, memory=16 << 30, quantize=None, dtype=None)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"]["weight_block_size"] = None
+    alone = tmp_path / "alone" / "config.json"
+    alone.parent.mkdir()
+    alone.write_text(json.dumps(config))
+    with pytest.raises(StreamerError, match=refusal):
+        model_plan(alone, memory=16 << 30, quantize=None, dtype=None)
+    with pytest.raises(StreamerError, match=refusal + ".*nothing but org/m's small files"):
+        refuse_unstreamable("org/m", alone)
+
+
 def test_fp8_in_blocks_other_than_128_is_refused(tmp_path):
     """FP8 in 64x64 blocks: mlx-lm's sanitizes take every scale for a 128x128 block's, so repack
     failed saying to download the model again (and plan accepted it). Refused by both, naming

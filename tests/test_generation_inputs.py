@@ -67,6 +67,22 @@ def test_a_vision_language_model_s_context_is_its_text_config_s(checkpoints):
     assert any("the model's limit is 2048" in line for line in plan(folder, 8 << 30).lines())
 
 
+def test_dbrx_s_context_is_its_max_seq_len(checkpoints, tmp_path):
+    """DBRX gives its context as max_seq_len (2048 here), no max_position_embeddings: no prompt
+    was checked against it (nor a request by serve, nor plan's limit). A bad one is refused."""
+    from streamer.families.config import check_sizes
+    from streamer.plan import plan
+
+    folder = checkpoints.repacked(checkpoints.hf("dbrx"))
+    model, tokenizer = streamer.load(folder)
+    assert model.streamer.context_length == 2048
+    with pytest.raises(StreamerError, match=r"context is 2048 tokens \(max_seq_len in config.json"):
+        streamer.generate(model, tokenizer, [1 + i % 500 for i in range(2000)], max_tokens=100)
+    assert any("the model's limit is 2048" in line for line in plan(folder, 8 << 30).lines())
+    with pytest.raises(StreamerError, match="max_seq_len"):
+        check_sizes({"model_type": "dbrx", "max_seq_len": "2048"}, tmp_path / "config.json")
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

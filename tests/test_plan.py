@@ -163,3 +163,16 @@ def test_plan_says_what_streaming_a_download_in_place_costs(checkpoints, capsys)
     ):
         assert main(["plan", *words]) == 0
         assert "in place" not in capsys.readouterr().out, words
+
+
+def test_a_download_s_layers_are_planned_in_the_dtype_repack_writes(tmp_path):
+    """float32 tensors under torch_dtype bfloat16: repack keeps the experts float32, but plan
+    sized each layer's experts in memory as bfloat16 (the slot path's budget half of a load's)."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config("qwen3_moe"), dtype="float32")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    repack(src, tmp_path / "dst", log=lambda _: None)
+    assert {t.dtype for x in read_manifest(tmp_path / "dst").layers for t in x.tensors} == {"F32"}
+    before, after = plan(src, 1 << 20), plan(tmp_path / "dst", 1 << 20)  # a pool of few slots
+    assert before.plans["slots"].classes == after.plans["slots"].classes
+    assert before.plans["slots"].classes[0].slot_bytes == 3 * 64 * 128 * 4

@@ -3,10 +3,15 @@ library's own sampling does, through the live server (tests/serving.py)."""
 
 from __future__ import annotations
 
+import mlx.core as mx
+import pytest
 from mlx_lm.sample_utils import make_logits_processors
 from serving import HELLO, NO_CALL, NO_EOS, expected
 
 import streamer
+from streamer.server.api import Sampling
+from streamer.server.fields import ApiError
+from streamer.server.sampling import sampler_and_processors
 
 
 def test_fields_that_leave_only_the_likeliest_token_answer_greedily(client, served_folder, local):
@@ -64,3 +69,14 @@ def test_a_repetition_penalty_of_0_is_off(client, served_folder, local):
         extra_body={"repetition_penalty": 0},
     )
     assert answer.choices[0].message.content == expected(local, HELLO, 8)
+
+
+def test_logit_bias_is_checked_against_the_vocabulary_at_the_first_step_only():
+    """The width is the same at every step: walking a 150,000-key map at each one cost 5 ms a
+    token. A key past the width is refused at the first step, as before."""
+    _, (check_width, *_) = sampler_and_processors(Sampling(logit_bias={5: 1.0}))
+    check_width(None, mx.zeros((1, 10)))
+    check_width(None, mx.zeros((1, 3)))  # checked no more: a narrower width lets it through
+    _, (check_width, *_) = sampler_and_processors(Sampling(logit_bias={5: 1.0}))
+    with pytest.raises(ApiError, match="past the model's vocabulary"):
+        check_width(None, mx.zeros((1, 3)))

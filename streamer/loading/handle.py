@@ -54,7 +54,7 @@ class Streaming:
     stats: ExpertStats
     layers: list[StreamingExperts]
     config: dict  # the config the model was built from (load's return_config=True returns it)
-    context_length: int | None  # max_position_embeddings: prompt plus output must fit
+    context_length: int | None  # max_position_embeddings (DBRX: max_seq_len): prompt + output fit
     folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
     pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools
     dtype: str = ""  # what the model computes in (compute_dtype's), for the stats line

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..arguments import check_flag
 from ..cache.budget import check_budget
 from ..errors import StreamerError
 from ..expert_traffic import ExpertStats
@@ -28,7 +27,7 @@ from .download_folder import is_download
 from .download_source import open_download_source
 from .handle import Streaming, compute_dtype, release
 from .hub import is_repo_id, streamable
-from .options import LoadOptions, check_unhonoured, load_options
+from .options import LoadOptions, as_flag, check_unhonoured, load_options
 from .repacked_source import open_repacked_source
 from .residency import available_memory, layer_shapes, plan_residency
 from .source import Source
@@ -49,8 +48,8 @@ def load(
     revision: str | None = None,
     trust_remote_code: bool = False,
     *,
-    memory_budget: int | None = None,
-    dtype: mx.Dtype | None = None,
+    memory_budget: int | str | None = None,  # bytes, or a size such as "8G"
+    dtype: mx.Dtype | str | None = None,  # mx.bfloat16 or "bfloat16"
     read_path: str | None = None,
     bypass_page_cache: bool = False,
     verify_reads: bool = False,
@@ -92,7 +91,7 @@ def load(
     switch, bench/worker.py --cuda-misses); elsewhere misses are read into their slots.
     """
     check_unhonoured(path, model_config, adapter_path, lazy, revision)
-    check_flag(return_config, "return_config")
+    return_config = as_flag(return_config, "return_config")
     options = load_options(
         tokenizer_config=tokenizer_config,
         memory_budget=memory_budget,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..arguments import DTYPE_NAMES, check_flag, parse_size
+from ..arguments import DTYPE_NAMES, parse_size
 from ..cache.landing import CUDA_MISSES, CUDA_MISSES_DEFAULT
 from ..errors import StreamerError
 from .backend import default_dtype, read_path_for_backend
@@ -61,12 +61,9 @@ def load_options(
         )
     budget = None if memory_budget is None else parse_size(memory_budget, name("memory_budget"))
     compute = parse_dtype(dtype)
-    for flag, value in (
-        ("verify_reads", verify_reads),
-        ("trust_remote_code", trust_remote_code),
-        ("bypass_page_cache", bypass_page_cache),
-    ):
-        check_flag(value, name(flag))
+    verify_reads = as_flag(verify_reads, name("verify_reads"))
+    trust_remote_code = as_flag(trust_remote_code, name("trust_remote_code"))
+    bypass_page_cache = as_flag(bypass_page_cache, name("bypass_page_cache"))
     path, why = read_path_for_backend(read_path, name("read_path"))
     if checksums is not None and not isinstance(checksums, (str, os.PathLike)):
         raise StreamerError(f"checksums must be a file name (str or Path), got {checksums!r}.")
@@ -115,8 +112,7 @@ def check_unhonoured(
             "adapter_path: streamer applies no LoRA adapters: fuse them into the model first "
             "(mlx_lm.fuse), then load the fused folder."
         )
-    check_flag(lazy, "lazy")
-    if lazy:
+    if as_flag(lazy, "lazy"):
         raise StreamerError(
             "lazy=True: streamer reads the resident weights at load, to plan the experts' memory "
             "around them; leave lazy out."
@@ -140,3 +136,12 @@ def parse_dtype(value: object):
         f"dtype must be one of {', '.join(DTYPE_NAMES)} (a name or mlx.core's dtype), or None for "
         f"the default (got {value!r})."
     )
+
+
+def as_flag(value: object, name: str) -> bool:
+    """True or False, numpy's too (np.True_, as mlx-lm takes it) as Python's; else refused."""
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        value = value.item()  # np.int64(1) is 1, refused as no bool
+    if not isinstance(value, bool):
+        raise StreamerError(f"{name} must be True or False (got {value!r}).")
+    return value

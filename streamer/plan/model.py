@@ -15,7 +15,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 from ..errors import StreamerError, one_line
 from ..families.architectures import (
@@ -33,6 +33,7 @@ from ..families.transformers.spellings import normalize_config
 from ..io.json_file import read_json_object
 from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN, read_manifest
 from ..io.mapping import align
+from ..io.safetensors import DTYPES as SAFETENSORS_DTYPES
 from ..loading.backend import check_model_kernels
 from ..loading.residency import LayerShape
 from .repacked import manifest_shapes, stored_bytes
@@ -100,25 +101,35 @@ def _download_model(
     resident weights as the checkpoint holds them (lazily, never read), experts in their target
     shapes, quantized as repack will; the disk peak with --delete-source; the bytes of the
     checkpoint's tensors, from the headers parsed once; and each layer's record as repack writes
-    it (in the source's dtype, which config.json's torch_dtype may not say). The download is the
+    it, its tensors in the dtypes it writes (the source's, which config.json's torch_dtype may
+    not say: a float32 expert under torch_dtype bfloat16 is twice the size). The download is the
     shards repack reads (and --delete-source deletes): the index's, else `model*.safetensors`;
     another *.safetensors beside them (a `consolidated.safetensors` of the same weights) is not
     counted, as the model does not need it."""
     from ..io.checkpoint import Checkpoint
     from ..repack import Quantize, recipe_disk_needs
     from ..repack.recipe import make_recipe
-    from ..repack.records import layer_bytes
+    from ..repack.records import expert_layouts
 
     with Checkpoint(folder) as checkpoint:
         recipe = make_recipe(checkpoint, Quantize(*quantize) if quantize else None)
         peak = recipe_disk_needs(recipe)[1]
         download = sum(info.nbytes for info in checkpoint.tensors.values())
-        records = [size // recipe.num_experts for size in layer_bytes(recipe)]
-    model, config = recipe.model, recipe.config
-    stored = DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
-    for container in recipe.containers.values():  # unquantized records keep the source dtype
-        container.set_dtype(recipe.cast or stored)
-    return model, config, peak, download, records
+        layouts = expert_layouts(recipe)
+    for container, (tensors, _) in zip(recipe.containers.values(), layouts):
+        written = {t.name: (t.dtype, t.shape) for t in tensors}
+        container.update(tree_unflatten(_as_written(container, written)))
+    return recipe.model, recipe.config, peak, download, [size for _, size in layouts]
+
+
+def _as_written(container: nn.Module, written: dict[str, tuple]) -> list[tuple[str, mx.array]]:
+    """The container's expert tensors (lazy, never evaluated) in the dtypes repack writes them."""
+    arrays = []
+    for name, array in tree_flatten(container.parameters()):
+        dtype, shape = written.get(name, (None, None))
+        if dtype is not None and shape == tuple(array.shape[1:]):
+            arrays.append((name, array.astype(SAFETENSORS_DTYPES[dtype][1])))
+    return arrays
 
 
 def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[nn.Module, dict]:

@@ -29,7 +29,7 @@ class ModelPlan:
     expert_bytes_per_token: int  # read per token when no expert is cached
     kv_bytes_per_1k_tokens: int
     kv_fixed_bytes: int  # state that does not grow (linear attention, sliding windows)
-    context_length: int | None  # max_position_embeddings
+    context_length: int | None  # max_position_embeddings (DBRX: max_seq_len)
     memory_bytes: int
     longest_context: int  # tokens of KV cache that fit beside the resident weights
     runs: bool

@@ -31,7 +31,11 @@ from ..io.safetensors import MLX_TO_SAFETENSORS
 from .dtypes import compatible, describe
 from .layouts import refuse_in_memory_layout, sanitizer
 from .sources import Sources
-from .unread_quantization import refuse_fp8_misread, refuse_unread_quantization
+from .unread_quantization import (
+    refuse_fp8_misread,
+    refuse_per_tensor_scales,
+    refuse_unread_quantization,
+)
 
 CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 
@@ -104,6 +108,7 @@ def make_recipe(ckpt: Checkpoint, quantize: Quantize | None) -> Recipe:
             f"{where}: the checkpoint is already quantized; repack it without --quantize."
         )
     model = build_model(config, where)
+    refuse_per_tensor_scales(model, ckpt, where)  # before its sanitize fails on them
     containers = expert_containers(model)
     first = next(iter(containers.values()))
     num_experts = first[container_projections(first)[0]].num_experts

@@ -76,11 +76,16 @@ class NonfiniteWarnings:
 
 
 def layer_bytes(recipe: Recipe) -> list[int]:
-    """The size of each MoE layer's expert file, from the tensor headers and --quantize: no
-    tensor's data is read. Layers differ where config.json sizes them each (Hunyuan's lists) or a
-    mixed-bit recipe quantized them each."""
+    """The size of each MoE layer's expert file. Layers differ where config.json sizes them each
+    (Hunyuan's lists) or a mixed-bit recipe quantized them each."""
+    return [size * recipe.num_experts for _, size in expert_layouts(recipe)]
+
+
+def expert_layouts(recipe: Recipe) -> list[tuple[tuple[ExpertTensor, ...], int]]:
+    """Each MoE layer's expert record as repack writes it (its tensors, their dtypes, its size),
+    from the tensor headers and --quantize: no tensor's data is read."""
     return [
-        layout(expert_parts(recipe, module, container, 0, read=False))[1] * recipe.num_experts
+        layout(expert_parts(recipe, module, container, 0, read=False))
         for module, container in recipe.containers.items()
     ]
 

@@ -1,6 +1,7 @@
 """The `quantization_config`s a source may not carry: those left once its spellings are read
 (AWQ, GPTQ, NVFP4 packs, ...), which streamer cannot repack, and block-scaled FP8 or int4 packs
-that the family's mlx-lm sanitize leaves as they are (or would misread: exponent-byte scales).
+that the family's mlx-lm sanitize leaves as they are (or would misread: exponent-byte scales, or
+fails on: per-tensor FP8 scales).
 repack and plan refuse them alike, and pull before it downloads the weights."""
 
 from __future__ import annotations
@@ -51,12 +52,48 @@ def refuse_left_to_sanitize(model: nn.Module, published: dict, where: Path | str
     family = type(model).__module__.rsplit(".", 1)[1]
     if any(name.endswith("_scale_inv") for name in kept):  # (renamed, as a VLM's are)
         raise fp8_not_dequantized(family, where)
+    if (
+        quantization.get("quant_method") == "fp8"
+        and quantization.get("weight_block_size", 0) is None
+    ):
+        # null (not absent: 128x128 blocks) is one scale a tensor, as transformers reads it
+        refuse_per_tensor_fp8(model, where)
     if any(name.endswith("weight_packed") for name in kept):
         raise StreamerError(
             f"{where}: compressed-tensors int4 packs (`weight_packed`), which mlx-lm's model "
             f"reads for some families (DeepSeek-V3, Kimi K2) but not for {family}; repack a "
             "bf16 or MLX-quantized version."
         )
+
+
+def refuse_per_tensor_fp8(model: nn.Module, where: Path | str) -> None:
+    """Refuse per-tensor FP8 where the family's sanitize dequantizes 128x128 blocks only (DeepSeek's
+    indexes the scale as a grid: "Too many indices", which repack took for a damaged download).
+    The stand-in's scale is of shape (1,), as transformers saves one; a sanitize that fails on
+    block scales too needs the model's own names, and is left to repack."""
+    weight = mx.zeros((128, 128), mx.uint8)
+    try:
+        model.sanitize({"probe.weight": weight, "probe.weight_scale_inv": mx.ones((1, 1))})
+    except Exception:  # noqa: BLE001 - as refuse_left_to_sanitize
+        return
+    try:
+        model.sanitize({"probe.weight": weight, "probe.weight_scale_inv": mx.ones((1,))})
+    except Exception:  # noqa: BLE001 - whatever the sanitize raises on a scale of one number
+        family = type(model).__module__.rsplit(".", 1)[1]
+        raise StreamerError(
+            f"{where}: per-tensor FP8 (one weight_scale_inv for each tensor), which mlx-lm's "
+            f"{family} cannot dequantize (it reads 128x128 block scales); use a bf16 or "
+            "block-FP8 release, or an MLX-quantized one."
+        ) from None
+
+
+def refuse_per_tensor_scales(model: nn.Module, ckpt: Checkpoint, where: Path | str) -> None:
+    """As refuse_per_tensor_fp8, from the headers: a scale of fewer than 2 dimensions is one
+    number for its whole tensor (block scales are a grid), whatever config.json says."""
+    if hasattr(model, "sanitize") and any(
+        info.name.endswith("_scale_inv") and len(info.shape) < 2 for info in ckpt.tensors.values()
+    ):
+        refuse_per_tensor_fp8(model, where)
 
 
 def _probe(quantization: dict) -> dict[str, mx.array] | None:

@@ -22,7 +22,12 @@ def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]
         sampling.temperature, sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p
     )
 
+    checked = False
+
     def check_width(tokens: mx.array, logits: mx.array) -> mx.array:
+        nonlocal checked  # the width is the same at every step: the keys are checked once
+        if checked:
+            return logits
         width = logits.shape[-1]
         past = [k for k in sampling.logit_bias or () if k >= width]
         if past:
@@ -31,6 +36,7 @@ def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]
                 f"logit_bias: token id {past[0]} is past the model's vocabulary ({width} tokens)",
                 param="logit_bias",
             )
+        checked = True
         return logits
 
     processors = make_logits_processors(

@@ -20,7 +20,7 @@ from ..transformers.unfilled import refuse_unfilled
 from .common_fields import check_common_fields, check_eos_ids
 from .declared_types import check_declared_types, text_args_class
 from .field_error import bad_field, remedy
-from .ranges import EXPERT_COUNTS, TOP_K, check_ranges
+from .ranges import CONTEXT_FIELDS, EXPERT_COUNTS, TOP_K, check_ranges
 
 __all__ = [
     "check_config",
@@ -28,6 +28,7 @@ __all__ = [
     "check_layer_count",
     "check_repacked_config_json",
     "check_sizes",
+    "context_field",
     "context_length",
     "experts_per_token",
     "routing_field",
@@ -49,12 +50,23 @@ def experts_per_token(config: dict) -> int:
 
 
 def context_length(config: dict) -> int | None:
-    """The model's context (max_position_embeddings): the config's own, else a VLM's
-    text_config's, where its text model reads it (None: neither gives one)."""
+    """The model's context (max_position_embeddings, DBRX's max_seq_len): the config's own, else
+    a VLM's text_config's, where its text model reads it (None: neither gives one)."""
+    field = context_field(config)
+    if field is None:
+        return None
+    where = config["text_config"] if field.startswith("text_config.") else config
+    return where[field.removeprefix("text_config.")]
+
+
+def context_field(config: dict) -> str | None:
+    """The field config.json gives the model's context in (text_config.max_position_embeddings
+    for a VLM); None: it gives none."""
     text = config.get("text_config")
-    for where in (config, text if isinstance(text, dict) else {}):
-        if where.get("max_position_embeddings") is not None:
-            return where["max_position_embeddings"]
+    for prefix, where in (("", config), ("text_config.", text if isinstance(text, dict) else {})):
+        name = next((n for n in CONTEXT_FIELDS if where.get(n) is not None), None)
+        if name is not None:
+            return prefix + name
     return None
 
 

@@ -12,6 +12,9 @@ from .field_error import bad_field
 MAX_LAYERS = 1024
 MAX_SIZE = 1 << 20
 MAX_CONTEXT = 1 << 40
+# The model's context, by the names configs give it: DBRX's is max_seq_len (transformers'
+# DbrxConfig reads max_position_embeddings as it; mlx-lm's dbrx reads neither).
+CONTEXT_FIELDS = ("max_position_embeddings", "max_seq_len")
 # Counts and sizes that must be at least 1 where a config gives them.
 POSITIVE = (
     "hidden_size",
@@ -26,7 +29,7 @@ POSITIVE = (
     "num_local_experts",
     "n_routed_experts",
     "num_experts_per_tok",
-    "max_position_embeddings",
+    *CONTEXT_FIELDS,
     "kv_lora_rank",
     "q_lora_rank",
     "qk_rope_head_dim",
@@ -124,7 +127,7 @@ def check_ranges(config: dict, where, prefix: str, model_file: str | None = None
     for name in POSITIVE:
         if name == "sliding_window" and config.get("use_sliding_window") is False:
             continue  # transformers 5 writes 0 for "no window" (Qwen2-MoE)
-        high = {"num_hidden_layers": MAX_LAYERS, "max_position_embeddings": MAX_CONTEXT}
+        high = {"num_hidden_layers": MAX_LAYERS} | dict.fromkeys(CONTEXT_FIELDS, MAX_CONTEXT)
         integer(
             name, 1, high.get(name, MAX_SIZE), f"an integer from 1 to {high.get(name, MAX_SIZE)}"
         )
