@@ -228,3 +228,39 @@ def test_a_system_prompt_the_template_refuses_is_refused_at_start(folder, tmp_pa
             "(TemplateError: System role not supported): leave --system-prompt out."
         ), result.stderr
     assert run_chat(refusing, ["hi"]).returncode == 0  # without one it chats
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), "SIGTERM"])
+def test_an_answer_whose_engine_never_stops_ends_the_chat_without_a_traceback(monkeypatch, stop):
+    """Ctrl-C or SIGTERM mid-answer cancels the job and waits for the engine's thread; a thread
+    that never comes back (stuck in a collective whose peer is gone, as on rank 0 of a group
+    under load) ended in `queue.Empty`'s traceback after two minutes. Now the chat ends after
+    STOPS_WITHIN seconds with Ctrl-C's line and status (end_interrupted)."""
+    import io
+    import signal
+
+    from streamer.cli import chat
+    from streamer.cli.interrupts import Terminated
+    from streamer.server.api import Completion
+    from streamer.server.jobs import Job, Step
+    from streamer.server.output import Piece
+
+    interrupt = Terminated(signal.SIGTERM) if stop == "SIGTERM" else stop
+
+    class Interrupted(io.StringIO):
+        def write(self, text: str) -> int:
+            raise interrupt
+
+    ended = []
+
+    def end(given):
+        ended.append(given)
+        raise SystemExit(1)  # the process ends there
+
+    monkeypatch.setattr(chat, "STOPS_WITHIN", 0.05)
+    monkeypatch.setattr(chat, "end_interrupted", end)
+    job = Job(Completion.__new__(Completion), [1], 4)
+    job.events.put(Step(Piece(content="x")))  # printing it is where the stop lands
+    with pytest.raises(SystemExit):
+        chat._answer(job, Interrupted(), io.StringIO())
+    assert ended == [interrupt] and job.cancelled.is_set()

@@ -86,7 +86,9 @@ def test_an_error_on_one_rank_ends_every_rank(shards):
     result = launch(command, Path(pattern).parent, stdin="def read(path):\n/quit\n")
     # mlx.launch itself exits 0 whatever its ranks do: it says how each ended
     assert "Node with rank 1 exited with code 1" in result.stderr
-    assert re.search("Node with rank 0 (exited with code 1|exited with code -15)", result.stderr)
+    # rank 0 ends on its own (1), or by mlx.launch's SIGTERM, at once (-15) or, its engine's
+    # thread stuck in the broken collective, after chat.STOPS_WITHIN seconds (143)
+    assert re.search("Node with rank 0 exited with code (1|-15|143)", result.stderr)
     assert (  # the rank that failed says why (mlx.launch interleaves the ranks' lines)
         "streamer: error: rank 1: generation failed (OSError: [Errno 5] Input/output error "
         "(injected)); the ranks are out of step, so every rank stops\n"

@@ -8,6 +8,7 @@ computes only the tokens after what is cached. Answers go to stdout, everything 
 from __future__ import annotations
 
 import sys
+from queue import Empty
 from typing import TextIO
 
 from ..errors import StreamerError, one_line
@@ -16,9 +17,11 @@ from ..server.engine import Engine, fit
 from ..server.fields import ApiError
 from ..server.jobs import Done, Job, Step
 from ..server.prompts import prompt_tokens
-from .interrupts import Terminated
+from .interrupts import Terminated, end_interrupted
 from .output import OutputFailed, emit
 from .repl import HELP, Reader, command, not_text
+
+STOPS_WITHIN = 10  # seconds a stopped answer's engine thread is waited for, then the chat ends
 
 
 def templated(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
@@ -161,8 +164,13 @@ def _answer(job: Job, stdout: TextIO, stderr: TextIO) -> tuple[str, Done | None]
     except (KeyboardInterrupt, OutputFailed) as stop:
         # the answer stops here: the engine's thread must not be computing it as the process ends
         job.cancelled.set()
-        while not isinstance(event := job.events.get(timeout=60), (Done, ApiError)):
-            pass
+        try:
+            while not isinstance(event := job.events.get(timeout=STOPS_WITHIN), (Done, ApiError)):
+                pass
+        except Empty:  # the engine's thread never came back (a group's peer gone mid-step)
+            if isinstance(stop, KeyboardInterrupt):
+                end_interrupted(stop)  # its line and status, not Python's shutdown under MLX
+            raise stop from None
         if isinstance(stop, (OutputFailed, Terminated)):  # SIGTERM, SIGHUP: the chat ends too
             raise
         print("\n[chat] interrupted", file=stderr)
