@@ -123,21 +123,26 @@ def vocabulary(tokenizer) -> int:
 
 
 def logit_bias_in_vocabulary(logit_bias: dict | None) -> list[Callable]:
-    """A logits processor refusing logit_bias keys past the logits' width (the vocabulary, first
-    known at the first step), placed before mlx-lm's, which would add out of bounds (SIGSEGV);
-    checked there only: the width holds (150,000 keys cost 5 ms a token)."""
+    """Refuses logit_bias keys past the logits' width: mlx-lm's would add out of bounds."""
     if not logit_bias:
         return []
+    return [at_first_step(lambda width: check_token_ids(logit_bias, "logit_bias", width))]
+
+
+def at_first_step(check: Callable[[int], None]) -> Callable:
+    """A logits processor calling `check` with the logits' width (the vocabulary, first known at
+    the first step) at the first step only: the width holds (150,000 logit_bias keys checked at
+    every step cost 5 ms a token)."""
     checked = False
 
-    def check(tokens, logits):
+    def processor(tokens, logits):  # mx.arrays: this module imports no mlx
         nonlocal checked
         if not checked:
-            check_token_ids(logit_bias, "logit_bias", logits.shape[-1])
+            check(logits.shape[-1])
             checked = True
         return logits
 
-    return [check]
+    return processor
 
 
 def check_keywords(keywords: dict) -> None:

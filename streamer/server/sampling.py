@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
+from ..arguments import at_first_step
 from ..mlx_lm_keywords import any_top_k_sampler
 from .api import Sampling
 from .fields import ApiError
@@ -22,13 +22,7 @@ def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]
         sampling.temperature, sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p
     )
 
-    checked = False
-
-    def check_width(tokens: mx.array, logits: mx.array) -> mx.array:
-        nonlocal checked  # the width is the same at every step: the keys are checked once
-        if checked:
-            return logits
-        width = logits.shape[-1]
+    def check_width(width: int) -> None:
         past = [k for k in sampling.logit_bias or () if k >= width]
         if past:
             raise ApiError(
@@ -36,8 +30,6 @@ def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]
                 f"logit_bias: token id {past[0]} is past the model's vocabulary ({width} tokens)",
                 param="logit_bias",
             )
-        checked = True
-        return logits
 
     processors = make_logits_processors(
         sampling.logit_bias,
@@ -45,4 +37,4 @@ def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]
         presence_penalty=sampling.presence_penalty,
         frequency_penalty=sampling.frequency_penalty,
     )
-    return sampler, [check_width, *processors]
+    return sampler, [at_first_step(check_width), *processors]
