@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
+import mlx.core as mx
 import pytest
 
-from fixtures import TINY_CONFIGS
+import streamer
+from fixtures import TINY_CONFIGS, write_hf_checkpoint
 from streamer.errors import StreamerError
 from streamer.families.config import check_config
 from streamer.families.mlx_lm_models import model_file
@@ -18,6 +21,7 @@ from streamer.families.transformers.defaults import own_model_type, text_model_t
 from streamer.families.transformers.required_defaults import REQUIRED_FILLED
 from streamer.families.transformers.spellings import normalize_config
 from streamer.plan import plan
+from streamer.repack import repack
 
 # vision-language model_type -> the mlx-lm module and args class its text_config is built with
 TEXT_ARGS = {
@@ -163,3 +167,22 @@ def test_a_size_left_out_is_refused_in_one_line(tmp_path, field):
     with pytest.raises(StreamerError, match=f"required positional argument: '{field}'") as e:
         plan(tmp_path / "config.json", 1 << 30)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "family, field", [("qwen3_moe", "rms_norm_eps"), ("glm4_moe", "partial_rotary_factor")]
+)
+def test_a_repack_leaving_out_a_filled_field_loads_and_computes_as_the_default(
+    tmp_path, family, field
+):
+    written = {**TINY_CONFIGS[family], field: REQUIRED_FILLED[family][field]}
+    base = write_hf_checkpoint(tmp_path / "base", written)
+    logits = []
+    for name, config in (("given", written), ("left-out", left_out(written, field, False))):
+        shutil.copytree(base, tmp_path / name)
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        repack(tmp_path / name, tmp_path / f"{name}-out", log=lambda _: None)
+        model, tokenizer = streamer.load(tmp_path / f"{name}-out", memory_budget=0)
+        logits.append(model(mx.array(tokenizer.encode("hello"))[None]))
+        mx.eval(logits[-1])  # while its model is loaded
+    assert mx.array_equal(logits[0], logits[1])
