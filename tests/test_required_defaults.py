@@ -186,3 +186,11 @@ def test_a_repack_leaving_out_a_filled_field_loads_and_computes_as_the_default(
         logits.append(model(mx.array(tokenizer.encode("hello"))[None]))
         mx.eval(logits[-1])  # while its model is loaded
     assert mx.array_equal(logits[0], logits[1])
+
+
+def test_a_default_rope_parameters_takes_the_config_s_own_rope_theta():
+    """transformers reads a transformers 4 rope_theta into its default rope_parameters; mlx-lm's
+    glm_moe_dsa reads the base from rope_parameters alone: the default's 10000 would replace it."""
+    config = {**left_out(TINY_CONFIGS["glm_moe_dsa"], "rope_parameters", False), "rope_theta": 5e5}
+    filled = normalize_config(check_config(config, "config.json"))
+    assert filled["rope_parameters"] == {"rope_theta": 5e5, "rope_type": "default"}

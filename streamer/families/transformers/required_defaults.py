@@ -3,13 +3,14 @@ gives one: filled with transformers' default where config.json leaves them out.
 
 A published or trimmed config.json may leave a field out because the library default applies;
 mlx-lm then refused to build the model (`ModelArgs.__init__() missing 1 required positional
-argument: 'rms_norm_eps'`). Only fields no weight's shape or name shows and that are not a size
-or a count: norm epsilons, RoPE bases, routing scales and groups, multipliers, windows, and the
-bias and tying switches (a wrong switch is refused by the weights). Left required: sizes, expert
-counts and the experts a token routes to, the context (max_position_embeddings: a small library
-default would refuse prompts the model reads), layer layouts (first_k_dense_replace,
-decoder_sparse_step, layer_types: the weights show them) and the fields of families transformers
-has no class for (Klear, bailing_moe, bailing_moe_linear, hunyuan, longcat_flash_ngram).
+argument: 'rms_norm_eps'`). Filled: fields that are not a size, a count or a layer layout: norm
+epsilons, RoPE bases, routing scales and groups, multipliers, windows, and the bias and tying
+switches (a bias the weights do not hold, or lack, is refused by their names). Left required:
+sizes, expert counts and the experts a token routes to, the context (max_position_embeddings: a
+small library default would refuse prompts the model reads), layer layouts
+(first_k_dense_replace, decoder_sparse_step, layer_types) and the fields of families
+transformers has no class for (Klear, bailing_moe, bailing_moe_linear, hunyuan,
+longcat_flash_ngram).
 tests/test_required_defaults.py checks each value against transformers' class, that mlx-lm's
 args require the field, and that every streaming family's other required fields are of the kinds
 left required. Where mlx-lm has a default that differs, defaults.FILLED decides.
