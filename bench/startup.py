@@ -3,9 +3,11 @@
     python bench/startup.py [--repeats 5] [--model DIR]
 
 `--help`, `--version`, `info` and `plan` of a repacked folder should not import mlx-lm, nor
-`plan` of a config.json, a download or an MLX-quantized download import transformers (it builds
-mlx-lm's model from its model files alone: streamer/families/mlx_lm_models.py; each saved layer's
-quantization from its shapes: streamer/families/saved_quantization.py), nor `generate` of a
+`plan` of a config.json, a download (with --quantize too) or an MLX-quantized download import
+transformers (it builds mlx-lm's model from its model files alone:
+streamer/families/mlx_lm_models.py; each saved layer's quantization from its shapes:
+streamer/families/saved_quantization.py; --quantize as mlx_lm.convert's rule:
+streamer/families/architectures.py), nor `generate` of a
 missing model (refused before its tokenizer is built). Prints the median wall time of each
 command in seconds.
 """
@@ -77,6 +79,7 @@ def main() -> None:
             ("streamer plan DIR", ["plan", model]),
             ("streamer plan config.json", ["plan", str(DEMO_MODEL / "config.json")]),
             ("streamer plan DOWNLOAD", ["plan", str(DEMO_MODEL)]),
+            ("streamer plan DOWNLOAD -q 4", ["plan", str(DEMO_MODEL), "--quantize", "4"]),
             ("streamer plan MLX-DOWNLOAD", ["plan", quantized]),
         ):
             print(f"{name:<30}{seconds(command, args.repeats):.2f} s")

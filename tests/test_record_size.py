@@ -14,8 +14,17 @@ import os
 import mlx.core as mx
 import mlx_lm
 import pytest
+from mlx.utils import tree_flatten
 
-from fixtures import tiny_config, write_hf_checkpoint
+from fixtures import TINY_CONFIGS, tiny_config, write_hf_checkpoint
+from streamer.families.architectures import (
+    SwitchLinear,
+    build_model,
+    quantize_like_mlx_lm,
+    quantize_like_mlx_lm_convert,
+)
+from streamer.families.config import check_config
+from streamer.families.transformers.spellings import normalize_config
 from streamer.io import checkpoint as checkpoint_module
 from streamer.io.checkpoint import Checkpoint
 from streamer.io.checkpoint import _is_file_name as is_file_name
@@ -216,3 +225,24 @@ def test_records_in_a_dtype_config_json_does_not_say_are_planned_as_written(tmp_
     (src / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
     planned, written = _written_and_planned(src, tmp_path / "out")
     assert planned == written
+
+
+@pytest.mark.parametrize("mode", ["affine-4-64", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_resident_weights_are_quantized_as_mlx_lm_quantize_model_does(family, mode):
+    """streamer's copy of mlx_lm.utils.quantize_model's rule (imported by neither plan nor repack:
+    it imports transformers) quantizes the same layers and writes the same config, byte for byte,
+    each family's own recipe (its quant_predicate) and gpt-oss's MXFP4 experts included."""
+    from mlx_lm.utils import quantize_model
+
+    q = QUANTIZE[mode]
+    config = normalize_config(check_config(tiny_config(family), "config.json"))
+    models = [build_model(config, "config.json") for _ in range(2)]
+    for model in models:  # experts published quantized (gpt-oss's MXFP4) first, as repack does
+        quantize_like_mlx_lm(model, config, quantizable=lambda _, m: isinstance(m, SwitchLinear))
+    with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits per weight
+        theirs = quantize_model(models[1], config, q.group_size, q.bits, mode=q.mode)[1]
+    ours = quantize_like_mlx_lm_convert(models[0], config, q.group_size, q.bits, q.mode)
+    assert json.dumps(ours) == json.dumps(theirs)
+    shapes = [{k: (v.shape, v.dtype) for k, v in tree_flatten(m.parameters())} for m in models]
+    assert shapes[0] == shapes[1]

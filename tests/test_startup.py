@@ -32,6 +32,15 @@ def test_help_version_info_and_plan_of_a_repacked_folder_do_not_import_mlx_lm(ch
     assert version.stdout.strip() == f"streamer {streamer.__version__}"
 
 
+def test_plan_quantize_of_a_download_does_not_import_transformers(checkpoints):
+    """`plan --quantize` quantizes as mlx_lm.utils.quantize_model without importing mlx_lm.utils
+    (and transformers, torch with it: seconds, its largest cost)."""
+    hf = str(checkpoints.hf("qwen3_moe"))
+    run = "from streamer.cli import main\nassert main({}) == 0"
+    modules = imports_of(run.format(["plan", hf, "--quantize", "4"]))
+    assert "transformers" not in modules and "mlx_lm.utils" not in modules
+
+
 def test_generate_and_chat_refused_before_the_tokenizer_do_not_import_transformers(tmp_path):
     """A missing model is refused at once: transformers (seconds) comes with the tokenizer only.
     Both commands in one process: neither may import it."""

@@ -8,6 +8,7 @@ tensors hf_naming.py, transformers 5's config spellings transformers/spellings.p
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -182,16 +183,27 @@ def quantize_like_mlx_lm(
 def quantize_like_mlx_lm_convert(
     model: nn.Module, config: dict, group_size: int, bits: int, mode: str
 ) -> dict:
-    """Quantize `model` as `mlx_lm.convert --quantize` does (mlx-lm's `quantize_model`: a layer
-    whose width the group size does not divide is left unquantized); its config returned."""
-    import contextlib
-    import io
+    """Quantize `model` as `mlx_lm.convert --quantize` does, and return its config with the
+    quantization mlx-lm writes: each layer that can be whose width the group size divides, as
+    the model's own recipe (its quant_predicate) says; each layer named where the config was
+    quantized in part already (gpt-oss's MXFP4 experts). mlx_lm.utils.quantize_model's rule,
+    which tests/test_record_size.py checks against it, without importing mlx_lm.utils (it imports
+    transformers: seconds of `streamer plan --quantize`)."""
+    asked = {"group_size": group_size, "bits": bits, "mode": mode}
+    in_part = "quantization" in config
+    quantization = copy.deepcopy(config["quantization"]) if in_part else dict(asked)
+    recipe = getattr(model, "quant_predicate", None)
 
-    from mlx_lm.utils import quantize_model  # here: only a quantizing caller needs mlx_lm.utils
+    def predicate(path: str, module: nn.Module) -> bool | dict:
+        if not hasattr(module, "to_quantized") or module.weight.shape[-1] % group_size:
+            return False
+        chosen = recipe(path, module) if recipe is not None else True
+        if isinstance(chosen, dict) or (in_part and chosen):
+            quantization[path] = chosen if isinstance(chosen, dict) else asked
+        return chosen
 
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints its bits-per-weight line
-            return quantize_model(model, config, group_size, bits, mode=mode)[1]
+        nn.quantize(model, group_size, bits, mode=mode, class_predicate=predicate)
     except ValueError as e:  # a layer the model's own recipe quantizes in groups its width
         # does not divide (a router at group size 64 of a width 96): mlx_lm.convert fails alike
         raise StreamerError(
@@ -199,6 +211,12 @@ def quantize_like_mlx_lm_convert(
             f"quantize this model so, and mlx_lm.convert fails alike ({one_line(e)}); choose "
             "another --group-size."
         ) from e
+    # mlx-lm writes it under both names (quantization_config: transformers')
+    return {
+        **copy.deepcopy(config),
+        "quantization": quantization,
+        "quantization_config": quantization,
+    }
 
 
 @contextmanager

@@ -5,14 +5,12 @@ A config.json written by hand, trimmed, or written by a model's own code can lea
 (transformers 5.24's own `save_pretrained` writes them all, defaults too); transformers then
 computes with its class's default, and mlx-lm's ModelArgs with its own: gpt-oss without
 `rope_scaling` is YaRN (factor 32) to transformers and plain RoPE to mlx-lm (0.43 logits apart
-from the first token, through the attention sinks).
-transformers' defaults are the published models' values (its config classes are written from
-them). Found by comparing, for each family that streams, the config class's defaults with
-ModelArgs' for the fields the model reads; tests/test_config_defaults.py checks each value below
-against transformers' class and that mlx-lm's default differs. Not filled: sizes and counts the
-weights' shapes show (a config without them is refused, or its weights' shapes are; the experts
-a token routes to, which no shape shows, are filled), and fields no fill makes what the published
-model computes: unfilled.py refuses those with the reason.
+from the first token, through the attention sinks). transformers' defaults are the published
+models' values (its config classes are written from them). Found by comparing each family's class
+defaults with ModelArgs' (tests/test_config_defaults.py checks each against both;
+required_defaults.py fills those ModelArgs require). Not filled: sizes and counts the weights'
+shapes show (the experts a token routes to, no shape shows: filled here), and fields no fill
+makes what the published model computes: unfilled.py refuses those with the reason.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import math
 from collections.abc import Callable
 
 from .longcat_mimo import MIMO_V2_FLASH_HUB
+from .required_defaults import required_fills
 
 # gpt-oss's rope_parameters default, as rope_scaling (mlx-lm's gpt_oss reads its rope_theta alone)
 GPT_OSS_YARN = {
@@ -238,9 +237,10 @@ def fill_defaults(config: dict) -> dict:
 
 
 def _filled(values: dict, model_type: object) -> dict:
+    fills = required_fills(values, model_type) | FILLED.get(model_type, {})
     missing = {
         field: value
-        for field, value in FILLED.get(model_type, {}).items()
+        for field, value in fills.items()
         if not _given(values, field) and not _given(values, WRITTEN_AS.get(field))
     }
     for field, read in READ_FROM.get(model_type, {}).items():
