@@ -35,15 +35,17 @@ def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):
         )  # a write to the file shows through: the array is its pages
         assert array[OS_PAGE + 5 : OS_PAGE + 21].tolist() == [7] * 16
         assert mapped.host[OS_PAGE + 5] == 7 and not mapped.host.flags.writeable
-        view = array[:OS_PAGE]
+        view = array[:OS_PAGE] + 0  # computed lazily, after the file is closed
         mapped.close()
     finally:
         os.close(fd)
-    # the buffer is ordinary memory again: arrays still viewing it read zeros, nothing faults,
-    # and MLX can recycle it
-    assert mx.sum(view).item() == 0
+    # an array computed from the buffer after its owner closed reads the file's bytes, not zeros
+    assert view[:256].tolist() == list(range(256))
+    del view, array, mapped
+    # freed, the buffer is ordinary memory that MLX may recycle: writes land on private copies
     fresh = [mx.ones((3 * OS_PAGE,), dtype=mx.uint8) for _ in range(4)]
     assert all(mx.sum(a).item() == 3 * OS_PAGE for a in fresh)
+    assert path.read_bytes()[:256] == bytes(range(256))  # the file is untouched
 
 
 @pytest.mark.parametrize("kind", ["hf float32", "mlx 4-bit float32 scales"])

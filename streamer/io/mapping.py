@@ -4,9 +4,10 @@ Metal adopts page-aligned host memory (`mx.asarray(..., copy=False)` wraps it in
 buffer), so there the mapping itself becomes the array. MLX's CPU allocator cannot adopt foreign
 memory, so on the CPU backend an MLX buffer is allocated, untouched (buffers.py: its pages never
 written, so mapping costs what the mapping costs, not a zero-fill of the file's size), and the
-file is mapped over its pages (`MAP_FIXED`): the array then reads the page cache directly. Before
-that buffer can go back to MLX's allocator (which may recycle it), its range is turned back into
-ordinary anonymous memory, so no later allocation can land on read-only file pages.
+file is mapped over its pages (`MAP_FIXED`): the array then reads the page cache directly. The
+mapping is private and writable (copy on write): whoever holds the buffer last, a model or an
+array computed lazily from it after the model was closed, reads the file's bytes, and once MLX
+frees or recycles the buffer a write lands on a private copy of its page, never on the file.
 
 Either way the array is uint8 [pages, OS page] (no dimension past 2^31, whatever the file's size)
 and a tensor in it is `view`ed at its byte offset (buffers.view).
@@ -20,7 +21,6 @@ import errno
 import mmap
 import os
 import sys
-import weakref
 
 import mlx.core as mx
 import numpy as np
@@ -80,13 +80,8 @@ class MappedFile:
             self._map = None
             self.array, self.start = _map_over_mlx_buffer(fd, size, offset)
             self.host = buffers.host_bytes(self.array)[self.start : self.start + size]
-            self.host.flags.writeable = False  # the pages are mapped read-only: a write would fault
+            self.host.flags.writeable = False  # the model's bytes: no write may change them
         self.address = self.host.ctypes.data
-        if self._map is None:
-            # restore before MLX may free or recycle the buffer, whoever drops the last reference
-            self._restore = weakref.finalize(
-                self, _unmap_file_pages, self.address, self.size, self.array
-            )
 
     def view(
         self, offset: int, dtype: mx.Dtype, shape: tuple[int, ...], strides: tuple[int, ...]
@@ -107,8 +102,6 @@ class MappedFile:
                 self._map.close()
             except BufferError:  # an array still views the map: it is unmapped when that goes
                 pass
-        else:
-            self._restore()
 
 
 def _map_over_mlx_buffer(fd: int, size: int, offset: int) -> tuple[mx.array, int]:
@@ -118,18 +111,12 @@ def _map_over_mlx_buffer(fd: int, size: int, offset: int) -> tuple[mx.array, int
     buffer = buffers.untouched(length + OS_PAGE)  # a page to spare for alignment
     base = buffers.address(buffer)
     pad = -base % OS_PAGE
-    got = libc.mmap(base + pad, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
+    protection, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | _MAP_FIXED
+    got = libc.mmap(base + pad, length, protection, flags, fd, offset)
     if got in (None, _MAP_FAILED):
         err = ctypes.get_errno()
         raise OSError(err, f"mmap failed: {os.strerror(err)}")
     return buffer, pad
-
-
-def _unmap_file_pages(address: int, size: int, array: mx.array) -> None:
-    """Give the range back as fresh anonymous memory (`array` is held until then on purpose)."""
-    length = align(size, OS_PAGE)
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
-    libc.mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
 
 
 def advise(address: int, advice: int, offset: int, length: int) -> None:
