@@ -103,7 +103,7 @@ def test_every_cache_type_comes_back_from_a_chain(checkpoints, tmp_path, arch, k
     fed(model, cache, second)
     disk.save(first + second, cache)
     assert set(layout(cache).split(",")) == classes
-    (ended,) = [e for e in disk.entries.values() if len(e.tokens) == 60]
+    (ended,) = [e for e in disk.entries.values() if e.end == 60]
     assert ended.start == 40 and ended.parent is not None  # its file holds the 20 new tokens
     kept = copy.deepcopy(cache)
     loaded, held = DiskCache(tmp_path, "id", 1 << 30).fetch(first + second + [3], 0)
@@ -123,7 +123,7 @@ def chain(model, folder) -> tuple[DiskCache, list[list[int]]]:
 
 
 def by_length(disk: DiskCache) -> list:
-    return [e.path for e in sorted(disk.entries.values(), key=lambda e: len(e.tokens))]
+    return [e.path for e in sorted(disk.entries.values(), key=lambda e: e.end)]
 
 
 def test_an_interrupted_turn_leaves_the_chain_before_it(local, tmp_path, monkeypatch):

@@ -135,7 +135,7 @@ def test_a_conversation_holds_each_token_once(local, tmp_path):
         cache = make_prompt_cache(model)
         mx.eval(model(mx.array([tokens]), cache=cache))
         engine.disk.save(tokens, cache)
-    own = sorted(entry.tokens[entry.start :] for entry in engine.disk.entries.values())
+    own = sorted(entry.own for entry in engine.disk.entries.values())
     assert own == [(1, 2, 3), (4, 5), (6, 7), (7, 8, 9)] and len(files(tmp_path)) == 4
     assert engine.disk.fetch([1, 2, 3, 4, 9], longer_than=0)[1] == 4  # cut back to the prefix
 

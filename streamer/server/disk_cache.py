@@ -41,8 +41,7 @@ from .disk_entries import (
     continued,
     header_entry,
     identity_of,
-    is_prefix,
-    shared,
+    matched,
     unused_prefixes,
 )
 from .disk_files import (
@@ -89,10 +88,10 @@ class DiskCache:
     def fetch(self, tokens: list[int], longer_than: int) -> tuple[list, int] | None:
         """(the KV cache, how many of `tokens` it holds) from the file sharing the longest prefix
         with `tokens`, if longer than `longer_than`; None otherwise."""
-        best, length = None, longer_than
+        best, length, matches = None, longer_than, matched(self.entries, tokens)
         for entry in self.entries.values():
-            common = shared(entry.tokens, tokens)
-            if common < len(entry.tokens) and not entry.trimmable:
+            common = matches[entry.path]
+            if common < entry.end and not entry.trimmable:
                 continue  # not a prefix, and mlx-lm cannot cut it back to one
             if common > length:
                 best, length = entry, common
@@ -101,8 +100,8 @@ class DiskCache:
         cache = self._load(best)
         if cache is None:
             return None
-        if length < len(best.tokens):
-            trim_prompt_cache(cache, len(best.tokens) - length)
+        if length < best.end:
+            trim_prompt_cache(cache, best.end - length)
         self._touch(best)
         return cache, length
 
@@ -110,13 +109,14 @@ class DiskCache:
         """Write `cache` (of `tokens`) atomically, continuing the file that holds most of them
         where that is worth it, the least recently used files removed first to make room; not
         where it would pass the bound alone, or leave the disk short (disk_files.py)."""
-        held = self._holding(tuple(tokens))
+        matches = matched(self.entries, tokens)
+        held = self._holding(matches, len(tokens))
         if held is not None:  # the same answer again, or a turn asked again: not written again
             self._touch(held)
             return
         shape = layout(cache)
         per_token = any(type(c) in PER_TOKEN for c in leaves(cache))  # else nothing to share
-        parent, start = continued(self.entries, tokens, shape) if per_token else (None, 0)
+        parent, start = continued(self.entries, matches, tokens, shape) if per_token else (None, 0)
         part = segment(cache, start)
         key = hashlib.sha256(f"{self.identity}:{tokens}".encode()).hexdigest()[:24]
         partial = self.folder / f"{PARTIAL}{os.getpid()}-{key}{SUFFIX}"
@@ -153,15 +153,16 @@ class DiskCache:
             log.warning("prompt cache not written to %s: %s", self.folder, why)
             return
         trimmable = metadata["streamer_trimmable"] == "True"
-        entry = Entry(path, tuple(tokens), trimmable, start, parent and parent.path, shape)
-        self.entries[path] = entry
-        for path in unused_prefixes(self.entries, entry) if trimmable else []:
+        own = tuple(tokens[start:])
+        self.entries[path] = Entry(path, own, trimmable, start, parent and parent.path, shape)
+        for path in unused_prefixes(self.entries, matches, len(tokens)) if trimmable else []:
             self._forget(path)  # `entry` cuts back to it, as mlx-lm drops such caches from memory
 
-    def _holding(self, tokens: tuple[int, ...]) -> Entry | None:
-        """A file that holds `tokens`' cache: theirs, or one that cuts back to it."""
+    def _holding(self, matches: dict[Path, int], length: int) -> Entry | None:
+        """A file that holds the cache of the `length` tokens `matches` was made for: theirs, or
+        one that cuts back to them."""
         for entry in self.entries.values():
-            if entry.tokens == tokens or (entry.trimmable and is_prefix(tokens, entry.tokens)):
+            if matches[entry.path] == length and (entry.end == length or entry.trimmable):
                 return entry
         return None
 
@@ -184,7 +185,7 @@ class DiskCache:
         """`entry`'s cache, its chain's files joined; None where one is gone or damaged."""
         chain = chain_of(self.entries, entry)
         parts = []
-        for link, end in zip(chain, [c.start for c in chain[1:]] + [len(entry.tokens)]):
+        for link, end in zip(chain, [c.start for c in chain[1:]] + [entry.end]):
             cache = self._read(link)
             if cache is None:
                 return None
@@ -197,14 +198,13 @@ class DiskCache:
             if crc32(entry.path) != named_crc(entry.path):
                 raise ValueError("its crc32 does not match its name (the file changed)")
             cache, metadata = load_prompt_cache(str(entry.path), return_metadata=True)
-            own = entry.tokens[entry.start :]
             said = identity_of(metadata), json.loads(metadata.get("streamer_tokens", "null"))
-            if said != (self.identity, list(own)):
+            if said != (self.identity, list(entry.own)):
                 raise ValueError("its metadata changed since it was listed")
             if entry.layout is not None and layout(cache) != entry.layout:
                 raise ValueError(f"it holds caches {layout(cache)}, not {entry.layout}")
-            if not held_tokens(cache, len(own), len(entry.tokens)):
-                raise ValueError(f"it does not hold its {len(own)} tokens")
+            if not held_tokens(cache, len(entry.own), entry.end):
+                raise ValueError(f"it does not hold its {len(entry.own)} tokens")
             return cache
         except FileNotFoundError:  # another server sharing the folder removed it
             self._forget(entry.path)

@@ -18,14 +18,20 @@ IDENTITY = "streamer_identity"  # a chained file's model; the first format's: "s
 
 @dataclass
 class Entry:
-    """A file and the tokens the chain up to it holds (its own: those from `start` on)."""
+    """A file and its own tokens, those after the `start` tokens its parent's chain holds (each
+    entry keeps its own only: a long chat's entries would hold its tokens once a turn)."""
 
     path: Path
-    tokens: tuple[int, ...]
+    own: tuple[int, ...]
     trimmable: bool
     start: int = 0
     parent: Path | None = None  # the file holding the tokens before `start`
     layout: str | None = None  # its caches' classes; None: a file of the first format (whole)
+
+    @property
+    def end(self) -> int:
+        """The tokens its chain holds, up to and with its own."""
+        return self.start + len(self.own)
 
 
 def model_identity(model: nn.Module, options: dict) -> str:
@@ -73,9 +79,8 @@ def identity_of(metadata: dict) -> str | None:
 
 
 def chained(headers: dict[Path, Entry]) -> dict[Path, Entry]:
-    """The entries of files read at start, each with the tokens of its whole chain (`headers`'
-    tokens are each file's own); a file whose chain is broken (a file gone or damaged, another
-    layout, a start its parent does not hold, a loop) is left out."""
+    """The entries of the files read at start whose chain is whole: a file gone or damaged,
+    another layout, a start its parent does not hold or a loop leaves out those after it."""
     entries: dict[Path, Entry] = {}
     for path in sorted(headers):
         chain, at = [], path
@@ -88,35 +93,56 @@ def chained(headers: dict[Path, Entry]) -> dict[Path, Entry]:
             continue  # gone, or a loop
         for at in reversed(chain):
             own, before = headers[at], entries.get(headers[at].parent)
-            if before is None and own.start == 0:
-                entries[at] = own
-            elif (
-                before
-                and before.layout == own.layout
-                and before.start < own.start <= len(before.tokens)
+            if (
+                before is None
+                and own.start == 0
+                or (
+                    before
+                    and before.layout == own.layout
+                    and before.start < own.start <= before.end
+                )
             ):
-                tokens = before.tokens[: own.start] + own.tokens
-                entries[at] = Entry(at, tokens, own.trimmable, own.start, own.parent, own.layout)
+                entries[at] = own
             else:
                 break
     return entries
 
 
+def matched(entries: dict[Path, Entry], tokens: list[int]) -> dict[Path, int]:
+    """How many of `tokens` each entry's chain begins with (their shared prefix), each file's
+    own tokens compared once."""
+    found: dict[Path, int] = {}
+    for entry in entries.values():
+        todo, at = [], entry
+        while at.path not in found:
+            todo.append(at)
+            if at.parent is None:
+                break
+            at = entries[at.parent]
+        for at in reversed(todo):
+            before = found[at.parent] if at.parent is not None else 0
+            if at.parent is not None and before < at.start:
+                found[at.path] = before  # parted before this file's own tokens
+            else:
+                found[at.path] = at.start + _common(at.own, tokens[at.start :])
+    return found
+
+
 def continued(
-    entries: dict[Path, Entry], tokens: list[int], shape: str
+    entries: dict[Path, Entry], matches: dict[Path, int], tokens: list[int], shape: str
 ) -> tuple[Entry | None, int]:
     """The file of `entries` a new one for `tokens` continues, and how many tokens the new one
-    starts after: the file of the same layout sharing the longest prefix, cut back to it (the
-    file holding that prefix's end), where the tokens it holds past it (read for nothing) are
-    no more than those the new file is spared. (None, 0): a whole file."""
+    starts after: the file of the same layout sharing the longest prefix (`matches`), cut back
+    to it (the file holding that prefix's end), where the tokens it holds past it (read for
+    nothing) are no more than those the new file is spared. (None, 0): a whole file."""
     best, length = None, 0
     for entry in entries.values():
-        if entry.layout == shape and (common := shared(entry.tokens, tokens)) > length:
-            best, length = entry, common
+        if entry.layout == shape and matches[entry.path] > length:
+            best, length = entry, matches[entry.path]
     length = min(length, len(tokens) - 1)  # a file holds a token at least
     while best is not None and best.start >= length:
         best = entries.get(best.parent)
-    if best is None or len(best.tokens) - length > length:
+    if best is None or best.end - length > length:
         return None, 0
     return best, length
 
@@ -129,23 +155,20 @@ def chain_of(entries: dict[Path, Entry], entry: Entry) -> list[Entry]:
     return chain[::-1]
 
 
-def unused_prefixes(entries: dict[Path, Entry], entry: Entry) -> list[Path]:
-    """The files whose tokens begin `entry`'s that no file continues once those listed before
-    them are gone (a chat's earlier files of the first format, say): `entry` cuts back to each."""
-    prefixes = [e for e in entries.values() if is_prefix(e.tokens, entry.tokens)]
+def unused_prefixes(entries: dict[Path, Entry], matches: dict[Path, int], end: int) -> list[Path]:
+    """The files whose chains begin a new file's `end` tokens (`matches`: as many as they hold)
+    that no file continues once those listed before them are gone (a chat's earlier files of
+    the first format, say): the new file cuts back to each."""
+    prefixes = [e for e in entries.values() if matches.get(e.path) == e.end < end]
     unused: list[Path] = []
-    for shorter in sorted(prefixes, key=lambda e: -len(e.tokens)):  # a chain's end first
+    for shorter in sorted(prefixes, key=lambda e: -e.end):  # a chain's end first
         if not any(e.parent == shorter.path and e.path not in unused for e in entries.values()):
             unused.append(shorter.path)
     return unused
 
 
-def is_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    """Whether `a` is a shorter start of `b`."""
-    return len(a) < len(b) and b[: len(a)] == a
-
-
-def shared(a: tuple[int, ...], b: list[int]) -> int:
+def _common(a: tuple[int, ...], b: list[int]) -> int:
+    """The length of the prefix `a` and `b` share."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
