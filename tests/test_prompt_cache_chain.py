@@ -198,3 +198,17 @@ def test_a_file_of_the_first_format_is_still_read(local, tmp_path):
     assert "".join(pieces) == want and event.cached_tokens == len(tokens)
     (entry,) = engine.disk.entries.values()
     assert entry.start == 0 and entry.parent is None and not path.exists()
+
+
+def test_chains_that_loop_or_start_past_their_parent_are_left_out(tmp_path):
+    """Headers a damaged or planted file could give: each left out, never joined."""
+    from streamer.server.disk_entries import Entry, chained
+
+    a, b, c, d = (tmp_path / f"{PREFIX}{name}-0.safetensors" for name in "abcd")
+    headers = {
+        a: Entry(a, (1, 2), True, 0, None, "KVCache"),
+        b: Entry(b, (3,), True, 5, a, "KVCache"),  # starts past the 2 tokens its parent holds
+        c: Entry(c, (4,), True, 1, d, "KVCache"),  # c and d continue each other
+        d: Entry(d, (5,), True, 1, c, "KVCache"),
+    }
+    assert chained(headers) == {a: headers[a]}

@@ -155,8 +155,8 @@ class DiskCache:
         trimmable = metadata["streamer_trimmable"] == "True"
         own = tuple(tokens[start:])
         self.entries[path] = Entry(path, own, trimmable, start, parent and parent.path, shape)
-        for path in unused_prefixes(self.entries, matches, len(tokens)) if trimmable else []:
-            self._forget(path)  # `entry` cuts back to it, as mlx-lm drops such caches from memory
+        for shorter in unused_prefixes(self.entries, matches, len(tokens)) if trimmable else []:
+            self._forget(shorter)  # the new file cuts back to it, as mlx-lm drops them from memory
 
     def _holding(self, matches: dict[Path, int], length: int) -> Entry | None:
         """A file that holds the cache of the `length` tokens `matches` was made for: theirs, or
