@@ -19,7 +19,8 @@ from streamer.cache.slot_pool import READERS, _readers
 from streamer.cli import parser
 from streamer.cli.chat import chat
 from streamer.server.api import Completion, Sampling
-from streamer.server.disk_cache import DiskCache, model_identity
+from streamer.server.disk_cache import DiskCache
+from streamer.server.disk_entries import model_identity
 from streamer.server.engine import Done, Engine, Job, Step
 
 JSON = {"Content-Type": "application/json"}

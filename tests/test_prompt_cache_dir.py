@@ -18,7 +18,8 @@ from mlx_lm.models.cache import make_prompt_cache
 import streamer
 from streamer.server import disk_cache as disk_module
 from streamer.server.api import Completion, Sampling
-from streamer.server.disk_cache import PARTIAL, PREFIX, DiskCache, model_identity
+from streamer.server.disk_cache import PARTIAL, PREFIX, DiskCache
+from streamer.server.disk_entries import model_identity
 from streamer.server.engine import Engine
 from streamer.server.jobs import Done, Job, Step
 

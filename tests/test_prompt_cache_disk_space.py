@@ -123,9 +123,10 @@ def test_a_disk_that_cannot_be_asked_is_one_line(tmp_path, monkeypatch, capsys):
     )
 
 
-def test_a_conversation_keeps_one_file_not_one_a_turn(local, tmp_path):
+def test_a_conversation_holds_each_token_once(local, tmp_path):
     """Each turn's file held the turns before: a long chat filled the bound with its own
-    prefixes and pushed out every other cache (mlx-lm drops them from its memory cache)."""
+    prefixes and pushed out every other cache (mlx-lm drops them from its memory cache). Each
+    turn's file now holds its new tokens, continuing the file before."""
     model, _ = local
     engine = engine_over(local, tmp_path)
     other = [7, 8, 9]
@@ -134,8 +135,8 @@ def test_a_conversation_keeps_one_file_not_one_a_turn(local, tmp_path):
         cache = make_prompt_cache(model)
         mx.eval(model(mx.array([tokens]), cache=cache))
         engine.disk.save(tokens, cache)
-    kept = sorted(entry.tokens for entry in engine.disk.entries.values())
-    assert kept == [(1, 2, 3, 4, 5, 6, 7), (7, 8, 9)] and len(files(tmp_path)) == 2
+    own = sorted(entry.own for entry in engine.disk.entries.values())
+    assert own == [(1, 2, 3), (4, 5), (6, 7), (7, 8, 9)] and len(files(tmp_path)) == 4
     assert engine.disk.fetch([1, 2, 3, 4, 9], longer_than=0)[1] == 4  # cut back to the prefix
 
 

@@ -47,8 +47,21 @@ def load_resident(
             batch = arrays[start : start + EVAL_BATCH]
             mx.eval(batch)
             bar.update(sum(a.nbytes for a in batch))
+    # computed lazily on this thread's stream: serve's and chat's generation thread has none
+    mx.eval(kept_arrays(model))
     mx.clear_cache()  # what the casts freed goes back to the system, not kept for later arrays
     model.eval()
+
+
+def kept_arrays(model: nn.Module) -> list[mx.array]:
+    """The arrays modules keep beside their parameters, under names starting with "_" (a YaRN
+    rope's frequencies: gpt-oss, DeepSeek-V3.2, Llama 4)."""
+    return [
+        v
+        for _, module in model.named_modules()
+        for k, v in module.items()
+        if k.startswith("_") and isinstance(v, mx.array)
+    ]
 
 
 def apply_residency(

@@ -61,7 +61,8 @@ def prompt_cache_on_disk(model, options: dict | None, disk: tuple[Path, int] | N
     """The prompt caches on disk (disk_cache.py) for this model, or None."""
     if disk is None:
         return None
-    from .disk_cache import DiskCache, model_identity
+    from .disk_cache import DiskCache
+    from .disk_entries import model_identity
 
     return DiskCache(Path(disk[0]), model_identity(model, options or {}), disk[1])
 

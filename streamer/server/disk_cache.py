@@ -1,15 +1,17 @@
 """Prompt caches on disk (`--prompt-cache-dir`): the KV cache of a long system prompt or of a
 conversation outlives the process, so a restart does not compute its prefill again.
 
-Files are mlx-lm's own prompt cache format (mlx_lm.models.cache.save_prompt_cache: safetensors,
-which `mlx_lm.generate --prompt-cache-file` reads too), one token sequence each. A file is used
+Files are mlx-lm's own prompt cache format (mlx_lm.models.cache.save_prompt_cache: safetensors),
+chained: a file holds the KV of the tokens after those of the file it continues, so a
+conversation's turn writes its new tokens only (disk_segments.py; docs/format.md). A file is used
 only for the model that wrote it: its metadata holds the model's identity (weights, compute dtype,
-KV quantization) and the tokens it caches, and its name holds its crc32, checked before it is
-loaded. A file that fails any check is removed with one log line, never computed with. Writes go
-to a temporary name, are fsynced and renamed, so an interrupted write (Ctrl-C, a crash) leaves no
-cache file, only a partial one that the next start removes; the folder is kept under its byte
-bound by removing the least recently used files before a new one goes in, and a file is not
-written where the disk would be left short (disk_files.py).
+KV quantization) and its tokens, and its name holds its crc32, checked before it is loaded. A file
+that fails any check is removed with one log line (with the files continuing it), never computed
+with. Writes go to a temporary name, are fsynced and renamed, the file continued already in place,
+so an interrupted write (Ctrl-C, a crash) leaves no cache file, only a partial one that the next
+start removes; the folder is kept under its byte bound by removing the least recently used files
+before a new one goes in, and a file is not written where the disk would be left short
+(disk_files.py).
 """
 
 from __future__ import annotations
@@ -19,10 +21,8 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-import mlx.nn as nn
 from mlx_lm.models.cache import (
     can_trim_prompt_cache,
     load_prompt_cache,
@@ -33,48 +33,34 @@ from mlx_lm.models.cache import (
 from ..errors import StreamerError, one_line
 from ..io.durable import fsync_dir
 from ..io.sizes import size_text
-from ..loading.handle import streaming
+from .disk_entries import (
+    IDENTITY,
+    Entry,
+    chain_of,
+    chained,
+    continued,
+    header_entry,
+    identity_of,
+    matched,
+    unused_prefixes,
+)
 from .disk_files import (
     DISK_RESERVE,
     PARTIAL,
     PREFIX,
     SUFFIX,
+    cache_files,
     crc32,
     create_private,
     data_bytes,
     folder_files,
     has_room,
-    metadata_of,
+    named_crc,
     remove_partials,
 )
+from .disk_segments import PER_TOKEN, held_tokens, joined, layout, leaves, segment
 
 log = logging.getLogger("streamer.server")
-
-
-@dataclass
-class Entry:
-    path: Path
-    tokens: tuple[int, ...]
-    trimmable: bool
-
-
-def model_identity(model: nn.Module, options: dict) -> str:
-    """What a cached KV depends on besides its tokens: the weights (a repacked folder's own
-    identity, or a download's config and shard sizes and times), the dtype it computed in, and
-    the KV quantization."""
-    handle = streaming(model)
-    manifest = handle.manifest
-    if hasattr(manifest, "model_identity"):
-        weights = manifest.model_identity
-    else:
-        shards = {
-            name: (size, (manifest.folder / name).stat().st_mtime_ns)
-            for name, size in manifest.file_bytes.items()
-        }
-        weights = json.dumps({"config": manifest.config, "shards": shards}, sort_keys=True)
-    kv = {k: options.get(k) for k in ("kv_bits", "kv_group_size", "quantized_kv_start")}
-    content = json.dumps({"weights": weights, "dtype": handle.dtype, "kv": kv}, sort_keys=True)
-    return hashlib.sha256(content.encode()).hexdigest()[:32]
 
 
 class DiskCache:
@@ -89,65 +75,75 @@ class DiskCache:
         self.short_of_disk = False  # the last file was not written for want of disk space
         self.entries: dict[Path, Entry] = {}
         remove_partials(folder)
+        headers = {}
         for path in sorted(folder_files(folder, f"{PREFIX}*{SUFFIX}")):
-            entry = self._entry(path)
-            if entry is not None:
-                self.entries[path] = entry
+            if (header := self._header(path)) is not None:
+                headers[path] = header
+        self.entries = chained(headers)
+        for path in sorted(headers.keys() - self.entries.keys()):
+            self._damaged(path, ValueError("the file it continues is gone or not its own"))
         if self.entries:
             log.info("%d prompt caches of this model on disk in %s", len(self.entries), folder)
 
     def fetch(self, tokens: list[int], longer_than: int) -> tuple[list, int] | None:
         """(the KV cache, how many of `tokens` it holds) from the file sharing the longest prefix
         with `tokens`, if longer than `longer_than`; None otherwise."""
-        best, length = None, longer_than
+        best, length, matches = None, longer_than, matched(self.entries, tokens)
         for entry in self.entries.values():
-            shared = _shared(entry.tokens, tokens)
-            if shared < len(entry.tokens) and not entry.trimmable:
+            common = matches[entry.path]
+            if common < entry.end and not entry.trimmable:
                 continue  # not a prefix, and mlx-lm cannot cut it back to one
-            if shared > length:
-                best, length = entry, shared
+            if common > length:
+                best, length = entry, common
         if best is None:
             return None
         cache = self._load(best)
         if cache is None:
             return None
-        if length < len(best.tokens):
-            trim_prompt_cache(cache, len(best.tokens) - length)
-        with contextlib.suppress(FileNotFoundError):  # removed since by a server sharing it
-            os.utime(best.path)  # recently used: evicted last
+        if length < best.end:
+            trim_prompt_cache(cache, best.end - length)
+        self._touch(best)
         return cache, length
 
     def save(self, tokens: list[int], cache: list) -> None:
-        """Write `cache` (of `tokens`) atomically, replacing any file of the same tokens, the
-        least recently used files removed first to make room; not where it would pass the bound
-        alone, or leave the disk short (disk_files.py)."""
-        held = self._holding(tuple(tokens))
+        """Write `cache` (of `tokens`) atomically, continuing the file that holds most of them
+        where that is worth it, the least recently used files removed first to make room; not
+        where it would pass the bound alone, or leave the disk short (disk_files.py)."""
+        matches = matched(self.entries, tokens)
+        held = self._holding(matches, len(tokens))
         if held is not None:  # the same answer again, or a turn asked again: not written again
-            with contextlib.suppress(FileNotFoundError):
-                os.utime(held.path)
+            self._touch(held)
             return
+        shape = layout(cache)
+        per_token = any(type(c) in PER_TOKEN for c in leaves(cache))  # else nothing to share
+        parent, start = continued(self.entries, matches, tokens, shape) if per_token else (None, 0)
+        part = segment(cache, start)
         key = hashlib.sha256(f"{self.identity}:{tokens}".encode()).hexdigest()[:24]
         partial = self.folder / f"{PARTIAL}{os.getpid()}-{key}{SUFFIX}"
         metadata = {
-            "streamer_model": self.identity,
-            "streamer_tokens": json.dumps(tokens),
+            IDENTITY: self.identity,
+            "streamer_tokens": json.dumps(tokens[start:]),
+            "streamer_start": str(start),
+            "streamer_parent": parent.path.name if parent else "",
+            "streamer_layout": shape,
             "streamer_trimmable": str(can_trim_prompt_cache(cache)),
         }
         try:
-            if not self._room_for(data_bytes(cache)):
+            if not self._room_for(data_bytes(part)):
                 return
             create_private(partial)  # mlx writes through a link, with the umask's mode
-            save_prompt_cache(str(partial), cache, metadata)
+            save_prompt_cache(str(partial), part, metadata)
             crc = crc32(partial)
             with open(partial, "rb") as f:
                 os.fsync(f.fileno())
             for old in [p for p in self.entries if p.name.startswith(f"{PREFIX}{key}-")]:
                 self._forget(old)
             size = partial.stat().st_size
-            if size > self.max_bytes:  # its header passed the bound: it would go first
-                partial.unlink()
+            if parent is not None:
+                self._touch(parent)  # its chain is in use: removed last
+            if size > self.max_bytes or not self._bound(room=size, keep=parent):
+                partial.unlink()  # over the bound alone, or its chain had to go
                 return
-            self._bound(room=size)
             path = self.folder / f"{PREFIX}{key}-{crc:08x}{SUFFIX}"
             os.replace(partial, path)
             fsync_dir(self.folder)
@@ -156,52 +152,62 @@ class DiskCache:
             why = e.strerror if isinstance(e, OSError) and e.strerror else one_line(e)
             log.warning("prompt cache not written to %s: %s", self.folder, why)
             return
-        entry = Entry(path, tuple(tokens), metadata["streamer_trimmable"] == "True")
-        self.entries[path] = entry
-        # a file of a prefix is this one cut back: gone, as mlx-lm's LRUPromptCache drops them
-        # (a long chat kept every turn's file, and pushed the other caches out)
-        if entry.trimmable:
-            for shorter in [e for e in self.entries.values() if _prefix(e.tokens, entry.tokens)]:
-                self._forget(shorter.path)
+        trimmable = metadata["streamer_trimmable"] == "True"
+        own = tuple(tokens[start:])
+        self.entries[path] = Entry(path, own, trimmable, start, parent and parent.path, shape)
+        for shorter in unused_prefixes(self.entries, matches, len(tokens)) if trimmable else []:
+            self._forget(shorter)  # the new file cuts back to it, as mlx-lm drops them from memory
 
-    def _holding(self, tokens: tuple[int, ...]) -> Entry | None:
-        """A file that holds `tokens`' cache: theirs, or one that cuts back to it."""
+    def _holding(self, matches: dict[Path, int], length: int) -> Entry | None:
+        """A file that holds the cache of the `length` tokens `matches` was made for: theirs, or
+        one that cuts back to them."""
         for entry in self.entries.values():
-            if entry.tokens == tokens or (entry.trimmable and _prefix(tokens, entry.tokens)):
+            if matches[entry.path] == length and (entry.end == length or entry.trimmable):
                 return entry
         return None
 
-    def _entry(self, path: Path) -> Entry | None:
-        """The file's entry from its header alone; None for another model's file, or (removed
-        with a log line) a damaged one."""
+    def _touch(self, entry: Entry) -> None:
+        """Mark `entry`'s files recently used: evicted last."""
+        for link in chain_of(self.entries, entry):
+            with contextlib.suppress(FileNotFoundError):  # removed since by a server sharing it
+                os.utime(link.path)
+
+    def _header(self, path: Path) -> Entry | None:
+        """The file's entry from its header alone, with its own tokens; None for another model's
+        file, or (removed with a log line) a damaged one."""
         try:
-            metadata = metadata_of(path)
-            if metadata.get("0.streamer_model") != self.identity:
-                return None
-            tokens = json.loads(metadata["0.streamer_tokens"])
-            if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
-                raise ValueError("its tokens are not a list of ids")
-            return Entry(path, tuple(tokens), metadata.get("0.streamer_trimmable") == "True")
+            return header_entry(path, self.identity)
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             self._damaged(path, e)
             return None
 
     def _load(self, entry: Entry) -> list | None:
+        """`entry`'s cache, its chain's files joined; None where one is gone or damaged."""
+        chain = chain_of(self.entries, entry)
+        parts = []
+        for link, end in zip(chain, [c.start for c in chain[1:]] + [entry.end]):
+            cache = self._read(link)
+            if cache is None:
+                return None
+            parts.append((cache, end - link.start))
+        return joined(parts)
+
+    def _read(self, entry: Entry) -> list | None:
+        """The cache `entry`'s own file holds, checked against its name and header."""
         try:
-            want = int(entry.path.name.removesuffix(SUFFIX).rsplit("-", 1)[1], 16)
-            if crc32(entry.path) != want:
+            if crc32(entry.path) != named_crc(entry.path):
                 raise ValueError("its crc32 does not match its name (the file changed)")
             cache, metadata = load_prompt_cache(str(entry.path), return_metadata=True)
-            if metadata.get("streamer_model") != self.identity or json.loads(
-                metadata.get("streamer_tokens", "null")
-            ) != list(entry.tokens):
+            said = identity_of(metadata), json.loads(metadata.get("streamer_tokens", "null"))
+            if said != (self.identity, list(entry.own)):
                 raise ValueError("its metadata changed since it was listed")
-            offsets = {c.offset for c in cache if hasattr(c, "offset")}
-            if offsets and offsets != {len(entry.tokens)}:
-                raise ValueError(f"it holds {sorted(offsets)} tokens, not {len(entry.tokens)}")
+            if entry.layout is not None and layout(cache) != entry.layout:
+                raise ValueError(f"it holds caches {layout(cache)}, not {entry.layout}")
+            if not held_tokens(cache, len(entry.own), entry.end):
+                raise ValueError(f"it does not hold its {len(entry.own)} tokens")
             return cache
         except FileNotFoundError:  # another server sharing the folder removed it
-            self.entries.pop(entry.path, None)
+            self._forget(entry.path)
         except Exception as e:  # whatever a damaged file makes mlx or mlx-lm raise
             self._damaged(entry.path, e)
         return None
@@ -210,9 +216,15 @@ class DiskCache:
         log.warning("ignoring damaged prompt cache %s (%s); removed", path, one_line(error))
         self._forget(path)
 
-    def _forget(self, path: Path) -> None:
-        self.entries.pop(path, None)
-        path.unlink(missing_ok=True)
+    def _forget(self, path: Path) -> list[Path]:
+        """Remove the file at `path` and every file continuing it (of no use without it)."""
+        gone = [path]
+        for at in gone:  # grows as it goes: a chain's files, each once
+            gone += [e.path for e in self.entries.values() if e.parent == at]
+        for at in gone:
+            self.entries.pop(at, None)
+            at.unlink(missing_ok=True)
+        return gone
 
     def _room_for(self, size: int) -> bool:
         """Whether a file of `size` bytes may be written: within the bound, and on a disk that
@@ -229,32 +241,16 @@ class DiskCache:
         self.short_of_disk = not room
         return room
 
-    def _bound(self, room: int) -> None:
+    def _bound(self, room: int, keep: Entry | None) -> bool:
         """Remove the least recently used files (every model's) until the folder holds `room`
-        bytes more within its bound."""
-        files = []
-        for path in folder_files(self.folder, f"{PREFIX}*{SUFFIX}"):
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                continue
-            files.append((st.st_mtime_ns, st.st_size, path))
-        total = sum(size for _, size, _ in files) + room
-        for _, size, path in sorted(files):
+        bytes more within its bound; whether `keep`'s file (the one a new file continues) is
+        still there."""
+        sizes = cache_files(self.folder)
+        total = sum(size for _, size in sizes.values()) + room
+        for path in sorted(sizes, key=sizes.get):
             if total <= self.max_bytes:
                 break
-            self._forget(path)
-            total -= size
-
-
-def _prefix(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    """Whether `a` is a shorter start of `b`."""
-    return len(a) < len(b) and b[: len(a)] == a
-
-
-def _shared(a: tuple[int, ...], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+            if path in sizes:
+                for gone in self._forget(path):
+                    total -= sizes.pop(gone, (0, 0))[1]
+        return keep is None or keep.path in self.entries

@@ -5,6 +5,7 @@ and other programs need it too)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -102,6 +103,11 @@ def metadata_of(path: Path) -> dict:
     return header["__metadata__"]
 
 
+def named_crc(path: Path) -> int:
+    """The crc32 a cache file's name gives (prompt-KEY-CRC.safetensors); ValueError if none."""
+    return int(path.name.removesuffix(SUFFIX).rsplit("-", 1)[1], 16)
+
+
 def crc32(path: Path) -> int:
     crc = 0
     with open(path, "rb") as f:
@@ -116,6 +122,16 @@ def remove_partials(folder: Path) -> None:
         pid = path.name.removeprefix(PARTIAL).split("-", 1)[0]
         if pid.isascii() and pid.isdigit() and _gone(int(pid)):  # "²" is a digit to isdigit
             path.unlink(missing_ok=True)
+
+
+def cache_files(folder: Path) -> dict[Path, tuple[int, int]]:
+    """Each cache file of `folder` (every model's): (its mtime_ns, its size)."""
+    found = {}
+    for path in folder_files(folder, f"{PREFIX}*{SUFFIX}"):
+        with contextlib.suppress(FileNotFoundError):  # removed since by a server sharing it
+            st = path.stat()
+            found[path] = (st.st_mtime_ns, st.st_size)
+    return found
 
 
 def folder_files(folder: Path, pattern: str) -> list[Path]:
