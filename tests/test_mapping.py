@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -20,6 +21,18 @@ from streamer.io.expert_files import ExpertFiles
 from streamer.io.expert_layout import ByteRange, LayerLayout, Strided, TensorPlacement
 from streamer.io.mapping import OS_PAGE, MappedFile
 from streamer.run_stats import settled
+
+
+def mapped_kib(path) -> int:
+    """KiB of `path`'s pages this process has mapped (/proc/self/smaps)."""
+    total, ours = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        field = line.split(maxsplit=1)[0]
+        if not field.endswith(":"):  # a mapping's first line: its range, ..., its file
+            ours = line.endswith(str(path))
+        elif ours and field == "Rss:":
+            total += int(line.split()[1])
+    return total
 
 
 def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):
@@ -39,6 +52,8 @@ def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):
         mapped.close()
     finally:
         os.close(fd)
+    if os.path.exists("/proc/self/smaps"):  # closing gave the pages back; the buffer lives on
+        assert mapped_kib(path) == 0
     # an array computed from the buffer after its owner closed reads the file's bytes, not zeros
     assert view[:256].tolist() == list(range(256))
     del view, array, mapped

@@ -96,6 +96,11 @@ class MappedFile:
         return populate(self.address, offset, length)
 
     def close(self) -> None:
+        if self._map is None and self.array is not None:
+            # the pages leave this process now, not when MLX frees the buffer (a lazy array may
+            # hold it, and a small one lies in the heap, mapped until the heap reuses it); what
+            # reads them after this faults them in from the file again
+            self.advise(mmap.MADV_DONTNEED, 0, self.size)
         self.host = self.array = None
         if self._map is not None:
             try:
