@@ -25,13 +25,12 @@ from mlx_lm.models.cache import (
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..arguments import tokens_text
-from ..errors import StreamerError
 from ..generate import stream_generate
 from ..kv_quantization import check_kv_cache_quantizes
 from ..run_stats import settled
 from .api import Completion, Sampling
 from .disk_cache import DiskCache
-from .fields import ApiError
+from .fields import ApiError, server_failure
 from .jobs import Done, Job, Step
 from .logprobs import token_logprobs
 from .output import Output
@@ -137,9 +136,8 @@ class Engine:
                 self._generate(job, stream)
             except ApiError as e:
                 job.events.put(e)
-            except Exception as e:  # the server keeps serving; the request learns why it failed
-                log.error("generation failed: %s", e, exc_info=not isinstance(e, StreamerError))
-                job.events.put(ApiError(500, f"generation failed: {e}"))
+            except Exception as e:  # the server keeps serving; the request learns that it failed
+                job.events.put(server_failure("generation failed", e))
 
     def _generate(self, job: Job, stream) -> None:
         if job.forget:

@@ -7,9 +7,15 @@ each field is read with `checked`, which checks its type and range and names it 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import uuid
 from http import HTTPStatus
 from typing import Any
+
+from ..errors import StreamerError, one_line
+
+log = logging.getLogger("streamer.server")
 
 MAX_BODY_BYTES = 32 << 20
 MAX_INT = (1 << 31) - 1  # counts (tokens, top_k): what MLX's int32 indices can hold
@@ -31,6 +37,15 @@ class ApiError(Exception):
         return {
             "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
         }
+
+
+def server_failure(summary: str, error: Exception) -> ApiError:
+    """A 500 for what failed on the server's side: the answer says `summary` and a reference, the
+    log has the detail under it (an OSError's message names the server's files)."""
+    reference = uuid.uuid4().hex[:8]
+    trace = None if isinstance(error, StreamerError) else error  # streamer's own say it in a line
+    log.error("%s [reference %s]: %s", summary, reference, one_line(error), exc_info=trace)
+    return ApiError(500, f"{summary}: the server's log has the detail, reference {reference}")
 
 
 def http_refusal(handler, code: int, message: str | None = None, explain: str | None = None):

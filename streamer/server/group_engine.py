@@ -32,6 +32,7 @@ import numpy as np
 
 from .api import ApiError, Completion, Sampling
 from .engine import Engine
+from .fields import server_failure
 from .jobs import Job
 
 log = logging.getLogger("streamer.server")
@@ -159,8 +160,8 @@ class GroupEngine(Engine):
             "are out of step, so every rank stops"
         )
         print(f"streamer: error: {message}", file=sys.stderr, flush=True)
-        if job is not None and self.rank == 0:
-            job.events.put(ApiError(500, message))
+        if job is not None and self.rank == 0:  # the client gets no file names, the log has them
+            job.events.put(server_failure(f"rank {self.rank}: generation failed", error))
             deadline = time.monotonic() + 2  # time for its handler to answer the client
             while not job.events.empty() and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import socket
 import time
 from http.server import ThreadingHTTPServer
@@ -20,14 +19,13 @@ from .api import Completion, Sampling, parse_completion
 from .auth import check_key
 from .connection import ClientGone, ConnectionCap, QuietHandler, client_gone
 from .engine import Engine, fit
-from .fields import ApiError, http_refusal, parse_body
+from .fields import ApiError, http_refusal, parse_body, server_failure
 from .jobs import Done, Job, Step
 from .output import Piece
 from .prompts import prompt_tokens
 from .request_body import declares_body, read_body
 from .responses import Answer, stats_json
 
-log = logging.getLogger("streamer.server")
 POLL_SECONDS = 0.25  # how often a waiting handler checks that its client is still there
 SOCKET_SECONDS = 120  # a client that sends or takes nothing for this long is dropped
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
@@ -159,8 +157,7 @@ class Handler(QuietHandler):
             self._error(e)
             return
         except Exception as e:  # a bug: the client still gets an answer, the log the traceback
-            log.exception("request failed")
-            self._error(ApiError(500, f"the server failed on this request: {e}"))
+            self._error(server_failure("the server failed on this request", e))
             return
         try:  # a client that goes away raises GONE, which ends the request quietly
             (self._stream if request.stream else self._whole)(job)
