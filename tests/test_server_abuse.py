@@ -7,13 +7,17 @@ that a test can shorten its deadlines; what needs the model uses the session's l
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
+import select
+import socket
 import threading
+import time
 from urllib.parse import urlsplit
 
 import pytest
-from serving import request
+from serving import connection, request
 
 from streamer.server.api import Completion, Sampling
 from streamer.server.engine import Engine
@@ -35,10 +39,14 @@ class NoEngine:
 
 
 @contextlib.contextmanager
-def in_process(app: App, handler: type[Handler] = Handler):
-    """A `streamer serve` HTTP server over `app` on a free port; yields its base url."""
+def in_process(app: App, handler: type[Handler] = Handler, most_connections: int | None = None):
+    """A `streamer serve` HTTP server over `app` on a free port (taking `most_connections` at once
+    where given); yields its base url."""
     httpd = Server(("127.0.0.1", 0), handler)
     httpd.app = app
+    if most_connections is not None:
+        httpd.most_connections = most_connections
+        httpd.slots = threading.BoundedSemaphore(most_connections)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -99,3 +107,75 @@ def test_a_failure_in_generation_names_no_path_but_a_reference_in_the_log(caplog
 @pytest.fixture
 def app() -> App:
     return App(NoEngine(), "m", Sampling(), 8, 1024)
+
+
+class Quick(Handler):
+    """Deadlines of half a second: a test waits that long, not serve's 30 s."""
+
+    head_seconds = body_seconds = 0.5
+
+
+def _trickle(sock: socket.socket, head: bytes, byte: bytes) -> bytes:
+    """What the server answers a client that sends `head`, then `byte` every 0.1 s (for 10 s at
+    most) until the server answers."""
+    sock.sendall(head)
+    for _ in range(100):
+        if select.select([sock], [], [], 0.1)[0]:
+            break
+        sock.sendall(byte)
+    return sock.makefile("rb").read()
+
+
+@pytest.mark.parametrize(
+    "head, byte, words",
+    [
+        (b"GET /v1/models HTTP/1.1\r\nX-Slow: ", b"y", "headers did not arrive within 0.5 s"),
+        (
+            b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100000\r\n\r\n",
+            b" ",
+            "body stalled for 0.5 s or came slower than 16 KiB/s",
+        ),
+    ],
+    ids=["head", "body"],
+)
+def test_a_request_sent_a_byte_at_a_time_is_answered_408(app, head, byte, words):
+    """A byte every 0.1 s restarted the socket's 120 s timeout each time: the connection (and its
+    slot under the cap) was held for as long as the client kept it up."""
+    with in_process(app, Quick) as url, socket.create_connection(address(url), timeout=5) as s:
+        answer = _trickle(s, head, byte)
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 408 Request Timeout", answer
+    assert words in json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["message"]
+
+
+def test_slow_and_idle_connections_free_their_slots(app):
+    """Connections that sent half a head, or nothing, filled the cap until the socket's timeout
+    (120 s): every other client was answered 503 meanwhile."""
+    with in_process(app, Quick, most_connections=2) as url, contextlib.ExitStack() as held:
+        idle = held.enter_context(socket.create_connection(address(url), timeout=5))
+        slow = held.enter_context(socket.create_connection(address(url), timeout=5))
+        slow.sendall(b"GET /v1/models HTTP/1.1\r\n")
+        assert request(url, "GET", "/health")[0] == 503
+        assert slow.makefile("rb").read().startswith(b"HTTP/1.1 408")
+        assert idle.recv(100) == b""  # closed unanswered: no request of its client is pending
+        for _ in range(100):  # a slot is free once the server's thread has closed it
+            if request(url, "GET", "/health")[0] == 200:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the slots stayed taken")
+
+
+def test_a_kept_alive_connection_serves_requests_within_the_deadline(app):
+    """The deadline of a head restarts at each answer: a client that pauses between requests (less
+    than the deadline) keeps its connection."""
+    with in_process(app, Quick) as url:
+        http, sockets = connection(url, timeout=5), []
+        for _ in range(3):
+            http.request("GET", "/v1/models")
+            sockets.append(http.sock)
+            response = http.getresponse()
+            assert response.status == 200 and response.read()
+            time.sleep(0.3)  # each pause under the half second, together over it
+        http.close()
+    assert sockets[0] is sockets[1] is sockets[2]

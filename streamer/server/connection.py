@@ -8,13 +8,14 @@ cut off by a reset). The request line and headers a client sends reach the log w
 characters escaped: `GET /\\x1b[2J` cleared the terminal serve logs to.
 
 Connections are capped (`ConnectionCap`) at half the open-file limit: each holds a thread and a
-descriptor until its client sends a request or the socket's timeout passes, so a client that opened
-thousands and sent nothing had accept() fail at the limit, which the serving loop retried at once
-(a core busy, /health unanswered); the model's files need descriptors too.
+descriptor until its client is done or its request's deadline passes (deadlines.py), so a client
+that opened thousands and sent nothing had accept() fail at the limit, which the serving loop
+retried at once (a core busy, /health unanswered); the model's files need descriptors too.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import resource
@@ -23,6 +24,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler
 
+from .deadlines import BODY_SECONDS, HEAD_SECONDS, Deadlines
 from .fields import ApiError
 
 log = logging.getLogger("streamer.server")
@@ -39,7 +41,32 @@ GONE = (ClientGone, BrokenPipeError, ConnectionResetError, TimeoutError)
 
 
 class QuietHandler(BaseHTTPRequestHandler):
-    """http.server's handler, for clients that may leave at any point and send any bytes."""
+    """http.server's handler, for clients that may leave at any point, send any bytes, or send
+    them slowly (deadlines.py)."""
+
+    head_seconds, body_seconds = HEAD_SECONDS, BODY_SECONDS
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own file: requests are read against deadlines instead
+        self.deadlines = Deadlines(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self.deadlines)
+
+    def handle_one_request(self) -> None:
+        self.deadlines.expect_head(self.head_seconds)
+        self.command, self.request_version, self.requestline = "", "HTTP/1.1", ""
+        try:
+            super().handle_one_request()
+        except ApiError as e:  # a head too slow or too large
+            self.close_connection = True
+            if self.deadlines.received:  # one that sent nothing of a request is closed unanswered
+                self.send_error(e.status, e.message)
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # the head is read (and 100 Continue sent if asked)
+        if parsed:
+            self.deadlines.expect_body(self.body_seconds)
+        return parsed
 
     def handle(self) -> None:
         try:

@@ -27,7 +27,7 @@ from .request_body import declares_body, read_body
 from .responses import Answer, stats_json
 
 POLL_SECONDS = 0.25  # how often a waiting handler checks that its client is still there
-SOCKET_SECONDS = 120  # a client that sends or takes nothing for this long is dropped
+SOCKET_SECONDS = 120  # a client that takes none of its answer for this long is dropped
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 TEXT_PATHS = ("/v1/completions", "/completions")
 # without /v1 too, as the completions: a client whose base URL lacks it chatted, but its check
@@ -61,7 +61,7 @@ class App:
 
 class Handler(QuietHandler):
     server: Server
-    timeout = SOCKET_SECONDS  # a body promised and never sent ends here, as an idle connection
+    timeout = SOCKET_SECONDS  # for writes: a request's reads have deadlines (deadlines.py)
     # HTTP/1.1: a connection serves request after request, and `Expect: 100-continue` is
     # answered (curl sends it for a body over 1 KiB, then waited a second for the answer)
     protocol_version = "HTTP/1.1"
