@@ -20,6 +20,7 @@ import pytest
 from serving import connection, request
 
 from streamer.server.api import Completion, Sampling
+from streamer.server.connection import HeldBytes
 from streamer.server.engine import Engine
 from streamer.server.fields import ApiError
 from streamer.server.http import App, Handler, Server
@@ -39,14 +40,21 @@ class NoEngine:
 
 
 @contextlib.contextmanager
-def in_process(app: App, handler: type[Handler] = Handler, most_connections: int | None = None):
-    """A `streamer serve` HTTP server over `app` on a free port (taking `most_connections` at once
-    where given); yields its base url."""
+def in_process(
+    app: App,
+    handler: type[Handler] = Handler,
+    most_connections: int | None = None,
+    most_body_bytes: int | None = None,
+):
+    """A `streamer serve` HTTP server over `app` on a free port (taking `most_connections` at once,
+    holding `most_body_bytes` of bodies at once, where given); yields its base url."""
     httpd = Server(("127.0.0.1", 0), handler)
     httpd.app = app
     if most_connections is not None:
         httpd.most_connections = most_connections
         httpd.slots = threading.BoundedSemaphore(most_connections)
+    if most_body_bytes is not None:
+        httpd.held_bodies = HeldBytes(most_body_bytes)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -179,3 +187,18 @@ def test_a_kept_alive_connection_serves_requests_within_the_deadline(app):
             time.sleep(0.3)  # each pause under the half second, together over it
         http.close()
     assert sockets[0] is sockets[1] is sockets[2]
+
+
+def test_the_bodies_held_at_once_are_bounded(app):
+    """Every connection could hold a 32 MB body, however many were open: 1,024 of them 32 GB."""
+    two = json.dumps({"prompt": "x" * 300, "n": 2}).encode()  # read whole, then refused: a 400
+    with in_process(app, most_body_bytes=1000) as url:
+        with socket.create_connection(address(url), timeout=5) as first:
+            first.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 800\r\n\r\n{")
+            status, body = request(url, "POST", "/v1/completions", two)
+            assert status == 503 and "retry later" in body["error"]["message"], body
+        for _ in range(100):  # the first body's bytes are given back once its request ends
+            if (status := request(url, "POST", "/v1/completions", two)[0]) != 503:
+                break
+            time.sleep(0.05)
+        assert status == 400

@@ -36,6 +36,12 @@ class ClientGone(Exception):
     """The client closed its side of the connection while its answer was being made."""
 
 
+# Bytes of request bodies held at once, across connections: each may be 32 MB (MAX_BODY_BYTES) and
+# its parsed JSON takes a few times that, so the cap's hundreds of connections sending one each
+# could take tens of GB. 256 MB is 8 of the largest at once, or thousands of a chat's usual size.
+MAX_HELD_BODY_BYTES = 256 << 20
+
+
 # What reading from or writing to a client that went away (or stopped reading) raises.
 GONE = (ClientGone, BrokenPipeError, ConnectionResetError, TimeoutError)
 
@@ -55,12 +61,21 @@ class QuietHandler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         self.deadlines.expect_head(self.head_seconds)
         self.command, self.request_version, self.requestline = "", "HTTP/1.1", ""
+        self.body_bytes = 0
         try:
             super().handle_one_request()
         except ApiError as e:  # a head too slow or too large
             self.close_connection = True
             if self.deadlines.received:  # one that sent nothing of a request is closed unanswered
                 self.send_error(e.status, e.message)
+        finally:
+            self.server.held_bodies.give_back(self.body_bytes)
+
+    def take_body_bytes(self, size: int) -> None:
+        """`size` more bytes of the request's body, counted against the server's bound on those
+        held at once (ApiError 503 past it) until the request is answered."""
+        self.server.held_bodies.take(size)
+        self.body_bytes += size
 
     def parse_request(self) -> bool:
         parsed = super().parse_request()  # the head is read (and 100 Continue sent if asked)
@@ -95,6 +110,7 @@ class ConnectionCap:
         super().__init__(*args, **kwargs)
         self.most_connections = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
         self.slots = threading.BoundedSemaphore(self.most_connections)
+        self.held_bodies = HeldBytes(MAX_HELD_BODY_BYTES)
 
     def process_request(self, request: socket.socket, client_address) -> None:
         if not self.slots.acquire(blocking=False):
@@ -125,3 +141,24 @@ class ConnectionCap:
         except OSError:
             pass  # the client is gone already
         self.shutdown_request(request)
+
+
+class HeldBytes:
+    """The bytes of request bodies held at once, bounded."""
+
+    def __init__(self, most: int):
+        self.most, self.held, self.lock = most, 0, threading.Lock()
+
+    def take(self, size: int) -> None:
+        with self.lock:
+            if self.held + size > self.most:
+                raise ApiError(
+                    503,
+                    f"the server holds its most bytes of request bodies at once "
+                    f"({self.most >> 20} MB) in requests not yet answered: retry later",
+                )
+            self.held += size
+
+    def give_back(self, size: int) -> None:
+        with self.lock:
+            self.held -= size

@@ -150,7 +150,7 @@ class Handler(QuietHandler):
             if not chat and self.route not in TEXT_PATHS:
                 raise ApiError(404, f"no such endpoint: POST {self.route}")
             app = self.server.app
-            body = parse_body(read_body(self.headers, self.rfile))
+            body = parse_body(read_body(self.headers, self.rfile, self.take_body_bytes))
             request = parse_completion(body, chat=chat, model=app.model_id, defaults=app.defaults)
             job = app.engine.submit(app.job(request))
         except ApiError as e:

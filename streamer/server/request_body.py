@@ -10,6 +10,7 @@ a body the other reads as the next request.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from email.message import Message
 from typing import BinaryIO
 
@@ -20,7 +21,8 @@ _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,8})[ \t]*(;[^\r\n]*)?\r?\n")  # then 
 _LINE = 1024  # the longest chunk-size or trailer line read
 
 
-def read_body(headers: Message, rfile: BinaryIO) -> bytes:
+def read_body(headers: Message, rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
+    """The body; `take(size)` is called before each `size` bytes of it are read (it may refuse)."""
     coding = headers.get("Transfer-Encoding")
     lengths = sorted(set(headers.get_all("Content-Length") or ()))
     if coding is not None and lengths:
@@ -28,7 +30,7 @@ def read_body(headers: Message, rfile: BinaryIO) -> bytes:
     if coding is not None:
         if coding.strip().lower() != "chunked":
             raise ApiError(501, f"Transfer-Encoding {coding!r} is not supported: send chunked")
-        return _chunks(rfile)
+        return _chunks(rfile, take)
     if len(lengths) > 1:
         raise ApiError(400, f"the Content-Length headers disagree ({', '.join(lengths)})")
     if not lengths:
@@ -38,6 +40,7 @@ def read_body(headers: Message, rfile: BinaryIO) -> bytes:
         raise ApiError(400, f"Content-Length {length!r} is not a number of bytes")
     if int(length) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
+    take(int(length))
     body = _read(rfile, int(length))
     if len(body) < int(length):  # the client closed, or sent nothing for the socket's timeout
         raise ApiError(400, f"the request body did not arrive in full ({length} bytes)")
@@ -50,7 +53,7 @@ def declares_body(headers: Message) -> bool:
     return headers.get("Transfer-Encoding") is not None or (length or "0").strip() != "0"
 
 
-def _chunks(rfile: BinaryIO) -> bytes:
+def _chunks(rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
     body = bytearray()
     while True:
         line = _readline(rfile)
@@ -64,6 +67,7 @@ def _chunks(rfile: BinaryIO) -> bytes:
             break
         if len(body) + size > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
+        take(size)
         chunk = _read(rfile, size)
         if len(chunk) < size or _readline(rfile) not in (b"\r\n", b"\n"):
             raise ApiError(400, "the chunked request body did not arrive in full")
