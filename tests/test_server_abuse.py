@@ -55,7 +55,7 @@ def in_process(
         httpd.slots = threading.BoundedSemaphore(most_connections)
     if most_body_bytes is not None:
         httpd.held_bodies = HeldBytes(most_body_bytes)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{httpd.server_port}/v1"
@@ -202,3 +202,12 @@ def test_the_bodies_held_at_once_are_bounded(app):
                 break
             time.sleep(0.05)
         assert status == 400
+
+
+def test_a_head_over_128_kib_is_refused(app):
+    """http.server takes 100 header lines of 64 KiB each: 6.5 MB a connection held in memory."""
+    line = b"X-Big: " + b"a" * 60000 + b"\r\n"  # each line under http.server's own bound
+    with in_process(app) as url, socket.create_connection(address(url), timeout=5) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\n" + line * 3 + b"\r\n")
+        answer = s.makefile("rb").read()
+    assert answer.startswith(b"HTTP/1.1 431") and b"headers are over 128 KiB" in answer, answer
