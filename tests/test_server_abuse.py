@@ -211,3 +211,21 @@ def test_a_head_over_128_kib_is_refused(app):
         s.sendall(b"GET /v1/models HTTP/1.1\r\n" + line * 3 + b"\r\n")
         answer = s.makefile("rb").read()
     assert answer.startswith(b"HTTP/1.1 431") and b"headers are over 128 KiB" in answer, answer
+
+
+@pytest.mark.parametrize(
+    "path, fields",
+    [
+        ("/v1/completions", {"prompt": "word " * 20000}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 20000}]}),
+    ],
+    ids=["text", "chat"],
+)
+def test_a_prompt_far_past_the_context_is_refused_before_it_is_tokenized(server, path, fields):
+    """A 30 MB prompt was tokenized before the context refused it: 30 s here, every other
+    request's tokenization waiting on the tokenizer's lock meanwhile."""
+    body = json.dumps({**fields, "max_tokens": 1}).encode()
+    status, answer = request(server[0], "POST", path, body)
+    error = answer["error"]
+    assert status == 400 and error["code"] == "context_length_exceeded", answer
+    assert "over the 32,768 the model's context of 1024 tokens can hold" in error["message"]

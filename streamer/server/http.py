@@ -22,7 +22,7 @@ from .engine import Engine, fit
 from .fields import ApiError, http_refusal, parse_body, server_failure
 from .jobs import Done, Job, Step
 from .output import Piece
-from .prompts import prompt_tokens
+from .prompts import check_prompt_size, prompt_tokens
 from .request_body import declares_body, read_body
 from .responses import Answer, stats_json
 
@@ -52,6 +52,7 @@ class App:
         self.started = int(time.time())  # the served model's `created`
 
     def job(self, request: Completion) -> Job:
+        check_prompt_size(request, self.context)  # before the tokenizer is taken
         with self.engine.tokenizer_lock:
             prompt = prompt_tokens(request, self.engine.tokenizer)
         fields = (request.prompt_field, request.max_tokens_field)

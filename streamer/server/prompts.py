@@ -4,13 +4,40 @@ it (tools passed to the template; no template: mlx-lm's plain role prefixes)."""
 from __future__ import annotations
 
 import copy
+import json
 
 from mlx_lm.server import convert_chat, process_message_content
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..arguments import vocabulary
+from ..arguments import tokens_text, vocabulary
 from .api import Completion
 from .fields import ApiError
+
+# More bytes of text a token than any prompt averages (English takes about 4, code 3 to 4, Chinese
+# about 3): a prompt over its context's worth of them is refused before it is tokenized. The
+# tokenizer is shared (one lock): a 30 MB prompt held every other request's tokenization 30 s.
+MAX_BYTES_PER_TOKEN = 32
+
+
+def check_prompt_size(request: Completion, context: int | None) -> None:
+    """ApiError 400 when the prompt's text is too long for the model's context to hold."""
+    if context is None or (request.text is None and not request.chat):  # token ids: counted
+        return
+    most = context * MAX_BYTES_PER_TOKEN
+    if request.chat:  # the text of everything the template renders, as JSON (about its size)
+        rendered = [request.messages, request.tools, request.template_kwargs]
+        text = json.dumps(rendered, ensure_ascii=False)
+    else:
+        text = request.text
+    if (size := len(text.encode())) > most:
+        raise ApiError(
+            400,
+            f"the prompt is {size:,} bytes of text, over the {most:,} the model's context of "
+            f"{tokens_text(context)} can hold (at {MAX_BYTES_PER_TOKEN} bytes a token at most): "
+            "shorten it",
+            param=request.prompt_field,
+            code="context_length_exceeded",
+        )
 
 
 def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]:
