@@ -20,10 +20,11 @@ import pytest
 from serving import connection, request
 
 from streamer.server.api import Completion, Sampling
+from streamer.server.app import App
 from streamer.server.connection import HeldBytes
 from streamer.server.engine import Engine
 from streamer.server.fields import ApiError
-from streamer.server.http import App, Handler, Server
+from streamer.server.http import Handler, Server
 from streamer.server.jobs import Job
 
 SECRET = "/srv/models/private-model/shard-00001.safetensors"  # a path the client must not see
@@ -44,17 +45,17 @@ def in_process(
     app: App,
     handler: type[Handler] = Handler,
     most_connections: int | None = None,
-    most_body_bytes: int | None = None,
+    held_bodies: HeldBytes | None = None,
 ):
     """A `streamer serve` HTTP server over `app` on a free port (taking `most_connections` at once,
-    holding `most_body_bytes` of bodies at once, where given); yields its base url."""
+    counting the bytes of bodies it holds in `held_bodies`, where given); yields its base url."""
     httpd = Server(("127.0.0.1", 0), handler)
     httpd.app = app
     if most_connections is not None:
         httpd.most_connections = most_connections
         httpd.slots = threading.BoundedSemaphore(most_connections)
-    if most_body_bytes is not None:
-        httpd.held_bodies = HeldBytes(most_body_bytes)
+    if held_bodies is not None:
+        httpd.held_bodies = held_bodies
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -174,17 +175,21 @@ def test_slow_and_idle_connections_free_their_slots(app):
             raise AssertionError("the slots stayed taken")
 
 
+class Second(Handler):
+    head_seconds = body_seconds = 1
+
+
 def test_a_kept_alive_connection_serves_requests_within_the_deadline(app):
     """The deadline of a head restarts at each answer: a client that pauses between requests (less
     than the deadline) keeps its connection."""
-    with in_process(app, Quick) as url:
+    with in_process(app, Second) as url:
         http, sockets = connection(url, timeout=5), []
         for _ in range(3):
             http.request("GET", "/v1/models")
             sockets.append(http.sock)
             response = http.getresponse()
             assert response.status == 200 and response.read()
-            time.sleep(0.3)  # each pause under the half second, together over it
+            time.sleep(0.4)  # each pause under the second, together over it
         http.close()
     assert sockets[0] is sockets[1] is sockets[2]
 
@@ -192,9 +197,14 @@ def test_a_kept_alive_connection_serves_requests_within_the_deadline(app):
 def test_the_bodies_held_at_once_are_bounded(app):
     """Every connection could hold a 32 MB body, however many were open: 1,024 of them 32 GB."""
     two = json.dumps({"prompt": "x" * 300, "n": 2}).encode()  # read whole, then refused: a 400
-    with in_process(app, most_body_bytes=1000) as url:
+    held = HeldBytes(1000)
+    with in_process(app, held_bodies=held) as url:
         with socket.create_connection(address(url), timeout=5) as first:
             first.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 800\r\n\r\n{")
+            for _ in range(100):  # until the server has read its head
+                if held.held:
+                    break
+                time.sleep(0.01)
             status, body = request(url, "POST", "/v1/completions", two)
             assert status == 503 and "retry later" in body["error"]["message"], body
         for _ in range(100):  # the first body's bytes are given back once its request ends
