@@ -239,3 +239,21 @@ def test_a_prompt_far_past_the_context_is_refused_before_it_is_tokenized(server,
     error = answer["error"]
     assert status == 400 and error["code"] == "context_length_exceeded", answer
     assert "over the 32,768 the model's context of 1024 tokens can hold" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "head, status",
+    [
+        (b"Content-Length: 100\r\n", b"401"),  # no key
+        (b"Authorization: Bearer k\r\nContent-Length: 40000000\r\n", b"413"),
+        (b"Authorization: Bearer k\r\nContent-Length: 100\r\n", b"100"),
+    ],
+    ids=["no-key", "too-large", "sent"],
+)
+def test_a_request_its_head_refuses_is_answered_before_its_body_is_asked_for(head, status):
+    """The server said `100 Continue`, then refused the request: curl sent its body into a
+    connection closed under it, and said 'broken pipe', not why."""
+    app = App(NoEngine(), "m", Sampling(), 8, 1024, api_key="k")
+    with in_process(app) as url, socket.create_connection(address(url), timeout=5) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\n" + head + b"\r\n")
+        assert s.makefile("rb").readline().split()[1] == status

@@ -22,7 +22,7 @@ from .connection import ClientGone, ConnectionCap, QuietHandler, client_gone
 from .fields import ApiError, http_refusal, parse_body, server_failure
 from .jobs import Done, Job, Step
 from .output import Piece
-from .request_body import declares_body, read_body
+from .request_body import declares_body, framing, read_body
 from .responses import Answer, stats_json
 
 POLL_SECONDS = 0.25  # how often a waiting handler checks that its client is still there
@@ -55,6 +55,19 @@ class Handler(QuietHandler):
         if parsed and self.command != "POST" and declares_body(self.headers):
             self.close_connection = True  # its body is not read: it would be the next request
         return parsed
+
+    def handle_expect_100(self) -> bool:
+        """A request its head refuses is answered before its body is asked for: curl sent its
+        body on `100 Continue`, into a connection closed under it (a broken pipe, not the 401)."""
+        if self._refused():
+            return False
+        try:
+            if self.command == "POST":
+                framing(self.headers)
+        except ApiError as e:
+            self._error(e)
+            return False
+        return super().handle_expect_100()
 
     def _end_answer_headers(self) -> None:
         if self.close_connection:  # an HTTP/1.1 client keeps a connection unless told

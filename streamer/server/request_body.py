@@ -23,6 +23,19 @@ _LINE = 1024  # the longest chunk-size or trailer line read
 
 def read_body(headers: Message, rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
     """The body; `take(size)` is called before each `size` bytes of it are read (it may refuse)."""
+    length = framing(headers)
+    if length is None:
+        return _chunks(rfile, take)
+    take(length)
+    body = _read(rfile, length)
+    if len(body) < length:  # the client closed (a stalled body is a 408: deadlines.py)
+        raise ApiError(400, f"the request body did not arrive in full ({length} bytes)")
+    return body
+
+
+def framing(headers: Message) -> int | None:
+    """The body's length by its headers, or None for chunks; ApiError where the headers frame it
+    wrongly or declare it over MAX_BODY_BYTES."""
     coding = headers.get("Transfer-Encoding")
     lengths = sorted(set(headers.get_all("Content-Length") or ()))
     if coding is not None and lengths:
@@ -30,7 +43,7 @@ def read_body(headers: Message, rfile: BinaryIO, take: Callable[[int], None]) ->
     if coding is not None:
         if coding.strip().lower() != "chunked":
             raise ApiError(501, f"Transfer-Encoding {coding!r} is not supported: send chunked")
-        return _chunks(rfile, take)
+        return None
     if len(lengths) > 1:
         raise ApiError(400, f"the Content-Length headers disagree ({', '.join(lengths)})")
     if not lengths:
@@ -40,11 +53,7 @@ def read_body(headers: Message, rfile: BinaryIO, take: Callable[[int], None]) ->
         raise ApiError(400, f"Content-Length {length!r} is not a number of bytes")
     if int(length) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
-    take(int(length))
-    body = _read(rfile, int(length))
-    if len(body) < int(length):  # the client closed, or sent nothing for the socket's timeout
-        raise ApiError(400, f"the request body did not arrive in full ({length} bytes)")
-    return body
+    return int(length)
 
 
 def declares_body(headers: Message) -> bool:
@@ -58,7 +67,7 @@ def _chunks(rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
     while True:
         line = _readline(rfile)
         found = _CHUNK_SIZE.fullmatch(line)
-        if not line:  # the client closed, or sent nothing for the socket's timeout
+        if not line:  # the client closed
             raise ApiError(400, "the chunked request body did not arrive in full")
         if found is None:
             raise ApiError(400, "the chunked request body is malformed (a chunk size is not hex)")
@@ -79,8 +88,7 @@ def _chunks(rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
 
 
 def _read(rfile: BinaryIO, size: int) -> bytes:
-    """Up to `size` bytes; fewer if the client reset the connection or sent nothing for the
-    socket's timeout."""
+    """Up to `size` bytes; fewer if the client closed or reset the connection."""
     try:
         return rfile.read(size)
     except GONE:
