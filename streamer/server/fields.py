@@ -13,7 +13,7 @@ import uuid
 from http import HTTPStatus
 from typing import Any
 
-from ..errors import StreamerError, one_line
+from ..errors import StreamerError
 
 log = logging.getLogger("streamer.server")
 
@@ -44,8 +44,8 @@ def server_failure(summary: str, error: Exception) -> ApiError:
     log has the detail under it (an OSError's message names the server's files)."""
     reference = uuid.uuid4().hex[:8]
     trace = None if isinstance(error, StreamerError) else error  # streamer's own say it in a line
-    log.error("%s [reference %s]: %s", summary, reference, one_line(error), exc_info=trace)
-    return ApiError(500, f"{summary}: the server's log has the detail, reference {reference}")
+    log.error("%s [reference %s]: %s", summary, reference, error, exc_info=trace)
+    return ApiError(500, f"{summary}; its detail is logged under reference {reference}")
 
 
 def http_refusal(handler, code: int, message: str | None = None, explain: str | None = None):
