@@ -25,7 +25,7 @@ from streamer.server.connection import HeldBytes
 from streamer.server.engine import Engine
 from streamer.server.fields import ApiError
 from streamer.server.http import Handler, Server
-from streamer.server.jobs import Job
+from streamer.server.jobs import Done, Job
 
 SECRET = "/srv/models/private-model/shard-00001.safetensors"  # a path the client must not see
 
@@ -257,3 +257,22 @@ def test_a_request_its_head_refuses_is_answered_before_its_body_is_asked_for(hea
     with in_process(app) as url, socket.create_connection(address(url), timeout=5) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\n" + head + b"\r\n")
         assert s.makefile("rb").readline().split()[1] == status
+
+
+def test_a_job_whose_client_left_during_its_prompt_stops_between_prefill_steps(local):
+    """A client gone while its long prompt was computed held the engine until the prompt was
+    done and a token made (minutes for a long prompt of a streamed model): only a token's check
+    stopped it."""
+    model, tokenizer = local
+    job = Job(Completion(False, "m", 4, Sampling()), [i % 500 + 1 for i in range(900)], 4)
+    seen = []
+
+    def progress(done: int, total: int) -> None:
+        seen.append(done)
+        if done >= 64:
+            job.cancelled.set()  # the client leaves after the prompt's first step
+
+    options = {"prefill_step_size": 64, "prompt_progress_callback": progress}
+    done = Engine(model, tokenizer, options=options).submit(job).events.get(timeout=60)
+    assert isinstance(done, Done) and done.completion_tokens == 0, done
+    assert seen == [0, 64]

@@ -120,6 +120,10 @@ class GroupEngine(Engine):
         local = super()._stops(job, stopped, generated) or self._closing.is_set()
         return bool(self._all_sum(np.array([int(local)], np.int32))[0])
 
+    def _progress(self, job: Job):
+        """The server's own alone: the ranks stop together at a token (`_stops`), not mid-prompt."""
+        return self.options.get("prompt_progress_callback")
+
     def _with_seed(self, job: Job) -> Job:
         """The job with a seed: sampled tokens must agree on every rank."""
         sampling = job.request.sampling
