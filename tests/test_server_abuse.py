@@ -20,7 +20,7 @@ import pytest
 from serving import connection, request
 
 from streamer.server.api import Completion, Sampling
-from streamer.server.app import App
+from streamer.server.app import LONG_PROMPT_BYTES, App
 from streamer.server.connection import HeldBytes
 from streamer.server.engine import Engine
 from streamer.server.fields import ApiError
@@ -276,3 +276,39 @@ def test_a_job_whose_client_left_during_its_prompt_stops_between_prefill_steps(l
     done = Engine(model, tokenizer, options=options).submit(job).events.get(timeout=60)
     assert isinstance(done, Done) and done.completion_tokens == 0, done
     assert seen == [0, 64]
+
+
+# module-level: a copy of the tokenizer sees them too
+LONG_TEXT_STARTS, LONG_TEXT_GOES_ON = threading.Event(), threading.Event()
+
+
+class SlowTokenizer:
+    """A tokenizer whose encoding of a long prompt takes until LONG_TEXT_GOES_ON is set."""
+
+    bos_token = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) > LONG_PROMPT_BYTES:
+            LONG_TEXT_STARTS.set()
+            assert LONG_TEXT_GOES_ON.wait(30)
+        return [1]
+
+
+def test_a_short_prompt_is_not_kept_waiting_behind_a_long_ones_tokenization():
+    """Every prompt was tokenized under one lock: a short one sent while a long one (megabytes,
+    seconds to tokenize) was tokenized waited for it."""
+    engine = NoEngine()
+    engine.tokenizer = SlowTokenizer()
+    app = App(engine, "m", Sampling(), 8, None)
+    long = Completion(False, "m", 1, Sampling(), text="x" * (LONG_PROMPT_BYTES + 1))
+    waiting = threading.Thread(target=app.job, args=(long,), daemon=True)
+    waiting.start()
+    short = threading.Thread(
+        target=app.job, args=(Completion(False, "m", 1, Sampling(), text="hi"),)
+    )
+    short.start()
+    short.join(timeout=30)
+    finished = not short.is_alive()
+    LONG_TEXT_GOES_ON.set()
+    waiting.join(timeout=30)
+    assert finished and not waiting.is_alive()

@@ -19,17 +19,18 @@ from .fields import ApiError
 MAX_BYTES_PER_TOKEN = 32
 
 
-def check_prompt_size(request: Completion, context: int | None) -> None:
-    """ApiError 400 when the prompt's text is too long for the model's context to hold."""
-    if context is None or (request.text is None and not request.chat):  # token ids: counted
-        return
-    most = context * MAX_BYTES_PER_TOKEN
+def prompt_size(request: Completion, context: int | None) -> int:
+    """The bytes of text of the prompt (0 for token ids); ApiError 400 when its model's context
+    cannot hold that much."""
+    if request.text is None and not request.chat:  # token ids: counted against the context
+        return 0
     if request.chat:  # the text of everything the template renders, as JSON (about its size)
         rendered = [request.messages, request.tools, request.template_kwargs]
         text = json.dumps(rendered, ensure_ascii=False)
     else:
         text = request.text
-    if (size := len(text.encode())) > most:
+    size = len(text.encode())
+    if context is not None and size > (most := context * MAX_BYTES_PER_TOKEN):
         raise ApiError(
             400,
             f"the prompt is {size:,} bytes of text, over the {most:,} the model's context of "
@@ -38,6 +39,7 @@ def check_prompt_size(request: Completion, context: int | None) -> None:
             param=request.prompt_field,
             code="context_length_exceeded",
         )
+    return size
 
 
 def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]:
