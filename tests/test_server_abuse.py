@@ -167,6 +167,8 @@ def test_slow_and_idle_connections_free_their_slots(app):
         assert request(url, "GET", "/health")[0] == 503
         assert slow.makefile("rb").read().startswith(b"HTTP/1.1 408")
         assert idle.recv(100) == b""  # closed unanswered: no request of its client is pending
+        for client in (slow, idle):  # closed, as their clients do: the server's reads end
+            client.close()
         for _ in range(100):  # a slot is free once the server's thread has closed it
             if request(url, "GET", "/health")[0] == 200:
                 break
@@ -312,3 +314,14 @@ def test_a_short_prompt_is_not_kept_waiting_behind_a_long_ones_tokenization():
     LONG_TEXT_GOES_ON.set()
     waiting.join(timeout=30)
     assert finished and not waiting.is_alive()
+
+
+def test_a_refusal_before_the_body_is_read_reaches_a_client_still_sending_it():
+    """A 401 (no key) to a 5 MB body: the server closed with the body unread, which sends a
+    reset, and the client read 'connection reset' (every time here, at 5 MB), not the 401."""
+    app = App(NoEngine(), "m", Sampling(), 8, 1024, api_key="k")
+    with in_process(app) as url:
+        http = connection(url, timeout=10)
+        http.request("POST", "/v1/completions", body=b"x" * 5_000_000)
+        assert http.getresponse().status == 401
+        http.close()

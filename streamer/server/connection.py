@@ -22,6 +22,7 @@ import resource
 import select
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 
 from .deadlines import BODY_SECONDS, HEAD_SECONDS, Deadlines
@@ -40,6 +41,7 @@ class ClientGone(Exception):
 # its parsed JSON takes a few times that, so the cap's hundreds of connections sending one each
 # could take tens of GB. 256 MB is 8 of the largest at once, or thousands of a chat's usual size.
 MAX_HELD_BODY_BYTES = 256 << 20
+LINGER_SECONDS = 2  # how long a connection being closed reads what its client still sends
 
 
 # What reading from or writing to a client that went away (or stopped reading) raises.
@@ -71,6 +73,11 @@ class QuietHandler(BaseHTTPRequestHandler):
         finally:
             self.server.held_bodies.give_back(self.body_bytes)
 
+    def finish(self) -> None:
+        super().finish()
+        if self.close_connection:
+            linger(self.connection)
+
     def take_body_bytes(self, size: int) -> None:
         """`size` more bytes of the request's body, counted against the server's bound on those
         held at once (ApiError 503 past it) until the request is answered."""
@@ -100,6 +107,21 @@ def client_gone(sock: socket.socket) -> bool:
         return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
+
+
+def linger(sock: socket.socket) -> None:
+    """Shut the server's side, then read and drop what the client still sends until it closes its
+    own (LINGER_SECONDS at most): a socket closed with bytes unread sends a reset, and a client
+    still sending a body that was refused unread (401, 413, 503) lost the answer to it."""
+    deadline = time.monotonic() + LINGER_SECONDS
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(1 << 16):
+                return
+    except OSError:  # the client reset, or sent for LINGER_SECONDS: it is closed on it
+        pass
 
 
 class ConnectionCap:
