@@ -19,15 +19,16 @@ from .fields import MAX_BODY_BYTES, ApiError
 
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,8})[ \t]*(;[^\r\n]*)?\r?\n")  # then extensions
 _LINE = 1024  # the longest chunk-size or trailer line read
+_PIECE = 1 << 20  # a body is read (and its bytes counted as held) a MiB at a time
 
 
 def read_body(headers: Message, rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
-    """The body; `take(size)` is called before each `size` bytes of it are read (it may refuse)."""
+    """The body; `take(size)` is called before each `size` bytes of it are read (it may refuse:
+    connection.py bounds the bytes held)."""
     length = framing(headers)
     if length is None:
         return _chunks(rfile, take)
-    take(length)
-    body = _read(rfile, length)
+    body = _read(rfile, length, take)
     if len(body) < length:  # the client closed (a stalled body is a 408: deadlines.py)
         raise ApiError(400, f"the request body did not arrive in full ({length} bytes)")
     return body
@@ -76,8 +77,7 @@ def _chunks(rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
             break
         if len(body) + size > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
-        take(size)
-        chunk = _read(rfile, size)
+        chunk = _read(rfile, size, take)
         if len(chunk) < size or _readline(rfile) not in (b"\r\n", b"\n"):
             raise ApiError(400, "the chunked request body did not arrive in full")
         body += chunk
@@ -87,12 +87,22 @@ def _chunks(rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
     return bytes(body)
 
 
-def _read(rfile: BinaryIO, size: int) -> bytes:
-    """Up to `size` bytes; fewer if the client closed or reset the connection."""
-    try:
-        return rfile.read(size)
-    except GONE:
-        return b""
+def _read(rfile: BinaryIO, size: int, take: Callable[[int], None]) -> bytes:
+    """Up to `size` bytes; fewer if the client closed or reset the connection. Each _PIECE is
+    taken as it is read, not the whole size at first: 8 clients declaring 32 MB and sending a
+    trickle held every byte the server takes at once, and every other body was refused."""
+    data = bytearray()
+    while len(data) < size:
+        piece = min(_PIECE, size - len(data))
+        take(piece)
+        try:
+            read = rfile.read(piece)
+        except GONE:
+            read = b""
+        data += read
+        if len(read) < piece:
+            break
+    return bytes(data)
 
 
 def _readline(rfile: BinaryIO) -> bytes:
