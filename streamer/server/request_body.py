@@ -19,7 +19,9 @@ from .fields import MAX_BODY_BYTES, ApiError
 
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,8})[ \t]*(;[^\r\n]*)?\r?\n")  # then extensions
 _LINE = 1024  # the longest chunk-size or trailer line read
-_PIECE = 1 << 20  # a body is read (and its bytes counted as held) a MiB at a time
+# a body is read, and its bytes counted as held, 64 KiB at a time: connections that each sent a
+# byte of a piece hold a piece each, the connection cap's (hundreds) far below the bound's 256 MB
+_PIECE = 64 << 10
 
 
 def read_body(headers: Message, rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
@@ -89,7 +91,7 @@ def _chunks(rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
 
 def _read(rfile: BinaryIO, size: int, take: Callable[[int], None]) -> bytes:
     """Up to `size` bytes; fewer if the client closed or reset the connection. Each _PIECE is
-    taken as it is read, not the whole size at first: 8 clients declaring 32 MB and sending a
+    taken before it is read, not the whole size at first: 8 clients declaring 32 MB and sending a
     trickle held every byte the server takes at once, and every other body was refused."""
     data = bytearray()
     while len(data) < size:
