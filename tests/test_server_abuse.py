@@ -1,5 +1,6 @@
 """`streamer serve` against a client that holds the key but misbehaves: slow or idle connections,
-bodies and prompts too large to hold or tokenize, and what a server-side failure tells it.
+bodies and prompts too large to hold or tokenize, a client gone during its prompt, bodies refused
+unread, and what a server-side failure tells it.
 
 The server here runs in this process (`in_process`), with an engine that computes nothing, so
 that a test can shorten its deadlines; what needs the model uses the session's live server."""
