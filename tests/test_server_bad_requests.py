@@ -60,6 +60,8 @@ from serving import CONTEXT, HELLO, WEATHER, connection, request
             "JSON",
         ),
         (b'{"model": "M", "prompt": [99999]}', 400, "token ids"),
+        # a repeated key: json.loads kept the last value, a gateway in front may read the first
+        (b'{"prompt": "hi", "max_tokens": 1, "max_tokens": 900}', 400, "repeats the key 'max_"),
         (  # JSON's 1e400 is Python's inf
             b'{"model": "M", "messages": [{"role": "user", "content": "x"}], "temperature": 1e400}',
             400,
@@ -262,6 +264,13 @@ def test_a_prompt_over_the_context_is_refused_by_the_client(client, served_folde
     with pytest.raises(openai.BadRequestError) as error:
         client.chat.completions.create(model=str(served_folder), messages=long, max_tokens=2)
     assert error.value.code == "context_length_exceeded"
+
+
+def test_a_number_of_thousands_of_digits_is_refused_in_words_for_the_client(server):
+    """Python's own words for it told the client to call sys.set_int_max_str_digits()."""
+    body = b'{"prompt": "hi", "seed": 1' + b"0" * 5000 + b"}"
+    status, answer = request(server[0], "POST", "/v1/completions", body)
+    assert status == 400 and "a number has too many digits" in answer["error"]["message"], answer
 
 
 def test_unknown_paths_and_missing_length(server):

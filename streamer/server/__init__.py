@@ -87,7 +87,8 @@ def serve(
     its model served as `name` (whatever name a request gives), until interrupted; with
     `api_key`, only to requests that carry it. The engine is closed at the end, whatever ends it
     (under a group that tells the other ranks to stop)."""
-    from .http import App, Handler, Server
+    from .app import App
+    from .http import Handler, Server
 
     app = App(engine, name, defaults or Sampling(), max_tokens, context, api_key)
     try:

@@ -8,21 +8,24 @@ cut off by a reset). The request line and headers a client sends reach the log w
 characters escaped: `GET /\\x1b[2J` cleared the terminal serve logs to.
 
 Connections are capped (`ConnectionCap`) at half the open-file limit: each holds a thread and a
-descriptor until its client sends a request or the socket's timeout passes, so a client that opened
-thousands and sent nothing had accept() fail at the limit, which the serving loop retried at once
-(a core busy, /health unanswered); the model's files need descriptors too.
+descriptor until its client is done or its request's deadline passes (deadlines.py), so a client
+that opened thousands and sent nothing had accept() fail at the limit, which the serving loop
+retried at once (a core busy, /health unanswered); the model's files need descriptors too.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import resource
 import select
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 
+from .deadlines import BODY_SECONDS, HEAD_SECONDS, Deadlines
 from .fields import ApiError
 
 log = logging.getLogger("streamer.server")
@@ -34,12 +37,58 @@ class ClientGone(Exception):
     """The client closed its side of the connection while its answer was being made."""
 
 
+# Bytes of request bodies held at once, across connections: each may be 32 MB (MAX_BODY_BYTES) and
+# its parsed JSON takes a few times that, so the cap's hundreds of connections sending one each
+# could take tens of GB. 256 MB is 8 of the largest at once, or thousands of a chat's usual size.
+MAX_HELD_BODY_BYTES = 256 << 20
+LINGER_SECONDS = 2  # how long a connection being closed reads what its client still sends
+
+
 # What reading from or writing to a client that went away (or stopped reading) raises.
 GONE = (ClientGone, BrokenPipeError, ConnectionResetError, TimeoutError)
 
 
 class QuietHandler(BaseHTTPRequestHandler):
-    """http.server's handler, for clients that may leave at any point and send any bytes."""
+    """http.server's handler, for clients that may leave at any point, send any bytes, or send
+    them slowly (deadlines.py)."""
+
+    head_seconds, body_seconds = HEAD_SECONDS, BODY_SECONDS
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own file: requests are read against deadlines instead
+        self.deadlines = Deadlines(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self.deadlines)
+
+    def handle_one_request(self) -> None:
+        self.deadlines.expect_head(self.head_seconds)
+        self.command, self.request_version, self.requestline = "", "HTTP/1.1", ""
+        self.body_bytes = 0
+        try:
+            super().handle_one_request()
+        except ApiError as e:  # a head too slow or too large
+            self.close_connection = True
+            if self.deadlines.received:  # one that sent nothing of a request is closed unanswered
+                self.send_error(e.status, e.message)
+        finally:
+            self.server.held_bodies.give_back(self.body_bytes)
+
+    def finish(self) -> None:
+        super().finish()
+        if self.close_connection:
+            linger(self.connection)
+
+    def take_body_bytes(self, size: int) -> None:
+        """`size` more bytes of the request's body, counted against the server's bound on those
+        held at once (ApiError 503 past it) until the request is answered."""
+        self.server.held_bodies.take(size)
+        self.body_bytes += size
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # the head is read (and 100 Continue sent if asked)
+        if parsed:
+            self.deadlines.expect_body(self.body_seconds)
+        return parsed
 
     def handle(self) -> None:
         try:
@@ -60,6 +109,21 @@ def client_gone(sock: socket.socket) -> bool:
         return True
 
 
+def linger(sock: socket.socket) -> None:
+    """Shut the server's side, then read and drop what the client still sends until it closes its
+    own (LINGER_SECONDS at most): a socket closed with bytes unread sends a reset, and a client
+    still sending a body that was refused unread (401, 413, 503) lost the answer to it."""
+    deadline = time.monotonic() + LINGER_SECONDS
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(1 << 16):
+                return
+    except OSError:  # the client reset, or sent for LINGER_SECONDS: it is closed on it
+        pass
+
+
 class ConnectionCap:
     """A socketserver threading mixin: a connection past the cap is answered 503 and closed at
     once, by the accepting thread, which never waits on it."""
@@ -68,6 +132,7 @@ class ConnectionCap:
         super().__init__(*args, **kwargs)
         self.most_connections = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
         self.slots = threading.BoundedSemaphore(self.most_connections)
+        self.held_bodies = HeldBytes(MAX_HELD_BODY_BYTES)
 
     def process_request(self, request: socket.socket, client_address) -> None:
         if not self.slots.acquire(blocking=False):
@@ -98,3 +163,24 @@ class ConnectionCap:
         except OSError:
             pass  # the client is gone already
         self.shutdown_request(request)
+
+
+class HeldBytes:
+    """The bytes of request bodies held at once, bounded."""
+
+    def __init__(self, most: int):
+        self.most, self.held, self.lock = most, 0, threading.Lock()
+
+    def take(self, size: int) -> None:
+        with self.lock:
+            if self.held + size > self.most:
+                raise ApiError(
+                    503,
+                    f"the server holds its most bytes of request bodies at once "
+                    f"({self.most >> 20} MB) in requests not yet answered: retry later",
+                )
+            self.held += size
+
+    def give_back(self, size: int) -> None:
+        with self.lock:
+            self.held -= size

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from queue import Queue
 
 import mlx.core as mx
@@ -25,13 +26,12 @@ from mlx_lm.models.cache import (
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..arguments import tokens_text
-from ..errors import StreamerError
 from ..generate import stream_generate
 from ..kv_quantization import check_kv_cache_quantizes
 from ..run_stats import settled
 from .api import Completion, Sampling
 from .disk_cache import DiskCache
-from .fields import ApiError
+from .fields import ApiError, server_failure
 from .jobs import Done, Job, Step
 from .logprobs import token_logprobs
 from .output import Output
@@ -68,6 +68,10 @@ def fit(
             code="context_length_exceeded",
         )
     return asked or min(default, room)
+
+
+class Abandoned(Exception):
+    """A job's client went away while its prompt was computed."""
 
 
 class Engine:
@@ -137,9 +141,10 @@ class Engine:
                 self._generate(job, stream)
             except ApiError as e:
                 job.events.put(e)
-            except Exception as e:  # the server keeps serving; the request learns why it failed
-                log.error("generation failed: %s", e, exc_info=not isinstance(e, StreamerError))
-                job.events.put(ApiError(500, f"generation failed: {e}"))
+            except Abandoned:  # its client went away while the prompt was computed
+                job.events.put(Done("stop", len(job.prompt), 0, 0, None))
+            except Exception as e:  # the server keeps serving; the request learns that it failed
+                job.events.put(server_failure("generation failed", e))
 
     def _generate(self, job: Job, stream) -> None:
         if job.forget:
@@ -163,7 +168,7 @@ class Engine:
             logits_processors=processors,
             prompt_cache=cache,
             stream=stream,
-            **self._options(request, job.prompt[: len(job.prompt) - len(rest)]),
+            **self._options(job, job.prompt[: len(job.prompt) - len(rest)]),
         ):
             generated.append(response.token)
             stats = response.stats
@@ -189,13 +194,30 @@ class Engine:
             job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
             self._keep_cache(job.prompt + generated, cache)
 
-    def _options(self, request: Completion, cached: list[int]) -> dict:
-        """The server's options for this request: its num_draft_tokens (0: no drafts) replaces
-        the server's; a drafter also sees the tokens the prompt cache holds."""
+    def _options(self, job: Job, cached: list[int]) -> dict:
+        """The server's options for this job: its num_draft_tokens (0: no drafts) replaces the
+        server's; a drafter also sees the tokens the prompt cache holds."""
+        request = job.request
         options = {**self.options, "prompt_cache_tokens": cached}
+        options["prompt_progress_callback"] = self._progress(job)
         if request.num_draft_tokens is not None:
             options["num_draft_tokens"] = request.num_draft_tokens
         return options
+
+    def _progress(self, job: Job) -> Callable[[int, int], None] | None:
+        """mlx-lm's prompt_progress_callback for `job`: the server's own (chat's bar), then a stop
+        between two steps of the prompt once the job is cancelled: a long prompt's prefill went on
+        for minutes after its client had gone (a token's check, `_stops`, comes after it)."""
+        shown = self.options.get("prompt_progress_callback")
+
+        def progress(done: int, total: int) -> None:
+            if shown is not None:
+                shown(done, total)
+            if job.cancelled.is_set() and done < total:
+                log.info("client gone: stopped after %d of the prompt's %d tokens", done, total)
+                raise Abandoned
+
+        return progress
 
     def _stops(self, job: Job, stopped: bool, generated: int) -> bool:
         """Whether generation ends after this token: a stop string came, or the client went

@@ -7,9 +7,15 @@ each field is read with `checked`, which checks its type and range and names it 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import uuid
 from http import HTTPStatus
 from typing import Any
+
+from ..errors import StreamerError
+
+log = logging.getLogger("streamer.server")
 
 MAX_BODY_BYTES = 32 << 20
 MAX_INT = (1 << 31) - 1  # counts (tokens, top_k): what MLX's int32 indices can hold
@@ -33,6 +39,15 @@ class ApiError(Exception):
         }
 
 
+def server_failure(summary: str, error: Exception) -> ApiError:
+    """A 500 for what failed on the server's side: the answer says `summary` and a reference, the
+    log has the detail under it (an OSError's message names the server's files)."""
+    reference = uuid.uuid4().hex[:8]
+    trace = None if isinstance(error, StreamerError) else error  # streamer's own say it in a line
+    log.error("%s [reference %s]: %s", summary, reference, error, exc_info=trace)
+    return ApiError(500, f"{summary}; its detail is logged under reference {reference}")
+
+
 def http_refusal(handler, code: int, message: str | None = None, explain: str | None = None):
     """http.server's own refusals (a request line or headers it cannot parse or that are too long,
     a method no handler takes) as OpenAI-style errors, where it wrote an HTML page."""
@@ -42,12 +57,14 @@ def http_refusal(handler, code: int, message: str | None = None, explain: str | 
 def parse_body(raw: bytes) -> dict:
     try:
         # a byte order mark, which JSON parsers may skip (RFC 8259): Windows tools write one
-        body = json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant)
+        text = raw.decode("utf-8-sig")
+        body = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_once_each)
         json.dumps(body, ensure_ascii=False).encode("utf-8")  # a "\ud800" escape is not text
     except UnicodeError:
         raise ApiError(400, "the request body is not UTF-8 text") from None
-    except ValueError as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    except ValueError as e:  # Python's advice on an integer of thousands of digits is the server's
+        said = "a number has too many digits" if "integer string conversion" in str(e) else e
+        raise ApiError(400, f"the request body is not valid JSON: {said}") from None
     except RecursionError:
         raise ApiError(400, "the request body nests arrays or objects too deeply") from None
     if not isinstance(body, dict):
@@ -68,6 +85,17 @@ def depth(value: Any) -> int:
                 children = value.values() if isinstance(value, dict) else value
                 stack.extend((child, depth + 1) for child in children)
     return deepest
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict:
+    """An object whose keys are distinct: json.loads keeps a repeated key's last value, where a
+    proxy or gateway in front (checking max_tokens, say) may have read its first."""
+    found: dict = {}
+    for key, value in pairs:
+        if key in found:
+            raise ApiError(400, f"the request body repeats the key {key[:80]!r} in one object")
+        found[key] = value
+    return found
 
 
 def _no_constant(name: str):

@@ -32,6 +32,7 @@ import numpy as np
 
 from .api import ApiError, Completion, Sampling
 from .engine import Engine
+from .fields import server_failure
 from .jobs import Job
 
 log = logging.getLogger("streamer.server")
@@ -119,6 +120,10 @@ class GroupEngine(Engine):
         local = super()._stops(job, stopped, generated) or self._closing.is_set()
         return bool(self._all_sum(np.array([int(local)], np.int32))[0])
 
+    def _progress(self, job: Job):
+        """The server's own alone: the ranks stop together at a token (`_stops`), not mid-prompt."""
+        return self.options.get("prompt_progress_callback")
+
     def _with_seed(self, job: Job) -> Job:
         """The job with a seed: sampled tokens must agree on every rank."""
         sampling = job.request.sampling
@@ -159,8 +164,8 @@ class GroupEngine(Engine):
             "are out of step, so every rank stops"
         )
         print(f"streamer: error: {message}", file=sys.stderr, flush=True)
-        if job is not None and self.rank == 0:
-            job.events.put(ApiError(500, message))
+        if job is not None and self.rank == 0:  # the client gets no file names, the log has them
+            job.events.put(server_failure(f"rank {self.rank}: generation failed", error))
             deadline = time.monotonic() + 2  # time for its handler to answer the client
             while not job.events.empty() and time.monotonic() < deadline:
                 time.sleep(0.05)

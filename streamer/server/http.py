@@ -9,27 +9,24 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import socket
 import time
 from http.server import ThreadingHTTPServer
 from queue import Empty
 from urllib.parse import unquote, urlsplit
 
-from .api import Completion, Sampling, parse_completion
+from .api import parse_completion
+from .app import App
 from .auth import check_key
 from .connection import ClientGone, ConnectionCap, QuietHandler, client_gone
-from .engine import Engine, fit
-from .fields import ApiError, http_refusal, parse_body
+from .fields import ApiError, http_refusal, parse_body, server_failure
 from .jobs import Done, Job, Step
 from .output import Piece
-from .prompts import prompt_tokens
-from .request_body import declares_body, read_body
+from .request_body import declares_body, framing, read_body
 from .responses import Answer, stats_json
 
-log = logging.getLogger("streamer.server")
 POLL_SECONDS = 0.25  # how often a waiting handler checks that its client is still there
-SOCKET_SECONDS = 120  # a client that sends or takes nothing for this long is dropped
+SOCKET_SECONDS = 120  # a client that takes none of its answer for this long is dropped
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 TEXT_PATHS = ("/v1/completions", "/completions")
 # without /v1 too, as the completions: a client whose base URL lacks it chatted, but its check
@@ -37,33 +34,9 @@ TEXT_PATHS = ("/v1/completions", "/completions")
 MODELS_PATHS = ("/v1/models", "/models")
 
 
-class App:
-    """What every handler shares: the engine, the served model's names and the defaults."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        model_id: str,
-        defaults: Sampling,
-        max_tokens: int,
-        context: int | None,
-        api_key: str | None = None,
-    ):
-        self.engine, self.model_id, self.api_key = engine, model_id, api_key
-        self.defaults, self.max_tokens, self.context = defaults, max_tokens, context
-        self.started = int(time.time())  # the served model's `created`
-
-    def job(self, request: Completion) -> Job:
-        with self.engine.tokenizer_lock:
-            prompt = prompt_tokens(request, self.engine.tokenizer)
-        fields = (request.prompt_field, request.max_tokens_field)
-        asked = request.max_tokens
-        return Job(request, prompt, fit(len(prompt), asked, self.max_tokens, self.context, fields))
-
-
 class Handler(QuietHandler):
     server: Server
-    timeout = SOCKET_SECONDS  # a body promised and never sent ends here, as an idle connection
+    timeout = SOCKET_SECONDS  # for writes: a request's reads have deadlines (deadlines.py)
     # HTTP/1.1: a connection serves request after request, and `Expect: 100-continue` is
     # answered (curl sends it for a body over 1 KiB, then waited a second for the answer)
     protocol_version = "HTTP/1.1"
@@ -82,6 +55,19 @@ class Handler(QuietHandler):
         if parsed and self.command != "POST" and declares_body(self.headers):
             self.close_connection = True  # its body is not read: it would be the next request
         return parsed
+
+    def handle_expect_100(self) -> bool:
+        """A request its head refuses is answered before its body is asked for: curl sent its
+        body on `100 Continue`, into a connection closed under it (a broken pipe, not the 401)."""
+        if self._refused():
+            return False
+        try:
+            if self.command == "POST":
+                framing(self.headers)
+        except ApiError as e:
+            self._error(e)
+            return False
+        return super().handle_expect_100()
 
     def _end_answer_headers(self) -> None:
         if self.close_connection:  # an HTTP/1.1 client keeps a connection unless told
@@ -152,15 +138,14 @@ class Handler(QuietHandler):
             if not chat and self.route not in TEXT_PATHS:
                 raise ApiError(404, f"no such endpoint: POST {self.route}")
             app = self.server.app
-            body = parse_body(read_body(self.headers, self.rfile))
+            body = parse_body(read_body(self.headers, self.rfile, self.take_body_bytes))
             request = parse_completion(body, chat=chat, model=app.model_id, defaults=app.defaults)
             job = app.engine.submit(app.job(request))
         except ApiError as e:
             self._error(e)
             return
         except Exception as e:  # a bug: the client still gets an answer, the log the traceback
-            log.exception("request failed")
-            self._error(ApiError(500, f"the server failed on this request: {e}"))
+            self._error(server_failure("the server failed on this request", e))
             return
         try:  # a client that goes away raises GONE, which ends the request quietly
             (self._stream if request.stream else self._whole)(job)

@@ -4,13 +4,42 @@ it (tools passed to the template; no template: mlx-lm's plain role prefixes)."""
 from __future__ import annotations
 
 import copy
+import json
 
 from mlx_lm.server import convert_chat, process_message_content
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..arguments import vocabulary
+from ..arguments import tokens_text, vocabulary
 from .api import Completion
 from .fields import ApiError
+
+# More bytes of text a token than any prompt averages (English takes about 4, code 3 to 4, Chinese
+# about 3): a prompt over its context's worth of them is refused before it is tokenized. The
+# tokenizer is shared (one lock): a 30 MB prompt held every other request's tokenization 30 s.
+MAX_BYTES_PER_TOKEN = 32
+
+
+def prompt_size(request: Completion, context: int | None) -> int:
+    """The bytes of text of the prompt (0 for token ids); ApiError 400 when its model's context
+    cannot hold that much."""
+    if request.text is None and not request.chat:  # token ids: counted against the context
+        return 0
+    if request.chat:  # the text of everything the template renders, as JSON (about its size)
+        rendered = [request.messages, request.tools, request.template_kwargs]
+        text = json.dumps(rendered, ensure_ascii=False)
+    else:
+        text = request.text
+    size = len(text.encode())
+    if context is not None and size > (most := context * MAX_BYTES_PER_TOKEN):
+        raise ApiError(
+            400,
+            f"the prompt is {size:,} bytes of text, over the {most:,} the model's context of "
+            f"{tokens_text(context)} can hold (at {MAX_BYTES_PER_TOKEN} bytes a token at most): "
+            "shorten it",
+            param=request.prompt_field,
+            code="context_length_exceeded",
+        )
+    return size
 
 
 def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]:
