@@ -92,3 +92,14 @@ def test_a_path_that_holds_no_model_says_what_it_is(tmp_path, capsys, what, comm
     kind["empty folder"] = "an empty folder"
     assert f"{path} is {kind[what]}" in line, line
     assert "manifest.json" in line and "config.json" in line and "repack SRC" not in line, line
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_mlx_lm_s_short_flags_are_taken(command):
+    """mlx_lm.generate's `-p PROMPT` and `-m N` (mlx_lm.chat's `-m`): refused as unrecognized
+    arguments, where a user of mlx-lm types them."""
+    from streamer.cli import parser
+
+    words = [command, "--model", "m", "-m", "7"] + (["-p", "hi"] if command == "generate" else [])
+    args = parser().parse_args(words)
+    assert args.max_tokens == 7 and getattr(args, "prompt", "hi") == "hi"

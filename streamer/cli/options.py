@@ -108,13 +108,14 @@ def add_sampling(p: argparse.ArgumentParser, seed: int | None = None) -> None:
 def add_prompt(
     p: argparse.ArgumentParser, prompt_default: str | None, seed: int | None = None
 ) -> None:
-    p.add_argument(
+    p.add_argument(  # -p and -m: mlx_lm.generate's short forms
         "--prompt",
+        "-p",
         default=prompt_default,
         required=prompt_default is None,
         help="text to continue ('-': read stdin)",
     )
-    p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate at most")
+    p.add_argument("--max-tokens", "-m", type=int, default=100, help="tokens to generate at most")
     add_sampling(p, seed)
 
 
@@ -201,9 +202,7 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
 
 CLOSED_STDIN = "{} from standard input, which is closed: give it a file or a pipe (`< FILE`)."
 # opened only for writing (`0>FILE`) or failing to read: the read's OSError was a traceback
-UNREADABLE_STDIN = (
-    "{} from standard input, which cannot be read ({}): give it a file or a pipe (`< FILE`)."
-)
+UNREADABLE_STDIN = CLOSED_STDIN.replace("is closed", "cannot be read ({})")
 
 
 def prompt(args: argparse.Namespace) -> str:

@@ -85,7 +85,9 @@ def add_parsers(sub) -> None:
         "chat", help="a conversation in the terminal with a repacked model or an MLX download"
     )
     add_model(p)
-    p.add_argument("--max-tokens", type=int, default=512, help="per answer")
+    p.add_argument(
+        "--max-tokens", "-m", type=int, default=512, help="per answer"
+    )  # mlx_lm.chat's -m
     add_sampling(p)
     add_template(p)
     add_prompt_cache_dir(p)
