@@ -214,7 +214,7 @@ def synopsis_flags() -> dict[str, set[str]]:
             command = words.split()[1]
         if command is None:
             continue
-        flags = set(re.findall(r"--[\w-]+", words))
+        flags = set(re.findall(r"(?<![\w-])--?\w[\w-]*", words))  # -p too
         flags |= {f for name, group in groups.items() if f"[{name}]" in words for f in group}
         found.setdefault(command, set()).update(flags)
     return found
