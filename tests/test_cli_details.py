@@ -103,3 +103,16 @@ def test_mlx_lm_s_short_flags_are_taken(command):
     words = [command, "--model", "m", "-m", "7"] + (["-p", "hi"] if command == "generate" else [])
     args = parser().parse_args(words)
     assert args.max_tokens == 7 and getattr(args, "prompt", "hi") == "hi"
+
+
+def test_generate_takes_mlx_lm_s_no_limit(checkpoints, capsys):
+    """`--max-tokens -1`, mlx_lm.generate's "no limit" and the Python API's, was refused ("must be
+    at least 1"); it generates until the model's context (2048 here) is full."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    prompt = "import os\n" * 292  # 2044 tokens: 4 left
+    argv = ["generate", "--model", str(folder), "-p", prompt, "--ignore-chat-template"]
+    assert main([*argv, "-m", "-1"]) == 0
+    decoded = int(re.search(r"decode: (\d+) tokens", capsys.readouterr().err)[1])
+    assert 0 < decoded <= 4
+    assert main([*argv, "-m", "-2"]) == 2
+    assert "--max-tokens must be at least 1 (got -2)" in capsys.readouterr().err

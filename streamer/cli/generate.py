@@ -18,10 +18,9 @@ from .options import (
     add_template,
     load_options,
     model_folder,
-    prompt,
-    text_flags,
 )
 from .output import emit
+from .prompt_text import prompt, text_flags
 
 
 def add_parser(sub) -> None:

@@ -9,7 +9,7 @@ from typing import TextIO
 
 from ..errors import StreamerError
 from ..io.checksums import cache_dir
-from .options import UNREADABLE_STDIN
+from .prompt_text import UNREADABLE_STDIN
 
 BLOCK = '"""'
 COMMANDS = {

@@ -20,7 +20,6 @@ from .kv_options import (
     kv_options,
 )
 from .options import (
-    CLOSED_STDIN,
     add_loading,
     add_model,
     add_sampling,
@@ -29,8 +28,8 @@ from .options import (
     load_options,
     model_folder,
     size,
-    text_flags,
 )
+from .prompt_text import CLOSED_STDIN, text_flags
 
 API_KEY_ENV = "STREAMER_API_KEY"
 # The memory the kept KV caches may take by default, as llama.cpp's server's --cache-ram: their
