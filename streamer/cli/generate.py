@@ -100,7 +100,7 @@ def generate(args: argparse.Namespace) -> int:
 
         check_system_message(tokenizer, args.system_prompt)
         try:
-            text = templated(tokenizer, text, args.system_prompt)
+            text = templated(tokenizer, text, args.system_prompt, args.chat_template_config)
         except Exception as e:  # jinja2's errors, or whatever the template raises
             raise StreamerError(
                 f"{args.model}: the model's chat template fails ({type(e).__name__}: {e}); fix "

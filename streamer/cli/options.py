@@ -126,6 +126,12 @@ def add_template(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="use the prompt as plain text even if the model has a chat template",
     )
+    p.add_argument(
+        "--chat-template-config",
+        metavar="JSON",
+        help="the chat template's variables, as mlx_lm.generate's: e.g. "
+        "'{\"enable_thinking\": false}' (Qwen3: no thinking)",
+    )
 
 
 def add_loading(p: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ and checked before the model is loaded."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -14,6 +15,7 @@ from .options import check_sampling_flags
 
 CLOSED_STDIN = "{} from standard input, which is closed: give it a file or a pipe (`< FILE`)."
 # opened only for writing (`0>FILE`) or failing to read: the read's OSError was a traceback
+EXAMPLE = '{"enable_thinking": false}'
 UNREADABLE_STDIN = (
     "{} from standard input, which cannot be read ({}): give it a file or a pipe (`< FILE`)."
 )
@@ -61,6 +63,30 @@ def text_flags(args: argparse.Namespace) -> None:
         _utf8(os.fsencode(args.system_prompt), "--system-prompt")
     for token in getattr(args, "extra_eos_token", []):
         _utf8(os.fsencode(token), "--extra-eos-token")
+    args.chat_template_config = template_variables(args.chat_template_config)
+
+
+def template_variables(text: str | None) -> dict:
+    """--chat-template-config's JSON object: the template's own variables, never
+    apply_chat_template's arguments (which would change what it returns)."""
+    from ..server.messages import TEMPLATE_ARGUMENTS
+
+    option = "--chat-template-config"
+    try:
+        variables = json.loads(text or "{}")
+    except json.JSONDecodeError as e:
+        raise StreamerError(
+            f"{option} is not JSON ({e}): give an object such as {EXAMPLE}."
+        ) from None
+    if not isinstance(variables, dict):
+        raise StreamerError(f"{option} must be a JSON object such as {EXAMPLE} (got {text}).")
+    clash = sorted(TEMPLATE_ARGUMENTS.intersection(variables))
+    if clash:
+        raise StreamerError(
+            f"{option}: {', '.join(clash)} is apply_chat_template's own argument, not a variable "
+            "of the template: leave it out."
+        )
+    return variables
 
 
 def _utf8(raw: bytes, what: str) -> str:

@@ -214,6 +214,7 @@ def chat(args: argparse.Namespace) -> None:
                 engine,
                 system_prompt=args.system_prompt,
                 template=template,
+                template_variables=args.chat_template_config,
                 max_tokens=args.max_tokens,
                 context=context,
                 sampling=sampling,
