@@ -116,3 +116,16 @@ def test_generate_takes_mlx_lm_s_no_limit(checkpoints, capsys):
     assert 0 < decoded <= 4
     assert main([*argv, "-m", "-2"]) == 2
     assert "--max-tokens must be at least 1 (got -2)" in capsys.readouterr().err
+
+
+def test_a_prompt_s_backslash_n_and_t_are_mlx_lm_s_newline_and_tab(checkpoints, capsys):
+    """mlx_lm.generate reads `\\n` and `\\t` typed in --prompt as a newline and a tab; streamer
+    read them as backslashes, so the same command line computed another prompt than mlx-lm's."""
+    import streamer
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, tokenizer = streamer.load(folder)
+    argv = ["generate", "--model", str(folder), "-m", "4", "--ignore-chat-template"]
+    assert main([*argv, "-p", "import os\\n\\timport sys"]) == 0
+    out = capsys.readouterr().out
+    assert out == streamer.generate(model, tokenizer, "import os\n\timport sys", 4) + "\n"

@@ -111,7 +111,7 @@ def add_prompt(
         "-p",
         default=prompt_default,
         required=prompt_default is None,
-        help="text to continue ('-': read stdin)",
+        help="text to continue (\\n, \\t: a newline, a tab; '-': read stdin)",
     )
     p.add_argument(
         "--max-tokens", "-m", type=int, default=100, help="at most (-1: until the context is full)"

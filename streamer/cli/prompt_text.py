@@ -42,6 +42,8 @@ def prompt(args: argparse.Namespace) -> str:
         what = UNREADABLE_STDIN.format("--prompt - reads the prompt", e.strerror)
         raise StreamerError(what) from None
     text = _utf8(raw, "the prompt")
+    if args.prompt != "-":  # typed `\n` and `\t` are a newline and a tab, as mlx_lm.generate reads
+        text = text.replace("\\n", "\n").replace("\\t", "\t")
     check_sampling_flags(args, no_limit=True)
     how = " with --prompt (or `--prompt -` for stdin)"
     check_request(text, args.max_tokens, option="--max-tokens", how=how)
