@@ -129,3 +129,18 @@ def test_a_prompt_s_backslash_n_and_t_are_mlx_lm_s_newline_and_tab(checkpoints, 
     assert main([*argv, "-p", "import os\\n\\timport sys"]) == 0
     out = capsys.readouterr().out
     assert out == streamer.generate(model, tokenizer, "import os\n\timport sys", 4) + "\n"
+
+
+def test_verbose_false_prints_the_answer_alone(checkpoints, capsys):
+    """mlx_lm.generate's `--verbose False` (only the response) was an unrecognized argument; it
+    leaves out the residency and stats lines, and `--verbose True` is the default."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    argv = ["generate", "--model", str(folder), "-p", "import os", "-m", "4"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "[streamer] all experts resident" in err and "decode: 4 tokens" in err
+    for quiet in ("False", "f"):
+        assert main([*argv, "--verbose", quiet]) == 0
+        assert capsys.readouterr() == (out, "")
+    assert main([*argv, "--verbose", "True"]) == 0
+    assert capsys.readouterr().out == out

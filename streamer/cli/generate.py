@@ -45,6 +45,13 @@ def add_parser(sub) -> None:
         metavar="TOKEN",
         help="more tokens that end the answer (text or id)",
     )
+    p.add_argument(
+        "--verbose",
+        type=lambda text: text.lower() not in ("false", "f"),  # mlx_lm.generate's str2bool
+        default=True,
+        metavar="BOOL",
+        help="False: the answer alone, without the residency and stats lines (as mlx_lm.generate)",
+    )
     add_kv_cache(p)
     add_drafting(p)
     add_loading(p)
@@ -74,7 +81,7 @@ def generate(args: argparse.Namespace) -> int:
     rank = group.rank() if group else 0
     options = load_options(args, group)
     model, tokenizer = load_decided(model_folder(args, group), options)
-    if rank == 0:
+    if rank == 0 and args.verbose:
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
     if group is not None and rank == 0:
         print(
@@ -174,6 +181,6 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
         line = f"{line} | {group_stats_line(group, model, stats)}"  # every rank takes part
     if shown:
         emit()
-        if line is not None:
+        if line is not None and getattr(args, "verbose", True):  # demo has no --verbose
             print(line, file=sys.stderr)
     return 0
