@@ -144,3 +144,33 @@ def test_verbose_false_prints_the_answer_alone(checkpoints, capsys):
         assert capsys.readouterr() == (out, "")
     assert main([*argv, "--verbose", "True"]) == 0
     assert capsys.readouterr().out == out
+
+
+@pytest.mark.parametrize(
+    "flag", [["--system-prompt", "Be brief."], ["--chat-template-config", "{}"]]
+)
+def test_template_flags_without_a_template_are_refused(checkpoints, tmp_path, capsys, flag):
+    """generate dropped --system-prompt (and the template's variables) without a word where no
+    template is applied: with --ignore-chat-template, or for a model that has none."""
+    import json
+    import shutil
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    plain = tmp_path / "no-template"
+    shutil.copytree(folder, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    argv = ["generate", "-p", "hi", "-m", "2", *flag]
+    assert main([*argv, "--model", str(folder), "--ignore-chat-template"]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line == (
+        f"streamer: error: {flag[0]} goes into the chat template, which --ignore-chat-template "
+        "leaves out: drop one of them."
+    )
+    assert main([*argv, "--model", str(plain)]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line == (
+        f"streamer: error: {flag[0]}: {plain} has no chat template to put it in "
+        "(tokenizer_config.json has no chat_template): leave it out."
+    )

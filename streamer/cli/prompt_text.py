@@ -65,17 +65,18 @@ def text_flags(args: argparse.Namespace) -> None:
         _utf8(os.fsencode(args.system_prompt), "--system-prompt")
     for token in getattr(args, "extra_eos_token", []):
         _utf8(os.fsencode(token), "--extra-eos-token")
-    args.chat_template_config = template_variables(args.chat_template_config)
+    if args.chat_template_config is not None:
+        args.chat_template_config = template_variables(args.chat_template_config)
 
 
-def template_variables(text: str | None) -> dict:
+def template_variables(text: str) -> dict:
     """--chat-template-config's JSON object: the template's own variables, never
     apply_chat_template's arguments (which would change what it returns)."""
     from ..server.messages import TEMPLATE_ARGUMENTS
 
     option = "--chat-template-config"
     try:
-        variables = json.loads(text or "{}")
+        variables = json.loads(text)
     except json.JSONDecodeError as e:
         raise StreamerError(
             f"{option} is not JSON ({e}): give an object such as {EXAMPLE}."
