@@ -73,3 +73,20 @@ def test_a_bad_template_config_is_refused_in_one_line(thinking, capsys, value, m
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("streamer: error: ") and message in err and "Traceback" not in err
+
+
+def test_chat_refuses_template_variables_without_a_template(thinking, tmp_path):
+    """chat dropped --chat-template-config without a word under --ignore-chat-template (its
+    --system-prompt is then the conversation's first text: it is kept)."""
+    chat = subprocess.run(
+        [sys.executable, "-m", "streamer", "chat", "--model", str(thinking), "-m", "2"]
+        + ["--chat-template-config", ON, "--ignore-chat-template"],
+        input="import os\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert chat.returncode == 2 and chat.stderr.splitlines()[-1] == (
+        "streamer: error: --chat-template-config goes into the chat template, which "
+        "--ignore-chat-template leaves out: drop one of them."
+    ), chat.stderr

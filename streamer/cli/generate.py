@@ -20,7 +20,9 @@ from .options import (
     model_folder,
 )
 from .output import emit
-from .prompt_text import prompt, text_flags
+from .prompt_text import check_template_flags, prompt, text_flags
+
+TEMPLATE_FLAGS = ("--system-prompt", "--chat-template-config")  # read by the chat template alone
 
 
 def add_parser(sub) -> None:
@@ -71,11 +73,7 @@ def generate(args: argparse.Namespace) -> int:
         raise StreamerError(
             "--chat asks for the chat template and --ignore-chat-template for none: pass one."
         )
-    if args.ignore_chat_template and _template_flags(args):
-        raise StreamerError(
-            f"{_template_flags(args)[0]} goes into the chat template, which "
-            "--ignore-chat-template leaves out: drop one of them."
-        )
+    check_template_flags(args, TEMPLATE_FLAGS)
     kv_options(args)
     check_drafting(args)
     from ..loading.load import load_decided
@@ -107,11 +105,7 @@ def generate(args: argparse.Namespace) -> int:
             f"--chat: {args.model} has no chat template (tokenizer_config.json has no "
             "chat_template): drop --chat to continue the prompt as plain text."
         )
-    if _template_flags(args) and not tokenizer.has_chat_template:
-        raise StreamerError(
-            f"{_template_flags(args)[0]}: {args.model} has no chat template to put it in "
-            "(tokenizer_config.json has no chat_template): leave it out."
-        )
+    check_template_flags(args, TEMPLATE_FLAGS, tokenizer.has_chat_template)
     if tokenizer.has_chat_template and not args.ignore_chat_template:
         from .chat import check_system_message, templated  # mlx-lm's generate: once needed
 
@@ -133,15 +127,6 @@ def generate(args: argparse.Namespace) -> int:
         check_same_settings(group, command_settings(args, model, **computed))
         args.seed = shared_seed(group, args.seed)
     return stream(model, tokenizer, text, args)
-
-
-def _template_flags(args: argparse.Namespace) -> list[str]:
-    """The flags given that only the chat template reads (it dropped them without a word)."""
-    given = {
-        "--system-prompt": args.system_prompt,
-        "--chat-template-config": args.chat_template_config,
-    }
-    return [flag for flag, value in given.items() if value is not None]
 
 
 def _integer(text: str) -> bool:

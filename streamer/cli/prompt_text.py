@@ -100,3 +100,22 @@ def _utf8(raw: bytes, what: str) -> str:
             f"{what} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
             "pass UTF-8 text (check the file's or terminal's encoding)."
         ) from None
+
+
+def check_template_flags(
+    args: argparse.Namespace, flags: tuple[str, ...], has_template: bool | None = None
+) -> None:
+    """Refuse `flags` that only the chat template reads where none is applied: with
+    --ignore-chat-template (before the load) or for a model without one (`has_template` False,
+    after it). They were dropped without a word."""
+    given = [flag for flag in flags if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if given and args.ignore_chat_template:
+        raise StreamerError(
+            f"{given[0]} goes into the chat template, which --ignore-chat-template leaves out: "
+            "drop one of them."
+        )
+    if given and has_template is False:
+        raise StreamerError(
+            f"{given[0]}: {args.model} has no chat template to put it in (tokenizer_config.json "
+            "has no chat_template): leave it out."
+        )

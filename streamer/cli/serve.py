@@ -29,7 +29,7 @@ from .options import (
     model_folder,
     size,
 )
-from .prompt_text import CLOSED_STDIN, text_flags
+from .prompt_text import CLOSED_STDIN, check_template_flags, text_flags
 
 API_KEY_ENV = "STREAMER_API_KEY"
 # The memory the kept KV caches may take by default, as llama.cpp's server's --cache-ram: their
@@ -177,6 +177,7 @@ def chat(args: argparse.Namespace) -> None:
     if hasattr(sys.stdin, "reconfigure"):  # a text stream: a line not UTF-8 refused, not fatal
         sys.stdin.reconfigure(errors="surrogateescape")
     text_flags(args)
+    check_template_flags(args, ("--chat-template-config",))  # a system prompt is text without one
     check_sampling_flags(args)
     options, disk = kv_options(args), disk_option(args)
     check_drafting(args)
@@ -191,6 +192,7 @@ def chat(args: argparse.Namespace) -> None:
 
     if tokenizer.has_chat_template and not args.ignore_chat_template:
         check_system_message(tokenizer, args.system_prompt)
+    check_template_flags(args, ("--chat-template-config",), tokenizer.has_chat_template)
 
     check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))
