@@ -90,3 +90,28 @@ def test_chat_refuses_template_variables_without_a_template(thinking, tmp_path):
         "streamer: error: --chat-template-config goes into the chat template, which "
         "--ignore-chat-template leaves out: drop one of them."
     ), chat.stderr
+
+
+def test_serve_s_template_args_are_every_request_s_defaults(thinking, tmp_path):
+    """`--chat-template-args JSON` (mlx_lm.server's): the template variables of every request,
+    each of which a request's chat_template_kwargs replaces. It was an unrecognized argument: a
+    client that sends no chat_template_kwargs (most) could not have Qwen3's thinking off."""
+    from serving import live_server, request
+
+    _, tokenizer = streamer.load(thinking)
+    messages = [{"role": "user", "content": "import os"}]
+
+    def tokens(**variables) -> int:
+        return len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables))
+
+    assert tokens(enable_thinking=True) != tokens(enable_thinking=False)
+    flags = ["--chat-template-args", ON]
+    with live_server(thinking, flags, tmp_path / "serve.log") as url:
+        for asked, thinks in [
+            ({}, True),
+            ({"chat_template_kwargs": {"enable_thinking": False}}, False),
+        ]:
+            body = json.dumps({"messages": messages, "max_tokens": 1, **asked}).encode()
+            status, answer = request(url, "POST", "/v1/chat/completions", body)
+            assert status == 200, answer
+            assert answer["usage"]["prompt_tokens"] == tokens(enable_thinking=thinks)

@@ -66,15 +66,17 @@ def text_flags(args: argparse.Namespace) -> None:
     for token in getattr(args, "extra_eos_token", []):
         _utf8(os.fsencode(token), "--extra-eos-token")
     if args.chat_template_config is not None:
-        args.chat_template_config = template_variables(args.chat_template_config)
+        args.chat_template_config = template_variables(
+            args.chat_template_config, "--chat-template-config"
+        )
 
 
-def template_variables(text: str) -> dict:
-    """--chat-template-config's JSON object: the template's own variables, never
-    apply_chat_template's arguments (which would change what it returns)."""
+def template_variables(text: str, option: str) -> dict:
+    """The JSON object `option` gives (--chat-template-config, --chat-template-args): the
+    template's own variables, never apply_chat_template's arguments (which would change what it
+    returns)."""
     from ..server.messages import TEMPLATE_ARGUMENTS
 
-    option = "--chat-template-config"
     try:
         variables = json.loads(text)
     except json.JSONDecodeError as e:

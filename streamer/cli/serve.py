@@ -29,7 +29,7 @@ from .options import (
     model_folder,
     size,
 )
-from .prompt_text import CLOSED_STDIN, check_template_flags, text_flags
+from .prompt_text import CLOSED_STDIN, check_template_flags, template_variables, text_flags
 
 API_KEY_ENV = "STREAMER_API_KEY"
 # The memory the kept KV caches may take by default, as llama.cpp's server's --cache-ram: their
@@ -60,6 +60,12 @@ def add_parsers(sub) -> None:
         "`ps`, not the environment's)",
     )
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    p.add_argument(
+        "--chat-template-args",
+        metavar="JSON",
+        help="the chat template's variables where a request's chat_template_kwargs does not set "
+        "them, as mlx_lm.server's: e.g. '{\"enable_thinking\": false}' (Qwen3: no thinking)",
+    )
     p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
     p.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
     p.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
@@ -106,6 +112,8 @@ def serve(args: argparse.Namespace) -> None:
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise StreamerError("--served-model-name is empty: give a value, or leave the flag out.")
     api_key = api_key_option(args)
+    variables = args.chat_template_args
+    variables = {} if variables is None else template_variables(variables, "--chat-template-args")
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
@@ -135,6 +143,7 @@ def serve(args: argparse.Namespace) -> None:
                 defaults=defaults,
                 max_tokens=args.max_tokens,
                 api_key=api_key,
+                template_kwargs=variables,
             )
     except KeyboardInterrupt as e:  # the generation thread may be mid-answer, in MLX
         end_interrupted(e)

@@ -16,14 +16,13 @@ from http.server import ThreadingHTTPServer
 from queue import Empty
 from urllib.parse import unquote, urlsplit
 
-from .api import Completion, Sampling, parse_completion
+from .api import parse_completion
+from .app import App
 from .auth import check_key
 from .connection import ClientGone, ConnectionCap, QuietHandler, client_gone
-from .engine import Engine, fit
 from .fields import ApiError, http_refusal, parse_body
 from .jobs import Done, Job, Step
 from .output import Piece
-from .prompts import prompt_tokens
 from .request_body import declares_body, read_body
 from .responses import Answer, stats_json
 
@@ -35,30 +34,6 @@ TEXT_PATHS = ("/v1/completions", "/completions")
 # without /v1 too, as the completions: a client whose base URL lacks it chatted, but its check
 # of the connection (Open WebUI's lists the models) was a 404
 MODELS_PATHS = ("/v1/models", "/models")
-
-
-class App:
-    """What every handler shares: the engine, the served model's names and the defaults."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        model_id: str,
-        defaults: Sampling,
-        max_tokens: int,
-        context: int | None,
-        api_key: str | None = None,
-    ):
-        self.engine, self.model_id, self.api_key = engine, model_id, api_key
-        self.defaults, self.max_tokens, self.context = defaults, max_tokens, context
-        self.started = int(time.time())  # the served model's `created`
-
-    def job(self, request: Completion) -> Job:
-        with self.engine.tokenizer_lock:
-            prompt = prompt_tokens(request, self.engine.tokenizer)
-        fields = (request.prompt_field, request.max_tokens_field)
-        asked = request.max_tokens
-        return Job(request, prompt, fit(len(prompt), asked, self.max_tokens, self.context, fields))
 
 
 class Handler(QuietHandler):
