@@ -174,3 +174,21 @@ def test_template_flags_without_a_template_are_refused(checkpoints, tmp_path, ca
         f"streamer: error: {flag[0]}: {plain} has no chat template to put it in "
         "(tokenizer_config.json has no chat_template): leave it out."
     )
+
+
+def test_generate_takes_mlx_lm_s_prefill_step_size(checkpoints, capsys):
+    """mlx_lm.generate's `--prefill-step-size N` (the prompt computed N tokens at a time: a lower
+    peak while it prefills) was an unrecognized argument."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    prompt = "import os\n" * 100  # 700 tokens
+    argv = ["generate", "--model", str(folder), "-p", prompt, "-m", "1", "--ignore-chat-template"]
+
+    def peak(*flags: str) -> tuple[str, float]:
+        assert main([*argv, *flags]) == 0
+        out, err = capsys.readouterr()
+        return out, float(re.search(r"MLX peak ([\d.]+) MiB", err)[1])
+
+    whole, chunked = peak(), peak("--prefill-step-size", "64")
+    assert whole[0] == chunked[0] and chunked[1] < whole[1] * 0.75, (whole, chunked)
+    assert main([*argv, "--prefill-step-size", "0"]) == 2
+    assert "--prefill-step-size must be at least 1 (got 0)" in capsys.readouterr().err

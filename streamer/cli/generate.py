@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..arguments import check_token_ids, vocabulary
+from ..arguments import check_at_least, check_token_ids, vocabulary
 from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
@@ -23,6 +23,7 @@ from .output import emit
 from .prompt_text import check_template_flags, prompt, text_flags
 
 TEMPLATE_FLAGS = ("--system-prompt", "--chat-template-config")  # read by the chat template alone
+PREFILL_STEP = 2048  # prompt tokens computed at a time: mlx_lm.generate's default
 
 
 def add_parser(sub) -> None:
@@ -46,6 +47,13 @@ def add_parser(sub) -> None:
         default=[],
         metavar="TOKEN",
         help="more tokens that end the answer (text or id)",
+    )
+    p.add_argument(
+        "--prefill-step-size",
+        type=int,
+        default=PREFILL_STEP,
+        metavar="N",
+        help="prompt tokens computed at a time (fewer: a lower peak while a long prompt prefills)",
     )
     p.add_argument(
         "--verbose",
@@ -74,6 +82,7 @@ def generate(args: argparse.Namespace) -> int:
             "--chat asks for the chat template and --ignore-chat-template for none: pass one."
         )
     check_template_flags(args, TEMPLATE_FLAGS)
+    check_at_least(args.prefill_step_size, "--prefill-step-size", 1)
     kv_options(args)
     check_drafting(args)
     from ..loading.load import load_decided
@@ -165,6 +174,7 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 min_p=args.min_p,
                 seed=args.seed,
                 max_kv_size=getattr(args, "max_kv_size", None),
+                prefill_step_size=getattr(args, "prefill_step_size", PREFILL_STEP),  # demo: none
                 **kv,
                 **drafting,
                 **prefill,
