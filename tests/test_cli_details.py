@@ -192,3 +192,20 @@ def test_generate_takes_mlx_lm_s_prefill_step_size(checkpoints, capsys):
     assert whole[0] == chunked[0] and chunked[1] < whole[1] * 0.75, (whole, chunked)
     assert main([*argv, "--prefill-step-size", "0"]) == 2
     assert "--prefill-step-size must be at least 1 (got 0)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["generate", "-p", "hi", "--adapter-path", "a"], "--adapter-path is mlx-lm's: streamer"),
+        (["chat", "--adapter-path", "a"], "fuse them into the model first (mlx_lm.fuse)"),
+        (["generate", "-p", "hi", "--xtc-probability", "0.5"], "the Python API takes it"),
+        (["serve", "--decode-concurrency", "4"], "one sequence at a time"),
+        (["generate", "-p", "hi", "--prompt-cache-file", "f"], "--prompt-cache-dir"),
+    ],
+)
+def test_mlx_lm_s_flags_streamer_lacks_say_why(capsys, argv, message):
+    """mlx-lm's flags that streamer does not take said only "unrecognized arguments"."""
+    assert main([argv[0], "--model", "m", *argv[1:]]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("streamer: error: ") and message in line and "\n" not in line, line
