@@ -209,3 +209,24 @@ def test_mlx_lm_s_flags_streamer_lacks_say_why(capsys, argv, message):
     assert main([argv[0], "--model", "m", *argv[1:]]) == 2
     line = capsys.readouterr().err.strip()
     assert line.startswith("streamer: error: ") and message in line and "\n" not in line, line
+
+
+def test_info_s_resident_bytes_are_said_to_be_as_stored(checkpoints, capsys):
+    """info gave the non-expert weights' bytes as stored (bfloat16 here) as "kept in memory",
+    beside plan's, in the compute dtype (float32 on the CPU): two sizes for one thing."""
+    from mlx.utils import tree_flatten
+
+    import streamer
+    from streamer.io.sizes import size_text
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, _ = streamer.load(folder)
+    weights = tree_flatten(model.parameters())
+    in_memory = sum(v.nbytes for k, v in weights if "switch_mlp" not in k)
+    assert main(["info", str(folder)]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("resident")]
+    assert size_text(in_memory) not in line  # bfloat16 on disk, float32 computed
+    assert "in memory" not in line and "as stored" in line, line
+    assert main(["plan", str(folder)]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("resident")]
+    assert size_text(in_memory) in line and "in memory" in line, line
