@@ -156,3 +156,17 @@ def test_an_empty_name_is_refused_not_taken_for_the_working_directory(
         assert "model '' is empty: give a model's folder or its org/name" in capsys.readouterr().err
     assert main(["repack", "", str(tmp_path / "out")]) == 2
     assert "source '' is empty" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_pulled_name_whose_download_is_gone_is_not_sent_to_pull(hub, tmp_path, monkeypatch):
+    """A name `streamer pull` repacked with --delete-source: repack and plan --quantize, which
+    read the download, said to `streamer pull` it, which answers that it is pulled already."""
+    from streamer.loading.hub import pulled_folder
+
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "streamer-cache"))
+    pulled_folder("tiny-org/Pulled").mkdir(parents=True)
+    with pytest.raises(StreamerError) as refused:
+        resolve("tiny-org/Pulled", "source")
+    message = str(refused.value)
+    assert "streamer pull tiny-org/Pulled`" not in message, message
+    assert str(pulled_folder("tiny-org/Pulled")) in message and "hf download" in message, message

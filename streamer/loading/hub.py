@@ -88,6 +88,13 @@ def resolve(name: str | Path, what: str = "model") -> Path:
             f"{text}` finishes it.",
         ) from None
     except LocalEntryNotFoundError:
+        if pulled_folder(text).exists():  # `streamer pull` would answer "pulled already"
+            raise NotDownloaded(
+                text,
+                f"{text}'s download is not in the Hugging Face cache ({constants.HF_HUB_CACHE}): "
+                f"it was pulled and repacked into {pulled_folder(text)}, which --model "
+                f"{text} runs; `hf download {text}` fetches the download again.",
+            ) from None
         raise NotDownloaded(
             text,
             f"{text} is neither a folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}): "
