@@ -398,3 +398,12 @@ def test_load_takes_mlx_lm_load_s_keyword_names():
     assert ours[: len(theirs)] == theirs
     with pytest.raises(StreamerError, match="does not exist"):
         streamer.load(path_or_hf_repo="/nonexistent/model")
+
+
+def test_mlx_lm_s_positional_verbose_is_told_apart_from_max_tokens(checkpoints):
+    """`generate(model, tokenizer, prompt, True)`, mlx-lm's verbose, said only "max_tokens must be
+    an integer (got True)"."""
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    for flag in (True, False):
+        with pytest.raises(StreamerError, match=r"fourth argument is max_tokens .*verbose="):
+            streamer.generate(model, tokenizer, "hello", flag)
