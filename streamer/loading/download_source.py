@@ -13,7 +13,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..errors import StreamerError
+from ..errors import StreamerError, refusal
 from ..io.checkpoint import Checkpoint
 from ..io.checksums import Checksums, default_sidecar, read_checksums
 from ..io.expert_files import ExpertFiles
@@ -77,9 +77,11 @@ def _recorded(download: Download, sidecar: Path, verify_reads: bool) -> Checksum
     folder = download.folder
     if recorded is None:
         if verify_reads:
-            raise StreamerError(
-                f"verify_reads needs checksums of {folder}, and none are recorded ({sidecar}): "
-                f"run `streamer verify {folder} --record` once first."
+            raise refusal(
+                lambda spell: (
+                    f"{spell('verify_reads')} needs checksums of {folder}, and none are recorded "
+                    f"({sidecar}): run `streamer verify {folder} --record` once first."
+                )
             )
         return None
     for shard in download.file_bytes:
