@@ -20,6 +20,7 @@ from ..io.expert_files import ExpertFiles
 from ..io.integrity import file_stat, stat_change
 from ..io.lock import lock_download_for_reading
 from .download_folder import Download, layouts, open_download
+from .hub import hub_name
 from .options import LoadOptions
 from .source import Source
 
@@ -80,7 +81,7 @@ def _recorded(download: Download, sidecar: Path, verify_reads: bool) -> Checksum
             raise refusal(
                 lambda spell: (
                     f"{spell('verify_reads')} needs checksums of {folder}, and none are recorded "
-                    f"({sidecar}): run `streamer verify {folder} --record` once first."
+                    f"({sidecar}): run `streamer verify {hub_name(folder)} --record` once first."
                 )
             )
         return None
@@ -89,8 +90,9 @@ def _recorded(download: Download, sidecar: Path, verify_reads: bool) -> Checksum
         if old is None or stat_change(old, file_stat(folder / shard)):
             raise StreamerError(
                 f"{folder / shard} changed since its checksums were recorded in {sidecar}: run "
-                f"`streamer verify {folder}` to check it, then `streamer verify {folder} --record` "
-                "to record the files as they are now (or delete that file to ignore it)."
+                f"`streamer verify {hub_name(folder)}` to check it, then `streamer verify "
+                f"{hub_name(folder)} --record` to record the files as they are now (or delete that "
+                "file to ignore it)."
             )
     if any(
         len(crcs := recorded.experts.get(layer.module, ())) != layer.num_experts

@@ -104,6 +104,15 @@ def resolve(name: str | Path, what: str = "model") -> Path:
         raise StreamerError(f"cannot look up {text} in the Hugging Face cache: {e}") from None
 
 
+def hub_name(folder: Path) -> str:
+    """How a command names `folder`: org/name for a snapshot in the Hugging Face cache
+    (models--org--name/snapshots/REV, which every command takes as org/name), else its path."""
+    repo = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repo.startswith("models--") and repo.count("--") == 2:
+        return repo.removeprefix("models--").replace("--", "/")
+    return str(folder)
+
+
 def cache_damage(cache: Path, name: str) -> str | None:
     """What is wrong with `name`'s entry in the hub cache, in words, where a lookup would report
     it as absent or hand back a folder without the model: refs/main empty or naming no snapshot,
