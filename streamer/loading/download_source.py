@@ -112,5 +112,6 @@ def _verify_resident(download: Download, recorded: Checksums) -> None:
             if zlib.crc32(ckpt.read(info)) != recorded.resident.get(name):
                 raise StreamerError(
                     f"{info.path}: tensor '{name}' does not match its checksum: the file is "
-                    f"corrupt. Run `streamer verify {download.folder}` to list every bad tensor."
+                    f"corrupt. Run `streamer verify {hub_name(download.folder)}` to list every "
+                    "bad tensor."
                 )
