@@ -114,7 +114,11 @@ def add_prompt(
         help="text to continue (\\n, \\t: a newline, a tab; '-': read stdin)",
     )
     p.add_argument(
-        "--max-tokens", "-m", type=int, default=100, help="at most (-1: until the context is full)"
+        "--max-tokens",
+        "-m",
+        type=int,
+        default=100,
+        help="tokens to generate at most (-1: until the context is full)",
     )
     add_sampling(p, seed)
 
