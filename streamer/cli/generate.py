@@ -95,7 +95,7 @@ def generate(args: argparse.Namespace) -> int:
     model, tokenizer = load_decided(model_folder(args, group), options)
     if rank == 0 and args.verbose:
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
-    if group is not None and rank == 0:
+    if group is not None and rank == 0 and args.verbose:
         print(
             f"[streamer] expert-parallel over {group.size()} ranks: each computes its share of "
             "every MoE layer's routed experts",
