@@ -13,9 +13,9 @@ from ..errors import StreamerError
 from .input_relay import INPUT_ENDS
 from .options import check_sampling_flags
 
+EXAMPLE = '{"enable_thinking": false}'  # a template variable, in the refusals
 CLOSED_STDIN = "{} from standard input, which is closed: give it a file or a pipe (`< FILE`)."
 # opened only for writing (`0>FILE`) or failing to read: the read's OSError was a traceback
-EXAMPLE = '{"enable_thinking": false}'
 UNREADABLE_STDIN = (
     "{} from standard input, which cannot be read ({}): give it a file or a pipe (`< FILE`)."
 )
@@ -26,7 +26,8 @@ def prompt(args: argparse.Namespace) -> str:
 
     Arguments reach Python as text decoded with surrogate escapes; os.fsencode recovers the bytes
     the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
-    An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
+    An empty prompt or a --max-tokens below 1 (but -1, mlx-lm's no limit) is refused before the
+    model is loaded.
     """
     if args.prompt == "-" and sys.stdin is None:
         raise StreamerError(CLOSED_STDIN.format("--prompt - reads the prompt"))
@@ -107,9 +108,9 @@ def _utf8(raw: bytes, what: str) -> str:
 def check_template_flags(
     args: argparse.Namespace, flags: tuple[str, ...], has_template: bool | None = None
 ) -> None:
-    """Refuse `flags` that only the chat template reads where none is applied: with
-    --ignore-chat-template (before the load) or for a model without one (`has_template` False,
-    after it). They were dropped without a word."""
+    """Refuse `flags` that only the chat template reads where none is applied, rather than drop
+    them without a word: with --ignore-chat-template (before the load) or for a model without one
+    (`has_template` False, after it)."""
     given = [flag for flag in flags if getattr(args, flag[2:].replace("-", "_")) is not None]
     if given and args.ignore_chat_template:
         raise StreamerError(
