@@ -123,6 +123,11 @@ def generate(
     **kwargs,
 ) -> str:
     """The generated text; with `verbose`, print it as it streams and then the stats line."""
+    if isinstance(max_tokens, bool):  # mlx_lm.generate(model, tokenizer, prompt, True)
+        raise StreamerError(
+            f"generate's fourth argument is max_tokens (mlx-lm's is verbose; got {max_tokens}): "
+            f"pass verbose={max_tokens} by keyword."
+        )
     text = []
     response = None
     for response in stream_generate(model, tokenizer, prompt, max_tokens, **kwargs):

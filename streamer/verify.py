@@ -123,14 +123,15 @@ def verify_download(folder: Path, sidecar: Path, *, record: bool, log) -> list[P
     the files as they are now, unless a whole-file hash the download carries (a Hugging Face
     cache blob's sha256) says a shard is damaged."""
     from .loading.download_folder import open_download
+    from .loading.hub import hub_name
 
     download, _, _ = open_download(folder)  # headers, index and layout: a clear error if broken
     recorded = read_checksums(sidecar)
     if recorded is None and not record:
         raise StreamerError(
             f"no checksums are recorded for {folder} (looked for {sidecar}): a download carries "
-            f"none. Run `streamer verify {folder} --record` right after downloading to compute "
-            "them (it reads every byte once), then `streamer verify` checks against them."
+            f"none. Run `streamer verify {hub_name(folder)} --record` right after downloading to "
+            "compute them (it reads every byte once), then `streamer verify` checks against them."
         )
     with progress_bar(sum(download.file_bytes.values()), "[verify] checksums", "B") as bar:
         current = compute_checksums(download, above(bar, log), bar.update)

@@ -384,3 +384,26 @@ def test_load_takes_numpy_s_bools_as_flags(checkpoints):
     for value in (np.int64(1), np.float32(1.0), np.array([True]), "yes"):
         with pytest.raises(StreamerError, match="verify_reads must be True or False"):
             streamer.load(folder, verify_reads=value)
+
+
+def test_load_takes_mlx_lm_load_s_keyword_names():
+    """mlx_lm.load's first argument is `path_or_hf_repo`: `streamer.load(path_or_hf_repo=...)`,
+    which runs under mlx-lm, was a TypeError (streamer named it `path`)."""
+    import inspect
+
+    import mlx_lm
+
+    ours = list(inspect.signature(streamer.load).parameters)
+    theirs = list(inspect.signature(mlx_lm.load).parameters)
+    assert ours[: len(theirs)] == theirs
+    with pytest.raises(StreamerError, match="does not exist"):
+        streamer.load(path_or_hf_repo="/nonexistent/model")
+
+
+def test_mlx_lm_s_positional_verbose_is_told_apart_from_max_tokens(checkpoints):
+    """`generate(model, tokenizer, prompt, True)`, mlx-lm's verbose, said only "max_tokens must be
+    an integer (got True)"."""
+    model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    for flag in (True, False):
+        with pytest.raises(StreamerError, match=r"fourth argument is max_tokens .*verbose="):
+            streamer.generate(model, tokenizer, "hello", flag)

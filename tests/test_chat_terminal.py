@@ -108,3 +108,11 @@ def test_commands_and_messages():
     assert "starts with / is typed as //" in HELP  # it said "is sent as //...": the reverse
     assert command("import os") == (None, "import os")
     assert command("/one\n/two") == (None, "/one\n/two")  # a block is a message
+
+
+def test_ollama_s_commands_are_taken():
+    """Ollama's /bye (end) and /clear (start over), which a user of `ollama run` types, were
+    refused as unknown commands; the help names them."""
+    assert command("/bye") == ("/quit", "")
+    assert command("/clear") == ("/reset", "")
+    assert "/bye" in HELP and "/clear" in HELP

@@ -92,3 +92,141 @@ def test_a_path_that_holds_no_model_says_what_it_is(tmp_path, capsys, what, comm
     kind["empty folder"] = "an empty folder"
     assert f"{path} is {kind[what]}" in line, line
     assert "manifest.json" in line and "config.json" in line and "repack SRC" not in line, line
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_mlx_lm_s_short_flags_are_taken(command):
+    """mlx_lm.generate's `-p PROMPT` and `-m N` (mlx_lm.chat's `-m`): refused as unrecognized
+    arguments, where a user of mlx-lm types them."""
+    from streamer.cli import parser
+
+    words = [command, "--model", "m", "-m", "7"] + (["-p", "hi"] if command == "generate" else [])
+    args = parser().parse_args(words)
+    assert args.max_tokens == 7 and getattr(args, "prompt", "hi") == "hi"
+
+
+def test_generate_takes_mlx_lm_s_no_limit(checkpoints, capsys):
+    """`--max-tokens -1`, mlx_lm.generate's "no limit" and the Python API's, was refused ("must be
+    at least 1"); it generates until the model's context (2048 here) is full."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    prompt = "import os\n" * 292  # 2044 tokens: 4 left
+    argv = ["generate", "--model", str(folder), "-p", prompt, "--ignore-chat-template"]
+    assert main([*argv, "-m", "-1"]) == 0
+    decoded = int(re.search(r"decode: (\d+) tokens", capsys.readouterr().err)[1])
+    assert 0 < decoded <= 4
+    assert main([*argv, "-m", "-2"]) == 2
+    assert "--max-tokens must be at least 1 (got -2)" in capsys.readouterr().err
+
+
+def test_a_prompt_s_backslash_n_and_t_are_mlx_lm_s_newline_and_tab(checkpoints, capsys):
+    """mlx_lm.generate reads `\\n` and `\\t` typed in --prompt as a newline and a tab; streamer
+    read them as backslashes, so the same command line computed another prompt than mlx-lm's."""
+    import streamer
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, tokenizer = streamer.load(folder)
+    argv = ["generate", "--model", str(folder), "-m", "4", "--ignore-chat-template"]
+    assert main([*argv, "-p", "import os\\n\\timport sys"]) == 0
+    out = capsys.readouterr().out
+    assert out == streamer.generate(model, tokenizer, "import os\n\timport sys", 4) + "\n"
+
+
+def test_verbose_false_prints_the_answer_alone(checkpoints, capsys):
+    """mlx_lm.generate's `--verbose False` (only the response) was an unrecognized argument; it
+    leaves out the residency and stats lines, and `--verbose True` is the default."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    argv = ["generate", "--model", str(folder), "-p", "import os", "-m", "4"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "[streamer] all experts resident" in err and "decode: 4 tokens" in err
+    for quiet in ("False", "f"):
+        assert main([*argv, "--verbose", quiet]) == 0
+        assert capsys.readouterr() == (out, "")
+    assert main([*argv, "--verbose", "True"]) == 0
+    assert capsys.readouterr().out == out
+
+
+@pytest.mark.parametrize(
+    "flag", [["--system-prompt", "Be brief."], ["--chat-template-config", "{}"]]
+)
+def test_template_flags_without_a_template_are_refused(checkpoints, tmp_path, capsys, flag):
+    """generate dropped --system-prompt (and the template's variables) without a word where no
+    template is applied: with --ignore-chat-template, or for a model that has none."""
+    import json
+    import shutil
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    plain = tmp_path / "no-template"
+    shutil.copytree(folder, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    argv = ["generate", "-p", "hi", "-m", "2", *flag]
+    assert main([*argv, "--model", str(folder), "--ignore-chat-template"]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line == (
+        f"streamer: error: {flag[0]} goes into the chat template, which --ignore-chat-template "
+        "leaves out: drop one of them."
+    )
+    assert main([*argv, "--model", str(plain)]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line == (
+        f"streamer: error: {flag[0]}: {plain} has no chat template to put it in "
+        "(tokenizer_config.json has no chat_template): leave it out."
+    )
+
+
+def test_generate_takes_mlx_lm_s_prefill_step_size(checkpoints, capsys):
+    """mlx_lm.generate's `--prefill-step-size N` (the prompt computed N tokens at a time: a lower
+    peak while it prefills) was an unrecognized argument."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    prompt = "import os\n" * 100  # 700 tokens
+    argv = ["generate", "--model", str(folder), "-p", prompt, "-m", "1", "--ignore-chat-template"]
+
+    def peak(*flags: str) -> tuple[str, float]:
+        assert main([*argv, *flags]) == 0
+        out, err = capsys.readouterr()
+        return out, float(re.search(r"MLX peak ([\d.]+) MiB", err)[1])
+
+    whole, chunked = peak(), peak("--prefill-step-size", "64")
+    assert whole[0] == chunked[0] and chunked[1] < whole[1] * 0.75, (whole, chunked)
+    assert main([*argv, "--prefill-step-size", "0"]) == 2
+    assert "--prefill-step-size must be at least 1 (got 0)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["generate", "-p", "hi", "--adapter-path", "a"], "--adapter-path is mlx-lm's: streamer"),
+        (["chat", "--adapter-path", "a"], "fuse them into the model first (mlx_lm.fuse)"),
+        (["generate", "-p", "hi", "--xtc-probability", "0.5"], "the Python API takes it"),
+        (["serve", "--decode-concurrency", "4"], "one sequence at a time"),
+        (["generate", "-p", "hi", "--prompt-cache-file", "f"], "--prompt-cache-dir"),
+    ],
+)
+def test_mlx_lm_s_flags_streamer_lacks_say_why(capsys, argv, message):
+    """mlx-lm's flags that streamer does not take said only "unrecognized arguments"."""
+    assert main([argv[0], "--model", "m", *argv[1:]]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("streamer: error: ") and message in line and "\n" not in line, line
+
+
+def test_info_s_resident_bytes_are_said_to_be_as_stored(checkpoints, capsys):
+    """info gave the non-expert weights' bytes as stored (bfloat16 here) as "kept in memory",
+    beside plan's, in the compute dtype (float32 on the CPU): two sizes for one thing."""
+    from mlx.utils import tree_flatten
+
+    import streamer
+    from streamer.io.sizes import size_text
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, _ = streamer.load(folder)
+    weights = tree_flatten(model.parameters())
+    in_memory = sum(v.nbytes for k, v in weights if "switch_mlp" not in k)
+    assert main(["info", str(folder)]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("resident")]
+    assert size_text(in_memory) not in line  # bfloat16 on disk, float32 computed
+    assert "in memory" not in line and "as stored" in line, line
+    assert main(["plan", str(folder)]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("resident")]
+    assert size_text(in_memory) in line and "in memory" in line, line

@@ -251,3 +251,15 @@ def test_a_rank_with_a_damaged_shard_is_named_and_the_group_ends(models, tmp_pat
     assert re.search(r"Node with rank 1 exited with code (2|-15)\b", result.stderr)
     assert re.search(r"Node with rank 0 exited with code (2|-15)\b", result.stderr)
     assert result.stdout == ""
+
+
+def test_verbose_false_under_mlx_launch_prints_the_answer_alone(models):
+    """`--verbose False` left out the residency and stats lines but printed the group's
+    "expert-parallel over 2 ranks" line."""
+    args = ["-p", "def read(path):", "-m", "4", "--ignore-chat-template", "--verbose", "False"]
+    shards = str(models["quantized-shards"])
+    result = launch(
+        [sys.executable, "-m", "streamer", "generate", "--model", shards, *args], models["root"]
+    )
+    assert result.returncode == 0 and result.stdout.strip(), result.stderr
+    assert "[streamer]" not in result.stderr and "decode:" not in result.stderr, result.stderr

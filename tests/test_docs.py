@@ -214,7 +214,7 @@ def synopsis_flags() -> dict[str, set[str]]:
             command = words.split()[1]
         if command is None:
             continue
-        flags = set(re.findall(r"--[\w-]+", words))
+        flags = set(re.findall(r"(?<![\w-])--?\w[\w-]*", words))  # -p too
         flags |= {f for name, group in groups.items() if f"[{name}]" in words for f in group}
         found.setdefault(command, set()).update(flags)
     return found
@@ -291,3 +291,13 @@ def test_the_readme_s_python_api_is_the_code_s():
     assert all(f in response.__dataclass_fields__ or hasattr(response, f) for f in listed)
     assert list(inspect.signature(streamer.generate).parameters)[3] == "max_tokens"
     assert list(inspect.signature(streamer.stream_generate).parameters)[3] == "max_tokens"
+
+
+def test_the_readme_gives_the_demo_model_s_size():
+    """The README gave the demo model as 5.6 MB: its files hold 5.8 MB (5.6 MiB), and sizes are
+    written in binary units everywhere else."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    stated = re.search(r"\(`streamer/demo_model/`, ([\d.]+) MiB\)", readme)
+    assert stated, "the README gives no size in MiB for the demo model"
+    files = sum(p.stat().st_size for p in (PACKAGE / "demo_model").iterdir())
+    assert stated[1] == f"{files / 2**20:.1f}"

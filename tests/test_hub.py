@@ -156,3 +156,31 @@ def test_an_empty_name_is_refused_not_taken_for_the_working_directory(
         assert "model '' is empty: give a model's folder or its org/name" in capsys.readouterr().err
     assert main(["repack", "", str(tmp_path / "out")]) == 2
     assert "source '' is empty" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_pulled_name_whose_download_is_gone_is_not_sent_to_pull(hub, tmp_path, monkeypatch):
+    """A name `streamer pull` repacked with --delete-source: repack and plan --quantize, which
+    read the download, said to `streamer pull` it, which answers that it is pulled already."""
+    from streamer.loading.hub import pulled_folder
+
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "streamer-cache"))
+    pulled_folder("tiny-org/Pulled").mkdir(parents=True)
+    with pytest.raises(StreamerError) as refused:
+        resolve("tiny-org/Pulled", "source")
+    message = str(refused.value)
+    assert "streamer pull tiny-org/Pulled`" not in message, message
+    assert str(pulled_folder("tiny-org/Pulled")) in message and "hf download" in message, message
+
+
+def test_a_cached_download_s_checksum_advice_names_it(hub, tmp_path, monkeypatch, capsys):
+    """`streamer verify org/name` (and --verify-reads) of a download with no checksums recorded
+    said to run `streamer verify <the snapshot's path> --record`: the name works, and is what was
+    typed."""
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "streamer-cache"))
+    for argv in (
+        ["verify", "tiny-org/Tiny-MLX"],
+        ["generate", "--model", "tiny-org/Tiny-MLX", "-p", "hi", "--verify-reads"],
+    ):
+        assert main(argv) == 2
+        line = capsys.readouterr().err.splitlines()[-1]
+        assert "`streamer verify tiny-org/Tiny-MLX --record`" in line, line

@@ -127,3 +127,14 @@ def test_generate_and_info_cli_on_a_download(download):
         [sys.executable, "-m", "streamer", "info", str(download)], capture_output=True, text=True
     )
     assert info.returncode == 0 and "in place, 9 byte ranges per expert" in info.stdout
+
+
+def test_verify_reads_without_checksums_names_the_flag_on_the_command_line(download, capsys):
+    """`generate --verify-reads` of a download whose checksums are not recorded said
+    "verify_reads needs checksums", the Python API's keyword, not the flag typed."""
+    from streamer.cli import main
+
+    argv = ["generate", "--model", str(download), "-p", "hi", "--verify-reads"]
+    assert main(argv) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("streamer: error: --verify-reads needs checksums of "), line

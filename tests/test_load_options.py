@@ -66,3 +66,18 @@ def test_the_cli_refuses_a_bad_flag_before_looking_the_model_up(capsys):
     assert main([*argv, "--checksums", "/nonexistent/sums.json"]) == 2
     err = capsys.readouterr().err
     assert "--checksums /nonexistent/sums.json: no such file" in err and "Traceback" not in err
+
+
+def test_the_mapped_path_refused_on_cuda_names_the_flag_the_cli_took(monkeypatch, capsys):
+    """On MLX's CUDA backend `--read-path mapped` was refused as `read_path="mapped"`, the Python
+    API's spelling, on the command line too (the backend stood in: this machine has no CUDA)."""
+    from streamer.loading import backend
+
+    monkeypatch.setattr(backend, "backend", lambda: "cuda")
+    with pytest.raises(StreamerError, match=r"^read_path='mapped' does not run"):
+        load_options(read_path="mapped")
+    argv = ["generate", "--model", "no-such-org/no-such-model", "--prompt", "hi"]
+    assert main([*argv, "--read-path", "mapped"]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("streamer: error: --read-path mapped does not run on MLX's CUDA"), line
+    assert "use --read-path slots, the default" in line, line

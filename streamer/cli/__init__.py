@@ -13,6 +13,7 @@ from ..errors import StreamerError
 from . import demo, generate, info, launch, plan, pull, repack, serve, verify
 from .demo import DEMO_MODEL
 from .interrupts import exiting_on_ctrl_c, interrupt_in, interrupted_status
+from .mlx_lm_flags import mlx_lm_only
 from .output import (
     OutputFailed,
     error_line,
@@ -71,6 +72,7 @@ class Parser(argparse.ArgumentParser):
             message = f"unrecognized arguments: {' '.join(unknown)}"
             close = difflib.get_close_matches(unknown[0].split("=")[0], self._option_names(), 1)
             message += f" (did you mean {close[0]}?)" if close else ""
+            message = mlx_lm_only(unknown[0]) or message
         if message.endswith(": expected one argument"):
             message += self._value_taken_for_an_option(message)
         raise StreamerError(f"{message} (see `{self.prog} --help`)")

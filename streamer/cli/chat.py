@@ -24,11 +24,16 @@ from .repl import HELP, Reader, command, not_text
 STOPS_WITHIN = 10  # seconds a stopped answer's engine thread is waited for, then the chat ends
 
 
-def templated(tokenizer, prompt: str, system_prompt: str | None = None) -> str:
-    """`prompt` as the user's message in the chat template (with a system message first)."""
+def templated(
+    tokenizer, prompt: str, system_prompt: str | None = None, variables: dict | None = None
+) -> str:
+    """`prompt` as the user's message in the chat template (with a system message first), the
+    template given its `variables` (--chat-template-config)."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": prompt})
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, **(variables or {})
+    )
 
 
 def check_system_message(tokenizer, system_prompt: str | None) -> None:
@@ -51,8 +56,9 @@ def check_system_message(tokenizer, system_prompt: str | None) -> None:
 
 
 class Conversation:
-    def __init__(self, system_prompt: str | None, template: bool):
+    def __init__(self, system_prompt: str | None, template: bool, variables: dict | None = None):
         self.system_prompt, self.template = system_prompt, template
+        self.variables = variables or {}  # the template's (--chat-template-config)
         self.reset()
 
     def reset(self) -> None:
@@ -61,7 +67,9 @@ class Conversation:
 
     def request(self, model: str, sampling: Sampling) -> Completion:
         if self.template:
-            return Completion(True, model, None, sampling, messages=self.messages)
+            return Completion(
+                True, model, None, sampling, messages=self.messages, template_kwargs=self.variables
+            )
         # no template: the conversation as one running text, each turn continuing it
         text = "".join(
             m["content"] + ("\n" if m["role"] != "assistant" else "") for m in self.messages
@@ -74,6 +82,7 @@ def chat(
     *,
     system_prompt: str | None = None,
     template: bool = True,
+    template_variables: dict | None = None,
     max_tokens: int = 512,
     context: int | None = None,
     sampling: Sampling | None = None,
@@ -81,7 +90,7 @@ def chat(
     stdout: TextIO = sys.stdout,
     stderr: TextIO = sys.stderr,
 ) -> None:
-    conversation = Conversation(system_prompt, template)
+    conversation = Conversation(system_prompt, template, template_variables)
     sampling = sampling or Sampling()
     last: Done | None = None
     reader = Reader(stdin, stderr)

@@ -10,7 +10,8 @@ from pathlib import Path
 from ..errors import StreamerError
 from .generate import stream
 from .interrupts import raising_on_ctrl_c
-from .options import DTYPE_NAMES, add_prompt, prompt
+from .options import DTYPE_NAMES, add_prompt
+from .prompt_text import prompt
 
 DEMO_MODEL = Path(__file__).parent.parent / "demo_model"
 # 4-bit experts, as users run real models, in NVFP4 (groups of 16): the one 4-bit mode whose

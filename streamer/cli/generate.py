@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..arguments import check_token_ids, vocabulary
+from ..arguments import check_at_least, check_token_ids, vocabulary
 from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
@@ -18,10 +18,12 @@ from .options import (
     add_template,
     load_options,
     model_folder,
-    prompt,
-    text_flags,
 )
 from .output import emit
+from .prompt_text import check_template_flags, prompt, text_flags
+
+TEMPLATE_FLAGS = ("--system-prompt", "--chat-template-config")  # read by the chat template alone
+PREFILL_STEP = 2048  # prompt tokens computed at a time: mlx_lm.generate's default
 
 
 def add_parser(sub) -> None:
@@ -46,6 +48,20 @@ def add_parser(sub) -> None:
         metavar="TOKEN",
         help="more tokens that end the answer (text or id)",
     )
+    p.add_argument(
+        "--prefill-step-size",
+        type=int,
+        default=PREFILL_STEP,
+        metavar="N",
+        help="prompt tokens computed at a time (fewer: a lower peak while a long prompt prefills)",
+    )
+    p.add_argument(
+        "--verbose",
+        type=lambda text: text.lower() not in ("false", "f"),  # mlx_lm.generate's str2bool
+        default=True,
+        metavar="BOOL",
+        help="False: the answer alone, without the residency and stats lines (as mlx_lm.generate)",
+    )
     add_kv_cache(p)
     add_drafting(p)
     add_loading(p)
@@ -65,6 +81,8 @@ def generate(args: argparse.Namespace) -> int:
         raise StreamerError(
             "--chat asks for the chat template and --ignore-chat-template for none: pass one."
         )
+    check_template_flags(args, TEMPLATE_FLAGS)
+    check_at_least(args.prefill_step_size, "--prefill-step-size", 1)
     kv_options(args)
     check_drafting(args)
     from ..loading.load import load_decided
@@ -75,9 +93,9 @@ def generate(args: argparse.Namespace) -> int:
     rank = group.rank() if group else 0
     options = load_options(args, group)
     model, tokenizer = load_decided(model_folder(args, group), options)
-    if rank == 0:
+    if rank == 0 and args.verbose:
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr)
-    if group is not None and rank == 0:
+    if group is not None and rank == 0 and args.verbose:
         print(
             f"[streamer] expert-parallel over {group.size()} ranks: each computes its share of "
             "every MoE layer's routed experts",
@@ -96,12 +114,13 @@ def generate(args: argparse.Namespace) -> int:
             f"--chat: {args.model} has no chat template (tokenizer_config.json has no "
             "chat_template): drop --chat to continue the prompt as plain text."
         )
+    check_template_flags(args, TEMPLATE_FLAGS, tokenizer.has_chat_template)
     if tokenizer.has_chat_template and not args.ignore_chat_template:
         from .chat import check_system_message, templated  # mlx-lm's generate: once needed
 
         check_system_message(tokenizer, args.system_prompt)
         try:
-            text = templated(tokenizer, text, args.system_prompt)
+            text = templated(tokenizer, text, args.system_prompt, args.chat_template_config)
         except Exception as e:  # jinja2's errors, or whatever the template raises
             raise StreamerError(
                 f"{args.model}: the model's chat template fails ({type(e).__name__}: {e}); fix "
@@ -155,6 +174,7 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 min_p=args.min_p,
                 seed=args.seed,
                 max_kv_size=getattr(args, "max_kv_size", None),
+                prefill_step_size=getattr(args, "prefill_step_size", PREFILL_STEP),  # demo: none
                 **kv,
                 **drafting,
                 **prefill,
@@ -175,6 +195,6 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
         line = f"{line} | {group_stats_line(group, model, stats)}"  # every rank takes part
     if shown:
         emit()
-        if line is not None:
+        if line is not None and getattr(args, "verbose", True):  # demo has no --verbose
             print(line, file=sys.stderr)
     return 0

@@ -69,7 +69,9 @@ def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> li
         *_shard_lines(manifest),
         f"quantization      {_describe_quantization(quant) if quant else 'none'}",
         f"expert weights    {_expert_weights(layers)}",
-        f"resident bytes    {size_text(resident)} (non-expert weights, kept in memory)",
+        # as stored: the compute dtype's (plan's) may be wider, float32 on the CPU
+        f"resident bytes    {size_text(resident)} (non-expert weights as stored; "
+        "in the compute dtype: `streamer plan`)",
         f"expert bytes      {size_text(manifest.expert_file_bytes)} (streamed from disk)",
         f"active per token  {size_text(active)} of experts ({top_k} x {len(layers)} layers)",
     ]

@@ -1,22 +1,20 @@
-"""Options several commands share, and the prompt they read."""
+"""Options several commands share (the prompt is read by prompt_text.py)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TYPE_CHECKING
 
 from ..arguments import (
     DTYPE_NAMES,
     MIN_KV_SIZE,
+    NO_LIMIT,
     check_at_least,
-    check_request,
     check_sampling,
     parse_size,
 )
 from ..errors import StreamerError
-from .input_relay import INPUT_ENDS
 
 if TYPE_CHECKING:  # mlx is imported only once a command runs
     import mlx.core as mx
@@ -108,13 +106,20 @@ def add_sampling(p: argparse.ArgumentParser, seed: int | None = None) -> None:
 def add_prompt(
     p: argparse.ArgumentParser, prompt_default: str | None, seed: int | None = None
 ) -> None:
-    p.add_argument(
+    p.add_argument(  # -p and -m: mlx_lm.generate's short forms
         "--prompt",
+        "-p",
         default=prompt_default,
         required=prompt_default is None,
-        help="text to continue ('-': read stdin)",
+        help="text to continue (\\n, \\t: a newline, a tab; '-': read stdin)",
     )
-    p.add_argument("--max-tokens", type=int, default=100, help="tokens to generate at most")
+    p.add_argument(
+        "--max-tokens",
+        "-m",
+        type=int,
+        default=100,
+        help="tokens to generate at most (-1: until the context is full)",
+    )
     add_sampling(p, seed)
 
 
@@ -124,6 +129,12 @@ def add_template(p: argparse.ArgumentParser) -> None:
         "--ignore-chat-template",
         action="store_true",
         help="use the prompt as plain text even if the model has a chat template",
+    )
+    p.add_argument(
+        "--chat-template-config",
+        metavar="JSON",
+        help="the chat template's variables, as mlx_lm.generate's: e.g. "
+        "'{\"enable_thinking\": false}' (Qwen3: no thinking)",
     )
 
 
@@ -182,9 +193,10 @@ def load_options(args: argparse.Namespace, group: mx.distributed.Group | None) -
     )
 
 
-def check_sampling_flags(args: argparse.Namespace) -> None:
+def check_sampling_flags(args: argparse.Namespace, no_limit: bool = False) -> None:
     """The sampling flags and --max-tokens (and --max-kv-size where the command has it), checked
-    before the slow imports and the load."""
+    before the slow imports and the load; `no_limit`: --max-tokens may be -1, mlx-lm's "no limit"
+    (generate's: until the context is full)."""
     check_sampling(
         args.temp,
         args.top_p,
@@ -194,67 +206,7 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
         option="--",
         dash=True,
     )
-    check_at_least(args.max_tokens, "--max-tokens", 1)
+    if not (no_limit and args.max_tokens == NO_LIMIT):
+        check_at_least(args.max_tokens, "--max-tokens", 1)
     if getattr(args, "max_kv_size", None) is not None:
         check_at_least(args.max_kv_size, "--max-kv-size", MIN_KV_SIZE)
-
-
-CLOSED_STDIN = "{} from standard input, which is closed: give it a file or a pipe (`< FILE`)."
-# opened only for writing (`0>FILE`) or failing to read: the read's OSError was a traceback
-UNREADABLE_STDIN = (
-    "{} from standard input, which cannot be read ({}): give it a file or a pipe (`< FILE`)."
-)
-
-
-def prompt(args: argparse.Namespace) -> str:
-    """The prompt as UTF-8 text, from --prompt or (with `--prompt -`) from stdin's bytes.
-
-    Arguments reach Python as text decoded with surrogate escapes; os.fsencode recovers the bytes
-    the shell passed, so invalid UTF-8 is reported here instead of failing inside the tokenizer.
-    An empty prompt or a --max-tokens below 1 is refused before the model is loaded.
-    """
-    if args.prompt == "-" and sys.stdin is None:
-        raise StreamerError(CLOSED_STDIN.format("--prompt - reads the prompt"))
-    if args.prompt == "-" and _input_never_ends():
-        raise StreamerError(
-            "--prompt - reads standard input to its end, which never comes under mlx.launch "
-            "(it does not pass the end on), nor on another host than streamer launch's: give "
-            'the prompt as --prompt "$(cat FILE)".'
-        )
-    try:
-        raw = sys.stdin.buffer.read() if args.prompt == "-" else os.fsencode(args.prompt)
-    except OSError as e:
-        what = UNREADABLE_STDIN.format("--prompt - reads the prompt", e.strerror)
-        raise StreamerError(what) from None
-    text = _utf8(raw, "the prompt")
-    check_sampling_flags(args)
-    how = " with --prompt (or `--prompt -` for stdin)"
-    check_request(text, args.max_tokens, option="--max-tokens", how=how)
-    return text
-
-
-def _input_never_ends() -> bool:
-    """A rank of mlx.launch (mlx 0.32.4 relays input, never its end) or one on another host than
-    streamer launch's (its input is the terminal `ssh -tt` opens there): input_relay.py."""
-    launched = any(v in os.environ for v in ("MLX_RANK", "MLX_WORLD_SIZE"))
-    return launched and INPUT_ENDS not in os.environ
-
-
-def text_flags(args: argparse.Namespace) -> None:
-    """--system-prompt and --extra-eos-token checked as the prompt is: bytes that are not UTF-8
-    reached the template as lone surrogates (a traceback in the tokenizer, or every chat turn
-    refused), and the tokenizer, after loading, as "surrogates not allowed"."""
-    if args.system_prompt is not None:
-        _utf8(os.fsencode(args.system_prompt), "--system-prompt")
-    for token in getattr(args, "extra_eos_token", []):
-        _utf8(os.fsencode(token), "--extra-eos-token")
-
-
-def _utf8(raw: bytes, what: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise StreamerError(
-            f"{what} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
-            "pass UTF-8 text (check the file's or terminal's encoding)."
-        ) from None

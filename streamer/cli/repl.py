@@ -9,15 +9,17 @@ from typing import TextIO
 
 from ..errors import StreamerError
 from ..io.checksums import cache_dir
-from .options import UNREADABLE_STDIN
+from .prompt_text import UNREADABLE_STDIN
 
 BLOCK = '"""'
 COMMANDS = {
     "/help": "this list",
-    "/reset": "start the conversation over",
+    "/reset": "start the conversation over (also /clear)",
     "/stats": "the last answer's figures",
-    "/quit": "end the chat (also /exit, or Ctrl-D)",
+    "/quit": "end the chat (also /exit, /bye, or Ctrl-D)",
 }
+# other spellings: /bye and /clear are Ollama's (`ollama run`), /? its help too
+ALIASES = {"/exit": "/quit", "/bye": "/quit", "/clear": "/reset", "/?": "/help"}
 HELP = (
     "; ".join(f"{name} {what}" for name, what in COMMANDS.items())
     + f". A message of several lines goes between two lines of {BLOCK}; a message that starts "
@@ -116,9 +118,5 @@ def command(text: str) -> tuple[str | None, str]:
         return None, text.replace("//", "/", 1)
     if not stripped.startswith("/") or "\n" in stripped:
         return None, text
-    name = stripped.split()[0]
-    if name == "/exit":
-        return "/quit", ""
-    if name == "/?":
-        return "/help", ""
+    name = ALIASES.get(stripped.split()[0], stripped.split()[0])
     return (name, "") if name in COMMANDS else ("?", stripped)

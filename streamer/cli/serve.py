@@ -20,7 +20,6 @@ from .kv_options import (
     kv_options,
 )
 from .options import (
-    CLOSED_STDIN,
     add_loading,
     add_model,
     add_sampling,
@@ -29,8 +28,8 @@ from .options import (
     load_options,
     model_folder,
     size,
-    text_flags,
 )
+from .prompt_text import CLOSED_STDIN, check_template_flags, template_variables, text_flags
 
 API_KEY_ENV = "STREAMER_API_KEY"
 # The memory the kept KV caches may take by default, as llama.cpp's server's --cache-ram: their
@@ -61,6 +60,12 @@ def add_parsers(sub) -> None:
         "`ps`, not the environment's)",
     )
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    p.add_argument(
+        "--chat-template-args",
+        metavar="JSON",
+        help="the chat template's variables where a request's chat_template_kwargs does not set "
+        "them, as mlx_lm.server's: e.g. '{\"enable_thinking\": false}' (Qwen3: no thinking)",
+    )
     p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
     p.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
     p.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
@@ -85,7 +90,9 @@ def add_parsers(sub) -> None:
         "chat", help="a conversation in the terminal with a repacked model or an MLX download"
     )
     add_model(p)
-    p.add_argument("--max-tokens", type=int, default=512, help="per answer")
+    p.add_argument(
+        "--max-tokens", "-m", type=int, default=512, help="per answer"
+    )  # mlx_lm.chat's -m
     add_sampling(p)
     add_template(p)
     add_prompt_cache_dir(p)
@@ -105,6 +112,8 @@ def serve(args: argparse.Namespace) -> None:
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise StreamerError("--served-model-name is empty: give a value, or leave the flag out.")
     api_key = api_key_option(args)
+    variables = args.chat_template_args
+    variables = {} if variables is None else template_variables(variables, "--chat-template-args")
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
@@ -134,6 +143,7 @@ def serve(args: argparse.Namespace) -> None:
                 defaults=defaults,
                 max_tokens=args.max_tokens,
                 api_key=api_key,
+                template_kwargs=variables,
             )
     except KeyboardInterrupt as e:  # the generation thread may be mid-answer, in MLX
         end_interrupted(e)
@@ -176,6 +186,7 @@ def chat(args: argparse.Namespace) -> None:
     if hasattr(sys.stdin, "reconfigure"):  # a text stream: a line not UTF-8 refused, not fatal
         sys.stdin.reconfigure(errors="surrogateescape")
     text_flags(args)
+    check_template_flags(args, ("--chat-template-config",))  # a system prompt is text without one
     check_sampling_flags(args)
     options, disk = kv_options(args), disk_option(args)
     check_drafting(args)
@@ -190,6 +201,7 @@ def chat(args: argparse.Namespace) -> None:
 
     if tokenizer.has_chat_template and not args.ignore_chat_template:
         check_system_message(tokenizer, args.system_prompt)
+    check_template_flags(args, ("--chat-template-config",), tokenizer.has_chat_template)
 
     check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))
@@ -213,6 +225,7 @@ def chat(args: argparse.Namespace) -> None:
                 engine,
                 system_prompt=args.system_prompt,
                 template=template,
+                template_variables=args.chat_template_config,
                 max_tokens=args.max_tokens,
                 context=context,
                 sampling=sampling,

@@ -40,9 +40,12 @@ def read_path_for_backend(read_path: object, name: str = "read_path") -> tuple[s
     if read_path not in READ_PATHS:
         raise StreamerError(f"{name} must be one of {', '.join(READ_PATHS)}, not {read_path!r}.")
     if read_path == "mapped" and where == "cuda":
-        raise StreamerError(
-            'read_path="mapped" does not run on MLX\'s CUDA backend (the GPU cannot read a mapped '
-            'file; it has no tested implementation there): use read_path="slots", the default.'
+        raise refusal(
+            lambda spell: (
+                f"{spell('read_path', 'mapped')} does not run on MLX's CUDA backend (the GPU "
+                "cannot read a mapped file; it has no tested implementation there): use "
+                f"{spell('read_path', 'slots')}, the default."
+            )
         )
     return read_path, "asked for"
 

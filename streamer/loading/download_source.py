@@ -13,13 +13,14 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..errors import StreamerError
+from ..errors import StreamerError, refusal
 from ..io.checkpoint import Checkpoint
 from ..io.checksums import Checksums, default_sidecar, read_checksums
 from ..io.expert_files import ExpertFiles
 from ..io.integrity import file_stat, stat_change
 from ..io.lock import lock_download_for_reading
 from .download_folder import Download, layouts, open_download
+from .hub import hub_name
 from .options import LoadOptions
 from .source import Source
 
@@ -77,9 +78,11 @@ def _recorded(download: Download, sidecar: Path, verify_reads: bool) -> Checksum
     folder = download.folder
     if recorded is None:
         if verify_reads:
-            raise StreamerError(
-                f"verify_reads needs checksums of {folder}, and none are recorded ({sidecar}): "
-                f"run `streamer verify {folder} --record` once first."
+            raise refusal(
+                lambda spell: (
+                    f"{spell('verify_reads')} needs checksums of {folder}, and none are recorded "
+                    f"({sidecar}): run `streamer verify {hub_name(folder)} --record` once first."
+                )
             )
         return None
     for shard in download.file_bytes:
@@ -87,8 +90,9 @@ def _recorded(download: Download, sidecar: Path, verify_reads: bool) -> Checksum
         if old is None or stat_change(old, file_stat(folder / shard)):
             raise StreamerError(
                 f"{folder / shard} changed since its checksums were recorded in {sidecar}: run "
-                f"`streamer verify {folder}` to check it, then `streamer verify {folder} --record` "
-                "to record the files as they are now (or delete that file to ignore it)."
+                f"`streamer verify {hub_name(folder)}` to check it, then `streamer verify "
+                f"{hub_name(folder)} --record` to record the files as they are now (or delete that "
+                "file to ignore it)."
             )
     if any(
         len(crcs := recorded.experts.get(layer.module, ())) != layer.num_experts
@@ -108,5 +112,6 @@ def _verify_resident(download: Download, recorded: Checksums) -> None:
             if zlib.crc32(ckpt.read(info)) != recorded.resident.get(name):
                 raise StreamerError(
                     f"{info.path}: tensor '{name}' does not match its checksum: the file is "
-                    f"corrupt. Run `streamer verify {download.folder}` to list every bad tensor."
+                    f"corrupt. Run `streamer verify {hub_name(download.folder)}` to list every "
+                    "bad tensor."
                 )

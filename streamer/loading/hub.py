@@ -88,6 +88,13 @@ def resolve(name: str | Path, what: str = "model") -> Path:
             f"{text}` finishes it.",
         ) from None
     except LocalEntryNotFoundError:
+        if pulled_folder(text).exists():  # `streamer pull` would answer "pulled already"
+            raise NotDownloaded(
+                text,
+                f"{text}'s download is not in the Hugging Face cache ({constants.HF_HUB_CACHE}): "
+                f"it was pulled and repacked into {pulled_folder(text)}, which --model "
+                f"{text} runs; `hf download {text}` fetches the download again.",
+            ) from None
         raise NotDownloaded(
             text,
             f"{text} is neither a folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}): "
@@ -95,6 +102,15 @@ def resolve(name: str | Path, what: str = "model") -> Path:
         ) from None
     except Exception as e:  # a malformed repo id or a damaged cache entry
         raise StreamerError(f"cannot look up {text} in the Hugging Face cache: {e}") from None
+
+
+def hub_name(folder: Path) -> str:
+    """How a command names `folder`: org/name for a snapshot in the Hugging Face cache
+    (models--org--name/snapshots/REV, which every command takes as org/name), else its path."""
+    repo = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repo.startswith("models--") and repo.count("--") == 2:
+        return repo.removeprefix("models--").replace("--", "/")
+    return str(folder)
 
 
 def cache_damage(cache: Path, name: str) -> str | None:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # mlx_lm.tokenizer_utils imports transformers: seconds, paid 
 
 
 def load(
-    path: str | Path,
+    path_or_hf_repo: str | Path,
     tokenizer_config: dict | None = None,
     model_config: dict | None = None,
     adapter_path: str | None = None,
@@ -58,7 +58,8 @@ def load(
     cuda_misses: str | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper] | tuple[nn.Module, TokenizerWrapper, dict]:
     """Load a repacked model, or an MLX-quantized download in place: non-expert
-    weights resident, experts streamed from disk. `path` may be org/name (loading/hub.py).
+    weights resident, experts streamed from disk. `path_or_hf_repo` (mlx_lm.load's name): a
+    folder, or org/name (loading/hub.py).
     mlx_lm.load's arguments come first, in its order: `tokenizer_config` (extra arguments for
     the tokenizer) and `return_config` (return the model's config too) as mlx-lm takes them;
     `model_config`, `adapter_path`, `lazy=True` and `revision`, which streamer cannot honour,
@@ -90,7 +91,7 @@ def load(
     "mapped", "registered", "pinned" or "gathered" (None: "gathered", the default; a bench
     switch, bench/worker.py --cuda-misses); elsewhere misses are read into their slots.
     """
-    check_unhonoured(path, model_config, adapter_path, lazy, revision)
+    check_unhonoured(path_or_hf_repo, model_config, adapter_path, lazy, revision)
     return_config = as_flag(return_config, "return_config")
     options = load_options(
         tokenizer_config=tokenizer_config,
@@ -104,7 +105,7 @@ def load(
         checksums=checksums,
         cuda_misses=cuda_misses,
     )
-    model, tokenizer = load_decided(path, options)
+    model, tokenizer = load_decided(path_or_hf_repo, options)
     return (model, tokenizer, model.streamer.config) if return_config else (model, tokenizer)
 
 

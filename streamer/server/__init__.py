@@ -82,15 +82,17 @@ def serve(
     defaults: Sampling | None = None,
     max_tokens: int = 512,
     api_key: str | None = None,
+    template_kwargs: dict | None = None,
 ) -> None:
     """Answer requests with `engine` (open_engine's; rank 0's under an expert-parallel group),
     its model served as `name` (whatever name a request gives), until interrupted; with
-    `api_key`, only to requests that carry it. The engine is closed at the end, whatever ends it
-    (under a group that tells the other ranks to stop)."""
+    `api_key`, only to requests that carry it; `template_kwargs`: the chat template's variables
+    where a request's chat_template_kwargs leaves them out. The engine is closed at the end,
+    whatever ends it (under a group that tells the other ranks to stop)."""
     from .app import App
     from .http import Handler, Server
 
-    app = App(engine, name, defaults or Sampling(), max_tokens, context, api_key)
+    app = App(engine, name, defaults or Sampling(), max_tokens, context, api_key, template_kwargs)
     try:
         try:
             httpd = Server((host, port), Handler)

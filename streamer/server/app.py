@@ -1,5 +1,6 @@
-"""What every request handler of `streamer serve` shares, and how a request becomes a job: its
-prompt checked for size, tokenized and fitted to the model's context.
+"""What every request handler of `streamer serve` shares (the engine, the served model's names, the
+defaults a request leaves to the server), and how a request becomes a job: its prompt checked for
+size, tokenized and fitted to the model's context.
 
 A tokenizer is used by one thread at a time (HF's fast tokenizers are not safe across threads), so
 a prompt of megabytes, seconds to tokenize, made every other request's prompt wait as long. Long
@@ -34,14 +35,17 @@ class App:
         max_tokens: int,
         context: int | None,
         api_key: str | None = None,
+        template_kwargs: dict | None = None,  # --chat-template-args: a request's replace them
     ):
         self.engine, self.model_id, self.api_key = engine, model_id, api_key
+        self.template_kwargs = template_kwargs or {}
         self.defaults, self.max_tokens, self.context = defaults, max_tokens, context
         self.started = int(time.time())  # the served model's `created`
         self._long: tuple | None = None  # the long prompts' tokenizer and lock, once needed
         self._copying = threading.Lock()
 
     def job(self, request: Completion) -> Job:
+        request.template_kwargs = {**self.template_kwargs, **request.template_kwargs}
         tokenizer, lock = self._tokenizer(prompt_size(request, self.context))
         with lock:
             prompt = prompt_tokens(request, tokenizer)
