@@ -253,3 +253,15 @@ def test_a_rank_that_cannot_join_its_group_says_so_in_one_line(monkeypatch):
     monkeypatch.setattr(mx.distributed, "init", unreachable)
     with pytest.raises(StreamerError, match=r"rank 1 cannot join its group \(\[ring\] Couldn't"):
         launched_group()
+
+
+def test_one_rank_launched_on_the_ring_runs_alone(tmp_path, monkeypatch):
+    """`streamer launch -n 1` (one host: mlx.launch writes "" as the ring's hostfile). Before:
+    `rank 0 cannot join its group ([json.exception.parse_error.101] parse error ...)`."""
+    from streamer.parallel.group import launched_group
+
+    hostfile = tmp_path / "ring"
+    hostfile.write_text("\n")  # as mlx.launch's script writes it: `echo '' > $fname`
+    monkeypatch.setenv("MLX_RANK", "0")
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    assert launched_group() is None
