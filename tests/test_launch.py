@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import pty
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from mlx_launch import LAUNCH_SECONDS, finish, free_ports, launch, start
@@ -41,7 +43,8 @@ def test_the_failed_rank_named_is_one_that_said_why():
     """A fault every rank finds (shards given to the wrong ranks) is said by rank 0 alone; when
     silent rank 1 ended first, or rank 0 was being stopped as it exited on its own, the launch
     said `rank 1 exited with status 2 (it wrote nothing on stderr)`."""
-    from streamer.cli.launch import RankEnd, _cause
+    from streamer.cli.launch import _cause
+    from streamer.cli.launch_ranks import RankEnd
 
     said = "streamer: error: rank 0 (host:/shard1) holds shard 1/2, which is rank 1's"
     silent = RankEnd(1, 2, False, "")
@@ -265,3 +268,49 @@ def test_one_rank_launched_on_the_ring_runs_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("MLX_RANK", "0")
     monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
     assert launched_group() is None
+
+
+def launched_remotely(tmp_path, script: str, typed: str) -> subprocess.CompletedProcess:
+    """`streamer launch` of `script` on 2 ranks of "other hosts", reached through
+    tests/fake_ssh.py (a terminal each, as `ssh -tt` gives), `typed` on its input (kept open)."""
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    ssh = bin_folder / "ssh"
+    fake = Path(__file__).with_name("fake_ssh.py")
+    ssh.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(fake))} "$@"\n')
+    ssh.chmod(0o755)
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": f"host{r}", "ips": ["127.0.0.1"]} for r in (0, 1)]))
+    argv = [sys.executable, "-m", "streamer", "launch", "--hostfile", str(hostfile)]
+    argv += ["--starting-port", str(free_ports()), "--", *shell(script)]
+    read_end, write_end = os.pipe()
+    path = f"{bin_folder}{os.pathsep}{os.environ['PATH']}"
+    process = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PATH": path},
+        stdin=read_end,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    os.close(read_end)
+    os.write(write_end, typed.encode())
+    try:
+        return finish(process)
+    finally:
+        os.close(write_end)
+
+
+def test_a_remote_rank_stopped_after_another_failed_is_stopped_without_a_traceback(tmp_path):
+    """A remote rank's terminal writes `\\r\\n`, and echoes what it is given before mlx.launch's
+    script turns its echo off. Before: MLX read `/tmp/tmp.X\\r` (or the echoed input) as the
+    rank's pid file, its kill script failed (`CalledProcessError` traceback), and the failed
+    rank, whose errors come on its terminal, `wrote nothing on stderr`."""
+    script = '[ $MLX_RANK = 1 ] || exec sleep 60; sleep 1; echo "bad disk" >&2; exit 3'
+    result = launched_remotely(tmp_path, script, "hello\n")
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr and "/tmp/" not in result.stdout, result
+    last = result.stderr.splitlines()[-1]
+    assert last == "streamer: error: rank 1 exited with status 3: bad disk", result.stderr

@@ -10,9 +10,10 @@ ranks' pipes and close them at its end. Every rank gets the input, as from MLX: 
 `generate --prompt -` reads its own prompt (the ranks then compare them). A rank that reads
 none (chat's followers) holds no other rank back: its writer waits alone on a full pipe.
 
-Local ranks only: a remote rank reads its input from the terminal `ssh -tt` opens on its host,
-whose end does not follow from the ssh client's (`STREAMER_INPUT_ENDS`, set here, is not
-passed over ssh: a remote `--prompt -` is refused, as under mlx.launch).
+A remote rank reads its input from the terminal `ssh -tt` opens on its host, whose end does not
+follow from the ssh client's (`STREAMER_INPUT_ENDS`, set here, is not passed over ssh: a remote
+`--prompt -` is refused, as under mlx.launch). Its input is held until that terminal's echo is
+off (launch_ranks.py): echoed, it came back in place of the line MLX reads first.
 """
 
 from __future__ import annotations
@@ -39,13 +40,18 @@ class InputRelay:
         self._stopped = False
         self._more = threading.Condition()
         self._stand_ins: list = []
+        self._holds: list[threading.Event] = []
 
-    def take(self, process: subprocess.Popen) -> None:
-        """Write the input to `process`'s stdin pipe from now on, closing it at the input's end;
-        MLX's thread for the rank gets /dev/null in its place."""
+    def take(self, process: subprocess.Popen, held: threading.Event | None = None) -> None:
+        """Write the input to `process`'s stdin pipe from now on (once `held` is set), closing
+        it at the input's end; MLX's thread for the rank gets /dev/null in its place."""
         pipe, process.stdin = process.stdin, open(os.devnull, "wb")  # noqa: SIM115 (closed below)
         self._stand_ins.append(process.stdin)
-        threading.Thread(target=self._write, args=(pipe,), daemon=True).start()
+        if held is None:
+            held = threading.Event()
+            held.set()
+        self._holds.append(held)
+        threading.Thread(target=self._write, args=(pipe, held), daemon=True).start()
 
     def read(self, stdin) -> None:
         """Read `stdin` (None where closed) to its end; a read that fails ends it too."""
@@ -77,8 +83,11 @@ class InputRelay:
             self._more.notify_all()
         for stand_in in self._stand_ins:
             stand_in.close()
+        for held in self._holds:
+            held.set()
 
-    def _write(self, pipe) -> None:
+    def _write(self, pipe, held: threading.Event) -> None:
+        held.wait()
         at = 0
         try:
             while True:

@@ -12,7 +12,8 @@ others only for a failure): after STREAMER_LAUNCH_GRACE seconds (30) they are st
 launch fails naming that rank. A hostfile is checked first (hostfile.py), and a streamer command
 runs in each rank with the working directory off sys.path, so a folder named `streamer` there
 (a clone) cannot stand in for the installed package, as it does for `python -m streamer`. The
-launcher's input reaches the ranks with its end (input_relay.py), which MLX's relay never passes.
+launcher's input reaches the ranks with its end (input_relay.py), which MLX's relay never passes;
+the class recording the ranks' ends also runs those on other hosts (launch_ranks.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from ..errors import StreamerError
 from .hostfile import check_host_list, check_hostfile, hostfile_of
-from .input_relay import InputRelay, relaying_input
+from .input_relay import relaying_input
 from .interrupts import second_ctrl_c_exits, stopping_first
+from .launch_ranks import RankEnd, Ranks, recorder
 from .output import report
 
 
@@ -44,27 +45,6 @@ def add_parser(sub) -> None:
     )
     p.add_argument("words", nargs=argparse.REMAINDER)
     p.set_defaults(run=launch, commands=tuple(sub.choices))
-
-
-@dataclass
-class RankEnd:
-    """How a rank ended: its status, whether the launcher stopped it, its last stderr line."""
-
-    rank: int
-    status: int
-    stopped: bool
-    last_line: str
-    at: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class Ranks:
-    """The ranks' ends as they come; the running commands; a rank that ended alone."""
-
-    grace: float
-    ends: list[RankEnd] = field(default_factory=list)
-    commands: list = field(default_factory=list)
-    alone: RankEnd | None = None
 
 
 # a rank's own Python with the working directory off sys.path, then `python -m streamer`'s code
@@ -169,7 +149,7 @@ def _recording(ranks: Ranks) -> Iterator[None]:
         watch.start()
         try:
             with relaying_input() as given:
-                return relay(_recorder(command_class, ranks, given), arguments, verbose)
+                return relay(recorder(command_class, ranks, given), arguments, verbose)
         finally:
             done.set()
             watch.join()
@@ -201,38 +181,6 @@ def _stop_if_alone(ranks: Ranks, count: int, done: threading.Event) -> None:
                 if command._rank not in ended:
                     command.terminate()
             return
-
-
-def _recorder(command_class: type, ranks: Ranks, given: InputRelay) -> type:
-    ends = ranks.ends
-
-    class Recorded(command_class):
-        def __init__(self, rank: int, *args, **kwargs):
-            super().__init__(rank, *args, **kwargs)
-            given.take(self.process)
-            self._rank, self._stopped, self._err = rank, False, ""
-            ranks.commands.append(self)
-
-        def preprocess_output(self, data: str, is_stdout: bool = False) -> str:
-            text = super().preprocess_output(data, is_stdout)
-            if not is_stdout:
-                self._err = (self._err + text)[-4096:]  # enough for the last line
-            return text
-
-        def terminate(self):
-            self._stopped = True
-            return super().terminate()
-
-        @property
-        def exit_status(self):
-            status = super().exit_status
-            if status[0] is not None and not any(end.rank == self._rank for end in ends):
-                lines = [line for line in self._err.splitlines() if line.strip()]
-                last = lines[-1].strip() if lines else ""
-                ends.append(RankEnd(self._rank, status[0], self._stopped, last))
-            return status
-
-    return Recorded
 
 
 def _ended(end: RankEnd) -> str:
