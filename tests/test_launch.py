@@ -314,3 +314,25 @@ def test_a_remote_rank_stopped_after_another_failed_is_stopped_without_a_traceba
     assert "Traceback" not in result.stderr and "/tmp/" not in result.stdout, result
     last = result.stderr.splitlines()[-1]
     assert last == "streamer: error: rank 1 exited with status 3: bad disk", result.stderr
+
+
+def test_a_chat_whose_rank_0_is_remote_is_refused_input_that_ends(tmp_path):
+    """Rank 0 on another host reads the terminal ssh opens there, which the end of a pipe never
+    reaches. Before: `... | streamer launch --hostfile H -- chat ...` answered, then waited for
+    ever (ended only by Ctrl-C)."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(
+        json.dumps([{"ssh": f"mac{r}", "ips": [f"10.0.0.{r + 1}"]} for r in (0, 1)])
+    )
+    words = ["--hostfile", str(hostfile), "--", "chat", "--model", "unused"]
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", "launch", *words],
+        cwd=tmp_path,
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": str(tmp_path)},  # no ssh: a launch that ran fails otherwise
+    )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "chat's rank 0 runs on mac0, in the terminal ssh opens there" in result.stderr

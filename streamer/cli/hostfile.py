@@ -28,22 +28,28 @@ def hostfile_of(words: list[str]) -> Path | None:
     return None
 
 
-def check_host_list(words: list[str]) -> None:
-    """`--hosts a,b` among mlx.launch's options: a name ssh would read as an option refused
-    (mlx.launch quotes it for the shell, and ssh then took `-oProxyCommand=...` as one)."""
+def check_host_list(words: list[str]) -> list[str]:
+    """The hosts of `--hosts a,b` among mlx.launch's options (its default: 127.0.0.1, this
+    one); a name ssh would read as an option refused (mlx.launch quotes it for the shell, and
+    ssh then took `-oProxyCommand=...` as one)."""
     options = words[: words.index("--")] if "--" in words else words
+    value = "127.0.0.1"
     for i, word in enumerate(options):
-        value = options[i + 1] if word == "--hosts" and i + 1 < len(options) else None
-        value = word.split("=", 1)[1] if word.startswith("--hosts=") else value
-        bad = [h for h in (value or "").split(",") if h.startswith("-")]
-        if bad:
-            raise StreamerError(
-                f"--hosts names {bad[0]!r}, which ssh would read as an option: give host names."
-            )
+        if word == "--hosts" and i + 1 < len(options):
+            value = options[i + 1]
+        if word.startswith("--hosts="):
+            value = word.split("=", 1)[1]
+    bad = [h for h in value.split(",") if h.startswith("-")]
+    if bad:
+        raise StreamerError(
+            f"--hosts names {bad[0]!r}, which ssh would read as an option: give host names."
+        )
+    return value.split(",")
 
 
-def check_hostfile(path: Path) -> None:
-    """A hostfile mlx.launch can run a group from, or one StreamerError saying what is wrong."""
+def check_hostfile(path: Path) -> list[str]:
+    """The hosts' "ssh" names of a hostfile mlx.launch can run a group from, or one
+    StreamerError saying what is wrong."""
 
     def bad(problem: str) -> StreamerError:
         return StreamerError(f"hostfile {path}: {problem}; {FORMAT}.")
@@ -68,6 +74,7 @@ def check_hostfile(path: Path) -> None:
             raise bad(f'"envs" is {envs!r}, not a list of "NAME=value" strings')
     for rank, host in enumerate(hosts):
         check_host(host, f"host {rank}", bad)
+    return [host["ssh"] for host in hosts]
 
 
 def check_host(host: object, name: str, bad) -> None:

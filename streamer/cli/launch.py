@@ -56,10 +56,11 @@ RANK_BOOTSTRAP = (
 
 def launch(args: argparse.Namespace) -> int:
     words = _command_words(args.words, args.commands)
-    check_host_list(words)
+    hosts = check_host_list(words)
     hostfile = hostfile_of(words)
     if hostfile is not None:
-        check_hostfile(hostfile)
+        hosts = check_hostfile(hostfile)
+    _check_chat_input(args.words, hosts[0])
     ranks = Ranks(_grace())
     with _recording(ranks), second_ctrl_c_exits(), stopping_first(ranks.commands):
         _mlx_main(words)
@@ -103,6 +104,20 @@ def _command_words(words: list[str], commands: tuple[str, ...]) -> list[str]:
         python = [] if own_python else [sys.executable]
         command = [*python, "-c", RANK_BOOTSTRAP, *command]
     return [*words[: at + 1], *command]
+
+
+def _check_chat_input(words: list[str], rank_0_host: str) -> None:
+    """A chat whose rank 0 is on another host reads the terminal `ssh -tt` opens there, which the
+    end of the launcher's input (a pipe's, a file's) never reaches: it waited for ever."""
+    command = words[words.index("--") + 1 :] if "--" in words else []
+    typed = sys.stdin is not None and sys.stdin.isatty()
+    if command[:1] != ["chat"] or rank_0_host == "127.0.0.1" or typed:
+        return
+    raise StreamerError(
+        f"chat's rank 0 runs on {rank_0_host}, in the terminal ssh opens there, which the end of "
+        "this input never reaches: type the chat at a terminal (/quit ends it), or run rank 0 "
+        'here, as host 0 of a hostfile with "ssh": "127.0.0.1" and its own "ips".'
+    )
 
 
 def _grace() -> float:
