@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import pty
+import select
 import shlex
 import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -336,3 +338,36 @@ def test_a_chat_whose_rank_0_is_remote_is_refused_input_that_ends(tmp_path):
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "chat's rank 0 runs on mac0, in the terminal ssh opens there" in result.stderr
+
+
+def test_the_end_of_input_is_typed_on_a_remote_ranks_terminal():
+    """A remote rank reads the terminal `ssh -tt` opens on its host, which never ends when the
+    ssh client's input does. Before: a remote chat read on after the launcher's input ended
+    (Ctrl-D typed to the launcher) and ended only on /quit or Ctrl-C."""
+    import termios
+    import threading
+
+    from streamer.cli.input_relay import InputRelay
+
+    main, terminal = pty.openpty()  # the remote terminal, kept open as sshd keeps it
+    attributes = termios.tcgetattr(terminal)
+    attributes[3] &= ~termios.ECHO  # as mlx.launch's remote script sets it (stty -echo)
+    termios.tcsetattr(terminal, termios.TCSANOW, attributes)
+    typed_read, typed_write = os.pipe()
+    os.write(typed_write, b"hi\nthere")  # the last line without its newline
+    os.close(typed_write)
+    relay, echo_off = InputRelay(), threading.Event()
+    echo_off.set()
+    relay.take(types.SimpleNamespace(stdin=open(os.dup(main), "wb")), echo_off)  # ssh's stdin
+    threading.Thread(target=relay.read, args=(open(typed_read, "rb"),), daemon=True).start()
+    read = []
+    try:
+        while read.count(b"") < 2:  # Ctrl-D is typed again: one typed as a chat's prompt
+            ready, _, _ = select.select([terminal], [], [], 30)  # switches modes is lost
+            assert ready, f"the terminal's input never ended: {read}"
+            read.append(os.read(terminal, 1024))
+    finally:
+        relay.stop()
+        os.close(main)
+        os.close(terminal)
+    assert read == [b"hi\n", b"there\n", b"", b""]
