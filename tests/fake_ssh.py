@@ -1,7 +1,7 @@
 """`ssh` for launches to "other hosts" on this machine: runs the command here, as sshd runs it.
 With -tt the command gets a terminal, as sshd gives it: its stdin, stdout and stderr all on one
 pty (default modes: echo on, `\n` written as `\r\n`) that stays open when the client's input
-ends; the client's end (a kill) hangs it up."""
+ends; the client's end (a kill) hangs it up. A host whose name begins with `down` is off."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ def main(args: list[str]) -> int:
     terminal = "-tt" in args
     while args[0].startswith("-"):
         args = args[2:] if args[0] == "-o" else args[1:]
-    command = ["bash", "-c", " ".join(args[1:])]  # args[0]: the host, here
+    host, command = args[0], ["bash", "-c", " ".join(args[1:])]
+    if host.startswith("down"):  # a host that is off, as ssh says it
+        print(f"ssh: connect to host {host} port 22: Connection refused", file=sys.stderr)
+        return 255
     if not terminal:
         os.execvp(command[0], command)
     pid, main_fd = pty.fork()

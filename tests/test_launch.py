@@ -272,9 +272,12 @@ def test_one_rank_launched_on_the_ring_runs_alone(tmp_path, monkeypatch):
     assert launched_group() is None
 
 
-def launched_remotely(tmp_path, script: str, typed: str) -> subprocess.CompletedProcess:
-    """`streamer launch` of `script` on 2 ranks of "other hosts", reached through
-    tests/fake_ssh.py (a terminal each, as `ssh -tt` gives), `typed` on its input (kept open)."""
+def launched_remotely(
+    tmp_path, script: str, typed: str, hosts: tuple[str, ...] = ("host0", "host1")
+) -> subprocess.CompletedProcess:
+    """`streamer launch` of `script` on a rank per host of `hosts`, "other hosts" reached
+    through tests/fake_ssh.py (a terminal each, as `ssh -tt` gives), `typed` on its input (kept
+    open)."""
     bin_folder = tmp_path / "bin"
     bin_folder.mkdir()
     ssh = bin_folder / "ssh"
@@ -282,7 +285,7 @@ def launched_remotely(tmp_path, script: str, typed: str) -> subprocess.Completed
     ssh.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(fake))} "$@"\n')
     ssh.chmod(0o755)
     hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps([{"ssh": f"host{r}", "ips": ["127.0.0.1"]} for r in (0, 1)]))
+    hostfile.write_text(json.dumps([{"ssh": host, "ips": ["127.0.0.1"]} for host in hosts]))
     argv = [sys.executable, "-m", "streamer", "launch", "--hostfile", str(hostfile)]
     argv += ["--starting-port", str(free_ports()), "--", *shell(script)]
     read_end, write_end = os.pipe()
@@ -371,3 +374,15 @@ def test_the_end_of_input_is_typed_on_a_remote_ranks_terminal():
         os.close(main)
         os.close(terminal)
     assert read == [b"hi\n", b"there\n", b"", b""]
+
+
+def test_a_host_that_cannot_be_reached_is_named_with_what_ssh_said(tmp_path):
+    """MLX reads a rank's first output as the name of its pid file, stderr's too. Before: ssh's
+    own error was taken for it, and the launch said `rank 1 exited with status 255 (it wrote
+    nothing on stderr)`."""
+    result = launched_remotely(tmp_path, "exec sleep 60", "", ("host0", "down1"))
+    assert result.returncode == 255, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "streamer: error: rank 1 exited with status 255: ssh: connect to host down1 port 22: "
+        "Connection refused"
+    ), result.stderr

@@ -6,7 +6,8 @@ allow for: the terminal writes `\\r\\n`, so the pid file named on the rank's fir
 `/tmp/tmp.X\\r` and the kill script MLX runs to stop the rank failed (a CalledProcessError
 traceback from its thread); it echoes what it is given until the script turns its echo off, so
 input passed on at once came back in place of that line; and it carries the rank's stderr on its
-stdout, so the failing rank's last words were not found.
+stdout, so the failing rank's last words were not found. MLX took the first output of either
+stream for that line: ssh's own error (a host it cannot reach) was dropped.
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ def recorder(command_class: type, ranks: Ranks, given: InputRelay) -> type:
             ranks.commands.append(self)
 
         def preprocess_output(self, data: str, is_stdout: bool = False) -> str:
-            text = super().preprocess_output(data, is_stdout)
+            if is_stdout or self._pidfile is not None:
+                text = super().preprocess_output(data, is_stdout)
+            else:  # not the pid file's name, which comes on stdout: ssh's own error, say
+                text = data
             if self._pidfile is not None and not self._echo_off.is_set():
                 self._pidfile = self._pidfile.rstrip("\r")  # a remote terminal's `\r\n`
                 self._echo_off.set()
