@@ -17,6 +17,17 @@ FORMAT = (
 )
 
 
+# MLX joins an address to its port as `::1:5000`, which it cannot parse
+IPV6 = "an IPv6 address, which MLX's backends cannot connect to: give the host's IPv4 address."
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
 def hostfile_of(words: list[str]) -> Path | None:
     """The --hostfile among mlx.launch's options (before `--`)."""
     options = words[: words.index("--")] if "--" in words else words
@@ -39,12 +50,16 @@ def check_host_list(words: list[str]) -> list[str]:
             value = options[i + 1]
         if word.startswith("--hosts="):
             value = word.split("=", 1)[1]
-    bad = [h for h in value.split(",") if h.startswith("-")]
+    hosts = value.split(",")
+    bad = [h for h in hosts if h.startswith("-")]
     if bad:
         raise StreamerError(
             f"--hosts names {bad[0]!r}, which ssh would read as an option: give host names."
         )
-    return value.split(",")
+    for host in hosts:
+        if _is_ipv6(host):  # mlx.launch takes it as the ring's address too
+            raise StreamerError(f"--hosts names {host!r}, {IPV6}")
+    return hosts
 
 
 def check_hostfile(path: Path) -> list[str]:
@@ -90,13 +105,10 @@ def check_host(host: object, name: str, bad) -> None:
         raise bad(f'{name}\'s "ips" is {ips!r}, not a list of addresses')
     for ip in ips:
         try:
-            address = ipaddress.ip_address(ip)
+            ipaddress.ip_address(ip)
         except ValueError:
             raise bad(f'{name}\'s "ips" holds {ip!r}, not an IP address') from None
-        if address.version == 6:  # MLX joins it to its port as `::1:5000`, which it cannot parse
-            raise bad(
-                f"{name}'s \"ips\" holds {ip!r}, an IPv6 address, which MLX's backends cannot "
-                "connect to: give the host's IPv4 address"
-            )
+        if _is_ipv6(ip):
+            raise bad(f'{name}\'s "ips" holds {ip!r}, {IPV6.removesuffix(".")}')
     if not isinstance(host.get("rdma", []), list):
         raise bad(f'{name}\'s "rdma" is {host["rdma"]!r}, not a list of devices')
