@@ -57,6 +57,11 @@ def check_host_list(words: list[str]) -> list[str]:
             f"--hosts names {bad[0]!r}, which ssh would read as an option: give host names."
         )
     for host in hosts:
+        if host != host.strip():  # not an address to MLX: "the ring backend requires IPs"
+            raise StreamerError(
+                f"--hosts names {host!r}, with spaces: separate the hosts by commas alone "
+                "(--hosts 10.0.0.1,10.0.0.2)."
+            )
         if _is_ipv6(host):  # mlx.launch takes it as the ring's address too
             raise StreamerError(f"--hosts names {host!r}, {IPV6}")
     return hosts
