@@ -170,6 +170,8 @@ def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):
         (["--hosts=127.0.0.1,-oProxyCommand=touch x", "--", "true"], "read as an option"),
         # as in a hostfile's "ips": each rank failed to join (`Can't parse address ::1:5000`)
         (["--hosts", "::1,::1", "--", "true"], "names '::1', an IPv6 address, which MLX's"),
+        # mlx.launch ignored -n: one rank
+        (["--hostfile", "h.json", "-n", "2", "--", "true"], "-n repeats the hosts of --hosts"),
         # MLX: `The ring backend requires IPs to be provided instead of hostnames`
         (["--hosts", "127.0.0.1, 127.0.0.1", "--", "true"], "' 127.0.0.1', with spaces"),
     ]:

@@ -29,13 +29,19 @@ def _is_ipv6(host: str) -> bool:
 
 
 def hostfile_of(words: list[str]) -> Path | None:
-    """The --hostfile among mlx.launch's options (before `--`)."""
+    """The --hostfile among mlx.launch's options (before `--`); -n refused beside it, which
+    mlx.launch ignores there (a hostfile of one host and -n 2 ran one rank)."""
     options = words[: words.index("--")] if "--" in words else words
     for i, word in enumerate(options):
-        if word == "--hostfile" and i + 1 < len(options):
-            return Path(options[i + 1])
-        if word.startswith("--hostfile="):
-            return Path(word.split("=", 1)[1])
+        path = options[i + 1] if word == "--hostfile" and i + 1 < len(options) else None
+        path = word.split("=", 1)[1] if word.startswith("--hostfile=") else path
+        if path is not None:
+            if any(w.startswith(("-n", "--repeat-hosts")) for w in options):
+                raise StreamerError(
+                    f"-n repeats the hosts of --hosts, not those of a hostfile, which lists the "
+                    f"host of every rank: drop -n, and list a host in {path} once per rank."
+                )
+            return Path(path)
     return None
 
 
