@@ -210,6 +210,8 @@ def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
         ('[{"ssh": 5, "ips": ["127.0.0.1"]}]', ': host 0\'s "ssh" is 5, not a host name'),
         ('[HOST, {"ssh": "b", "ips": ["b"]}]', ": host 1's \"ips\" holds 'b', not an IP"),
         ('{"host": [HOST]}', ": no list of hosts"),
+        # MLX: `The ring backend requires IPs to be provided instead of hostnames`
+        ('{"backend": "ring", "hosts": [HOST, {"ssh": "b"}]}', ': host 1 has no "ips": the ring'),
         ('[{"ssh": "a", "ips": ["::1"]}]', ": host 0's \"ips\" holds '::1', an IPv6 address"),
         (
             '[{"ssh": "-oProxyCommand=x", "ips": []}]',

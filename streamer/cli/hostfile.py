@@ -28,35 +28,37 @@ def _is_ipv6(host: str) -> bool:
         return False
 
 
-def hostfile_of(words: list[str]) -> Path | None:
-    """The --hostfile among mlx.launch's options (before `--`); -n refused beside it, which
-    mlx.launch ignores there (a hostfile of one host and -n 2 ran one rank)."""
+def option(words: list[str], name: str) -> str | None:
+    """The value of mlx.launch's option `name` (`--name V` or `--name=V`, the last one given)
+    among its words before `--`."""
     options = words[: words.index("--")] if "--" in words else words
+    value = None
     for i, word in enumerate(options):
-        path = options[i + 1] if word == "--hostfile" and i + 1 < len(options) else None
-        path = word.split("=", 1)[1] if word.startswith("--hostfile=") else path
-        if path is not None:
-            if any(w.startswith(("-n", "--repeat-hosts")) for w in options):
-                raise StreamerError(
-                    f"-n repeats the hosts of --hosts, not those of a hostfile, which lists the "
-                    f"host of every rank: drop -n, and list a host in {path} once per rank."
-                )
-            return Path(path)
-    return None
+        if word == name and i + 1 < len(options):
+            value = options[i + 1]
+        if word.startswith(name + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def hostfile_of(words: list[str]) -> Path | None:
+    """The --hostfile among mlx.launch's options; -n refused beside it, which mlx.launch ignores
+    there (a hostfile of one host and -n 2 ran one rank)."""
+    path = option(words, "--hostfile")
+    options = words[: words.index("--")] if "--" in words else words
+    if path is not None and any(w.startswith(("-n", "--repeat-hosts")) for w in options):
+        raise StreamerError(
+            f"-n repeats the hosts of --hosts, not those of a hostfile, which lists the host of "
+            f"every rank: drop -n, and list a host in {path} once per rank."
+        )
+    return None if path is None else Path(path)
 
 
 def check_host_list(words: list[str]) -> list[str]:
     """The hosts of `--hosts a,b` among mlx.launch's options (its default: 127.0.0.1, this
     one); a name ssh would read as an option refused (mlx.launch quotes it for the shell, and
     ssh then took `-oProxyCommand=...` as one)."""
-    options = words[: words.index("--")] if "--" in words else words
-    value = "127.0.0.1"
-    for i, word in enumerate(options):
-        if word == "--hosts" and i + 1 < len(options):
-            value = options[i + 1]
-        if word.startswith("--hosts="):
-            value = word.split("=", 1)[1]
-    hosts = value.split(",")
+    hosts = (option(words, "--hosts") or "127.0.0.1").split(",")
     bad = [h for h in hosts if h.startswith("-")]
     if bad:
         raise StreamerError(
@@ -73,9 +75,9 @@ def check_host_list(words: list[str]) -> list[str]:
     return hosts
 
 
-def check_hostfile(path: Path) -> list[str]:
+def check_hostfile(path: Path, backend: str | None) -> list[str]:
     """The hosts' "ssh" names of a hostfile mlx.launch can run a group from, or one
-    StreamerError saying what is wrong."""
+    StreamerError saying what is wrong; `backend`: --backend's, if given."""
 
     def bad(problem: str) -> StreamerError:
         return StreamerError(f"hostfile {path}: {problem}; {FORMAT}.")
@@ -100,7 +102,20 @@ def check_hostfile(path: Path) -> list[str]:
             raise bad(f'"envs" is {envs!r}, not a list of "NAME=value" strings')
     for rank, host in enumerate(hosts):
         check_host(host, f"host {rank}", bad)
+    if isinstance(data, dict):
+        backend = backend or data.get("backend")
+    if (backend or _default_backend()) == "ring":
+        for rank, host in enumerate(hosts):
+            if not host.get("ips"):  # MLX said to give "IPs instead of hostnames"
+                raise bad(f'host {rank} has no "ips": the ring backend reaches each host there')
     return [host["ssh"] for host in hosts]
+
+
+def _default_backend() -> str:
+    """mlx.launch's backend when neither --backend nor the hostfile names one."""
+    import mlx.core as mx
+
+    return "nccl" if mx.cuda.is_available() else "ring"
 
 
 def check_host(host: object, name: str, bad) -> None:

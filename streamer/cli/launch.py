@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..errors import StreamerError
-from .hostfile import check_host_list, check_hostfile, hostfile_of
+from .hostfile import check_host_list, check_hostfile, hostfile_of, option
 from .input_relay import relaying_input
 from .interrupts import second_ctrl_c_exits, stopping_first
 from .launch_ranks import RankEnd, Ranks, recorder
@@ -59,7 +59,7 @@ def launch(args: argparse.Namespace) -> int:
     hosts = check_host_list(words)
     hostfile = hostfile_of(words)
     if hostfile is not None:
-        hosts = check_hostfile(hostfile)
+        hosts = check_hostfile(hostfile, option(words, "--backend"))
     _check_chat_input(args.words, hosts[0])
     ranks = Ranks(_grace())
     with _recording(ranks), second_ctrl_c_exits(), stopping_first(ranks.commands):
