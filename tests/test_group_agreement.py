@@ -36,7 +36,7 @@ def settings(**changed) -> dict:
     prompt = changed.pop("prompt", "hello")
     model = SimpleNamespace(streamer=SimpleNamespace(dtype=changed.pop("dtype", "float32")))
     vars(args).update(changed)
-    return command_settings(args, model, **{"the templated prompt": prompt})
+    return command_settings(args, model, "1.0", **{"the templated prompt": prompt})
 
 
 def test_alike_ranks_pass_whatever_each_machine_decides():
@@ -130,3 +130,16 @@ def test_launched_ranks_whose_chat_templates_differ_stop_naming_the_prompt(tmp_p
         "rank 0 exited with status 2: rank 1 runs with the templated prompt 'Other. <|user|>hi\\n"
     )
     assert result.stderr.strip().splitlines()[-1].startswith(f"streamer: error: {said}")
+
+
+def test_a_rank_running_another_streamer_is_named():
+    """A host with another streamer (its defaults, or what the ranks send each other, may differ)
+    ran on until something failed or hung."""
+    other = {**settings(), "streamer version": "0.0.1"}
+    results = run_group([settings(), settings(), other])
+    assert all(isinstance(r, GroupError) for r in results), results
+    assert str(results[0]) == (
+        "rank 2 runs with streamer version 0.0.1 and rank 0 with 1.0: every "
+        "rank must compute the same tokens, so install the same versions of streamer and mlx on "
+        "every host."
+    )

@@ -8,10 +8,14 @@ from __future__ import annotations
 import json
 import os
 import pty
+import select
+import shlex
 import signal
 import subprocess
 import sys
 import time
+import types
+from pathlib import Path
 
 import pytest
 from mlx_launch import LAUNCH_SECONDS, finish, free_ports, launch, start
@@ -41,7 +45,8 @@ def test_the_failed_rank_named_is_one_that_said_why():
     """A fault every rank finds (shards given to the wrong ranks) is said by rank 0 alone; when
     silent rank 1 ended first, or rank 0 was being stopped as it exited on its own, the launch
     said `rank 1 exited with status 2 (it wrote nothing on stderr)`."""
-    from streamer.cli.launch import RankEnd, _cause
+    from streamer.cli.launch import _cause
+    from streamer.cli.launch_ranks import RankEnd
 
     said = "streamer: error: rank 0 (host:/shard1) holds shard 1/2, which is rank 1's"
     silent = RankEnd(1, 2, False, "")
@@ -163,6 +168,12 @@ def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):
         (["--backend", "mpi", "--", "true"], "start an MPI group with mpirun"),
         # ssh took it for its option (mlx.launch quotes it for the shell only)
         (["--hosts=127.0.0.1,-oProxyCommand=touch x", "--", "true"], "read as an option"),
+        # as in a hostfile's "ips": each rank failed to join (`Can't parse address ::1:5000`)
+        (["--hosts", "::1,::1", "--", "true"], "names '::1', an IPv6 address, which MLX's"),
+        # mlx.launch ignored -n: one rank
+        (["--hostfile", "h.json", "-n", "2", "--", "true"], "-n repeats the hosts of --hosts"),
+        # MLX: `The ring backend requires IPs to be provided instead of hostnames`
+        (["--hosts", "127.0.0.1, 127.0.0.1", "--", "true"], "' 127.0.0.1', with spaces"),
     ]:
         result = subprocess.run(
             [sys.executable, "-m", "streamer", "launch", *words],
@@ -199,6 +210,8 @@ def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
         ('[{"ssh": 5, "ips": ["127.0.0.1"]}]', ': host 0\'s "ssh" is 5, not a host name'),
         ('[HOST, {"ssh": "b", "ips": ["b"]}]', ": host 1's \"ips\" holds 'b', not an IP"),
         ('{"host": [HOST]}', ": no list of hosts"),
+        # MLX: `The ring backend requires IPs to be provided instead of hostnames`
+        ('{"backend": "ring", "hosts": [HOST, {"ssh": "b"}]}', ': host 1 has no "ips": the ring'),
         ('[{"ssh": "a", "ips": ["::1"]}]', ": host 0's \"ips\" holds '::1', an IPv6 address"),
         (
             '[{"ssh": "-oProxyCommand=x", "ips": []}]',
@@ -253,3 +266,131 @@ def test_a_rank_that_cannot_join_its_group_says_so_in_one_line(monkeypatch):
     monkeypatch.setattr(mx.distributed, "init", unreachable)
     with pytest.raises(StreamerError, match=r"rank 1 cannot join its group \(\[ring\] Couldn't"):
         launched_group()
+
+
+def test_one_rank_launched_on_the_ring_runs_alone(tmp_path, monkeypatch):
+    """`streamer launch -n 1` (one host: mlx.launch writes "" as the ring's hostfile). Before:
+    `rank 0 cannot join its group ([json.exception.parse_error.101] parse error ...)`."""
+    from streamer.parallel.group import launched_group
+
+    hostfile = tmp_path / "ring"
+    hostfile.write_text("\n")  # as mlx.launch's script writes it: `echo '' > $fname`
+    monkeypatch.setenv("MLX_RANK", "0")
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    assert launched_group() is None
+
+
+def launched_remotely(
+    tmp_path, script: str, typed: str, hosts: tuple[str, ...] = ("host0", "host1")
+) -> subprocess.CompletedProcess:
+    """`streamer launch` of `script` on a rank per host of `hosts`, "other hosts" reached
+    through tests/fake_ssh.py (a terminal each, as `ssh -tt` gives), `typed` on its input (kept
+    open)."""
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    ssh = bin_folder / "ssh"
+    fake = Path(__file__).with_name("fake_ssh.py")
+    ssh.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(fake))} "$@"\n')
+    ssh.chmod(0o755)
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([{"ssh": host, "ips": ["127.0.0.1"]} for host in hosts]))
+    argv = [sys.executable, "-m", "streamer", "launch", "--hostfile", str(hostfile)]
+    argv += ["--starting-port", str(free_ports()), "--", *shell(script)]
+    read_end, write_end = os.pipe()
+    path = f"{bin_folder}{os.pathsep}{os.environ['PATH']}"
+    process = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PATH": path},
+        stdin=read_end,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    os.close(read_end)
+    os.write(write_end, typed.encode())
+    try:
+        return finish(process)
+    finally:
+        os.close(write_end)
+
+
+def test_a_remote_rank_stopped_after_another_failed_is_stopped_without_a_traceback(tmp_path):
+    """A remote rank's terminal writes `\\r\\n`, and echoes what it is given before mlx.launch's
+    script turns its echo off. Before: MLX read `/tmp/tmp.X\\r` (or the echoed input) as the
+    rank's pid file, its kill script failed (`CalledProcessError` traceback), and the failed
+    rank, whose errors come on its terminal, `wrote nothing on stderr`."""
+    script = '[ $MLX_RANK = 1 ] || exec sleep 60; sleep 1; echo "bad disk" >&2; exit 3'
+    result = launched_remotely(tmp_path, script, "hello\n")
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr and "/tmp/" not in result.stdout, result
+    last = result.stderr.splitlines()[-1]
+    assert last == "streamer: error: rank 1 exited with status 3: bad disk", result.stderr
+
+
+def test_a_chat_whose_rank_0_is_remote_is_refused_input_that_ends(tmp_path):
+    """Rank 0 on another host reads the terminal ssh opens there, which the end of a pipe never
+    reaches. Before: `... | streamer launch --hostfile H -- chat ...` answered, then waited for
+    ever (ended only by Ctrl-C)."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(
+        json.dumps([{"ssh": f"mac{r}", "ips": [f"10.0.0.{r + 1}"]} for r in (0, 1)])
+    )
+    words = ["--hostfile", str(hostfile), "--", "chat", "--model", "unused"]
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", "launch", *words],
+        cwd=tmp_path,
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": str(tmp_path)},  # no ssh: a launch that ran fails otherwise
+    )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "chat's rank 0 runs on mac0, in the terminal ssh opens there" in result.stderr
+
+
+def test_the_end_of_input_is_typed_on_a_remote_ranks_terminal():
+    """A remote rank reads the terminal `ssh -tt` opens on its host, which never ends when the
+    ssh client's input does. Before: a remote chat read on after the launcher's input ended
+    (Ctrl-D typed to the launcher) and ended only on /quit or Ctrl-C."""
+    import termios
+    import threading
+
+    from streamer.cli.input_relay import InputRelay
+
+    main, terminal = pty.openpty()  # the remote terminal, kept open as sshd keeps it
+    attributes = termios.tcgetattr(terminal)
+    attributes[3] &= ~termios.ECHO  # as mlx.launch's remote script sets it (stty -echo)
+    termios.tcsetattr(terminal, termios.TCSANOW, attributes)
+    typed_read, typed_write = os.pipe()
+    os.write(typed_write, b"hi\nthere")  # the last line without its newline
+    os.close(typed_write)
+    relay, echo_off = InputRelay(), threading.Event()
+    echo_off.set()
+    relay.take(types.SimpleNamespace(stdin=open(os.dup(main), "wb")), echo_off)  # ssh's stdin
+    threading.Thread(target=relay.read, args=(open(typed_read, "rb"),), daemon=True).start()
+    read = []
+    try:
+        while read.count(b"") < 2:  # Ctrl-D is typed again: one typed as a chat's prompt
+            ready, _, _ = select.select([terminal], [], [], 30)  # switches modes is lost
+            assert ready, f"the terminal's input never ended: {read}"
+            read.append(os.read(terminal, 1024))
+    finally:
+        relay.stop()
+        os.close(main)
+        os.close(terminal)
+    assert read == [b"hi\n", b"there\n", b"", b""]
+
+
+def test_a_host_that_cannot_be_reached_is_named_with_what_ssh_said(tmp_path):
+    """MLX reads a rank's first output as the name of its pid file, stderr's too. Before: ssh's
+    own error was taken for it, and the launch said `rank 1 exited with status 255 (it wrote
+    nothing on stderr)`."""
+    result = launched_remotely(tmp_path, "exec sleep 60", "", ("host0", "down1"))
+    assert result.returncode == 255, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "streamer: error: rank 1 exited with status 255: ssh: connect to host down1 port 22: "
+        "Connection refused"
+    ), result.stderr

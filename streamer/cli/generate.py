@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import __version__
 from ..arguments import check_at_least, check_token_ids, vocabulary
 from ..errors import StreamerError
 from ..progress import PrefillProgress
@@ -133,7 +134,7 @@ def generate(args: argparse.Namespace) -> int:
             "the prompt's token ids": tokenizer.encode(text),
             "the end-of-text token ids": sorted(tokenizer.eos_token_ids),
         }
-        check_same_settings(group, command_settings(args, model, **computed))
+        check_same_settings(group, command_settings(args, model, __version__, **computed))
         args.seed = shared_seed(group, args.seed)
     return stream(model, tokenizer, text, args)
 

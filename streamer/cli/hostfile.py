@@ -17,33 +17,67 @@ FORMAT = (
 )
 
 
+# MLX joins an address to its port as `::1:5000`, which it cannot parse
+IPV6 = "an IPv6 address, which MLX's backends cannot connect to: give the host's IPv4 address."
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def option(words: list[str], name: str) -> str | None:
+    """The value of mlx.launch's option `name` (`--name V` or `--name=V`, the last one given)
+    among its words before `--`."""
+    options = words[: words.index("--")] if "--" in words else words
+    value = None
+    for i, word in enumerate(options):
+        if word == name and i + 1 < len(options):
+            value = options[i + 1]
+        if word.startswith(name + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
 def hostfile_of(words: list[str]) -> Path | None:
-    """The --hostfile among mlx.launch's options (before `--`)."""
+    """The --hostfile among mlx.launch's options; -n refused beside it, which mlx.launch ignores
+    there (a hostfile of one host and -n 2 ran one rank)."""
+    path = option(words, "--hostfile")
     options = words[: words.index("--")] if "--" in words else words
-    for i, word in enumerate(options):
-        if word == "--hostfile" and i + 1 < len(options):
-            return Path(options[i + 1])
-        if word.startswith("--hostfile="):
-            return Path(word.split("=", 1)[1])
-    return None
+    if path is not None and any(w.startswith(("-n", "--repeat-hosts")) for w in options):
+        raise StreamerError(
+            f"-n repeats the hosts of --hosts, not those of a hostfile, which lists the host of "
+            f"every rank: drop -n, and list a host in {path} once per rank."
+        )
+    return None if path is None else Path(path)
 
 
-def check_host_list(words: list[str]) -> None:
-    """`--hosts a,b` among mlx.launch's options: a name ssh would read as an option refused
-    (mlx.launch quotes it for the shell, and ssh then took `-oProxyCommand=...` as one)."""
-    options = words[: words.index("--")] if "--" in words else words
-    for i, word in enumerate(options):
-        value = options[i + 1] if word == "--hosts" and i + 1 < len(options) else None
-        value = word.split("=", 1)[1] if word.startswith("--hosts=") else value
-        bad = [h for h in (value or "").split(",") if h.startswith("-")]
-        if bad:
+def check_host_list(words: list[str]) -> list[str]:
+    """The hosts of `--hosts a,b` among mlx.launch's options (its default: 127.0.0.1, this
+    one); a name ssh would read as an option refused (mlx.launch quotes it for the shell, and
+    ssh then took `-oProxyCommand=...` as one)."""
+    hosts = (option(words, "--hosts") or "127.0.0.1").split(",")
+    bad = [h for h in hosts if h.startswith("-")]
+    if bad:
+        raise StreamerError(
+            f"--hosts names {bad[0]!r}, which ssh would read as an option: give host names."
+        )
+    for host in hosts:
+        if host != host.strip():  # not an address to MLX: "the ring backend requires IPs"
             raise StreamerError(
-                f"--hosts names {bad[0]!r}, which ssh would read as an option: give host names."
+                f"--hosts names {host!r}, with spaces: separate the hosts by commas alone "
+                "(--hosts 10.0.0.1,10.0.0.2)."
             )
+        if _is_ipv6(host):  # mlx.launch takes it as the ring's address too
+            raise StreamerError(f"--hosts names {host!r}, {IPV6}")
+    return hosts
 
 
-def check_hostfile(path: Path) -> None:
-    """A hostfile mlx.launch can run a group from, or one StreamerError saying what is wrong."""
+def check_hostfile(path: Path, backend: str | None) -> list[str]:
+    """The hosts' "ssh" names of a hostfile mlx.launch can run a group from, or one
+    StreamerError saying what is wrong; `backend`: --backend's, if given."""
 
     def bad(problem: str) -> StreamerError:
         return StreamerError(f"hostfile {path}: {problem}; {FORMAT}.")
@@ -68,6 +102,20 @@ def check_hostfile(path: Path) -> None:
             raise bad(f'"envs" is {envs!r}, not a list of "NAME=value" strings')
     for rank, host in enumerate(hosts):
         check_host(host, f"host {rank}", bad)
+    if isinstance(data, dict):
+        backend = backend or data.get("backend")
+    if (backend or _default_backend()) == "ring":
+        for rank, host in enumerate(hosts):
+            if not host.get("ips"):  # MLX said to give "IPs instead of hostnames"
+                raise bad(f'host {rank} has no "ips": the ring backend reaches each host there')
+    return [host["ssh"] for host in hosts]
+
+
+def _default_backend() -> str:
+    """mlx.launch's backend when neither --backend nor the hostfile names one."""
+    import mlx.core as mx
+
+    return "nccl" if mx.cuda.is_available() else "ring"
 
 
 def check_host(host: object, name: str, bad) -> None:
@@ -83,13 +131,10 @@ def check_host(host: object, name: str, bad) -> None:
         raise bad(f'{name}\'s "ips" is {ips!r}, not a list of addresses')
     for ip in ips:
         try:
-            address = ipaddress.ip_address(ip)
+            ipaddress.ip_address(ip)
         except ValueError:
             raise bad(f'{name}\'s "ips" holds {ip!r}, not an IP address') from None
-        if address.version == 6:  # MLX joins it to its port as `::1:5000`, which it cannot parse
-            raise bad(
-                f"{name}'s \"ips\" holds {ip!r}, an IPv6 address, which MLX's backends cannot "
-                "connect to: give the host's IPv4 address"
-            )
+        if _is_ipv6(ip):
+            raise bad(f'{name}\'s "ips" holds {ip!r}, {IPV6.removesuffix(".")}')
     if not isinstance(host.get("rdma", []), list):
         raise bad(f'{name}\'s "rdma" is {host["rdma"]!r}, not a list of devices')

@@ -10,9 +10,14 @@ ranks' pipes and close them at its end. Every rank gets the input, as from MLX: 
 `generate --prompt -` reads its own prompt (the ranks then compare them). A rank that reads
 none (chat's followers) holds no other rank back: its writer waits alone on a full pipe.
 
-Local ranks only: a remote rank reads its input from the terminal `ssh -tt` opens on its host,
-whose end does not follow from the ssh client's (`STREAMER_INPUT_ENDS`, set here, is not
-passed over ssh: a remote `--prompt -` is refused, as under mlx.launch).
+A remote rank reads its input from the terminal `ssh -tt` opens on its host, whose end does not
+follow from the ssh client's: its input is held until that terminal's echo is off
+(launch_ranks.py: echoed, it came back in place of the line MLX reads first), and its end is typed
+there as a user ends it, Enter if the last line has none, then Ctrl-D, again every second until
+the ranks end (one that comes while a chat answers is lost: Linux keeps it as a NUL once readline
+switches the terminal's mode), so a chat, or any reader of whole lines, ends. A terminal takes
+lines of at most 1024 bytes (macOS) and reads control characters as keys: a remote `--prompt -`
+is refused, as under mlx.launch (`STREAMER_INPUT_ENDS`, set here, is not passed over ssh).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from select import select
 
 INPUT_ENDS = "STREAMER_INPUT_ENDS"  # in a rank's environment: its input's end will come
 CHUNK = 65536
+TYPED_END = b"\x04"  # a terminal's end-of-file key (Ctrl-D), typed at the start of a line
+TYPED_END_EVERY = 1.0
 
 
 class InputRelay:
@@ -39,13 +46,20 @@ class InputRelay:
         self._stopped = False
         self._more = threading.Condition()
         self._stand_ins: list = []
+        self._holds: list[threading.Event] = []
 
-    def take(self, process: subprocess.Popen) -> None:
+    def take(self, process: subprocess.Popen, terminal: threading.Event | None = None) -> None:
         """Write the input to `process`'s stdin pipe from now on, closing it at the input's end;
-        MLX's thread for the rank gets /dev/null in its place."""
+        MLX's thread for the rank gets /dev/null in its place. A rank reading a remote
+        `terminal` gets it once that is set (its echo is off), and its end typed."""
         pipe, process.stdin = process.stdin, open(os.devnull, "wb")  # noqa: SIM115 (closed below)
         self._stand_ins.append(process.stdin)
-        threading.Thread(target=self._write, args=(pipe,), daemon=True).start()
+        held = terminal or threading.Event()
+        if terminal is None:
+            held.set()
+        self._holds.append(held)
+        args = (pipe, held, terminal is not None)
+        threading.Thread(target=self._write, args=args, daemon=True).start()
 
     def read(self, stdin) -> None:
         """Read `stdin` (None where closed) to its end; a read that fails ends it too."""
@@ -70,6 +84,19 @@ class InputRelay:
             self._ended = True
             self._more.notify_all()
 
+    def _type_end(self, pipe) -> None:
+        """The input's end typed as a user types it at a terminal, Enter unless at a line's
+        start, then Ctrl-D, and Ctrl-D again every TYPED_END_EVERY seconds until the ranks have
+        ended: one typed while the terminal's mode changes is lost (a chat's prompt switches it)."""
+        last = self._chunks[-1][-1:] if self._chunks else b"\n"
+        pipe.write(b"" if last == b"\n" else b"\n")
+        stopped = False
+        while not stopped:
+            pipe.write(TYPED_END)  # not under the lock: a rank that reads none fills its pipe
+            pipe.flush()
+            with self._more:
+                stopped = self._more.wait_for(lambda: self._stopped, TYPED_END_EVERY)
+
     def stop(self) -> None:
         """The ranks have ended (MLX's threads with them): their writers stop waiting."""
         with self._more:
@@ -77,8 +104,11 @@ class InputRelay:
             self._more.notify_all()
         for stand_in in self._stand_ins:
             stand_in.close()
+        for held in self._holds:
+            held.set()
 
-    def _write(self, pipe) -> None:
+    def _write(self, pipe, held: threading.Event, typed_end: bool) -> None:
+        held.wait()
         at = 0
         try:
             while True:
@@ -86,11 +116,14 @@ class InputRelay:
                     while len(self._chunks) == at and not (self._ended or self._stopped):
                         self._more.wait()
                     chunks, ended = self._chunks[at:], self._ended or self._stopped
+                    typed_end = typed_end and not self._stopped
                 at += len(chunks)
                 for chunk in chunks:
                     pipe.write(chunk)
                     pipe.flush()
                 if ended:
+                    if typed_end:
+                        self._type_end(pipe)
                     break
         except OSError:  # the rank has ended, or closed its input: it reads no more
             pass

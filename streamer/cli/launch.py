@@ -12,7 +12,8 @@ others only for a failure): after STREAMER_LAUNCH_GRACE seconds (30) they are st
 launch fails naming that rank. A hostfile is checked first (hostfile.py), and a streamer command
 runs in each rank with the working directory off sys.path, so a folder named `streamer` there
 (a clone) cannot stand in for the installed package, as it does for `python -m streamer`. The
-launcher's input reaches the ranks with its end (input_relay.py), which MLX's relay never passes.
+launcher's input reaches the ranks with its end (input_relay.py), which MLX's relay never passes;
+the class recording the ranks' ends also runs those on other hosts (launch_ranks.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from ..errors import StreamerError
-from .hostfile import check_host_list, check_hostfile, hostfile_of
-from .input_relay import InputRelay, relaying_input
+from .hostfile import check_host_list, check_hostfile, hostfile_of, option
+from .input_relay import relaying_input
 from .interrupts import second_ctrl_c_exits, stopping_first
+from .launch_ranks import RankEnd, Ranks, recorder
 from .output import report
 
 
@@ -46,27 +47,6 @@ def add_parser(sub) -> None:
     p.set_defaults(run=launch, commands=tuple(sub.choices))
 
 
-@dataclass
-class RankEnd:
-    """How a rank ended: its status, whether the launcher stopped it, its last stderr line."""
-
-    rank: int
-    status: int
-    stopped: bool
-    last_line: str
-    at: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class Ranks:
-    """The ranks' ends as they come; the running commands; a rank that ended alone."""
-
-    grace: float
-    ends: list[RankEnd] = field(default_factory=list)
-    commands: list = field(default_factory=list)
-    alone: RankEnd | None = None
-
-
 # a rank's own Python with the working directory off sys.path, then `python -m streamer`'s code
 RANK_BOOTSTRAP = (
     "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
@@ -76,10 +56,11 @@ RANK_BOOTSTRAP = (
 
 def launch(args: argparse.Namespace) -> int:
     words = _command_words(args.words, args.commands)
-    check_host_list(words)
+    hosts = check_host_list(words)
     hostfile = hostfile_of(words)
     if hostfile is not None:
-        check_hostfile(hostfile)
+        hosts = check_hostfile(hostfile, option(words, "--backend"))
+    _check_chat_input(args.words, hosts[0])
     ranks = Ranks(_grace())
     with _recording(ranks), second_ctrl_c_exits(), stopping_first(ranks.commands):
         _mlx_main(words)
@@ -123,6 +104,20 @@ def _command_words(words: list[str], commands: tuple[str, ...]) -> list[str]:
         python = [] if own_python else [sys.executable]
         command = [*python, "-c", RANK_BOOTSTRAP, *command]
     return [*words[: at + 1], *command]
+
+
+def _check_chat_input(words: list[str], rank_0_host: str) -> None:
+    """A chat whose rank 0 is on another host reads the terminal `ssh -tt` opens there, which the
+    end of the launcher's input (a pipe's, a file's) never reaches: it waited for ever."""
+    command = words[words.index("--") + 1 :] if "--" in words else []
+    typed = sys.stdin is not None and sys.stdin.isatty()
+    if command[:1] != ["chat"] or rank_0_host == "127.0.0.1" or typed:
+        return
+    raise StreamerError(
+        f"chat's rank 0 runs on {rank_0_host}, in the terminal ssh opens there, which the end of "
+        "this input never reaches: type the chat at a terminal (/quit ends it), or run rank 0 "
+        'here, as host 0 of a hostfile with "ssh": "127.0.0.1" and its own "ips".'
+    )
 
 
 def _grace() -> float:
@@ -169,7 +164,7 @@ def _recording(ranks: Ranks) -> Iterator[None]:
         watch.start()
         try:
             with relaying_input() as given:
-                return relay(_recorder(command_class, ranks, given), arguments, verbose)
+                return relay(recorder(command_class, ranks, given), arguments, verbose)
         finally:
             done.set()
             watch.join()
@@ -201,38 +196,6 @@ def _stop_if_alone(ranks: Ranks, count: int, done: threading.Event) -> None:
                 if command._rank not in ended:
                     command.terminate()
             return
-
-
-def _recorder(command_class: type, ranks: Ranks, given: InputRelay) -> type:
-    ends = ranks.ends
-
-    class Recorded(command_class):
-        def __init__(self, rank: int, *args, **kwargs):
-            super().__init__(rank, *args, **kwargs)
-            given.take(self.process)
-            self._rank, self._stopped, self._err = rank, False, ""
-            ranks.commands.append(self)
-
-        def preprocess_output(self, data: str, is_stdout: bool = False) -> str:
-            text = super().preprocess_output(data, is_stdout)
-            if not is_stdout:
-                self._err = (self._err + text)[-4096:]  # enough for the last line
-            return text
-
-        def terminate(self):
-            self._stopped = True
-            return super().terminate()
-
-        @property
-        def exit_status(self):
-            status = super().exit_status
-            if status[0] is not None and not any(end.rank == self._rank for end in ends):
-                lines = [line for line in self._err.splitlines() if line.strip()]
-                last = lines[-1].strip() if lines else ""
-                ends.append(RankEnd(self._rank, status[0], self._stopped, last))
-            return status
-
-    return Recorded
 
 
 def _ended(end: RankEnd) -> str:

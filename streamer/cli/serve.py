@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import __version__
 from ..arguments import check_at_least
 from ..errors import StreamerError
 from ..progress import PrefillProgress
@@ -154,7 +155,7 @@ def same_settings(args: argparse.Namespace, model) -> None:
     if args.group is not None:
         from ..parallel.agreement import check_same_settings, command_settings
 
-        check_same_settings(args.group, command_settings(args, model))
+        check_same_settings(args.group, command_settings(args, model, __version__))
 
 
 def api_key_option(args: argparse.Namespace) -> str | None:

@@ -36,10 +36,13 @@ SHOWN_CHARS = 40  # of a setting's value in the error line (a prompt can be long
 ROW_BYTES = 16384  # the JSON of every setting, shown values and checksums
 
 
-def command_settings(args: argparse.Namespace, model, **computed: object) -> dict[str, object]:
+def command_settings(
+    args: argparse.Namespace, model, version: str, **computed: object
+) -> dict[str, object]:
     """The options of a command that every rank must share, `computed` (what a rank made of
-    them, named in words: "the templated prompt") over the flags, and the dtype the model
-    computes in."""
+    them, named in words: "the templated prompt") over the flags, the dtype the model computes
+    in, and the `version` of streamer and MLX's that run it (another's defaults, arithmetic or
+    messages between the ranks may differ)."""
     flags = {
         name: value
         for name, value in vars(args).items()
@@ -47,7 +50,8 @@ def command_settings(args: argparse.Namespace, model, **computed: object) -> dic
         and not callable(value)
         and not isinstance(value, mx.distributed.Group)
     }
-    return {**flags, **computed, "dtype": model.streamer.dtype}
+    versions = {"streamer version": version, "mlx version": mx.__version__}
+    return {**versions, **flags, **computed, "dtype": model.streamer.dtype}
 
 
 def check_same_settings(group: mx.distributed.Group, settings: dict[str, object]) -> None:
@@ -65,9 +69,14 @@ def check_same_settings(group: mx.distributed.Group, settings: dict[str, object]
             if first.get(name) != theirs.get(name):
                 raise GroupError(
                     f"rank {rank} runs with {_difference(name, first, theirs)}: every rank must "
-                    "compute the same tokens, so give every rank the same options (streamer "
-                    "launch passes them all the same ones)."
+                    f"compute the same tokens, so {_remedy(name)}."
                 )
+
+
+def _remedy(name: str) -> str:
+    if name.endswith(" version"):
+        return "install the same versions of streamer and mlx on every host"
+    return "give every rank the same options (streamer launch passes them all the same ones)"
 
 
 def _shown(value: object) -> str:
