@@ -151,9 +151,14 @@ class ExpertFiles:
 
     @property
     def mapped_bytes(self) -> int:
-        """Bytes of files mapped into MLX arrays: MLX counts them as its memory, though they are
-        file pages the OS can reclaim at will."""
+        """Bytes of files mapped into MLX arrays."""
         return sum(mapped.size for _, mapped in self._opened.values())
+
+    @property
+    def mlx_bytes(self) -> int:
+        """The MLX memory the mappings take (their buffers, mapping.OWN_MAPPING_BYTES at least):
+        MLX counts it as its own, though it is file pages the OS can reclaim at will."""
+        return sum(mapped.mlx_bytes for _, mapped in self._opened.values())
 
     def evict(self) -> None:
         """Unmap every expert page from this process (the page cache keeps them): for tools that

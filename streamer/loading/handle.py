@@ -81,8 +81,8 @@ class Streaming:
 
     @property
     def mapped_bytes(self) -> int:
-        """Bytes of expert files mapped into MLX arrays (MLX counts them as its memory)."""
-        return self.files.mapped_bytes if self.files is not None else 0
+        """The MLX memory the expert files' mappings take (MLX counts it as its own)."""
+        return self.files.mlx_bytes if self.files is not None else 0
 
     @property
     def expert_paths(self) -> list[Path]:
