@@ -311,3 +311,16 @@ def test_fp8_block_scales_as_exponent_bytes_are_refused(tmp_path):
     ):
         repack(src, tmp_path / "out", **QUIET)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("points_to", ["nothing", "itself"])
+def test_a_broken_link_to_a_side_file_is_refused(src, tmp_path, points_to):
+    """tokenizer_config.json a symbolic link to nothing (a hub blob that never landed) or to
+    itself: repack left it out without a word, and the repacked model ran without its special
+    tokens and chat template."""
+    link = src / "tokenizer_config.json"
+    link.unlink()
+    link.symlink_to(src / "blob" if points_to == "nothing" else link)
+    with pytest.raises(StreamerError, match=f"{link} is a symbolic link to {os.readlink(link)}, "):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
