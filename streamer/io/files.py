@@ -93,10 +93,10 @@ def for_people(name: str) -> bool:
 
 
 def broken_link(path: str, error: OSError, what: str) -> StreamerError:
-    why = "which is missing" if error.errno == errno.ENOENT else error.strerror or str(error)
+    why = ", which is missing" if error.errno == errno.ENOENT else f": {error.strerror or error}"
     return StreamerError(
-        f"cannot read {path} (a symbolic link to {os.readlink(path)}: {why}; {what}): download "
-        "the file again, or delete the link if the model does not need it."
+        f"cannot read {path} (a symbolic link to {os.readlink(path)}{why}; {what}): download the "
+        "file again, or delete the link if the model does not need it."
     )
 
 
