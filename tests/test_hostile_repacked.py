@@ -3,6 +3,7 @@ belong; load and verify refuse each, naming the file."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -104,4 +105,21 @@ def test_a_recorded_file_the_folder_lacks(model_folder, tmp_path):
     record = {"experts/999.bin": {"size": 1, "mtime_ns": 1}}
     folder = edited_copy(model_folder, tmp_path / "model", lambda m: m["files"].update(record))
     with pytest.raises(StreamerError, match=r"999.bin, recorded in manifest.json, cannot be read"):
+        streamer.load(folder)
+
+
+@pytest.mark.parametrize("token_id", [600, 100_000])
+def test_a_tokenizer_with_ids_past_the_models_vocabulary(model_folder, tmp_path, token_id):
+    """tokenizer.json giving a token an id past the model's 512 (another model's tokenizer, or
+    one edited): a prompt holding it read the embedding out of bounds, silently other text at
+    600 and a segmentation fault at 100000."""
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    path = folder / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    tokenizer["model"]["vocab"]["hi"] = token_id
+    path.write_text(json.dumps(tokenizer))
+    with pytest.raises(
+        StreamerError, match=f"gives 'hi' the id {token_id}, but the model embeds 512 tokens"
+    ):
         streamer.load(folder)
