@@ -123,3 +123,18 @@ def test_a_tokenizer_with_ids_past_the_models_vocabulary(model_folder, tmp_path,
         StreamerError, match=f"gives 'hi' the id {token_id}, but the model embeds 512 tokens"
     ):
         streamer.load(folder)
+
+
+@pytest.mark.parametrize("name", ["experts/001.bin", "resident.safetensors"])
+def test_plan_of_a_repacked_folder_missing_a_file(model_folder, tmp_path, capsys, name):
+    """An expert file a broken link, or the resident file gone: plan's sizes of the files were a
+    FileNotFoundError traceback."""
+    from streamer.cli import main
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    (folder / name).unlink()
+    if name.startswith("experts"):
+        (folder / name).symlink_to(folder / "gone")
+    assert main(["plan", str(folder), "--memory", "16G"]) == 2
+    assert f"{folder / name} is missing" in capsys.readouterr().err

@@ -6,7 +6,6 @@ function of them (tests/test_plan.py checks each against the model-built plan)."
 from __future__ import annotations
 
 import math
-import stat
 from pathlib import Path
 
 import mlx.core as mx
@@ -18,7 +17,7 @@ from ..families.config import (
     experts_per_token,
 )
 from ..io.expert_layout import repacked_layout
-from ..io.files import not_regular
+from ..io.integrity import file_size
 from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, read_manifest
 from ..io.safetensors import DTYPES, read_header
 from ..loading.residency import LayerShape, layer_shapes
@@ -90,16 +89,8 @@ def quantized_width(elements: int, dtype_bytes: int, kv: tuple[int, int] | None)
 
 def stored_bytes(folder: Path) -> tuple[int, int]:
     """What repacked `folder` holds on disk: its resident file's bytes and its expert files'."""
-    experts = sum(_size(p, "an expert file") for p in (folder / "experts").glob("*.bin"))
-    return _size(folder / RESIDENT_FILE, "the non-expert weights"), experts
-
-
-def _size(path: Path, what: str) -> int:
-    """A file's size; a FIFO or folder in its place (size 0, or a folder's) is refused."""
-    st = path.stat()
-    if not stat.S_ISREG(st.st_mode):
-        raise not_regular(path, st.st_mode, what)
-    return st.st_size
+    experts = sum(file_size(p, "an expert file") for p in (folder / "experts").glob("*.bin"))
+    return file_size(folder / RESIDENT_FILE, "the non-expert weights"), experts
 
 
 def repacked_plan(
