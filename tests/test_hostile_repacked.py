@@ -125,16 +125,34 @@ def test_a_tokenizer_with_ids_past_the_models_vocabulary(model_folder, tmp_path,
         streamer.load(folder)
 
 
-@pytest.mark.parametrize("name", ["experts/001.bin", "resident.safetensors"])
-def test_plan_of_a_repacked_folder_missing_a_file(model_folder, tmp_path, capsys, name):
-    """An expert file a broken link, or the resident file gone: plan's sizes of the files were a
-    FileNotFoundError traceback."""
+@pytest.mark.parametrize(
+    "name, missing", [("experts/001.bin", "experts/001.bin"), ("experts", "experts/000.bin")]
+)
+@pytest.mark.parametrize("link", [False, True])
+def test_plan_of_a_repacked_folder_missing_a_file(
+    model_folder, tmp_path, capsys, name, missing, link
+):
+    """An expert file, or the experts/ folder, a broken link or gone: plan's sizes of the files
+    were a FileNotFoundError traceback (one file) or 0 B of experts and a plan that runs (the
+    folder)."""
     from streamer.cli import main
 
     folder = tmp_path / "model"
     shutil.copytree(model_folder, folder)
-    (folder / name).unlink()
-    if name.startswith("experts"):
-        (folder / name).symlink_to(folder / "gone")
+    path = folder / name
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if link:
+        path.symlink_to(folder / "gone")
     assert main(["plan", str(folder), "--memory", "16G"]) == 2
-    assert f"{folder / name} is missing" in capsys.readouterr().err
+    assert f"{folder / missing} is missing" in capsys.readouterr().err
+
+
+def test_plan_of_a_repacked_folder_missing_its_resident_file(model_folder, tmp_path, capsys):
+    """The resident file gone: plan's size of it was a FileNotFoundError traceback."""
+    from streamer.cli import main
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    (folder / "resident.safetensors").unlink()
+    assert main(["plan", str(folder), "--memory", "16G"]) == 2
+    assert f"{folder / 'resident.safetensors'} is missing" in capsys.readouterr().err

@@ -87,9 +87,11 @@ def quantized_width(elements: int, dtype_bytes: int, kv: tuple[int, int] | None)
     return elements * bits // 8 + 2 * (elements // group) * dtype_bytes
 
 
-def stored_bytes(folder: Path) -> tuple[int, int]:
-    """What repacked `folder` holds on disk: its resident file's bytes and its expert files'."""
-    experts = sum(file_size(p, "an expert file") for p in (folder / "experts").glob("*.bin"))
+def stored_bytes(folder: Path, manifest: Manifest) -> tuple[int, int]:
+    """What repacked `folder` holds on disk: its resident file's bytes and the bytes of the expert
+    files its manifest lists (one missing is refused, not counted as none)."""
+    files = dict.fromkeys(layer.file for layer in manifest.layers)
+    experts = sum(file_size(folder / name, "an expert file") for name in files)
     return file_size(folder / RESIDENT_FILE, "the non-expert weights"), experts
 
 
@@ -105,7 +107,7 @@ def repacked_plan(
     per_token = kv_bytes_per_token(config, dtype_bytes, kv)
     if per_token is None or manifest.shard is not None or not manifest.layers:
         return None
-    stored_resident, expert_bytes = stored_bytes(folder)
+    stored_resident, expert_bytes = stored_bytes(folder, manifest)
     resident = stored_resident
     if dtype is not None:  # floating tensors in the compute dtype, the rest as stored
         resident = sum(
