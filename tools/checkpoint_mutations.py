@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,13 @@ def truncate(folder: Path, rng: random.Random) -> str | None:
     at = rng.choice([0, 1, 7, 8, rng.randrange(size), max(size - 1, 0)])
     os.truncate(path, at)
     return f"{path.name} truncated to {at} of {size} bytes"
+
+
+def remove(folder: Path, rng: random.Random) -> str:
+    """A file, or a subfolder, gone."""
+    path = rng.choice(sorted(folder.rglob("*")))
+    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    return f"{path.relative_to(folder)} removed"
 
 
 def flip_bytes(folder: Path, rng: random.Random, suffix: str = "", in_header: bool = True):
@@ -367,6 +375,7 @@ def flip_kept_time(folder: Path, rng: random.Random) -> str | None:
 # name -> (mutation, kind, the bases it applies to)
 MUTATIONS: dict[str, tuple[Callable[[Path, random.Random], str | None], str, str]] = {
     "truncate": (truncate, "any", "all"),
+    "remove": (remove, "any", "all"),
     "flip_header": (lambda f, r: flip_bytes(f, r, ".safetensors"), "any", "all"),
     "flip_data": (lambda f, r: flip_bytes(f, r, ".safetensors", False), "any", "download"),
     "flip_json": (lambda f, r: flip_bytes(f, r, ".json"), "any", "all"),
