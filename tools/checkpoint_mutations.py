@@ -2,9 +2,9 @@
 folder and a seeded random.Random, changes the folder (or a file beside it: `outside`), and says
 what it did in one line, or returns None where it does not apply (no such file).
 
-A mutation's `kind` says what a run that ends well may show: "any" (the model may change: a
-weight's bytes, a config value), "same" (nothing the model computes changed: the output must be
-the baseline's), "checked" (a repacked folder's bytes changed under its checksums: `streamer
+A mutation's `kind` says what a run may show: "any" (the model may change: a weight's bytes, a
+config value), "same" (nothing the model computes changed: every command must succeed, with the
+baseline's output), "checked" (a repacked folder's bytes changed under its checksums: `streamer
 verify` must not pass while the output differs).
 """
 
@@ -175,6 +175,32 @@ def duplicate_name(folder: Path, rng: random.Random) -> str | None:
     entry = json.dumps({name: header[name]})[1:-1]
     write_st(path, (raw[:-1] + ", " + entry + "}").encode(), data)
     return f"{path.name}: {name} named twice"
+
+
+def respell_header(folder: Path, rng: random.Random) -> str | None:
+    """The same header spelled otherwise, as the format allows: keys in another order, spaces
+    inside, trailing spaces padding it (writers align the data to 8 bytes so)."""
+    path = pick_file(folder, rng, ".safetensors")
+    if path is None:
+        return None
+    header, data = read_st(path)
+    items = list(header.items())
+    rng.shuffle(items)
+    raw = json.dumps(dict(items), indent=rng.choice([None, 1])).encode()
+    write_st(path, raw + b" " * rng.choice([1, 7, 8 - len(raw) % 8, 4096]), data)
+    return f"{path.name}: header respelled"
+
+
+def respell_json(folder: Path, rng: random.Random) -> str | None:
+    """A JSON file spelled otherwise: keys sorted, indented, ASCII escapes."""
+    path = pick_json(folder, rng)
+    if path is None:
+        return None
+    doc = json.loads(path.read_text())
+    path.write_text(
+        json.dumps(doc, sort_keys=True, indent=rng.choice([None, 4]), ensure_ascii=True)
+    )
+    return f"{path.name} respelled"
 
 
 def hostile_json_bytes(rng: random.Random) -> tuple[str, bytes]:
@@ -383,6 +409,8 @@ MUTATIONS: dict[str, tuple[Callable[[Path, random.Random], str | None], str, str
     "edit_entry": (edit_entry, "any", "all"),
     "duplicate_name": (duplicate_name, "any", "all"),
     "hostile_header": (hostile_header, "any", "all"),
+    "respell_header": (respell_header, "same", "download"),
+    "respell_json": (respell_json, "same", "all"),
     "edit_json_value": (edit_json_value, "any", "all"),
     "hostile_json_file": (hostile_json_file, "any", "all"),
     "perturb_config": (perturb_config, "any", "all"),

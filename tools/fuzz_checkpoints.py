@@ -3,17 +3,17 @@
 --cases 200 --seed 1 --work /tmp/fuzz`.
 
 It makes tiny checkpoints as the tests do (fixtures/: Hugging Face ones, bf16, FP8 with block
-scales, gpt-oss's MXFP4; an MLX download; a repacked folder),
-then for each case copies one, applies one mutation (tools/checkpoint_mutations.py) and runs the
-commands a user would, each a process under a time limit: a download is repacked, planned and
-generated from (the repacked copy, or an MLX download in place); a repacked folder is planned,
-verified and generated from. Each command's outcome is one of: ok, error (exit 1 or 2 with
-streamer's one line), messy (exit 1 or 2 without it), traceback, hang, crash (a signal or
-another status); a case's is its worst command's, or worse: wrong (an output that differs where
-the mutation changed nothing the model computes, or a repacked folder `streamer verify` passed),
-corrupt (a file of the checkpoint, or beside it, changed by a command). Each case is one JSON
-line of --out; the counts are printed at the end. Case N of seed S is the same mutation on every
-run (--case N replays one, keeping its folder).
+scales, gpt-oss's MXFP4; an MLX download; a repacked folder), then for each case copies one,
+applies one or two mutations (tools/checkpoint_mutations.py) and runs the commands a user would,
+each a process under a time limit: a download is repacked, planned and generated from (the
+repacked copy, or an MLX download in place); a repacked folder is planned, verified and generated
+from. Each command's outcome is one of: ok, error (exit 1 or 2 with streamer's one line), messy
+(exit 1 or 2 without it), traceback, hang, crash (a signal or another status). A case's is its
+worst command's, or worse: wrong (where the mutation changed nothing the model computes, a
+refusal or another output; where it changed a repacked folder's bytes, another output from a
+folder `streamer verify` passed), corrupt (a file of the checkpoint, or beside it, changed by a
+command). Each case is one JSON line of --out; the counts are printed at the end. Case N of seed
+S is the same mutation on every run (--case N replays one, keeping its folder).
 """
 
 from __future__ import annotations
@@ -180,12 +180,12 @@ def worst(record: dict, kind: str, baseline: dict | None) -> str:
     results = [v for v in record.values() if isinstance(v, dict)]
     found = max((r["outcome"] for r in results), key=SEVERITY.index)
     generated = record.get("generate", {})
+    refused = kind == "same" and found in ("error", "messy")  # a valid checkpoint refused
     if baseline and generated.get("outcome") == "ok":
         differs = generated["stdout"] != baseline["generate"]["stdout"]
         checked = kind == "checked" and record.get("verify", {}).get("outcome") == "ok"
-        if differs and (kind == "same" or checked):
-            found = max(found, "wrong", key=SEVERITY.index)
-    return found
+        refused |= differs and (kind == "same" or checked)
+    return max(found, "wrong", key=SEVERITY.index) if refused else found
 
 
 def main() -> int:
