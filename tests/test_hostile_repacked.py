@@ -55,6 +55,11 @@ def set_tensor(**fields):
         ),
         (lambda m: m.update(moe_layers=m["moe_layers"][:1]), "lists MoE layers"),
         (lambda m: m.update(moe_layers=[]), "moe_layers lists no MoE layer"),
+        # both layers computed with layer 0's experts, without a word (sizes and times match)
+        (
+            lambda m: m["moe_layers"][1].update(file=m["moe_layers"][0]["file"]),
+            "MoE layers 0 and 1 both name experts/000.bin",
+        ),
     ],
 )
 def test_hand_edited_manifest(model_folder, tmp_path, change, message):
