@@ -67,8 +67,7 @@ def model_plan(
     resident = _resident(model, containers, dtype)
     shapes = [_shape(i, c, r) for i, (c, r) in enumerate(zip(containers.values(), records))]
     if repacked:  # the files as written
-        manifest = read_manifest(folder)
-        stored_resident, expert_bytes = stored_bytes(folder, manifest)
+        stored_resident, expert_bytes = stored_bytes(folder, manifest := read_manifest(folder))
         resident = stored_resident if dtype is None else resident
         shapes = manifest_shapes(folder, manifest, dtype)  # as its load plans them
     compute = dtype or DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
