@@ -3,6 +3,7 @@ belong; load and verify refuse each, naming the file."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -54,6 +55,11 @@ def set_tensor(**fields):
         ),
         (lambda m: m.update(moe_layers=m["moe_layers"][:1]), "lists MoE layers"),
         (lambda m: m.update(moe_layers=[]), "moe_layers lists no MoE layer"),
+        # both layers computed with layer 0's experts, without a word (sizes and times match)
+        (
+            lambda m: m["moe_layers"][1].update(file=m["moe_layers"][0]["file"]),
+            "MoE layers 0 and 1 both name experts/000.bin",
+        ),
     ],
 )
 def test_hand_edited_manifest(model_folder, tmp_path, change, message):
@@ -105,3 +111,53 @@ def test_a_recorded_file_the_folder_lacks(model_folder, tmp_path):
     folder = edited_copy(model_folder, tmp_path / "model", lambda m: m["files"].update(record))
     with pytest.raises(StreamerError, match=r"999.bin, recorded in manifest.json, cannot be read"):
         streamer.load(folder)
+
+
+@pytest.mark.parametrize("token_id", [600, 100_000])
+def test_a_tokenizer_with_ids_past_the_models_vocabulary(model_folder, tmp_path, token_id):
+    """tokenizer.json giving a token an id past the model's 512 (another model's tokenizer, or
+    one edited): a prompt holding it read the embedding out of bounds, silently other text at
+    600 and a segmentation fault at 100000."""
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    path = folder / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    tokenizer["model"]["vocab"]["hi"] = token_id
+    path.write_text(json.dumps(tokenizer))
+    with pytest.raises(
+        StreamerError, match=f"gives 'hi' the id {token_id}, but the model embeds 512 tokens"
+    ):
+        streamer.load(folder)
+
+
+@pytest.mark.parametrize(
+    "name, missing", [("experts/001.bin", "experts/001.bin"), ("experts", "experts/000.bin")]
+)
+@pytest.mark.parametrize("link", [False, True])
+def test_plan_of_a_repacked_folder_missing_a_file(
+    model_folder, tmp_path, capsys, name, missing, link
+):
+    """An expert file, or the experts/ folder, a broken link or gone: plan's sizes of the files
+    were a FileNotFoundError traceback (one file) or 0 B of experts and a plan that runs (the
+    folder)."""
+    from streamer.cli import main
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    path = folder / name
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if link:
+        path.symlink_to(folder / "gone")
+    assert main(["plan", str(folder), "--memory", "16G"]) == 2
+    assert f"{folder / missing} is missing" in capsys.readouterr().err
+
+
+def test_plan_of_a_repacked_folder_missing_its_resident_file(model_folder, tmp_path, capsys):
+    """The resident file gone: plan's size of it was a FileNotFoundError traceback."""
+    from streamer.cli import main
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    (folder / "resident.safetensors").unlink()
+    assert main(["plan", str(folder), "--memory", "16G"]) == 2
+    assert f"{folder / 'resident.safetensors'} is missing" in capsys.readouterr().err

@@ -146,10 +146,6 @@ def test_config_integer_of_thousands_of_digits(src, tmp_path):
 )
 def test_special_file_in_the_source(src, tmp_path, name, kind):
     make_special(src / name, kind)
-    if kind == "dir" and name == "tokenizer.json":  # a folder named like a file: not read or copied
-        repack(src, tmp_path / "out", **QUIET)
-        assert not (tmp_path / "out" / "tokenizer.json").exists()
-        return
     refused_without_hanging(lambda: repack(src, tmp_path / "out", **QUIET), name)
     assert not (tmp_path / "out").exists()
 
@@ -309,5 +305,20 @@ def test_fp8_block_scales_as_exponent_bytes_are_refused(tmp_path):
     with pytest.raises(
         StreamerError, match=f"tensor '{name}' holds FP8 block scales as F8_E8M0 exponents"
     ):
+        repack(src, tmp_path / "out", **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("points_to", ["nothing", "itself", "a folder"])
+def test_a_side_file_that_cannot_be_read_is_refused(src, tmp_path, points_to):
+    """tokenizer_config.json a symbolic link to nothing (a hub blob that never landed), to itself
+    or to a folder: repack left it out without a word, and the repacked model ran without its
+    special tokens and chat template."""
+    link = src / "tokenizer_config.json"
+    link.unlink()
+    target = {"nothing": src / "blob", "itself": link, "a folder": tmp_path}[points_to]
+    link.symlink_to(target)
+    message = f"{link} is a directory" if target.is_dir() else f"cannot read {link} \\(a symbolic"
+    with pytest.raises(StreamerError, match=message):
         repack(src, tmp_path / "out", **QUIET)
     assert not (tmp_path / "out").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import os
 import stat
 import weakref
@@ -16,6 +17,12 @@ from pathlib import Path
 
 from ..errors import StreamerError
 
+# Files of a download written for people, which no loader reads: a broken link to one (its blob
+# never fetched, or removed) is no damage to the model.
+FOR_PEOPLE = ["README*", "LICENSE*", "LICENCE*", "NOTICE*", "COPYING*", "USE_POLICY*", "*.md"]
+# What the names of the files a model reads end with: a folder or a broken link so named is
+# damage, not a subfolder (original/) or a stray link a download may hold
+FILE_SUFFIXES = (".json", ".jsonl", ".jinja", ".model", ".tiktoken", ".txt", ".py", ".safetensors")
 _KINDS = {
     stat.S_IFIFO: "a FIFO (named pipe)",
     stat.S_IFSOCK: "a socket",
@@ -63,16 +70,34 @@ def read_bytes(path: Path | str, what: str) -> bytes:
 
 def check_folder_files(folder: Path | str, what: str) -> None:
     """Refuse a FIFO, socket or device among the files of `folder` (tokenizer files, configs,
-    shards: libraries open them by name with a blocking open). Subfolders and broken links are
-    left to the readers, which report what they need."""
+    shards: libraries open them by name with a blocking open), and a folder or a broken link
+    named as a file the model reads: the tokenizer's readers skip a tokenizer_config.json they
+    cannot open, and repack left it out, without a word. Other subfolders and links are left to
+    the readers."""
     with os.scandir(folder) as entries:
         for entry in entries:
+            read = entry.name.endswith(FILE_SUFFIXES) and not for_people(entry.name)
             try:
                 mode = os.stat(entry.path).st_mode
-            except OSError:
+            except OSError as e:
+                if read and entry.is_symlink():
+                    raise broken_link(entry.path, e, what) from None
                 continue
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            if not (stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and not read)):
                 raise not_regular(entry.path, mode, what)
+
+
+def for_people(name: str) -> bool:
+    """Whether a file named `name` is one written for people (a README), which no loader reads."""
+    return any(fnmatch.fnmatch(name, pattern) for pattern in FOR_PEOPLE)
+
+
+def broken_link(path: str, error: OSError, what: str) -> StreamerError:
+    why = ", which is missing" if error.errno == errno.ENOENT else f": {error.strerror or error}"
+    return StreamerError(
+        f"cannot read {path} (a symbolic link to {os.readlink(path)}{why}; {what}): download the "
+        "file again, or delete the link if the model does not need it."
+    )
 
 
 def check_utf8_path(path: Path | str, what: str) -> None:

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from ..errors import StreamerError
+from ..io.files import for_people
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # What a pull downloads and a lookup expects: mlx-lm's (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS,
@@ -29,9 +30,6 @@ ALLOW_PATTERNS = [
     "*.jsonl",
     "*.jinja",
 ]
-# Files of a download written for people, which no loader reads: a broken link to one (its blob
-# never fetched, or removed) is no damage to the model.
-FOR_PEOPLE = ["README*", "LICENSE*", "LICENCE*", "NOTICE*", "COPYING*", "USE_POLICY*", "*.md"]
 
 
 class NotDownloaded(StreamerError):
@@ -137,7 +135,7 @@ def cache_damage(cache: Path, name: str) -> str | None:
 def needed(name: str) -> bool:
     """Whether a file named `name` is one a lookup expects (mlx-lm's patterns), not a file for
     people (a README, a LICENSE.txt)."""
-    return _matches(name, ALLOW_PATTERNS) and not _matches(name, FOR_PEOPLE)
+    return _matches(name, ALLOW_PATTERNS) and not for_people(name)
 
 
 def _matches(name: str, patterns: list[str]) -> bool:

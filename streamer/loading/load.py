@@ -31,7 +31,7 @@ from .options import LoadOptions, as_flag, check_unhonoured, load_options
 from .repacked_source import open_repacked_source
 from .residency import available_memory, layer_shapes, plan_residency
 from .source import Source
-from .tokenizer import load_tokenizer
+from .tokenizer import embedded_tokens, load_tokenizer
 
 if TYPE_CHECKING:  # mlx_lm.tokenizer_utils imports transformers: seconds, paid where a
     # tokenizer is built (tokenizer.py), not by a load refused before that
@@ -136,7 +136,10 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
         if options.memory_budget is not None:
             check_budget(source.contents, options.memory_budget, dtype)
         tokenizer = load_tokenizer(
-            source.folder, options.trust_remote_code, options.tokenizer_config
+            source.folder,
+            options.trust_remote_code,
+            options.tokenizer_config,
+            embedded_tokens(model),
         )
         mapped = options.read_path == "mapped"
         check_open_files(

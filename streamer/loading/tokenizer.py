@@ -11,15 +11,20 @@ from ..families.config import check_eos_ids, context_length
 from ..io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
 
 if TYPE_CHECKING:
+    import mlx.nn as nn
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
 def load_tokenizer(
-    folder: Path, trust_remote_code: bool, tokenizer_config: dict | None = None
+    folder: Path,
+    trust_remote_code: bool,
+    tokenizer_config: dict | None = None,
+    embedded: int | None = None,
 ) -> TokenizerWrapper:
     """The tokenizer exactly as mlx_lm.load builds it: its eos ids are config.json's, replaced by
     generation_config.json's where that file lists them (chat models' end-of-turn ids);
-    `tokenizer_config`: the user's extra arguments for transformers' AutoTokenizer, as mlx-lm's."""
+    `tokenizer_config`: the user's extra arguments for transformers' AutoTokenizer, as mlx-lm's;
+    `embedded`: the tokens the model embeds (embedded_tokens), past which it gives no id."""
     # mlx_lm.utils imports transformers (seconds): here, not by every module that loads a model,
     # so that a command refused before its tokenizer is built is refused at once
     from mlx_lm.utils import load_config
@@ -69,7 +74,39 @@ def load_tokenizer(
             "tokenizer.json and tokenizer_config.json, or copy them from the original model."
         ) from e
     _context_as_max_length(tokenizer, config)
+    _check_ids_embedded(tokenizer, embedded, folder)
     return tokenizer
+
+
+# The last part of the name of the token embedding in mlx-lm's models
+EMBEDDING_NAMES = ("embed_tokens", "word_embeddings", "wte", "embeddings")
+
+
+def embedded_tokens(model: nn.Module) -> int | None:
+    """How many tokens `model`'s token embedding has rows for (None: no embedding so named)."""
+    import mlx.nn as nn
+
+    for name, module in model.named_modules():
+        if name.rpartition(".")[2] in EMBEDDING_NAMES and isinstance(
+            module, (nn.Embedding, nn.QuantizedEmbedding)
+        ):
+            return module.weight.shape[0]
+    return None
+
+
+def _check_ids_embedded(tokenizer: TokenizerWrapper, embedded: int | None, folder: Path) -> None:
+    """Refuse a tokenizer that gives an id past the model's embedding (another model's tokenizer
+    files, or edited ones): a prompt holding that token read the embedding out of bounds, other
+    text without a word or a segmentation fault."""
+    vocabulary = tokenizer.get_vocab()  # added tokens too
+    if embedded is None or not vocabulary or max(vocabulary.values()) < embedded:
+        return
+    token = max(vocabulary, key=vocabulary.__getitem__)
+    raise StreamerError(
+        f"{folder}: the tokenizer gives {token!r} the id {vocabulary[token]}, but the model "
+        f"embeds {embedded} tokens (ids 0 to {embedded - 1}): the tokenizer files belong to "
+        "another model; copy the model's own."
+    )
 
 
 def _config_refused(error: BaseException, where: Path, config: dict) -> StreamerError | None:

@@ -67,9 +67,9 @@ def model_plan(
     resident = _resident(model, containers, dtype)
     shapes = [_shape(i, c, r) for i, (c, r) in enumerate(zip(containers.values(), records))]
     if repacked:  # the files as written
-        stored_resident, expert_bytes = stored_bytes(folder)
+        stored_resident, expert_bytes = stored_bytes(folder, manifest := read_manifest(folder))
         resident = stored_resident if dtype is None else resident
-        shapes = manifest_shapes(folder, read_manifest(folder), dtype)  # as its load plans them
+        shapes = manifest_shapes(folder, manifest, dtype)  # as its load plans them
     compute = dtype or DTYPES.get(config.get("torch_dtype"), mx.bfloat16)
     per_token, fixed = _kv_bytes(model, compute, kv)
     top_k = experts_per_token(config)

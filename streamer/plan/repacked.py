@@ -6,7 +6,6 @@ function of them (tests/test_plan.py checks each against the model-built plan)."
 from __future__ import annotations
 
 import math
-import stat
 from pathlib import Path
 
 import mlx.core as mx
@@ -18,7 +17,7 @@ from ..families.config import (
     experts_per_token,
 )
 from ..io.expert_layout import repacked_layout
-from ..io.files import not_regular
+from ..io.integrity import file_size
 from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, Manifest, read_manifest
 from ..io.safetensors import DTYPES, read_header
 from ..loading.residency import LayerShape, layer_shapes
@@ -88,18 +87,12 @@ def quantized_width(elements: int, dtype_bytes: int, kv: tuple[int, int] | None)
     return elements * bits // 8 + 2 * (elements // group) * dtype_bytes
 
 
-def stored_bytes(folder: Path) -> tuple[int, int]:
-    """What repacked `folder` holds on disk: its resident file's bytes and its expert files'."""
-    experts = sum(_size(p, "an expert file") for p in (folder / "experts").glob("*.bin"))
-    return _size(folder / RESIDENT_FILE, "the non-expert weights"), experts
-
-
-def _size(path: Path, what: str) -> int:
-    """A file's size; a FIFO or folder in its place (size 0, or a folder's) is refused."""
-    st = path.stat()
-    if not stat.S_ISREG(st.st_mode):
-        raise not_regular(path, st.st_mode, what)
-    return st.st_size
+def stored_bytes(folder: Path, manifest: Manifest) -> tuple[int, int]:
+    """What repacked `folder` holds on disk: its resident file's bytes and the bytes of the expert
+    files its manifest lists (one missing is refused, not counted as none)."""
+    files = dict.fromkeys(layer.file for layer in manifest.layers)
+    experts = sum(file_size(folder / name, "an expert file") for name in files)
+    return file_size(folder / RESIDENT_FILE, "the non-expert weights"), experts
 
 
 def repacked_plan(
@@ -114,7 +107,7 @@ def repacked_plan(
     per_token = kv_bytes_per_token(config, dtype_bytes, kv)
     if per_token is None or manifest.shard is not None or not manifest.layers:
         return None
-    stored_resident, expert_bytes = stored_bytes(folder)
+    stored_resident, expert_bytes = stored_bytes(folder, manifest)
     resident = stored_resident
     if dtype is not None:  # floating tensors in the compute dtype, the rest as stored
         resident = sum(

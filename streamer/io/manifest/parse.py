@@ -68,6 +68,7 @@ def parse_manifest(data: dict, path: Path) -> Manifest:
     if not isinstance(data["moe_layers"], list) or not data["moe_layers"]:  # plan: a traceback
         raise StreamerError(f"{path}: moe_layers lists no MoE layer; repack the model.")
     layers = tuple(_parse_layer(entry, path) for entry in data["moe_layers"])
+    _check_own_files(layers, path)
     resident = data["resident"]
     if resident["file"] != RESIDENT_FILE:
         raise StreamerError(
@@ -82,6 +83,19 @@ def parse_manifest(data: dict, path: Path) -> Manifest:
     if shard is None and any(layer.expert_ids is not None for layer in layers):
         raise StreamerError(f"{path}: expert_ids without a shard entry; repack the model.")
     return Manifest(data["config"], crc, layers, _parse_files(data.get("files", {}), path), shard)
+
+
+def _check_own_files(layers: tuple[MoeLayer, ...], path: Path) -> None:
+    """Each MoE layer has its own expert file: two naming one (a hand edit; sizes and times
+    match) computed the second with the first's experts, without a word."""
+    first: dict[str, int] = {}
+    for index, layer in enumerate(layers):
+        other = first.setdefault(layer.file, index)
+        if other != index:
+            raise StreamerError(
+                f"{path}: MoE layers {other} and {index} both name {layer.file} as their expert "
+                "file; repack the model."
+            )
 
 
 def _parse_shard(entry: dict, layers: tuple[MoeLayer, ...], path: Path) -> Shard:
