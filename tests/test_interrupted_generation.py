@@ -1,0 +1,75 @@
+"""A generation stopped part way (Ctrl-C, an error) leaves the model as a fresh one would answer:
+a slot the pool gave an expert but never filled must not be taken as holding it."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from test_slot_pool import pool_over, slot_bytes
+
+import streamer
+from streamer.cache.slot_pool import SlotPool
+
+PROMPT = "hello world, this is a prompt about things"
+
+
+def answer(model, tokenizer) -> list[int]:
+    return [r.token for r in streamer.stream_generate(model, tokenizer, PROMPT, 8)]
+
+
+def stop_once(owner, name: str, at_call: int, monkeypatch) -> None:
+    """`owner.name` raises KeyboardInterrupt on its `at_call`th call (a Ctrl-C arriving there)."""
+    original, calls = getattr(owner, name), [0]
+
+    def interrupted(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == at_call:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, interrupted)
+
+
+def test_ctrl_c_between_choosing_slots_and_reading_them_empties_them(tmp_path):
+    pool, truth = pool_over(tmp_path, slots=2)
+    pool.place(0, np.array([0, 1]))
+
+    def ctrl_c(slots, missed):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # experts 2 and 3 take the slots of 0 and 1
+        pool.place(0, np.array([2, 3]), while_reading=ctrl_c)
+    assert (pool.policy.slot_key == -1).all() and (pool.policy.slot_of == -1).all()
+    slots, misses = pool.place(0, np.array([2, 3]))
+    assert misses == 2
+    for expert, slot in zip([2, 3], slots):
+        assert all(map(np.array_equal, slot_bytes(pool, slot), truth[0][expert]))
+    pool.close()
+
+
+def test_ctrl_c_while_a_settle_waits_to_read_empties_the_slots_it_moved(tmp_path, monkeypatch):
+    """A gathered call's routing replayed later (cache/settle.py): the policy moves first, the
+    reads follow once the kernels reading the old slots have run."""
+    pool, _ = pool_over(tmp_path, slots=4)
+    pool.defer(0, mx.array(np.array([[2, 3]], dtype=np.uint32)), lambda experts: None)
+    stop_once(pool, "fence", 1, monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        pool.settle()
+    assert (pool.policy.slot_key == -1).all() and (pool.policy.slot_of == -1).all()
+    pool.close()
+
+
+@pytest.mark.parametrize("source", ["repacked", "in place"])
+def test_a_generation_stopped_before_its_reads_leaves_the_next_one_a_fresh_models(
+    checkpoints, monkeypatch, source
+):
+    download = checkpoints.mlx("qwen3_moe")
+    folder = checkpoints.repacked(download) if source == "repacked" else download
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    fresh, _ = streamer.load(folder, memory_budget=0, read_path="slots")
+    with monkeypatch.context() as patch:
+        stop_once(SlotPool, "_read_misses", 3, patch)
+        with pytest.raises(KeyboardInterrupt):
+            answer(model, tokenizer)
+    assert answer(model, tokenizer) == answer(fresh, tokenizer)
