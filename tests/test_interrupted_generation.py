@@ -3,6 +3,8 @@ a slot the pool gave an expert but never filled must not be taken as holding it.
 
 from __future__ import annotations
 
+import errno
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -10,6 +12,8 @@ from test_slot_pool import pool_over, slot_bytes
 
 import streamer
 from streamer.cache.slot_pool import SlotPool
+from streamer.errors import StreamerError
+from streamer.io import mapping
 
 PROMPT = "hello world, this is a prompt about things"
 
@@ -71,5 +75,27 @@ def test_a_generation_stopped_before_its_reads_leaves_the_next_one_a_fresh_model
     with monkeypatch.context() as patch:
         stop_once(SlotPool, "_read_misses", 3, patch)
         with pytest.raises(KeyboardInterrupt):
+            answer(model, tokenizer)
+    assert answer(model, tokenizer) == answer(fresh, tokenizer)
+
+
+@pytest.mark.parametrize("source", ["repacked", "in place"])
+def test_a_disk_error_on_the_mapped_path_names_the_file_and_the_next_answer_is_right(
+    checkpoints, monkeypatch, source
+):
+    """Populating a mapping failed as a bare OSError ([Errno 5] Input/output error): no file."""
+    download = checkpoints.mlx("qwen3_moe")
+    folder = checkpoints.repacked(download) if source == "repacked" else download
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="mapped")
+    fresh, _ = streamer.load(folder, memory_budget=0, read_path="mapped")
+
+    def failing(address, offset, length):
+        raise OSError(errno.EIO, "Input/output error")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mapping, "populate", failing)
+        with pytest.raises(
+            StreamerError, match=r"\(MoE layer 0, .*\): cannot read bytes .* \(\[Errno 5\]"
+        ):
             answer(model, tokenizer)
     assert answer(model, tokenizer) == answer(fresh, tokenizer)
