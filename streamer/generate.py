@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -58,7 +56,7 @@ def stream_generate(
     held = cached_tokens(kwargs.get("prompt_cache"))
     max_tokens = within_context(model, held, positions, max_tokens)
     kwargs = mlx_lm_keywords(temp, top_p, kwargs)
-    with _claimed(model.streamer):
+    with model.streamer.claimed():
         if seed is not None:  # claimed first: another thread's answer draws from the same seed
             mx.random.seed(seed)
         model.streamer.stats.reset()
@@ -85,32 +83,6 @@ def stream_generate(
         # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums
         # must finish before any later collective, or the ranks' messages interleave
         mx.synchronize(kwargs.get("stream", generation_stream))
-
-
-_CLAIMS = threading.Lock()  # a model's check and claim, one thread at a time
-
-
-@contextmanager
-def _claimed(handle) -> Iterator[None]:
-    """The model for this thread while it generates. MLX's streams belong to the thread that
-    made them, so a second thread generating on one model at once failed inside the slot pool
-    (RuntimeError: There is no Stream(cpu, 5) in current thread), and both answers share the
-    expert caches and stats. Generators interleaved in one thread still take turns."""
-    me = threading.get_ident()
-    with _CLAIMS:
-        owner, depth = getattr(handle, "generating", (None, 0))
-        if depth and owner != me:
-            raise StreamerError(
-                "this model is generating an answer in another thread, and a model generates one "
-                "answer at a time: wait for that answer to finish (or close its stream), or load "
-                "the model once for each thread."
-            )
-        handle.generating = (me, depth + 1)
-    try:
-        yield
-    finally:  # also when the stream is closed or dropped unfinished
-        with _CLAIMS:
-            handle.generating = (me, handle.generating[1] - 1)
 
 
 def generate(
