@@ -34,10 +34,28 @@ def cached_tokens(cache: object) -> int:
     """The positions a reused prompt cache holds (an earlier turn's), which the new prompt
     follows: its attention layers' offset, a CacheList's parts too (a recurrent layer's state
     counts none). Not a list: none, and refused by name (generation_objects.check_objects)."""
+    return max((c.offset for c in _positional(cache)), default=0)
+
+
+def leveled(cache: object) -> None:
+    """A prompt cache after an answer stopped inside the model's forward pass (a Ctrl-C during
+    an expert read, a read's error): its earlier layers hold one more step than the later ones,
+    and the next answer would run each layer at other positions, silently wrong. Every layer is
+    trimmed to the positions all of them hold, as if that step never ran; where a layer cannot
+    be trimmed (a recurrent state, a full rotating window) the cache is left as it is."""
+    parts = _positional(cache)
+    held = min((c.offset for c in parts), default=0)
+    ahead = [c for c in parts if c.offset > held]
+    if ahead and all(c.is_trimmable() for c in ahead):
+        for c in ahead:
+            c.trim(c.offset - held)
+
+
+def _positional(cache: object) -> list:
+    """The parts of a prompt cache (a CacheList's too) that count positions: an offset each."""
     layers = cache if isinstance(cache, list) else ()
     caches = [part for c in layers for part in getattr(c, "caches", (c,))]
-    offsets = [c.offset for c in caches if type(getattr(c, "offset", None)) is int]
-    return max(offsets, default=0)
+    return [c for c in caches if type(getattr(c, "offset", None)) is int]
 
 
 def within_context(model: nn.Module, held: int, positions: int, max_tokens: int) -> int:

@@ -11,7 +11,7 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
-from .api_request import cached_tokens, prompt_tokens, within_context
+from .api_request import cached_tokens, leveled, prompt_tokens, within_context
 from .arguments import check_request, check_sampling
 from .errors import StreamerError, one_line
 from .generation_objects import check_objects
@@ -73,8 +73,11 @@ def stream_generate(
                     settle=r.finish_reason is not None,
                 )
                 yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs, r.from_draft)
-        except ValueError as e:  # mx.quantize's: the keys' width is not a multiple of the group
-            if kv_bits is None or not str(e).startswith("[quantize]"):
+        except BaseException as e:  # a Ctrl-C too: stopped mid-step, no layer left a step ahead
+            leveled(kwargs.get("prompt_cache"))
+            # mx.quantize's ValueError: the keys' width is not a multiple of the group
+            quantize = isinstance(e, ValueError) and str(e).startswith("[quantize]")
+            if kv_bits is None or not quantize:
                 raise
             raise StreamerError(
                 f"kv_group_size {kwargs.get('kv_group_size', 64)} does not divide this model's "

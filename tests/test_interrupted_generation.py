@@ -8,6 +8,7 @@ import errno
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_lm.models.cache import make_prompt_cache
 from test_slot_pool import pool_over, slot_bytes
 
 import streamer
@@ -99,3 +100,26 @@ def test_a_disk_error_on_the_mapped_path_names_the_file_and_the_next_answer_is_r
         ):
             answer(model, tokenizer)
     assert answer(model, tokenizer) == answer(fresh, tokenizer)
+
+
+def test_a_prompt_cache_stopped_inside_a_step_holds_no_layer_a_step_ahead(checkpoints, monkeypatch):
+    """A Ctrl-C during an expert read in the prompt's step: layer 0 had taken the step, layer 1
+    not (offsets 21 and 20), and the next answer ran each layer at other positions."""
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    cache = make_prompt_cache(model)
+    with monkeypatch.context() as patch:
+        stop_once(SlotPool, "_read_misses", 3, patch)
+        with pytest.raises(KeyboardInterrupt):
+            list(streamer.stream_generate(model, tokenizer, PROMPT, 8, prompt_cache=cache))
+    held = {c.offset for c in cache}
+    assert len(held) == 1
+    fresh, _ = streamer.load(folder, memory_budget=0, read_path="slots")
+    fresh_cache = make_prompt_cache(fresh)
+    mx.eval(fresh(mx.array([tokenizer.encode(PROMPT)[: held.pop()]]), cache=fresh_cache))
+
+    def then(model, cache):
+        responses = streamer.stream_generate(model, tokenizer, " and more", 8, prompt_cache=cache)
+        return [r.token for r in responses]
+
+    assert then(model, cache) == then(fresh, fresh_cache)
