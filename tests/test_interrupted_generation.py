@@ -4,6 +4,7 @@ a slot the pool gave an expert but never filled must not be taken as holding it.
 from __future__ import annotations
 
 import errno
+import threading
 
 import mlx.core as mx
 import numpy as np
@@ -14,7 +15,7 @@ from test_slot_pool import pool_over, slot_bytes
 import streamer
 from streamer.cache.slot_pool import SlotPool
 from streamer.errors import StreamerError
-from streamer.io import mapping
+from streamer.io import mapping, reads
 
 PROMPT = "hello world, this is a prompt about things"
 
@@ -50,6 +51,40 @@ def test_ctrl_c_between_choosing_slots_and_reading_them_empties_them(tmp_path):
     assert misses == 2
     for expert, slot in zip([2, 3], slots):
         assert all(map(np.array_equal, slot_bytes(pool, slot), truth[0][expert]))
+    pool.close()
+
+
+def test_a_ctrl_c_while_readers_fill_slots_is_raised_once_every_read_has_finished(
+    tmp_path, monkeypatch
+):
+    """A reader left writing would land its expert's bytes in a slot a later call reads another
+    expert into. Here the readers hold until the pool waits for them a second time."""
+    pool, _ = pool_over(tmp_path, slots=2)
+    waited_again, finished = threading.Event(), []
+    read_piece, wait = SlotPool._read_piece, reads.wait
+
+    def held_read(self, *args):
+        waited_again.wait()
+        read_piece(self, *args)
+        finished.append(args)
+
+    waits = []
+
+    def ctrl_c_at_first_wait(futures):
+        waits.append(futures)
+        if len(waits) == 1:
+            raise KeyboardInterrupt
+        waited_again.set()
+        return wait(futures)
+
+    monkeypatch.setattr(SlotPool, "_read_piece", held_read)
+    monkeypatch.setattr(reads, "wait", ctrl_c_at_first_wait)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.place(0, np.array([0, 1]))  # two misses: two readers
+        assert len(finished) == 2
+    finally:
+        waited_again.set()  # without the second wait the readers would hold for ever
     pool.close()
 
 

@@ -17,13 +17,13 @@ first, or a settle's fill is queued after them (async_eval).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 import mlx.core as mx
 import numpy as np
 
-from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
+from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, finish_all, plan_reads, split
 from .landing import CUDA_MISSES_DEFAULT, Landing, copy_mapped, landing_for, unreadable
 from .policies import SlotLFU
 from .settle import Deferred, Gathered, counted, replay
@@ -216,9 +216,7 @@ class SlotPool:
                 if len(pieces) == 1:
                     self._read_piece(layer, *pieces[0])
                 else:  # every piece finishes before a buffer is lent again, failed or not
-                    done = [_readers.submit(self._read_piece, layer, *p) for p in pieces]
-                    for future in wait(done).done:
-                        future.result()
+                    finish_all([_readers.submit(self._read_piece, layer, *p) for p in pieces])
                 for (expert, _), buffers in zip(wave, landed):
                     source.check(self.tensors, expert, buffers)
             self._filled.extend(slot for _, slot in wave)
