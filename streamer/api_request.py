@@ -41,21 +41,27 @@ def leveled(cache: object) -> None:
     """A prompt cache after an answer stopped inside the model's forward pass (a Ctrl-C during
     an expert read, a read's error): its earlier layers hold one more step than the later ones,
     and the next answer would run each layer at other positions, silently wrong. Every layer is
-    trimmed to the positions all of them hold, as if that step never ran; where a layer cannot
-    be trimmed (a recurrent state, a full rotating window) the cache is left as it is."""
+    trimmed to the positions all of them hold, as if that step never ran. Where a layer cannot
+    be (a recurrent state, which has no positions; a full rotating window) the cache is left as
+    mlx-lm leaves it."""
     parts = _positional(cache)
     held = min((c.offset for c in parts), default=0)
     ahead = [c for c in parts if c.offset > held]
-    if ahead and all(c.is_trimmable() for c in ahead):
+    every_layer = len(parts) == len(_parts(cache))
+    if ahead and every_layer and all(c.is_trimmable() for c in ahead):
         for c in ahead:
             c.trim(c.offset - held)
 
 
-def _positional(cache: object) -> list:
-    """The parts of a prompt cache (a CacheList's too) that count positions: an offset each."""
+def _parts(cache: object) -> list:
+    """A prompt cache's layers, a CacheList's parts each; none when it is not a list."""
     layers = cache if isinstance(cache, list) else ()
-    caches = [part for c in layers for part in getattr(c, "caches", (c,))]
-    return [c for c in caches if type(getattr(c, "offset", None)) is int]
+    return [part for c in layers for part in getattr(c, "caches", (c,))]
+
+
+def _positional(cache: object) -> list:
+    """The parts that count positions: an offset each (a recurrent state has none)."""
+    return [c for c in _parts(cache) if type(getattr(c, "offset", None)) is int]
 
 
 def within_context(model: nn.Module, held: int, positions: int, max_tokens: int) -> int:

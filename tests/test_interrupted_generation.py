@@ -9,10 +9,11 @@ import threading
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 from test_slot_pool import pool_over, slot_bytes
 
 import streamer
+from streamer.api_request import leveled
 from streamer.cache.slot_pool import SlotPool
 from streamer.errors import StreamerError
 from streamer.io import mapping, reads
@@ -158,3 +159,21 @@ def test_a_prompt_cache_stopped_inside_a_step_holds_no_layer_a_step_ahead(checkp
         return [r.token for r in responses]
 
     assert then(model, cache) == then(fresh, fresh_cache)
+
+
+def kv_cache(positions: int) -> KVCache:
+    cache = KVCache()
+    keys = mx.zeros((1, 1, positions, 4))
+    cache.update_and_fetch(keys, keys)
+    return cache
+
+
+def test_a_hybrid_cache_stopped_inside_a_step_is_left_as_mlx_lm_leaves_it():
+    """Its recurrent state has no positions to trim back: trimming the attention layers alone
+    would leave it as wrong, another way."""
+    attention = [kv_cache(3), kv_cache(2)]
+    leveled(attention)
+    assert [c.offset for c in attention] == [2, 2]
+    hybrid = [kv_cache(3), ArraysCache(2), kv_cache(2)]
+    leveled(hybrid)
+    assert [hybrid[0].offset, hybrid[2].offset] == [3, 2]
