@@ -16,7 +16,10 @@ import streamer
 from streamer.api_request import leveled
 from streamer.cache.slot_pool import SlotPool
 from streamer.errors import StreamerError
+from streamer.experts import slots as slot_calls
 from streamer.io import mapping, reads
+from streamer.io.manifest import read_manifest
+from streamer.loading import residency
 
 PROMPT = "hello world, this is a prompt about things"
 
@@ -177,3 +180,24 @@ def test_a_hybrid_cache_stopped_inside_a_step_is_left_as_mlx_lm_leaves_it():
     hybrid = [kv_cache(3), ArraysCache(2), kv_cache(2)]
     leveled(hybrid)
     assert [hybrid[0].offset, hybrid[2].offset] == [3, 2]
+
+
+def test_a_ctrl_c_while_a_stack_is_computed_on_names_no_chunk_installed(checkpoints, monkeypatch):
+    """A call across chunks computes on a stack installed in the container (a GPU's way); the
+    container still held it after a Ctrl-C, while the layer named chunk 0 installed, so a later
+    call on chunk 0 computed on the stack's rows."""
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32"))
+    largest = max(t.nbytes for t in read_manifest(folder).layers[0].tensors)
+    monkeypatch.setattr(residency, "CHUNK_BYTES", 3 * largest)  # a pool of 6 chunks
+    monkeypatch.setattr(slot_calls, "stack_bytes", lambda: slot_calls.STACK_BYTES)
+    model, tokenizer = streamer.load(folder, memory_budget=0, read_path="slots")
+    (pool,) = model.streamer.pools
+    with monkeypatch.context() as patch:  # the 5th: the layers' first calls named chunk 0
+        stop_once(type(model.streamer.layers[0].container), "__call__", 5, patch)
+        with pytest.raises(KeyboardInterrupt):
+            answer(model, tokenizer)
+    for layer in model.streamer.layers:
+        installed = layer.compute_mode._installed
+        if installed is not None:  # the chunk it names is the one the container holds
+            held = [layer.container[p][k] for p, k in layer._slots]
+            assert all(t is a for t, a in zip(held, pool.chunks[installed]))
