@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache.slot_pool import SlotPool
+from ..errors import StreamerError
 from ..experts import StreamingExperts
 from ..experts.layer import CLOSED
 from ..io.expert_files import ExpertFiles
@@ -22,7 +23,6 @@ from .residency import ResidencyPlan
 
 if TYPE_CHECKING:
     from .download_folder import Download
-from ..errors import StreamerError
 from ..expert_traffic import ExpertStats
 
 _CLAIMS = threading.Lock()  # a model's check and claim (or close), one thread at a time
