@@ -34,10 +34,34 @@ def cached_tokens(cache: object) -> int:
     """The positions a reused prompt cache holds (an earlier turn's), which the new prompt
     follows: its attention layers' offset, a CacheList's parts too (a recurrent layer's state
     counts none). Not a list: none, and refused by name (generation_objects.check_objects)."""
+    return max((c.offset for c in _positional(cache)), default=0)
+
+
+def leveled(cache: object) -> None:
+    """A prompt cache after an answer stopped inside the model's forward pass (a Ctrl-C during
+    an expert read, a read's error): its earlier layers hold one more step than the later ones,
+    and the next answer would run each layer at other positions, silently wrong. Every layer is
+    trimmed to the positions all of them hold, as if that step never ran. Where a layer cannot
+    be (a recurrent state, which has no positions; a full rotating window) the cache is left as
+    mlx-lm leaves it."""
+    parts = _positional(cache)
+    held = min((c.offset for c in parts), default=0)
+    ahead = [c for c in parts if c.offset > held]
+    every_layer = len(parts) == len(_parts(cache))
+    if ahead and every_layer and all(c.is_trimmable() for c in ahead):
+        for c in ahead:
+            c.trim(c.offset - held)
+
+
+def _parts(cache: object) -> list:
+    """A prompt cache's layers, a CacheList's parts each; none when it is not a list."""
     layers = cache if isinstance(cache, list) else ()
-    caches = [part for c in layers for part in getattr(c, "caches", (c,))]
-    offsets = [c.offset for c in caches if type(getattr(c, "offset", None)) is int]
-    return max(offsets, default=0)
+    return [part for c in layers for part in getattr(c, "caches", (c,))]
+
+
+def _positional(cache: object) -> list:
+    """The parts that count positions: an offset each (a recurrent state has none)."""
+    return [c for c in _parts(cache) if type(getattr(c, "offset", None)) is int]
 
 
 def within_context(model: nn.Module, held: int, positions: int, max_tokens: int) -> int:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -13,7 +11,7 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
-from .api_request import cached_tokens, prompt_tokens, within_context
+from .api_request import cached_tokens, leveled, prompt_tokens, within_context
 from .arguments import check_request, check_sampling
 from .errors import StreamerError, one_line
 from .generation_objects import check_objects
@@ -58,7 +56,7 @@ def stream_generate(
     held = cached_tokens(kwargs.get("prompt_cache"))
     max_tokens = within_context(model, held, positions, max_tokens)
     kwargs = mlx_lm_keywords(temp, top_p, kwargs)
-    with _claimed(model.streamer):
+    with model.streamer.claimed():
         if seed is not None:  # claimed first: another thread's answer draws from the same seed
             mx.random.seed(seed)
         model.streamer.stats.reset()
@@ -75,8 +73,11 @@ def stream_generate(
                     settle=r.finish_reason is not None,
                 )
                 yield Response(r.text, r.token, r.finish_reason, stats, r.logprobs, r.from_draft)
-        except ValueError as e:  # mx.quantize's: the keys' width is not a multiple of the group
-            if kv_bits is None or not str(e).startswith("[quantize]"):
+        except BaseException as e:  # a Ctrl-C too: stopped mid-step, no layer left a step ahead
+            leveled(kwargs.get("prompt_cache"))
+            # mx.quantize's ValueError: the keys' width is not a multiple of the group
+            quantize = isinstance(e, ValueError) and str(e).startswith("[quantize]")
+            if kv_bits is None or not quantize:
                 raise
             raise StreamerError(
                 f"kv_group_size {kwargs.get('kv_group_size', 64)} does not divide this model's "
@@ -85,32 +86,6 @@ def stream_generate(
         # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums
         # must finish before any later collective, or the ranks' messages interleave
         mx.synchronize(kwargs.get("stream", generation_stream))
-
-
-_CLAIMS = threading.Lock()  # a model's check and claim, one thread at a time
-
-
-@contextmanager
-def _claimed(handle) -> Iterator[None]:
-    """The model for this thread while it generates. MLX's streams belong to the thread that
-    made them, so a second thread generating on one model at once failed inside the slot pool
-    (RuntimeError: There is no Stream(cpu, 5) in current thread), and both answers share the
-    expert caches and stats. Generators interleaved in one thread still take turns."""
-    me = threading.get_ident()
-    with _CLAIMS:
-        owner, depth = getattr(handle, "generating", (None, 0))
-        if depth and owner != me:
-            raise StreamerError(
-                "this model is generating an answer in another thread, and a model generates one "
-                "answer at a time: wait for that answer to finish (or close its stream), or load "
-                "the model once for each thread."
-            )
-        handle.generating = (me, depth + 1)
-    try:
-        yield
-    finally:  # also when the stream is closed or dropped unfinished
-        with _CLAIMS:
-            handle.generating = (me, handle.generating[1] - 1)
 
 
 def generate(

@@ -115,6 +115,12 @@ class _SlotPolicy:
         self._seen(keys, slots)
         return slots, miss
 
+    def empty(self, slots: np.ndarray) -> None:
+        """`slots` hold no key any more (their reads failed)."""
+        held = self.slot_key[slots]
+        self.slot_of[held[held >= 0]] = -1
+        self.slot_key[slots] = -1
+
     def _move(self, keys: np.ndarray, slots) -> None:
         """`keys` now in `slots`; the keys those slots held, in none."""
         evicted = self.slot_key[slots]

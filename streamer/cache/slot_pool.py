@@ -16,14 +16,14 @@ first, or a settle's fill is queued after them (async_eval).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 import mlx.core as mx
 import numpy as np
 
-from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, plan_reads, split
+from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, finish_all, plan_reads, split
 from .landing import CUDA_MISSES_DEFAULT, Landing, copy_mapped, landing_for, unreadable
 from .policies import SlotLFU
 from .settle import Deferred, Gathered, counted, replay
@@ -69,6 +69,7 @@ class SlotPool:
         self._gathered = Gathered(self.tensors)  # their kernels, per layer, and the settle's
         self.version = 0  # changes whenever a slot gets another expert
         self.settled = 0  # experts settles wrote into slots (their bytes cross the bus on CUDA)
+        self._filled: list[int] = []  # slots read since `_unread_emptied` began
         self.last_missed = np.zeros(0, dtype=bool)
         self.slot_bytes = sum(t.nbytes for t in self.tensors)
         self.nbytes = slots * self.slot_bytes
@@ -89,16 +90,31 @@ class SlotPool:
         are chosen, before any read: it may queue kernels on the hits' slots."""
         self.settle()
         self.fence()  # the reuse rule, on every call (in decode free: the router sync waited)
-        slots, miss = self.policy.assign(self.base[layer] + experts)
-        self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
-        misses = int(np.count_nonzero(miss))
-        if misses:
-            self.version += 1
-            self._deferred.moved()
-            if while_reading is not None:
-                while_reading(slots, miss)
-            self._read_misses(layer, [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])])
+        with self._unread_emptied():
+            slots, miss = self.policy.assign(self.base[layer] + experts)
+            self.last_missed = miss  # which of `experts` were read (a verify pass counts waste)
+            misses = int(np.count_nonzero(miss))
+            if misses:
+                self.version += 1
+                self._deferred.moved()
+                if while_reading is not None:
+                    while_reading(slots, miss)
+                reads = [(int(e), int(s)) for e, s in zip(experts[miss], slots[miss])]
+                self._read_misses(layer, reads)
         return slots, misses
+
+    @contextmanager
+    def _unread_emptied(self) -> Iterator[None]:
+        """The policy's moves inside, kept only for the slots `_read_misses` filled: on any
+        failure, a Ctrl-C wherever it lands included, a slot given an expert it has not read is
+        emptied (else the next call would compute with the bytes of the expert it held)."""
+        before, self._filled = self.policy.slot_key.copy(), []
+        try:
+            yield
+        except BaseException:
+            moved = np.flatnonzero(self.policy.slot_key != before)
+            self.policy.empty(np.setdiff1d(moved, self._filled))
+            raise
 
     def _is_gathered(self, layer: int, expert: int) -> bool:  # maps files: a read's error
         try:
@@ -137,6 +153,10 @@ class SlotPool:
         deferred = self._deferred.take(behind)
         if not deferred:
             return
+        with self._unread_emptied():
+            self._settle(deferred)
+
+    def _settle(self, deferred: list) -> None:
         routed = counted(deferred)
         reads = replay(self.policy, self.base, [(d[0], r) for d, r in zip(deferred, routed)])
         if not reads:
@@ -147,13 +167,8 @@ class SlotPool:
             self._pending = [self._gathered.fill(reads, self.arrays)]  # done after all of them
             return
         self.fence()
-        for n, (layer, layer_reads) in enumerate(reads.items()):
-            try:
-                self._read_misses(layer, layer_reads)
-            except BaseException:
-                for later, later_reads in list(reads.items())[n + 1 :]:
-                    self._forget(later, later_reads)
-                raise
+        for layer, layer_reads in reads.items():
+            self._read_misses(layer, layer_reads)
 
     def computed(self, output: mx.array) -> None:
         """An output whose graph reads the pool: the next write waits until it is computed."""
@@ -175,38 +190,36 @@ class SlotPool:
         """Read each (expert, slot) of `layer`, as many experts at once as the landing lends
         buffers (READERS into the slots themselves), in pieces of at most PIECE bytes shared by
         the reader threads (a lone miss read by several); a gathered layer's by the fill kernel
-        (settle.Gathered). A failure forgets every slot of `reads`: none is left half read."""
+        (settle.Gathered). Each slot read and checked is listed in `_filled`: on a failure
+        `_unread_emptied` empties the rest, none is left half read."""
         at_once = READERS if self._landing is None else self._landing.buffers
         source = self.layers[layer]
-        try:
-            if self._is_gathered(layer, reads[0][0]) and self._gathered.covers({layer: reads}):
-                self.computed(self._gathered.fill({layer: reads}, self.arrays))
-                return
-            if self._landing is not None and self._landing.reads_files:
-                copied = copy_mapped(self._landing, source, self.tensors, reads, self._slot_rows)
-                for (expert, _), sources in zip(reads, copied):
-                    source.check(self.tensors, expert, sources)
-                return
-            for lo in range(0, len(reads), at_once):
-                wave = reads[lo : lo + at_once]
-                with ExitStack() as stack:
-                    landed = [stack.enter_context(self._land(slot)) for _, slot in wave]
-                    pieces = [
-                        (expert, piece)
-                        for (expert, _), buffers in zip(wave, landed)
-                        for piece in self._pieces(layer, expert, buffers)
-                    ]
-                    if len(pieces) == 1:
-                        self._read_piece(layer, *pieces[0])
-                    else:  # every piece finishes before a buffer is lent again, failed or not
-                        done = [_readers.submit(self._read_piece, layer, *p) for p in pieces]
-                        for future in wait(done).done:
-                            future.result()
-                    for (expert, _), buffers in zip(wave, landed):
-                        source.check(self.tensors, expert, buffers)
-        except BaseException:
-            self._forget(layer, reads)
-            raise
+        if self._is_gathered(layer, reads[0][0]) and self._gathered.covers({layer: reads}):
+            self.computed(self._gathered.fill({layer: reads}, self.arrays))
+            self._filled.extend(slot for _, slot in reads)
+            return
+        if self._landing is not None and self._landing.reads_files:
+            copied = copy_mapped(self._landing, source, self.tensors, reads, self._slot_rows)
+            for (expert, _), sources in zip(reads, copied):
+                source.check(self.tensors, expert, sources)
+            self._filled.extend(slot for _, slot in reads)
+            return
+        for lo in range(0, len(reads), at_once):
+            wave = reads[lo : lo + at_once]
+            with ExitStack() as stack:
+                landed = [stack.enter_context(self._land(slot)) for _, slot in wave]
+                pieces = [
+                    (expert, piece)
+                    for (expert, _), buffers in zip(wave, landed)
+                    for piece in self._pieces(layer, expert, buffers)
+                ]
+                if len(pieces) == 1:
+                    self._read_piece(layer, *pieces[0])
+                else:  # every piece finishes before a buffer is lent again, failed or not
+                    finish_all([_readers.submit(self._read_piece, layer, *p) for p in pieces])
+                for (expert, _), buffers in zip(wave, landed):
+                    source.check(self.tensors, expert, buffers)
+            self._filled.extend(slot for _, slot in wave)
 
     def _land(self, slot: int) -> AbstractContextManager[Sequence[np.ndarray]]:
         rows = self._slot_rows(slot)
@@ -230,10 +243,6 @@ class SlotPool:
             source.files[file].preadv(offset, parts)
         except OSError as e:
             raise unreadable(source.where(file), expert, e) from e
-
-    def _forget(self, layer: int, reads: list[tuple[int, int]]) -> None:  # failed: slots empty
-        for expert, slot in reads:
-            self.policy.slot_of[self.base[layer] + expert] = self.policy.slot_key[slot] = -1
 
     def close(self) -> None:
         self.fence()

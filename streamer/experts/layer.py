@@ -58,6 +58,8 @@ from .parallel import ExpertShare
 from .resident import Resident
 from .slots import Slots
 
+CLOSED = "this model was closed (model.streamer.close()): load it again to run it."
+
 
 def choose_compute_mode(layer: StreamingExperts):
     if layer.resident:
@@ -110,6 +112,7 @@ class StreamingExperts(nn.Module):
         self.cache: HotExperts | None = None
         self.pool: SlotPool | None = None
         self.resident = False
+        self.closed = False  # its model's files closed: model.streamer.close()
         object.__setattr__(self, "views", None)
         object.__setattr__(self, "_layout", layout)
         object.__setattr__(self, "_watches", [])  # (file number, FileWatch) of the files read
@@ -164,6 +167,8 @@ class StreamingExperts(nn.Module):
     def __call__(self, x: mx.array, indices: mx.array) -> mx.array:
         traffic = self.stats.phase(indices.size // indices.shape[-1])
         traffic.layer_calls += 1
+        if self.closed:  # else a resident layer ran on, and a streamed one named a closed file
+            raise StreamerError(CLOSED)
         self.check_unchanged()
         if self.stats.verifying is not None:  # a speculative verify pass: its waste is counted
             self.stats.verifying.append(PassCall(indices, self.read_bytes))

@@ -199,10 +199,7 @@ class Slots:
                 self._rows[shape] = mx.arange(indices.size, dtype=mx.uint32).reshape(shape)
             rows, position = indices, self._rows[shape]
             traffic.bytes_copied += indices.size * pool.slot_bytes  # a prompt's: at its settle
-        layer.install(kernel(rows, self._table, sources, pool.arrays))
-        out = layer.container(x, position)
-        layer.install(pool.arrays)  # the output's graph holds the stacks until it is evaluated
-        self._installed = 0
+        out = self._on_stack(layer, kernel(rows, self._table, sources, pool.arrays), x, position)
         pool.computed(out)
         count = partial(traffic.count_gathered, self._slot_of, pool.slot_bytes, whole)
         pool.defer(layer.index, indices, count, prompt=whole)
@@ -250,10 +247,14 @@ class Slots:
         tensors = [layer.convert(t[0] if len(t) == 1 else mx.concatenate(t)) for t in zip(*parts)]
         traffic.bytes_copied += sum(t.nbytes for t in tensors)
         position[group[order]] = np.arange(len(group))
+        return self._on_stack(layer, tensors, x, mx.array(position[routed]))
+
+    def _on_stack(self, layer, tensors: list[mx.array], x, position: mx.array) -> mx.array:
+        """The container on a stack, then the first chunk again (kept, every layer's stack would
+        stay: Kimi K2, 10 GB); none named installed meanwhile, whatever stops the call."""
+        self._installed = None
         layer.install(tensors)
-        out = layer.container(x, mx.array(position[routed]))
-        # the output's graph holds the copies until it is evaluated; kept on the container,
-        # every layer's would stay (Kimi K2: 10 GB)
-        layer.install(pool.chunks[0])
+        out = layer.container(x, position)
+        layer.install(self._pool.chunks[0])
         self._installed = 0
         return out

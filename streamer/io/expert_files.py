@@ -88,12 +88,24 @@ class LayerFiles:
 
     def advise(self, r: ByteRange, advice: int) -> None:
         mapped = self._maps[r.file]
-        mapped.advise(advice, r.offset - mapped.offset, r.length)
+        try:
+            mapped.advise(advice, r.offset - mapped.offset, r.length)
+        except OSError as e:
+            raise self._unreadable(r, e) from e
 
     def populate(self, r: ByteRange) -> bool:
         """Map `r` into this process's page tables now (see mapping.populate)."""
         mapped = self._maps[r.file]
-        return mapped.populate(r.offset - mapped.offset, r.length)
+        try:
+            return mapped.populate(r.offset - mapped.offset, r.length)
+        except OSError as e:  # the disk's error, or EFAULT: a page past a truncated file's end
+            raise self._unreadable(r, e) from e
+
+    def _unreadable(self, r: ByteRange, error: OSError) -> StreamerError:
+        return StreamerError(
+            f"{self.layout.where(r.file)}: cannot read bytes {r.offset}-{r.offset + r.length} "
+            f"({error}); check the disk, or run `streamer verify` on the model folder."
+        )
 
     def tensor_bytes(self, expert: int) -> list[np.ndarray]:
         """An expert's tensors as host bytes over the mapping (for checksums), in layout order."""

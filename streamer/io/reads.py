@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
+from concurrent.futures import Future, wait
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +124,16 @@ def _aligned(offset: int, buffers: list[np.ndarray]) -> bool:
     return offset % DIRECT_ALIGN == 0 and all(
         b.ctypes.data % DIRECT_ALIGN == 0 and b.nbytes % DIRECT_ALIGN == 0 for b in buffers
     )
+
+
+def finish_all(reads: list[Future]) -> None:
+    """Wait for every read, then raise the first failure: none may still write into a buffer
+    once the caller lends it again, a slot another expert is read into. A Ctrl-C in the wait
+    (the main thread's) waits for them too before it is raised."""
+    try:
+        finished = wait(reads).done
+    except BaseException:
+        wait(reads)
+        raise
+    for read in finished:
+        read.result()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -12,7 +13,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache.slot_pool import SlotPool
+from ..errors import StreamerError
 from ..experts import StreamingExperts
+from ..experts.layer import CLOSED
 from ..io.expert_files import ExpertFiles
 from ..io.lock import FolderLock
 from ..io.manifest import Manifest
@@ -21,6 +24,8 @@ from .residency import ResidencyPlan
 if TYPE_CHECKING:
     from .download_folder import Download
 from ..expert_traffic import ExpertStats
+
+_CLAIMS = threading.Lock()  # a model's check and claim (or close), one thread at a time
 
 
 @contextmanager
@@ -58,6 +63,8 @@ class Streaming:
     folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
     pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools
     dtype: str = ""  # what the model computes in (compute_dtype's), for the stats line
+    generating: tuple[int | None, int] = (None, 0)  # the thread generating, its answers open
+    closed: bool = False
     _scopes: ExitStack = field(default_factory=ExitStack, repr=False)
 
     @property
@@ -73,8 +80,44 @@ class Streaming:
     def __post_init__(self) -> None:
         self._scopes.enter_context(memory_limit_raised(self.mapped_bytes))
 
+    @contextmanager
+    def claimed(self) -> Iterator[None]:
+        """The model for this thread while it generates. MLX's streams belong to the thread that
+        made them, so a second thread generating on one model at once failed inside the slot pool
+        (RuntimeError: There is no Stream(cpu, 5) in current thread), and both answers share the
+        expert caches and stats. Generators interleaved in one thread still take turns."""
+        me = threading.get_ident()
+        with _CLAIMS:
+            owner, depth = self.generating
+            if self.closed:
+                raise StreamerError(CLOSED)
+            if depth and owner != me:
+                raise StreamerError(
+                    "this model is generating an answer in another thread, and a model generates "
+                    "one answer at a time: wait for that answer to finish (or close its stream), "
+                    "or load the model once for each thread."
+                )
+            self.generating = (me, depth + 1)
+        try:
+            yield
+        finally:  # also when the stream is closed or dropped unfinished
+            with _CLAIMS:
+                self.generating = (me, self.generating[1] - 1)
+
     def close(self) -> None:
-        """Unmap the expert files, lower the memory limit again, release the folder."""
+        """Unmap the expert files, lower the memory limit again, release the folder. Refused
+        while another thread generates: its reads and kernels would find the files closed under
+        them (a TypeError from the slot pool, or MLX's RuntimeError in this thread)."""
+        with _CLAIMS:
+            owner, depth = self.generating
+            if depth and owner != threading.get_ident():
+                raise StreamerError(
+                    "this model is generating an answer in another thread: close it once that "
+                    "answer has finished (or its stream is closed)."
+                )
+            self.closed = True
+        for layer in self.layers:
+            layer.closed = True
         self._scopes.close()
         release(self.pools, self.files, self.folder_lock)
         self.folder_lock = None
