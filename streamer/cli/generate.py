@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "generate", help="generate text from a repacked model or an MLX download (in place)"
     )
-    add_model(p, required=False)  # missing: a hint at `streamer demo`
+    add_model(p)
     add_prompt(p, None)
     p.add_argument(
         "--chat",
@@ -69,12 +69,6 @@ def add_parser(sub) -> None:
 
 
 def generate(args: argparse.Namespace) -> int:
-    if args.model is None:
-        raise StreamerError(
-            "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` "
-            "and pass --model DST, or run `streamer demo` to see the whole pipeline on a built-in "
-            "model."
-        )
     text = prompt(args)  # before the slow imports: bad input fails fast
     text_flags(args)
     if args.chat and args.ignore_chat_template:

@@ -62,10 +62,10 @@ def quantize_option(args: argparse.Namespace):
     return Quantize(args.quantize, group_size, args.q_mode)
 
 
-def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
+def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
-        required=required,
+        required=True,
         help="a folder written by `streamer repack` or `streamer split`, an MLX download (streamed "
         "in place), or org/name (pulled, or the hub cache); under mlx.launch, {rank} in it is "
         "replaced by the rank",

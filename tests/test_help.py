@@ -1,0 +1,39 @@
+"""Facts of each command's --help, as a user reads them beside mlx-lm's: the usage line agrees
+with what the command requires."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from streamer.cli import main, parser
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    top = parser()
+    return dict(top._subparsers._group_actions[0].choices)
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_usage_brackets_exactly_the_optional_options(command):
+    p = _commands()[command]
+    usage = " ".join(p.format_usage().split())
+    for action in p._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        shown = action.option_strings[0]
+        bracketed = re.search(rf"\[{re.escape(shown)}[\s\]]", usage) is not None
+        assert bracketed != action.required, (command, shown, usage)
+
+
+def test_a_missing_model_points_at_the_demo(capsys):
+    """`generate --help` showed `[--model MODEL]`, though leaving it out was an error; chat and
+    serve, where it shows required, did not point at the demo."""
+    for command in ("generate", "chat", "serve"):
+        assert _commands()[command]._option_string_actions["--model"].required
+    for command in ("generate", "chat", "serve"):
+        assert main([command, "--prompt", "hi"] if command == "generate" else [command]) == 2
+        err = capsys.readouterr().err
+        assert "--model" in err and "streamer demo" in err and len(err.splitlines()) == 1, err
