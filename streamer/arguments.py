@@ -1,9 +1,8 @@
 """Values users pass, checked the same way from the command line and from the Python API.
 
 Nothing here imports mlx or mlx-lm at module level, so the CLI refuses a bad value at once, before
-the slow imports and before the model is loaded. Every refusal is an ArgumentError (a
-StreamerError, and a ValueError as mlx-lm's are) naming the argument as the caller spells it
-(`--top-p` on the command line, `top_p` in Python).
+the slow imports and before the model is loaded. Every refusal is an ArgumentError (a ValueError,
+as mlx-lm's are) naming the argument as the caller spells it (`--top-p` or `top_p`).
 """
 
 from __future__ import annotations
