@@ -37,3 +37,14 @@ def test_a_missing_model_points_at_the_demo(capsys):
         assert main([command, "--prompt", "hi"] if command == "generate" else [command]) == 2
         err = capsys.readouterr().err
         assert "--model" in err and "streamer demo" in err and len(err.splitlines()) == 1, err
+
+
+def test_launch_help_says_streamer_s_usage_before_mlx_launch_s_options(capsys):
+    """`streamer launch --help` printed mlx.launch's help alone, which says nothing of the
+    streamer command after `--`."""
+    with pytest.raises(SystemExit) as ended:
+        main(["launch", "--help"])
+    assert ended.value.code == 0
+    out = capsys.readouterr().out
+    assert "-- generate --model" in out and "--hostfile" in out
+    assert out.index("-- COMMAND") < out.index("--hostfile"), out
