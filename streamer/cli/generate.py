@@ -10,7 +10,7 @@ from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c, status_of
-from .kv_options import add_kv_cache, check_kv_fits, kv_options
+from .kv_options import add_kv_cache, add_max_kv_size, check_kv_fits, kv_options
 from .options import (
     add_loading,
     add_model,
@@ -38,9 +38,7 @@ def add_parser(sub) -> None:
         help="the prompt is a chat message: refuse a model without a chat template",
     )
     add_template(p)
-    p.add_argument(
-        "--max-kv-size", type=int, default=None, help="keep at most N tokens of KV (default: all)"
-    )
+    add_max_kv_size(p)
     p.add_argument(
         "--extra-eos-token",
         nargs="+",
@@ -154,7 +152,7 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     progress = PrefillProgress()
     prefill = {} if drafting or not shown else {"prompt_progress_callback": progress}
     kv = kv_options(args) if hasattr(args, "kv_bits") else {}
-    check_kv_fits(model, {**kv, "max_kv_size": getattr(args, "max_kv_size", None)})
+    check_kv_fits(model, kv)
     try:
         with raising_on_ctrl_c():  # from here Ctrl-C stops the answer, with its stats
             for response in stream_generate(
@@ -167,7 +165,6 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 top_k=args.top_k,
                 min_p=args.min_p,
                 seed=args.seed,
-                max_kv_size=getattr(args, "max_kv_size", None),
                 prefill_step_size=getattr(args, "prefill_step_size", PREFILL_STEP),  # demo: none
                 **kv,
                 **drafting,

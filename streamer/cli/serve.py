@@ -14,6 +14,7 @@ from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import end_interrupted, raising_on_ctrl_c
 from .kv_options import (
     add_kv_cache,
+    add_max_kv_size,
     add_prompt_cache_dir,
     check_kv_fits,
     disk_option,
@@ -96,6 +97,7 @@ def add_parsers(sub) -> None:
     add_sampling(p)
     add_template(p)
     add_prompt_cache_dir(p)
+    add_max_kv_size(p)
     add_kv_cache(p)
     add_drafting(p)
     add_loading(p)
