@@ -4,11 +4,14 @@ with what the command requires."""
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import re
 
 import pytest
 
 from streamer.cli import main, parser
+from streamer.cli.mlx_lm_flags import MLX_LM_ONLY
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
@@ -48,3 +51,35 @@ def test_launch_help_says_streamer_s_usage_before_mlx_launch_s_options(capsys):
     out = capsys.readouterr().out
     assert "-- generate --model" in out and "--hostfile" in out
     assert out.index("-- COMMAND") < out.index("--hostfile"), out
+
+
+@pytest.mark.parametrize(
+    ("command", "theirs"), [("generate", "generate"), ("chat", "chat"), ("serve", "server")]
+)
+def test_every_flag_of_mlx_lm_s_command_is_taken_or_refused_with_why(command, theirs):
+    """chat lacked mlx_lm.chat's --max-kv-size and --prefill-step-size, serve mlx_lm.server's
+    --prefill-step-size: "unrecognized arguments", with a did-you-mean of another flag."""
+    source = inspect.getsource(importlib.import_module(f"mlx_lm.{theirs}"))  # server: in main
+    flags = set(re.findall(r'add_argument\(\s*"(--[a-z0-9-]+)"', source))
+    ours = _commands()[command]._option_string_actions
+    assert len(flags) > 10
+    assert not [f for f in sorted(flags) if f not in ours and f not in MLX_LM_ONLY]
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_a_bad_prefill_step_is_refused_before_loading(command, capsys):
+    argv = [command, "--model", "/nonexistent", "--prefill-step-size", "0"]
+    assert main(argv + ["-p", "hi"] if command == "generate" else argv) == 2
+    err = capsys.readouterr().err
+    assert "--prefill-step-size must be at least 1" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_sizes_show_the_size_metavar(command):
+    """--memory-budget showed MEMORY_BUDGET beside --prompt-cache-bytes SIZE; plan's --memory
+    MEMORY."""
+    from streamer.cli.options import size
+
+    for action in _commands()[command]._actions:
+        if action.type is size:
+            assert action.metavar == "SIZE", (command, action.option_strings)

@@ -5,25 +5,27 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..arguments import check_at_least, check_token_ids, vocabulary
+from ..arguments import check_token_ids, vocabulary
 from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c, status_of
 from .kv_options import add_kv_cache, add_max_kv_size, check_kv_fits, kv_options
 from .options import (
+    PREFILL_STEP,
     add_loading,
     add_model,
+    add_prefill_step_size,
     add_prompt,
     add_template,
     load_options,
     model_folder,
+    prefill_option,
 )
 from .output import emit
 from .prompt_text import check_template_flags, prompt, text_flags
 
 TEMPLATE_FLAGS = ("--system-prompt", "--chat-template-config")  # read by the chat template alone
-PREFILL_STEP = 2048  # prompt tokens computed at a time: mlx_lm.generate's default
 
 
 def add_parser(sub) -> None:
@@ -46,13 +48,7 @@ def add_parser(sub) -> None:
         metavar="TOKEN",
         help="more tokens that end the answer (text or id)",
     )
-    p.add_argument(
-        "--prefill-step-size",
-        type=int,
-        default=PREFILL_STEP,
-        metavar="N",
-        help="prompt tokens computed at a time (fewer: a lower peak while a long prompt prefills)",
-    )
+    add_prefill_step_size(p)
     p.add_argument(
         "--verbose",
         type=lambda text: text.lower() not in ("false", "f"),  # mlx_lm.generate's str2bool
@@ -74,7 +70,7 @@ def generate(args: argparse.Namespace) -> int:
             "--chat asks for the chat template and --ignore-chat-template for none: pass one."
         )
     check_template_flags(args, TEMPLATE_FLAGS)
-    check_at_least(args.prefill_step_size, "--prefill-step-size", 1)
+    prefill_option(args)
     kv_options(args)
     check_drafting(args)
     from ..loading.load import load_decided
