@@ -83,3 +83,15 @@ def test_sizes_show_the_size_metavar(command):
     for action in _commands()[command]._actions:
         if action.type is size:
             assert action.metavar == "SIZE", (command, action.option_strings)
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_names_the_help_uses_are_the_usage_s(command):
+    """repack's help said "replace DST" and "SRC's shards" under a usage of `src dst`; verify's
+    "not in DIR" under `dir`."""
+    p = _commands()[command]
+    shown = {a.metavar or a.dest.upper() for a in p._actions if not a.option_strings}
+    shown |= {a.metavar for a in p._actions if a.option_strings and a.metavar}
+    said = {w for a in p._actions for w in re.findall(r"\b(SRC|DST|DIR)\b", a.help or "")}
+    named = [a for a in p._actions if not a.option_strings and a.nargs != argparse.REMAINDER]
+    assert said <= shown and all(a.metavar for a in named), command  # launch's: mlx.launch's
