@@ -95,3 +95,17 @@ def test_names_the_help_uses_are_the_usage_s(command):
     said = {w for a in p._actions for w in re.findall(r"\b(SRC|DST|DIR)\b", a.help or "")}
     named = [a for a in p._actions if not a.option_strings and a.nargs != argparse.REMAINDER]
     assert said <= shown and all(a.metavar for a in named), command  # launch's: mlx.launch's
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [  # mlx_lm.convert's spellings: "write --quantize=--q-bits", "did you mean --group-size?"
+        (["--quantize", "--q-bits", "4"], "--quantize takes the bits: --quantize 4"),
+        (["--hf-path", "x"], "repack takes the folders as SRC DST"),
+        (["--q-group-size", "32"], "--q-mode and --group-size choose how --quantize quantizes"),
+    ],
+)
+def test_mlx_lm_convert_s_spellings_are_taken_or_told(flags, said, capsys):
+    assert main(["repack", "a", "b", *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "write --" not in err and len(err.splitlines()) == 1, err

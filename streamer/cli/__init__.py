@@ -91,7 +91,12 @@ class Parser(argparse.ArgumentParser):
         words = self._words[: _end(self._words)]
         for word, value in zip(words, words[1:]):
             if word == option and self._unknown_option(value):
-                return f": {value!r} was read as an option; write {option}={value}"
+                theirs = mlx_lm_only(value)  # `--quantize --q-bits 4`, as mlx_lm.convert's
+                return (
+                    f": {theirs}"
+                    if theirs
+                    else f": {value!r} was read as an option; write {option}={value}"
+                )
         return ""
 
     def _option_names(self) -> list[str]:

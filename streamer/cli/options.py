@@ -38,6 +38,7 @@ def add_quantize(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--quantize", type=int, choices=(2, 3, 4, 5, 6, 8), help=what)
     p.add_argument(
         "--group-size",
+        "--q-group-size",  # mlx_lm.convert's spelling
         type=int,
         choices=(16, 32, 64, 128),
         help="quantization group size (default: 64 affine; the mode's own otherwise)",
