@@ -12,7 +12,7 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
-from .errors import StreamerError
+from .errors import ArgumentError, StreamerError
 from .io.descriptors import allow_mlx_lm
 
 allow_mlx_lm()  # before anything imports mlx-lm, whose import sets the open-file limit
@@ -36,7 +36,15 @@ _LAZY = {
     "load": "loading.load",
 }
 
-__all__ = ["StreamerError", "Response", "RunStats", "generate", "load", "stream_generate"]
+__all__ = [
+    "ArgumentError",
+    "StreamerError",
+    "Response",
+    "RunStats",
+    "generate",
+    "load",
+    "stream_generate",
+]
 
 
 def __getattr__(name: str):

@@ -8,7 +8,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
 from .arguments import tokens_text
-from .errors import StreamerError
+from .errors import ArgumentError
 from .families.config import context_field
 from .generation_objects import check_tokenizer
 from .loading.handle import streaming
@@ -19,7 +19,7 @@ def prompt_tokens(model: nn.Module, tokenizer: TokenizerWrapper, prompt: str | l
     handle = streaming(model)  # mlx_lm.load's model (or None) was an AttributeError
     if handle is None:
         name = type(model).__name__
-        raise StreamerError(f"model must be one streamer.load returned (got a {name}).")
+        raise ArgumentError(f"model must be one streamer.load returned (got a {name}).")
     check_tokenizer(tokenizer)
     if isinstance(prompt, str):
         # as mlx-lm does: no second BOS when the text already starts with one
@@ -80,17 +80,17 @@ def within_context(model: nn.Module, held: int, positions: int, max_tokens: int)
     positions += held
     if max_tokens == arguments.NO_LIMIT:
         if not context:
-            raise StreamerError(
+            raise ArgumentError(
                 "max_tokens=-1 generates until the model's context is full, but config.json "
                 "gives no context (max_position_embeddings): give a number of tokens."
             )
         if positions >= context:
-            raise StreamerError(f"{said} but {where}, which leaves no room: {shorten}.")
+            raise ArgumentError(f"{said} but {where}, which leaves no room: {shorten}.")
         return context - positions
     if context and positions > context:
-        raise StreamerError(f"{said} but {where}: {shorten}.")
+        raise ArgumentError(f"{said} but {where}: {shorten}.")
     if context and positions + max_tokens > context:
-        raise StreamerError(
+        raise ArgumentError(
             f"{said} and max_tokens is {max_tokens}, but {where}: lower max_tokens to at most "
             f"{context - positions} or {shorten}."
         )

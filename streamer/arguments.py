@@ -1,8 +1,8 @@
 """Values users pass, checked the same way from the command line and from the Python API.
 
 Nothing here imports mlx or mlx-lm at module level, so the CLI refuses a bad value at once, before
-the slow imports and before the model is loaded. Every refusal is a StreamerError naming the
-argument as the caller spells it (`--top-p` on the command line, `top_p` in Python).
+the slow imports and before the model is loaded. Every refusal is an ArgumentError (a ValueError,
+as mlx-lm's are) naming the argument as the caller spells it (`--top-p` or `top_p`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 import weakref
 from collections.abc import Callable
 
-from .errors import StreamerError, refusal
+from .errors import ArgumentError, refusal
 
 NO_LIMIT = -1  # mlx-lm's max_tokens for "no limit": here, until the model's context is full
 MAX_SEED = (1 << 64) - 1  # mx.random.seed takes an unsigned 64-bit integer
@@ -35,7 +35,7 @@ MIN_KV_SIZE = 5
 def parse_size(value: object, name: str) -> int:
     """Bytes from an integer or a size written as 8G, 8GB, 8GiB, 8 GB or 512M (binary units)."""
     if not _integer(value) and not isinstance(value, str):  # numpy's integers are taken
-        raise StreamerError(
+        raise ArgumentError(
             f"{name} must be a number of bytes or a size such as '8G' (got {value!r})."
         )
     if _integer(value):
@@ -47,9 +47,9 @@ def parse_size(value: object, name: str) -> int:
             number = math.nan
         if match and not match.group(2) and number != int(number):  # "0.5": 0 bytes, silently
             whole = "so it counts bytes, which are whole"
-            raise StreamerError(f"{name} {value!r} has no unit, {whole}: write {value.strip()}G.")
+            raise ArgumentError(f"{name} {value!r} has no unit, {whole}: write {value.strip()}G.")
     if not math.isfinite(number) or number < 0:
-        raise StreamerError(f"{name} {value!r} is not a size such as 8G, 8GB, 8 GiB or 512M.")
+        raise ArgumentError(f"{name} {value!r} is not a size such as 8G, 8GB, 8 GiB or 512M.")
     return int(number)
 
 
@@ -72,15 +72,15 @@ def check_request(
     elif isinstance(prompt, (list, tuple)):
         bad = next((t for t in prompt if not _integer(t) or t < 0), None)
         if bad is not None:
-            raise StreamerError(
+            raise ArgumentError(
                 f"a prompt of token ids holds {bad!r}: each must be an integer from 0."
             )
     else:
-        raise StreamerError(
+        raise ArgumentError(
             f"the prompt must be text (a str) or a list of token ids (got {type(prompt).__name__})."
         )
     if not prompt and not embedded:
-        raise StreamerError(f"the prompt is empty: give some text to continue{how}.")
+        raise ArgumentError(f"the prompt is empty: give some text to continue{how}.")
 
 
 def check_text(text: str, what: str) -> None:
@@ -88,7 +88,7 @@ def check_text(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise StreamerError(
+        raise ArgumentError(
             f"{what} holds a lone surrogate ({text[e.start]!r} at character {e.start}), which is "
             "not text: decode the bytes it came from with errors='replace'."
         ) from None
@@ -99,7 +99,7 @@ def check_token_ids(ids: object, name: str, vocabulary: int) -> None:
     `vocabulary`; past it the embedding is read out of bounds."""
     past = next((t for t in ids if not _integer(t) or not 0 <= t < vocabulary), None)
     if past is not None:
-        raise StreamerError(
+        raise ArgumentError(
             f"{name}: token id {past!r} is not one of the model's ({vocabulary} tokens, ids 0 to "
             f"{vocabulary - 1})."
         )
@@ -157,7 +157,7 @@ def check_keywords(keywords: dict) -> None:
         not isinstance(bias, dict)
         or not all(_integer(k) and k >= 0 and _finite(v) for k, v in bias.items())
     ):
-        raise StreamerError(
+        raise ArgumentError(
             f"logit_bias must map token ids (integers from 0) to finite numbers (got {bias!r:.60})."
         )
     special = keywords.get("xtc_special_tokens")  # MLX's ValueError for a str or numpy's int
@@ -166,20 +166,20 @@ def check_keywords(keywords: dict) -> None:
             _integer(t) and t >= 0 for t in special
         ):
             want = "a list of token ids (integers from 0)"
-            raise StreamerError(f"xtc_special_tokens must be {want} (got {special!r:.60}).")
+            raise ArgumentError(f"xtc_special_tokens must be {want} (got {special!r:.60}).")
         keywords["xtc_special_tokens"] = [int(t) for t in special]
     for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         value = keywords.get(name)
         if value is not None and (not _finite(value) or name == "repetition_penalty" and value < 0):
             low = "0 or more" if name == "repetition_penalty" else "a finite number"
-            raise StreamerError(f"{name} must be {low} (got {value!r}).")
+            raise ArgumentError(f"{name} must be {low} (got {value!r}).")
     for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
         if keywords.get(name) is not None:
             check_at_least(keywords[name], name, 1)
     for name, high in (("xtc_probability", 1.0), ("xtc_threshold", 0.5)):
         value = keywords.get(name, 0.0)
         if not _finite(value) or not 0 <= value <= high:
-            raise StreamerError(f"{name} must be from 0 to {high} (got {value!r}).")
+            raise ArgumentError(f"{name} must be from 0 to {high} (got {value!r}).")
     if "min_tokens_to_keep" in keywords:
         check_at_least(keywords["min_tokens_to_keep"], "min_tokens_to_keep", 1)
 
@@ -201,30 +201,30 @@ def check_sampling(
         return option + (n.replace("_", "-") if dash else n)
 
     if not _number(temp) or not 0 <= temp < math.inf:
-        raise StreamerError(f"{name('temp')} must be 0 (greedy) or more (got {temp!r}).")
+        raise ArgumentError(f"{name('temp')} must be 0 (greedy) or more (got {temp!r}).")
     if 0 < temp < MIN_TEMPERATURE:
-        raise StreamerError(
+        raise ArgumentError(
             f"{name('temp')} must be 0 (greedy) or at least {MIN_TEMPERATURE}: below that the "
             f"scaled logits overflow float32 and the tokens are random (got {temp!r})."
         )
     if not _number(top_p) or not 0 < top_p <= 1:
-        raise StreamerError(f"{name('top_p')} must be above 0 and at most 1 (got {top_p!r}).")
+        raise ArgumentError(f"{name('top_p')} must be above 0 and at most 1 (got {top_p!r}).")
     if seed is not None and (type(seed) is not int or not 0 <= seed <= MAX_SEED):
-        raise StreamerError(
+        raise ArgumentError(
             f"{name('seed')} must be an integer from 0 to {MAX_SEED} (got {seed!r})."
         )
     if type(top_k) is not int or top_k < 0:
-        raise StreamerError(f"{name('top_k')} must be an integer, 0 (off) or more (got {top_k!r}).")
+        raise ArgumentError(f"{name('top_k')} must be an integer, 0 (off) or more (got {top_k!r}).")
     if not _number(min_p) or not 0 <= min_p <= 1:
-        raise StreamerError(f"{name('min_p')} must be from 0 (off) to 1 (got {min_p!r}).")
+        raise ArgumentError(f"{name('min_p')} must be from 0 (off) to 1 (got {min_p!r}).")
 
 
 def check_at_least(value: object, name: str, low: int) -> None:
     """An integer count (tokens, caches, a port) of at least `low`."""
     if type(value) is not int:
-        raise StreamerError(f"{name} must be an integer (got {value!r}).")
+        raise ArgumentError(f"{name} must be an integer (got {value!r}).")
     if value < low:
-        raise StreamerError(f"{name} must be at least {low} (got {value}).")
+        raise ArgumentError(f"{name} must be at least {low} (got {value}).")
 
 
 def check_kv_quantization(bits: object, group_size: object, start: object) -> None:

@@ -16,6 +16,12 @@ class StreamerError(Exception):
         self.flags = flags
 
 
+class ArgumentError(StreamerError, ValueError):
+    """A value the Python API was passed that it refuses (max_tokens=0, an empty prompt): also a
+    ValueError, as mlx-lm raises for these, so code written for mlx-lm that catches ValueError
+    catches it."""
+
+
 def keyword(name: str, value: object = None) -> str:
     """An argument as the Python API spells it: `kv_group_size`, `dtype='float32'`."""
     return name if value is None else f"{name}={value!r}"
@@ -27,10 +33,10 @@ def flag(name: str, value: object = None) -> str:
     return option if value is None else f"{option} {value}"
 
 
-def refusal(message: Callable[[Callable[..., str]], str]) -> StreamerError:
+def refusal(message: Callable[[Callable[..., str]], str]) -> ArgumentError:
     """A refusal naming arguments, written once as `message(spell)`: its text spells them as the
     Python API does, its `flags` as the command line does (what the CLI prints)."""
-    return StreamerError(message(keyword), flags=message(flag))
+    return ArgumentError(message(keyword), flags=message(flag))
 
 
 def one_line(error: object, limit: int = 300) -> str:

@@ -13,7 +13,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from . import arguments
 from .api_request import cached_tokens, leveled, prompt_tokens, within_context
 from .arguments import check_request, check_sampling
-from .errors import StreamerError, one_line
+from .errors import ArgumentError, StreamerError, one_line
 from .generation_objects import check_objects
 from .kv_quantization import check_kv_cache_quantizes
 from .mlx_lm_keywords import mlx_lm_keywords, plain_keywords, plain_number
@@ -79,7 +79,7 @@ def stream_generate(
             quantize = isinstance(e, ValueError) and str(e).startswith("[quantize]")
             if kv_bits is None or not quantize:
                 raise
-            raise StreamerError(
+            raise ArgumentError(
                 f"kv_group_size {kwargs.get('kv_group_size', 64)} does not divide this model's "
                 f"key and value widths ({one_line(e)}): choose a smaller kv_group_size."
             ) from None
@@ -99,7 +99,7 @@ def generate(
 ) -> str:
     """The generated text; with `verbose`, print it as it streams and then the stats line."""
     if isinstance(max_tokens, bool):  # mlx_lm.generate(model, tokenizer, prompt, True)
-        raise StreamerError(
+        raise ArgumentError(
             f"generate's fourth argument is max_tokens (mlx-lm's is verbose; got {max_tokens}): "
             f"pass verbose={max_tokens} by keyword."
         )

@@ -9,7 +9,7 @@ import inspect
 import mlx.core as mx
 import mlx.nn as nn
 
-from .errors import StreamerError
+from .errors import ArgumentError
 
 # What mlx-lm's models name their token embedding (Gemma 4's embed_tokens_per_layer and GPT-2's
 # position table, other widths, are not these)
@@ -35,7 +35,7 @@ def check_input_embeddings(model: nn.Module, value: object, prompt_tokens: int) 
     if value is None:
         return
     if "input_embeddings" not in inspect.signature(model.__call__).parameters:
-        raise StreamerError(  # mlx-lm's own test, else its ValueError mid-call
+        raise ArgumentError(  # mlx-lm's own test, else its ValueError mid-call
             f"input_embeddings: this model ({type(model).__module__.rpartition('.')[2]} in "
             "mlx-lm) takes no embeddings in place of tokens; give the prompt alone."
         )
@@ -43,13 +43,13 @@ def check_input_embeddings(model: nn.Module, value: object, prompt_tokens: int) 
     shape = f"({prompt_tokens or 'n'}, {width if width is not None else 'hidden size'})"
     if not isinstance(value, mx.array) or value.ndim != 2:
         got = f"an array of shape {value.shape}" if isinstance(value, mx.array) else repr(value)
-        raise StreamerError(
+        raise ArgumentError(
             f"input_embeddings must be an mx.array of shape {shape}, one vector a prompt token "
             f"(got {got:.60})."
         )
     rows = prompt_tokens or max(value.shape[0], 1)  # no prompt: at least one vector
     if value.shape[0] != rows or (width is not None and value.shape[1] != width):
-        raise StreamerError(
+        raise ArgumentError(
             f"input_embeddings has shape {value.shape}, but this model takes {shape}: one vector "
             f"a prompt token ({prompt_tokens or 'n'}), each as wide as its embedding's ({width})."
         )

@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .arguments import KV_GROUP_SIZES, check_kv_quantization
-from .errors import StreamerError, one_line, refusal
+from .errors import ArgumentError, one_line, refusal
 
 
 def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
@@ -168,7 +168,7 @@ def check_prompt_cache(model: nn.Module, cache: object) -> None:
         and len(cache) == layers
         and all(hasattr(c, "state") for c in cache)  # every mlx-lm cache has one
     ):
-        raise StreamerError(
+        raise ArgumentError(
             f"prompt_cache must be a list of {layers} caches, one a layer, as "
             f"mlx_lm.models.cache.make_prompt_cache(model) makes (got {cache!r:.60})."
         )
@@ -178,7 +178,7 @@ def check_prompt_cache(model: nn.Module, cache: object) -> None:
     for layer, (ours, theirs) in enumerate(zip(held, kv_shapes(model) or held)):
         if ours and ours != theirs:
             said = "no keys" if theirs is None else f"{theirs}"
-            raise StreamerError(
+            raise ArgumentError(
                 f"prompt_cache layer {layer} holds keys of (heads, key width, value width) "
                 f"{ours}, but this model's layer keeps {said}: a prompt cache belongs to the "
                 "model that made it (make_prompt_cache(model), or the model mlx-lm's "

@@ -12,7 +12,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from . import arguments
-from .errors import StreamerError
+from .errors import ArgumentError
 from .speculative import stream as speculative
 
 _SAMPLER_KEYWORDS = set(inspect.signature(make_sampler).parameters) - {"temp", "top_p"}
@@ -31,7 +31,7 @@ def mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
     unknown = sorted(set(kwargs) - _SAMPLER_KEYWORDS - _PROCESSOR_KEYWORDS - _STEP_KEYWORDS)
     if unknown:
         known = ", ".join(sorted(_SAMPLER_KEYWORDS | _PROCESSOR_KEYWORDS | _STEP_KEYWORDS))
-        raise StreamerError(
+        raise ArgumentError(
             f"unknown keyword argument {unknown[0]!r}; known: temp, top_p, seed, {known}."
         )
     if kwargs.get("sampler", 0) is None:  # as mlx-lm reads it: none given, so temp and top_p hold
@@ -41,7 +41,7 @@ def mlx_lm_keywords(temp: float, top_p: float, kwargs: dict) -> dict:
     # with a sampler given, temp and top_p were ignored without a word
     asked = ["temp"] * (temp != 0.0) + ["top_p"] * (top_p != 1.0) + sorted(sampling)
     if "sampler" in kwargs and asked:
-        raise StreamerError(
+        raise ArgumentError(
             f"give either sampler= or {asked[0]}=, not both: the sampler alone draws the tokens."
         )
     kwargs.setdefault("sampler", any_top_k_sampler(temp, top_p, **sampling))

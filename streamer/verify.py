@@ -25,6 +25,7 @@ from .io.checksums import (
 from .io.integrity import data_files, file_stat, stat_change
 from .io.lock import lock_for_replacing
 from .io.manifest import MANIFEST_FILE, read_manifest, write_manifest
+from .io.sizes import rate_text
 from .io.tensor_crcs import Problem, folder_bytes, verify_folder
 from .progress import above, progress_bar
 
@@ -180,8 +181,7 @@ def compute_checksums(download, log, advance=lambda _: None) -> Checksums:
             data.release()
         advance(download.file_bytes[shard] - counted)  # the resident tensors and the header
         done += download.file_bytes[shard]
-        rate = done / max(time.perf_counter() - start, 1e-9) / 1e6
-        log(f"[verify] {shard}: read ({rate:.0f} MB/s)")
+        log(f"[verify] {shard}: read ({rate_text(done, time.perf_counter() - start)})")
     files = {shard: file_stat(folder / shard) for shard in download.file_bytes}
     return Checksums(str(folder.resolve()), files, resident, experts)
 

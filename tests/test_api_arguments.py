@@ -407,3 +407,22 @@ def test_mlx_lm_s_positional_verbose_is_told_apart_from_max_tokens(checkpoints):
     for flag in (True, False):
         with pytest.raises(StreamerError, match=r"fourth argument is max_tokens .*verbose="):
             streamer.generate(model, tokenizer, "hello", flag)
+
+
+def test_bad_arguments_are_value_errors_as_mlx_lm_s_are(checkpoints, capsys):
+    """Code written for mlx-lm catches its bad-argument errors as ValueError; streamer's were
+    StreamerError alone, which such code missed. The CLI still says them in one line."""
+    from streamer.cli import main
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    model, tokenizer = streamer.load(folder)
+    for kwargs in ({"max_tokens": 0}, {"prompt": ""}, {"temp": -1.0}, {"kv_bits": 7}):
+        call = {"prompt": "hello", "max_tokens": 4, **kwargs}
+        with pytest.raises(ValueError) as caught:
+            streamer.generate(model, tokenizer, **call)
+        assert isinstance(caught.value, StreamerError)
+    with pytest.raises(ValueError):
+        streamer.load(folder, memory_budget="lots")
+    assert main(["generate", "--model", str(folder), "--prompt", "hi", "--max-tokens", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-tokens must be at least 1" in err and len(err.strip().splitlines()) == 1, err

@@ -82,6 +82,20 @@ def test_turns_keep_the_conversation_and_reset_forgets_it(folder):
     )
 
 
+def test_max_kv_size_bounds_the_conversation_s_cache_as_mlx_lm_chat_s(folder):
+    """mlx_lm.chat's --max-kv-size (a rotating KV cache) was "unrecognized arguments" in chat."""
+    model, tokenizer = local = streamer.load(folder)
+    messages = [{"role": "system", "content": "You write Python."}]
+    messages.append({"role": "user", "content": "import os"})
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    bounded = streamer.generate(model, tokenizer, prompt, 6, max_kv_size=8)
+    assert bounded != answer(local, messages)  # the bound changes this answer
+    lines = ["import os", "def main():"]
+    result = run_chat(folder, lines, "--system-prompt", "You write Python.", "--max-kv-size", "8")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{bounded}\n") and result.stdout.count("\n") == 2
+
+
 def test_a_model_that_is_not_repacked_is_refused(checkpoints):
     result = run_chat(checkpoints.hf("qwen3_moe"), ["hi"])
     assert result.returncode == 2 and "into a new folder and pass DST" in result.stderr

@@ -22,6 +22,22 @@ def test_sizes_take_a_unit_that_fits():
     ]
 
 
+def test_rates_are_in_the_sizes_units(checkpoints, tmp_path):
+    """repack and verify printed rates in decimal MB/s beside sizes in MiB."""
+    from streamer.repack import repack
+    from streamer.verify import verify
+
+    lines: list[str] = []
+    dst = tmp_path / "repacked"
+    repack(checkpoints.hf("qwen3_moe"), dst, log=lines.append)
+    verify(dst, log=lines.append)
+    download = checkpoints.mlx("qwen3_moe")
+    verify(download, record=True, checksums=tmp_path / "sums.json", log=lines.append)
+    rates = [line for line in lines if "/s)" in line]
+    assert len(rates) >= 3 and all(re.search(r"[KMGT]iB/s\)", line) for line in rates), lines
+    assert not any("MB/s" in line for line in lines), lines
+
+
 def test_info_and_plan_print_no_zero_gigabytes(checkpoints, capsys):
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     for argv in (["info", str(folder)], ["plan", str(folder)]):

@@ -19,6 +19,7 @@ from streamer.families.architectures import build_model
 from streamer.families.config import experts_per_token
 from streamer.families.transformers.spellings import normalize_config
 from streamer.io.manifest import read_manifest
+from streamer.io.sizes import size_text
 from streamer.plan import plan
 from streamer.plan.model import _kv_bytes, model_plan
 from streamer.plan.repacked import KV_LAYOUT, kv_bytes_per_token, repacked_plan
@@ -176,3 +177,29 @@ def test_a_download_s_layers_are_planned_in_the_dtype_repack_writes(tmp_path):
     before, after = plan(src, 1 << 20), plan(tmp_path / "dst", 1 << 20)  # a pool of few slots
     assert before.plans["slots"].classes == after.plans["slots"].classes
     assert before.plans["slots"].classes[0].slot_bytes == 3 * 64 * 128 * 4
+
+
+def test_plan_s_expert_figures_agree_and_name_their_layout(checkpoints, capsys):
+    """plan said "experts 512.00 KiB (streamed from disk)", a repack's page-padded records, beside
+    residency lines of 480.00 KiB (the tensors in memory), and for an MLX download streamed in
+    place the repack's figure alone where `info` said 432.00 KiB."""
+    from streamer.io.safetensors import read_header
+
+    mlx = checkpoints.mlx("qwen3_moe")
+    repacked = checkpoints.repacked(mlx)
+    download, folder = plan(mlx, 8 * GB, dtype=mx.float32), plan(repacked, 8 * GB, dtype=mx.float32)
+    header = read_header(mlx / "model.safetensors")
+    stored = sum(t.nbytes for name, t in header.items() if ".switch_mlp." in name)
+    assert download.in_place_expert_bytes == stored and folder.in_place_expert_bytes is None
+    assert download.expert_bytes == folder.expert_bytes  # the records repack writes
+    memory = {p.expert_memory_bytes for p in (download, folder)}
+    memory |= {r.expert_bytes for p in (download, folder) for r in p.plans.values()}
+    assert len(memory) == 1, memory  # one figure in memory, whichever layout
+    for source in (mlx, repacked):
+        assert main(["plan", str(source), "--memory", "8G"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        experts = next(line for line in lines if line.startswith("experts   ") and "disk" in line)
+        in_memory = size_text(folder.expert_memory_bytes)
+        assert "repacked" in experts and f"{in_memory} in memory" in experts
+        assert ("in place" in experts) == (source == mlx), experts
+        assert all(in_memory in line for line in lines if line.startswith("residency"))

@@ -77,6 +77,8 @@ def test_files_of_another_model_or_damaged_are_not_used(local, tmp_path, caplog)
     # other settings are another model: the file is not theirs
     quantized = {"kv_bits": 8, "kv_group_size": 32, "quantized_kv_start": 0}
     assert ask(engine_over(local, tmp_path, options=quantized), text)[1].cached_tokens == 0
+    # chat's --max-kv-size: a rotating cache holds other tokens than a whole one
+    assert ask(engine_over(local, tmp_path, options={"max_kv_size": 8}), text)[1].cached_tokens == 0
     for path in files(tmp_path):
         data = bytearray(path.read_bytes())
         data[-5] ^= 0xFF  # one flipped bit in the cached values: the crc32 catches it

@@ -88,7 +88,7 @@ def test_a_chunked_body_is_read(server):
         (b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", b"0\r\n\r\n", "not both"),
         (b"Content-Length: %d\r\nContent-Length: 2\r\n" % len(ASK), ASK, "disagree"),
         (b"Transfer-Encoding: gzip\r\n", b"", "not supported"),
-        (b"Transfer-Encoding: chunked\r\n", b"ffffffff\r\n", "over 32 MB"),
+        (b"Transfer-Encoding: chunked\r\n", b"ffffffff\r\n", "over 32.00 MiB"),
         *(
             (b"Transfer-Encoding: chunked\r\n", chunks, "malformed")
             for chunks in (b"0x5\r\n{}\r\n0\r\n\r\n", b"1_0\r\n", b"zz\r\n", b"f" * 2000)

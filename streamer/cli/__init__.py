@@ -24,6 +24,11 @@ from .output import (
 
 __all__ = ["DEMO_MODEL", "main", "parser"]
 
+NO_MODEL = (
+    "repack a downloaded MoE checkpoint with `streamer repack SRC DST` and pass --model DST, or "
+    "run `streamer demo` to see the whole pipeline on a built-in model"
+)
+
 
 class DefaultsShown(argparse.HelpFormatter):
     """Help that ends with an option's default where it has one worth saying (not a flag's False,
@@ -75,6 +80,8 @@ class Parser(argparse.ArgumentParser):
             message = mlx_lm_only(unknown[0]) or message
         if message.endswith(": expected one argument"):
             message += self._value_taken_for_an_option(message)
+        if message.startswith("the following arguments are required") and "--model" in message:
+            message += f" ({NO_MODEL})"
         raise StreamerError(f"{message} (see `{self.prog} --help`)")
 
     def _value_taken_for_an_option(self, message: str) -> str:
@@ -84,7 +91,12 @@ class Parser(argparse.ArgumentParser):
         words = self._words[: _end(self._words)]
         for word, value in zip(words, words[1:]):
             if word == option and self._unknown_option(value):
-                return f": {value!r} was read as an option; write {option}={value}"
+                theirs = mlx_lm_only(value)  # `--quantize --q-bits 4`, as mlx_lm.convert's
+                return (
+                    f": {theirs}"
+                    if theirs
+                    else f": {value!r} was read as an option; write {option}={value}"
+                )
         return ""
 
     def _option_names(self) -> list[str]:

@@ -39,7 +39,7 @@ def check_drafting(args: argparse.Namespace) -> None:
     if args.draft_model is not None and args.prompt_lookup is not None:
         raise StreamerError("give --draft-model or --prompt-lookup, not both: one drafter drafts.")
     drafting = args.draft_model is not None or args.prompt_lookup is not None
-    if drafting and getattr(args, "max_kv_size", None) is not None:  # generate's flag
+    if drafting and getattr(args, "max_kv_size", None) is not None:  # generate's and chat's flag
         raise StreamerError(
             "--max-kv-size cannot be combined with --draft-model or --prompt-lookup: drafting "
             "into a bounded KV cache is not checked exact yet."

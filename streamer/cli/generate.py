@@ -6,32 +6,34 @@ import argparse
 import sys
 
 from .. import __version__
-from ..arguments import check_at_least, check_token_ids, vocabulary
+from ..arguments import check_token_ids, vocabulary
 from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c, status_of
-from .kv_options import add_kv_cache, check_kv_fits, kv_options
+from .kv_options import add_kv_cache, add_max_kv_size, check_kv_fits, kv_options
 from .options import (
+    PREFILL_STEP,
     add_loading,
     add_model,
+    add_prefill_step_size,
     add_prompt,
     add_template,
     load_options,
     model_folder,
+    prefill_option,
 )
 from .output import emit
 from .prompt_text import check_template_flags, prompt, text_flags
 
 TEMPLATE_FLAGS = ("--system-prompt", "--chat-template-config")  # read by the chat template alone
-PREFILL_STEP = 2048  # prompt tokens computed at a time: mlx_lm.generate's default
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "generate", help="generate text from a repacked model or an MLX download (in place)"
     )
-    add_model(p, required=False)  # missing: a hint at `streamer demo`
+    add_model(p)
     add_prompt(p, None)
     p.add_argument(
         "--chat",
@@ -39,9 +41,7 @@ def add_parser(sub) -> None:
         help="the prompt is a chat message: refuse a model without a chat template",
     )
     add_template(p)
-    p.add_argument(
-        "--max-kv-size", type=int, default=None, help="keep at most N tokens of KV (default: all)"
-    )
+    add_max_kv_size(p)
     p.add_argument(
         "--extra-eos-token",
         nargs="+",
@@ -49,13 +49,7 @@ def add_parser(sub) -> None:
         metavar="TOKEN",
         help="more tokens that end the answer (text or id)",
     )
-    p.add_argument(
-        "--prefill-step-size",
-        type=int,
-        default=PREFILL_STEP,
-        metavar="N",
-        help="prompt tokens computed at a time (fewer: a lower peak while a long prompt prefills)",
-    )
+    add_prefill_step_size(p)
     p.add_argument(
         "--verbose",
         type=lambda text: text.lower() not in ("false", "f"),  # mlx_lm.generate's str2bool
@@ -70,12 +64,6 @@ def add_parser(sub) -> None:
 
 
 def generate(args: argparse.Namespace) -> int:
-    if args.model is None:
-        raise StreamerError(
-            "no --model given. Repack a downloaded MoE checkpoint with `streamer repack SRC DST` "
-            "and pass --model DST, or run `streamer demo` to see the whole pipeline on a built-in "
-            "model."
-        )
     text = prompt(args)  # before the slow imports: bad input fails fast
     text_flags(args)
     if args.chat and args.ignore_chat_template:
@@ -83,7 +71,7 @@ def generate(args: argparse.Namespace) -> int:
             "--chat asks for the chat template and --ignore-chat-template for none: pass one."
         )
     check_template_flags(args, TEMPLATE_FLAGS)
-    check_at_least(args.prefill_step_size, "--prefill-step-size", 1)
+    prefill_option(args)
     kv_options(args)
     check_drafting(args)
     from ..loading.load import load_decided
@@ -161,7 +149,7 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     progress = PrefillProgress()
     prefill = {} if drafting or not shown else {"prompt_progress_callback": progress}
     kv = kv_options(args) if hasattr(args, "kv_bits") else {}
-    check_kv_fits(model, {**kv, "max_kv_size": getattr(args, "max_kv_size", None)})
+    check_kv_fits(model, kv)
     try:
         with raising_on_ctrl_c():  # from here Ctrl-C stops the answer, with its stats
             for response in stream_generate(
@@ -174,7 +162,6 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
                 top_k=args.top_k,
                 min_p=args.min_p,
                 seed=args.seed,
-                max_kv_size=getattr(args, "max_kv_size", None),
                 prefill_step_size=getattr(args, "prefill_step_size", PREFILL_STEP),  # demo: none
                 **kv,
                 **drafting,

@@ -12,7 +12,9 @@ from .output import emit
 def add_parser(sub) -> None:
     p = sub.add_parser("info", help="describe a repacked model or an MLX download")
     p.add_argument(
-        "dir", help="a repacked folder, a download, or org/name (pulled, or the hub cache)"
+        "dir",
+        metavar="DIR",
+        help="a repacked folder, a download, or org/name (pulled, or the hub cache)",
     )
     p.set_defaults(run=info)
 

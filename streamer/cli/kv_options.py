@@ -39,12 +39,28 @@ def add_kv_cache(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_max_kv_size(p: argparse.ArgumentParser) -> None:
+    """mlx_lm.generate's and mlx_lm.chat's --max-kv-size, with their default (no bound)."""
+    p.add_argument(
+        "--max-kv-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep at most N tokens of KV, the first 4 and the latest, in mlx-lm's rotating "
+        "cache (default: all)",
+    )
+
+
 def kv_options(args: argparse.Namespace) -> dict:
-    """streamer.generate's keywords for the KV cache flags (none without --kv-bits)."""
+    """streamer.generate's keywords for the KV cache flags: --max-kv-size where the command has
+    it and it is given; mlx-lm's quantization with --kv-bits."""
     check_at_least(args.quantized_kv_start, "--quantized-kv-start", 0)
+    bound = getattr(args, "max_kv_size", None)
+    options = {} if bound is None else {"max_kv_size": bound}
     if args.kv_bits is None:
-        return {}
+        return options
     return {
+        **options,
         "kv_bits": args.kv_bits,
         "kv_group_size": args.kv_group_size,
         "quantized_kv_start": args.quantized_kv_start,

@@ -31,6 +31,7 @@ from ..errors import StreamerError
 from .hostfile import check_host_list, check_hostfile, hostfile_of, option
 from .input_relay import relaying_input
 from .interrupts import second_ctrl_c_exits, stopping_first
+from .launch_help import say_usage_if_asked
 from .launch_ranks import RankEnd, Ranks, recorder
 from .output import report
 
@@ -38,8 +39,8 @@ from .output import report
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "launch",
-        help="mlx.launch (same options; `-- generate ...`), exiting with the first failing "
-        "rank's status",
+        help="run a command in every rank of an expert-parallel group: mlx.launch's options, "
+        "then `-- generate ...`; exits with the first failing rank's status",
         prefix_chars="+",  # every word, options included, is mlx.launch's to parse (--help too)
         add_help=False,
     )
@@ -55,6 +56,7 @@ RANK_BOOTSTRAP = (
 
 
 def launch(args: argparse.Namespace) -> int:
+    say_usage_if_asked(args.words)  # before mlx.launch's own help
     words = _command_words(args.words, args.commands)
     hosts = check_host_list(words)
     hostfile = hostfile_of(words)

@@ -30,6 +30,9 @@ MLX_LM_ONLY = {
     "bound a batch gains little (bench/findings.md, Batching)",
     "--allowed-origins": "serve allows any origin, as mlx-lm's default does; --api-key guards it",
     "--log-level": "serve logs each request at one level",
+    "--q-bits": "streamer's --quantize takes the bits: --quantize 4",
+    "--hf-path": "repack takes the folders as SRC DST: streamer repack SRC DST",
+    "--mlx-path": "repack takes the folders as SRC DST: streamer repack SRC DST",
 }
 
 

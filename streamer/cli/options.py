@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # mlx is imported only once a command runs
 
     from ..loading.options import LoadOptions
 
+# prompt tokens computed at a time: mlx-lm's default (mlx_lm.generate, chat and server alike)
+PREFILL_STEP = 2048
+
 
 def size(text: str) -> int:
     """argparse type for a size such as 8G."""
@@ -35,6 +38,7 @@ def add_quantize(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--quantize", type=int, choices=(2, 3, 4, 5, 6, 8), help=what)
     p.add_argument(
         "--group-size",
+        "--q-group-size",  # mlx_lm.convert's spelling
         type=int,
         choices=(16, 32, 64, 128),
         help="quantization group size (default: 64 affine; the mode's own otherwise)",
@@ -62,10 +66,10 @@ def quantize_option(args: argparse.Namespace):
     return Quantize(args.quantize, group_size, args.q_mode)
 
 
-def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
+def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
-        required=required,
+        required=True,
         help="a folder written by `streamer repack` or `streamer split`, an MLX download (streamed "
         "in place), or org/name (pulled, or the hub cache); under mlx.launch, {rank} in it is "
         "replaced by the rank",
@@ -143,6 +147,7 @@ def add_loading(p: argparse.ArgumentParser) -> None:
         "--memory-budget",
         type=size,
         default=None,
+        metavar="SIZE",
         help="bytes of experts to keep resident, e.g. 4G (default: all of them if they fit in "
         "half the available memory, else 0; on the slot path 75%%, else that much as its pool)",
     )
@@ -191,6 +196,22 @@ def load_options(args: argparse.Namespace, group: mx.distributed.Group | None) -
         group=group,
         option="--",
     )
+
+
+def add_prefill_step_size(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prefill-step-size",
+        type=int,
+        default=PREFILL_STEP,
+        metavar="N",
+        help="prompt tokens computed at a time (fewer: a lower peak while a long prompt prefills)",
+    )
+
+
+def prefill_option(args: argparse.Namespace) -> dict:
+    """streamer.generate's prefill_step_size for --prefill-step-size, checked before the load."""
+    check_at_least(args.prefill_step_size, "--prefill-step-size", 1)
+    return {"prefill_step_size": args.prefill_step_size}
 
 
 def check_sampling_flags(args: argparse.Namespace, no_limit: bool = False) -> None:

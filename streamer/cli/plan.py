@@ -11,8 +11,12 @@ from .output import emit
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="disk, memory and context a model needs, from its config.json")
-    p.add_argument("source", help="config.json, a download's folder, a repacked one, or org/name")
-    p.add_argument("--memory", type=size, default=None, help="memory to plan for (default: free)")
+    p.add_argument(
+        "source",
+        metavar="SOURCE",
+        help="config.json, a download's folder, a repacked one, or org/name",
+    )
+    p.add_argument("--memory", type=size, metavar="SIZE", help="memory to plan for (default: free)")
     add_quantize(p, "as repack --quantize")
     p.add_argument(
         "--kv-bits",

@@ -15,8 +15,12 @@ def add_parser(sub) -> None:
         help="download org/name from the Hugging Face Hub (resumable); a download that is not "
         "MLX-quantized is repacked",
     )
-    p.add_argument("name", help="a Hugging Face name, e.g. mlx-community/Qwen3-30B-A3B-4bit")
-    p.add_argument("--revision", help="a branch, tag or commit (default: main)")
+    p.add_argument(
+        "name",
+        metavar="ORG/NAME",
+        help="a Hugging Face name, e.g. mlx-community/Qwen3-30B-A3B-4bit",
+    )
+    p.add_argument("--revision", metavar="REV", help="a branch, tag or commit (default: main)")
     add_quantize(p, "repack a download that is not MLX-quantized to this many bits")
     p.add_argument(
         "--delete-source",

@@ -12,8 +12,10 @@ from .options import add_quantize, quantize_option
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("repack", help="convert a downloaded checkpoint into the streaming layout")
-    p.add_argument("src", help="checkpoint folder (config.json + safetensors), or org/name")
-    p.add_argument("dst", help="output folder")
+    p.add_argument(
+        "src", metavar="SRC", help="checkpoint folder (config.json + safetensors), or org/name"
+    )
+    p.add_argument("dst", metavar="DST", help="output folder")
     add_quantize(p, "quantize to this many bits (as mlx_lm.convert --quantize --q-bits)")
     p.add_argument("--force", action="store_true", help="replace DST if it exists")
     p.add_argument(
@@ -32,11 +34,14 @@ def add_parsers(sub) -> None:
     p = sub.add_parser(
         "split", help="write one rank's share of a repacked model, for expert-parallel runs"
     )
-    p.add_argument("src", help="a folder written by `streamer repack`")
-    p.add_argument("dst", help="output folder: the resident weights and this rank's experts")
+    p.add_argument("src", metavar="SRC", help="a folder written by `streamer repack`")
+    p.add_argument(
+        "dst", metavar="DST", help="output folder: the resident weights and this rank's experts"
+    )
     p.add_argument("--shard", required=True, metavar="RANK/RANKS", help="e.g. 0/2")
     p.add_argument(
         "--trace",
+        metavar="TRACE.npz",
         help="routing trace (.npz, tools/routing_summary.py --trace) to balance the ranks' "
         "traffic; default: interleave experts",
     )

@@ -15,6 +15,7 @@ from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import end_interrupted, raising_on_ctrl_c
 from .kv_options import (
     add_kv_cache,
+    add_max_kv_size,
     add_prompt_cache_dir,
     check_kv_fits,
     disk_option,
@@ -23,11 +24,13 @@ from .kv_options import (
 from .options import (
     add_loading,
     add_model,
+    add_prefill_step_size,
     add_sampling,
     add_template,
     check_sampling_flags,
     load_options,
     model_folder,
+    prefill_option,
     size,
 )
 from .prompt_text import CLOSED_STDIN, check_template_flags, template_variables, text_flags
@@ -72,7 +75,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
     p.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
-    p.add_argument("--prompt-cache-size", type=int, default=10, help="KV caches kept for reuse")
+    p.add_argument(
+        "--prompt-cache-size", type=int, default=10, metavar="N", help="KV caches kept for reuse"
+    )
     p.add_argument(
         "--prompt-cache-bytes",
         type=size,
@@ -82,6 +87,7 @@ def add_parsers(sub) -> None:
         f"dropped first (default: {PROMPT_CACHE_BYTES})",
     )
     add_prompt_cache_dir(p)
+    add_prefill_step_size(p)
     add_kv_cache(p)
     add_drafting(p)
     add_loading(p)
@@ -97,6 +103,8 @@ def add_parsers(sub) -> None:
     add_sampling(p)
     add_template(p)
     add_prompt_cache_dir(p)
+    add_prefill_step_size(p)
+    add_max_kv_size(p)
     add_kv_cache(p)
     add_drafting(p)
     add_loading(p)
@@ -108,7 +116,7 @@ def serve(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
     check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
-    options, disk = kv_options(args), disk_option(args)
+    options, disk = {**kv_options(args), **prefill_option(args)}, disk_option(args)
     check_drafting(args)
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise StreamerError("--served-model-name is empty: give a value, or leave the flag out.")
@@ -189,7 +197,7 @@ def chat(args: argparse.Namespace) -> None:
     text_flags(args)
     check_template_flags(args, ("--chat-template-config",))  # a system prompt is text without one
     check_sampling_flags(args)
-    options, disk = kv_options(args), disk_option(args)
+    options, disk = {**kv_options(args), **prefill_option(args)}, disk_option(args)
     check_drafting(args)
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model

@@ -15,7 +15,9 @@ def add_parser(sub) -> None:
         help="check every checksum of a repacked model or a download; names each bad tensor",
     )
     p.add_argument(
-        "dir", help="a repacked folder, a download, or org/name (pulled, or the hub cache)"
+        "dir",
+        metavar="DIR",
+        help="a repacked folder, a download, or org/name (pulled, or the hub cache)",
     )
     p.add_argument(
         "--refresh",

@@ -12,3 +12,8 @@ def size_text(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f} B"
+
+
+def rate_text(n: float, seconds: float) -> str:
+    """`n` bytes in `seconds` as a rate in the same units: "412.35 MiB/s"."""
+    return f"{size_text(n / max(seconds, 1e-9))}/s"

@@ -19,6 +19,7 @@ from .files import open_regular
 from .integrity import file_size
 from .manifest import RESIDENT_FILE, Manifest, MoeLayer
 from .safetensors import read_header
+from .sizes import rate_text
 
 
 def mismatched_tensors(
@@ -163,10 +164,10 @@ def verify_folder(
         found = verify_layer(folder, index, layer, advance)
         problems += found
         done += layer.file_bytes
-        rate = done / max(time.perf_counter() - start, 1e-9) / 1e6
+        rate = rate_text(done, time.perf_counter() - start)
         status = "ok" if not found else f"{len(found)} problem(s)"
         log(
             f"[verify] layer {index + 1}/{len(manifest.layers)} {layer.file}: {status} "
-            f"({done / total:.0%}, {rate:.0f} MB/s)"
+            f"({done / total:.0%}, {rate})"
         )
     return problems

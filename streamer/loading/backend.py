@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
-from ..errors import StreamerError, one_line, refusal
+from ..errors import ArgumentError, StreamerError, one_line, refusal
 from ..io.safetensors import DTYPES
 
 
@@ -38,7 +38,7 @@ def read_path_for_backend(read_path: object, name: str = "read_path") -> tuple[s
             return "mapped", "the CPU default: computed in place on the mapped files"
         return "slots", f"the {where} default: the GPU sees only the bounded slot pool"
     if read_path not in READ_PATHS:
-        raise StreamerError(f"{name} must be one of {', '.join(READ_PATHS)}, not {read_path!r}.")
+        raise ArgumentError(f"{name} must be one of {', '.join(READ_PATHS)}, not {read_path!r}.")
     if read_path == "mapped" and where == "cuda":
         raise refusal(
             lambda spell: (

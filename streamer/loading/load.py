@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache.budget import check_budget
-from ..errors import StreamerError
+from ..errors import ArgumentError, StreamerError
 from ..expert_traffic import ExpertStats
 from ..experts import StreamingExperts
 from ..families.architectures import expert_containers, replace_modules
@@ -113,7 +113,7 @@ def load_decided(path: str | Path, options: LoadOptions) -> tuple[nn.Module, Tok
     """`load` with its options already decided (the CLI decides them from its flags): the folder
     opened as its Source (a download, or a repacked folder), then the one assembly."""
     if not isinstance(path, (str, os.PathLike)):
-        raise StreamerError(f"path must be a folder name (str or Path), got {path!r}.")
+        raise ArgumentError(f"path must be a folder name (str or Path), got {path!r}.")
     path = os.path.expanduser(path)  # "~/models/x", as a shell would read it
     folder = streamable(path) if is_repo_id(path) else Path(path)  # org/name: pulled or cached
     check_utf8_path(folder, "the model folder")

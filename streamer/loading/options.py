@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from ..arguments import DTYPE_NAMES, parse_size
 from ..cache.landing import CUDA_MISSES, CUDA_MISSES_DEFAULT
-from ..errors import StreamerError
+from ..errors import ArgumentError
 from .backend import default_dtype, read_path_for_backend
 
 
@@ -55,7 +55,7 @@ def load_options(
     if tokenizer_config is not None and not (
         isinstance(tokenizer_config, dict) and all(isinstance(k, str) for k in tokenizer_config)
     ):
-        raise StreamerError(
+        raise ArgumentError(
             "tokenizer_config must be a dict of AutoTokenizer's arguments, as mlx_lm.load takes "
             f"(got {tokenizer_config!r:.60})."
         )
@@ -66,19 +66,19 @@ def load_options(
     bypass_page_cache = as_flag(bypass_page_cache, name("bypass_page_cache"))
     path, why = read_path_for_backend(read_path, name("read_path"))
     if checksums is not None and not isinstance(checksums, (str, os.PathLike)):
-        raise StreamerError(f"checksums must be a file name (str or Path), got {checksums!r}.")
+        raise ArgumentError(f"checksums must be a file name (str or Path), got {checksums!r}.")
     if checksums is not None and not os.path.isfile(checksums):
-        raise StreamerError(
+        raise ArgumentError(
             f"{name('checksums')} {checksums}: no such file; `streamer verify DIR --record "
             "--checksums FILE` writes one (leave it out for the default sidecar)."
         )
     if group is not None and not isinstance(group, mx.distributed.Group):
-        raise StreamerError(
+        raise ArgumentError(
             f"group must be an mx.distributed group (mx.distributed.init()), got {group!r}."
         )
     misses = CUDA_MISSES_DEFAULT if cuda_misses is None else cuda_misses
     if misses not in CUDA_MISSES:
-        raise StreamerError(
+        raise ArgumentError(
             f"{name('cuda_misses')} must be one of {', '.join(CUDA_MISSES)} (None: "
             f"{CUDA_MISSES_DEFAULT}), not {cuda_misses!r}."
         )
@@ -103,22 +103,22 @@ def check_unhonoured(
     """mlx_lm.load's arguments that streamer cannot honour, refused with why and what to do
     rather than ignored. None (and mlx-lm's defaults: an empty model_config, lazy=False) pass."""
     if model_config:
-        raise StreamerError(
+        raise ArgumentError(
             "model_config: streamer builds the model from config.json as it was checked against "
             "the weights, so it takes no overrides: edit config.json (repack a download) instead."
         )
     if adapter_path is not None:
-        raise StreamerError(
+        raise ArgumentError(
             "adapter_path: streamer applies no LoRA adapters: fuse them into the model first "
             "(mlx_lm.fuse), then load the fused folder."
         )
     if as_flag(lazy, "lazy"):
-        raise StreamerError(
+        raise ArgumentError(
             "lazy=True: streamer reads the resident weights at load, to plan the experts' memory "
             "around them; leave lazy out."
         )
     if revision is not None:
-        raise StreamerError(
+        raise ArgumentError(
             f"revision: load reads a folder or the Hugging Face cache, not a revision: download "
             f"it with `streamer pull {path} --revision {revision}` and load what that writes."
         )
@@ -132,7 +132,7 @@ def parse_dtype(value: object):
         return getattr(mx, value)
     if isinstance(value, mx.Dtype) and value in tuple(getattr(mx, n) for n in DTYPE_NAMES):
         return value
-    raise StreamerError(
+    raise ArgumentError(
         f"dtype must be one of {', '.join(DTYPE_NAMES)} (a name or mlx.core's dtype), or None for "
         f"the default (got {value!r})."
     )
@@ -143,5 +143,5 @@ def as_flag(value: object, name: str) -> bool:
     if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
         value = value.item()  # np.int64(1) is 1, refused as no bool
     if not isinstance(value, bool):
-        raise StreamerError(f"{name} must be True or False (got {value!r}).")
+        raise ArgumentError(f"{name} must be True or False (got {value!r}).")
     return value

@@ -65,7 +65,7 @@ def model_plan(
     expert_bytes = sum(r * _num_experts(c) for r, c in zip(records, containers.values()))
     stored_resident = _resident(model, containers, None)
     resident = _resident(model, containers, dtype)
-    shapes = [_shape(i, c, r) for i, (c, r) in enumerate(zip(containers.values(), records))]
+    shapes = [_shape(i, c, dtype) for i, c in enumerate(containers.values())]
     if repacked:  # the files as written
         stored_resident, expert_bytes = stored_bytes(folder, manifest := read_manifest(folder))
         resident = stored_resident if dtype is None else resident
@@ -178,15 +178,16 @@ def _num_experts(container: nn.Module) -> int:
     return next(a.shape[0] for _, a in tree_flatten(container.parameters()))
 
 
-def _shape(index: int, container: nn.Module, record: int) -> LayerShape:
-    """A layer as a load's residency plan sees it, each expert one repacked record in memory."""
+def _shape(index: int, container: nn.Module, dtype: mx.Dtype | None) -> LayerShape:
+    """A layer as a load's residency plan sees it (loading/residency.layer_shapes): an expert's
+    tensors as stored, and in memory in the compute dtype (not its padded record)."""
     tensors = tree_flatten(container.parameters())
     return LayerShape(
         index=index,
         tensors=tuple((name, a.dtype, tuple(a.shape[1:])) for name, a in tensors),
         experts=_num_experts(container),
         slot_bytes=sum(a.nbytes // a.shape[0] for _, a in tensors),
-        resident_bytes=record,
+        resident_bytes=sum(_in_dtype(a, dtype) for _, a in tensors) // _num_experts(container),
     )
 
 
@@ -199,15 +200,14 @@ def _record_bytes(container: nn.Module) -> int:
 
 
 def _resident(model: nn.Module, containers: dict, dtype: mx.Dtype | None) -> int:
-    total = 0
-    for name, array in tree_flatten(model.parameters()):
-        if expert_container_of(name, containers):
-            continue
-        if dtype is not None and mx.issubdtype(array.dtype, mx.floating):
-            total += array.size * dtype.size
-        else:
-            total += array.nbytes
-    return total
+    arrays = tree_flatten(model.parameters())
+    return sum(_in_dtype(a, dtype) for n, a in arrays if not expert_container_of(n, containers))
+
+
+def _in_dtype(array: mx.array, dtype: mx.Dtype | None) -> int:
+    """An array's bytes with its floating values in `dtype` (None: as they are)."""
+    floating = dtype is not None and mx.issubdtype(array.dtype, mx.floating)
+    return array.size * dtype.size if floating else array.nbytes
 
 
 def _kv_bytes(

@@ -25,8 +25,8 @@ class ModelPlan:
     delete_source_peak_bytes: int | None  # repack --delete-source's peak beyond the download
     download_bytes: int | None  # the checkpoint's tensors (its own shards only), when there
     resident_bytes: int  # non-expert weights, in memory, in the compute dtype
-    expert_bytes: int  # streamed from disk
-    expert_bytes_per_token: int  # read per token when no expert is cached
+    expert_bytes: int  # on disk as repacked: a page-aligned record per expert
+    expert_bytes_per_token: int  # read per token when no expert is cached, as repacked
     kv_bytes_per_1k_tokens: int
     kv_fixed_bytes: int  # state that does not grow (linear attention, sliding windows)
     context_length: int | None  # max_position_embeddings (DBRX: max_seq_len)
@@ -36,8 +36,11 @@ class ModelPlan:
     slot_budget_bytes: int  # the slot path's default budget (Metal, CUDA) in `memory_bytes`
     slot_pool_hits: dict[str, float]  # routed experts to expect from that pool, by routing
     mapped_budget_bytes: int  # the mapped path's default (the CPU): all experts, or 0
+    expert_memory_bytes: int  # every expert in memory, in the compute dtype (the residency's)
     kv_bits: int | None = None  # mlx-lm's quantized KV cache, counted from the first token
     in_place_ranges: int | None = None  # byte ranges per expert in a download streamed in place
+    in_place_expert_bytes: int | None = None  # the experts' tensors in that download
+    in_place_bytes_per_token: int | None = None  # read per token with no hits, in place
     # a load's residency plan (loading/residency.py) for each read path, in what is left of
     # `memory_bytes` beside the resident weights: the same plan `model.streamer.plan` holds
     plans: dict[str, ResidencyPlan] = field(default_factory=dict, repr=False)
@@ -61,8 +64,10 @@ class ModelPlan:
                 else ""
             ),
             f"resident           {gb(self.resident_bytes)} (non-expert weights, in memory)",
-            f"experts            {gb(self.expert_bytes)} (streamed from disk)",
-            f"read per token     {gb(self.expert_bytes_per_token)} of experts with no cache hits",
+            f"experts            {self.experts_line()}",
+            f"read per token     {gb(self.expert_bytes_per_token)} repacked"
+            + (f", {gb(self.in_place_bytes_per_token)} in place" if self.in_place_ranges else "")
+            + ": the experts read with no cache hits",
             f"KV cache           {gb(self.kv_bytes_per_1k_tokens)} per 1k tokens"
             + (f" at {self.kv_bits} bits" if self.kv_bits else "")
             + (f" (+ {gb(self.kv_fixed_bytes)} fixed)" if self.kv_fixed_bytes else ""),
@@ -84,6 +89,15 @@ class ModelPlan:
         return lines + [
             f"{f'residency ({path})':<19}{plan.text()}" for path, plan in self.plans.items()
         ]
+
+    def experts_line(self) -> str:
+        """The experts' bytes on disk in each layout planned, and in memory, the figure the
+        residency lines count: a repacked record is page-padded; in memory an expert is its
+        tensors alone, floating ones in the compute dtype."""
+        on_disk = f"{size_text(self.expert_bytes)} on disk repacked (a page-aligned record each)"
+        if self.in_place_ranges:
+            on_disk += f", {size_text(self.in_place_expert_bytes)} in place"
+        return f"{on_disk}; {size_text(self.expert_memory_bytes)} in memory where resident"
 
     def in_place_line(self) -> str:
         """What streaming the download without a repack costs, measured (bench/findings.md, "The
@@ -143,8 +157,13 @@ def fitted(
         for path, where in (("slots", "Metal and CUDA"), ("mapped", "CPU"))
     }
     slots, mapped = plans["slots"], plans["mapped"]
+    if fields.get("in_place_ranges"):  # an expert's tensors as the download stores them
+        fields["in_place_expert_bytes"] = sum(s.slot_bytes * s.experts for s in shapes)
+        per_token = sum(s.slot_bytes for s in shapes) * fields["experts_per_token"]
+        fields["in_place_bytes_per_token"] = per_token
     return ModelPlan(
         **fields,
+        expert_memory_bytes=slots.expert_bytes,
         slot_budget_bytes=slots.budget,
         slot_pool_hits=slots.expected_hits,
         mapped_budget_bytes=mapped.budget,

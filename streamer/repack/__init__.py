@@ -26,7 +26,7 @@ from ..io.checkpoint import Checkpoint
 from ..io.integrity import file_stat
 from ..io.lock import lock_for_replacing
 from ..io.manifest import RESIDENT_FILE, Manifest, read_manifest, write_manifest
-from ..io.sizes import size_text
+from ..io.sizes import rate_text, size_text
 from ..progress import above, progress_bar
 from . import consume, publish
 from .recipe import Quantize, Recipe, make_recipe
@@ -242,11 +242,9 @@ def write_model(
             collect(sidecar)
             layers.append(layer)
             written += layer.file_bytes
-            rate = written / max(time.perf_counter() - start, 1e-9) / 1e6
-            log(
-                f"[repack] layer {index + 1}/{total} {module}: "
-                f"{size_text(layer.file_bytes)} ({rate:.0f} MB/s)"
-            )
+            rate = rate_text(written, time.perf_counter() - start)
+            size = size_text(layer.file_bytes)
+            log(f"[repack] layer {index + 1}/{total} {module}: {size} ({rate})")
     warnings.summary()
     recipe.sources.ckpt.check_unchanged()  # what was read is one version of each shard
     publish.copy_side_files(recipe.folder, out)

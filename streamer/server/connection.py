@@ -25,6 +25,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 
+from ..io.sizes import size_text
 from .deadlines import BODY_SECONDS, HEAD_SECONDS, Deadlines
 from .fields import ApiError
 
@@ -177,7 +178,7 @@ class HeldBytes:
                 raise ApiError(
                     503,
                     f"the server holds its most bytes of request bodies at once "
-                    f"({self.most >> 20} MB) in requests not yet answered: retry later",
+                    f"({size_text(self.most)}) in requests not yet answered: retry later",
                 )
             self.held += size
 

@@ -37,7 +37,7 @@ class Entry:
 def model_identity(model: nn.Module, options: dict) -> str:
     """What a cached KV depends on besides its tokens: the weights (a repacked folder's own
     identity, or a download's config and shard sizes and times), the dtype it computed in, and
-    the KV quantization."""
+    the KV quantization and bound."""
     handle = streaming(model)
     manifest = handle.manifest
     if hasattr(manifest, "model_identity"):
@@ -49,6 +49,8 @@ def model_identity(model: nn.Module, options: dict) -> str:
         }
         weights = json.dumps({"config": manifest.config, "shards": shards}, sort_keys=True)
     kv = {k: options.get(k) for k in ("kv_bits", "kv_group_size", "quantized_kv_start")}
+    if options.get("max_kv_size") is not None:  # a rotating cache holds its last tokens alone
+        kv["max_kv_size"] = options["max_kv_size"]
     content = json.dumps({"weights": weights, "dtype": handle.dtype, "kv": kv}, sort_keys=True)
     return hashlib.sha256(content.encode()).hexdigest()[:32]
 

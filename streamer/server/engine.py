@@ -241,7 +241,9 @@ class Engine:
                 trim_prompt_cache(cache, 1)
                 return cache, prompt[-1:]
             cache = None
-        return (make_prompt_cache(self.model), prompt) if cache is None else (cache, rest)
+        if cache is None:  # chat's --max-kv-size: a rotating cache, as mlx_lm.chat makes it
+            cache, rest = make_prompt_cache(self.model, self.options.get("max_kv_size")), prompt
+        return cache, rest
 
     def _keep_cache(self, tokens: list[int], cache: list) -> None:
         # every token stream_generate yielded has been fed to the model (it computes one step

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from email.message import Message
 from typing import BinaryIO
 
+from ..io.sizes import size_text
 from .connection import GONE
 from .fields import MAX_BODY_BYTES, ApiError
 
@@ -55,7 +56,7 @@ def framing(headers: Message) -> int | None:
     if not (length.isascii() and length.isdigit()):  # "²" is a digit to isdigit, not to int
         raise ApiError(400, f"Content-Length {length!r} is not a number of bytes")
     if int(length) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
+        raise ApiError(413, f"the request body is over {size_text(MAX_BODY_BYTES)}")
     return int(length)
 
 
@@ -78,7 +79,7 @@ def _chunks(rfile: BinaryIO, take: Callable[[int], None]) -> bytes:
         if size == 0:
             break
         if len(body) + size > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MB")
+            raise ApiError(413, f"the request body is over {size_text(MAX_BODY_BYTES)}")
         chunk = _read(rfile, size, take)
         if len(chunk) < size or _readline(rfile) not in (b"\r\n", b"\n"):
             raise ApiError(400, "the chunked request body did not arrive in full")
