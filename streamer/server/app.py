@@ -15,10 +15,12 @@ import logging
 import threading
 import time
 
+from ..arguments import vocabulary
 from .api import Completion, Sampling
 from .engine import Engine, fit
 from .jobs import Job
 from .prompts import prompt_size, prompt_tokens
+from .sampling import check_logit_bias
 
 log = logging.getLogger("streamer.server")
 LONG_PROMPT_BYTES = 256 << 10  # about 64K tokens of English: tokenized in a fraction of a second
@@ -47,7 +49,8 @@ class App:
     def job(self, request: Completion) -> Job:
         request.template_kwargs = {**self.template_kwargs, **request.template_kwargs}
         tokenizer, lock = self._tokenizer(prompt_size(request, self.context))
-        with lock:
+        with lock:  # the vocabulary is counted once per tokenizer, under its lock
+            check_logit_bias(request.sampling.logit_bias, vocabulary(tokenizer))
             prompt = prompt_tokens(request, tokenizer)
         fields = (request.prompt_field, request.max_tokens_field)
         asked = request.max_tokens
