@@ -1,0 +1,91 @@
+"""serve's and chat's KV caches kept in memory across a conversation's turns: the cache a turn
+extends is taken out of the kept ones, not copied (a copy of the whole conversation every turn)."""
+
+from __future__ import annotations
+
+import copy
+
+from mlx_lm.models.cache import LRUPromptCache
+
+from streamer.server.api import Completion, Sampling
+from streamer.server.engine import Engine
+from streamer.server.jobs import Done, Job, Step
+
+TURNS = 10
+USER = [7, 21, 99, 150, 8, 64, 300, 12] * 6  # a user's turn, as token ids: 10 turns pass 256
+
+
+def _conversation(engine: Engine) -> tuple[list[list[int]], list[str], list[int]]:
+    """TURNS turns, each the last turn's kept tokens and USER: the tokens kept after each turn
+    (its prompt and answer), each answer's text, and the cached tokens each prompt started from."""
+    kept: list[list[int]] = []
+    insert = engine.prompt_cache.insert_cache
+    engine.prompt_cache.insert_cache = lambda m, t, c: (kept.append(t), insert(m, t, c))
+    answers, cached = [], []
+    for turn in range(TURNS):
+        prompt = (kept[-1] if kept else []) + [t + turn for t in USER]
+        job = engine.submit(Job(Completion(False, "m", 6, Sampling()), prompt, 6))
+        events = []
+        while not isinstance(event := job.events.get(timeout=60), Done):
+            events.append(event)
+        engine.wait_kept()
+        answers.append("".join(e.piece.content for e in events if isinstance(e, Step)))
+        cached.append(event.cached_tokens)
+    return kept, answers, cached
+
+
+def _copied_bytes(monkeypatch) -> list[int]:
+    """The bytes of KV caches deep-copied from now on, one entry a copy."""
+    copied, deepcopy = [], copy.deepcopy
+
+    def counting(value, *args):
+        if isinstance(value, list) and value and hasattr(value[0], "nbytes"):
+            copied.append(sum(c.nbytes for c in value))
+        return deepcopy(value, *args)
+
+    monkeypatch.setattr(copy, "deepcopy", counting)
+    return copied
+
+
+def test_a_conversations_cache_is_taken_not_copied_and_answers_stay_the_same(local, monkeypatch):
+    """Every turn deep-copied the conversation's whole KV cache, growing with it (quadratic over
+    a long chat); the answers stay those the copying cache gave."""
+    model, tokenizer = local
+    copied = _copied_bytes(monkeypatch)
+    before = Engine(model, tokenizer)
+    before.prompt_cache = LRUPromptCache(10)  # mlx-lm's: copies what it hands out
+    expected = _conversation(before)
+    assert copied[-1] > copied[0]  # a copy of the whole conversation each turn, growing
+    copied[:] = []
+    assert _conversation(Engine(model, tokenizer)) == expected
+    assert all(expected[2][1:]) and copied == []
+
+
+def test_a_turn_whose_client_left_during_its_prompt_leaves_the_conversations_cache_kept(local):
+    """The cache a turn extends is taken out of those kept: a client gone during the prompt (the
+    job Abandoned) lost it, and the conversation's next turn computed it all again."""
+    model, tokenizer = local
+    job = None
+
+    def progress(done: int, total: int) -> None:
+        if done >= 64 and job is not None:
+            job.cancelled.set()  # the client leaves after the prompt's first step
+
+    options = {"prefill_step_size": 64, "prompt_progress_callback": progress}
+    engine = Engine(model, tokenizer, options=options)
+    first = USER * 2
+    _done(engine, Job(Completion(False, "m", 2, Sampling()), first, 2))
+    job = Job(Completion(False, "m", 2, Sampling()), first + USER * 4, 2)
+    assert _done(engine, job).completion_tokens == 0  # abandoned during its prompt
+    job = None
+    again = _done(engine, Job(Completion(False, "m", 2, Sampling()), first + USER * 4, 2))
+    assert again.cached_tokens >= len(first) + 64, again
+
+
+def _done(engine: Engine, job: Job) -> Done:
+    """The job's Done, once its cache is kept."""
+    engine.submit(job)
+    while not isinstance(event := job.events.get(timeout=60), Done):
+        pass
+    engine.wait_kept()
+    return event
