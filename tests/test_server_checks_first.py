@@ -54,3 +54,16 @@ def test_a_logit_bias_past_the_vocabulary_is_refused_before_the_prompt_is_tokeni
     assert refused.value.status == 400 and refused.value.param == "logit_bias"
     assert "token id 10 is past the model's vocabulary (10 tokens)" in refused.value.message
     assert engine.tokenizer.encoded == 0
+
+
+def test_a_max_tokens_past_the_whole_context_is_refused_before_the_prompt_is_tokenized():
+    """max_tokens of 2000 against a context of 1024 was refused only once the prompt was tokenized
+    (megabytes of text for a long context, seconds under the tokenizer's lock)."""
+    engine = QueueingEngine()
+    app = App(engine, "m", Sampling(), 8, 1024)
+    with pytest.raises(ApiError) as refused:
+        app.job(Completion(False, "m", 2000, Sampling(), text="hi"))
+    assert refused.value.status == 400 and refused.value.param == "max_tokens"
+    assert refused.value.code == "context_length_exceeded"
+    assert "max_tokens is 2000, but the model's context is 1024 tokens" in refused.value.message
+    assert engine.tokenizer.encoded == 0
