@@ -74,18 +74,44 @@ def test_a_turn_whose_client_left_during_its_prompt_leaves_the_conversations_cac
     options = {"prefill_step_size": 64, "prompt_progress_callback": progress}
     engine = Engine(model, tokenizer, options=options)
     first = USER * 2
-    _done(engine, Job(Completion(False, "m", 2, Sampling()), first, 2))
+    _done(engine, engine.submit(Job(Completion(False, "m", 2, Sampling()), first, 2)))
     job = Job(Completion(False, "m", 2, Sampling()), first + USER * 4, 2)
-    assert _done(engine, job).completion_tokens == 0  # abandoned during its prompt
+    assert _done(engine, engine.submit(job)).completion_tokens == 0  # abandoned during its prompt
     job = None
-    again = _done(engine, Job(Completion(False, "m", 2, Sampling()), first + USER * 4, 2))
+    again = Job(Completion(False, "m", 2, Sampling()), first + USER * 4, 2)
+    again = _done(engine, engine.submit(again))
     assert again.cached_tokens >= len(first) + 64, again
 
 
 def _done(engine: Engine, job: Job) -> Done:
-    """The job's Done, once its cache is kept."""
-    engine.submit(job)
+    """The submitted job's Done, once its cache is kept."""
     while not isinstance(event := job.events.get(timeout=60), Done):
         pass
     engine.wait_kept()
     return event
+
+
+def _branches(engine: Engine) -> list[tuple[list[int], int]]:
+    """A first turn, then three turns that branch from it, submitted at once: the tokens each
+    branch keeps and the cached tokens it started from."""
+    kept: list[list[int]] = []
+    insert = engine.prompt_cache.insert_cache
+    engine.prompt_cache.insert_cache = lambda m, t, c: (kept.append(t), insert(m, t, c))
+    _done(engine, engine.submit(Job(Completion(False, "m", 4, Sampling()), USER * 2, 4)))
+    jobs = [Job(Completion(False, "m", 4, Sampling()), kept[0] + [3 + i] * 9, 4) for i in range(3)]
+    for job in jobs:
+        engine.submit(job)
+    cached = [_done(engine, job).cached_tokens for job in jobs]
+    return list(zip(kept[1:], cached, strict=True))
+
+
+def test_branches_from_one_kept_turn_answer_as_with_copies(local):
+    """Requests that share a kept prefix, sent at once, run in turn on the engine's thread: the
+    first takes the prefix's cache and the others start from its kept sequence, trimmed (a
+    copy), as they did when every fetch was a copy."""
+    model, tokenizer = local
+    before = Engine(model, tokenizer)
+    before.prompt_cache = LRUPromptCache(10)
+    expected = _branches(before)
+    assert _branches(Engine(model, tokenizer)) == expected
+    assert all(cached >= len(USER) * 2 for _, cached in expected)
