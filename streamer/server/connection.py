@@ -129,8 +129,9 @@ def linger(sock: socket.socket) -> None:
 
 class ConnectionCap:
     """A socketserver threading mixin: a connection past the cap is answered 503 by the accepting
-    thread, which never waits on it, then lingers (`linger`) on a thread of its own: closed with
-    its request unread, its client sending a body read a reset, not the 503."""
+    thread, which never waits on it, then lingers (`linger`) on a thread of its own (closed with
+    its request unread, it sent a reset, and a client still sending a body read that, not the
+    503)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
