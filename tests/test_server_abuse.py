@@ -343,3 +343,15 @@ def test_a_refusal_before_the_body_is_read_reaches_a_client_still_sending_it():
         http.request("POST", "/v1/completions", body=b"x" * 5_000_000)
         assert http.getresponse().status == 401
         http.close()
+
+
+def test_the_503_at_the_connection_cap_reaches_a_client_still_sending_its_body():
+    """The 503 was sent and the connection closed with the request unread, which sends a reset:
+    a client sending a 5 MB body read 'broken pipe' (5 times in 5 here), a 100-byte one at times."""
+    app = App(NoEngine(), "m", Sampling(), 8, 1024)
+    with in_process(app, most_connections=1) as url, socket.create_connection(address(url)):
+        for _ in range(3):  # the one slot is held by the connection above
+            http = connection(url, timeout=10)
+            http.request("POST", "/v1/completions", body=b"x" * 5_000_000)
+            assert http.getresponse().status == 503
+            http.close()

@@ -98,7 +98,7 @@ CALLED = {"role": "assistant", "content": None}
         ({"logit_bias": {"99999999999999999999999": 1}}, "logit_bias"),
         ({"logit_bias": {"1": "x"}}, "logit_bias"),
         ({"logit_bias": {"1.5": 1}}, "logit_bias"),
-        ({"logit_bias": {"99999": 1}}, "past the model's vocabulary"),  # found at the first step
+        ({"logit_bias": {"99999": 1}}, "past the model's vocabulary"),
         ({"logit_bias": {"99999": 1}, "stream": True}, "past the model's vocabulary"),
         ({"stop": ["a", 5]}, "stop"),
         ({"stop": ["a"] * 17}, "stop"),

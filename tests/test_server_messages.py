@@ -41,3 +41,24 @@ def test_tools_a_template_leaves_out_are_refused(local, monkeypatch):
     assert refused.value.param == "tools" and "does not render tools" in refused.value.message
     plain = Completion(True, "m", 2, Sampling(), messages=HELLO)  # without tools: as before
     assert prompt_tokens(plain, tokenizer)
+
+
+def test_a_conversation_with_tools_is_rendered_once(local, monkeypatch):
+    """Whether the template renders tools was checked by rendering the whole conversation twice,
+    with and without them: every request with tools tokenized its prompt twice (seconds for a
+    long chat, every other prompt waiting on the tokenizer's lock)."""
+    _, tokenizer = local
+    chat = [*HELLO, {"role": "assistant", "content": "x = 1"}] * 20 + HELLO
+    expected = tokenizer.apply_chat_template(chat, tools=[WEATHER], add_generation_prompt=True)
+    rendered = []
+    render = tokenizer._tokenizer.apply_chat_template
+
+    def counting(messages, *args, **kwargs):
+        rendered.append(len(messages))
+        return render(messages, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer._tokenizer, "apply_chat_template", counting)
+    ask = Completion(True, "m", 2, Sampling(), messages=chat, tools=[WEATHER])
+    tokens = prompt_tokens(ask, tokenizer)
+    assert rendered.count(len(chat)) == 1
+    assert tokens == list(expected)

@@ -176,7 +176,7 @@ def _sampling(body: dict, defaults: Sampling) -> Sampling:
 
 def _logit_bias(bias: dict) -> dict[int, float]:
     """Token id (a decimal string key) -> a bias in [-100, 100]; ids past the model's vocabulary
-    are refused by the engine, which knows its logits' width."""
+    are refused against the tokenizer's (sampling.check_logit_bias)."""
     if not all(k.isdecimal() and len(k) < 10 for k in bias) or not all(
         (is_int(v) or isinstance(v, float)) and -100 <= v <= 100 for v in bias.values()
     ):

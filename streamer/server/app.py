@@ -15,10 +15,13 @@ import logging
 import threading
 import time
 
+from ..arguments import tokens_text, vocabulary
 from .api import Completion, Sampling
 from .engine import Engine, fit
+from .fields import ApiError
 from .jobs import Job
 from .prompts import prompt_size, prompt_tokens
+from .sampling import check_logit_bias
 
 log = logging.getLogger("streamer.server")
 LONG_PROMPT_BYTES = 256 << 10  # about 64K tokens of English: tokenized in a fraction of a second
@@ -45,13 +48,28 @@ class App:
         self._copying = threading.Lock()
 
     def job(self, request: Completion) -> Job:
+        self._check_asked(request)
         request.template_kwargs = {**self.template_kwargs, **request.template_kwargs}
         tokenizer, lock = self._tokenizer(prompt_size(request, self.context))
-        with lock:
+        with lock:  # the vocabulary is counted once per tokenizer, under its lock
+            check_logit_bias(request.sampling.logit_bias, vocabulary(tokenizer))
             prompt = prompt_tokens(request, tokenizer)
         fields = (request.prompt_field, request.max_tokens_field)
         asked = request.max_tokens
         return Job(request, prompt, fit(len(prompt), asked, self.max_tokens, self.context, fields))
+
+    def _check_asked(self, request: Completion) -> None:
+        """ApiError 400 for a max_tokens the context cannot hold with any prompt, before the prompt
+        is tokenized (seconds for a long one): `fit` refuses it after, naming the room left."""
+        asked, context = request.max_tokens, self.context
+        if context is not None and asked is not None and asked >= context:
+            raise ApiError(
+                400,
+                f"{request.max_tokens_field} is {asked}, but the model's context is "
+                f"{tokens_text(context)}, the prompt's tokens included: ask for fewer",
+                param=request.max_tokens_field,
+                code="context_length_exceeded",
+            )
 
     def _tokenizer(self, size: int) -> tuple:
         """The tokenizer for a prompt of `size` bytes of text, and the lock to hold while using

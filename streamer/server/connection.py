@@ -43,6 +43,9 @@ class ClientGone(Exception):
 # could take tens of GB. 256 MB is 8 of the largest at once, or thousands of a chat's usual size.
 MAX_HELD_BODY_BYTES = 256 << 20
 LINGER_SECONDS = 2  # how long a connection being closed reads what its client still sends
+# connections refused at the cap that linger at once, each on a thread of its own; past them (a
+# flood) one is closed at once, its client perhaps reset
+MOST_LINGERING_REFUSALS = 64
 
 
 # What reading from or writing to a client that went away (or stopped reading) raises.
@@ -126,14 +129,17 @@ def linger(sock: socket.socket) -> None:
 
 
 class ConnectionCap:
-    """A socketserver threading mixin: a connection past the cap is answered 503 and closed at
-    once, by the accepting thread, which never waits on it."""
+    """A socketserver threading mixin: a connection past the cap is answered 503 by the accepting
+    thread, which never waits on it, then lingers (`linger`) on a thread of its own (closed with
+    its request unread, it sent a reset, and a client still sending a body read that, not the
+    503)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.most_connections = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
         self.slots = threading.BoundedSemaphore(self.most_connections)
         self.held_bodies = HeldBytes(MAX_HELD_BODY_BYTES)
+        self.lingering = threading.BoundedSemaphore(MOST_LINGERING_REFUSALS)
 
     def process_request(self, request: socket.socket, client_address) -> None:
         if not self.slots.acquire(blocking=False):
@@ -163,7 +169,21 @@ class ConnectionCap:
             request.send(head.encode() + body)
         except OSError:
             pass  # the client is gone already
-        self.shutdown_request(request)
+        if not self.lingering.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            threading.Thread(target=self._linger, args=(request,), daemon=True).start()
+        except RuntimeError:  # no thread to be had
+            self.lingering.release()
+            self.shutdown_request(request)
+
+    def _linger(self, request: socket.socket) -> None:
+        try:
+            linger(request)
+        finally:
+            self.close_request(request)
+            self.lingering.release()
 
 
 class HeldBytes:

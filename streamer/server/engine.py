@@ -4,8 +4,8 @@ A streamed model reads its routed experts from disk for every token, so sequence
 side would share the same disk and caches: they run in turn. Each request is a `Job` whose events
 (`Step`s, then a `Done` or an `ApiError`) its HTTP handler reads; a handler whose client went away
 cancels the job, and the loop stops at the next token (or skips the job if it has not started).
-KV caches of finished sequences are kept in mlx-lm's LRUPromptCache, so a conversation's next turn
-computes only the tokens after the longest cached prefix.
+KV caches of finished sequences are kept (prompt_cache.py), so a conversation's next turn computes
+only the tokens after the longest cached prefix.
 """
 
 from __future__ import annotations
@@ -17,12 +17,7 @@ from queue import Queue
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import (
-    LRUPromptCache,
-    can_trim_prompt_cache,
-    make_prompt_cache,
-    trim_prompt_cache,
-)
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..arguments import tokens_text
@@ -35,6 +30,7 @@ from .fields import ApiError, server_failure
 from .jobs import Done, Job, Step
 from .logprobs import token_logprobs
 from .output import Output
+from .prompt_cache import PromptCache
 from .sampling import sampler_and_processors
 
 log = logging.getLogger("streamer.server")
@@ -95,9 +91,9 @@ class Engine:
             check_kv_cache_quantizes(model, self.options)  # at start, not in every request
         self.tokenizer_lock = threading.Lock()  # HF fast tokenizers are not safe across threads
         if prompt_cache_bytes is None:
-            self.prompt_cache = LRUPromptCache(prompt_cache_size)
+            self.prompt_cache = PromptCache(prompt_cache_size)
         else:
-            self.prompt_cache = LRUPromptCache(prompt_cache_size, prompt_cache_bytes)
+            self.prompt_cache = PromptCache(prompt_cache_size, prompt_cache_bytes)
         self.jobs: Queue[Job] = Queue()
         self.thread = threading.Thread(target=self._run, name="streamer-generate", daemon=True)
         self.thread.start()
@@ -158,32 +154,37 @@ class Engine:
         output = Output(self.tokenizer, job.prompt, request.stop)
         generated: list[int] = []
         finish, stats = "length", None
-        for response in stream_generate(
-            self.model,
-            self.tokenizer,
-            rest,
-            job.max_tokens,
-            seed=sampling.seed,
-            sampler=sampler,
-            logits_processors=processors,
-            prompt_cache=cache,
-            stream=stream,
-            **self._options(job, job.prompt[: len(job.prompt) - len(rest)]),
-        ):
-            generated.append(response.token)
-            stats = response.stats
-            piece, stopped = output.feed(response.text)
-            eos = response.finish_reason == "stop"
-            tokens = []
-            if request.logprobs and not eos:
-                top = request.top_logprobs
-                tokens = [token_logprobs(self.tokenizer, self.tokenizer_lock, response, top)]
-            if piece or tokens:
-                job.events.put(Step(piece, tokens))
-            if self._stops(job, stopped, len(generated)):
-                finish = "stop"
-                break
-            finish = response.finish_reason or finish
+        try:
+            for response in stream_generate(
+                self.model,
+                self.tokenizer,
+                rest,
+                job.max_tokens,
+                seed=sampling.seed,
+                sampler=sampler,
+                logits_processors=processors,
+                prompt_cache=cache,
+                stream=stream,
+                **self._options(job, job.prompt[: len(job.prompt) - len(rest)]),
+            ):
+                generated.append(response.token)
+                stats = response.stats
+                piece, stopped = output.feed(response.text)
+                eos = response.finish_reason == "stop"
+                tokens = []
+                if request.logprobs and not eos:
+                    top = request.top_logprobs
+                    tokens = [token_logprobs(self.tokenizer, self.tokenizer_lock, response, top)]
+                if piece or tokens:
+                    job.events.put(Step(piece, tokens))
+                if self._stops(job, stopped, len(generated)):
+                    finish = "stop"
+                    break
+                finish = response.finish_reason or finish
+        except Abandoned:  # the prompt's steps done stay kept: its cache was taken out of them
+            if can_trim_prompt_cache(cache):  # its offsets say how many tokens it holds
+                self._keep_cache(job.prompt, cache, on_disk=False)
+            raise
         if last := output.finish():
             job.events.put(Step(last))
         if finish == "stop" and output.made_tool_call:
@@ -245,12 +246,12 @@ class Engine:
             cache, rest = make_prompt_cache(self.model, self.options.get("max_kv_size")), prompt
         return cache, rest
 
-    def _keep_cache(self, tokens: list[int], cache: list) -> None:
+    def _keep_cache(self, tokens: list[int], cache: list, on_disk: bool = True) -> None:
         # every token stream_generate yielded has been fed to the model (it computes one step
         # ahead), so the cache holds exactly these tokens; a cache with offsets says so itself
         offsets = {c.offset for c in cache if hasattr(c, "offset")}
         if len(offsets) == 1:
             tokens = tokens[: offsets.pop()]
-        if self.disk is not None:
+        if self.disk is not None and on_disk:
             self.disk.save(tokens, cache)
         self.prompt_cache.insert_cache(MODEL_KEY, tokens, cache)

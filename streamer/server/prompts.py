@@ -62,9 +62,22 @@ def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]
     tokens = _render(tokenizer, messages, request.tools, request.template_kwargs)
     if not tokens:
         raise ApiError(400, "the messages render to an empty prompt", param="messages")
-    if request.tools and tokens == _render(tokenizer, messages, None, request.template_kwargs):
-        raise _tools_left_out()
+    if request.tools and not _renders_tools(tokenizer, request):
+        if tokens == _render(tokenizer, messages, None, request.template_kwargs):
+            raise _tools_left_out()
     return list(tokens)
+
+
+def _renders_tools(tokenizer: TokenizerWrapper, request: Completion) -> bool:
+    """Whether the template renders the request's tools for one short user message: where it
+    does, the conversation is not rendered a second time without them to find out (a long
+    chat's prompt was tokenized twice); False where it renders none, or refuses that message."""
+    probe, variables = [{"role": "user", "content": "hi"}], request.template_kwargs
+    try:
+        with_tools = _render(tokenizer, probe, request.tools, variables)
+        return with_tools != _render(tokenizer, probe, None, variables)
+    except ApiError:
+        return False
 
 
 def _render(

@@ -1,8 +1,10 @@
 """A request's sampling fields -> mlx-lm's sampler and logits processors.
 
-The logits' width (the model's vocabulary) is first known at the first step, so the values that
-depend on it are checked there: a logit_bias key past it is refused (an ApiError out of the
-generation, before any token); a top_k at or past it keeps every token (the library's sampler).
+A logit_bias key past the tokenizer's vocabulary is refused with the request (`check_logit_bias`),
+before its prompt is tokenized or computed. The logits' width, first known at the first step, may be
+narrower (a tokenizer's added tokens past the model's embedding), so the keys
+are checked against it there too (an ApiError out of the generation, before any token); a top_k at
+or past it keeps every token (the library's sampler).
 """
 
 from __future__ import annotations
@@ -21,20 +23,23 @@ def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]
     sampler = any_top_k_sampler(
         sampling.temperature, sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p
     )
-
-    def check_width(width: int) -> None:
-        past = [k for k in sampling.logit_bias or () if k >= width]
-        if past:
-            raise ApiError(
-                400,
-                f"logit_bias: token id {past[0]} is past the model's vocabulary ({width} tokens)",
-                param="logit_bias",
-            )
-
     processors = make_logits_processors(
         sampling.logit_bias,
         sampling.repetition_penalty,
         presence_penalty=sampling.presence_penalty,
         frequency_penalty=sampling.frequency_penalty,
     )
-    return sampler, [at_first_step(check_width), *processors]
+    check_width = at_first_step(lambda width: check_logit_bias(sampling.logit_bias, width))
+    return sampler, [check_width, *processors]
+
+
+def check_logit_bias(bias: dict[int, float] | None, vocabulary: int) -> None:
+    """ApiError 400 for a logit_bias key at or past `vocabulary`: mlx-lm's would add out of bounds.
+    Its keys are distinct (duplicate keys are refused), so this bounds the map's size too."""
+    past = next((k for k in bias or () if k >= vocabulary), None)
+    if past is not None:
+        raise ApiError(
+            400,
+            f"logit_bias: token id {past} is past the model's vocabulary ({vocabulary} tokens)",
+            param="logit_bias",
+        )

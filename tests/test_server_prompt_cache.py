@@ -1,0 +1,117 @@
+"""serve's and chat's KV caches kept in memory across a conversation's turns: the cache a turn
+extends is taken out of the kept ones, not copied (a copy of the whole conversation every turn)."""
+
+from __future__ import annotations
+
+import copy
+
+from mlx_lm.models.cache import LRUPromptCache
+
+from streamer.server.api import Completion, Sampling
+from streamer.server.engine import Engine
+from streamer.server.jobs import Done, Job, Step
+
+TURNS = 10
+USER = [7, 21, 99, 150, 8, 64, 300, 12] * 6  # a user's turn, as token ids: 10 turns pass 256
+
+
+def _conversation(engine: Engine) -> tuple[list[list[int]], list[str], list[int]]:
+    """TURNS turns, each the last turn's kept tokens and USER: the tokens kept after each turn
+    (its prompt and answer), each answer's text, and the cached tokens each prompt started from."""
+    kept: list[list[int]] = []
+    insert = engine.prompt_cache.insert_cache
+    engine.prompt_cache.insert_cache = lambda m, t, c: (kept.append(t), insert(m, t, c))
+    answers, cached = [], []
+    for turn in range(TURNS):
+        prompt = (kept[-1] if kept else []) + [t + turn for t in USER]
+        job = engine.submit(Job(Completion(False, "m", 6, Sampling()), prompt, 6))
+        events = []
+        while not isinstance(event := job.events.get(timeout=60), Done):
+            events.append(event)
+        engine.wait_kept()
+        answers.append("".join(e.piece.content for e in events if isinstance(e, Step)))
+        cached.append(event.cached_tokens)
+    return kept, answers, cached
+
+
+def _copied_bytes(monkeypatch) -> list[int]:
+    """The bytes of KV caches deep-copied from now on, one entry a copy."""
+    copied, deepcopy = [], copy.deepcopy
+
+    def counting(value, *args):
+        if isinstance(value, list) and value and hasattr(value[0], "nbytes"):
+            copied.append(sum(c.nbytes for c in value))
+        return deepcopy(value, *args)
+
+    monkeypatch.setattr(copy, "deepcopy", counting)
+    return copied
+
+
+def test_a_conversations_cache_is_taken_not_copied_and_answers_stay_the_same(local, monkeypatch):
+    """Every turn deep-copied the conversation's whole KV cache, growing with it (quadratic over
+    a long chat); the answers stay those the copying cache gave."""
+    model, tokenizer = local
+    copied = _copied_bytes(monkeypatch)
+    before = Engine(model, tokenizer)
+    before.prompt_cache = LRUPromptCache(10)  # mlx-lm's: copies what it hands out
+    expected = _conversation(before)
+    assert copied[-1] > copied[0]  # a copy of the whole conversation each turn, growing
+    copied[:] = []
+    assert _conversation(Engine(model, tokenizer)) == expected
+    assert all(expected[2][1:]) and copied == []
+
+
+def test_a_turn_whose_client_left_during_its_prompt_leaves_the_conversations_cache_kept(local):
+    """The cache a turn extends is taken out of those kept: a client gone during the prompt (the
+    job Abandoned) lost it, and the conversation's next turn computed it all again."""
+    model, tokenizer = local
+    job = None
+
+    def progress(done: int, total: int) -> None:
+        if done >= 64 and job is not None:
+            job.cancelled.set()  # the client leaves after the prompt's first step
+
+    options = {"prefill_step_size": 64, "prompt_progress_callback": progress}
+    engine = Engine(model, tokenizer, options=options)
+    first = USER * 2
+    _done(engine, engine.submit(Job(Completion(False, "m", 2, Sampling()), first, 2)))
+    job = Job(Completion(False, "m", 2, Sampling()), first + USER * 4, 2)
+    assert _done(engine, engine.submit(job)).completion_tokens == 0  # abandoned during its prompt
+    job = None
+    again = Job(Completion(False, "m", 2, Sampling()), first + USER * 4, 2)
+    again = _done(engine, engine.submit(again))
+    assert again.cached_tokens >= len(first) + 64, again
+
+
+def _done(engine: Engine, job: Job) -> Done:
+    """The submitted job's Done, once its cache is kept."""
+    while not isinstance(event := job.events.get(timeout=60), Done):
+        pass
+    engine.wait_kept()
+    return event
+
+
+def _branches(engine: Engine) -> list[tuple[list[int], int]]:
+    """A first turn, then three turns that branch from it, submitted at once: the tokens each
+    branch keeps and the cached tokens it started from."""
+    kept: list[list[int]] = []
+    insert = engine.prompt_cache.insert_cache
+    engine.prompt_cache.insert_cache = lambda m, t, c: (kept.append(t), insert(m, t, c))
+    _done(engine, engine.submit(Job(Completion(False, "m", 4, Sampling()), USER * 2, 4)))
+    jobs = [Job(Completion(False, "m", 4, Sampling()), kept[0] + [3 + i] * 9, 4) for i in range(3)]
+    for job in jobs:
+        engine.submit(job)
+    cached = [_done(engine, job).cached_tokens for job in jobs]
+    return list(zip(kept[1:], cached, strict=True))
+
+
+def test_branches_from_one_kept_turn_answer_as_with_copies(local):
+    """Requests that share a kept prefix, sent at once, run in turn on the engine's thread: the
+    first takes the prefix's cache and the others start from its kept sequence, trimmed (a
+    copy), as they did when every fetch was a copy."""
+    model, tokenizer = local
+    before = Engine(model, tokenizer)
+    before.prompt_cache = LRUPromptCache(10)
+    expected = _branches(before)
+    assert _branches(Engine(model, tokenizer)) == expected
+    assert all(cached >= len(USER) * 2 for _, cached in expected)
