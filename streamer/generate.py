@@ -13,7 +13,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from . import arguments
 from .api_request import cached_tokens, leveled, prompt_tokens, within_context
 from .arguments import check_request, check_sampling
-from .errors import ArgumentError, StreamerError, one_line
+from .errors import ArgumentError, one_line
 from .generation_objects import check_objects
 from .kv_quantization import check_kv_cache_quantizes
 from .mlx_lm_keywords import mlx_lm_keywords, plain_keywords, plain_number
