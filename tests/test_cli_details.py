@@ -205,7 +205,8 @@ def test_generate_takes_mlx_lm_s_prefill_step_size(checkpoints, capsys):
         return out, float(re.search(r"MLX peak ([\d.]+) MiB", err)[1])
 
     whole, chunked = peak(), peak("--prefill-step-size", "64")
-    assert whole[0] == chunked[0] and chunked[1] < whole[1] * 0.75, (whole, chunked)
+    # MLX's peak is the process's: models of earlier tests still held count in both alike
+    assert whole[0] == chunked[0] and chunked[1] < whole[1] - 2, (whole, chunked)  # 7.4 vs 3.3
     assert main([*argv, "--prefill-step-size", "0"]) == 2
     assert "--prefill-step-size must be at least 1 (got 0)" in capsys.readouterr().err
 

@@ -71,16 +71,18 @@ def test_load_takes_mlx_lm_arguments_or_refuses_them_by_name(checkpoints):
     """mlx_lm.load's arguments, positional in its order too, were a TypeError ("unexpected
     keyword argument 'tokenizer_config'", "takes 1 positional argument but 2 were given")."""
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
-    _, tokenizer, config = streamer.load(folder, {"eos_token": "hello"}, None, None, False, True)
+    ends = {"eos_token": "<|user|>"}  # a token of its vocabulary (a new one is refused: below)
+    _, tokenizer, config = streamer.load(folder, ends, None, None, False, True)
     _, reference_tokenizer, reference_config = mlx_lm.load(
-        str(checkpoints.hf("qwen3_moe")), {"eos_token": "hello"}, return_config=True
+        str(checkpoints.hf("qwen3_moe")), ends, return_config=True
     )
-    assert tokenizer.eos_token == reference_tokenizer.eos_token == "hello"
+    assert tokenizer.eos_token == reference_tokenizer.eos_token == "<|user|>"
     assert config["model_type"] == reference_config["model_type"] == "qwen3_moe"
     assert config["hidden_size"] == reference_config["hidden_size"]
     assert len(streamer.load(folder, model_config={}, lazy=False, return_config=False)) == 2
     for kwargs, message in [
         ({"tokenizer_config": "x"}, r"tokenizer_config must be a dict .*\(got 'x'\)"),
+        ({"tokenizer_config": {"eos_token": "hello"}}, "a token given in tokenizer_config"),
         ({"model_config": {"hidden_size": 64}}, "model_config: streamer builds the model from"),
         ({"adapter_path": "adapters"}, "adapter_path: streamer applies no LoRA adapters"),
         ({"lazy": True}, "lazy=True: streamer reads the resident weights at load"),

@@ -105,7 +105,8 @@ def _check_ids_embedded(tokenizer: TokenizerWrapper, embedded: int | None, folde
     raise StreamerError(
         f"{folder}: the tokenizer gives {token!r} the id {vocabulary[token]}, but the model "
         f"embeds {embedded} tokens (ids 0 to {embedded - 1}): the tokenizer files belong to "
-        "another model; copy the model's own."
+        "another model (copy the model's own), or a token given in tokenizer_config is not in "
+        "its vocabulary (give one that is)."
     )
 
 

@@ -52,7 +52,8 @@ class App:
         request.template_kwargs = {**self.template_kwargs, **request.template_kwargs}
         tokenizer, lock = self._tokenizer(prompt_size(request, self.context))
         with lock:  # the vocabulary is counted once per tokenizer, under its lock
-            check_logit_bias(request.sampling.logit_bias, vocabulary(tokenizer))
+            if request.sampling.logit_bias:
+                check_logit_bias(request.sampling.logit_bias, vocabulary(tokenizer))
             prompt = prompt_tokens(request, tokenizer)
         fields = (request.prompt_field, request.max_tokens_field)
         asked = request.max_tokens
