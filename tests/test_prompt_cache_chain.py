@@ -14,10 +14,9 @@ import stat
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache, save_prompt_cache
-from test_prompt_cache_dir import SYSTEM, engine_over, files
+from test_prompt_cache_dir import SYSTEM, engine_over, files, interrupt_saves
 
 import streamer
-from streamer.server import disk_cache as disk_module
 from streamer.server.api import Completion, Sampling
 from streamer.server.disk_cache import PREFIX, DiskCache
 from streamer.server.disk_entries import model_identity
@@ -130,15 +129,7 @@ def test_an_interrupted_turn_leaves_the_chain_before_it(local, tmp_path, monkeyp
     model, _ = local
     disk, turns = chain(model, tmp_path)
     before = files(tmp_path)
-    real = disk_module.save_prompt_cache
-
-    def interrupted(name, cache, metadata):
-        real(name, cache, metadata)
-        with open(name, "r+b") as f:
-            f.truncate(100)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(disk_module, "save_prompt_cache", interrupted)
+    interrupt_saves(monkeypatch)
     cache = make_prompt_cache(model)
     fed(model, cache, list(range(1, 51)))
     with pytest.raises(KeyboardInterrupt):

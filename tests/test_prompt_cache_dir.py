@@ -31,6 +31,19 @@ def local(checkpoints):
     return streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
 
 
+def interrupt_saves(monkeypatch) -> None:
+    """Every cache file written from now on is cut short by a Ctrl-C, part way through it."""
+    real = disk_module.save_prompt_cache
+
+    def interrupted(name, cache, metadata):
+        real(name, cache, metadata)
+        with open(name, "r+b") as f:
+            f.truncate(100)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(disk_module, "save_prompt_cache", interrupted)
+
+
 def ask(engine: Engine, text: str, max_tokens: int = 6) -> tuple[str, Done]:
     prompt = engine.tokenizer.encode(text)
     request = Completion(False, "m", max_tokens, Sampling(), text=text)
@@ -107,15 +120,7 @@ def test_the_folder_stays_under_its_bound_and_writes_are_atomic(local, tmp_path,
         ask(engine, text)
     assert len(files(tmp_path)) == 2
     # a write interrupted part way leaves no cache file, only a partial one
-    real = disk_module.save_prompt_cache
-
-    def interrupted(name, cache, metadata):
-        real(name, cache, metadata)
-        with open(name, "r+b") as f:
-            f.truncate(100)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(disk_module, "save_prompt_cache", interrupted)
+    interrupt_saves(monkeypatch)
     before = files(tmp_path)
     model, _ = local
     cache = make_prompt_cache(model)
