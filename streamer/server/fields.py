@@ -148,3 +148,16 @@ def checked(
         bounds = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}]"
         raise ApiError(400, f"{param} must lie in {bounds} (got {value})", param=param)
     return float(value) if kind is float else value
+
+
+def check_ids_below(ids, field: str, vocabulary: int) -> None:
+    """ApiError 400 for a token id (a prompt's, logit_bias's keys) at or past `vocabulary`: the
+    embedding, or mlx-lm's logit_bias, would be indexed out of bounds."""
+    past = next((t for t in ids if t >= vocabulary), None)
+    if past is not None:
+        raise ApiError(
+            400,
+            f"{field}: token id {past} is past the model's vocabulary ({vocabulary} tokens): "
+            f"token ids must be below {vocabulary}",
+            param=field,
+        )

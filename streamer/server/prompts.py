@@ -11,7 +11,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..arguments import tokens_text, vocabulary
 from .api import Completion
-from .fields import ApiError
+from .fields import ApiError, check_ids_below
 
 # More bytes of text a token than any prompt averages (English takes about 4, code 3 to 4, Chinese
 # about 3): a prompt over its context's worth of them is refused before it is tokenized. The
@@ -45,9 +45,7 @@ def prompt_size(request: Completion, context: int | None) -> int:
 def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]:
     if not request.chat:
         if request.text is None:
-            vocab = vocabulary(tokenizer)  # counted once per tokenizer
-            if max(request.prompt) >= vocab:
-                raise ApiError(400, f"prompt token ids must be below {vocab}", param="prompt")
+            check_ids_below(request.prompt, "prompt", vocabulary(tokenizer))
             return request.prompt
         bos = tokenizer.bos_token
         special = not (bos and request.text.startswith(bos))  # no second BOS, as mlx-lm does

@@ -16,7 +16,7 @@ from mlx_lm.sample_utils import make_logits_processors
 from ..arguments import at_first_step
 from ..mlx_lm_keywords import any_top_k_sampler
 from .api import Sampling
-from .fields import ApiError
+from .fields import check_ids_below
 
 
 def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]]:
@@ -36,10 +36,4 @@ def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]
 def check_logit_bias(bias: dict[int, float] | None, vocabulary: int) -> None:
     """ApiError 400 for a logit_bias key at or past `vocabulary`: mlx-lm's would add out of bounds.
     Its keys are distinct (duplicate keys are refused), so this bounds the map's size too."""
-    past = next((k for k in bias or () if k >= vocabulary), None)
-    if past is not None:
-        raise ApiError(
-            400,
-            f"logit_bias: token id {past} is past the model's vocabulary ({vocabulary} tokens)",
-            param="logit_bias",
-        )
+    check_ids_below(bias or (), "logit_bias", vocabulary)
