@@ -168,7 +168,7 @@ def probe(folder: Path, read_path: str, budget: int, count: int) -> dict:
         "residency": handle.residency,
         "pool_bytes": pool,
         "resident_bytes": resident,
-        "mapped_bytes": handle.mapped_bytes,
+        "mapped_bytes": handle.files.mapped_bytes if handle.files is not None else 0,
         "rss_loaded": loaded["VmRSS"],
         "anon_loaded": loaded["RssAnon"],
         "file_loaded": loaded["RssFile"],

@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         peak_rss_file_bytes=sampler.peak_file or None,
         # the mapped expert files count as MLX memory but are page cache: not the engine's own
         peak_mlx_bytes=mx.get_peak_memory()
-        - (handle.mapped_bytes if (handle := streaming(model)) else 0),
+        - (handle.mapped_mlx_bytes if (handle := streaming(model)) else 0),
     )
     print(json.dumps(result))
 

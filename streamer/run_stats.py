@@ -140,7 +140,7 @@ def run_stats(
         generation_tokens=generation_tokens,
         generation_tps=generation_tps,
         peak_rss_bytes=status.get("VmHWM") or _os_peak_rss(),
-        peak_mlx_bytes=mx.get_peak_memory() - handle.mapped_bytes,
+        peak_mlx_bytes=mx.get_peak_memory() - handle.mapped_mlx_bytes,
         expert_bytes_per_token=decode.bytes_read / steps,
         expert_bytes_copied_per_token=decode.bytes_copied / steps,
         expert_reads_per_token=decode.experts_read / steps,

@@ -93,7 +93,7 @@ def test_loaded_model_keeps_only_non_expert_weights_resident(tmp_path):
     manifest = read_manifest(tmp_path / "dst")
     before = mx.get_active_memory()
     model, _ = streamer.load(tmp_path / "dst", memory_budget=0)
-    mapped = model.streamer.mapped_bytes  # MLX counts the mapped expert files as its own
+    mapped = model.streamer.mapped_mlx_bytes  # MLX counts the mapped expert files as its own
     loaded = mx.get_active_memory() - before - mapped
     resident = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
     expert_bytes_f32 = manifest.expert_file_bytes * 2  # bf16 on disk, float32 once computed on CPU

@@ -175,7 +175,7 @@ def test_mapped_files_do_not_count_against_mlx_memory_limit(checkpoints):
         checkpoints.repacked(checkpoints.mlx("qwen3_moe", dtype="float32")), memory_budget=0
     )
     handle = model.streamer
-    mapped = handle.mapped_bytes
+    mapped = handle.mapped_mlx_bytes
     assert mapped > 0 and mx.get_memory_limit() == before + mapped
     handle.close()
     assert mx.get_memory_limit() == before

@@ -378,7 +378,7 @@ def test_the_slot_path_never_maps_an_expert_file(float32_model, monkeypatch):
     )
     assert model.streamer.plan.cuda_misses == "staged"
     streamer.generate(model, tokenizer, PROMPT, max_tokens=4)
-    assert model.streamer.files is None and model.streamer.mapped_bytes == 0
+    assert model.streamer.files is None and model.streamer.mapped_mlx_bytes == 0
     gc.collect()  # models of earlier tests (on CUDA the default maps their files) are gone
     maps = open("/proc/self/maps").read() if sys.platform == "linux" else ""
     assert str(folder / "experts") not in maps

@@ -78,7 +78,7 @@ class Streaming:
         return self.plan.text()
 
     def __post_init__(self) -> None:
-        self._scopes.enter_context(memory_limit_raised(self.mapped_bytes))
+        self._scopes.enter_context(memory_limit_raised(self.mapped_mlx_bytes))
 
     @contextmanager
     def claimed(self) -> Iterator[None]:
@@ -123,7 +123,7 @@ class Streaming:
         self.folder_lock = None
 
     @property
-    def mapped_bytes(self) -> int:
+    def mapped_mlx_bytes(self) -> int:
         """The MLX memory the expert files' mappings take (MLX counts it as its own)."""
         return self.files.mlx_bytes if self.files is not None else 0
 
