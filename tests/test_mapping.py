@@ -57,8 +57,6 @@ def test_mapped_file_is_the_page_cache_not_a_copy(tmp_path):
     # an array computed from the buffer after its owner closed reads the file's bytes, not zeros
     assert view[:256].tolist() == list(range(256))
     del view, array, mapped
-    if os.path.exists("/proc/self/maps"):  # the buffer's end unmapped the file, small as it is
-        assert str(path) not in Path("/proc/self/maps").read_text()
     # freed, the buffer is ordinary memory that MLX may recycle: writes land on private copies
     fresh = [mx.ones((3 * OS_PAGE,), dtype=mx.uint8) for _ in range(4)]
     assert all(mx.sum(a).item() == 3 * OS_PAGE for a in fresh)

@@ -31,8 +31,10 @@ OS_PAGE = mmap.PAGESIZE  # 4 KiB on Linux x86, 16 KiB on Apple silicon
 _MAP_FIXED = 0x10  # the same on Linux and macOS; Python's mmap module does not export it
 _MAP_FAILED = ctypes.c_void_p(-1).value
 # glibc gives allocations from 32 MiB (its largest mmap threshold) a mapping of their own, which
-# free() unmaps, and MLX frees buffers that large at once (a 40 MB one here; a 16 MB one it kept
-# in its cache until mx.clear_cache()); the pages past the file cost nothing, never touched
+# free() unmaps, unless a free chunk of its heap fits them (a long-running process may have one),
+# and MLX frees buffers that large at once (a 40 MB one here; a 16 MB one it kept in its cache
+# until mx.clear_cache()); the pages past the file cost nothing, never touched. A buffer left in
+# the heap keeps its file mapped (not its pages: close() gives them back) until the heap reuses it
 OWN_MAPPING_BYTES = (32 << 20) + OS_PAGE
 # Linux 5.14+: fault a range into the page tables in one call (reading what is not cached).
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform == "linux" else None)
@@ -119,7 +121,7 @@ def _map_over_mlx_buffer(fd: int, size: int, offset: int) -> tuple[mx.array, int
     buffer and where in it the mapping starts."""
     length = align(size, OS_PAGE)
     # a page to spare for alignment; and never below OWN_MAPPING_BYTES, so that the buffer's
-    # end unmaps the file: a smaller one MLX keeps in its cache or malloc in its heap once freed
+    # end mostly unmaps the file: a smaller one MLX keeps in its cache or malloc in its heap
     buffer = buffers.untouched(max(length + OS_PAGE, OWN_MAPPING_BYTES))
     base = buffers.address(buffer)
     pad = -base % OS_PAGE
