@@ -50,8 +50,10 @@ def common_args(
     decode: int | None = None,
 ) -> list[str]:
     routing = ["--routing", args.routing] if args.routing else []  # routing_model's profile
+    threads = ["--threads", str(args.threads)] if getattr(args, "threads", None) else []
     return [
         *routing,
+        *threads,
         "--prompt-tokens",
         prompt or str(args.prompt_tokens),
         "--decode-tokens",

@@ -105,6 +105,11 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--no-baseline", action="store_true", help="streamer only")
     ap.add_argument(
+        "--threads",
+        type=int,
+        help="streamer's CPU cores for its matmuls (default: all; 1: one, as mlx-lm computes)",
+    )
+    ap.add_argument(
         "--memory-budget",
         type=size,
         default=0,

@@ -18,8 +18,9 @@ cgroup's squeeze is not in the memory available the default budget is made from)
 `slots-readahead` (the same with the kernel's read-ahead left on, as before io/reads.py turned
 it off), `slots-serial` (every call's entries computed after its reads, as
 before decode calls computed their hits beside the misses' reads: experts/slots.py
-OVERLAPPED_ROUTES), `mapped` (in place on the mapped files), and the peers `boyle`, `nunspark`
-and `bigrig` at `--peer-budgets` (bench/peers.py: how they run here). A point the squeeze kills
+OVERLAPPED_ROUTES), `slots-1core` (its matmuls on one core, as before streamer/cpu_cores.py
+cut them across every core), `mapped` (in place on the mapped files), and the peers `boyle`,
+`nunspark` and `bigrig` at `--peer-budgets` (bench/peers.py: how they run here). A point the squeeze kills
 is a row saying so. `--read-mbps` throttles every point's reads (bench/slow_disk.py: where the
 disk is the token, as on a Mac). Writes bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
 """
@@ -42,7 +43,7 @@ from engines import child_result, log  # noqa: E402
 from peers import BUDGETS_GB, PEERS, mlx_lm_tokens  # noqa: E402
 from slow_disk import own_cgroup, read_throttle  # noqa: E402
 
-POINTS = ("slots-readahead", "slots-serial", "slots", "mapped")
+POINTS = ("slots-readahead", "slots-serial", "slots-1core", "slots", "mapped")
 
 
 def disk_read_bytes() -> int:
@@ -83,7 +84,10 @@ class Streamer:
         if args.point == "slots-serial":
             slots.OVERLAPPED_ROUTES = 0  # every call's entries computed after its reads, as before
         path = "mapped" if args.point == "mapped" else "slots"
-        self.model, _ = streamer.load(args.model, memory_budget=args.budget, read_path=path)
+        threads = 1 if args.point == "slots-1core" else None  # None: every core
+        self.model, _ = streamer.load(
+            args.model, memory_budget=args.budget, read_path=path, threads=threads
+        )
         self.handle = self.model.streamer
         self.files, self.evict = self.handle.expert_paths, self.handle.evict
         self.residency = self.handle.residency

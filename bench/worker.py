@@ -50,6 +50,7 @@ def load(
     read_path: str | None,
     bypass: bool = False,
     cuda_misses: str | None = None,
+    threads: int | None = None,
 ) -> nn.Module:
     from streamer.loading.backend import default_dtype
 
@@ -64,6 +65,7 @@ def load(
             read_path=read_path,
             bypass_page_cache=bypass,
             cuda_misses=cuda_misses,
+            threads=threads,
         )
         print(f"[streamer] {model.streamer.residency}", file=sys.stderr, flush=True)
         return model
@@ -213,6 +215,9 @@ def main(argv: list[str] | None = None) -> None:
         "default gathered, cache/landing.py)",
     )
     ap.add_argument(
+        "--threads", type=int, help="streamer: the CPU cores its matmuls are cut across (all)"
+    )
+    ap.add_argument(
         "--profile", action="store_true", help="streamer: time each layer's expert compute (a sync)"
     )
     args = ap.parse_args(argv)
@@ -226,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
         args.read_path,
         args.bypass_page_cache,
         args.cuda_misses,
+        args.threads,
     )
     load_s = time.perf_counter() - start
     if args.profile:

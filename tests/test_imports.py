@@ -46,6 +46,7 @@ LAYERS = {
         "streamer.expert_traffic",
         "streamer.draft_accounting",
         "streamer.routing_trace",
+        "streamer.cpu_cores",
     },
     "cache": {"streamer.cache"},
     "io": {"streamer.io"},

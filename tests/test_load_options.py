@@ -12,7 +12,7 @@ import streamer
 from streamer.cli import main
 from streamer.errors import StreamerError
 from streamer.loading import load as loading
-from streamer.loading.backend import default_dtype, read_path_for_backend
+from streamer.loading.backend import default_dtype, read_path_for_backend, threads_for_backend
 from streamer.loading.options import LoadOptions, load_options
 
 BAD = [
@@ -58,6 +58,7 @@ def test_options_are_decided_once_and_frozen():
         bypass_page_cache=False,
         group=None,
         cuda_misses="gathered",
+        threads=threads_for_backend(None),
     )
 
 

@@ -175,6 +175,14 @@ def add_loading(p: argparse.ArgumentParser) -> None:
         help="check each expert's crc32 whenever it is read from the disk",
     )
     p.add_argument(
+        "-t",
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU backend: the cores a token's large matmuls are cut across (default: every "
+        "core this process may use; 1: one, as mlx-lm computes); a GPU computes them itself",
+    )
+    p.add_argument(
         "--checksums",
         metavar="FILE",
         help="an MLX download's checksum sidecar, if not the default (see `streamer verify`)",
@@ -193,6 +201,7 @@ def load_options(args: argparse.Namespace, group: mx.distributed.Group | None) -
         verify_reads=args.verify_reads,
         trust_remote_code=args.trust_remote_code,
         checksums=args.checksums,
+        threads=args.threads,
         group=group,
         option="--",
     )

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..cache.hot_experts import HotExperts
 from ..cache.slot_pool import SlotPool
+from ..cpu_cores import routed_on_cores
 from ..draft_accounting import PassCall
 from ..errors import StreamerError
 from ..expert_traffic import ExpertStats
@@ -86,11 +87,13 @@ class StreamingExperts(nn.Module):
         files: ExpertFiles | None = None,
         checksums: tuple[tuple[int, ...], ...] | None = None,
         share: ExpertShare | None = None,
+        cores: int = 1,
     ):
         """With `files` the layer computes on their mapped views (checking `checksums`, [expert]
         [tensor] crc32s, before an expert is computed from bytes read from the disk); without, it
         waits for a slot pool (`use_pool`) and its files are never mapped. `share`:
-        expert-parallel, the experts this rank computes (parallel.py wraps the compute mode)."""
+        expert-parallel, the experts this rank computes (parallel.py wraps the compute mode).
+        `cores`: the CPU cores each call's routed entries are cut across (cpu_cores.py)."""
         super().__init__()
         # Held outside the parameter tree: its stacked weights are views of the expert files,
         # slot pool arrays or per-call copies, never evaluated, saved or loaded with the model.
@@ -127,6 +130,7 @@ class StreamingExperts(nn.Module):
             self.install(self.views)
             self.compute_mode = choose_compute_mode(self)
         self.share = share
+        self.cores = cores
 
     def make_resident(self) -> None:
         """Keep every expert of this layer in memory from now on: copied from the mapped files
@@ -187,6 +191,11 @@ class StreamingExperts(nn.Module):
                     f"its experts would compute on other weights, so generation stops; "
                     f"{self._layout.remedy}, then load the model again."
                 )
+
+    def compute(self, x: mx.array, indices: mx.array) -> mx.array:
+        """The container's call on the weights installed now, its routed entries cut across
+        the layer's cores: every compute mode computes through it."""
+        return routed_on_cores(self.container, x, indices, self.cores)
 
     @property
     def read_bytes(self) -> int:

@@ -167,7 +167,7 @@ class Prefetched:
         start = time.perf_counter()
         _, experts = host_routing(layer, indices, traffic)
         layer.prefetcher.fetch(experts, traffic)
-        return finish(layer, layer.container(x, indices), traffic, start)  # on the views: no copy
+        return finish(layer, layer.compute(x, indices), traffic, start)  # on the views: no copy
 
 
 class InPageCache:
@@ -184,4 +184,4 @@ class InPageCache:
             layer.compute_mode = Prefetched(layer, self._watch)
             return layer.compute_mode(layer, x, indices, traffic)
         layer.stats.defer(traffic, indices, *self._sizes)
-        return layer.container(x, indices)
+        return layer.compute(x, indices)

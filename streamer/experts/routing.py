@@ -33,7 +33,7 @@ def compute_stacked(
     """The container on `stacked` (the routed experts' tensors, in `experts` order)."""
     layer.install(stacked)
     position = np.searchsorted(np.array(experts, dtype=routed.dtype), routed).astype(np.uint32)
-    out = layer.container(x, mx.array(position))
+    out = layer.compute(x, mx.array(position))
     layer.install(layer.views)  # the output's graph holds the copies until it is evaluated
     return out
 

@@ -228,7 +228,7 @@ class Slots:
         if self._installed != chunk:
             layer.install(self._pool.chunks[chunk])
             self._installed = chunk
-        return layer.container(x, position)
+        return layer.compute(x, position)
 
     def _compute(self, layer, x, routed: np.ndarray, group, slots, traffic) -> mx.array:
         """The container for `group`'s experts at `slots` (x: the tokens' rows, `routed` their
@@ -254,7 +254,7 @@ class Slots:
         stay: Kimi K2, 10 GB); none named installed meanwhile, whatever stops the call."""
         self._installed = None
         layer.install(tensors)
-        out = layer.container(x, position)
+        out = layer.compute(x, position)
         layer.install(self._pool.chunks[0])
         self._installed = 0
         return out

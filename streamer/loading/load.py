@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache.budget import check_budget
+from ..cpu_cores import split_linears
 from ..errors import ArgumentError, StreamerError
 from ..expert_traffic import ExpertStats
 from ..experts import StreamingExperts
@@ -56,6 +57,7 @@ def load(
     group: mx.distributed.Group | None = None,
     checksums: str | Path | None = None,
     cuda_misses: str | None = None,
+    threads: int | None = None,
 ) -> tuple[nn.Module, TokenizerWrapper] | tuple[nn.Module, TokenizerWrapper, dict]:
     """Load a repacked model, or an MLX-quantized download in place: non-expert
     weights resident, experts streamed from disk. `path_or_hf_repo` (mlx_lm.load's name): a
@@ -90,6 +92,8 @@ def load(
     `cuda_misses`: on CUDA, where the slot path's misses come from (cache/landing.py): "staged",
     "mapped", "registered", "pinned" or "gathered" (None: "gathered", the default; a bench
     switch, bench/worker.py --cuda-misses); elsewhere misses are read into their slots.
+    `threads`: on the CPU backend, how many cores a token's large matmuls are cut across (None:
+    every core this process may use; 1: one, as mlx-lm computes); GPUs take no other value.
     """
     check_unhonoured(path_or_hf_repo, model_config, adapter_path, lazy, revision)
     return_config = as_flag(return_config, "return_config")
@@ -104,6 +108,7 @@ def load(
         group=group,
         checksums=checksums,
         cuda_misses=cuda_misses,
+        threads=threads,
     )
     model, tokenizer = load_decided(path_or_hf_repo, options)
     return (model, tokenizer, model.streamer.config) if return_config else (model, tokenizer)
@@ -146,8 +151,9 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
             (p for layout in source.layouts for p in layout.files), 1 if mapped else DESCRIPTORS
         )
         files = source.open_files() if mapped else None
-        stats, layers = _streaming_layers(source, files, dtype)
+        stats, layers = _streaming_layers(source, files, dtype, options.threads)
         load_resident(model, source.resident_weights(), dtype, source.mismatch)
+        split_linears(model, options.threads)
         shapes = layer_shapes(source.contents.layers, source.layouts, dtype)
         plan = plan_residency(
             shapes,
@@ -178,7 +184,7 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
 
 
 def _streaming_layers(
-    source: Source, files: ExpertFiles | None, dtype: mx.Dtype | None
+    source: Source, files: ExpertFiles | None, dtype: mx.Dtype | None, cores: int
 ) -> tuple[ExpertStats, list[StreamingExperts]]:
     """A streaming layer in place of each expert container, sharing one set of counters."""
     stats = ExpertStats(moe_layers=len(source.layouts))
@@ -192,6 +198,7 @@ def _streaming_layers(
             files=files,
             checksums=source.checksums[index] if source.checksums is not None else None,
             share=source.shares[index],
+            cores=cores,
         )
         for index, (module, container) in enumerate(containers.items())
     }

@@ -12,7 +12,7 @@ import mlx.core as mx
 from ..arguments import DTYPE_NAMES, parse_size
 from ..cache.landing import CUDA_MISSES, CUDA_MISSES_DEFAULT
 from ..errors import ArgumentError
-from .backend import default_dtype, read_path_for_backend
+from .backend import default_dtype, read_path_for_backend, threads_for_backend
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class LoadOptions:
     bypass_page_cache: bool  # the slot path reads around the page cache
     group: mx.distributed.Group | None  # expert-parallel: this rank's group; None alone
     cuda_misses: str = CUDA_MISSES_DEFAULT  # on CUDA, where a slot miss's bytes come from
+    threads: int = 1  # the CPU cores a token's large matmuls are cut across (cpu_cores.py)
     tokenizer_config: dict = field(default_factory=dict)  # the tokenizer's extra arguments
 
 
@@ -44,6 +45,7 @@ def load_options(
     group: object = None,
     checksums: object = None,
     cuda_misses: object = None,
+    threads: object = None,
     option: str = "",
 ) -> LoadOptions:
     """`streamer.load`'s keywords checked and decided, in this order, before any file is read.
@@ -65,6 +67,7 @@ def load_options(
     trust_remote_code = as_flag(trust_remote_code, name("trust_remote_code"))
     bypass_page_cache = as_flag(bypass_page_cache, name("bypass_page_cache"))
     path, why = read_path_for_backend(read_path, name("read_path"))
+    cores = threads_for_backend(threads, name("threads"))
     if checksums is not None and not isinstance(checksums, (str, os.PathLike)):
         raise ArgumentError(f"checksums must be a file name (str or Path), got {checksums!r}.")
     if checksums is not None and not os.path.isfile(checksums):
@@ -93,6 +96,7 @@ def load_options(
         bypass_page_cache=bypass_page_cache,
         group=group,
         cuda_misses=misses,
+        threads=cores,
         tokenizer_config=dict(tokenizer_config or {}),
     )
 

@@ -1,0 +1,136 @@
+"""The CPU backend's cores: a token's large matmuls split across them.
+
+MLX's CPU backend runs each stream's work on one thread, and its quantized matmuls (the routed
+experts, the attention projections, the output head) on that thread alone: on a machine with
+several cores decode used one of them. Ops on different streams run on different threads, so a
+call's work cut into parts, each part on a stream of its own, runs on as many cores as parts.
+The cuts are along rows of the output only (a routed expert, an output feature), which every
+part computes exactly as the whole call would: the results are bit-identical
+(tests/test_cpu_cores.py). Measured on a 2-core VM, Qwen3-30B-A3B's 4-bit shape: 8 experts' gather_qmm
+1.95x, a 12-layer model's decode 1.7x (bench/findings.md, "Every core computes").
+
+The streams are thread-local (mx.new_thread_local_stream): MLX refuses a stream made on another
+thread, and serve and chat generate on a thread of their own. GPU backends get no split: there
+the GPU computes every matmul.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+import mlx.nn as nn
+
+# Smallest part worth a stream of its own: below it the hand-off between threads (an event each
+# way, tens of microseconds) costs more than the part's compute (a 1 MiB 4-bit part: ~1 ms here).
+MIN_PART_BYTES = 1 << 20
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells, as taskset and
+    cgroups' cpusets set it), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity call
+        return os.cpu_count() or 1
+
+
+_streams: list[mx.ThreadLocalStream] = []  # made once per process; each thread gets its own
+
+
+def part_streams(parts: int) -> list[mx.ThreadLocalStream | None]:
+    """A stream for each of `parts` parts: the first part stays on the caller's stream (None)."""
+    while len(_streams) < parts - 1:
+        _streams.append(mx.new_thread_local_stream(mx.cpu))
+    return [None, *_streams[: parts - 1]]
+
+
+def bounds(total: int, parts: int) -> list[tuple[int, int]]:
+    """`total` rows cut into `parts` contiguous runs as even as can be."""
+    cuts = [total * i // parts for i in range(parts + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def on_parts(compute, total: int, parts: int, axis: int) -> mx.array:
+    """`compute(start, stop)` for each part of `total` rows, each on its stream, concatenated
+    along `axis`: the same array as `compute(0, total)`."""
+    outs = []
+    for stream, (start, stop) in zip(part_streams(parts), bounds(total, parts)):
+        if stream is None:
+            outs.append(compute(start, stop))
+        else:
+            with mx.stream(stream):
+                outs.append(compute(start, stop))
+    return mx.concatenate(outs, axis=axis)
+
+
+def routed_on_cores(container: nn.Module, x: mx.array, indices: mx.array, cores: int) -> mx.array:
+    """An expert container's call, `(x, indices [..., k]) -> [..., k, D]`, its k routed entries
+    cut across `cores` streams (each entry's row depends on its expert and token alone)."""
+    k = indices.shape[-1]
+    parts = min(cores, k)
+    if parts < 2:
+        return container(x, indices)
+    return on_parts(lambda a, b: container(x, indices[..., a:b]), k, parts, axis=-2)
+
+
+def quantized_rows_on_cores(module: nn.Module, x: mx.array) -> mx.array:
+    """x times a quantized layer's weight transposed (as QuantizedLinear computes it, without
+    the bias), its output features cut across the layer's `parts` streams."""
+    weight, scales, biases = module["weight"], module["scales"], module.get("biases")
+
+    def rows(a: int, b: int) -> mx.array:  # a slice of rows is a view: nothing is copied
+        return mx.quantized_matmul(
+            x,
+            weight[a:b],
+            scales=scales[a:b],
+            biases=None if biases is None else biases[a:b],
+            transpose=True,
+            group_size=module.group_size,
+            bits=module.bits,
+            mode=module.mode,
+        )
+
+    return on_parts(rows, weight.shape[0], module.parts, axis=-1)
+
+
+class CoreSplitLinear(nn.QuantizedLinear):
+    """A QuantizedLinear cut across cores (`split_linears`): its parameters are the layer's own,
+    under the same names; only the call differs."""
+
+    parts: int
+
+    def __call__(self, x: mx.array) -> mx.array:
+        out = quantized_rows_on_cores(self, x)
+        return out + self["bias"] if "bias" in self else out
+
+
+class CoreSplitEmbedding(nn.QuantizedEmbedding):
+    """A QuantizedEmbedding whose use as the output head (tied embeddings) is cut across cores;
+    its lookups are as before."""
+
+    parts: int
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return quantized_rows_on_cores(self, x)
+
+
+SPLIT_CLASSES = {nn.QuantizedLinear: CoreSplitLinear, nn.QuantizedEmbedding: CoreSplitEmbedding}
+
+
+def split_linears(model: nn.Module, cores: int) -> int:
+    """Cut every quantized linear layer (and tied output head) of `model` big enough for it
+    across `cores` cores, each part at least MIN_PART_BYTES of weights; how many were cut.
+    Expert containers are neither: StreamingExperts cuts their calls by routed entry."""
+    cut = 0
+    for _, module in model.named_modules():
+        split = SPLIT_CLASSES.get(type(module))
+        if split is None:
+            continue
+        weight = module["weight"]
+        parts = min(cores, weight.nbytes // MIN_PART_BYTES, weight.shape[0])
+        if parts >= 2:
+            module.__class__ = split  # the same parameters and names: a new call only
+            module.parts = parts
+            cut += 1
+    return cut

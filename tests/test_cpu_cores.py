@@ -1,0 +1,127 @@
+"""The CPU backend's matmuls cut across cores (streamer/cpu_cores.py): every cut computes what the
+uncut call computes, bit for bit, on every read path and on a generation thread."""
+
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models.switch_layers import SwitchGLU
+
+import streamer
+from streamer import cpu_cores
+from streamer.errors import ArgumentError
+from streamer.loading.options import load_options
+
+
+def switch_glu(quantized: bool) -> SwitchGLU:
+    mx.random.seed(3)
+    glu = SwitchGLU(64, 96, 8)
+    if quantized:
+        nn.quantize(glu, group_size=32, bits=4)
+    mx.eval(glu.parameters())
+    return glu
+
+
+@pytest.mark.parametrize("quantized", [True, False])
+@pytest.mark.parametrize("tokens", [1, 40])  # a decode step; a prompt (sorted by expert)
+@pytest.mark.parametrize("cores", [2, 3, 16])
+def test_routed_entries_on_cores_are_the_whole_call(quantized, tokens, cores):
+    glu = switch_glu(quantized)
+    x = mx.random.normal((1, tokens, 64))
+    indices = mx.random.randint(0, 8, (1, tokens, 6)).astype(mx.uint32)
+    whole = glu(x, indices)
+    cut = cpu_cores.routed_on_cores(glu, x, indices, cores)
+    assert cut.shape == whole.shape
+    assert mx.array_equal(cut, whole)
+
+
+def test_one_routed_entry_is_not_cut(monkeypatch):
+    calls = []
+    glu = switch_glu(True)
+    monkeypatch.setattr(cpu_cores, "on_parts", lambda *a, **k: calls.append(a))
+    out = cpu_cores.routed_on_cores(glu, mx.zeros((1, 1, 64)), mx.zeros((1, 1, 1), mx.uint32), 4)
+    assert out.shape == (1, 1, 1, 64) and calls == []
+
+
+class Head(nn.Module):
+    def __init__(self, mode: str, bias: bool):
+        super().__init__()
+        self.proj = nn.Linear(128, 200, bias=bias)
+        self.embed = nn.Embedding(200, 128)
+        nn.quantize(self, group_size=32, bits=4, mode=mode)
+        mx.eval(self.parameters())
+
+
+@pytest.mark.parametrize(("mode", "bias"), [("affine", True), ("affine", False), ("mxfp4", True)])
+def test_cut_linear_layers_compute_as_before_under_their_names(monkeypatch, mode, bias):
+    monkeypatch.setattr(cpu_cores, "MIN_PART_BYTES", 1)
+    head = Head(mode, bias)
+    x = mx.random.normal((3, 5, 128))
+    before = (head.proj(x), head.embed.as_linear(x), head.embed(mx.array([[1, 7]])))
+    names = [name for name, _ in tree_flatten(head.parameters())]
+    assert cpu_cores.split_linears(head, 3) == 2
+    assert isinstance(head.proj, cpu_cores.CoreSplitLinear) and head.proj.parts == 3
+    after = (head.proj(x), head.embed.as_linear(x), head.embed(mx.array([[1, 7]])))
+    assert all(mx.array_equal(a, b) for a, b in zip(before, after))
+    assert [name for name, _ in tree_flatten(head.parameters())] == names
+
+
+def test_layers_too_small_to_pay_are_left_whole():
+    head = Head("affine", False)  # 200 x 128 at 4 bits: 12.5 KiB, far below a part's minimum
+    assert cpu_cores.split_linears(head, 8) == 0
+    assert type(head.proj) is nn.QuantizedLinear
+
+
+def test_parts_are_contiguous_and_cover_the_rows():
+    assert cpu_cores.bounds(8, 3) == [(0, 2), (2, 5), (5, 8)]
+    assert cpu_cores.bounds(5, 5) == [(i, i + 1) for i in range(5)]
+
+
+def test_threads_are_decided_once_for_the_backend():
+    assert load_options().threads == cpu_cores.usable_cores()
+    assert load_options(threads=1).threads == 1
+    for wrong in (0, -2, "2", 1.5, True):
+        with pytest.raises(ArgumentError, match="threads must be a whole number of cores"):
+            load_options(threads=wrong)
+    with pytest.raises(ArgumentError, match="--threads must be"):
+        load_options(threads=0, option="--")
+
+
+def test_a_gpu_takes_no_threads(monkeypatch):
+    monkeypatch.setattr("streamer.loading.backend.backend", lambda: "metal")
+    assert load_options().threads == 1
+    with pytest.raises(ArgumentError, match="on metal the GPU computes every matmul"):
+        load_options(threads=4)
+
+
+def logits(folder, read_path: str, threads: int, tokens: list[int]) -> mx.array:
+    model, _ = streamer.load(folder, memory_budget=0, read_path=read_path, threads=threads)
+    cut = [m for _, m in model.named_modules() if isinstance(m, cpu_cores.CoreSplitLinear)]
+    assert bool(cut) == (threads > 1)  # the attention projections and the output head
+    assert all(layer.cores == threads for layer in model.streamer.layers)
+    try:
+        out = model(mx.array([tokens]))
+        mx.eval(out)
+        return out
+    finally:
+        model.streamer.close()
+
+
+@pytest.mark.parametrize("read_path", ["mapped", "slots"])
+def test_a_model_on_cores_answers_as_on_one(checkpoints, monkeypatch, read_path):
+    monkeypatch.setattr(cpu_cores, "MIN_PART_BYTES", 1)  # the tiny model's layers cut too
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    tokens = [1, 5, 9, 2, 7]
+    one = logits(folder, read_path, 1, tokens)
+    on_cores = logits(folder, read_path, 3, tokens)
+    assert mx.array_equal(one, on_cores)
+    # serve and chat generate on a thread of their own: the streams are that thread's
+    found = []
+    thread = threading.Thread(target=lambda: found.append(logits(folder, read_path, 3, tokens)))
+    thread.start()
+    thread.join()
+    assert mx.array_equal(one, found[0])
