@@ -20,9 +20,10 @@ it off), `slots-serial` (every call's entries computed after its reads, as
 before decode calls computed their hits beside the misses' reads: experts/slots.py
 OVERLAPPED_ROUTES), `slots-1core` (its matmuls on one core, as before streamer/cpu_cores.py
 cut them across every core), `mapped` (in place on the mapped files), and the peers `boyle`,
-`nunspark` and `bigrig` at `--peer-budgets` (bench/peers.py: how they run here). A point the squeeze kills
-is a row saying so. `--read-mbps` throttles every point's reads (bench/slow_disk.py: where the
-disk is the token, as on a Mac). Writes bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
+`nunspark` and `bigrig` at `--peer-budgets` (bench/peers.py: how they run here). A point the
+squeeze kills is a row saying so. `--read-mbps` throttles every point's reads
+(bench/slow_disk.py: where the disk is the token, as on a Mac). Writes
+bench/results/<model>-squeezed-io[-PROFILE][-TAG].json.
 """
 
 from __future__ import annotations

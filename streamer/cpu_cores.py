@@ -6,8 +6,8 @@ several cores decode used one of them. Ops on different streams run on different
 call's work cut into parts, each part on a stream of its own, runs on as many cores as parts.
 The cuts are along rows of the output only (a routed expert, an output feature), which every
 part computes exactly as the whole call would: the results are bit-identical
-(tests/test_cpu_cores.py). Measured on a 2-core VM, Qwen3-30B-A3B's 4-bit shape: 8 experts' gather_qmm
-1.95x, a 12-layer model's decode 1.7x (bench/findings.md, "Every core computes").
+(tests/test_cpu_cores.py). Measured on a 2-core VM at Qwen3-30B-A3B's 4-bit shape: 8 experts'
+gather_qmm 1.95x, a 12-layer model's decode 1.7x (bench/findings.md, "Every core computes").
 
 The streams are thread-local (mx.new_thread_local_stream): MLX refuses a stream made on another
 thread, and serve and chat generate on a thread of their own. GPU backends get no split: there
@@ -65,13 +65,18 @@ def on_parts(compute, total: int, parts: int, axis: int) -> mx.array:
 
 
 def routed_on_cores(container: nn.Module, x: mx.array, indices: mx.array, cores: int) -> mx.array:
-    """An expert container's call, `(x, indices [..., k]) -> [..., k, D]`, its k routed entries
-    cut across `cores` streams (each entry's row depends on its expert and token alone)."""
+    """An expert container's call, `(x [..., L, D], indices [..., L, k]) -> [..., L, k, D]`, cut
+    across `cores` streams: by its k routed entries, or, with fewer entries than cores (the slot
+    path computes a call's hits and misses as entries of one expert each), by its L tokens. Each
+    entry's row depends on its expert and its token alone."""
     k = indices.shape[-1]
-    parts = min(cores, k)
-    if parts < 2:
-        return container(x, indices)
-    return on_parts(lambda a, b: container(x, indices[..., a:b]), k, parts, axis=-2)
+    if min(cores, k) >= 2:
+        return on_parts(lambda a, b: container(x, indices[..., a:b]), k, min(cores, k), axis=-2)
+    tokens = indices.shape[-2] if indices.ndim >= 2 else 1
+    if min(cores, tokens) >= 2 and x.shape[:-1] == indices.shape[:-1]:
+        cut = lambda a, b: container(x[..., a:b, :], indices[..., a:b, :])  # noqa: E731
+        return on_parts(cut, tokens, min(cores, tokens), axis=-3)
+    return container(x, indices)
 
 
 def quantized_rows_on_cores(module: nn.Module, x: mx.array) -> mx.array:

@@ -39,6 +39,22 @@ def test_routed_entries_on_cores_are_the_whole_call(quantized, tokens, cores):
     assert mx.array_equal(cut, whole)
 
 
+@pytest.mark.parametrize("cores", [2, 4])
+def test_entries_of_one_expert_each_are_cut_by_token(monkeypatch, cores):
+    """The slot path computes a call's hits and misses as entries of one expert each: [1, n, 1]."""
+    glu = switch_glu(True)
+    x = mx.random.normal((1, 6, 64))
+    indices = mx.random.randint(0, 8, (1, 6, 1)).astype(mx.uint32)
+    whole = glu(x, indices)
+    cut = []
+    real = cpu_cores.on_parts
+    monkeypatch.setattr(
+        cpu_cores, "on_parts", lambda *a, **k: cut.append((*a[1:], k["axis"])) or real(*a, **k)
+    )
+    assert mx.array_equal(cpu_cores.routed_on_cores(glu, x, indices, cores), whole)
+    assert cut == [(6, cores, -3)]  # six tokens, on every core
+
+
 def test_one_routed_entry_is_not_cut(monkeypatch):
     calls = []
     glu = switch_glu(True)
