@@ -13,9 +13,9 @@ from typing import TextIO
 
 from ..errors import StreamerError, one_line
 from ..server.api import Completion, Sampling
-from ..server.engine import Engine, fit
+from ..server.engine import Engine
 from ..server.fields import ApiError
-from ..server.jobs import Done, Job, Step
+from ..server.jobs import Done, Job, Step, fit
 from ..server.prompts import prompt_tokens
 from .interrupts import Terminated, end_interrupted
 from .output import OutputFailed, emit

@@ -17,9 +17,9 @@ import time
 
 from ..arguments import tokens_text, vocabulary
 from .api import Completion, Sampling
-from .engine import Engine, fit
+from .engine import Engine
 from .fields import ApiError
-from .jobs import Job
+from .jobs import Job, fit
 from .prompts import prompt_size, prompt_tokens
 from .sampling import check_logit_bias
 

@@ -20,7 +20,6 @@ import mlx.nn as nn
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..arguments import tokens_text
 from ..generate import stream_generate
 from ..kv_quantization import check_kv_cache_quantizes
 from ..run_stats import settled
@@ -36,34 +35,6 @@ from .sampling import sampler_and_processors
 log = logging.getLogger("streamer.server")
 KEEP_SECONDS = 120  # close() waits this long at most for a prompt cache being written
 MODEL_KEY = "served"  # one model per server: the prompt cache's key for it
-
-
-def fit(
-    prompt: int,
-    asked: int | None,
-    default: int,
-    context: int | None,
-    fields: tuple[str, str] = ("messages", "max_tokens"),
-) -> int:
-    """The tokens to generate after a `prompt`-token prompt: `asked`, else `default` (at most what
-    the context leaves); ApiError when the prompt or the ask does not fit the model's context,
-    naming `fields` (the request's prompt field and the max tokens field it set)."""
-    if context is None:
-        return asked or default
-    (prompt_field, asked_field), said = fields, f"the prompt is {tokens_text(prompt)}"
-    if prompt >= context:
-        message = f"{said} but the model's context is {tokens_text(context)}"
-        raise ApiError(400, message, param=prompt_field, code="context_length_exceeded")
-    room = context - prompt
-    if asked is not None and asked > room:
-        raise ApiError(
-            400,
-            f"{said} and {asked_field} is {asked}, but the model's context is "
-            f"{tokens_text(context)}: ask for at most {room}",
-            param=asked_field,
-            code="context_length_exceeded",
-        )
-    return asked or min(default, room)
 
 
 class Abandoned(Exception):
