@@ -7,8 +7,11 @@ import copy
 
 from mlx_lm.models.cache import LRUPromptCache
 
+from streamer.api_request import cached_tokens
+from streamer.server import engine as engine_module
 from streamer.server.api import Completion, Sampling
 from streamer.server.engine import Engine
+from streamer.server.fields import ApiError
 from streamer.server.jobs import Done, Job, Step
 
 TURNS = 10
@@ -115,3 +118,51 @@ def test_branches_from_one_kept_turn_answer_as_with_copies(local):
     expected = _branches(before)
     assert _branches(Engine(model, tokenizer)) == expected
     assert all(cached >= len(USER) * 2 for _, cached in expected)
+
+
+def _failing_at_sample(monkeypatch, failing: int) -> None:
+    """The engine's sampler raises (as an expert's read may) at its `failing`-th call from now
+    on: after the prompt, every layer of that step computed."""
+    calls = 0
+    chosen = engine_module.sampler_and_processors
+
+    def sampler_and_processors(sampling: Sampling):
+        sampler, processors = chosen(sampling)
+
+        def sample(logprobs):
+            nonlocal calls
+            calls += 1
+            if calls == failing:
+                raise OSError(5, "Input/output error")
+            return sampler(logprobs)
+
+        return sample, processors
+
+    monkeypatch.setattr(engine_module, "sampler_and_processors", sampler_and_processors)
+
+
+def test_a_turn_that_fails_mid_answer_leaves_what_it_computed_kept(local, monkeypatch):
+    """The cache a turn extends is taken out of those kept: a failure in a later step (a read's
+    error, a logit_bias past the logits' width found at the first step) lost it, and the
+    conversation's next turn computed it all again. What is kept holds the tokens it is kept
+    under: the failed step had fed a token never sent."""
+    model, tokenizer = local
+    engine = Engine(model, tokenizer)
+    kept: list[tuple[list[int], int]] = []  # each sequence kept, and the positions its cache holds
+    insert = engine.prompt_cache.insert_cache
+    engine.prompt_cache.insert_cache = lambda m, t, c: (
+        kept.append((t, cached_tokens(c))),
+        insert(m, t, c),
+    )
+    _done(engine, engine.submit(Job(Completion(False, "m", 2, Sampling()), USER * 2, 2)))
+    prompt = kept[0][0] + USER * 4  # the next turn: it takes the first turn's cache and extends it
+    _failing_at_sample(monkeypatch, failing=3)  # the first two tokens made, the second fed
+    job = engine.submit(Job(Completion(False, "m", 6, Sampling()), prompt, 6))
+    while not isinstance(event := job.events.get(timeout=60), ApiError):
+        assert not isinstance(event, Done), event
+    assert event.status == 500
+    monkeypatch.undo()
+    cut, held = kept[1]
+    assert cut[: len(prompt)] == prompt and held == len(cut), (len(cut), held)
+    again = _done(engine, engine.submit(Job(Completion(False, "m", 2, Sampling()), prompt, 2)))
+    assert again.cached_tokens == len(prompt) - 1, again  # the last one gives the first logits

@@ -5,7 +5,7 @@ side would share the same disk and caches: they run in turn. Each request is a `
 (`Step`s, then a `Done` or an `ApiError`) its HTTP handler reads; a handler whose client went away
 cancels the job, and the loop stops at the next token (or skips the job if it has not started).
 KV caches of finished sequences are kept (prompt_cache.py), so a conversation's next turn computes
-only the tokens after the longest cached prefix.
+only the tokens after the longest cached prefix; so is what a sequence cut short computed.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from ..api_request import cached_tokens
 from ..generate import stream_generate
 from ..kv_quantization import check_kv_cache_quantizes
 from ..run_stats import settled
@@ -152,9 +153,8 @@ class Engine:
                     finish = "stop"
                     break
                 finish = response.finish_reason or finish
-        except Abandoned:  # the prompt's steps done stay kept: its cache was taken out of them
-            if can_trim_prompt_cache(cache):  # its offsets say how many tokens it holds
-                self._keep_cache(job.prompt, cache, on_disk=False)
+        except Exception:  # Abandoned, or a step failed: what was computed stays kept
+            self._keep_cut(job.prompt + generated, cache)
             raise
         if last := output.finish():
             job.events.put(Step(last))
@@ -216,6 +216,16 @@ class Engine:
         if cache is None:  # chat's --max-kv-size: a rotating cache, as mlx_lm.chat makes it
             cache, rest = make_prompt_cache(self.model, self.options.get("max_kv_size")), prompt
         return cache, rest
+
+    def _keep_cut(self, tokens: list[int], cache: list) -> None:
+        """Keep in memory what a sequence cut by an exception computed of `tokens`: its cache was
+        taken out of those kept, and the conversation's next turn computed it all again. Only a
+        cache that can be trimmed (a recurrent state's tokens are not known), to the tokens known:
+        a failed step may have fed one more, or a pass its drafts (stream_generate leveled the
+        layers of one cut mid-step)."""
+        if can_trim_prompt_cache(cache):
+            trim_prompt_cache(cache, max(cached_tokens(cache) - len(tokens), 0))
+            self._keep_cache(tokens, cache, on_disk=False)
 
     def _keep_cache(self, tokens: list[int], cache: list, on_disk: bool = True) -> None:
         # every token stream_generate yielded has been fed to the model (it computes one step
