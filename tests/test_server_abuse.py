@@ -50,6 +50,18 @@ def in_process(
 ):
     """A `streamer serve` HTTP server over `app` on a free port (taking `most_connections` at once,
     counting the bytes of bodies it holds in `held_bodies`, where given); yields its base url."""
+    with running(app, handler, most_connections, held_bodies) as httpd:
+        yield f"http://127.0.0.1:{httpd.server_port}/v1"
+
+
+@contextlib.contextmanager
+def running(
+    app: App,
+    handler: type[Handler] = Handler,
+    most_connections: int | None = None,
+    held_bodies: HeldBytes | None = None,
+):
+    """in_process's server, serving: yields the server."""
     httpd = Server(("127.0.0.1", 0), handler)
     httpd.app = app
     if most_connections is not None:
@@ -60,7 +72,7 @@ def in_process(
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{httpd.server_port}/v1"
+        yield httpd
     finally:
         httpd.shutdown()
         httpd.server_close()

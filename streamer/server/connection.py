@@ -10,7 +10,9 @@ characters escaped: `GET /\\x1b[2J` cleared the terminal serve logs to.
 Connections are capped (`ConnectionCap`) at half the open-file limit: each holds a thread and a
 descriptor until its client is done or its request's deadline passes (deadlines.py), so a client
 that opened thousands and sent nothing had accept() fail at the limit, which the serving loop
-retried at once (a core busy, /health unanswered); the model's files need descriptors too.
+retried at once (a core busy, /health unanswered); the model's files need descriptors too. One
+client (an address) holds a quarter of them at most (serve's --max-client-connections): one that
+opened the cap's worth left every other client refused.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import select
 import socket
 import threading
 import time
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
 from ..io.sizes import size_text
@@ -129,40 +132,70 @@ def linger(sock: socket.socket) -> None:
 
 
 class ConnectionCap:
-    """A socketserver threading mixin: a connection past the cap is answered 503 by the accepting
-    thread, which never waits on it, then lingers (`linger`) on a thread of its own (closed with
-    its request unread, it sent a reset, and a client still sending a body read that, not the
-    503)."""
+    """A socketserver threading mixin: a connection past the cap, or past its client's share
+    (`most_per_client`, None: no share), is answered 503 (429) by the accepting thread, which
+    never waits on it, then lingers (`linger`) on a thread of its own (closed with its request
+    unread, it sent a reset, and a client still sending a body read that, not the refusal)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.most_connections = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
+        self.most_per_client: int | None = max(self.most_connections // 4, 1)
         self.slots = threading.BoundedSemaphore(self.most_connections)
+        self.per_client: dict[str, int] = {}  # each client's open connections, under `counting`
+        self.counting = threading.Lock()
         self.held_bodies = HeldBytes(MAX_HELD_BODY_BYTES)
         self.lingering = threading.BoundedSemaphore(MOST_LINGERING_REFUSALS)
 
     def process_request(self, request: socket.socket, client_address) -> None:
-        if not self.slots.acquire(blocking=False):
-            self._refuse(request)
+        refusal = self._admit(client_address[0])
+        if refusal is not None:
+            self._refuse(request, refusal)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:  # no thread started: its slot is not given back by one
-            self.slots.release()
+            self._leave(client_address[0])
             raise
 
     def process_request_thread(self, request: socket.socket, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self._leave(client_address[0])
 
-    def _refuse(self, request: socket.socket) -> None:
-        message = f"the server has its most connections open ({self.most_connections}): retry later"
-        body = json.dumps(ApiError(503, message).body()).encode()
+    def _admit(self, client: str) -> ApiError | None:
+        """Take a slot for a connection of `client`, or the refusal to answer it."""
+        with self.counting:
+            held, most = self.per_client.get(client, 0), self.most_per_client
+            if most is not None and held >= most:
+                return ApiError(
+                    429,
+                    f"this client ({client}) has its most connections open at once ({most}): "
+                    "close one, or wait for an answer before sending the next request",
+                )
+            if not self.slots.acquire(blocking=False):
+                return ApiError(
+                    503,
+                    f"the server has its most connections open ({self.most_connections}): "
+                    "retry later",
+                )
+            self.per_client[client] = held + 1
+        return None
+
+    def _leave(self, client: str) -> None:
+        with self.counting:
+            held = self.per_client.pop(client) - 1
+            if held:
+                self.per_client[client] = held
+        self.slots.release()
+
+    def _refuse(self, request: socket.socket, refusal: ApiError) -> None:
+        body = json.dumps(refusal.body()).encode()
         head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            f"HTTP/1.1 {refusal.status} {HTTPStatus(refusal.status).phrase}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
         )
         try:
             request.setblocking(False)  # a few hundred bytes fit a new socket's buffer
