@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from mlx_lm.models.cache import LRUPromptCache
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, LRUPromptCache
 
 from streamer.api_request import cached_tokens
 from streamer.server import engine as engine_module
@@ -13,6 +14,7 @@ from streamer.server.api import Completion, Sampling
 from streamer.server.engine import Engine
 from streamer.server.fields import ApiError
 from streamer.server.jobs import Done, Job, Step
+from streamer.server.prompt_cache import PromptCache
 
 TURNS = 10
 USER = [7, 21, 99, 150, 8, 64, 300, 12] * 6  # a user's turn, as token ids: 10 turns pass 256
@@ -166,3 +168,43 @@ def test_a_turn_that_fails_mid_answer_leaves_what_it_computed_kept(local, monkey
     assert cut[: len(prompt)] == prompt and held == len(cut), (len(cut), held)
     again = _done(engine, engine.submit(Job(Completion(False, "m", 2, Sampling()), prompt, 2)))
     assert again.cached_tokens == len(prompt) - 1, again  # the last one gives the first logits
+
+
+# What PromptCache uses of mlx-lm's LRUPromptCache that is not its public API (which has no way to
+# hand out a kept cache uncopied, nor to drop one entry by its tokens): the attribute, its methods.
+PRIVATE = {
+    "_trie": ("search", "get", "pop"),
+    "_lru": ("remove",),
+    "_n_bytes": (),
+    "_n_bytes_by_type": (),
+}
+
+
+def _kv(tokens: int) -> list[KVCache]:
+    cache = KVCache()
+    cache.update_and_fetch(mx.zeros((1, 1, tokens, 4)), mx.zeros((1, 1, tokens, 4)))
+    return [cache]
+
+
+def test_what_it_uses_of_mlx_lms_private_parts_is_as_it_expects():
+    """mlx-lm is pinned (pyproject.toml): a new pin whose LRUPromptCache changed shape fails here,
+    naming what changed, where PromptCache would have miscounted or kept what it handed out."""
+    kept = PromptCache(10)
+    for name, methods in PRIVATE.items():
+        assert name in vars(kept), f"LRUPromptCache.{name} is gone: prompt_cache.py uses it"
+        for method in methods:
+            found = getattr(vars(kept)[name], method, None)
+            assert callable(found), (
+                f"LRUPromptCache.{name}.{method} is gone: prompt_cache.py uses it"
+            )
+    taken, other = _kv(3), _kv(2)
+    kept.insert_cache("m", [1, 2, 3], taken)
+    kept.insert_cache("m", [7, 8], other)
+    cache, rest = kept.fetch_nearest_cache("m", [1, 2, 3, 4])
+    assert cache is taken and rest == [4]  # taken out, not copied
+    left = other[0].nbytes
+    assert (len(kept), kept.nbytes) == (1, left)
+    assert kept.stats_by_type()["assistant"] == {"n_sequences": 1, "n_bytes": left}
+    assert kept.fetch_nearest_cache("m", [1, 2, 3, 4]) == (None, [1, 2, 3, 4])
+    kept.trim_to(n_sequences=0)
+    assert (len(kept), kept.nbytes) == (0, 0)
