@@ -191,6 +191,32 @@ def test_a_call_that_is_not_name_and_arguments_is_dropped_not_fatal(stream):
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("g", "{}")]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_whose_every_call_was_dropped_finishes_stop(stream):
+    """finish_reason was "tool_calls" with no tool call in the answer (OpenAI's clients then look
+    for calls that are not there), and a stream sent `"tool_calls": []`."""
+    from mlx_lm.tool_parsers.json_tools import parse_tool_call
+
+    from streamer.server.api import Completion, Sampling
+    from streamer.server.jobs import Done
+    from streamer.server.output import Piece
+    from streamer.server.responses import Answer
+
+    answer = Answer(Completion(True, "m", 2, Sampling(), stream=stream), parse_tool_call)
+    piece = Piece(content="Calling. ", tool_calls=['{"name": "f"}'])
+    if stream:
+        assert answer.chunk(piece, [])["choices"][0]["delta"] == {
+            "role": "assistant",
+            "content": "Calling. ",
+        }
+        choice = answer.chunk(Piece(), [], "tool_calls")["choices"][0]
+    else:
+        answer.add(piece, [])
+        choice = answer.whole(Done("tool_calls", 1, 0, 1, None))["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": "Calling. "}
+    assert choice["finish_reason"] == "stop"
+
+
 def test_two_clients_at_once_queue(client, served_folder, local):
     prompts = [[{"role": "user", "content": "class Reader:"}], HELLO]
     want = [expected(local, p, 16) for p in prompts]
