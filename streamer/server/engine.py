@@ -123,7 +123,7 @@ class Engine:
         request, sampling = job.request, job.request.sampling
         sampler, processors = sampler_and_processors(sampling)
         cache, rest = self._cache_for(job.prompt)
-        output = Output(self.tokenizer, job.prompt, request.stop)
+        output = Output(self.tokenizer, job.prompt, request.stop, split=request.chat)
         generated: list[int] = []
         finish, stats = "length", None
         try:

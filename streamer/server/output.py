@@ -73,8 +73,13 @@ class _Matcher:
 
 
 class Output:
-    def __init__(self, tokenizer: TokenizerWrapper, prompt: list[int], stops: list[str]):
-        self.stops = StopStrings(stops)
+    def __init__(
+        self, tokenizer: TokenizerWrapper, prompt: list[int], stops: list[str], split: bool = True
+    ):
+        """`split`: reasoning and tool calls taken out of the content, their markers stripped (a
+        chat's answer); else the text as the model wrote it (/v1/completions, whose text had
+        lost a tool call or think block the model wrote)."""
+        self.stops, self.split = StopStrings(stops), split
         self.machine = make_text_state_machine(tokenizer)
         self.state = self.machine.make_state(_initial_state(tokenizer, prompt))
         self.tool_text = ""
@@ -83,12 +88,19 @@ class Output:
     def feed(self, text: str) -> tuple[Piece, bool]:
         """The piece to send for `text`, and whether a stop string ended the answer."""
         text, stopped = self.stops.feed(text)
-        self.state, segments = TextStateMachine.split(self.state, text)
-        piece = self._collect(segments)
+        piece = self._pieces(text)
         return (self._merge(piece, self.finish()) if stopped else piece), stopped
+
+    def _pieces(self, text: str) -> Piece:
+        if not self.split:
+            return Piece(content=text)
+        self.state, segments = TextStateMachine.split(self.state, text)
+        return self._collect(segments)
 
     def finish(self) -> Piece:
         """Whatever is still held back, at the end of the answer."""
+        if not self.split:
+            return Piece(content=self.stops.flush())
         self.state, segments = TextStateMachine.split(self.state, self.stops.flush())
         piece = self._collect(segments)
         self.state, rest, name = TextStateMachine.flush(self.state)
