@@ -22,7 +22,7 @@ from serving import connection, request
 
 from streamer.server.api import Completion, Sampling
 from streamer.server.app import LONG_PROMPT_BYTES, App
-from streamer.server.connection import HeldBytes
+from streamer.server.body_bytes import HeldBytes
 from streamer.server.engine import Engine
 from streamer.server.fields import ApiError
 from streamer.server.http import Handler, Server

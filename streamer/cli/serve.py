@@ -69,8 +69,9 @@ def add_parsers(sub) -> None:
         type=int,
         metavar="N",
         help="connections one client address may hold open at once, past which it is answered "
-        "429 (default: a quarter of the server's, which are half the open-file limit; 0: no "
-        "limit of its own, as behind a reverse proxy, where every client has the proxy's address)",
+        "429 (default: a quarter of the server's, which are half the open-file limit; it holds a "
+        "quarter of the request bodies' bytes too; 0: no limit of its own, as behind a reverse "
+        "proxy, where every client has the proxy's address)",
     )
     p.add_argument(
         "--chat-template-args",

@@ -104,7 +104,7 @@ def serve(
             raise StreamerError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         httpd.app = app
         if client_connections is not None:
-            httpd.most_per_client = client_connections or None
+            httpd.share_per_client(client_connections)
         if api_key is None and not _loopback(host):
             print(
                 f"[serve] {host} is reachable from other machines and no --api-key is set: "

@@ -28,7 +28,7 @@ import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
-from ..io.sizes import size_text
+from .body_bytes import MAX_HELD_BODY_BYTES, HeldBytes
 from .deadlines import BODY_SECONDS, HEAD_SECONDS, Deadlines
 from .fields import ApiError
 
@@ -41,10 +41,6 @@ class ClientGone(Exception):
     """The client closed its side of the connection while its answer was being made."""
 
 
-# Bytes of request bodies held at once, across connections: each may be 32 MB (MAX_BODY_BYTES) and
-# its parsed JSON takes a few times that, so the cap's hundreds of connections sending one each
-# could take tens of GB. 256 MB is 8 of the largest at once, or thousands of a chat's usual size.
-MAX_HELD_BODY_BYTES = 256 << 20
 LINGER_SECONDS = 2  # how long a connection being closed reads what its client still sends
 # connections refused at the cap that linger at once, each on a thread of its own; past them (a
 # flood) one is closed at once, its client perhaps reset
@@ -78,7 +74,7 @@ class QuietHandler(BaseHTTPRequestHandler):
             if self.deadlines.received:  # one that sent nothing of a request is closed unanswered
                 self.send_error(e.status, e.message)
         finally:
-            self.server.held_bodies.give_back(self.body_bytes)
+            self.server.held_bodies.give_back(self.body_bytes, self.client_address[0])
 
     def finish(self) -> None:
         super().finish()
@@ -88,7 +84,7 @@ class QuietHandler(BaseHTTPRequestHandler):
     def take_body_bytes(self, size: int) -> None:
         """`size` more bytes of the request's body, counted against the server's bound on those
         held at once (ApiError 503 past it) until the request is answered."""
-        self.server.held_bodies.take(size)
+        self.server.held_bodies.take(size, self.client_address[0])
         self.body_bytes += size
 
     def parse_request(self) -> bool:
@@ -144,7 +140,7 @@ class ConnectionCap:
         self.slots = threading.BoundedSemaphore(self.most_connections)
         self.per_client: dict[str, int] = {}  # each client's open connections, under `counting`
         self.counting = threading.Lock()
-        self.held_bodies = HeldBytes(MAX_HELD_BODY_BYTES)
+        self.held_bodies = HeldBytes(MAX_HELD_BODY_BYTES, MAX_HELD_BODY_BYTES // 4)
         self.lingering = threading.BoundedSemaphore(MOST_LINGERING_REFUSALS)
 
     def process_request(self, request: socket.socket, client_address) -> None:
@@ -163,6 +159,12 @@ class ConnectionCap:
             super().process_request_thread(request, client_address)
         finally:
             self._leave(client_address[0])
+
+    def share_per_client(self, connections: int) -> None:
+        """A client's share: `connections` open at once and a quarter of the body bytes held (0:
+        no share of either, as behind a reverse proxy, where every client has its address)."""
+        self.most_per_client = connections or None
+        self.held_bodies.share = self.held_bodies.most // 4 if connections else None
 
     def _admit(self, client: str) -> ApiError | None:
         """Take a slot for a connection of `client`, or the refusal to answer it."""
@@ -217,24 +219,3 @@ class ConnectionCap:
         finally:
             self.close_request(request)
             self.lingering.release()
-
-
-class HeldBytes:
-    """The bytes of request bodies held at once, bounded."""
-
-    def __init__(self, most: int):
-        self.most, self.held, self.lock = most, 0, threading.Lock()
-
-    def take(self, size: int) -> None:
-        with self.lock:
-            if self.held + size > self.most:
-                raise ApiError(
-                    503,
-                    f"the server holds its most bytes of request bodies at once "
-                    f"({size_text(self.most)}) in requests not yet answered: retry later",
-                )
-            self.held += size
-
-    def give_back(self, size: int) -> None:
-        with self.lock:
-            self.held -= size
