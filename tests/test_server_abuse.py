@@ -86,7 +86,7 @@ def address(url: str) -> tuple[str, int]:
 class FailingApp(App):
     """An app whose tokenizer's file went missing: an OSError that names the server's path."""
 
-    def job(self, request: Completion) -> Job:
+    def job(self, request: Completion, client: str | None = None) -> Job:
         raise FileNotFoundError(2, "No such file or directory", SECRET)
 
 

@@ -17,7 +17,7 @@ from streamer.server.app import App
 from streamer.server.body_bytes import HeldBytes
 
 
-def _status_from(httpd, client: str, sent: bytes) -> bytes:
+def status_from(httpd, client: str, sent: bytes) -> bytes:
     """The status line of the answer to `sent` (a request) on a connection from address
     `client`: a socket pair handed to the server as if accepted from it."""
     ours, theirs = socket.socketpair()
@@ -41,7 +41,7 @@ def test_a_client_past_its_connections_is_answered_429_and_others_are_served():
             "wait for an answer before sending the next request",
         ), body
         health = b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n"
-        assert _status_from(httpd, "203.0.113.7", health) == b"HTTP/1.1 200 OK"
+        assert status_from(httpd, "203.0.113.7", health) == b"HTTP/1.1 200 OK"
         held.close()  # the client closes its connections: its slots are free once the server's
         for _ in range(100):  # threads have closed them
             if request(url, "GET", "/health")[0] == 200:
@@ -80,4 +80,4 @@ def test_a_client_past_its_share_of_the_bodies_held_is_answered_429():
                 "in requests not yet answered: wait for their answers before sending more",
             ), body
             head = b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(two)
-            assert _status_from(httpd, "203.0.113.7", head + two) == b"HTTP/1.1 400 Bad Request"
+            assert status_from(httpd, "203.0.113.7", head + two) == b"HTTP/1.1 400 Bad Request"

@@ -1,4 +1,5 @@
-"""One thread owns the model and computes one sequence at a time; requests wait in a queue.
+"""One thread owns the model and computes one sequence at a time; requests wait in a queue, taking
+turns by client (jobs.py).
 
 A streamed model reads its routed experts from disk for every token, so sequences computed side by
 side would share the same disk and caches: they run in turn. Each request is a `Job` whose events
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from queue import Queue
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -27,7 +27,7 @@ from ..run_stats import settled
 from .api import Completion, Sampling
 from .disk_cache import DiskCache
 from .fields import ApiError, server_failure
-from .jobs import Done, Job, Step
+from .jobs import Done, Job, JobQueue, Step
 from .logprobs import token_logprobs
 from .output import Output
 from .prompt_cache import PromptCache
@@ -66,7 +66,7 @@ class Engine:
             self.prompt_cache = PromptCache(prompt_cache_size)
         else:
             self.prompt_cache = PromptCache(prompt_cache_size, prompt_cache_bytes)
-        self.jobs: Queue[Job] = Queue()
+        self.jobs = JobQueue()
         self.thread = threading.Thread(target=self._run, name="streamer-generate", daemon=True)
         self.thread.start()
 
@@ -82,8 +82,8 @@ class Engine:
         """Drop the jobs still waiting. The thread is left blocked, not ended: with mlx 0.32.4 a
         thread that ran generation and then ends makes MLX abort the process at exit (about one
         run in two here), so it ends with the process (it is a daemon)."""
-        while not self.jobs.empty():
-            self.jobs.get_nowait().cancelled.set()
+        for job in self.jobs.drain():
+            job.cancelled.set()
         self.wait_kept()
 
     def forget(self) -> None:

@@ -1,9 +1,10 @@
-"""What a request is to the engine (engine.py): a `Job`, the tokens it may generate (`fit`), and the
-events its handler reads."""
+"""What a request is to the engine (engine.py): a `Job`, the tokens it may generate (`fit`), the
+events its handler reads, and the queue where jobs wait their turn (`JobQueue`)."""
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from queue import Queue
 
@@ -32,13 +33,55 @@ class Done:
 
 class Job:
     def __init__(
-        self, request: Completion, prompt: list[int], max_tokens: int, forget: bool = False
+        self,
+        request: Completion,
+        prompt: list[int],
+        max_tokens: int,
+        forget: bool = False,
+        client: str | None = None,
     ):
-        """`forget`: no answer, the kept KV caches in memory are dropped (chat's /reset)."""
+        """`forget`: no answer, the kept KV caches in memory are dropped (chat's /reset);
+        `client`: who asked (serve's: the address), whose jobs wait their turn (`JobQueue`)."""
         self.request, self.prompt, self.max_tokens = request, prompt, max_tokens
-        self.forget = forget
+        self.forget, self.client = forget, client
         self.events: Queue = Queue()
         self.cancelled = threading.Event()
+
+
+class JobQueue:
+    """Jobs waiting for the engine's thread, taken in turn by client, in order within each: one
+    client's many (its share of the connections, each a long answer) held every other client's,
+    queued after them, for as long as they all took. A client waits behind one job of each client
+    ahead of it at most."""
+
+    def __init__(self):
+        self._waiting: dict[str | None, deque[Job]] = {}  # the clients in turn, oldest first
+        self._ready = threading.Condition()
+
+    def put(self, job: Job) -> None:
+        with self._ready:
+            self._waiting.setdefault(job.client, deque()).append(job)
+            self._ready.notify()
+
+    def get(self) -> Job:
+        """The next job, once there is one: the first waiting client's oldest, that client then
+        last in turn."""
+        with self._ready:
+            while not self._waiting:
+                self._ready.wait()
+            client, jobs = next(iter(self._waiting.items()))
+            del self._waiting[client]
+            job = jobs.popleft()
+            if jobs:
+                self._waiting[client] = jobs
+            return job
+
+    def drain(self) -> list[Job]:
+        """The jobs waiting, taken out."""
+        with self._ready:
+            jobs = [job for waiting in self._waiting.values() for job in waiting]
+            self._waiting.clear()
+            return jobs
 
 
 def fit(
