@@ -7,7 +7,9 @@ import copy
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, LRUPromptCache
+from mlx_lm.sample_utils import make_logits_processors
 
+import streamer
 from streamer.api_request import cached_tokens
 from streamer.server import engine as engine_module
 from streamer.server.api import Completion, Sampling
@@ -128,8 +130,8 @@ def _failing_at_sample(monkeypatch, failing: int) -> None:
     calls = 0
     chosen = engine_module.sampler_and_processors
 
-    def sampler_and_processors(sampling: Sampling):
-        sampler, processors = chosen(sampling)
+    def sampler_and_processors(sampling: Sampling, held: list[int]):
+        sampler, processors = chosen(sampling, held)
 
         def sample(logprobs):
             nonlocal calls
@@ -208,3 +210,27 @@ def test_what_it_uses_of_mlx_lms_private_parts_is_as_it_expects():
     assert kept.fetch_nearest_cache("m", [1, 2, 3, 4]) == (None, [1, 2, 3, 4])
     kept.trim_to(n_sequences=0)
     assert (len(kept), kept.nbytes) == (0, 0)
+
+
+def test_a_penalty_sees_the_whole_prompt_whether_or_not_its_prefix_was_cached(local):
+    """A penalty's window (the last 20 tokens) held only the tokens computed after the cached
+    prefix: asked again, a request was answered otherwise (its prompt all cached, the window held
+    one token). Token 7, biased up, is in the prompt's last 20: the penalty pushes it down."""
+    model, tokenizer = local
+    sampling = Sampling(logit_bias={7: 100.0}, repetition_penalty=100.0)
+    processors = make_logits_processors({7: 100.0}, 100.0)
+    want = streamer.generate(model, tokenizer, USER, 6, logits_processors=processors)
+    engine = Engine(model, tokenizer)
+    answers = [_answer(engine, USER, sampling) for _ in range(2)]
+    assert [done.cached_tokens for _, done in answers] == [0, len(USER) - 1]
+    assert [text for text, _ in answers] == [want, want]
+
+
+def _answer(engine: Engine, prompt: list[int], sampling: Sampling) -> tuple[str, Done]:
+    """Six tokens' text after `prompt`, and its Done, once its cache is kept."""
+    job = engine.submit(Job(Completion(False, "m", 6, sampling), prompt, 6))
+    pieces = []
+    while not isinstance(event := job.events.get(timeout=60), Done):
+        pieces.append(event.piece.content)
+    engine.wait_kept()
+    return "".join(pieces), event

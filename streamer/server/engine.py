@@ -120,9 +120,10 @@ class Engine:
             mx.clear_cache()  # MLX's buffer pool gives the memory back to the system
             job.events.put(Done("forgotten", 0, 0, 0, None))
             return
-        request, sampling = job.request, job.request.sampling
-        sampler, processors = sampler_and_processors(sampling)
+        request = job.request
         cache, rest = self._cache_for(job.prompt)
+        held = job.prompt[: len(job.prompt) - len(rest)]
+        sampler, processors = sampler_and_processors(request.sampling, held)
         output = Output(self.tokenizer, job.prompt, request.stop, split=request.chat)
         generated: list[int] = []
         finish, stats = "length", None
@@ -132,12 +133,12 @@ class Engine:
                 self.tokenizer,
                 rest,
                 job.max_tokens,
-                seed=sampling.seed,
+                seed=request.sampling.seed,
                 sampler=sampler,
                 logits_processors=processors,
                 prompt_cache=cache,
                 stream=stream,
-                **self._options(job, job.prompt[: len(job.prompt) - len(rest)]),
+                **self._options(job, held),
             ):
                 generated.append(response.token)
                 stats = response.stats
@@ -161,9 +162,8 @@ class Engine:
         if finish == "stop" and output.made_tool_call:
             finish = "tool_calls"
         stats = stats and settled(self.model, stats)  # a stop string ends before the last piece
-        cached = len(job.prompt) - len(rest)
         with self._keeping:  # the answer is complete: the client need not wait for a disk write
-            job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
+            job.events.put(Done(finish, len(job.prompt), len(held), len(generated), stats))
             self._keep_cache(job.prompt + generated, cache)
 
     def _options(self, job: Job, cached: list[int]) -> dict:
