@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from mlx_lm.sample_utils import make_logits_processors
-from serving import HELLO, NO_CALL, NO_EOS, WEATHER, connection, expected, request
+from serving import CALL, HELLO, NO_CALL, NO_EOS, WEATHER, connection, expected, request
 
 import streamer
 
@@ -166,6 +166,21 @@ def test_tools_reach_the_template_and_calls_are_parsed(client, served_folder):
     ]
     after = client.chat.completions.create(model=str(served_folder), messages=history, max_tokens=1)
     assert after.usage.completion_tokens == 1
+
+
+@pytest.mark.parametrize("tools", [{}, {"tools": [WEATHER], "tool_choice": "none"}])
+def test_a_call_written_without_tools_to_call_is_text(client, served_folder, tools):
+    """OpenAI answers no tool calls to a request that gives no tools (or tool_choice none): a call
+    the model wrote anyway was taken out of the content as a call (a client that reads calls out
+    of the text itself, as agents prompted with their tools do, got an empty answer)."""
+    ask = dict(model=str(served_folder), messages=HELLO, max_tokens=2, logit_bias={"512": 100})
+    whole = client.chat.completions.create(**ask, **tools)
+    assert whole.choices[0].message.content == CALL * 2
+    assert whole.choices[0].message.tool_calls is None
+    assert whole.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(**ask, **tools, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == CALL * 2
+    assert not any(c.choices[0].delta.tool_calls for c in chunks)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -165,9 +165,7 @@ def _answer(job: Job, stdout: TextIO, stderr: TextIO) -> tuple[str, Done | None]
             if isinstance(event, ApiError):
                 print(f"\n[chat] {event.message}", file=stderr)
                 return "".join(parts), None
-            if isinstance(event, Step):
-                for call in event.piece.tool_calls:
-                    emit(f"[tool call] {call.strip()}", file=stdout)
+            if isinstance(event, Step):  # a call the model writes is text: chat gives no tools
                 parts.append(event.piece.content)
                 emit(event.piece.content, end="", file=stdout)
     except (KeyboardInterrupt, OutputFailed) as stop:

@@ -124,7 +124,8 @@ class Engine:
         cache, rest = self._cache_for(job.prompt)
         held = job.prompt[: len(job.prompt) - len(rest)]
         sampler, processors = sampler_and_processors(request.sampling, held)
-        output = Output(self.tokenizer, job.prompt, request.stop, split=request.chat)
+        calls = request.tools is not None
+        output = Output(self.tokenizer, job.prompt, request.stop, request.chat, calls)
         generated: list[int] = []
         finish, stats = "length", None
         try:
