@@ -170,6 +170,7 @@ def test_a_turn_that_fails_mid_answer_leaves_what_it_computed_kept(local, monkey
     assert cut[: len(prompt)] == prompt and held == len(cut), (len(cut), held)
     again = _done(engine, engine.submit(Job(Completion(False, "m", 2, Sampling()), prompt, 2)))
     assert again.cached_tokens == len(prompt) - 1, again  # the last one gives the first logits
+    assert again.stats.prompt_tokens == 1  # the tokens prefilled
 
 
 # What PromptCache uses of mlx-lm's LRUPromptCache that is not its public API (which has no way to
