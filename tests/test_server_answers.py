@@ -284,6 +284,29 @@ def test_a_client_that_leaves_stops_its_generation(server, client, served_folder
     assert after.usage.completion_tokens == 2  # and the server carries on
 
 
+def test_the_next_turn_after_a_client_left_mid_answer_reuses_its_prompt(
+    server, client, served_folder
+):
+    """What the cut answer computed stays kept (it did: a guard beside the failed step's test in
+    test_server_prompt_cache.py): asked again, only the last prompt token is prefilled (a
+    conversation no other test sends)."""
+    url, log = server
+    seen = len(re.findall("client gone", log.read_text()))
+    messages = [{"role": "user", "content": "def parse_hostfile(lines):"}]
+    body = dict(model=str(served_folder), messages=messages, max_tokens=1000, logit_bias=NO_EOS)
+    http = connection(url)
+    http.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}))
+    response = http.getresponse()
+    while not response.readline().startswith(b"data: "):
+        pass
+    response.close()  # hang up after the first event
+    http.close()
+    assert _stopped_after(log, seen) < 1000
+    again = client.chat.completions.create(**{**body, "max_tokens": 1})
+    usage = again.usage
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1, usage
+
+
 def test_values_the_sampler_cannot_take_as_given_still_answer(client, served_folder):
     """A top_k past the vocabulary keeps every token (mlx-lm's sampler would refuse it)."""
     common = dict(model=str(served_folder), messages=HELLO, max_tokens=3, temperature=1.0, seed=3)
