@@ -235,3 +235,19 @@ def _answer(engine: Engine, prompt: list[int], sampling: Sampling) -> tuple[str,
         pieces.append(event.piece.content)
     engine.wait_kept()
     return "".join(pieces), event
+
+
+def test_a_turn_cut_before_it_computed_anything_keeps_nothing(local):
+    """A job whose client left as its prompt began (cut at the prompt's first progress report,
+    nothing computed) kept its empty KV cache under no tokens, taking one of the kept places."""
+    model, tokenizer = local
+    job = None
+
+    def progress(done: int, total: int) -> None:
+        if job is not None:
+            job.cancelled.set()  # the client leaves as the prompt starts
+
+    engine = Engine(model, tokenizer, options={"prompt_progress_callback": progress})
+    job = Job(Completion(False, "m", 2, Sampling()), USER * 2, 2)
+    assert _done(engine, engine.submit(job)).completion_tokens == 0
+    assert len(engine.prompt_cache) == 0

@@ -223,9 +223,10 @@ class Engine:
         taken out of those kept, and the conversation's next turn computed it all again. Only a
         cache that can be trimmed (a recurrent state's tokens are not known), to the tokens known:
         a failed step may have fed one more, or a pass its drafts (stream_generate leveled the
-        layers of one cut mid-step)."""
-        if can_trim_prompt_cache(cache):
-            trim_prompt_cache(cache, max(cached_tokens(cache) - len(tokens), 0))
+        layers of one cut mid-step); none that holds nothing (cut before its first step)."""
+        held = cached_tokens(cache)
+        if held and can_trim_prompt_cache(cache):
+            trim_prompt_cache(cache, max(held - len(tokens), 0))
             self._keep_cache(tokens, cache, on_disk=False)
 
     def _keep_cache(self, tokens: list[int], cache: list, on_disk: bool = True) -> None:
