@@ -41,6 +41,7 @@ class ClientGone(Exception):
     """The client closed its side of the connection while its answer was being made."""
 
 
+CLIENT_SHARE = 4  # one client (an address) holds a quarter of the connections and body bytes
 LINGER_SECONDS = 2  # how long a connection being closed reads what its client still sends
 # connections refused at the cap that linger at once, each on a thread of its own; past them (a
 # flood) one is closed at once, its client perhaps reset
@@ -136,11 +137,12 @@ class ConnectionCap:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.most_connections = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
-        self.most_per_client: int | None = max(self.most_connections // 4, 1)
         self.slots = threading.BoundedSemaphore(self.most_connections)
         self.per_client: dict[str, int] = {}  # each client's open connections, under `counting`
         self.counting = threading.Lock()
-        self.held_bodies = HeldBytes(MAX_HELD_BODY_BYTES, MAX_HELD_BODY_BYTES // 4)
+        self.held_bodies = HeldBytes(MAX_HELD_BODY_BYTES)
+        self.most_per_client: int | None = None
+        self.share_per_client(max(self.most_connections // CLIENT_SHARE, 1))
         self.lingering = threading.BoundedSemaphore(MOST_LINGERING_REFUSALS)
 
     def process_request(self, request: socket.socket, client_address) -> None:
@@ -164,7 +166,7 @@ class ConnectionCap:
         """A client's share: `connections` open at once and a quarter of the body bytes held (0:
         no share of either, as behind a reverse proxy, where every client has its address)."""
         self.most_per_client = connections or None
-        self.held_bodies.share = self.held_bodies.most // 4 if connections else None
+        self.held_bodies.share = self.held_bodies.most // CLIENT_SHARE if connections else None
 
     def _admit(self, client: str) -> ApiError | None:
         """Take a slot for a connection of `client`, or the refusal to answer it."""
