@@ -55,9 +55,7 @@ def test_a_client_with_many_requests_waiting_takes_turns_with_another(local):
 
 
 class Asking(App):
-    """An app that records who asked, and refuses every request."""
-
-    clients: list[str | None] = []
+    """An app that records who asked (in `clients`), and refuses every request."""
 
     def job(self, request: Completion, client: str | None = None) -> Job:
         self.clients.append(client)
@@ -66,6 +64,7 @@ class Asking(App):
 
 def test_a_request_s_job_is_its_client_s():
     app = Asking(NoEngine(), "m", Sampling(), 8, 1024)
+    app.clients = []
     body = b'{"prompt": "hi"}'
     with running(app) as httpd:
         sent = b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
