@@ -56,7 +56,7 @@ def test_a_vision_language_model_s_context_is_its_text_config_s(checkpoints):
     """A VLM keeps max_position_embeddings in text_config (2048 here): the top level has none, so
     no prompt was checked against the context (nor a request by serve, nor plan's limit)."""
     from streamer.plan import plan
-    from streamer.server.engine import fit
+    from streamer.server.jobs import fit
 
     folder = checkpoints.repacked(checkpoints.hf("qwen3_5_moe"))
     model, tokenizer = streamer.load(folder)
@@ -127,8 +127,8 @@ def test_cli_prompt_bytes_from_the_shell_and_stdin(checkpoints):
 
 def test_one_token_is_said_in_the_singular(checkpoints):
     """ "the prompt is 1 tokens" (the library, the server's fit, the stats line)."""
-    from streamer.server.engine import fit
     from streamer.server.fields import ApiError
+    from streamer.server.jobs import fit
 
     model, tokenizer = streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
     with pytest.raises(StreamerError, match="the prompt is 1 token and max_tokens is 2048, but"):

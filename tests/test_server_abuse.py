@@ -22,7 +22,7 @@ from serving import connection, request
 
 from streamer.server.api import Completion, Sampling
 from streamer.server.app import LONG_PROMPT_BYTES, App
-from streamer.server.connection import HeldBytes
+from streamer.server.body_bytes import HeldBytes
 from streamer.server.engine import Engine
 from streamer.server.fields import ApiError
 from streamer.server.http import Handler, Server
@@ -50,6 +50,18 @@ def in_process(
 ):
     """A `streamer serve` HTTP server over `app` on a free port (taking `most_connections` at once,
     counting the bytes of bodies it holds in `held_bodies`, where given); yields its base url."""
+    with running(app, handler, most_connections, held_bodies) as httpd:
+        yield f"http://127.0.0.1:{httpd.server_port}/v1"
+
+
+@contextlib.contextmanager
+def running(
+    app: App,
+    handler: type[Handler] = Handler,
+    most_connections: int | None = None,
+    held_bodies: HeldBytes | None = None,
+):
+    """in_process's server, serving: yields the server."""
     httpd = Server(("127.0.0.1", 0), handler)
     httpd.app = app
     if most_connections is not None:
@@ -60,7 +72,7 @@ def in_process(
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{httpd.server_port}/v1"
+        yield httpd
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -74,7 +86,7 @@ def address(url: str) -> tuple[str, int]:
 class FailingApp(App):
     """An app whose tokenizer's file went missing: an OSError that names the server's path."""
 
-    def job(self, request: Completion) -> Job:
+    def job(self, request: Completion, client: str | None = None) -> Job:
         raise FileNotFoundError(2, "No such file or directory", SECRET)
 
 

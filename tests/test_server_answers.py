@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from mlx_lm.sample_utils import make_logits_processors
-from serving import HELLO, NO_CALL, NO_EOS, WEATHER, connection, expected, request
+from serving import CALL, HELLO, NO_CALL, NO_EOS, WEATHER, connection, expected, request
 
 import streamer
 
@@ -168,6 +168,21 @@ def test_tools_reach_the_template_and_calls_are_parsed(client, served_folder):
     assert after.usage.completion_tokens == 1
 
 
+@pytest.mark.parametrize("tools", [{}, {"tools": [WEATHER], "tool_choice": "none"}])
+def test_a_call_written_without_tools_to_call_is_text(client, served_folder, tools):
+    """OpenAI answers no tool calls to a request that gives no tools (or tool_choice none): a call
+    the model wrote anyway was taken out of the content as a call (a client that reads calls out
+    of the text itself, as agents prompted with their tools do, got an empty answer)."""
+    ask = dict(model=str(served_folder), messages=HELLO, max_tokens=2, logit_bias={"512": 100})
+    whole = client.chat.completions.create(**ask, **tools)
+    assert whole.choices[0].message.content == CALL * 2
+    assert whole.choices[0].message.tool_calls is None
+    assert whole.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(**ask, **tools, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == CALL * 2
+    assert not any(c.choices[0].delta.tool_calls for c in chunks)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_call_that_is_not_name_and_arguments_is_dropped_not_fatal(stream):
     """A model's `{"name": "f"}` (no arguments) or `5` between the call markers: mlx-lm's
@@ -189,6 +204,32 @@ def test_a_call_that_is_not_name_and_arguments_is_dropped_not_fatal(stream):
         done = Done("tool_calls", 1, 0, 1, None)
         calls = answer.whole(done)["choices"][0]["message"]["tool_calls"]
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("g", "{}")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_whose_every_call_was_dropped_finishes_stop(stream):
+    """finish_reason was "tool_calls" with no tool call in the answer (OpenAI's clients then look
+    for calls that are not there), and a stream sent `"tool_calls": []`."""
+    from mlx_lm.tool_parsers.json_tools import parse_tool_call
+
+    from streamer.server.api import Completion, Sampling
+    from streamer.server.jobs import Done
+    from streamer.server.output import Piece
+    from streamer.server.responses import Answer
+
+    answer = Answer(Completion(True, "m", 2, Sampling(), stream=stream), parse_tool_call)
+    piece = Piece(content="Calling. ", tool_calls=['{"name": "f"}'])
+    if stream:
+        assert answer.chunk(piece, [])["choices"][0]["delta"] == {
+            "role": "assistant",
+            "content": "Calling. ",
+        }
+        choice = answer.chunk(Piece(), [], "tool_calls")["choices"][0]
+    else:
+        answer.add(piece, [])
+        choice = answer.whole(Done("tool_calls", 1, 0, 1, None))["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": "Calling. "}
+    assert choice["finish_reason"] == "stop"
 
 
 def test_two_clients_at_once_queue(client, served_folder, local):
@@ -241,6 +282,29 @@ def test_a_client_that_leaves_stops_its_generation(server, client, served_folder
     assert _stopped_after(log, seen + 1) < 1000
     after = client.chat.completions.create(model=str(served_folder), messages=HELLO, max_tokens=2)
     assert after.usage.completion_tokens == 2  # and the server carries on
+
+
+def test_the_next_turn_after_a_client_left_mid_answer_reuses_its_prompt(
+    server, client, served_folder
+):
+    """What the cut answer computed stays kept (it did: a guard beside the failed step's test in
+    test_server_prompt_cache.py): asked again, only the last prompt token is prefilled (a
+    conversation no other test sends)."""
+    url, log = server
+    seen = len(re.findall("client gone", log.read_text()))
+    messages = [{"role": "user", "content": "def parse_hostfile(lines):"}]
+    body = dict(model=str(served_folder), messages=messages, max_tokens=1000, logit_bias=NO_EOS)
+    http = connection(url)
+    http.request("POST", "/v1/chat/completions", body=json.dumps({**body, "stream": True}))
+    response = http.getresponse()
+    while not response.readline().startswith(b"data: "):
+        pass
+    response.close()  # hang up after the first event
+    http.close()
+    assert _stopped_after(log, seen) < 1000
+    again = client.chat.completions.create(**{**body, "max_tokens": 1})
+    usage = again.usage
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1, usage
 
 
 def test_values_the_sampler_cannot_take_as_given_still_answer(client, served_folder):

@@ -5,9 +5,11 @@ OpenAI's streaming helper joins them."""
 from __future__ import annotations
 
 from mlx_lm.sample_utils import make_logits_processors
-from serving import HELLO, NO_CALL, NO_EOS
+from serving import CALL, HELLO, NO_CALL, NO_EOS
 
 import streamer
+
+CALLING = make_logits_processors({512: 100})  # the call token, every time
 
 
 def test_a_streamed_text_completion_is_the_whole_one(client, served_folder, local):
@@ -58,3 +60,17 @@ def test_a_streamed_chat_names_its_role_once(client, served_folder):
     assert answer.choices[0].message.content == "".join(
         c.choices[0].delta.content or "" for c in chunks
     )
+
+
+def test_a_text_completion_is_the_text_the_model_made(client, served_folder, local):
+    """/v1/completions is raw text: a tool call (or a think block) the model wrote was taken out
+    as the chat endpoint takes it, so the answer's text lacked it (here it was empty) and its
+    finish_reason was "tool_calls", which completions do not have."""
+    model, tokenizer = local
+    ask = dict(model=str(served_folder), prompt="The file", max_tokens=2, logit_bias={"512": 100})
+    want = streamer.generate(model, tokenizer, "The file", 2, logits_processors=CALLING)
+    assert want == CALL * 2
+    whole = client.completions.create(**ask)
+    streamed = list(client.completions.create(**ask, stream=True))
+    assert whole.choices[0].text == "".join(c.choices[0].text for c in streamed) == want
+    assert whole.choices[0].finish_reason == streamed[-1].choices[0].finish_reason == "length"

@@ -13,9 +13,9 @@ from typing import TextIO
 
 from ..errors import StreamerError, one_line
 from ..server.api import Completion, Sampling
-from ..server.engine import Engine, fit
+from ..server.engine import Engine
 from ..server.fields import ApiError
-from ..server.jobs import Done, Job, Step
+from ..server.jobs import Done, Job, Step, fit
 from ..server.prompts import prompt_tokens
 from .interrupts import Terminated, end_interrupted
 from .output import OutputFailed, emit
@@ -165,9 +165,7 @@ def _answer(job: Job, stdout: TextIO, stderr: TextIO) -> tuple[str, Done | None]
             if isinstance(event, ApiError):
                 print(f"\n[chat] {event.message}", file=stderr)
                 return "".join(parts), None
-            if isinstance(event, Step):
-                for call in event.piece.tool_calls:
-                    emit(f"[tool call] {call.strip()}", file=stdout)
+            if isinstance(event, Step):  # a call the model writes is text: chat gives no tools
                 parts.append(event.piece.content)
                 emit(event.piece.content, end="", file=stdout)
     except (KeyboardInterrupt, OutputFailed) as stop:

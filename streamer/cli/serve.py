@@ -65,6 +65,15 @@ def add_parsers(sub) -> None:
     )
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     p.add_argument(
+        "--max-client-connections",
+        type=int,
+        metavar="N",
+        help="connections one client address may hold open at once, past which it is answered "
+        "429 (default: a quarter of the server's, which are half the open-file limit; it holds a "
+        "quarter of the request bodies' bytes too; 0: no limit of its own, as behind a reverse "
+        "proxy, where every client has the proxy's address)",
+    )
+    p.add_argument(
         "--chat-template-args",
         metavar="JSON",
         help="the chat template's variables where a request's chat_template_kwargs does not set "
@@ -116,6 +125,8 @@ def serve(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise StreamerError(f"--port must be from 0 (any free port) to 65535 (got {args.port}).")
     check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
+    if args.max_client_connections is not None:
+        check_at_least(args.max_client_connections, "--max-client-connections", 0)
     options, disk = {**kv_options(args), **prefill_option(args)}, disk_option(args)
     check_drafting(args)
     if args.served_model_name is not None and not args.served_model_name.strip():
@@ -153,6 +164,7 @@ def serve(args: argparse.Namespace) -> None:
                 max_tokens=args.max_tokens,
                 api_key=api_key,
                 template_kwargs=variables,
+                client_connections=args.max_client_connections,
             )
     except KeyboardInterrupt as e:  # the generation thread may be mid-answer, in MLX
         end_interrupted(e)

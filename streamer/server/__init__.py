@@ -83,12 +83,14 @@ def serve(
     max_tokens: int = 512,
     api_key: str | None = None,
     template_kwargs: dict | None = None,
+    client_connections: int | None = None,
 ) -> None:
     """Answer requests with `engine` (open_engine's; rank 0's under an expert-parallel group),
     its model served as `name` (whatever name a request gives), until interrupted; with
     `api_key`, only to requests that carry it; `template_kwargs`: the chat template's variables
-    where a request's chat_template_kwargs leaves them out. The engine is closed at the end,
-    whatever ends it (under a group that tells the other ranks to stop)."""
+    where a request's chat_template_kwargs leaves them out; `client_connections`: the most one
+    client address holds open (None: the server's share, 0: no limit of its own). The engine is
+    closed at the end, whatever ends it (under a group that tells the other ranks to stop)."""
     from .app import App
     from .http import Handler, Server
 
@@ -101,6 +103,8 @@ def serve(
 
             raise StreamerError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         httpd.app = app
+        if client_connections is not None:
+            httpd.share_per_client(client_connections)
         if api_key is None and not _loopback(host):
             print(
                 f"[serve] {host} is reachable from other machines and no --api-key is set: "

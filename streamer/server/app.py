@@ -17,9 +17,9 @@ import time
 
 from ..arguments import tokens_text, vocabulary
 from .api import Completion, Sampling
-from .engine import Engine, fit
+from .engine import Engine
 from .fields import ApiError
-from .jobs import Job
+from .jobs import Job, fit
 from .prompts import prompt_size, prompt_tokens
 from .sampling import check_logit_bias
 
@@ -47,7 +47,9 @@ class App:
         self._long: tuple | None = None  # the long prompts' tokenizer and lock, once needed
         self._copying = threading.Lock()
 
-    def job(self, request: Completion) -> Job:
+    def job(self, request: Completion, client: str | None = None) -> Job:
+        """`request` made a job for the engine; `client`: who asked (its address), whose jobs
+        take their turn together."""
         self._check_asked(request)
         request.template_kwargs = {**self.template_kwargs, **request.template_kwargs}
         tokenizer, lock = self._tokenizer(prompt_size(request, self.context))
@@ -57,7 +59,8 @@ class App:
             prompt = prompt_tokens(request, tokenizer)
         fields = (request.prompt_field, request.max_tokens_field)
         asked = request.max_tokens
-        return Job(request, prompt, fit(len(prompt), asked, self.max_tokens, self.context, fields))
+        budget = fit(len(prompt), asked, self.max_tokens, self.context, fields)
+        return Job(request, prompt, budget, client=client)
 
     def _check_asked(self, request: Completion) -> None:
         """ApiError 400 for a max_tokens the context cannot hold with any prompt, before the prompt

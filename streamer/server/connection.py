@@ -10,7 +10,9 @@ characters escaped: `GET /\\x1b[2J` cleared the terminal serve logs to.
 Connections are capped (`ConnectionCap`) at half the open-file limit: each holds a thread and a
 descriptor until its client is done or its request's deadline passes (deadlines.py), so a client
 that opened thousands and sent nothing had accept() fail at the limit, which the serving loop
-retried at once (a core busy, /health unanswered); the model's files need descriptors too.
+retried at once (a core busy, /health unanswered); the model's files need descriptors too. One
+client (an address) holds a quarter of them at most (serve's --max-client-connections): one that
+opened the cap's worth left every other client refused.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import select
 import socket
 import threading
 import time
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
-from ..io.sizes import size_text
+from .body_bytes import MAX_HELD_BODY_BYTES, HeldBytes
 from .deadlines import BODY_SECONDS, HEAD_SECONDS, Deadlines
 from .fields import ApiError
 
@@ -38,10 +41,7 @@ class ClientGone(Exception):
     """The client closed its side of the connection while its answer was being made."""
 
 
-# Bytes of request bodies held at once, across connections: each may be 32 MB (MAX_BODY_BYTES) and
-# its parsed JSON takes a few times that, so the cap's hundreds of connections sending one each
-# could take tens of GB. 256 MB is 8 of the largest at once, or thousands of a chat's usual size.
-MAX_HELD_BODY_BYTES = 256 << 20
+CLIENT_SHARE = 4  # one client (an address) holds a quarter of the connections and body bytes
 LINGER_SECONDS = 2  # how long a connection being closed reads what its client still sends
 # connections refused at the cap that linger at once, each on a thread of its own; past them (a
 # flood) one is closed at once, its client perhaps reset
@@ -75,7 +75,7 @@ class QuietHandler(BaseHTTPRequestHandler):
             if self.deadlines.received:  # one that sent nothing of a request is closed unanswered
                 self.send_error(e.status, e.message)
         finally:
-            self.server.held_bodies.give_back(self.body_bytes)
+            self.server.held_bodies.give_back(self.body_bytes, self.client_address[0])
 
     def finish(self) -> None:
         super().finish()
@@ -85,7 +85,7 @@ class QuietHandler(BaseHTTPRequestHandler):
     def take_body_bytes(self, size: int) -> None:
         """`size` more bytes of the request's body, counted against the server's bound on those
         held at once (ApiError 503 past it) until the request is answered."""
-        self.server.held_bodies.take(size)
+        self.server.held_bodies.take(size, self.client_address[0])
         self.body_bytes += size
 
     def parse_request(self) -> bool:
@@ -129,40 +129,77 @@ def linger(sock: socket.socket) -> None:
 
 
 class ConnectionCap:
-    """A socketserver threading mixin: a connection past the cap is answered 503 by the accepting
-    thread, which never waits on it, then lingers (`linger`) on a thread of its own (closed with
-    its request unread, it sent a reset, and a client still sending a body read that, not the
-    503)."""
+    """A socketserver threading mixin: a connection past the cap, or past its client's share
+    (`most_per_client`, None: no share), is answered 503 (429) by the accepting thread, which
+    never waits on it, then lingers (`linger`) on a thread of its own (closed with its request
+    unread, it sent a reset, and a client still sending a body read that, not the refusal)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.most_connections = resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2
         self.slots = threading.BoundedSemaphore(self.most_connections)
+        self.per_client: dict[str, int] = {}  # each client's open connections, under `counting`
+        self.counting = threading.Lock()
         self.held_bodies = HeldBytes(MAX_HELD_BODY_BYTES)
+        self.most_per_client: int | None = None
+        self.share_per_client(max(self.most_connections // CLIENT_SHARE, 1))
         self.lingering = threading.BoundedSemaphore(MOST_LINGERING_REFUSALS)
 
     def process_request(self, request: socket.socket, client_address) -> None:
-        if not self.slots.acquire(blocking=False):
-            self._refuse(request)
+        refusal = self._admit(client_address[0])
+        if refusal is not None:
+            self._refuse(request, refusal)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:  # no thread started: its slot is not given back by one
-            self.slots.release()
+            self._leave(client_address[0])
             raise
 
     def process_request_thread(self, request: socket.socket, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            self._leave(client_address[0])
 
-    def _refuse(self, request: socket.socket) -> None:
-        message = f"the server has its most connections open ({self.most_connections}): retry later"
-        body = json.dumps(ApiError(503, message).body()).encode()
+    def share_per_client(self, connections: int) -> None:
+        """A client's share: `connections` open at once and a quarter of the body bytes held (0:
+        no share of either, as behind a reverse proxy, where every client has its address)."""
+        self.most_per_client = connections or None
+        self.held_bodies.share = self.held_bodies.most // CLIENT_SHARE if connections else None
+
+    def _admit(self, client: str) -> ApiError | None:
+        """Take a slot for a connection of `client`, or the refusal to answer it."""
+        with self.counting:
+            held, most = self.per_client.get(client, 0), self.most_per_client
+            if most is not None and held >= most:
+                return ApiError(
+                    429,
+                    f"this client ({client}) has its most connections open at once ({most}): "
+                    "close one, or wait for an answer before sending the next request",
+                )
+            if not self.slots.acquire(blocking=False):
+                return ApiError(
+                    503,
+                    f"the server has its most connections open ({self.most_connections}): "
+                    "retry later",
+                )
+            self.per_client[client] = held + 1
+        return None
+
+    def _leave(self, client: str) -> None:
+        with self.counting:
+            held = self.per_client.pop(client) - 1
+            if held:
+                self.per_client[client] = held
+        self.slots.release()
+
+    def _refuse(self, request: socket.socket, refusal: ApiError) -> None:
+        body = json.dumps(refusal.body()).encode()
         head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            f"HTTP/1.1 {refusal.status} {HTTPStatus(refusal.status).phrase}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
         )
         try:
             request.setblocking(False)  # a few hundred bytes fit a new socket's buffer
@@ -184,24 +221,3 @@ class ConnectionCap:
         finally:
             self.close_request(request)
             self.lingering.release()
-
-
-class HeldBytes:
-    """The bytes of request bodies held at once, bounded."""
-
-    def __init__(self, most: int):
-        self.most, self.held, self.lock = most, 0, threading.Lock()
-
-    def take(self, size: int) -> None:
-        with self.lock:
-            if self.held + size > self.most:
-                raise ApiError(
-                    503,
-                    f"the server holds its most bytes of request bodies at once "
-                    f"({size_text(self.most)}) in requests not yet answered: retry later",
-                )
-            self.held += size
-
-    def give_back(self, size: int) -> None:
-        with self.lock:
-            self.held -= size

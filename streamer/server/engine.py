@@ -1,11 +1,12 @@
-"""One thread owns the model and computes one sequence at a time; requests wait in a queue.
+"""One thread owns the model and computes one sequence at a time; requests wait in a queue, taking
+turns by client (jobs.py).
 
 A streamed model reads its routed experts from disk for every token, so sequences computed side by
 side would share the same disk and caches: they run in turn. Each request is a `Job` whose events
 (`Step`s, then a `Done` or an `ApiError`) its HTTP handler reads; a handler whose client went away
 cancels the job, and the loop stops at the next token (or skips the job if it has not started).
 KV caches of finished sequences are kept (prompt_cache.py), so a conversation's next turn computes
-only the tokens after the longest cached prefix.
+only the tokens after the longest cached prefix; so is what a sequence cut short computed.
 """
 
 from __future__ import annotations
@@ -13,21 +14,20 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from queue import Queue
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..arguments import tokens_text
+from ..api_request import cached_tokens
 from ..generate import stream_generate
 from ..kv_quantization import check_kv_cache_quantizes
 from ..run_stats import settled
 from .api import Completion, Sampling
 from .disk_cache import DiskCache
 from .fields import ApiError, server_failure
-from .jobs import Done, Job, Step
+from .jobs import Done, Job, JobQueue, Step
 from .logprobs import token_logprobs
 from .output import Output
 from .prompt_cache import PromptCache
@@ -36,34 +36,6 @@ from .sampling import sampler_and_processors
 log = logging.getLogger("streamer.server")
 KEEP_SECONDS = 120  # close() waits this long at most for a prompt cache being written
 MODEL_KEY = "served"  # one model per server: the prompt cache's key for it
-
-
-def fit(
-    prompt: int,
-    asked: int | None,
-    default: int,
-    context: int | None,
-    fields: tuple[str, str] = ("messages", "max_tokens"),
-) -> int:
-    """The tokens to generate after a `prompt`-token prompt: `asked`, else `default` (at most what
-    the context leaves); ApiError when the prompt or the ask does not fit the model's context,
-    naming `fields` (the request's prompt field and the max tokens field it set)."""
-    if context is None:
-        return asked or default
-    (prompt_field, asked_field), said = fields, f"the prompt is {tokens_text(prompt)}"
-    if prompt >= context:
-        message = f"{said} but the model's context is {tokens_text(context)}"
-        raise ApiError(400, message, param=prompt_field, code="context_length_exceeded")
-    room = context - prompt
-    if asked is not None and asked > room:
-        raise ApiError(
-            400,
-            f"{said} and {asked_field} is {asked}, but the model's context is "
-            f"{tokens_text(context)}: ask for at most {room}",
-            param=asked_field,
-            code="context_length_exceeded",
-        )
-    return asked or min(default, room)
 
 
 class Abandoned(Exception):
@@ -94,7 +66,7 @@ class Engine:
             self.prompt_cache = PromptCache(prompt_cache_size)
         else:
             self.prompt_cache = PromptCache(prompt_cache_size, prompt_cache_bytes)
-        self.jobs: Queue[Job] = Queue()
+        self.jobs = JobQueue()
         self.thread = threading.Thread(target=self._run, name="streamer-generate", daemon=True)
         self.thread.start()
 
@@ -110,8 +82,8 @@ class Engine:
         """Drop the jobs still waiting. The thread is left blocked, not ended: with mlx 0.32.4 a
         thread that ran generation and then ends makes MLX abort the process at exit (about one
         run in two here), so it ends with the process (it is a daemon)."""
-        while not self.jobs.empty():
-            self.jobs.get_nowait().cancelled.set()
+        for job in self.jobs.drain():
+            job.cancelled.set()
         self.wait_kept()
 
     def forget(self) -> None:
@@ -148,10 +120,12 @@ class Engine:
             mx.clear_cache()  # MLX's buffer pool gives the memory back to the system
             job.events.put(Done("forgotten", 0, 0, 0, None))
             return
-        request, sampling = job.request, job.request.sampling
-        sampler, processors = sampler_and_processors(sampling)
+        request = job.request
         cache, rest = self._cache_for(job.prompt)
-        output = Output(self.tokenizer, job.prompt, request.stop)
+        held = job.prompt[: len(job.prompt) - len(rest)]
+        sampler, processors = sampler_and_processors(request.sampling, held)
+        calls = request.tools is not None
+        output = Output(self.tokenizer, job.prompt, request.stop, request.chat, calls)
         generated: list[int] = []
         finish, stats = "length", None
         try:
@@ -160,12 +134,12 @@ class Engine:
                 self.tokenizer,
                 rest,
                 job.max_tokens,
-                seed=sampling.seed,
+                seed=request.sampling.seed,
                 sampler=sampler,
                 logits_processors=processors,
                 prompt_cache=cache,
                 stream=stream,
-                **self._options(job, job.prompt[: len(job.prompt) - len(rest)]),
+                **self._options(job, held),
             ):
                 generated.append(response.token)
                 stats = response.stats
@@ -181,18 +155,16 @@ class Engine:
                     finish = "stop"
                     break
                 finish = response.finish_reason or finish
-        except Abandoned:  # the prompt's steps done stay kept: its cache was taken out of them
-            if can_trim_prompt_cache(cache):  # its offsets say how many tokens it holds
-                self._keep_cache(job.prompt, cache, on_disk=False)
+        except Exception:  # Abandoned, or a step failed: what was computed stays kept
+            self._keep_cut(job.prompt + generated, cache)
             raise
         if last := output.finish():
             job.events.put(Step(last))
         if finish == "stop" and output.made_tool_call:
             finish = "tool_calls"
         stats = stats and settled(self.model, stats)  # a stop string ends before the last piece
-        cached = len(job.prompt) - len(rest)
         with self._keeping:  # the answer is complete: the client need not wait for a disk write
-            job.events.put(Done(finish, len(job.prompt), cached, len(generated), stats))
+            job.events.put(Done(finish, len(job.prompt), len(held), len(generated), stats))
             self._keep_cache(job.prompt + generated, cache)
 
     def _options(self, job: Job, cached: list[int]) -> dict:
@@ -245,6 +217,17 @@ class Engine:
         if cache is None:  # chat's --max-kv-size: a rotating cache, as mlx_lm.chat makes it
             cache, rest = make_prompt_cache(self.model, self.options.get("max_kv_size")), prompt
         return cache, rest
+
+    def _keep_cut(self, tokens: list[int], cache: list) -> None:
+        """Keep in memory what a sequence cut by an exception computed of `tokens`: its cache was
+        taken out of those kept, and the conversation's next turn computed it all again. Only a
+        cache that can be trimmed (a recurrent state's tokens are not known), to the tokens known:
+        a failed step may have fed one more, or a pass its drafts (stream_generate leveled the
+        layers of one cut mid-step); none that holds nothing (cut before its first step)."""
+        held = cached_tokens(cache)
+        if held and can_trim_prompt_cache(cache):
+            trim_prompt_cache(cache, max(held - len(tokens), 0))
+            self._keep_cache(tokens, cache, on_disk=False)
 
     def _keep_cache(self, tokens: list[int], cache: list, on_disk: bool = True) -> None:
         # every token stream_generate yielded has been fed to the model (it computes one step

@@ -140,7 +140,7 @@ class Handler(QuietHandler):
             app = self.server.app
             body = parse_body(read_body(self.headers, self.rfile, self.take_body_bytes))
             request = parse_completion(body, chat=chat, model=app.model_id, defaults=app.defaults)
-            job = app.engine.submit(app.job(request))
+            job = app.engine.submit(app.job(request, self.client_address[0]))
         except ApiError as e:
             self._error(e)
             return

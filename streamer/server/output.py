@@ -73,8 +73,20 @@ class _Matcher:
 
 
 class Output:
-    def __init__(self, tokenizer: TokenizerWrapper, prompt: list[int], stops: list[str]):
-        self.stops = StopStrings(stops)
+    def __init__(
+        self,
+        tokenizer: TokenizerWrapper,
+        prompt: list[int],
+        stops: list[str],
+        split: bool = True,
+        calls: bool = True,
+    ):
+        """`split`: reasoning and tool calls taken out of the content, their markers stripped (a
+        chat's answer); else the text as the model wrote it (/v1/completions, whose text had
+        lost a tool call or think block the model wrote). `calls`: whether the request gave
+        tools to call; where not, a call the model writes stays text (`_end_call`)."""
+        self.stops, self.split, self.calls = StopStrings(stops), split, calls
+        self.call_markers = tokenizer.tool_call_start or "", tokenizer.tool_call_end or ""
         self.machine = make_text_state_machine(tokenizer)
         self.state = self.machine.make_state(_initial_state(tokenizer, prompt))
         self.tool_text = ""
@@ -83,19 +95,25 @@ class Output:
     def feed(self, text: str) -> tuple[Piece, bool]:
         """The piece to send for `text`, and whether a stop string ended the answer."""
         text, stopped = self.stops.feed(text)
-        self.state, segments = TextStateMachine.split(self.state, text)
-        piece = self._collect(segments)
+        piece = self._pieces(text)
         return (self._merge(piece, self.finish()) if stopped else piece), stopped
+
+    def _pieces(self, text: str) -> Piece:
+        if not self.split:
+            return Piece(content=text)
+        self.state, segments = TextStateMachine.split(self.state, text)
+        return self._collect(segments)
 
     def finish(self) -> Piece:
         """Whatever is still held back, at the end of the answer."""
+        if not self.split:
+            return Piece(content=self.stops.flush())
         self.state, segments = TextStateMachine.split(self.state, self.stops.flush())
         piece = self._collect(segments)
         self.state, rest, name = TextStateMachine.flush(self.state)
         piece = self._merge(piece, self._collect([(name, rest)]))
         if self.tool_text:  # a call the answer ended inside
-            piece.tool_calls.append(self.tool_text)
-            self.tool_text, self.made_tool_call = "", True
+            self._end_call(piece, closed=False)
         return piece
 
     def _collect(self, segments: list[tuple[str | None, str]]) -> Piece:
@@ -105,13 +123,25 @@ class Output:
                 self.tool_text += text
                 continue
             if self.tool_text:  # the state left "tool": that call is complete
-                piece.tool_calls.append(self.tool_text)
-                self.tool_text, self.made_tool_call = "", True
+                self._end_call(piece, closed=True)
             if name == "reasoning":
                 piece.reasoning += text
             else:
                 piece.content += text
         return piece
+
+    def _end_call(self, piece: Piece, closed: bool) -> None:
+        """The call the model wrote (`closed`: to its end marker): a tool call, or where the
+        request gave no tools its text with the markers, as written: OpenAI answers no calls
+        then, and an agent that reads calls out of the text (its tools in its prompt) got an
+        empty answer."""
+        if self.calls:
+            piece.tool_calls.append(self.tool_text)
+            self.made_tool_call = True
+        else:
+            start, end = self.call_markers
+            piece.content += start + self.tool_text + (end if closed else "")
+        self.tool_text = ""
 
     @staticmethod
     def _merge(a: Piece, b: Piece) -> Piece:

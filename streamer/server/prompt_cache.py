@@ -9,6 +9,10 @@ once the sequence that extends it is kept (insert_cache drops a kept prefix of w
 so it is taken out instead. One engine thread fetches and keeps (engine.py): no two sequences hold
 a cache at once. A cache longer than the prompt, trimmed to it, stays kept and is copied, as one
 that cannot be trimmed (a hybrid model's) is.
+
+Taking an entry out reaches into LRUPromptCache's private trie, LRU order and byte counts: its
+public methods copy whatever they hand out, and drop entries only least recently used first.
+mlx-lm is pinned; tests/test_server_prompt_cache.py names the private part a new pin changed.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ class Answer:
         self.piece, self.tokens = Piece(), []  # everything so far, for a whole response
         self.sent = 0  # characters of text streamed so far (text_offset of /v1/completions)
         self.role_sent = False  # a streamed answer names its role once, in its first chunk
+        self.called = False  # whether a tool call reached the answer (some may be dropped)
 
     def _calls(self, texts: list[str]) -> list[dict]:
         """The tool calls in OpenAI's shape. mlx-lm's formatter drops a call its parser cannot
@@ -42,7 +43,13 @@ class Answer:
                 calls += self.tool_calls([text])
             except (AttributeError, KeyError, TypeError):
                 log.warning("dropped a tool call that is not {name, arguments}: %.200r", text)
+        self.called = self.called or bool(calls)
         return calls
+
+    def _finish(self, finish: str | None) -> str | None:
+        """ "tool_calls" only where a call reached the answer: one whose every call was dropped
+        said so with none in it, and OpenAI's clients look for them."""
+        return "stop" if finish == "tool_calls" and not self.called else finish
 
     def _head(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.request.model}
@@ -64,12 +71,12 @@ class Answer:
                 delta["content"] = piece.content
             if piece.reasoning:
                 delta["reasoning"] = piece.reasoning
-            if piece.tool_calls:
-                delta["tool_calls"] = self._calls(piece.tool_calls)
+            if calls := self._calls(piece.tool_calls):
+                delta["tool_calls"] = calls
             choice = {"index": 0, "delta": delta}
             if self.request.logprobs:
                 choice["logprobs"] = {"content": self._chat_logprobs(tokens)}
-        choice["finish_reason"] = finish
+        choice["finish_reason"] = self._finish(finish)
         body["choices"] = [choice]
         if self.request.include_usage:
             body["usage"] = None
@@ -110,7 +117,7 @@ class Answer:
             choice["logprobs"] = (
                 {"content": self._chat_logprobs(tokens)} if self.request.logprobs else None
             )
-        choice["finish_reason"] = done.finish_reason
+        choice["finish_reason"] = self._finish(done.finish_reason)
         body["choices"] = [choice]
         body["usage"] = _usage(done)
         body["streamer"] = stats_json(done.stats)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
 from ..arguments import at_first_step
@@ -19,7 +20,11 @@ from .api import Sampling
 from .fields import check_ids_below
 
 
-def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]]:
+def sampler_and_processors(
+    sampling: Sampling, held: list[int] | None = None
+) -> tuple[Callable, list[Callable]]:
+    """`held`: the tokens a prompt cache holds before those generation is given, which the
+    processors see too (`_seeing`)."""
     sampler = any_top_k_sampler(
         sampling.temperature, sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p
     )
@@ -29,8 +34,22 @@ def sampler_and_processors(sampling: Sampling) -> tuple[Callable, list[Callable]
         presence_penalty=sampling.presence_penalty,
         frequency_penalty=sampling.frequency_penalty,
     )
+    if held:
+        processors = [_seeing(held, p) for p in processors]
     check_width = at_first_step(lambda width: check_logit_bias(sampling.logit_bias, width))
     return sampler, [check_width, *processors]
+
+
+def _seeing(held: list[int], processor: Callable) -> Callable:
+    """`processor` given the tokens `held` before the ones it is given: mlx-lm's get those of the
+    prompt computed now, so after a prompt-cache hit a penalty's window (the last 20 tokens)
+    held fewer of the prompt's, and a request asked again was answered otherwise."""
+    before = mx.array(held)
+
+    def processor_of_all(tokens: mx.array, logits: mx.array) -> mx.array:
+        return processor(mx.concatenate([before, tokens]), logits)
+
+    return processor_of_all
 
 
 def check_logit_bias(bias: dict[int, float] | None, vocabulary: int) -> None:
