@@ -63,7 +63,16 @@ def test_generate_and_chat_pass_the_template_its_variables(thinking, capsys):
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("{enable_thinking: false}", "--chat-template-config is not JSON"),
+        ("{enable_thinking: false}", "--chat-template-config is not valid JSON"),
+        # a RecursionError and a ValueError traceback (Python's limit on an integer's digits)
+        pytest.param(
+            "[" * 50_000 + "]" * 50_000, "--chat-template-config is nested too deeply", id="deep"
+        ),
+        pytest.param(
+            '{"a": ' + "1" * 5000 + "}",
+            "--chat-template-config holds an integer of over 4300",
+            id="long-integer",
+        ),
         ("[1]", "--chat-template-config must be a JSON object"),
         ('{"messages": []}', "--chat-template-config: messages is apply_chat_template's own"),
     ],
