@@ -40,6 +40,7 @@ from .disk_entries import (
     chained,
     continued,
     header_entry,
+    holding,
     identity_of,
     matched,
     unused_prefixes,
@@ -110,7 +111,7 @@ class DiskCache:
         where that is worth it, the least recently used files removed first to make room; not
         where it would pass the bound alone, or leave the disk short (disk_files.py)."""
         matches = matched(self.entries, tokens)
-        held = self._holding(matches, len(tokens))
+        held = holding(self.entries, matches, len(tokens))
         if held is not None:  # the same answer again, or a turn asked again: not written again
             self._touch(held)
             return
@@ -157,14 +158,6 @@ class DiskCache:
         self.entries[path] = Entry(path, own, trimmable, start, parent and parent.path, shape)
         for shorter in unused_prefixes(self.entries, matches, len(tokens)) if trimmable else []:
             self._forget(shorter)  # the new file cuts back to it, as mlx-lm drops them from memory
-
-    def _holding(self, matches: dict[Path, int], length: int) -> Entry | None:
-        """A file that holds the cache of the `length` tokens `matches` was made for: theirs, or
-        one that cuts back to them."""
-        for entry in self.entries.values():
-            if matches[entry.path] == length and (entry.end == length or entry.trimmable):
-                return entry
-        return None
 
     def _touch(self, entry: Entry) -> None:
         """Mark `entry`'s files recently used: evicted last."""

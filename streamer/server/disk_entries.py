@@ -149,6 +149,15 @@ def continued(
     return best, length
 
 
+def holding(entries: dict[Path, Entry], matches: dict[Path, int], length: int) -> Entry | None:
+    """The entry of a file that holds the cache of the `length` tokens `matches` was made for:
+    theirs, or one that cuts back to them."""
+    for entry in entries.values():
+        if matches[entry.path] == length and (entry.end == length or entry.trimmable):
+            return entry
+    return None
+
+
 def chain_of(entries: dict[Path, Entry], entry: Entry) -> list[Entry]:
     """The files `entry`'s cache is read from, first to last."""
     chain = [entry]
