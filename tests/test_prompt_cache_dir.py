@@ -58,7 +58,7 @@ def ask(engine: Engine, text: str, max_tokens: int = 6) -> tuple[str, Done]:
 
 def engine_over(local, folder, max_bytes: int = 1 << 30, options: dict | None = None) -> Engine:
     model, tokenizer = local
-    disk = DiskCache(folder, model_identity(model, options or {}), max_bytes)
+    disk = DiskCache(folder, model_identity(model, options or {}), max_bytes, model)
     return Engine(model, tokenizer, 2, options, disk)
 
 

@@ -23,6 +23,7 @@ import logging
 import os
 from pathlib import Path
 
+import mlx.nn as nn
 from mlx_lm.models.cache import (
     can_trim_prompt_cache,
     load_prompt_cache,
@@ -33,6 +34,7 @@ from mlx_lm.models.cache import (
 from ..errors import StreamerError, one_line
 from ..io.durable import fsync_dir
 from ..io.sizes import size_text
+from ..kv_quantization import check_prompt_cache
 from .disk_entries import (
     IDENTITY,
     Entry,
@@ -59,20 +61,22 @@ from .disk_files import (
     named_crc,
     remove_partials,
 )
-from .disk_segments import PER_TOKEN, held_tokens, joined, layout, leaves, segment
+from .disk_segments import PER_TOKEN, foreign_arrays, held_tokens, joined, layout, leaves, segment
 
 log = logging.getLogger("streamer.server")
 
 
 class DiskCache:
-    def __init__(self, folder: Path, identity: str, max_bytes: int):
+    def __init__(self, folder: Path, identity: str, max_bytes: int, model: nn.Module | None = None):
+        """`model`: the one whose layers, heads and widths a file's caches must have (a file made
+        by hand passes the checks of its name and header); None: files checked alone."""
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # conversations: this user's
         except OSError as e:
             raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
         if not os.access(folder, os.W_OK):
             raise StreamerError(f"--prompt-cache-dir {folder}: not writable")
-        self.folder, self.identity, self.max_bytes = folder, identity, max_bytes
+        self.folder, self.identity, self.max_bytes, self.model = folder, identity, max_bytes, model
         self.short_of_disk = False  # the last file was not written for want of disk space
         self.entries: dict[Path, Entry] = {}
         remove_partials(folder)
@@ -198,6 +202,10 @@ class DiskCache:
                 raise ValueError(f"it holds caches {layout(cache)}, not {entry.layout}")
             if not held_tokens(cache, len(entry.own), entry.end):
                 raise ValueError(f"it does not hold its {len(entry.own)} tokens")
+            if (foreign := foreign_arrays(cache)) is not None:
+                raise ValueError(foreign)
+            if self.model is not None:
+                check_prompt_cache(self.model, cache)  # ArgumentError naming the layer
             return cache
         except FileNotFoundError:  # another server sharing the folder removed it
             self._forget(entry.path)

@@ -1,0 +1,71 @@
+"""--prompt-cache-dir holding files another program, another streamer, a crashed run or a hand
+wrote under the cache's names, each checked as much as its name and header allow (crc32, model
+identity, tokens, layout): one that passes those checks but holds what this model cannot compute
+with is removed with one log line, and the prompt is computed as without it."""
+
+from __future__ import annotations
+
+import logging
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+from test_prompt_cache_dir import SYSTEM, ask, engine_over, files
+
+import streamer
+from streamer.server.disk_files import PREFIX, SUFFIX, crc32
+from streamer.server.disk_segments import layout
+
+
+@pytest.fixture(scope="module")
+def local(checkpoints):
+    return streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+
+
+def planted(path, change) -> None:
+    """Replace the cache file at `path` by one whose caches `change` edited, its header's
+    metadata kept (its layout said anew) and its name giving its own crc32: every check of the
+    name and header passes."""
+    cache, metadata = load_prompt_cache(str(path), return_metadata=True)
+    change(cache)
+    metadata["streamer_layout"] = layout(cache)
+    path.unlink()
+    partial = path.with_name("planted" + SUFFIX)
+    save_prompt_cache(str(partial), cache, metadata)
+    partial.rename(path.with_name(f"{PREFIX}{'0' * 24}-{crc32(partial):08x}{SUFFIX}"))
+
+
+def one_head(cache):
+    for layer in cache:
+        layer.keys, layer.values = layer.keys[:, :1], layer.values[:, :1]
+
+
+def two_sequences(cache):
+    for layer in cache:
+        layer.keys, layer.values = (mx.concatenate([a, a]) for a in (layer.keys, layer.values))
+
+
+def integer_keys(cache):
+    for layer in cache:
+        layer.keys, layer.values = ((a * 100).astype(mx.int32) for a in (layer.keys, layer.values))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [one_head, two_sequences, integer_keys, lambda cache: cache.pop()],
+    ids=["one-head", "two-sequences", "integer-keys", "a-layer-short"],
+)
+def test_a_file_this_model_cannot_compute_with_is_removed(local, tmp_path, caplog, change):
+    """Each failed every request it matched (a 500, generation failed), kept for the next one;
+    integer keys gave another answer."""
+    model, tokenizer = local
+    text = SYSTEM + "import os"
+    want = streamer.generate(model, tokenizer, text, 6)
+    ask(engine_over(local, tmp_path), text)
+    (path,) = files(tmp_path)
+    planted(path, change)
+    (bad,) = files(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        answer, done = ask(engine_over(local, tmp_path), text)
+    assert answer == want and done.cached_tokens == 0
+    assert f"ignoring damaged prompt cache {bad} (" in caplog.text and not bad.exists()
