@@ -22,13 +22,13 @@ def local(checkpoints):
     return streamer.load(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
 
 
-def planted(path, change) -> None:
+def planted(path, change, **said: str) -> None:
     """Replace the cache file at `path` by one whose caches `change` edited, its header's
-    metadata kept (its layout said anew) and its name giving its own crc32: every check of the
-    name and header passes."""
+    metadata kept but for `said` (its layout said anew) and its name giving its own crc32: every
+    check of the name and header passes."""
     cache, metadata = load_prompt_cache(str(path), return_metadata=True)
     change(cache)
-    metadata["streamer_layout"] = layout(cache)
+    metadata.update(said, streamer_layout=layout(cache))
     path.unlink()
     partial = path.with_name("planted" + SUFFIX)
     save_prompt_cache(str(partial), cache, metadata)
@@ -69,3 +69,20 @@ def test_a_file_this_model_cannot_compute_with_is_removed(local, tmp_path, caplo
         answer, done = ask(engine_over(local, tmp_path), text)
     assert answer == want and done.cached_tokens == 0
     assert f"ignoring damaged prompt cache {bad} (" in caplog.text and not bad.exists()
+
+
+def test_a_file_saying_it_cuts_back_where_it_cannot_is_removed(local, tmp_path, caplog):
+    """A header saying "True" for a sliding window past its size (chat's --max-kv-size): cut
+    back to a shorter prompt's prefix, mlx-lm cut nothing, and the answer came from a cache
+    holding tokens the prompt has not."""
+    model, tokenizer = local
+    window = {"max_kv_size": 8}
+    ask(engine_over(local, tmp_path, options=window), SYSTEM + "import os")
+    (path,) = files(tmp_path)
+    planted(path, lambda cache: None, streamer_trimmable="True")
+    (bad,) = files(tmp_path)
+    text = SYSTEM + "def main():"
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        answer, done = ask(engine_over(local, tmp_path, options=window), text)
+    assert answer == streamer.generate(model, tokenizer, text, 6, **window)
+    assert done.cached_tokens == 0 and f"damaged prompt cache {bad} (" in caplog.text

@@ -200,6 +200,8 @@ class DiskCache:
                 raise ValueError("its metadata changed since it was listed")
             if entry.layout is not None and layout(cache) != entry.layout:
                 raise ValueError(f"it holds caches {layout(cache)}, not {entry.layout}")
+            if entry.trimmable and not can_trim_prompt_cache(cache):  # mlx-lm would cut nothing
+                raise ValueError("its header says it can be cut back, and its caches cannot")
             if not held_tokens(cache, len(entry.own), entry.end):
                 raise ValueError(f"it does not hold its {len(entry.own)} tokens")
             if (foreign := foreign_arrays(cache)) is not None:
