@@ -5,7 +5,9 @@ with is removed with one log line, and the prompt is computed as without it."""
 
 from __future__ import annotations
 
+import json
 import logging
+import struct
 
 import mlx.core as mx
 import pytest
@@ -13,7 +15,7 @@ from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 from test_prompt_cache_dir import SYSTEM, ask, engine_over, files
 
 import streamer
-from streamer.server.disk_files import PREFIX, SUFFIX, crc32
+from streamer.server.disk_files import PARTIAL, PREFIX, SUFFIX, crc32
 from streamer.server.disk_segments import layout
 
 
@@ -86,3 +88,22 @@ def test_a_file_saying_it_cuts_back_where_it_cannot_is_removed(local, tmp_path, 
         answer, done = ask(engine_over(local, tmp_path, options=window), text)
     assert answer == streamer.generate(model, tokenizer, text, 6, **window)
     assert done.cached_tokens == 0 and f"damaged prompt cache {bad} (" in caplog.text
+
+
+def test_files_the_cache_did_not_write_are_left_alone(local, tmp_path):
+    """Files under names near the cache's (a user's notes or weights kept beside the caches)
+    were removed: at start as damaged caches, by the bound as the least recently used ones, or
+    as a gone process's partial write."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    mine = {
+        f"{PREFIX}notes{SUFFIX}": b"",
+        f"{PREFIX}weights{SUFFIX}": struct.pack("<Q", len(header)) + header + bytes(4),
+        f"{PREFIX}{'0' * 24}-00000000.safetensors.bak": b"",
+        f"{PARTIAL}999999999-notes.txt": b"",
+    }
+    for name, data in mine.items():
+        (tmp_path / name).write_bytes(data)
+    ask(engine_over(local, tmp_path), "import os")
+    (size,) = {p.stat().st_size for p in files(tmp_path) if p.name not in mine}
+    ask(engine_over(local, tmp_path, max_bytes=size + size // 2), "import sys")  # one fits
+    assert {name: (tmp_path / name).read_bytes() for name in mine} == mine

@@ -48,6 +48,7 @@ from .disk_entries import (
     unused_prefixes,
 )
 from .disk_files import (
+    CACHE_NAME,
     DISK_RESERVE,
     PARTIAL,
     PREFIX,
@@ -81,7 +82,7 @@ class DiskCache:
         self.entries: dict[Path, Entry] = {}
         remove_partials(folder)
         headers = {}
-        for path in sorted(folder_files(folder, f"{PREFIX}*{SUFFIX}")):
+        for path in sorted(folder_files(folder, CACHE_NAME)):
             if (header := self._header(path)) is not None:
                 headers[path] = header
         self.entries = chained(headers)

@@ -11,7 +11,7 @@ from pathlib import Path
 import mlx.nn as nn
 
 from ..loading.handle import streaming
-from .disk_files import PREFIX, metadata_of
+from .disk_files import CACHE_NAME, metadata_of
 
 IDENTITY = "streamer_identity"  # a chained file's model; the first format's: "streamer_model"
 
@@ -68,7 +68,7 @@ def header_entry(path: Path, identity: str) -> Entry | None:
     if IDENTITY not in metadata:  # the first format: a whole cache, continued by none
         return Entry(path, tuple(tokens), trimmable)
     name = metadata["streamer_parent"]
-    if name and (Path(name).name != name or not name.startswith(PREFIX)):
+    if name and not CACHE_NAME.fullmatch(name):
         raise ValueError(f"it continues {name!r}, not a file of its folder")
     parent = path.with_name(name) if name else None
     start = int(metadata["streamer_start"])

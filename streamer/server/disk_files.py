@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import zlib
@@ -20,6 +21,10 @@ from ..errors import StreamerError
 from ..io.sizes import size_text
 
 PREFIX, SUFFIX, PARTIAL = "prompt-", ".safetensors", ".partial-"
+# the names the cache writes (KEY: 24 hex digits, CRC: 8): prompt-KEY-CRC.safetensors, and
+# .partial-PID-KEY.safetensors while one is written; any other file is the user's, left alone
+CACHE_NAME = re.compile(rf"{PREFIX}[0-9a-f]{{24}}-[0-9a-f]{{8}}{re.escape(SUFFIX)}")
+PARTIAL_NAME = re.compile(rf"{re.escape(PARTIAL)}([0-9]+)-[0-9a-f]{{24}}{re.escape(SUFFIX)}")
 MAX_HEADER = 64 << 20  # a safetensors header longer than this is not one of ours
 DISK_RESERVE = 1 << 30  # left free on the disk whatever the bound
 
@@ -59,7 +64,7 @@ def has_room(folder: Path, size: int) -> bool:
 def check_bound(folder: Path, max_bytes: int) -> None:
     """Refuse at start a bound the disk of `folder` cannot hold beside the files already there."""
     try:
-        held = sum(path.stat().st_size for path in folder_files(folder, f"{PREFIX}*{SUFFIX}"))
+        held = sum(path.stat().st_size for path in folder_files(folder, CACHE_NAME))
         check_room(folder, max_bytes, held)
     except OSError as e:  # a parent the user may not search, say
         raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
@@ -118,26 +123,29 @@ def crc32(path: Path) -> int:
 
 def remove_partials(folder: Path) -> None:
     """Partial files of writes that never finished: their process is gone."""
-    for path in folder_files(folder, f"{PARTIAL}*"):
-        pid = path.name.removeprefix(PARTIAL).split("-", 1)[0]
-        if pid.isascii() and pid.isdigit() and _gone(int(pid)):  # "²" is a digit to isdigit
+    for path in folder_files(folder, PARTIAL_NAME):
+        if _gone(int(PARTIAL_NAME.fullmatch(path.name)[1])):
             path.unlink(missing_ok=True)
 
 
 def cache_files(folder: Path) -> dict[Path, tuple[int, int]]:
     """Each cache file of `folder` (every model's): (its mtime_ns, its size)."""
     found = {}
-    for path in folder_files(folder, f"{PREFIX}*{SUFFIX}"):
+    for path in folder_files(folder, CACHE_NAME):
         with contextlib.suppress(FileNotFoundError):  # removed since by a server sharing it
             st = path.stat()
             found[path] = (st.st_mtime_ns, st.st_size)
     return found
 
 
-def folder_files(folder: Path, pattern: str) -> list[Path]:
-    """The files (or links to them) matching `pattern`: a folder or special file under a cache
-    file's name is not one of ours, and unlinking it raised at start."""
-    return [path for path in folder.glob(pattern) if path.is_file()]
+def folder_files(folder: Path, name: re.Pattern) -> list[Path]:
+    """The files (or links to them) whose whole name is `name`: a folder or special file under a
+    cache file's name is not one of ours, and unlinking it raised at start."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:  # not made yet (DiskCache makes it)
+        return []
+    return [folder / n for n in names if name.fullmatch(n) and (folder / n).is_file()]
 
 
 def _gone(pid: int) -> bool:
