@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
 
 import mlx.core as mx
@@ -107,3 +108,17 @@ def test_files_the_cache_did_not_write_are_left_alone(local, tmp_path):
     (size,) = {p.stat().st_size for p in files(tmp_path) if p.name not in mine}
     ask(engine_over(local, tmp_path, max_bytes=size + size // 2), "import sys")  # one fits
     assert {name: (tmp_path / name).read_bytes() for name in mine} == mine
+
+
+def test_a_file_longer_than_its_header_says_is_not_read_through(local, tmp_path, caplog):
+    """A cache file grown sparse past its arrays (a copy or tool gone wrong) had its whole length
+    read for its crc32 before anything else: hours for terabytes, the request waiting."""
+    model, tokenizer = local
+    ask(engine_over(local, tmp_path), "import os")
+    (path,) = files(tmp_path)
+    size = path.stat().st_size
+    os.truncate(path, 1 << 30)
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        answer, done = ask(engine_over(local, tmp_path), "import os")
+    assert answer == streamer.generate(model, tokenizer, "import os", 6) and done.cached_tokens == 0
+    assert f"{path} (it is 1073741824 bytes, and its header says {size}); removed" in caplog.text

@@ -54,12 +54,12 @@ from .disk_files import (
     PREFIX,
     SUFFIX,
     cache_files,
+    check_contents,
     crc32,
     create_private,
     data_bytes,
     folder_files,
     has_room,
-    named_crc,
     remove_partials,
 )
 from .disk_segments import PER_TOKEN, foreign_arrays, held_tokens, joined, layout, leaves, segment
@@ -193,8 +193,7 @@ class DiskCache:
     def _read(self, entry: Entry) -> list | None:
         """The cache `entry`'s own file holds, checked against its name and header."""
         try:
-            if crc32(entry.path) != named_crc(entry.path):
-                raise ValueError("its crc32 does not match its name (the file changed)")
+            check_contents(entry.path)  # as long as its header says, the crc32 its name gives
             cache, metadata = load_prompt_cache(str(entry.path), return_metadata=True)
             said = identity_of(metadata), json.loads(metadata.get("streamer_tokens", "null"))
             if said != (self.identity, list(entry.own)):

@@ -99,18 +99,35 @@ def create_private(path: Path) -> None:
 
 def metadata_of(path: Path) -> dict:
     with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if not 0 < n <= MAX_HEADER:
-            raise ValueError(f"a safetensors header of {n} bytes")
-        header = json.loads(f.read(n))
-    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
+        header, _ = _header(f)
+    if not isinstance(header.get("__metadata__"), dict):
         raise ValueError("no metadata in its header")
     return header["__metadata__"]
 
 
-def named_crc(path: Path) -> int:
-    """The crc32 a cache file's name gives (prompt-KEY-CRC.safetensors); ValueError if none."""
-    return int(path.name.removesuffix(SUFFIX).rsplit("-", 1)[1], 16)
+def check_contents(path: Path) -> None:
+    """ValueError unless the cache file at `path` is as long as its header says (one grown sparse
+    to terabytes was read through for its crc32) and has the crc32 its name gives."""
+    with open(path, "rb") as f:
+        header, length = _header(f)
+        size = os.fstat(f.fileno()).st_size
+    tensors = [t for name, t in header.items() if name != "__metadata__"]
+    said = 8 + length + max((t["data_offsets"][1] for t in tensors), default=0)
+    if size != said:
+        raise ValueError(f"it is {size} bytes, and its header says {said}")
+    if crc32(path) != int(path.name.removesuffix(SUFFIX).rsplit("-", 1)[1], 16):
+        raise ValueError("its crc32 does not match its name (the file changed)")
+
+
+def _header(f) -> tuple[dict, int]:
+    """The safetensors header of the file open as `f` (at its start), and its length."""
+    n = int.from_bytes(f.read(8), "little")
+    if not 0 < n <= MAX_HEADER:
+        raise ValueError(f"a safetensors header of {n} bytes")
+    header = json.loads(f.read(n))
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    return header, n
 
 
 def crc32(path: Path) -> int:
