@@ -152,15 +152,30 @@ def test_chat_remembers_the_system_prompt_across_runs(checkpoints, tmp_path):
     assert cached[0] == 0 and cached[1] > 0
 
 
-def test_a_file_given_as_the_folder_is_refused_before_loading(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        ("file", " is not a folder."),
+        # a loop of links, a parent that is a FIFO: OSError tracebacks; a link to nothing, "File
+        # exists" from mkdir
+        ("loop", ": Too many levels of symbolic links"),
+        ("loop/caches", ": Too many levels of symbolic links"),
+        ("fifo/caches", ": Not a directory"),
+        ("a" * 300, ": File name too long"),
+        ("broken", " is a link to /nonexistent, which does not exist: give a folder."),
+    ],
+)
+def test_no_folder_given_as_the_folder_is_refused_before_loading(tmp_path, capsys, given, said):
     from streamer.cli import main
 
     (tmp_path / "file").write_text("")
-    argv = ["chat", "--model", "/nonexistent", "--prompt-cache-dir", str(tmp_path / "file")]
+    (tmp_path / "loop").symlink_to("loop")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "broken").symlink_to("/nonexistent")
+    argv = ["chat", "--model", "/nonexistent", "--prompt-cache-dir", str(tmp_path / given)]
     assert main(argv) == 2
     assert (
-        capsys.readouterr().err
-        == f"streamer: error: --prompt-cache-dir {tmp_path / 'file'} is not a folder.\n"
+        capsys.readouterr().err == f"streamer: error: --prompt-cache-dir {tmp_path / given}{said}\n"
     )
 
 

@@ -71,13 +71,22 @@ def check_bound(folder: Path, max_bytes: int) -> None:
 
 
 def check_private(folder: Path) -> None:
-    """Refuse a folder another user may write to (or owns): a file planted there would be loaded
-    as a conversation's KV cache, and a link planted under a name about to be written would have
-    the write land on whatever it points to."""
+    """Refuse what is no folder (a file, a broken link), and a folder another user may write to
+    (or owns): a file planted there would be loaded as a conversation's KV cache, and a link
+    planted under a name about to be written would have the write land on whatever it points to."""
     try:
         st = folder.stat()
     except FileNotFoundError:  # created by DiskCache, this user's own
+        if folder.is_symlink():  # mkdir would say "File exists"
+            raise StreamerError(
+                f"--prompt-cache-dir {folder} is a link to {os.readlink(folder)}, which does not "
+                "exist: give a folder."
+            ) from None
         return
+    except OSError as e:  # a loop of links, a name too long, a parent that is no folder
+        raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StreamerError(f"--prompt-cache-dir {folder} is not a folder.")
     if st.st_uid != os.getuid():
         raise StreamerError(
             f"--prompt-cache-dir {folder} belongs to another user, who could plant cache files "
