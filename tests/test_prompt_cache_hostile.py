@@ -1,17 +1,21 @@
 """--prompt-cache-dir holding files another program, another streamer, a crashed run or a hand
 wrote under the cache's names, each checked as much as its name and header allow (crc32, model
 identity, tokens, layout): one that passes those checks but holds what this model cannot compute
-with is removed with one log line, and the prompt is computed as without it."""
+with is removed with one log line, and the prompt is computed as without it. Files the cache did
+not write are left alone; those it cannot change or remove cost the cache only."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import struct
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from hostile_files import flip_byte
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 from test_prompt_cache_dir import SYSTEM, ask, engine_over, files
 
@@ -122,3 +126,54 @@ def test_a_file_longer_than_its_header_says_is_not_read_through(local, tmp_path,
         answer, done = ask(engine_over(local, tmp_path), "import os")
     assert answer == streamer.generate(model, tokenizer, "import os", 6) and done.cached_tokens == 0
     assert f"{path} (it is 1073741824 bytes, and its header says {size}); removed" in caplog.text
+
+
+def unchangeable(monkeypatch, folder) -> None:
+    """The files in `folder` cannot be removed nor their times set, as where they are another
+    user's in a sticky folder, immutable (chattr +i), or the disk was remounted read-only."""
+    real_unlink, real_utime = Path.unlink, os.utime
+
+    def denied(path) -> None:
+        if Path(path).parent == folder:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(path))
+
+    def unlink(path, missing_ok=False):
+        denied(path)
+        real_unlink(path, missing_ok)
+
+    def utime(path, *args, **kwargs):
+        denied(path)
+        real_utime(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setattr(os, "utime", utime)
+
+
+def test_files_the_cache_cannot_change_cost_the_cache_only(local, tmp_path, monkeypatch, caplog):
+    """A file whose time could not be set failed every request it matched (PermissionError, a
+    500); a damaged one that could not be removed did too, or stopped serve and chat at start
+    (as a gone process's partial file did)."""
+    model, tokenizer = local
+    text = SYSTEM + "import os"
+    want = streamer.generate(model, tokenizer, text, 6)
+    ask(engine_over(local, tmp_path), text)
+    (kept,) = files(tmp_path)
+    junk = tmp_path / f"{PREFIX}{'1' * 24}-00000000{SUFFIX}"
+    junk.write_bytes(b"x")
+    dead = tmp_path / f"{PARTIAL}999999999-{'1' * 24}{SUFFIX}"
+    dead.write_bytes(b"x")
+    unchangeable(monkeypatch, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        answer, done = ask(engine_over(local, tmp_path), text)  # the kept file is used
+        assert answer == want and done.cached_tokens == done.prompt_tokens - 1
+        assert f"prompt cache {junk} cannot be removed (Operation not permitted)" in caplog.text
+        monkeypatch.undo()
+        flip_byte(kept, kept.stat().st_size - 5)
+        unchangeable(monkeypatch, tmp_path)
+        answer, done = ask(engine_over(local, tmp_path), text)  # damaged: not used, not removed
+    assert answer == want and done.cached_tokens == 0
+    assert f"prompt cache {kept} cannot be removed" in caplog.text
+    assert junk.exists() and dead.exists() and kept.exists()
+    # where the files it cannot remove fill the bound, a new file is not written past it
+    ask(engine_over(local, tmp_path, max_bytes=kept.stat().st_size + 100), "import sys")
+    assert files(tmp_path) == sorted([junk, kept])

@@ -61,6 +61,7 @@ from .disk_files import (
     folder_files,
     has_room,
     remove_partials,
+    removed,
 )
 from .disk_segments import PER_TOKEN, foreign_arrays, held_tokens, joined, layout, leaves, segment
 
@@ -148,7 +149,7 @@ class DiskCache:
             if parent is not None:
                 self._touch(parent)  # its chain is in use: removed last
             if size > self.max_bytes or not self._bound(room=size, keep=parent):
-                partial.unlink()  # over the bound alone, or its chain had to go
+                partial.unlink()  # no room within the bound, or its chain had to go
                 return
             path = self.folder / f"{PREFIX}{key}-{crc:08x}{SUFFIX}"
             os.replace(partial, path)
@@ -167,7 +168,7 @@ class DiskCache:
     def _touch(self, entry: Entry) -> None:
         """Mark `entry`'s files recently used: evicted last."""
         for link in chain_of(self.entries, entry):
-            with contextlib.suppress(FileNotFoundError):  # removed since by a server sharing it
+            with contextlib.suppress(OSError):  # removed since by a server sharing it, or fixed
                 os.utime(link.path)
 
     def _header(self, path: Path) -> Entry | None:
@@ -220,14 +221,14 @@ class DiskCache:
         self._forget(path)
 
     def _forget(self, path: Path) -> list[Path]:
-        """Remove the file at `path` and every file continuing it (of no use without it)."""
+        """Forget the file at `path` and every file continuing it (of no use without it),
+        removing them; those now gone."""
         gone = [path]
         for at in gone:  # grows as it goes: a chain's files, each once
             gone += [e.path for e in self.entries.values() if e.parent == at]
         for at in gone:
             self.entries.pop(at, None)
-            at.unlink(missing_ok=True)
-        return gone
+        return [at for at in gone if removed(at)]
 
     def _room_for(self, size: int) -> bool:
         """Whether a file of `size` bytes may be written: within the bound, and on a disk that
@@ -246,8 +247,8 @@ class DiskCache:
 
     def _bound(self, room: int, keep: Entry | None) -> bool:
         """Remove the least recently used files (every model's) until the folder holds `room`
-        bytes more within its bound; whether `keep`'s file (the one a new file continues) is
-        still there."""
+        bytes more within its bound; whether it does (files it cannot remove may fill it), with
+        `keep`'s file (the one a new file continues) still there."""
         sizes = cache_files(self.folder)
         total = sum(size for _, size in sizes.values()) + room
         for path in sorted(sizes, key=sizes.get):
@@ -256,4 +257,4 @@ class DiskCache:
             if path in sizes:
                 for gone in self._forget(path):
                     total -= sizes.pop(gone, (0, 0))[1]
-        return keep is None or keep.path in self.entries
+        return total <= self.max_bytes and (keep is None or keep.path in self.entries)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,6 +28,8 @@ CACHE_NAME = re.compile(rf"{PREFIX}[0-9a-f]{{24}}-[0-9a-f]{{8}}{re.escape(SUFFIX
 PARTIAL_NAME = re.compile(rf"{re.escape(PARTIAL)}([0-9]+)-[0-9a-f]{{24}}{re.escape(SUFFIX)}")
 MAX_HEADER = 64 << 20  # a safetensors header longer than this is not one of ours
 DISK_RESERVE = 1 << 30  # left free on the disk whatever the bound
+
+log = logging.getLogger("streamer.server")
 
 
 def free_bytes(folder: Path) -> int:
@@ -151,7 +154,19 @@ def remove_partials(folder: Path) -> None:
     """Partial files of writes that never finished: their process is gone."""
     for path in folder_files(folder, PARTIAL_NAME):
         if _gone(int(PARTIAL_NAME.fullmatch(path.name)[1])):
-            path.unlink(missing_ok=True)
+            removed(path)
+
+
+def removed(path: Path) -> bool:
+    """Whether the cache's file at `path` is gone, removed now or before; where it cannot be (a
+    file of another user in a sticky folder, an immutable one, a disk remounted read-only), it
+    is left in place with a log line."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("prompt cache %s cannot be removed (%s); left in place", path, e.strerror or e)
+        return False
+    return True
 
 
 def cache_files(folder: Path) -> dict[Path, tuple[int, int]]:
