@@ -173,6 +173,8 @@ def test_files_the_cache_cannot_change_cost_the_cache_only(local, tmp_path, monk
         answer, done = ask(engine_over(local, tmp_path), text)  # damaged: not used, not removed
     assert answer == want and done.cached_tokens == 0
     assert f"prompt cache {kept} cannot be removed" in caplog.text
+    assert f"damaged prompt cache {kept} (its crc32 does not match" in caplog.text
+    assert "does not match its name (the file changed)); left in place" in caplog.text
     assert junk.exists() and dead.exists() and kept.exists()
     # where the files it cannot remove fill the bound, a new file is not written past it
     ask(engine_over(local, tmp_path, max_bytes=kept.stat().st_size + 100), "import sys")

@@ -217,8 +217,8 @@ class DiskCache:
         return None
 
     def _damaged(self, path: Path, error: Exception) -> None:
-        log.warning("ignoring damaged prompt cache %s (%s); removed", path, one_line(error))
-        self._forget(path)
+        done = "removed" if path in self._forget(path) else "left in place"
+        log.warning("ignoring damaged prompt cache %s (%s); %s", path, one_line(error), done)
 
     def _forget(self, path: Path) -> list[Path]:
         """Forget the file at `path` and every file continuing it (of no use without it),
