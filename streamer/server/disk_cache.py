@@ -76,8 +76,6 @@ class DiskCache:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # conversations: this user's
         except OSError as e:
             raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
-        if not os.access(folder, os.W_OK):
-            raise StreamerError(f"--prompt-cache-dir {folder}: not writable")
         self.folder, self.identity, self.max_bytes, self.model = folder, identity, max_bytes, model
         self.short_of_disk = False  # the last file was not written for want of disk space
         self.entries: dict[Path, Entry] = {}

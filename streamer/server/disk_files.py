@@ -74,9 +74,10 @@ def check_bound(folder: Path, max_bytes: int) -> None:
 
 
 def check_private(folder: Path) -> None:
-    """Refuse what is no folder (a file, a broken link), and a folder another user may write to
-    (or owns): a file planted there would be loaded as a conversation's KV cache, and a link
-    planted under a name about to be written would have the write land on whatever it points to."""
+    """Refuse what is no folder (a file, a broken link), one this user cannot write, and a folder
+    another user may write to (or owns): a file planted there would be loaded as a conversation's
+    KV cache, and a link planted under a name about to be written would have the write land on
+    whatever it points to."""
     try:
         st = folder.stat()
     except FileNotFoundError:  # created by DiskCache, this user's own
@@ -100,6 +101,11 @@ def check_private(folder: Path) -> None:
             f"--prompt-cache-dir {folder} may be written by any user (mode "
             f"{stat.S_IMODE(st.st_mode):o}), who could plant cache files in it: give a folder of "
             f"your own, or `chmod o-w {folder}`."
+        )
+    if not os.access(folder, os.W_OK):
+        raise StreamerError(
+            f"--prompt-cache-dir {folder} is not writable (its permissions, or a read-only disk): "
+            "give a folder you may write to."
         )
 
 
