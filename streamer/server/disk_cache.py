@@ -174,6 +174,8 @@ class DiskCache:
         file, or (removed with a log line) a damaged one."""
         try:
             return header_entry(path, self.identity)
+        except FileNotFoundError:  # removed since it was listed, by a server sharing the folder
+            return None
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             self._damaged(path, e)
             return None
