@@ -228,6 +228,19 @@ def test_a_malformed_hostfile_is_refused_in_one_line(tmp_path):
         assert f"hostfile {hostfile}{said}" in result.stderr, result.stderr
 
 
+def test_a_hostfile_past_any_cluster_s_is_refused_unread(tmp_path):
+    """A hostfile grown sparse to terabytes was read whole before its JSON was parsed: hours, or
+    the memory."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text("[]")
+    os.truncate(hostfile, 32 << 20)
+    result = streamer_launch(["--hostfile", str(hostfile), "--", "true"], tmp_path)
+    assert result.returncode == 2 and result.stderr == (
+        f"streamer: error: hostfile {hostfile} holds over 16.00 MiB, more than a hostfile of "
+        "thousands of hosts: give the hostfile.\n"
+    )
+
+
 def test_a_rank_that_ends_alone_is_named_and_the_others_stopped(tmp_path, monkeypatch):
     """Rank 1 exits 0 at once; rank 0 would wait on it forever (here: a long sleep)."""
     monkeypatch.setenv("STREAMER_LAUNCH_GRACE", "2")

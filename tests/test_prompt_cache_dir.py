@@ -24,6 +24,7 @@ from streamer.server.engine import Engine
 from streamer.server.jobs import Done, Job, Step
 
 SYSTEM = "You write Python. " * 12  # a long shared prefix
+KEY = "0" * 24  # as a cache file's name holds it (24 hex digits)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def ask(engine: Engine, text: str, max_tokens: int = 6) -> tuple[str, Done]:
 
 def engine_over(local, folder, max_bytes: int = 1 << 30, options: dict | None = None) -> Engine:
     model, tokenizer = local
-    disk = DiskCache(folder, model_identity(model, options or {}), max_bytes)
+    disk = DiskCache(folder, model_identity(model, options or {}), max_bytes, model)
     return Engine(model, tokenizer, 2, options, disk)
 
 
@@ -102,10 +103,10 @@ def test_files_of_another_model_or_damaged_are_not_used(local, tmp_path, caplog)
     damaged = [r.getMessage() for r in caplog.records if "damaged prompt cache" in r.getMessage()]
     assert len(damaged) >= 1 and "crc32 does not match" in damaged[0]
     # a file that is not safetensors at all is named and removed at start
-    (tmp_path / f"{PREFIX}junk-00000000.safetensors").write_bytes(b"\xff" * 100)
+    (tmp_path / f"{PREFIX}{KEY}-00000000.safetensors").write_bytes(b"\xff" * 100)
     with caplog.at_level(logging.WARNING, logger="streamer.server"):
         engine_over(local, tmp_path)
-    assert not (tmp_path / f"{PREFIX}junk-00000000.safetensors").exists()
+    assert not (tmp_path / f"{PREFIX}{KEY}-00000000.safetensors").exists()
 
 
 def test_the_folder_stays_under_its_bound_and_writes_are_atomic(local, tmp_path, monkeypatch):
@@ -129,7 +130,7 @@ def test_the_folder_stays_under_its_bound_and_writes_are_atomic(local, tmp_path,
         engine.disk.save([1, 2, 3], cache)
     assert files(tmp_path) == before and list(tmp_path.glob(f"{PARTIAL}*"))
     # the partial file of a process that is gone is removed at the next start
-    dead = tmp_path / f"{PARTIAL}999999999-abc.safetensors"
+    dead = tmp_path / f"{PARTIAL}999999999-{KEY}.safetensors"
     dead.write_bytes(b"x")
     engine_over(local, tmp_path)
     assert not dead.exists()
@@ -151,15 +152,30 @@ def test_chat_remembers_the_system_prompt_across_runs(checkpoints, tmp_path):
     assert cached[0] == 0 and cached[1] > 0
 
 
-def test_a_file_given_as_the_folder_is_refused_before_loading(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        ("file", " is not a folder."),
+        # a loop of links, a parent that is a FIFO: OSError tracebacks; a link to nothing, "File
+        # exists" from mkdir
+        ("loop", ": Too many levels of symbolic links"),
+        ("loop/caches", ": Too many levels of symbolic links"),
+        ("fifo/caches", ": Not a directory"),
+        ("a" * 300, ": File name too long"),
+        ("broken", " is a link to /nonexistent, which does not exist: give a folder."),
+    ],
+)
+def test_no_folder_given_as_the_folder_is_refused_before_loading(tmp_path, capsys, given, said):
     from streamer.cli import main
 
     (tmp_path / "file").write_text("")
-    argv = ["chat", "--model", "/nonexistent", "--prompt-cache-dir", str(tmp_path / "file")]
+    (tmp_path / "loop").symlink_to("loop")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "broken").symlink_to("/nonexistent")
+    argv = ["chat", "--model", "/nonexistent", "--prompt-cache-dir", str(tmp_path / given)]
     assert main(argv) == 2
     assert (
-        capsys.readouterr().err
-        == f"streamer: error: --prompt-cache-dir {tmp_path / 'file'} is not a folder.\n"
+        capsys.readouterr().err == f"streamer: error: --prompt-cache-dir {tmp_path / given}{said}\n"
     )
 
 
@@ -200,12 +216,12 @@ def test_serve_remembers_a_conversation_across_restarts(checkpoints, tmp_path):
 def test_folders_under_cache_file_names_are_left_alone(tmp_path):
     """A folder named as a cache file, or as a dead process's partial one, was unlinked at start:
     an IsADirectoryError traceback."""
-    for name in (f"{PREFIX}x-00000000.safetensors", f"{PARTIAL}999999999-x.safetensors"):
+    for name in (f"{PREFIX}{KEY}-00000000.safetensors", f"{PARTIAL}999999999-{KEY}.safetensors"):
         (tmp_path / name).mkdir()
     DiskCache(tmp_path, "id", 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f"{PARTIAL}999999999-x.safetensors",
-        f"{PREFIX}x-00000000.safetensors",
+        f"{PARTIAL}999999999-{KEY}.safetensors",
+        f"{PREFIX}{KEY}-00000000.safetensors",
     ]
 
 
@@ -214,8 +230,8 @@ def test_a_header_nested_too_deep_is_a_damaged_file(tmp_path, caplog):
     a token list that is not a string, a TypeError."""
     deep = b"[" * 200_000 + b"]" * 200_000
     tokens = b'{"__metadata__": {"0.streamer_model": "id", "0.streamer_tokens": 5}}'
-    for name, header in [("deep", deep), ("tokens", tokens)]:
-        path = tmp_path / f"{PREFIX}{name}-00000000.safetensors"
+    for key, header in [("d" * 24, deep), ("e" * 24, tokens)]:
+        path = tmp_path / f"{PREFIX}{key}-00000000.safetensors"
         path.write_bytes(len(header).to_bytes(8, "little") + header)
     with caplog.at_level(logging.WARNING, logger="streamer.server"):
         assert DiskCache(tmp_path, "id", 1 << 30).entries == {}
@@ -226,7 +242,7 @@ def test_a_header_nested_too_deep_is_a_damaged_file(tmp_path, caplog):
 def test_partial_files_named_past_any_pid_are_left_alone(tmp_path):
     """A partial file whose pid is past any (os.kill's OverflowError) or a digit to str.isdigit
     only ("²", int's ValueError) was a traceback at start."""
-    names = [f"{PARTIAL}{'9' * 30}-x.safetensors", f"{PARTIAL}²-x.safetensors"]
+    names = [f"{PARTIAL}{'9' * 30}-{KEY}.safetensors", f"{PARTIAL}²-{KEY}.safetensors"]
     for name in names:
         (tmp_path / name).write_bytes(b"x")
     DiskCache(tmp_path, "id", 1 << 30)

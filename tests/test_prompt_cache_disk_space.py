@@ -109,6 +109,24 @@ def test_a_file_removed_by_another_server_once_loaded_is_still_used(local, tmp_p
     assert done.cached_tokens == done.prompt_tokens - 1
 
 
+def test_a_file_removed_by_another_server_while_listed_is_not_called_damaged(
+    local, tmp_path, monkeypatch, caplog
+):
+    """Another server sharing the folder removed a file between this one's listing and its
+    reading at start: logged as a damaged file, removed."""
+    ask(engine_over(local, tmp_path), "import os")
+    real = disk_module.header_entry
+
+    def then_removed(path, identity):
+        os.unlink(path)
+        return real(path, identity)
+
+    monkeypatch.setattr(disk_module, "header_entry", then_removed)
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        assert engine_over(local, tmp_path).disk.entries == {}
+    assert caplog.text == ""
+
+
 def test_a_disk_that_cannot_be_asked_is_one_line(tmp_path, monkeypatch, capsys):
     from streamer.cli import main
 

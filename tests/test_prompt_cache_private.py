@@ -74,3 +74,19 @@ def test_a_folder_of_another_user_is_refused(tmp_path, monkeypatch, capsys):
     assert main(["chat", "--model", "/nonexistent", "--prompt-cache-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "belongs to another user" in err
+
+
+def test_a_folder_this_user_cannot_write_is_refused_before_loading(tmp_path, monkeypatch, capsys):
+    """A read-only folder (its permissions, or a read-only disk) was refused once the model was
+    loaded, saying only "not writable"."""
+    from streamer.cli import main
+
+    real_access = os.access
+    monkeypatch.setattr(
+        disk_files.os, "access", lambda path, mode: path != tmp_path and real_access(path, mode)
+    )
+    assert main(["chat", "--model", "/nonexistent", "--prompt-cache-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"streamer: error: --prompt-cache-dir {tmp_path} is not writable (its permissions, or a "
+        "read-only disk): give a folder you may write to.\n"
+    )

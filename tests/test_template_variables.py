@@ -18,6 +18,7 @@ from streamer.cli import main
 # template; mlx-lm's TokenizerWrapper sets enable_thinking to whether the vocabulary has <think>
 # (this one's has not: off) where the call leaves it out
 THINKING = (
+    "{% set turns = namespace(n=0) %}"
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
     "{% if not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
@@ -63,7 +64,16 @@ def test_generate_and_chat_pass_the_template_its_variables(thinking, capsys):
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("{enable_thinking: false}", "--chat-template-config is not JSON"),
+        ("{enable_thinking: false}", "--chat-template-config is not valid JSON"),
+        # a RecursionError and a ValueError traceback (Python's limit on an integer's digits)
+        pytest.param(
+            "[" * 50_000 + "]" * 50_000, "--chat-template-config is nested too deeply", id="deep"
+        ),
+        pytest.param(
+            '{"a": ' + "1" * 5000 + "}",
+            "--chat-template-config holds an integer of over 4300",
+            id="long-integer",
+        ),
         ("[1]", "--chat-template-config must be a JSON object"),
         ('{"messages": []}', "--chat-template-config: messages is apply_chat_template's own"),
     ],
@@ -73,6 +83,32 @@ def test_a_bad_template_config_is_refused_in_one_line(thinking, capsys, value, m
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("streamer: error: ") and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "command, flag",
+    [
+        ("generate", "--chat-template-config"),
+        ("chat", "--chat-template-config"),
+        ("serve", "--chat-template-args"),
+    ],
+)
+def test_a_variable_the_template_fails_with_is_refused(thinking, command, flag):
+    """A variable named as a function the template calls (Qwen3's template calls namespace):
+    chat refused each turn, saying to send a shorter message, generate said to fix the
+    template, and serve refused every request."""
+    argv = [sys.executable, "-m", "streamer", command, "--model", str(thinking)]
+    result = subprocess.run(
+        argv + ["-p", "hi"] * (command == "generate") + [flag, '{"namespace": 1, "x": 2}'],
+        input="import os\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2 and result.stderr.splitlines()[-1] == (
+        f"streamer: error: {flag}: the model's chat template fails given namespace (TypeError: "
+        "'int' object is not callable): leave it out."
+    ), result.stderr
 
 
 def test_chat_refuses_template_variables_without_a_template(thinking, tmp_path):

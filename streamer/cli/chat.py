@@ -40,19 +40,38 @@ def check_system_message(tokenizer, system_prompt: str | None) -> None:
     """Refuse a --system-prompt the chat template refuses where it takes the message alone (as
     Gemma 2's: "System role not supported"): every chat turn was refused, /reset keeping it, and
     generate said to fix the template."""
-    if not system_prompt:
-        return
-    try:
-        templated(tokenizer, "hi", system_prompt)
-    except Exception as e:
-        try:
-            templated(tokenizer, "hi")
-        except Exception:
-            return  # it fails without one too: told where the template is used
+    if not system_prompt or _fails(tokenizer):
+        return  # it fails without one too: told where the template is used
+    if error := _fails(tokenizer, system_prompt):
         raise StreamerError(
             "--system-prompt: the model's chat template refuses a system message "
-            f"({type(e).__name__}: {one_line(e)}): leave --system-prompt out."
-        ) from None
+            f"({type(error).__name__}: {one_line(error)}): leave --system-prompt out."
+        )
+
+
+def check_template_variables(tokenizer, variables: dict | None, option: str) -> None:
+    """Refuse template variables (`option`'s) the chat template fails with, naming those it
+    fails with alone (one named as a function it calls, as Qwen3's calls namespace): chat refused
+    each turn, saying to send a shorter message, generate said to fix the template, and serve
+    refused every request."""
+    if not variables or _fails(tokenizer) or not (error := _fails(tokenizer, None, variables)):
+        return
+    names = [k for k in variables if _fails(tokenizer, None, {k: variables[k]})] or list(variables)
+    raise StreamerError(
+        f"{option}: the model's chat template fails given {', '.join(names)} "
+        f"({type(error).__name__}: {one_line(error)}): leave {'it' if len(names) == 1 else 'them'} "
+        "out."
+    )
+
+
+def _fails(tokenizer, system_prompt: str | None = None, variables: dict | None = None):
+    """The exception the chat template raises for a message (after `system_prompt`, given
+    `variables`), or None."""
+    try:
+        templated(tokenizer, "hi", system_prompt, variables)
+    except Exception as e:  # jinja2's errors, or whatever the template raises
+        return e
+    return None
 
 
 class Conversation:

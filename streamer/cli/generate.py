@@ -105,9 +105,10 @@ def generate(args: argparse.Namespace) -> int:
         )
     check_template_flags(args, TEMPLATE_FLAGS, tokenizer.has_chat_template)
     if tokenizer.has_chat_template and not args.ignore_chat_template:
-        from .chat import check_system_message, templated  # mlx-lm's generate: once needed
+        from .chat import check_system_message, check_template_variables, templated
 
         check_system_message(tokenizer, args.system_prompt)
+        check_template_variables(tokenizer, args.chat_template_config, "--chat-template-config")
         try:
             text = templated(tokenizer, text, args.system_prompt, args.chat_template_config)
         except Exception as e:  # jinja2's errors, or whatever the template raises

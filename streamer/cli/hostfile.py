@@ -10,12 +10,17 @@ from pathlib import Path
 from ..errors import StreamerError
 from ..io.files import read_bytes
 from ..io.json_file import parse_json
+from ..io.sizes import size_text
 
 FORMAT = (
     'mlx.launch reads a JSON list of hosts, or {"backend": ..., "envs": ["NAME=value"], '
     '"hosts": [...]}, each host {"ssh": "HOST", "ips": ["IP", ...]}'
 )
 
+
+# a hostfile of thousands of hosts is well under this; one past it is not read through (a file
+# grown sparse to terabytes took hours, or the memory)
+MAX_BYTES = 16 << 20
 
 # MLX joins an address to its port as `::1:5000`, which it cannot parse
 IPV6 = "an IPv6 address, which MLX's backends cannot connect to: give the host's IPv4 address."
@@ -83,11 +88,16 @@ def check_hostfile(path: Path, backend: str | None) -> list[str]:
         return StreamerError(f"hostfile {path}: {problem}; {FORMAT}.")
 
     try:
-        raw = read_bytes(path, "a hostfile")
+        raw = read_bytes(path, "a hostfile", MAX_BYTES + 1)
     except FileNotFoundError:
         raise StreamerError(f"hostfile {path} does not exist.") from None
     except OSError as e:
         raise StreamerError(f"cannot read hostfile {path}: {e.strerror or e}.") from None
+    if len(raw) > MAX_BYTES:
+        raise StreamerError(
+            f"hostfile {path} holds over {size_text(MAX_BYTES)}, more than a hostfile of "
+            "thousands of hosts: give the hostfile."
+        )
     data = parse_json(raw, f"hostfile {path}", f"{FORMAT}.")
     hosts = data.get("hosts") if isinstance(data, dict) else data
     if not isinstance(hosts, list):

@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 
 from ..arguments import KV_BITS, KV_GROUP_SIZES, check_at_least
-from ..errors import StreamerError
 from .options import size
 
 # mlx_lm.generate's DEFAULT_QUANTIZED_KV_START (tests/test_dtype_and_kv.py checks it), written
@@ -98,8 +97,6 @@ def disk_option(args: argparse.Namespace) -> tuple[Path, int] | None:
     if args.prompt_cache_dir is None:
         return None
     folder = Path(args.prompt_cache_dir)
-    if folder.exists() and not folder.is_dir():
-        raise StreamerError(f"--prompt-cache-dir {folder} is not a folder.")
     from ..server.disk_files import check_bound, check_private
 
     check_private(folder)

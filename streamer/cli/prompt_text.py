@@ -4,7 +4,6 @@ and checked before the model is loaded."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -76,14 +75,10 @@ def template_variables(text: str, option: str) -> dict:
     """The JSON object `option` gives (--chat-template-config, --chat-template-args): the
     template's own variables, never apply_chat_template's arguments (which would change what it
     returns)."""
+    from ..io.json_file import parse_json
     from ..server.messages import TEMPLATE_ARGUMENTS
 
-    try:
-        variables = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise StreamerError(
-            f"{option} is not JSON ({e}): give an object such as {EXAMPLE}."
-        ) from None
+    variables = parse_json(os.fsencode(text), option, f"give an object such as {EXAMPLE}.")
     if not isinstance(variables, dict):
         raise StreamerError(f"{option} must be a JSON object such as {EXAMPLE} (got {text}).")
     clash = sorted(TEMPLATE_ARGUMENTS.intersection(variables))

@@ -143,6 +143,10 @@ def serve(args: argparse.Namespace) -> None:
     loading = load_options(args, group)
     folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, loading)
+    if tokenizer.has_chat_template:
+        from .chat import check_template_variables
+
+        check_template_variables(tokenizer, variables, "--chat-template-args")
     check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))
     same_settings(args, model)
@@ -218,10 +222,11 @@ def chat(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     loading = load_options(args, group)
     model, tokenizer, context = open_model(model_folder(args, group), loading)
-    from .chat import chat, check_system_message  # imports mlx-lm's generate: after a refusal
+    from .chat import chat, check_system_message, check_template_variables  # after a refusal
 
     if tokenizer.has_chat_template and not args.ignore_chat_template:
         check_system_message(tokenizer, args.system_prompt)
+        check_template_variables(tokenizer, args.chat_template_config, "--chat-template-config")
     check_template_flags(args, ("--chat-template-config",), tokenizer.has_chat_template)
 
     check_kv_fits(model, options)

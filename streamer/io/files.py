@@ -63,9 +63,11 @@ def check_regular(path: Path | str, what: str) -> None:
     os.close(open_regular(path, what))
 
 
-def read_bytes(path: Path | str, what: str) -> bytes:
+def read_bytes(path: Path | str, what: str, at_most: int = -1) -> bytes:
+    """The bytes of regular file `path` (`what` it is, for refusals), `at_most` of them if
+    given (-1: all)."""
     with os.fdopen(open_regular(path, what), "rb") as f:
-        return f.read()
+        return f.read(at_most)
 
 
 def check_folder_files(folder: Path | str, what: str) -> None:

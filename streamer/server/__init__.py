@@ -64,7 +64,7 @@ def prompt_cache_on_disk(model, options: dict | None, disk: tuple[Path, int] | N
     from .disk_cache import DiskCache
     from .disk_entries import model_identity
 
-    return DiskCache(Path(disk[0]), model_identity(model, options or {}), disk[1])
+    return DiskCache(Path(disk[0]), model_identity(model, options or {}), disk[1], model)
 
 
 def start_logging() -> None:

@@ -23,6 +23,7 @@ import logging
 import os
 from pathlib import Path
 
+import mlx.nn as nn
 from mlx_lm.models.cache import (
     can_trim_prompt_cache,
     load_prompt_cache,
@@ -33,6 +34,7 @@ from mlx_lm.models.cache import (
 from ..errors import StreamerError, one_line
 from ..io.durable import fsync_dir
 from ..io.sizes import size_text
+from ..kv_quantization import check_prompt_cache
 from .disk_entries import (
     IDENTITY,
     Entry,
@@ -40,43 +42,46 @@ from .disk_entries import (
     chained,
     continued,
     header_entry,
+    holding,
     identity_of,
     matched,
     unused_prefixes,
 )
 from .disk_files import (
+    CACHE_NAME,
     DISK_RESERVE,
     PARTIAL,
     PREFIX,
     SUFFIX,
     cache_files,
+    check_contents,
     crc32,
     create_private,
     data_bytes,
     folder_files,
     has_room,
-    named_crc,
     remove_partials,
+    removed,
 )
-from .disk_segments import PER_TOKEN, held_tokens, joined, layout, leaves, segment
+from .disk_segments import PER_TOKEN, foreign_arrays, held_tokens, joined, layout, leaves, segment
 
 log = logging.getLogger("streamer.server")
 
 
 class DiskCache:
-    def __init__(self, folder: Path, identity: str, max_bytes: int):
+    def __init__(self, folder: Path, identity: str, max_bytes: int, model: nn.Module | None = None):
+        """`model`: the one whose layers, heads and widths a file's caches must have (a file made
+        by hand passes the checks of its name and header); None: files checked alone."""
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # conversations: this user's
         except OSError as e:
             raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
-        if not os.access(folder, os.W_OK):
-            raise StreamerError(f"--prompt-cache-dir {folder}: not writable")
-        self.folder, self.identity, self.max_bytes = folder, identity, max_bytes
+        self.folder, self.identity, self.max_bytes, self.model = folder, identity, max_bytes, model
         self.short_of_disk = False  # the last file was not written for want of disk space
         self.entries: dict[Path, Entry] = {}
         remove_partials(folder)
         headers = {}
-        for path in sorted(folder_files(folder, f"{PREFIX}*{SUFFIX}")):
+        for path in sorted(folder_files(folder, CACHE_NAME)):
             if (header := self._header(path)) is not None:
                 headers[path] = header
         self.entries = chained(headers)
@@ -110,7 +115,7 @@ class DiskCache:
         where that is worth it, the least recently used files removed first to make room; not
         where it would pass the bound alone, or leave the disk short (disk_files.py)."""
         matches = matched(self.entries, tokens)
-        held = self._holding(matches, len(tokens))
+        held = holding(self.entries, matches, len(tokens))
         if held is not None:  # the same answer again, or a turn asked again: not written again
             self._touch(held)
             return
@@ -142,7 +147,7 @@ class DiskCache:
             if parent is not None:
                 self._touch(parent)  # its chain is in use: removed last
             if size > self.max_bytes or not self._bound(room=size, keep=parent):
-                partial.unlink()  # over the bound alone, or its chain had to go
+                partial.unlink()  # no room within the bound, or its chain had to go
                 return
             path = self.folder / f"{PREFIX}{key}-{crc:08x}{SUFFIX}"
             os.replace(partial, path)
@@ -158,18 +163,10 @@ class DiskCache:
         for shorter in unused_prefixes(self.entries, matches, len(tokens)) if trimmable else []:
             self._forget(shorter)  # the new file cuts back to it, as mlx-lm drops them from memory
 
-    def _holding(self, matches: dict[Path, int], length: int) -> Entry | None:
-        """A file that holds the cache of the `length` tokens `matches` was made for: theirs, or
-        one that cuts back to them."""
-        for entry in self.entries.values():
-            if matches[entry.path] == length and (entry.end == length or entry.trimmable):
-                return entry
-        return None
-
     def _touch(self, entry: Entry) -> None:
         """Mark `entry`'s files recently used: evicted last."""
         for link in chain_of(self.entries, entry):
-            with contextlib.suppress(FileNotFoundError):  # removed since by a server sharing it
+            with contextlib.suppress(OSError):  # removed since by a server sharing it, or fixed
                 os.utime(link.path)
 
     def _header(self, path: Path) -> Entry | None:
@@ -177,6 +174,8 @@ class DiskCache:
         file, or (removed with a log line) a damaged one."""
         try:
             return header_entry(path, self.identity)
+        except FileNotFoundError:  # removed since it was listed, by a server sharing the folder
+            return None
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             self._damaged(path, e)
             return None
@@ -195,16 +194,21 @@ class DiskCache:
     def _read(self, entry: Entry) -> list | None:
         """The cache `entry`'s own file holds, checked against its name and header."""
         try:
-            if crc32(entry.path) != named_crc(entry.path):
-                raise ValueError("its crc32 does not match its name (the file changed)")
+            check_contents(entry.path)  # as long as its header says, the crc32 its name gives
             cache, metadata = load_prompt_cache(str(entry.path), return_metadata=True)
             said = identity_of(metadata), json.loads(metadata.get("streamer_tokens", "null"))
             if said != (self.identity, list(entry.own)):
                 raise ValueError("its metadata changed since it was listed")
             if entry.layout is not None and layout(cache) != entry.layout:
                 raise ValueError(f"it holds caches {layout(cache)}, not {entry.layout}")
+            if entry.trimmable and not can_trim_prompt_cache(cache):  # mlx-lm would cut nothing
+                raise ValueError("its header says it can be cut back, and its caches cannot")
             if not held_tokens(cache, len(entry.own), entry.end):
                 raise ValueError(f"it does not hold its {len(entry.own)} tokens")
+            if (foreign := foreign_arrays(cache)) is not None:
+                raise ValueError(foreign)
+            if self.model is not None:
+                check_prompt_cache(self.model, cache)  # ArgumentError naming the layer
             return cache
         except FileNotFoundError:  # another server sharing the folder removed it
             self._forget(entry.path)
@@ -213,18 +217,18 @@ class DiskCache:
         return None
 
     def _damaged(self, path: Path, error: Exception) -> None:
-        log.warning("ignoring damaged prompt cache %s (%s); removed", path, one_line(error))
-        self._forget(path)
+        done = "removed" if path in self._forget(path) else "left in place"
+        log.warning("ignoring damaged prompt cache %s (%s); %s", path, one_line(error), done)
 
     def _forget(self, path: Path) -> list[Path]:
-        """Remove the file at `path` and every file continuing it (of no use without it)."""
+        """Forget the file at `path` and every file continuing it (of no use without it),
+        removing them; those now gone."""
         gone = [path]
         for at in gone:  # grows as it goes: a chain's files, each once
             gone += [e.path for e in self.entries.values() if e.parent == at]
         for at in gone:
             self.entries.pop(at, None)
-            at.unlink(missing_ok=True)
-        return gone
+        return [at for at in gone if removed(at)]
 
     def _room_for(self, size: int) -> bool:
         """Whether a file of `size` bytes may be written: within the bound, and on a disk that
@@ -243,8 +247,8 @@ class DiskCache:
 
     def _bound(self, room: int, keep: Entry | None) -> bool:
         """Remove the least recently used files (every model's) until the folder holds `room`
-        bytes more within its bound; whether `keep`'s file (the one a new file continues) is
-        still there."""
+        bytes more within its bound; whether it does (files it cannot remove may fill it), with
+        `keep`'s file (the one a new file continues) still there."""
         sizes = cache_files(self.folder)
         total = sum(size for _, size in sizes.values()) + room
         for path in sorted(sizes, key=sizes.get):
@@ -253,4 +257,4 @@ class DiskCache:
             if path in sizes:
                 for gone in self._forget(path):
                     total -= sizes.pop(gone, (0, 0))[1]
-        return keep is None or keep.path in self.entries
+        return total <= self.max_bytes and (keep is None or keep.path in self.entries)

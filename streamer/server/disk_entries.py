@@ -11,7 +11,7 @@ from pathlib import Path
 import mlx.nn as nn
 
 from ..loading.handle import streaming
-from .disk_files import PREFIX, metadata_of
+from .disk_files import CACHE_NAME, metadata_of
 
 IDENTITY = "streamer_identity"  # a chained file's model; the first format's: "streamer_model"
 
@@ -68,7 +68,7 @@ def header_entry(path: Path, identity: str) -> Entry | None:
     if IDENTITY not in metadata:  # the first format: a whole cache, continued by none
         return Entry(path, tuple(tokens), trimmable)
     name = metadata["streamer_parent"]
-    if name and (Path(name).name != name or not name.startswith(PREFIX)):
+    if name and not CACHE_NAME.fullmatch(name):
         raise ValueError(f"it continues {name!r}, not a file of its folder")
     parent = path.with_name(name) if name else None
     start = int(metadata["streamer_start"])
@@ -147,6 +147,15 @@ def continued(
     if best is None or best.end - length > length:
         return None, 0
     return best, length
+
+
+def holding(entries: dict[Path, Entry], matches: dict[Path, int], length: int) -> Entry | None:
+    """The entry of a file that holds the cache of the `length` tokens `matches` was made for:
+    theirs, or one that cuts back to them."""
+    for entry in entries.values():
+        if matches[entry.path] == length and (entry.end == length or entry.trimmable):
+            return entry
+    return None
 
 
 def chain_of(entries: dict[Path, Entry], entry: Entry) -> list[Entry]:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import shutil
 import stat
 import zlib
@@ -20,8 +22,14 @@ from ..errors import StreamerError
 from ..io.sizes import size_text
 
 PREFIX, SUFFIX, PARTIAL = "prompt-", ".safetensors", ".partial-"
+# the names the cache writes (KEY: 24 hex digits, CRC: 8): prompt-KEY-CRC.safetensors, and
+# .partial-PID-KEY.safetensors while one is written; any other file is the user's, left alone
+CACHE_NAME = re.compile(rf"{PREFIX}[0-9a-f]{{24}}-[0-9a-f]{{8}}{re.escape(SUFFIX)}")
+PARTIAL_NAME = re.compile(rf"{re.escape(PARTIAL)}([0-9]+)-[0-9a-f]{{24}}{re.escape(SUFFIX)}")
 MAX_HEADER = 64 << 20  # a safetensors header longer than this is not one of ours
 DISK_RESERVE = 1 << 30  # left free on the disk whatever the bound
+
+log = logging.getLogger("streamer.server")
 
 
 def free_bytes(folder: Path) -> int:
@@ -59,20 +67,30 @@ def has_room(folder: Path, size: int) -> bool:
 def check_bound(folder: Path, max_bytes: int) -> None:
     """Refuse at start a bound the disk of `folder` cannot hold beside the files already there."""
     try:
-        held = sum(path.stat().st_size for path in folder_files(folder, f"{PREFIX}*{SUFFIX}"))
+        held = sum(path.stat().st_size for path in folder_files(folder, CACHE_NAME))
         check_room(folder, max_bytes, held)
     except OSError as e:  # a parent the user may not search, say
         raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
 
 
 def check_private(folder: Path) -> None:
-    """Refuse a folder another user may write to (or owns): a file planted there would be loaded
-    as a conversation's KV cache, and a link planted under a name about to be written would have
-    the write land on whatever it points to."""
+    """Refuse what is no folder (a file, a broken link), one this user cannot write, and a folder
+    another user may write to (or owns): a file planted there would be loaded as a conversation's
+    KV cache, and a link planted under a name about to be written would have the write land on
+    whatever it points to."""
     try:
         st = folder.stat()
     except FileNotFoundError:  # created by DiskCache, this user's own
+        if folder.is_symlink():  # mkdir would say "File exists"
+            raise StreamerError(
+                f"--prompt-cache-dir {folder} is a link to {os.readlink(folder)}, which does not "
+                "exist: give a folder."
+            ) from None
         return
+    except OSError as e:  # a loop of links, a name too long, a parent that is no folder
+        raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StreamerError(f"--prompt-cache-dir {folder} is not a folder.")
     if st.st_uid != os.getuid():
         raise StreamerError(
             f"--prompt-cache-dir {folder} belongs to another user, who could plant cache files "
@@ -84,6 +102,11 @@ def check_private(folder: Path) -> None:
             f"{stat.S_IMODE(st.st_mode):o}), who could plant cache files in it: give a folder of "
             f"your own, or `chmod o-w {folder}`."
         )
+    if not os.access(folder, os.W_OK):
+        raise StreamerError(
+            f"--prompt-cache-dir {folder} is not writable (its permissions, or a read-only disk): "
+            "give a folder you may write to."
+        )
 
 
 def create_private(path: Path) -> None:
@@ -94,18 +117,35 @@ def create_private(path: Path) -> None:
 
 def metadata_of(path: Path) -> dict:
     with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if not 0 < n <= MAX_HEADER:
-            raise ValueError(f"a safetensors header of {n} bytes")
-        header = json.loads(f.read(n))
-    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
+        header, _ = _header(f)
+    if not isinstance(header.get("__metadata__"), dict):
         raise ValueError("no metadata in its header")
     return header["__metadata__"]
 
 
-def named_crc(path: Path) -> int:
-    """The crc32 a cache file's name gives (prompt-KEY-CRC.safetensors); ValueError if none."""
-    return int(path.name.removesuffix(SUFFIX).rsplit("-", 1)[1], 16)
+def check_contents(path: Path) -> None:
+    """ValueError unless the cache file at `path` is as long as its header says (one grown sparse
+    to terabytes was read through for its crc32) and has the crc32 its name gives."""
+    with open(path, "rb") as f:
+        header, length = _header(f)
+        size = os.fstat(f.fileno()).st_size
+    tensors = [t for name, t in header.items() if name != "__metadata__"]
+    said = 8 + length + max((t["data_offsets"][1] for t in tensors), default=0)
+    if size != said:
+        raise ValueError(f"it is {size} bytes, and its header says {said}")
+    if crc32(path) != int(path.name.removesuffix(SUFFIX).rsplit("-", 1)[1], 16):
+        raise ValueError("its crc32 does not match its name (the file changed)")
+
+
+def _header(f) -> tuple[dict, int]:
+    """The safetensors header of the file open as `f` (at its start), and its length."""
+    n = int.from_bytes(f.read(8), "little")
+    if not 0 < n <= MAX_HEADER:
+        raise ValueError(f"a safetensors header of {n} bytes")
+    header = json.loads(f.read(n))
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    return header, n
 
 
 def crc32(path: Path) -> int:
@@ -118,26 +158,41 @@ def crc32(path: Path) -> int:
 
 def remove_partials(folder: Path) -> None:
     """Partial files of writes that never finished: their process is gone."""
-    for path in folder_files(folder, f"{PARTIAL}*"):
-        pid = path.name.removeprefix(PARTIAL).split("-", 1)[0]
-        if pid.isascii() and pid.isdigit() and _gone(int(pid)):  # "²" is a digit to isdigit
-            path.unlink(missing_ok=True)
+    for path in folder_files(folder, PARTIAL_NAME):
+        if _gone(int(PARTIAL_NAME.fullmatch(path.name)[1])):
+            removed(path)
+
+
+def removed(path: Path) -> bool:
+    """Whether the cache's file at `path` is gone, removed now or before; where it cannot be (a
+    file of another user in a sticky folder, an immutable one, a disk remounted read-only), it
+    is left in place with a log line."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("prompt cache %s cannot be removed (%s); left in place", path, e.strerror or e)
+        return False
+    return True
 
 
 def cache_files(folder: Path) -> dict[Path, tuple[int, int]]:
     """Each cache file of `folder` (every model's): (its mtime_ns, its size)."""
     found = {}
-    for path in folder_files(folder, f"{PREFIX}*{SUFFIX}"):
+    for path in folder_files(folder, CACHE_NAME):
         with contextlib.suppress(FileNotFoundError):  # removed since by a server sharing it
             st = path.stat()
             found[path] = (st.st_mtime_ns, st.st_size)
     return found
 
 
-def folder_files(folder: Path, pattern: str) -> list[Path]:
-    """The files (or links to them) matching `pattern`: a folder or special file under a cache
-    file's name is not one of ours, and unlinking it raised at start."""
-    return [path for path in folder.glob(pattern) if path.is_file()]
+def folder_files(folder: Path, name: re.Pattern) -> list[Path]:
+    """The files (or links to them) whose whole name is `name`: a folder or special file under a
+    cache file's name is not one of ours, and unlinking it raised at start."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:  # not made yet (DiskCache makes it)
+        return []
+    return [folder / n for n in names if name.fullmatch(n) and (folder / n).is_file()]
 
 
 def _gone(pid: int) -> bool:

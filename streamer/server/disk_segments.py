@@ -50,6 +50,23 @@ def held_tokens(cache: list, own: int, whole: int) -> bool:
     return True
 
 
+def foreign_arrays(cache: list) -> str | None:
+    """What in a file's `cache` no prompt of streamer's makes, whatever the model (a file made by
+    hand or by another program): keys or values of several sequences, or not floats; None if
+    nothing."""
+    for layer in leaves(cache):
+        for name in ("keys", "values"):
+            held = getattr(layer, name, None)  # a quantized cache's: (data, scales, biases)
+            arrays = list(held) if isinstance(held, (list, tuple)) else [held]
+            if not arrays or not isinstance(arrays[0], mx.array):
+                continue
+            if arrays[0].ndim == 0 or arrays[0].shape[0] != 1:
+                return f"its {name} are of {arrays[0].shape[:1]} sequences, not 1"
+            if not mx.issubdtype(arrays[-1].dtype, mx.floating):
+                return f"its {name} are {arrays[-1].dtype}, not floats"
+    return None
+
+
 def segment(cache: list, start: int) -> list:
     """What a file continuing `start` tokens holds of `cache`: its KV layers' keys and values from
     `start` on (and none past the offset: mlx-lm's buffers run to a multiple of 256), every other
