@@ -50,6 +50,10 @@ def plan(args: argparse.Namespace) -> None:
     quantize = q and (q.bits, q.group_size, q.mode)
     kv = (args.kv_bits, args.kv_group_size) if args.kv_bits else None
     # --quantize plans a repack of the download; without it, a pulled name is its repacked folder
-    source = resolve(args.source) if quantize else model_path(args.source)
+    # (config.json is all a plan needs: `hf download org/name config.json` caches it alone)
+    if quantize:
+        source = resolve(args.source, config_only=True)
+    else:
+        source = model_path(args.source, config_only=True)
     result = plan(source, memory, quantize=quantize, dtype=default_dtype(), kv=kv)
     emit(result.json() if args.json else "\n".join(result.lines()))
