@@ -109,3 +109,27 @@ def test_mlx_lm_convert_s_spellings_are_taken_or_told(flags, said, capsys):
     assert main(["repack", "a", "b", *flags]) == 2
     err = capsys.readouterr().err
     assert said in err and "write --" not in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("genrate", "generate"), ("server", "serve"), ("convert", "repack"), ("run", "chat")],
+)
+def test_a_mistyped_command_or_another_tool_s_is_told_ours(typed, meant, capsys):
+    """`streamer genrate` listed the commands without a did-you-mean, as an option's typo has;
+    mlx_lm.convert's and Ollama's command names were only "invalid choice"."""
+    assert main([typed, "--help"]) == 2
+    err = capsys.readouterr().err
+    assert f"(did you mean {meant}?)" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("command", ["chat", "serve"])
+@pytest.mark.parametrize("flag", ["--prompt", "-p", "--prompt=hi"])
+def test_a_prompt_given_to_chat_or_serve_says_where_prompts_go(command, flag, capsys):
+    """`streamer chat --prompt hi`, as generate takes it, said "ambiguous option: --prompt could
+    match --prompt-cache-dir, ..."; `-p hi` "unrecognized arguments: -p"."""
+    given = [flag] if "=" in flag else [flag, "hi"]
+    assert main([command, "--model", "/nonexistent", *given]) == 2
+    err = capsys.readouterr().err
+    assert f"{command} takes no prompt" in err and "ambiguous" not in err, err
+    assert len(err.splitlines()) == 1, err

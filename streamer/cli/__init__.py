@@ -28,6 +28,9 @@ NO_MODEL = (
     "repack a downloaded MoE checkpoint with `streamer repack SRC DST` and pass --model DST, or "
     "run `streamer demo` to see the whole pipeline on a built-in model"
 )
+# Other tools' commands for what a streamer command does (mlx_lm.convert, `ollama run`, `ollama
+# show`, `lms get`): typed by their users, they get ours as a did-you-mean
+THEIR_COMMANDS = {"convert": "repack", "run": "chat", "show": "info", "get": "pull"}
 
 
 class DefaultsShown(argparse.HelpFormatter):
@@ -50,10 +53,13 @@ class Parser(argparse.ArgumentParser):
     ...`, exit 2), with where to look instead of the usage block. Its subcommands' parsers are
     of this class too (add_subparsers makes its parent's class), help showing defaults."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, not_taken: dict[str, str] | None = None, **kwargs):
         kwargs.setdefault("formatter_class", DefaultsShown)
         super().__init__(*args, **kwargs)
         self._words: list[str] = []
+        # options another command takes that this one refuses with why (chat's --prompt):
+        # argparse said "ambiguous option" where they begin longer options of this one
+        self._not_taken = not_taken or {}
 
     def parse_known_args(self, args=None, namespace=None):
         self._words = list(sys.argv[1:] if args is None else args)
@@ -70,6 +76,12 @@ class Parser(argparse.ArgumentParser):
         return parsed
 
     def error(self, message: str):
+        words = [w.split("=", 1)[0] for w in self._words[: _end(self._words)]]
+        taken_elsewhere = [self._not_taken[w] for w in words if w in self._not_taken]
+        if taken_elsewhere:
+            raise StreamerError(f"{taken_elsewhere[0]} (see `{self.prog} --help`)")
+        if message.startswith("argument command: invalid choice: "):
+            message += self._command_meant(message.split("'")[1])
         # argparse finds a required option missing before it reports an unknown one: `--promt
         # hi` said "--prompt is required", hiding the typo
         unknown = [w for w in self._words[: _end(self._words)] if self._unknown_option(w)]
@@ -83,6 +95,11 @@ class Parser(argparse.ArgumentParser):
         if message.startswith("the following arguments are required") and "--model" in message:
             message += f" ({NO_MODEL})"
         raise StreamerError(f"{message} (see `{self.prog} --help`)")
+
+    def _command_meant(self, typed: str) -> str:
+        commands = list(self._subparsers._group_actions[0].choices)
+        close = difflib.get_close_matches(typed, commands, 1) or [THEIR_COMMANDS.get(typed)]
+        return f" (did you mean {close[0]}?)" if close[0] else ""
 
     def _value_taken_for_an_option(self, message: str) -> str:
         """argparse takes a value that begins with '-' (`--memory-budget -1G`) for an option and

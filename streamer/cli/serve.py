@@ -39,10 +39,17 @@ API_KEY_ENV = "STREAMER_API_KEY"
 # The memory the kept KV caches may take by default, as llama.cpp's server's --cache-ram: their
 # number alone (--prompt-cache-size) let ten long conversations' caches outgrow the memory
 PROMPT_CACHE_BYTES = "8G"
+GENERATE_PROMPT = ("--prompt", "-p")  # generate's, which serve and chat refuse saying why
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a streamed model")
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server for a streamed model",
+        not_taken=dict.fromkeys(
+            GENERATE_PROMPT, "serve takes no prompt: each request carries its own"
+        ),
+    )
     add_model(p)
     p.add_argument(
         "--served-model-name",
@@ -94,7 +101,13 @@ def add_parsers(sub) -> None:
     p.set_defaults(run=serve)
 
     p = sub.add_parser(
-        "chat", help="a conversation in the terminal with a repacked model or an MLX download"
+        "chat",
+        help="a conversation in the terminal with a repacked model or an MLX download",
+        not_taken=dict.fromkeys(
+            GENERATE_PROMPT,
+            "chat takes no prompt: type each message at its >> prompt, or pipe them in (`echo "
+            "hi | streamer chat --model M`); `streamer generate --prompt` answers one",
+        ),
     )
     add_model(p)
     p.add_argument(
