@@ -133,3 +133,34 @@ def test_a_prompt_given_to_chat_or_serve_says_where_prompts_go(command, flag, ca
     err = capsys.readouterr().err
     assert f"{command} takes no prompt" in err and "ambiguous" not in err, err
     assert len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_each_command_s_help_says_what_it_does(command):
+    """`streamer pull --help` began with the usage and the options: the line `streamer --help`
+    gives each command was not said."""
+    top = parser()
+    summary = next(
+        a.help for a in top._subparsers._group_actions[0]._choices_actions if a.dest == command
+    )
+    said = " ".join(_commands()[command].format_help().split())
+    assert " ".join(summary.split()) in said, (command, said[:300])
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_the_many_options_are_grouped_by_what_they_set(command):
+    """generate's 30 options were one list under "options:": sampling, the KV cache, drafting
+    and loading each have their heading, as mlx_lm.server's and llama.cpp's help groups them."""
+    p = _commands()[command]
+    groups = {
+        g.title: {o for a in g._group_actions for o in a.option_strings} for g in p._action_groups
+    }
+    assert {"--kv-bits", "--quantized-kv-start"} <= groups["KV cache"]
+    assert {"--draft-model", "--prompt-lookup", "--num-draft-tokens"} <= groups[
+        "speculative decoding"
+    ]
+    assert {"--memory-budget", "--dtype", "--read-path", "--verify-reads"} <= groups["loading"]
+    if command != "serve":  # serve's are a request's defaults, beside its other defaults
+        assert {"--temp", "--top-p", "--top-k", "--min-p", "--seed"} <= groups["sampling"]
+    else:
+        assert {"--prompt-cache-size", "--prompt-cache-dir"} <= groups["prompt caches"]

@@ -150,6 +150,9 @@ def parser() -> argparse.ArgumentParser:
     info.add_parser(sub)
     demo.add_parser(sub)
     launch.add_parser(sub)  # last: it knows the other commands' names
+    for summary in sub._choices_actions:  # a command's --help opens with what it does
+        command = sub.choices[summary.dest]
+        command.description = command.description or summary.help
     return ap
 
 

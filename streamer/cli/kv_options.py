@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..arguments import KV_BITS, KV_GROUP_SIZES, check_at_least
 from ..errors import StreamerError
-from .options import size
+from .options import option_group, size
 
 # mlx_lm.generate's DEFAULT_QUANTIZED_KV_START (tests/test_dtype_and_kv.py checks it), written
 # here so that --help needs no mlx-lm import
@@ -17,6 +17,7 @@ QUANTIZED_KV_START = 5000
 
 def add_kv_cache(p: argparse.ArgumentParser) -> None:
     """mlx-lm's quantized KV cache flags, as mlx_lm.generate spells them."""
+    p = option_group(p, "KV cache")
     p.add_argument(
         "--kv-bits",
         type=int,
@@ -41,6 +42,7 @@ def add_kv_cache(p: argparse.ArgumentParser) -> None:
 
 def add_max_kv_size(p: argparse.ArgumentParser) -> None:
     """mlx_lm.generate's and mlx_lm.chat's --max-kv-size, with their default (no bound)."""
+    p = option_group(p, "KV cache")
     p.add_argument(
         "--max-kv-size",
         type=int,
@@ -77,6 +79,7 @@ def check_kv_fits(model, options: dict) -> None:
 
 
 def add_prompt_cache_dir(p: argparse.ArgumentParser) -> None:
+    p = option_group(p, "prompt caches")
     p.add_argument(
         "--prompt-cache-dir",
         metavar="DIR",

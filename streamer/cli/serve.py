@@ -30,25 +30,29 @@ from .options import (
     check_sampling_flags,
     load_options,
     model_folder,
+    option_group,
     prefill_option,
     size,
 )
-from .prompt_text import CLOSED_STDIN, check_template_flags, template_variables, text_flags
+from .prompt_text import (
+    CLOSED_STDIN,
+    check_template_flags,
+    no_prompt_flags,
+    template_variables,
+    text_flags,
+)
 
 API_KEY_ENV = "STREAMER_API_KEY"
 # The memory the kept KV caches may take by default, as llama.cpp's server's --cache-ram: their
 # number alone (--prompt-cache-size) let ten long conversations' caches outgrow the memory
 PROMPT_CACHE_BYTES = "8G"
-GENERATE_PROMPT = ("--prompt", "-p")  # generate's, which serve and chat refuse saying why
 
 
 def add_parsers(sub) -> None:
     p = sub.add_parser(
         "serve",
         help="an OpenAI-compatible HTTP server for a streamed model",
-        not_taken=dict.fromkeys(
-            GENERATE_PROMPT, "serve takes no prompt: each request carries its own"
-        ),
+        not_taken=no_prompt_flags("serve"),
     )
     add_model(p)
     p.add_argument(
@@ -77,15 +81,17 @@ def add_parsers(sub) -> None:
         help="the chat template's variables where a request's chat_template_kwargs does not set "
         "them, as mlx_lm.server's: e.g. '{\"enable_thinking\": false}' (Qwen3: no thinking)",
     )
-    p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
-    p.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
-    p.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
-    p.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
-    p.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
-    p.add_argument(
+    unset = p.add_argument_group("a request's defaults")
+    unset.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
+    unset.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
+    unset.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
+    unset.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
+    unset.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
+    caches = option_group(p, "prompt caches")
+    caches.add_argument(
         "--prompt-cache-size", type=int, default=10, metavar="N", help="KV caches kept for reuse"
     )
-    p.add_argument(
+    caches.add_argument(
         "--prompt-cache-bytes",
         type=size,
         default=PROMPT_CACHE_BYTES,
@@ -103,11 +109,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser(
         "chat",
         help="a conversation in the terminal with a repacked model or an MLX download",
-        not_taken=dict.fromkeys(
-            GENERATE_PROMPT,
-            "chat takes no prompt: type each message at its >> prompt, or pipe them in (`echo "
-            "hi | streamer chat --model M`); `streamer generate --prompt` answers one",
-        ),
+        not_taken=no_prompt_flags("chat"),
     )
     add_model(p)
     p.add_argument(
