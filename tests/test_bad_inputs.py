@@ -187,6 +187,12 @@ def test_a_folder_appearing_at_the_destination_is_left_alone(checkpoints, tmp_pa
     streamer.load(dst)
 
 
+def test_a_repacked_folder_given_to_repack_is_told_it_streams_as_it_is(checkpoints, tmp_path):
+    """It said "DIR holds no model*.safetensors files: nothing to repack"."""
+    repacked = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    assert_refused(repacked, tmp_path, f"{repacked} is repacked already", f"--model {repacked}")
+
+
 def test_already_quantized_checkpoint_with_quantize(checkpoints, tmp_path):
     from streamer.repack import Quantize
 

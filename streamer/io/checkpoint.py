@@ -13,6 +13,7 @@ from ..errors import StreamerError
 from .file_watch import identity
 from .files import check_folder_files, check_utf8_path, open_regular
 from .json_file import read_json_object
+from .manifest import MANIFEST_FILE
 from .safetensors import TensorInfo, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -138,6 +139,11 @@ class Checkpoint:
         shards += [
             path for name, path in self.stand_ins.items() if self.folder / name not in shards
         ]
+        if not shards and (self.folder / MANIFEST_FILE).exists():  # a repack's output
+            raise StreamerError(
+                f"{self.folder} is repacked already (it holds {MANIFEST_FILE}): it streams as it "
+                f"is, with --model {self.folder}; repack takes a checkpoint as downloaded."
+            )
         if not shards:
             raise StreamerError(
                 f"{self.folder} holds no model*.safetensors files: nothing to repack."
