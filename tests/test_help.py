@@ -164,3 +164,11 @@ def test_the_many_options_are_grouped_by_what_they_set(command):
         assert {"--temp", "--top-p", "--top-k", "--min-p", "--seed"} <= groups["sampling"]
     else:
         assert {"--prompt-cache-size", "--prompt-cache-dir"} <= groups["prompt caches"]
+
+
+def test_streamer_alone_lists_the_commands(capsys):
+    """`streamer` with nothing said "the following arguments are required: command": a first run
+    gets what `streamer --help` gives, as `ollama` and `lms` alone do."""
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: streamer") and all(c in out for c in _commands()), out

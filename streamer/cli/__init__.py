@@ -16,6 +16,7 @@ from .interrupts import exiting_on_ctrl_c, interrupt_in, interrupted_status
 from .mlx_lm_flags import mlx_lm_only
 from .output import (
     OutputFailed,
+    emit,
     error_line,
     report,
     set_up_output,
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     args = None
     try:
+        if not (sys.argv[1:] if argv is None else argv):  # `streamer` alone: what --help says
+            emit(parser().format_help().rstrip())
+            return 0
         args = parser().parse_args(argv)
         return args.run(args) or 0
     except StreamerError as e:
