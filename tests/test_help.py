@@ -172,3 +172,10 @@ def test_streamer_alone_lists_the_commands(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: streamer") and all(c in out for c in _commands()), out
+
+
+def test_the_commands_are_listed_in_the_order_a_first_run_takes_them():
+    """`streamer --help` began with pull, repack, split and verify; the README's first run is
+    demo, then plan, pull, generate, chat and serve, each in the order it gives them."""
+    first_run = ["demo", "plan", "pull", "generate", "chat", "serve"]
+    assert list(_commands())[: len(first_run)] == first_run

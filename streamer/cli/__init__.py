@@ -142,14 +142,15 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--version", action="version", version=f"streamer {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
+    # in the order a first run takes them (the README's), then the rest
+    demo.add_parser(sub)
+    plan.add_parser(sub)
     pull.add_parser(sub)
-    repack.add_parsers(sub)
-    verify.add_parser(sub)
     generate.add_parser(sub)
     serve.add_parsers(sub)
-    plan.add_parser(sub)
+    repack.add_parsers(sub)
     info.add_parser(sub)
-    demo.add_parser(sub)
+    verify.add_parser(sub)
     launch.add_parser(sub)  # last: it knows the other commands' names
     for summary in sub._choices_actions:  # a command's --help opens with what it does
         command = sub.choices[summary.dest]

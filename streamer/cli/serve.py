@@ -50,6 +50,25 @@ PROMPT_CACHE_BYTES = "8G"
 
 def add_parsers(sub) -> None:
     p = sub.add_parser(
+        "chat",
+        help="a conversation in the terminal with a repacked model or an MLX download",
+        not_taken=no_prompt_flags("chat"),
+    )
+    add_model(p)
+    p.add_argument(
+        "--max-tokens", "-m", type=int, default=512, help="per answer"
+    )  # mlx_lm.chat's -m
+    add_sampling(p)
+    add_template(p)
+    add_prompt_cache_dir(p)
+    add_prefill_step_size(p)
+    add_max_kv_size(p)
+    add_kv_cache(p)
+    add_drafting(p)
+    add_loading(p)
+    p.set_defaults(run=chat)
+
+    p = sub.add_parser(
         "serve",
         help="an OpenAI-compatible HTTP server for a streamed model",
         not_taken=no_prompt_flags("serve"),
@@ -105,25 +124,6 @@ def add_parsers(sub) -> None:
     add_drafting(p)
     add_loading(p)
     p.set_defaults(run=serve)
-
-    p = sub.add_parser(
-        "chat",
-        help="a conversation in the terminal with a repacked model or an MLX download",
-        not_taken=no_prompt_flags("chat"),
-    )
-    add_model(p)
-    p.add_argument(
-        "--max-tokens", "-m", type=int, default=512, help="per answer"
-    )  # mlx_lm.chat's -m
-    add_sampling(p)
-    add_template(p)
-    add_prompt_cache_dir(p)
-    add_prefill_step_size(p)
-    add_max_kv_size(p)
-    add_kv_cache(p)
-    add_drafting(p)
-    add_loading(p)
-    p.set_defaults(run=chat)
 
 
 def serve(args: argparse.Namespace) -> None:
