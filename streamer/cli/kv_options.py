@@ -61,6 +61,10 @@ def kv_options(args: argparse.Namespace) -> dict:
     options = {} if bound is None else {"max_kv_size": bound}
     if args.kv_bits is None:
         return options
+    if bound is not None:  # every cache it makes is rotating: refused before the model loads
+        from ..kv_quantization import cannot_quantize
+
+        raise cannot_quantize("RotatingKVCache", "max_kv_size")
     return {
         **options,
         "kv_bits": args.kv_bits,
