@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from ..errors import StreamerError
 from .file_watch import identity
-from .files import check_folder_files, check_utf8_path, open_regular
+from .files import check_folder_files, check_utf8_path, gguf_refusal, open_regular
 from .json_file import read_json_object
 from .manifest import MANIFEST_FILE
 from .safetensors import TensorInfo, read_header
@@ -91,6 +91,9 @@ class Checkpoint:
     def __init__(self, folder: Path | str, stand_ins: dict[str, Path] | None = None):
         self.folder = Path(folder)
         self.stand_ins = dict(stand_ins or {})
+        gguf = gguf_refusal(self.folder)
+        if gguf:
+            raise StreamerError(gguf)
         if not self.folder.is_dir():
             raise StreamerError(
                 f"{self.folder} is not a folder: give the folder of a downloaded checkpoint."
