@@ -247,3 +247,13 @@ def test_info_s_resident_bytes_are_said_to_be_as_stored(checkpoints, capsys):
     assert main(["plan", str(folder)]) == 0
     [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("resident")]
     assert size_text(in_memory) in line and "in memory" in line, line
+
+
+def test_info_of_a_download_to_repack_points_at_plan(checkpoints, capsys):
+    """`streamer info` of a bf16 download (its help: "a download") said only to repack it: plan is
+    what describes such a download, and what its repack will hold."""
+    download = str(checkpoints.hf("qwen3_moe"))
+    assert main(["info", download]) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"`streamer plan {download}`" in line and f"streamer repack {download} DST" in line
+    assert "\n" not in line, line
