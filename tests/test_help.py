@@ -179,3 +179,11 @@ def test_the_commands_are_listed_in_the_order_a_first_run_takes_them():
     demo, then plan, pull, generate, chat and serve, each in the order it gives them."""
     first_run = ["demo", "plan", "pull", "generate", "chat", "serve"]
     assert list(_commands())[: len(first_run)] == first_run
+
+
+def test_pull_s_help_gives_where_this_machine_repacks(tmp_path, monkeypatch):
+    """--dst's default was written as ~/.cache/streamer/models/org--name, which is not where a Mac
+    (~/Library/Caches/streamer) or $STREAMER_CACHE_DIR puts it."""
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "cache"))
+    said = "".join(_commands()["pull"].format_help().split())  # argparse wraps the path
+    assert f"(default:{tmp_path / 'cache' / 'models'}/org--name" in said, said
