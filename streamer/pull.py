@@ -65,7 +65,8 @@ def pull(
         note = unused if quantize or delete_source else ""
         log(f"[pull] {name}: MLX-quantized, streams in place from {snapshot}{note}")
         return snapshot
-    log(f"[pull] {name} is not MLX-quantized: repacking it into {dst}")
+    kept = "" if quantize else " unquantized (`--quantize 4` quantizes it as mlx_lm.convert -q)"
+    log(f"[pull] {name} is not MLX-quantized: repacking it{kept} into {dst}")
     if delete_source:
         own_files(snapshot)
     options = {"quantize": quantize, "force": force, "delete_source": delete_source, "log": log}
