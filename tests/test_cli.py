@@ -385,3 +385,12 @@ def test_closed_standard_descriptors_are_held_by_dev_null():
     )
     number, stderr = result.stdout.split()
     assert int(number) > 2 and stderr == os.devnull
+
+
+def test_a_size_typed_as_two_words_is_shown_as_one(capsys):
+    """`--memory-budget 8 GB` (as sizes are written in prose) said "unrecognized arguments: GB"."""
+    from streamer.cli import main
+
+    assert main(["generate", "--model", "m", "-p", "hi", "--memory-budget", "8", "GB"]) == 2
+    err = capsys.readouterr().err
+    assert "write the size as one word: --memory-budget 8GB" in err and len(err.splitlines()) == 1

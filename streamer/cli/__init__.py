@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import errno
+import re
 import sys
 import time
 
@@ -29,6 +30,7 @@ NO_MODEL = (
     "repack a downloaded MoE checkpoint with `streamer repack SRC DST` and pass --model DST, or "
     "run `streamer demo` to see the whole pipeline on a built-in model"
 )
+SIZE_UNIT = re.compile(r"[KMGT]i?B?$", re.IGNORECASE)  # what follows a size's number
 # Other tools' commands for what a streamer command does (mlx_lm.convert, `ollama run`, `ollama
 # show`, `lms get`): typed by their users, they get ours as a did-you-mean
 THEIR_COMMANDS = {"convert": "repack", "run": "chat", "show": "info", "get": "pull"}
@@ -91,6 +93,8 @@ class Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(unknown[0].split("=")[0], self._option_names(), 1)
             message += f" (did you mean {close[0]}?)" if close else ""
             message = mlx_lm_only(unknown[0]) or message
+        if message.startswith("unrecognized arguments: "):
+            message += self._size_in_two_words(message.split()[2])
         if message.endswith(": expected one argument"):
             message += self._value_taken_for_an_option(message)
         if message.startswith("the following arguments are required") and "--model" in message:
@@ -101,6 +105,15 @@ class Parser(argparse.ArgumentParser):
         commands = list(self._subparsers._group_actions[0].choices)
         close = difflib.get_close_matches(typed, commands, 1) or [THEIR_COMMANDS.get(typed)]
         return f" (did you mean {close[0]}?)" if close[0] else ""
+
+    def _size_in_two_words(self, extra: str) -> str:
+        """`--memory-budget 8 GB`, as sizes are written in prose: argparse left the unit over."""
+        words = self._words[: _end(self._words)]
+        for option, number, unit in zip(words, words[1:], words[2:]):
+            action = self._option_string_actions.get(option)
+            if unit == extra and action and action.metavar == "SIZE" and SIZE_UNIT.match(unit):
+                return f" (write the size as one word: {option} {number}{unit})"
+        return ""
 
     def _value_taken_for_an_option(self, message: str) -> str:
         """argparse takes a value that begins with '-' (`--memory-budget -1G`) for an option and
