@@ -11,7 +11,7 @@ import time
 
 from .. import __version__
 from ..errors import StreamerError
-from . import demo, generate, info, launch, plan, pull, repack, serve, verify
+from . import chat_command, demo, generate, info, launch, plan, pull, repack, serve, verify
 from .demo import DEMO_MODEL
 from .interrupts import exiting_on_ctrl_c, interrupt_in, interrupted_status
 from .mlx_lm_flags import mlx_lm_only
@@ -160,7 +160,8 @@ def parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     pull.add_parser(sub)
     generate.add_parser(sub)
-    serve.add_parsers(sub)
+    chat_command.add_parser(sub)
+    serve.add_parser(sub)
     repack.add_parsers(sub)
     info.add_parser(sub)
     verify.add_parser(sub)
