@@ -257,3 +257,18 @@ def test_info_of_a_download_to_repack_points_at_plan(checkpoints, capsys):
     line = capsys.readouterr().err.strip()
     assert f"`streamer plan {download}`" in line and f"streamer repack {download} DST" in line
     assert "\n" not in line, line
+
+
+def test_a_port_in_use_is_said_before_the_model_loads(capsys):
+    """`serve --port P` with P taken loaded the model (minutes for a large one), then said only
+    "cannot listen on 127.0.0.1:P: Address already in use"."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--model", "/nonexistent", "--port", str(port)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "another --port" in line, line
+    assert "\n" not in line, line

@@ -114,11 +114,13 @@ def serve(args: argparse.Namespace) -> None:
     variables = args.chat_template_args
     variables = {} if variables is None else template_variables(variables, "--chat-template-args")
     from ..parallel.group import launched_group
-    from ..server import open_engine, open_model, serve, start_logging
+    from ..server import check_listening, open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
 
     start_logging()
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
+    if group is None or group.rank() == 0:
+        check_listening(args.host, args.port)
     loading = load_options(args, group)
     folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, loading)
