@@ -272,3 +272,12 @@ def test_a_port_in_use_is_said_before_the_model_loads(capsys):
     line = capsys.readouterr().err.strip()
     assert f"cannot listen on 127.0.0.1:{port}" in line and "another --port" in line, line
     assert "\n" not in line, line
+
+
+@pytest.mark.parametrize("typed", ["16", "512"])
+def test_plan_s_memory_without_a_unit_is_not_taken_as_bytes_to_plan_for(typed, capsys):
+    """`plan --memory 16` (16 GB meant) planned for 16 bytes: "runs no ... in 16 B", a slot pool
+    of 1 slot in "75% of 0 B available"."""
+    assert main(["plan", "/nonexistent", "--memory", typed]) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"--memory: {typed} counts bytes" in line and f"write {typed}G" in line, line
