@@ -227,3 +227,14 @@ def test_a_pull_that_cannot_reach_the_hub_is_not_ready_with_the_config_alone(
     assert "cannot reach the Hub" in err and "ready" not in err and len(err.splitlines()) == 1
     assert main(["pull", "tiny-org/Tiny-MLX"]) == 0  # a whole download the cache holds
     assert "streams in place" in capsys.readouterr().err
+
+
+def test_the_dependency_floor_has_what_the_lookup_imports():
+    """pyproject.toml asked for huggingface_hub>=0.23, which has no errors.IncompleteSnapshotError
+    (1.22 brought it): an install beside an older one failed every org/name with an ImportError."""
+    import re
+
+    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    floor = re.search(r'"huggingface_hub>=([\d.]+)[";]', pyproject)
+    assert floor, "pyproject.toml gives huggingface_hub no floor"
+    assert tuple(int(x) for x in floor[1].split(".")) >= (1, 22), floor[0]
