@@ -19,7 +19,9 @@ the class recording the ranks' ends also runs those on other hosts (launch_ranks
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -101,11 +103,25 @@ def _command_words(words: list[str], commands: tuple[str, ...]) -> list[str]:
         return words  # --help, --print-python, or a command mlx.launch's parser finds alone
     at = words.index("--")
     command = words[at + 1 :]
+    if command and command[0] not in commands:
+        _check_not_mistyped(command[0], commands)
     if command and command[0] in commands:
         own_python = any(w == "--python" or w.startswith("--python=") for w in words[:at])
         python = [] if own_python else [sys.executable]
         command = [*python, "-c", RANK_BOOTSTRAP, *command]
     return [*words[: at + 1], *command]
+
+
+def _check_not_mistyped(program: str, commands: tuple[str, ...]) -> None:
+    """A word after `--` that is no streamer command runs as a program on each rank: one that is
+    no program here either, but close to a command, is that command mistyped (each rank failed
+    with `exec: genrate: not found`)."""
+    close = difflib.get_close_matches(program, commands, 1)
+    if close and shutil.which(program) is None:
+        raise StreamerError(
+            f"{program!r} after `--` is neither a streamer command nor a program here (did you "
+            f"mean {close[0]}?)."
+        )
 
 
 def _check_chat_input(words: list[str], rank_0_host: str) -> None:
