@@ -238,3 +238,13 @@ def test_the_dependency_floor_has_what_the_lookup_imports():
     floor = re.search(r'"huggingface_hub>=([\d.]+)[";]', pyproject)
     assert floor, "pyproject.toml gives huggingface_hub no floor"
     assert tuple(int(x) for x in floor[1].split(".")) >= (1, 22), floor[0]
+
+
+def test_plan_of_a_name_not_cached_says_to_fetch_its_config_alone(hub, capsys):
+    """plan answers before a download, from config.json: for a name not in the cache it said
+    "download it with `streamer pull org/name`", the whole model (hundreds of GB for some)."""
+    for argv in (["plan", "tiny-org/Missing"], ["plan", "tiny-org/Missing", "--quantize", "4"]):
+        assert main(argv) == 2
+        line = capsys.readouterr().err.strip()
+        assert "`hf download tiny-org/Missing config.json`" in line, line
+        assert "streamer pull" not in line and "\n" not in line, line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..arguments import KV_BITS, KV_GROUP_SIZES
+from ..errors import StreamerError
 from .options import add_quantize, quantize_option, size
 from .output import emit
 
@@ -49,7 +50,7 @@ def memory(text: str) -> int:
 
 def plan(args: argparse.Namespace) -> None:
     from ..loading.backend import default_dtype
-    from ..loading.hub import model_path, resolve
+    from ..loading.hub import NotCached, model_path, resolve
     from ..plan import plan
 
     if args.memory is None:
@@ -63,9 +64,15 @@ def plan(args: argparse.Namespace) -> None:
     kv = (args.kv_bits, args.kv_group_size) if args.kv_bits else None
     # --quantize plans a repack of the download; without it, a pulled name is its repacked folder
     # (config.json is all a plan needs: `hf download org/name config.json` caches it alone)
-    if quantize:
-        source = resolve(args.source, config_only=True)
-    else:
-        source = model_path(args.source, config_only=True)
+    try:
+        if quantize:
+            source = resolve(args.source, config_only=True)
+        else:
+            source = model_path(args.source, config_only=True)
+    except NotCached as e:  # not the whole model's download, which NotCached's words say
+        raise StreamerError(
+            f"{e.name} is neither a folder nor in the Hugging Face cache: plan reads its "
+            f"config.json alone, which `hf download {e.name} config.json` fetches."
+        ) from None
     result = plan(source, memory, quantize=quantize, dtype=default_dtype(), kv=kv)
     emit(result.json() if args.json else "\n".join(result.lines()))

@@ -40,6 +40,10 @@ class NotDownloaded(StreamerError):
         self.name = name
 
 
+class NotCached(NotDownloaded):
+    """A Hugging Face name of which the cache holds nothing (`plan` needs its config.json alone)."""
+
+
 def is_repo_id(name: str | Path) -> bool:
     """Whether `name` is a hub name rather than a folder that exists."""
     # os.path.exists: Path.exists raises OSError for a name over 255 bytes (a traceback)
@@ -96,7 +100,7 @@ def resolve(name: str | Path, what: str = "model", *, config_only: bool = False)
                 f"it was pulled and repacked into {pulled_folder(text)}, which --model "
                 f"{text} runs; `hf download {text}` fetches the download again.",
             ) from None
-        raise NotDownloaded(
+        raise NotCached(
             text,
             f"{text} is neither a folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}): "
             f"download it with `streamer pull {text}`, or check the name.",
