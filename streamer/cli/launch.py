@@ -50,6 +50,7 @@ def add_parser(sub) -> None:
     p.set_defaults(run=launch, commands=tuple(sub.choices))
 
 
+NO_COMMAND = "give the command to run after `--`: streamer launch -n 2 -- generate ..."
 # a rank's own Python with the working directory off sys.path, then `python -m streamer`'s code
 RANK_BOOTSTRAP = (
     "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
@@ -96,9 +97,7 @@ def _command_words(words: list[str], commands: tuple[str, ...]) -> list[str]:
     """mlx.launch's words; a streamer subcommand after `--` runs as this Python's `-m streamer`
     (under --python, that interpreter's: mlx.launch puts it first)."""
     if not words or words[-1] == "--":
-        raise StreamerError(
-            "give the command to run after `--`: streamer launch -n 2 -- generate ..."
-        )
+        raise StreamerError(NO_COMMAND)
     if "--" not in words:
         return words  # --help, --print-python, or a command mlx.launch's parser finds alone
     at = words.index("--")
@@ -158,6 +157,8 @@ def _mlx_main(words: list[str]) -> None:
     sys.argv = ["streamer launch", *words]  # what MLX's parser reads, and names in its errors
 
     def one_line(parser: argparse.ArgumentParser, message: str) -> None:
+        if message == "No script is provided":  # `streamer launch -n 2`: said as without `--`
+            raise StreamerError(NO_COMMAND)
         raise StreamerError(f"{message} (streamer launch --help lists mlx.launch's options)")
 
     argparse.ArgumentParser.error = one_line  # its usage block, as every command's, one line
