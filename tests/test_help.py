@@ -187,3 +187,12 @@ def test_pull_s_help_gives_where_this_machine_repacks(tmp_path, monkeypatch):
     monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "cache"))
     said = "".join(_commands()["pull"].format_help().split())  # argparse wraps the path
     assert f"(default:{tmp_path / 'cache' / 'models'}/org--name" in said, said
+
+
+@pytest.mark.parametrize("command", [["chat"], ["serve"], ["generate", "-p", "hi"]])
+def test_a_model_given_as_ollama_gives_it_is_shown_as_an_option(command, capsys):
+    """`streamer chat MODEL`, as `ollama run MODEL` and `lms load MODEL` take it, said only that
+    --model is required."""
+    assert main([command[0], "my-model", *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "give the model as --model my-model" in err and len(err.splitlines()) == 1, err

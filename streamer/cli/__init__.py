@@ -98,7 +98,9 @@ class Parser(argparse.ArgumentParser):
         if message.endswith(": expected one argument"):
             message += self._value_taken_for_an_option(message)
         if message.startswith("the following arguments are required") and "--model" in message:
-            message += f" ({NO_MODEL})"
+            first = self._words[0] if self._words else "-"  # `chat MODEL`, as `ollama run MODEL`
+            given = f"give the model as --model {first}" if first[:1] != "-" else NO_MODEL
+            message += f" ({given})"
         raise StreamerError(f"{message} (see `{self.prog} --help`)")
 
     def _command_meant(self, typed: str) -> str:
