@@ -8,7 +8,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
 from .arguments import tokens_text
-from .errors import ArgumentError
+from .errors import ArgumentError, refusal
 from .families.config import context_field
 from .generation_objects import check_tokenizer
 from .loading.handle import streaming
@@ -80,9 +80,12 @@ def within_context(model: nn.Module, held: int, positions: int, max_tokens: int)
     positions += held
     if max_tokens == arguments.NO_LIMIT:
         if not context:
-            raise ArgumentError(
-                "max_tokens=-1 generates until the model's context is full, but config.json "
-                "gives no context (max_position_embeddings): give a number of tokens."
+            raise refusal(
+                lambda name: (
+                    f"{name('max_tokens', -1)} generates until the model's context is full, but "
+                    "config.json gives no context (max_position_embeddings): give a number of "
+                    "tokens."
+                )
             )
         if positions >= context:
             raise ArgumentError(f"{said} but {where}, which leaves no room: {shorten}.")
@@ -90,8 +93,10 @@ def within_context(model: nn.Module, held: int, positions: int, max_tokens: int)
     if context and positions > context:
         raise ArgumentError(f"{said} but {where}: {shorten}.")
     if context and positions + max_tokens > context:
-        raise ArgumentError(
-            f"{said} and max_tokens is {max_tokens}, but {where}: lower max_tokens to at most "
-            f"{context - positions} or {shorten}."
+        raise refusal(
+            lambda name: (
+                f"{said} and {name('max_tokens')} is {max_tokens}, but {where}: lower "
+                f"{name('max_tokens')} to at most {context - positions} or {shorten}."
+            )
         )
     return max_tokens

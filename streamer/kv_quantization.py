@@ -30,10 +30,10 @@ def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
                 cache.to_quantized(group_size=group, bits=bits)
         except NotImplementedError:
             made = None if rotating is None else "max_kv_size"
-            raise _cannot_quantize(type(cache).__name__, made) from None
+            raise cannot_quantize(type(cache).__name__, made) from None
     given = kwargs.get("prompt_cache")  # one made with max_kv_size: mlx-lm's NotImplementedError
     if isinstance(given, list) and any(isinstance(c, RotatingKVCache) for c in given):
-        raise _cannot_quantize("RotatingKVCache", "prompt_cache")
+        raise cannot_quantize("RotatingKVCache", "prompt_cache")
     widths = kv_widths(model)
     if any(width % group for width in widths):
         fits = [g for g in KV_GROUP_SIZES if not any(width % g for width in widths)]
@@ -80,7 +80,7 @@ def _step_failure(model: nn.Module, group: int, bits: int) -> str | None:
     return None
 
 
-def _cannot_quantize(kind: str, made: str | None) -> Exception:
+def cannot_quantize(kind: str, made: str | None) -> Exception:
     """mlx-lm quantizes no rotating cache: one made for max_kv_size (or given as prompt_cache),
     or for sliding windows (`made` None)."""
     return refusal(

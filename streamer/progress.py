@@ -20,6 +20,7 @@ def progress_bar(total: int, what: str, unit: str = "it"):
         desc=what,
         unit=unit,
         unit_scale=unit == "B",
+        unit_divisor=1024,  # bytes in binary units, as every size is printed (io/sizes.py)
         disable=not sys.stderr.isatty(),
         leave=False,
         file=sys.stderr,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .errors import StreamerError
 from .io.durable import next_step, write_failure
-from .loading.hub import ALLOW_PATTERNS, REPO_ID, needs_repack, pulled_folder
+from .loading.hub import ALLOW_PATTERNS, REPO_ID, holds_weights, needs_repack, pulled_folder
 from .pulled_files import LandedHashes, listing, present, refuse_no_model, refuse_unstreamable
 from .repack import repack
 from .repack.consume import stand_ins
@@ -65,7 +65,8 @@ def pull(
         note = unused if quantize or delete_source else ""
         log(f"[pull] {name}: MLX-quantized, streams in place from {snapshot}{note}")
         return snapshot
-    log(f"[pull] {name} is not MLX-quantized: repacking it into {dst}")
+    kept = "" if quantize else " unquantized (`--quantize 4` quantizes it as mlx_lm.convert -q)"
+    log(f"[pull] {name} is not MLX-quantized: repacking it{kept} into {dst}")
     if delete_source:
         own_files(snapshot)
     options = {"quantize": quantize, "force": force, "delete_source": delete_source, "log": log}
@@ -110,8 +111,11 @@ def download(name: str, revision: str | None, skip: list[str], before_repack=lam
     with hub_errors(name, revision):
         try:
             commit, files = listing(name, revision)
-        except connect_errors():  # offline: a snapshot the cache holds (checked as it came)
-            return Path(snapshot_download(name, revision=revision, **patterns))
+        except connect_errors() as offline:  # a snapshot the cache holds (checked as it came)
+            snapshot = Path(snapshot_download(name, revision=revision, **patterns))
+            if not holds_weights(snapshot):  # its config.json alone, for `streamer plan`
+                raise offline
+            return snapshot
         refuse_no_model(name, files)
         config = refuse_unstreamable(
             name, Path(hf_hub_download(name, "config.json", revision=commit))

@@ -187,6 +187,12 @@ def test_a_folder_appearing_at_the_destination_is_left_alone(checkpoints, tmp_pa
     streamer.load(dst)
 
 
+def test_a_repacked_folder_given_to_repack_is_told_it_streams_as_it_is(checkpoints, tmp_path):
+    """It said "DIR holds no model*.safetensors files: nothing to repack"."""
+    repacked = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    assert_refused(repacked, tmp_path, f"{repacked} is repacked already", f"--model {repacked}")
+
+
 def test_already_quantized_checkpoint_with_quantize(checkpoints, tmp_path):
     from streamer.repack import Quantize
 
@@ -265,3 +271,24 @@ def test_generation_config_that_is_not_an_object(checkpoints, tmp_path, monkeypa
     (folder / "generation_config.json").write_text("[1, 2]")
     with pytest.raises(StreamerError, match="generation_config.json is not a JSON object"):
         streamer.load(folder)
+
+
+def test_a_gguf_file_or_folder_is_told_streamer_reads_safetensors(tmp_path, capsys):
+    """llama.cpp's, Ollama's and LM Studio's users pass a .gguf file or its folder: it was "a file,
+    not a model's folder", "a folder without a model", plan's "is not valid JSON" and repack's
+    "config.json is missing"."""
+    folder = tmp_path / "lmstudio"
+    folder.mkdir()
+    gguf = folder / "Qwen3-30B-A3B-Q4_K_M.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
+    for model in (gguf, folder):
+        for argv in (
+            ["generate", "--model", str(model), "--prompt", "hi"],
+            ["info", str(model)],
+            ["plan", str(model)],
+            ["repack", str(model), str(tmp_path / "out")],
+        ):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert "GGUF (llama.cpp's format" in err and "safetensors" in err, (argv, err)
+            assert len(err.splitlines()) == 1, err

@@ -334,6 +334,11 @@ def test_chat_is_described_as_taking_a_download():
     commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
     said = {a.dest: a.help for a in commands._choices_actions}
     assert "MLX download" in said["chat"] and "MLX download" in said["generate"]
+    # verify refuses a download that is not MLX-quantized, as info does: "a download" said more
+    assert "MLX download" in said["verify"] and "MLX download" in said["info"]
+    for name in ("verify", "info"):
+        folder = commands.choices[name]._actions[1]
+        assert "MLX download" in folder.help, (name, folder.help)
 
 
 def test_verify_refuses_the_flags_of_the_other_kind_of_folder(checkpoints):
@@ -385,3 +390,12 @@ def test_closed_standard_descriptors_are_held_by_dev_null():
     )
     number, stderr = result.stdout.split()
     assert int(number) > 2 and stderr == os.devnull
+
+
+def test_a_size_typed_as_two_words_is_shown_as_one(capsys):
+    """`--memory-budget 8 GB` (as sizes are written in prose) said "unrecognized arguments: GB"."""
+    from streamer.cli import main
+
+    assert main(["generate", "--model", "m", "-p", "hi", "--memory-budget", "8", "GB"]) == 2
+    err = capsys.readouterr().err
+    assert "write the size as one word: --memory-budget 8GB" in err and len(err.splitlines()) == 1

@@ -247,3 +247,37 @@ def test_info_s_resident_bytes_are_said_to_be_as_stored(checkpoints, capsys):
     assert main(["plan", str(folder)]) == 0
     [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("resident")]
     assert size_text(in_memory) in line and "in memory" in line, line
+
+
+def test_info_of_a_download_to_repack_points_at_plan(checkpoints, capsys):
+    """`streamer info` of a bf16 download (its help: "a download") said only to repack it: plan is
+    what describes such a download, and what its repack will hold."""
+    download = str(checkpoints.hf("qwen3_moe"))
+    assert main(["info", download]) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"`streamer plan {download}`" in line and f"streamer repack {download} DST" in line
+    assert "\n" not in line, line
+
+
+def test_a_port_in_use_is_said_before_the_model_loads(capsys):
+    """`serve --port P` with P taken loaded the model (minutes for a large one), then said only
+    "cannot listen on 127.0.0.1:P: Address already in use"."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--model", "/nonexistent", "--port", str(port)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "another --port" in line, line
+    assert "\n" not in line, line
+
+
+@pytest.mark.parametrize("typed", ["16", "512"])
+def test_plan_s_memory_without_a_unit_is_not_taken_as_bytes_to_plan_for(typed, capsys):
+    """`plan --memory 16` (16 GB meant) planned for 16 bytes: "runs no ... in 16 B", a slot pool
+    of 1 slot in "75% of 0 B available"."""
+    assert main(["plan", "/nonexistent", "--memory", typed]) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"--memory: {typed} counts bytes" in line and f"write {typed}G" in line, line

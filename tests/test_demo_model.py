@@ -45,6 +45,17 @@ def test_streamer_matches_mlx_lm(tmp_path):
     assert np.array_equal(np.array(expected), np.array(got))
 
 
+def test_demo_says_what_to_run_next(capsys, tmp_path):
+    """The demo ended on its stats line, its model gone with its temporary folder: nothing said
+    how to run it again, nor that --keep keeps it."""
+    assert main(["demo", "--max-tokens", "2"]) == 0
+    last = capsys.readouterr().err.rstrip().splitlines()[-1]
+    assert "--keep DIR" in last and "streamer chat --model DIR" in last, last
+    assert main(["demo", "--max-tokens", "2", "--keep", str(tmp_path / "m")]) == 0
+    last = capsys.readouterr().err.rstrip().splitlines()[-1]
+    assert f"streamer chat --model {tmp_path / 'm'}" in last and "--keep" not in last, last
+
+
 def test_demo_prints_readable_text(capsys, tmp_path):
     assert main(["demo", "--max-tokens", "30", "--keep", str(tmp_path)]) == 0
     text = capsys.readouterr().out
@@ -103,7 +114,7 @@ def test_the_demo_runs_at_every_dtype_the_cli_offers(capsys, tmp_path):
 
     for dtype in DTYPE_NAMES:
         assert main(["demo", "--dtype", dtype, "--max-tokens", "3"]) == 0, capsys.readouterr()
-        assert capsys.readouterr().err.rstrip().endswith(f"| {dtype}")
+        assert f"| {dtype}\n[demo]" in capsys.readouterr().err  # the stats line's end
     assert main(["demo", "--keep", str(tmp_path), "--max-tokens", "1"]) == 0
     argv = ["generate", "--model", str(tmp_path), "--prompt", "x", "--max-tokens", "2"]
     assert main([*argv, "--dtype", "bfloat16"]) == 0
@@ -129,3 +140,5 @@ def test_info_names_the_projections_left_unquantized(capsys, tmp_path):
         err = capsys.readouterr().err
         assert "--dtype bfloat16 cannot" in err and "pass --dtype float32" in err, err
         assert "dtype='float32'" not in err, err
+        # it was repacked with --quantize, which "or repack with --quantize" said to do
+        assert "down_proj, which --quantize left unquantized" in err and "--group-size" in err

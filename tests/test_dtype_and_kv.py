@@ -200,3 +200,13 @@ def test_kv_bits_on_a_model_whose_attention_cannot_read_a_quantized_cache(checkp
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("streamer: error: --kv-bits: this model's attention"), err
     assert err[-1].endswith("drop --kv-bits."), err
+
+
+def test_kv_bits_beside_max_kv_size_is_refused_before_the_model_loads(capsys):
+    """Every cache --max-kv-size makes is rotating, which mlx-lm cannot quantize: the refusal came
+    once the model had loaded (a real one: minutes), here it says so of a model not even there."""
+    argv = ["--model", "/nonexistent", "--max-kv-size", "64", "--kv-bits", "4"]
+    for command in (["generate", "-p", "x"], ["chat"]):
+        assert main([*command, *argv]) == 2
+        err = capsys.readouterr().err
+        assert "RotatingKVCache (what --max-kv-size makes): drop --kv-bits" in err, err

@@ -28,6 +28,14 @@ def test_prompt_longer_than_the_context(checkpoints):
         streamer.generate(model, tokenizer, "hello", max_tokens=-3)
 
 
+def test_the_command_line_names_its_flag_past_the_context(checkpoints, capsys):
+    """`generate -m 5000` said "max_tokens is 5000 ...: lower max_tokens", the Python API's name."""
+    folder = str(checkpoints.repacked(checkpoints.hf("qwen3_moe")))
+    assert main(["generate", "--model", folder, "-p", "hi", "-m", "5000"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "and --max-tokens is 5000" in err and "lower --max-tokens to at most" in err, err
+
+
 def test_a_reused_prompt_cache_counts_toward_the_context(checkpoints):
     """The tokens a passed prompt_cache holds come before the prompt's positions: they were not
     counted, so a call past the context (2048) ran into positions the model was never trained on."""

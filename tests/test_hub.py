@@ -184,3 +184,67 @@ def test_a_cached_download_s_checksum_advice_names_it(hub, tmp_path, monkeypatch
         assert main(argv) == 2
         line = capsys.readouterr().err.splitlines()[-1]
         assert "`streamer verify tiny-org/Tiny-MLX --record`" in line, line
+
+
+def test_a_name_cached_with_its_config_alone_is_not_a_download(hub, tmp_path, capsys):
+    """`hf download org/name config.json`, as the README has it for `streamer plan`, leaves a
+    snapshot with no weights: generate, info, verify and repack by that name said "holds no
+    model*.safetensors files: nothing to repack", not to pull it; plan still takes it."""
+    config = tmp_path / "config-only"
+    config.mkdir()
+    shutil.copy(hub / "config.json", config / "config.json")
+    cache_repo(hub.parents[2], "tiny-org/Config-Only", config)
+    for argv in (
+        ["generate", "--model", "tiny-org/Config-Only", "--prompt", "hi"],
+        ["info", "tiny-org/Config-Only"],
+        ["verify", "tiny-org/Config-Only"],
+        ["repack", "tiny-org/Config-Only", str(tmp_path / "out")],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "holds no model*.safetensors" in err and "streamer pull tiny-org/Config-Only" in err
+        assert "nothing to repack" not in err and len(err.splitlines()) == 1, err
+    assert main(["plan", "tiny-org/Config-Only", "--memory", "16G"]) == 0
+
+
+def test_a_pull_that_cannot_reach_the_hub_is_not_ready_with_the_config_alone(
+    hub, tmp_path, monkeypatch, capsys
+):
+    """Offline, huggingface_hub returns the cached snapshot: one holding config.json alone (the
+    README's `hf download org/name config.json`) was "[pull] ready" with no weights."""
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setenv("STREAMER_CACHE_DIR", str(tmp_path / "streamer-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    config = tmp_path / "config-only"
+    config.mkdir()
+    shutil.copy(resolve("tiny-org/Tiny-MLX") / "config.json", config / "config.json")
+    cache_repo(hub.parents[2], "tiny-org/Config-Only", config)
+    assert main(["pull", "tiny-org/Config-Only"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the Hub" in err and "ready" not in err and len(err.splitlines()) == 1
+    assert main(["pull", "tiny-org/Tiny-MLX"]) == 0  # a whole download the cache holds
+    assert "streams in place" in capsys.readouterr().err
+
+
+def test_the_dependency_floor_has_what_the_lookup_imports():
+    """pyproject.toml asked for huggingface_hub>=0.23, which has no errors.IncompleteSnapshotError
+    (1.22 brought it): an install beside an older one failed every org/name with an ImportError."""
+    import re
+
+    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    floor = re.search(r'"huggingface_hub>=([\d.]+)[";]', pyproject)
+    assert floor, "pyproject.toml gives huggingface_hub no floor"
+    assert tuple(int(x) for x in floor[1].split(".")) >= (1, 22), floor[0]
+
+
+def test_plan_of_a_name_not_cached_says_to_fetch_its_config_alone(hub, capsys):
+    """plan answers before a download, from config.json: for a name not in the cache it said
+    "download it with `streamer pull org/name`", the whole model (hundreds of GB for some)."""
+    for argv in (["plan", "tiny-org/Missing"], ["plan", "tiny-org/Missing", "--quantize", "4"]):
+        assert main(argv) == 2
+        line = capsys.readouterr().err.strip()
+        assert "`hf download tiny-org/Missing config.json`" in line, line
+        assert "streamer pull" not in line and "\n" not in line, line

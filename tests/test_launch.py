@@ -165,6 +165,9 @@ def test_a_launch_without_a_command_or_of_mpi_is_refused_in_one_line(tmp_path):
         (["-n", "0", "--", "true"], "invalid positive_number value: '0' (streamer launch --help"),
         ([], "give the command to run after `--`"),
         (["-n", "2", "--"], "give the command to run after `--`"),
+        (["-n", "2"], "give the command to run after `--`"),  # mlx's "No script is provided"
+        # each rank ran `genrate` as a program: "exec: genrate: not found", status 127
+        (["-n", "2", "--", "genrate", "-p", "hi"], "(did you mean generate?)"),
         (["--backend", "mpi", "--", "true"], "start an MPI group with mpirun"),
         # ssh took it for its option (mlx.launch quotes it for the shell only)
         (["--hosts=127.0.0.1,-oProxyCommand=touch x", "--", "true"], "read as an option"),

@@ -87,11 +87,14 @@ def test_load_takes_mlx_lm_arguments_or_refuses_them_by_name(checkpoints):
         ({"adapter_path": "adapters"}, "adapter_path: streamer applies no LoRA adapters"),
         ({"lazy": True}, "lazy=True: streamer reads the resident weights at load"),
         ({"lazy": "no"}, r"lazy must be True or False \(got 'no'\)"),
-        ({"revision": "main"}, r"revision: .*`streamer pull .* --revision main`"),
+        # a folder has no revisions to pull: it said `streamer pull FOLDER --revision main`
+        ({"revision": "main"}, r"revision: .* is a folder, loaded as it is: leave revision out"),
         ({"return_config": 1}, r"return_config must be True or False \(got 1\)"),
     ]:
         with pytest.raises(StreamerError, match=message):
             streamer.load(folder, **kwargs)
+    with pytest.raises(StreamerError, match=r"`streamer pull tiny-org/Absent --revision v2`"):
+        streamer.load("tiny-org/Absent", revision="v2")
 
 
 def test_objects_generate_cannot_use_are_refused_by_name(both):

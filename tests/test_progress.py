@@ -75,3 +75,21 @@ def test_verify_shows_a_bar_on_a_terminal_and_lines_elsewhere(checkpoints, tmp_p
     download, sidecar = checkpoints.mlx("qwen3_moe"), tmp_path / "sums.json"
     text = on_a_terminal("verify", str(download), "--record", "--checksums", str(sidecar))
     assert "[verify] checksums: 100%|" in text and sidecar.exists()
+
+
+def test_a_bar_of_bytes_counts_in_binary_units(monkeypatch):
+    """A bar of bytes said "3.15M" for 3 MiB (tqdm's scale is 1000) beside the sizes every other
+    line gives in binary units (docs/commands.md: `--memory-budget 8G` is 8 GiB)."""
+    import io
+
+    from streamer.progress import progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    with progress_bar(3 << 20, "[repack] resident", "B") as bar:
+        bar.update(3 << 20)
+    shown = sys.stderr.getvalue()
+    assert "3.00M" in shown and "3.15M" not in shown, shown

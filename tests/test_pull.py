@@ -171,6 +171,21 @@ def test_a_pull_with_other_options_starts_an_unfinished_repack_over(
     assert generated(folder, capsys) == generated(reference, capsys)
 
 
+def test_a_pull_without_quantize_says_it_repacks_unquantized(hub, here, monkeypatch):
+    """A bf16 download pulled without --quantize is repacked as it is (as mlx_lm.convert without
+    -q): 3.5x the disk of 4 bits, said nowhere, though the README's pull has --quantize 4."""
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # both read at import time
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + TEMPLATE)
+    lines = []
+    pull("tiny-org/Tiny-BF16", log=lines.append)
+    said = next(x for x in lines if "is not MLX-quantized: repacking it" in x)
+    assert "unquantized" in said and "--quantize 4" in said, said
+    lines.clear()
+    pull("tiny-org/Tiny-BF16", quantize=Quantize(4, 64), force=True, log=lines.append)
+    said = next(x for x in lines if "is not MLX-quantized: repacking it" in x)
+    assert "unquantized" not in said, said
+
+
 def test_an_interrupted_pull_resumes(hub, here, checkpoints, tmp_path, capsys):
     """Killed while a file comes: the next pull fetches only that file; a connection cut midway
     resumes from the byte it reached (a Range request)."""

@@ -81,8 +81,8 @@ def check_budget(manifest: Manifest, budget: int, dtype: mx.Dtype | None) -> Non
     one = largest_expert_bytes(manifest, dtype)  # the budget must hold any one expert
     if budget < 0 or 0 < budget < one:
         raise StreamerError(
-            f"memory budget {budget} bytes is below the minimum: one expert takes {one} bytes "
-            f"({size_text(one)}). Give 0 to stream every expert, or at least {size_text(one)}."
+            f"memory budget {size_text(budget)} is below the minimum: one expert takes "
+            f"{size_text(one)}. Give 0 to stream every expert, or at least {size_text(one)}."
         )
 
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import difflib
 import errno
+import re
 import sys
 import time
 
 from .. import __version__
 from ..errors import StreamerError
-from . import demo, generate, info, launch, plan, pull, repack, serve, verify
+from . import chat_command, demo, generate, info, launch, plan, pull, repack, serve, verify
 from .demo import DEMO_MODEL
 from .interrupts import exiting_on_ctrl_c, interrupt_in, interrupted_status
 from .mlx_lm_flags import mlx_lm_only
 from .output import (
     OutputFailed,
+    emit,
     error_line,
     report,
     set_up_output,
@@ -28,6 +30,10 @@ NO_MODEL = (
     "repack a downloaded MoE checkpoint with `streamer repack SRC DST` and pass --model DST, or "
     "run `streamer demo` to see the whole pipeline on a built-in model"
 )
+SIZE_UNIT = re.compile(r"[KMGT]i?B?$", re.IGNORECASE)  # what follows a size's number
+# Other tools' commands for what a streamer command does (mlx_lm.convert, `ollama run`, `ollama
+# show`, `lms get`): typed by their users, they get ours as a did-you-mean
+THEIR_COMMANDS = {"convert": "repack", "run": "chat", "show": "info", "get": "pull"}
 
 
 class DefaultsShown(argparse.HelpFormatter):
@@ -50,10 +56,13 @@ class Parser(argparse.ArgumentParser):
     ...`, exit 2), with where to look instead of the usage block. Its subcommands' parsers are
     of this class too (add_subparsers makes its parent's class), help showing defaults."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, not_taken: dict[str, str] | None = None, **kwargs):
         kwargs.setdefault("formatter_class", DefaultsShown)
         super().__init__(*args, **kwargs)
         self._words: list[str] = []
+        # options another command takes that this one refuses with why (chat's --prompt):
+        # argparse said "ambiguous option" where they begin longer options of this one
+        self._not_taken = not_taken or {}
 
     def parse_known_args(self, args=None, namespace=None):
         self._words = list(sys.argv[1:] if args is None else args)
@@ -70,6 +79,12 @@ class Parser(argparse.ArgumentParser):
         return parsed
 
     def error(self, message: str):
+        words = [w.split("=", 1)[0] for w in self._words[: _end(self._words)]]
+        taken_elsewhere = [self._not_taken[w] for w in words if w in self._not_taken]
+        if taken_elsewhere:
+            raise StreamerError(f"{taken_elsewhere[0]} (see `{self.prog} --help`)")
+        if message.startswith("argument command: invalid choice: "):
+            message += self._command_meant(message.split("'")[1])
         # argparse finds a required option missing before it reports an unknown one: `--promt
         # hi` said "--prompt is required", hiding the typo
         unknown = [w for w in self._words[: _end(self._words)] if self._unknown_option(w)]
@@ -78,11 +93,29 @@ class Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(unknown[0].split("=")[0], self._option_names(), 1)
             message += f" (did you mean {close[0]}?)" if close else ""
             message = mlx_lm_only(unknown[0]) or message
+        if message.startswith("unrecognized arguments: "):
+            message += self._size_in_two_words(message.split()[2])
         if message.endswith(": expected one argument"):
             message += self._value_taken_for_an_option(message)
         if message.startswith("the following arguments are required") and "--model" in message:
-            message += f" ({NO_MODEL})"
+            first = self._words[0] if self._words else "-"  # `chat MODEL`, as `ollama run MODEL`
+            given = f"give the model as --model {first}" if first[:1] != "-" else NO_MODEL
+            message += f" ({given})"
         raise StreamerError(f"{message} (see `{self.prog} --help`)")
+
+    def _command_meant(self, typed: str) -> str:
+        commands = list(self._subparsers._group_actions[0].choices)
+        close = difflib.get_close_matches(typed, commands, 1) or [THEIR_COMMANDS.get(typed)]
+        return f" (did you mean {close[0]}?)" if close[0] else ""
+
+    def _size_in_two_words(self, extra: str) -> str:
+        """`--memory-budget 8 GB`, as sizes are written in prose: argparse left the unit over."""
+        words = self._words[: _end(self._words)]
+        for option, number, unit in zip(words, words[1:], words[2:]):
+            action = self._option_string_actions.get(option)
+            if unit == extra and action and action.metavar == "SIZE" and SIZE_UNIT.match(unit):
+                return f" (write the size as one word: {option} {number}{unit})"
+        return ""
 
     def _value_taken_for_an_option(self, message: str) -> str:
         """argparse takes a value that begins with '-' (`--memory-budget -1G`) for an option and
@@ -124,15 +157,20 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--version", action="version", version=f"streamer {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
-    pull.add_parser(sub)
-    repack.add_parsers(sub)
-    verify.add_parser(sub)
-    generate.add_parser(sub)
-    serve.add_parsers(sub)
-    plan.add_parser(sub)
-    info.add_parser(sub)
+    # in the order a first run takes them (the README's), then the rest
     demo.add_parser(sub)
+    plan.add_parser(sub)
+    pull.add_parser(sub)
+    generate.add_parser(sub)
+    chat_command.add_parser(sub)
+    serve.add_parser(sub)
+    repack.add_parsers(sub)
+    info.add_parser(sub)
+    verify.add_parser(sub)
     launch.add_parser(sub)  # last: it knows the other commands' names
+    for summary in sub._choices_actions:  # a command's --help opens with what it does
+        command = sub.choices[summary.dest]
+        command.description = command.description or summary.help
     return ap
 
 
@@ -157,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     args = None
     try:
+        if not (sys.argv[1:] if argv is None else argv):  # `streamer` alone: what --help says
+            emit(parser().format_help().rstrip())
+            return 0
         args = parser().parse_args(argv)
         return args.run(args) or 0
     except StreamerError as e:

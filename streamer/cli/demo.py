@@ -67,7 +67,15 @@ def demo(args: argparse.Namespace) -> int:
         # every layer streamed, to show the mechanism
         model, tokenizer = load(dst, memory_budget=0, dtype=args.dtype)
         print(f"[demo] generating; expert weights are streamed from {dst}", file=sys.stderr)
-        return stream(model, tokenizer, text, args)
+        status = stream(model, tokenizer, text, args)
+    if status == 0:  # what to run next
+        kept = f"is in {keep}" if keep else "was temporary: `streamer demo --keep DIR` keeps it"
+        runs = "streamer chat --model " + (str(keep) if keep else "DIR")
+        print(
+            f"[demo] the repacked model {kept}; `{runs}` (or generate, serve) runs it",
+            file=sys.stderr,
+        )
+    return status
 
 
 def _empty_folder(path: Path) -> bool:

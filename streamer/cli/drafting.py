@@ -9,6 +9,7 @@ from ..errors import StreamerError
 
 
 def add_drafting(p: argparse.ArgumentParser) -> None:
+    p = p.add_argument_group("speculative decoding")
     p.add_argument(
         "--draft-model",
         metavar="DIR|org/name",

@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "dir",
         metavar="DIR",
-        help="a repacked folder, a download, or org/name (pulled, or the hub cache)",
+        help="a repacked folder, an MLX download, or org/name (pulled, or the hub cache)",
     )
     p.set_defaults(run=info)
 
@@ -22,9 +22,15 @@ def add_parser(sub) -> None:
 def info(args: argparse.Namespace) -> None:
     from ..io.integrity import check_files
     from ..io.manifest import MANIFEST_FILE, RESIDENT_FILE, read_manifest
-    from ..loading.hub import model_path
+    from ..loading.hub import model_path, needs_repack
 
     folder = model_path(args.dir)
+    if needs_repack(folder):
+        raise StreamerError(
+            f"{args.dir} is a checkpoint as downloaded, not MLX-quantized, which info does not "
+            f"describe: `streamer plan {args.dir}` does, with what its repack holds (`streamer "
+            f"repack {args.dir} DST --quantize 4`)."
+        )
     if not (folder / MANIFEST_FILE).exists() and (folder / "config.json").exists():
         from ..loading.download_folder import (
             open_download,  # builds mlx-lm's model: only for a download

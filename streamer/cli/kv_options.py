@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..arguments import KV_BITS, KV_GROUP_SIZES, check_at_least
-from .options import size
+from .options import option_group, size
 
 # mlx_lm.generate's DEFAULT_QUANTIZED_KV_START (tests/test_dtype_and_kv.py checks it), written
 # here so that --help needs no mlx-lm import
@@ -16,6 +16,7 @@ QUANTIZED_KV_START = 5000
 
 def add_kv_cache(p: argparse.ArgumentParser) -> None:
     """mlx-lm's quantized KV cache flags, as mlx_lm.generate spells them."""
+    p = option_group(p, "KV cache")
     p.add_argument(
         "--kv-bits",
         type=int,
@@ -40,6 +41,7 @@ def add_kv_cache(p: argparse.ArgumentParser) -> None:
 
 def add_max_kv_size(p: argparse.ArgumentParser) -> None:
     """mlx_lm.generate's and mlx_lm.chat's --max-kv-size, with their default (no bound)."""
+    p = option_group(p, "KV cache")
     p.add_argument(
         "--max-kv-size",
         type=int,
@@ -58,6 +60,10 @@ def kv_options(args: argparse.Namespace) -> dict:
     options = {} if bound is None else {"max_kv_size": bound}
     if args.kv_bits is None:
         return options
+    if bound is not None:  # every cache it makes is rotating: refused before the model loads
+        from ..kv_quantization import cannot_quantize
+
+        raise cannot_quantize("RotatingKVCache", "max_kv_size")
     return {
         **options,
         "kv_bits": args.kv_bits,
@@ -76,6 +82,7 @@ def check_kv_fits(model, options: dict) -> None:
 
 
 def add_prompt_cache_dir(p: argparse.ArgumentParser) -> None:
+    p = option_group(p, "prompt caches")
     p.add_argument(
         "--prompt-cache-dir",
         metavar="DIR",

@@ -19,7 +19,9 @@ the class recording the ranks' ends also runs those on other hosts (launch_ranks
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -48,6 +50,7 @@ def add_parser(sub) -> None:
     p.set_defaults(run=launch, commands=tuple(sub.choices))
 
 
+NO_COMMAND = "give the command to run after `--`: streamer launch -n 2 -- generate ..."
 # a rank's own Python with the working directory off sys.path, then `python -m streamer`'s code
 RANK_BOOTSTRAP = (
     "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
@@ -94,18 +97,30 @@ def _command_words(words: list[str], commands: tuple[str, ...]) -> list[str]:
     """mlx.launch's words; a streamer subcommand after `--` runs as this Python's `-m streamer`
     (under --python, that interpreter's: mlx.launch puts it first)."""
     if not words or words[-1] == "--":
-        raise StreamerError(
-            "give the command to run after `--`: streamer launch -n 2 -- generate ..."
-        )
+        raise StreamerError(NO_COMMAND)
     if "--" not in words:
         return words  # --help, --print-python, or a command mlx.launch's parser finds alone
     at = words.index("--")
     command = words[at + 1 :]
+    if command and command[0] not in commands:
+        _check_not_mistyped(command[0], commands)
     if command and command[0] in commands:
         own_python = any(w == "--python" or w.startswith("--python=") for w in words[:at])
         python = [] if own_python else [sys.executable]
         command = [*python, "-c", RANK_BOOTSTRAP, *command]
     return [*words[: at + 1], *command]
+
+
+def _check_not_mistyped(program: str, commands: tuple[str, ...]) -> None:
+    """A word after `--` that is no streamer command runs as a program on each rank: one that is
+    no program here either, but close to a command, is that command mistyped (each rank failed
+    with `exec: genrate: not found`)."""
+    close = difflib.get_close_matches(program, commands, 1)
+    if close and shutil.which(program) is None:
+        raise StreamerError(
+            f"{program!r} after `--` is neither a streamer command nor a program here (did you "
+            f"mean {close[0]}?)."
+        )
 
 
 def _check_chat_input(words: list[str], rank_0_host: str) -> None:
@@ -142,6 +157,8 @@ def _mlx_main(words: list[str]) -> None:
     sys.argv = ["streamer launch", *words]  # what MLX's parser reads, and names in its errors
 
     def one_line(parser: argparse.ArgumentParser, message: str) -> None:
+        if message == "No script is provided":  # `streamer launch -n 2`: said as without `--`
+            raise StreamerError(NO_COMMAND)
         raise StreamerError(f"{message} (streamer launch --help lists mlx.launch's options)")
 
     argparse.ArgumentParser.error = one_line  # its usage block, as every command's, one line

@@ -25,6 +25,13 @@ if TYPE_CHECKING:  # mlx is imported only once a command runs
 PREFILL_STEP = 2048
 
 
+def option_group(p: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
+    """`p`'s options titled `title` in its --help, the group made on first use: a command of 30
+    options lists them by what they set."""
+    made = [group for group in p._action_groups if group.title == title]
+    return made[0] if made else p.add_argument_group(title)
+
+
 def size(text: str) -> int:
     """argparse type for a size such as 8G."""
     try:
@@ -99,6 +106,7 @@ def model_folder(args: argparse.Namespace, group: mx.distributed.Group | None) -
 
 
 def add_sampling(p: argparse.ArgumentParser, seed: int | None = None) -> None:
+    p = option_group(p, "sampling")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0, help="sample from the likeliest top-p")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest (0: off)")
@@ -143,6 +151,7 @@ def add_template(p: argparse.ArgumentParser) -> None:
 
 
 def add_loading(p: argparse.ArgumentParser) -> None:
+    p = option_group(p, "loading")
     p.add_argument(
         "--memory-budget",
         type=size,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..arguments import KV_BITS, KV_GROUP_SIZES
+from ..errors import StreamerError
 from .options import add_quantize, quantize_option, size
 from .output import emit
 
@@ -16,7 +17,9 @@ def add_parser(sub) -> None:
         metavar="SOURCE",
         help="config.json, a download's folder, a repacked one, or org/name",
     )
-    p.add_argument("--memory", type=size, metavar="SIZE", help="memory to plan for (default: free)")
+    p.add_argument(
+        "--memory", type=memory, metavar="SIZE", help="memory to plan for (default: free)"
+    )
     add_quantize(p, "as repack --quantize")
     p.add_argument(
         "--kv-bits",
@@ -35,9 +38,19 @@ def add_parser(sub) -> None:
     p.set_defaults(run=plan)
 
 
+def memory(text: str) -> int:
+    """--memory: a size; a number below 1 MiB is one typed without its unit (`--memory 16`)."""
+    number = size(text)
+    if text.strip().isdigit() and number < 1 << 20:
+        raise argparse.ArgumentTypeError(
+            f"{text} counts bytes, as a size without a unit does: write {text}G for {text} GiB"
+        )
+    return number
+
+
 def plan(args: argparse.Namespace) -> None:
     from ..loading.backend import default_dtype
-    from ..loading.hub import model_path, resolve
+    from ..loading.hub import NotCached, model_path, resolve
     from ..plan import plan
 
     if args.memory is None:
@@ -50,6 +63,16 @@ def plan(args: argparse.Namespace) -> None:
     quantize = q and (q.bits, q.group_size, q.mode)
     kv = (args.kv_bits, args.kv_group_size) if args.kv_bits else None
     # --quantize plans a repack of the download; without it, a pulled name is its repacked folder
-    source = resolve(args.source) if quantize else model_path(args.source)
+    # (config.json is all a plan needs: `hf download org/name config.json` caches it alone)
+    try:
+        if quantize:
+            source = resolve(args.source, config_only=True)
+        else:
+            source = model_path(args.source, config_only=True)
+    except NotCached as e:  # not the whole model's download, which NotCached's words say
+        raise StreamerError(
+            f"{e.name} is neither a folder nor in the Hugging Face cache: plan reads its "
+            f"config.json alone, which `hf download {e.name} config.json` fetches."
+        ) from None
     result = plan(source, memory, quantize=quantize, dtype=default_dtype(), kv=kv)
     emit(result.json() if args.json else "\n".join(result.lines()))

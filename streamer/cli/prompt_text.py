@@ -14,6 +14,12 @@ from .options import check_sampling_flags
 
 EXAMPLE = '{"enable_thinking": false}'  # a template variable, in the refusals
 CLOSED_STDIN = "{} from standard input, which is closed: give it a file or a pipe (`< FILE`)."
+# where chat's and serve's prompts come from, said to generate's --prompt and -p given to them
+PROMPTS_COME = {
+    "chat": "type each message at its >> prompt, or pipe them in (`echo hi | streamer chat "
+    "--model M`); `streamer generate --prompt` answers one",
+    "serve": "each request carries its own",
+}
 # opened only for writing (`0>FILE`) or failing to read: the read's OSError was a traceback
 UNREADABLE_STDIN = (
     "{} from standard input, which cannot be read ({}): give it a file or a pipe (`< FILE`)."
@@ -117,3 +123,8 @@ def check_template_flags(
             f"{given[0]}: {args.model} has no chat template to put it in (tokenizer_config.json "
             "has no chat_template): leave it out."
         )
+
+
+def no_prompt_flags(command: str) -> dict[str, str]:
+    """The parser's `not_taken` of a command that takes its prompts otherwise than generate."""
+    return dict.fromkeys(("--prompt", "-p"), f"{command} takes no prompt: {PROMPTS_COME[command]}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..io.checksums import cache_dir
 from .interrupts import raising_on_ctrl_c
 from .options import add_quantize, quantize_option
 
@@ -31,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--dst",
         metavar="DIR",
-        help="where to repack (default: ~/.cache/streamer/models/org--name, under "
+        help=f"where to repack (default: {cache_dir() / 'models'}/org--name, under "
         "$STREAMER_CACHE_DIR if set; --model org/name finds it there)",
     )
     p.add_argument("--force", action="store_true", help="download and repack again")

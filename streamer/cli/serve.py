@@ -1,4 +1,5 @@
-"""`streamer serve` (an OpenAI-compatible server) and `streamer chat` (a terminal conversation)."""
+"""`streamer serve`: an OpenAI-compatible server (`streamer chat`, which runs the same engine, is
+chat_command.py's)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,10 @@ from pathlib import Path
 from .. import __version__
 from ..arguments import check_at_least
 from ..errors import StreamerError
-from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import end_interrupted, raising_on_ctrl_c
 from .kv_options import (
     add_kv_cache,
-    add_max_kv_size,
     add_prompt_cache_dir,
     check_kv_fits,
     disk_option,
@@ -25,15 +24,17 @@ from .options import (
     add_loading,
     add_model,
     add_prefill_step_size,
-    add_sampling,
-    add_template,
     check_sampling_flags,
     load_options,
     model_folder,
+    option_group,
     prefill_option,
     size,
 )
-from .prompt_text import CLOSED_STDIN, check_template_flags, template_variables, text_flags
+from .prompt_text import (
+    no_prompt_flags,
+    template_variables,
+)
 
 API_KEY_ENV = "STREAMER_API_KEY"
 # The memory the kept KV caches may take by default, as llama.cpp's server's --cache-ram: their
@@ -41,8 +42,12 @@ API_KEY_ENV = "STREAMER_API_KEY"
 PROMPT_CACHE_BYTES = "8G"
 
 
-def add_parsers(sub) -> None:
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server for a streamed model")
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server for a streamed model",
+        not_taken=no_prompt_flags("serve"),
+    )
     add_model(p)
     p.add_argument(
         "--served-model-name",
@@ -79,15 +84,17 @@ def add_parsers(sub) -> None:
         help="the chat template's variables where a request's chat_template_kwargs does not set "
         "them, as mlx_lm.server's: e.g. '{\"enable_thinking\": false}' (Qwen3: no thinking)",
     )
-    p.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
-    p.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
-    p.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
-    p.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
-    p.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
-    p.add_argument(
+    unset = p.add_argument_group("a request's defaults")
+    unset.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
+    unset.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
+    unset.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
+    unset.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
+    unset.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
+    caches = option_group(p, "prompt caches")
+    caches.add_argument(
         "--prompt-cache-size", type=int, default=10, metavar="N", help="KV caches kept for reuse"
     )
-    p.add_argument(
+    caches.add_argument(
         "--prompt-cache-bytes",
         type=size,
         default=PROMPT_CACHE_BYTES,
@@ -101,23 +108,6 @@ def add_parsers(sub) -> None:
     add_drafting(p)
     add_loading(p)
     p.set_defaults(run=serve)
-
-    p = sub.add_parser(
-        "chat", help="a conversation in the terminal with a repacked model or an MLX download"
-    )
-    add_model(p)
-    p.add_argument(
-        "--max-tokens", "-m", type=int, default=512, help="per answer"
-    )  # mlx_lm.chat's -m
-    add_sampling(p)
-    add_template(p)
-    add_prompt_cache_dir(p)
-    add_prefill_step_size(p)
-    add_max_kv_size(p)
-    add_kv_cache(p)
-    add_drafting(p)
-    add_loading(p)
-    p.set_defaults(run=chat)
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -135,11 +125,13 @@ def serve(args: argparse.Namespace) -> None:
     variables = args.chat_template_args
     variables = {} if variables is None else template_variables(variables, "--chat-template-args")
     from ..parallel.group import launched_group
-    from ..server import open_engine, open_model, serve, start_logging
+    from ..server import check_listening, open_engine, open_model, serve, start_logging
     from ..server.api import Sampling
 
     start_logging()
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
+    if group is None or group.rank() == 0:
+        check_listening(args.host, args.port)
     loading = load_options(args, group)
     folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, loading)
@@ -203,58 +195,3 @@ def served_name(given: str, folder: Path) -> str:
     if Path(given) != Path(folder):  # looked up in the hub cache: its snapshot is a hash
         return given
     return os.path.basename(os.path.abspath(given))
-
-
-def chat(args: argparse.Namespace) -> None:
-    if sys.stdin is None:
-        raise StreamerError(CLOSED_STDIN.format("chat reads the conversation"))
-    if hasattr(sys.stdin, "reconfigure"):  # a text stream: a line not UTF-8 refused, not fatal
-        sys.stdin.reconfigure(errors="surrogateescape")
-    text_flags(args)
-    check_template_flags(args, ("--chat-template-config",))  # a system prompt is text without one
-    check_sampling_flags(args)
-    options, disk = {**kv_options(args), **prefill_option(args)}, disk_option(args)
-    check_drafting(args)
-    from ..parallel.group import launched_group
-    from ..server import open_engine, open_model
-    from ..server.api import Sampling
-
-    group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
-    loading = load_options(args, group)
-    model, tokenizer, context = open_model(model_folder(args, group), loading)
-    from .chat import chat, check_system_message, check_template_variables  # after a refusal
-
-    if tokenizer.has_chat_template and not args.ignore_chat_template:
-        check_system_message(tokenizer, args.system_prompt)
-        check_template_variables(tokenizer, args.chat_template_config, "--chat-template-config")
-    check_template_flags(args, ("--chat-template-config",), tokenizer.has_chat_template)
-
-    check_kv_fits(model, options)
-    options.update(draft_options(args, tokenizer))
-    if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
-        options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
-    same_settings(args, model)
-    engine = open_engine(model, tokenizer, 2, group, options, disk)
-    if group is not None and group.rank() != 0:
-        return engine.follow()
-    template = tokenizer.has_chat_template and not args.ignore_chat_template
-    if not tokenizer.has_chat_template:
-        print(
-            "[chat] the model has no chat template: the conversation is plain text", file=sys.stderr
-        )
-    sampling = Sampling(
-        temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed
-    )
-    try:
-        with raising_on_ctrl_c():  # Ctrl-C stops an answer; at the prompt it ends the chat
-            chat(
-                engine,
-                system_prompt=args.system_prompt,
-                template=template,
-                template_variables=args.chat_template_config,
-                max_tokens=args.max_tokens,
-                context=context,
-                sampling=sampling,
-            )
-    finally:
-        engine.close()

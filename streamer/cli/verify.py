@@ -12,12 +12,12 @@ from .interrupts import raising_on_ctrl_c
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "verify",
-        help="check every checksum of a repacked model or a download; names each bad tensor",
+        help="check every checksum of a repacked model or an MLX download; names each bad tensor",
     )
     p.add_argument(
         "dir",
         metavar="DIR",
-        help="a repacked folder, a download, or org/name (pulled, or the hub cache)",
+        help="a repacked folder, an MLX download, or org/name (pulled, or the hub cache)",
     )
     p.add_argument(
         "--refresh",

@@ -11,8 +11,9 @@ import mlx.core as mx
 
 from ..errors import StreamerError
 from .file_watch import identity
-from .files import check_folder_files, check_utf8_path, open_regular
+from .files import check_folder_files, check_utf8_path, gguf_refusal, open_regular
 from .json_file import read_json_object
+from .manifest import MANIFEST_FILE
 from .safetensors import TensorInfo, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -90,6 +91,9 @@ class Checkpoint:
     def __init__(self, folder: Path | str, stand_ins: dict[str, Path] | None = None):
         self.folder = Path(folder)
         self.stand_ins = dict(stand_ins or {})
+        gguf = gguf_refusal(self.folder)
+        if gguf:
+            raise StreamerError(gguf)
         if not self.folder.is_dir():
             raise StreamerError(
                 f"{self.folder} is not a folder: give the folder of a downloaded checkpoint."
@@ -138,6 +142,11 @@ class Checkpoint:
         shards += [
             path for name, path in self.stand_ins.items() if self.folder / name not in shards
         ]
+        if not shards and (self.folder / MANIFEST_FILE).exists():  # a repack's output
+            raise StreamerError(
+                f"{self.folder} is repacked already (it holds {MANIFEST_FILE}): it streams as it "
+                f"is, with --model {self.folder}; repack takes a checkpoint as downloaded."
+            )
         if not shards:
             raise StreamerError(
                 f"{self.folder} holds no model*.safetensors files: nothing to repack."

@@ -23,6 +23,12 @@ FOR_PEOPLE = ["README*", "LICENSE*", "LICENCE*", "NOTICE*", "COPYING*", "USE_POL
 # What the names of the files a model reads end with: a folder or a broken link so named is
 # damage, not a subfolder (original/) or a stray link a download may hold
 FILE_SUFFIXES = (".json", ".jsonl", ".jinja", ".model", ".tiktoken", ".txt", ".py", ".safetensors")
+# The format llama.cpp, Ollama and LM Studio run: what their users pass first
+GGUF = (
+    "GGUF (llama.cpp's format, which Ollama and LM Studio run) is not read: streamer streams a "
+    "model's safetensors checkpoint, an MLX-quantized one in place (`streamer pull org/name`, "
+    "e.g. mlx-community/Qwen3-30B-A3B-4bit)"
+)
 _KINDS = {
     stat.S_IFIFO: "a FIFO (named pipe)",
     stat.S_IFSOCK: "a socket",
@@ -87,6 +93,16 @@ def check_folder_files(folder: Path | str, what: str) -> None:
                 continue
             if not (stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and not read)):
                 raise not_regular(entry.path, mode, what)
+
+
+def gguf_refusal(path: Path | str) -> str | None:
+    """Why `path` is refused if it is a GGUF file, or a folder of them without config.json."""
+    path = Path(path)
+    if os.path.isdir(path):  # Path.is_dir raises OSError for a part over 255 bytes
+        held = not os.path.lexists(path / "config.json") and any(path.glob("*.gguf"))
+    else:
+        held = path.suffix.lower() == ".gguf"
+    return f"{path}: {GGUF}." if held else None
 
 
 def for_people(name: str) -> bool:

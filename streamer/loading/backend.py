@@ -75,14 +75,14 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
     if any(q and q.get("global_scale") for layer in layers for q in layer.quantization.values()):
         check_global_scales()
     unquantized = [
-        t.dtype
+        t
         for layer in layers
         for t in layer.tensors
         if layer.quantization.get(t.name.split(".")[0]) is None and t.name.endswith("weight")
     ]
     if not unquantized:
         return
-    compute = dtype if dtype is not None else DTYPES[unquantized[0]][1]
+    compute = dtype if dtype is not None else DTYPES[unquantized[0].dtype][1]
     try:
         x, w = mx.zeros((1, 1, 32), compute), mx.zeros((2, 32, 32), compute)
         mx.eval(mx.gather_mm(x, w, rhs_indices=mx.array([[0]], mx.uint32)))
@@ -92,9 +92,22 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
             lambda spell: (
                 f"{spell('dtype')} {name} cannot compute this model's unquantized "
                 f"experts on MLX's {mx.default_device()} backend ({why}); pass "
-                f"{spell('dtype', 'float32')} (the default there) or repack with --quantize."
+                f"{spell('dtype', 'float32')} (the default there) or "
+                f"{_quantized_repack(layers, unquantized)}."
             )
         ) from None
+
+
+def _quantized_repack(layers: Sequence, unquantized: Sequence) -> str:
+    """The repack that quantizes every expert projection: --quantize, or where a --quantize left
+    some as they were (no group of its size divides their width), a smaller group."""
+    if not any(q for layer in layers for q in layer.quantization.values()):
+        return "repack with --quantize"
+    kept = ", ".join(sorted({t.name.split(".")[0] for t in unquantized}))
+    return (
+        f"repack with a --group-size that divides the width of {kept}, which --quantize left "
+        "unquantized"
+    )
 
 
 def check_global_scales() -> None:

@@ -40,6 +40,10 @@ class NotDownloaded(StreamerError):
         self.name = name
 
 
+class NotCached(NotDownloaded):
+    """A Hugging Face name of which the cache holds nothing (`plan` needs its config.json alone)."""
+
+
 def is_repo_id(name: str | Path) -> bool:
     """Whether `name` is a hub name rather than a folder that exists."""
     # os.path.exists: Path.exists raises OSError for a name over 255 bytes (a traceback)
@@ -55,8 +59,9 @@ def pulled_folder(name: str) -> Path:
     return cache_dir() / "models" / name.replace("/", "--")
 
 
-def resolve(name: str | Path, what: str = "model") -> Path:
-    """The folder `name` stands for: an existing path as is, else a cached hub snapshot."""
+def resolve(name: str | Path, what: str = "model", *, config_only: bool = False) -> Path:
+    """The folder `name` stands for: an existing path as is, else a cached hub snapshot that
+    holds the model's weights (or its config.json alone, for `config_only`: what plan reads)."""
     if name == "":  # Path("") is ".": the working directory was taken for the model
         raise StreamerError(f"{what} '' is empty: give a model's folder or its org/name.")
     path = Path(name)
@@ -78,7 +83,9 @@ def resolve(name: str | Path, what: str = "model") -> Path:
             f"{text}` downloads it again.",
         )
     try:
-        return Path(snapshot_download(text, local_files_only=True, allow_patterns=ALLOW_PATTERNS))
+        snapshot = Path(
+            snapshot_download(text, local_files_only=True, allow_patterns=ALLOW_PATTERNS)
+        )
     except IncompleteSnapshotError:
         raise NotDownloaded(
             text,
@@ -93,13 +100,30 @@ def resolve(name: str | Path, what: str = "model") -> Path:
                 f"it was pulled and repacked into {pulled_folder(text)}, which --model "
                 f"{text} runs; `hf download {text}` fetches the download again.",
             ) from None
-        raise NotDownloaded(
+        raise NotCached(
             text,
             f"{text} is neither a folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}): "
             f"download it with `streamer pull {text}`, or check the name.",
         ) from None
     except Exception as e:  # a malformed repo id or a damaged cache entry
         raise StreamerError(f"cannot look up {text} in the Hugging Face cache: {e}") from None
+    if config_only or holds_weights(snapshot):
+        return snapshot
+    raise NotDownloaded(
+        text,
+        f"the Hugging Face cache's copy of {text} holds no model*.safetensors (`hf download "
+        f"{text} config.json` fetches the config alone, for `streamer plan`): download the "
+        f"model with `streamer pull {text}`.",
+    )
+
+
+def holds_weights(snapshot: Path) -> bool:
+    """Whether a cached snapshot has the weights: `hf download org/name config.json` (the
+    README's way to `streamer plan` before downloading) caches one without, which huggingface_hub
+    returns as the download (it knows a snapshot incomplete only from the listing a whole download
+    caches)."""
+    index = snapshot / "model.safetensors.index.json"
+    return index.exists() or any(snapshot.glob("model*.safetensors"))
 
 
 def hub_name(folder: Path) -> str:
@@ -142,12 +166,12 @@ def _matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
 
 
-def model_path(name: str | Path) -> Path:
-    """The folder `--model name` (and `verify`, `info`) stands for: a folder, the repacked folder
-    of a pulled name, else the name's snapshot in the Hugging Face cache."""
+def model_path(name: str | Path, *, config_only: bool = False) -> Path:
+    """The folder `--model name` (and `verify`, `info`, `plan`) stands for: a folder, the
+    repacked folder of a pulled name, else the name's snapshot in the Hugging Face cache."""
     if is_repo_id(name) and pulled_folder(str(name)).exists():
         return pulled_folder(str(name))
-    return resolve(name)
+    return resolve(name, config_only=config_only)
 
 
 def needs_repack(folder: Path) -> bool:

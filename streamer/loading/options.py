@@ -13,6 +13,7 @@ from ..arguments import DTYPE_NAMES, parse_size
 from ..cache.landing import CUDA_MISSES, CUDA_MISSES_DEFAULT
 from ..errors import ArgumentError
 from .backend import default_dtype, read_path_for_backend, threads_for_backend
+from .hub import is_repo_id
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,8 @@ def check_unhonoured(
             "lazy=True: streamer reads the resident weights at load, to plan the experts' memory "
             "around them; leave lazy out."
         )
+    if revision is not None and not is_repo_id(str(path)):
+        raise ArgumentError(f"revision: {path} is a folder, loaded as it is: leave revision out.")
     if revision is not None:
         raise ArgumentError(
             f"revision: load reads a folder or the Hugging Face cache, not a revision: download "

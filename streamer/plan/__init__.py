@@ -12,6 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..errors import StreamerError
+from ..io.files import gguf_refusal
 from ..io.manifest import MANIFEST_FILE
 from .report import ModelPlan
 
@@ -29,6 +30,9 @@ def plan(
     """`source`: a config.json, a download's folder or a repacked folder. `quantize`: (bits,
     group size[, mode]) of `repack --quantize`. `dtype`: the compute dtype (None: the
     checkpoint's). `kv`: (bits, group size) of mlx-lm's quantized KV cache (--kv-bits)."""
+    gguf = gguf_refusal(source)
+    if gguf:
+        raise StreamerError(gguf)
     folder = source if source.is_dir() else source.parent  # a FIFO is a file: refused as one
     if (folder / MANIFEST_FILE).exists():
         if quantize:

@@ -7,6 +7,7 @@ generation thread, the prompt cache).
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from pathlib import Path
@@ -92,16 +93,10 @@ def serve(
     client address holds open (None: the server's share, 0: no limit of its own). The engine is
     closed at the end, whatever ends it (under a group that tells the other ranks to stop)."""
     from .app import App
-    from .http import Handler, Server
 
     app = App(engine, name, defaults or Sampling(), max_tokens, context, api_key, template_kwargs)
     try:
-        try:
-            httpd = Server((host, port), Handler)
-        except OSError as e:
-            from ..errors import StreamerError
-
-            raise StreamerError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        httpd = listening(host, port)
         httpd.app = app
         if client_connections is not None:
             httpd.share_per_client(client_connections)
@@ -122,6 +117,28 @@ def serve(
             httpd.server_close()
     finally:
         engine.close()
+
+
+def listening(host: str, port: int):
+    """The server's socket, bound to host:port and listening, or why not in one line."""
+    from ..errors import StreamerError
+    from .http import Handler, Server
+
+    try:
+        return Server((host, port), Handler)
+    except OSError as e:
+        fix = (
+            "another process listens there: stop it, or give another --port (0: any free one)"
+            if e.errno == errno.EADDRINUSE
+            else "check --host and --port"
+        )
+        raise StreamerError(f"cannot listen on {host}:{port}: {e.strerror or e}; {fix}.") from None
+
+
+def check_listening(host: str, port: int) -> None:
+    """Whether the server could listen on host:port, said before the model loads (minutes for a
+    large one) rather than after: the address is taken and given back at once."""
+    listening(host, port).server_close()
 
 
 def _loopback(host: str) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ...errors import StreamerError
 from ..durable import write_json_atomic
+from ..files import gguf_refusal
 from ..json_file import read_json_object
 from .contents import (
     FORMAT,
@@ -65,6 +66,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 def not_a_model(folder: Path) -> str:
     """Why `folder`, which holds neither manifest.json nor config.json, is not a model: what the
     path is, and what was looked for."""
+    gguf = gguf_refusal(folder)
+    if gguf:
+        return gguf
     looked = (
         f"{MANIFEST_FILE} (a folder `streamer repack` or `streamer pull` wrote) or config.json (a "
         "download, with its safetensors shards)"
