@@ -86,7 +86,7 @@ CALLED = {"role": "assistant", "content": None}
 @pytest.mark.parametrize(
     "fields, words",
     [
-        ({"seed": -1}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed must lie in [-9223372036854775808, "),
         ({"seed": 2**64}, "seed"),
         ({"max_tokens": 2**70}, "max_tokens"),
         ({"top_k": 10**20}, "top_k"),
@@ -210,7 +210,7 @@ def test_errors_name_the_field_of_the_endpoint(server, served_folder, path, fiel
         ({"logprobs": 21}, "logprobs"),
         ({"echo": True}, "echo"),
         ({"best_of": 3}, "best_of"),
-        ({"seed": -5}, "seed"),
+        ({"seed": 2**64}, "seed"),
     ],
 )
 def test_every_text_completion_field_is_checked(server, served_folder, fields, words):

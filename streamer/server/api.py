@@ -18,6 +18,8 @@ from .messages import check_messages, check_template_kwargs, check_tools
 # OpenAI takes up to 4 stop strings; more are allowed here, but bounded: every new piece of text
 # is checked against each stop's prefixes to hold back a partial match
 MAX_STOPS, MAX_STOP_CHARS = 16, 1000
+# OpenAI's seed is a signed 64-bit integer; llama.cpp's server and clients read -1 as "random"
+MIN_SEED, RANDOM_SEED = -(1 << 63), -1
 
 
 @dataclass
@@ -145,11 +147,13 @@ def _sampling(body: dict, defaults: Sampling) -> Sampling:
         ("top_p", float, {"low": 0.0, "high": 1.0, "low_open": True}),
         ("top_k", int, {"low": 0}),
         ("min_p", float, {"low": 0.0, "high": 1.0}),
-        ("seed", int, {"low": 0, "high": MAX_SEED}),
     ):
         value = checked(body, name, kind, **bounds)
         if value is not None:
             setattr(sampling, name, value)
+    seed = checked(body, "seed", int, low=MIN_SEED, high=MAX_SEED)
+    if seed is not None:
+        sampling.seed = _seed(seed)
     if 0 < sampling.temperature < MIN_TEMPERATURE:
         raise ApiError(
             400,
@@ -172,6 +176,14 @@ def _sampling(body: dict, defaults: Sampling) -> Sampling:
     if bias:
         sampling.logit_bias = _logit_bias(bias)
     return sampling
+
+
+def _seed(seed: int) -> int | None:
+    """-1: None (random, the server's --seed overridden); another negative: its 64 bits read
+    unsigned, as mx.random.seed takes them, so that the same seed samples the same tokens."""
+    if seed == RANDOM_SEED:
+        return None
+    return seed % (MAX_SEED + 1)
 
 
 def _logit_bias(bias: dict) -> dict[int, float]:
