@@ -114,6 +114,7 @@ CALLED = {"role": "assistant", "content": None}
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}, "tools"),
         ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls must be true or false"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
         ({"chat_template_kwargs": 5}, "chat_template_kwargs"),

@@ -50,6 +50,7 @@ class Completion:
     top_logprobs: int = 0
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] | None = None
+    parallel_tool_calls: bool = True  # false: the answer ends at its first tool call
     template_kwargs: dict = field(default_factory=dict)
     text: str | None = None  # /v1/completions: the prompt as text...
     prompt: list[int] = field(default_factory=list)  # ...or as token ids
@@ -106,6 +107,7 @@ def _chat_fields(body: dict, request: Completion) -> None:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     request.top_logprobs = top or 0
     request.tools = check_tools(checked(body, "tools", list), body.get("tool_choice"))
+    request.parallel_tool_calls = checked(body, "parallel_tool_calls", bool) is not False
     response_format = checked(body, "response_format", dict)
     if response_format is not None and response_format.get("type") != "text":
         raise ApiError(
