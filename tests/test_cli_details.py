@@ -275,9 +275,27 @@ def test_a_port_in_use_is_said_before_the_model_loads(capsys):
 
 
 @pytest.mark.parametrize("typed", ["16", "512"])
-def test_plan_s_memory_without_a_unit_is_not_taken_as_bytes_to_plan_for(typed, capsys):
+@pytest.mark.parametrize(
+    "command, option",
+    [
+        (["plan", "/nonexistent"], "--memory"),
+        (["generate", "--model", "/nonexistent", "-p", "hi"], "--memory-budget"),
+        (["serve", "--model", "/nonexistent"], "--prompt-cache-bytes"),
+        (["serve", "--model", "/nonexistent"], "--prompt-cache-disk"),
+    ],
+)
+def test_a_size_without_a_unit_is_not_taken_as_bytes(command, option, typed, capsys):
     """`plan --memory 16` (16 GB meant) planned for 16 bytes: "runs no ... in 16 B", a slot pool
-    of 1 slot in "75% of 0 B available"."""
-    assert main(["plan", "/nonexistent", "--memory", typed]) == 2
+    of 1 slot in "75% of 0 B available"; `--memory-budget 8` loaded the model to say "8 B is below
+    the minimum", with no word of the unit."""
+    assert main([*command, option, typed]) == 2
     line = capsys.readouterr().err.strip()
-    assert f"--memory: {typed} counts bytes" in line and f"write {typed}G" in line, line
+    assert f"{option}: {typed} counts bytes" in line and f"write {typed}G" in line, line
+
+
+def test_a_size_of_0_without_a_unit_is_taken():
+    """--memory-budget 0 streams every expert: 0 needs no unit."""
+    from streamer.cli import parser
+
+    argv = ["generate", "--model", "m", "-p", "hi", "--memory-budget", "0"]
+    assert parser().parse_args(argv).memory_budget == 0
