@@ -249,6 +249,19 @@ def test_info_s_resident_bytes_are_said_to_be_as_stored(checkpoints, capsys):
     assert size_text(in_memory) in line and "in memory" in line, line
 
 
+def test_info_does_not_say_experts_are_streamed_where_the_default_keeps_them(checkpoints, capsys):
+    """info said "expert bytes ... (streamed from disk)" of a model whose experts the default
+    budget keeps resident every one (plan says so): where they live is the budget's choice."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    assert main(["plan", str(folder)]) == 0
+    plan = capsys.readouterr().out
+    assert "residency (mapped) all experts resident" in plan, plan
+    assert main(["info", str(folder)]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("expert bytes")]
+    assert "streamed from disk)" not in line and "--memory-budget" in line, line
+    assert "`streamer plan`" in line, line
+
+
 def test_info_of_a_download_to_repack_points_at_plan(checkpoints, capsys):
     """`streamer info` of a bf16 download (its help: "a download") said only to repack it: plan is
     what describes such a download, and what its repack will hold."""
