@@ -33,6 +33,7 @@ from synthetic_values import RandomValues
 
 from streamer.families.architectures import build_model
 from streamer.io.safetensors import MLX_TO_SAFETENSORS
+from streamer.io.sizes import rate_text, size_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # fixtures/: not installed
 from fixtures import write_tokenizer  # noqa: E402
@@ -91,8 +92,8 @@ def write_checkpoint(
             weight_map[name] = shard_name
             written += _nbytes(shape, dtype)
             if name.endswith("switch_mlp.up_proj.weight") or written == total:
-                rate = written / max(time.perf_counter() - start, 1e-9) / 1e6
-                log(f"[generate] {written / 1e9:.2f}/{total / 1e9:.2f} GB ({rate:.0f} MB/s) {name}")
+                rate = rate_text(written, time.perf_counter() - start)
+                log(f"[generate] {size_text(written)} of {size_text(total)} ({rate}) {name}")
     index = {
         "metadata": {"total_size": total, "total_parameters": get_total_parameters(model)},
         "weight_map": dict(sorted(weight_map.items())),

@@ -24,7 +24,16 @@ from pathlib import Path
 from .errors import StreamerError
 from .io.durable import next_step, write_failure
 from .loading.hub import ALLOW_PATTERNS, REPO_ID, holds_weights, needs_repack, pulled_folder
-from .pulled_files import LandedHashes, listing, present, refuse_no_model, refuse_unstreamable
+from .pulled_files import (
+    LandedHashes,
+    cached_folder,
+    drop_stale_parts,
+    fetched_any,
+    listing,
+    present,
+    refuse_no_model,
+    refuse_unstreamable,
+)
 from .repack import repack
 from .repack.consume import stand_ins
 from .repack.publish import is_streamer_output, partial_folder
@@ -104,8 +113,7 @@ def download(name: str, revision: str | None, skip: list[str], before_repack=lam
     """The repo's files checked (a model, one that streams; `before_repack` called for one that
     is not MLX-quantized), then snapshot_download; each weight file fetched now is checked
     against the Hub's sha256."""
-    from huggingface_hub import constants, hf_hub_download, snapshot_download
-    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub import hf_hub_download, snapshot_download
 
     patterns = {"allow_patterns": ALLOW_PATTERNS, "ignore_patterns": skip or None}
     with hub_errors(name, revision):
@@ -122,8 +130,7 @@ def download(name: str, revision: str | None, skip: list[str], before_repack=lam
         )
         if "quantization" not in config:  # to be repacked: into a folder that can be made
             before_repack()
-        cached = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model")
-        snapshot = cached / "snapshots" / commit
+        snapshot = cached_folder(name) / "snapshots" / commit
         hashes = LandedHashes(snapshot, files, present(snapshot, files))
         try:
             snapshot = Path(snapshot_download(name, revision=revision, **patterns))
@@ -145,7 +152,11 @@ def hub_errors(name: str, revision: str | None):
         RevisionNotFoundError,
     )
 
-    again = f"the files fetched so far are kept: `streamer pull {name}` resumes."
+    def again() -> str:
+        if fetched_any(name):
+            return f"the files fetched so far are kept: `streamer pull {name}` resumes."
+        return f"none of its files was fetched: run `streamer pull {name}` again."
+
     try:
         yield
     except StreamerError:
@@ -165,7 +176,7 @@ def hub_errors(name: str, revision: str | None):
         cause = e.__cause__ or e
         raise StreamerError(
             f"cannot reach the Hub ({constants.ENDPOINT}) for {name}: {type(cause).__name__}: "
-            f"{cause}; {again}"
+            f"{cause}; {again()}"
         ) from None
     except Exception as e:  # a transfer that failed past huggingface_hub's retries
         cache = Path(constants.HF_HUB_CACHE)
@@ -180,7 +191,7 @@ def hub_errors(name: str, revision: str | None):
                 "$HF_HUB_CACHE to a writable folder."
             ) from None
         raise StreamerError(
-            f"the download of {name} failed ({type(e).__name__}: {e}); {again}"
+            f"the download of {name} failed ({type(e).__name__}: {e}); {again()}"
         ) from None
 
 
@@ -204,29 +215,6 @@ def check_parent(dst: Path, given: bool) -> None:
         raise StreamerError(f"{parent} is a file, not a folder, so {dst} cannot be made: {fix}.")
     if not os.access(parent, os.W_OK):  # its permissions, or a read-only disk
         raise StreamerError(f"{parent} is not writable, so {dst} cannot be made: {fix}.")
-
-
-def drop_stale_parts(name: str) -> None:
-    """Delete the part-files killed pulls left: huggingface_hub (2.4) writes each file to a new
-    `blobs/<etag>.<random>.incomplete`, removed on any error but not when the process is killed,
-    and never reused. One that a running download holds (the etag's lock) is left alone."""
-    from filelock import FileLock, Timeout
-    from huggingface_hub import constants
-    from huggingface_hub.file_download import repo_folder_name
-
-    folder = repo_folder_name(repo_id=name, repo_type="model")
-    for part in (Path(constants.HF_HUB_CACHE) / folder / "blobs").glob("*.incomplete"):
-        lock = FileLock(
-            Path(constants.HF_HUB_CACHE) / ".locks" / folder / f"{part.name.split('.')[0]}.lock"
-        )
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            continue
-        try:
-            part.unlink(missing_ok=True)
-        finally:
-            lock.release()
 
 
 def own_files(snapshot: Path) -> None:

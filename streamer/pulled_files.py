@@ -1,6 +1,7 @@
 """What a pull fetches, checked: the repo holds a model that streams (asked of its file list and
 config.json before any weight is downloaded), and each weight file this pull downloads holds the
-bytes whose sha256 the Hub lists for it, hashed as it lands (huggingface_hub checks sizes only).
+bytes whose sha256 the Hub lists for it, hashed as it lands (huggingface_hub checks sizes only);
+and what the Hugging Face cache holds of a repo (the part-files killed pulls left).
 """
 
 from __future__ import annotations
@@ -151,3 +152,36 @@ def remove(link: Path) -> None:
     blob = Path(os.path.realpath(link))
     blob.unlink(missing_ok=True)
     link.unlink(missing_ok=True)
+
+
+def drop_stale_parts(name: str) -> None:
+    """Delete the part-files killed pulls left: huggingface_hub (2.4) writes each file to a new
+    `blobs/<etag>.<random>.incomplete`, removed on any error but not when the process is killed,
+    and never reused. One that a running download holds (the etag's lock) is left alone."""
+    from filelock import FileLock, Timeout
+
+    folder = cached_folder(name)
+    for part in (folder / "blobs").glob("*.incomplete"):
+        lock = FileLock(folder.parent / ".locks" / folder.name / f"{part.name.split('.')[0]}.lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        try:
+            part.unlink(missing_ok=True)
+        finally:
+            lock.release()
+
+
+def fetched_any(name: str) -> bool:
+    """Whether the Hugging Face cache holds any of the repo's files, a part-file included."""
+    folder = cached_folder(name)
+    return any(p.is_file() for sub in ("blobs", "snapshots") for p in (folder / sub).rglob("*"))
+
+
+def cached_folder(name: str) -> Path:
+    """The repo's folder in the Hugging Face cache."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -414,3 +415,15 @@ def test_a_slow_disk_throttles_the_whole_disk(bench_path, tmp_path):
         )
     assert not (sysfs / "partition").exists()
     assert (sysfs / "dev").read_text().strip() == disk
+
+
+def test_generated_checkpoint_progress_says_binary_units(bench_path, tmp_path):
+    """Its progress said "0.01/0.01 GB (12 MB/s)": decimal units, where every size streamer
+    prints is binary (streamer/io/sizes.py)."""
+    from generate_checkpoint import write_checkpoint
+    from presets import PRESETS
+
+    said: list[str] = []
+    write_checkpoint(tmp_path / "ckpt", PRESETS["quick"], sparse=True, log=said.append)
+    last = [line for line in said if line.startswith("[generate]")][-1]
+    assert re.match(r"\[generate\] \S+ [KMG]iB of \S+ [KMG]iB \(\S+ [KMG]iB/s\) ", last), last

@@ -249,6 +249,19 @@ def test_info_s_resident_bytes_are_said_to_be_as_stored(checkpoints, capsys):
     assert size_text(in_memory) in line and "in memory" in line, line
 
 
+def test_info_does_not_say_experts_are_streamed_where_the_default_keeps_them(checkpoints, capsys):
+    """info said "expert bytes ... (streamed from disk)" of a model whose experts the default
+    budget keeps resident every one (plan says so): where they live is the budget's choice."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    assert main(["plan", str(folder)]) == 0
+    plan = capsys.readouterr().out
+    assert "residency (mapped) all experts resident" in plan, plan
+    assert main(["info", str(folder)]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("expert bytes")]
+    assert "streamed from disk)" not in line and "--memory-budget" in line, line
+    assert "`streamer plan`" in line, line
+
+
 def test_info_of_a_download_to_repack_points_at_plan(checkpoints, capsys):
     """`streamer info` of a bf16 download (its help: "a download") said only to repack it: plan is
     what describes such a download, and what its repack will hold."""
@@ -275,9 +288,27 @@ def test_a_port_in_use_is_said_before_the_model_loads(capsys):
 
 
 @pytest.mark.parametrize("typed", ["16", "512"])
-def test_plan_s_memory_without_a_unit_is_not_taken_as_bytes_to_plan_for(typed, capsys):
+@pytest.mark.parametrize(
+    "command, option",
+    [
+        (["plan", "/nonexistent"], "--memory"),
+        (["generate", "--model", "/nonexistent", "-p", "hi"], "--memory-budget"),
+        (["serve", "--model", "/nonexistent"], "--prompt-cache-bytes"),
+        (["serve", "--model", "/nonexistent"], "--prompt-cache-disk"),
+    ],
+)
+def test_a_size_without_a_unit_is_not_taken_as_bytes(command, option, typed, capsys):
     """`plan --memory 16` (16 GB meant) planned for 16 bytes: "runs no ... in 16 B", a slot pool
-    of 1 slot in "75% of 0 B available"."""
-    assert main(["plan", "/nonexistent", "--memory", typed]) == 2
+    of 1 slot in "75% of 0 B available"; `--memory-budget 8` loaded the model to say "8 B is below
+    the minimum", with no word of the unit."""
+    assert main([*command, option, typed]) == 2
     line = capsys.readouterr().err.strip()
-    assert f"--memory: {typed} counts bytes" in line and f"write {typed}G" in line, line
+    assert f"{option}: {typed} counts bytes" in line and f"write {typed}G" in line, line
+
+
+def test_a_size_of_0_without_a_unit_is_taken():
+    """--memory-budget 0 streams every expert: 0 needs no unit."""
+    from streamer.cli import parser
+
+    argv = ["generate", "--model", "m", "-p", "hi", "--memory-budget", "0"]
+    assert parser().parse_args(argv).memory_budget == 0

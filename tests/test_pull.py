@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from huggingface_hub import constants
+from huggingface_hub import constants, hf_hub_download
 from huggingface_hub.utils import filter_repo_objects
 from local_hub import LocalHub, commit_of
 
@@ -246,7 +246,14 @@ def test_missing_names_say_what_to_do_in_one_line(hub, here, monkeypatch, capsys
     ):
         assert "download it with `streamer pull tiny-org/Tiny-MLX`" in one_line(argv), argv
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
-    assert "cannot reach the Hub" in one_line(["pull", "tiny-org/Tiny-MLX"])
+    offline = one_line(["pull", "tiny-org/Tiny-MLX"])
+    # it said "the files fetched so far are kept" with none fetched
+    assert "cannot reach the Hub" in offline and "none of its files was fetched" in offline
+    assert "fetched so far" not in offline, offline
+    with monkeypatch.context() as reachable:
+        reachable.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + TEMPLATE)
+        hf_hub_download("tiny-org/Tiny-MLX", "config.json")  # as plan's advice fetches it alone
+    assert "the files fetched so far are kept" in one_line(["pull", "tiny-org/Tiny-MLX"])
 
 
 def test_at_a_terminal_generate_offers_to_pull(hub, checkpoints, capsys):

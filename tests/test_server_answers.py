@@ -168,6 +168,25 @@ def test_tools_reach_the_template_and_calls_are_parsed(client, served_folder):
     assert after.usage.completion_tokens == 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_answers_one_call(client, served_folder, stream):
+    """OpenAI's parallel_tool_calls: false (at most one call a turn) was accepted and ignored:
+    the answer carried every call the model wrote. Generation ends at the first call."""
+    ask = dict(model=str(served_folder), messages=HELLO, tools=[WEATHER], max_tokens=3)
+    ask.update(logit_bias={"512": 100}, parallel_tool_calls=False)
+    if stream:
+        chunks = list(client.chat.completions.create(**ask, stream=True))
+        calls = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        whole = client.chat.completions.create(**ask)
+        calls, finish = whole.choices[0].message.tool_calls, whole.choices[0].finish_reason
+        assert whole.usage.completion_tokens == 1
+    assert [c.function.name for c in calls] == ["get_weather"] and finish == "tool_calls"
+    del ask["parallel_tool_calls"]  # the default: every call, as before
+    assert len(client.chat.completions.create(**ask).choices[0].message.tool_calls) == 3
+
+
 @pytest.mark.parametrize("tools", [{}, {"tools": [WEATHER], "tool_choice": "none"}])
 def test_a_call_written_without_tools_to_call_is_text(client, served_folder, tools):
     """OpenAI answers no tool calls to a request that gives no tools (or tool_choice none): a call

@@ -86,7 +86,7 @@ CALLED = {"role": "assistant", "content": None}
 @pytest.mark.parametrize(
     "fields, words",
     [
-        ({"seed": -1}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed must lie in [-9223372036854775808, "),
         ({"seed": 2**64}, "seed"),
         ({"max_tokens": 2**70}, "max_tokens"),
         ({"top_k": 10**20}, "top_k"),
@@ -114,6 +114,7 @@ CALLED = {"role": "assistant", "content": None}
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}, "tools"),
         ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls must be true or false"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
         ({"chat_template_kwargs": 5}, "chat_template_kwargs"),
@@ -210,7 +211,7 @@ def test_errors_name_the_field_of_the_endpoint(server, served_folder, path, fiel
         ({"logprobs": 21}, "logprobs"),
         ({"echo": True}, "echo"),
         ({"best_of": 3}, "best_of"),
-        ({"seed": -5}, "seed"),
+        ({"seed": 2**64}, "seed"),
     ],
 )
 def test_every_text_completion_field_is_checked(server, served_folder, fields, words):
@@ -276,13 +277,35 @@ def test_a_number_of_thousands_of_digits_is_refused_in_words_for_the_client(serv
 def test_unknown_paths_and_missing_length(server):
     assert request(server[0], "GET", "/v1/nothing")[0] == 404
     status, body = request(server[0], "DELETE", "/v1/models")
-    assert status == 405 and "use GET or POST" in body["error"]["message"]
+    assert status == 405 and "DELETE is not allowed on /v1/models: use GET" in str(body)
     status, body = request(server[0], "GET", "/v1/chat/completions")  # was a 404
     assert status == 405 and "GET is not allowed on /v1/chat/completions: use POST" in str(body)
     url = urlsplit(server[0])
     with socket.create_connection((url.hostname, url.port)) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\n\r\n")
         assert s.recv(100).startswith(b"HTTP/1.1 411")
+
+
+@pytest.mark.parametrize(
+    "method, path, status, allow",
+    [
+        ("GET", "/v1/chat/completions", 405, "POST, OPTIONS"),
+        ("PUT", "/v1/completions", 405, "POST, OPTIONS"),
+        ("POST", "/health", 405, "GET, HEAD, OPTIONS"),  # was a 404
+        ("DELETE", "/v1/models", 405, "GET, HEAD, OPTIONS"),
+        ("PATCH", "/v1/nothing", 404, None),  # was a 405: nothing is served there
+    ],
+)
+def test_a_405_says_which_methods_are_allowed(server, method, path, status, allow):
+    """HTTP requires a 405's Allow header (RFC 9110, 15.5.6): the answers lacked it."""
+    http = connection(server[0])
+    try:
+        http.request(method, path, body=b"{}" if method != "GET" else None)
+        response = http.getresponse()
+        response.read()
+        assert (response.status, response.getheader("Allow")) == (status, allow)
+    finally:
+        http.close()
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from mlx_lm.sample_utils import make_logits_processors
 from serving import HELLO, NO_CALL, NO_EOS, expected
 
 import streamer
-from streamer.server.api import Sampling
+from streamer.server.api import Sampling, parse_completion
 from streamer.server.fields import ApiError
 from streamer.server.sampling import sampler_and_processors
 
@@ -26,12 +26,14 @@ def test_fields_that_leave_only_the_likeliest_token_answer_greedily(client, serv
 
 
 def test_a_seed_samples_what_the_library_samples_with_it(client, served_folder, local):
+    """OpenAI's seed is any 64-bit signed integer: a negative one (other than -1) seeds with its
+    64 bits read unsigned. It was refused (400)."""
     model, tokenizer = local
     prompt = tokenizer.apply_chat_template(HELLO, add_generation_prompt=True)
     no_call = make_logits_processors({512: -100})
-    for seed in (7, 8):
+    for seed, library_seed in ((7, 7), (8, 8), (-2, 2**64 - 2), (-(2**63), 2**63)):
         want = streamer.generate(
-            model, tokenizer, prompt, 8, temp=1.0, seed=seed, logits_processors=no_call
+            model, tokenizer, prompt, 8, temp=1.0, seed=library_seed, logits_processors=no_call
         )
         answer = client.chat.completions.create(
             model=str(served_folder),
@@ -42,6 +44,17 @@ def test_a_seed_samples_what_the_library_samples_with_it(client, served_folder, 
             logit_bias=NO_CALL,
         )
         assert answer.choices[0].message.content == want, seed
+
+
+def test_a_seed_of_minus_1_is_random_as_llama_cpp_reads_it():
+    """llama.cpp's clients send seed -1 for a random one: it was refused (400). It overrides the
+    server's --seed, as a request's field does."""
+    body = {"messages": HELLO, "seed": -1}
+    request = parse_completion(body, chat=True, model="m", defaults=Sampling(seed=5))
+    assert request.sampling.seed is None
+    del body["seed"]
+    request = parse_completion(body, chat=True, model="m", defaults=Sampling(seed=5))
+    assert request.sampling.seed == 5
 
 
 def test_max_completion_tokens_bounds_the_answer(client, served_folder):

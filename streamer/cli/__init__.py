@@ -95,6 +95,8 @@ class Parser(argparse.ArgumentParser):
             message = mlx_lm_only(unknown[0]) or message
         if message.startswith("unrecognized arguments: "):
             message += self._size_in_two_words(message.split()[2])
+        if " counts bytes, as a size without a unit does" in message:  # options.size's
+            message += self._size_in_two_words()
         if message.endswith(": expected one argument"):
             message += self._value_taken_for_an_option(message)
         if message.startswith("the following arguments are required") and "--model" in message:
@@ -108,12 +110,14 @@ class Parser(argparse.ArgumentParser):
         close = difflib.get_close_matches(typed, commands, 1) or [THEIR_COMMANDS.get(typed)]
         return f" (did you mean {close[0]}?)" if close[0] else ""
 
-    def _size_in_two_words(self, extra: str) -> str:
-        """`--memory-budget 8 GB`, as sizes are written in prose: argparse left the unit over."""
+    def _size_in_two_words(self, extra: str | None = None) -> str:
+        """`--memory-budget 8 GB`, as sizes are written in prose: argparse left the unit over
+        (`extra`), or refused the number alone as bytes (None: any unit that follows it)."""
         words = self._words[: _end(self._words)]
         for option, number, unit in zip(words, words[1:], words[2:]):
             action = self._option_string_actions.get(option)
-            if unit == extra and action and action.metavar == "SIZE" and SIZE_UNIT.match(unit):
+            sized = action and action.metavar == "SIZE"
+            if sized and extra in (None, unit) and SIZE_UNIT.match(unit):
                 return f" (write the size as one word: {option} {number}{unit})"
         return ""
 

@@ -80,7 +80,9 @@ def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> li
         # as stored: the compute dtype's (plan's) may be wider, float32 on the CPU
         f"resident bytes    {size_text(resident)} (non-expert weights as stored; "
         "in the compute dtype: `streamer plan`)",
-        f"expert bytes      {size_text(manifest.expert_file_bytes)} (streamed from disk)",
+        # where experts live is the budget's choice, made at load: info reads no memory figures
+        f"expert bytes      {size_text(manifest.expert_file_bytes)} (kept in memory or streamed "
+        "from disk, as --memory-budget decides; what its default does here: `streamer plan`)",
         f"active per token  {size_text(active)} of experts ({top_k} x {len(layers)} layers)",
     ]
 

@@ -33,11 +33,18 @@ def option_group(p: argparse.ArgumentParser, title: str) -> argparse._ArgumentGr
 
 
 def size(text: str) -> int:
-    """argparse type for a size such as 8G."""
+    """argparse type for a size such as 8G. Every size option is memory or disk, so a number from
+    1 to below 1 MiB is one typed without its unit (`--memory 16`, 16 GiB meant): refused."""
     try:
-        return parse_size(text, "")
+        number = parse_size(text, "")
     except StreamerError as e:  # its words, argparse naming the option
         raise argparse.ArgumentTypeError(str(e).strip().rstrip(".")) from None
+    typed = text.strip()
+    if typed.isdigit() and 0 < number < 1 << 20:
+        raise argparse.ArgumentTypeError(
+            f"{typed} counts bytes, as a size without a unit does: write {typed}G for {typed} GiB"
+        )
+    return number
 
 
 def add_quantize(p: argparse.ArgumentParser, what: str) -> None:

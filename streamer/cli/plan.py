@@ -17,9 +17,7 @@ def add_parser(sub) -> None:
         metavar="SOURCE",
         help="config.json, a download's folder, a repacked one, or org/name",
     )
-    p.add_argument(
-        "--memory", type=memory, metavar="SIZE", help="memory to plan for (default: free)"
-    )
+    p.add_argument("--memory", type=size, metavar="SIZE", help="memory to plan for (default: free)")
     add_quantize(p, "as repack --quantize")
     p.add_argument(
         "--kv-bits",
@@ -36,16 +34,6 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="one JSON object, for tools")
     p.set_defaults(run=plan)
-
-
-def memory(text: str) -> int:
-    """--memory: a size; a number below 1 MiB is one typed without its unit (`--memory 16`)."""
-    number = size(text)
-    if text.strip().isdigit() and number < 1 << 20:
-        raise argparse.ArgumentTypeError(
-            f"{text} counts bytes, as a size without a unit does: write {text}G for {text} GiB"
-        )
-    return number
 
 
 def plan(args: argparse.Namespace) -> None:

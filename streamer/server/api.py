@@ -18,6 +18,8 @@ from .messages import check_messages, check_template_kwargs, check_tools
 # OpenAI takes up to 4 stop strings; more are allowed here, but bounded: every new piece of text
 # is checked against each stop's prefixes to hold back a partial match
 MAX_STOPS, MAX_STOP_CHARS = 16, 1000
+# OpenAI's seed is a signed 64-bit integer; llama.cpp's server and clients read -1 as "random"
+MIN_SEED, RANDOM_SEED = -(1 << 63), -1
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Completion:
     top_logprobs: int = 0
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] | None = None
+    parallel_tool_calls: bool = True  # false: the answer ends at its first tool call
     template_kwargs: dict = field(default_factory=dict)
     text: str | None = None  # /v1/completions: the prompt as text...
     prompt: list[int] = field(default_factory=list)  # ...or as token ids
@@ -104,6 +107,7 @@ def _chat_fields(body: dict, request: Completion) -> None:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     request.top_logprobs = top or 0
     request.tools = check_tools(checked(body, "tools", list), body.get("tool_choice"))
+    request.parallel_tool_calls = checked(body, "parallel_tool_calls", bool) is not False
     response_format = checked(body, "response_format", dict)
     if response_format is not None and response_format.get("type") != "text":
         raise ApiError(
@@ -145,11 +149,13 @@ def _sampling(body: dict, defaults: Sampling) -> Sampling:
         ("top_p", float, {"low": 0.0, "high": 1.0, "low_open": True}),
         ("top_k", int, {"low": 0}),
         ("min_p", float, {"low": 0.0, "high": 1.0}),
-        ("seed", int, {"low": 0, "high": MAX_SEED}),
     ):
         value = checked(body, name, kind, **bounds)
         if value is not None:
             setattr(sampling, name, value)
+    seed = checked(body, "seed", int, low=MIN_SEED, high=MAX_SEED)
+    if seed is not None:
+        sampling.seed = _seed(seed)
     if 0 < sampling.temperature < MIN_TEMPERATURE:
         raise ApiError(
             400,
@@ -172,6 +178,14 @@ def _sampling(body: dict, defaults: Sampling) -> Sampling:
     if bias:
         sampling.logit_bias = _logit_bias(bias)
     return sampling
+
+
+def _seed(seed: int) -> int | None:
+    """-1: None (random, the server's --seed overridden); another negative: its 64 bits read
+    unsigned, as mx.random.seed takes them, so that the same seed samples the same tokens."""
+    if seed == RANDOM_SEED:
+        return None
+    return seed % (MAX_SEED + 1)
 
 
 def _logit_bias(bias: dict) -> dict[int, float]:

@@ -124,8 +124,8 @@ class Engine:
         cache, rest = self._cache_for(job.prompt)
         held = job.prompt[: len(job.prompt) - len(rest)]
         sampler, processors = sampler_and_processors(request.sampling, held)
-        calls = request.tools is not None
-        output = Output(self.tokenizer, job.prompt, request.stop, request.chat, calls)
+        calls, one_call = request.tools is not None, not request.parallel_tool_calls
+        output = Output(self.tokenizer, job.prompt, request.stop, request.chat, calls, one_call)
         generated: list[int] = []
         finish, stats = "length", None
         try:

@@ -28,9 +28,12 @@ MAX_DEPTH = 64
 class ApiError(Exception):
     """An error answered as OpenAI does: `{"error": {message, type, param, code}}`."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code=None):
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code=None, headers=None
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers: dict[str, str] = headers or {}  # what the answer's head says too (Allow)
 
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"

@@ -79,7 +79,20 @@ class Handler(QuietHandler):
         self._end_answer_headers()
 
     def _not_allowed(self) -> None:
-        self._error(ApiError(405, f"{self.command} is not allowed on {self.path}: use GET or POST"))
+        """404 where nothing is served; else 405, with the Allow header HTTP requires of it."""
+        route, method = self.route, self.command.replace("HEAD", "GET")  # HEAD has GET's head
+        if route in CHAT_PATHS + TEXT_PATHS:
+            served = ("POST",)
+        elif (
+            route == "/health" or route.rstrip("/") in MODELS_PATHS or self._names_the_model(route)
+        ):
+            served = ("GET", "HEAD")
+        else:
+            return self._error(ApiError(404, f"no such endpoint: {method} {route}"))
+        allow = {"Allow": ", ".join((*served, "OPTIONS"))}
+        self._error(
+            ApiError(405, f"{method} is not allowed on {route}: use {served[0]}", headers=allow)
+        )
 
     do_PUT = do_DELETE = do_PATCH = _not_allowed
     send_error = http_refusal  # a bad request line, TRACE, headers too long: JSON, not HTML
@@ -108,10 +121,8 @@ class Handler(QuietHandler):
             self._json(200, {"object": "list", "data": [self._model()]})
         elif self._names_the_model(route):
             self._json(200, self._model())
-        elif route in CHAT_PATHS + TEXT_PATHS:  # a completion is asked for by POST, as DELETE's 405
-            self._error(ApiError(405, f"{self.command} is not allowed on {route}: use POST"))
-        else:
-            self._error(ApiError(404, f"no such endpoint: GET {route}"))
+        else:  # a completion is asked for by POST: a 405, as DELETE's
+            self._not_allowed()
 
     # GET's answer without its body, as HTTP requires of a server: uptime monitors probe with
     # HEAD (/health was a 405, read as down)
@@ -134,9 +145,9 @@ class Handler(QuietHandler):
         chat = self.route in CHAT_PATHS
         if self._refused():
             return
+        if not chat and self.route not in TEXT_PATHS:
+            return self._not_allowed()
         try:
-            if not chat and self.route not in TEXT_PATHS:
-                raise ApiError(404, f"no such endpoint: POST {self.route}")
             app = self.server.app
             body = parse_body(read_body(self.headers, self.rfile, self.take_body_bytes))
             request = parse_completion(body, chat=chat, model=app.model_id, defaults=app.defaults)
@@ -221,18 +232,20 @@ class Handler(QuietHandler):
         self.wfile.write(data)
         self.wfile.flush()
 
-    def _json(self, status: int, body: dict) -> None:
+    def _json(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self._end_answer_headers()
         if self.command != "HEAD":
             self._send(data)
 
     def _error(self, error: ApiError) -> None:
         self.close_connection = True  # an unread body may still be on the connection
-        self._json(error.status, error.body())
+        self._json(error.status, error.body(), error.headers)
 
 
 class Server(ConnectionCap, ThreadingHTTPServer):

@@ -80,12 +80,15 @@ class Output:
         stops: list[str],
         split: bool = True,
         calls: bool = True,
+        one_call: bool = False,
     ):
         """`split`: reasoning and tool calls taken out of the content, their markers stripped (a
         chat's answer); else the text as the model wrote it (/v1/completions, whose text had
         lost a tool call or think block the model wrote). `calls`: whether the request gave
-        tools to call; where not, a call the model writes stays text (`_end_call`)."""
+        tools to call; where not, a call the model writes stays text (`_end_call`). `one_call`:
+        the answer ends at its first call (a request's parallel_tool_calls: false)."""
         self.stops, self.split, self.calls = StopStrings(stops), split, calls
+        self.one_call = one_call
         self.call_markers = tokenizer.tool_call_start or "", tokenizer.tool_call_end or ""
         self.machine = make_text_state_machine(tokenizer)
         self.state = self.machine.make_state(_initial_state(tokenizer, prompt))
@@ -93,10 +96,13 @@ class Output:
         self.made_tool_call = False
 
     def feed(self, text: str) -> tuple[Piece, bool]:
-        """The piece to send for `text`, and whether a stop string ended the answer."""
+        """The piece to send for `text`, and whether a stop string (or, with `one_call`, a call)
+        ended the answer."""
         text, stopped = self.stops.feed(text)
         piece = self._pieces(text)
-        return (self._merge(piece, self.finish()) if stopped else piece), stopped
+        if stopped:
+            piece = self._merge(piece, self.finish())
+        return piece, stopped or (self.one_call and self.made_tool_call)
 
     def _pieces(self, text: str) -> Piece:
         if not self.split:
@@ -135,12 +141,12 @@ class Output:
         request gave no tools its text with the markers, as written: OpenAI answers no calls
         then, and an agent that reads calls out of the text (its tools in its prompt) got an
         empty answer."""
-        if self.calls:
-            piece.tool_calls.append(self.tool_text)
-            self.made_tool_call = True
-        else:
+        if not self.calls:
             start, end = self.call_markers
             piece.content += start + self.tool_text + (end if closed else "")
+        elif not (self.one_call and self.made_tool_call):  # a second one in one piece is dropped
+            piece.tool_calls.append(self.tool_text)
+            self.made_tool_call = True
         self.tool_text = ""
 
     @staticmethod
