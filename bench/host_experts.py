@@ -6,7 +6,9 @@ pays only if the host's quantized matmul reads experts near the bus's rate (44-5
 on the lent H100s and H200). This times MLX's CPU `gather_qmm` on one token and k experts of that
 shape, per activation dtype, with the process's CPU time beside its wall time (threads used).
 
-    python bench/host_experts.py [--experts 8] [--repeats 20] [--json]
+    python bench/host_experts.py [--experts 8] [--repeats 20] [--cores N] [--json]
+
+`--cores N`: the experts cut across N streams, as streamer/cpu_cores.py cuts a call (1: one).
 """
 
 import argparse
@@ -15,10 +17,12 @@ import time
 
 import mlx.core as mx
 
+from streamer.cpu_cores import on_parts
+
 HIDDEN, MOE_INTERMEDIATE, GROUP, BITS = 2048, 768, 64, 4  # Qwen3-30B-A3B's expert, 4-bit
 
 
-def time_one(dtype: mx.Dtype, experts: int, repeats: int) -> dict:
+def time_one(dtype: mx.Dtype, experts: int, repeats: int, cores: int = 1) -> dict:
     """GB/s of expert bytes one token's gather_qmm reads on the CPU, and CPU-time / wall."""
     with mx.stream(mx.cpu):
         weights = mx.random.normal((experts, 3 * MOE_INTERMEDIATE, HIDDEN)).astype(dtype)
@@ -27,10 +31,13 @@ def time_one(dtype: mx.Dtype, experts: int, repeats: int) -> dict:
         index = mx.arange(experts).reshape(1, experts)
         mx.eval(packed, scales, biases, x)
 
-        def step() -> mx.array:
+        def routed(a: int, b: int) -> mx.array:
             return mx.gather_qmm(
-                x, packed, scales, biases, rhs_indices=index, group_size=GROUP, bits=BITS
+                x, packed, scales, biases, rhs_indices=index[:, a:b], group_size=GROUP, bits=BITS
             )
+
+        def step() -> mx.array:
+            return on_parts(routed, experts, cores, axis=1) if cores > 1 else routed(0, experts)
 
         mx.eval(step())  # warm
         wall, cpu = time.perf_counter(), time.process_time()
@@ -45,9 +52,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--cores", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = [time_one(d, args.experts, args.repeats) for d in (mx.bfloat16, mx.float32)]
+    rows = [time_one(d, args.experts, args.repeats, args.cores) for d in (mx.bfloat16, mx.float32)]
     if args.json:
         print(json.dumps(rows))
         return

@@ -7,7 +7,7 @@ call's work cut into parts, each part on a stream of its own, runs on as many co
 The cuts are along rows of the output only (a routed expert, an output feature), which every
 part computes exactly as the whole call would: the results are bit-identical
 (tests/test_cpu_cores.py). Measured on a 2-core VM at Qwen3-30B-A3B's 4-bit shape: 8 experts'
-gather_qmm 1.95x, a 12-layer model's decode 1.7x (bench/findings.md, "Every core computes").
+gather_qmm 1.75-1.95x, a 12-layer model's decode 1.7x (bench/findings.md, "Every core computes").
 
 The streams are thread-local (mx.new_thread_local_stream): MLX refuses a stream made on another
 thread, and serve and chat generate on a thread of their own. GPU backends get no split: there
