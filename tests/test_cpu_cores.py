@@ -13,6 +13,7 @@ from mlx_lm.models.switch_layers import SwitchGLU
 
 import streamer
 from streamer import cpu_cores
+from streamer.cli import main
 from streamer.errors import ArgumentError
 from streamer.loading.options import load_options
 
@@ -141,3 +142,20 @@ def test_a_model_on_cores_answers_as_on_one(checkpoints, monkeypatch, read_path)
     thread.start()
     thread.join()
     assert mx.array_equal(one, found[0])
+
+
+def test_the_residency_line_says_the_cores_decided(checkpoints, capsys, monkeypatch):
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    argv = ["generate", "--model", str(folder), "-p", "hi", "-m", "1", "--ignore-chat-template"]
+    assert main([*argv, "-t", "1"]) == 0
+    assert "; matmuls on 1 core (asked for)\n" in capsys.readouterr().err
+    model, _ = streamer.load(folder, threads=3)
+    assert model.streamer.residency.endswith("; matmuls on 3 cores (asked for)")
+    model.streamer.close()
+    model, _ = streamer.load(folder)
+    cores = cpu_cores.usable_cores()
+    every = f"{cores} core{'s' if cores > 1 else ''} (every core this process may use)"
+    assert model.streamer.residency.endswith(f"; matmuls on {every}")
+    model.streamer.close()
+    monkeypatch.setattr("streamer.loading.backend.backend", lambda: "metal")
+    assert load_options().threads_why == ""  # a GPU computes them: nothing to say

@@ -51,12 +51,14 @@ def read_path_for_backend(read_path: object, name: str = "read_path") -> tuple[s
     return read_path, "asked for"
 
 
-def threads_for_backend(threads: object, name: str = "threads") -> int:
-    """How many cores a token's large matmuls are cut across (cpu_cores.py): on the CPU backend
-    every core this process may use unless asked; on a GPU one, as the GPU computes them all.
-    Decided once, in options.load_options."""
+def threads_for_backend(threads: object, name: str = "threads") -> tuple[int, str]:
+    """How many cores a token's large matmuls are cut across (cpu_cores.py), and why: on the CPU
+    backend every core this process may use unless asked; on a GPU one, as the GPU computes them
+    all (why: "", nothing to say). Decided once, in options.load_options."""
     if threads is None:
-        return usable_cores() if backend() == "cpu" else 1
+        if backend() == "cpu":
+            return usable_cores(), "every core this process may use"
+        return 1, ""
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ArgumentError(f"{name} must be a whole number of cores, 1 or more (got {threads!r}).")
     if threads > 1 and backend() != "cpu":
@@ -64,7 +66,7 @@ def threads_for_backend(threads: object, name: str = "threads") -> int:
             f"{name} {threads}: on {backend()} the GPU computes every matmul; the threads "
             "setting cuts the CPU backend's matmuls across its cores. Leave it out."
         )
-    return threads
+    return threads, "asked for" if backend() == "cpu" else ""
 
 
 def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
