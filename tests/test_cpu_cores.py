@@ -17,6 +17,8 @@ from streamer.cli import main
 from streamer.errors import ArgumentError
 from streamer.loading.options import load_options
 
+ENTRY_PAYS = cpu_cores.MIN_PART_BYTES  # a routed entry's experts worth a part of their own
+
 
 def switch_glu(quantized: bool) -> SwitchGLU:
     mx.random.seed(3)
@@ -35,7 +37,7 @@ def test_routed_entries_on_cores_are_the_whole_call(quantized, tokens, cores):
     x = mx.random.normal((1, tokens, 64))
     indices = mx.random.randint(0, 8, (1, tokens, 6)).astype(mx.uint32)
     whole = glu(x, indices)
-    cut = cpu_cores.routed_on_cores(glu, x, indices, cores)
+    cut = cpu_cores.routed_on_cores(glu, x, indices, cores, ENTRY_PAYS)
     assert cut.shape == whole.shape
     assert mx.array_equal(cut, whole)
 
@@ -52,7 +54,7 @@ def test_entries_of_one_expert_each_are_cut_by_token(monkeypatch, cores):
     monkeypatch.setattr(
         cpu_cores, "on_parts", lambda *a, **k: cut.append((*a[1:], k["axis"])) or real(*a, **k)
     )
-    assert mx.array_equal(cpu_cores.routed_on_cores(glu, x, indices, cores), whole)
+    assert mx.array_equal(cpu_cores.routed_on_cores(glu, x, indices, cores, ENTRY_PAYS), whole)
     assert cut == [(6, cores, -3)]  # six tokens, on every core
 
 
@@ -60,8 +62,24 @@ def test_one_routed_entry_is_not_cut(monkeypatch):
     calls = []
     glu = switch_glu(True)
     monkeypatch.setattr(cpu_cores, "on_parts", lambda *a, **k: calls.append(a))
-    out = cpu_cores.routed_on_cores(glu, mx.zeros((1, 1, 64)), mx.zeros((1, 1, 1), mx.uint32), 4)
+    x, one = mx.zeros((1, 1, 64)), mx.zeros((1, 1, 1), mx.uint32)
+    out = cpu_cores.routed_on_cores(glu, x, one, 4, ENTRY_PAYS)
     assert out.shape == (1, 1, 1, 64) and calls == []
+
+
+@pytest.mark.parametrize(("entry_bytes", "parts"), [(ENTRY_PAYS // 8, None), (ENTRY_PAYS // 2, 3)])
+def test_routed_entries_too_small_to_pay_are_cut_less(monkeypatch, entry_bytes, parts):
+    """Each part at least MIN_PART_BYTES of experts to compute, as a linear layer's: a model of
+    tiny experts (the demo's) decoded slower cut (2 cores: 540 tok/s against 650)."""
+    glu = switch_glu(True)
+    x = mx.random.normal((1, 1, 64))
+    indices = mx.random.randint(0, 8, (1, 1, 6)).astype(mx.uint32)
+    cut = []
+    real = cpu_cores.on_parts
+    monkeypatch.setattr(cpu_cores, "on_parts", lambda *a, **k: cut.append(a[2]) or real(*a, **k))
+    out = cpu_cores.routed_on_cores(glu, x, indices, 4, entry_bytes)
+    assert mx.array_equal(out, glu(x, indices))
+    assert cut == ([] if parts is None else [parts])
 
 
 class Head(nn.Module):
