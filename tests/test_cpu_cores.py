@@ -177,3 +177,69 @@ def test_the_residency_line_says_the_cores_decided(checkpoints, capsys, monkeypa
     model.streamer.close()
     monkeypatch.setattr("streamer.loading.backend.backend", lambda: "metal")
     assert load_options().threads_why == ""  # a GPU computes them: nothing to say
+
+
+PROMPT = list(range(1, 40))  # 39 tokens: mlx-lm's sorted gather (64 entries or more), as a prefill
+
+
+def answer(folder, threads: int, **load) -> tuple[mx.array, str]:
+    model, _ = streamer.load(folder, threads=threads, **load)
+    try:
+        out = model(mx.array([PROMPT]))
+        mx.eval(out)
+        return out, type(model.streamer.layers[0].compute_mode).__name__
+    finally:
+        model.streamer.close()
+
+
+@pytest.mark.parametrize(
+    ("load", "mode"),
+    [
+        ({"memory_budget": 0}, "GatherConvert"),  # bf16 scales computed in float32
+        ({"memory_budget": 0, "dtype": "bfloat16"}, "InPageCache"),  # the files read before
+        ({"memory_budget": 0, "dtype": "bfloat16", "verify_reads": True}, "Prefetched"),
+        ({"memory_budget": 40_000}, "HotReads"),
+        ({}, "Resident"),
+        ({"memory_budget": 20_000, "read_path": "slots"}, "Slots"),  # 1 slot: rounds
+        ({"memory_budget": 0, "read_path": "slots"}, "Slots"),
+    ],
+)
+def test_every_compute_mode_on_cores_answers_as_on_one(checkpoints, monkeypatch, load, mode):
+    monkeypatch.setattr(cpu_cores, "MIN_PART_BYTES", 1)
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    one, ran = answer(folder, 1, **load)
+    assert ran == mode
+    assert mx.array_equal(one, answer(folder, 3, **load)[0])
+
+
+# containers of their own kind: SwitchMLP (nemotron_h, phixtral), one entry a token (llama4), a
+# biased clamped SwiGLU (gpt_oss), resident children (muse_spark), stacked from a list (dbrx)
+@pytest.mark.parametrize(
+    "arch", ["nemotron_h", "phixtral", "llama4", "gpt_oss", "muse_spark", "dbrx"]
+)
+def test_each_kind_of_container_on_cores_answers_as_on_one(checkpoints, monkeypatch, arch):
+    monkeypatch.setattr(cpu_cores, "MIN_PART_BYTES", 1)
+    folder = checkpoints.repacked(checkpoints.mlx(arch))
+    for load in ({"memory_budget": 0}, {"memory_budget": 0, "read_path": "slots"}):
+        assert mx.array_equal(answer(folder, 1, **load)[0], answer(folder, 3, **load)[0])
+
+
+def test_drafted_kv_quantized_answers_on_a_thread_are_one_core_s(checkpoints, monkeypatch):
+    """Speculative verify passes (several tokens a call) and a quantized KV cache, on a
+    generation thread of its own, as serve and chat run them."""
+    monkeypatch.setattr(cpu_cores, "MIN_PART_BYTES", 1)
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    options = {"max_tokens": 24, "prompt_lookup": 2, "kv_bits": 4, "kv_group_size": 32}
+
+    def tokens(threads: int, found: list) -> None:
+        model, tokenizer = streamer.load(folder, threads=threads, memory_budget=0)
+        responses = streamer.stream_generate(model, tokenizer, "the the the the", **options)
+        found.append([(r.token, r.logprobs.tolist()) for r in responses])
+        model.streamer.close()
+
+    one, on_cores = [], []
+    tokens(1, one)
+    thread = threading.Thread(target=tokens, args=(3, on_cores))
+    thread.start()
+    thread.join()
+    assert len(one[0]) == 24 and on_cores == one
