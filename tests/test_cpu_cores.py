@@ -7,6 +7,7 @@ import threading
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.switch_layers import SwitchGLU
@@ -119,7 +120,9 @@ def test_parts_are_contiguous_and_cover_the_rows():
 def test_threads_are_decided_once_for_the_backend():
     assert load_options().threads == cpu_cores.usable_cores()
     assert load_options(threads=1).threads == 1
-    for wrong in (0, -2, "2", 1.5, True):
+    # numpy's integer, as load's memory_budget and generate's counts take it
+    assert type(load_options(threads=np.int64(1)).threads) is int
+    for wrong in (0, -2, "2", 1.5, True, np.bool_(True), np.int64(0)):
         with pytest.raises(ArgumentError, match="threads must be a whole number of cores"):
             load_options(threads=wrong)
     with pytest.raises(ArgumentError, match="--threads must be"):

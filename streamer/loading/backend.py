@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import sys
 from collections.abc import Sequence
 
@@ -59,8 +60,10 @@ def threads_for_backend(threads: object, name: str = "threads") -> tuple[int, st
         if backend() == "cpu":
             return usable_cores(), "every core this process may use"
         return 1, ""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+    # numpy's integers too (a count from an array), as load's memory_budget takes them
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
         raise ArgumentError(f"{name} must be a whole number of cores, 1 or more (got {threads!r}).")
+    threads = int(threads)
     if threads > 1 and backend() != "cpu":
         raise ArgumentError(
             f"{name} {threads}: on {backend()} the GPU computes every matmul; the threads "
