@@ -3,6 +3,7 @@ uncut call computes, bit for bit, on every read path and on a generation thread.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import mlx.core as mx
@@ -246,3 +247,18 @@ def test_drafted_kv_quantized_answers_on_a_thread_are_one_core_s(checkpoints, mo
     thread.start()
     thread.join()
     assert len(one[0]) == 24 and on_cores == one
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux lists a process's threads")
+def test_answers_on_one_thread_start_no_threads_after_the_first(checkpoints, monkeypatch):
+    """MLX gives each thread that computes streams of its own, each a thread that lives as long
+    as the process; the cut's are made once per thread, not once per answer."""
+    monkeypatch.setattr(cpu_cores, "MIN_PART_BYTES", 1)
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    model, tokenizer = streamer.load(folder, threads=3, memory_budget=0, read_path="slots")
+    streamer.generate(model, tokenizer, "hello there", max_tokens=4)  # the pool's readers too
+    threads = len(os.listdir("/proc/self/task"))
+    for _ in range(5):
+        streamer.generate(model, tokenizer, "hello there", max_tokens=4)
+    assert len(os.listdir("/proc/self/task")) == threads
+    model.streamer.close()
