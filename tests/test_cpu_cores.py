@@ -262,3 +262,37 @@ def test_answers_on_one_thread_start_no_threads_after_the_first(checkpoints, mon
         streamer.generate(model, tokenizer, "hello there", max_tokens=4)
     assert len(os.listdir("/proc/self/task")) == threads
     model.streamer.close()
+
+
+@pytest.mark.parametrize(
+    "load", [{"memory_budget": 0}, {"memory_budget": 20_000, "read_path": "slots"}]
+)
+def test_a_ctrl_c_inside_a_cut_call_leaves_the_next_answer_one_core_s(
+    checkpoints, monkeypatch, load
+):
+    """The call's second part interrupted (its first built on a stream of its own, a stack of
+    copies installed): the next answer is a fresh model's."""
+    monkeypatch.setattr(cpu_cores, "MIN_PART_BYTES", 1)
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    model, tokenizer = streamer.load(folder, threads=3, **load)
+
+    def answer(model) -> list[int]:
+        return [r.token for r in streamer.stream_generate(model, tokenizer, "hello there", 6)]
+
+    container = type(model.streamer.layers[0].container)
+    whole, calls = container.__call__, []
+
+    def interrupted(self, x, indices):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return whole(self, x, indices)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(container, "__call__", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            answer(model)
+    fresh, _ = streamer.load(folder, threads=1, **load)
+    assert answer(model) == answer(fresh)
+    model.streamer.close()
+    fresh.streamer.close()
