@@ -64,11 +64,15 @@ def on_parts(compute, total: int, parts: int, axis: int) -> mx.array:
     return mx.concatenate(outs, axis=axis)
 
 
-def routed_on_cores(container: nn.Module, x: mx.array, indices: mx.array, cores: int) -> mx.array:
+def routed_on_cores(
+    container: nn.Module, x: mx.array, indices: mx.array, cores: int, entry_bytes: int
+) -> mx.array:
     """An expert container's call, `(x [..., L, D], indices [..., L, k]) -> [..., L, k, D]`, cut
-    across `cores` streams: by its k routed entries, or, with fewer entries than cores (the slot
-    path computes a call's hits and misses as entries of one expert each), by its L tokens. Each
-    entry's row depends on its expert and its token alone."""
+    across up to `cores` streams, each part at least MIN_PART_BYTES of expert weights to compute
+    (`entry_bytes`: one routed entry's): by its k routed entries, or, with fewer entries than
+    cores (the slot path computes a call's hits and misses as entries of one expert each), by its
+    L tokens. Each entry's row depends on its expert and its token alone."""
+    cores = min(cores, indices.size * entry_bytes // MIN_PART_BYTES)
     k = indices.shape[-1]
     if min(cores, k) >= 2:
         return on_parts(lambda a, b: container(x, indices[..., a:b]), k, min(cores, k), axis=-2)

@@ -47,6 +47,7 @@ def test_options_are_decided_once_and_frozen():
         options.read_path = "mapped"
     default = load_options()  # this machine's backend's defaults, decided here
     path, why = read_path_for_backend(None)
+    threads, threads_why = threads_for_backend(None)
     assert default == LoadOptions(
         memory_budget=None,
         dtype=default_dtype(),
@@ -58,7 +59,8 @@ def test_options_are_decided_once_and_frozen():
         bypass_page_cache=False,
         group=None,
         cuda_misses="gathered",
-        threads=threads_for_backend(None),
+        threads=threads,
+        threads_why=threads_why,
     )
 
 

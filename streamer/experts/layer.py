@@ -195,7 +195,7 @@ class StreamingExperts(nn.Module):
     def compute(self, x: mx.array, indices: mx.array) -> mx.array:
         """The container's call on the weights installed now, its routed entries cut across
         the layer's cores: every compute mode computes through it."""
-        return routed_on_cores(self.container, x, indices, self.cores)
+        return routed_on_cores(self.container, x, indices, self.cores, self._layout.payload_bytes)
 
     @property
     def read_bytes(self) -> int:

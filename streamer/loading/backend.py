@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import sys
 from collections.abc import Sequence
 
@@ -51,20 +52,24 @@ def read_path_for_backend(read_path: object, name: str = "read_path") -> tuple[s
     return read_path, "asked for"
 
 
-def threads_for_backend(threads: object, name: str = "threads") -> int:
-    """How many cores a token's large matmuls are cut across (cpu_cores.py): on the CPU backend
-    every core this process may use unless asked; on a GPU one, as the GPU computes them all.
-    Decided once, in options.load_options."""
+def threads_for_backend(threads: object, name: str = "threads") -> tuple[int, str]:
+    """How many cores a token's large matmuls are cut across (cpu_cores.py), and why: on the CPU
+    backend every core this process may use unless asked; on a GPU one, as the GPU computes them
+    all (why: "", nothing to say). Decided once, in options.load_options."""
     if threads is None:
-        return usable_cores() if backend() == "cpu" else 1
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        if backend() == "cpu":
+            return usable_cores(), "every core this process may use"
+        return 1, ""
+    # numpy's integers too (a count from an array), as load's memory_budget takes them
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
         raise ArgumentError(f"{name} must be a whole number of cores, 1 or more (got {threads!r}).")
+    threads = int(threads)
     if threads > 1 and backend() != "cpu":
         raise ArgumentError(
             f"{name} {threads}: on {backend()} the GPU computes every matmul; the threads "
             "setting cuts the CPU backend's matmuls across its cores. Leave it out."
         )
-    return threads
+    return threads, "asked for" if backend() == "cpu" else ""
 
 
 def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:

@@ -63,6 +63,8 @@ class Streaming:
     folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
     pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools
     dtype: str = ""  # what the model computes in (compute_dtype's), for the stats line
+    threads: int = 1  # the CPU cores a token's large matmuls are cut across (cpu_cores.py)
+    threads_why: str = ""  # why that many (LoadOptions'); "": a GPU's, not said
     generating: tuple[int | None, int] = (None, 0)  # the thread generating, its answers open
     closed: bool = False
     _scopes: ExitStack = field(default_factory=ExitStack, repr=False)
@@ -74,8 +76,12 @@ class Streaming:
 
     @property
     def residency(self) -> str:
-        """The residency plan in words: what the memory budget chose, and the read path."""
-        return self.plan.text()
+        """The residency plan in words: what the memory budget chose, and the read path; then,
+        on the CPU backend, the cores a token's large matmuls are cut across."""
+        if not self.threads_why:
+            return self.plan.text()
+        cores = f"{self.threads} core{'s' if self.threads > 1 else ''}"
+        return f"{self.plan.text()}; matmuls on {cores} ({self.threads_why})"
 
     def __post_init__(self) -> None:
         self._scopes.enter_context(memory_limit_raised(self.mapped_mlx_bytes))

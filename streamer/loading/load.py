@@ -179,6 +179,8 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
         folder_lock=source.lock,
         pools=pools,
         dtype=compute_dtype(model),
+        threads=options.threads,
+        threads_why=options.threads_why,
     )
     return model, tokenizer
 

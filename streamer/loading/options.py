@@ -31,6 +31,7 @@ class LoadOptions:
     group: mx.distributed.Group | None  # expert-parallel: this rank's group; None alone
     cuda_misses: str = CUDA_MISSES_DEFAULT  # on CUDA, where a slot miss's bytes come from
     threads: int = 1  # the CPU cores a token's large matmuls are cut across (cpu_cores.py)
+    threads_why: str = ""  # why that many ("asked for", or the default); "": a GPU's, unsaid
     tokenizer_config: dict = field(default_factory=dict)  # the tokenizer's extra arguments
 
 
@@ -68,7 +69,7 @@ def load_options(
     trust_remote_code = as_flag(trust_remote_code, name("trust_remote_code"))
     bypass_page_cache = as_flag(bypass_page_cache, name("bypass_page_cache"))
     path, why = read_path_for_backend(read_path, name("read_path"))
-    cores = threads_for_backend(threads, name("threads"))
+    cores, cores_why = threads_for_backend(threads, name("threads"))
     if checksums is not None and not isinstance(checksums, (str, os.PathLike)):
         raise ArgumentError(f"checksums must be a file name (str or Path), got {checksums!r}.")
     if checksums is not None and not os.path.isfile(checksums):
@@ -98,6 +99,7 @@ def load_options(
         group=group,
         cuda_misses=misses,
         threads=cores,
+        threads_why=cores_why,
         tokenizer_config=dict(tokenizer_config or {}),
     )
 
