@@ -19,6 +19,12 @@ from streamer.cli import main
 from streamer.errors import ArgumentError
 from streamer.loading.options import load_options
 
+# The cut is the CPU backend's: on a GPU `threads` is 1 and more is refused
+# (test_a_gpu_takes_no_threads checks that with the backend stood in, here on the CPU).
+pytestmark = pytest.mark.skipif(
+    mx.default_device() != mx.cpu, reason="the CPU backend's cut: a GPU computes every matmul"
+)
+
 ENTRY_PAYS = cpu_cores.MIN_PART_BYTES  # a routed entry's experts worth a part of their own
 
 
