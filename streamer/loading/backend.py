@@ -69,7 +69,12 @@ def threads_for_backend(threads: object, name: str = "threads") -> tuple[int, st
             f"{name} {threads}: on {backend()} the GPU computes every matmul; the threads "
             "setting cuts the CPU backend's matmuls across its cores. Leave it out."
         )
-    return threads, "asked for" if backend() == "cpu" else ""
+    if backend() != "cpu":
+        return threads, ""
+    usable = usable_cores()
+    if threads > usable:  # a part per stream past the cores only waits for one: threads for none
+        return usable, f"asked for {threads}; this process may use {usable}"
+    return threads, "asked for"
 
 
 def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
