@@ -56,20 +56,19 @@ def threads_for_backend(threads: object, name: str = "threads") -> tuple[int, st
     """How many cores a token's large matmuls are cut across (cpu_cores.py), and why: on the CPU
     backend every core this process may use unless asked; on a GPU one, as the GPU computes them
     all (why: "", nothing to say). Decided once, in options.load_options."""
+    where = backend()
     if threads is None:
-        if backend() == "cpu":
-            return usable_cores(), "every core this process may use"
-        return 1, ""
+        return (usable_cores(), "every core this process may use") if where == "cpu" else (1, "")
     # numpy's integers too (a count from an array), as load's memory_budget takes them
     if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
         raise ArgumentError(f"{name} must be a whole number of cores, 1 or more (got {threads!r}).")
     threads = int(threads)
-    if threads > 1 and backend() != "cpu":
-        raise ArgumentError(
-            f"{name} {threads}: on {backend()} the GPU computes every matmul; the threads "
-            "setting cuts the CPU backend's matmuls across its cores. Leave it out."
-        )
-    if backend() != "cpu":
+    if where != "cpu":
+        if threads > 1:
+            raise ArgumentError(
+                f"{name} {threads}: on {where} the GPU computes every matmul; the threads "
+                "setting cuts the CPU backend's matmuls across its cores. Leave it out."
+            )
         return threads, ""
     usable = usable_cores()
     if threads > usable:  # a part per stream past the cores only waits for one: threads for none
