@@ -6,8 +6,8 @@ there the copy engine writes the slot, from a pinned staging buffer a miss was r
 (`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/findings.md).
 A load's `cuda_misses` (loading/options.py; bench/worker.py --cuda-misses) picks one on CUDA:
 "staged", "mapped", "registered" (page-locked for each copy), "pinned" (whole files page-locked
-while the plan's `pinnable` bytes allow: half the memory available, loading/residency.py; each
-copy's pages past that) or "gathered" (the default: pinned, and mapped for kernels too,
+while the plan's `pinnable` bytes allow: half the host's memory available, loading/residency.py;
+each copy's pages past that) or "gathered" (the default: pinned, and mapped for kernels too,
 so that a decode call's misses are read by the GPU itself with no host sync: io/cuda_gather.py,
 experts/slots.py); benchmarks compare them side by side. The GPU reads only page-locked host
 memory, so the no-sync decode keeps every expert file it locked in RAM whatever the budget
