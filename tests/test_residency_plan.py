@@ -19,6 +19,7 @@ from streamer.io import cuda_copy, cuda_runtime
 from streamer.io.manifest import read_manifest
 from streamer.loading import backend as backends
 from streamer.loading import load as loading
+from streamer.loading import residency
 from streamer.loading.backend import Memory
 from streamer.loading.residency import PINNED_SHARE, LayerShape, plan_residency
 from streamer.plan import plan
@@ -54,10 +55,13 @@ def test_one_memory_reading_makes_the_whole_plan(checkpoints, monkeypatch, read_
 @pytest.mark.parametrize("memory", [1 << 16, 1 << 40])  # a slot pool; every layer resident
 def test_the_cuda_landing_locks_what_the_plan_allows(checkpoints, monkeypatch, memory):
     """The bytes of expert files CUDA's landing may page-lock whole come from the plan's one
-    memory reading (PINNED_SHARE of it), down to every pool's landing; here the CUDA check and
-    the copy classes are fakes that record what they are given: no CUDA code runs."""
+    memory reading (PINNED_SHARE of it), one allowance shared by the slot pools' landings (each
+    had its own: several pools locked several times it); a resident layer's pool, read once and
+    closed before the next, has its own. Here the CUDA check and the copy classes are fakes that
+    record what they are given: no CUDA code runs. Chunks of one slot: a pool per layer."""
     folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
     calls = fake_memory(monkeypatch, memory)
+    monkeypatch.setattr(residency, "CHUNK_BYTES", 1)
     made = []
     monkeypatch.setattr(landing, "on_cuda", lambda: True)
     monkeypatch.setattr(cuda_runtime, "CudaRuntime", lambda: "runtime")
@@ -69,7 +73,10 @@ def test_the_cuda_landing_locks_what_the_plan_allows(checkpoints, monkeypatch, m
     assert len(calls) == 1 and held.pinnable == int(memory * PINNED_SHARE)
     assert held.form == ("slot pool" if memory == 1 << 16 else "resident")
     pools = len(model.streamer.pools) if held.form == "slot pool" else len(model.streamer.layers)
-    assert pools > 0 and made == [("runtime", "file", held.pinnable)] * pools
+    assert pools > 1 and [args[:2] for args in made] == [("runtime", "file")] * pools
+    allowances = {id(args[2]): args[2] for args in made}.values()
+    assert len(allowances) == (1 if held.form == "slot pool" else pools)
+    assert all(allowance.left == held.pinnable for allowance in allowances)
 
 
 def test_the_plan_command_makes_the_plan_a_load_makes(checkpoints, monkeypatch, capsys):

@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from ..io.pinning import PinAllowance
 
 _LOCKS = {"mapped": "none", "registered": "copy", "pinned": "file", "gathered": "file"}
 CUDA_MISSES = ("staged", *_LOCKS)  # _LOCKS: MappedCopies' `lock` for each way
@@ -45,12 +46,12 @@ class Landing(Protocol):
 
 
 def landing_for(
-    tensors: Sequence, buffers: int, page_cache: bool, misses: str, pinnable: int
+    tensors: Sequence, buffers: int, page_cache: bool, misses: str, pinnable: PinAllowance | None
 ) -> Landing | None:
     """Copy-engine copies when MLX computes on a CUDA GPU, from pinned staging (`buffers` reads at
     once) or, when the reads go through the page cache, from the files' mappings as `misses`
-    says (one of CUDA_MISSES), whole files page-locked while `pinnable` bytes allow (the
-    residency plan's); else None (reads land in the slot). io/cuda_copy.py is imported only
+    says (one of CUDA_MISSES), whole files page-locked while `pinnable` allows (the load's, shared
+    by its pools); else None (reads land in the slot). io/cuda_copy.py is imported only
     then. `tensors`: the pool's SlotTensors."""
     if not on_cuda():
         return None
