@@ -46,8 +46,8 @@ def available_memory() -> Memory:
     backend. The CPU: the host's. CUDA: the GPU's free memory (mx.device_info: every resident
     expert and the slot pool live there), within MLX's memory limit. Metal: unified memory, the
     host's, within Metal's recommended working set (and MLX's limit) less what MLX holds: past
-    the working set the GPU's buffers page. Past MLX's limit its scheduler runs op by op
-    (handle.memory_limit_raised)."""
+    the working set a model "can be slow" (mlx-lm's warning). Past MLX's limit its scheduler
+    runs op by op (handle.memory_limit_raised)."""
     host = psutil.virtual_memory().available
     where = backend()
     if where == "cpu":
