@@ -16,13 +16,14 @@ import threading
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_slot_pool import TENSORS, pool_over, slot_bytes
+from test_slot_pool import RECORD, TENSORS, pool_over, slot_bytes
 
 from streamer.cache.landing import CUDA_MISSES_DEFAULT, landing_for
 from streamer.errors import StreamerError
 from streamer.io import cuda_runtime
 from streamer.io.cuda_copy import STAGING_ALIGN, MappedCopies, StagedCopies
 from streamer.io.cuda_runtime import CudaRuntime
+from streamer.io.pinning import PinAllowance
 from streamer.loading.options import load_options
 
 
@@ -131,7 +132,7 @@ def test_a_cuda_error_is_one_line_with_its_name():
 
 
 def test_reads_are_staged_on_cuda_only():
-    landing = landing_for(TENSORS, 2, True, CUDA_MISSES_DEFAULT, 1 << 30)
+    landing = landing_for(TENSORS, 2, True, CUDA_MISSES_DEFAULT, PinAllowance(1 << 30))
     assert (landing is not None) == (mx.default_device() == mx.gpu and mx.cuda.is_available())
     if landing is not None:
         landing.close()
@@ -170,7 +171,9 @@ def test_misses_are_copied_from_the_files_mappings(tmp_path, lock, pinnable):
     while `pinnable` bytes allow, else per copy), and every slot gets its expert's bytes; no
     staging is allocated."""
     runtime = MappingRuntime(register=lock != "none")
-    pool, truth = pool_over(tmp_path, slots=4, landing=MappedCopies(runtime, lock, pinnable))
+    pool, truth = pool_over(
+        tmp_path, slots=4, landing=MappedCopies(runtime, lock, PinAllowance(pinnable))
+    )
     for layer, experts in [(0, [1, 4, 5]), (1, [0, 1, 2, 5]), (0, [2, 3, 4])]:
         slots, misses = pool.place(layer, np.array(experts))
         for expert, slot in zip(experts, slots):
@@ -181,6 +184,26 @@ def test_misses_are_copied_from_the_files_mappings(tmp_path, lock, pinnable):
     assert runtime.registrations == {"none": 0, "copy": 10}.get(lock, 2 if pinnable > 1 else 10)
     pool.close()
     assert runtime.queued == {} and runtime.registered == {}  # stream destroyed, files unlocked
+
+
+def test_the_pools_of_a_load_lock_files_within_one_allowance(tmp_path):
+    """Each pool's landing was given the plan's `pinnable` as its own: a load's pools (3 at an
+    8 GiB budget on the 48-layer model, more past it) could lock that many times the host
+    memory the plan allows. Shared, two pools whose allowance fits one file lock one whole
+    between them, and closing a pool gives its files' bytes back."""
+    runtime = MappingRuntime(register=True)
+    one_file = RECORD * 6  # pool_over's layer file: 6 experts
+    allowance = PinAllowance(one_file)
+    pools = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        landing = MappedCopies(runtime, "file", allowance)
+        pools.append(pool_over(tmp_path / name, slots=4, landing=landing)[0])
+        pools[-1].place(0, np.array([1, 2]))
+    assert len(runtime.registered) == 1 and allowance.left == 0  # the second per copy
+    pools[0].close()
+    assert allowance.left == one_file and runtime.registered == {}
+    pools[1].close()
 
 
 def test_a_mapped_copy_checks_checksums_and_names_a_short_file(tmp_path):

@@ -19,6 +19,7 @@ from streamer.cache.expected_hits import PROFILES, expected_pool_hits
 from streamer.cli import main
 from streamer.io.manifest import read_manifest
 from streamer.loading import load as loading
+from streamer.loading.backend import Memory
 from streamer.loading.residency import SHARED_BUDGET_0_SLOTS, LayerShape, plan_residency
 from streamer.plan import plan
 
@@ -39,7 +40,7 @@ def test_expected_hits_grow_with_the_budget():
 def _available(monkeypatch, nbytes: int) -> list:
     """The one memory reading a load's plan is made from, faked; its calls are counted."""
     calls = []
-    monkeypatch.setattr(loading, "available_memory", lambda: calls.append(1) or nbytes)
+    monkeypatch.setattr(loading, "available_memory", lambda: calls.append(1) or Memory(nbytes))
     return calls
 
 
@@ -66,7 +67,7 @@ def test_a_slot_load_takes_the_default(checkpoints, monkeypatch):
     pools = model.streamer.pools
     assert pools and sum(p.nbytes for p in pools) <= need * SLOT_SHARE
     plan = model.streamer.plan
-    assert plan.form == "slot pool" and plan.available == need
+    assert plan.form == "slot pool" and plan.memory.available == need
     assert plan.pool_bytes == sum(p.nbytes for p in pools)
     assert "pool hits" in model.streamer.residency
     model.streamer.close()
@@ -109,7 +110,7 @@ def test_budget_0_is_a_few_calls_experts_where_the_pool_shares_the_page_caches_m
 
     def pool(experts: int = 128, **kw) -> tuple[int, str]:
         layers = [replace(s, experts=experts) for s in shapes]
-        plan = plan_residency(layers, 0, "slots", "asked", 1 << 40, **kw)
+        plan = plan_residency(layers, 0, "slots", "asked", Memory(1 << 40), **kw)
         assert [len(g.layers) for c in plan.classes for g in c.groups] == [4]  # one pool
         return plan.classes[0].slots, plan.text()
 

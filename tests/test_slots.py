@@ -28,6 +28,7 @@ from streamer.io.manifest import read_manifest
 from streamer.loading import assembly, pools, residency
 from streamer.loading import backend as backends
 from streamer.loading import load as loading
+from streamer.loading.backend import Memory
 
 
 def slot_bytes(folder) -> int:
@@ -138,7 +139,8 @@ def test_a_pool_larger_than_the_available_memory_is_refused_before_it_is_made(
     float32_model, monkeypatch
 ):
     _, folder = float32_model
-    monkeypatch.setattr(loading, "available_memory", lambda: 1)  # what a load's plan is made from
+    # what a load's plan is made from
+    monkeypatch.setattr(loading, "available_memory", lambda: Memory(1))
     made = []
     monkeypatch.setattr(pools, "SlotPool", lambda *a, **k: made.append(a))
     with pytest.raises(StreamerError, match=r"does not fit in the 1 B of memory available"):
@@ -156,7 +158,7 @@ def test_a_budget_past_every_expert_that_the_memory_cannot_hold_is_refused(
     on a 24 GiB machine)."""
     mapped_runs_here(read_path)
     _, folder = float32_model
-    monkeypatch.setattr(loading, "available_memory", lambda: 1)
+    monkeypatch.setattr(loading, "available_memory", lambda: Memory(1))
     monkeypatch.setattr(StreamingExperts, "make_resident", lambda self: pytest.fail("read"))
     monkeypatch.setattr(pools, "open_pools", lambda *a, **k: pytest.fail("pool made"))
     with pytest.raises(StreamerError, match=r"every expert in memory, .* does not fit in the 1 B"):
@@ -167,7 +169,7 @@ def test_budget_0s_pool_past_the_memory_says_what_does_fit(float32_model, monkey
     """Budget 0's pool (the smallest) past the memory available said "give a smaller memory
     budget": there is none; the mapped path's budget 0 keeps no experts in memory."""
     _, folder = float32_model
-    monkeypatch.setattr(loading, "available_memory", lambda: 1)
+    monkeypatch.setattr(loading, "available_memory", lambda: Memory(1))
     with pytest.raises(StreamerError) as refused:
         streamer.load(folder, memory_budget=0, read_path="slots")
     told = "it is budget 0's, the smallest; free memory, or read with {} (budget 0 there keeps "
@@ -181,7 +183,7 @@ def test_a_hot_cache_larger_than_the_available_memory_is_refused(float32_model, 
     memory available: a budget past it was taken, the cache free to grow past the memory."""
     mapped_runs_here("mapped")
     _, folder = float32_model
-    monkeypatch.setattr(loading, "available_memory", lambda: 1)
+    monkeypatch.setattr(loading, "available_memory", lambda: Memory(1))
     monkeypatch.setattr(assembly, "HotExperts", lambda *a: pytest.fail("cache made"))
     with pytest.raises(
         StreamerError,

@@ -48,33 +48,27 @@ def slot_default(expert_bytes: int, largest_expert: int, available: int) -> int:
 
 
 def default_budget(
-    need: int, largest_expert: int, available: int, read_path: str
+    need: int, largest_expert: int, available: int, read_path: str, memory: str = "memory"
 ) -> tuple[int, str]:
     """The budget for None, and why, for experts of `need` bytes in all (the largest one
-    `largest_expert`) and `available` bytes of memory. The slot path: slot_default. The mapped
-    path: all experts if they fit in half of it; otherwise none, leaving the memory to the page
-    cache, whose hits it computes on in place at no cost (an application cache beside it mostly
-    duplicates it)."""
+    `largest_expert`) and `available` bytes of `memory` (which memory: "GPU memory" on CUDA).
+    The slot path: slot_default. The mapped path: all experts if they fit in half of it;
+    otherwise none, leaving the memory to the page cache, whose hits it computes on in place at
+    no cost (an application cache beside it mostly duplicates it)."""
+    free = f"{size_text(available)} of {memory} available"
     if read_path == "slots":
         chosen = slot_default(need, largest_expert, available)
         if chosen >= need:
-            fits = f"{SLOT_SHARE:.0%} of {size_text(available)} available"
-            return need, f"default: all {size_text(need)} fit in {fits}"
+            return need, f"default: all {size_text(need)} fit in {SLOT_SHARE:.0%} of {free}"
         return chosen, (
-            f"default: {SLOT_SHARE:.0%} of {size_text(available)} available, "
+            f"default: {SLOT_SHARE:.0%} of {free}, "
             f"{chosen / need:.0%} of {size_text(need)} of experts; expect about "
             f"{expected_pool_hits(chosen / need):.0%} pool hits on typical routing "
             f"({expected_hits_line(chosen / need)})"
         )
     if need <= available // 2:
-        return (
-            need,
-            f"default: all {size_text(need)} fit in half of {size_text(available)} available",
-        )
-    return (
-        0,
-        f"default: {size_text(need)} of experts exceed half of {size_text(available)} available",
-    )
+        return need, f"default: all {size_text(need)} fit in half of {free}"
+    return 0, f"default: {size_text(need)} of experts exceed half of {free}"
 
 
 def check_budget(manifest: Manifest, budget: int, dtype: mx.Dtype | None) -> None:

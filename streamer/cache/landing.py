@@ -6,8 +6,8 @@ there the copy engine writes the slot, from a pinned staging buffer a miss was r
 (`reads_files`) from the file's mapping itself (io/cuda_copy.py, measured in bench/findings.md).
 A load's `cuda_misses` (loading/options.py; bench/worker.py --cuda-misses) picks one on CUDA:
 "staged", "mapped", "registered" (page-locked for each copy), "pinned" (whole files page-locked
-while the plan's `pinnable` bytes allow: half the memory available, loading/residency.py; each
-copy's pages past that) or "gathered" (the default: pinned, and mapped for kernels too,
+while the plan's `pinnable` bytes allow: half the host's memory available, loading/residency.py;
+each copy's pages past that) or "gathered" (the default: pinned, and mapped for kernels too,
 so that a decode call's misses are read by the GPU itself with no host sync: io/cuda_gather.py,
 experts/slots.py); benchmarks compare them side by side. The GPU reads only page-locked host
 memory, so the no-sync decode keeps every expert file it locked in RAM whatever the budget
@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from ..io.pinning import PinAllowance
 
 _LOCKS = {"mapped": "none", "registered": "copy", "pinned": "file", "gathered": "file"}
 CUDA_MISSES = ("staged", *_LOCKS)  # _LOCKS: MappedCopies' `lock` for each way
@@ -45,12 +46,12 @@ class Landing(Protocol):
 
 
 def landing_for(
-    tensors: Sequence, buffers: int, page_cache: bool, misses: str, pinnable: int
+    tensors: Sequence, buffers: int, page_cache: bool, misses: str, pinnable: PinAllowance | None
 ) -> Landing | None:
     """Copy-engine copies when MLX computes on a CUDA GPU, from pinned staging (`buffers` reads at
     once) or, when the reads go through the page cache, from the files' mappings as `misses`
-    says (one of CUDA_MISSES), whole files page-locked while `pinnable` bytes allow (the
-    residency plan's); else None (reads land in the slot). io/cuda_copy.py is imported only
+    says (one of CUDA_MISSES), whole files page-locked while `pinnable` allows (the load's, shared
+    by its pools); else None (reads land in the slot). io/cuda_copy.py is imported only
     then. `tensors`: the pool's SlotTensors."""
     if not on_cuda():
         return None

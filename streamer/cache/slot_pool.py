@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 import mlx.core as mx
 import numpy as np
 
+from ..io.pinning import PinAllowance
 from ..io.reads import DIRECT_ALIGN, MAX_GAP, Read, finish_all, plan_reads, split
 from .landing import CUDA_MISSES_DEFAULT, Landing, copy_mapped, landing_for, unreadable
 from .policies import SlotLFU
@@ -46,10 +47,10 @@ class SlotPool:
         chunk_bytes: int | None = CHUNK_BYTES,
         landing: Landing | None = None,
         cuda_misses: str = CUDA_MISSES_DEFAULT,
-        pinnable: int = 0,
+        pinnable: PinAllowance | None = None,
     ):
         """`landing`: None reads into the slots, except on CUDA (`landing_for`: `cuda_misses`,
-        whole files page-locked while the plan's `pinnable` bytes allow)."""
+        whole files page-locked while `pinnable`, the load's, allows; None: none)."""
         self.tensors, self.slots, self.layers = tuple(tensors), slots, layers
         firsts = np.cumsum([0, *(layer.num_experts for layer in layers.values())]).tolist()
         self.base = dict(zip(layers, firsts))  # layer index -> its first key (keys: base + expert)

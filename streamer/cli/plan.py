@@ -17,7 +17,12 @@ def add_parser(sub) -> None:
         metavar="SOURCE",
         help="config.json, a download's folder, a repacked one, or org/name",
     )
-    p.add_argument("--memory", type=size, metavar="SIZE", help="memory to plan for (default: free)")
+    p.add_argument(
+        "--memory",
+        type=size,
+        metavar="SIZE",
+        help="memory to plan for (default: what is free; on a GPU the GPU's)",
+    )
     add_quantize(p, "as repack --quantize")
     p.add_argument(
         "--kv-bits",
@@ -37,16 +42,12 @@ def add_parser(sub) -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
-    from ..loading.backend import default_dtype
+    from ..loading.backend import available_memory, default_dtype
     from ..loading.hub import NotCached, model_path, resolve
     from ..plan import plan
 
-    if args.memory is None:
-        import psutil
-
-        memory = psutil.virtual_memory().available
-    else:
-        memory = args.memory
+    # not given: what a load's plan would read (on CUDA the GPU's free memory: loading/backend.py)
+    memory = available_memory().available if args.memory is None else args.memory
     q = quantize_option(args)
     quantize = q and (q.bits, q.group_size, q.mode)
     kv = (args.kv_bits, args.kv_group_size) if args.kv_bits else None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cuda_runtime import CudaRuntime
+from .pinning import PinAllowance
 from .reads import ReadFile
 
 STAGING_ALIGN = 16384  # each tensor's view starts on a page (and O_DIRECT) boundary; cudaHostAlloc
@@ -101,7 +102,8 @@ class MappedCopies:
     them (a preadv into staging is one; on the H200's VM it ran at about 2 GB/s). `lock` says
     how the mapping is page-locked for that DMA: "copy" locks each expert's pages for its copies
     (about 0.5 ms an expert on an H200), "file" locks each whole file once (0.03 ms a MB; then
-    a miss moves at 26-31 GB/s) while `pinnable` bytes allow and per copy after that, "none"
+    a miss moves at 26-31 GB/s) while the load's `pinnable` allows (shared by its pools; None:
+    none) and per copy after that, "none"
     leaves the driver to stage the pageable mapping. `sources(spans)` gives an expert's mapped
     bytes (checksums read them), `copy(moves)` returns when every slot's bytes are in place.
     `gathers`: the slot path may let kernels read the files locked whole (`device_address`:
@@ -110,15 +112,22 @@ class MappedCopies:
     reads_files = True
     buffers = 1  # one expert's copies at a time, on one stream
 
-    def __init__(self, runtime: CudaRuntime, lock: str, pinnable: int = 0, gathers: bool = False):
-        self._runtime, self._lock, self._pinnable = runtime, lock, pinnable
+    def __init__(
+        self,
+        runtime: CudaRuntime,
+        lock: str,
+        pinnable: PinAllowance | None = None,
+        gathers: bool = False,
+    ):
+        self._runtime, self._lock = runtime, lock
+        self._pinnable = pinnable or PinAllowance(0)
         self.gathers = gathers
         self._maps: dict[int, tuple[ReadFile, np.ndarray, bool]] = {}  # id(file): kept alive
         # Closed or collected, whole files are unlocked before their mappings go: a range left
         # registered after its munmap makes CUDA refuse the next mapping at that address.
         stream = runtime.new_stream()
         self._stream = stream
-        self._release = weakref.finalize(self, _unlock, runtime, stream, self._maps)
+        self._release = weakref.finalize(self, _unlock, runtime, stream, self._maps, self._pinnable)
 
     def sources(self, spans: Sequence[tuple[ReadFile, int, int]]) -> MappedSources:
         """The mapped bytes of each (file, offset, nbytes): one expert's tensors."""
@@ -155,10 +164,10 @@ class MappedCopies:
             if file.size() == 0:  # mmap refuses an empty file
                 raise OSError("short read: the file is empty")
             view = np.frombuffer(mmap.mmap(file.fd, 0, prot=mmap.PROT_READ), np.uint8)
-            locked = self._lock == "file" and view.nbytes <= self._pinnable
+            locked = self._lock == "file" and view.nbytes <= self._pinnable.left
             if locked:
                 self._runtime.register(view.ctypes.data, _up(view.nbytes, PAGE), mapped=True)
-                self._pinnable -= view.nbytes
+                self._pinnable.left -= view.nbytes
             self._maps[id(file)] = (file, view, locked)
         return self._maps[id(file)][1:]
 
@@ -184,11 +193,12 @@ def _pages(addresses: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, in
     return [(start, end - start) for start, end in merged]
 
 
-def _unlock(runtime: CudaRuntime, stream: int, maps: dict) -> None:
+def _unlock(runtime: CudaRuntime, stream: int, maps: dict, pinnable: PinAllowance) -> None:
     runtime.destroy_stream(stream)
     for _, view, locked in maps.values():
         if locked:
             runtime.unregister(view.ctypes.data)
+            pinnable.left += view.nbytes
     maps.clear()  # each mapping is unmapped once no source view is left
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numbers
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import mlx.core as mx
+import psutil
 
 from ..cpu_cores import usable_cores
 from ..errors import ArgumentError, StreamerError, one_line, refusal
@@ -27,6 +29,37 @@ def backend() -> str:
     if mx.default_device() != mx.gpu:
         return "cpu"
     return "cuda" if mx.cuda.is_available() else "metal"
+
+
+@dataclass(frozen=True)
+class Memory:
+    """One reading of the memory a load's experts may take (available_memory), and what it is."""
+
+    available: int  # bytes free for them
+    name: str = "memory"  # which memory, as the plan says it: "GPU memory" on CUDA
+    host: int | None = None  # the host's memory available where the experts' memory is other
+    # memory (CUDA's GPU memory): what CUDA's landing page-locks files in; None: it is the host's
+
+
+def available_memory() -> Memory:
+    """The memory available to a load's experts, read once per load (its residency plan) on this
+    backend. The CPU: the host's. CUDA: the GPU's free memory (mx.device_info: every resident
+    expert and the slot pool live there), within MLX's memory limit. Metal: unified memory, the
+    host's, within Metal's recommended working set (and MLX's limit) less what MLX holds: past
+    the working set a model "can be slow" (mlx-lm's warning). Past MLX's limit its scheduler
+    runs op by op (handle.memory_limit_raised)."""
+    host = psutil.virtual_memory().available
+    where = backend()
+    if where == "cpu":
+        return Memory(host)
+    info, held = mx.device_info(), mx.get_active_memory()
+    within_limit = mx.get_memory_limit() - held
+    if where == "cuda":
+        return Memory(max(min(int(info["free_memory"]), within_limit), 0), "GPU memory", host)
+    working_set = min(int(info["max_recommended_working_set_size"]) - held, within_limit)
+    if working_set < host:
+        return Memory(max(working_set, 0), "GPU memory (Metal's working set)")
+    return Memory(host)
 
 
 def read_path_for_backend(read_path: object, name: str = "read_path") -> tuple[str, str]:

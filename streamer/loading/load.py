@@ -23,14 +23,14 @@ from ..io.files import check_tmpdir, check_utf8_path
 from ..io.manifest import not_a_model
 from ..io.reads import DESCRIPTORS
 from .assembly import apply_residency, load_resident
-from .backend import check_backend_computes, check_model_kernels
+from .backend import available_memory, check_backend_computes, check_model_kernels
 from .download_folder import is_download
 from .download_source import open_download_source
 from .handle import Streaming, compute_dtype, release
 from .hub import is_repo_id, streamable
 from .options import LoadOptions, as_flag, check_unhonoured, load_options
 from .repacked_source import open_repacked_source
-from .residency import available_memory, layer_shapes, plan_residency
+from .residency import layer_shapes, plan_residency
 from .source import Source
 from .tokenizer import embedded_tokens, load_tokenizer
 

@@ -13,6 +13,7 @@ from ..cache.landing import CUDA_MISSES_DEFAULT
 from ..cache.slot_memory import LayerSource, SlotTensor
 from ..cache.slot_pool import CHUNK_BYTES, SlotPool
 from ..io.expert_layout import LayerLayout
+from ..io.pinning import PinAllowance
 from ..io.reads import ReadFile
 from .residency import PoolGroup
 
@@ -50,10 +51,11 @@ def open_pools(
     its slots in arrays of at most `chunk_bytes` (None: one per tensor); the layers' files opened
     for reads (never mapped), each once: the pools share them, and are closed together.
     `checksums[layer]`: [expert][tensor] crc32s, checked on every read; `cuda_misses`: where a
-    miss's bytes come from on CUDA, `pinnable`: the bytes of files it may page-lock whole (the
-    plan's: residency.py; 0 locks none whole; cache/landing.py)."""
+    miss's bytes come from on CUDA, `pinnable`: the bytes of files its pools may page-lock whole
+    between them (the plan's: residency.py; 0 locks none whole; cache/landing.py)."""
     by_index = {layout.index: layout for layout in layouts}
     pools: dict[int, SlotPool] = {}
+    allowance = PinAllowance(pinnable)  # one for all the pools: each its own would multiply it
     # each path opened once: a download's layer names a shard once per stacked tensor, and
     # Kimi K2's 60 layers would otherwise open 540 descriptors (macOS allows 256 by default)
     opened: dict[Path, ReadFile] = {}
@@ -79,7 +81,7 @@ def open_pools(
                 sources,
                 chunk_bytes,
                 cuda_misses=cuda_misses,
-                pinnable=pinnable,
+                pinnable=allowance,
             )
             pools.update(dict.fromkeys(sources, pool))
     except BaseException:

@@ -1,12 +1,13 @@
 """The residency plan: what a model's MoE layers keep in memory, decided once per load from one
-reading of the memory available, and said in words as `model.streamer.residency`.
+reading of the memory available (on a GPU the GPU's: backend.available_memory), and said in words
+as `model.streamer.residency`.
 
 Every layer runs resident (all experts fit the budget), or streams through a slot pool (the slot
 read path: per shape class its slots, in pools of one chunk per group of layers), a hot-expert
-cache or the page cache alone (the mapped read path). On CUDA the same reading bounds what the
-slot pools' "pinned" and "gathered" landings page-lock (`pinnable`: cache/landing.py). The loader
-applies the plan (pools.py, assembly.py); `streamer plan` makes the same plan from a config's
-shapes (plan/report.py).
+cache or the page cache alone (the mapped read path). On CUDA the same reading's host memory
+bounds what the slot pools' "pinned" and "gathered" landings page-lock (`pinnable`:
+cache/landing.py). The loader applies the plan (pools.py, assembly.py); `streamer plan` makes the
+same plan from a config's shapes (plan/report.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-
-import psutil
 
 from ..cache.budget import default_budget, layer_bytes, layer_groups
 from ..cache.expected_hits import PROFILES, expected_pool_hits
@@ -25,10 +24,10 @@ from ..cache.slot_pool import CHUNK_BYTES
 from ..errors import refusal
 from ..io.expert_layout import LayerLayout
 from ..io.sizes import size_text
-from .backend import backend
+from .backend import Memory, backend
 
 # On CUDA, "pinned" and "gathered" page-lock whole expert files while they fit in this share of
-# the memory available (past it a file is locked for each copy): cache/landing.py
+# the host's memory available (past it a file is locked for each copy): cache/landing.py
 PINNED_SHARE = 0.5
 # Budget 0 asks for no expert cache. Where the pool's memory is the page cache's (Metal, the CPU,
 # reads through the page cache) its slots are a few decode calls' experts: one layer's would hold
@@ -38,11 +37,6 @@ PINNED_SHARE = 0.5
 # is device memory: one layer's experts, so that a prompt chunk runs in one round (parts of a call
 # are not bit-exact there).
 SHARED_BUDGET_0_SLOTS = 32
-
-
-def available_memory() -> int:
-    """The one reading of the memory available that a load's plan is made from."""
-    return psutil.virtual_memory().available
 
 
 @dataclass(frozen=True)
@@ -82,7 +76,7 @@ class ResidencyPlan:
     read_path_why: str
     budget: int  # bytes of experts the plan may keep in memory
     budget_why: str  # the budget asked for, or the default and what it rests on
-    available: int  # the memory reading it was made from
+    memory: Memory  # the memory reading it was made from (backend.available_memory)
     expert_bytes: int  # every expert in memory (the "resident" form)
     largest_expert: int  # one expert in memory, the largest: a hot cache's slot
     classes: tuple[ShapeClass, ...] = ()  # the slot pool's, per shape class
@@ -94,8 +88,10 @@ class ResidencyPlan:
 
     @property
     def pinnable(self) -> int:
-        """Bytes of expert files CUDA's landing may lock whole: PINNED_SHARE of `available`."""
-        return int(self.available * PINNED_SHARE)
+        """Bytes of expert files CUDA's landing may lock whole: PINNED_SHARE of the host's
+        memory available (the files are locked in host memory, not the GPU's)."""
+        host = self.memory.host
+        return int((self.memory.available if host is None else host) * PINNED_SHARE)
 
     @property
     def pool_bytes(self) -> int:
@@ -162,12 +158,12 @@ def plan_residency(
     budget: int | None,
     read_path: str,
     read_path_why: str,
-    available: int,
+    memory: Memory,
     bypass_page_cache: bool = False,
     cuda_misses: str = CUDA_MISSES_DEFAULT,
     unified_memory: bool | None = None,
 ) -> ResidencyPlan:
-    """The plan for `budget` bytes of experts (None: the read path's default in `available`).
+    """The plan for `budget` bytes of experts (None: the read path's default in `memory`).
     Enough for every expert: all resident. Less: the slot path's pool (slot_classes); the mapped
     path's hot cache of the largest expert's slots, or (0) the page cache alone.
     `unified_memory`: a slot pool would take its memory from the page cache's (None: this
@@ -175,7 +171,7 @@ def plan_residency(
     need = sum(s.experts * s.resident_bytes for s in shapes)
     largest = max(s.resident_bytes for s in shapes)
     if budget is None:
-        budget, why = default_budget(need, largest, available, read_path)
+        budget, why = default_budget(need, largest, memory.available, read_path, memory.name)
     else:
         why = f"memory budget {size_text(budget)}"
     plan = ResidencyPlan(
@@ -184,7 +180,7 @@ def plan_residency(
         read_path_why=read_path_why,
         budget=budget,
         budget_why=why,
-        available=available,
+        memory=memory,
         expert_bytes=need,
         largest_expert=largest,
         bypass_page_cache=bypass_page_cache,
@@ -233,22 +229,29 @@ def slot_classes(
 
 def check_fits(plan: ResidencyPlan) -> None:
     """Experts kept in memory (every one resident, a budget past them all; a slot pool; a hot
-    cache, full) that do not fit in the memory available are refused before any expert is read."""
+    cache, full) that do not fit in the memory available (on a GPU the GPU's: backend.py) are
+    refused before any expert is read."""
     held, what = {
         "resident": (plan.expert_bytes, "every expert in memory"),
         "slot pool": (plan.pool_bytes, "a slot pool"),
         "hot cache": (plan.cache_slots * plan.largest_expert, "a hot-expert cache"),
     }.get(plan.form, (0, ""))
-    if held > plan.available:
+    memory = plan.memory
+    if held > memory.available:
         raise refusal(
             lambda spell: (
                 f"{what}, {size_text(held)} ({plan.budget_why}), does not fit in the "
-                f"{size_text(plan.available)} of memory available: "
-                + (
-                    f"it is budget 0's, the smallest; free memory, or read with "
-                    f"{spell('read_path', 'mapped')} (budget 0 there keeps none)."
-                    if plan.budget == 0
-                    else "give a smaller memory budget."
-                )
+                f"{size_text(memory.available)} of {memory.name} available: {_instead(plan, spell)}"
             )
         )
+
+
+def _instead(plan: ResidencyPlan, spell) -> str:
+    """What to do instead. Budget 0's pool is the smallest: free that memory or, where it is the
+    host's, compute in place (the mapped path: CUDA has none)."""
+    if plan.budget:
+        return "give a smaller memory budget."
+    smallest = f"it is budget 0's, the smallest; free {plan.memory.name}"
+    if plan.memory.host is not None:
+        return smallest + "."
+    return f"{smallest}, or read with {spell('read_path', 'mapped')} (budget 0 there keeps none)."

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from ..cache.budget import SLOT_SHARE
 from ..cache.expected_hits import TYPICAL
 from ..io.sizes import size_text
+from ..loading.backend import Memory
 from ..loading.residency import LayerShape, ResidencyPlan, plan_residency
 
 MIN_CONTEXT = 4096  # "runs": the resident weights plus this much context fit
@@ -117,8 +118,9 @@ class ModelPlan:
         hits = ", ".join(f"{p} {h:.0%}" for p, h in self.slot_pool_hits.items())
         return (
             f"{size_text(plan.budget)} slot pool ({SLOT_SHARE:.0%} of the "
-            f"{size_text(plan.available)} left, {plan.budget / plan.expert_bytes:.0%} of the "
-            f"experts): about {self.slot_pool_hits[TYPICAL]:.0%} pool hits on typical routing "
+            f"{size_text(plan.memory.available)} left, "
+            f"{plan.budget / plan.expert_bytes:.0%} of the experts): "
+            f"about {self.slot_pool_hits[TYPICAL]:.0%} pool hits on typical routing "
             f"({hits}; bench/routing_model.py's profiles)"
         )
 
@@ -153,7 +155,7 @@ def fitted(
     need = resident + kv_fixed + kv_per_token * min(MIN_CONTEXT, context or MIN_CONTEXT)
     left = max(memory - resident, 0)
     plans = {
-        path: plan_residency(shapes, None, path, f"the {where} default", left)
+        path: plan_residency(shapes, None, path, f"the {where} default", Memory(left))
         for path, where in (("slots", "Metal and CUDA"), ("mapped", "CPU"))
     }
     slots, mapped = plans["slots"], plans["mapped"]
