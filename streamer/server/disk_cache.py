@@ -50,7 +50,7 @@ from .disk_files import (
     remove_partials,
     removed,
 )
-from .disk_format import check_loaded, file_metadata, header_entry
+from .disk_format import LaterFormat, check_loaded, file_metadata, header_entry
 from .disk_segments import PER_TOKEN, joined, layout, leaves, segment
 
 log = logging.getLogger("streamer.server")
@@ -153,10 +153,13 @@ class DiskCache:
 
     def _header(self, path: Path) -> Entry | None:
         """The file's entry from its header alone, with its own tokens; None for another model's
-        file, or (removed with a log line) a damaged one."""
+        file, a later streamer's (with a log line), or (removed with a log line) a damaged one."""
         try:
             return header_entry(path, self.identity)
         except FileNotFoundError:  # removed since it was listed, by a server sharing the folder
+            return None
+        except LaterFormat as e:  # the bound still counts it: removed when least recently used
+            log.warning("ignoring prompt cache %s (%s); left in place", path, one_line(e))
             return None
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             self._damaged(path, e)
