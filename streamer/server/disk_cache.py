@@ -183,10 +183,11 @@ class DiskCache:
             cache, metadata = load_prompt_cache(str(entry.path), return_metadata=True)
             check_loaded(cache, metadata, entry, self.identity, self.model)
             return cache
-        except FileNotFoundError:  # another server sharing the folder removed it
-            self._forget(entry.path)
         except Exception as e:  # whatever a damaged file makes mlx or mlx-lm raise
-            self._damaged(entry.path, e)
+            if entry.path.exists():
+                self._damaged(entry.path, e)
+            else:  # another server sharing the folder removed it (mlx says "Failed to open")
+                self._forget(entry.path)
         return None
 
     def _damaged(self, path: Path, error: Exception) -> None:
