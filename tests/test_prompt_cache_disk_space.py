@@ -127,6 +127,27 @@ def test_a_file_removed_by_another_server_while_listed_is_not_called_damaged(
     assert caplog.text == ""
 
 
+def test_a_file_removed_by_another_server_while_read_is_not_called_damaged(
+    local, tmp_path, monkeypatch, caplog
+):
+    """Another server sharing the folder removed a file after its crc32 was read and before mlx
+    opened it (seen with three servers on one folder): mlx's "Failed to open file" was logged
+    as a damaged file, removed."""
+    model, tokenizer = local
+    ask(engine_over(local, tmp_path), "import os")
+    real = disk_module.load_prompt_cache
+
+    def removed_first(name, **kwargs):
+        os.unlink(name)
+        return real(name, **kwargs)
+
+    monkeypatch.setattr(disk_module, "load_prompt_cache", removed_first)
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        text, done = ask(engine_over(local, tmp_path), "import os")
+    assert text == streamer.generate(model, tokenizer, "import os", 6) and done.cached_tokens == 0
+    assert "damaged" not in caplog.text
+
+
 def test_a_disk_that_cannot_be_asked_is_one_line(tmp_path, monkeypatch, capsys):
     from streamer.cli import main
 

@@ -90,3 +90,31 @@ def test_a_folder_this_user_cannot_write_is_refused_before_loading(tmp_path, mon
         f"streamer: error: --prompt-cache-dir {tmp_path} is not writable (its permissions, or a "
         "read-only disk): give a folder you may write to.\n"
     )
+
+
+def test_a_folder_to_make_where_it_cannot_be_made_is_refused_before_loading(
+    tmp_path, monkeypatch, capsys
+):
+    """A folder not made yet under one this user cannot write (a link to a read-only disk, say),
+    or under a link to nothing, passed the checks: refused once the model was loaded, by
+    mkdir's "Read-only file system" or "File exists"."""
+    from streamer.cli import main
+
+    real_access = os.access
+    monkeypatch.setattr(
+        disk_files.os, "access", lambda path, mode: path != tmp_path and real_access(path, mode)
+    )
+    folder = tmp_path / "caches" / "serve"
+    assert main(["chat", "--model", "/nonexistent", "--prompt-cache-dir", str(folder)]) == 2
+    assert capsys.readouterr().err == (
+        f"streamer: error: --prompt-cache-dir {folder} cannot be made: {tmp_path} is not "
+        "writable (its permissions, or a read-only disk): give a folder you may write to.\n"
+    )
+    monkeypatch.undo()
+    (tmp_path / "broken").symlink_to("/nonexistent")
+    folder = tmp_path / "broken" / "caches"
+    assert main(["serve", "--model", "/nonexistent", "--prompt-cache-dir", str(folder)]) == 2
+    assert capsys.readouterr().err == (
+        f"streamer: error: --prompt-cache-dir {folder}: {tmp_path / 'broken'} is a link to "
+        "/nonexistent, which does not exist: give a folder.\n"
+    )

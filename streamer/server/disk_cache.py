@@ -5,20 +5,19 @@ Files are mlx-lm's own prompt cache format (mlx_lm.models.cache.save_prompt_cach
 chained: a file holds the KV of the tokens after those of the file it continues, so a
 conversation's turn writes its new tokens only (disk_segments.py; docs/format.md). A file is used
 only for the model that wrote it: its metadata holds the model's identity (weights, compute dtype,
-KV quantization) and its tokens, and its name holds its crc32, checked before it is loaded. A file
-that fails any check is removed with one log line (with the files continuing it), never computed
-with. Writes go to a temporary name, are fsynced and renamed, the file continued already in place,
-so an interrupted write (Ctrl-C, a crash) leaves no cache file, only a partial one that the next
-start removes; the folder is kept under its byte bound by removing the least recently used files
-before a new one goes in, and a file is not written where the disk would be left short
-(disk_files.py).
+KV quantization) and its tokens (disk_format.py), and its name holds its crc32, checked before it is
+loaded. A file that fails any check is removed with one log line (with the files continuing it),
+never computed with. Writes go to a temporary name, are fsynced and renamed, the file continued
+already in place, so an interrupted write (Ctrl-C, a crash) leaves no cache file, only a partial
+one that the next start removes; the folder is kept under its byte bound by removing the least
+recently used files before a new one goes in, and a file is not written where the disk would be
+left short (disk_files.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -34,19 +33,7 @@ from mlx_lm.models.cache import (
 from ..errors import StreamerError, one_line
 from ..io.durable import fsync_dir
 from ..io.sizes import size_text
-from ..kv_quantization import check_prompt_cache
-from .disk_entries import (
-    IDENTITY,
-    Entry,
-    chain_of,
-    chained,
-    continued,
-    header_entry,
-    holding,
-    identity_of,
-    matched,
-    unused_prefixes,
-)
+from .disk_entries import Entry, chain_of, chained, continued, holding, matched, unused_prefixes
 from .disk_files import (
     CACHE_NAME,
     DISK_RESERVE,
@@ -63,7 +50,8 @@ from .disk_files import (
     remove_partials,
     removed,
 )
-from .disk_segments import PER_TOKEN, foreign_arrays, held_tokens, joined, layout, leaves, segment
+from .disk_format import LaterFormat, check_loaded, file_metadata, header_entry
+from .disk_segments import PER_TOKEN, joined, layout, leaves, segment
 
 log = logging.getLogger("streamer.server")
 
@@ -125,14 +113,9 @@ class DiskCache:
         part = segment(cache, start)
         key = hashlib.sha256(f"{self.identity}:{tokens}".encode()).hexdigest()[:24]
         partial = self.folder / f"{PARTIAL}{os.getpid()}-{key}{SUFFIX}"
-        metadata = {
-            IDENTITY: self.identity,
-            "streamer_tokens": json.dumps(tokens[start:]),
-            "streamer_start": str(start),
-            "streamer_parent": parent.path.name if parent else "",
-            "streamer_layout": shape,
-            "streamer_trimmable": str(can_trim_prompt_cache(cache)),
-        }
+        trimmable = can_trim_prompt_cache(cache)
+        name = parent.path.name if parent else ""
+        metadata = file_metadata(self.identity, tokens[start:], start, name, shape, trimmable)
         try:
             if not self._room_for(data_bytes(part)):
                 return
@@ -157,7 +140,6 @@ class DiskCache:
             why = e.strerror if isinstance(e, OSError) and e.strerror else one_line(e)
             log.warning("prompt cache not written to %s: %s", self.folder, why)
             return
-        trimmable = metadata["streamer_trimmable"] == "True"
         own = tuple(tokens[start:])
         self.entries[path] = Entry(path, own, trimmable, start, parent and parent.path, shape)
         for shorter in unused_prefixes(self.entries, matches, len(tokens)) if trimmable else []:
@@ -171,10 +153,13 @@ class DiskCache:
 
     def _header(self, path: Path) -> Entry | None:
         """The file's entry from its header alone, with its own tokens; None for another model's
-        file, or (removed with a log line) a damaged one."""
+        file, a later streamer's (with a log line), or (removed with a log line) a damaged one."""
         try:
             return header_entry(path, self.identity)
         except FileNotFoundError:  # removed since it was listed, by a server sharing the folder
+            return None
+        except LaterFormat as e:  # the bound still counts it: removed when least recently used
+            log.warning("ignoring prompt cache %s (%s); left in place", path, one_line(e))
             return None
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             self._damaged(path, e)
@@ -196,24 +181,13 @@ class DiskCache:
         try:
             check_contents(entry.path)  # as long as its header says, the crc32 its name gives
             cache, metadata = load_prompt_cache(str(entry.path), return_metadata=True)
-            said = identity_of(metadata), json.loads(metadata.get("streamer_tokens", "null"))
-            if said != (self.identity, list(entry.own)):
-                raise ValueError("its metadata changed since it was listed")
-            if entry.layout is not None and layout(cache) != entry.layout:
-                raise ValueError(f"it holds caches {layout(cache)}, not {entry.layout}")
-            if entry.trimmable and not can_trim_prompt_cache(cache):  # mlx-lm would cut nothing
-                raise ValueError("its header says it can be cut back, and its caches cannot")
-            if not held_tokens(cache, len(entry.own), entry.end):
-                raise ValueError(f"it does not hold its {len(entry.own)} tokens")
-            if (foreign := foreign_arrays(cache)) is not None:
-                raise ValueError(foreign)
-            if self.model is not None:
-                check_prompt_cache(self.model, cache)  # ArgumentError naming the layer
+            check_loaded(cache, metadata, entry, self.identity, self.model)
             return cache
-        except FileNotFoundError:  # another server sharing the folder removed it
-            self._forget(entry.path)
         except Exception as e:  # whatever a damaged file makes mlx or mlx-lm raise
-            self._damaged(entry.path, e)
+            if entry.path.exists():
+                self._damaged(entry.path, e)
+            else:  # another server sharing the folder removed it (mlx says "Failed to open")
+                self._forget(entry.path)
         return None
 
     def _damaged(self, path: Path, error: Exception) -> None:

@@ -1,5 +1,6 @@
-"""The entries of --prompt-cache-dir's files (disk_cache.py) as their headers give them: each
-file's own tokens, the file it continues (disk_segments.py), and the chains they make."""
+"""The entries of --prompt-cache-dir's files (disk_cache.py) as their headers give them
+(disk_format.py): each file's own tokens, the file it continues (disk_segments.py), and the chains
+they make."""
 
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ from pathlib import Path
 import mlx.nn as nn
 
 from ..loading.handle import streaming
-from .disk_files import CACHE_NAME, metadata_of
-
-IDENTITY = "streamer_identity"  # a chained file's model; the first format's: "streamer_model"
 
 
 @dataclass
@@ -53,31 +51,6 @@ def model_identity(model: nn.Module, options: dict) -> str:
         kv["max_kv_size"] = options["max_kv_size"]
     content = json.dumps({"weights": weights, "dtype": handle.dtype, "kv": kv}, sort_keys=True)
     return hashlib.sha256(content.encode()).hexdigest()[:32]
-
-
-def header_entry(path: Path, identity: str) -> Entry | None:
-    """The entry of the file at `path` from its header alone, with its own tokens; None for
-    another model's file; ValueError (KeyError, TypeError...) for a damaged header."""
-    metadata = {k.removeprefix("0."): v for k, v in metadata_of(path).items() if k[:2] == "0."}
-    if identity_of(metadata) != identity:
-        return None
-    tokens = json.loads(metadata["streamer_tokens"])
-    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
-        raise ValueError("its tokens are not a list of ids")
-    trimmable = metadata.get("streamer_trimmable") == "True"
-    if IDENTITY not in metadata:  # the first format: a whole cache, continued by none
-        return Entry(path, tuple(tokens), trimmable)
-    name = metadata["streamer_parent"]
-    if name and not CACHE_NAME.fullmatch(name):
-        raise ValueError(f"it continues {name!r}, not a file of its folder")
-    parent = path.with_name(name) if name else None
-    start = int(metadata["streamer_start"])
-    return Entry(path, tuple(tokens), trimmable, start, parent, metadata["streamer_layout"])
-
-
-def identity_of(metadata: dict) -> str | None:
-    """The model a file's cache is of (the first format's whole files name it otherwise)."""
-    return metadata.get(IDENTITY, metadata.get("streamer_model"))
 
 
 def chained(headers: dict[Path, Entry]) -> dict[Path, Entry]:

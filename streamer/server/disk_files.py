@@ -81,11 +81,7 @@ def check_private(folder: Path) -> None:
     try:
         st = folder.stat()
     except FileNotFoundError:  # created by DiskCache, this user's own
-        if folder.is_symlink():  # mkdir would say "File exists"
-            raise StreamerError(
-                f"--prompt-cache-dir {folder} is a link to {os.readlink(folder)}, which does not "
-                "exist: give a folder."
-            ) from None
+        check_creatable(folder)
         return
     except OSError as e:  # a loop of links, a name too long, a parent that is no folder
         raise StreamerError(f"--prompt-cache-dir {folder}: {e.strerror or e}") from None
@@ -106,6 +102,26 @@ def check_private(folder: Path) -> None:
         raise StreamerError(
             f"--prompt-cache-dir {folder} is not writable (its permissions, or a read-only disk): "
             "give a folder you may write to."
+        )
+
+
+def check_creatable(folder: Path) -> None:
+    """Refuse a folder DiskCache could not make, once the model is loaded: one under a link to
+    nothing (mkdir would say "File exists"), or whose nearest existing folder this user cannot
+    write (a link to a read-only disk, say)."""
+    at = folder
+    while not os.path.lexists(at):
+        at = at.parent
+    if at.is_symlink() and not at.exists():
+        named = folder if at == folder else f"{folder}: {at}"
+        raise StreamerError(
+            f"--prompt-cache-dir {named} is a link to {os.readlink(at)}, which does not exist: "
+            "give a folder."
+        )
+    if not os.access(at, os.W_OK):
+        raise StreamerError(
+            f"--prompt-cache-dir {folder} cannot be made: {at} is not writable (its permissions, "
+            "or a read-only disk): give a folder you may write to."
         )
 
 
