@@ -3,6 +3,7 @@ uncut call computes, bit for bit, on every read path and on a generation thread.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -17,6 +18,7 @@ import streamer
 from streamer import cpu_cores
 from streamer.cli import main
 from streamer.errors import ArgumentError
+from streamer.loading.backend import default_threads
 from streamer.loading.options import load_options
 
 # The cut is the CPU backend's: on a GPU `threads` is 1 and more is refused
@@ -143,6 +145,46 @@ def test_more_threads_than_cores_are_the_cores(monkeypatch):
     options = load_options(threads=1000)
     assert (options.threads, options.threads_why) == (2, "asked for 1000; this process may use 2")
     assert load_options(threads=2).threads_why == "asked for"
+
+
+@pytest.mark.parametrize(
+    ("rank", "hosts", "threads", "ranks"),
+    [  # `streamer launch -n 2` (or --hosts 127.0.0.1,127.0.0.1) on 2 cores: 1 each, not 2
+        (1, [["127.0.0.1:5000"], ["127.0.0.1:5001"]], 1, 2),
+        (0, [["127.0.0.1:5000"]] * 3, 1, 3),  # more ranks than cores: 1 each
+        # a hostfile naming host 10.0.0.1 twice: its ranks share it, 10.0.0.2's rank has its own
+        (2, [["10.0.0.1:5000"], ["10.0.0.2:5001"], ["10.0.0.1:5002"]], 1, 2),
+        (1, [["10.0.0.1:5000"], ["10.0.0.2:5001"], ["10.0.0.1:5002"]], 2, 1),
+        (0, [["10.0.0.1:5000", "10.0.0.3:5001"], ["10.0.0.3:5002"]], 1, 2),
+        (0, "\n", 2, 1),  # a ring of one: mlx.launch writes "" (`-n 1`)
+        (5, [["127.0.0.1:5000"]] * 2, 2, 1),  # not the ring's file: MLX says what is wrong
+        (0, '{"hosts": 2}', 2, 1),
+        (0, [[1, None], "127.0.0.1:5001"], 2, 1),
+    ],
+)
+def test_ranks_on_one_host_share_its_cores(monkeypatch, tmp_path, rank, hosts, threads, ranks):
+    """Every rank took every core: 2 ranks on a 2-core machine ran 4 matmul threads. A rank
+    learns its host's ranks as mlx.launch's ring tells it: MLX_RANK, and MLX_HOSTFILE naming a
+    file of each rank's "ip:port" addresses."""
+    monkeypatch.setattr("streamer.loading.backend.usable_cores", lambda: 2)
+    hostfile = tmp_path / "ring.json"
+    hostfile.write_text(hosts if isinstance(hosts, str) else json.dumps(hosts))
+    monkeypatch.setenv("MLX_RANK", str(rank))
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    options = load_options()
+    assert options.threads == threads
+    shared = f"the 2 cores this process may use, shared by {ranks} ranks on this host"
+    assert options.threads_why == (shared if ranks > 1 else "every core this process may use")
+    assert load_options(threads=2).threads == 2  # asked for: taken as it is
+
+
+def test_a_share_of_the_cores_is_even_and_one_at_least():
+    assert default_threads(8, 1) == (8, "every core this process may use")
+    assert default_threads(5, 2)[0] == 2
+    assert default_threads(1, 2) == (
+        1,
+        "the 1 core this process may use, shared by 2 ranks on this host",
+    )
 
 
 def test_a_gpu_takes_no_threads(monkeypatch):
