@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from .errors import StreamerError
+from .io.files import read_bytes
+
 # Smallest part worth a stream of its own: below it the hand-off between threads (an event each
 # way, tens of microseconds) costs more than the part's compute (a 1 MiB 4-bit part: ~1 ms here).
 MIN_PART_BYTES = 1 << 20
+HOSTFILE_BYTES = 16 << 20  # past any cluster's ring hostfile (cli/hostfile.py's MAX_BYTES)
 
 
 def usable_cores() -> int:
@@ -45,17 +48,18 @@ def ranks_on_this_host() -> int:
     of one host listen on its addresses, a port each. Anything else is 1: no launch, a ring of
     one (mlx.launch writes "" there), MLX's other backends (nccl and jaccl compute on a GPU), and
     mpirun's ranks, which it binds to cores by rules of its own."""
-    rank, path = os.environ.get("MLX_RANK", ""), os.environ.get("MLX_HOSTFILE")
-    if path is None or not rank.isdigit():
+    path = os.environ.get("MLX_HOSTFILE")
+    if path is None:
         return 1
     try:
-        hosts = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        rank = int(os.environ.get("MLX_RANK", ""))
+        hosts = json.loads(read_bytes(path, "MLX_HOSTFILE", HOSTFILE_BYTES))
+    except (OSError, StreamerError, ValueError):  # a FIFO, a device: refused unread
         return 1  # not the ring's file: MLX's own error says what is wrong with it
-    if not isinstance(hosts, list) or int(rank) >= len(hosts):
+    if not isinstance(hosts, list) or not 0 <= rank < len(hosts):
         return 1
     addresses = [_ips(host) for host in hosts]
-    return sum(1 for other in addresses if other & addresses[int(rank)]) or 1
+    return sum(1 for other in addresses if other & addresses[rank]) or 1
 
 
 def _ips(host: object) -> set[str]:

@@ -3,6 +3,7 @@ uncut call computes, bit for bit, on every read path and on a generation thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -176,6 +177,35 @@ def test_ranks_on_one_host_share_its_cores(monkeypatch, tmp_path, rank, hosts, t
     shared = f"the 2 cores this process may use, shared by {ranks} ranks on this host"
     assert options.threads_why == (shared if ranks > 1 else "every core this process may use")
     assert load_options(threads=2).threads == 2  # asked for: taken as it is
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="a FIFO to name")
+def test_a_hostfile_that_is_no_regular_file_is_no_launch(monkeypatch, tmp_path):
+    """MLX_HOSTFILE naming a FIFO was read until something wrote it (a load that waited on it
+    forever; a device such as /dev/zero, until memory ran out): refused unread, as no launch."""
+    fifo = tmp_path / "ring"
+    os.mkfifo(fifo)
+    two_ranks = json.dumps([["127.0.0.1:5000"], ["127.0.0.1:5001"]])
+
+    def write() -> None:  # what a reader of the FIFO gets, if it waits
+        with contextlib.suppress(BrokenPipeError):
+            fifo.write_text(two_ranks)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    monkeypatch.setenv("MLX_RANK", "0")
+    monkeypatch.setenv("MLX_HOSTFILE", str(fifo))
+    try:
+        assert cpu_cores.ranks_on_this_host() == 1
+    finally:  # the writer waits for a reader: this one lets it end
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        writer.join()
+        os.close(reader)
+    for rank in ("-1", "²", "9" * 5000, ""):  # int() refuses the last three
+        monkeypatch.setenv("MLX_RANK", rank)
+        monkeypatch.setenv("MLX_HOSTFILE", str(tmp_path / "hosts.json"))
+        (tmp_path / "hosts.json").write_text(two_ranks)
+        assert cpu_cores.ranks_on_this_host() == 1
 
 
 def test_a_share_of_the_cores_is_even_and_one_at_least():
