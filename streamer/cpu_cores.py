@@ -47,14 +47,14 @@ def ranks_on_this_host() -> int:
     MLX_HOSTFILE names (`[["ip:port", ...], ...]`, rank MLX_RANK's at its index), and the ranks
     of one host listen on its addresses, a port each. Anything else is 1: no launch, a ring of
     one (mlx.launch writes "" there), MLX's other backends (nccl and jaccl compute on a GPU), and
-    mpirun's ranks, which it binds to cores by rules of its own."""
+    mpirun's ranks (not counted: it may have bound each to cores of its own; --threads says)."""
     path = os.environ.get("MLX_HOSTFILE")
     if path is None:
         return 1
     try:
         rank = int(os.environ.get("MLX_RANK", ""))
         hosts = json.loads(read_bytes(path, "MLX_HOSTFILE", HOSTFILE_BYTES))
-    except (OSError, StreamerError, ValueError):  # a FIFO, a device: refused unread
+    except (OSError, StreamerError, ValueError):  # StreamerError: a FIFO, a device, unread
         return 1  # not the ring's file: MLX's own error says what is wrong with it
     if not isinstance(hosts, list) or not 0 <= rank < len(hosts):
         return 1
