@@ -50,7 +50,8 @@ def common_args(
     decode: int | None = None,
 ) -> list[str]:
     routing = ["--routing", args.routing] if args.routing else []  # routing_model's profile
-    threads = ["--threads", str(args.threads)] if getattr(args, "threads", None) else []
+    threads = getattr(args, "threads", None)
+    threads = [] if threads is None else ["--threads", str(threads)]
     return [
         *routing,
         *threads,

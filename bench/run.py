@@ -39,6 +39,14 @@ def size(text: str) -> int:
     return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
+def cores(text: str) -> int:
+    """--threads: a count of cores, 1 or more (0 had run streamer on every core, recorded as 0)."""
+    count = int(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count} cores: give 1 or more")
+    return count
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description="streamer benchmark", formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -106,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-baseline", action="store_true", help="streamer only")
     ap.add_argument(
         "--threads",
-        type=int,
+        type=cores,
         help="streamer's CPU cores for its matmuls (default: all; 1: one, as mlx-lm computes)",
     )
     ap.add_argument(

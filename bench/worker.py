@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
     result = {"engine": args.engine, "load_s": load_s, "runs": runs, "routing_model": args.routing}
+    if streaming(model) is not None:  # the cores its matmuls ran on, as the load decided them
+        result["threads"] = streaming(model).threads
     if args.routing_steps:
         config = json.loads((args.model / "config.json").read_text())
         num_experts = config.get("num_experts") or config["num_local_experts"]

@@ -16,14 +16,19 @@ the GPU computes every matmul.
 
 from __future__ import annotations
 
+import json
 import os
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from .errors import StreamerError
+from .io.files import read_bytes
+
 # Smallest part worth a stream of its own: below it the hand-off between threads (an event each
 # way, tens of microseconds) costs more than the part's compute (a 1 MiB 4-bit part: ~1 ms here).
 MIN_PART_BYTES = 1 << 20
+HOSTFILE_BYTES = 16 << 20  # past any cluster's ring hostfile (cli/hostfile.py's MAX_BYTES)
 
 
 def usable_cores() -> int:
@@ -33,6 +38,39 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS has no affinity call
         return os.cpu_count() or 1
+
+
+def ranks_on_this_host() -> int:
+    """How many ranks of the launch that started this process run on this host, itself among
+    them (1 when it runs alone): they share its cores. MLX's ring backend, which mlx.launch and
+    streamer launch start where there is no GPU, names each rank's addresses in the file
+    MLX_HOSTFILE names (`[["ip:port", ...], ...]`, rank MLX_RANK's at its index), and the ranks
+    of one host listen on its addresses, a port each. Anything else is 1: no launch, a ring of
+    one (mlx.launch writes "" there), MLX's other backends (nccl and jaccl compute on a GPU), and
+    mpirun's ranks (not counted: it may have bound each to cores of its own; --threads says)."""
+    path = os.environ.get("MLX_HOSTFILE")
+    if path is None:
+        return 1
+    try:
+        rank = int(os.environ.get("MLX_RANK", ""))
+        hosts = json.loads(read_bytes(path, "MLX_HOSTFILE", HOSTFILE_BYTES))
+    except (OSError, StreamerError, ValueError):  # StreamerError: a FIFO, a device, unread
+        return 1  # not the ring's file: MLX's own error says what is wrong with it
+    if not isinstance(hosts, list) or not 0 <= rank < len(hosts):
+        return 1
+    addresses = [_ips(host) for host in hosts]
+    return sum(1 for other in addresses if other & addresses[rank]) or 1
+
+
+def _ips(host: object) -> set[str]:
+    """The IP addresses of one rank's `"ip:port"` entries in the ring's hostfile."""
+    entries = host if isinstance(host, list) else []
+    return {entry.rsplit(":", 1)[0] for entry in entries if isinstance(entry, str)}
+
+
+def in_words(cores: int) -> str:
+    """`1 core`, `2 cores`."""
+    return f"{cores} core{'s' if cores != 1 else ''}"
 
 
 _streams: list[mx.ThreadLocalStream] = []  # made once per process; each thread gets its own

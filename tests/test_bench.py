@@ -427,3 +427,28 @@ def test_generated_checkpoint_progress_says_binary_units(bench_path, tmp_path):
     write_checkpoint(tmp_path / "ckpt", PRESETS["quick"], sparse=True, log=said.append)
     last = [line for line in said if line.startswith("[generate]")][-1]
     assert re.match(r"\[generate\] \S+ [KMG]iB of \S+ [KMG]iB \(\S+ [KMG]iB/s\) ", last), last
+
+
+def test_the_threads_asked_of_the_bench_are_the_threads_it_ran_and_records(
+    bench_path, checkpoints, capsys
+):
+    """`bench/run.py --threads 0` ran streamer's workers on every core (common_args dropped a 0)
+    while the result's settings said 0; and a worker's result never said what its load decided
+    (`--threads 1000`: the cores this process may use)."""
+    from engines import common_args
+    from run import parser
+    from worker import main as worker
+
+    from streamer.cpu_cores import usable_cores
+
+    with pytest.raises(SystemExit):
+        parser().parse_args(["cold", "--threads", "0"])
+    assert "0 cores: give 1 or more" in capsys.readouterr().err
+    asked = common_args(parser().parse_args(["cold", "--threads", "1"]))
+    assert asked[asked.index("--threads") + 1] == "1"
+    assert "--threads" not in common_args(parser().parse_args(["cold"]))
+    folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
+    words = ["--prompt-tokens", "4", "--decode-tokens", "2", "--repeats", "1", "--threads", "1000"]
+    worker(["streamer", str(folder), *words])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["threads"] == usable_cores()

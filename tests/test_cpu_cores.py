@@ -3,6 +3,8 @@ uncut call computes, bit for bit, on every read path and on a generation thread.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import threading
 
@@ -17,6 +19,7 @@ import streamer
 from streamer import cpu_cores
 from streamer.cli import main
 from streamer.errors import ArgumentError
+from streamer.loading.backend import default_threads
 from streamer.loading.options import load_options
 
 # The cut is the CPU backend's: on a GPU `threads` is 1 and more is refused
@@ -143,6 +146,75 @@ def test_more_threads_than_cores_are_the_cores(monkeypatch):
     options = load_options(threads=1000)
     assert (options.threads, options.threads_why) == (2, "asked for 1000; this process may use 2")
     assert load_options(threads=2).threads_why == "asked for"
+
+
+@pytest.mark.parametrize(
+    ("rank", "hosts", "threads", "ranks"),
+    [  # `streamer launch -n 2` (or --hosts 127.0.0.1,127.0.0.1) on 2 cores: 1 each, not 2
+        (1, [["127.0.0.1:5000"], ["127.0.0.1:5001"]], 1, 2),
+        (0, [["127.0.0.1:5000"]] * 3, 1, 3),  # more ranks than cores: 1 each
+        # a hostfile naming host 10.0.0.1 twice: its ranks share it, 10.0.0.2's rank has its own
+        (2, [["10.0.0.1:5000"], ["10.0.0.2:5001"], ["10.0.0.1:5002"]], 1, 2),
+        (1, [["10.0.0.1:5000"], ["10.0.0.2:5001"], ["10.0.0.1:5002"]], 2, 1),
+        (0, [["10.0.0.1:5000", "10.0.0.3:5001"], ["10.0.0.3:5002"]], 1, 2),
+        (0, "\n", 2, 1),  # a ring of one: mlx.launch writes "" (`-n 1`)
+        (5, [["127.0.0.1:5000"]] * 2, 2, 1),  # not the ring's file: MLX says what is wrong
+        (0, '{"hosts": 2}', 2, 1),
+        (0, [[1, None], "127.0.0.1:5001"], 2, 1),
+    ],
+)
+def test_ranks_on_one_host_share_its_cores(monkeypatch, tmp_path, rank, hosts, threads, ranks):
+    """Every rank took every core: 2 ranks on a 2-core machine ran 4 matmul threads. A rank
+    learns its host's ranks as mlx.launch's ring tells it: MLX_RANK, and MLX_HOSTFILE naming a
+    file of each rank's "ip:port" addresses."""
+    monkeypatch.setattr("streamer.loading.backend.usable_cores", lambda: 2)
+    hostfile = tmp_path / "ring.json"
+    hostfile.write_text(hosts if isinstance(hosts, str) else json.dumps(hosts))
+    monkeypatch.setenv("MLX_RANK", str(rank))
+    monkeypatch.setenv("MLX_HOSTFILE", str(hostfile))
+    options = load_options()
+    assert options.threads == threads
+    shared = f"the 2 cores this process may use, shared by {ranks} ranks on this host"
+    assert options.threads_why == (shared if ranks > 1 else "every core this process may use")
+    assert load_options(threads=2).threads == 2  # asked for: taken as it is
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="a FIFO to name")
+def test_a_hostfile_that_is_no_regular_file_is_no_launch(monkeypatch, tmp_path):
+    """MLX_HOSTFILE naming a FIFO was read until something wrote it (a load that waited on it
+    forever; a device such as /dev/zero, until memory ran out): refused unread, as no launch."""
+    fifo = tmp_path / "ring"
+    os.mkfifo(fifo)
+    two_ranks = json.dumps([["127.0.0.1:5000"], ["127.0.0.1:5001"]])
+
+    def write() -> None:  # what a reader of the FIFO gets, if it waits
+        with contextlib.suppress(BrokenPipeError):
+            fifo.write_text(two_ranks)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    monkeypatch.setenv("MLX_RANK", "0")
+    monkeypatch.setenv("MLX_HOSTFILE", str(fifo))
+    try:
+        assert cpu_cores.ranks_on_this_host() == 1
+    finally:  # the writer waits for a reader: this one lets it end
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        writer.join()
+        os.close(reader)
+    for rank in ("-1", "²", "9" * 5000, ""):  # int() refuses the last three
+        monkeypatch.setenv("MLX_RANK", rank)
+        monkeypatch.setenv("MLX_HOSTFILE", str(tmp_path / "hosts.json"))
+        (tmp_path / "hosts.json").write_text(two_ranks)
+        assert cpu_cores.ranks_on_this_host() == 1
+
+
+def test_a_share_of_the_cores_is_even_and_one_at_least():
+    assert default_threads(8, 1) == (8, "every core this process may use")
+    assert default_threads(5, 2)[0] == 2
+    assert default_threads(1, 2) == (
+        1,
+        "the 1 core this process may use, shared by 2 ranks on this host",
+    )
 
 
 def test_a_gpu_takes_no_threads(monkeypatch):
@@ -275,18 +347,25 @@ def test_drafted_kv_quantized_answers_on_a_thread_are_one_core_s(checkpoints, mo
     assert len(one[0]) == 24 and on_cores == one
 
 
+def native_threads() -> int:
+    """This process's threads that Python did not start: MLX's streams' among them."""
+    return len(os.listdir("/proc/self/task")) - threading.active_count()
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux lists a process's threads")
 def test_answers_on_one_thread_start_no_threads_after_the_first(checkpoints, monkeypatch):
     """MLX gives each thread that computes streams of its own, each a thread that lives as long
-    as the process; the cut's are made once per thread, not once per answer."""
+    as the process; the cut's are made once per thread, not once per answer. Counted: the
+    threads that are not Python's (the slot pool's readers are, and start as reads come, up to
+    READERS: one more started by a later answer had failed this test, 3 runs in 5)."""
     monkeypatch.setattr(cpu_cores, "MIN_PART_BYTES", 1)
     folder = checkpoints.repacked(checkpoints.mlx("qwen3_moe"))
     model, tokenizer = streamer.load(folder, threads=3, memory_budget=0, read_path="slots")
-    streamer.generate(model, tokenizer, "hello there", max_tokens=4)  # the pool's readers too
-    threads = len(os.listdir("/proc/self/task"))
+    streamer.generate(model, tokenizer, "hello there", max_tokens=4)
+    threads = native_threads()
     for _ in range(5):
         streamer.generate(model, tokenizer, "hello there", max_tokens=4)
-    assert len(os.listdir("/proc/self/task")) == threads
+    assert native_threads() == threads
     model.streamer.close()
 
 

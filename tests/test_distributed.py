@@ -20,6 +20,7 @@ import pytest
 from mlx_launch import RANKS, launch
 
 import streamer
+from streamer.cpu_cores import in_words, usable_cores
 from streamer.parallel.split import split
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
@@ -263,3 +264,16 @@ def test_verbose_false_under_mlx_launch_prints_the_answer_alone(models):
     )
     assert result.returncode == 0 and result.stdout.strip(), result.stderr
     assert "[streamer]" not in result.stderr and "decode:" not in result.stderr, result.stderr
+
+
+def test_ranks_on_one_machine_share_its_cores(models):
+    """`streamer launch -n 2` on one machine: each rank took every core the process may use, so 2
+    ranks on 2 cores ran 4 matmul threads; each takes its share, and the residency line says why
+    (the line is rank 0's, the same decision every rank's)."""
+    args = ["-p", "def read(path):", "-m", "2", "--ignore-chat-template"]
+    command = ["generate", "--model", str(models["quantized-shards"]), *args]
+    result = launch(command, models["root"], streamer=True)
+    assert result.returncode == 0, result.stderr
+    usable = usable_cores()
+    share = f"{in_words(max(usable // RANKS, 1))} (the {in_words(usable)} this process may use"
+    assert f"; matmuls on {share}, shared by {RANKS} ranks on this host)\n" in result.stderr

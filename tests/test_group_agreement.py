@@ -44,6 +44,13 @@ def test_alike_ranks_pass_whatever_each_machine_decides():
     assert run_group([settings(), per_machine, settings()]) == [None, None, None]
 
 
+def test_ranks_on_other_counts_of_cores_pass():
+    """A machine's cores change no token (tests/test_cpu_cores.py), yet a rank given --threads of
+    its own (a wrapper fitting each host's cores) was refused: `rank 1 runs with --threads 4 and
+    rank 0 with 1: every rank must compute the same tokens`."""
+    assert run_group([settings(threads=1), settings(threads=4)]) == [None, None]
+
+
 @pytest.mark.parametrize(
     "changed, named",
     [

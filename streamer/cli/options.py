@@ -196,7 +196,8 @@ def add_loading(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="CPU backend: the cores a token's large matmuls are cut across (default: every "
-        "core this process may use; 1: one, as mlx-lm computes); a GPU computes them itself",
+        "core this process may use, shared by the ranks a launch runs on this machine; 1: one, "
+        "as mlx-lm computes); a GPU computes them itself",
     )
     p.add_argument(
         "--checksums",

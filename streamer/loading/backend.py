@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import psutil
 
-from ..cpu_cores import usable_cores
+from ..cpu_cores import in_words, ranks_on_this_host, usable_cores
 from ..errors import ArgumentError, StreamerError, one_line, refusal
 from ..io.safetensors import DTYPES
 
@@ -87,11 +87,11 @@ def read_path_for_backend(read_path: object, name: str = "read_path") -> tuple[s
 
 def threads_for_backend(threads: object, name: str = "threads") -> tuple[int, str]:
     """How many cores a token's large matmuls are cut across (cpu_cores.py), and why: on the CPU
-    backend every core this process may use unless asked; on a GPU one, as the GPU computes them
-    all (why: "", nothing to say). Decided once, in options.load_options."""
+    backend those this process may use unless asked (default_threads); on a GPU one, as the GPU
+    computes them all (why: "", nothing to say). Decided once, in options.load_options."""
     where = backend()
     if threads is None:
-        return (usable_cores(), "every core this process may use") if where == "cpu" else (1, "")
+        return default_threads(usable_cores(), ranks_on_this_host()) if where == "cpu" else (1, "")
     # numpy's integers too (a count from an array), as load's memory_budget takes them
     if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
         raise ArgumentError(f"{name} must be a whole number of cores, 1 or more (got {threads!r}).")
@@ -107,6 +107,16 @@ def threads_for_backend(threads: object, name: str = "threads") -> tuple[int, st
     if threads > usable:  # a part per stream past the cores only waits for one: threads for none
         return usable, f"asked for {threads}; this process may use {usable}"
     return threads, "asked for"
+
+
+def default_threads(usable: int, ranks: int) -> tuple[int, str]:
+    """The CPU backend's cores for a process that may use `usable` of them, `ranks` ranks of its
+    launch on this host sharing them (cpu_cores.ranks_on_this_host), and why: an even share each,
+    one at least (each rank taking them all, 2 ranks on 2 cores ran 4 matmul threads)."""
+    if ranks <= 1:
+        return usable, "every core this process may use"
+    shared = f"the {in_words(usable)} this process may use, shared by {ranks} ranks on this host"
+    return max(usable // ranks, 1), shared
 
 
 def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:

@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..cache.slot_pool import SlotPool
+from ..cpu_cores import in_words
 from ..errors import StreamerError
 from ..experts import StreamingExperts
 from ..experts.layer import CLOSED
@@ -80,8 +81,7 @@ class Streaming:
         on the CPU backend, the cores a token's large matmuls are cut across."""
         if not self.threads_why:
             return self.plan.text()
-        cores = f"{self.threads} core{'s' if self.threads > 1 else ''}"
-        return f"{self.plan.text()}; matmuls on {cores} ({self.threads_why})"
+        return f"{self.plan.text()}; matmuls on {in_words(self.threads)} ({self.threads_why})"
 
     def __post_init__(self) -> None:
         self._scopes.enter_context(memory_limit_raised(self.mapped_mlx_bytes))

@@ -93,7 +93,8 @@ def load(
     "mapped", "registered", "pinned" or "gathered" (None: "gathered", the default; a bench
     switch, bench/worker.py --cuda-misses); elsewhere misses are read into their slots.
     `threads`: on the CPU backend, how many cores a token's large matmuls are cut across (None:
-    every core this process may use; 1: one, as mlx-lm computes); GPUs take no other value.
+    every core this process may use, shared by the ranks a launch runs on this host; 1: one, as
+    mlx-lm computes); GPUs take no other value.
     """
     check_unhonoured(path_or_hf_repo, model_config, adapter_path, lazy, revision)
     return_config = as_flag(return_config, "return_config")

@@ -18,8 +18,9 @@ import numpy as np
 from .group import GroupError, _all_gather
 
 # What each machine decides for itself without changing a token: its own folder (the load-time
-# check compares the model), how it holds and reads its experts, and its seed (rank 0's is used);
-# and the draft model a rank loaded (its flags are compared).
+# check compares the model), how it holds and reads its experts, the cores it cuts its matmuls
+# across (bit for bit the same, cpu_cores.py), and its seed (rank 0's is used); and the draft
+# model a rank loaded (its flags are compared).
 NOT_COMPARED = frozenset(
     {
         "model",
@@ -27,6 +28,7 @@ NOT_COMPARED = frozenset(
         "read_path",
         "verify_reads",
         "checksums",
+        "threads",
         "seed",
         "api_key",
         "drafting",
