@@ -109,8 +109,13 @@ def generate(args: argparse.Namespace) -> int:
 
         check_system_message(tokenizer, args.system_prompt)
         check_template_variables(tokenizer, args.chat_template_config, "--chat-template-config")
+        variables, context = args.chat_template_config, model.streamer.context_length
         try:
-            text = templated(tokenizer, text, args.system_prompt, args.chat_template_config)
+            text = templated(tokenizer, text, args.system_prompt, variables, context)
+        except (
+            StreamerError
+        ):  # a template past its bounds (server/template_bounds.py), said as it is
+            raise
         except Exception as e:  # jinja2's errors, or whatever the template raises
             raise StreamerError(
                 f"{args.model}: the model's chat template fails ({type(e).__name__}: {e}); fix "

@@ -1,0 +1,210 @@
+"""A chat template is code from the model's files: one that loops without end or makes gigabytes of
+text rendered until the process was killed (generate, chat, and serve with its tokenizer held for
+every request). Rendered within bounds, it ends in one line; a normal one renders as before."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from serving import TEMPLATE, WEATHER
+
+import streamer
+from fixtures.tokenizer import CHAT_TEMPLATE
+from streamer.loading.tokenizer import load_tokenizer
+from streamer.server import template_bounds
+from streamer.server.api import Completion, Sampling
+from streamer.server.fields import ApiError
+from streamer.server.prompts import prompt_tokens
+from streamer.server.template_bounds import TemplateBoundPassed, render
+
+CONTEXT = 1024  # the prompt may have 32 KiB of text
+HI = [{"role": "user", "content": "hi"}]
+TOO_LONG = (
+    "the model's chat template (chat_template in tokenizer_config.json) makes a text of over "
+    "32,768 characters, more than the model's context (1024 tokens) holds at 32 bytes a token: "
+    "shorten the messages, or fix the template."
+)
+TOO_SLOW = "did not finish rendering the prompt in -1 s (a loop without end?): fix the template."
+DOUBLED = "{% set ns = namespace(s='x') %}{% for i in range(20) %}{% set ns.s = NEXT %}{% endfor %}"
+# Loops, the loop variable, macros, filters, namespace, `~` and whitespace control, as Hub
+# templates use them
+RICH = (
+    "{%- macro text(m) -%}{{ m.content if m.content is string else m.content|map(attribute='text')"
+    "|join('') }}{%- endmacro -%}{% set ns = namespace(system=none) %}"
+    "{%- for m in messages if m.role == 'system' %}{% set ns.system = text(m) %}{% endfor -%}"
+    "{%- if tools %}<|system|>{{ ns.system ~ '\n' if ns.system }}# Tools\n"
+    "{% for t in tools %}{{ loop.index }}. {{ t | tojson }}{{ '\n' if not loop.last }}{% endfor %}"
+    "\n{% elif ns.system %}<|system|>{{ ns.system | trim }}\n{% endif -%}"
+    "{%- for m in messages|rejectattr('role', 'equalto', 'system') %}<|{{ m.role }}|>"
+    "{{- text(m) * 2 if m.role == 'tool' else text(m) -}}"
+    "{%- for c in m.tool_calls or [] %}<tool_call>{{ c.function.name + ':' }}"
+    "{{ c.function.arguments | tojson(sort_keys=true) }}</tool_call>{% endfor %}"
+    "{{ '\n' }}{%- endfor -%}{{ '<|assistant|>' if add_generation_prompt }}{{ 2 ** 10 }}"
+)
+CONVERSATION = [
+    {"role": "system", "content": "  Be brief. "},
+    {
+        "role": "user",
+        "content": [{"type": "text", "text": "Weather"}, {"type": "text", "text": "?"}],
+    },
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+    },
+    {"role": "tool", "content": "sunny"},
+    {"role": "user", "content": "thanks"},
+]
+
+
+def smolvlm() -> str:
+    """A template as published, read from the transformers installed (SmolVLM's)."""
+    from transformers.models.smolvlm import processing_smolvlm
+
+    return processing_smolvlm.DEFAULT_CHAT_TEMPLATE
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(Path(streamer.__file__).parent / "demo_model", False)
+
+
+@pytest.fixture
+def template(tokenizer, monkeypatch):
+    """Sets the tokenizer's chat template for one test."""
+    return lambda text: monkeypatch.setattr(tokenizer._tokenizer, "chat_template", text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(CHAT_TEMPLATE, id="fixtures"),
+        pytest.param(TEMPLATE, id="tool-calling"),
+        pytest.param(RICH, id="rich"),
+        pytest.param(None, id="smolvlm"),
+    ],
+)
+@pytest.mark.parametrize("tools", [None, [WEATHER]])
+def test_a_normal_template_renders_as_transformers_renders_it(tokenizer, template, text, tools):
+    template(text or smolvlm())
+    messages = CONVERSATION if text != CHAT_TEMPLATE else CONVERSATION[-1:]
+    for tokenize in (False, True):
+        asked = {"tools": tools, "add_generation_prompt": True, "tokenize": tokenize}
+        plain = tokenizer.apply_chat_template(messages, **asked)
+        assert render(tokenizer, CONTEXT, messages, **asked) == plain
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("{{ messages[0].content * 100000 }}", id="repeated"),
+        pytest.param(
+            "{% for i in range(999) %}{% for j in range(999) %}x{% endfor %}{% endfor %}",
+            id="loops",
+        ),
+        pytest.param(DOUBLED.replace("NEXT", "ns.s ~ ns.s"), id="tilde"),
+        pytest.param(DOUBLED.replace("NEXT", "ns.s + ns.s"), id="plus"),
+        pytest.param(DOUBLED.replace("NEXT", "[ns.s, ns.s]|join"), id="join"),
+        pytest.param(DOUBLED.replace("NEXT", "ns.s|replace('x', 'xx')"), id="filter"),
+    ],
+)
+def test_a_template_making_more_text_than_the_context_holds_is_refused(tokenizer, template, text):
+    template(text)
+    with pytest.raises(TemplateBoundPassed) as refused:
+        render(tokenizer, CONTEXT, HI, add_generation_prompt=True, tokenize=False)
+    assert str(refused.value) == TOO_LONG
+
+
+@pytest.mark.parametrize("text", ["{{ 7 ** 99999 }}", "{{ (2 ** 40000) * (2 ** 40000) }}"])
+def test_a_template_computing_a_huge_integer_is_refused(tokenizer, template, text):
+    """Computed as the template compiled (constant folding) or rendered, out of any check."""
+    template(text)
+    with pytest.raises(TemplateBoundPassed, match="computes an integer of over 65,536 bits"):
+        render(tokenizer, CONTEXT, HI, add_generation_prompt=True, tokenize=False)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(
+            "{% set r = range(3)|list %}{% set s %}{% for i in r %}{% for j in r %}{% endfor %}"
+            "{% endfor %}{% endset %}",
+            id="loop-over-a-list",
+        ),
+        pytest.param(
+            "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}"
+            "{{ f(3) }}",
+            id="recursion",
+        ),
+    ],
+)
+def test_every_loop_step_and_call_checks_the_deadline(tokenizer, template, monkeypatch, text):
+    """A deadline already past: the first step refuses (a long one refuses as late)."""
+    template(text)
+    monkeypatch.setattr(template_bounds, "RENDER_SECONDS", -1)
+    with pytest.raises(TemplateBoundPassed) as refused:
+        render(tokenizer, CONTEXT, HI, add_generation_prompt=True, tokenize=False)
+    assert str(refused.value).endswith(TOO_SLOW)
+
+
+def test_a_worker_thread_is_bounded_and_others_are_not(tokenizer, template, monkeypatch):
+    """serve renders in its handler threads, where no signal reaches; the bounds are the
+    rendering thread's alone, and transformers' own renders (outside streamer's) are as they
+    were."""
+    template("{% for m in messages %}{{ m.content * 50000 }}{% endfor %}")
+    caught = []
+
+    def worker():
+        try:
+            render(tokenizer, CONTEXT, HI, tokenize=False)
+        except TemplateBoundPassed as e:
+            caught.append(str(e))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert caught == [TOO_LONG]
+    assert tokenizer.apply_chat_template(HI, tokenize=False) == "hi" * 50000
+
+
+def test_serve_refuses_the_request_with_a_400_and_renders_the_next(tokenizer, template):
+    template(
+        "{% for m in messages %}{{ m.content * 100000 if m.content == 'boom' else m.content }}"
+        "{% endfor %}"
+    )
+    boom = Completion(True, "m", 2, Sampling(), messages=[{"role": "user", "content": "boom"}])
+    with pytest.raises(ApiError) as refused:
+        prompt_tokens(boom, tokenizer, CONTEXT)
+    assert (refused.value.status, refused.value.param) == (400, "messages")
+    assert refused.value.message == TOO_LONG
+    fine = Completion(True, "m", 2, Sampling(), messages=HI)
+    assert prompt_tokens(fine, tokenizer, CONTEXT) == tokenizer.encode("hi")
+
+
+@pytest.mark.parametrize(
+    "command", [["generate", "--prompt", "hi"], ["chat"], ["serve", "--port", "0"]]
+)
+def test_generate_chat_and_serve_refuse_the_template_in_one_line(checkpoints, tmp_path, command):
+    """Each rendered until killed; serve and chat now refuse it as they start."""
+    folder = tmp_path / "model"
+    shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ messages[0].content * 100000 }}"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    result = subprocess.run(
+        [sys.executable, "-m", "streamer", *command, "--model", str(folder), "--max-tokens", "2"],
+        input="hi\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == "streamer: error: " + TOO_LONG.replace(
+        "32,768", "65,536"
+    ).replace("1024", "2048"), result.stderr
