@@ -112,6 +112,12 @@ def test_a_normal_template_renders_as_transformers_renders_it(tokenizer, templat
         pytest.param(DOUBLED.replace("NEXT", "ns.s + ns.s"), id="plus"),
         pytest.param(DOUBLED.replace("NEXT", "[ns.s, ns.s]|join"), id="join"),
         pytest.param(DOUBLED.replace("NEXT", "ns.s|replace('x', 'xx')"), id="filter"),
+        pytest.param(DOUBLED.replace("NEXT", "ns.s.replace('x', 'xx')"), id="method"),
+        # widths refused before the text is made (10 TB: MemoryError at best)
+        pytest.param("{{ 'x'.center(10 ** 13)|length }}", id="center-method"),
+        pytest.param("{{ 'x'.zfill(width=10 ** 13)|length }}", id="zfill-method"),
+        pytest.param("{{ 'x'|center(10 ** 13)|length }}", id="center-filter"),
+        pytest.param("{{ 'x'|indent(10 ** 13, true)|length }}", id="indent-filter"),
     ],
 )
 def test_a_template_making_more_text_than_the_context_holds_is_refused(tokenizer, template, text):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,7 +110,9 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature)
         _rendering.bounds.check_time()  # a macro's or a method's: recursion that fans out
-        return super().call(__context, __obj, *args, **kwargs)
+        if isinstance(getattr(__obj, "__self__", None), str) and __obj.__name__ in PADDING:
+            _check_widths(args, kwargs)
+        return _sized(super().call(__context, __obj, *args, **kwargs))  # s.replace: doubles s
 
     def call_binop(self, context, operator: str, left, right):
         _check_binop(_rendering.bounds, operator, left, right)
@@ -129,6 +131,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
 # Filters no template can name (a name with a space): each a plain call in the compiled code,
 # where a method of the environment would be a call through the sandbox
 PACED, SIZED = "streamer paced", "streamer sized"
+PADDING = ("center", "ljust", "rjust", "zfill", "expandtabs")  # str's methods a width makes long
 
 
 def _paced(items: Iterable) -> Iterator:
@@ -137,6 +140,24 @@ def _paced(items: Iterable) -> Iterator:
     for item in items:
         bounds.check_time()
         yield item
+
+
+def _check_widths(args: tuple, kwargs: dict) -> None:
+    """A padding's width checked before the text is made (`s.center(10**11)` is 100 GB)."""
+    for width in (*args, *kwargs.values()):
+        if isinstance(width, int):
+            _rendering.bounds.check_size(width)
+
+
+def _widths_checked(pad: Callable) -> Callable:
+    """A padding filter (center, indent) that checks its width first."""
+
+    @functools.wraps(pad)
+    def checked(value, *args, **kwargs):
+        _check_widths(args, kwargs)
+        return pad(value, *args, **kwargs)
+
+    return checked
 
 
 def _sized(value):
@@ -192,7 +213,9 @@ def _bounded(source: str):
     environment = _transformers_compile("").environment.overlay()
     environment.__class__ = BoundedEnvironment
     environment.optimized = False
-    environment.filters = {**environment.filters, PACED: _paced, SIZED: _sized}
+    filters = environment.filters
+    padding = {name: _widths_checked(filters[name]) for name in ("center", "indent")}
+    environment.filters = {**filters, **padding, PACED: _paced, SIZED: _sized}
     return environment.from_string(source)
 
 
