@@ -193,24 +193,55 @@ def test_serve_refuses_the_request_with_a_400_and_renders_the_next(tokenizer, te
     assert prompt_tokens(fine, tokenizer, CONTEXT) == tokenizer.encode("hi")
 
 
-@pytest.mark.parametrize(
-    "command", [["generate", "--prompt", "hi"], ["chat"], ["serve", "--port", "0"]]
-)
-def test_generate_chat_and_serve_refuse_the_template_in_one_line(checkpoints, tmp_path, command):
-    """Each rendered until killed; serve and chat now refuse it as they start."""
+def served(checkpoints, tmp_path, template: str) -> Path:
+    """The tiny qwen3_moe (a context of 2048 tokens) with this chat template."""
     folder = tmp_path / "model"
     shutil.copytree(checkpoints.repacked(checkpoints.hf("qwen3_moe")), folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = "{{ messages[0].content * 100000 }}"
+    config["chat_template"] = template
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    result = subprocess.run(
+    return folder
+
+
+def run(folder: Path, *command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "-m", "streamer", *command, "--model", str(folder), "--max-tokens", "2"],
         input="hi\n",
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+@pytest.mark.parametrize(
+    "command", [["generate", "--prompt", "hi"], ["chat"], ["serve", "--port", "0"]]
+)
+def test_generate_chat_and_serve_refuse_the_template_in_one_line(checkpoints, tmp_path, command):
+    """Each rendered until killed; serve and chat now refuse it as they start."""
+    folder = served(checkpoints, tmp_path, "{{ messages[0].content * 100000 }}")
+    result = run(folder, *command)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines()[-1] == "streamer: error: " + TOO_LONG.replace(
         "32,768", "65,536"
     ).replace("1024", "2048"), result.stderr
+
+
+def test_what_a_template_raises_is_said_in_one_line(checkpoints, tmp_path, tokenizer, template):
+    """raise_exception's message, of any length and lines, was printed whole by generate and
+    sent whole in serve's 400 (and chat's line)."""
+    raising = "{{ raise_exception('Roles must alternate.\\n' * 1000) }}"
+    result = run(served(checkpoints, tmp_path, raising), "generate", "--prompt", "hi")
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("streamer: error: ") and "Roles must alternate. Roles" in last
+    assert last.endswith(
+        "...); fix chat_template in tokenizer_config.json (or "
+        "chat_template.jinja), or pass --ignore-chat-template."
+    )
+    template(raising)
+    with pytest.raises(ApiError) as refused:
+        prompt_tokens(Completion(True, "m", 2, Sampling(), messages=HI), tokenizer, CONTEXT)
+    assert refused.value.message.startswith(
+        "the model's chat template refused these messages: Roles must alternate. Roles"
+    )
+    assert "\n" not in refused.value.message and len(refused.value.message) < 400

@@ -7,7 +7,7 @@ import sys
 
 from .. import __version__
 from ..arguments import check_token_ids, vocabulary
-from ..errors import StreamerError
+from ..errors import StreamerError, one_line
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c, status_of
@@ -112,15 +112,13 @@ def generate(args: argparse.Namespace) -> int:
         variables, context = args.chat_template_config, model.streamer.context_length
         try:
             text = templated(tokenizer, text, args.system_prompt, variables, context)
-        except (
-            StreamerError
-        ):  # a template past its bounds (server/template_bounds.py), said as it is
+        except StreamerError:  # past its bounds (server/template_bounds.py): said as it is
             raise
         except Exception as e:  # jinja2's errors, or whatever the template raises
             raise StreamerError(
-                f"{args.model}: the model's chat template fails ({type(e).__name__}: {e}); fix "
-                "chat_template in tokenizer_config.json (or chat_template.jinja), or pass "
-                "--ignore-chat-template."
+                f"{args.model}: the model's chat template fails ({type(e).__name__}: "
+                f"{one_line(e)}); fix chat_template in tokenizer_config.json (or "
+                "chat_template.jinja), or pass --ignore-chat-template."
             ) from e
     if group is not None:  # every rank must compute the same tokens (its tokenizer's own too)
         computed = {

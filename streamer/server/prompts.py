@@ -10,6 +10,7 @@ from mlx_lm.server import convert_chat, process_message_content
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..arguments import tokens_text, vocabulary
+from ..errors import one_line
 from .api import Completion
 from .fields import ApiError, check_ids_below
 from .template_bounds import MAX_BYTES_PER_TOKEN, TemplateBoundPassed, render
@@ -93,8 +94,10 @@ def _render(
     except TemplateBoundPassed as e:
         raise ApiError(400, str(e), param="messages") from None
     except Exception as e:  # jinja raises its own errors for messages a template refuses
-        raise ApiError(
-            400, f"the model's chat template refused these messages: {e}", param="messages"
+        raise ApiError(  # one line: a template's raise_exception may say anything, at any length
+            400,
+            f"the model's chat template refused these messages: {one_line(e)}",
+            param="messages",
         ) from None
 
 
