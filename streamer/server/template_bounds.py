@@ -22,6 +22,7 @@ from pathlib import Path
 
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import generate_lorem_ipsum
 from jinja2.visitor import NodeTransformer
 from transformers.utils import chat_template_utils
 
@@ -160,6 +161,15 @@ def _widths_checked(pad: Callable) -> Callable:
     return checked
 
 
+@functools.wraps(generate_lorem_ipsum)
+def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
+    """jinja's lipsum, refused where its `n` paragraphs of up to `max` words may pass the size
+    (lipsum(10 ** 8) ran for hours: made in Python, outside the template, out of any check)."""
+    if isinstance(n, int) and isinstance(max, int):
+        _rendering.bounds.check_size(n * max)
+    return generate_lorem_ipsum(n, html, min, max)
+
+
 def _sized(value):
     """A filter's or `~`'s result, its size checked (`[s, s]|join` doubles a text)."""
     if isinstance(value, str):
@@ -216,6 +226,7 @@ def _bounded(source: str):
     filters = environment.filters
     padding = {name: _widths_checked(filters[name]) for name in ("center", "indent")}
     environment.filters = {**filters, **padding, PACED: _paced, SIZED: _sized}
+    environment.globals = {**environment.globals, "lipsum": _lipsum}
     return environment.from_string(source)
 
 
