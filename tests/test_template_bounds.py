@@ -247,3 +247,17 @@ def test_what_a_template_raises_is_said_in_one_line(checkpoints, tmp_path, token
         "the model's chat template refused these messages: Roles must alternate. Roles"
     )
     assert "\n" not in refused.value.message and len(refused.value.message) < 400
+
+
+def test_chat_refuses_a_template_that_fails_its_first_turn(checkpoints, tmp_path):
+    """Every turn was refused, each saying to send a shorter message; generate said to fix the
+    template, as chat now does as it starts."""
+    folder = served(checkpoints, tmp_path, "{{ foo.bar }}")
+    for command in (["chat"], ["generate", "--prompt", "hi"]):
+        result = run(folder, *command)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines()[-1] == (
+            f"streamer: error: {folder}: the model's chat template fails (UndefinedError: 'foo' "
+            "is undefined); fix chat_template in tokenizer_config.json (or chat_template.jinja), "
+            "or pass --ignore-chat-template."
+        ), result.stderr

@@ -75,11 +75,28 @@ def check_template_variables(tokenizer, variables: dict | None, option: str) -> 
     )
 
 
-def check_template(tokenizer, context: int | None) -> None:
+def check_template_bounds(tokenizer, context: int | None) -> None:
     """Refuse a chat template that passes its bounds (server/template_bounds.py) rendering one short
-    message, as one that loops without end: chat took RENDER_SECONDS over every turn before
-    refusing it, serve over every request (its tokenizer held meanwhile)."""
+    message, as one that loops without end: serve took RENDER_SECONDS over every request before
+    refusing it (its tokenizer held meanwhile)."""
     _fails(tokenizer, context=context)
+
+
+def check_template(tokenizer, context: int | None, model: str) -> None:
+    """Refuse a chat template that fails rendering one short message (chat's first turn): past
+    its bounds (chat took RENDER_SECONDS over every turn before refusing it) or raising (every
+    turn was refused, with "send a shorter message")."""
+    if error := _fails(tokenizer, context=context):
+        raise template_fails(model, error)
+
+
+def template_fails(model: str, error: Exception) -> StreamerError:
+    """generate's and chat's refusal of a template that raises (jinja2's errors, or its own)."""
+    return StreamerError(
+        f"{model}: the model's chat template fails ({type(error).__name__}: {one_line(error)}); "
+        "fix chat_template in tokenizer_config.json (or chat_template.jinja), or pass "
+        "--ignore-chat-template."
+    )
 
 
 def _fails(

@@ -79,7 +79,7 @@ def chat(args: argparse.Namespace) -> None:
     )
 
     if tokenizer.has_chat_template and not args.ignore_chat_template:
-        check_template(tokenizer, context)
+        check_template(tokenizer, context, args.model)
         check_system_message(tokenizer, args.system_prompt)
         check_template_variables(tokenizer, args.chat_template_config, "--chat-template-config")
     check_template_flags(args, ("--chat-template-config",), tokenizer.has_chat_template)

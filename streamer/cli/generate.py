@@ -7,7 +7,7 @@ import sys
 
 from .. import __version__
 from ..arguments import check_token_ids, vocabulary
-from ..errors import StreamerError, one_line
+from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c, status_of
@@ -105,7 +105,7 @@ def generate(args: argparse.Namespace) -> int:
         )
     check_template_flags(args, TEMPLATE_FLAGS, tokenizer.has_chat_template)
     if tokenizer.has_chat_template and not args.ignore_chat_template:
-        from .chat import check_system_message, check_template_variables, templated
+        from .chat import check_system_message, check_template_variables, template_fails, templated
 
         check_system_message(tokenizer, args.system_prompt)
         check_template_variables(tokenizer, args.chat_template_config, "--chat-template-config")
@@ -115,11 +115,7 @@ def generate(args: argparse.Namespace) -> int:
         except StreamerError:  # past its bounds (server/template_bounds.py): said as it is
             raise
         except Exception as e:  # jinja2's errors, or whatever the template raises
-            raise StreamerError(
-                f"{args.model}: the model's chat template fails ({type(e).__name__}: "
-                f"{one_line(e)}); fix chat_template in tokenizer_config.json (or "
-                "chat_template.jinja), or pass --ignore-chat-template."
-            ) from e
+            raise template_fails(args.model, e) from e
     if group is not None:  # every rank must compute the same tokens (its tokenizer's own too)
         computed = {
             "the templated prompt": text,
