@@ -261,3 +261,17 @@ def test_chat_refuses_a_template_that_fails_its_first_turn(checkpoints, tmp_path
             "is undefined); fix chat_template in tokenizer_config.json (or chat_template.jinja), "
             "or pass --ignore-chat-template."
         ), result.stderr
+
+
+def test_a_template_that_renders_nothing_is_refused(checkpoints, tmp_path):
+    """An empty chat_template: generate said "the prompt is empty" of the prompt given, chat
+    refused every turn ("the messages render to an empty prompt: send a shorter message")."""
+    folder = served(checkpoints, tmp_path, "")
+    for command, what in ((["chat"], "a message"), (["generate", "--prompt", "hi"], "the prompt")):
+        result = run(folder, *command)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines()[-1] == (
+            f"streamer: error: {folder}: the model's chat template fails (it renders {what} as "
+            "nothing); fix chat_template in tokenizer_config.json (or chat_template.jinja), or "
+            "pass --ignore-chat-template."
+        ), result.stderr

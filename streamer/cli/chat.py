@@ -84,18 +84,22 @@ def check_template_bounds(tokenizer, context: int | None) -> None:
 
 def check_template(tokenizer, context: int | None, model: str) -> None:
     """Refuse a chat template that fails rendering one short message (chat's first turn): past
-    its bounds (chat took RENDER_SECONDS over every turn before refusing it) or raising (every
-    turn was refused, with "send a shorter message")."""
+    its bounds (chat took RENDER_SECONDS over every turn before refusing it), raising or making
+    nothing of it (every turn was refused, with "send a shorter message")."""
     if error := _fails(tokenizer, context=context):
         raise template_fails(model, error)
+    if not templated(tokenizer, "hi", context=context):
+        raise template_fails(model, "it renders a message as nothing")
 
 
-def template_fails(model: str, error: Exception) -> StreamerError:
-    """generate's and chat's refusal of a template that raises (jinja2's errors, or its own)."""
+def template_fails(model: str, why: Exception | str) -> StreamerError:
+    """generate's and chat's refusal of a template that fails: what it raises (jinja2's errors,
+    or its own), or `why` in words."""
+    if isinstance(why, Exception):
+        why = f"{type(why).__name__}: {one_line(why)}"
     return StreamerError(
-        f"{model}: the model's chat template fails ({type(error).__name__}: {one_line(error)}); "
-        "fix chat_template in tokenizer_config.json (or chat_template.jinja), or pass "
-        "--ignore-chat-template."
+        f"{model}: the model's chat template fails ({why}); fix chat_template in "
+        "tokenizer_config.json (or chat_template.jinja), or pass --ignore-chat-template."
     )
 
 

@@ -116,6 +116,8 @@ def generate(args: argparse.Namespace) -> int:
             raise
         except Exception as e:  # jinja2's errors, or whatever the template raises
             raise template_fails(args.model, e) from e
+        if not text:  # refused as "the prompt is empty", which it was not
+            raise template_fails(args.model, "it renders the prompt as nothing")
     if group is not None:  # every rank must compute the same tokens (its tokenizer's own too)
         computed = {
             "the templated prompt": text,
