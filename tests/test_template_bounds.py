@@ -137,6 +137,18 @@ def test_a_template_computing_a_huge_integer_is_refused(tokenizer, template, tex
         render(tokenizer, CONTEXT, HI, add_generation_prompt=True, tokenize=False)
 
 
+def test_a_template_too_long_to_compile_in_time_is_refused(tokenizer, template):
+    """Compiling is out of the deadline's reach: 2 MB of template took 25 s, 20 MB minutes."""
+    text = "{#" + "x" * (1 << 20) + "#}{{ messages[0].content }}"
+    template(text)
+    with pytest.raises(TemplateBoundPassed) as refused:
+        render(tokenizer, CONTEXT, HI, add_generation_prompt=True, tokenize=False)
+    assert str(refused.value) == (
+        f"the model's chat template (chat_template in tokenizer_config.json) is {len(text):,} "
+        "characters long, over the 1,048,576 a template may have: fix the template."
+    )
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -36,6 +36,8 @@ RENDER_SECONDS = 10.0  # a long conversation renders in milliseconds
 MAX_BYTES_PER_TOKEN = 32
 UNKNOWN_CONTEXT = 1 << 20  # tokens taken as the context of a model whose config.json gives none
 MAX_INTEGER_BITS = 1 << 16  # a template prints none over 4300 digits (Python's own limit)
+# Published templates are tens of KB; compiling is out of the deadline's reach (2 MB took 25 s)
+MAX_TEMPLATE_CHARACTERS = 1 << 20
 
 
 class TemplateBoundPassed(StreamerError):
@@ -65,6 +67,13 @@ class Bounds:
                 f"the model's chat template ({self.template}) makes a text of over {self.most:,} "
                 f"characters, more than the model's context ({context}) holds at "
                 f"{MAX_BYTES_PER_TOKEN} bytes a token: shorten the messages, or fix the template."
+            )
+
+    def check_source(self, characters: int) -> None:
+        if characters > MAX_TEMPLATE_CHARACTERS:
+            raise TemplateBoundPassed(
+                f"the model's chat template ({self.template}) is {characters:,} characters long, "
+                f"over the {MAX_TEMPLATE_CHARACTERS:,} a template may have: fix the template."
             )
 
     def check_integer(self, bits: int) -> None:
@@ -232,8 +241,10 @@ def _bounded(source: str):
 
 def _compile(source: str):
     """transformers' compiled template, or in a thread rendering within bounds the bounded one."""
-    if getattr(_rendering, "bounds", None) is None:
+    bounds = getattr(_rendering, "bounds", None)
+    if bounds is None:
         return _transformers_compile(source)
+    bounds.check_source(len(source))
     return _bounded(source)
 
 
