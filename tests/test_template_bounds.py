@@ -21,7 +21,8 @@ from streamer.server import template_bounds
 from streamer.server.api import Completion, Sampling
 from streamer.server.fields import ApiError
 from streamer.server.prompts import prompt_tokens
-from streamer.server.template_bounds import TemplateBoundPassed, render
+from streamer.server.template_bounds import render
+from streamer.server.template_checks import TemplateBoundPassed
 
 CONTEXT = 1024  # the prompt may have 32 KiB of text
 HI = [{"role": "user", "content": "hi"}]

@@ -17,7 +17,8 @@ from ..server.engine import Engine
 from ..server.fields import ApiError
 from ..server.jobs import Done, Job, Step, fit
 from ..server.prompts import prompt_tokens
-from ..server.template_bounds import TemplateBoundPassed, render
+from ..server.template_bounds import render
+from ..server.template_checks import TemplateBoundPassed
 from .interrupts import Terminated, end_interrupted
 from .output import OutputFailed, emit
 from .repl import HELP, Reader, command, not_text

@@ -13,7 +13,8 @@ from ..arguments import tokens_text, vocabulary
 from ..errors import one_line
 from .api import Completion
 from .fields import ApiError, check_ids_below
-from .template_bounds import MAX_BYTES_PER_TOKEN, TemplateBoundPassed, render
+from .template_bounds import render
+from .template_checks import MAX_BYTES_PER_TOKEN, TemplateBoundPassed
 
 
 def prompt_size(request: Completion, context: int | None) -> int:
