@@ -47,6 +47,7 @@ RICH = (
     "{%- for c in m.tool_calls or [] %}<tool_call>{{ c.function.name + ':' }}"
     "{{ c.function.arguments | tojson(sort_keys=true) }}</tool_call>{% endfor %}"
     "{{ '\n' }}{%- endfor -%}{{ '<|assistant|>' if add_generation_prompt }}{{ 2 ** 10 }}"
+    "{{ '%-6s|%3d%%'|format('end', 7) ~ ('%(n)s' % {'n': 1}) ~ '{:>4}{}'.format('x', 17e8|int) }}"
 )
 CONVERSATION = [
     {"role": "system", "content": "  Be brief. "},
@@ -119,6 +120,12 @@ def test_a_normal_template_renders_as_transformers_renders_it(tokenizer, templat
         pytest.param("{{ 'x'.zfill(width=10 ** 13)|length }}", id="zfill-method"),
         pytest.param("{{ 'x'|center(10 ** 13)|length }}", id="center-filter"),
         pytest.param("{{ 'x'|indent(10 ** 13, true)|length }}", id="indent-filter"),
+        pytest.param("{{ ('%0*d' % (10 ** 13, 1))|length }}", id="printf-star"),
+        pytest.param("{{ ('%.10000000000000f' % 1)|length }}", id="printf-precision"),
+        pytest.param("{{ '%010000000000000d'|format(1)|length }}", id="format-filter"),
+        pytest.param("{{ '{:>10000000000000}'.format(1)|length }}", id="str-format"),
+        pytest.param("{{ '{:>{}}'.format(1, 10 ** 13)|length }}", id="str-format-nested"),
+        pytest.param("{{ '{:>{w}}'.format_map({'w': 10 ** 13})|length }}", id="format-map"),
         # made in Python, out of any check: it ran for hours (refused before it starts)
         pytest.param("{{ lipsum(10 ** 8) }}", id="lipsum"),
     ],

@@ -25,13 +25,13 @@ from transformers.utils import chat_template_utils
 
 from .template_checks import (
     MAX_BYTES_PER_TOKEN,
-    PADDING,
     UNKNOWN_CONTEXT,
     Bounds,
     check_binop,
-    check_widths,
+    check_call,
     lipsum,
     paced,
+    printf_checked,
     rendering,
     sized,
     widths_checked,
@@ -67,15 +67,14 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     """transformers' sandbox with the render's bounds: made from its environment (overlay), so
     its filters, globals and whitespace options are those transformers renders with."""
 
-    intercepted_binops = frozenset(("+", "*", "**"))  # the operators whose result can explode
+    intercepted_binops = frozenset(("+", "*", "**", "%"))  # those whose result can explode
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
         return _Checked().visit(super()._parse(source, name, filename))
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature)
         rendering.bounds.check_time()  # a macro's or a method's: recursion that fans out
-        if isinstance(getattr(__obj, "__self__", None), str) and __obj.__name__ in PADDING:
-            check_widths(args, kwargs)
+        check_call(__obj, args, kwargs)
         return sized(super().call(__context, __obj, *args, **kwargs))  # s.replace: doubles s
 
     def call_binop(self, context, operator: str, left, right):
@@ -128,6 +127,7 @@ def _bounded(source: str):
     environment.optimized = False
     filters = environment.filters
     padding = {name: widths_checked(filters[name]) for name in ("center", "indent")}
+    padding["format"] = printf_checked(filters["format"])
     environment.filters = {**filters, **padding, PACED: paced, SIZED: sized}
     environment.globals = {**environment.globals, "lipsum": lipsum}
     return environment.from_string(source)

@@ -7,6 +7,7 @@ size is known before (a repetition, a padding's width), after where not (a filte
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -75,6 +76,10 @@ class Bounds:
 
 rendering = threading.local()  # .bounds: this thread's render's, None between renders
 PADDING = ("center", "ljust", "rjust", "zfill", "expandtabs")  # str's methods a width makes long
+# A %-format's conversions, with the width and precision each gives (digits, or * for a value's)
+PRINTF = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
+# A str.format field's spec (after its colon), nested fields and all
+FORMAT_SPEC = re.compile(r"\{[^{}:]*:((?:[^{}]|\{[^{}]*\})*)\}")
 
 
 def paced(items: Iterable) -> Iterator:
@@ -92,13 +97,60 @@ def check_widths(args: tuple, kwargs: dict) -> None:
             rendering.bounds.check_size(width)
 
 
+def check_call(function: Callable, args: tuple, kwargs: dict) -> None:
+    """A str method's widths checked before its text is made: a padding's, a format's."""
+    method = getattr(function, "__wrapped__", function)  # jinja's sandbox wraps str.format
+    text = getattr(method, "__self__", None)
+    if isinstance(text, str) and method.__name__ in PADDING:
+        check_widths(args, kwargs)
+    elif isinstance(text, str) and method.__name__ in ("format", "format_map"):
+        check_format(text, args, kwargs)
+
+
+def check_printf(text: str, values) -> None:
+    """A %-format's widths and precisions checked before the text is made (`'%0*d' % (10**13, 1)`,
+    `'%.9999999999f' % 1`)."""
+    for conversion in PRINTF.finditer(text):
+        for number in conversion.groups():
+            if number == "*":  # taken from the values
+                check_widths(values if isinstance(values, tuple) else (values,), {})
+            elif number:
+                _check_number(number)
+
+
+def check_format(text: str, args: tuple, kwargs: dict) -> None:
+    """str.format's widths and precisions checked before the text is made (`'{:>9999999999}'`)."""
+    for spec in FORMAT_SPEC.findall(text):
+        for number in re.findall(r"\d+", spec):
+            _check_number(number)
+        if "{" in spec:  # a nested field: a width taken from the values (format_map's too)
+            mapped = {k: v for a in args if isinstance(a, dict) for k, v in a.items()}
+            check_widths(args, {**kwargs, **mapped})
+
+
+def _check_number(digits: str) -> None:
+    # 18 digits are over any bound already (and int() takes no more than 4300)
+    rendering.bounds.check_size(int(digits[:18]))
+
+
 def widths_checked(pad: Callable) -> Callable:
-    """A padding filter (center, indent) that checks its width first."""
+    """A padding filter (center, indent) that checks its widths first."""
 
     @functools.wraps(pad)
     def checked(value, *args, **kwargs):
         check_widths(args, kwargs)
         return pad(value, *args, **kwargs)
+
+    return checked
+
+
+def printf_checked(format_filter: Callable) -> Callable:
+    """The format filter (`'%5s'|format(x)`, a %-format) that checks its widths first."""
+
+    @functools.wraps(format_filter)
+    def checked(value, *args, **kwargs):
+        check_printf(str(value), args)
+        return format_filter(value, *args, **kwargs)
 
     return checked
 
@@ -134,3 +186,5 @@ def check_binop(bounds: Bounds, operator: str, left, right) -> None:
         bounds.check_integer(left.bit_length() + right.bit_length())
     elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
         bounds.check_integer(right * left.bit_length())
+    elif operator == "%" and isinstance(left, str):
+        check_printf(left, right)
