@@ -126,9 +126,12 @@ def _bounded(source: str):
     environment.__class__ = BoundedEnvironment
     environment.optimized = False
     filters = environment.filters
-    padding = {name: widths_checked(filters[name]) for name in ("center", "indent")}
-    padding["format"] = printf_checked(filters["format"])
-    environment.filters = {**filters, **padding, PACED: paced, SIZED: sized}
+    # the filters a number makes long: a padding's width, batch's and slice's counts
+    widths = {
+        name: widths_checked(filters[name]) for name in ("center", "indent", "batch", "slice")
+    }
+    widths["format"] = printf_checked(filters["format"])
+    environment.filters = {**filters, **widths, PACED: paced, SIZED: sized}
     environment.globals = {**environment.globals, "lipsum": lipsum}
     return environment.from_string(source)
 

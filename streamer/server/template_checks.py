@@ -91,7 +91,8 @@ def paced(items: Iterable) -> Iterator:
 
 
 def check_widths(args: tuple, kwargs: dict) -> None:
-    """A padding's width checked before the text is made (`s.center(10**11)` is 100 GB)."""
+    """A padding's width (or a count) checked before the text is made (`s.center(10**11)` is
+    100 GB; `[1]|batch(10**9, 0)` a list of 10**9)."""
     for width in (*args, *kwargs.values()):
         if isinstance(width, int):
             rendering.bounds.check_size(width)
@@ -134,7 +135,7 @@ def _check_number(digits: str) -> None:
 
 
 def widths_checked(pad: Callable) -> Callable:
-    """A padding filter (center, indent) that checks its widths first."""
+    """A filter a number makes long (center's width, batch's count) that checks it first."""
 
     @functools.wraps(pad)
     def checked(value, *args, **kwargs):
