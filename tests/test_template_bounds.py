@@ -120,6 +120,7 @@ def test_a_normal_template_renders_as_transformers_renders_it(tokenizer, templat
         pytest.param("{{ 'x'.zfill(width=10 ** 13)|length }}", id="zfill-method"),
         pytest.param("{{ 'x'|center(10 ** 13)|length }}", id="center-filter"),
         pytest.param("{{ 'x'|indent(10 ** 13, true)|length }}", id="indent-filter"),
+        pytest.param("{{ (['x' * 30000] * 3)|map('replace', 'x', 'xx')|list|length }}", id="map"),
         pytest.param("{{ [1]|batch(100000, 0)|list|length }}", id="batch"),
         pytest.param("{{ [1]|slice(100000)|list|length }}", id="slice"),
         pytest.param("{{ ('%0*d' % (10 ** 13, 1))|length }}", id="printf-star"),

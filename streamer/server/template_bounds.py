@@ -77,6 +77,11 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         check_call(__obj, args, kwargs)
         return sized(super().call(__context, __obj, *args, **kwargs))  # s.replace: doubles s
 
+    def call_filter(self, *args, **kwargs):
+        """A filter map applies to each item: checked as a filter in the template is."""
+        rendering.bounds.check_time()
+        return sized(super().call_filter(*args, **kwargs))
+
     def call_binop(self, context, operator: str, left, right):
         check_binop(rendering.bounds, operator, left, right)
         return super().call_binop(context, operator, left, right)
