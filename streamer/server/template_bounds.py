@@ -87,7 +87,8 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
     def concat(self, pieces: Iterable[str]) -> str:
-        """The output joined (Template.render's), counted as it comes."""
+        """Text joined (the output, a macro's, a set block's: the compiled code's `concat`),
+        counted as it comes."""
         bounds, kept, size = rendering.bounds, [], 0
         for piece in pieces:
             size += len(piece)
@@ -125,10 +126,10 @@ def _filtered(node: nodes.Expr, name: str) -> nodes.Filter:
 @functools.lru_cache(maxsize=8)
 def _bounded(source: str):
     """`source` compiled by BoundedEnvironment, without constant folding (which computes
-    `{{ 9 ** 9 ** 9 }}` as the template compiles, out of any bound)."""
+    `{{ 10 ** (10 ** 10) }}` as the template compiles, out of any bound)."""
     # an empty template gives transformers' environment; the hostile one never compiles there
     environment = _transformers_compile("").environment.overlay()
-    environment.__class__ = BoundedEnvironment
+    environment.__class__ = BoundedEnvironment  # an overlay is of its base's class
     environment.optimized = False
     filters = environment.filters
     # the filters a number makes long: a padding's width, batch's and slice's counts
