@@ -17,6 +17,8 @@ from ..server.engine import Engine
 from ..server.fields import ApiError
 from ..server.jobs import Done, Job, Step, fit
 from ..server.prompts import prompt_tokens
+from ..server.template_bounds import render
+from ..server.template_checks import TemplateBoundPassed
 from .interrupts import Terminated, end_interrupted
 from .output import OutputFailed, emit
 from .repl import HELP, Reader, command, not_text
@@ -25,14 +27,24 @@ STOPS_WITHIN = 10  # seconds a stopped answer's engine thread is waited for, the
 
 
 def templated(
-    tokenizer, prompt: str, system_prompt: str | None = None, variables: dict | None = None
+    tokenizer,
+    prompt: str,
+    system_prompt: str | None = None,
+    variables: dict | None = None,
+    context: int | None = None,
 ) -> str:
     """`prompt` as the user's message in the chat template (with a system message first), the
-    template given its `variables` (--chat-template-config)."""
+    template given its `variables` (--chat-template-config) and bounded by the model's `context`
+    (server/template_bounds.py)."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": prompt})
-    return tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=False, **(variables or {})
+    return render(
+        tokenizer,
+        context,
+        messages,
+        add_generation_prompt=True,
+        tokenize=False,
+        **(variables or {}),
     )
 
 
@@ -64,11 +76,47 @@ def check_template_variables(tokenizer, variables: dict | None, option: str) -> 
     )
 
 
-def _fails(tokenizer, system_prompt: str | None = None, variables: dict | None = None):
+def check_template_bounds(tokenizer, context: int | None) -> None:
+    """Refuse a chat template that passes its bounds (server/template_bounds.py) rendering one short
+    message, as one that loops without end: serve took RENDER_SECONDS over every request before
+    refusing it (its tokenizer held meanwhile)."""
+    _fails(tokenizer, context=context)
+
+
+def check_template(tokenizer, context: int | None, model: str) -> None:
+    """Refuse a chat template that fails rendering one short message (chat's first turn): past
+    its bounds (chat took RENDER_SECONDS over every turn before refusing it), raising or making
+    nothing of it (every turn was refused, with "send a shorter message")."""
+    if error := _fails(tokenizer, context=context):
+        raise template_fails(model, error)
+    if not templated(tokenizer, "hi", context=context):
+        raise template_fails(model, "it renders a message as nothing")
+
+
+def template_fails(model: str, why: Exception | str) -> StreamerError:
+    """generate's and chat's refusal of a template that fails: what it raises (jinja2's errors,
+    or its own), or `why` in words."""
+    if isinstance(why, Exception):
+        why = f"{type(why).__name__}: {one_line(why)}"
+    return StreamerError(
+        f"{model}: the model's chat template fails ({why}); fix chat_template in "
+        "tokenizer_config.json (or chat_template.jinja), or pass --ignore-chat-template."
+    )
+
+
+def _fails(
+    tokenizer,
+    system_prompt: str | None = None,
+    variables: dict | None = None,
+    context: int | None = None,
+):
     """The exception the chat template raises for a message (after `system_prompt`, given
-    `variables`), or None."""
+    `variables`), or None; TemplateBoundPassed raised, as the template's fault whatever the
+    message."""
     try:
-        templated(tokenizer, "hi", system_prompt, variables)
+        templated(tokenizer, "hi", system_prompt, variables, context)
+    except TemplateBoundPassed:
+        raise
     except Exception as e:  # jinja2's errors, or whatever the template raises
         return e
     return None
@@ -153,7 +201,7 @@ def _turn(
     request = conversation.request("chat", sampling)
     try:
         with engine.tokenizer_lock:
-            prompt = prompt_tokens(request, engine.tokenizer)
+            prompt = prompt_tokens(request, engine.tokenizer, context)
         job = Job(request, prompt, fit(len(prompt), None, max_tokens, context))
     except ApiError as e:
         conversation.messages.pop()

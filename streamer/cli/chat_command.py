@@ -71,9 +71,15 @@ def chat(args: argparse.Namespace) -> None:
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
     loading = load_options(args, group)
     model, tokenizer, context = open_model(model_folder(args, group), loading)
-    from .chat import chat, check_system_message, check_template_variables  # after a refusal
+    from .chat import (  # after a refusal
+        chat,
+        check_system_message,
+        check_template,
+        check_template_variables,
+    )
 
     if tokenizer.has_chat_template and not args.ignore_chat_template:
+        check_template(tokenizer, context, args.model)
         check_system_message(tokenizer, args.system_prompt)
         check_template_variables(tokenizer, args.chat_template_config, "--chat-template-config")
     check_template_flags(args, ("--chat-template-config",), tokenizer.has_chat_template)

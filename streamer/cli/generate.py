@@ -105,18 +105,19 @@ def generate(args: argparse.Namespace) -> int:
         )
     check_template_flags(args, TEMPLATE_FLAGS, tokenizer.has_chat_template)
     if tokenizer.has_chat_template and not args.ignore_chat_template:
-        from .chat import check_system_message, check_template_variables, templated
+        from .chat import check_system_message, check_template_variables, template_fails, templated
 
         check_system_message(tokenizer, args.system_prompt)
         check_template_variables(tokenizer, args.chat_template_config, "--chat-template-config")
+        variables, context = args.chat_template_config, model.streamer.context_length
         try:
-            text = templated(tokenizer, text, args.system_prompt, args.chat_template_config)
+            text = templated(tokenizer, text, args.system_prompt, variables, context)
+        except StreamerError:  # past its bounds (server/template_bounds.py): said as it is
+            raise
         except Exception as e:  # jinja2's errors, or whatever the template raises
-            raise StreamerError(
-                f"{args.model}: the model's chat template fails ({type(e).__name__}: {e}); fix "
-                "chat_template in tokenizer_config.json (or chat_template.jinja), or pass "
-                "--ignore-chat-template."
-            ) from e
+            raise template_fails(args.model, e) from e
+        if not text:  # refused as "the prompt is empty", which it was not
+            raise template_fails(args.model, "it renders the prompt as nothing")
     if group is not None:  # every rank must compute the same tokens (its tokenizer's own too)
         computed = {
             "the templated prompt": text,

@@ -136,8 +136,9 @@ def serve(args: argparse.Namespace) -> None:
     folder = model_folder(args, group)
     model, tokenizer, context = open_model(folder, loading)
     if tokenizer.has_chat_template:
-        from .chat import check_template_variables
+        from .chat import check_template_bounds, check_template_variables
 
+        check_template_bounds(tokenizer, context)
         check_template_variables(tokenizer, variables, "--chat-template-args")
     check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))

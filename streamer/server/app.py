@@ -56,7 +56,7 @@ class App:
         with lock:  # the vocabulary is counted once per tokenizer, under its lock
             if request.sampling.logit_bias:
                 check_logit_bias(request.sampling.logit_bias, vocabulary(tokenizer))
-            prompt = prompt_tokens(request, tokenizer)
+            prompt = prompt_tokens(request, tokenizer, self.context)
         fields = (request.prompt_field, request.max_tokens_field)
         asked = request.max_tokens
         budget = fit(len(prompt), asked, self.max_tokens, self.context, fields)

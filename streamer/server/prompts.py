@@ -10,13 +10,11 @@ from mlx_lm.server import convert_chat, process_message_content
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..arguments import tokens_text, vocabulary
+from ..errors import one_line
 from .api import Completion
 from .fields import ApiError, check_ids_below
-
-# More bytes of text a token than any prompt averages (English takes about 4, code 3 to 4, Chinese
-# about 3): a prompt over its context's worth of them is refused before it is tokenized. The
-# tokenizer is shared (one lock): a 30 MB prompt held every other request's tokenization 30 s.
-MAX_BYTES_PER_TOKEN = 32
+from .template_bounds import render
+from .template_checks import MAX_BYTES_PER_TOKEN, TemplateBoundPassed
 
 
 def prompt_size(request: Completion, context: int | None) -> int:
@@ -42,7 +40,11 @@ def prompt_size(request: Completion, context: int | None) -> int:
     return size
 
 
-def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]:
+def prompt_tokens(
+    request: Completion, tokenizer: TokenizerWrapper, context: int | None = None
+) -> list[int]:
+    """The prompt's token ids; `context`: the model's, which bounds the rendered template's text
+    (template_bounds.py)."""
     if not request.chat:
         if request.text is None:
             check_ids_below(request.prompt, "prompt", vocabulary(tokenizer))
@@ -57,37 +59,46 @@ def prompt_tokens(request: Completion, tokenizer: TokenizerWrapper) -> list[int]
         if request.tools:
             raise _tools_left_out()
         return tokenizer.encode(convert_chat(messages))
-    tokens = _render(tokenizer, messages, request.tools, request.template_kwargs)
+    variables = request.template_kwargs
+    tokens = _render(tokenizer, context, messages, request.tools, variables)
     if not tokens:
         raise ApiError(400, "the messages render to an empty prompt", param="messages")
-    if request.tools and not _renders_tools(tokenizer, request):
-        if tokens == _render(tokenizer, messages, None, request.template_kwargs):
+    if request.tools and not _renders_tools(tokenizer, context, request):
+        if tokens == _render(tokenizer, context, messages, None, variables):
             raise _tools_left_out()
     return list(tokens)
 
 
-def _renders_tools(tokenizer: TokenizerWrapper, request: Completion) -> bool:
+def _renders_tools(tokenizer: TokenizerWrapper, context: int | None, request: Completion) -> bool:
     """Whether the template renders the request's tools for one short user message: where it
     does, the conversation is not rendered a second time without them to find out (a long
     chat's prompt was tokenized twice); False where it renders none, or refuses that message."""
     probe, variables = [{"role": "user", "content": "hi"}], request.template_kwargs
     try:
-        with_tools = _render(tokenizer, probe, request.tools, variables)
-        return with_tools != _render(tokenizer, probe, None, variables)
+        with_tools = _render(tokenizer, context, probe, request.tools, variables)
+        return with_tools != _render(tokenizer, context, probe, None, variables)
     except ApiError:
         return False
 
 
 def _render(
-    tokenizer: TokenizerWrapper, messages: list[dict], tools: list | None, variables: dict
+    tokenizer: TokenizerWrapper,
+    context: int | None,
+    messages: list[dict],
+    tools: list | None,
+    variables: dict,
 ) -> list[int]:
     try:
-        return tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, **variables
+        return render(
+            tokenizer, context, messages, tools=tools, add_generation_prompt=True, **variables
         )
+    except TemplateBoundPassed as e:
+        raise ApiError(400, str(e), param="messages") from None
     except Exception as e:  # jinja raises its own errors for messages a template refuses
-        raise ApiError(
-            400, f"the model's chat template refused these messages: {e}", param="messages"
+        raise ApiError(  # one line: a template's raise_exception may say anything, at any length
+            400,
+            f"the model's chat template refused these messages: {one_line(e)}",
+            param="messages",
         ) from None
 
 
