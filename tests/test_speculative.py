@@ -249,3 +249,21 @@ def test_a_draft_whose_tokenizer_has_the_same_size_but_other_ids_is_refused(
     with pytest.raises(streamer.StreamerError, match=f"has token {b!r} as id {vocab[b]}, which"):
         load_draft_model(draft, tokenizer)
     load_draft_model(checkpoints.mlx("qwen3_moe"), tokenizer)  # its own tokenizer: accepted
+
+
+def test_the_draft_model_prefills_in_the_targets_steps(target, random_draft, monkeypatch):
+    """prefill_step_size bounds the draft model's prompt chunks too, as mlx-lm's drafting reads
+    one step for both: the draft prefilled 512 tokens at a time whatever was asked."""
+    from streamer.speculative import drafters
+
+    steps = []
+
+    def recorded(model, cache, tokens, step, *rest):
+        steps.append(step)
+        return prefill(model, cache, tokens, step, *rest)
+
+    prefill = drafters.prefill
+    monkeypatch.setattr(drafters, "prefill", recorded)
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    tokens(model, tokenizer, 4, draft_model=random_draft, prefill_step_size=3)
+    assert steps == [3]

@@ -49,21 +49,16 @@ class DraftModel:
     random draws, in the same order, as mlx_lm's speculative_generate_step), and its KV cache is
     trimmed back to the accepted tokens after each pass."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        sampler: Callable,
-        prefill_step_size: int = 512,
-        vocabulary: int | None = None,
-    ):
-        self.model, self.sampler, self.prefill_step_size = model, sampler, prefill_step_size
+    def __init__(self, model: nn.Module, sampler: Callable, vocabulary: int | None = None):
+        self.model, self.sampler = model, sampler
         self.vocabulary = vocabulary  # the target's tokens: ids past them are not drafts
         self.cache = make_prompt_cache(model)
         self.pending: list[int] = []  # tokens the draft model has not computed yet
 
-    def start(self, tokens: list[int]) -> None:
-        """Compute all but the last of `tokens` (the sequence so far) into the draft's cache."""
-        done = prefill(self.model, self.cache, tokens, self.prefill_step_size)
+    def start(self, tokens: list[int], step: int) -> None:
+        """Compute all but the last of `tokens` (the sequence so far) into the draft's cache,
+        `step` at a time: the target's prefill_step_size, as mlx-lm's drafting reads it."""
+        done = prefill(self.model, self.cache, tokens, step)
         self.pending = tokens[done:]
 
     def draft(self, n: int) -> list[int]:
@@ -105,7 +100,8 @@ class PromptLookup:
         self.ngram = ngram
         self.tokens: list[int] = []
 
-    def start(self, tokens: list[int]) -> None:
+    def start(self, tokens: list[int], step: int) -> None:
+        """`step`: the target's prefill step, which a lookup has nothing to compute with."""
         self.tokens = list(tokens)
 
     def draft(self, n: int) -> list[int]:

@@ -67,7 +67,7 @@ def speculative_generate_step(
     progress = prompt_progress_callback or (lambda *_: None)
     y = prompt[prefill(model, cache, prompt, prefill_step_size, quantize, progress)]
     seen = prompt[:-1]  # before the pass's first input: what processors see, as in generate_step
-    drafter.start([*(prompt_cache_tokens or []), *prompt])
+    drafter.start([*(prompt_cache_tokens or []), *prompt], prefill_step_size)
     emitted = unfed = 0  # unfed: inputs of the pass under way past the tokens yielded but one
     in_step = _lockstep(handle)
     # with kv_bits no pass crosses quantized_kv_start: plain decoding computes each position
