@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 import weakref
 from collections.abc import Callable
 
@@ -20,8 +19,6 @@ MAX_SEED = (1 << 64) - 1  # mx.random.seed takes an unsigned 64-bit integer
 # The smallest temperature above 0 (greedy): mlx-lm scales the logits by 1 / temp in float32,
 # and far below this (1e-300) every logit overflows to inf and the tokens come out at random
 MIN_TEMPERATURE = 1e-5
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Compute dtypes a model can be loaded in, by the names users write.
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # mlx-lm's quantized KV cache (QuantizedKVCache): the bits and groups mx.quantize takes
@@ -30,27 +27,6 @@ KV_GROUP_SIZES = (32, 64, 128)
 # mlx-lm's rotating KV cache (max_kv_size) always keeps the first 4 tokens: one no larger failed
 # (MLX's broadcast_shapes error) once a prompt took more than one prefill step
 MIN_KV_SIZE = 5
-
-
-def parse_size(value: object, name: str) -> int:
-    """Bytes from an integer or a size written as 8G, 8GB, 8GiB, 8 GB or 512M (binary units)."""
-    if not _integer(value) and not isinstance(value, str):  # numpy's integers are taken
-        raise ArgumentError(
-            f"{name} must be a number of bytes or a size such as '8G' (got {value!r})."
-        )
-    if _integer(value):
-        number = int(value)
-    else:
-        match = _SIZE.match(value)
-        number = float(match.group(1)) * _UNITS[match.group(2).lower()] if match else math.nan
-        if match and match.group(3).lower() == "i":  # "8Gi" without the B
-            number = math.nan
-        if match and not match.group(2) and number != int(number):  # "0.5": 0 bytes, silently
-            whole = "so it counts bytes, which are whole"
-            raise ArgumentError(f"{name} {value!r} has no unit, {whole}: write {value.strip()}G.")
-    if not math.isfinite(number) or number < 0:
-        raise ArgumentError(f"{name} {value!r} is not a size such as 8G, 8GB, 8 GiB or 512M.")
-    return int(number)
 
 
 def check_request(

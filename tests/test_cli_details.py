@@ -303,7 +303,7 @@ def test_a_size_without_a_unit_is_not_taken_as_bytes(command, option, typed, cap
     the minimum", with no word of the unit."""
     assert main([*command, option, typed]) == 2
     line = capsys.readouterr().err.strip()
-    assert f"{option}: {typed} counts bytes" in line and f"write {typed}G" in line, line
+    assert f"{option}: '{typed}' has no unit, so it counts bytes: write {typed}G" in line, line
 
 
 def test_a_size_of_0_without_a_unit_is_taken():

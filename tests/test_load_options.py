@@ -17,6 +17,9 @@ from streamer.loading.options import LoadOptions, load_options
 
 BAD = [
     ({"memory_budget": "lots"}, "memory_budget 'lots' is not a size"),
+    # as the CLI's --memory-budget 16: 16 GiB meant, 16 bytes taken (the model loaded, no experts)
+    ({"memory_budget": "16"}, "memory_budget '16' has no unit, so it counts bytes: write 16G"),
+    ({"memory_budget": "1e999"}, "memory_budget '1e999' is not a size"),  # was OverflowError
     ({"dtype": "float64"}, "dtype must be one of"),
     ({"verify_reads": "yes"}, "verify_reads must be True or False"),
     ({"bypass_page_cache": 1}, "bypass_page_cache must be True or False"),

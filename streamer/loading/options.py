@@ -9,9 +9,10 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..arguments import DTYPE_NAMES, parse_size
+from ..arguments import DTYPE_NAMES
 from ..cache.landing import CUDA_MISSES, CUDA_MISSES_DEFAULT
 from ..errors import ArgumentError
+from ..io.sizes import parse_size
 from .backend import default_dtype, read_path_for_backend, threads_for_backend
 from .hub import is_repo_id
 
