@@ -27,6 +27,9 @@ KV_GROUP_SIZES = (32, 64, 128)
 # mlx-lm's rotating KV cache (max_kv_size) always keeps the first 4 tokens: one no larger failed
 # (MLX's broadcast_shapes error) once a prompt took more than one prefill step
 MIN_KV_SIZE = 5
+# Tokens drafted per pass at most (--num-draft-tokens, num_draft_tokens, a request's): a pass is
+# computed whole, not in prefill steps, so a count of thousands is a prefill of thousands at once
+MAX_DRAFT_TOKENS = 64
 
 
 def check_request(
@@ -201,6 +204,16 @@ def check_at_least(value: object, name: str, low: int) -> None:
         raise ArgumentError(f"{name} must be an integer (got {value!r}).")
     if value < low:
         raise ArgumentError(f"{name} must be at least {low} (got {value}).")
+
+
+def check_draft_tokens(value: object, name: str, low: int) -> None:
+    """Tokens drafted per pass: from `low` (the API's 0: none) to MAX_DRAFT_TOKENS."""
+    check_at_least(value, name, low)
+    if value > MAX_DRAFT_TOKENS:
+        raise ArgumentError(
+            f"{name} must be at most {MAX_DRAFT_TOKENS}: a pass computes its drafts at once "
+            f"(got {value})."
+        )
 
 
 def check_kv_quantization(bits: object, group_size: object, start: object) -> None:

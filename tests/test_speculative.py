@@ -160,6 +160,7 @@ def test_one_decode_token_has_no_rate(target):
     [
         (dict(prompt_lookup=2, draft_model="x"), "not both"),
         (dict(prompt_lookup=2, num_draft_tokens=-1), "num_draft_tokens must be at least 0"),
+        (dict(prompt_lookup=2, num_draft_tokens=65), "num_draft_tokens must be at most 64"),
         (dict(prompt_lookup="3"), "prompt_lookup is an n-gram size"),
         (dict(prompt_lookup=-1), "n-grams of at least 1 token"),
         (dict(prompt_lookup=2, max_kv_size=64), "max_kv_size cannot be combined"),

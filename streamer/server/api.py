@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..arguments import MAX_SEED, MIN_TEMPERATURE
+from ..arguments import MAX_DRAFT_TOKENS, MAX_SEED, MIN_TEMPERATURE
 from .fields import ApiError, checked, is_int
 from .messages import check_messages, check_template_kwargs, check_tools
 
@@ -82,7 +82,7 @@ def parse_completion(body: dict, *, chat: bool, model: str, defaults: Sampling) 
         max_tokens_field=max_tokens_field,
     )
     request.stream = bool(checked(body, "stream", bool))
-    request.num_draft_tokens = checked(body, "num_draft_tokens", int, low=0, high=64)
+    request.num_draft_tokens = checked(body, "num_draft_tokens", int, low=0, high=MAX_DRAFT_TOKENS)
     options = checked(body, "stream_options", dict)
     if options is not None:
         if not request.stream:

@@ -13,7 +13,7 @@ from mlx_lm.generate import GenerationResponse, generation_stream, wired_limit
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..arguments import check_at_least, check_token_ids, vocabulary
+from ..arguments import check_draft_tokens, check_token_ids, vocabulary
 from ..errors import StreamerError
 from .draft_model import load_draft_model
 from .drafters import PROMPT_LOOKUP_NGRAM, DraftModel, PromptLookup
@@ -38,7 +38,7 @@ def drafter(kwargs: dict, tokenizer: TokenizerWrapper) -> DraftModel | PromptLoo
         check_token_ids(held, "prompt_cache_tokens", vocabulary(tokenizer))
     k = kwargs.get("num_draft_tokens")
     if k is not None:
-        check_at_least(k, "num_draft_tokens", 0)
+        check_draft_tokens(k, "num_draft_tokens", 0)
     if draft_model is not None and lookup not in (None, False, 0):
         raise StreamerError("give draft_model= or prompt_lookup=, not both: one drafter drafts.")
     if k == 0 or (draft_model is None and lookup in (None, False, 0)):
