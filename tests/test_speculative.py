@@ -161,8 +161,8 @@ def test_one_decode_token_has_no_rate(target):
         (dict(prompt_lookup=2, draft_model="x"), "not both"),
         (dict(prompt_lookup=2, num_draft_tokens=-1), "num_draft_tokens must be at least 0"),
         (dict(prompt_lookup=2, num_draft_tokens=65), "num_draft_tokens must be at most 64"),
-        (dict(prompt_lookup="3"), "prompt_lookup is an n-gram size"),
-        (dict(prompt_lookup=-1), "n-grams of at least 1 token"),
+        (dict(prompt_lookup="3"), r"prompt_lookup must be an integer \(got '3'\)"),
+        (dict(prompt_lookup=-1), r"prompt_lookup must be at least 1 \(got -1\)"),  # as the CLI's
         (dict(prompt_lookup=2, max_kv_size=64), "max_kv_size cannot be combined"),
         (dict(draft_model="no/such-draft"), "neither a folder nor in the Hugging Face cache"),
     ],

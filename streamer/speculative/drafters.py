@@ -14,8 +14,6 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from ..errors import StreamerError
-
 # what a prompt-lookup drafter matches by default: the last 3 tokens, then 2, then 1
 PROMPT_LOOKUP_NGRAM = 3
 
@@ -95,9 +93,7 @@ class PromptLookup:
     pass is a plain decode step."""
 
     def __init__(self, ngram: int = PROMPT_LOOKUP_NGRAM):
-        if ngram < 1:
-            raise StreamerError(f"prompt lookup matches n-grams of at least 1 token (got {ngram}).")
-        self.ngram = ngram
+        self.ngram = ngram  # at least 1: checked with prompt_lookup (stream.drafter)
         self.tokens: list[int] = []
 
     def start(self, tokens: list[int], step: int) -> None:
