@@ -74,7 +74,10 @@ def test_contradictions_and_missing_files_are_refused(checkpoints, capsys, flags
     assert line.startswith("streamer: error: ") and message in line and "Traceback" not in err
 
 
-def test_a_terminal_sees_the_load_and_a_long_prefill(checkpoints):
+@pytest.mark.parametrize("drafting", [[], ["--prompt-lookup"]])
+def test_a_terminal_sees_the_load_and_a_long_prefill(checkpoints, drafting):
+    """With drafts too: the speculative loop reports its prefill as mlx-lm's does, and generate
+    and chat decided it had no callback, so a drafted answer's long prefill showed no bar."""
     folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     prompt = "import os\n" * 100  # 700 tokens: over 512
     text = on_a_terminal(
@@ -86,6 +89,7 @@ def test_a_terminal_sees_the_load_and_a_long_prefill(checkpoints):
         "--max-tokens",
         "1",
         "--ignore-chat-template",
+        *drafting,
     )
     assert "[streamer] non-expert weights:" in text and "prefill:" in text
 

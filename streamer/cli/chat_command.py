@@ -80,8 +80,7 @@ def chat(args: argparse.Namespace) -> None:
 
     check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))
-    if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
-        options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
+    options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
     same_settings(args, model)
     engine = open_engine(model, tokenizer, 2, group, options, disk)
     if group is not None and group.rank() != 0:
