@@ -24,6 +24,7 @@ DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # mlx-lm's quantized KV cache (QuantizedKVCache): the bits and groups mx.quantize takes
 KV_BITS = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZES = (32, 64, 128)
+KV_GROUP_SIZE = 64  # mlx-lm's default kv_group_size (generate_step's and mlx_lm.generate's)
 # mlx-lm's rotating KV cache (max_kv_size) always keeps the first 4 tokens: one no larger failed
 # (MLX's broadcast_shapes error) once a prompt took more than one prefill step
 MIN_KV_SIZE = 5
@@ -131,6 +132,11 @@ def check_keywords(keywords: dict) -> None:
     for name, low in (("max_kv_size", MIN_KV_SIZE), ("prefill_step_size", 1)):
         if keywords.get(name) is not None:  # a step of 0: MLX's reshape error
             check_at_least(keywords[name], name, low)
+    check_kv_quantization(  # with kv_bits or not, as the CLI checks its flags
+        keywords.get("kv_bits"),
+        keywords.get("kv_group_size", KV_GROUP_SIZE),
+        keywords.get("quantized_kv_start", 0),
+    )
     bias = keywords.get("logit_bias")
     if bias is not None and (
         not isinstance(bias, dict)

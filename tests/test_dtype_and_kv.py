@@ -3,6 +3,7 @@ checked against mlx-lm computing the same checkpoint with the same settings."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -109,6 +110,26 @@ def test_kv_bits_refusals(checkpoints, capsys):
     assert "the model's sliding windows" in capsys.readouterr().err
     assert main(["generate", "--model", str(folder), "--prompt", "x", "--kv-bits", "7"]) == 2
     assert "argument --kv-bits: invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "keywords, flags, message",
+    [
+        ({"quantized_kv_start": -1}, ["--quantized-kv-start", "-1"], "at least 0 (got -1)"),
+        ({"kv_group_size": 48}, ["--kv-group-size", "48"], "32, 64, 128"),
+    ],
+)
+def test_kv_values_are_refused_with_or_without_kv_bits(
+    checkpoints, capsys, keywords, flags, message
+):
+    """The CLI refused a bad --quantized-kv-start or --kv-group-size without --kv-bits, while the
+    API took them then (mlx-lm ignores them unquantized), refusing them only beside kv_bits."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    assert main(["generate", "--model", str(folder), "--prompt", "x", *flags]) == 2
+    assert message in capsys.readouterr().err
+    model, tokenizer = streamer.load(folder)
+    with pytest.raises(StreamerError, match=re.escape(message)):
+        streamer.generate(model, tokenizer, PROMPT, 2, **keywords)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..arguments import KV_BITS, KV_GROUP_SIZES, check_at_least
+from ..arguments import KV_BITS, KV_GROUP_SIZE, KV_GROUP_SIZES, check_kv_quantization
 from .options import option_group, size
 
 # mlx_lm.generate's DEFAULT_QUANTIZED_KV_START (tests/test_dtype_and_kv.py checks it), written
@@ -27,7 +27,7 @@ def add_kv_cache(p: argparse.ArgumentParser) -> None:
         "--kv-group-size",
         type=int,
         choices=KV_GROUP_SIZES,
-        default=64,
+        default=KV_GROUP_SIZE,
         help="group size of the KV cache's quantization (default: %(default)s)",
     )
     p.add_argument(
@@ -55,7 +55,7 @@ def add_max_kv_size(p: argparse.ArgumentParser) -> None:
 def kv_options(args: argparse.Namespace) -> dict:
     """streamer.generate's keywords for the KV cache flags: --max-kv-size where the command has
     it and it is given; mlx-lm's quantization with --kv-bits."""
-    check_at_least(args.quantized_kv_start, "--quantized-kv-start", 0)
+    check_kv_quantization(args.kv_bits, args.kv_group_size, args.quantized_kv_start)
     bound = getattr(args, "max_kv_size", None)
     options = {} if bound is None else {"max_kv_size": bound}
     if args.kv_bits is None:

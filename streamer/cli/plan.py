@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..arguments import KV_BITS, KV_GROUP_SIZES
+from ..arguments import KV_BITS, KV_GROUP_SIZE, KV_GROUP_SIZES
 from ..errors import StreamerError
 from .options import add_quantize, quantize_option, size
 from .output import emit
@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
         "--kv-group-size",
         type=int,
         choices=KV_GROUP_SIZES,
-        default=64,
+        default=KV_GROUP_SIZE,
         help="the KV cache's quantization group size (default: %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object, for tools")

@@ -34,6 +34,7 @@ from mlx_lm.generate import maybe_quantize_kv_cache
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from ..arguments import KV_GROUP_SIZE
 from ..loading.handle import streaming
 from ..parallel.group import GroupError, gather_floats
 from .drafters import DraftModel, PromptLookup, prefill
@@ -53,7 +54,7 @@ def speculative_generate_step(
     prompt_cache_tokens: list[int] | None = None,
     prefill_step_size: int = 2048,
     kv_bits: int | None = None,
-    kv_group_size: int = 64,
+    kv_group_size: int = KV_GROUP_SIZE,
     quantized_kv_start: int = 0,
     prompt_progress_callback: Callable[[int, int], None] | None = None,
 ) -> Iterator[tuple[int, mx.array, bool]]:
