@@ -152,6 +152,20 @@ def test_plan_counts_the_quantized_cache(checkpoints, capsys, arch):
             plan(checkpoints.repacked(checkpoints.hf("gpt_oss")), 1 << 30, kv=kv)
 
 
+def test_plan_plans_the_dtype_a_load_is_given(checkpoints, capsys):
+    """generate's --dtype bfloat16 computes in bfloat16, and plan planned this backend's default
+    alone (float32 on the CPU): its --dtype was an unrecognized argument."""
+    import json
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    resident = {}
+    for dtype in ("float32", "bfloat16"):
+        assert main(["plan", str(folder), "--memory", "8G", "--json", "--dtype", dtype]) == 0
+        resident[dtype] = json.loads(capsys.readouterr().out)["resident_bytes"]
+        assert resident[dtype] == plan(folder, 8 << 30, dtype=getattr(mx, dtype)).resident_bytes
+    assert resident["bfloat16"] < resident["float32"]
+
+
 @pytest.mark.parametrize("command", ["generate", "chat", "serve"])
 def test_a_kv_group_size_that_does_not_divide_the_widths_is_refused_at_start(checkpoints, command):
     """head_dim 32 and the default group of 64: refused after loading, before any prompt, in one
