@@ -25,6 +25,9 @@ DTYPE_NAMES = ("float32", "float16", "bfloat16")
 KV_BITS = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZES = (32, 64, 128)
 KV_GROUP_SIZE = 64  # mlx-lm's default kv_group_size (generate_step's and mlx_lm.generate's)
+# mlx-lm's DEFAULT_QUANTIZED_KV_START, generate_step's default (tests/test_dtype_and_kv.py checks
+# it), written here so that the CLI's --help needs no mlx-lm import
+QUANTIZED_KV_START = 5000
 # mlx-lm's rotating KV cache (max_kv_size) always keeps the first 4 tokens: one no larger failed
 # (MLX's broadcast_shapes error) once a prompt took more than one prefill step
 MIN_KV_SIZE = 5
@@ -135,7 +138,7 @@ def check_keywords(keywords: dict) -> None:
     check_kv_quantization(  # with kv_bits or not, as the CLI checks its flags
         keywords.get("kv_bits"),
         keywords.get("kv_group_size", KV_GROUP_SIZE),
-        keywords.get("quantized_kv_start", 0),
+        keywords.get("quantized_kv_start", QUANTIZED_KV_START),
     )
     bias = keywords.get("logit_bias")
     if bias is not None and (

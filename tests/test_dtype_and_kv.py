@@ -14,9 +14,9 @@ from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 import streamer
+from streamer.arguments import QUANTIZED_KV_START
 from streamer.cli import main
 from streamer.cli.chat import templated
-from streamer.cli.kv_options import QUANTIZED_KV_START
 from streamer.errors import StreamerError
 from streamer.plan import plan
 from streamer.plan.model import model_plan

@@ -117,6 +117,21 @@ def test_greedy_with_drafts_and_kv_bits_is_plain_greedy(target, after):
     assert tokens(model, tokenizer, 30, prompt_lookup=1, num_draft_tokens=6, **kv) == plain
 
 
+def test_kv_bits_without_a_start_quantizes_where_plain_decoding_does(target):
+    """quantized_kv_start left out is mlx-lm's default (5000 tokens) with drafts too: the
+    speculative loop's own default was 0, so drafting quantized the cache from the first token,
+    where plain decoding with the same keywords kept it unquantized."""
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    kinds = []
+    for drafting in ({}, {"prompt_lookup": True}):
+        cache = make_prompt_cache(model)
+        tokens(model, tokenizer, 8, kv_bits=4, kv_group_size=32, prompt_cache=cache, **drafting)
+        kinds.append({isinstance(c, QuantizedKVCache) for c in cache})
+    assert kinds == [{False}, {False}]
+
+
 def test_the_kv_cache_keeps_only_the_kept_tokens(target, random_draft):
     """A run stopped after n tokens leaves the cache holding the prompt and n - 1 of them (the
     last is the next run's prompt): continuing from it gives what one plain run gives."""

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..arguments import KV_BITS, KV_GROUP_SIZE, KV_GROUP_SIZES, check_kv_quantization
+from ..arguments import (
+    KV_BITS,
+    KV_GROUP_SIZE,
+    KV_GROUP_SIZES,
+    QUANTIZED_KV_START,
+    check_kv_quantization,
+)
 from .options import option_group, size
-
-# mlx_lm.generate's DEFAULT_QUANTIZED_KV_START (tests/test_dtype_and_kv.py checks it), written
-# here so that --help needs no mlx-lm import
-QUANTIZED_KV_START = 5000
 
 
 def add_kv_cache(p: argparse.ArgumentParser) -> None:

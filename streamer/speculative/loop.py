@@ -34,7 +34,7 @@ from mlx_lm.generate import maybe_quantize_kv_cache
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
-from ..arguments import KV_GROUP_SIZE
+from ..arguments import KV_GROUP_SIZE, QUANTIZED_KV_START
 from ..loading.handle import streaming
 from ..parallel.group import GroupError, gather_floats
 from .drafters import DraftModel, PromptLookup, prefill
@@ -55,7 +55,7 @@ def speculative_generate_step(
     prefill_step_size: int = 2048,
     kv_bits: int | None = None,
     kv_group_size: int = KV_GROUP_SIZE,
-    quantized_kv_start: int = 0,
+    quantized_kv_start: int = QUANTIZED_KV_START,  # as plain decoding's (generate_step's)
     prompt_progress_callback: Callable[[int, int], None] | None = None,
 ) -> Iterator[tuple[int, mx.array, bool]]:
     """Yield (token, logprobs, from_draft) as mlx_lm's speculative_generate_step does.
