@@ -62,13 +62,14 @@ def chat(args: argparse.Namespace) -> None:
     text_flags(args)
     check_template_flags(args, ("--chat-template-config",))  # a system prompt is text without one
     check_sampling_flags(args)
-    options, disk = {**kv_options(args), **prefill_option(args)}, disk_option(args)
+    options = {**kv_options(args), **prefill_option(args)}
     check_drafting(args)
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model
     from ..server.api import Sampling
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
+    disk = disk_option(args, group)
     loading = load_options(args, group)
     model, tokenizer, context = open_model(model_folder(args, group), loading)
     from .chat import chat, check_system_message, check_template_variables  # after a refusal

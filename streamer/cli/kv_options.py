@@ -13,6 +13,7 @@ from ..arguments import (
     QUANTIZED_KV_START,
     check_kv_quantization,
 )
+from ..errors import StreamerError
 from .options import option_group, size
 
 
@@ -101,10 +102,16 @@ def add_prompt_cache_dir(p: argparse.ArgumentParser) -> None:
     )
 
 
-def disk_option(args: argparse.Namespace) -> tuple[Path, int] | None:
-    """open_engine's `disk`: (folder, byte bound), or None without --prompt-cache-dir."""
+def disk_option(args: argparse.Namespace, group) -> tuple[Path, int] | None:
+    """open_engine's `disk`: (folder, byte bound), or None without --prompt-cache-dir; refused
+    under an expert-parallel `group`, before the model loads."""
     if args.prompt_cache_dir is None:
         return None
+    if group is not None:
+        raise StreamerError(
+            "--prompt-cache-dir is for one process: under mlx.launch every rank would have to "
+            "find the same caches, which is not implemented; leave it out."
+        )
     folder = Path(args.prompt_cache_dir)
     from ..server.disk_files import check_bound, check_private
 
