@@ -32,11 +32,7 @@ from routing_model import PROFILES
 from scenarios import SCENARIOS, measure_disk
 from summary import flat, headline
 
-
-def size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    text = text.strip().upper().rstrip("IB")
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+from streamer.cli.options import size  # sizes as streamer's own options read them
 
 
 def cores(text: str) -> int:

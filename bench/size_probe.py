@@ -207,7 +207,7 @@ def probe(folder: Path, read_path: str, budget: int, count: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from streamer.arguments import parse_size
+    from streamer.io.sizes import parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path)

@@ -55,7 +55,7 @@ class Oracle:
         self.rng = np.random.default_rng(seed)
         self.done = 0  # tokens generated so far
 
-    def start(self, tokens: list[int]) -> None:
+    def start(self, tokens: list[int], step: int) -> None:  # step: the prefill's, unused
         self.done = 0
 
     def draft(self, n: int) -> list[int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 import weakref
 from collections.abc import Callable
 
@@ -20,37 +19,21 @@ MAX_SEED = (1 << 64) - 1  # mx.random.seed takes an unsigned 64-bit integer
 # The smallest temperature above 0 (greedy): mlx-lm scales the logits by 1 / temp in float32,
 # and far below this (1e-300) every logit overflows to inf and the tokens come out at random
 MIN_TEMPERATURE = 1e-5
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Compute dtypes a model can be loaded in, by the names users write.
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # mlx-lm's quantized KV cache (QuantizedKVCache): the bits and groups mx.quantize takes
 KV_BITS = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZES = (32, 64, 128)
+KV_GROUP_SIZE = 64  # mlx-lm's default kv_group_size (generate_step's and mlx_lm.generate's)
+# mlx-lm's DEFAULT_QUANTIZED_KV_START, generate_step's default (tests/test_dtype_and_kv.py checks
+# it), written here so that the CLI's --help needs no mlx-lm import
+QUANTIZED_KV_START = 5000
 # mlx-lm's rotating KV cache (max_kv_size) always keeps the first 4 tokens: one no larger failed
 # (MLX's broadcast_shapes error) once a prompt took more than one prefill step
 MIN_KV_SIZE = 5
-
-
-def parse_size(value: object, name: str) -> int:
-    """Bytes from an integer or a size written as 8G, 8GB, 8GiB, 8 GB or 512M (binary units)."""
-    if not _integer(value) and not isinstance(value, str):  # numpy's integers are taken
-        raise ArgumentError(
-            f"{name} must be a number of bytes or a size such as '8G' (got {value!r})."
-        )
-    if _integer(value):
-        number = int(value)
-    else:
-        match = _SIZE.match(value)
-        number = float(match.group(1)) * _UNITS[match.group(2).lower()] if match else math.nan
-        if match and match.group(3).lower() == "i":  # "8Gi" without the B
-            number = math.nan
-        if match and not match.group(2) and number != int(number):  # "0.5": 0 bytes, silently
-            whole = "so it counts bytes, which are whole"
-            raise ArgumentError(f"{name} {value!r} has no unit, {whole}: write {value.strip()}G.")
-    if not math.isfinite(number) or number < 0:
-        raise ArgumentError(f"{name} {value!r} is not a size such as 8G, 8GB, 8 GiB or 512M.")
-    return int(number)
+# Tokens drafted per pass at most (--num-draft-tokens, num_draft_tokens, a request's): a pass is
+# computed whole, not in prefill steps, so a count of thousands is a prefill of thousands at once
+MAX_DRAFT_TOKENS = 64
 
 
 def check_request(
@@ -152,6 +135,11 @@ def check_keywords(keywords: dict) -> None:
     for name, low in (("max_kv_size", MIN_KV_SIZE), ("prefill_step_size", 1)):
         if keywords.get(name) is not None:  # a step of 0: MLX's reshape error
             check_at_least(keywords[name], name, low)
+    check_kv_quantization(  # with kv_bits or not, as the CLI checks its flags
+        keywords.get("kv_bits"),
+        keywords.get("kv_group_size", KV_GROUP_SIZE),
+        keywords.get("quantized_kv_start", QUANTIZED_KV_START),
+    )
     bias = keywords.get("logit_bias")
     if bias is not None and (
         not isinstance(bias, dict)
@@ -225,6 +213,16 @@ def check_at_least(value: object, name: str, low: int) -> None:
         raise ArgumentError(f"{name} must be an integer (got {value!r}).")
     if value < low:
         raise ArgumentError(f"{name} must be at least {low} (got {value}).")
+
+
+def check_draft_tokens(value: object, name: str, low: int) -> None:
+    """Tokens drafted per pass: from `low` (the API's 0: none) to MAX_DRAFT_TOKENS."""
+    check_at_least(value, name, low)
+    if value > MAX_DRAFT_TOKENS:
+        raise ArgumentError(
+            f"{name} must be at most {MAX_DRAFT_TOKENS}: a pass computes its drafts at once "
+            f"(got {value})."
+        )
 
 
 def check_kv_quantization(bits: object, group_size: object, start: object) -> None:

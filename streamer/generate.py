@@ -12,7 +12,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from . import arguments
 from .api_request import cached_tokens, leveled, prompt_tokens, within_context
-from .arguments import check_request, check_sampling
+from .arguments import KV_GROUP_SIZE, check_request, check_sampling
 from .errors import ArgumentError, one_line
 from .generation_objects import check_objects
 from .kv_quantization import check_kv_cache_quantizes
@@ -80,8 +80,9 @@ def stream_generate(
             if kv_bits is None or not quantize:
                 raise
             raise ArgumentError(
-                f"kv_group_size {kwargs.get('kv_group_size', 64)} does not divide this model's "
-                f"key and value widths ({one_line(e)}): choose a smaller kv_group_size."
+                f"kv_group_size {kwargs.get('kv_group_size', KV_GROUP_SIZE)} does not divide "
+                f"this model's key and value widths ({one_line(e)}): choose a smaller "
+                "kv_group_size."
             ) from None
         # mlx-lm leaves one step in flight on its stream; under expert parallelism its all_sums
         # must finish before any later collective, or the ranks' messages interleave

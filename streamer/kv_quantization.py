@@ -12,18 +12,17 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from .arguments import KV_GROUP_SIZES, check_kv_quantization
+from .arguments import KV_GROUP_SIZE, KV_GROUP_SIZES
 from .errors import ArgumentError, one_line, refusal
 
 
 def check_kv_cache_quantizes(model: nn.Module, kwargs: dict) -> None:
-    """mlx-lm's kv_bits keywords checked against `model` (refusals spelled for the API and the
-    command line alike: errors.refusal)."""
+    """mlx-lm's kv_bits keywords, their values checked (arguments.check_kv_quantization), checked
+    against `model` (refusals spelled for the API and the command line alike: errors.refusal)."""
     from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-    group, bits = kwargs.get("kv_group_size", 64), kwargs["kv_bits"]
-    start, rotating = kwargs.get("quantized_kv_start", 0), kwargs.get("max_kv_size")
-    check_kv_quantization(bits, group, start)
+    group, bits = kwargs.get("kv_group_size", KV_GROUP_SIZE), kwargs["kv_bits"]
+    rotating = kwargs.get("max_kv_size")
     for cache in make_prompt_cache(model, rotating):
         try:
             if _quantizes(cache):

@@ -194,15 +194,16 @@ def test_generate_rounds_on_the_demo_model(bench_path, tmp_path):
             assert r["decode_tok_s"] > 0 and len(r["ms_per_piece"]) == 5
 
 
-def test_sizes_parse(bench_path):
-    from run import size
+def test_sizes_parse_as_streamers_options_do(bench_path):
+    """bench/run.py's sizes by streamer's rule: its own parser took -1G (a negative reserve, a
+    budget refused only by the worker, after the checkpoints were made), 8Gi, and 8 as 8 bytes."""
+    from run import parser
 
-    assert (
-        size("6G") == 6 << 30
-        and size("512M") == 512 << 20
-        and size("1.5GiB") == 3 << 29
-        and size("4096") == 4096
-    )
+    args = parser().parse_args(["--available", "6G,512M", "--reserve", "1.5GiB"])
+    assert args.available == [6 << 30, 512 << 20] and args.reserve == 3 << 29
+    for flag in ("--reserve=-1G", "--memory-budget=8Gi", "--disk-budget=8"):
+        with pytest.raises(SystemExit):
+            parser().parse_args([flag])
 
 
 def test_speculative_bench_quick(tmp_path):

@@ -100,6 +100,25 @@ def test_chat_in_a_terminal(terminal):
     assert "import os" in history and "import so" not in history and "/nope" in history
 
 
+def test_a_drafted_chat_shows_its_prefill(checkpoints, tmp_path):
+    """chat decided the speculative loop reports no prefill; it does (as mlx-lm's loop), and a
+    long message's prefill showed no bar with --prompt-lookup or --draft-model."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    env = {**os.environ, "STREAMER_CACHE_DIR": str(tmp_path), "TERM": "xterm"}
+    argv = [sys.executable, "-m", "streamer", "chat", "--model", str(folder), "--max-tokens", "2"]
+    term = Terminal([*argv, "--prompt-lookup"], env)
+    try:
+        term.expect(">> ")
+        term.type("import os; " * 150 + "\n")  # over 512 tokens
+        assert "prefill:" in term.expect(">> ")
+        term.type("\x04")
+        assert term.process.wait(timeout=60) == 0, term.rest()
+    finally:
+        if term.process.poll() is None:
+            term.process.kill()
+        os.close(term.master)
+
+
 def test_commands_and_messages():
     assert command("/reset") == ("/reset", "")
     assert command("  /exit ") == ("/quit", "")

@@ -182,14 +182,14 @@ def test_every_command_checks_its_sampling_and_count_flags_before_loading(
 
 
 def test_sizes_as_people_write_them():
-    from streamer.arguments import parse_size
     from streamer.errors import StreamerError
+    from streamer.io.sizes import parse_size
 
     for text in ("8G", "8GB", "8GiB", "8 GB", "8 gib", "8g"):
         assert parse_size(text, "--memory-budget") == 8 << 30, text
     assert parse_size("0.5M", "x") == 1 << 19 and parse_size(4096, "x") == 4096
-    assert parse_size("0", "x") == 0 and parse_size("4096", "x") == 4096
-    for text in ("0.5", "1.5", " 2.25 "):  # bytes, with no unit: 0, 1 and 2 taken silently
+    assert parse_size("0", "x") == 0 and parse_size("1048576", "x") == 1 << 20
+    for text in ("0.5", "1.5", " 2.25 ", "4096"):  # bytes, with no unit: 0, 1, 2, 4 KiB taken
         with pytest.raises(StreamerError, match="has no unit, so it counts bytes.*write .*G"):
             parse_size(text, "--memory-budget")
     result = run(

@@ -104,19 +104,23 @@ def test_budget_0_is_a_few_calls_experts_where_the_pool_shares_the_page_caches_m
     """Budget 0 on the slot path: on Metal and the CPU (reads through the page cache) a pool of
     SHARED_BUDGET_0_SLOTS, shared by every layer; on CUDA (device memory) or when the pool reads
     around the page cache (it is then the only cache), one layer's experts; a layer with fewer
-    experts than that, all of them."""
+    experts than that, all of them. Which memory the pool takes is the memory reading's to say
+    (a CUDA reading's host figure): the plan asked the backend again, so a CUDA reading planned on
+    another backend shared the page cache's memory that the reading said the pool is not in."""
     tensors = (("gate_proj.weight", mx.uint32, (768, 256)),)
     shapes = [LayerShape(i, tensors, 128, 786_432, 786_432) for i in range(4)]
+    host = Memory(1 << 40)  # the CPU's, or Metal's unified memory
+    gpu = Memory(1 << 40, "GPU memory", host=1 << 40)  # CUDA's, as backend.available_memory reads
 
-    def pool(experts: int = 128, **kw) -> tuple[int, str]:
+    def pool(memory: Memory, experts: int = 128, **kw) -> tuple[int, str]:
         layers = [replace(s, experts=experts) for s in shapes]
-        plan = plan_residency(layers, 0, "slots", "asked", Memory(1 << 40), **kw)
+        plan = plan_residency(layers, 0, "slots", "asked", memory, **kw)
         assert [len(g.layers) for c in plan.classes for g in c.groups] == [4]  # one pool
         return plan.classes[0].slots, plan.text()
 
-    slots, text = pool(unified_memory=True)
+    slots, text = pool(host)
     assert slots == SHARED_BUDGET_0_SLOTS == 32 and "a few calls' experts" in text
-    slots, text = pool(unified_memory=False)
+    slots, text = pool(gpu)
     assert slots == 128 and "one layer's experts" in text
-    assert pool(unified_memory=True, bypass_page_cache=True)[0] == 128
-    assert pool(experts=16, unified_memory=True)[0] == 16
+    assert pool(host, bypass_page_cache=True)[0] == 128
+    assert pool(host, experts=16)[0] == 16

@@ -3,6 +3,7 @@ checked against mlx-lm computing the same checkpoint with the same settings."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -13,9 +14,9 @@ from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 import streamer
+from streamer.arguments import QUANTIZED_KV_START
 from streamer.cli import main
 from streamer.cli.chat import templated
-from streamer.cli.kv_options import QUANTIZED_KV_START
 from streamer.errors import StreamerError
 from streamer.plan import plan
 from streamer.plan.model import model_plan
@@ -111,6 +112,26 @@ def test_kv_bits_refusals(checkpoints, capsys):
     assert "argument --kv-bits: invalid choice" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "keywords, flags, message",
+    [
+        ({"quantized_kv_start": -1}, ["--quantized-kv-start", "-1"], "at least 0 (got -1)"),
+        ({"kv_group_size": 48}, ["--kv-group-size", "48"], "32, 64, 128"),
+    ],
+)
+def test_kv_values_are_refused_with_or_without_kv_bits(
+    checkpoints, capsys, keywords, flags, message
+):
+    """The CLI refused a bad --quantized-kv-start or --kv-group-size without --kv-bits, while the
+    API took them then (mlx-lm ignores them unquantized), refusing them only beside kv_bits."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    assert main(["generate", "--model", str(folder), "--prompt", "x", *flags]) == 2
+    assert message in capsys.readouterr().err
+    model, tokenizer = streamer.load(folder)
+    with pytest.raises(StreamerError, match=re.escape(message)):
+        streamer.generate(model, tokenizer, PROMPT, 2, **keywords)
+
+
 @pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
 def test_plan_counts_the_quantized_cache(checkpoints, capsys, arch):
     folder = checkpoints.repacked(checkpoints.hf(arch))
@@ -129,6 +150,20 @@ def test_plan_counts_the_quantized_cache(checkpoints, capsys, arch):
     if arch == "qwen3_moe":  # sliding windows: mlx-lm has no quantized rotating cache
         with pytest.raises(StreamerError, match="cannot quantize this model's sliding-window"):
             plan(checkpoints.repacked(checkpoints.hf("gpt_oss")), 1 << 30, kv=kv)
+
+
+def test_plan_plans_the_dtype_a_load_is_given(checkpoints, capsys):
+    """generate's --dtype bfloat16 computes in bfloat16, and plan planned this backend's default
+    alone (float32 on the CPU): its --dtype was an unrecognized argument."""
+    import json
+
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    resident = {}
+    for dtype in ("float32", "bfloat16"):
+        assert main(["plan", str(folder), "--memory", "8G", "--json", "--dtype", dtype]) == 0
+        resident[dtype] = json.loads(capsys.readouterr().out)["resident_bytes"]
+        assert resident[dtype] == plan(folder, 8 << 30, dtype=getattr(mx, dtype)).resident_bytes
+    assert resident["bfloat16"] < resident["float32"]
 
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve"])

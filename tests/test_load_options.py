@@ -17,6 +17,9 @@ from streamer.loading.options import LoadOptions, load_options
 
 BAD = [
     ({"memory_budget": "lots"}, "memory_budget 'lots' is not a size"),
+    # as the CLI's --memory-budget 16: 16 GiB meant, 16 bytes taken (the model loaded, no experts)
+    ({"memory_budget": "16"}, "memory_budget '16' has no unit, so it counts bytes: write 16G"),
+    ({"memory_budget": "1e999"}, "memory_budget '1e999' is not a size"),  # was OverflowError
     ({"dtype": "float64"}, "dtype must be one of"),
     ({"verify_reads": "yes"}, "verify_reads must be True or False"),
     ({"bypass_page_cache": 1}, "bypass_page_cache must be True or False"),
@@ -84,3 +87,13 @@ def test_the_mapped_path_refused_on_cuda_names_the_flag_the_cli_took(monkeypatch
     line = capsys.readouterr().err.splitlines()[-1]
     assert line.startswith("streamer: error: --read-path mapped does not run on MLX's CUDA"), line
     assert "use --read-path slots, the default" in line, line
+
+
+def test_a_checksums_file_is_refused_for_a_repacked_folder(checkpoints, tmp_path):
+    """A repacked folder's checksums are in its manifest: `streamer verify --checksums` refused a
+    sidecar for one, while load (and generate's --checksums) ignored it without a word."""
+    folder = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
+    sidecar = tmp_path / "sums.json"
+    sidecar.write_text("{}")
+    with pytest.raises(StreamerError, match="checksums .*sums.json is a download's sidecar"):
+        streamer.load(folder, checksums=sidecar)

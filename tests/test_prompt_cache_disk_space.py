@@ -199,3 +199,19 @@ def test_a_cache_already_on_disk_is_not_written_again(local, tmp_path, monkeypat
     mx.eval(model(mx.array([tokens]), cache=cache))
     engine.disk.save(tokens, cache)
     assert len(written) == 1
+
+
+@pytest.mark.parametrize("command", ["chat", "serve"])
+def test_a_prompt_cache_dir_under_a_group_is_refused_before_loading(
+    tmp_path, monkeypatch, capsys, command
+):
+    """--prompt-cache-dir is for one process: under mlx.launch it was refused once every rank had
+    loaded the model (open_engine), where its other checks come before the load."""
+    from streamer.cli import main
+    from streamer.parallel import group
+
+    monkeypatch.setattr(group, "launched_group", mx.distributed.init)  # as under mlx.launch
+    argv = [command, "--model", "no-such-folder", "--prompt-cache-dir", str(tmp_path / "c")]
+    assert main([*argv, "--port", "0"] if command == "serve" else argv) == 2
+    err = capsys.readouterr().err
+    assert "--prompt-cache-dir is for one process" in err and "no-such-folder" not in err

@@ -10,6 +10,7 @@ import pytest
 
 import streamer
 from fixtures.published_shapes import PUBLISHED_SHAPES
+from streamer.loading.options import load_options
 
 TOKENIZER_CODE = '''
 import os
@@ -50,6 +51,14 @@ def test_tokenizer_with_shipped_code_needs_trust_remote_code(checkpoints, tmp_pa
     model, tokenizer = streamer.load(tmp_path / "dst", memory_budget=0, trust_remote_code=True)
     assert type(tokenizer._tokenizer).__name__ == "ShippedTokenizer"
     assert streamer.generate(model, tokenizer, "The value", max_tokens=4)
+    # mlx_lm.load's way to say it, decided with the keyword in one place: the tokenizer_config's
+    # False overrode trust_remote_code=True, whose refusal then said to pass trust_remote_code=True
+    said = {"trust_remote_code": True}
+    assert load_options(tokenizer_config=said) == load_options(trust_remote_code=True)
+    with pytest.raises(streamer.StreamerError, match="trust_remote_code=True and tokenizer_config"):
+        streamer.load(
+            tmp_path / "dst", trust_remote_code=True, tokenizer_config={"trust_remote_code": False}
+        )
 
 
 def test_a_model_type_transformers_does_not_know_with_rope_scaling(checkpoints, tmp_path):

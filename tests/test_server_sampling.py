@@ -57,6 +57,18 @@ def test_a_seed_of_minus_1_is_random_as_llama_cpp_reads_it():
     assert request.sampling.seed == 5
 
 
+def test_a_request_takes_the_temperatures_serve_takes():
+    """A temperature's range is check_sampling's for serve's --temp and a request's field alike:
+    `serve --temp 150` was every request's default, yet a request asking 150 was refused (400)."""
+    from streamer.arguments import check_sampling
+
+    check_sampling(150.0, 1.0, None)  # serve's --temp 150, and the API's temp=150
+    body = {"messages": HELLO, "temperature": 150}
+    assert parse_completion(body, chat=True, model="m", defaults=Sampling()).sampling.temperature
+    with pytest.raises(ApiError, match="temperature must be 0 .greedy. or at least 1e-05"):
+        parse_completion({**body, "temperature": 1e-9}, chat=True, model="m", defaults=Sampling())
+
+
 def test_max_completion_tokens_bounds_the_answer(client, served_folder):
     answer = client.chat.completions.create(
         model=str(served_folder),

@@ -117,6 +117,21 @@ def test_greedy_with_drafts_and_kv_bits_is_plain_greedy(target, after):
     assert tokens(model, tokenizer, 30, prompt_lookup=1, num_draft_tokens=6, **kv) == plain
 
 
+def test_kv_bits_without_a_start_quantizes_where_plain_decoding_does(target):
+    """quantized_kv_start left out is mlx-lm's default (5000 tokens) with drafts too: the
+    speculative loop's own default was 0, so drafting quantized the cache from the first token,
+    where plain decoding with the same keywords kept it unquantized."""
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    kinds = []
+    for drafting in ({}, {"prompt_lookup": True}):
+        cache = make_prompt_cache(model)
+        tokens(model, tokenizer, 8, kv_bits=4, kv_group_size=32, prompt_cache=cache, **drafting)
+        kinds.append({isinstance(c, QuantizedKVCache) for c in cache})
+    assert kinds == [{False}, {False}]
+
+
 def test_the_kv_cache_keeps_only_the_kept_tokens(target, random_draft):
     """A run stopped after n tokens leaves the cache holding the prompt and n - 1 of them (the
     last is the next run's prompt): continuing from it gives what one plain run gives."""
@@ -160,8 +175,9 @@ def test_one_decode_token_has_no_rate(target):
     [
         (dict(prompt_lookup=2, draft_model="x"), "not both"),
         (dict(prompt_lookup=2, num_draft_tokens=-1), "num_draft_tokens must be at least 0"),
-        (dict(prompt_lookup="3"), "prompt_lookup is an n-gram size"),
-        (dict(prompt_lookup=-1), "n-grams of at least 1 token"),
+        (dict(prompt_lookup=2, num_draft_tokens=65), "num_draft_tokens must be at most 64"),
+        (dict(prompt_lookup="3"), r"prompt_lookup must be an integer \(got '3'\)"),
+        (dict(prompt_lookup=-1), r"prompt_lookup must be at least 1 \(got -1\)"),  # as the CLI's
         (dict(prompt_lookup=2, max_kv_size=64), "max_kv_size cannot be combined"),
         (dict(draft_model="no/such-draft"), "neither a folder nor in the Hugging Face cache"),
     ],
@@ -249,3 +265,21 @@ def test_a_draft_whose_tokenizer_has_the_same_size_but_other_ids_is_refused(
     with pytest.raises(streamer.StreamerError, match=f"has token {b!r} as id {vocab[b]}, which"):
         load_draft_model(draft, tokenizer)
     load_draft_model(checkpoints.mlx("qwen3_moe"), tokenizer)  # its own tokenizer: accepted
+
+
+def test_the_draft_model_prefills_in_the_targets_steps(target, random_draft, monkeypatch):
+    """prefill_step_size bounds the draft model's prompt chunks too, as mlx-lm's drafting reads
+    one step for both: the draft prefilled 512 tokens at a time whatever was asked."""
+    from streamer.speculative import drafters
+
+    steps = []
+
+    def recorded(model, cache, tokens, step, *rest):
+        steps.append(step)
+        return prefill(model, cache, tokens, step, *rest)
+
+    prefill = drafters.prefill
+    monkeypatch.setattr(drafters, "prefill", recorded)
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    tokens(model, tokenizer, 4, draft_model=random_draft, prefill_step_size=3)
+    assert steps == [3]

@@ -58,6 +58,8 @@ def test_generate_with_drafts_prints_the_same_text(folder, draft_folder, capsys)
         (["--num-draft-tokens", "2"], "--num-draft-tokens drafts with --draft-model"),
         (["--prompt-lookup", "--num-draft-tokens", "0"], "--num-draft-tokens must be at least 1"),
         (["--prompt-lookup", "0"], "--prompt-lookup must be at least 1"),
+        # serve's default for requests that may ask 64 at most (400 past it), as the API's
+        (["--prompt-lookup", "--num-draft-tokens", "65"], "--num-draft-tokens must be at most 64"),
         (["--prompt-lookup", "--max-kv-size", "8"], "--max-kv-size cannot be combined with"),
     ],
 )

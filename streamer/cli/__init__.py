@@ -95,7 +95,7 @@ class Parser(argparse.ArgumentParser):
             message = mlx_lm_only(unknown[0]) or message
         if message.startswith("unrecognized arguments: "):
             message += self._size_in_two_words(message.split()[2])
-        if " counts bytes, as a size without a unit does" in message:  # options.size's
+        if " has no unit, so it counts bytes" in message:  # arguments.parse_size's
             message += self._size_in_two_words()
         if message.endswith(": expected one argument"):
             message += self._value_taken_for_an_option(message)

@@ -62,13 +62,14 @@ def chat(args: argparse.Namespace) -> None:
     text_flags(args)
     check_template_flags(args, ("--chat-template-config",))  # a system prompt is text without one
     check_sampling_flags(args)
-    options, disk = {**kv_options(args), **prefill_option(args)}, disk_option(args)
+    options = {**kv_options(args), **prefill_option(args)}
     check_drafting(args)
     from ..parallel.group import launched_group
     from ..server import open_engine, open_model
     from ..server.api import Sampling
 
     group = args.group = launched_group()  # started by mlx.launch: rank 0 talks
+    disk = disk_option(args, group)
     loading = load_options(args, group)
     model, tokenizer, context = open_model(model_folder(args, group), loading)
     from .chat import (  # after a refusal
@@ -86,8 +87,7 @@ def chat(args: argparse.Namespace) -> None:
 
     check_kv_fits(model, options)
     options.update(draft_options(args, tokenizer))
-    if not options.keys() & {"draft_model", "prompt_lookup"}:  # the speculative loop has none
-        options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
+    options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
     same_settings(args, model)
     engine = open_engine(model, tokenizer, 2, group, options, disk)
     if group is not None and group.rank() != 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..arguments import check_at_least
+from ..arguments import check_at_least, check_draft_tokens
 from ..errors import StreamerError
 
 
@@ -50,7 +50,7 @@ def check_drafting(args: argparse.Namespace) -> None:
     if args.num_draft_tokens is not None:
         if args.draft_model is None and args.prompt_lookup is None:
             raise StreamerError("--num-draft-tokens drafts with --draft-model or --prompt-lookup.")
-        check_at_least(args.num_draft_tokens, "--num-draft-tokens", 1)
+        check_draft_tokens(args.num_draft_tokens, "--num-draft-tokens", 1)
 
 
 def draft_options(args: argparse.Namespace, tokenizer) -> dict:

@@ -147,9 +147,8 @@ def stream(model, tokenizer, prompt: str, args: argparse.Namespace) -> int:
     shown = group is None or group.rank() == 0  # rank 0 prints for the group
     stats = None
     drafting = getattr(args, "drafting", {})  # `streamer demo` has no drafting flags
-    # a bar while a long prompt prefills (mlx-lm's callback; its speculative loop has none)
-    progress = PrefillProgress()
-    prefill = {} if drafting or not shown else {"prompt_progress_callback": progress}
+    progress = PrefillProgress()  # a bar while a long prompt prefills, drafting or not
+    prefill = {"prompt_progress_callback": progress} if shown else {}
     kv = kv_options(args) if hasattr(args, "kv_bits") else {}
     check_kv_fits(model, kv)
     try:

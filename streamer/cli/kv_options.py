@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..arguments import KV_BITS, KV_GROUP_SIZES, check_at_least
+from ..arguments import (
+    KV_BITS,
+    KV_GROUP_SIZE,
+    KV_GROUP_SIZES,
+    QUANTIZED_KV_START,
+    check_kv_quantization,
+)
+from ..errors import StreamerError
 from .options import option_group, size
-
-# mlx_lm.generate's DEFAULT_QUANTIZED_KV_START (tests/test_dtype_and_kv.py checks it), written
-# here so that --help needs no mlx-lm import
-QUANTIZED_KV_START = 5000
 
 
 def add_kv_cache(p: argparse.ArgumentParser) -> None:
@@ -27,7 +30,7 @@ def add_kv_cache(p: argparse.ArgumentParser) -> None:
         "--kv-group-size",
         type=int,
         choices=KV_GROUP_SIZES,
-        default=64,
+        default=KV_GROUP_SIZE,
         help="group size of the KV cache's quantization (default: %(default)s)",
     )
     p.add_argument(
@@ -55,7 +58,7 @@ def add_max_kv_size(p: argparse.ArgumentParser) -> None:
 def kv_options(args: argparse.Namespace) -> dict:
     """streamer.generate's keywords for the KV cache flags: --max-kv-size where the command has
     it and it is given; mlx-lm's quantization with --kv-bits."""
-    check_at_least(args.quantized_kv_start, "--quantized-kv-start", 0)
+    check_kv_quantization(args.kv_bits, args.kv_group_size, args.quantized_kv_start)
     bound = getattr(args, "max_kv_size", None)
     options = {} if bound is None else {"max_kv_size": bound}
     if args.kv_bits is None:
@@ -99,10 +102,16 @@ def add_prompt_cache_dir(p: argparse.ArgumentParser) -> None:
     )
 
 
-def disk_option(args: argparse.Namespace) -> tuple[Path, int] | None:
-    """open_engine's `disk`: (folder, byte bound), or None without --prompt-cache-dir."""
+def disk_option(args: argparse.Namespace, group) -> tuple[Path, int] | None:
+    """open_engine's `disk`: (folder, byte bound), or None without --prompt-cache-dir; refused
+    under an expert-parallel `group`, before the model loads."""
     if args.prompt_cache_dir is None:
         return None
+    if group is not None:
+        raise StreamerError(
+            "--prompt-cache-dir is for one process: under mlx.launch every rank would have to "
+            "find the same caches, which is not implemented; leave it out."
+        )
     folder = Path(args.prompt_cache_dir)
     from ..server.disk_files import check_bound, check_private
 

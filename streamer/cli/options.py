@@ -12,9 +12,9 @@ from ..arguments import (
     NO_LIMIT,
     check_at_least,
     check_sampling,
-    parse_size,
 )
 from ..errors import StreamerError
+from ..io.sizes import parse_size
 
 if TYPE_CHECKING:  # mlx is imported only once a command runs
     import mlx.core as mx
@@ -33,18 +33,11 @@ def option_group(p: argparse.ArgumentParser, title: str) -> argparse._ArgumentGr
 
 
 def size(text: str) -> int:
-    """argparse type for a size such as 8G. Every size option is memory or disk, so a number from
-    1 to below 1 MiB is one typed without its unit (`--memory 16`, 16 GiB meant): refused."""
+    """argparse type for a size such as 8G, read as the Python API reads one (parse_size)."""
     try:
-        number = parse_size(text, "")
+        return parse_size(text, "")
     except StreamerError as e:  # its words, argparse naming the option
         raise argparse.ArgumentTypeError(str(e).strip().rstrip(".")) from None
-    typed = text.strip()
-    if typed.isdigit() and 0 < number < 1 << 20:
-        raise argparse.ArgumentTypeError(
-            f"{typed} counts bytes, as a size without a unit does: write {typed}G for {typed} GiB"
-        )
-    return number
 
 
 def add_quantize(p: argparse.ArgumentParser, what: str) -> None:

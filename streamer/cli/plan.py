@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..arguments import KV_BITS, KV_GROUP_SIZES
+from ..arguments import DTYPE_NAMES, KV_BITS, KV_GROUP_SIZE, KV_GROUP_SIZES
 from ..errors import StreamerError
 from .options import add_quantize, quantize_option, size
 from .output import emit
@@ -25,6 +25,12 @@ def add_parser(sub) -> None:
     )
     add_quantize(p, "as repack --quantize")
     p.add_argument(
+        "--dtype",
+        choices=DTYPE_NAMES,
+        help="plan a load given this --dtype (default: a load's here: float32 on the CPU, the "
+        "checkpoint's own on a GPU)",
+    )
+    p.add_argument(
         "--kv-bits",
         type=int,
         choices=KV_BITS,
@@ -34,7 +40,7 @@ def add_parser(sub) -> None:
         "--kv-group-size",
         type=int,
         choices=KV_GROUP_SIZES,
-        default=64,
+        default=KV_GROUP_SIZE,
         help="the KV cache's quantization group size (default: %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object, for tools")
@@ -42,10 +48,12 @@ def add_parser(sub) -> None:
 
 
 def plan(args: argparse.Namespace) -> None:
-    from ..loading.backend import available_memory, default_dtype
+    from ..loading.backend import available_memory
     from ..loading.hub import NotCached, model_path, resolve
+    from ..loading.options import load_options
     from ..plan import plan
 
+    dtype = load_options(dtype=args.dtype, option="--").dtype  # as a load decides it
     # not given: what a load's plan would read (on CUDA the GPU's free memory: loading/backend.py)
     memory = available_memory().available if args.memory is None else args.memory
     q = quantize_option(args)
@@ -63,5 +71,5 @@ def plan(args: argparse.Namespace) -> None:
             f"{e.name} is neither a folder nor in the Hugging Face cache: plan reads its "
             f"config.json alone, which `hf download {e.name} config.json` fetches."
         ) from None
-    result = plan(source, memory, quantize=quantize, dtype=default_dtype(), kv=kv)
+    result = plan(source, memory, quantize=quantize, dtype=dtype, kv=kv)
     emit(result.json() if args.json else "\n".join(result.lines()))

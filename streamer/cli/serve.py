@@ -117,7 +117,7 @@ def serve(args: argparse.Namespace) -> None:
     check_at_least(args.prompt_cache_size, "--prompt-cache-size", 0)
     if args.max_client_connections is not None:
         check_at_least(args.max_client_connections, "--max-client-connections", 0)
-    options, disk = {**kv_options(args), **prefill_option(args)}, disk_option(args)
+    options = {**kv_options(args), **prefill_option(args)}
     check_drafting(args)
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise StreamerError("--served-model-name is empty: give a value, or leave the flag out.")
@@ -130,6 +130,7 @@ def serve(args: argparse.Namespace) -> None:
 
     start_logging()
     group = args.group = launched_group()  # started by mlx.launch: rank 0 serves
+    disk = disk_option(args, group)
     if group is None or group.rank() == 0:
         check_listening(args.host, args.port)
     loading = load_options(args, group)

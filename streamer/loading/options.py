@@ -9,9 +9,10 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..arguments import DTYPE_NAMES, parse_size
+from ..arguments import DTYPE_NAMES
 from ..cache.landing import CUDA_MISSES, CUDA_MISSES_DEFAULT
 from ..errors import ArgumentError
+from ..io.sizes import parse_size
 from .backend import default_dtype, read_path_for_backend, threads_for_backend
 from .hub import is_repo_id
 
@@ -66,7 +67,10 @@ def load_options(
     budget = None if memory_budget is None else parse_size(memory_budget, name("memory_budget"))
     compute = parse_dtype(dtype)
     verify_reads = as_flag(verify_reads, name("verify_reads"))
-    trust_remote_code = as_flag(trust_remote_code, name("trust_remote_code"))
+    tokenizer_config = dict(tokenizer_config or {})
+    trust_remote_code = _trusted(
+        as_flag(trust_remote_code, name("trust_remote_code")), tokenizer_config
+    )
     bypass_page_cache = as_flag(bypass_page_cache, name("bypass_page_cache"))
     path, why = read_path_for_backend(read_path, name("read_path"))
     cores, cores_why = threads_for_backend(threads, name("threads"))
@@ -100,8 +104,24 @@ def load_options(
         cuda_misses=misses,
         threads=cores,
         threads_why=cores_why,
-        tokenizer_config=dict(tokenizer_config or {}),
+        tokenizer_config=tokenizer_config,
     )
+
+
+def _trusted(keyword: bool, tokenizer_config: dict) -> bool:
+    """Whether a tokenizer's own code may run: trust_remote_code, or mlx_lm.load's way to say it,
+    tokenizer_config's "trust_remote_code" (taken out of it: decided here alone)."""
+    if "trust_remote_code" not in tokenizer_config:
+        return keyword
+    said = as_flag(
+        tokenizer_config.pop("trust_remote_code"), "tokenizer_config's trust_remote_code"
+    )
+    if keyword and not said:
+        raise ArgumentError(
+            "trust_remote_code=True and tokenizer_config's trust_remote_code False disagree: give "
+            "it once (trust_remote_code=True lets the tokenizer's own code run)."
+        )
+    return said
 
 
 def check_unhonoured(

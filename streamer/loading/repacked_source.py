@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import StreamerError
+from ..errors import StreamerError, refusal
 from ..experts.parallel import ExpertShare
 from ..families.architectures import build_model, expert_containers, quantize_like_mlx_lm
 from ..families.config import check_config, check_layer_count, check_repacked_config_json
@@ -30,6 +30,14 @@ def open_repacked_source(folder: Path, options: LoadOptions) -> Source:
     """The folder read-locked while the model lives (`repack --force` refuses), its files
     checked, mlx-lm's model built with expert containers quantized as the manifest says; under a
     group, this rank's share of each layer (every rank's folder checked)."""
+    if options.checksums is not None:  # refused as `streamer verify` refuses it, not ignored
+        raise refusal(
+            lambda say: (
+                f"{say('checksums')} {options.checksums} is a download's sidecar, and {folder} is "
+                f"a repacked folder: its checksums are in its manifest.json; leave "
+                f"{say('checksums')} out."
+            )
+        )
     manifest = read_manifest(folder)
     lock = lock_for_reading(folder)
     try:

@@ -24,7 +24,7 @@ from ..cache.slot_pool import CHUNK_BYTES
 from ..errors import refusal
 from ..io.expert_layout import LayerLayout
 from ..io.sizes import size_text
-from .backend import Memory, backend
+from .backend import Memory
 
 # On CUDA, "pinned" and "gathered" page-lock whole expert files while they fit in this share of
 # the host's memory available (past it a file is locked for each copy): cache/landing.py
@@ -161,13 +161,12 @@ def plan_residency(
     memory: Memory,
     bypass_page_cache: bool = False,
     cuda_misses: str = CUDA_MISSES_DEFAULT,
-    unified_memory: bool | None = None,
 ) -> ResidencyPlan:
     """The plan for `budget` bytes of experts (None: the read path's default in `memory`).
     Enough for every expert: all resident. Less: the slot path's pool (slot_classes); the mapped
-    path's hot cache of the largest expert's slots, or (0) the page cache alone.
-    `unified_memory`: a slot pool would take its memory from the page cache's (None: this
-    machine's backend says, every backend but CUDA)."""
+    path's hot cache of the largest expert's slots, or (0) the page cache alone. A slot pool
+    takes its memory from the page cache's where `memory` is the host's (every backend but
+    CUDA: backend.available_memory says)."""
     need = sum(s.experts * s.resident_bytes for s in shapes)
     largest = max(s.resident_bytes for s in shapes)
     if budget is None:
@@ -185,10 +184,7 @@ def plan_residency(
         largest_expert=largest,
         bypass_page_cache=bypass_page_cache,
         cuda_misses=cuda_misses,
-        shares_page_cache=(
-            (backend() != "cuda" if unified_memory is None else unified_memory)
-            and not bypass_page_cache
-        ),
+        shares_page_cache=memory.host is None and not bypass_page_cache,
     )
     if budget >= need:
         return plan

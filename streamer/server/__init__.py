@@ -39,20 +39,14 @@ def open_engine(
 ):
     """The engine that computes the requests: under a group, every rank's (the ranks other than
     0 then call its `follow()`); `options`: streamer.generate's keywords for every request;
-    `disk`: (folder, byte bound) of the prompt caches kept on disk; `prompt_cache_bytes`: the
-    bound of those kept in memory (None: their number alone)."""
+    `disk`: (folder, byte bound) of the prompt caches kept on disk, one process's alone (the CLI
+    refuses it under a group: kv_options.disk_option); `prompt_cache_bytes`: the bound of those
+    kept in memory (None: their number alone)."""
     from .engine import Engine
 
     if group is None:
         on_disk = prompt_cache_on_disk(model, options, disk)
         return Engine(model, tokenizer, prompt_cache_size, options, on_disk, prompt_cache_bytes)
-    if disk is not None:
-        from ..errors import StreamerError
-
-        raise StreamerError(
-            "--prompt-cache-dir is for one process: under mlx.launch every rank would have to "
-            "find the same caches, which is not implemented; leave it out."
-        )
     from .group_engine import GroupEngine
 
     return GroupEngine(model, tokenizer, prompt_cache_size, group, options, prompt_cache_bytes)

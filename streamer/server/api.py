@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..arguments import MAX_SEED, MIN_TEMPERATURE
+from ..arguments import MAX_DRAFT_TOKENS, MAX_SEED, MIN_TEMPERATURE
 from .fields import ApiError, checked, is_int
 from .messages import check_messages, check_template_kwargs, check_tools
 
@@ -82,7 +82,7 @@ def parse_completion(body: dict, *, chat: bool, model: str, defaults: Sampling) 
         max_tokens_field=max_tokens_field,
     )
     request.stream = bool(checked(body, "stream", bool))
-    request.num_draft_tokens = checked(body, "num_draft_tokens", int, low=0, high=64)
+    request.num_draft_tokens = checked(body, "num_draft_tokens", int, low=0, high=MAX_DRAFT_TOKENS)
     options = checked(body, "stream_options", dict)
     if options is not None:
         if not request.stream:
@@ -145,7 +145,7 @@ def _sampling(body: dict, defaults: Sampling) -> Sampling:
     """The request's sampling fields; those it leaves out come from the server's flags."""
     sampling = replace(defaults)
     for name, kind, bounds in (
-        ("temperature", float, {"low": 0.0, "high": 100.0}),
+        ("temperature", float, {"low": 0.0}),  # as serve's --temp: arguments.check_sampling
         ("top_p", float, {"low": 0.0, "high": 1.0, "low_open": True}),
         ("top_k", int, {"low": 0}),
         ("min_p", float, {"low": 0.0, "high": 1.0}),
@@ -159,7 +159,7 @@ def _sampling(body: dict, defaults: Sampling) -> Sampling:
     if 0 < sampling.temperature < MIN_TEMPERATURE:
         raise ApiError(
             400,
-            f"temperature must be 0 (greedy) or from {MIN_TEMPERATURE} to 100: below that the "
+            f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}: below that the "
             "scaled log-probabilities overflow float32",
             param="temperature",
         )

@@ -14,8 +14,6 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from ..errors import StreamerError
-
 # what a prompt-lookup drafter matches by default: the last 3 tokens, then 2, then 1
 PROMPT_LOOKUP_NGRAM = 3
 
@@ -49,21 +47,16 @@ class DraftModel:
     random draws, in the same order, as mlx_lm's speculative_generate_step), and its KV cache is
     trimmed back to the accepted tokens after each pass."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        sampler: Callable,
-        prefill_step_size: int = 512,
-        vocabulary: int | None = None,
-    ):
-        self.model, self.sampler, self.prefill_step_size = model, sampler, prefill_step_size
+    def __init__(self, model: nn.Module, sampler: Callable, vocabulary: int | None = None):
+        self.model, self.sampler = model, sampler
         self.vocabulary = vocabulary  # the target's tokens: ids past them are not drafts
         self.cache = make_prompt_cache(model)
         self.pending: list[int] = []  # tokens the draft model has not computed yet
 
-    def start(self, tokens: list[int]) -> None:
-        """Compute all but the last of `tokens` (the sequence so far) into the draft's cache."""
-        done = prefill(self.model, self.cache, tokens, self.prefill_step_size)
+    def start(self, tokens: list[int], step: int) -> None:
+        """Compute all but the last of `tokens` (the sequence so far) into the draft's cache,
+        `step` at a time: the target's prefill_step_size, as mlx-lm's drafting reads it."""
+        done = prefill(self.model, self.cache, tokens, step)
         self.pending = tokens[done:]
 
     def draft(self, n: int) -> list[int]:
@@ -100,12 +93,11 @@ class PromptLookup:
     pass is a plain decode step."""
 
     def __init__(self, ngram: int = PROMPT_LOOKUP_NGRAM):
-        if ngram < 1:
-            raise StreamerError(f"prompt lookup matches n-grams of at least 1 token (got {ngram}).")
-        self.ngram = ngram
+        self.ngram = ngram  # at least 1: checked with prompt_lookup (stream.drafter)
         self.tokens: list[int] = []
 
-    def start(self, tokens: list[int]) -> None:
+    def start(self, tokens: list[int], step: int) -> None:
+        """`step`: the target's prefill step, which a lookup has nothing to compute with."""
         self.tokens = list(tokens)
 
     def draft(self, n: int) -> list[int]:

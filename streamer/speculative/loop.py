@@ -34,6 +34,7 @@ from mlx_lm.generate import maybe_quantize_kv_cache
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from ..arguments import KV_GROUP_SIZE, QUANTIZED_KV_START
 from ..loading.handle import streaming
 from ..parallel.group import GroupError, gather_floats
 from .drafters import DraftModel, PromptLookup, prefill
@@ -53,8 +54,8 @@ def speculative_generate_step(
     prompt_cache_tokens: list[int] | None = None,
     prefill_step_size: int = 2048,
     kv_bits: int | None = None,
-    kv_group_size: int = 64,
-    quantized_kv_start: int = 0,
+    kv_group_size: int = KV_GROUP_SIZE,
+    quantized_kv_start: int = QUANTIZED_KV_START,  # as plain decoding's (generate_step's)
     prompt_progress_callback: Callable[[int, int], None] | None = None,
 ) -> Iterator[tuple[int, mx.array, bool]]:
     """Yield (token, logprobs, from_draft) as mlx_lm's speculative_generate_step does.
@@ -67,7 +68,7 @@ def speculative_generate_step(
     progress = prompt_progress_callback or (lambda *_: None)
     y = prompt[prefill(model, cache, prompt, prefill_step_size, quantize, progress)]
     seen = prompt[:-1]  # before the pass's first input: what processors see, as in generate_step
-    drafter.start([*(prompt_cache_tokens or []), *prompt])
+    drafter.start([*(prompt_cache_tokens or []), *prompt], prefill_step_size)
     emitted = unfed = 0  # unfed: inputs of the pass under way past the tokens yielded but one
     in_step = _lockstep(handle)
     # with kv_bits no pass crosses quantized_kv_start: plain decoding computes each position

@@ -13,7 +13,7 @@ from mlx_lm.generate import GenerationResponse, generation_stream, wired_limit
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..arguments import check_at_least, check_token_ids, vocabulary
+from ..arguments import check_at_least, check_draft_tokens, check_token_ids, vocabulary
 from ..errors import StreamerError
 from .draft_model import load_draft_model
 from .drafters import PROMPT_LOOKUP_NGRAM, DraftModel, PromptLookup
@@ -38,7 +38,7 @@ def drafter(kwargs: dict, tokenizer: TokenizerWrapper) -> DraftModel | PromptLoo
         check_token_ids(held, "prompt_cache_tokens", vocabulary(tokenizer))
     k = kwargs.get("num_draft_tokens")
     if k is not None:
-        check_at_least(k, "num_draft_tokens", 0)
+        check_draft_tokens(k, "num_draft_tokens", 0)
     if draft_model is not None and lookup not in (None, False, 0):
         raise StreamerError("give draft_model= or prompt_lookup=, not both: one drafter drafts.")
     if k == 0 or (draft_model is None and lookup in (None, False, 0)):
@@ -64,8 +64,7 @@ def drafter(kwargs: dict, tokenizer: TokenizerWrapper) -> DraftModel | PromptLoo
         return DraftModel(draft_model, sampler, vocabulary=vocabulary(tokenizer))
     if lookup is True:
         return PromptLookup(PROMPT_LOOKUP_NGRAM)
-    if isinstance(lookup, bool) or not isinstance(lookup, int):
-        raise StreamerError(f"prompt_lookup is an n-gram size, a whole number (got {lookup!r}).")
+    check_at_least(lookup, "prompt_lookup", 1)  # as --prompt-lookup: an n-gram's tokens
     return PromptLookup(lookup)
 
 
