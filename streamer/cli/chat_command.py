@@ -86,7 +86,7 @@ def chat(args: argparse.Namespace) -> None:
     check_template_flags(args, ("--chat-template-config",), tokenizer.has_chat_template)
 
     check_kv_fits(model, options)
-    options.update(draft_options(args, tokenizer))
+    options.update(draft_options(args, model, tokenizer))
     options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
     same_settings(args, model)
     engine = open_engine(model, tokenizer, 2, group, options, disk)

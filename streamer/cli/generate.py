@@ -90,7 +90,7 @@ def generate(args: argparse.Namespace) -> int:
             "every MoE layer's routed experts",
             file=sys.stderr,
         )
-    args.drafting = draft_options(args, tokenizer)
+    args.drafting = draft_options(args, model, tokenizer)
     for token in args.extra_eos_token:
         if _integer(token):  # an id, as mlx-lm's add_eos_token reads one
             check_token_ids([int(token)], "--extra-eos-token", vocabulary(tokenizer))

@@ -142,7 +142,7 @@ def serve(args: argparse.Namespace) -> None:
         check_template_bounds(tokenizer, context)
         check_template_variables(tokenizer, variables, "--chat-template-args")
     check_kv_fits(model, options)
-    options.update(draft_options(args, tokenizer))
+    options.update(draft_options(args, model, tokenizer))
     same_settings(args, model)
     engine = open_engine(
         model, tokenizer, args.prompt_cache_size, group, options, disk, args.prompt_cache_bytes

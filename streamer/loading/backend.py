@@ -135,11 +135,9 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
     if not unquantized:
         return
     compute = dtype if dtype is not None else DTYPES[unquantized[0].dtype][1]
-    try:
-        x, w = mx.zeros((1, 1, 32), compute), mx.zeros((2, 32, 32), compute)
-        mx.eval(mx.gather_mm(x, w, rhs_indices=mx.array([[0]], mx.uint32)))
-    except (RuntimeError, ValueError) as e:
-        name, why = str(compute).removeprefix("mlx.core."), one_line(e)
+    why = gather_mm_fault(compute)
+    if why is not None:
+        name = str(compute).removeprefix("mlx.core.")
         raise refusal(
             lambda spell: (
                 f"{spell('dtype')} {name} cannot compute this model's unquantized "
@@ -147,7 +145,18 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
                 f"{spell('dtype', 'float32')} (the default there) or "
                 f"{_quantized_repack(layers, unquantized)}."
             )
-        ) from None
+        )
+
+
+def gather_mm_fault(compute: mx.Dtype) -> str | None:
+    """Why MLX's gather_mm, which computes unquantized experts, fails in `compute` on this
+    backend (the CPU's runs only in float32), in one line; None where it computes."""
+    try:
+        x, w = mx.zeros((1, 1, 32), compute), mx.zeros((2, 32, 32), compute)
+        mx.eval(mx.gather_mm(x, w, rhs_indices=mx.array([[0]], mx.uint32)))
+    except (RuntimeError, ValueError) as e:
+        return one_line(e)
+    return None
 
 
 def _quantized_repack(layers: Sequence, unquantized: Sequence) -> str:
