@@ -7,13 +7,13 @@ import sys
 
 from .. import __version__
 from ..arguments import check_token_ids, vocabulary
+from ..defaults import PREFILL_STEP
 from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c, status_of
 from .kv_options import add_kv_cache, add_max_kv_size, check_kv_fits, kv_options
 from .options import (
-    PREFILL_STEP,
     add_loading,
     add_model,
     add_prefill_step_size,
