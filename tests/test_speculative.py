@@ -254,7 +254,8 @@ def test_a_draft_whose_experts_the_backend_cannot_compute_in_the_dtype_is_refuse
     with pytest.raises(streamer.StreamerError) as refused:
         tokens(model, tokenizer, 2, draft_model=str(draft))
     assert str(refused.value).startswith(
-        f"dtype bfloat16 cannot compute draft model {draft}'s unquantized experts on MLX's "
+        f"dtype bfloat16 cannot compute draft model {draft}'s unquantized experts on MLX's cpu "
+        "backend ("
     )
     assert refused.value.flags.endswith(
         "pass --dtype float32 (the default there) or a quantized draft model."

@@ -12,23 +12,17 @@ import psutil
 
 from ..cpu_cores import in_words, ranks_on_this_host, usable_cores
 from ..errors import ArgumentError, StreamerError, one_line, refusal
+from ..io.compute_backend import backend
 from ..io.safetensors import DTYPES
 
 
 def default_dtype() -> mx.Dtype | None:
     """float32 on the CPU backend (its gather_mm is float32-only and its quantized matmuls are
     several times faster with float32 activations); the checkpoint's own dtype on a GPU."""
-    return mx.float32 if mx.default_device() == mx.cpu else None
+    return mx.float32 if backend() == "cpu" else None
 
 
 READ_PATHS = ("slots", "mapped")
-
-
-def backend() -> str:
-    """Where MLX computes by default: "cpu", "metal" or "cuda"."""
-    if mx.default_device() != mx.gpu:
-        return "cpu"
-    return "cuda" if mx.cuda.is_available() else "metal"
 
 
 @dataclass(frozen=True)
@@ -141,7 +135,7 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
         raise refusal(
             lambda spell: (
                 f"{spell('dtype')} {name} cannot compute this model's unquantized "
-                f"experts on MLX's {mx.default_device()} backend ({why}); pass "
+                f"experts on MLX's {backend()} backend ({why}); pass "
                 f"{spell('dtype', 'float32')} (the default there) or "
                 f"{_quantized_repack(layers, unquantized)}."
             )

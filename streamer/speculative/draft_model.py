@@ -9,6 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import StreamerError, one_line, refusal
+from ..io.compute_backend import backend
 from ..loading.backend import gather_mm_fault
 from ..loading.hub import resolve
 
@@ -57,7 +58,7 @@ def _check_computes(model: nn.Module, dtype: mx.Dtype, name: str | Path) -> None
         raise refusal(
             lambda spell: (
                 f"{spell('dtype')} {spelled} cannot compute draft model {name}'s unquantized "
-                f"experts on MLX's {mx.default_device()} backend ({why}); pass "
+                f"experts on MLX's {backend()} backend ({why}); pass "
                 f"{spell('dtype', 'float32')} (the default there) or a quantized draft model."
             )
         )
