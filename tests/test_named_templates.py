@@ -48,6 +48,13 @@ def test_a_malformed_named_template_list_names_the_file_and_entry(tmp_path, temp
     assert "\n" not in message and "tokenizer.json" not in message.replace("_config.json", "")
 
 
+def test_an_empty_named_template_list_is_refused(tmp_path):
+    """`[]`: every render failed ("multiple chat templates with no default specified")."""
+    folder = with_templates(tmp_path, [])
+    with pytest.raises(StreamerError, match="chat_template: the list names no template; give"):
+        load_tokenizer(folder, trust_remote_code=False)
+
+
 def test_the_users_tokenizer_config_template_is_the_one_checked(tmp_path):
     """The user's chat_template replaces the file's: its faults are named, the file's are not."""
     folder = with_templates(tmp_path, [{"name": "default"}])

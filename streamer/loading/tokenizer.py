@@ -105,6 +105,11 @@ def _check_named_templates(folder: Path, extra: dict) -> None:
 def _check_template_list(templates: object, where: str) -> None:
     if not isinstance(templates, list):
         return
+    if not templates:  # transformers takes it as a template every render fails on
+        raise StreamerError(
+            f"{where}: the list names no template; give "
+            '[{"name": "default", "template": "..."}], or leave chat_template out.'
+        )
     names = set()
     for number, entry in enumerate(templates):
         fault = _entry_fault(entry, names)
