@@ -16,19 +16,17 @@ the GPU computes every matmul.
 
 from __future__ import annotations
 
-import json
 import os
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import StreamerError
-from .io.files import read_bytes
+from .io.ring_hostfile import ring_hosts
 
 # Smallest part worth a stream of its own: below it the hand-off between threads (an event each
 # way, tens of microseconds) costs more than the part's compute (a 1 MiB 4-bit part: ~1 ms here).
 MIN_PART_BYTES = 1 << 20
-HOSTFILE_BYTES = 16 << 20  # past any cluster's ring hostfile (cli/hostfile.py's MAX_BYTES)
 
 
 def usable_cores() -> int:
@@ -48,24 +46,13 @@ def ranks_on_this_host() -> int:
     of one host listen on its addresses, a port each. Anything else is 1: no launch, a ring of
     one (mlx.launch writes "" there), MLX's other backends (nccl and jaccl compute on a GPU), and
     mpirun's ranks (not counted: it may have bound each to cores of its own; --threads says)."""
-    path = os.environ.get("MLX_HOSTFILE")
-    if path is None:
-        return 1
     try:
-        rank = int(os.environ.get("MLX_RANK", ""))
-        hosts = json.loads(read_bytes(path, "MLX_HOSTFILE", HOSTFILE_BYTES))
-    except (OSError, StreamerError, ValueError):  # StreamerError: a FIFO, a device, unread
+        hosts, rank = ring_hosts(), int(os.environ.get("MLX_RANK", ""))
+    except (StreamerError, ValueError):  # StreamerError: a FIFO or device, refused unread
         return 1  # not the ring's file: MLX's own error says what is wrong with it
-    if not isinstance(hosts, list) or not 0 <= rank < len(hosts):
+    if hosts is None or not 0 <= rank < len(hosts):
         return 1
-    addresses = [_ips(host) for host in hosts]
-    return sum(1 for other in addresses if other & addresses[rank]) or 1
-
-
-def _ips(host: object) -> set[str]:
-    """The IP addresses of one rank's `"ip:port"` entries in the ring's hostfile."""
-    entries = host if isinstance(host, list) else []
-    return {entry.rsplit(":", 1)[0] for entry in entries if isinstance(entry, str)}
+    return sum(1 for other in hosts if other & hosts[rank]) or 1
 
 
 def in_words(cores: int) -> str:

@@ -84,7 +84,9 @@ def drafted(model, tokenizer, prompt: mx.array, tokens: int, draft: str | None) 
     """Greedy tokens through the speculative loop with each drafter, and its passes."""
     drafters = {"lookup": (PromptLookup(), tokens)}
     if draft:
-        model_drafts = DraftModel(load_draft_model(draft, tokenizer), make_sampler(0.0))
+        model_drafts = DraftModel(
+            load_draft_model(draft, tokenizer, model.streamer.load_dtype), make_sampler(0.0)
+        )
         drafters["draft"] = (model_drafts, 24)
     results = {}
     for name, (drafter, count) in drafters.items():

@@ -316,3 +316,42 @@ def test_a_size_of_0_without_a_unit_is_taken():
 
     argv = ["generate", "--model", "m", "-p", "hi", "--memory-budget", "0"]
     assert parser().parse_args(argv).memory_budget == 0
+
+
+def test_the_apis_defaults_are_the_clis():
+    """A default written out in a signature and again as its flag's (serve's and chat's
+    max_tokens, the Engine's prompt_cache_size, the speculative loop's prefill step) could drift
+    apart unseen: each is named once in streamer/defaults.py, and each pair agrees."""
+    import argparse
+    import inspect
+
+    from streamer import defaults
+    from streamer.cli import parser
+    from streamer.cli.chat import chat
+    from streamer.server import serve
+    from streamer.server.engine import Engine
+    from streamer.speculative.loop import speculative_generate_step
+
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+
+    def flag(command: str, dest: str):
+        return commands.choices[command].get_default(dest)
+
+    def keyword(function, name: str):
+        return inspect.signature(function).parameters[name].default
+
+    pairs = [
+        (keyword(serve, "max_tokens"), flag("serve", "max_tokens"), defaults.MAX_TOKENS),
+        (keyword(chat, "max_tokens"), flag("chat", "max_tokens"), defaults.MAX_TOKENS),
+        (
+            keyword(Engine.__init__, "prompt_cache_size"),
+            flag("serve", "prompt_cache_size"),
+            defaults.PROMPT_CACHE_SIZE,
+        ),
+        (
+            keyword(speculative_generate_step, "prefill_step_size"),
+            flag("generate", "prefill_step_size"),
+            defaults.PREFILL_STEP,
+        ),
+    ]
+    assert all(api == cli == named for api, cli, named in pairs), pairs

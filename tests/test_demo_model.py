@@ -139,6 +139,7 @@ def test_info_names_the_projections_left_unquantized(capsys, tmp_path):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "--dtype bfloat16 cannot" in err and "pass --dtype float32" in err, err
+        assert "on MLX's cpu backend (" in err, err  # was "on MLX's Device(cpu, 0) backend"
         assert "dtype='float32'" not in err, err
         # it was repacked with --quantize, which "or repack with --quantize" said to do
         assert "down_proj, which --quantize left unquantized" in err and "--group-size" in err

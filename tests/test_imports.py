@@ -39,6 +39,7 @@ LAYERS = {
         "streamer.families",
         "streamer.parallel",
         "streamer.arguments",
+        "streamer.defaults",
         "streamer.progress",
     },
     "layer": {

@@ -296,6 +296,35 @@ def test_one_rank_launched_on_the_ring_runs_alone(tmp_path, monkeypatch):
     assert launched_group() is None
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="a FIFO to name")
+def test_a_ring_hostfile_that_is_no_regular_file_is_refused_unread(tmp_path, monkeypatch):
+    """MLX_HOSTFILE naming a FIFO: the group's check for a ring of one read it until something
+    wrote it (and MLX's ring, asked next, waits on it too); /dev/zero until memory ran out."""
+    from hostile_files import refused_without_hanging
+
+    from streamer.parallel.group import launched_group
+
+    fifo = tmp_path / "ring"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("MLX_RANK", "0")
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device")):
+        monkeypatch.setenv("MLX_HOSTFILE", str(path))
+        refused_without_hanging(launched_group, f"{path} is {kind}", "the ring's hostfile")
+
+
+def test_a_ring_hostfile_listing_no_host_runs_alone(tmp_path):
+    """`[]` as the ring's hostfile: MLX's ring, asked for the group, died of a floating point
+    exception (SIGFPE)."""
+    hostfile = tmp_path / "ring"
+    hostfile.write_text("[]")
+    env = {**os.environ, "MLX_RANK": "0", "MLX_HOSTFILE": str(hostfile)}
+    code = "from streamer.parallel.group import launched_group; print(launched_group())"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert (result.returncode, result.stdout) == (0, "None\n"), result.stderr
+
+
 def launched_remotely(
     tmp_path, script: str, typed: str, hosts: tuple[str, ...] = ("host0", "host1")
 ) -> subprocess.CompletedProcess:

@@ -91,6 +91,30 @@ def test_the_files_never_pass_their_bound(local, tmp_path, monkeypatch):
     assert len(held) == 4 and max(held) <= 2 * size + size // 2
 
 
+def test_a_folder_that_cannot_be_synced_keeps_the_file_and_says_so(
+    local, tmp_path, monkeypatch, caplog
+):
+    """The folder's fsync failing after the rename: the log said the prompt cache was "not
+    written" while the file was in place (and read at the next start), and this engine did not
+    list it."""
+
+    def failed(folder):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(disk_module, "fsync_dir", failed)
+    engine = engine_over(local, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="streamer.server"):
+        ask(engine, "import os")
+    (written,) = files(tmp_path)
+    assert list(engine.disk.entries) == [written]
+    assert caplog.messages == [
+        f"prompt cache written to {tmp_path}, but its folder could not be synced (Input/output "
+        "error): a power loss may lose it"
+    ]
+    monkeypatch.undo()
+    assert ask(engine_over(local, tmp_path), "import os")[1].cached_tokens > 0
+
+
 def test_a_file_removed_by_another_server_once_loaded_is_still_used(local, tmp_path, monkeypatch):
     """Another server sharing the folder removed a file just after this one loaded it: marking
     it recently used raised FileNotFoundError, and the request failed (500)."""

@@ -63,7 +63,7 @@ def test_the_cuda_landing_locks_what_the_plan_allows(checkpoints, monkeypatch, m
     calls = fake_memory(monkeypatch, memory)
     monkeypatch.setattr(residency, "CHUNK_BYTES", 1)
     made = []
-    monkeypatch.setattr(landing, "on_cuda", lambda: True)
+    monkeypatch.setattr(landing, "backend", lambda: "cuda")
     monkeypatch.setattr(cuda_runtime, "CudaRuntime", lambda: "runtime")
     monkeypatch.setattr(cuda_copy, "MappedCopies", lambda *args, **kw: made.append(args) or None)
     monkeypatch.setattr(cuda_copy, "StagedCopies", lambda *args: pytest.fail("not asked for"))

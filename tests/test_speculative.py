@@ -218,10 +218,48 @@ def test_a_bounded_prompt_cache_is_refused_with_drafts(target):
 def test_a_draft_with_another_tokenizer_is_refused(target):
     from pathlib import Path
 
-    _, tokenizer = streamer.load(target[0], memory_budget=0)
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
     demo = Path(streamer.__file__).parent / "demo_model"  # its own tokenizer, 2k tokens
     with pytest.raises(streamer.StreamerError, match="must use the model's own tokenizer"):
-        load_draft_model(demo, tokenizer)
+        load_draft_model(demo, tokenizer, model.streamer.load_dtype)
+
+
+def test_a_draft_named_by_folder_computes_in_the_loads_dtype(target, checkpoints, monkeypatch):
+    """`dtype='bfloat16'` (the CPU computes 4-bit experts in it): the draft loaded for it was in
+    float32, the backend's default, whatever the load was given."""
+    from streamer.speculative import stream
+
+    drafts, drafter = [], stream.DraftModel
+
+    def recorded(draft, *args, **kwargs):
+        drafts.append(draft)
+        return drafter(draft, *args, **kwargs)
+
+    monkeypatch.setattr(stream, "DraftModel", recorded)
+    model, tokenizer = streamer.load(target[0], memory_budget=0, dtype="bfloat16")
+    plain = tokens(model, tokenizer, 8)
+    assert tokens(model, tokenizer, 8, draft_model=str(checkpoints.mlx("qwen3_moe"))) == plain
+    norm = drafts[0].model.norm.weight
+    assert norm.dtype == mx.bfloat16
+
+
+def test_a_draft_whose_experts_the_backend_cannot_compute_in_the_dtype_is_refused(
+    target, checkpoints
+):
+    """Unquantized experts in bfloat16 on the CPU (its gather_mm is float32-only): refused as
+    the streamed model is, before a token; the draft was loaded in float32 whatever the load's
+    dtype, and would have failed at its first draft once it followed it."""
+    model, tokenizer = streamer.load(target[0], memory_budget=0, dtype="bfloat16")
+    draft = checkpoints.hf("qwen3_moe")  # unquantized experts: mlx-lm's SwitchLinear
+    with pytest.raises(streamer.StreamerError) as refused:
+        tokens(model, tokenizer, 2, draft_model=str(draft))
+    assert str(refused.value).startswith(
+        f"dtype bfloat16 cannot compute draft model {draft}'s unquantized experts on MLX's cpu "
+        "backend ("
+    )
+    assert refused.value.flags.endswith(
+        "pass --dtype float32 (the default there) or a quantized draft model."
+    )
 
 
 def test_a_sliding_window_cache_is_trimmed_past_its_window():
@@ -254,7 +292,8 @@ def test_a_draft_whose_tokenizer_has_the_same_size_but_other_ids_is_refused(
     import json
     import shutil
 
-    _, tokenizer = streamer.load(target[0], memory_budget=0)
+    model, tokenizer = streamer.load(target[0], memory_budget=0)
+    dtype = model.streamer.load_dtype
     draft = tmp_path / "draft"
     shutil.copytree(checkpoints.mlx("qwen3_moe"), draft)
     data = json.loads((draft / "tokenizer.json").read_text())
@@ -263,8 +302,8 @@ def test_a_draft_whose_tokenizer_has_the_same_size_but_other_ids_is_refused(
     vocab[a], vocab[b] = vocab[b], vocab[a]
     (draft / "tokenizer.json").write_text(json.dumps(data))
     with pytest.raises(streamer.StreamerError, match=f"has token {b!r} as id {vocab[b]}, which"):
-        load_draft_model(draft, tokenizer)
-    load_draft_model(checkpoints.mlx("qwen3_moe"), tokenizer)  # its own tokenizer: accepted
+        load_draft_model(draft, tokenizer, dtype)
+    load_draft_model(checkpoints.mlx("qwen3_moe"), tokenizer, dtype)  # its own: accepted
 
 
 def test_the_draft_model_prefills_in_the_targets_steps(target, random_draft, monkeypatch):

@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-import mlx.core as mx
 import numpy as np
 
 from ..errors import StreamerError
+from ..io.compute_backend import backend
 from ..io.pinning import PinAllowance
 
 _LOCKS = {"mapped": "none", "registered": "copy", "pinned": "file", "gathered": "file"}
@@ -53,7 +53,7 @@ def landing_for(
     says (one of CUDA_MISSES), whole files page-locked while `pinnable` allows (the load's, shared
     by its pools); else None (reads land in the slot). io/cuda_copy.py is imported only
     then. `tensors`: the pool's SlotTensors."""
-    if not on_cuda():
+    if backend() != "cuda":  # the only backend whose reads need a landing
         return None
     from ..io.cuda_copy import MappedCopies, StagedCopies
     from ..io.cuda_runtime import CudaRuntime
@@ -61,11 +61,6 @@ def landing_for(
     if misses == "staged" or not page_cache:
         return StagedCopies([t.nbytes for t in tensors], buffers, CudaRuntime())
     return MappedCopies(CudaRuntime(), _LOCKS[misses], pinnable, gathers=misses == "gathered")
-
-
-def on_cuda() -> bool:
-    """Whether MLX computes on a CUDA GPU: the only backend whose reads need a landing."""
-    return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
 def unreadable(where: str, expert: int, error: OSError) -> StreamerError:

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..errors import StreamerError
 from ..io import buffers
+from ..io.compute_backend import backend
 from ..io.reads import ReadFile
-from .landing import on_cuda
 
 SLOT_ALIGN = 16384  # Apple silicon's page size; a multiple of Linux's 4 KiB and of DIRECT_ALIGN
 
@@ -82,7 +82,7 @@ def allocate(slots: int, t: SlotTensor) -> tuple[mx.array, np.ndarray]:
     array = buffers.view(buffer, pad, t.dtype, (slots, *t.shape))
     mx.eval(array)
     rows = buffers.host_bytes(buffer)
-    if on_cuda():
+    if backend() == "cuda":
         on_gpu(rows)
     return array, rows[pad : pad + length].reshape(slots, t.nbytes)
 

@@ -11,6 +11,7 @@ import sys
 from queue import Empty
 from typing import TextIO
 
+from ..defaults import MAX_TOKENS
 from ..errors import StreamerError, one_line
 from ..server.api import Completion, Sampling
 from ..server.engine import Engine
@@ -150,7 +151,7 @@ def chat(
     system_prompt: str | None = None,
     template: bool = True,
     template_variables: dict | None = None,
-    max_tokens: int = 512,
+    max_tokens: int = MAX_TOKENS,
     context: int | None = None,
     sampling: Sampling | None = None,
     stdin: TextIO = sys.stdin,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..defaults import MAX_TOKENS
 from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
@@ -41,7 +42,7 @@ def add_parser(sub) -> None:
     )
     add_model(p)
     p.add_argument(
-        "--max-tokens", "-m", type=int, default=512, help="per answer"
+        "--max-tokens", "-m", type=int, default=MAX_TOKENS, help="per answer"
     )  # mlx_lm.chat's -m
     add_sampling(p)
     add_template(p)
@@ -86,7 +87,7 @@ def chat(args: argparse.Namespace) -> None:
     check_template_flags(args, ("--chat-template-config",), tokenizer.has_chat_template)
 
     check_kv_fits(model, options)
-    options.update(draft_options(args, tokenizer))
+    options.update(draft_options(args, model, tokenizer))
     options["prompt_progress_callback"] = PrefillProgress()  # a bar while a turn prefills
     same_settings(args, model)
     engine = open_engine(model, tokenizer, 2, group, options, disk)

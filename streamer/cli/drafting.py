@@ -53,10 +53,10 @@ def check_drafting(args: argparse.Namespace) -> None:
         check_draft_tokens(args.num_draft_tokens, "--num-draft-tokens", 1)
 
 
-def draft_options(args: argparse.Namespace, tokenizer) -> dict:
+def draft_options(args: argparse.Namespace, model, tokenizer) -> dict:
     """streamer.generate's keywords for the drafting flags: the draft model loaded once (checked
-    against the streamed model's tokenizer). On an expert-parallel group every rank loads it and
-    drafts alike (streamer/speculative/loop.py checks that they do)."""
+    against the streamed `model`'s tokenizer, in its load's dtype). On an expert-parallel group
+    every rank loads it and drafts alike (streamer/speculative/loop.py checks that they do)."""
     if args.draft_model is None and args.prompt_lookup is None:
         return {}
     options = {"num_draft_tokens": args.num_draft_tokens} if args.num_draft_tokens else {}
@@ -64,4 +64,7 @@ def draft_options(args: argparse.Namespace, tokenizer) -> dict:
         return {**options, "prompt_lookup": args.prompt_lookup}
     from ..speculative.draft_model import load_draft_model
 
-    return {**options, "draft_model": load_draft_model(args.draft_model, tokenizer)}
+    return {
+        **options,
+        "draft_model": load_draft_model(args.draft_model, tokenizer, model.streamer.load_dtype),
+    }

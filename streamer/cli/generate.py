@@ -7,13 +7,13 @@ import sys
 
 from .. import __version__
 from ..arguments import check_token_ids, vocabulary
+from ..defaults import PREFILL_STEP
 from ..errors import StreamerError
 from ..progress import PrefillProgress
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import raising_on_ctrl_c, status_of
 from .kv_options import add_kv_cache, add_max_kv_size, check_kv_fits, kv_options
 from .options import (
-    PREFILL_STEP,
     add_loading,
     add_model,
     add_prefill_step_size,
@@ -90,7 +90,7 @@ def generate(args: argparse.Namespace) -> int:
             "every MoE layer's routed experts",
             file=sys.stderr,
         )
-    args.drafting = draft_options(args, tokenizer)
+    args.drafting = draft_options(args, model, tokenizer)
     for token in args.extra_eos_token:
         if _integer(token):  # an id, as mlx-lm's add_eos_token reads one
             check_token_ids([int(token)], "--extra-eos-token", vocabulary(tokenizer))

@@ -13,6 +13,7 @@ from ..arguments import (
     check_at_least,
     check_sampling,
 )
+from ..defaults import PREFILL_STEP
 from ..errors import StreamerError
 from ..io.sizes import parse_size
 
@@ -20,9 +21,6 @@ if TYPE_CHECKING:  # mlx is imported only once a command runs
     import mlx.core as mx
 
     from ..loading.options import LoadOptions
-
-# prompt tokens computed at a time: mlx-lm's default (mlx_lm.generate, chat and server alike)
-PREFILL_STEP = 2048
 
 
 def option_group(p: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:

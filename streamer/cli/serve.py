@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..arguments import check_at_least
+from ..defaults import MAX_TOKENS, PROMPT_CACHE_SIZE
 from ..errors import StreamerError
 from .drafting import add_drafting, check_drafting, draft_options
 from .interrupts import end_interrupted, raising_on_ctrl_c
@@ -85,14 +86,20 @@ def add_parser(sub) -> None:
         "them, as mlx_lm.server's: e.g. '{\"enable_thinking\": false}' (Qwen3: no thinking)",
     )
     unset = p.add_argument_group("a request's defaults")
-    unset.add_argument("--max-tokens", type=int, default=512, help="when a request sets none")
+    unset.add_argument(
+        "--max-tokens", type=int, default=MAX_TOKENS, help="when a request sets none"
+    )
     unset.add_argument("--temp", type=float, default=0.0, help="when a request sets none")
     unset.add_argument("--top-p", type=float, default=1.0, help="when a request sets none")
     unset.add_argument("--top-k", type=int, default=0, help="when a request sets none (0: off)")
     unset.add_argument("--min-p", type=float, default=0.0, help="when a request sets none (0: off)")
     caches = option_group(p, "prompt caches")
     caches.add_argument(
-        "--prompt-cache-size", type=int, default=10, metavar="N", help="KV caches kept for reuse"
+        "--prompt-cache-size",
+        type=int,
+        default=PROMPT_CACHE_SIZE,
+        metavar="N",
+        help="KV caches kept for reuse",
     )
     caches.add_argument(
         "--prompt-cache-bytes",
@@ -142,7 +149,7 @@ def serve(args: argparse.Namespace) -> None:
         check_template_bounds(tokenizer, context)
         check_template_variables(tokenizer, variables, "--chat-template-args")
     check_kv_fits(model, options)
-    options.update(draft_options(args, tokenizer))
+    options.update(draft_options(args, model, tokenizer))
     same_settings(args, model)
     engine = open_engine(
         model, tokenizer, args.prompt_cache_size, group, options, disk, args.prompt_cache_bytes

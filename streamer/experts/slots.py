@@ -38,6 +38,7 @@ import numpy as np
 
 from ..cache.slot_pool import SlotPool
 from ..expert_traffic import ExpertTraffic
+from ..io.compute_backend import backend
 from .routing import finish, host_routing, in_routed_order, kept, routed_rows
 
 OVERLAPPED_ROUTES = 64  # calls of at most this many routed entries compute hits beside reads
@@ -50,20 +51,19 @@ STACK_BYTES = 1 << 30  # the most one stack takes: a prompt gathered whole, a ca
 
 def stack_bytes() -> int:
     """STACK_BYTES on a GPU; 0 on the CPU backend, where parts are exact and copy nothing."""
-    return 0 if mx.default_device() == mx.cpu else STACK_BYTES
+    return 0 if backend() == "cpu" else STACK_BYTES
 
 
 def overlapped_routes() -> int:
     """OVERLAPPED_ROUTES on the CPU backend (exact for every family, faster squeezed); 0 on a
     GPU: parts were not the resident's to the bit on an H100 (bench/findings.md)."""
-    return OVERLAPPED_ROUTES if mx.default_device() == mx.cpu else 0
+    return OVERLAPPED_ROUTES if backend() == "cpu" else 0
 
 
 class Slots:
     def __init__(self, pool: SlotPool):
         self._pool = pool
-        self._overlapped = overlapped_routes()
-        self._stack_bytes = stack_bytes()
+        self._overlapped, self._stack_bytes = overlapped_routes(), stack_bytes()  # by backend
         self._installed: int | None = None  # the chunk whose arrays the container holds now
         self._table: mx.array | None = None  # the slot of each of the layer's experts
         self._slot_of: np.ndarray | None = None  # the same on the host

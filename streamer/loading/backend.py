@@ -12,23 +12,17 @@ import psutil
 
 from ..cpu_cores import in_words, ranks_on_this_host, usable_cores
 from ..errors import ArgumentError, StreamerError, one_line, refusal
+from ..io.compute_backend import backend
 from ..io.safetensors import DTYPES
 
 
 def default_dtype() -> mx.Dtype | None:
     """float32 on the CPU backend (its gather_mm is float32-only and its quantized matmuls are
     several times faster with float32 activations); the checkpoint's own dtype on a GPU."""
-    return mx.float32 if mx.default_device() == mx.cpu else None
+    return mx.float32 if backend() == "cpu" else None
 
 
 READ_PATHS = ("slots", "mapped")
-
-
-def backend() -> str:
-    """Where MLX computes by default: "cpu", "metal" or "cuda"."""
-    if mx.default_device() != mx.gpu:
-        return "cpu"
-    return "cuda" if mx.cuda.is_available() else "metal"
 
 
 @dataclass(frozen=True)
@@ -135,19 +129,28 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
     if not unquantized:
         return
     compute = dtype if dtype is not None else DTYPES[unquantized[0].dtype][1]
+    why = gather_mm_fault(compute)
+    if why is not None:
+        name = str(compute).removeprefix("mlx.core.")
+        raise refusal(
+            lambda spell: (
+                f"{spell('dtype')} {name} cannot compute this model's unquantized "
+                f"experts on MLX's {backend()} backend ({why}); pass "
+                f"{spell('dtype', 'float32')} (the default there) or "
+                f"{_quantized_repack(layers, unquantized)}."
+            )
+        )
+
+
+def gather_mm_fault(compute: mx.Dtype) -> str | None:
+    """Why MLX's gather_mm, which computes unquantized experts, fails in `compute` on this
+    backend (the CPU's runs only in float32), in one line; None where it computes."""
     try:
         x, w = mx.zeros((1, 1, 32), compute), mx.zeros((2, 32, 32), compute)
         mx.eval(mx.gather_mm(x, w, rhs_indices=mx.array([[0]], mx.uint32)))
     except (RuntimeError, ValueError) as e:
-        name, why = str(compute).removeprefix("mlx.core."), one_line(e)
-        raise refusal(
-            lambda spell: (
-                f"{spell('dtype')} {name} cannot compute this model's unquantized "
-                f"experts on MLX's {mx.default_device()} backend ({why}); pass "
-                f"{spell('dtype', 'float32')} (the default there) or "
-                f"{_quantized_repack(layers, unquantized)}."
-            )
-        ) from None
+        return one_line(e)
+    return None
 
 
 def _quantized_repack(layers: Sequence, unquantized: Sequence) -> str:

@@ -64,6 +64,7 @@ class Streaming:
     folder_lock: FolderLock | None  # shared flock: `repack --force` refuses while it is held
     pools: list[SlotPool] = field(default_factory=list)  # the slot path's pools
     dtype: str = ""  # what the model computes in (compute_dtype's), for the stats line
+    load_dtype: mx.Dtype | None = None  # the load's (LoadOptions.dtype), which a draft follows
     threads: int = 1  # the CPU cores a token's large matmuls are cut across (cpu_cores.py)
     threads_why: str = ""  # why that many (LoadOptions'); "": a GPU's, not said
     generating: tuple[int | None, int] = (None, 0)  # the thread generating, its answers open

@@ -180,6 +180,7 @@ def _assemble(source: Source, options: LoadOptions) -> tuple[nn.Module, Tokenize
         folder_lock=source.lock,
         pools=pools,
         dtype=compute_dtype(model),
+        load_dtype=dtype,
         threads=options.threads,
         threads_why=options.threads_why,
     )

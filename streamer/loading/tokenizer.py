@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..errors import StreamerError, one_line
 from ..families.config import check_eos_ids, context_length
 from ..io.checkpoint import TOKENIZER_FILES, has_tokenizer_files
+from ..io.files import read_bytes
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -51,6 +53,7 @@ def load_tokenizer(
     extra = {"trust_remote_code": True} if trust_remote_code else {}
     extra.update(_config_unbuilt(folder, config))
     extra.update(tokenizer_config or {})
+    _check_named_templates(folder, extra)
     try:
         tokenizer = mlx_lm_load_tokenizer(
             folder, tokenizer_config_extra=extra, eos_token_ids=eos_ids
@@ -76,6 +79,60 @@ def load_tokenizer(
     _context_as_max_length(tokenizer, config)
     _check_ids_embedded(tokenizer, embedded, folder)
     return tokenizer
+
+
+def _check_named_templates(folder: Path, extra: dict) -> None:
+    """Refuse a chat_template list in transformers' named form, [{"name": ..., "template": ...}],
+    that transformers would fail on in a message blaming tokenizer.json (an entry not an object, or
+    lacking a name or template), keep the last of two entries named alike without a word, or take
+    with a template that is not text (failing only when a prompt is rendered). Checked where the
+    template used comes from: the user's tokenizer_config, else tokenizer_config.json unless a
+    chat_template.jinja or chat_templates/ file replaces it (transformers reads those first)."""
+    if "chat_template" in extra:
+        _check_template_list(extra["chat_template"], "tokenizer_config's chat_template")
+        return
+    where = folder / "tokenizer_config.json"
+    if (folder / "chat_template.jinja").exists() or any(folder.glob("chat_templates/*.jinja")):
+        return
+    try:
+        config = json.loads(read_bytes(where, "the tokenizer's config"))
+    except (OSError, ValueError):
+        return  # transformers' own reading says what is wrong with the file
+    if isinstance(config, dict):
+        _check_template_list(config.get("chat_template"), f"{where}: chat_template")
+
+
+def _check_template_list(templates: object, where: str) -> None:
+    if not isinstance(templates, list):
+        return
+    if not templates:  # transformers takes it as a template every render fails on
+        raise StreamerError(
+            f"{where}: the list names no template; give "
+            '[{"name": "default", "template": "..."}], or leave chat_template out.'
+        )
+    names = set()
+    for number, entry in enumerate(templates):
+        fault = _entry_fault(entry, names)
+        if fault is not None:
+            raise StreamerError(
+                f"{where}: entry {number} {fault}; each entry is "
+                '{"name": "default", "template": "..."}, its name given once.'
+            )
+        names.add(entry["name"])
+
+
+def _entry_fault(entry: object, names: set[str]) -> str | None:
+    if not isinstance(entry, dict):
+        return f"is {type(entry).__name__}, not an object"
+    for key in ("name", "template"):
+        value = entry.get(key)
+        if not isinstance(value, str):
+            kind = "null" if value is None else type(value).__name__
+            what = kind if key in entry else "missing"
+            return f"{key} is {what}, not text"
+    if entry["name"] in names:
+        return f"names {entry['name']!r} again"
+    return None
 
 
 # The last part of the name of the token embedding in mlx-lm's models

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import StreamerError
 from ..io.manifest import Manifest
+from ..io.ring_hostfile import ring_hosts
 from .shards import interleaved
 
 WHERE_BYTES = 1024  # room for "host:/folder" in the load-time check, or a rank's error
@@ -53,8 +54,8 @@ def launched_group() -> mx.distributed.Group | None:
     or None when it runs alone."""
     if not any(v in os.environ for v in LAUNCH_VARIABLES) or not mx.distributed.is_available():
         return None
-    if _ring_of_one():
-        return None  # a group of one is a plain run
+    if ring_hosts() == []:
+        return None  # mlx.launch's ring of one host (`-n 1`): a plain run
     try:
         group = mx.distributed.init()
     except RuntimeError as e:  # the ring's peers unreachable (after MLX's retries, ~30 s)
@@ -64,16 +65,6 @@ def launched_group() -> mx.distributed.Group | None:
             "up and reachable at its address, and that no other program holds its port."
         ) from None
     return group if group.size() > 1 else None
-
-
-def _ring_of_one() -> bool:
-    """mlx.launch's ring of one host (`-n 1`): it writes "" to the MLX_HOSTFILE of its one rank,
-    which MLX's ring then fails to parse as JSON when the group is asked for."""
-    path = os.environ.get("MLX_HOSTFILE")
-    try:
-        return path is not None and not Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return False  # not mlx.launch's: MLX's own error says what is wrong with it
 
 
 def expert_shares(

@@ -12,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ..defaults import MAX_TOKENS
 from .api import Sampling
 
 
@@ -75,7 +76,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8080,
     defaults: Sampling | None = None,
-    max_tokens: int = 512,
+    max_tokens: int = MAX_TOKENS,
     api_key: str | None = None,
     template_kwargs: dict | None = None,
     client_connections: int | None = None,

@@ -134,7 +134,6 @@ class DiskCache:
                 return
             path = self.folder / f"{PREFIX}{key}-{crc:08x}{SUFFIX}"
             os.replace(partial, path)
-            fsync_dir(self.folder)
         except Exception as e:  # a full disk (or a cache mlx-lm cannot save) costs the cache only
             partial.unlink(missing_ok=True)
             why = e.strerror if isinstance(e, OSError) and e.strerror else one_line(e)
@@ -144,6 +143,20 @@ class DiskCache:
         self.entries[path] = Entry(path, own, trimmable, start, parent and parent.path, shape)
         for shorter in unused_prefixes(self.entries, matches, len(tokens)) if trimmable else []:
             self._forget(shorter)  # the new file cuts back to it, as mlx-lm drops them from memory
+        self._sync_folder()
+
+    def _sync_folder(self) -> None:
+        """The folder's renames and removals made to survive a power loss. A failure leaves the
+        new file in place, used now and at the next start, only perhaps lost to a power loss."""
+        try:
+            fsync_dir(self.folder)
+        except OSError as e:
+            log.warning(
+                "prompt cache written to %s, but its folder could not be synced (%s): a power "
+                "loss may lose it",
+                self.folder,
+                e.strerror or e,
+            )
 
     def _touch(self, entry: Entry) -> None:
         """Mark `entry`'s files recently used: evicted last."""

@@ -21,6 +21,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..api_request import cached_tokens
+from ..defaults import PROMPT_CACHE_SIZE
 from ..generate import stream_generate
 from ..kv_quantization import check_kv_cache_quantizes
 from ..run_stats import settled
@@ -47,7 +48,7 @@ class Engine:
         self,
         model: nn.Module,
         tokenizer: TokenizerWrapper,
-        prompt_cache_size: int = 10,
+        prompt_cache_size: int = PROMPT_CACHE_SIZE,
         options: dict | None = None,
         disk: DiskCache | None = None,
         prompt_cache_bytes: int | None = None,

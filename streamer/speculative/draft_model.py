@@ -8,18 +8,23 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import StreamerError, one_line
-from ..loading.backend import default_dtype
+from ..errors import StreamerError, one_line, refusal
+from ..io.compute_backend import backend
+from ..loading.backend import gather_mm_fault
 from ..loading.hub import resolve
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
-def load_draft_model(name: str | Path, tokenizer: TokenizerWrapper) -> nn.Module:
-    """The model in folder `name` (or org/name in the hub cache), resident, in the compute dtype
-    streamed models use here (float32 on the CPU); refused unless it shares the target's
-    tokenizer: its drafts are token ids the target must read alike."""
+def load_draft_model(
+    name: str | Path, tokenizer: TokenizerWrapper, dtype: mx.Dtype | None
+) -> nn.Module:
+    """The model in folder `name` (or org/name in the hub cache), resident, in `dtype`: the
+    streamed model's load's (Streaming.load_dtype; None: each tensor's own, a GPU's default).
+    Refused unless it shares the target's tokenizer (its drafts are token ids the target must
+    read alike), and where this backend cannot compute its experts in `dtype`, as the streamed
+    model is (loading/backend.py)."""
     from mlx_lm import load
 
     folder = resolve(name, "draft model")
@@ -33,11 +38,30 @@ def load_draft_model(name: str | Path, tokenizer: TokenizerWrapper) -> nn.Module
             f"draft model {name} {differs}: a draft must use the model's own tokenizer (its "
             "drafts are token ids the model reads)."
         )
-    dtype = default_dtype()
     if dtype is not None:
+        _check_computes(model, dtype, name)
         model.set_dtype(dtype)
     mx.eval(model.parameters())
     return model
+
+
+def _check_computes(model: nn.Module, dtype: mx.Dtype, name: str | Path) -> None:
+    """Refuse now, not at the first draft, unquantized experts (mlx-lm's SwitchLinear, computed
+    by gather_mm) in a dtype this backend's gather_mm lacks (the CPU's runs only in float32)."""
+    from mlx_lm.models.switch_layers import SwitchLinear
+
+    if not any(isinstance(m, SwitchLinear) for _, m in model.named_modules()):
+        return
+    why = gather_mm_fault(dtype)
+    if why is not None:
+        spelled = str(dtype).removeprefix("mlx.core.")
+        raise refusal(
+            lambda spell: (
+                f"{spell('dtype')} {spelled} cannot compute draft model {name}'s unquantized "
+                f"experts on MLX's {backend()} backend ({why}); pass "
+                f"{spell('dtype', 'float32')} (the default there) or a quantized draft model."
+            )
+        )
 
 
 def vocabulary_difference(draft: TokenizerWrapper, target: TokenizerWrapper) -> str | None:

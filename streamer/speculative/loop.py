@@ -35,6 +35,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from ..arguments import KV_GROUP_SIZE, QUANTIZED_KV_START
+from ..defaults import PREFILL_STEP
 from ..loading.handle import streaming
 from ..parallel.group import GroupError, gather_floats
 from .drafters import DraftModel, PromptLookup, prefill
@@ -52,7 +53,7 @@ def speculative_generate_step(
     logits_processors: list[Callable] | None = None,
     prompt_cache: list | None = None,
     prompt_cache_tokens: list[int] | None = None,
-    prefill_step_size: int = 2048,
+    prefill_step_size: int = PREFILL_STEP,
     kv_bits: int | None = None,
     kv_group_size: int = KV_GROUP_SIZE,
     quantized_kv_start: int = QUANTIZED_KV_START,  # as plain decoding's (generate_step's)

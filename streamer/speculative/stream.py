@@ -23,9 +23,12 @@ NUM_DRAFT_TOKENS = 3  # mlx_lm.generate's --num-draft-tokens default
 KEYWORDS = {"draft_model", "num_draft_tokens", "prompt_lookup", "prompt_cache_tokens"}
 
 
-def drafter(kwargs: dict, tokenizer: TokenizerWrapper) -> DraftModel | PromptLookup | None:
+def drafter(
+    kwargs: dict, tokenizer: TokenizerWrapper, dtype: mx.Dtype | None
+) -> DraftModel | PromptLookup | None:
     """The drafter the keywords ask for (popped from `kwargs`), or None for plain decoding: no
-    draft_model nor prompt_lookup, or num_draft_tokens=0 (a request turning drafts off)."""
+    draft_model nor prompt_lookup, or num_draft_tokens=0 (a request turning drafts off). A
+    draft_model named by folder is loaded in `dtype`, the streamed model's load's."""
     draft_model = kwargs.pop("draft_model", None)
     lookup = kwargs.pop("prompt_lookup", None)
     held = kwargs.get("prompt_cache_tokens")
@@ -59,7 +62,7 @@ def drafter(kwargs: dict, tokenizer: TokenizerWrapper) -> DraftModel | PromptLoo
                 f"org/name (got {draft_model!r:.60})."
             )
         if isinstance(draft_model, (str, Path)):
-            draft_model = load_draft_model(draft_model, tokenizer)
+            draft_model = load_draft_model(draft_model, tokenizer, dtype)
         sampler = kwargs.get("sampler") or make_sampler(0.0)
         return DraftModel(draft_model, sampler, vocabulary=vocabulary(tokenizer))
     if lookup is True:
@@ -73,7 +76,7 @@ def stream_generate(
 ) -> Iterator[GenerationResponse]:
     """mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens, **kwargs), drafting as
     `kwargs` ask (checked now, before any token): with a drafter, the speculative loop's."""
-    drafts = drafter(kwargs, tokenizer)
+    drafts = drafter(kwargs, tokenizer, model.streamer.load_dtype)
     if drafts is None:
         return mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens, **kwargs)
     return responses(model, tokenizer, prompt, drafts, max_tokens=max_tokens, **kwargs)
