@@ -132,11 +132,11 @@ def test_fused_hf_experts_become_what_mlx_lm_sanitize_makes(checkpoints, arch):
 
 
 @pytest.mark.parametrize(
-    "arch", ["deepseek_v3", "kimi_k2", "deepseek_v32", "minimax", "mimo_v2_flash"]
+    "arch", ["deepseek_v3", "kimi_k2", "kimi_k25", "deepseek_v32", "minimax", "mimo_v2_flash"]
 )
 def test_fp8_download_is_dequantized_as_mlx_lm_does(tmp_path, arch):
     """The official DeepSeek / Kimi / MiniMax-M2 / MiMo-V2-Flash checkpoints: FP8 weights with
-    128x128 block scales (experts included)."""
+    128x128 block scales (experts included); Kimi K2.5's under `language_model.`."""
     src = write_hf_checkpoint(tmp_path / "src", tiny_config(arch), fp8=True)
     repack(src, tmp_path / "bf16", log=lambda _: None)
     compare(tmp_path / "bf16", reference_model(src), tolerance=1e-4)

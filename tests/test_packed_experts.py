@@ -30,6 +30,10 @@ from streamer.repack import Quantize, repack
     [
         ("kimi_k3", "mxfp4-pack-quantized", "mxfp4"),
         ("kimi_k2", "pack-quantized", "affine"),
+        # Kimi K2.5 as published: its text model under `language_model.`, which its sanitize
+        # needs to find (each expert's pack was converted without it: "tensor 'language_model'
+        # is missing")
+        ("kimi_k25", "pack-quantized", "affine"),
         ("deepseek_v41", "ue8m0", "mxfp4"),
     ],
 )
@@ -45,7 +49,12 @@ def test_packed_experts_stream_as_mlx_lm_loads_them(tmp_path, model_type, fmt, m
 
 @pytest.mark.parametrize(
     "model_type, fmt",
-    [("kimi_k3", "mxfp4-pack-quantized"), ("kimi_k2", "pack-quantized"), ("deepseek_v41", "ue8m0")],
+    [
+        ("kimi_k3", "mxfp4-pack-quantized"),
+        ("kimi_k2", "pack-quantized"),
+        ("kimi_k25", "pack-quantized"),
+        ("deepseek_v41", "ue8m0"),
+    ],
 )
 def test_quantize_of_packed_experts_equals_mlx_lm_convert(tmp_path, model_type, fmt):
     """--quantize on a checkpoint whose experts are published packed: as mlx_lm.convert
