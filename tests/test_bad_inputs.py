@@ -98,6 +98,28 @@ def test_index_naming_a_missing_shard(checkpoints, tmp_path):
     assert_refused(src, tmp_path, shard.name, "model.safetensors.index.json", "missing")
 
 
+def test_index_placing_tensors_in_a_shard_it_does_not_name(checkpoints, tmp_path):
+    """An index of another download (its last shard's tensors placed in the first) blamed the
+    first shard ("the shard is incomplete; download it again"), whole as it was; it names the
+    shard holding the tensor, and the index is the file to replace or delete: without it the
+    shards are read as mlx-lm reads them (every model*.safetensors)."""
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    index_file = src / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    first, *_, last = sorted(set(index["weight_map"].values()))
+    moved = [n for n, shard in index["weight_map"].items() if shard == last]
+    index["weight_map"].update(dict.fromkeys(moved, first))
+    index_file.write_text(json.dumps(index))
+    assert_refused(
+        src,
+        tmp_path,
+        f"index.json places tensor '{moved[0]}' in {first}, but {last} holds it",
+        "delete model.safetensors.index.json",
+    )
+    index_file.unlink()
+    repack(src, tmp_path / "out", log=lambda _: None)
+
+
 def test_git_lfs_pointer_in_place_of_a_shard(checkpoints, tmp_path):
     src = copy_checkpoint(checkpoints.hf("olmoe"), tmp_path)
     shard = sorted(src.glob("model-*.safetensors"))[0]
