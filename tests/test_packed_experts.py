@@ -17,6 +17,7 @@ import pytest
 from conftest import reference_model
 from test_parity import compare
 
+import streamer
 from fixtures import compressed_tensors, muse_spark, tiny_config, write_hf_checkpoint
 from fixtures.hadamard_pack import write_hadamard_pack
 from streamer.errors import StreamerError
@@ -201,6 +202,11 @@ def test_a_quantization_mlx_lm_converts_but_streamer_does_not_is_refused(tmp_pat
     # plan of its config.json alone refuses it too, rather than planning it as unquantized
     with pytest.raises(StreamerError, match=r"quantization_config \(gptq\) is not supported"):
         model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+    # and a load of the download, which said to repack it with --quantize 4 (refused as above)
+    with pytest.raises(StreamerError) as refused:
+        streamer.load(src)
+    assert "quantization_config (gptq) is not supported" in str(refused.value)
+    assert "--quantize 4" not in str(refused.value)
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "qwen3_moe"])

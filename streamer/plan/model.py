@@ -29,6 +29,7 @@ from ..families.config import check_config, context_length, experts_per_token
 from ..families.expert_lists import STACKED_MODELS
 from ..families.mlx_lm_models import models_without_package_init
 from ..families.model_types import mlx_lm_model_type
+from ..families.transformers.quantization_methods import refuse_unread_quantization
 from ..families.transformers.spellings import normalize_config
 from ..io.json_file import read_json_object
 from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN, read_manifest
@@ -138,8 +139,6 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
     published = read_manifest(path.parent).config if repacked else _read_config(path)
     config = normalize_config(check_config(published, path))
     if not repacked:
-        from ..repack.unread_quantization import refuse_unread_quantization
-
         refuse_unread_quantization(config, path)  # as repack would
     model = build_model(config, path)
     if not repacked:
