@@ -16,6 +16,7 @@ from conftest import reference_model
 from repack_checks import assert_same_model
 from test_parity import compare
 
+import streamer
 from fixtures import TINY_CONFIGS, VOCAB_SIZE, tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
 from streamer.families.architectures import build_model
@@ -246,13 +247,16 @@ def test_fp8_in_blocks_other_than_128_is_refused(tmp_path):
 
 
 def test_fp8_is_refused_where_mlx_lm_does_not_dequantize_it(tmp_path):
-    """By repack from the tensors, and by plan from config.json alone (it planned the model)."""
+    """By repack from the tensors, by plan from config.json alone (it planned the model), and by
+    a load of the download (it said to repack it with --quantize 4, which repack refuses)."""
     src = write_hf_checkpoint(tmp_path / "src", tiny_config("qwen3_moe"), fp8=True)
     with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
         repack(src, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
     with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
         model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+    with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
+        streamer.load(src)
 
 
 def test_dbrx_as_published_loads_its_tokenizer(tmp_path):

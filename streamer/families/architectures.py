@@ -27,8 +27,8 @@ from .mlx_lm_models import models_without_package_init
 from .model_types import mlx_lm_classes
 from .rope_scaling import refuse_ignored_rope_scaling
 from .saved_quantization import saved_quantization
-from .transformers.quantization_methods import refuse_unread_quantization
 from .transformers.spellings import normalize_config
+from .unread_quantization import refuse_left_to_sanitize, refuse_unread_quantization
 
 with models_without_package_init():
     from mlx_lm.models.switch_layers import (
@@ -80,8 +80,9 @@ def check_streams(config: dict, where: Path | str) -> None:
     family refused, a quantization_config repack does not read), before a message suggests
     repacking it."""
     normalized = normalize_config(check_config(config, where))
-    build_model(normalized, where)
+    model = build_model(normalized, where)
     refuse_unread_quantization(normalized, where)
+    refuse_left_to_sanitize(model, config, where)
 
 
 def expert_containers(model: nn.Module) -> dict[str, nn.Module]:

@@ -29,8 +29,8 @@ from ..families.config import check_config, context_length, experts_per_token
 from ..families.expert_lists import STACKED_MODELS
 from ..families.mlx_lm_models import models_without_package_init
 from ..families.model_types import mlx_lm_model_type
-from ..families.transformers.quantization_methods import refuse_unread_quantization
 from ..families.transformers.spellings import normalize_config
+from ..families.unread_quantization import refuse_left_to_sanitize, refuse_unread_quantization
 from ..io.json_file import read_json_object
 from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN, read_manifest
 from ..io.mapping import align
@@ -142,8 +142,6 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
         refuse_unread_quantization(config, path)  # as repack would
     model = build_model(config, path)
     if not repacked:
-        from ..repack.unread_quantization import refuse_left_to_sanitize
-
         refuse_left_to_sanitize(model, published, path)
     check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))

@@ -25,14 +25,17 @@ from ..families.hf_naming import Architecture, hf_expert_key
 from ..families.model_types import architecture
 from ..families.tied_embeddings import untied_where_saved, with_tied_lm_head
 from ..families.transformers.left_out import left_out_hint
-from ..families.transformers.quantization_methods import refuse_unread_quantization
 from ..families.transformers.spellings import normalize_config
+from ..families.unread_quantization import (
+    refuse_fp8_misread,
+    refuse_per_tensor_scales,
+    refuse_unread_quantization,
+)
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
 from .dtypes import compatible, describe
 from .layouts import refuse_in_memory_layout, sanitizer
 from .sources import Sources
-from .unread_quantization import refuse_fp8_misread, refuse_per_tensor_scales
 
 CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 

@@ -1,13 +1,9 @@
 """config.json's `quantization_config` methods mlx-lm maps onto MLX's modes (given as
-`quantization`) or leaves to a family's sanitize (block-scaled FP8), and the others (AWQ, GPTQ,
-the variants mlx-lm would read wrongly) refused alike by repack, plan, pull and a load that would
-say to repack (the packs a sanitize leaves as they are: repack/unread_quantization.py)."""
+`quantization`) or leaves to a family's sanitize (block-scaled FP8), and the variants of them that
+mlx-lm would read wrongly, left in place for the refusals (families/unread_quantization.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ...errors import StreamerError
 from ..config.common_fields import mlx_refuses, with_mode_defaults
 from ..mlx_lm_models import package_version
 
@@ -67,21 +63,6 @@ def quantization_as_mlx(config: dict) -> dict:
             "mode": "mxfp8",
         }
     return config
-
-
-def refuse_unread_quantization(config: dict, where: Path | str) -> None:
-    """Refuse a normalized `config` whose `quantization_config` streamer does not read."""
-    if "quantization" in config or "quantization_config" not in config:
-        return
-    method = config["quantization_config"].get("quant_method", "?")
-    fmt = config["quantization_config"].get("format")
-    # mlx-lm's loader reads some that streamer does not (AWQ, GPTQ): no claim about mlx-lm
-    why = unread_reason(config)
-    raise StreamerError(
-        f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
-        f"supported{f', {why}' if why else ''}; repack the bf16/fp16 checkpoint (optionally "
-        "with --quantize) or an MLX-quantized one."
-    )
 
 
 def unread_reason(config: dict) -> str | None:

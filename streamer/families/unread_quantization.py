@@ -1,7 +1,9 @@
-"""The block-scaled FP8 or int4 packs a source may not carry: those the family's mlx-lm sanitize
-leaves as they are (or would misread: exponent-byte scales, or fails on: per-tensor FP8 scales).
-repack and plan refuse them alike, and pull before it downloads the weights (the methods not read
-at all, AWQ, GPTQ, NVFP4 packs, ...: quantization_methods.refuse_unread_quantization)."""
+"""The `quantization_config`s a source may not carry: those left once its spellings are read
+(AWQ, GPTQ, NVFP4 packs, ...), which streamer cannot repack, and block-scaled FP8 or int4 packs
+that the family's mlx-lm sanitize leaves as they are (or would misread: exponent-byte scales, or
+fails on: per-tensor FP8 scales).
+repack and plan refuse them alike, pull before it downloads the weights, and a load of a download
+before it says to repack it."""
 
 from __future__ import annotations
 
@@ -11,10 +13,25 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import StreamerError
-from ..families.transformers.quantization_methods import FP8_BLOCKS
 from ..io.checkpoint import Checkpoint
+from .transformers.quantization_methods import FP8_BLOCKS, unread_reason
 
 FLOAT_SCALES = ("F32", "BF16", "F16")  # the scale dtypes mlx-lm's FP8 dequantize reads as numbers
+
+
+def refuse_unread_quantization(config: dict, where: Path | str) -> None:
+    """Refuse a normalized `config` whose `quantization_config` streamer does not read."""
+    if "quantization" in config or "quantization_config" not in config:
+        return
+    method = config["quantization_config"].get("quant_method", "?")
+    fmt = config["quantization_config"].get("format")
+    # mlx-lm's loader reads some that streamer does not (AWQ, GPTQ): no claim about mlx-lm
+    why = unread_reason(config)
+    raise StreamerError(
+        f"{where}: quantization_config ({method}{f' {fmt!r}' if fmt else ''}) is not "
+        f"supported{f', {why}' if why else ''}; repack the bf16/fp16 checkpoint (optionally "
+        "with --quantize) or an MLX-quantized one."
+    )
 
 
 def refuse_left_to_sanitize(model: nn.Module, published: dict, where: Path | str) -> None:
