@@ -267,6 +267,24 @@ def test_loading_a_download_that_is_not_mlx_quantized(checkpoints):
         streamer.load(src)
 
 
+def test_resident_weights_the_model_does_not_take_are_refused_in_one_line(checkpoints, tmp_path):
+    """A download whose config.json keeps a layer unquantized (`false`, as mlx-lm's loader reads
+    it) while its shards hold that layer quantized: MLX's message, one line per tensor, came
+    through as it was."""
+    src = tmp_path / "download"
+    shutil.copytree(checkpoints.mlx("qwen3_moe"), src)
+    config = json.loads((src / "config.json").read_text())
+    for key in ("quantization", "quantization_config"):
+        config[key]["model.layers.0.mlp.gate"] = False
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(StreamerError) as refused:
+        streamer.load(src, memory_budget=0)
+    assert "not match the model" in str(refused.value) and "model.layers.0.mlp.gate" in str(
+        refused.value
+    )
+    assert "\n" not in str(refused.value)
+
+
 def test_truncated_expert_file(checkpoints, tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(checkpoints.repacked(checkpoints.hf("mixtral")), folder)
