@@ -277,7 +277,8 @@ def test_dbrx_as_published_loads_its_tokenizer(tmp_path):
 def test_muse_spark_is_refused_where_its_metal_kernels_do_not_run(checkpoints, monkeypatch):
     """mlx-lm's Muse Spark computes with Metal kernels only: off Apple silicon (conftest gives the
     other tests stand-ins) a repacked folder and a download in place are refused at load, and its
-    plan, which runs the model lazily, too; the repack itself needs no kernel."""
+    plan, which runs the model lazily, too (of a download's folder it was MLX's traceback); the
+    repack itself needs no kernel."""
     from mlx_lm import kernels
     from mlx_lm.models import muse_spark
 
@@ -295,5 +296,6 @@ def test_muse_spark_is_refused_where_its_metal_kernels_do_not_run(checkpoints, m
     ):
         with pytest.raises(StreamerError, match=refused):
             streamer.load(folder, memory_budget=0)
-    with pytest.raises(StreamerError, match=refused):
-        plan(checkpoints.hf("muse_spark") / "config.json", 1 << 34)
+    for source in (checkpoints.hf("muse_spark") / "config.json", checkpoints.hf("muse_spark")):
+        with pytest.raises(StreamerError, match=refused):
+            plan(source, 1 << 34)

@@ -61,6 +61,7 @@ def model_plan(
         model, config, peak, download, records = _download_model(folder, quantize)
     else:
         model, config = _config_model(config_path, repacked, quantize)
+    check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     containers = expert_containers(model)
     records = records or [_record_bytes(c) for c in containers.values()]
     expert_bytes = sum(r * _num_experts(c) for r, c in zip(records, containers.values()))
@@ -143,7 +144,6 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
     model = build_model(config, path)
     if not repacked:
         refuse_left_to_sanitize(model, published, path)
-    check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
     if quantize and "quantization" not in config:
         bits, group_size, *mode = quantize  # (bits, group size[, mode]): repack's Quantize
