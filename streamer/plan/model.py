@@ -150,13 +150,16 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
         quantize_like_mlx_lm_convert(model, config, group_size, bits, mode[0] if mode else "affine")
     else:  # as mlx-lm loads an MLX-quantized model, except that no weights say which layers are:
         # every layer that can be is, as mlx_lm.convert left those whose width its group size
-        # does not divide (per-module entries still win)
+        # does not divide and those its model's own recipe refuses (per-module entries still win)
         group_size = config.get("quantization", {}).get("group_size")
+        recipe = getattr(model, "quant_predicate", None) or (lambda *_: True)
         quantize_like_mlx_lm(
             model,
             config,
-            quantizable=lambda _, m: (
-                hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0
+            quantizable=lambda path, m: (
+                hasattr(m, "to_quantized")
+                and m.weight.shape[-1] % group_size == 0
+                and recipe(path, m) is not False
             ),
         )
     return model, config
