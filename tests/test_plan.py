@@ -96,6 +96,25 @@ def test_the_plan_of_a_config_json_leaves_unquantized_what_the_model_s_recipe_do
     )
 
 
+@pytest.mark.parametrize(
+    "arch, pack",
+    [("gpt_oss", None), ("kimi_k2", "pack-quantized"), ("kimi_k25", "pack-quantized")],
+)
+def test_the_plan_of_a_config_json_leaves_unquantized_what_its_quantization_config_does(
+    tmp_path, arch, pack
+):
+    """gpt-oss's MXFP4 and Kimi's compressed-tensors packs quantize the routed experts alone,
+    their quantization_config listing the modules left out (`modules_to_not_convert`, `ignore`):
+    planned from config.json alone, every layer was taken as quantized, the resident weights
+    counted 3-4 times short."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(arch), pack=pack)
+    download, alone = plan(src, GB), plan(src / "config.json", GB)
+    assert (alone.resident_bytes, alone.expert_bytes) == (
+        download.resident_bytes,
+        download.expert_bytes,
+    )
+
+
 def test_kv_bytes_and_context_from_mlx_lm_caches(checkpoints):
     dst = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     model, tokenizer = streamer.load(dst)

@@ -29,6 +29,7 @@ from ..families.config import check_config, context_length, experts_per_token
 from ..families.expert_lists import STACKED_MODELS
 from ..families.mlx_lm_models import models_without_package_init
 from ..families.model_types import mlx_lm_model_type
+from ..families.transformers.quantization_methods import left_unquantized
 from ..families.transformers.spellings import normalize_config
 from ..families.unread_quantization import refuse_left_to_sanitize, refuse_unread_quantization
 from ..io.json_file import read_json_object
@@ -148,18 +149,17 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
     if quantize and "quantization" not in config:
         bits, group_size, *mode = quantize  # (bits, group size[, mode]): repack's Quantize
         quantize_like_mlx_lm_convert(model, config, group_size, bits, mode[0] if mode else "affine")
-    else:  # as mlx-lm loads an MLX-quantized model, except that no weights say which layers are:
-        # every layer that can be is, as mlx_lm.convert left those whose width its group size
-        # does not divide and those its model's own recipe refuses (per-module entries still win)
+    else:  # as mlx-lm loads it, but with no weights to say which layers are: all that can be but
+        # those mlx_lm.convert left (widths its group size does not divide) and left_unquantized's
         group_size = config.get("quantization", {}).get("group_size")
-        recipe = getattr(model, "quant_predicate", None) or (lambda *_: True)
+        left = left_unquantized(model, published, expert_containers(model))
         quantize_like_mlx_lm(
             model,
             config,
             quantizable=lambda path, m: (
                 hasattr(m, "to_quantized")
                 and m.weight.shape[-1] % group_size == 0
-                and recipe(path, m) is not False
+                and not left(path, m)
             ),
         )
     return model, config
