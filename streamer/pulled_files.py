@@ -57,11 +57,11 @@ def refuse_unstreamable(name: str, config_file: Path) -> dict:
     from .families.config import check_config
     from .families.model_types import architecture
     from .families.transformers.spellings import normalize_config
-    from .io.json_file import read_json_object
-    from .repack.unread_quantization import (
+    from .families.unread_quantization import (
         refuse_left_to_sanitize,
         refuse_unread_quantization,
     )
+    from .io.json_file import read_json_object
 
     where = f"{name}: config.json"
     raw = read_json_object(config_file, f"`streamer pull {name} --force` downloads it again.")

@@ -98,6 +98,28 @@ def test_index_naming_a_missing_shard(checkpoints, tmp_path):
     assert_refused(src, tmp_path, shard.name, "model.safetensors.index.json", "missing")
 
 
+def test_index_placing_tensors_in_a_shard_it_does_not_name(checkpoints, tmp_path):
+    """An index of another download (its last shard's tensors placed in the first) blamed the
+    first shard ("the shard is incomplete; download it again"), whole as it was; it names the
+    shard holding the tensor, and the index is the file to replace or delete: without it the
+    shards are read as mlx-lm reads them (every model*.safetensors)."""
+    src = copy_checkpoint(checkpoints.hf("qwen3_moe"), tmp_path)
+    index_file = src / "model.safetensors.index.json"
+    index = json.loads(index_file.read_text())
+    first, *_, last = sorted(set(index["weight_map"].values()))
+    moved = [n for n, shard in index["weight_map"].items() if shard == last]
+    index["weight_map"].update(dict.fromkeys(moved, first))
+    index_file.write_text(json.dumps(index))
+    assert_refused(
+        src,
+        tmp_path,
+        f"index.json places tensor '{moved[0]}' in {first}, but {last} holds it",
+        "delete model.safetensors.index.json",
+    )
+    index_file.unlink()
+    repack(src, tmp_path / "out", log=lambda _: None)
+
+
 def test_git_lfs_pointer_in_place_of_a_shard(checkpoints, tmp_path):
     src = copy_checkpoint(checkpoints.hf("olmoe"), tmp_path)
     shard = sorted(src.glob("model-*.safetensors"))[0]
@@ -243,6 +265,24 @@ def test_loading_a_download_that_is_not_mlx_quantized(checkpoints):
     src = checkpoints.hf("qwen3_moe")  # bf16: only MLX-quantized downloads stream in place
     with pytest.raises(StreamerError, match="not MLX-quantized.*streamer repack .* --quantize 4"):
         streamer.load(src)
+
+
+def test_resident_weights_the_model_does_not_take_are_refused_in_one_line(checkpoints, tmp_path):
+    """A download whose config.json keeps a layer unquantized (`false`, as mlx-lm's loader reads
+    it) while its shards hold that layer quantized: MLX's message, one line per tensor, came
+    through as it was."""
+    src = tmp_path / "download"
+    shutil.copytree(checkpoints.mlx("qwen3_moe"), src)
+    config = json.loads((src / "config.json").read_text())
+    for key in ("quantization", "quantization_config"):
+        config[key]["model.layers.0.mlp.gate"] = False
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(StreamerError) as refused:
+        streamer.load(src, memory_budget=0)
+    assert "not match the model" in str(refused.value) and "model.layers.0.mlp.gate" in str(
+        refused.value
+    )
+    assert "\n" not in str(refused.value)
 
 
 def test_truncated_expert_file(checkpoints, tmp_path):

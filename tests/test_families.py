@@ -16,6 +16,7 @@ from conftest import reference_model
 from repack_checks import assert_same_model
 from test_parity import compare
 
+import streamer
 from fixtures import TINY_CONFIGS, VOCAB_SIZE, tiny_config, write_hf_checkpoint
 from streamer.errors import StreamerError
 from streamer.families.architectures import build_model
@@ -132,11 +133,11 @@ def test_fused_hf_experts_become_what_mlx_lm_sanitize_makes(checkpoints, arch):
 
 
 @pytest.mark.parametrize(
-    "arch", ["deepseek_v3", "kimi_k2", "deepseek_v32", "minimax", "mimo_v2_flash"]
+    "arch", ["deepseek_v3", "kimi_k2", "kimi_k25", "deepseek_v32", "minimax", "mimo_v2_flash"]
 )
 def test_fp8_download_is_dequantized_as_mlx_lm_does(tmp_path, arch):
     """The official DeepSeek / Kimi / MiniMax-M2 / MiMo-V2-Flash checkpoints: FP8 weights with
-    128x128 block scales (experts included)."""
+    128x128 block scales (experts included); Kimi K2.5's under `language_model.`."""
     src = write_hf_checkpoint(tmp_path / "src", tiny_config(arch), fp8=True)
     repack(src, tmp_path / "bf16", log=lambda _: None)
     compare(tmp_path / "bf16", reference_model(src), tolerance=1e-4)
@@ -246,13 +247,16 @@ def test_fp8_in_blocks_other_than_128_is_refused(tmp_path):
 
 
 def test_fp8_is_refused_where_mlx_lm_does_not_dequantize_it(tmp_path):
-    """By repack from the tensors, and by plan from config.json alone (it planned the model)."""
+    """By repack from the tensors, by plan from config.json alone (it planned the model), and by
+    a load of the download (it said to repack it with --quantize 4, which repack refuses)."""
     src = write_hf_checkpoint(tmp_path / "src", tiny_config("qwen3_moe"), fp8=True)
     with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
         repack(src, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
     with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
         model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+    with pytest.raises(StreamerError, match="FP8 weights.*not for qwen3_moe"):
+        streamer.load(src)
 
 
 def test_dbrx_as_published_loads_its_tokenizer(tmp_path):
@@ -273,7 +277,8 @@ def test_dbrx_as_published_loads_its_tokenizer(tmp_path):
 def test_muse_spark_is_refused_where_its_metal_kernels_do_not_run(checkpoints, monkeypatch):
     """mlx-lm's Muse Spark computes with Metal kernels only: off Apple silicon (conftest gives the
     other tests stand-ins) a repacked folder and a download in place are refused at load, and its
-    plan, which runs the model lazily, too; the repack itself needs no kernel."""
+    plan, which runs the model lazily, too (of a download's folder it was MLX's traceback); the
+    repack itself needs no kernel."""
     from mlx_lm import kernels
     from mlx_lm.models import muse_spark
 
@@ -291,5 +296,6 @@ def test_muse_spark_is_refused_where_its_metal_kernels_do_not_run(checkpoints, m
     ):
         with pytest.raises(StreamerError, match=refused):
             streamer.load(folder, memory_budget=0)
-    with pytest.raises(StreamerError, match=refused):
-        plan(checkpoints.hf("muse_spark") / "config.json", 1 << 34)
+    for source in (checkpoints.hf("muse_spark") / "config.json", checkpoints.hf("muse_spark")):
+        with pytest.raises(StreamerError, match=refused):
+            plan(source, 1 << 34)

@@ -17,6 +17,7 @@ import pytest
 from conftest import reference_model
 from test_parity import compare
 
+import streamer
 from fixtures import compressed_tensors, muse_spark, tiny_config, write_hf_checkpoint
 from fixtures.hadamard_pack import write_hadamard_pack
 from streamer.errors import StreamerError
@@ -30,6 +31,10 @@ from streamer.repack import Quantize, repack
     [
         ("kimi_k3", "mxfp4-pack-quantized", "mxfp4"),
         ("kimi_k2", "pack-quantized", "affine"),
+        # Kimi K2.5 as published: its text model under `language_model.`, which its sanitize
+        # needs to find (each expert's pack was converted without it: "tensor 'language_model'
+        # is missing")
+        ("kimi_k25", "pack-quantized", "affine"),
         ("deepseek_v41", "ue8m0", "mxfp4"),
     ],
 )
@@ -45,7 +50,12 @@ def test_packed_experts_stream_as_mlx_lm_loads_them(tmp_path, model_type, fmt, m
 
 @pytest.mark.parametrize(
     "model_type, fmt",
-    [("kimi_k3", "mxfp4-pack-quantized"), ("kimi_k2", "pack-quantized"), ("deepseek_v41", "ue8m0")],
+    [
+        ("kimi_k3", "mxfp4-pack-quantized"),
+        ("kimi_k2", "pack-quantized"),
+        ("kimi_k25", "pack-quantized"),
+        ("deepseek_v41", "ue8m0"),
+    ],
 )
 def test_quantize_of_packed_experts_equals_mlx_lm_convert(tmp_path, model_type, fmt):
     """--quantize on a checkpoint whose experts are published packed: as mlx_lm.convert
@@ -192,6 +202,11 @@ def test_a_quantization_mlx_lm_converts_but_streamer_does_not_is_refused(tmp_pat
     # plan of its config.json alone refuses it too, rather than planning it as unquantized
     with pytest.raises(StreamerError, match=r"quantization_config \(gptq\) is not supported"):
         model_plan(src / "config.json", memory=16 << 30, quantize=None, dtype=None)
+    # and a load of the download, which said to repack it with --quantize 4 (refused as above)
+    with pytest.raises(StreamerError) as refused:
+        streamer.load(src)
+    assert "quantization_config (gptq) is not supported" in str(refused.value)
+    assert "--quantize 4" not in str(refused.value)
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "qwen3_moe"])

@@ -80,6 +80,41 @@ def test_the_plan_of_a_config_json_leaves_unquantized_what_mlx_lm_convert_does(t
         plan(wide / "config.json", GB, quantize=(4, 32))
 
 
+@pytest.mark.parametrize("arch", ["kimi_k3", "bailing_moe_v3", "bailing_hybrid"])
+def test_the_plan_of_a_config_json_leaves_unquantized_what_the_model_s_recipe_does(
+    checkpoints, arch
+):
+    """mlx_lm.convert keeps the layers its model's quant_predicate refuses unquantized, and
+    config.json does not say so: planned from it alone, Kimi K3's attention residual projections
+    were quantized and its forward pass failed (MLX's traceback), Ling's MLA projections counted
+    at 4 bits (its resident bytes 43% short)."""
+    mlx = checkpoints.mlx(arch)
+    download, alone = plan(mlx, GB), plan(mlx / "config.json", GB)
+    assert (alone.resident_bytes, alone.expert_bytes) == (
+        download.resident_bytes,
+        download.expert_bytes,
+    )
+
+
+@pytest.mark.parametrize(
+    "arch, pack",
+    [("gpt_oss", None), ("kimi_k2", "pack-quantized"), ("kimi_k25", "pack-quantized")],
+)
+def test_the_plan_of_a_config_json_leaves_unquantized_what_its_quantization_config_does(
+    tmp_path, arch, pack
+):
+    """gpt-oss's MXFP4 and Kimi's compressed-tensors packs quantize the routed experts alone,
+    their quantization_config listing the modules left out (`modules_to_not_convert`, `ignore`):
+    planned from config.json alone, every layer was taken as quantized, the resident weights
+    counted 3-4 times short."""
+    src = write_hf_checkpoint(tmp_path / "src", tiny_config(arch), pack=pack)
+    download, alone = plan(src, GB), plan(src / "config.json", GB)
+    assert (alone.resident_bytes, alone.expert_bytes) == (
+        download.resident_bytes,
+        download.expert_bytes,
+    )
+
+
 def test_kv_bytes_and_context_from_mlx_lm_caches(checkpoints):
     dst = checkpoints.repacked(checkpoints.hf("qwen3_moe"))
     model, tokenizer = streamer.load(dst)

@@ -28,6 +28,7 @@ from .model_types import mlx_lm_classes
 from .rope_scaling import refuse_ignored_rope_scaling
 from .saved_quantization import saved_quantization
 from .transformers.spellings import normalize_config
+from .unread_quantization import refuse_left_to_sanitize, refuse_unread_quantization
 
 with models_without_package_init():
     from mlx_lm.models.switch_layers import (
@@ -76,8 +77,12 @@ def refuse_dense(config: dict, where: Path | str, module: str) -> NoReturn:
 
 def check_streams(config: dict, where: Path | str) -> None:
     """Refuse, as a repack would, a config.json whose model cannot stream (a dense model, a
-    family refused), before a message suggests repacking it."""
-    build_model(normalize_config(check_config(config, where)), where)
+    family refused, a quantization_config repack does not read), before a message suggests
+    repacking it."""
+    normalized = normalize_config(check_config(config, where))
+    model = build_model(normalized, where)
+    refuse_unread_quantization(normalized, where)
+    refuse_left_to_sanitize(model, config, where)
 
 
 def expert_containers(model: nn.Module) -> dict[str, nn.Module]:

@@ -4,7 +4,6 @@ index)."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import mlx.core as mx
@@ -15,14 +14,11 @@ from .files import check_folder_files, check_utf8_path, gguf_refusal, open_regul
 from .json_file import read_json_object
 from .manifest import MANIFEST_FILE
 from .safetensors import TensorInfo, read_header
-
-INDEX_FILE = "model.safetensors.index.json"
-
+from .shard_set import INDEX_FILE, check_numbered_shards, misplaced_tensor
 
 # NVIDIA ModelOpt's exports may keep their quantization beside config.json rather than in it
 QUANTIZATION_SIDECAR = "hf_quant_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
-NUMBERED_SHARD = re.compile(r"model-(\d+)-of-(\d+)\.safetensors")  # Hugging Face's shard names
 
 
 def has_tokenizer_files(folder: Path) -> bool:
@@ -50,26 +46,6 @@ def _shard_names(weight_map: dict, index_path: Path) -> set[str]:
             "download the index again."
         )
     return names
-
-
-def _check_numbered_shards(folder: Path, names: set[str]) -> None:
-    """Without an index, `model-0000K-of-0000N.safetensors` (K from 1) says N shards belong
-    together: refuse a folder lacking one of them (else the missing layers were blamed on
-    config.json). Numbers that do not run 1..N are some other scheme, not checked."""
-    numbered = [(m, name) for name in sorted(names) if (m := NUMBERED_SHARD.fullmatch(name))]
-    if any(not 1 <= int(m[1]) <= int(m[2]) for m, _ in numbered):
-        return
-    sets: dict[tuple[int, str], str] = {}  # (digits, N) -> its first shard, to name
-    for match, name in numbered:
-        sets.setdefault((len(match[1]), match[2]), name)
-    for (width, total), name in sets.items():  # each set once, not once a shard
-        for k in range(1, min(int(total), 100_000) + 1):
-            missing = f"model-{k:0{width}d}-of-{total}.safetensors"
-            if missing not in names:
-                raise StreamerError(
-                    f"{folder} holds {name} but not {missing}: the download is incomplete; "
-                    "fetch that file."
-                )
 
 
 def _identity(path: Path) -> tuple[int, ...]:
@@ -151,7 +127,7 @@ class Checkpoint:
             raise StreamerError(
                 f"{self.folder} holds no model*.safetensors files: nothing to repack."
             )
-        _check_numbered_shards(self.folder, {path.name for path in shards})
+        check_numbered_shards(self.folder, {path.name for path in shards})
         return shards
 
     def _shard(self, name: str) -> Path:
@@ -174,10 +150,7 @@ class Checkpoint:
         if self._weight_map is not None:
             for name, shard_name in self._weight_map.items():
                 if name not in table:
-                    raise StreamerError(
-                        f"{self.folder / INDEX_FILE} places tensor '{name}' in {shard_name}, "
-                        "which does not contain it: the shard is incomplete; download it again."
-                    )
+                    raise misplaced_tensor(self.folder, name, shard_name, set(self._stats))
         return table
 
     def file_stamps(self) -> dict[str, list[int] | None]:

@@ -11,7 +11,7 @@ from mlx.utils import tree_flatten
 
 from ..cache.hot_experts import HotExperts
 from ..cache.slot_pool import SlotPool
-from ..errors import StreamerError
+from ..errors import StreamerError, one_line
 from ..experts import StreamingExperts
 from ..io.expert_layout import LayerLayout
 from ..progress import progress_bar
@@ -25,18 +25,18 @@ def load_resident(
     model: nn.Module,
     weights: dict[str, mx.array],
     dtype: mx.Dtype | None,
-    mismatch: Callable[[ValueError], str],
+    mismatch: Callable[[str], str],
 ) -> None:
     """Load the resident weights into a model whose expert containers are already swapped for
     streaming layers, strictly: weights the model does not take are refused (`mismatch` words
-    the error); then cast to `dtype` and evaluate. `weights` is emptied: an array it held would
-    keep its data once evaluated, so each weight as read (bfloat16, before a cast to float32)
-    would be held beside its cast until the load returned, freed then into the allocator's
-    fragments, not to the OS (bench/findings.md, "Real shapes": 35-73 KB per expert)."""
+    MLX's message, made one line); then cast to `dtype` and evaluate. `weights` is emptied: an
+    array it held would keep its data once evaluated, so each weight as read (bfloat16, before a
+    cast to float32) would be held beside its cast until the load returned, freed then into the
+    allocator's fragments, not to the OS (bench/findings.md, "Real shapes": 35-73 KB per expert)."""
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise StreamerError(mismatch(e)) from e
+        raise StreamerError(mismatch(one_line(e))) from e
     weights.clear()
     if dtype is not None:
         model.set_dtype(dtype)

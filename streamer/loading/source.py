@@ -35,4 +35,4 @@ class Source:
     shares: list[ExpertShare | None]  # expert-parallel: each layer's share of its experts
     open_files: Callable[[], ExpertFiles]  # the expert files mapped (the mapped read path)
     resident_weights: Callable[[], dict[str, mx.array]]  # checked if asked, lazily read
-    mismatch: Callable[[ValueError], str]  # resident weights the model refuses, in words
+    mismatch: Callable[[str], str]  # resident weights the model refuses, in words

@@ -29,7 +29,9 @@ from ..families.config import check_config, context_length, experts_per_token
 from ..families.expert_lists import STACKED_MODELS
 from ..families.mlx_lm_models import models_without_package_init
 from ..families.model_types import mlx_lm_model_type
+from ..families.transformers.quantization_methods import left_unquantized
 from ..families.transformers.spellings import normalize_config
+from ..families.unread_quantization import refuse_left_to_sanitize, refuse_unread_quantization
 from ..io.json_file import read_json_object
 from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN, read_manifest
 from ..io.mapping import align
@@ -60,6 +62,7 @@ def model_plan(
         model, config, peak, download, records = _download_model(folder, quantize)
     else:
         model, config = _config_model(config_path, repacked, quantize)
+    check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     containers = expert_containers(model)
     records = records or [_record_bytes(c) for c in containers.values()]
     expert_bytes = sum(r * _num_experts(c) for r, c in zip(records, containers.values()))
@@ -138,28 +141,25 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
     published = read_manifest(path.parent).config if repacked else _read_config(path)
     config = normalize_config(check_config(published, path))
     if not repacked:
-        from ..repack.unread_quantization import refuse_unread_quantization
-
         refuse_unread_quantization(config, path)  # as repack would
     model = build_model(config, path)
     if not repacked:
-        from ..repack.unread_quantization import refuse_left_to_sanitize
-
         refuse_left_to_sanitize(model, published, path)
-    check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
     if quantize and "quantization" not in config:
         bits, group_size, *mode = quantize  # (bits, group size[, mode]): repack's Quantize
         quantize_like_mlx_lm_convert(model, config, group_size, bits, mode[0] if mode else "affine")
-    else:  # as mlx-lm loads an MLX-quantized model, except that no weights say which layers are:
-        # every layer that can be is, as mlx_lm.convert left those whose width its group size
-        # does not divide (per-module entries still win)
+    else:  # as mlx-lm loads it, but with no weights to say which layers are: all that can be but
+        # those mlx_lm.convert left (widths its group size does not divide) and left_unquantized's
         group_size = config.get("quantization", {}).get("group_size")
+        left = left_unquantized(model, published, expert_containers(model))
         quantize_like_mlx_lm(
             model,
             config,
-            quantizable=lambda _, m: (
-                hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0
+            quantizable=lambda path, m: (
+                hasattr(m, "to_quantized")
+                and m.weight.shape[-1] % group_size == 0
+                and not left(path, m)
             ),
         )
     return model, config

@@ -26,16 +26,16 @@ from ..families.model_types import architecture
 from ..families.tied_embeddings import untied_where_saved, with_tied_lm_head
 from ..families.transformers.left_out import left_out_hint
 from ..families.transformers.spellings import normalize_config
+from ..families.unread_quantization import (
+    refuse_fp8_misread,
+    refuse_per_tensor_scales,
+    refuse_unread_quantization,
+)
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors import MLX_TO_SAFETENSORS
 from .dtypes import compatible, describe
 from .layouts import refuse_in_memory_layout, sanitizer
 from .sources import Sources
-from .unread_quantization import (
-    refuse_fp8_misread,
-    refuse_per_tensor_scales,
-    refuse_unread_quantization,
-)
 
 CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 

@@ -53,7 +53,7 @@ class Sources:
         """`sanitized`: what sanitize makes of the whole checkpoint (lazy, never evaluated)."""
         self.ckpt, self.arch, self.num_experts, self.sanitize = ckpt, arch, num_experts, sanitize
         parents = {p: path for path in containers for p in arch.hf_parents(path)}
-        per_expert_key = hf_expert_key(arch)
+        per_expert_key = self._per_expert_key = hf_expert_key(arch)
         packed_kinds = fp4_pack_kinds(ckpt.config)
         self.stacked: dict[tuple[str, str, str], TensorInfo] = {}
         self.per_expert: dict[tuple[str, str, str], dict[int, TensorInfo]] = {}
@@ -95,7 +95,7 @@ class Sources:
     def _refuse_unread(self, module: str, proj: str, kinds: set[str]) -> None:
         """Refuse a kind sanitize leaves unread in one expert's lazy stand-ins (`check_read`)."""
         infos = {k: next(iter(self.per_expert[(module, proj, k)].values())) for k in kinds}
-        one = {f"expert.{k}": mx.zeros(i.shape, DTYPES[i.dtype][1]) for k, i in infos.items()}
+        one = {self._neutral(i, k): mx.zeros(i.shape, DTYPES[i.dtype][1]) for k, i in infos.items()}
         read = try_sanitize(self.sanitize, one)
         check_read(infos, {n.rsplit(".", 1)[1] for n in read}, KIND_ORDER)
 
@@ -217,7 +217,7 @@ class Sources:
             one = {}
             for kind in kinds:
                 info = self._per_expert(module, proj, kind, expert)
-                one[f"expert.{kind}"] = array(info, info.shape, 0)
+                one[self._neutral(info, kind)] = array(info, info.shape, 0)
             out.update(
                 {
                     f"{proj}.{name.rsplit('.', 1)[1]}": arr
@@ -225,6 +225,12 @@ class Sources:
                 }
             )
         return out
+
+    def _neutral(self, info: TensorInfo, kind: str) -> str:
+        """One expert's source tensor named so that sanitize converts it without stacking a layer:
+        under its parent (a family's sanitize may look for it there: Kimi K2.5's text model under
+        `language_model`), not as an expert of it."""
+        return f"{self._per_expert_key.match(info.name)['parent']}.expert.{kind}"
 
     def _per_expert(self, module: str, proj: str, kind: str, expert: int) -> TensorInfo:
         info = self.per_expert.get((module, proj, kind), {}).get(expert)

@@ -1,9 +1,14 @@
 """config.json's `quantization_config` methods mlx-lm maps onto MLX's modes (given as
 `quantization`) or leaves to a family's sanitize (block-scaled FP8), and the variants of them that
-mlx-lm would read wrongly, left in place for repack and plan to refuse
-(repack/unread_quantization.py)."""
+mlx-lm would read wrongly, left in place for the refusals (families/unread_quantization.py)."""
 
 from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Collection
+
+import mlx.nn as nn
 
 from ..config.common_fields import mlx_refuses, with_mode_defaults
 from ..mlx_lm_models import package_version
@@ -11,6 +16,8 @@ from ..mlx_lm_models import package_version
 FP8_BLOCKS = (None, [128, 128])  # the blocks mlx-lm's sanitizes dequantize (null: one scale)
 # model types whose mlx-lm sanitize reads ModelOpt's NVFP4 scales (`weight_scale_2`: global_scale)
 MODELOPT_NVFP4_TYPES = ("muse_spark",)
+# where each published method lists the modules it leaves unquantized
+LEFT_OUT = ("modules_to_not_convert", "ignore", "exclude_modules")
 
 
 def quantization_as_mlx(config: dict) -> dict:
@@ -138,3 +145,44 @@ def _unread_modelopt(quantization_config: dict, model_type: str | None) -> str |
             f"reads its `weight_scale` and `weight_scale_2`, so mlx-lm cannot load it either"
         )
     return None
+
+
+def left_unquantized(
+    model: nn.Module, published: dict, experts: Collection[str]
+) -> Callable[[str, nn.Module], bool]:
+    """Whether a layer is left unquantized where no weights say so (a plan of config.json alone):
+    the model's own recipe refuses it, as mlx_lm.convert then leaves it, or the published
+    quantization_config lists it among the modules it leaves out (gpt-oss's
+    `modules_to_not_convert`, compressed-tensors' `ignore`, ModelOpt's `exclude_modules`: globs,
+    `re:` patterns or names, also under a vision-language wrapper's prefix), or, compressed-tensors'
+    groups targeting Linear layers, it is none (an embedding). Those lists name Hugging Face's
+    modules: never the routed experts (`experts`, mlx-lm's containers), which are what these
+    methods quantize, and whose mlx-lm names (`mlp.switch_mlp.gate_proj`) a pattern for a dense
+    MLP's (`re:.*mlp\\.gate.*`) would take."""
+    recipe = getattr(model, "quant_predicate", None) or (lambda *_: True)
+    text = published.get("text_config")
+    settings = published.get(
+        "quantization_config", text.get("quantization_config") if isinstance(text, dict) else None
+    )
+    settings = settings.get("quantization", settings) if isinstance(settings, dict) else {}
+    lists = [names for key in LEFT_OUT if isinstance(names := settings.get(key), list)]
+    patterns = [p for names in lists for p in names if isinstance(p, str)]
+    linear_only = "config_groups" in settings
+
+    def left(path: str, module: nn.Module) -> bool:
+        if recipe(path, module) is False:
+            return True
+        if any(path.startswith(f"{container}.") for container in experts):
+            return False
+        untargeted = linear_only and not isinstance(module, nn.Linear)
+        return untargeted or any(_names(p, path) for p in patterns)
+
+    return left
+
+
+def _names(pattern: str, path: str) -> bool:
+    """Whether a left-out entry names the module at `path` or one holding it."""
+    if pattern.startswith("re:"):  # compressed-tensors' regular expressions, matched from the start
+        return re.match(pattern[3:], path) is not None
+    forms = (pattern, f"{pattern}.*", f"*.{pattern}", f"*.{pattern}.*")
+    return any(fnmatch.fnmatchcase(path, form) for form in forms)

@@ -2,7 +2,8 @@
 (AWQ, GPTQ, NVFP4 packs, ...), which streamer cannot repack, and block-scaled FP8 or int4 packs
 that the family's mlx-lm sanitize leaves as they are (or would misread: exponent-byte scales, or
 fails on: per-tensor FP8 scales).
-repack and plan refuse them alike, and pull before it downloads the weights."""
+repack and plan refuse them alike, pull before it downloads the weights, and a load of a download
+before it says to repack it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import StreamerError
-from ..families.transformers.quantization_methods import FP8_BLOCKS, unread_reason
 from ..io.checkpoint import Checkpoint
+from .transformers.quantization_methods import FP8_BLOCKS, unread_reason
 
 FLOAT_SCALES = ("F32", "BF16", "F16")  # the scale dtypes mlx-lm's FP8 dequantize reads as numbers
 
