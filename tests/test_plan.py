@@ -149,7 +149,9 @@ def test_a_repacked_folder_is_planned_from_its_files_as_from_its_model(checkpoin
 def test_plan_says_what_streaming_a_download_in_place_costs(checkpoints, capsys):
     """An MLX download streams without a repack: plan says so, with its ranges per expert (one
     per tensor of the record: 9 for affine gate/up/down) and what they cost per read path; a
-    bf16 download, a planned --quantize and a repacked folder have no such line."""
+    bf16 download, a planned --quantize and a repacked folder have no such line, nor gpt-oss's
+    MXFP4 download, which generate refuses to stream in place (it is repacked first): plan said
+    "in place  yes, 9 ranges an expert" for it."""
     mlx_download = checkpoints.mlx("qwen3_moe")
     assert main(["plan", str(mlx_download)]) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("in place")]
@@ -161,6 +163,7 @@ def test_plan_says_what_streaming_a_download_in_place_costs(checkpoints, capsys)
         [str(checkpoints.hf("qwen3_moe"))],
         [str(checkpoints.hf("qwen3_moe")), "--quantize", "4"],
         [str(checkpoints.repacked(mlx_download))],
+        [str(checkpoints.hf("gpt_oss"))],
     ):
         assert main(["plan", *words]) == 0
         assert "in place" not in capsys.readouterr().out, words

@@ -35,6 +35,7 @@ from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN, read_manife
 from ..io.mapping import align
 from ..io.safetensors import DTYPES as SAFETENSORS_DTYPES
 from ..loading.backend import check_model_kernels
+from ..loading.hub import needs_repack
 from ..loading.residency import LayerShape
 from .repacked import manifest_shapes, stored_bytes
 from .report import ModelPlan, fitted
@@ -81,7 +82,7 @@ def model_plan(
         disk_bytes=stored_resident + expert_bytes,
         delete_source_peak_bytes=peak,
         download_bytes=download,
-        in_place_ranges=_in_place_ranges(config, containers, peak, quantize),
+        in_place_ranges=peak and _in_place_ranges(folder, config, containers, quantize),
         resident_bytes=resident,
         expert_bytes=expert_bytes,
         expert_bytes_per_token=sum(records) * top_k,
@@ -249,12 +250,11 @@ def _quantized(cache: list, kv: tuple[int, int]) -> None:
         ) from None
 
 
-def _in_place_ranges(config: dict, containers: dict, peak, quantize: tuple | None) -> int | None:
-    """Byte ranges per expert in the shards when the download streams in place (MLX-quantized,
-    not planned with --quantize, whose plan's config says "quantization" too; `peak` is set for
-    a download's safetensors, never a repacked folder): one per tensor of its record; else None."""
-    if peak is None or quantize or "quantization" not in config:
-        return None
-    if mlx_lm_model_type(config) in STACKED_MODELS:  # mlx_lm.convert leaves them unstacked
+def _in_place_ranges(folder: Path, config: dict, containers: dict, quantize) -> int | None:
+    """Byte ranges per expert in a download's shards when a load streams it in place: MLX-quantized
+    as its own config.json says (`config` calls gpt-oss's MXFP4 quantized too: it is repacked), not
+    planned with --quantize, and not a family mlx_lm.convert leaves unstacked (STACKED_MODELS): one
+    per tensor of its record; else None."""
+    if quantize or needs_repack(folder) or mlx_lm_model_type(config) in STACKED_MODELS:
         return None
     return len(tree_flatten(next(iter(containers.values())).parameters()))
