@@ -46,6 +46,18 @@ def test_the_plan_of_a_download_is_what_repack_writes(checkpoints, arch):
     assert plan(src / "config.json", 16 * GB).expert_bytes == before.expert_bytes
 
 
+@pytest.mark.parametrize("quantize", [None, (4, 64)])
+def test_gpt_oss_s_mxfp4_config_json_is_planned_as_its_download(checkpoints, quantize):
+    """gpt-oss's published config.json (quant_method mxfp4, its attention, router, embedding and
+    head in modules_to_not_convert) planned alone had every layer quantized in MXFP4: 7x too few
+    resident bytes (1.05 GiB for gpt-oss-120b, whose repack holds 7.93 GiB), --quantize ignored."""
+    src = checkpoints.hf("gpt_oss")
+    alone = plan(src / "config.json", GB, quantize=quantize)
+    download = plan(src, GB, quantize=quantize)
+    assert alone.resident_bytes == download.resident_bytes
+    assert alone.disk_bytes == download.disk_bytes
+
+
 def test_quantized_plans_match_quantized_repacks(checkpoints):
     src = checkpoints.hf("qwen3_moe")
     quantized = checkpoints.repacked(src, quantize=streamer.repack.Quantize(4))

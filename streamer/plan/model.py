@@ -22,8 +22,6 @@ from ..families.architectures import (
     build_model,
     expert_container_of,
     expert_containers,
-    quantize_like_mlx_lm,
-    quantize_like_mlx_lm_convert,
 )
 from ..families.config import check_config, context_length, experts_per_token
 from ..families.expert_lists import STACKED_MODELS
@@ -37,6 +35,7 @@ from ..io.safetensors import DTYPES as SAFETENSORS_DTYPES
 from ..loading.backend import check_model_kernels
 from ..loading.hub import needs_repack
 from ..loading.residency import LayerShape
+from .config_quantization import quantize_as_config
 from .repacked import manifest_shapes, stored_bytes
 from .report import ModelPlan, fitted
 
@@ -149,20 +148,7 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
         refuse_left_to_sanitize(model, published, path)
     check_model_kernels(model)  # its KV caches are measured by a (lazy) forward pass
     model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
-    if quantize and "quantization" not in config:
-        bits, group_size, *mode = quantize  # (bits, group size[, mode]): repack's Quantize
-        quantize_like_mlx_lm_convert(model, config, group_size, bits, mode[0] if mode else "affine")
-    else:  # as mlx-lm loads an MLX-quantized model, except that no weights say which layers are:
-        # every layer that can be is, as mlx_lm.convert left those whose width its group size
-        # does not divide (per-module entries still win)
-        group_size = config.get("quantization", {}).get("group_size")
-        quantize_like_mlx_lm(
-            model,
-            config,
-            quantizable=lambda _, m: (
-                hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0
-            ),
-        )
+    quantize_as_config(model, config, published, quantize)
     return model, config
 
 
