@@ -266,6 +266,21 @@ def test_info_does_not_say_experts_are_streamed_where_the_default_keeps_them(che
     assert "`streamer plan`" in line, line
 
 
+def test_info_names_the_quantization_of_every_module_the_config_names(checkpoints, capsys):
+    """gpt-oss's download repacked with --quantize 4 keeps its MXFP4 experts and quantizes its
+    other layers as mlx_lm.convert does (affine 4-bit, its router 8-bit), named per module under
+    an MXFP4 default: info said "quantization 4-bit mxfp4, group 32", which no layer but the
+    experts is (gpt-oss-120b's 1.2 GiB of resident weights are affine)."""
+    from streamer.repack import Quantize
+
+    folder = checkpoints.repacked(checkpoints.hf("gpt_oss"), quantize=Quantize(4))
+    assert main(["info", str(folder)]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("quantization")]
+    assert line.endswith(
+        "4-bit mxfp4, group 32; by module: 4-bit affine, group 64 (10), 8-bit affine, group 64 (2)"
+    ), line
+
+
 def test_info_of_a_download_to_repack_points_at_plan(checkpoints, capsys):
     """`streamer info` of a bf16 download (its help: "a download") said only to repack it: plan is
     what describes such a download, and what its repack will hold."""

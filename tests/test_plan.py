@@ -46,6 +46,18 @@ def test_the_plan_of_a_download_is_what_repack_writes(checkpoints, arch):
     assert plan(src / "config.json", 16 * GB).expert_bytes == before.expert_bytes
 
 
+@pytest.mark.parametrize("quantize", [None, (4, 64)])
+def test_gpt_oss_s_mxfp4_config_json_is_planned_as_its_download(checkpoints, quantize):
+    """gpt-oss's published config.json (quant_method mxfp4, its attention, router, embedding and
+    head in modules_to_not_convert) planned alone had every layer quantized in MXFP4: 7x too few
+    resident bytes (1.05 GiB for gpt-oss-120b, whose repack holds 7.93 GiB), --quantize ignored."""
+    src = checkpoints.hf("gpt_oss")
+    alone = plan(src / "config.json", GB, quantize=quantize)
+    download = plan(src, GB, quantize=quantize)
+    assert alone.resident_bytes == download.resident_bytes
+    assert alone.disk_bytes == download.disk_bytes
+
+
 def test_quantized_plans_match_quantized_repacks(checkpoints):
     src = checkpoints.hf("qwen3_moe")
     quantized = checkpoints.repacked(src, quantize=streamer.repack.Quantize(4))
@@ -184,7 +196,9 @@ def test_a_repacked_folder_is_planned_from_its_files_as_from_its_model(checkpoin
 def test_plan_says_what_streaming_a_download_in_place_costs(checkpoints, capsys):
     """An MLX download streams without a repack: plan says so, with its ranges per expert (one
     per tensor of the record: 9 for affine gate/up/down) and what they cost per read path; a
-    bf16 download, a planned --quantize and a repacked folder have no such line."""
+    bf16 download, a planned --quantize and a repacked folder have no such line, nor gpt-oss's
+    MXFP4 download, which generate refuses to stream in place (it is repacked first): plan said
+    "in place  yes, 9 ranges an expert" for it."""
     mlx_download = checkpoints.mlx("qwen3_moe")
     assert main(["plan", str(mlx_download)]) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("in place")]
@@ -196,6 +210,7 @@ def test_plan_says_what_streaming_a_download_in_place_costs(checkpoints, capsys)
         [str(checkpoints.hf("qwen3_moe"))],
         [str(checkpoints.hf("qwen3_moe")), "--quantize", "4"],
         [str(checkpoints.repacked(mlx_download))],
+        [str(checkpoints.hf("gpt_oss"))],
     ):
         assert main(["plan", *words]) == 0
         assert "in place" not in capsys.readouterr().out, words

@@ -68,3 +68,14 @@ def test_fewer_layers_than_the_full_attention_interval_is_refused_with_the_field
     config = tiny_config("qwen3_next", num_hidden_layers=2, mlp_only_layers=[])
     with pytest.raises(streamer.StreamerError, match="full_attention_interval is 4, expected at"):
         check_config(config, "config.json")
+
+
+def test_a_llama_4_of_fewer_than_4_layers_is_refused_with_the_field():
+    """mlx-lm's Llama 4 masks its global attention from the 4th layer's cache: Maverick's shapes
+    at 2 layers (its published text_config cut down) were an IndexError traceback from `streamer
+    plan` (its lazy pass) and would be from the first token, after a repack had written it all."""
+    config = tiny_config("llama4")
+    config = {**config, "text_config": {**config["text_config"], "num_hidden_layers": 2}}
+    with pytest.raises(streamer.StreamerError, match="num_hidden_layers is 2, expected at least 4"):
+        check_config(config, "config.json")
+    check_config(tiny_config("llama4"), "config.json")  # 4 layers: its first global layer

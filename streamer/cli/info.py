@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
 from ..errors import StreamerError
 from ..io.sizes import size_text
@@ -68,14 +69,13 @@ def _describe(manifest, layout: str, resident: int, per_expert: list[int]) -> li
     layers = manifest.layers
     top_k = experts_per_token(config)
     active = sum(per_expert) * top_k
-    quant = config.get("quantization")
     return [
         f"layout            {layout}",
         f"model_type        {config.get('model_type')}",
         f"layers            {config.get('num_hidden_layers')} ({len(layers)} MoE)",
         f"experts           {layers[0].num_experts} per layer, {top_k} routed per token",
         *_shard_lines(manifest),
-        f"quantization      {_describe_quantization(quant) if quant else 'none'}",
+        f"quantization      {_model_quantization(config.get('quantization'))}",
         f"expert weights    {_expert_weights(layers)}",
         # as stored: the compute dtype's (plan's) may be wider, float32 on the CPU
         f"resident bytes    {size_text(resident)} (non-expert weights as stored; "
@@ -115,6 +115,21 @@ def _expert_weights(layers) -> str:
     if len(kinds) == 1:
         return next(iter(kinds))
     return "; ".join(f"{', '.join(names)}: {kind}" for kind, names in kinds.items())
+
+
+def _model_quantization(quant: dict | None) -> str:
+    """The config's quantization: its default, then the modules it names their own (gpt-oss's
+    --quantize: MXFP4 by default for the experts, its other layers affine 4-bit and its router
+    8-bit), counted: "4-bit mxfp4, group 32; by module: 4-bit affine, group 64 (10), ..."."""
+    if not quant:
+        return "none"
+    named = Counter(
+        _describe_quantization(params) if isinstance(params, dict) else "unquantized"
+        for params in quant.values()
+        if isinstance(params, dict) or params is False
+    )
+    by_module = ", ".join(f"{kind} ({count})" for kind, count in named.items())
+    return _describe_quantization(quant) + (f"; by module: {by_module}" if named else "")
 
 
 def _describe_quantization(params: dict) -> str:

@@ -22,14 +22,11 @@ from ..families.architectures import (
     build_model,
     expert_container_of,
     expert_containers,
-    quantize_like_mlx_lm,
-    quantize_like_mlx_lm_convert,
 )
 from ..families.config import check_config, context_length, experts_per_token
 from ..families.expert_lists import STACKED_MODELS
 from ..families.mlx_lm_models import models_without_package_init
 from ..families.model_types import mlx_lm_model_type
-from ..families.transformers.quantization_methods import left_unquantized
 from ..families.transformers.spellings import normalize_config
 from ..families.unread_quantization import refuse_left_to_sanitize, refuse_unread_quantization
 from ..io.json_file import read_json_object
@@ -37,7 +34,9 @@ from ..io.manifest import MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN, read_manife
 from ..io.mapping import align
 from ..io.safetensors import DTYPES as SAFETENSORS_DTYPES
 from ..loading.backend import check_model_kernels
+from ..loading.hub import needs_repack
 from ..loading.residency import LayerShape
+from .config_quantization import quantize_as_config
 from .repacked import manifest_shapes, stored_bytes
 from .report import ModelPlan, fitted
 
@@ -84,7 +83,7 @@ def model_plan(
         disk_bytes=stored_resident + expert_bytes,
         delete_source_peak_bytes=peak,
         download_bytes=download,
-        in_place_ranges=_in_place_ranges(config, containers, peak, quantize),
+        in_place_ranges=peak and _in_place_ranges(folder, config, containers, quantize),
         resident_bytes=resident,
         expert_bytes=expert_bytes,
         expert_bytes_per_token=sum(records) * top_k,
@@ -146,22 +145,7 @@ def _config_model(path: Path, repacked: bool, quantize: tuple | None) -> tuple[n
     if not repacked:
         refuse_left_to_sanitize(model, published, path)
     model.set_dtype(DTYPES.get(config.get("torch_dtype"), mx.bfloat16))
-    if quantize and "quantization" not in config:
-        bits, group_size, *mode = quantize  # (bits, group size[, mode]): repack's Quantize
-        quantize_like_mlx_lm_convert(model, config, group_size, bits, mode[0] if mode else "affine")
-    else:  # as mlx-lm loads it, but with no weights to say which layers are: all that can be but
-        # those mlx_lm.convert left (widths its group size does not divide) and left_unquantized's
-        group_size = config.get("quantization", {}).get("group_size")
-        left = left_unquantized(model, published, expert_containers(model))
-        quantize_like_mlx_lm(
-            model,
-            config,
-            quantizable=lambda path, m: (
-                hasattr(m, "to_quantized")
-                and m.weight.shape[-1] % group_size == 0
-                and not left(path, m)
-            ),
-        )
+    quantize_as_config(model, config, published, quantize)
     return model, config
 
 
@@ -249,12 +233,11 @@ def _quantized(cache: list, kv: tuple[int, int]) -> None:
         ) from None
 
 
-def _in_place_ranges(config: dict, containers: dict, peak, quantize: tuple | None) -> int | None:
-    """Byte ranges per expert in the shards when the download streams in place (MLX-quantized,
-    not planned with --quantize, whose plan's config says "quantization" too; `peak` is set for
-    a download's safetensors, never a repacked folder): one per tensor of its record; else None."""
-    if peak is None or quantize or "quantization" not in config:
-        return None
-    if mlx_lm_model_type(config) in STACKED_MODELS:  # mlx_lm.convert leaves them unstacked
+def _in_place_ranges(folder: Path, config: dict, containers: dict, quantize) -> int | None:
+    """Byte ranges per expert in a download's shards when a load streams it in place: MLX-quantized
+    as its own config.json says (`config` calls gpt-oss's MXFP4 quantized too: it is repacked), not
+    planned with --quantize, and not a family mlx_lm.convert leaves unstacked (STACKED_MODELS): one
+    per tensor of its record; else None."""
+    if quantize or needs_repack(folder) or mlx_lm_model_type(config) in STACKED_MODELS:
         return None
     return len(tree_flatten(next(iter(containers.values())).parameters()))

@@ -98,10 +98,24 @@ def check_config(config: object, where: Path | str) -> dict:
         model_config = config["text_config"]
         check_declared_types(model_config, text_args, where, "text_config.")
     # its groups as the model file's router reads them (Ling 3's bailing_hybrid: bailing_moe_v3's)
-    model_file = mlx_lm_model_type(config, where) if model_config is config else None
+    model_type = mlx_lm_model_type(config, where)
+    model_file = model_type if model_config is config else None
     prefix = "text_config." if model_config is not config else ""
     check_ranges(model_config, where, prefix, model_file)
+    if model_type == "llama4":
+        _check_llama4_depth(config, where)
     return config
+
+
+def _check_llama4_depth(config: dict, where: Path | str) -> None:
+    """mlx-lm's Llama 4 masks its global attention from its 4th layer's cache: fewer layers were an
+    IndexError at the first token, and at plan's lazy pass (its text_config's args are mlx-lm's
+    `TextArgs`, which text_args_class does not find, so check_ranges does not read them)."""
+    text = config.get("text_config")
+    layers = text.get("num_hidden_layers") if isinstance(text, dict) else None
+    if type(layers) is int and layers < 4:
+        want = "at least 4: the 4th layer is the model's first global attention layer"
+        raise bad_field(where, "text_config.num_hidden_layers", layers, want)
 
 
 def check_sizes(config: object, where: Path | str) -> dict:
