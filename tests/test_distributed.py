@@ -158,10 +158,12 @@ def test_each_shard_holds_only_its_share_on_disk(models):
 def test_generate_under_mlx_launch(models):
     """`mlx.launch ... -- streamer generate`, drafting by prompt lookup, prints once, from rank
     0, what one process prints without drafts, and every rank's statistics in one line: each
-    rank's reads add up to one process's drafting alike."""
+    rank's reads add up to one process's drafting alike. The prompt repeats itself, as the
+    random model's answer then does: lookup finds drafts that are kept."""
+    prompt = "def read(path): return open(path).read()"
     model, tokenizer = streamer.load(models["quantized"], memory_budget=0)
-    alone = streamer.generate(model, tokenizer, "def read(path):", max_tokens=16)
-    drafted = streamer.generate(model, tokenizer, "def read(path):", 16, prompt_lookup=1)
+    alone = streamer.generate(model, tokenizer, prompt, max_tokens=16)
+    drafted = streamer.generate(model, tokenizer, prompt, 16, prompt_lookup=1)
     assert drafted == alone
     stats = model.streamer.stats
     steps, passes = stats.decode_tokens, stats.drafts.passes
@@ -170,7 +172,7 @@ def test_generate_under_mlx_launch(models):
         stats.decode.experts_read / steps,
     )
     assert 0 < stats.drafts.accepted and passes < steps  # some passes of several tokens
-    args = ["--prompt", "def read(path):", "--max-tokens", "16", "--memory-budget", "0"]
+    args = ["--prompt", prompt, "--max-tokens", "16", "--memory-budget", "0"]
     args += ["--ignore-chat-template", "--prompt-lookup", "1"]  # the text as streamer.generate
     shards = str(models["quantized-shards"])
     result = launch(
