@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -129,15 +129,20 @@ def check_backend_computes(layers: Sequence, dtype: mx.Dtype | None) -> None:
     if not unquantized:
         return
     compute = dtype if dtype is not None else DTYPES[unquantized[0].dtype][1]
-    why = gather_mm_fault(compute)
+    refuse_gather_mm(compute, "this model's", lambda: _quantized_repack(layers, unquantized))
+
+
+def refuse_gather_mm(dtype: mx.Dtype, whose: str, instead: Callable[[], str]) -> None:
+    """Refuse `whose` (a model's, in words) unquantized experts in `dtype` where this backend's
+    gather_mm cannot compute them, naming what to pass `instead` (the words, made when refused)."""
+    why = gather_mm_fault(dtype)
     if why is not None:
-        name = str(compute).removeprefix("mlx.core.")
+        name = str(dtype).removeprefix("mlx.core.")
         raise refusal(
             lambda spell: (
-                f"{spell('dtype')} {name} cannot compute this model's unquantized "
-                f"experts on MLX's {backend()} backend ({why}); pass "
-                f"{spell('dtype', 'float32')} (the default there) or "
-                f"{_quantized_repack(layers, unquantized)}."
+                f"{spell('dtype')} {name} cannot compute {whose} unquantized experts on MLX's "
+                f"{backend()} backend ({why}); pass {spell('dtype', 'float32')} (the default "
+                f"there) or {instead()}."
             )
         )
 

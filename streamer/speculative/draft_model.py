@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import StreamerError, one_line, refusal
-from ..io.compute_backend import backend
-from ..loading.backend import gather_mm_fault
+from ..errors import StreamerError, one_line
+from ..loading.backend import refuse_gather_mm
 from ..loading.hub import resolve
 
 if TYPE_CHECKING:
@@ -52,16 +51,7 @@ def _check_computes(model: nn.Module, dtype: mx.Dtype, name: str | Path) -> None
 
     if not any(isinstance(m, SwitchLinear) for _, m in model.named_modules()):
         return
-    why = gather_mm_fault(dtype)
-    if why is not None:
-        spelled = str(dtype).removeprefix("mlx.core.")
-        raise refusal(
-            lambda spell: (
-                f"{spell('dtype')} {spelled} cannot compute draft model {name}'s unquantized "
-                f"experts on MLX's {backend()} backend ({why}); pass "
-                f"{spell('dtype', 'float32')} (the default there) or a quantized draft model."
-            )
-        )
+    refuse_gather_mm(dtype, f"draft model {name}'s", lambda: "a quantized draft model")
 
 
 def vocabulary_difference(draft: TokenizerWrapper, target: TokenizerWrapper) -> str | None:
