@@ -109,8 +109,7 @@ def check_config(config: object, where: Path | str) -> dict:
 
 def _check_llama4_depth(config: dict, where: Path | str) -> None:
     """mlx-lm's Llama 4 masks its global attention from its 4th layer's cache: fewer layers were an
-    IndexError at the first token, and at plan's lazy pass (its text_config's args are mlx-lm's
-    `TextArgs`, which text_args_class does not find, so check_ranges does not read them)."""
+    IndexError at the first token, and at plan's lazy pass."""
     text = config.get("text_config")
     layers = text.get("num_hidden_layers") if isinstance(text, dict) else None
     if type(layers) is int and layers < 4:
