@@ -1,6 +1,7 @@
 """The text_config of the vision-language families whose mlx-lm args class is `TextArgs` (Llama 4,
-MiniMax-M3-VL, Muse Spark, Kimi K3 as its wrapper nests it): checked as other families' configs
-are, where an out-of-range value was an MLX traceback from plan and load."""
+MiniMax-M3-VL, Muse Spark, Kimi K3 as its wrapper nests it) or another module's (Kimi K2.5's is
+DeepSeek-V3's; Gemma 4's, Mistral 3's, Qwen3-VL-MoE's a plain dict): checked as other families'
+configs are, where an out-of-range value was an MLX traceback from plan and load."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ def nested(model_type: str, /, **text_changes) -> dict:
 
 
 TEXT_ARGS_FAMILIES = ["llama4", "minimax_m3_vl", "muse_spark", "kimi_k3"]
+OTHER_TEXT_CONFIGS = ["kimi_k25", "gemma4", "mistral3", "qwen3_vl_moe"]
 
 
-@pytest.mark.parametrize("model_type", TEXT_ARGS_FAMILIES)
+@pytest.mark.parametrize("model_type", TEXT_ARGS_FAMILIES + OTHER_TEXT_CONFIGS)
 def test_plan_refuses_kv_heads_that_do_not_divide_the_heads_in_one_line(
     tmp_path, capsys, model_type
 ):
@@ -72,3 +74,10 @@ def test_llama_4_scout_s_published_text_config_is_taken():
     text = check_config(nested("llama4", **{**config["text_config"], **published}), "c")
     text = text["text_config"]
     assert text["attn_temperature_tuning"] is True and text["moe_layers"] == list(range(48))
+
+
+def test_a_stray_text_config_leaves_a_flat_family_s_own_fields_checked():
+    """qwen3_moe's mlx-lm args take no text_config: its model reads the config's own fields."""
+    config = {**tiny_config("qwen3_moe"), "num_key_value_heads": 3, "text_config": {}}
+    with pytest.raises(StreamerError, match="config field num_key_value_heads is 3"):
+        check_config(config, "config.json")
