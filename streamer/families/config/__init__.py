@@ -9,6 +9,7 @@ ranges, so a damaged or foreign config is refused with one line naming the field
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -92,10 +93,9 @@ def check_config(config: object, where: Path | str) -> dict:
     check_common_fields(config, where)
     model_class, args_class = mlx_lm_classes(config, where)
     check_declared_types(config, args_class, where)
-    model_config = config
+    model_config = _text_section(config, args_class)
     text_args = text_args_class(model_class)
-    if text_args is not None and isinstance(config.get("text_config"), dict):
-        model_config = config["text_config"]
+    if text_args is not None and model_config is not config:
         check_declared_types(model_config, text_args, where, "text_config.")
     # its groups as the model file's router reads them (Ling 3's bailing_hybrid: bailing_moe_v3's)
     model_type = mlx_lm_model_type(config, where)
@@ -107,10 +107,18 @@ def check_config(config: object, where: Path | str) -> dict:
     return config
 
 
+def _text_section(config: dict, args_class: type) -> dict:
+    """The section mlx-lm builds the text model from: the text_config object where its args class
+    takes one (a wrapper's, whatever it names the text args: Kimi K2.5's are DeepSeek-V3's), else
+    the config itself (a stray text_config is not read)."""
+    text = config.get("text_config")
+    takes_text = any(f.name == "text_config" for f in dataclasses.fields(args_class))
+    return text if takes_text and isinstance(text, dict) else config
+
+
 def _check_llama4_depth(config: dict, where: Path | str) -> None:
     """mlx-lm's Llama 4 masks its global attention from its 4th layer's cache: fewer layers were an
-    IndexError at the first token, and at plan's lazy pass (its text_config's args are mlx-lm's
-    `TextArgs`, which text_args_class does not find, so check_ranges does not read them)."""
+    IndexError at the first token, and at plan's lazy pass."""
     text = config.get("text_config")
     layers = text.get("num_hidden_layers") if isinstance(text, dict) else None
     if type(layers) is int and layers < 4:

@@ -23,12 +23,16 @@ ROUTER_NUMBERS = ("n_group", "topk_group", "routed_scaling_factor")
 # which lists moe_topk and num_shared_expert per layer.
 PER_LAYER_LISTS: dict[str, tuple[str, ...]] = {"hunyuan": ("moe_topk", "num_shared_expert")}
 UNIONS = (typing.Union, types.UnionType)  # Optional[int], and int | list[int]
+# What mlx-lm's vision-language wrappers name the args class their text_config is built with:
+# qwen3_5's; llama4's, kimi_vl's, kimi_k3's, minimax_m3_vl's, muse_spark's
+TEXT_ARGS_NAMES = ("TextModelArgs", "TextArgs")
 
 
 def text_args_class(model_class: type):
     """The text model's args class of a vision-language wrapper (qwen3_5_moe's `text_config`)."""
     for cls in model_class.__mro__:
-        args = getattr(sys.modules.get(cls.__module__), "TextModelArgs", None)
+        module = sys.modules.get(cls.__module__)
+        args = next((getattr(module, n) for n in TEXT_ARGS_NAMES if hasattr(module, n)), None)
         if args is not None:
             return args
     return None
@@ -68,8 +72,9 @@ def _matches(value: object, hint) -> bool:
         return isinstance(value, bool)
     if hint is int:  # mlx-lm annotates some real-valued fields int (gpt-oss's rope_theta)
         # mlx-lm annotates some fractions as int (mimo_v2_flash's partial_rotary_factor: 0.334
-        # in the published config): counts and sizes are checked as integers by their ranges
-        return type(value) in (int, float) and math.isfinite(value)
+        # in the published config) and some switches (Llama 4's attn_temperature_tuning: true in
+        # the published config): counts and sizes are checked as integers by their ranges
+        return type(value) in (int, float, bool) and math.isfinite(value)
     if hint is float:
         return type(value) in (int, float) and math.isfinite(value)
     if hint is str:
