@@ -3,6 +3,8 @@
 #
 #   bash bench/cuda_check.sh install WHEELS_DIR   # mlx + mlx-cuda-13 + mlx-lm into /root/site
 #   bash bench/cuda_check.sh slot-tests           # the slot pool and slot path tests
+#   bash bench/cuda_check.sh memory               # the residency plan's reading of GPU memory
+#                                                 # beside nvidia-smi's, then with 40 GiB held
 #   bash bench/cuda_check.sh tests FILE...        # the named test files
 #   bash bench/cuda_check.sh parity [OUT_DIR]     # the parity suite (slot path only there), sharded
 #   bash bench/cuda_check.sh decode OUT_DIR       # decode: mlx-lm resident vs the slot path
@@ -86,6 +88,18 @@ slot-tests)
   env_setup
   timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_slot_pool.py tests/test_slots.py \
     tests/test_cuda_copy.py tests/test_cuda_gather.py
+  ;;
+memory)  # loading/backend.py available_memory on CUDA: the GPU's free memory, within MLX's limit
+  env_setup
+  nvidia-smi --query-gpu=memory.free,memory.total --format=csv
+  timeout 120 python3 -c "
+import mlx.core as mx
+from streamer.loading.backend import available_memory
+print(mx.device_info(), mx.get_memory_limit(), mx.get_active_memory())
+print('reading:', available_memory())
+held = mx.zeros(((40 << 30) // 4,))
+mx.eval(held)
+print('with 40 GiB held:', available_memory())"
   ;;
 parity)
   env_setup
@@ -232,7 +246,7 @@ speculative)  # issue 26: plain vs drafted decoding on 48 layers, one process (k
   fi
   ;;
 *)
-  echo "usage: $0 install WHEELS_DIR | slot-tests | parity | decode OUT_DIR | data48 |" \
+  echo "usage: $0 install WHEELS_DIR | slot-tests | memory | parity | decode OUT_DIR | data48 |" \
     "decode48 OUT_DIR | cli48 | rounds48 OUT_DIR | misspaths OUT_DIR | gathervariants OUT_DIR |" \
     "overlap OUT_DIR | speculative OUT_DIR" >&2
   exit 2
